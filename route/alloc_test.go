@@ -1,0 +1,116 @@
+package route
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+)
+
+// body4K is a realistic ~4 KiB chat body.
+func body4K(i int) string {
+	sys := strings.Repeat("You are a helpful assistant that answers precisely. ", 80)
+	return chatBody("llama", sys[:3500], fmt.Sprintf("What is the capital of country number %d?", i))
+}
+
+func routeCtx(body string, session string) *fasthttp.RequestCtx {
+	var ctx fasthttp.RequestCtx
+	ctx.Request.SetRequestURI(PathRoute)
+	ctx.Request.Header.SetMethod("POST")
+	ctx.Request.Header.Set("Content-Type", "application/json")
+	ctx.Request.Header.Set(HdrOriginalURI, "/v1/chat/completions")
+	ctx.Request.Header.Set(HdrOriginalMethod, "POST")
+	if session != "" {
+		ctx.Request.Header.Set("X-Session-Id", session)
+	}
+	ctx.Request.SetBodyString(body)
+	return &ctx
+}
+
+// Zero allocations per decision is a contract, not a hope.
+func TestDecisionAllocs(t *testing.T) {
+	for _, pol := range []string{"least-request", "session-hash", "prefix-affinity", "round-robin"} {
+		t.Run(pol, func(t *testing.T) {
+			s := mustServer(t, fmt.Sprintf(fourEndpoints, pol))
+			ctx := routeCtx(body4K(1), "user-1")
+			run := func() {
+				ctx.Response.Reset()
+				s.Handler(ctx)
+				if ctx.Response.StatusCode() != 200 {
+					t.Fatalf("status %d", ctx.Response.StatusCode())
+				}
+				id, _ := parseID(ctx.Response.Header.Peek(HdrDecision))
+				s.Complete(id)
+			}
+			for i := 0; i < 100; i++ { // warm pools and the prefix index
+				run()
+			}
+			if n := testing.AllocsPerRun(200, run); n != 0 {
+				t.Fatalf("%v allocations per decision", n)
+			}
+		})
+	}
+}
+
+func benchRoute(b *testing.B, pol string, bodies int) {
+	s := mustServer(b, fmt.Sprintf(fourEndpoints, pol))
+	ctxs := make([]*fasthttp.RequestCtx, bodies)
+	for i := range ctxs {
+		ctxs[i] = routeCtx(body4K(i), fmt.Sprintf("user-%d", i%97))
+	}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(ctxs[0].Request.Body())))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		ctx := ctxs[i%bodies]
+		ctx.Response.Reset()
+		s.Handler(ctx)
+		id, _ := parseID(ctx.Response.Header.Peek(HdrDecision))
+		s.Complete(id)
+	}
+}
+
+func BenchmarkRouteLeastRequest(b *testing.B)   { benchRoute(b, "least-request", 64) }
+func BenchmarkRouteSessionHash(b *testing.B)    { benchRoute(b, "session-hash", 64) }
+func BenchmarkRoutePrefixAffinity(b *testing.B) { benchRoute(b, "prefix-affinity", 64) }
+func BenchmarkRouteRoundRobin(b *testing.B)     { benchRoute(b, "round-robin", 64) }
+
+func BenchmarkRouteParallelPrefixAffinity(b *testing.B) {
+	s := mustServer(b, fmt.Sprintf(fourEndpoints, "prefix-affinity"))
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := routeCtx(body4K(7), "u")
+		for pb.Next() {
+			ctx.Response.Reset()
+			s.Handler(ctx)
+			id, _ := parseID(ctx.Response.Header.Peek(HdrDecision))
+			s.Complete(id)
+		}
+	})
+}
+
+func FuzzRouteHandler(f *testing.F) {
+	s := mustServer(f, fmt.Sprintf(fourEndpoints, "prefix-affinity"))
+	f.Add([]byte(body4K(1)), "sess", "llama", "")
+	f.Add([]byte(`{"model":"nope"}`), "", "", "")
+	f.Add([]byte(`{{{`), "", "x", "10/20")
+	f.Fuzz(func(t *testing.T, body []byte, session, modelHdr, trunc string) {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.SetRequestURI(PathRoute)
+		ctx.Request.Header.SetMethod("POST")
+		ctx.Request.Header.Set("X-Session-Id", session)
+		ctx.Request.Header.Set("X-Model", modelHdr)
+		ctx.Request.Header.Set(HdrBodyTruncated, trunc)
+		ctx.Request.SetBody(body)
+		s.Handler(&ctx)
+		switch st := ctx.Response.StatusCode(); st {
+		case 200, 400, 404, 413, 503:
+		default:
+			t.Fatalf("status %d", st)
+		}
+		if id, ok := parseID(ctx.Response.Header.Peek(HdrDecision)); ok {
+			s.Complete(id)
+		}
+	})
+}

@@ -1,0 +1,478 @@
+package route
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Roles of a pool inside a deployment.
+const (
+	RoleMixed   = "mixed"
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+)
+
+// Fail modes for the proxy glue when turnout cannot answer.
+const (
+	FailOpen   = "open"
+	FailClosed = "closed"
+)
+
+// nginx routing modes per deployment.
+const (
+	NginxModeHeader = "header"
+	NginxModeBody   = "body"
+)
+
+// Config is the whole turnout configuration file.
+type Config struct {
+	Listen string `yaml:"listen"`
+	// SessionHeaders are matched case-insensitively with '-' and '_' equivalent.
+	SessionHeaders []string `yaml:"session_headers"`
+	// ModelHeaders name headers that may carry the model when the body does not
+	// (nginx header mode routes without a body).
+	ModelHeaders []string `yaml:"model_headers"`
+	MaxBody      int      `yaml:"max_body"`
+	// DecisionTTL expires decisions whose completion never arrives.
+	DecisionTTL Duration `yaml:"decision_ttl"`
+	// Fallbacks is how many extra servers each decision names.
+	Fallbacks int            `yaml:"fallbacks"`
+	Feedback  FeedbackConfig `yaml:"feedback"`
+	Health    HealthConfig   `yaml:"health"`
+	Proxy     ProxyConfig    `yaml:"proxy"`
+	HAProxy   HAProxyConfig  `yaml:"haproxy"`
+	Nginx     NginxConfig    `yaml:"nginx"`
+
+	Deployments []DeploymentConfig `yaml:"deployments"`
+}
+
+// FeedbackConfig configures completion feedback from the proxy.
+type FeedbackConfig struct {
+	// Syslog is a UDP address for proxy log lines ("" = off).
+	Syslog string `yaml:"syslog"`
+}
+
+// HealthConfig configures turnout's own active checks of endpoints.
+type HealthConfig struct {
+	Path     string   `yaml:"path"`
+	Interval Duration `yaml:"interval"`
+	// Disable turns active checks off (e.g. tests with fake endpoints).
+	Disable bool     `yaml:"disable"`
+	Timeout Duration `yaml:"timeout"`
+	Fails   int      `yaml:"fails"` // consecutive failures before down
+}
+
+// ProxyConfig holds settings shared by the rendered HAProxy and nginx glue.
+type ProxyConfig struct {
+	// RouteAddrs are the turnout addresses the proxy calls; default [Listen].
+	RouteAddrs []string `yaml:"route_addrs"`
+	// FailMode: open = proxy balances by itself, closed = 503.
+	FailMode string `yaml:"fail_mode"`
+	// RouteTimeout bounds one call to /internal/route.
+	RouteTimeout Duration `yaml:"route_timeout"`
+	// BreakerFailures consecutive failures open the breaker for BreakerCooldown.
+	BreakerFailures int      `yaml:"breaker_failures"`
+	BreakerCooldown Duration `yaml:"breaker_cooldown"`
+	// Timeouts for long generation streams.
+	ConnectTimeout Duration `yaml:"connect_timeout"`
+	StreamTimeout  Duration `yaml:"stream_timeout"`
+}
+
+// HAProxyConfig configures the rendered HAProxy.
+type HAProxyConfig struct {
+	Listen      string `yaml:"listen"`
+	StatsSocket string `yaml:"stats_socket"`
+	// Dir is where the rendered config lives (rewritten on membership changes).
+	Dir string `yaml:"dir"`
+	// DrainTimeout bounds how long a removed server drains before deletion.
+	DrainTimeout Duration `yaml:"drain_timeout"`
+	MaxConn      int      `yaml:"maxconn"`
+	Nbthread     int      `yaml:"nbthread"`
+}
+
+// NginxConfig configures the rendered nginx.
+type NginxConfig struct {
+	Listen string `yaml:"listen"`
+	Dir    string `yaml:"dir"`
+	// Mode is the default per-deployment mode (header or body).
+	Mode string `yaml:"mode"`
+}
+
+// DeploymentConfig is one model deployment with its pools.
+type DeploymentConfig struct {
+	Name   string       `yaml:"name"`
+	Models []string     `yaml:"models"`
+	Policy PolicyConfig `yaml:"policy"`
+	Pools  []PoolConfig `yaml:"pools"`
+	// NginxMode overrides nginx.mode for this deployment.
+	NginxMode string `yaml:"nginx_mode"`
+	// PD configures prefill/decode disaggregation (needs prefill and decode pools).
+	PD PDConfig `yaml:"pd"`
+}
+
+// PDConfig configures prefill/decode handling.
+type PDConfig struct {
+	PrefillTimeout Duration `yaml:"prefill_timeout"`
+	// NoPrefill: "aggregate" serves on the decode replica alone, "reject" answers 503.
+	NoPrefill string `yaml:"no_prefill"`
+	// SkipPrefillBelow skips the prefill hop when the decode replica is
+	// estimated to miss fewer prompt bytes than this (0 = never skip).
+	SkipPrefillBelow int `yaml:"skip_prefill_below"`
+}
+
+// PolicyConfig names a policy and carries its parameters.
+type PolicyConfig struct {
+	Name   string    `yaml:"name"`
+	Params yaml.Node `yaml:"params"`
+}
+
+// DecodeParams decodes the policy's params strictly into dst.
+func (p *PolicyConfig) DecodeParams(dst any) error {
+	if p.Params.Kind == 0 {
+		return nil
+	}
+	raw, err := yaml.Marshal(&p.Params)
+	if err != nil {
+		return fmt.Errorf("policy %s params: %w", p.Name, err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	dec.KnownFields(true)
+	if err := dec.Decode(dst); err != nil {
+		return fmt.Errorf("policy %s params: %w", p.Name, err)
+	}
+	return nil
+}
+
+// PoolConfig is a set of endpoints with one role.
+type PoolConfig struct {
+	Role string `yaml:"role"`
+	// Policy overrides the deployment's policy for this pool.
+	Policy    *PolicyConfig    `yaml:"policy"`
+	Endpoints []EndpointConfig `yaml:"endpoints"`
+}
+
+// EndpointConfig is one replica.
+type EndpointConfig struct {
+	Name    string `yaml:"name"`
+	Address string `yaml:"address"`
+	// KVEvents is the replica's vLLM KV-event ZMQ publisher (e.g. tcp://10.0.0.5:5557).
+	KVEvents string `yaml:"kv_events"`
+	KVTopic  string `yaml:"kv_topic"`
+	// Weight is reserved for weighted policies; 0 means 1.
+	Weight int `yaml:"weight"`
+}
+
+// PoolName is the HAProxy backend / nginx upstream name for a deployment pool.
+func PoolName(deployment, role string) string { return deployment + "_" + role }
+
+// Duration is a time.Duration that reads "250ms" style strings in YAML.
+type Duration time.Duration
+
+// UnmarshalYAML accepts Go duration strings or integer milliseconds.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return fmt.Errorf("duration: %w", err)
+	}
+	if ms, err := strconv.ParseInt(s, 10, 64); err == nil {
+		*d = Duration(time.Duration(ms) * time.Millisecond)
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w", s, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML writes the Go duration string.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// D returns the time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// Ms returns whole milliseconds.
+func (d Duration) Ms() int64 { return time.Duration(d).Milliseconds() }
+
+// Names that reach proxy configs must be plain tokens, so no config text can be injected.
+var (
+	nameRe   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
+	headerRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$`)
+)
+
+// ErrConfig marks configuration errors.
+var ErrConfig = errors.New("invalid config")
+
+// LoadConfigFile reads, defaults and validates a config file.
+func LoadConfigFile(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	return ParseConfig(b)
+}
+
+// ParseConfig parses YAML strictly, applies defaults and validates.
+func ParseConfig(b []byte) (*Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	c.ApplyDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// ApplyDefaults fills unset fields.
+func (c *Config) ApplyDefaults() {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:9090"
+	}
+	if len(c.SessionHeaders) == 0 {
+		c.SessionHeaders = []string{"x-session-id"}
+	}
+	if c.ModelHeaders == nil {
+		c.ModelHeaders = []string{"x-model"}
+	}
+	if c.MaxBody == 0 {
+		c.MaxBody = 256 << 10
+	}
+	if c.DecisionTTL == 0 {
+		c.DecisionTTL = Duration(10 * time.Minute)
+	}
+	if c.Fallbacks == 0 {
+		c.Fallbacks = 2
+	}
+	if c.Health.Path == "" {
+		c.Health.Path = "/health"
+	}
+	if c.Health.Interval == 0 {
+		c.Health.Interval = Duration(5 * time.Second)
+	}
+	if c.Health.Timeout == 0 {
+		c.Health.Timeout = Duration(time.Second)
+	}
+	if c.Health.Fails == 0 {
+		c.Health.Fails = 2
+	}
+	p := &c.Proxy
+	if len(p.RouteAddrs) == 0 {
+		p.RouteAddrs = []string{c.Listen}
+	}
+	if p.FailMode == "" {
+		p.FailMode = FailOpen
+	}
+	if p.RouteTimeout == 0 {
+		p.RouteTimeout = Duration(500 * time.Millisecond)
+	}
+	if p.BreakerFailures == 0 {
+		p.BreakerFailures = 3
+	}
+	if p.BreakerCooldown == 0 {
+		p.BreakerCooldown = Duration(5 * time.Second)
+	}
+	if p.ConnectTimeout == 0 {
+		p.ConnectTimeout = Duration(2 * time.Second)
+	}
+	if p.StreamTimeout == 0 {
+		p.StreamTimeout = Duration(10 * time.Minute)
+	}
+	if c.HAProxy.Listen == "" {
+		c.HAProxy.Listen = "127.0.0.1:8080"
+	}
+	if c.HAProxy.DrainTimeout == 0 {
+		c.HAProxy.DrainTimeout = Duration(30 * time.Second)
+	}
+	if c.HAProxy.MaxConn == 0 {
+		c.HAProxy.MaxConn = 4096
+	}
+	if c.Nginx.Listen == "" {
+		c.Nginx.Listen = "127.0.0.1:8081"
+	}
+	if c.Nginx.Mode == "" {
+		c.Nginx.Mode = NginxModeBody
+	}
+	for i := range c.Deployments {
+		d := &c.Deployments[i]
+		if d.Policy.Name == "" {
+			d.Policy.Name = "least-request"
+		}
+		if d.NginxMode == "" {
+			d.NginxMode = c.Nginx.Mode
+		}
+		if d.PD.PrefillTimeout == 0 {
+			d.PD.PrefillTimeout = Duration(30 * time.Second)
+		}
+		if d.PD.NoPrefill == "" {
+			d.PD.NoPrefill = "aggregate"
+		}
+		for j := range d.Pools {
+			if d.Pools[j].Role == "" {
+				d.Pools[j].Role = RoleMixed
+			}
+		}
+	}
+}
+
+// Validate checks the config and names the offending field.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, a...)))
+	}
+	checkAddr := func(field, a string) {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			bad(field, "%q is not host:port", a)
+		}
+	}
+	checkAddr("listen", c.Listen)
+	for i, h := range c.SessionHeaders {
+		if !headerRe.MatchString(h) {
+			bad(fmt.Sprintf("session_headers[%d]", i), "%q is not a header name", h)
+		}
+	}
+	for i, h := range c.ModelHeaders {
+		if !headerRe.MatchString(h) {
+			bad(fmt.Sprintf("model_headers[%d]", i), "%q is not a header name", h)
+		}
+	}
+	if c.MaxBody < 1024 || c.MaxBody > 64<<20 {
+		bad("max_body", "%d out of range [1024, 64MiB]", c.MaxBody)
+	}
+	if c.Fallbacks < 0 || c.Fallbacks > 8 {
+		bad("fallbacks", "%d out of range [0, 8]", c.Fallbacks)
+	}
+	if c.Feedback.Syslog != "" {
+		checkAddr("feedback.syslog", c.Feedback.Syslog)
+	}
+	if !strings.HasPrefix(c.Health.Path, "/") || strings.ContainsAny(c.Health.Path, " \t\r\n\"'") {
+		bad("health.path", "%q is not an absolute path", c.Health.Path)
+	}
+	for i, a := range c.Proxy.RouteAddrs {
+		checkAddr(fmt.Sprintf("proxy.route_addrs[%d]", i), a)
+	}
+	if c.Proxy.FailMode != FailOpen && c.Proxy.FailMode != FailClosed {
+		bad("proxy.fail_mode", "%q must be open or closed", c.Proxy.FailMode)
+	}
+	checkAddr("haproxy.listen", c.HAProxy.Listen)
+	checkAddr("nginx.listen", c.Nginx.Listen)
+	for _, f := range []struct{ field, v string }{{"haproxy.stats_socket", c.HAProxy.StatsSocket}, {"haproxy.dir", c.HAProxy.Dir}, {"nginx.dir", c.Nginx.Dir}} {
+		if strings.ContainsAny(f.v, " \t\r\n\"'#;{}") {
+			bad(f.field, "%q has characters a proxy config cannot carry", f.v)
+		}
+	}
+	if c.Nginx.Mode != NginxModeHeader && c.Nginx.Mode != NginxModeBody {
+		bad("nginx.mode", "%q must be header or body", c.Nginx.Mode)
+	}
+	if len(c.Deployments) == 0 {
+		bad("deployments", "at least one deployment is required")
+	}
+	depNames := map[string]bool{}
+	models := map[string]string{}
+	epNames := map[string]string{}
+	for i := range c.Deployments {
+		d := &c.Deployments[i]
+		f := fmt.Sprintf("deployments[%d]", i)
+		if !nameRe.MatchString(d.Name) {
+			bad(f+".name", "%q must match %s", d.Name, nameRe)
+		} else if depNames[d.Name] {
+			bad(f+".name", "%q is used twice", d.Name)
+		}
+		depNames[d.Name] = true
+		if len(d.Models) == 0 {
+			d.Models = []string{d.Name}
+		}
+		for j, m := range d.Models {
+			if m == "" || len(m) > 256 {
+				bad(fmt.Sprintf("%s.models[%d]", f, j), "empty or longer than 256")
+			} else if other, ok := models[m]; ok {
+				bad(fmt.Sprintf("%s.models[%d]", f, j), "model %q already served by deployment %q", m, other)
+			}
+			models[m] = d.Name
+		}
+		if d.NginxMode != NginxModeHeader && d.NginxMode != NginxModeBody {
+			bad(f+".nginx_mode", "%q must be header or body", d.NginxMode)
+		}
+		if d.PD.NoPrefill != "aggregate" && d.PD.NoPrefill != "reject" {
+			bad(f+".pd.no_prefill", "%q must be aggregate or reject", d.PD.NoPrefill)
+		}
+		if len(d.Pools) == 0 {
+			bad(f+".pools", "at least one pool is required")
+		}
+		roles := map[string]bool{}
+		for j := range d.Pools {
+			p := &d.Pools[j]
+			pf := fmt.Sprintf("%s.pools[%d]", f, j)
+			switch p.Role {
+			case RoleMixed, RolePrefill, RoleDecode:
+			default:
+				bad(pf+".role", "%q must be mixed, prefill or decode", p.Role)
+			}
+			if roles[p.Role] {
+				bad(pf+".role", "role %q appears twice in deployment %q", p.Role, d.Name)
+			}
+			roles[p.Role] = true
+			for k := range p.Endpoints {
+				e := &p.Endpoints[k]
+				ef := fmt.Sprintf("%s.endpoints[%d]", pf, k)
+				if !nameRe.MatchString(e.Name) {
+					bad(ef+".name", "%q must match %s", e.Name, nameRe)
+				} else if other, ok := epNames[e.Name]; ok {
+					bad(ef+".name", "%q already used in %s (server names are global)", e.Name, other)
+				}
+				epNames[e.Name] = pf
+				host, port, err := net.SplitHostPort(e.Address)
+				if err != nil || host == "" || port == "" || strings.ContainsAny(e.Address, " \t\r\n\"'#;{}/") {
+					bad(ef+".address", "%q must be host:port", e.Address)
+				} else if pn, err := strconv.Atoi(port); err != nil || pn < 1 || pn > 65535 {
+					bad(ef+".address", "port %q out of range", port)
+				}
+				if e.KVEvents != "" && !strings.HasPrefix(e.KVEvents, "tcp://") && !strings.HasPrefix(e.KVEvents, "ipc://") {
+					bad(ef+".kv_events", "%q must be tcp:// or ipc://", e.KVEvents)
+				}
+				if e.Weight < 0 {
+					bad(ef+".weight", "negative")
+				}
+			}
+		}
+		if roles[RolePrefill] != roles[RoleDecode] {
+			bad(f+".pools", "prefill and decode pools come together")
+		}
+		if roles[RoleMixed] && roles[RolePrefill] {
+			bad(f+".pools", "a deployment is either mixed or prefill/decode")
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// IsPD reports whether the deployment disaggregates prefill and decode.
+func (d *DeploymentConfig) IsPD() bool {
+	for _, p := range d.Pools {
+		if p.Role == RolePrefill {
+			return true
+		}
+	}
+	return false
+}
+
+// PoolPolicy returns the policy config that applies to a pool.
+func (d *DeploymentConfig) PoolPolicy(p *PoolConfig) *PolicyConfig {
+	if p.Policy != nil {
+		return p.Policy
+	}
+	return &d.Policy
+}

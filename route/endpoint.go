@@ -1,0 +1,239 @@
+package route
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// endpointState is the part of an endpoint that survives config reloads.
+// It must not be copied (atomics).
+type endpointState struct {
+	inflight  atomic.Int64
+	down      atomic.Bool
+	fails     atomic.Int32
+	decisions atomic.Uint64
+}
+
+// Endpoint is one replica inside an immutable pool snapshot.
+type Endpoint struct {
+	Name    string
+	Address string
+	// KVEvents is the replica's KV-event publisher address ("" = none).
+	KVEvents, KVTopic string
+
+	Index int    // position in the pool
+	Seed  uint64 // per-endpoint hash seed, fixed by name
+	name  []byte // pre-built header values: no conversion on the hot path
+	addr  []byte
+	st    *endpointState
+}
+
+// Inflight is the number of decisions sent to this endpoint not yet completed.
+func (e *Endpoint) Inflight() int64 { return e.st.inflight.Load() }
+
+// Available reports whether the endpoint may receive requests.
+func (e *Endpoint) Available() bool { return !e.st.down.Load() }
+
+// SetDown marks the endpoint down or up (health checks, tests).
+func (e *Endpoint) SetDown(down bool) { e.st.down.Store(down) }
+
+// AddInflight adjusts the in-flight count (tests, simulations).
+func (e *Endpoint) AddInflight(d int64) { e.st.inflight.Add(d) }
+
+// Pool is an immutable set of endpoints of one role with its policy.
+type Pool struct {
+	Name       string // HAProxy backend / nginx upstream name
+	Deployment string
+	Role       string
+	PolicyName string
+	Endpoints  []*Endpoint
+	Policy     Policy
+	// blockBytes > 0 when the policy wants prompt block hashes.
+	blockBytes int
+	nameHdr    []byte
+	m          *poolMetrics
+}
+
+// Deployment is a model deployment with its pools.
+type Deployment struct {
+	Name   string
+	Config *DeploymentConfig
+	// Serve is the pool that answers (mixed, or decode for PD).
+	Serve   *Pool
+	Prefill *Pool // PD only
+	Pools   []*Pool
+}
+
+// Snapshot is one immutable routing configuration, swapped atomically.
+type Snapshot struct {
+	Config      *Config
+	Deployments []*Deployment
+	byModel     map[string]*Deployment
+	sessionHdrs [][]byte // normalized: lower-case, '_' mapped to '-'
+	modelHdrs   [][]byte
+	// maxBlocks bounds prompt hashing (max_body / smallest block size).
+	maxBlocks int
+}
+
+// Deployment returns the deployment serving model, or nil.
+func (s *Snapshot) Deployment(model string) *Deployment { return s.byModel[model] }
+
+// Pools lists every pool in config order.
+func (s *Snapshot) Pools() []*Pool {
+	var out []*Pool
+	for _, d := range s.Deployments {
+		out = append(out, d.Pools...)
+	}
+	return out
+}
+
+// stateStore keeps per-endpoint state across snapshots, keyed by pool and name.
+type stateStore struct {
+	eps   map[string]*endpointState
+	pools map[string]*poolMetrics
+}
+
+func newStateStore() *stateStore {
+	return &stateStore{eps: map[string]*endpointState{}, pools: map[string]*poolMetrics{}}
+}
+
+// buildSnapshot turns a validated config into a snapshot, reusing the state
+// of endpoints and policies that survive from prev (nil on first load).
+func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore, seed uint64) (*Snapshot, []Policy, error) {
+	s := &Snapshot{Config: cfg, byModel: map[string]*Deployment{}}
+	for _, h := range cfg.SessionHeaders {
+		s.sessionHdrs = append(s.sessionHdrs, normHeader([]byte(h)))
+	}
+	for _, h := range cfg.ModelHeaders {
+		s.modelHdrs = append(s.modelHdrs, normHeader([]byte(h)))
+	}
+	prevPools := map[string]*Pool{}
+	if prev != nil {
+		for _, p := range prev.Pools() {
+			prevPools[p.Name] = p
+		}
+	}
+	liveEps := map[string]bool{}
+	livePools := map[string]bool{}
+	var built []Policy
+	minBlock := MaxBlockBytes
+	for i := range cfg.Deployments {
+		dc := &cfg.Deployments[i]
+		d := &Deployment{Name: dc.Name, Config: dc}
+		for j := range dc.Pools {
+			pc := &dc.Pools[j]
+			p := &Pool{
+				Name:       PoolName(dc.Name, pc.Role),
+				Deployment: dc.Name,
+				Role:       pc.Role,
+			}
+			p.nameHdr = []byte(p.Name)
+			livePools[p.Name] = true
+			if store.pools[p.Name] == nil {
+				store.pools[p.Name] = &poolMetrics{}
+			}
+			p.m = store.pools[p.Name]
+			for k, ec := range pc.Endpoints {
+				key := p.Name + "/" + ec.Name
+				st := store.eps[key]
+				if st == nil {
+					st = &endpointState{}
+					store.eps[key] = st
+				}
+				liveEps[key] = true
+				p.Endpoints = append(p.Endpoints, &Endpoint{
+					Name: ec.Name, Address: ec.Address, KVEvents: ec.KVEvents, KVTopic: ec.KVTopic,
+					Index: k, Seed: xxhash.Sum64String(ec.Name),
+					name: []byte(ec.Name), addr: []byte(ec.Address), st: st,
+				})
+			}
+			pol := dc.PoolPolicy(pc)
+			policy, err := reg.Build(pol, PolicyEnv{Pool: p, Rand: NewRand(seed ^ xxhash.Sum64String(p.Name))})
+			if err != nil {
+				closeAll(built)
+				return nil, nil, fmt.Errorf("deployment %q pool %q: %w", dc.Name, pc.Role, err)
+			}
+			built = append(built, policy)
+			p.Policy = policy
+			p.PolicyName = pol.Name
+			if pu, ok := policy.(PromptUser); ok {
+				p.blockBytes = pu.BlockBytes()
+				if p.blockBytes < minBlock {
+					minBlock = p.blockBytes
+				}
+			}
+			if st, ok := policy.(Stater); ok {
+				if old := prevPools[p.Name]; old != nil {
+					st.Carry(old.Policy)
+				}
+			}
+			d.Pools = append(d.Pools, p)
+			switch pc.Role {
+			case RoleMixed, RoleDecode:
+				d.Serve = p
+			case RolePrefill:
+				d.Prefill = p
+			}
+		}
+		s.Deployments = append(s.Deployments, d)
+		for _, m := range dc.Models {
+			s.byModel[m] = d
+		}
+	}
+	s.maxBlocks = cfg.MaxBody/minBlock + 1
+	// Removed endpoints lose their state; in-flight decisions still hold a
+	// pointer to it, so late completions stay harmless.
+	for k := range store.eps {
+		if !liveEps[k] {
+			delete(store.eps, k)
+		}
+	}
+	for k := range store.pools {
+		if !livePools[k] {
+			delete(store.pools, k)
+		}
+	}
+	return s, built, nil
+}
+
+func closeAll(ps []Policy) {
+	for _, p := range ps {
+		if c, ok := p.(Closer); ok {
+			c.Close()
+		}
+	}
+}
+
+// normHeader lower-cases a header name and maps '_' to '-'.
+func normHeader(b []byte) []byte {
+	out := make([]byte, len(b))
+	for i, c := range b {
+		out[i] = normByte(c)
+	}
+	return out
+}
+
+func normByte(c byte) byte {
+	switch {
+	case c >= 'A' && c <= 'Z':
+		return c + ('a' - 'A')
+	case c == '_':
+		return '-'
+	}
+	return c
+}
+
+// headerIs compares a raw header name to a normalized one without allocating.
+func headerIs(raw, norm []byte) bool {
+	if len(raw) != len(norm) {
+		return false
+	}
+	for i, c := range raw {
+		if normByte(c) != norm[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,451 @@
+package route
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+)
+
+// Log field names.
+const (
+	fieldDeployment = "deployment"
+	fieldPool       = "pool"
+	fieldEndpoint   = "endpoint"
+	fieldReason     = "reason"
+)
+
+// ErrNoEndpoint is returned when no endpoint is available.
+var ErrNoEndpoint = errors.New("no available endpoint")
+
+// Options configure a Server.
+type Options struct {
+	Registry *Registry
+	Log      *zerolog.Logger
+	// Seed drives policy randomness and decision ids; 0 picks one at random.
+	Seed uint64
+	// DecisionSlots bounds tracked in-flight decisions (default 1<<16).
+	DecisionSlots int
+}
+
+// Server holds the live snapshot and answers /internal/route.
+type Server struct {
+	log   *zerolog.Logger
+	reg   *Registry
+	seed  uint64
+	snap  atomic.Pointer[Snapshot]
+	mu    sync.Mutex // serializes Apply
+	store *stateStore
+	pols  []Policy
+	dec   *decisions
+	pool  sync.Pool
+	m     serverMetrics
+	pd    *pdClient
+	// onApply hooks run after every accepted snapshot (e.g. KV subscribers).
+	onApply []func(*Snapshot)
+}
+
+// NewServer builds a server from a validated config.
+func NewServer(cfg *Config, opts Options) (*Server, error) {
+	if opts.Registry == nil {
+		opts.Registry = DefaultRegistry()
+	}
+	if opts.Log == nil {
+		l := zerolog.Nop()
+		opts.Log = &l
+	}
+	if opts.Seed == 0 {
+		opts.Seed = rand.Uint64()
+	}
+	if opts.DecisionSlots == 0 {
+		opts.DecisionSlots = 1 << 16
+	}
+	s := &Server{
+		log:   opts.Log,
+		reg:   opts.Registry,
+		seed:  opts.Seed,
+		store: newStateStore(),
+		dec:   newDecisions(opts.DecisionSlots, opts.Seed),
+	}
+	s.m.init()
+	s.pd = newPDClient(s)
+	if err := s.Apply(cfg); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// OnApply registers a hook run (synchronously) after each accepted snapshot.
+func (s *Server) OnApply(fn func(*Snapshot)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onApply = append(s.onApply, fn)
+	if snap := s.snap.Load(); snap != nil {
+		fn(snap)
+	}
+}
+
+// Apply swaps in a new config. Surviving endpoints keep their state; on error
+// the old snapshot stays.
+func (s *Server) Apply(cfg *Config) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := cfg.Validate(); err != nil {
+		s.m.reloadFailed.Add(1)
+		return err
+	}
+	snap, pols, err := buildSnapshot(cfg, s.reg, s.snap.Load(), s.store, s.seed)
+	if err != nil {
+		s.m.reloadFailed.Add(1)
+		return err
+	}
+	old := s.pols
+	s.snap.Store(snap)
+	s.pols = pols
+	closeAll(old)
+	s.m.reloads.Add(1)
+	for _, fn := range s.onApply {
+		fn(snap)
+	}
+	return nil
+}
+
+// Snapshot returns the live snapshot.
+func (s *Server) Snapshot() *Snapshot { return s.snap.Load() }
+
+// Complete closes a decision by id (feedback from the proxy).
+func (s *Server) Complete(id uint64) bool { return s.dec.close(id) }
+
+// Run expires stale decisions until ctx ends.
+func (s *Server) Run(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if snap := s.snap.Load(); snap != nil {
+				s.dec.expire(now, snap.Config.DecisionTTL.D())
+			}
+		}
+	}
+}
+
+// scratch is per-request working memory, pooled so decisions do not allocate.
+type scratch struct {
+	req    Request
+	hasher prefixHasher
+	blocks []uint64
+	picks  [16]*Endpoint
+	buf    []byte
+	model  [256]byte
+}
+
+func (s *Server) getScratch(maxBlocks int) *scratch {
+	sc, _ := s.pool.Get().(*scratch)
+	if sc == nil {
+		sc = &scratch{buf: make([]byte, 0, 512)}
+	}
+	if cap(sc.blocks) < maxBlocks {
+		sc.blocks = make([]uint64, 0, maxBlocks)
+	}
+	return sc
+}
+
+var (
+	hdrServerB    = []byte(HdrServer)
+	hdrBackendB   = []byte(HdrBackend)
+	hdrPoolB      = []byte(HdrPool)
+	hdrFallbacksB = []byte(HdrFallbacks)
+	hdrDecisionB  = []byte(HdrDecision)
+	truncNorm     = normHeader([]byte(HdrBodyTruncated))
+)
+
+// Handler is the fasthttp entry point.
+func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
+	switch string(ctx.Path()) {
+	case PathRoute:
+		s.route(ctx)
+	case PathDone:
+		s.done(ctx)
+	case PathHealthz:
+		ctx.SetStatusCode(fasthttp.StatusOK)
+		ctx.SetBodyString("ok\n")
+	case PathReadyz:
+		s.ready(ctx)
+	case PathMetrics:
+		s.metrics(ctx)
+	default:
+		writeError(ctx, fasthttp.StatusNotFound, "invalid_request_error", "not_found", "no such path; turnout serves "+PathRoute)
+	}
+}
+
+func (s *Server) route(ctx *fasthttp.RequestCtx) {
+	start := time.Now()
+	if !ctx.IsPost() {
+		s.m.errors[errMethod].Add(1)
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use POST "+PathRoute)
+		return
+	}
+	snap := s.snap.Load()
+	cfg := snap.Config
+	sc := s.getScratch(snap.maxBlocks)
+	defer s.pool.Put(sc)
+	r := &sc.req
+	*r = Request{}
+
+	var modelHdr []byte
+	for k, v := range ctx.Request.Header.All() {
+		if len(v) == 0 {
+			continue
+		}
+		for _, h := range snap.sessionHdrs {
+			if headerIs(k, h) {
+				r.Session = v
+			}
+		}
+		for _, h := range snap.modelHdrs {
+			if headerIs(k, h) {
+				modelHdr = v
+			}
+		}
+		if headerIs(k, truncNorm) {
+			r.Truncated = true
+		}
+	}
+	body := ctx.PostBody()
+	if len(body) > cfg.MaxBody {
+		body = body[:cfg.MaxBody]
+		r.Truncated = true
+	}
+	r.Body = body
+
+	model := unescapeModel(findModel(body), sc.model[:0])
+	if len(model) == 0 {
+		model = modelHdr
+	}
+	r.Model = model
+	var d *Deployment
+	switch {
+	case len(model) > 0:
+		d = snap.byModel[string(model)]
+		if d == nil {
+			s.m.errors[errUnknownModel].Add(1)
+			writeError(ctx, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found",
+				fmt.Sprintf("The model `%s` does not exist.", model))
+			return
+		}
+	case len(snap.Deployments) == 1:
+		d = snap.Deployments[0]
+	default:
+		s.m.errors[errNoModel].Add(1)
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "model_required",
+			"a \"model\" is required: several deployments are served")
+		return
+	}
+	if len(r.Session) > 0 {
+		r.HasSession = true
+		r.SessionHash = hashKey(r.Session)
+	}
+	if d.Prefill != nil {
+		s.routePD(ctx, snap, d, sc, start)
+		return
+	}
+	s.decide(ctx, snap, d.Serve, sc, start)
+}
+
+// decide runs the pool's policy and writes the verdict headers.
+func (s *Server) decide(ctx *fasthttp.RequestCtx, snap *Snapshot, p *Pool, sc *scratch, start time.Time) *Endpoint {
+	picks := s.pick(snap, p, sc, sc.picks[:0:min(1+snap.Config.Fallbacks, len(sc.picks))])
+	if len(picks) == 0 {
+		s.noEndpoint(ctx, p)
+		return nil
+	}
+	s.writeVerdict(ctx, p, picks, sc, start)
+	return picks[0]
+}
+
+// pick hashes the prompt when the pool's policy wants it and runs the policy.
+func (s *Server) pick(snap *Snapshot, p *Pool, sc *scratch, dst []*Endpoint) []*Endpoint {
+	r := &sc.req
+	r.Blocks, r.PromptBytes, r.Matched, r.Outcome = nil, 0, 0, OutcomeBalanced
+	if p.blockBytes > 0 {
+		sc.hasher.reset(p.blockBytes, sc.blocks)
+		walkPrompt(r.Body, &sc.hasher)
+		r.Blocks = sc.hasher.out
+		r.PromptBytes = sc.hasher.total
+		p.m.totalBlocks.Add(uint64(len(r.Blocks)))
+	}
+	picks := p.Policy.Pick(r, p, dst)
+	if len(picks) == 0 {
+		p.m.outcomes[OutcomeNoEndpoint].Add(1)
+		return picks
+	}
+	p.m.outcomes[r.Outcome].Add(1)
+	p.m.matchedBlocks.Add(uint64(r.Matched))
+	return picks
+}
+
+func (s *Server) noEndpoint(ctx *fasthttp.RequestCtx, p *Pool) {
+	ctx.Response.Header.Set("Retry-After", "1")
+	writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", "no_endpoint",
+		"no available endpoint in pool "+p.Name)
+}
+
+// writeVerdict opens the decision for picks[0] and writes the headers.
+func (s *Server) writeVerdict(ctx *fasthttp.RequestCtx, p *Pool, picks []*Endpoint, sc *scratch, start time.Time) {
+	e := picks[0]
+	id := s.dec.open(e, start.UnixNano())
+	h := &ctx.Response.Header
+	h.SetBytesKV(hdrServerB, e.name)
+	h.SetBytesKV(hdrBackendB, e.addr)
+	h.SetBytesKV(hdrPoolB, p.nameHdr)
+	buf := sc.buf[:0]
+	for i, f := range picks[1:] {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, f.name...)
+	}
+	h.SetBytesKV(hdrFallbacksB, buf)
+	buf = appendID(buf[:0], id)
+	h.SetBytesKV(hdrDecisionB, buf)
+	sc.buf = buf
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	p.m.latency.observe(time.Since(start))
+}
+
+// appendID writes a decision id as 16 hex digits.
+func appendID(dst []byte, id uint64) []byte {
+	const hex = "0123456789abcdef"
+	for i := 60; i >= 0; i -= 4 {
+		dst = append(dst, hex[(id>>uint(i))&0xf])
+	}
+	return dst
+}
+
+// parseID reads a decision id written by appendID.
+func parseID(b []byte) (uint64, bool) {
+	if len(b) == 0 || len(b) > 16 {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(b), 16, 64)
+	return v, err == nil
+}
+
+// unescapeModel resolves the JSON escapes a client may put in a model name
+// (e.g. "\/" from some encoders); plain names are returned as they are.
+func unescapeModel(raw, dst []byte) []byte {
+	esc := false
+	for _, c := range raw {
+		if c == '\\' {
+			esc = true
+			break
+		}
+	}
+	if !esc {
+		return raw
+	}
+	var s string
+	quoted := make([]byte, 0, len(raw)+2)
+	quoted = append(append(append(quoted, '"'), raw...), '"')
+	if err := json.Unmarshal(quoted, &s); err != nil || len(s) > cap(dst) {
+		return raw
+	}
+	return append(dst, s...)
+}
+
+func (s *Server) done(ctx *fasthttp.RequestCtx) {
+	id, ok := parseID(ctx.QueryArgs().Peek("id"))
+	if !ok {
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_id", "id must be a decision id from "+HdrDecision)
+		return
+	}
+	if !s.Complete(id) {
+		writeError(ctx, fasthttp.StatusNotFound, "invalid_request_error", "unknown_decision", "unknown or already completed decision")
+		return
+	}
+	ctx.SetStatusCode(fasthttp.StatusNoContent)
+}
+
+func (s *Server) ready(ctx *fasthttp.RequestCtx) {
+	snap := s.snap.Load()
+	for _, d := range snap.Deployments {
+		for _, p := range d.Pools {
+			ok := false
+			for _, e := range p.Endpoints {
+				ok = ok || e.Available()
+			}
+			if !ok {
+				ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+				ctx.SetBodyString("pool " + p.Name + " has no available endpoint\n")
+				return
+			}
+		}
+	}
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetBodyString("ready\n")
+}
+
+// apiError is the OpenAI error envelope.
+type apiError struct {
+	Error apiErrorBody `json:"error"`
+}
+
+type apiErrorBody struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
+	Code    string `json:"code"`
+}
+
+// writeError answers with an OpenAI-style JSON error. Errors are rare, so
+// encoding/json's allocations are fine here.
+func writeError(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
+	b, _ := json.Marshal(apiError{Error: apiErrorBody{Message: msg, Type: typ, Code: code}})
+	ctx.Response.Header.Set(HdrReason, code)
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// ErrorHandler answers fasthttp-level errors (oversized or malformed requests) in JSON.
+func ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large", "request body too large")
+		return
+	}
+	writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_request", "malformed request: "+err.Error())
+}
+
+// NewHTTPServer returns a fasthttp server tuned for the route endpoint.
+func (s *Server) NewHTTPServer() *fasthttp.Server {
+	maxBody := s.snap.Load().Config.MaxBody
+	return &fasthttp.Server{
+		Handler:               s.Handler,
+		ErrorHandler:          ErrorHandler,
+		Name:                  "turnout",
+		NoDefaultServerHeader: true,
+		NoDefaultDate:         true,
+		NoDefaultContentType:  true,
+		// Bodies above max_body are cut for routing; far larger ones get a
+		// JSON 413 instead of being read into memory.
+		MaxRequestBodySize: 4*maxBody + 1<<20,
+		ReadTimeout:        30 * time.Second,
+		WriteTimeout:       30 * time.Second,
+		IdleTimeout:        5 * time.Minute,
+		Logger:             fasthttpLogger{s.log},
+	}
+}
+
+type fasthttpLogger struct{ l *zerolog.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) { f.l.Debug().Msgf(format, args...) }

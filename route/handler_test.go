@@ -1,0 +1,314 @@
+package route
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSessionHeaderMatrix(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(fourEndpoints, "session-hash"))
+	home := hdr(do(s, chatBody("llama", "", "hi"), "X-Session-ID", "abc"), HdrServer)
+	for _, tc := range []struct {
+		name    string
+		hdrs    []string
+		sameAs  bool // must land on home
+		session bool // must be treated as a session
+	}{
+		{"canonical", []string{"X-Session-ID", "abc"}, true, true},
+		{"lower underscore", []string{"x_session_id", "abc"}, true, true},
+		{"mixed", []string{"X_SESSION-id", "abc"}, true, true},
+		{"mixed 2", []string{"X_Session-Id", "abc"}, true, true},
+		{"second configured name", []string{"X-USER", "abc"}, true, true},
+		{"second name underscore", []string{"x_user", "abc"}, true, true},
+		{"empty value is no session", []string{"X-Session-ID", ""}, false, false},
+		{"unrelated header", []string{"X-Session", "abc"}, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := 0; i < 20; i++ {
+				ctx := do(s, chatBody("llama", "", "hi"), tc.hdrs...)
+				if ctx.Response.StatusCode() != 200 {
+					t.Fatalf("status %d", ctx.Response.StatusCode())
+				}
+				if tc.sameAs && hdr(ctx, HdrServer) != home {
+					t.Fatalf("landed on %s, session home %s", hdr(ctx, HdrServer), home)
+				}
+				if id, _ := parseID([]byte(hdr(ctx, HdrDecision))); !s.Complete(id) {
+					t.Fatal("decision id not completable")
+				}
+			}
+			snap := s.Snapshot()
+			aff := snap.Deployments[0].Serve.m.outcomes[OutcomeAffinity].Load()
+			ctx := do(s, chatBody("llama", "", "hi"), tc.hdrs...)
+			got := snap.Deployments[0].Serve.m.outcomes[OutcomeAffinity].Load() - aff
+			if tc.session != (got == 1) {
+				t.Fatalf("session treatment = %v, want %v", got == 1, tc.session)
+			}
+			id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+			s.Complete(id)
+		})
+	}
+}
+
+func errBody(t *testing.T, b []byte) apiErrorBody {
+	t.Helper()
+	var e apiError
+	if err := json.Unmarshal(b, &e); err != nil || e.Error.Message == "" || e.Error.Type == "" || e.Error.Code == "" {
+		t.Fatalf("not an OpenAI error body: %s (%v)", b, err)
+	}
+	return e.Error
+}
+
+func TestRouteContract(t *testing.T) {
+	single := mustServer(t, fmt.Sprintf(fourEndpoints, "prefix-affinity"))
+	multi := mustServer(t, `
+health: {disable: true}
+deployments:
+  - name: a
+    models: [model-a]
+    pools: [{role: mixed, endpoints: [{name: a0, address: 127.0.0.1:9001}]}]
+  - name: b
+    models: [model-b]
+    pools: [{role: mixed, endpoints: [{name: b0, address: 127.0.0.1:9002}]}]
+`)
+	for _, tc := range []struct {
+		name   string
+		s      *Server
+		body   string
+		hdrs   []string
+		status int
+		code   string
+		server string
+	}{
+		{"chat routed", single, chatBody("llama", "sys", "hi"), nil, 200, "", "*"},
+		{"alias model", single, chatBody("meta-llama/Llama-3.1-8B-Instruct", "", "hi"), nil, 200, "", "*"},
+		{"escaped slash in model", single, `{"model":"meta-llama\/Llama-3.1-8B-Instruct","prompt":"x"}`, nil, 200, "", "*"},
+		{"unknown model", single, chatBody("gpt-9", "", "hi"), nil, 404, "model_not_found", ""},
+		{"garbage json balanced", single, `{{{ not json`, nil, 200, "", "*"},
+		{"empty body balanced", single, ``, nil, 200, "", "*"},
+		{"no model, one deployment", single, `{"prompt":"x"}`, nil, 200, "", "*"},
+		{"no model, several deployments", multi, `{"prompt":"x"}`, nil, 400, "model_required", ""},
+		{"model header", multi, `{"prompt":"x"}`, []string{"X-Model", "model-b"}, 200, "", "b0"},
+		{"body model wins", multi, `{"model":"model-a"}`, []string{"x_model", "model-b"}, 200, "", "a0"},
+		{"model b", multi, `{"model":"model-b"}`, nil, 200, "", "b0"},
+		{"truncated body still routes", single, `{"model":"llama","messages":[{"role":"user","content":"abc`, []string{HdrBodyTruncated, "40/9000"}, 200, "", "*"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := do(tc.s, tc.body, tc.hdrs...)
+			if got := ctx.Response.StatusCode(); got != tc.status {
+				t.Fatalf("status %d, want %d: %s", got, tc.status, ctx.Response.Body())
+			}
+			if tc.code != "" {
+				if e := errBody(t, ctx.Response.Body()); e.Code != tc.code {
+					t.Fatalf("code %s, want %s", e.Code, tc.code)
+				}
+				return
+			}
+			srv := hdr(ctx, HdrServer)
+			if (tc.server == "*" && srv == "") || (tc.server != "*" && srv != tc.server) {
+				t.Fatalf("server %q, want %q", srv, tc.server)
+			}
+			if hdr(ctx, HdrBackend) == "" || !strings.HasSuffix(hdr(ctx, HdrPool), "_mixed") || len(hdr(ctx, HdrDecision)) != 16 {
+				t.Fatalf("incomplete verdict: %s", ctx.Response.Header.String())
+			}
+		})
+	}
+}
+
+func TestFallbacksDistinct(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(fourEndpoints, "least-request"))
+	ctx := do(s, chatBody("llama", "", "x"))
+	fb := strings.Split(hdr(ctx, HdrFallbacks), ",")
+	seen := map[string]bool{hdr(ctx, HdrServer): true}
+	for _, f := range fb {
+		if seen[f] || f == "" {
+			t.Fatalf("fallbacks %v repeat or are empty (server %s)", fb, hdr(ctx, HdrServer))
+		}
+		seen[f] = true
+	}
+	if len(fb) != 2 {
+		t.Fatalf("want 2 fallbacks by default, got %v", fb)
+	}
+}
+
+func TestNoEndpoint503(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(fourEndpoints, "round-robin"))
+	for _, e := range s.Snapshot().Deployments[0].Serve.Endpoints {
+		e.SetDown(true)
+	}
+	ctx := do(s, chatBody("llama", "", "x"))
+	if ctx.Response.StatusCode() != 503 || hdr(ctx, "Retry-After") == "" {
+		t.Fatalf("status %d retry-after %q", ctx.Response.StatusCode(), hdr(ctx, "Retry-After"))
+	}
+	errBody(t, ctx.Response.Body())
+}
+
+func TestMethodAndPath(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(fourEndpoints, "round-robin"))
+	ctx := do(s, "")
+	ctx.Request.Header.SetMethod("GET")
+	ctx.Response.Reset()
+	s.Handler(ctx)
+	if ctx.Response.StatusCode() != 405 {
+		t.Fatalf("GET route: %d", ctx.Response.StatusCode())
+	}
+	ctx.Request.SetRequestURI("/nope")
+	ctx.Response.Reset()
+	s.Handler(ctx)
+	if ctx.Response.StatusCode() != 404 {
+		t.Fatalf("unknown path: %d", ctx.Response.StatusCode())
+	}
+	errBody(t, ctx.Response.Body())
+}
+
+func TestCompletionAccounting(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(fourEndpoints, "least-request"))
+	var ids []string
+	for i := 0; i < 40; i++ {
+		ids = append(ids, hdr(do(s, chatBody("llama", "", "x")), HdrDecision))
+	}
+	total := func() (n int64) {
+		for _, e := range s.Snapshot().Deployments[0].Serve.Endpoints {
+			n += e.Inflight()
+		}
+		return n
+	}
+	if total() != 40 {
+		t.Fatalf("inflight %d, want 40", total())
+	}
+	for i, id := range ids {
+		line := fmt.Sprintf("<134>Nov 21 10:00:00 haproxy[1]: turnout-done id=%s srv=a status=200 ms=12", id)
+		if i%2 == 0 {
+			line = fmt.Sprintf("<190>1 2026-11-21T10:00:00Z host nginx - - - turnout-done id=%s srv=b status=200 ms=3", id)
+		}
+		if !s.FeedbackLine([]byte(line)) {
+			t.Fatalf("line %q not accepted", line)
+		}
+	}
+	if total() != 0 {
+		t.Fatalf("inflight %d after completions", total())
+	}
+	if s.FeedbackLine([]byte("turnout-done id=" + ids[0] + " srv=a")) {
+		t.Fatal("duplicate completion accepted")
+	}
+	if s.FeedbackLine([]byte("turnout-done id=- srv=a status=200")) || s.FeedbackLine([]byte("some other log line")) {
+		t.Fatal("line without a decision accepted")
+	}
+	if s.dec.duplicate.Load() != 1 {
+		t.Fatalf("duplicates %d", s.dec.duplicate.Load())
+	}
+	// TTL expiry.
+	do(s, chatBody("llama", "", "x"))
+	s.dec.expire(time.Now().Add(time.Hour), time.Minute)
+	if total() != 0 || s.dec.expired.Load() != 1 {
+		t.Fatalf("expiry: inflight %d expired %d", total(), s.dec.expired.Load())
+	}
+}
+
+func TestReloadKeepsState(t *testing.T) {
+	y := fmt.Sprintf(fourEndpoints, "prefix-affinity")
+	s := mustServer(t, y)
+	sys := strings.Repeat("shared system prompt ", 100)
+	home := hdr(do(s, chatBody("llama", sys, "q1")), HdrServer)
+	// Drop endpoint "d" unless it is home; keep home.
+	drop := "d"
+	if home == "d" {
+		drop = "c"
+	}
+	y2 := strings.Replace(y, fmt.Sprintf("          - {name: %s, address: 127.0.0.1:800%d}\n", drop, map[string]int{"c": 3, "d": 4}[drop]), "", 1)
+	if y2 == y {
+		t.Fatal("test bug: endpoint not removed")
+	}
+	if err := s.Apply(mustConfig(t, y2)); err != nil {
+		t.Fatal(err)
+	}
+	var homeEp *Endpoint
+	for _, e := range s.Snapshot().Deployments[0].Serve.Endpoints {
+		if e.Name == drop {
+			t.Fatalf("%s still present", drop)
+		}
+		if e.Name == home {
+			homeEp = e
+		}
+	}
+	if homeEp.Inflight() != 1 {
+		t.Fatalf("in-flight lost across reload: %d", homeEp.Inflight())
+	}
+	if got := hdr(do(s, chatBody("llama", sys, "q2")), HdrServer); got != home {
+		t.Fatalf("prefix index lost across reload: %s, want %s", got, home)
+	}
+	// A bad config is rejected and the old snapshot stays.
+	before := s.Snapshot()
+	if err := s.Apply(&Config{}); err == nil {
+		t.Fatal("empty config accepted")
+	}
+	if s.Snapshot() != before {
+		t.Fatal("snapshot changed after a rejected config")
+	}
+}
+
+func TestConfigErrorsNameField(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, field string }{
+		{"no deployments", `listen: 127.0.0.1:1`, "deployments"},
+		{"bad listen", "listen: nope\ndeployments: [{name: a, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "listen"},
+		{"bad endpoint name", "deployments: [{name: a, pools: [{endpoints: [{name: 'a b', address: 1.2.3.4:5}]}]}]", "deployments[0].pools[0].endpoints[0].name"},
+		{"injection in name", "deployments: [{name: \"a\\nserver x\", pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "deployments[0].name"},
+		{"bad address", "deployments: [{name: a, pools: [{endpoints: [{name: a, address: '1.2.3.4'}]}]}]", "address"},
+		{"duplicate server", "deployments: [{name: a, pools: [{endpoints: [{name: x, address: 1.2.3.4:5}, {name: x, address: 1.2.3.4:6}]}]}]", "endpoints[1].name"},
+		{"unknown field", "deployments: [{name: a, polcy: {}}]", "polcy"},
+		{"bad role", "deployments: [{name: a, pools: [{role: gpu, endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "role"},
+		{"pd needs both", "deployments: [{name: a, pools: [{role: prefill, endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "prefill and decode"},
+		{"bad header", "session_headers: ['x session']\ndeployments: [{name: a, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "session_headers[0]"},
+		{"duplicate model", "deployments: [{name: a, models: [m], pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}, {name: b, models: [m], pools: [{endpoints: [{name: b, address: 1.2.3.4:6}]}]}]", "models[0]"},
+		{"fail mode", "proxy: {fail_mode: maybe}\ndeployments: [{name: a, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "proxy.fail_mode"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(tc.yaml))
+			if err == nil || !strings.Contains(err.Error(), tc.field) {
+				t.Fatalf("err = %v, want mention of %q", err, tc.field)
+			}
+		})
+	}
+	// Policy params are checked at load, naming the policy.
+	_, err := NewServer(mustConfig(t, "deployments: [{name: a, policy: {name: prefix-affinity, params: {block_bytes: 1}}, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]"), Options{})
+	if err == nil || !strings.Contains(err.Error(), "block_bytes") {
+		t.Fatalf("bad params: %v", err)
+	}
+	_, err = NewServer(mustConfig(t, "deployments: [{name: a, policy: {name: nope}, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]"), Options{})
+	if err == nil || !strings.Contains(err.Error(), "unknown policy") {
+		t.Fatalf("unknown policy: %v", err)
+	}
+	if _, err := ParseConfig(DefaultConfigYAML); err != nil {
+		t.Fatalf("embedded default: %v", err)
+	}
+}
+
+// Prefix routing end to end through the handler: a shared system prompt
+// sticks; distinct prompts spread.
+func TestHandlerPrefixRouting(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(fourEndpoints, "prefix-affinity"))
+	sys := strings.Repeat("You are a very careful assistant. ", 30)
+	home := ""
+	for i := 0; i < 20; i++ {
+		ctx := do(s, chatBody("llama", sys, fmt.Sprintf("question %d", i)))
+		if home == "" {
+			home = hdr(ctx, HdrServer)
+		} else if hdr(ctx, HdrServer) != home {
+			t.Fatalf("request %d went to %s, prefix home %s", i, hdr(ctx, HdrServer), home)
+		}
+		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+		s.Complete(id)
+	}
+	seen := map[string]bool{}
+	for i := 0; i < 40; i++ {
+		ctx := do(s, chatBody("llama", fmt.Sprintf("%d distinct system prompt %s", i, strings.Repeat("x", 300)), "q"))
+		seen[hdr(ctx, HdrServer)] = true
+		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+		s.Complete(id)
+	}
+	if len(seen) != 4 {
+		t.Fatalf("distinct prompts used only %d endpoints", len(seen))
+	}
+}

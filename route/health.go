@@ -1,0 +1,72 @@
+package route
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// RunHealth actively checks every endpoint's health path until ctx ends, so
+// turnout stops choosing a dead replica even where the proxy has no checks
+// of its own (nginx OSS). An endpoint goes down after Fails consecutive
+// failures and up again on the first success.
+func (s *Server) RunHealth(ctx context.Context) {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, DisableCompression: true}}
+	for {
+		snap := s.snap.Load()
+		hc := snap.Config.Health
+		if hc.Disable || hc.Interval.D() <= 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second): // config may enable checks later
+			}
+			continue
+		}
+		var wg sync.WaitGroup
+		for _, p := range snap.Pools() {
+			for _, e := range p.Endpoints {
+				wg.Add(1)
+				go func(e *Endpoint) {
+					defer wg.Done()
+					s.checkOne(ctx, client, e, hc)
+				}(e)
+			}
+		}
+		wg.Wait()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(hc.Interval.D()):
+		}
+	}
+}
+
+func (s *Server) checkOne(ctx context.Context, c *http.Client, e *Endpoint, hc HealthConfig) {
+	cctx, cancel := context.WithTimeout(ctx, hc.Timeout.D())
+	defer cancel()
+	ok := false
+	req, err := http.NewRequestWithContext(cctx, http.MethodGet, "http://"+e.Address+hc.Path, nil)
+	if err == nil {
+		if resp, err := c.Do(req); err == nil {
+			ok = resp.StatusCode >= 200 && resp.StatusCode < 300
+			_ = resp.Body.Close()
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	if ok {
+		s.m.health[0].Add(1)
+		e.st.fails.Store(0)
+		if e.st.down.Swap(false) {
+			s.log.Info().Str(fieldEndpoint, e.Name).Msg("endpoint up")
+		}
+		return
+	}
+	s.m.health[1].Add(1)
+	if int(e.st.fails.Add(1)) >= hc.Fails && !e.st.down.Swap(true) {
+		s.log.Warn().Str(fieldEndpoint, e.Name).Str(fieldReason, "health check failed").Msg("endpoint down")
+	}
+}

@@ -1,0 +1,180 @@
+package route
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Metrics are hand-rolled atomic counters rendered in Prometheus text format:
+// the hot path only does atomic adds into fixed arrays (no label maps, no
+// allocation), and the scrape path is rare enough to format freely.
+
+type errKind int
+
+const (
+	errMethod errKind = iota
+	errUnknownModel
+	errNoModel
+	errTooLarge
+	errBadBody
+	numErrKinds
+)
+
+var errKindNames = [numErrKinds]string{"method", "unknown_model", "no_model", "too_large", "bad_body"}
+
+type serverMetrics struct {
+	errors       [numErrKinds]atomic.Uint64
+	reloads      atomic.Uint64
+	reloadFailed atomic.Uint64
+	feedback     atomic.Uint64 // feedback lines received
+	feedbackBad  atomic.Uint64 // unparseable feedback lines
+	health       [2]atomic.Uint64
+	pdPrefill    [5]atomic.Uint64 // ok, retried, failed, skipped, aggregated
+	extra        atomic.Pointer[[]func(*strings.Builder)]
+}
+
+func (m *serverMetrics) init() {}
+
+// AddMetrics registers an extra metrics writer (e.g. KV index stats).
+func (s *Server) AddMetrics(fn func(*strings.Builder)) {
+	for {
+		old := s.m.extra.Load()
+		var next []func(*strings.Builder)
+		if old != nil {
+			next = append(next, *old...)
+		}
+		next = append(next, fn)
+		if s.m.extra.CompareAndSwap(old, &next) {
+			return
+		}
+	}
+}
+
+// latencyBuckets are decision latency bounds in seconds.
+var latencyBuckets = [...]float64{5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 50e-3, 250e-3, 1}
+
+type histogram struct {
+	counts [len(latencyBuckets) + 1]atomic.Uint64
+	sumNs  atomic.Uint64
+}
+
+func (h *histogram) observe(d time.Duration) {
+	sec := d.Seconds()
+	i := 0
+	for i < len(latencyBuckets) && sec > latencyBuckets[i] {
+		i++
+	}
+	h.counts[i].Add(1)
+	h.sumNs.Add(uint64(d))
+}
+
+type poolMetrics struct {
+	outcomes      [numOutcomes]atomic.Uint64
+	matchedBlocks atomic.Uint64
+	totalBlocks   atomic.Uint64
+	latency       histogram
+}
+
+func (s *Server) metrics(ctx *fasthttp.RequestCtx) {
+	var b strings.Builder
+	s.WriteMetrics(&b)
+	ctx.SetContentType("text/plain; version=0.0.4")
+	ctx.SetBodyString(b.String())
+}
+
+// WriteMetrics renders all metrics.
+func (s *Server) WriteMetrics(b *strings.Builder) {
+	snap := s.snap.Load()
+	help := func(name, typ, text string) {
+		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
+	}
+	help("turnout_decisions_total", "counter", "Routing decisions by deployment, pool, policy and outcome.")
+	for _, p := range snap.Pools() {
+		for o := Outcome(0); o < numOutcomes; o++ {
+			fmt.Fprintf(b, "turnout_decisions_total{deployment=%q,pool=%q,policy=%q,outcome=%q} %d\n",
+				p.Deployment, p.Name, p.PolicyName, o.String(), p.m.outcomes[o].Load())
+		}
+	}
+	help("turnout_decision_duration_seconds", "histogram", "Time to decide, per pool.")
+	for _, p := range snap.Pools() {
+		var cum uint64
+		for i, ub := range latencyBuckets {
+			cum += p.m.latency.counts[i].Load()
+			fmt.Fprintf(b, "turnout_decision_duration_seconds_bucket{pool=%q,le=%q} %d\n", p.Name, strconv.FormatFloat(ub, 'g', -1, 64), cum)
+		}
+		cum += p.m.latency.counts[len(latencyBuckets)].Load()
+		fmt.Fprintf(b, "turnout_decision_duration_seconds_bucket{pool=%q,le=\"+Inf\"} %d\n", p.Name, cum)
+		fmt.Fprintf(b, "turnout_decision_duration_seconds_sum{pool=%q} %g\n", p.Name, float64(p.m.latency.sumNs.Load())/1e9)
+		fmt.Fprintf(b, "turnout_decision_duration_seconds_count{pool=%q} %d\n", p.Name, cum)
+	}
+	help("turnout_prefix_blocks_total", "counter", "Prompt blocks seen by prefix policies.")
+	help("turnout_prefix_matched_blocks_total", "counter", "Prompt blocks routed to a replica that was sent them before.")
+	for _, p := range snap.Pools() {
+		if p.blockBytes > 0 {
+			fmt.Fprintf(b, "turnout_prefix_blocks_total{pool=%q} %d\n", p.Name, p.m.totalBlocks.Load())
+			fmt.Fprintf(b, "turnout_prefix_matched_blocks_total{pool=%q} %d\n", p.Name, p.m.matchedBlocks.Load())
+		}
+	}
+	help("turnout_endpoint_inflight", "gauge", "Decisions sent to an endpoint and not yet completed.")
+	for _, p := range snap.Pools() {
+		for _, e := range p.Endpoints {
+			fmt.Fprintf(b, "turnout_endpoint_inflight{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, e.Inflight())
+		}
+	}
+	help("turnout_endpoint_up", "gauge", "1 when the endpoint is available.")
+	for _, p := range snap.Pools() {
+		for _, e := range p.Endpoints {
+			up := 0
+			if e.Available() {
+				up = 1
+			}
+			fmt.Fprintf(b, "turnout_endpoint_up{pool=%q,endpoint=%q} %d\n", p.Name, e.Name, up)
+		}
+	}
+	help("turnout_endpoint_decisions_total", "counter", "Decisions per endpoint.")
+	for _, p := range snap.Pools() {
+		for _, e := range p.Endpoints {
+			fmt.Fprintf(b, "turnout_endpoint_decisions_total{pool=%q,endpoint=%q} %d\n", p.Name, e.Name, e.st.decisions.Load())
+		}
+	}
+	help("turnout_completions_total", "counter", "Completion signals by result.")
+	for _, c := range []struct {
+		name string
+		v    uint64
+	}{
+		{"completed", s.dec.completed.Load()},
+		{"unknown", s.dec.unknown.Load()},
+		{"duplicate", s.dec.duplicate.Load()},
+		{"expired", s.dec.expired.Load()},
+		{"overwritten", s.dec.overwritten.Load()},
+	} {
+		fmt.Fprintf(b, "turnout_completions_total{result=%q} %d\n", c.name, c.v)
+	}
+	help("turnout_feedback_lines_total", "counter", "Proxy log lines received on the feedback listener.")
+	fmt.Fprintf(b, "turnout_feedback_lines_total{result=\"ok\"} %d\n", s.m.feedback.Load())
+	fmt.Fprintf(b, "turnout_feedback_lines_total{result=\"malformed\"} %d\n", s.m.feedbackBad.Load())
+	help("turnout_request_errors_total", "counter", "Requests refused, by reason.")
+	for k := errKind(0); k < numErrKinds; k++ {
+		fmt.Fprintf(b, "turnout_request_errors_total{reason=%q} %d\n", errKindNames[k], s.m.errors[k].Load())
+	}
+	help("turnout_config_reloads_total", "counter", "Config snapshots applied or rejected.")
+	fmt.Fprintf(b, "turnout_config_reloads_total{result=\"ok\"} %d\n", s.m.reloads.Load())
+	fmt.Fprintf(b, "turnout_config_reloads_total{result=\"rejected\"} %d\n", s.m.reloadFailed.Load())
+	help("turnout_health_checks_total", "counter", "Active health checks by result.")
+	fmt.Fprintf(b, "turnout_health_checks_total{result=\"ok\"} %d\n", s.m.health[0].Load())
+	fmt.Fprintf(b, "turnout_health_checks_total{result=\"fail\"} %d\n", s.m.health[1].Load())
+	help("turnout_pd_prefill_total", "counter", "Prefill calls made for prefill/decode deployments.")
+	for i, n := range []string{"ok", "retried", "failed", "skipped", "aggregated"} {
+		fmt.Fprintf(b, "turnout_pd_prefill_total{result=%q} %d\n", n, s.m.pdPrefill[i].Load())
+	}
+	if ex := s.m.extra.Load(); ex != nil {
+		for _, fn := range *ex {
+			fn(b)
+		}
+	}
+}

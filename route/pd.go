@@ -1,0 +1,311 @@
+package route
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Prefill/decode disaggregation (vLLM's kv_transfer_params protocol, as the
+// NIXL connector's toy proxy drives it): turnout picks a decode and a prefill
+// replica, sends the prefill itself (max_tokens 1, not streamed, with
+// do_remote_decode), and hands the prefill's kv_transfer_params to the proxy,
+// which injects them into the request it streams to the decode replica.
+
+// prefillKV is what the prefill request asks for.
+const prefillKV = `{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`
+
+var hdrKVTransferB = []byte(HdrKVTransfer)
+
+// errPrefillStatus carries a prefill replica's non-2xx answer.
+type errPrefillStatus struct {
+	status int
+	body   []byte
+}
+
+func (e *errPrefillStatus) Error() string {
+	return fmt.Sprintf("prefill answered %d: %.200s", e.status, e.body)
+}
+
+// pdClient calls prefill replicas.
+type pdClient struct {
+	s *Server
+	c *fasthttp.Client
+}
+
+func newPDClient(s *Server) *pdClient {
+	return &pdClient{s: s, c: &fasthttp.Client{
+		Name:                     "turnout-pd",
+		NoDefaultUserAgentHeader: true,
+		MaxConnsPerHost:          1024,
+		MaxIdleConnDuration:      90 * time.Second,
+		// Idempotent retries would re-run a prefill on a slow replica; the
+		// caller retries on another replica instead.
+		MaxIdemponentCallAttempts: 1,
+	}}
+}
+
+// routePD serves a prefill/decode deployment.
+func (s *Server) routePD(ctx *fasthttp.RequestCtx, snap *Snapshot, d *Deployment, sc *scratch, start time.Time) {
+	r := &sc.req
+	cfg := &d.Config.PD
+	if r.Truncated {
+		s.m.errors[errTooLarge].Add(1)
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large",
+			fmt.Sprintf("prefill/decode routing needs the whole request body; it is larger than max_body (%d bytes)", snap.Config.MaxBody))
+		return
+	}
+	if !isObject(r.Body) {
+		s.m.errors[errBadBody].Add(1)
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_body",
+			"prefill/decode routing needs a JSON object body")
+		return
+	}
+	if hasKey(r.Body, "kv_transfer_params") {
+		s.m.errors[errBadBody].Add(1)
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "kv_transfer_params_not_allowed",
+			"kv_transfer_params is set by the router; clients must not send it")
+		return
+	}
+	n := min(1+snap.Config.Fallbacks, len(sc.picks)/2)
+	decode := s.pick(snap, d.Serve, sc, sc.picks[:0:n])
+	if len(decode) == 0 {
+		s.noEndpoint(ctx, d.Serve)
+		return
+	}
+	// Skip the prefill hop when the decode replica already holds most of the
+	// prompt (llm-d's heuristic): moving KV would cost more than recomputing.
+	if cfg.SkipPrefillBelow > 0 && d.Serve.blockBytes > 0 && r.Matched > 0 {
+		if uncached := r.PromptBytes - r.Matched*d.Serve.blockBytes; uncached < cfg.SkipPrefillBelow {
+			s.m.pdPrefill[3].Add(1)
+			s.writeVerdict(ctx, d.Serve, decode, sc, start)
+			return
+		}
+	}
+	prefill := s.pick(snap, d.Prefill, sc, sc.picks[n:n:min(2*n, len(sc.picks))])
+	if len(prefill) == 0 {
+		if cfg.NoPrefill == "aggregate" {
+			s.log.Debug().Str(fieldDeployment, d.Name).Str(fieldReason, "no prefill replica").Msg("serving aggregated on decode")
+			s.m.pdPrefill[4].Add(1)
+			s.writeVerdict(ctx, d.Serve, decode, sc, start)
+			return
+		}
+		s.noEndpoint(ctx, d.Prefill)
+		return
+	}
+	kv, used, err := s.pd.prefillWithRetry(ctx, snap, d, prefill, r.Body, cfg.PrefillTimeout.D())
+	if err != nil {
+		var st *errPrefillStatus
+		if errors.As(err, &st) && st.status >= 400 && st.status < 500 {
+			// The request itself is bad (e.g. too long): the decode replica
+			// would say the same, so relay the replica's own answer.
+			ctx.Response.Header.Set(HdrReason, "prefill_rejected")
+			ctx.SetStatusCode(st.status)
+			ctx.SetContentType("application/json")
+			ctx.SetBody(st.body)
+			return
+		}
+		s.log.Warn().Err(err).Str(fieldDeployment, d.Name).Msg("prefill failed")
+		writeError(ctx, fasthttp.StatusBadGateway, "server_error", "prefill_failed",
+			"prefill failed on every tried replica: "+err.Error())
+		return
+	}
+	s.writeVerdict(ctx, d.Serve, decode, sc, start)
+	ctx.Response.Header.SetBytesKV(hdrKVTransferB, kv)
+	ctx.Response.Header.Set(HdrPrefill, used.Name)
+}
+
+// prefillWithRetry tries the first prefill replica, then one other.
+func (c *pdClient) prefillWithRetry(ctx *fasthttp.RequestCtx, snap *Snapshot, d *Deployment, eps []*Endpoint, body []byte, timeout time.Duration) ([]byte, *Endpoint, error) {
+	pbody, err := PrefillBody(body)
+	if err != nil {
+		return nil, nil, err
+	}
+	var errs []error
+	for i, e := range eps {
+		if i == 2 {
+			break
+		}
+		kv, err := c.prefill(ctx, snap, e, pbody, timeout)
+		if err == nil {
+			if i > 0 {
+				c.s.m.pdPrefill[1].Add(1)
+			} else {
+				c.s.m.pdPrefill[0].Add(1)
+			}
+			return kv, e, nil
+		}
+		var st *errPrefillStatus
+		if errors.As(err, &st) && st.status >= 400 && st.status < 500 {
+			c.s.m.pdPrefill[2].Add(1)
+			return nil, e, err
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", e.Name, err))
+	}
+	c.s.m.pdPrefill[2].Add(1)
+	return nil, nil, errors.Join(errs...)
+}
+
+// prefill sends one prefill request and returns base64(kv_transfer_params).
+func (c *pdClient) prefill(ctx *fasthttp.RequestCtx, snap *Snapshot, e *Endpoint, body []byte, timeout time.Duration) ([]byte, error) {
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	uri := ctx.Request.Header.Peek(HdrOriginalURI)
+	if len(uri) == 0 || uri[0] != '/' {
+		uri = []byte("/v1/chat/completions")
+	}
+	req.SetRequestURI("http://" + e.Address + string(uri))
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	// Forward what the replica may need: auth, request id, session headers.
+	for k, v := range ctx.Request.Header.All() {
+		if headerIs(k, []byte("authorization")) || headerIs(k, []byte("x-request-id")) {
+			req.Header.SetBytesKV(k, v)
+			continue
+		}
+		for _, h := range snap.sessionHdrs {
+			if headerIs(k, h) {
+				req.Header.SetBytesKV(k, v)
+			}
+		}
+	}
+	req.SetBody(body)
+	e.st.inflight.Add(1)
+	err := c.c.DoTimeout(req, resp, timeout)
+	e.st.inflight.Add(-1)
+	if err != nil {
+		return nil, fmt.Errorf("prefill request: %w", err)
+	}
+	if sc := resp.StatusCode(); sc < 200 || sc > 299 {
+		return nil, &errPrefillStatus{status: sc, body: append([]byte(nil), resp.Body()...)}
+	}
+	kv := topValue(resp.Body(), "kv_transfer_params")
+	if len(kv) == 0 || kv[0] != '{' {
+		return nil, fmt.Errorf("prefill response from %s has no kv_transfer_params object", e.Name)
+	}
+	out := make([]byte, base64.StdEncoding.EncodedLen(len(kv)))
+	base64.StdEncoding.Encode(out, kv)
+	return out, nil
+}
+
+// isObject reports whether body is one complete JSON object (nothing after it).
+func isObject(body []byte) bool {
+	s := scanner{b: body}
+	if s.peek() != '{' || !s.skip() {
+		return false
+	}
+	s.ws()
+	return s.i == len(s.b)
+}
+
+// topValue returns the raw JSON value of a top-level key.
+func topValue(body []byte, name string) []byte {
+	s := scanner{b: body}
+	var v []byte
+	s.object(func(key []byte) bool {
+		s.ws()
+		start := s.i
+		if !s.skip() {
+			return false
+		}
+		if string(key) == name {
+			v = s.b[start:s.i]
+			return false
+		}
+		return true
+	})
+	return v
+}
+
+// PrefillBody rewrites a request body for the prefill replica: max_tokens 1
+// (and max_completion_tokens 1 when present), stream false, no
+// stream_options, and kv_transfer_params asking for a remote decode. Every
+// other key is copied byte for byte, in order (numbers and unicode untouched).
+func PrefillBody(body []byte) ([]byte, error) {
+	if !isObject(body) {
+		return nil, errors.New("prefill body: not a JSON object")
+	}
+	out := make([]byte, 0, len(body)+len(prefillKV)+64)
+	out = append(out, '{')
+	s := scanner{b: body}
+	sawMax, sawStream := false, false
+	first := true
+	emit := func(key string, raw []byte) {
+		if !first {
+			out = append(out, ',')
+		}
+		first = false
+		out = strconv.AppendQuote(out, key)
+		out = append(out, ':')
+		out = append(out, raw...)
+	}
+	ok := s.object(func(key []byte) bool {
+		s.ws()
+		start := s.i
+		if !s.skip() {
+			return false
+		}
+		raw := s.b[start:s.i]
+		switch string(key) {
+		case "max_tokens":
+			sawMax = true
+			raw = []byte("1")
+		case "max_completion_tokens":
+			raw = []byte("1")
+		case "stream":
+			sawStream = true
+			raw = []byte("false")
+		case "stream_options", "kv_transfer_params":
+			return true
+		}
+		if !first {
+			out = append(out, ',')
+		}
+		first = false
+		// Copy the key raw too, so escapes in keys survive unchanged.
+		out = append(out, '"')
+		out = append(out, key...)
+		out = append(out, '"', ':')
+		out = append(out, raw...)
+		return true
+	})
+	if !ok {
+		return nil, errors.New("prefill body: malformed JSON object")
+	}
+	if !sawMax {
+		emit("max_tokens", []byte("1"))
+	}
+	if !sawStream {
+		emit("stream", []byte("false"))
+	}
+	emit("kv_transfer_params", []byte(prefillKV))
+	return append(out, '}'), nil
+}
+
+// DecodeBody injects kv_transfer_params (raw JSON object) into a request
+// body, as the proxy glue does for the decode replica. It is the reference
+// the Lua and njs implementations are tested against.
+func DecodeBody(body, kv []byte) ([]byte, error) {
+	if !isObject(body) {
+		return nil, errors.New("decode body: not a JSON object")
+	}
+	s := scanner{b: body}
+	s.peek()
+	open := s.i + 1
+	s.i = open
+	empty := s.peek() == '}'
+	out := make([]byte, 0, len(body)+len(kv)+32)
+	out = append(out, body[:open]...)
+	out = append(out, `"kv_transfer_params":`...)
+	out = append(out, kv...)
+	if !empty {
+		out = append(out, ',')
+	}
+	return append(out, body[open:]...), nil
+}

@@ -1,0 +1,186 @@
+package route
+
+import (
+	"fmt"
+	"sort"
+	"sync/atomic"
+)
+
+// Request is what a policy sees of one request. Byte slices are views into
+// fasthttp buffers, valid only during Pick; store hashes, never the slices.
+type Request struct {
+	Model   []byte
+	Session []byte
+	// SessionHash is hashKey(Session), computed once by the handler.
+	SessionHash uint64
+	HasSession  bool
+	// Blocks are the prompt's chained block hashes (PromptUser policies only).
+	Blocks []uint64
+	// PromptBytes is the prompt's length in bytes (an uncached-work estimate).
+	PromptBytes int
+	// Truncated is set when the proxy forwarded only a prefix of the body.
+	Truncated bool
+	// Body is the raw request body (view), for policies that read more.
+	Body []byte
+
+	// Outcome is set by the policy for metrics.
+	Outcome Outcome
+	// Matched is the matched prefix length in blocks (prefix policies).
+	Matched int
+}
+
+// Outcome classifies how a decision was made.
+type Outcome uint8
+
+// Outcomes; keep outcomeNames in sync.
+const (
+	OutcomeBalanced   Outcome = iota // no key: load balanced
+	OutcomeAffinity                  // session or prefix key honoured
+	OutcomeOverflow                  // key present but its replica was too loaded
+	OutcomeNoEndpoint                // nothing available
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{"balanced", "affinity", "overflow", "no_endpoint"}
+
+func (o Outcome) String() string { return outcomeNames[o] }
+
+// Policy picks endpoints for a request.
+type Policy interface {
+	// Pick appends up to cap(dst)-len(dst) distinct available endpoints of p,
+	// best first. An empty result means none is available. It must not
+	// allocate and must be safe for concurrent use.
+	Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint
+}
+
+// PromptUser is implemented by policies that need the prompt's block hashes.
+type PromptUser interface {
+	// BlockBytes is the prefix block size in bytes.
+	BlockBytes() int
+}
+
+// Stater is implemented by policies whose per-endpoint state must survive a
+// reload; Carry moves the state of endpoints that still exist from prev.
+type Stater interface {
+	Carry(prev Policy)
+}
+
+// Closer is implemented by policies that own goroutines or sockets.
+type Closer interface{ Close() }
+
+// PolicyEnv is what a factory gets besides its params.
+type PolicyEnv struct {
+	Pool *Pool
+	Rand *Rand
+}
+
+// Factory builds a policy for one pool from its config; params are validated here.
+type Factory func(cfg *PolicyConfig, env PolicyEnv) (Policy, error)
+
+// Registry maps policy names to factories. Registration is explicit (no init()).
+type Registry struct {
+	m map[string]Factory
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry { return &Registry{m: map[string]Factory{}} }
+
+// Register adds a factory; a duplicate name is a programming error.
+func (r *Registry) Register(name string, f Factory) {
+	if _, dup := r.m[name]; dup {
+		panic("route: policy registered twice: " + name)
+	}
+	r.m[name] = f
+}
+
+// Names lists registered policies, sorted.
+func (r *Registry) Names() []string {
+	out := make([]string, 0, len(r.m))
+	for n := range r.m {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Build builds the named policy.
+func (r *Registry) Build(cfg *PolicyConfig, env PolicyEnv) (Policy, error) {
+	f, ok := r.m[cfg.Name]
+	if !ok {
+		return nil, fmt.Errorf("%w: unknown policy %q (known: %v)", ErrConfig, cfg.Name, r.Names())
+	}
+	p, err := f(cfg, env)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return p, nil
+}
+
+// DefaultRegistry registers the built-in policies.
+func DefaultRegistry() *Registry {
+	r := NewRegistry()
+	r.Register(RoundRobinType, NewRoundRobinFactory())
+	r.Register(LeastRequestType, NewLeastRequestFactory())
+	r.Register(SessionHashType, NewSessionHashFactory())
+	r.Register(PrefixAffinityType, NewPrefixAffinityFactory())
+	return r
+}
+
+// Rand is a concurrency-safe, seedable, allocation-free source (splitmix64
+// over an atomic counter): deterministic in single-threaded tests.
+type Rand struct{ state atomic.Uint64 }
+
+// NewRand returns a source with the given seed.
+func NewRand(seed uint64) *Rand {
+	r := &Rand{}
+	r.state.Store(seed)
+	return r
+}
+
+// Uint64 returns the next value.
+func (r *Rand) Uint64() uint64 { return mix64(r.state.Add(0x9e3779b97f4a7c15)) }
+
+// Intn returns a value in [0, n).
+func (r *Rand) Intn(n int) int { return int(r.Uint64() % uint64(n)) }
+
+// contains reports whether e is already in dst (dst is tiny).
+func contains(dst []*Endpoint, e *Endpoint) bool {
+	for _, d := range dst {
+		if d == e {
+			return true
+		}
+	}
+	return false
+}
+
+// fillLeastLoaded appends the least-loaded available endpoints not yet in
+// dst until dst is full; ties go to the earliest after a random rotation so
+// equal loads spread.
+func fillLeastLoaded(dst []*Endpoint, p *Pool, rnd *Rand) []*Endpoint {
+	n := len(p.Endpoints)
+	if n == 0 {
+		return dst
+	}
+	off := 0
+	if rnd != nil {
+		off = rnd.Intn(n)
+	}
+	for len(dst) < cap(dst) {
+		var best *Endpoint
+		var bestLoad int64
+		for i := 0; i < n; i++ {
+			e := p.Endpoints[(i+off)%n]
+			if !e.Available() || contains(dst, e) {
+				continue
+			}
+			if l := e.Inflight(); best == nil || l < bestLoad {
+				best, bestLoad = e, l
+			}
+		}
+		if best == nil {
+			return dst
+		}
+		dst = append(dst, best)
+	}
+	return dst
+}

@@ -1,0 +1,77 @@
+package route
+
+// LeastRequestType is the registry name of LeastRequest.
+const LeastRequestType = "least-request"
+
+// LeastRequest is power-of-two-choices over in-flight counts: two random
+// available endpoints, the less loaded wins, a tie is broken at random. P2C
+// rather than a global minimum so several turnout instances with slightly
+// different views do not all herd onto the same replica.
+type LeastRequest struct {
+	rnd *Rand
+}
+
+// NewLeastRequestFactory returns the factory for least-request (no params).
+func NewLeastRequestFactory() Factory {
+	return func(cfg *PolicyConfig, env PolicyEnv) (Policy, error) {
+		var none struct{}
+		if err := cfg.DecodeParams(&none); err != nil {
+			return nil, err
+		}
+		return NewLeastRequest(env.Rand), nil
+	}
+}
+
+// NewLeastRequest returns the policy with an injected random source.
+func NewLeastRequest(rnd *Rand) *LeastRequest {
+	if rnd == nil {
+		rnd = NewRand(1)
+	}
+	return &LeastRequest{rnd: rnd}
+}
+
+// Pick implements Policy.
+func (l *LeastRequest) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
+	r.Outcome = OutcomeBalanced
+	return pickP2C(dst, p, l.rnd)
+}
+
+// pickP2C appends the P2C winner, then the least loaded of the rest.
+func pickP2C(dst []*Endpoint, p *Pool, rnd *Rand) []*Endpoint {
+	if len(dst) == cap(dst) {
+		return dst
+	}
+	n := len(p.Endpoints)
+	if n == 0 {
+		return dst
+	}
+	// Draw two distinct available endpoints; bounded probing keeps this O(n)
+	// in the worst case when most endpoints are down.
+	var a, b *Endpoint
+	start := rnd.Intn(n)
+	step := 1 + rnd.Intn(max(n-1, 1))
+	for i := 0; i < n; i++ {
+		e := p.Endpoints[(start+i*step)%n]
+		if !e.Available() || contains(dst, e) || e == a {
+			continue
+		}
+		if a == nil {
+			a = e
+			continue
+		}
+		b = e
+		break
+	}
+	if a == nil || b == nil {
+		// step may not be coprime with n: fall back to a scan.
+		return fillLeastLoaded(dst, p, rnd)
+	}
+	la, lb := a.Inflight(), b.Inflight()
+	if lb < la || (la == lb && rnd.Uint64()&1 == 1) {
+		a = b
+	}
+	dst = append(dst, a)
+	return fillLeastLoaded(dst, p, rnd)
+}
+
+var _ Policy = (*LeastRequest)(nil)

@@ -1,0 +1,179 @@
+package route
+
+import "fmt"
+
+// PrefixAffinityType is the registry name of PrefixAffinity.
+const PrefixAffinityType = "prefix-affinity"
+
+// PrefixAffinityConfig are the params of prefix-affinity.
+//
+// Algorithm (per request, over available endpoints):
+//  1. Load is in-flight decisions. A candidate e is "too loaded" when
+//     load(e)-min > BalanceAbs && load(e) > BalanceRel*min (SGLang's
+//     imbalance test, applied per candidate rather than pool-wide).
+//  2. Among candidates that are not too loaded, take the longest cached
+//     prefix (ties: lower load). If matched/total >= MatchThreshold, route there.
+//  3. Otherwise route to the least-loaded endpoint (random tie-break). Unlike
+//     SGLang's "smallest tree", a miss never lands on an overloaded replica.
+//  4. Record the prompt's blocks in the chosen endpoint's index.
+type PrefixAffinityConfig struct {
+	BlockBytes     int     `yaml:"block_bytes"`
+	CapacityBlocks int     `yaml:"capacity_blocks"` // per endpoint
+	MatchThreshold float64 `yaml:"match_threshold"`
+	BalanceAbs     int64   `yaml:"balance_abs"`
+	BalanceRel     float64 `yaml:"balance_rel"`
+	// MinBlocks: prompts shorter than this many blocks are load balanced.
+	MinBlocks int `yaml:"min_blocks"`
+}
+
+// Validate checks the params.
+func (c *PrefixAffinityConfig) Validate() error {
+	switch {
+	case c.BlockBytes < 16 || c.BlockBytes > MaxBlockBytes:
+		return fmt.Errorf("prefix-affinity block_bytes %d out of range [16, %d]", c.BlockBytes, MaxBlockBytes)
+	case c.CapacityBlocks < 16 || c.CapacityBlocks > 1<<24:
+		return fmt.Errorf("prefix-affinity capacity_blocks %d out of range [16, 16M]", c.CapacityBlocks)
+	case c.MatchThreshold < 0 || c.MatchThreshold > 1:
+		return fmt.Errorf("prefix-affinity match_threshold %v out of range [0, 1]", c.MatchThreshold)
+	case c.BalanceAbs < 0:
+		return fmt.Errorf("prefix-affinity balance_abs must be >= 0")
+	case c.BalanceRel < 1:
+		return fmt.Errorf("prefix-affinity balance_rel %v must be >= 1", c.BalanceRel)
+	case c.MinBlocks < 0:
+		return fmt.Errorf("prefix-affinity min_blocks must be >= 0")
+	}
+	return nil
+}
+
+// DefaultPrefixAffinityConfig returns the defaults.
+func DefaultPrefixAffinityConfig() PrefixAffinityConfig {
+	return PrefixAffinityConfig{
+		BlockBytes: 128, CapacityBlocks: 65536, MatchThreshold: 0.3,
+		BalanceAbs: 8, BalanceRel: 1.5, MinBlocks: 1,
+	}
+}
+
+// PrefixAffinity routes requests sharing a prompt prefix to the replica that
+// was last sent that prefix, guarded by load.
+type PrefixAffinity struct {
+	cfg   PrefixAffinityConfig
+	rnd   *Rand
+	lrus  []*blockLRU // by endpoint index
+	names []string
+}
+
+// NewPrefixAffinityFactory returns the factory for prefix-affinity.
+func NewPrefixAffinityFactory() Factory {
+	return func(pc *PolicyConfig, env PolicyEnv) (Policy, error) {
+		cfg := DefaultPrefixAffinityConfig()
+		if err := pc.DecodeParams(&cfg); err != nil {
+			return nil, err
+		}
+		if err := cfg.Validate(); err != nil {
+			return nil, err
+		}
+		return NewPrefixAffinity(cfg, env.Pool, env.Rand), nil
+	}
+}
+
+// NewPrefixAffinity builds the policy for pool p.
+func NewPrefixAffinity(cfg PrefixAffinityConfig, p *Pool, rnd *Rand) *PrefixAffinity {
+	if rnd == nil {
+		rnd = NewRand(1)
+	}
+	pa := &PrefixAffinity{cfg: cfg, rnd: rnd}
+	for _, e := range p.Endpoints {
+		pa.lrus = append(pa.lrus, newBlockLRU(cfg.CapacityBlocks))
+		pa.names = append(pa.names, e.Name)
+	}
+	return pa
+}
+
+// BlockBytes implements PromptUser.
+func (pa *PrefixAffinity) BlockBytes() int { return pa.cfg.BlockBytes }
+
+// Carry implements Stater: surviving endpoints keep their index when the
+// block size and capacity did not change (else the hashes mean other things).
+func (pa *PrefixAffinity) Carry(prev Policy) {
+	old, ok := prev.(*PrefixAffinity)
+	if !ok || old.cfg.BlockBytes != pa.cfg.BlockBytes || old.cfg.CapacityBlocks != pa.cfg.CapacityBlocks {
+		return
+	}
+	for i, n := range pa.names {
+		for j, on := range old.names {
+			if on == n {
+				pa.lrus[i] = old.lrus[j]
+			}
+		}
+	}
+}
+
+// CachedBlocks reports the index size of the endpoint at index i (metrics, tests).
+func (pa *PrefixAffinity) CachedBlocks(i int) int { return pa.lrus[i].Len() }
+
+// Pick implements Policy.
+func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
+	start := len(dst)
+	if len(r.Blocks) < max(pa.cfg.MinBlocks, 1) {
+		r.Outcome = OutcomeBalanced
+		return fillLeastLoaded(dst, p, pa.rnd)
+	}
+	minLoad := int64(-1)
+	for _, e := range p.Endpoints {
+		if e.Available() {
+			if l := e.Inflight(); minLoad < 0 || l < minLoad {
+				minLoad = l
+			}
+		}
+	}
+	if minLoad < 0 {
+		r.Outcome = OutcomeNoEndpoint
+		return dst
+	}
+	var best *Endpoint
+	bestMatch, bestLoad := 0, int64(0)
+	overloadedHit := false
+	for i, e := range p.Endpoints {
+		if !e.Available() {
+			continue
+		}
+		m := pa.lrus[i].matchLen(r.Blocks)
+		if m == 0 {
+			continue
+		}
+		l := e.Inflight()
+		if pa.tooLoaded(l, minLoad) {
+			overloadedHit = overloadedHit || m*2 >= len(r.Blocks)
+			continue
+		}
+		if m > bestMatch || (m == bestMatch && l < bestLoad) {
+			best, bestMatch, bestLoad = e, m, l
+		}
+	}
+	r.Matched = bestMatch
+	if best != nil && float64(bestMatch) >= pa.cfg.MatchThreshold*float64(len(r.Blocks)) {
+		dst = append(dst, best)
+		r.Outcome = OutcomeAffinity
+	} else if overloadedHit {
+		r.Matched = 0
+		r.Outcome = OutcomeOverflow
+	} else {
+		r.Matched = 0
+		r.Outcome = OutcomeBalanced
+	}
+	dst = fillLeastLoaded(dst, p, pa.rnd)
+	if len(dst) > start {
+		pa.lrus[dst[start].Index].insert(r.Blocks)
+	}
+	return dst
+}
+
+func (pa *PrefixAffinity) tooLoaded(load, minLoad int64) bool {
+	return load-minLoad > pa.cfg.BalanceAbs && float64(load) > pa.cfg.BalanceRel*float64(minLoad)
+}
+
+var (
+	_ Policy     = (*PrefixAffinity)(nil)
+	_ PromptUser = (*PrefixAffinity)(nil)
+	_ Stater     = (*PrefixAffinity)(nil)
+)

@@ -1,0 +1,290 @@
+package route
+
+import (
+	"fmt"
+	"math"
+	"testing"
+)
+
+func TestRoundRobin(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		down  []int
+		picks int
+		want  []string
+	}{
+		{"rotates", nil, 1, []string{"e0", "e1", "e2", "e0"}},
+		{"skips down", []int{1}, 1, []string{"e0", "e2", "e2", "e0"}},
+		{"fallbacks continue rotation", nil, 3, []string{"e0,e1,e2", "e1,e2,e0"}},
+		{"all down", []int{0, 1, 2}, 1, []string{"", ""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := testPool(t, 3, func(*Pool) Policy { return &RoundRobin{} })
+			for _, i := range tc.down {
+				p.Endpoints[i].SetDown(true)
+			}
+			for i, want := range tc.want {
+				got := names(p.Policy.Pick(&Request{}, p, make([]*Endpoint, 0, tc.picks)))
+				if got != want {
+					t.Fatalf("pick %d = %q, want %q", i, got, want)
+				}
+			}
+		})
+	}
+}
+
+func TestLeastRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		loads []int64
+		down  []int
+		want  string // required first pick ("" = any)
+		never string
+	}{
+		{"two endpoints: least wins", []int64{5, 1}, nil, "e1", ""},
+		{"never the most loaded of three", []int64{9, 0, 0}, nil, "", "e0"},
+		{"down skipped", []int64{0, 9}, []int{0}, "e1", ""},
+		{"single", []int64{3}, nil, "e0", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := testPool(t, len(tc.loads), func(*Pool) Policy { return NewLeastRequest(NewRand(7)) })
+			for i, l := range tc.loads {
+				p.Endpoints[i].AddInflight(l)
+			}
+			for _, i := range tc.down {
+				p.Endpoints[i].SetDown(true)
+			}
+			for i := 0; i < 200; i++ {
+				got := p.Policy.Pick(&Request{}, p, make([]*Endpoint, 0, 1))
+				if len(got) != 1 {
+					t.Fatalf("no pick")
+				}
+				if tc.want != "" && got[0].Name != tc.want {
+					t.Fatalf("pick = %s, want %s", got[0].Name, tc.want)
+				}
+				if got[0].Name == tc.never {
+					t.Fatalf("picked %s", tc.never)
+				}
+			}
+		})
+	}
+}
+
+// Equal loads: the random tie-break spreads picks evenly (±10% over 10k).
+func TestLeastRequestTieSpread(t *testing.T) {
+	p := testPool(t, 4, func(*Pool) Policy { return NewLeastRequest(NewRand(3)) })
+	counts := map[string]int{}
+	const n = 10000
+	for i := 0; i < n; i++ {
+		counts[p.Policy.Pick(&Request{}, p, make([]*Endpoint, 0, 1))[0].Name]++
+	}
+	for name, c := range counts {
+		if math.Abs(float64(c)-n/4) > n/4*0.1 {
+			t.Fatalf("%s got %d of %d", name, c, n)
+		}
+	}
+	if len(counts) != 4 {
+		t.Fatalf("only %d endpoints picked", len(counts))
+	}
+}
+
+func sessionPick(p *Pool, key string) string {
+	r := &Request{Session: []byte(key), HasSession: true, SessionHash: hashKey([]byte(key))}
+	got := p.Policy.Pick(r, p, make([]*Endpoint, 0, 1))
+	if len(got) == 0 {
+		return ""
+	}
+	return got[0].Name
+}
+
+func newSessionPool(t testing.TB, n int) *Pool {
+	return testPool(t, n, func(p *Pool) Policy {
+		return NewSessionHash(SessionHashConfig{VNodes: 160, LoadFactor: 1.25, MinInflight: 4}, p, NewRand(1))
+	})
+}
+
+// Pinned: a change to hashing or ring layout that would reshuffle every
+// live session must fail here.
+func TestSessionHashPinned(t *testing.T) {
+	if got := hashKey([]byte("user-42")); got != 0x397e9d3a76af7c81 {
+		t.Fatalf("hashKey(user-42) = %#x", got)
+	}
+	p := newSessionPool(t, 4)
+	want := map[string]string{"user-1": "", "user-2": "", "user-3": "", "alpha": "", "beta": ""}
+	for k := range want {
+		want[k] = sessionPick(p, k)
+	}
+	pinned := map[string]string{"user-1": "e1", "user-2": "e2", "user-3": "e3", "alpha": "e1", "beta": "e2"}
+	for k, v := range pinned {
+		if want[k] != v {
+			t.Errorf("session %s -> %s, pinned %s", k, want[k], v)
+		}
+	}
+}
+
+func TestSessionHashStability(t *testing.T) {
+	const sessions = 4000
+	keys := make([]string, sessions)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("session-%d", i)
+	}
+	assign := func(p *Pool) map[string]string {
+		m := map[string]string{}
+		for _, k := range keys {
+			m[k] = sessionPick(p, k)
+		}
+		return m
+	}
+	four := assign(newSessionPool(t, 4))
+	five := assign(newSessionPool(t, 5)) // e4 added
+	moved := 0
+	for k, v := range four {
+		if five[k] != v {
+			moved++
+			if five[k] != "e4" {
+				t.Fatalf("adding e4 moved %s from %s to %s", k, v, five[k])
+			}
+		}
+	}
+	// About 1/5 of sessions should move to the new endpoint.
+	if frac := float64(moved) / sessions; frac < 0.12 || frac > 0.28 {
+		t.Fatalf("adding 1 of 5 moved %.2f of sessions", frac)
+	}
+	// Removing e4 again moves only its sessions, back to where they were.
+	for k, v := range five {
+		if v != "e4" && four[k] != v {
+			t.Fatalf("removal moved %s which was not on e4", k)
+		}
+	}
+	// Fair share: every endpoint within 0.5-2x.
+	counts := map[string]int{}
+	for _, v := range four {
+		counts[v]++
+	}
+	for e, c := range counts {
+		if c < sessions/4/2 || c > sessions/4*2 {
+			t.Fatalf("%s holds %d sessions", e, c)
+		}
+	}
+}
+
+func TestSessionHashBoundedLoad(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		load    int64 // added to the session's home endpoint
+		others  int64
+		outcome Outcome
+		moved   bool
+	}{
+		{"home fine", 0, 0, OutcomeAffinity, false},
+		{"below min_inflight never spills", 3, 0, OutcomeAffinity, false},
+		{"over c x avg spills", 20, 2, OutcomeOverflow, true},
+		{"busy but balanced stays", 10, 10, OutcomeAffinity, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newSessionPool(t, 4)
+			home := sessionPick(p, "s1")
+			for _, e := range p.Endpoints {
+				if e.Name == home {
+					e.AddInflight(tc.load)
+				} else {
+					e.AddInflight(tc.others)
+				}
+			}
+			r := &Request{Session: []byte("s1"), HasSession: true, SessionHash: hashKey([]byte("s1"))}
+			got := p.Policy.Pick(r, p, make([]*Endpoint, 0, 3))
+			if (got[0].Name != home) != tc.moved || r.Outcome != tc.outcome {
+				t.Fatalf("pick %s (home %s) outcome %v", names(got), home, r.Outcome)
+			}
+			if len(got) != 3 {
+				t.Fatalf("want 3 distinct picks, got %s", names(got))
+			}
+		})
+	}
+}
+
+func TestSessionHashNoSessionFallsBack(t *testing.T) {
+	p := newSessionPool(t, 3)
+	p.Endpoints[0].AddInflight(50)
+	p.Endpoints[1].AddInflight(50)
+	r := &Request{}
+	if got := p.Policy.Pick(r, p, make([]*Endpoint, 0, 1)); got[0].Name != "e2" || r.Outcome != OutcomeBalanced {
+		t.Fatalf("no-session pick %s outcome %v, want e2 balanced", names(got), r.Outcome)
+	}
+}
+
+func blocksOf(prefix string, n int) []uint64 {
+	var h prefixHasher
+	h.reset(64, make([]uint64, 0, 4096))
+	h.text([]byte(prefix))
+	for i := 0; i < n; i++ {
+		h.text([]byte(fmt.Sprintf("%063d|", i)))
+	}
+	return h.out
+}
+
+func TestPrefixAffinity(t *testing.T) {
+	cfg := DefaultPrefixAffinityConfig()
+	cfg.BlockBytes = 64
+	cfg.BalanceAbs = 4
+	cfg.BalanceRel = 1.5
+	sys := string(make([]byte, 64*20)) // 20 shared blocks
+	for _, tc := range []struct {
+		name     string
+		warm     int     // endpoint sent the shared prefix first
+		loads    []int64 // then loads
+		req      []uint64
+		want     string
+		outcome  Outcome
+		notWant  string
+		minMatch int
+	}{
+		{"hit goes home", 2, []int64{0, 0, 0, 0}, blocksOf(sys, 2), "e2", OutcomeAffinity, "", 20},
+		{"hit within balance", 2, []int64{1, 1, 4, 1}, blocksOf(sys, 2), "e2", OutcomeAffinity, "", 20},
+		{"home too loaded: least loaded instead", 2, []int64{1, 0, 9, 1}, blocksOf(sys, 2), "e1", OutcomeOverflow, "e2", 0},
+		{"miss goes least loaded, never overloaded", -1, []int64{3, 0, 5, 2}, blocksOf("other", 10), "e1", OutcomeBalanced, "", 0},
+		{"empty prompt balanced", -1, []int64{2, 1, 0, 3}, nil, "e2", OutcomeBalanced, "", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var pa *PrefixAffinity
+			p := testPool(t, 4, func(p *Pool) Policy { pa = NewPrefixAffinity(cfg, p, NewRand(5)); return pa })
+			if tc.warm >= 0 {
+				pa.lrus[tc.warm].insert(blocksOf(sys, 1))
+			}
+			for i, l := range tc.loads {
+				p.Endpoints[i].AddInflight(l)
+			}
+			r := &Request{Blocks: tc.req}
+			got := p.Policy.Pick(r, p, make([]*Endpoint, 0, 3))
+			if got[0].Name != tc.want || r.Outcome != tc.outcome || r.Matched < tc.minMatch {
+				t.Fatalf("pick %s outcome %v matched %d; want %s %v >=%d", names(got), r.Outcome, r.Matched, tc.want, tc.outcome, tc.minMatch)
+			}
+			if len(tc.req) > 0 && pa.lrus[got[0].Index].matchLen(tc.req) != len(tc.req) {
+				t.Fatal("prompt not recorded on the chosen endpoint")
+			}
+		})
+	}
+}
+
+func TestBlockLRUEviction(t *testing.T) {
+	l := newBlockLRU(16)
+	a := blocksOf("a", 10) // 10 blocks
+	b := blocksOf("b", 10)
+	l.insert(a)
+	if l.matchLen(a) != 10 {
+		t.Fatal("a not cached")
+	}
+	l.insert(b) // 20 > 16: a's tail goes first
+	if l.Len() != 16 {
+		t.Fatalf("len %d, want 16", l.Len())
+	}
+	if got := l.matchLen(a); got != 6 {
+		t.Fatalf("a keeps %d leading blocks, want 6 (tail evicted first)", got)
+	}
+	if l.matchLen(b) != 10 {
+		t.Fatal("b must be fully cached")
+	}
+	if l.matchLen(blocksOf("c", 3)) != 0 {
+		t.Fatal("unknown prefix matched")
+	}
+}

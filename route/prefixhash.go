@@ -1,0 +1,78 @@
+package route
+
+import (
+	"encoding/binary"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// MaxBlockBytes bounds the prefix block size so the hasher's buffer is fixed.
+const MaxBlockBytes = 4096
+
+// prefixHasher turns the prompt stream into chained block hashes: block i's
+// hash is xxhash(block bytes) seeded with block i-1's hash, so equal hashes
+// mean equal prefixes up to and including that block. Only full blocks are
+// hashed, as an engine only caches full blocks.
+type prefixHasher struct {
+	blockSize int
+	n         int
+	prev      uint64
+	total     int // prompt bytes seen
+	out       []uint64
+	d         xxhash.Digest
+	buf       [MaxBlockBytes]byte
+}
+
+func (h *prefixHasher) reset(blockSize int, out []uint64) {
+	h.blockSize = blockSize
+	h.n = 0
+	h.prev = 0
+	h.total = 0
+	h.out = out[:0]
+}
+
+func (h *prefixHasher) text(p []byte) {
+	h.total += len(p)
+	for len(p) > 0 {
+		if len(h.out) == cap(h.out) {
+			return // bounded: the prefix beyond max blocks does not matter
+		}
+		c := copy(h.buf[h.n:h.blockSize], p)
+		h.n += c
+		p = p[c:]
+		if h.n == h.blockSize {
+			h.d.ResetWithSeed(h.prev)
+			_, _ = h.d.Write(h.buf[:h.n])
+			h.prev = h.d.Sum64()
+			h.out = append(h.out, h.prev)
+			h.n = 0
+		}
+	}
+}
+
+func (h *prefixHasher) sep(b byte) {
+	var one [1]byte
+	one[0] = b
+	h.text(one[:])
+}
+
+func (h *prefixHasher) token(id int64) {
+	var t [4]byte
+	binary.LittleEndian.PutUint32(t[:], uint32(id))
+	h.text(t[:])
+}
+
+// hashKey is the session hash; pinned by tests so a change that would
+// reshuffle every session fails CI.
+func hashKey(b []byte) uint64 { return xxhash.Sum64(b) }
+
+// mix64 is splitmix64's finalizer: mixing a key hash with a per-endpoint seed
+// gives rendezvous-quality scores without hashing the key again.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
