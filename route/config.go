@@ -167,6 +167,8 @@ type EndpointConfig struct {
 	// KVEvents is the replica's vLLM KV-event ZMQ publisher (e.g. tcp://10.0.0.5:5557).
 	KVEvents string `yaml:"kv_events"`
 	KVTopic  string `yaml:"kv_topic"`
+	// KVReplay is vLLM's optional replay ROUTER socket, used to fill gaps.
+	KVReplay string `yaml:"kv_replay"`
 	// Weight is reserved for weighted policies; 0 means 1.
 	Weight int `yaml:"weight"`
 }

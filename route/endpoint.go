@@ -21,7 +21,7 @@ type Endpoint struct {
 	Name    string
 	Address string
 	// KVEvents is the replica's KV-event publisher address ("" = none).
-	KVEvents, KVTopic string
+	KVEvents, KVTopic, KVReplay string
 
 	Index int    // position in the pool
 	Seed  uint64 // per-endpoint hash seed, fixed by name
@@ -101,7 +101,7 @@ func newStateStore() *stateStore {
 
 // buildSnapshot turns a validated config into a snapshot, reusing the state
 // of endpoints and policies that survive from prev (nil on first load).
-func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore, seed uint64) (*Snapshot, []Policy, error) {
+func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore, env PolicyEnv, seed uint64) (*Snapshot, []Policy, error) {
 	s := &Snapshot{Config: cfg, byModel: map[string]*Deployment{}}
 	for _, h := range cfg.SessionHeaders {
 		s.sessionHdrs = append(s.sessionHdrs, normHeader([]byte(h)))
@@ -144,13 +144,15 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 				}
 				liveEps[key] = true
 				p.Endpoints = append(p.Endpoints, &Endpoint{
-					Name: ec.Name, Address: ec.Address, KVEvents: ec.KVEvents, KVTopic: ec.KVTopic,
+					Name: ec.Name, Address: ec.Address, KVEvents: ec.KVEvents, KVTopic: ec.KVTopic, KVReplay: ec.KVReplay,
 					Index: k, Seed: xxhash.Sum64String(ec.Name),
 					name: []byte(ec.Name), addr: []byte(ec.Address), st: st,
 				})
 			}
 			pol := dc.PoolPolicy(pc)
-			policy, err := reg.Build(pol, PolicyEnv{Pool: p, Rand: NewRand(seed ^ xxhash.Sum64String(p.Name))})
+			penv := env
+			penv.Pool, penv.Rand = p, NewRand(seed^xxhash.Sum64String(p.Name))
+			policy, err := reg.Build(pol, penv)
 			if err != nil {
 				closeAll(built)
 				return nil, nil, fmt.Errorf("deployment %q pool %q: %w", dc.Name, pc.Role, err)
@@ -168,6 +170,9 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 				if old := prevPools[p.Name]; old != nil {
 					st.Carry(old.Policy)
 				}
+			}
+			if st, ok := policy.(Starter); ok {
+				st.Start(p)
 			}
 			d.Pools = append(d.Pools, p)
 			switch pc.Role {

@@ -49,6 +49,9 @@ type Server struct {
 	pool  sync.Pool
 	m     serverMetrics
 	pd    *pdClient
+	// ctx ends background work owned by policies (KV subscriptions).
+	ctx    context.Context
+	cancel context.CancelFunc
 	// onApply hooks run after every accepted snapshot (e.g. KV subscribers).
 	onApply []func(*Snapshot)
 }
@@ -77,10 +80,20 @@ func NewServer(cfg *Config, opts Options) (*Server, error) {
 	}
 	s.m.init()
 	s.pd = newPDClient(s)
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if err := s.Apply(cfg); err != nil {
+		s.cancel()
 		return nil, err
 	}
 	return s, nil
+}
+
+// Close stops background work owned by policies.
+func (s *Server) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	closeAll(s.pols)
+	s.cancel()
 }
 
 // OnApply registers a hook run (synchronously) after each accepted snapshot.
@@ -102,7 +115,7 @@ func (s *Server) Apply(cfg *Config) error {
 		s.m.reloadFailed.Add(1)
 		return err
 	}
-	snap, pols, err := buildSnapshot(cfg, s.reg, s.snap.Load(), s.store, s.seed)
+	snap, pols, err := buildSnapshot(cfg, s.reg, s.snap.Load(), s.store, PolicyEnv{Log: s.log, Ctx: s.ctx}, s.seed)
 	if err != nil {
 		s.m.reloadFailed.Add(1)
 		return err
@@ -267,7 +280,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 func (s *Server) decide(ctx *fasthttp.RequestCtx, snap *Snapshot, p *Pool, sc *scratch, start time.Time) *Endpoint {
 	picks := s.pick(snap, p, sc, sc.picks[:0:min(1+snap.Config.Fallbacks, len(sc.picks))])
 	if len(picks) == 0 {
-		s.noEndpoint(ctx, p)
+		s.refuse(ctx, p, sc.req.Reject)
 		return nil
 	}
 	s.writeVerdict(ctx, p, picks, sc, start)
@@ -277,7 +290,7 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, snap *Snapshot, p *Pool, sc *s
 // pick hashes the prompt when the pool's policy wants it and runs the policy.
 func (s *Server) pick(snap *Snapshot, p *Pool, sc *scratch, dst []*Endpoint) []*Endpoint {
 	r := &sc.req
-	r.Blocks, r.PromptBytes, r.Matched, r.Outcome = nil, 0, 0, OutcomeBalanced
+	r.Blocks, r.PromptBytes, r.Matched, r.Outcome, r.Reject = nil, 0, 0, OutcomeBalanced, RejectNone
 	if p.blockBytes > 0 {
 		sc.hasher.reset(p.blockBytes, sc.blocks)
 		walkPrompt(r.Body, &sc.hasher)
@@ -293,6 +306,22 @@ func (s *Server) pick(snap *Snapshot, p *Pool, sc *scratch, dst []*Endpoint) []*
 	p.m.outcomes[r.Outcome].Add(1)
 	p.m.matchedBlocks.Add(uint64(r.Matched))
 	return picks
+}
+
+// refuse answers a request no endpoint was picked for.
+func (s *Server) refuse(ctx *fasthttp.RequestCtx, p *Pool, why RejectReason) {
+	switch why {
+	case RejectBadBody:
+		s.m.errors[errBadBody].Add(1)
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "token_ids_required",
+			"pool "+p.Name+" routes on token ids (strict): send a prompt the tokenizer can read or token ids")
+	case RejectUnavailable:
+		ctx.Response.Header.Set("Retry-After", "1")
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", "tokenizer_unavailable",
+			"pool "+p.Name+" routes on token ids (strict) and the tokenizer is unavailable")
+	default:
+		s.noEndpoint(ctx, p)
+	}
 }
 
 func (s *Server) noEndpoint(ctx *fasthttp.RequestCtx, p *Pool) {

@@ -172,6 +172,11 @@ func (s *Server) WriteMetrics(b *strings.Builder) {
 	for i, n := range []string{"ok", "retried", "failed", "skipped", "aggregated"} {
 		fmt.Fprintf(b, "turnout_pd_prefill_total{result=%q} %d\n", n, s.m.pdPrefill[i].Load())
 	}
+	for _, p := range snap.Pools() {
+		if mw, ok := p.Policy.(MetricsWriter); ok {
+			mw.WriteMetrics(p, b)
+		}
+	}
 	if ex := s.m.extra.Load(); ex != nil {
 		for _, fn := range *ex {
 			fn(b)

@@ -74,7 +74,7 @@ func (s *Server) routePD(ctx *fasthttp.RequestCtx, snap *Snapshot, d *Deployment
 	n := min(1+snap.Config.Fallbacks, len(sc.picks)/2)
 	decode := s.pick(snap, d.Serve, sc, sc.picks[:0:n])
 	if len(decode) == 0 {
-		s.noEndpoint(ctx, d.Serve)
+		s.refuse(ctx, d.Serve, r.Reject)
 		return
 	}
 	// Skip the prefill hop when the decode replica already holds most of the

@@ -1,9 +1,13 @@
 package route
 
 import (
+	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"sync/atomic"
+
+	"github.com/rs/zerolog"
 )
 
 // Request is what a policy sees of one request. Byte slices are views into
@@ -27,7 +31,19 @@ type Request struct {
 	Outcome Outcome
 	// Matched is the matched prefix length in blocks (prefix policies).
 	Matched int
+	// Reject is set by a strict policy that refuses the request.
+	Reject RejectReason
 }
+
+// RejectReason is why a strict policy refused a request.
+type RejectReason uint8
+
+// Reject reasons.
+const (
+	RejectNone        RejectReason = iota
+	RejectBadBody                  // 400: the policy needs what the body lacks
+	RejectUnavailable              // 503: a dependency (tokenizer) is down
+)
 
 // Outcome classifies how a decision was made.
 type Outcome uint8
@@ -65,13 +81,25 @@ type Stater interface {
 	Carry(prev Policy)
 }
 
+// Starter is implemented by policies that start work (subscriptions) once
+// their state is settled, after Carry.
+type Starter interface{ Start(p *Pool) }
+
 // Closer is implemented by policies that own goroutines or sockets.
 type Closer interface{ Close() }
+
+// MetricsWriter is implemented by policies with metrics of their own.
+type MetricsWriter interface {
+	WriteMetrics(p *Pool, b *strings.Builder)
+}
 
 // PolicyEnv is what a factory gets besides its params.
 type PolicyEnv struct {
 	Pool *Pool
 	Rand *Rand
+	Log  *zerolog.Logger
+	// Ctx lives as long as the server; background work stops with it.
+	Ctx context.Context
 }
 
 // Factory builds a policy for one pool from its config; params are validated here.
@@ -123,6 +151,7 @@ func DefaultRegistry() *Registry {
 	r.Register(LeastRequestType, NewLeastRequestFactory())
 	r.Register(SessionHashType, NewSessionHashFactory())
 	r.Register(PrefixAffinityType, NewPrefixAffinityFactory())
+	r.Register(KVAwareType, NewKVAwareFactory())
 	return r
 }
 

@@ -1,13 +1,228 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/test/bench"
+)
+
+const benchUsage = `turnout bench: routing quality and cost benchmarks
+
+  turnout bench replay --trace FILE [--mode sim|e2e] [--policies SPECS] [--sweep none|quick|full] ...
+  turnout bench azure  [--trace FILE] ...        (replay of the Azure CSV: lengths only)
+  turnout bench cost   [--duration D] ...        (/internal/route vs a trivial handler; HAProxy vs HAProxy+turnout)
+  turnout bench trivial --listen ADDR            (the trivial fasthttp handler cost compares against)
+
+Traces are read from ../shared/traces/ by default; a missing trace is skipped
+with a message (use --trace synthetic for a small generated one).
+Run "turnout bench <command> --help" for the flags.
+`
+
+// Default trace locations, relative to the repository root (never copied in).
+const (
+	defaultMooncake = "../shared/traces/mooncake_synthetic_trace.jsonl"
+	defaultAzure    = "../shared/traces/azure_llm_2023_conv.csv"
+	syntheticTrace  = "synthetic"
 )
 
 // runBench dispatches the benchmark subcommands.
 func runBench(args []string, log *zerolog.Logger) error {
-	_ = log
-	return fmt.Errorf("bench: no subcommand %v is available in this build", args)
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, benchUsage)
+		return errors.New("bench: a subcommand is required")
+	}
+	switch args[0] {
+	case "replay":
+		return runReplay(args[1:], defaultMooncake, log)
+	case "azure":
+		return runReplay(args[1:], defaultAzure, log)
+	case "cost":
+		return runCost(args[1:], log)
+	case "trivial":
+		return runTrivial(args[1:], log)
+	case "-h", "--help", "help":
+		fmt.Fprint(os.Stdout, benchUsage)
+		return nil
+	}
+	return fmt.Errorf("bench: unknown subcommand %q (want replay, azure, cost or trivial)", args[0])
+}
+
+// errTraceMissing makes a missing trace a clean skip, not a failure.
+var errTraceMissing = errors.New("trace missing")
+
+func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
+	d := bench.DefaultSimOptions()
+	fset := flag.NewFlagSet("bench replay", flag.ContinueOnError)
+	trace := fset.String("trace", defaultTrace, `trace file (.jsonl Mooncake, .csv Azure) or "synthetic"`)
+	mode := fset.String("mode", "sim", "sim (in-process, virtual time) or e2e (HAProxy + turnout + mock replicas)")
+	policies := fset.String("policies", "", `';'-separated specs "name[:k=v,...]" (default: haproxy-roundrobin, haproxy-leastconn and every turnout policy)`)
+	sweep := fset.String("sweep", "none", "parameter sweep after the policies: none, quick or full (sim only)")
+	limit := fset.Int("limit", 0, "replay only the first N requests (0 = all)")
+	sessionBlocks := fset.Int("session-blocks", 1, "session key = the first N hash ids (0 = no session header)")
+	out := fset.String("out", "bench-out", "output directory")
+	name := fset.String("name", "", "output file name prefix (default: replay-MODE-TRACE)")
+	check := fset.Bool("check", false, "fail unless every row is sane (requests > 0, hit ratio in [0,1]); for the smoke run")
+	o := d
+	fset.IntVar(&o.Replicas, "replicas", d.Replicas, "number of replicas")
+	fset.IntVar(&o.BlockSize, "block-size", d.BlockSize, "replica KV block size in tokens")
+	fset.IntVar(&o.CacheBlocks, "cache-blocks", d.CacheBlocks, "replica prefix cache capacity in blocks")
+	fset.IntVar(&o.MaxRunning, "max-running", d.MaxRunning, "running sequences per replica (0 = unlimited)")
+	fset.DurationVar(&o.Timing.TTFTOverhead, "ttft-overhead", d.Timing.TTFTOverhead, "replica TTFT overhead")
+	fset.DurationVar(&o.Timing.PerTokenPrefill, "per-token-prefill", d.Timing.PerTokenPrefill, "replica prefill time per uncached token")
+	fset.DurationVar(&o.Timing.InterTokenLatency, "itl", d.Timing.InterTokenLatency, "replica inter-token latency")
+	fset.Float64Var(&o.Compress, "compress", d.Compress, "divide arrival times by this factor (more load)")
+	fset.IntVar(&o.Concurrency, "concurrency", d.Concurrency, "client-side bound on requests in flight (0 = unlimited)")
+	fset.Uint64Var(&o.Seed, "seed", d.Seed, "seed for turnout's policies")
+	fset.IntVar(&o.Parallel, "parallel", runtime.GOMAXPROCS(0), "sim: policies replayed at once")
+	e2e := defaultE2EFlags(fset)
+	if err := fset.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return fmt.Errorf("bench replay: %w", err)
+	}
+	o.Log = log
+
+	reqs, label, err := loadTrace(*trace, bench.TraceOptions{Limit: *limit, SessionBlocks: *sessionBlocks})
+	if errors.Is(err, errTraceMissing) {
+		log.Warn().Str("trace", *trace).Msg("bench: trace not found, skipping the replay (traces live in ../shared/traces; --trace synthetic runs a generated one)")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("bench replay: %w", err)
+	}
+	var specs []bench.PolicySpec
+	if *policies == "" {
+		specs = bench.DefaultPolicies()
+	} else if specs, err = bench.ParsePolicySpecs(*policies); err != nil {
+		return fmt.Errorf("bench replay: %w", err)
+	}
+	var sweepSpecs []bench.PolicySpec
+	switch *sweep {
+	case "none", "":
+	case "quick":
+		sweepSpecs = bench.QuickSweep()
+	case "full":
+		sweepSpecs = bench.FullSweep()
+	default:
+		return fmt.Errorf("bench replay: --sweep %q: want none, quick or full", *sweep)
+	}
+	if *name == "" {
+		*name = "replay-" + *mode + "-" + label
+	}
+	log.Info().Str("trace", *trace).Int("requests", len(reqs)).Str("mode", *mode).Int("policies", len(specs)).
+		Int("sweep", len(sweepSpecs)).Msg("bench: replay")
+
+	var rows, sweepRows []bench.Row
+	switch *mode {
+	case "sim":
+		if rows, err = bench.RunSim(reqs, label, specs, o); err != nil {
+			return fmt.Errorf("bench replay: %w", err)
+		}
+		if len(sweepSpecs) > 0 {
+			if sweepRows, err = bench.RunSim(reqs, label, sweepSpecs, o); err != nil {
+				return fmt.Errorf("bench replay sweep: %w", err)
+			}
+		}
+	case "e2e":
+		if len(sweepSpecs) > 0 {
+			return errors.New("bench replay: --sweep is for --mode sim (e2e runs take real time)")
+		}
+		if rows, err = runE2EReplay(reqs, label, specs, o, e2e, log); err != nil {
+			return fmt.Errorf("bench replay: %w", err)
+		}
+	default:
+		return fmt.Errorf("bench replay: --mode %q: want sim or e2e", *mode)
+	}
+	chart := &bench.ChartOptions{
+		Title:         fmt.Sprintf("%s replay (%s, %d requests, %d replicas)", label, *mode, len(reqs), o.Replicas),
+		GoalImbalance: 1.1, GoalHitFraction: 0.85,
+	}
+	if err := bench.Outputs(*out, *name, rows, sweepRows, chart); err != nil {
+		return fmt.Errorf("bench replay: %w", err)
+	}
+	if err := bench.WriteTable(os.Stdout, rows); err != nil {
+		return fmt.Errorf("bench replay: %w", err)
+	}
+	if len(sweepRows) > 0 {
+		fmt.Println("\nsweep:")
+		if err := bench.WriteTable(os.Stdout, sweepRows); err != nil {
+			return fmt.Errorf("bench replay: %w", err)
+		}
+	}
+	fmt.Printf("\nwrote %s/%s.{txt,csv,md,svg}\n", *out, *name)
+	if *check {
+		var errs []error
+		for _, r := range append(rows, sweepRows...) {
+			errs = append(errs, r.Check())
+		}
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("bench replay check: %w", err)
+		}
+	}
+	return nil
+}
+
+// loadTrace reads a trace file or makes the synthetic one; label names it in
+// outputs.
+func loadTrace(path string, o bench.TraceOptions) ([]bench.Request, string, error) {
+	if path == syntheticTrace {
+		n := o.Limit
+		if n == 0 {
+			n = 400
+		}
+		return bench.SyntheticTrace(n, 1), syntheticTrace, nil
+	}
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return nil, "", fmt.Errorf("%s: %w", path, errTraceMissing)
+	}
+	reqs, err := bench.LoadTrace(path, o)
+	if err != nil {
+		return nil, "", err
+	}
+	label := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+	label = strings.SplitN(label, "_", 2)[0] // mooncake, azure
+	if strings.HasPrefix(filepath.Base(path), "azure_llm_2023_") {
+		label = "azure-" + strings.TrimSuffix(strings.TrimPrefix(filepath.Base(path), "azure_llm_2023_"), ".csv")
+	}
+	return reqs, label, nil
+}
+
+// e2eFlags are the replay flags only the e2e mode reads.
+type e2eFlags struct {
+	timeScale float64
+	haproxy   string
+	bin       string
+	basePort  int
+	keep      bool
+	timeout   time.Duration
+}
+
+func defaultE2EFlags(fset *flag.FlagSet) *e2eFlags {
+	f := &e2eFlags{}
+	fset.Float64Var(&f.timeScale, "time-scale", 0.01, "e2e: mock --time-scale; arrivals are scaled alike so the load shape is kept")
+	fset.StringVar(&f.haproxy, "haproxy", "haproxy", "e2e: haproxy binary")
+	fset.StringVar(&f.bin, "turnout-bin", "", "e2e: turnout binary for mocks and serve (default: this executable)")
+	fset.IntVar(&f.basePort, "base-port", 19100, "e2e: first loopback port to use")
+	fset.BoolVar(&f.keep, "keep", false, "e2e: keep the work directory (configs, logs)")
+	fset.DurationVar(&f.timeout, "timeout", 10*time.Minute, "e2e: bound on one policy's replay")
+	return f
+}
+
+func runCost(args []string, log *zerolog.Logger) error { return errors.New("TODO") }
+
+func runTrivial(args []string, log *zerolog.Logger) error { return errors.New("TODO") }
+
+func runE2EReplay(reqs []bench.Request, label string, specs []bench.PolicySpec, o bench.SimOptions, f *e2eFlags, log *zerolog.Logger) ([]bench.Row, error) {
+	return nil, errors.New("TODO")
 }

@@ -48,6 +48,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "serve":
 		err = runServe(args[1:], log)
+	case "render":
+		err = runRender(args[1:], log)
+	case "mock":
+		err = runMock(args[1:], log)
 	case "bench":
 		err = runBench(args[1:], log)
 	default:

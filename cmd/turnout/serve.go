@@ -13,6 +13,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/haproxy"
 	"github.com/turnout/turnout/route"
 )
 
@@ -28,6 +29,9 @@ func runServe(args []string, log *zerolog.Logger) error {
 	level := fs.String("log-level", "", "log level (debug, info, warn, error)")
 	watch := fs.Duration("watch", time.Second, "poll the config file for changes this often (0 = only SIGHUP)")
 	// HAProxy sync (issue 3)
+	haSocket := fs.String("haproxy-socket", "", "HAProxy admin socket; enables pool sync (default haproxy.stats_socket, else DIR/admin.sock)")
+	haDir := fs.String("haproxy-dir", "", "directory of the rendered HAProxy files; enables pool sync (default haproxy.dir)")
+	haPID := fs.String("haproxy-pidfile", "", "HAProxy master pidfile, for reloads (default DIR/haproxy.pid)")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("serve flags: %w", err)
 	}
@@ -66,6 +70,13 @@ func runServe(args []string, log *zerolog.Logger) error {
 
 	var syncers []syncer
 	// HAProxy sync (issue 3): construct syncers here.
+	if *haSocket != "" || *haDir != "" {
+		hs, err := haproxy.NewSyncer(haproxy.SyncOptions{Socket: *haSocket, Dir: *haDir, PIDFile: *haPID}, log)
+		if err != nil {
+			return err
+		}
+		syncers = append(syncers, hs)
+	}
 
 	// Syncs run in one goroutine, newest config wins, so a slow drain never
 	// blocks the decision path or piles up.

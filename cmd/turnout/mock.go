@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/route/kv"
+	"github.com/turnout/turnout/test/mockvllm"
+)
+
+// modelList is a repeatable, comma-splitting flag value.
+type modelList []string
+
+func (m *modelList) String() string { return strings.Join(*m, ",") }
+
+func (m *modelList) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*m = append(*m, s)
+		}
+	}
+	return nil
+}
+
+// runMock implements `turnout mock`: one mock vLLM replica serving until
+// SIGINT/SIGTERM.
+func runMock(args []string, log *zerolog.Logger) error {
+	d := mockvllm.DefaultConfig()
+	fs := flag.NewFlagSet("mock", flag.ContinueOnError)
+	var (
+		models modelList
+		role   string
+		cfg    = d
+	)
+	listen := fs.String("listen", ":8000", "listen address")
+	fs.StringVar(&cfg.Name, "name", "", "replica name for X-Replica (default mock-PORT)")
+	fs.Var(&models, "model", "served model name; repeatable or comma-separated (default llama)")
+	fs.BoolVar(&cfg.StrictModels, "strict-models", false, "answer 404 for unknown model names")
+	fs.StringVar(&role, "role", string(mockvllm.RoleMixed), "mixed, prefill or decode")
+	fs.StringVar(&cfg.EngineID, "engine-id", "", "remote_engine_id a prefill replica reports (default: name)")
+	fs.StringVar(&cfg.AdvertiseHost, "advertise-host", "", "remote_host a prefill replica reports (default: listen host)")
+	fs.IntVar(&cfg.BlockSize, "block-size", d.BlockSize, "tokens per KV block")
+	fs.IntVar(&cfg.CacheBlocks, "cache-blocks", d.CacheBlocks, "prefix cache capacity in blocks")
+	fs.IntVar(&cfg.MaxModelLen, "max-model-len", d.MaxModelLen, "max_model_len reported by /tokenize")
+	fs.DurationVar(&cfg.TTFTOverhead, "ttft-overhead", d.TTFTOverhead, "fixed time to first token")
+	fs.DurationVar(&cfg.PerTokenPrefill, "per-token-prefill", d.PerTokenPrefill, "prefill time per uncached prompt token")
+	fs.DurationVar(&cfg.InterTokenLatency, "itl", d.InterTokenLatency, "inter-token latency")
+	fs.IntVar(&cfg.MaxRunning, "max-running", d.MaxRunning, "max concurrently running sequences (0 = unlimited)")
+	fs.Float64Var(&cfg.TimeScale, "time-scale", d.TimeScale, "multiplier for all model durations (0 = never sleep)")
+	fs.IntVar(&cfg.MaxTokensDefault, "max-tokens-default", d.MaxTokensDefault, "completion tokens when the request sets none")
+	fs.Float64Var(&cfg.FailRate, "fail-rate", 0, "fraction of completion requests answered 500")
+	fs.DurationVar(&cfg.Stall, "stall", 0, "hold each completion request this long first (real time, not scaled)")
+	fs.IntVar(&cfg.DieAfterChunks, "die-after-chunks", 0, "abort streams after this many SSE events (0 = never)")
+	fs.BoolVar(&cfg.Unhealthy, "unhealthy", false, "start with /health answering 503")
+	fs.Uint64Var(&cfg.Seed, "seed", d.Seed, "seed for fail-rate draws")
+	fs.IntVar(&cfg.RequestLogSize, "request-log-size", d.RequestLogSize, "requests kept for /mock/requests (negative disables)")
+	kvAddr := fs.String("kv-events", "", "publish vLLM KV-cache events on this ZMQ PUB address (e.g. tcp://127.0.0.1:5557)")
+	kvTopic := fs.String("kv-topic", "", "ZMQ topic for KV events")
+	kvReplay := fs.String("kv-replay", "", "serve vLLM's replay ROUTER socket on this address")
+	kvBytes := fs.Bool("kv-hash-bytes", false, "encode block hashes as 32-byte strings (newer vLLM) instead of ints")
+	kvMap := fs.Bool("kv-map-events", false, "encode events as maps (vLLM after array_like was dropped)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return fmt.Errorf("mock: %w", err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("mock: unexpected arguments %q", fs.Args())
+	}
+	r, err := mockvllm.ParseRole(role)
+	if err != nil {
+		return fmt.Errorf("mock: %w", err)
+	}
+	cfg.Role = r
+	cfg.Models = models
+	if len(cfg.Models) == 0 {
+		cfg.Models = d.Models
+	}
+
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("mock: listen %s: %w", *listen, err)
+	}
+	if cfg.Name == "" {
+		_, port, _ := net.SplitHostPort(ln.Addr().String())
+		cfg.Name = "mock-" + port
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if *kvAddr != "" {
+		pub, err := kv.NewPublisherWithConfig(ctx, kv.PublisherConfig{
+			Addr: *kvAddr, Topic: *kvTopic, ReplayAddr: *kvReplay,
+			Encoding: kv.EncodeOptions{HashAsBytes: *kvBytes, MapEvents: *kvMap},
+		}, log)
+		if err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("mock: kv events: %w", err)
+		}
+		defer func() { _ = pub.Close() }()
+		cfg.KVEvents = pub
+	}
+	srv, err := mockvllm.New(cfg, log)
+	if err != nil {
+		_ = ln.Close()
+		return fmt.Errorf("mock: %w", err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info().Str("listen", ln.Addr().String()).Str("name", cfg.Name).Strs("models", cfg.Models).
+		Str("role", string(cfg.Role)).Float64("time_scale", cfg.TimeScale).Msg("mock vLLM replica serving")
+
+	select {
+	case err := <-errc:
+		_ = srv.Close()
+		if err != nil {
+			return fmt.Errorf("mock: %w", err)
+		}
+		return nil
+	case <-ctx.Done():
+	}
+	log.Info().Msg("mock: shutting down")
+	if err := srv.Close(); err != nil {
+		return fmt.Errorf("mock: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("mock: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/haproxy"
+	"github.com/turnout/turnout/route"
+)
+
+// runRender implements `turnout render haproxy --config FILE --out DIR`.
+func runRender(args []string, log *zerolog.Logger) error {
+	if len(args) == 0 || args[0] == "" || args[0][0] == '-' {
+		return errors.New("render: name a target: turnout render haproxy [--config FILE] --out DIR")
+	}
+	target := args[0]
+	fs := flag.NewFlagSet("render "+target, flag.ContinueOnError)
+	cfgPath := fs.String("config", "", "config file (default: embedded default config)")
+	out := fs.String("out", "", "output directory (default: the config's haproxy.dir); files refer to each other by this absolute path")
+	socket := fs.String("socket", "", "admin stats socket path (default: haproxy.stats_socket, else OUT/admin.sock)")
+	check := fs.Bool("check", true, "run haproxy -c on the result when haproxy is installed")
+	if err := fs.Parse(args[1:]); err != nil {
+		return fmt.Errorf("render flags: %w", err)
+	}
+	var (
+		cfg *route.Config
+		err error
+	)
+	if *cfgPath == "" {
+		cfg, err = route.ParseConfig(route.DefaultConfigYAML)
+	} else {
+		cfg, err = route.LoadConfigFile(*cfgPath)
+	}
+	if err != nil {
+		return err
+	}
+	switch target {
+	case "haproxy":
+		return renderHAProxy(cfg, *out, *socket, *check, log)
+	default:
+		return fmt.Errorf("render: unknown target %q (supported: haproxy)", target)
+	}
+}
+
+func renderHAProxy(cfg *route.Config, out, socket string, check bool, log *zerolog.Logger) error {
+	if out == "" {
+		out = cfg.HAProxy.Dir
+	}
+	if out == "" {
+		return errors.New("render haproxy: --out DIR is required (or set haproxy.dir)")
+	}
+	dir, err := filepath.Abs(out)
+	if err != nil {
+		return fmt.Errorf("render haproxy: %w", err)
+	}
+	opts := haproxy.RenderOptions{Dir: dir, Socket: socket}
+	r, err := haproxy.NewRenderer(nil)
+	if err != nil {
+		return err
+	}
+	files, err := r.Render(cfg, opts)
+	if err != nil {
+		return err
+	}
+	if bin, lerr := exec.LookPath("haproxy"); check && lerr == nil {
+		if err := r.Check(context.Background(), bin, cfg, opts); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("render haproxy: %w", err)
+	}
+	for _, f := range files.Files() {
+		if err := haproxy.WriteFileAtomic(filepath.Join(dir, f.Name), f.Data); err != nil {
+			return err
+		}
+	}
+	log.Info().Str("dir", dir).Str("structure", files.State.Structure).Msg("rendered HAProxy config")
+	return nil
+}

@@ -1,0 +1,486 @@
+// Package haproxy renders turnout's HAProxy setup (haproxy.cfg, the Lua glue
+// and a model map) and keeps a running HAProxy's server pools in line with
+// turnout's config over the runtime API, reloading only for structural
+// changes.
+//
+//   - render.go: config -> files, from the embedded templates (no I/O).
+//   - plan.go:   pure Diff of desired vs live state -> runtime commands or a reload.
+//   - sync.go:   the Syncer that reads the live state, applies a plan and rewrites the files.
+package haproxy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"text/template"
+	"time"
+
+	"github.com/turnout/turnout"
+	"github.com/turnout/turnout/route"
+)
+
+// File names inside the rendered directory.
+const (
+	ConfigFile = "haproxy.cfg"
+	LuaFile    = "turnout.lua"
+	MapFile    = "models.map"
+
+	configTemplate = "templates/haproxy.cfg.tmpl"
+	luaTemplate    = "lua/turnout.lua.tmpl"
+
+	// structureMarker starts the header line that carries the structure hash.
+	structureMarker = "# turnout-structure "
+	generator       = "turnout render haproxy"
+)
+
+// ErrRender marks config values that cannot be rendered safely.
+var ErrRender = errors.New("haproxy render")
+
+// Defaults for paths derived from the output directory.
+const (
+	DefaultSocketName  = "admin.sock"
+	DefaultPIDFileName = "haproxy.pid"
+	// RouteSocketName is the unix socket of the local hop to turnout.
+	RouteSocketName = "route.sock"
+	// RouteProxy is the listen section of that hop.
+	RouteProxy = "turnout_route"
+)
+
+// RenderOptions says where the rendered files will live; haproxy.cfg refers
+// to the Lua, the map, the socket and the pidfile by absolute path.
+type RenderOptions struct {
+	// Dir is the absolute directory the files are written to.
+	Dir string
+	// Socket is the admin stats socket (default: cfg haproxy.stats_socket, else Dir/admin.sock).
+	Socket string
+	// PIDFile receives the master pid (default Dir/haproxy.pid).
+	PIDFile string
+}
+
+// withDefaults fills the options from the config and Dir.
+func (o RenderOptions) withDefaults(cfg *route.Config) RenderOptions {
+	if o.Dir == "" {
+		o.Dir = cfg.HAProxy.Dir
+	}
+	if o.Socket == "" {
+		o.Socket = cfg.HAProxy.StatsSocket
+	}
+	if o.Socket == "" && o.Dir != "" {
+		o.Socket = filepath.Join(o.Dir, DefaultSocketName)
+	}
+	if o.PIDFile == "" && o.Dir != "" {
+		o.PIDFile = filepath.Join(o.Dir, DefaultPIDFileName)
+	}
+	return o
+}
+
+// Rendered is one rendered HAProxy setup.
+type Rendered struct {
+	Config []byte
+	Lua    []byte
+	Map    []byte
+	// State is what the live HAProxy should look like once this is applied.
+	State State
+}
+
+// File is one output file.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// Files lists the output files in write order (the config last, so a reload
+// racing a rewrite never sees a config pointing at a missing Lua file).
+func (r *Rendered) Files() []File {
+	return []File{{LuaFile, r.Lua}, {MapFile, r.Map}, {ConfigFile, r.Config}}
+}
+
+// Renderer turns a turnout config into HAProxy files.
+type Renderer struct {
+	cfg, lua *template.Template
+}
+
+// NewRenderer parses the templates from fsys (turnout.Assets when nil).
+func NewRenderer(fsys fs.FS) (*Renderer, error) {
+	if fsys == nil {
+		fsys = turnout.Assets
+	}
+	c, err := template.New("haproxy.cfg.tmpl").Option("missingkey=error").ParseFS(fsys, configTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", configTemplate, err)
+	}
+	l, err := template.New("turnout.lua.tmpl").Option("missingkey=error").ParseFS(fsys, luaTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", luaTemplate, err)
+	}
+	return &Renderer{cfg: c, lua: l}, nil
+}
+
+// Render renders the files for cfg with the embedded templates.
+func Render(cfg *route.Config, opts RenderOptions) (*Rendered, error) {
+	r, err := NewRenderer(nil)
+	if err != nil {
+		return nil, err
+	}
+	return r.Render(cfg, opts)
+}
+
+// Render renders cfg. Every config value that reaches a file is checked
+// again here (route.Config.Validate already restricts names), so no value can
+// add a line or a keyword to haproxy.cfg or code to the Lua.
+func (r *Renderer) Render(cfg *route.Config, opts RenderOptions) (*Rendered, error) {
+	opts = opts.withDefaults(cfg)
+	d, err := buildData(cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	// The structure hash covers everything a runtime change cannot touch:
+	// the same render with no server lines, plus the Lua and the model map.
+	var lua bytes.Buffer
+	if err := r.lua.Execute(&lua, d.lua); err != nil {
+		return nil, fmt.Errorf("render %s: %w", LuaFile, err)
+	}
+	bare := *d
+	bare.Backends = make([]backendData, len(d.Backends))
+	for i, b := range d.Backends {
+		bare.Backends[i] = backendData{Name: b.Name}
+	}
+	var skeleton bytes.Buffer
+	if err := r.cfg.Execute(&skeleton, &bare); err != nil {
+		return nil, fmt.Errorf("render %s: %w", ConfigFile, err)
+	}
+	h := sha256.New()
+	h.Write(skeleton.Bytes())
+	h.Write(lua.Bytes())
+	h.Write(d.modelMap)
+	d.Structure = hex.EncodeToString(h.Sum(nil))[:16]
+
+	var conf bytes.Buffer
+	if err := r.cfg.Execute(&conf, d); err != nil {
+		return nil, fmt.Errorf("render %s: %w", ConfigFile, err)
+	}
+	return &Rendered{Config: conf.Bytes(), Lua: lua.Bytes(), Map: d.modelMap, State: d.state()}, nil
+}
+
+// StructureOf returns the structure hash recorded in a rendered haproxy.cfg
+// ("" when the file was not rendered by turnout).
+func StructureOf(config []byte) string {
+	for range 3 { // the marker is on the second line
+		line, rest, _ := bytes.Cut(config, []byte{'\n'})
+		if v, ok := bytes.CutPrefix(line, []byte(structureMarker)); ok {
+			return string(bytes.TrimSpace(v))
+		}
+		config = rest
+	}
+	return ""
+}
+
+// ServerParams are the keywords every turnout-managed server gets, in the
+// file and in runtime "add server" alike, so a reload changes nothing.
+func ServerParams(cfg *route.Config) string {
+	inter := cfg.Health.Interval.D()
+	if inter <= 0 {
+		inter = 2 * time.Second
+	}
+	fall := max(cfg.Health.Fails, 1)
+	return fmt.Sprintf("check inter %dms fall %d rise 1", inter.Milliseconds(), fall)
+}
+
+// Tokens that may appear in haproxy.cfg. Names must be HAProxy identifiers;
+// addresses and paths must not carry spaces, quotes or comment characters.
+var (
+	nameRe   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
+	headerRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$`)
+	hostRe   = regexp.MustCompile(`^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]{0,252})$`)
+	pathRe   = regexp.MustCompile(`^/[A-Za-z0-9_./+@-]*$`)
+	httpRe   = regexp.MustCompile(`^/[A-Za-z0-9_./~%-]*$`)
+	// mapKeyRe: map files split keys on whitespace and treat '#' lines as
+	// comments; models outside this set are left to the default backend.
+	mapKeyRe = regexp.MustCompile(`^[!-"$-~][!-~]{0,255}$`)
+)
+
+type tmplData struct {
+	Generator, Structure, RoutePath, FeedbackTag string
+	Dir, Socket, PIDFile, Listen, Syslog         string
+	HealthPath, DefaultBackend, ServerParams     string
+	RouteHealthPath                              string
+	RouteTimeoutMs                               int64
+	RouteRetries                                 int
+	RouteServers                                 []routeServer
+	MaxConn, Nbthread, MaxBody, BufSize, Retries int
+	ConnectMs, StreamMs, CheckTimeoutMs          int64
+	ModelMap                                     bool
+	ServerVars                                   []string
+	Backends                                     []backendData
+
+	lua      luaData
+	modelMap []byte
+}
+
+type routeServer struct {
+	Name, Addr string
+	Backup     bool
+}
+
+type backendData struct {
+	Name    string
+	Servers []serverData
+}
+
+type serverData struct {
+	Name, Addr, Host string
+	Port             int
+}
+
+// luaData holds ready-made Lua literals (already quoted).
+type luaData struct {
+	Generator, RoutePath                string
+	RouteURL, RouteDst                  string
+	TimeoutMs, BreakerFails, CooldownMs int64
+	FailClosed                          bool
+	Headers                             []luaHeader
+	FallbackVars                        []string
+}
+
+type luaHeader struct {
+	Name      string
+	Spellings []string
+}
+
+func (d *tmplData) state() State {
+	s := State{Structure: d.Structure, Backends: make(map[string][]Server, len(d.Backends))}
+	for _, b := range d.Backends {
+		srvs := make([]Server, 0, len(b.Servers))
+		for _, sv := range b.Servers {
+			srvs = append(srvs, Server{Name: sv.Name, Host: sv.Host, Port: sv.Port})
+		}
+		s.Backends[b.Name] = srvs
+	}
+	s.Params = d.ServerParams
+	return s
+}
+
+func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
+	var errs []error
+	bad := func(field, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrRender, field, fmt.Sprintf(format, a...)))
+	}
+	path := func(field, p string) string {
+		if !filepath.IsAbs(p) || !pathRe.MatchString(p) {
+			bad(field, "%q must be an absolute path of [A-Za-z0-9_./+@-]", p)
+		}
+		return p
+	}
+	addr := func(field, a string) (string, string, int) {
+		host, port, err := net.SplitHostPort(a)
+		pn, perr := strconv.Atoi(port)
+		if err != nil || perr != nil || pn < 1 || pn > 65535 || host == "" {
+			bad(field, "%q must be host:port", a)
+			return "", "", 0
+		}
+		if strings.Contains(host, ":") {
+			host = "[" + host + "]"
+		}
+		if !hostRe.MatchString(host) {
+			bad(field, "host %q has characters HAProxy cannot take", host)
+			return "", "", 0
+		}
+		return host + ":" + port, strings.Trim(host, "[]"), pn
+	}
+	name := func(field, n string) string {
+		if !nameRe.MatchString(n) {
+			bad(field, "%q must match %s", n, nameRe)
+		}
+		return n
+	}
+
+	p := &cfg.Proxy
+	d := &tmplData{
+		Generator:      generator,
+		RoutePath:      route.PathRoute,
+		FeedbackTag:    route.FeedbackTag,
+		Dir:            path("dir", opts.Dir),
+		Socket:         path("socket", opts.Socket),
+		PIDFile:        path("pidfile", opts.PIDFile),
+		MaxConn:        max(cfg.HAProxy.MaxConn, 1),
+		Nbthread:       max(cfg.HAProxy.Nbthread, 0),
+		MaxBody:        cfg.MaxBody,
+		BufSize:        bufSize(cfg.MaxBody),
+		Retries:        max(cfg.Fallbacks, 1),
+		ConnectMs:      max(p.ConnectTimeout.Ms(), 1),
+		StreamMs:       max(p.StreamTimeout.Ms(), 1),
+		CheckTimeoutMs: max(cfg.Health.Timeout.Ms(), 1),
+		ServerParams:   ServerParams(cfg),
+	}
+	d.Listen, _, _ = addr("haproxy.listen", cfg.HAProxy.Listen)
+	if cfg.Feedback.Syslog != "" {
+		d.Syslog, _, _ = addr("feedback.syslog", cfg.Feedback.Syslog)
+	}
+	if !httpRe.MatchString(cfg.Health.Path) {
+		bad("health.path", "%q must be a plain absolute path", cfg.Health.Path)
+	}
+	d.HealthPath = cfg.Health.Path
+
+	// Variables for use-server: the chosen server, then the fallbacks.
+	fallbacks := min(max(cfg.Fallbacks, 0), 8)
+	d.ServerVars = []string{"txn.turnout_server"}
+	for i := 1; i <= fallbacks; i++ {
+		d.ServerVars = append(d.ServerVars, fmt.Sprintf("txn.turnout_fb%d", i))
+	}
+
+	var mapBuf bytes.Buffer
+	seen := map[string]bool{}
+	for i := range cfg.Deployments {
+		dep := &cfg.Deployments[i]
+		name(fmt.Sprintf("deployments[%d].name", i), dep.Name)
+		var serve string // the pool that takes requests when turnout is away
+		for j := range dep.Pools {
+			pool := &dep.Pools[j]
+			bname := name(fmt.Sprintf("deployments[%d].pools[%d]", i, j), route.PoolName(dep.Name, pool.Role))
+			if seen[bname] {
+				bad(fmt.Sprintf("deployments[%d].pools[%d]", i, j), "backend %q appears twice", bname)
+			}
+			seen[bname] = true
+			if pool.Role != route.RolePrefill && serve == "" {
+				serve = bname
+			}
+			b := backendData{Name: bname}
+			for k := range pool.Endpoints {
+				e := &pool.Endpoints[k]
+				f := fmt.Sprintf("deployments[%d].pools[%d].endpoints[%d]", i, j, k)
+				a, host, port := addr(f+".address", e.Address)
+				b.Servers = append(b.Servers, serverData{Name: name(f+".name", e.Name), Addr: a, Host: host, Port: port})
+			}
+			d.Backends = append(d.Backends, b)
+		}
+		if serve == "" && len(dep.Pools) > 0 {
+			serve = route.PoolName(dep.Name, dep.Pools[0].Role)
+		}
+		if d.DefaultBackend == "" {
+			d.DefaultBackend = serve
+		}
+		for _, m := range dep.Models {
+			if mapKeyRe.MatchString(m) {
+				fmt.Fprintf(&mapBuf, "%s %s\n", m, serve)
+			}
+		}
+	}
+	if len(d.Backends) == 0 {
+		bad("deployments", "no pool to render")
+	}
+	d.ModelMap = len(cfg.Deployments) > 1
+	d.modelMap = mapBuf.Bytes()
+
+	// The Lua side.
+	l := luaData{
+		Generator:    generator,
+		RoutePath:    route.PathRoute,
+		TimeoutMs:    max(p.RouteTimeout.Ms(), 1),
+		BreakerFails: int64(max(p.BreakerFailures, 1)),
+		CooldownMs:   max(p.BreakerCooldown.Ms(), 1),
+		FailClosed:   p.FailMode == route.FailClosed,
+	}
+	// The Lua calls the turnout_route hop; its servers are the route addresses.
+	l.RouteURL = luaQuote("http://turnout" + route.PathRoute)
+	l.RouteDst = luaQuote("unix@" + filepath.Join(d.Dir, RouteSocketName))
+	d.RouteHealthPath = route.PathHealthz
+	d.RouteTimeoutMs = l.TimeoutMs
+	for i, ra := range p.RouteAddrs {
+		a, _, _ := addr(fmt.Sprintf("proxy.route_addrs[%d]", i), ra)
+		d.RouteServers = append(d.RouteServers, routeServer{Name: fmt.Sprintf("route%d", i), Addr: a, Backup: i > 0})
+	}
+	if len(d.RouteServers) == 0 {
+		bad("proxy.route_addrs", "no address to call")
+	}
+	// One retry per standby; a refused connect then moves on at once.
+	d.RouteRetries = len(d.RouteServers) - 1
+	hdr := func(field, h string) {
+		if !headerRe.MatchString(h) {
+			bad(field, "%q is not a header name", h)
+			return
+		}
+		lh := luaHeader{Name: luaQuote(strings.ToLower(h))}
+		for _, s := range spellings(strings.ToLower(h)) {
+			lh.Spellings = append(lh.Spellings, luaQuote(s))
+		}
+		l.Headers = append(l.Headers, lh)
+	}
+	for i, h := range cfg.SessionHeaders {
+		hdr(fmt.Sprintf("session_headers[%d]", i), h)
+	}
+	for i, h := range cfg.ModelHeaders {
+		hdr(fmt.Sprintf("model_headers[%d]", i), h)
+	}
+	// Small, fixed extras turnout logs or routes on.
+	hdr("content-type", "content-type")
+	hdr("x-request-id", "x-request-id")
+	for _, v := range d.ServerVars[1:] {
+		l.FallbackVars = append(l.FallbackVars, luaQuote(v))
+	}
+	d.lua = l
+	return d, errors.Join(errs...)
+}
+
+// bufSize is tune.bufsize: the body limit plus room for headers, on a 4 KiB
+// boundary. Memory is about two buffers per connection.
+func bufSize(maxBody int) int {
+	n := max(maxBody, 1024) + 16<<10
+	return (n + 4095) &^ 4095
+}
+
+// maxSpellings caps the '-'/'_' variants per header (2^separators).
+const maxSpellings = 64
+
+// spellings lists every '-'/'_' spelling of a lowercase header name, so the
+// Lua matches x-session-id, x_session_id and x_session-id with table lookups
+// instead of normalizing every request header. Beyond maxSpellings only the
+// all-dash and all-underscore forms are listed.
+func spellings(h string) []string {
+	var seps []int
+	for i := range len(h) {
+		if h[i] == '-' || h[i] == '_' {
+			seps = append(seps, i)
+		}
+	}
+	if 1<<len(seps) > maxSpellings {
+		return []string{strings.ReplaceAll(h, "_", "-"), strings.ReplaceAll(h, "-", "_")}
+	}
+	out := make([]string, 0, 1<<len(seps))
+	b := []byte(h)
+	for mask := range 1 << len(seps) {
+		for k, pos := range seps {
+			if mask&(1<<k) != 0 {
+				b[pos] = '_'
+			} else {
+				b[pos] = '-'
+			}
+		}
+		out = append(out, string(b))
+	}
+	return out
+}
+
+// luaQuote returns s as a double-quoted Lua string literal; anything outside
+// printable ASCII, quotes and backslashes become decimal escapes.
+func luaQuote(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := range len(s) {
+		c := s[i]
+		if c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
+			fmt.Fprintf(&b, "\\%03d", c)
+			continue
+		}
+		b.WriteByte(c)
+	}
+	b.WriteByte('"')
+	return b.String()
+}

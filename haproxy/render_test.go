@@ -1,0 +1,248 @@
+package haproxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/turnout/turnout/route"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden")
+
+const goldenDir = "/etc/turnout/haproxy"
+
+const multiYAML = `listen: 10.0.0.1:9090
+session_headers: [x-session-id, x_conversation-id]
+model_headers: [x-model]
+max_body: 65536
+fallbacks: 1
+feedback: {syslog: 10.0.0.1:9514}
+health: {path: /healthz, interval: 5s, fails: 3, timeout: 2s}
+proxy:
+  route_addrs: [10.0.0.1:9090, "[fd00::2]:9090"]
+  fail_mode: closed
+  route_timeout: 250ms
+  breaker_failures: 5
+  breaker_cooldown: 10s
+haproxy: {listen: "0.0.0.0:80", maxconn: 10000, nbthread: 2}
+deployments:
+  - name: llama
+    models: [meta-llama/Llama-3.1-8B-Instruct, "bad model name", "#comment"]
+    pools:
+      - role: mixed
+        endpoints:
+          - {name: llama-0, address: 10.0.1.1:8000}
+          - {name: llama-1, address: "[fd00::11]:8000"}
+  - name: qwen
+    models: [Qwen/Qwen3-32B]
+    pools:
+      - role: prefill
+        endpoints: [{name: qwen-p0, address: 10.0.2.1:8000}]
+      - role: decode
+        endpoints: [{name: qwen-d0, address: 10.0.2.2:8000}]
+`
+
+func mustParse(t testing.TB, y []byte) *route.Config {
+	t.Helper()
+	cfg, err := route.ParseConfig(y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func TestRenderGolden(t *testing.T) {
+	cases := []struct {
+		name string
+		yaml []byte
+	}{
+		{"default", route.DefaultConfigYAML},
+		{"multi", []byte(multiYAML)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := Render(mustParse(t, tc.yaml), RenderOptions{Dir: goldenDir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range out.Files() {
+				golden := filepath.Join("testdata", tc.name+"."+f.Name+".golden")
+				if *update {
+					if err := os.WriteFile(golden, f.Data, 0o644); err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
+				want, err := os.ReadFile(golden)
+				if err != nil {
+					t.Fatalf("%v (run go test ./haproxy -run Golden -update)", err)
+				}
+				if !bytes.Equal(f.Data, want) {
+					t.Errorf("%s differs from %s (run with -update after checking the diff):\n%s", f.Name, golden, f.Data)
+				}
+			}
+		})
+	}
+}
+
+// TestRenderPassesHAProxyCheck runs "haproxy -c" on every rendering.
+func TestRenderPassesHAProxyCheck(t *testing.T) {
+	bin, err := exec.LookPath("haproxy")
+	if err != nil {
+		t.Skip("haproxy not installed; skipping haproxy -c")
+	}
+	r, err := NewRenderer(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, y := range [][]byte{route.DefaultConfigYAML, []byte(multiYAML)} {
+		if err := r.Check(context.Background(), bin, mustParse(t, y), RenderOptions{}); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestRenderDetails(t *testing.T) {
+	out, err := Render(mustParse(t, []byte(multiYAML)), RenderOptions{Dir: goldenDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := string(out.Config)
+	for _, want := range []string{
+		"server route0 10.0.0.1:9090 check",
+		"server route1 [fd00::2]:9090 check inter 1s fall 2 rise 1 backup",
+		"server llama-1 [fd00::11]:8000 check inter 5000ms fall 3 rise 1",
+		"use_backend %[req.body,json_query('$.model'),map_str(/etc/turnout/haproxy/models.map)]",
+		"default_backend llama_mixed",
+		"tune.bufsize 81920",
+		"retries 1\n",
+	} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("config lacks %q", want)
+		}
+	}
+	if StructureOf(out.Config) != out.State.Structure || out.State.Structure == "" {
+		t.Errorf("structure %q in file, %q in state", StructureOf(out.Config), out.State.Structure)
+	}
+	// Unsafe model names are left out of the map (they go to the default backend).
+	if want := "meta-llama/Llama-3.1-8B-Instruct llama_mixed\nQwen/Qwen3-32B qwen_decode\n"; string(out.Map) != want {
+		t.Errorf("map = %q, want %q", out.Map, want)
+	}
+	lua := string(out.Lua)
+	for _, want := range []string{
+		`{ "x_conversation-id", { "x-conversation-id", "x_conversation-id", "x-conversation_id", "x_conversation_id", } }`,
+		`local FAIL_CLOSED = true`,
+		`local ROUTE_DST = "unix@/etc/turnout/haproxy/route.sock"`,
+		`local FALLBACK_VARS = { "txn.turnout_fb1", }`,
+	} {
+		if !strings.Contains(lua, want) {
+			t.Errorf("lua lacks %q", want)
+		}
+	}
+
+	// Membership changes keep the structure; settings changes do not.
+	cfg := mustParse(t, []byte(multiYAML))
+	cfg.Deployments[0].Pools[0].Endpoints = cfg.Deployments[0].Pools[0].Endpoints[:1]
+	out2, err := Render(cfg, RenderOptions{Dir: goldenDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out2.State.Structure != out.State.Structure {
+		t.Error("removing an endpoint changed the structure hash")
+	}
+	cfg.Proxy.RouteTimeout = route.Duration(1)
+	out3, _ := Render(cfg, RenderOptions{Dir: goldenDir})
+	if out3.State.Structure == out.State.Structure {
+		t.Error("changing the route timeout kept the structure hash")
+	}
+}
+
+// hostileConfig builds a config around one untrusted string, bypassing
+// route's validation, as a buggy caller or a future config field might.
+func hostileConfig(s string, where int) *route.Config {
+	cfg, _ := route.ParseConfig(route.DefaultConfigYAML)
+	switch where % 8 {
+	case 0:
+		cfg.Deployments[0].Name = s
+	case 1:
+		cfg.Deployments[0].Pools[0].Endpoints[0].Name = s
+	case 2:
+		cfg.Deployments[0].Pools[0].Endpoints[0].Address = s
+	case 3:
+		cfg.Deployments[0].Models = append(cfg.Deployments[0].Models, s)
+		cfg.Deployments = append(cfg.Deployments, route.DeploymentConfig{Name: "x", Models: []string{s + "2"},
+			Pools: []route.PoolConfig{{Role: route.RoleMixed}}})
+	case 4:
+		cfg.SessionHeaders = []string{s}
+	case 5:
+		cfg.HAProxy.Listen = s
+	case 6:
+		cfg.Health.Path = s
+	case 7:
+		cfg.Proxy.RouteAddrs = []string{s}
+	}
+	return cfg
+}
+
+// FuzzRender feeds hostile names to the renderer: it must either refuse or
+// produce files where the name stays one token (no new line, no quote
+// break-out in the Lua) and, when the haproxy binary exists, pass haproxy -c.
+func FuzzRender(f *testing.F) {
+	for _, s := range []string{
+		"ok-name", "evil\n    server x 1.2.3.4:80", "a b", "x#y", `q"uote`, `lua"]]..os.exit()--`,
+		"127.0.0.1:80\nbind :81", "/p\nhttp-request deny", "m\nllama x_mixed", "{x}", "a;b", "\x00", "ünï",
+		"%[req.hdr(host)]", "[::1]:9090",
+	} {
+		for w := range 8 {
+			f.Add(s, w)
+		}
+	}
+	bin, _ := exec.LookPath("haproxy")
+	r, err := NewRenderer(nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	checked := map[string]bool{}
+	f.Fuzz(func(t *testing.T, s string, where int) {
+		if where < 0 {
+			where = -where
+		}
+		cfg := hostileConfig(s, where)
+		out, err := r.Render(cfg, RenderOptions{Dir: "/tmp/turnout-fuzz"})
+		if err != nil {
+			if !errors.Is(err, ErrRender) {
+				t.Fatalf("error without ErrRender: %v", err)
+			}
+			return
+		}
+		if strings.ContainsAny(s, "\r\n\x00") && (bytes.Contains(out.Config, []byte(s)) || bytes.Contains(out.Lua, []byte(s))) {
+			t.Fatalf("multi-line value %q reached the output", s)
+		}
+		for _, line := range strings.Split(string(out.Map), "\n") {
+			if line != "" && len(strings.Fields(line)) != 2 {
+				t.Fatalf("map line %q is not key value", line)
+			}
+		}
+		// haproxy -c is slow: run it once per distinct accepted shape.
+		key := strings.Map(func(r rune) rune {
+			if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+				return 'a'
+			}
+			return r
+		}, s)
+		if bin == "" || checked[key] || len(checked) > 40 {
+			return
+		}
+		checked[key] = true
+		if err := r.Check(context.Background(), bin, cfg, RenderOptions{}); err != nil {
+			t.Fatalf("rendered config for %q fails haproxy -c: %v", s, err)
+		}
+	})
+}

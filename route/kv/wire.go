@@ -1,0 +1,1029 @@
+// Package kv ingests vLLM KV-cache events (ZMQ PUB, msgpack payloads) and
+// keeps a bounded index of which replica holds which prompt-prefix blocks.
+//
+// Wire format, from vllm/distributed/kv_events.py: each ZMQ message is
+// [topic, seq (8 bytes big-endian), payload]; the payload is a msgspec
+// EventBatch. Two encodings exist in the field and both are accepted:
+//
+//   - legacy "array_like": EventBatch is [ts, events, dp_rank?] and each event
+//     is a tagged array ["BlockStored", hashes, parent, tokens, ...];
+//   - current (vllm-project/vllm#42892): events are tagged maps
+//     {"type": "BlockStored", "block_hashes": ..., ...}; the outer batch may be
+//     an array or a map {"ts", "events", "data_parallel_rank"}.
+//
+// Trailing positional fields may be absent (old vLLM) or extra (new vLLM);
+// unknown map keys and unknown event tags are skipped.
+package kv
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// EventKind is the type of a KV-cache event.
+type EventKind uint8
+
+// Event kinds, named after vLLM's msgspec tags.
+const (
+	EventUnknown EventKind = iota
+	EventBlockStored
+	EventBlockRemoved
+	EventAllBlocksCleared
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventBlockStored:
+		return tagBlockStored
+	case EventBlockRemoved:
+		return tagBlockRemoved
+	case EventAllBlocksCleared:
+		return tagAllBlocksCleared
+	}
+	return "Unknown"
+}
+
+const (
+	tagBlockStored      = "BlockStored"
+	tagBlockRemoved     = "BlockRemoved"
+	tagAllBlocksCleared = "AllBlocksCleared"
+
+	// MediumGPU is what vLLM puts in Medium for device-memory blocks.
+	MediumGPU = "GPU"
+
+	specFullAttention = "full_attention"
+)
+
+// Event is one decoded KV-cache event. Engine hashes are normalized to
+// uint64: an integer hash is taken as is (negative int64 as its two's
+// complement), a byte-string hash as its low 64 bits big-endian, which is
+// exactly the int vLLM itself publishes when VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES
+// is on, so both publisher settings yield the same keys.
+type Event struct {
+	Kind        EventKind
+	BlockHashes []uint64
+	ParentHash  uint64
+	HasParent   bool
+	// TokenIDs is the concatenation of the stored blocks' tokens,
+	// BlockSize tokens per block.
+	TokenIDs  []int32
+	BlockSize int
+	LoraID    int64
+	HasLoraID bool
+	LoraName  string // "" when absent or None
+	Medium    string // "" when absent or None; vLLM sends "GPU" or e.g. "CPU" for offloaded tiers
+	GroupIdx  int    // KV-cache group of hybrid models
+	HasGroup  bool
+	// SpecKind is the group's kv_cache_spec_kind ("full_attention",
+	// "sliding_window", "mamba", ...) when vLLM sends it with stores.
+	SpecKind string
+	// ExtraKeys, when vLLM sent extra_keys, has one entry per block: true if
+	// that block's hash also covers non-token inputs (multimodal data, LoRA,
+	// cache_salt), so its token ids alone do not identify its contents.
+	ExtraKeys []bool
+}
+
+// Batch is one decoded EventBatch.
+type Batch struct {
+	TS        float64
+	Events    []Event
+	DPRank    int
+	HasDPRank bool
+	// Skipped counts events with an unknown tag (newer vLLM), dropped
+	// rather than failing the whole batch.
+	Skipped int
+}
+
+// ErrMalformed is wrapped by every DecodeBatch error.
+var ErrMalformed = errors.New("kv: malformed event batch")
+
+// maxDepth bounds nesting when skipping unknown values so hostile input
+// cannot drive deep recursion.
+const maxDepth = 32
+
+type decoder struct {
+	r bytes.Reader
+	d *msgpack.Decoder
+	s [64]byte // scratch for keys, tags and byte hashes
+}
+
+func (x *decoder) fail(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
+}
+
+func (x *decoder) wrap(what string, err error) error {
+	return fmt.Errorf("%w: %s: %w", ErrMalformed, what, err)
+}
+
+// DecodeBatch decodes a vLLM EventBatch payload. Malformed input yields an
+// error wrapping ErrMalformed; it never panics.
+func DecodeBatch(payload []byte) (b Batch, err error) {
+	defer func() {
+		// Belt and braces: the msgpack library should not panic on bad
+		// input, but a panic here would take down the subscriber.
+		if r := recover(); r != nil {
+			b, err = Batch{}, fmt.Errorf("%w: decoder panic: %v", ErrMalformed, r)
+		}
+	}()
+	x := &decoder{}
+	x.r.Reset(payload)
+	x.d = msgpack.NewDecoder(&x.r)
+	b, err = x.batch()
+	if err != nil {
+		return Batch{}, err
+	}
+	if x.r.Len() != 0 {
+		return Batch{}, x.fail("%d trailing bytes", x.r.Len())
+	}
+	return b, nil
+}
+
+func (x *decoder) peek() (byte, error) {
+	c, err := x.d.PeekCode()
+	if err != nil {
+		return 0, x.wrap("truncated", err)
+	}
+	return c, nil
+}
+
+// takeNil consumes a nil if it is next.
+func (x *decoder) takeNil() (bool, error) {
+	c, err := x.peek()
+	if err != nil {
+		return false, err
+	}
+	if c != msgpcode.Nil {
+		return false, nil
+	}
+	if err := x.d.DecodeNil(); err != nil {
+		return false, x.wrap("nil", err)
+	}
+	return true, nil
+}
+
+func isArray(c byte) bool {
+	return msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32
+}
+
+func isMap(c byte) bool {
+	return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
+}
+
+// arrayLen reads an array header; each element takes at least one byte,
+// so a length beyond the remaining input is rejected before anything is
+// allocated for it.
+func (x *decoder) arrayLen(what string) (int, error) {
+	c, err := x.peek()
+	if err != nil {
+		return 0, err
+	}
+	if !isArray(c) {
+		return 0, x.fail("%s: want array, got code %#x", what, c)
+	}
+	n, err := x.d.DecodeArrayLen()
+	if err != nil {
+		return 0, x.wrap(what, err)
+	}
+	if n > x.r.Len() {
+		return 0, x.fail("%s: array length %d exceeds input", what, n)
+	}
+	return n, nil
+}
+
+func (x *decoder) mapLen(what string) (int, error) {
+	c, err := x.peek()
+	if err != nil {
+		return 0, err
+	}
+	if !isMap(c) {
+		return 0, x.fail("%s: want map, got code %#x", what, c)
+	}
+	n, err := x.d.DecodeMapLen()
+	if err != nil {
+		return 0, x.wrap(what, err)
+	}
+	if n > x.r.Len()/2 {
+		return 0, x.fail("%s: map length %d exceeds input", what, n)
+	}
+	return n, nil
+}
+
+// str reads a string into the scratch buffer (no allocation); strings longer
+// than the buffer are consumed and reported as long=true.
+func (x *decoder) str(what string) (s []byte, long bool, err error) {
+	c, err := x.peek()
+	if err != nil {
+		return nil, false, err
+	}
+	if !msgpcode.IsString(c) && !msgpcode.IsBin(c) {
+		return nil, false, x.fail("%s: want string, got code %#x", what, c)
+	}
+	n, err := x.d.DecodeBytesLen()
+	if err != nil {
+		return nil, false, x.wrap(what, err)
+	}
+	if n > x.r.Len() {
+		return nil, false, x.fail("%s: string length %d exceeds input", what, n)
+	}
+	if n > len(x.s) {
+		return nil, true, x.discard(n)
+	}
+	if err := x.d.ReadFull(x.s[:n]); err != nil {
+		return nil, false, x.wrap(what, err)
+	}
+	return x.s[:n], false, nil
+}
+
+// optString reads str-or-nil; common media values avoid an allocation.
+func (x *decoder) optString(what string) (string, error) {
+	if isNil, err := x.takeNil(); err != nil || isNil {
+		return "", err
+	}
+	c, err := x.peek()
+	if err != nil {
+		return "", err
+	}
+	if !msgpcode.IsString(c) {
+		return "", x.fail("%s: want string, got code %#x", what, c)
+	}
+	s, long, err := x.str(what)
+	if err != nil {
+		return "", err
+	}
+	if long {
+		return "", x.fail("%s: string too long", what)
+	}
+	switch string(s) {
+	case MediumGPU:
+		return MediumGPU, nil
+	case "CPU":
+		return "CPU", nil
+	case specFullAttention:
+		return specFullAttention, nil
+	}
+	return string(s), nil
+}
+
+func (x *decoder) int64(what string) (int64, error) {
+	c, err := x.peek()
+	if err != nil {
+		return 0, err
+	}
+	if c == msgpcode.Nil {
+		return 0, x.fail("%s: want int, got nil", what)
+	}
+	if c == msgpcode.Uint64 {
+		v, err := x.d.DecodeUint64()
+		if err != nil {
+			return 0, x.wrap(what, err)
+		}
+		if v > math.MaxInt64 {
+			return 0, x.fail("%s: %d overflows int64", what, v)
+		}
+		return int64(v), nil
+	}
+	v, err := x.d.DecodeInt64()
+	if err != nil {
+		return 0, x.wrap(what, err)
+	}
+	return v, nil
+}
+
+func (x *decoder) optInt(what string) (int64, bool, error) {
+	if isNil, err := x.takeNil(); err != nil || isNil {
+		return 0, false, err
+	}
+	v, err := x.int64(what)
+	return v, err == nil, err
+}
+
+func (x *decoder) intRange(what string, lo, hi int64) (int, error) {
+	v, err := x.int64(what)
+	if err != nil {
+		return 0, err
+	}
+	if v < lo || v > hi {
+		return 0, x.fail("%s: %d out of range", what, v)
+	}
+	return int(v), nil
+}
+
+// hash reads an engine block hash: any msgpack int (uint64 above int64 range
+// and negative int64 included) or a byte string.
+func (x *decoder) hash(what string) (uint64, error) {
+	c, err := x.peek()
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case c == msgpcode.Nil:
+		return 0, x.fail("%s: nil hash", what)
+	case msgpcode.IsBin(c) || msgpcode.IsString(c):
+		n, err := x.d.DecodeBytesLen()
+		if err != nil {
+			return 0, x.wrap(what, err)
+		}
+		if n <= 0 {
+			return 0, x.fail("%s: empty hash", what)
+		}
+		if n > x.r.Len() {
+			return 0, x.fail("%s: hash length %d exceeds input", what, n)
+		}
+		// int.from_bytes(h, "big") & (2**64-1) == the last 8 bytes.
+		var h uint64
+		for n > 0 {
+			k := min(n, len(x.s))
+			if err := x.d.ReadFull(x.s[:k]); err != nil {
+				return 0, x.wrap(what, err)
+			}
+			for _, by := range x.s[:k] {
+				h = h<<8 | uint64(by)
+			}
+			n -= k
+		}
+		return h, nil
+	case c == msgpcode.Float || c == msgpcode.Double:
+		return 0, x.fail("%s: float hash", what)
+	}
+	// DecodeUint64 maps every int code to its 64-bit two's complement.
+	h, err := x.d.DecodeUint64()
+	if err != nil {
+		return 0, x.wrap(what, err)
+	}
+	return h, nil
+}
+
+func (x *decoder) hashes(what string) ([]uint64, error) {
+	n, err := x.arrayLen(what)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint64, n)
+	for i := range out {
+		if out[i], err = x.hash(what); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (x *decoder) tokens(what string) ([]int32, error) {
+	n, err := x.arrayLen(what)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int32, n)
+	for i := range out {
+		v, err := x.intRange(what, math.MinInt32, math.MaxInt32)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = int32(v)
+	}
+	return out, nil
+}
+
+// extraKeys reads list[tuple | None] | None into per-block "has extras".
+func (x *decoder) extraKeys(what string) ([]bool, error) {
+	if isNil, err := x.takeNil(); err != nil || isNil {
+		return nil, err
+	}
+	n, err := x.arrayLen(what)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]bool, n)
+	for i := range out {
+		c, err := x.peek()
+		if err != nil {
+			return nil, err
+		}
+		if c == msgpcode.Nil || c == msgpcode.FixedArrayLow { // None or ()
+			out[i] = false
+		} else {
+			out[i] = true
+		}
+		if err := x.skip(0); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// skip consumes one value of any type with bounded nesting.
+func (x *decoder) skip(depth int) error {
+	if depth > maxDepth {
+		return x.fail("nesting deeper than %d", maxDepth)
+	}
+	c, err := x.peek()
+	if err != nil {
+		return err
+	}
+	switch {
+	case isArray(c):
+		n, err := x.arrayLen("skip")
+		if err != nil {
+			return err
+		}
+		for range n {
+			if err := x.skip(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case isMap(c):
+		n, err := x.mapLen("skip")
+		if err != nil {
+			return err
+		}
+		for range 2 * n {
+			if err := x.skip(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var n int
+	switch {
+	case msgpcode.IsString(c) || msgpcode.IsBin(c):
+		if n, err = x.d.DecodeBytesLen(); err != nil {
+			return x.wrap("skip", err)
+		}
+	case msgpcode.IsExt(c):
+		if n, err = x.extLen(); err != nil {
+			return err
+		}
+	default: // fixed-size scalars
+		if err := x.d.Skip(); err != nil {
+			return x.wrap("skip", err)
+		}
+		return nil
+	}
+	return x.discard(n)
+}
+
+// extLen consumes an ext header and returns the length of its body
+// (including the type byte, which discard consumes with it).
+func (x *decoder) extLen() (int, error) {
+	c, err := x.d.PeekCode()
+	if err != nil {
+		return 0, x.wrap("ext", err)
+	}
+	var hdr [5]byte
+	size := 0
+	switch c {
+	case msgpcode.FixExt1, msgpcode.FixExt2, msgpcode.FixExt4, msgpcode.FixExt8, msgpcode.FixExt16:
+		size = 1 << (c - msgpcode.FixExt1)
+		if err := x.d.ReadFull(hdr[:1]); err != nil {
+			return 0, x.wrap("ext", err)
+		}
+		return size + 1, nil
+	case msgpcode.Ext8:
+		size = 1
+	case msgpcode.Ext16:
+		size = 2
+	case msgpcode.Ext32:
+		size = 4
+	}
+	if err := x.d.ReadFull(hdr[:1+size]); err != nil {
+		return 0, x.wrap("ext", err)
+	}
+	var n int
+	for _, b := range hdr[1 : 1+size] {
+		n = n<<8 | int(b)
+	}
+	return n + 1, nil
+}
+
+// discard skips n raw bytes without the library's read-to-allocate, after
+// checking the input really holds them.
+func (x *decoder) discard(n int) error {
+	if n > x.r.Len() {
+		return x.fail("value of %d bytes exceeds input", n)
+	}
+	for n > 0 {
+		k := min(n, len(x.s))
+		if err := x.d.ReadFull(x.s[:k]); err != nil {
+			return x.wrap("skip", err)
+		}
+		n -= k
+	}
+	return nil
+}
+
+func (x *decoder) batch() (Batch, error) {
+	var b Batch
+	c, err := x.peek()
+	if err != nil {
+		return b, err
+	}
+	if isMap(c) {
+		return x.batchMap()
+	}
+	n, err := x.arrayLen("batch")
+	if err != nil {
+		return b, err
+	}
+	if n < 2 {
+		return b, x.fail("batch: %d fields, want at least 2", n)
+	}
+	if b.TS, err = x.ts(); err != nil {
+		return b, err
+	}
+	if err := x.events(&b); err != nil {
+		return b, err
+	}
+	if n >= 3 {
+		v, ok, err := x.optInt("data_parallel_rank")
+		if err != nil {
+			return b, err
+		}
+		b.DPRank, b.HasDPRank = int(v), ok
+	}
+	for i := 3; i < n; i++ { // fields added by a newer vLLM
+		if err := x.skip(0); err != nil {
+			return b, err
+		}
+	}
+	return b, nil
+}
+
+func (x *decoder) batchMap() (Batch, error) {
+	var b Batch
+	n, err := x.mapLen("batch")
+	if err != nil {
+		return b, err
+	}
+	var haveTS, haveEvents bool
+	for range n {
+		k, _, err := x.str("batch key")
+		if err != nil {
+			return b, err
+		}
+		switch string(k) {
+		case "ts":
+			b.TS, err = x.ts()
+			haveTS = true
+		case "events":
+			err = x.events(&b)
+			haveEvents = true
+		case "data_parallel_rank":
+			var v int64
+			v, b.HasDPRank, err = x.optInt("data_parallel_rank")
+			b.DPRank = int(v)
+		default:
+			err = x.skip(0)
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+	if !haveTS || !haveEvents {
+		return b, x.fail("batch: missing ts or events")
+	}
+	return b, nil
+}
+
+func (x *decoder) ts() (float64, error) {
+	c, err := x.peek()
+	if err != nil {
+		return 0, err
+	}
+	if c == msgpcode.Float || c == msgpcode.Double {
+		v, err := x.d.DecodeFloat64()
+		if err != nil {
+			return 0, x.wrap("ts", err)
+		}
+		return v, nil
+	}
+	v, err := x.int64("ts")
+	return float64(v), err
+}
+
+func (x *decoder) events(b *Batch) error {
+	n, err := x.arrayLen("events")
+	if err != nil {
+		return err
+	}
+	b.Events = make([]Event, 0, n)
+	for range n {
+		var ev Event
+		if err := x.event(&ev); err != nil {
+			return err
+		}
+		if ev.Kind == EventUnknown {
+			b.Skipped++
+			continue
+		}
+		b.Events = append(b.Events, ev)
+	}
+	return nil
+}
+
+func (x *decoder) kind(what string) (EventKind, error) {
+	c, err := x.peek()
+	if err != nil {
+		return 0, err
+	}
+	if !msgpcode.IsString(c) {
+		return 0, x.fail("%s: want string tag, got code %#x", what, c)
+	}
+	s, _, err := x.str(what)
+	if err != nil {
+		return 0, err
+	}
+	switch string(s) {
+	case tagBlockStored:
+		return EventBlockStored, nil
+	case tagBlockRemoved:
+		return EventBlockRemoved, nil
+	case tagAllBlocksCleared:
+		return EventAllBlocksCleared, nil
+	}
+	return EventUnknown, nil
+}
+
+func (x *decoder) event(ev *Event) error {
+	c, err := x.peek()
+	if err != nil {
+		return err
+	}
+	if isMap(c) {
+		return x.eventMap(ev)
+	}
+	n, err := x.arrayLen("event")
+	if err != nil {
+		return err
+	}
+	if n < 1 {
+		return x.fail("event: empty array")
+	}
+	if ev.Kind, err = x.kind("event tag"); err != nil {
+		return err
+	}
+	// Positional fields after the tag, in vLLM's declaration order.
+	var fields []string
+	required := 0
+	switch ev.Kind {
+	case EventBlockStored:
+		fields, required = storedFields, 4
+	case EventBlockRemoved:
+		fields, required = removedFields, 1
+	}
+	if n-1 < required {
+		return x.fail("%s: %d fields, want at least %d", ev.Kind, n-1, required)
+	}
+	for i := 1; i < n; i++ {
+		if i-1 < len(fields) {
+			err = x.field(ev, fields[i-1])
+		} else {
+			err = x.skip(0) // newer, unknown trailing field
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var (
+	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"}
+	removedFields = []string{"block_hashes", "medium", "group_idx"}
+)
+
+func (x *decoder) eventMap(ev *Event) error {
+	n, err := x.mapLen("event")
+	if err != nil {
+		return err
+	}
+	// The tag need not come first, so decode every known field and check
+	// the required ones once the kind is known.
+	var seen uint8
+	const (
+		seenTag = 1 << iota
+		seenHashes
+		seenParent
+		seenTokens
+		seenSize
+	)
+	for range n {
+		k, _, err := x.str("event key")
+		if err != nil {
+			return err
+		}
+		switch string(k) {
+		case "type":
+			ev.Kind, err = x.kind("event tag")
+			seen |= seenTag
+		case "block_hashes":
+			err = x.field(ev, "block_hashes")
+			seen |= seenHashes
+		case "parent_block_hash":
+			err = x.field(ev, "parent_block_hash")
+			seen |= seenParent
+		case "token_ids":
+			err = x.field(ev, "token_ids")
+			seen |= seenTokens
+		case "block_size":
+			err = x.field(ev, "block_size")
+			seen |= seenSize
+		case "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind":
+			err = x.field(ev, string(k))
+		default:
+			err = x.skip(0)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if seen&seenTag == 0 {
+		return x.fail("event: map without type")
+	}
+	// Keys are read whatever the kind; keep only what the kind defines, as
+	// the positional layout does.
+	switch ev.Kind {
+	case EventBlockStored:
+		if seen&(seenHashes|seenTokens|seenSize) != seenHashes|seenTokens|seenSize {
+			return x.fail("BlockStored: missing required field")
+		}
+	case EventBlockRemoved:
+		if seen&seenHashes == 0 {
+			return x.fail("BlockRemoved: missing block_hashes")
+		}
+		*ev = Event{Kind: ev.Kind, BlockHashes: ev.BlockHashes, Medium: ev.Medium, GroupIdx: ev.GroupIdx, HasGroup: ev.HasGroup}
+	default:
+		*ev = Event{Kind: ev.Kind}
+	}
+	return nil
+}
+
+func (x *decoder) field(ev *Event, name string) error {
+	var err error
+	switch name {
+	case "block_hashes":
+		ev.BlockHashes, err = x.hashes(name)
+	case "parent_block_hash":
+		var isNil bool
+		if isNil, err = x.takeNil(); err == nil && !isNil {
+			ev.ParentHash, err = x.hash(name)
+			ev.HasParent = err == nil
+		}
+	case "token_ids":
+		ev.TokenIDs, err = x.tokens(name)
+	case "block_size":
+		ev.BlockSize, err = x.intRange(name, 0, math.MaxInt32)
+	case "lora_id":
+		ev.LoraID, ev.HasLoraID, err = x.optInt(name)
+	case "medium":
+		ev.Medium, err = x.optString(name)
+	case "lora_name":
+		ev.LoraName, err = x.optString(name)
+	case "extra_keys":
+		ev.ExtraKeys, err = x.extraKeys(name)
+	case "group_idx":
+		var v int64
+		v, ev.HasGroup, err = x.optInt(name)
+		ev.GroupIdx = int(v)
+	case "kv_cache_spec_kind":
+		ev.SpecKind, err = x.optString(name)
+	default:
+		err = x.skip(0)
+	}
+	return err
+}
+
+// EncodeOptions selects which of vLLM's layouts EncodeBatchWith produces.
+type EncodeOptions struct {
+	// HashAsBytes encodes each hash as 32 bytes (like vLLM's sha256 block
+	// hashes with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) whose last 8 bytes
+	// are the hash big-endian, so it decodes back to the same uint64.
+	HashAsBytes bool
+	// MapEvents encodes events as tagged maps (vLLM after #42892).
+	MapEvents bool
+	// MapBatch also encodes the outer EventBatch as a map.
+	MapBatch bool
+}
+
+// EncodeBatch encodes b in vLLM's legacy array_like layout. It is the
+// inverse of DecodeBatch and is meant for mock replicas and tests.
+func EncodeBatch(b Batch, hashAsBytes bool) ([]byte, error) {
+	return EncodeBatchWith(b, EncodeOptions{HashAsBytes: hashAsBytes})
+}
+
+// EncodeBatchWith encodes b in the layout chosen by o, following msgspec's
+// omit_defaults rules: trailing defaulted fields are left out.
+func EncodeBatchWith(b Batch, o EncodeOptions) ([]byte, error) {
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	w := &encoder{e: e, o: o}
+	if o.MapBatch {
+		n := 2
+		if b.HasDPRank {
+			n++
+		}
+		w.mapLen(n)
+		w.str("ts")
+		w.float(b.TS)
+		w.str("events")
+		w.events(b.Events)
+		if b.HasDPRank {
+			w.str("data_parallel_rank")
+			w.int(int64(b.DPRank))
+		}
+	} else {
+		n := 2
+		if b.HasDPRank {
+			n++
+		}
+		w.arrayLen(n)
+		w.float(b.TS)
+		w.events(b.Events)
+		if b.HasDPRank {
+			w.int(int64(b.DPRank))
+		}
+	}
+	if w.err != nil {
+		return nil, fmt.Errorf("kv: encode batch: %w", w.err)
+	}
+	return buf.Bytes(), nil
+}
+
+// encoder keeps the first error so the layout code reads linearly.
+type encoder struct {
+	e   *msgpack.Encoder
+	o   EncodeOptions
+	err error
+}
+
+func (w *encoder) do(err error) {
+	if w.err == nil {
+		w.err = err
+	}
+}
+
+func (w *encoder) arrayLen(n int) { w.do(w.e.EncodeArrayLen(n)) }
+func (w *encoder) mapLen(n int)   { w.do(w.e.EncodeMapLen(n)) }
+func (w *encoder) str(s string)   { w.do(w.e.EncodeString(s)) }
+func (w *encoder) float(f float64) {
+	w.do(w.e.EncodeFloat64(f))
+}
+func (w *encoder) int(v int64) { w.do(w.e.EncodeInt(v)) }
+func (w *encoder) null()       { w.do(w.e.EncodeNil()) }
+
+func (w *encoder) optStr(s string) {
+	if s == "" {
+		w.null()
+		return
+	}
+	w.str(s)
+}
+
+func (w *encoder) hash(h uint64) {
+	if !w.o.HashAsBytes {
+		w.do(w.e.EncodeUint(h))
+		return
+	}
+	var b [32]byte
+	binary.BigEndian.PutUint64(b[24:], h)
+	w.do(w.e.EncodeBytes(b[:]))
+}
+
+func (w *encoder) hashes(hs []uint64) {
+	w.arrayLen(len(hs))
+	for _, h := range hs {
+		w.hash(h)
+	}
+}
+
+func (w *encoder) events(evs []Event) {
+	w.arrayLen(len(evs))
+	for i := range evs {
+		w.event(&evs[i])
+	}
+}
+
+// field writes a key in map layout; array layout is positional.
+func (w *encoder) field(name string) {
+	if w.o.MapEvents {
+		w.str(name)
+	}
+}
+
+func (w *encoder) event(ev *Event) {
+	// Optional trailing fields of BlockStored (defaults None), in order.
+	present := [3]bool{ev.ExtraKeys != nil, ev.HasGroup, ev.SpecKind != ""}
+	var n int // fields after the tag
+	switch ev.Kind {
+	case EventBlockStored:
+		n = 7 // fields without a default are always present
+		for i, p := range present {
+			switch {
+			case w.o.MapEvents && p:
+				n++ // maps omit each defaulted field
+			case !w.o.MapEvents && p:
+				n = 8 + i // arrays omit only trailing defaults
+			}
+		}
+	case EventBlockRemoved:
+		n = 2
+		if ev.HasGroup {
+			n++
+		}
+	case EventAllBlocksCleared:
+		n = 0
+	default:
+		w.do(fmt.Errorf("cannot encode event kind %d", ev.Kind))
+		return
+	}
+	if w.o.MapEvents {
+		w.mapLen(n + 1)
+		w.str("type")
+	} else {
+		w.arrayLen(n + 1)
+	}
+	w.str(ev.Kind.String())
+	switch ev.Kind {
+	case EventBlockStored:
+		w.field("block_hashes")
+		w.hashes(ev.BlockHashes)
+		w.field("parent_block_hash")
+		if ev.HasParent {
+			w.hash(ev.ParentHash)
+		} else {
+			w.null()
+		}
+		w.field("token_ids")
+		w.arrayLen(len(ev.TokenIDs))
+		for _, t := range ev.TokenIDs {
+			w.int(int64(t))
+		}
+		w.field("block_size")
+		w.int(int64(ev.BlockSize))
+		w.field("lora_id")
+		if ev.HasLoraID {
+			w.int(ev.LoraID)
+		} else {
+			w.null()
+		}
+		w.field("medium")
+		w.optStr(ev.Medium)
+		w.field("lora_name")
+		w.optStr(ev.LoraName)
+		// In arrays, a default that precedes a present field is written as None.
+		written := func(i int) bool {
+			if w.o.MapEvents {
+				return present[i]
+			}
+			return n >= 8+i
+		}
+		if written(0) {
+			w.field("extra_keys")
+			w.extraKeys(ev.ExtraKeys)
+		}
+		if written(1) {
+			w.field("group_idx")
+			if ev.HasGroup {
+				w.int(int64(ev.GroupIdx))
+			} else {
+				w.null()
+			}
+		}
+		if written(2) {
+			w.field("kv_cache_spec_kind")
+			w.optStr(ev.SpecKind)
+		}
+	case EventBlockRemoved:
+		w.field("block_hashes")
+		w.hashes(ev.BlockHashes)
+		w.field("medium")
+		w.optStr(ev.Medium)
+		if ev.HasGroup {
+			w.field("group_idx")
+			w.int(int64(ev.GroupIdx))
+		}
+	}
+}
+
+// extraKeys writes one opaque tuple per flagged block; the contents are not
+// recoverable from Event and do not matter to the index.
+func (w *encoder) extraKeys(ks []bool) {
+	if ks == nil {
+		w.null()
+		return
+	}
+	w.arrayLen(len(ks))
+	for _, k := range ks {
+		if k {
+			w.arrayLen(1)
+			w.str("extra")
+		} else {
+			w.null()
+		}
+	}
+}

@@ -1,0 +1,526 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/turnout/turnout/route/kv"
+)
+
+// KVAwareType is the registry name of KVAware.
+const KVAwareType = "kv-aware"
+
+// KVAwareConfig are the params of kv-aware.
+//
+// Scoring (Dynamo's cost, lower is better), over available endpoints that are
+// not too loaded (same guard as prefix-affinity):
+//
+//	cost(e) = PrefillWeight * uncachedBlocks(e) + LoadWeight * inflight(e)
+//
+// where uncachedBlocks counts the request's blocks beyond the longest prefix
+// e really holds according to its KV events. Ties go to the lower in-flight
+// count; the fallback list is the next lowest costs.
+type KVAwareConfig struct {
+	// BlockSize is vLLM's --block-size in tokens (0: learn it from events).
+	BlockSize     int     `yaml:"block_size"`
+	MaxBlocks     int     `yaml:"max_blocks"`
+	PrefillWeight float64 `yaml:"prefill_weight"`
+	LoadWeight    float64 `yaml:"load_weight"`
+	BalanceAbs    int64   `yaml:"balance_abs"`
+	BalanceRel    float64 `yaml:"balance_rel"`
+	// Strict refuses requests without token ids (400) or with the tokenizer
+	// down (503), as Ray's KV router does; lenient falls back to prefix-affinity.
+	Strict    bool                 `yaml:"strict"`
+	Tokenizer TokenizerConfig      `yaml:"tokenizer"`
+	Fallback  PrefixAffinityConfig `yaml:"fallback"`
+}
+
+// TokenizerConfig configures how request text becomes token ids.
+type TokenizerConfig struct {
+	// Mode: "remote" calls vLLM's POST /tokenize; "none" uses only token-id prompts.
+	Mode string `yaml:"mode"`
+	// Address of a vLLM server for /tokenize ("" = the pool's own endpoints).
+	Address      string   `yaml:"address"`
+	Timeout      Duration `yaml:"timeout"`
+	CacheEntries int      `yaml:"cache_entries"`
+}
+
+// Validate checks the params.
+func (c *KVAwareConfig) Validate() error {
+	switch {
+	case c.BlockSize < 0 || c.BlockSize > 4096:
+		return fmt.Errorf("kv-aware block_size %d out of range [0, 4096]", c.BlockSize)
+	case c.MaxBlocks < 1024:
+		return fmt.Errorf("kv-aware max_blocks %d must be >= 1024", c.MaxBlocks)
+	case c.PrefillWeight < 0 || c.LoadWeight < 0:
+		return errors.New("kv-aware weights must be >= 0")
+	case c.BalanceRel < 1 || c.BalanceAbs < 0:
+		return errors.New("kv-aware balance_rel must be >= 1 and balance_abs >= 0")
+	case c.Tokenizer.Mode != "remote" && c.Tokenizer.Mode != "none":
+		return fmt.Errorf("kv-aware tokenizer.mode %q must be remote or none", c.Tokenizer.Mode)
+	case c.Tokenizer.Timeout.D() <= 0:
+		return errors.New("kv-aware tokenizer.timeout must be > 0")
+	case c.Tokenizer.CacheEntries < 0:
+		return errors.New("kv-aware tokenizer.cache_entries must be >= 0")
+	}
+	return c.Fallback.Validate()
+}
+
+// KVAware routes on the blocks each replica really holds, learned from vLLM
+// KV-cache events, and falls back to prefix-affinity when it has no tokens.
+type KVAware struct {
+	cfg      KVAwareConfig
+	log      *zerolog.Logger
+	ctx      context.Context
+	pool     string
+	eps      []kv.Endpoint
+	fallback *PrefixAffinity
+	tok      *tokenizer
+	rnd      *Rand
+
+	// Shared with the policies of later snapshots (Carry).
+	sh *kvShared
+
+	ids  []int // index source id per endpoint index
+	bufs sync.Pool
+	// counters
+	fallbacks    atomic.Uint64
+	tokenized    atomic.Uint64
+	tokenizeErrs atomic.Uint64
+	tokenIDs     atomic.Uint64
+}
+
+// kvShared is what survives reloads: the index, the subscriptions and the
+// tokenizer cache.
+type kvShared struct {
+	idx     *kv.Index
+	mgr     *kv.Manager
+	adopted atomic.Bool
+}
+
+type kvBuf struct {
+	toks []int32
+	keys []uint64
+	out  []int
+}
+
+// NewKVAwareFactory returns the factory for kv-aware.
+func NewKVAwareFactory() Factory {
+	return func(pc *PolicyConfig, env PolicyEnv) (Policy, error) {
+		cfg := KVAwareConfig{
+			MaxBlocks: 1 << 20, PrefillWeight: 1, LoadWeight: 1, BalanceAbs: 8, BalanceRel: 1.5,
+			Tokenizer: TokenizerConfig{Mode: "remote", Timeout: Duration(200 * time.Millisecond), CacheEntries: 4096},
+			Fallback:  DefaultPrefixAffinityConfig(),
+		}
+		if err := pc.DecodeParams(&cfg); err != nil {
+			return nil, err
+		}
+		if err := cfg.Validate(); err != nil {
+			return nil, err
+		}
+		return NewKVAware(cfg, env), nil
+	}
+}
+
+// NewKVAware builds the policy for env.Pool. Subscriptions start in Start.
+func NewKVAware(cfg KVAwareConfig, env PolicyEnv) *KVAware {
+	log := env.Log
+	if log == nil {
+		l := zerolog.Nop()
+		log = &l
+	}
+	ctx := env.Ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	k := &KVAware{
+		cfg: cfg, log: log, ctx: ctx, pool: env.Pool.Name, rnd: env.Rand,
+		fallback: NewPrefixAffinity(cfg.Fallback, env.Pool, env.Rand),
+	}
+	for _, e := range env.Pool.Endpoints {
+		if e.KVEvents != "" {
+			k.eps = append(k.eps, kv.Endpoint{Name: e.Name, Address: e.KVEvents, Topic: e.KVTopic, ReplayAddress: e.KVReplay})
+		}
+	}
+	addrs := []string{cfg.Tokenizer.Address}
+	if cfg.Tokenizer.Address == "" {
+		addrs = addrs[:0]
+		for _, e := range env.Pool.Endpoints {
+			addrs = append(addrs, e.Address)
+		}
+	}
+	k.tok = newTokenizer(cfg.Tokenizer, addrs)
+	return k
+}
+
+// BlockBytes implements PromptUser: the lenient fallback needs prompt hashes.
+func (k *KVAware) BlockBytes() int { return k.cfg.Fallback.BlockBytes }
+
+// Carry implements Stater: keep the index and live subscriptions.
+func (k *KVAware) Carry(prev Policy) {
+	old, ok := prev.(*KVAware)
+	if !ok || old.sh == nil || old.cfg.BlockSize != k.cfg.BlockSize || old.cfg.MaxBlocks != k.cfg.MaxBlocks {
+		k.fallback.Carry(prevFallback(prev))
+		return
+	}
+	old.sh.adopted.Store(true)
+	k.sh = &kvShared{idx: old.sh.idx, mgr: old.sh.mgr}
+	k.tok.adopt(old.tok)
+	k.fallback.Carry(old.fallback)
+}
+
+func prevFallback(p Policy) Policy {
+	if pa, ok := p.(*PrefixAffinity); ok {
+		return pa
+	}
+	return nil
+}
+
+// Start implements Starter: create or resync the index subscriptions.
+func (k *KVAware) Start(p *Pool) {
+	if k.sh == nil {
+		idx := kv.NewIndex(k.cfg.MaxBlocks)
+		if k.cfg.BlockSize > 0 {
+			idx.SetBlockSize(k.cfg.BlockSize)
+		}
+		k.sh = &kvShared{idx: idx, mgr: kv.NewManager(k.ctx, idx, kv.ManagerConfig{}, k.log)}
+	}
+	if err := k.sh.mgr.Sync(k.eps); err != nil {
+		k.log.Warn().Err(err).Str(fieldPool, k.pool).Msg("kv-event subscriptions")
+	}
+	k.ids = make([]int, len(p.Endpoints))
+	for i, e := range p.Endpoints {
+		k.ids[i] = k.sh.idx.SourceID(e.Name)
+	}
+}
+
+// Close implements Closer: stop subscriptions unless a newer policy took them.
+func (k *KVAware) Close() {
+	if k.sh != nil && !k.sh.adopted.Load() {
+		k.sh.mgr.Close()
+	}
+}
+
+// Index exposes the KV index (tests, metrics).
+func (k *KVAware) Index() *kv.Index { return k.sh.idx }
+
+// Pick implements Policy.
+func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
+	b, _ := k.bufs.Get().(*kvBuf)
+	if b == nil {
+		b = &kvBuf{}
+	}
+	defer k.bufs.Put(b)
+	bs := k.sh.idx.BlockSize()
+	keys, err := k.requestKeys(r, bs, b)
+	if err != nil || len(keys) == 0 {
+		if k.cfg.Strict {
+			switch {
+			case errors.Is(err, errTokenizer):
+				r.Reject = RejectUnavailable
+			default:
+				r.Reject = RejectBadBody
+			}
+			return dst
+		}
+		k.fallbacks.Add(1)
+		return k.fallback.Pick(r, p, dst)
+	}
+	if cap(b.out) < len(p.Endpoints) {
+		b.out = make([]int, len(p.Endpoints))
+	}
+	out := b.out[:len(p.Endpoints)]
+	k.sh.idx.MatchIDs(keys, k.ids, out)
+	minLoad := int64(-1)
+	for _, e := range p.Endpoints {
+		if e.Available() {
+			if l := e.Inflight(); minLoad < 0 || l < minLoad {
+				minLoad = l
+			}
+		}
+	}
+	if minLoad < 0 {
+		r.Outcome = OutcomeNoEndpoint
+		return dst
+	}
+	start := len(dst)
+	n := len(p.Endpoints)
+	off := 0
+	if k.rnd != nil {
+		off = k.rnd.Intn(n) // equal costs spread instead of piling on the first
+	}
+	for len(dst) < cap(dst) {
+		var best *Endpoint
+		var bestCost float64
+		for j := 0; j < n; j++ {
+			i := (j + off) % n
+			e := p.Endpoints[i]
+			if !e.Available() || contains(dst, e) {
+				continue
+			}
+			l := e.Inflight()
+			if l-minLoad > k.cfg.BalanceAbs && float64(l) > k.cfg.BalanceRel*float64(minLoad) {
+				continue
+			}
+			m := out[i]
+			if k.sh.idx.Stale(e.Name) {
+				m /= 2 // a sequence gap: trust half of what we think it holds
+			}
+			c := k.cfg.PrefillWeight*float64(len(keys)-m) + k.cfg.LoadWeight*float64(l)
+			if best == nil || c < bestCost || (c == bestCost && l < best.Inflight()) {
+				best, bestCost = e, c
+			}
+		}
+		if best == nil {
+			break
+		}
+		dst = append(dst, best)
+	}
+	if len(dst) == start {
+		r.Outcome = OutcomeOverflow
+		return fillLeastLoaded(dst, p, nil)
+	}
+	r.Matched = out[dst[start].Index]
+	if r.Matched > 0 {
+		r.Outcome = OutcomeAffinity
+	} else {
+		r.Outcome = OutcomeBalanced
+	}
+	return dst
+}
+
+var errTokenizer = errors.New("tokenizer unavailable")
+
+// requestKeys returns the request's block keys: from token-id prompts
+// directly, else through the tokenizer (cached).
+func (k *KVAware) requestKeys(r *Request, bs int, b *kvBuf) ([]uint64, error) {
+	if bs <= 0 {
+		return nil, errors.New("block size not known yet")
+	}
+	if toks, ok := tokenPrompt(r.Body, b.toks[:0]); ok {
+		b.toks = toks
+		k.tokenIDs.Add(1)
+		if cap(b.keys) < len(toks)/bs+1 {
+			b.keys = make([]uint64, 0, len(toks)/bs+1)
+		}
+		b.keys = kv.BlockKeys(toks, bs, b.keys[:0])
+		return b.keys, nil
+	}
+	if k.cfg.Tokenizer.Mode != "remote" || r.Truncated {
+		return nil, errors.New("no token ids")
+	}
+	keys, err := k.tok.keys(r.Body, r.Model, bs)
+	if err != nil {
+		k.tokenizeErrs.Add(1)
+		return nil, err
+	}
+	k.tokenized.Add(1)
+	return keys, nil
+}
+
+// tokenPrompt reads a completions prompt given as token ids ([int...] or the
+// first of [[int...]...]).
+func tokenPrompt(body []byte, dst []int32) ([]int32, bool) {
+	raw := topValue(body, "prompt")
+	s := scanner{b: raw}
+	if s.peek() != '[' {
+		return dst, false
+	}
+	s.i++
+	if s.peek() == '[' {
+		s.i++
+	}
+	for {
+		switch c := s.peek(); {
+		case c == ',':
+			s.i++
+		case c == '-' || (c >= '0' && c <= '9'):
+			v, ok := s.int()
+			if !ok {
+				return dst, false
+			}
+			dst = append(dst, int32(v))
+		case c == ']':
+			return dst, len(dst) > 0
+		default:
+			return dst, false
+		}
+	}
+}
+
+// WriteMetrics implements MetricsWriter.
+func (k *KVAware) WriteMetrics(p *Pool, b *strings.Builder) {
+	st := k.sh.idx.Stats()
+	fmt.Fprintf(b, "turnout_kv_index_blocks{pool=%q} %d\n", p.Name, st.Entries)
+	fmt.Fprintf(b, "turnout_kv_index_capacity_blocks{pool=%q} %d\n", p.Name, st.Capacity)
+	fmt.Fprintf(b, "turnout_kv_index_bytes{pool=%q} %d\n", p.Name, st.ApproxBytes)
+	fmt.Fprintf(b, "turnout_kv_index_evictions_total{pool=%q} %d\n", p.Name, st.Evictions)
+	fmt.Fprintf(b, "turnout_kv_index_stale_sources{pool=%q} %d\n", p.Name, st.Stale)
+	fmt.Fprintf(b, "turnout_kv_fallbacks_total{pool=%q} %d\n", p.Name, k.fallbacks.Load())
+	fmt.Fprintf(b, "turnout_kv_tokenize_total{pool=%q,result=\"ok\"} %d\n", p.Name, k.tokenized.Load())
+	fmt.Fprintf(b, "turnout_kv_tokenize_total{pool=%q,result=\"error\"} %d\n", p.Name, k.tokenizeErrs.Load())
+	fmt.Fprintf(b, "turnout_kv_token_id_prompts_total{pool=%q} %d\n", p.Name, k.tokenIDs.Load())
+	fmt.Fprintf(b, "turnout_kv_tokenizer_cache_hits_total{pool=%q} %d\n", p.Name, k.tok.hits.Load())
+	for name, s := range k.sh.mgr.Stats() {
+		fmt.Fprintf(b, "turnout_kv_events_total{pool=%q,endpoint=%q} %d\n", p.Name, name, s.Events)
+		fmt.Fprintf(b, "turnout_kv_event_gaps_total{pool=%q,endpoint=%q} %d\n", p.Name, name, s.Gaps)
+		fmt.Fprintf(b, "turnout_kv_event_malformed_total{pool=%q,endpoint=%q} %d\n", p.Name, name, s.Malformed)
+		fmt.Fprintf(b, "turnout_kv_event_reconnects_total{pool=%q,endpoint=%q} %d\n", p.Name, name, s.Reconnects)
+	}
+}
+
+// tokenizer calls vLLM's /tokenize with a bounded cache of block keys.
+type tokenizer struct {
+	cfg   TokenizerConfig
+	addrs []string
+	next  atomic.Uint64
+	c     *fasthttp.Client
+	hits  atomic.Uint64
+
+	mu    sync.Mutex
+	cache map[uint64][]uint64
+	order []uint64 // FIFO ring for eviction
+	pos   int
+}
+
+func newTokenizer(cfg TokenizerConfig, addrs []string) *tokenizer {
+	return &tokenizer{
+		cfg: cfg, addrs: addrs,
+		c:     &fasthttp.Client{Name: "turnout-tokenize", NoDefaultUserAgentHeader: true, MaxIdleConnDuration: time.Minute},
+		cache: map[uint64][]uint64{},
+		order: make([]uint64, max(cfg.CacheEntries, 1)),
+	}
+}
+
+func (t *tokenizer) adopt(old *tokenizer) {
+	if old.cfg.CacheEntries != t.cfg.CacheEntries {
+		return
+	}
+	old.mu.Lock()
+	defer old.mu.Unlock()
+	t.cache, t.order, t.pos = old.cache, old.order, old.pos
+}
+
+// keys returns the block keys of the request's prompt, tokenized remotely.
+func (t *tokenizer) keys(body, model []byte, bs int) ([]uint64, error) {
+	field, raw := "messages", topValue(body, "messages")
+	if len(raw) == 0 {
+		field, raw = "prompt", topValue(body, "prompt")
+	}
+	if len(raw) == 0 {
+		return nil, errors.New("no prompt")
+	}
+	var d xxhash.Digest
+	d.ResetWithSeed(uint64(bs))
+	_, _ = d.Write(model)
+	_, _ = d.WriteString(field)
+	_, _ = d.Write(raw)
+	h := d.Sum64()
+	if t.cfg.CacheEntries > 0 {
+		t.mu.Lock()
+		keys, ok := t.cache[h]
+		t.mu.Unlock()
+		if ok {
+			t.hits.Add(1)
+			return keys, nil
+		}
+	}
+	toks, err := t.call(field, raw, model)
+	if err != nil {
+		return nil, err
+	}
+	keys := kv.BlockKeys(toks, bs, make([]uint64, 0, len(toks)/bs+1))
+	if t.cfg.CacheEntries > 0 {
+		t.mu.Lock()
+		if old := t.order[t.pos]; old != 0 {
+			delete(t.cache, old)
+		}
+		t.order[t.pos] = h
+		t.pos = (t.pos + 1) % len(t.order)
+		t.cache[h] = keys
+		t.mu.Unlock()
+	}
+	return keys, nil
+}
+
+func (t *tokenizer) call(field string, raw, model []byte) ([]int32, error) {
+	if len(t.addrs) == 0 {
+		return nil, fmt.Errorf("%w: no tokenizer address", errTokenizer)
+	}
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	addr := t.addrs[int(t.next.Add(1))%len(t.addrs)]
+	req.SetRequestURI("http://" + addr + "/tokenize")
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	body := make([]byte, 0, len(raw)+len(model)+40)
+	body = append(body, `{"model":`...)
+	body = appendJSONString(body, model)
+	body = append(body, `,"`...)
+	body = append(body, field...)
+	body = append(body, `":`...)
+	body = append(body, raw...)
+	body = append(body, '}')
+	req.SetBody(body)
+	if err := t.c.DoTimeout(req, resp, t.cfg.Timeout.D()); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", errTokenizer, addr, err)
+	}
+	if resp.StatusCode() != 200 {
+		return nil, fmt.Errorf("%w: %s answered %d", errTokenizer, addr, resp.StatusCode())
+	}
+	toks, ok := tokenList(topValue(resp.Body(), "tokens"), nil)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s: no tokens in response", errTokenizer, addr)
+	}
+	return toks, nil
+}
+
+// tokenList parses a JSON array of integers.
+func tokenList(raw []byte, dst []int32) ([]int32, bool) {
+	s := scanner{b: raw}
+	ok := s.array(func() bool {
+		v, ok := s.int()
+		if ok {
+			dst = append(dst, int32(v))
+		}
+		return ok
+	})
+	return dst, ok
+}
+
+// appendJSONString quotes b as a JSON string.
+func appendJSONString(dst, b []byte) []byte {
+	dst = append(dst, '"')
+	for _, c := range b {
+		switch {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < 0x20:
+			dst = append(dst, `\u00`...)
+			dst = append(dst, "0123456789abcdef"[c>>4], "0123456789abcdef"[c&0xf])
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return append(dst, '"')
+}
+
+var (
+	_ Policy        = (*KVAware)(nil)
+	_ PromptUser    = (*KVAware)(nil)
+	_ Stater        = (*KVAware)(nil)
+	_ Starter       = (*KVAware)(nil)
+	_ Closer        = (*KVAware)(nil)
+	_ MetricsWriter = (*KVAware)(nil)
+)

@@ -1,0 +1,201 @@
+package route
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/turnout/turnout/route/kv"
+)
+
+func kvServer(t *testing.T, params string) (*Server, *KVAware) {
+	t.Helper()
+	s := mustServer(t, fmt.Sprintf(`
+health: {disable: true}
+deployments:
+  - name: llama
+    models: [llama]
+    policy: {name: kv-aware, params: {%s}}
+    pools:
+      - role: mixed
+        endpoints:
+          - {name: a, address: 127.0.0.1:8001}
+          - {name: b, address: 127.0.0.1:8002}
+          - {name: c, address: 127.0.0.1:8003}
+`, params))
+	t.Cleanup(s.Close)
+	return s, s.Snapshot().Deployments[0].Serve.Policy.(*KVAware)
+}
+
+func seqToks(n int, base int32) []int32 {
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = base + int32(i)
+	}
+	return out
+}
+
+func tokBody(toks []int32) string {
+	var b strings.Builder
+	b.WriteString(`{"model":"llama","prompt":[`)
+	for i, t := range toks {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprint(&b, t)
+	}
+	b.WriteString(`]}`)
+	return b.String()
+}
+
+// store tells the index that src holds toks (engine hashes 1000+i).
+func store(ix *kv.Index, src string, toks []int32, bs int) []uint64 {
+	var hashes []uint64
+	for i := 0; i < len(toks)/bs; i++ {
+		hashes = append(hashes, uint64(1000+i))
+	}
+	ix.Apply(src, kv.Batch{Events: []kv.Event{{Kind: kv.EventBlockStored, BlockHashes: hashes, TokenIDs: toks[:len(hashes)*bs], BlockSize: bs}}})
+	return hashes
+}
+
+func TestKVAwareRouting(t *testing.T) {
+	s, k := kvServer(t, "block_size: 4, tokenizer: {mode: none}")
+	toks := seqToks(64, 100)
+	hashes := store(k.Index(), "b", toks, 4)
+	for i := 0; i < 10; i++ {
+		ctx := do(s, tokBody(toks))
+		if hdr(ctx, HdrServer) != "b" {
+			t.Fatalf("request %d went to %s, b holds the blocks", i, hdr(ctx, HdrServer))
+		}
+		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+		s.Complete(id)
+	}
+	// b evicts the blocks: the request no longer sticks to b.
+	k.Index().Apply("b", kv.Batch{Events: []kv.Event{{Kind: kv.EventBlockRemoved, BlockHashes: hashes}}})
+	seen := map[string]bool{}
+	for i := 0; i < 30; i++ {
+		ctx := do(s, tokBody(seqToks(64, int32(5000+i*100))))
+		seen[hdr(ctx, HdrServer)] = true
+		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+		s.Complete(id)
+	}
+	if len(seen) < 2 {
+		t.Fatalf("without cached blocks requests should spread: %v", seen)
+	}
+	// Load guard: b holds the blocks but is far too loaded.
+	store(k.Index(), "b", toks, 4)
+	s.Snapshot().Deployments[0].Serve.Endpoints[1].AddInflight(50)
+	if got := hdr(do(s, tokBody(toks)), HdrServer); got == "b" {
+		t.Fatal("routed to an overloaded replica")
+	}
+}
+
+func TestKVAwareStrictAndLenient(t *testing.T) {
+	chat := chatBody("llama", "sys", "hello")
+	s, k := kvServer(t, "block_size: 4, strict: true, tokenizer: {mode: none}")
+	if ctx := do(s, chat); ctx.Response.StatusCode() != 400 || errBody(t, ctx.Response.Body()).Code != "token_ids_required" {
+		t.Fatalf("strict without token ids: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	s2, k2 := kvServer(t, "block_size: 4, strict: true, tokenizer: {mode: remote, address: '127.0.0.1:1', timeout: 100ms}")
+	if ctx := do(s2, chat); ctx.Response.StatusCode() != 503 || errBody(t, ctx.Response.Body()).Code != "tokenizer_unavailable" {
+		t.Fatalf("strict with tokenizer down: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	_ = k2
+	s3, k3 := kvServer(t, "block_size: 4, tokenizer: {mode: remote, address: '127.0.0.1:1', timeout: 100ms}")
+	if ctx := do(s3, chat); ctx.Response.StatusCode() != 200 || k3.fallbacks.Load() != 1 {
+		t.Fatalf("lenient: %d fallbacks %d", ctx.Response.StatusCode(), k3.fallbacks.Load())
+	}
+	_ = k
+}
+
+// A fake vLLM /tokenize: one token per word, counted calls.
+func fakeTokenizer(t *testing.T) (string, *atomic.Int64) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		calls.Add(1)
+		if string(ctx.Path()) != "/tokenize" || !strings.Contains(string(ctx.PostBody()), `"model":"llama"`) {
+			ctx.SetStatusCode(400)
+			return
+		}
+		words := strings.Fields(string(ctx.PostBody()))
+		var b strings.Builder
+		b.WriteString(`{"count":1,"max_model_len":8192,"tokens":[`)
+		for i := range words {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprint(&b, 100+i)
+		}
+		b.WriteString(`],"token_strs":null}`)
+		ctx.SetBodyString(b.String())
+	}}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return ln.Addr().String(), &calls
+}
+
+func TestKVAwareRemoteTokenizer(t *testing.T) {
+	addr, calls := fakeTokenizer(t)
+	s, k := kvServer(t, "block_size: 4, tokenizer: {mode: remote, address: '"+addr+"'}")
+	body := chatBody("llama", strings.Repeat("w ", 40), "q")
+	toks := seqToks(len(strings.Fields(`{"model":"llama","messages":`+topValueString(body, "messages")+`}`)), 100)
+	store(k.Index(), "c", toks, 4)
+	for i := 0; i < 5; i++ {
+		if got := hdr(do(s, body), HdrServer); got != "c" {
+			t.Fatalf("went to %s, c holds the tokenized prompt", got)
+		}
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("tokenizer called %d times; the cache should answer repeats", calls.Load())
+	}
+}
+
+func topValueString(body, key string) string { return string(topValue([]byte(body), key)) }
+
+func TestKVAwareTokenPromptAllocs(t *testing.T) {
+	s, k := kvServer(t, "block_size: 16, tokenizer: {mode: none}")
+	toks := seqToks(1024, 7)
+	store(k.Index(), "a", toks, 16)
+	ctx := routeCtx(tokBody(toks), "")
+	run := func() {
+		ctx.Response.Reset()
+		s.Handler(ctx)
+		id, _ := parseID(ctx.Response.Header.Peek(HdrDecision))
+		s.Complete(id)
+	}
+	for i := 0; i < 50; i++ {
+		run()
+	}
+	if n := testing.AllocsPerRun(100, run); n != 0 {
+		t.Fatalf("%v allocations per kv-aware decision", n)
+	}
+	if hdr(ctx, HdrServer) != "a" {
+		t.Fatalf("routed to %s", hdr(ctx, HdrServer))
+	}
+}
+
+// Reloads keep the index and subscriptions.
+func TestKVAwareCarry(t *testing.T) {
+	s, k := kvServer(t, "block_size: 4, tokenizer: {mode: none}")
+	toks := seqToks(32, 1)
+	store(k.Index(), "a", toks, 4)
+	cfg := *s.Snapshot().Config
+	if err := s.Apply(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	k2 := s.Snapshot().Deployments[0].Serve.Policy.(*KVAware)
+	if k2 == k || k2.Index() != k.Index() {
+		t.Fatal("index not carried over")
+	}
+	if got := hdr(do(s, tokBody(toks)), HdrServer); got != "a" {
+		t.Fatalf("after reload went to %s", got)
+	}
+}

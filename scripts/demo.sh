@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# turnout demo: 4 mock vLLM replicas + turnout + a proxy on loopback, a short
+# mixed workload (multi-turn sessions, shared system prompts, streaming), then
+# a table of requests and prefix-cache hits per replica. Everything it starts
+# is stopped on exit.
+#
+#   scripts/demo.sh                 # PROXY=haproxy (default)
+#   PROXY=haproxy TURNOUT_BIN=... scripts/demo.sh
+#
+# Ports come from the embedded default config (route/default_config.yaml):
+# replicas 127.0.0.1:8001-8004, turnout 127.0.0.1:9090, HAProxy 127.0.0.1:8080,
+# completion feedback (syslog/UDP) 127.0.0.1:9514.
+set -euo pipefail
+
+PROXY=${PROXY:-haproxy}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=${TURNOUT_BIN:-$ROOT/bin/turnout}
+MODEL=meta-llama/Llama-3.1-8B-Instruct
+REPLICAS=(llama-0 llama-1 llama-2 llama-3)
+PORTS=(8001 8002 8003 8004)
+TURNOUT=127.0.0.1:9090
+
+die() { echo "demo: $*" >&2; exit 1; }
+command -v curl >/dev/null || die "curl is required"
+
+if [[ ! -x $BIN ]]; then
+  echo "building $BIN"
+  (cd "$ROOT" && CGO_ENABLED=0 go build -o "$BIN" ./cmd/turnout) || die "build failed"
+fi
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/turnout-demo.XXXXXX")
+PIDS=()
+cleanup() {
+  local code=$?
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  if [[ $code -ne 0 ]]; then
+    echo "demo failed; last log lines:" >&2
+    for f in "$WORK"/*.log; do [[ -f $f ]] && { echo "== $f" >&2; tail -n 15 "$f" >&2; }; done
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for p in "${PORTS[@]}" 9090 8080; do
+  port_busy "$p" && die "port $p is in use; the demo needs the default config's ports"
+done
+
+# wait_http URL [tries]: poll until the URL answers 2xx.
+wait_http() {
+  local url=$1 tries=${2:-100}
+  for ((i = 0; i < tries; i++)); do
+    curl -fsS -o /dev/null --max-time 1 "$url" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  die "$url did not come up"
+}
+
+echo "starting 4 mock replicas"
+for i in "${!REPLICAS[@]}"; do
+  "$BIN" mock --listen "127.0.0.1:${PORTS[$i]}" --name "${REPLICAS[$i]}" \
+    --model "$MODEL,llama" --time-scale 0.05 >"$WORK/mock-$i.log" 2>&1 &
+  PIDS+=($!)
+done
+for p in "${PORTS[@]}"; do wait_http "http://127.0.0.1:$p/health"; done
+
+case $PROXY in
+haproxy)
+  command -v haproxy >/dev/null || die "haproxy is not installed (apt-get install -y haproxy)"
+  DIR=$WORK/haproxy
+  "$BIN" render haproxy --out "$DIR" 2>"$WORK/render.log"
+  # turnout keeps the HAProxy pools in sync through the admin socket in $DIR.
+  "$BIN" serve --haproxy-dir "$DIR" >"$WORK/turnout.log" 2>&1 &
+  PIDS+=($!)
+  wait_http "http://$TURNOUT/healthz"
+  haproxy -f "$DIR/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &
+  PIDS+=($!)
+  PROXY_URL=http://127.0.0.1:8080
+  ;;
+*)
+  die "PROXY=$PROXY is not supported yet (haproxy)"
+  ;;
+esac
+wait_http "$PROXY_URL/v1/models"
+# HAProxy health-checks the replicas before it routes to them.
+sleep 0.5
+echo "proxy: $PROXY at $PROXY_URL, turnout at http://$TURNOUT"
+
+HITS=$WORK/hits
+: >"$HITS"
+# chat SESSION STREAM MESSAGES_JSON: one request; records the serving replica.
+chat() {
+  local session=$1 stream=$2 messages=$3 hdr=()
+  [[ -n $session ]] && hdr=(-H "X-Session-ID: $session")
+  local body="{\"model\":\"$MODEL\",\"max_tokens\":8,\"stream\":$stream,\"stream_options\":{\"include_usage\":true},\"messages\":$messages}"
+  local replica
+  replica=$(curl -sS -N --max-time 30 -o /dev/null -D - "${hdr[@]}" -H 'Content-Type: application/json' \
+    --data-binary "$body" "$PROXY_URL/v1/chat/completions" | tr -d '\r' | awk -F': ' 'tolower($1)=="x-replica"{print $2}')
+  echo "${replica:-none} $stream" >>"$HITS"
+}
+msg() { printf '{"role":"%s","content":"%s"}' "$1" "$2"; }
+
+SYSTEMS=(
+  "You are the support assistant of Acme Cloud. Answer briefly, cite the relevant product page, never invent prices. $(printf 'Acme policy clause %s applies. ' {1..40})"
+  "You are a code reviewer for a Go service. Point out bugs first, then style, and keep each remark to one line. $(printf 'Review rule %s is mandatory. ' {1..40})"
+  "You translate English product descriptions into French, keeping units and brand names untouched. $(printf 'Glossary entry %s must be respected. ' {1..40})"
+)
+
+echo "workload: 6 multi-turn sessions x 4 turns, 3 shared system prompts x 8 questions, every third request streamed"
+n=0
+# Multi-turn sessions: each turn resends the growing conversation.
+for s in 1 2 3 4 5 6; do
+  (
+    conv=$(msg system "Session $s: you are a travel planner. $(printf 'Constraint %s. ' {1..30})")
+    for turn in 1 2 3 4; do
+      conv="$conv,$(msg user "Turn $turn of trip $s: suggest a stop")"
+      stream=false
+      ((turn % 3 == 0)) && stream=true
+      chat "sess-$s" "$stream" "[$conv]"
+      conv="$conv,$(msg assistant "Stop $turn for trip $s")"
+    done
+  ) &
+  ((++n % 3 == 0)) && wait
+done
+wait
+# Shared system prompts, different questions, a few in parallel.
+for q in 1 2 3 4 5 6 7 8; do
+  for i in "${!SYSTEMS[@]}"; do
+    stream=false
+    (((q + i) % 3 == 0)) && stream=true
+    chat "" "$stream" "[$(msg system "${SYSTEMS[$i]}"),$(msg user "Question $q about topic $i")]" &
+  done
+  wait
+done
+
+echo
+printf '%-10s %9s %9s %14s %14s %9s\n' replica requests streamed prompt_tokens cached_tokens hit_rate
+total=0
+for i in "${!REPLICAS[@]}"; do
+  name=${REPLICAS[$i]}
+  reqs=$(awk -v r="$name" '$1==r' "$HITS" | wc -l)
+  streamed=$(awk -v r="$name" '$1==r && $2=="true"' "$HITS" | wc -l)
+  metrics=$(curl -fsS "http://127.0.0.1:${PORTS[$i]}/metrics")
+  queries=$(awk '/^vllm:prefix_cache_queries_total/{print $2}' <<<"$metrics")
+  hits=$(awk '/^vllm:prefix_cache_hits_total/{print $2}' <<<"$metrics")
+  rate=$(awk -v h="${hits:-0}" -v q="${queries:-0}" 'BEGIN{ if (q>0) printf "%.0f%%", 100*h/q; else print "-" }')
+  printf '%-10s %9d %9d %14.0f %14.0f %9s\n' "$name" "$reqs" "$streamed" "${queries:-0}" "${hits:-0}" "$rate"
+  total=$((total + reqs))
+done
+failed=$(awk '$1=="none"' "$HITS" | wc -l)
+echo
+echo "$total requests served through $PROXY, $failed without a replica answer"
+inflight=$(curl -fsS "http://$TURNOUT/metrics" | awk '/^turnout_endpoint_inflight/{s+=$2} END{print s+0}')
+echo "turnout in-flight after the run: $inflight (completion feedback closes each decision)"
+[[ $failed -eq 0 ]] || exit 1

@@ -1,0 +1,170 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/route"
+)
+
+// RunSim replays reqs once per spec in the simulator and returns one row per
+// spec. A policy that cannot be built in the sim (kv-aware needs replica KV
+// events) gets a row with a Note instead of failing the whole run.
+func RunSim(reqs []Request, trace string, specs []PolicySpec, o SimOptions) ([]Row, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	log := o.Log
+	if log == nil {
+		l := zerolog.Nop()
+		log = &l
+	}
+	inf, pooled := CacheBounds(reqs, o.BlockSize, o.Replicas*o.CacheBlocks)
+	names := ReplicaNames(o.Replicas)
+	rows := make([]Row, len(specs))
+	errs := make([]error, len(specs))
+	// Runs are independent (own router, own replicas; reqs is read-only), so
+	// they spread over Parallel workers.
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for range max(o.Parallel, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				rows[i], errs[i] = simRow(reqs, trace, specs[i], names, o, inf, pooled, log)
+			}
+		}()
+	}
+	for i := range specs {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return rows, nil
+}
+
+func simRow(reqs []Request, trace string, spec PolicySpec, names []string, o SimOptions, inf, pooled float64, log *zerolog.Logger) (Row, error) {
+	start := time.Now()
+	router, err := NewRouter(spec, names, o)
+	if err != nil {
+		if errors.Is(err, route.ErrConfig) && !isCorePolicy(spec.Policy) {
+			log.Warn().Err(err).Str("policy", spec.String()).Msg("bench: policy skipped")
+			return Row{Mode: "sim", Trace: trace, Policy: spec.String(), Note: "skipped: " + err.Error()}, nil
+		}
+		return Row{}, err
+	}
+	res, err := Simulate(reqs, router, o)
+	if err != nil {
+		return Row{}, fmt.Errorf("sim %s: %w", spec, err)
+	}
+	row := MakeRow("sim", trace, spec, res, inf, pooled, 1)
+	row.Wall = time.Since(start)
+	log.Info().Str("policy", row.Policy).Int("requests", row.Requests).Float64("hit", row.HitRatio).
+		Float64("load", row.LoadReq).Float64("ttft_p50_ms", row.TTFT.P50).Dur("wall", row.Wall).Msg("bench: sim row")
+	return row, nil
+}
+
+// isCorePolicy reports whether a policy must always work in the sim.
+func isCorePolicy(name string) bool {
+	switch name {
+	case route.RoundRobinType, route.LeastRequestType, route.SessionHashType, route.PrefixAffinityType, HAProxyRoundRobin, HAProxyLeastConn:
+		return true
+	}
+	return false
+}
+
+// QuickSweep varies prefix-affinity's parameters around the axes that
+// matter on long-prompt traces: the router's index capacity (how long it
+// remembers what a replica holds), the block size (decision cost), and, at
+// a large index, the balance guard and match threshold that trade hit ratio
+// against balance; plus session-hash's load factor. About 15 runs.
+func QuickSweep() []PolicySpec {
+	pa := route.PrefixAffinityType
+	var out []PolicySpec
+	add := func(policy string, kv ...string) {
+		ps := PolicySpec{Policy: policy}
+		for i := 0; i+1 < len(kv); i += 2 {
+			ps.Params = append(ps.Params, Param{kv[i], kv[i+1]})
+		}
+		out = append(out, ps)
+	}
+	for _, v := range []string{"16384", "262144", "1048576"} {
+		add(pa, "capacity_blocks", v)
+	}
+	add(pa, "block_bytes", "512", "capacity_blocks", "262144")
+	const big = "1048576"
+	for _, v := range []string{"2", "4", "16"} {
+		add(pa, "capacity_blocks", big, "balance_abs", v)
+	}
+	for _, v := range []string{"1.1", "1.25", "2"} {
+		add(pa, "capacity_blocks", big, "balance_rel", v)
+	}
+	add(pa, "capacity_blocks", big, "balance_abs", "4", "balance_rel", "1.25")
+	for _, v := range []string{"0.1", "0.6"} {
+		add(pa, "capacity_blocks", big, "match_threshold", v)
+	}
+	for _, v := range []string{"1.1", "1.25", "2"} {
+		add(route.SessionHashType, "load_factor", v)
+	}
+	return out
+}
+
+// FullSweep is the prefix-affinity grid (capacity x threshold x balance).
+func FullSweep() []PolicySpec {
+	var out []PolicySpec
+	for _, capb := range []string{"65536", "262144", "1048576"} {
+		for _, th := range []string{"0.1", "0.3", "0.6"} {
+			for _, ab := range []string{"2", "4", "8", "16"} {
+				for _, rel := range []string{"1.1", "1.25", "1.5", "2"} {
+					out = append(out, PolicySpec{Policy: route.PrefixAffinityType, Params: []Param{
+						{"capacity_blocks", capb}, {"match_threshold", th}, {"balance_abs", ab}, {"balance_rel", rel},
+					}})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Outputs writes a set of rows as NAME.txt, NAME.csv, NAME.md and
+// (with a chart title) NAME.svg into dir.
+func Outputs(dir, name string, rows, sweep []Row, chart *ChartOptions) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("output dir: %w", err)
+	}
+	write := func(ext string, fn func(*os.File) error) error {
+		p := filepath.Join(dir, name+ext)
+		f, err := os.Create(p)
+		if err != nil {
+			return fmt.Errorf("create %s: %w", p, err)
+		}
+		if err := fn(f); err != nil {
+			_ = f.Close()
+			return fmt.Errorf("write %s: %w", p, err)
+		}
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("close %s: %w", p, err)
+		}
+		return nil
+	}
+	all := append(append([]Row(nil), rows...), sweep...)
+	errs := []error{
+		write(".txt", func(f *os.File) error { return WriteTable(f, all) }),
+		write(".csv", func(f *os.File) error { return WriteCSV(f, all) }),
+		write(".md", func(f *os.File) error { return WriteMarkdown(f, all) }),
+	}
+	if chart != nil {
+		errs = append(errs, write(".svg", func(f *os.File) error { return WriteSVG(f, rows, sweep, *chart) }))
+	}
+	return errors.Join(errs...)
+}
