@@ -150,3 +150,15 @@ func TestLiveFailClosed(t *testing.T) {
 		t.Errorf("after the breaker opened a request took %v", last)
 	}
 }
+
+func TestLiveStalledTurnoutTimesOut(t *testing.T) {
+	reps := []*replica{newReplica(t, "r0")}
+	fr := newFakeRoute(t)
+	fr.set(func(w http.ResponseWriter, _ routeCall) { time.Sleep(2 * time.Second) })
+	e := startLive(t, liveOpts{routeURL: fr.srv.Listener.Addr().String(), replicas: reps})
+	a := e.post(t, "/v1/completions", `{"model":"m1"}`, nil)
+	if a.status != 200 || a.dur > time.Second {
+		t.Fatalf("stalled turnout: status %d after %v, want fail-open 200 after ~300ms", a.status, a.dur)
+	}
+	t.Logf("stalled turnout cost %v (route_timeout 300ms)", a.dur)
+}

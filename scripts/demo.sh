@@ -6,6 +6,7 @@
 #
 #   scripts/demo.sh                 # PROXY=haproxy (default)
 #   PROXY=haproxy TURNOUT_BIN=... scripts/demo.sh
+#   PROXY=nginx scripts/demo.sh     # nginx + njs on 127.0.0.1:8081
 #
 # Ports come from the embedded default config (route/default_config.yaml):
 # replicas 127.0.0.1:8001-8004, turnout 127.0.0.1:9090, HAProxy 127.0.0.1:8080,
@@ -78,8 +79,25 @@ haproxy)
   PIDS+=($!)
   PROXY_URL=http://127.0.0.1:8080
   ;;
+nginx)
+  command -v nginx >/dev/null || die "nginx is not installed (apt-get install -y nginx libnginx-mod-http-js)"
+  [[ -f /usr/lib/nginx/modules/ngx_http_js_module.so ]] || die "njs is not installed (apt-get install -y libnginx-mod-http-js)"
+  port_busy 8081 && die "port 8081 is in use; the demo needs the default config's ports"
+  DIR=$WORK/nginx
+  # Started as root, nginx workers would run as nobody, who cannot enter $WORK.
+  NGX_USER=()
+  [[ $(id -u) -eq 0 ]] && NGX_USER=(--nginx-user root)
+  "$BIN" render nginx --out "$DIR" "${NGX_USER[@]}" 2>"$WORK/render.log"
+  # turnout re-renders nginx.conf and reloads nginx when the replica set changes.
+  "$BIN" serve --nginx-dir "$DIR" "${NGX_USER[@]}" >"$WORK/turnout.log" 2>&1 &
+  PIDS+=($!)
+  wait_http "http://$TURNOUT/healthz"
+  nginx -p "$DIR" -c "$DIR/nginx.conf" -e stderr -g 'daemon off;' >"$WORK/nginx.log" 2>&1 &
+  PIDS+=($!)
+  PROXY_URL=http://127.0.0.1:8081
+  ;;
 *)
-  die "PROXY=$PROXY is not supported yet (haproxy)"
+  die "PROXY=$PROXY is not supported (haproxy, nginx)"
   ;;
 esac
 wait_http "$PROXY_URL/v1/models"
@@ -108,6 +126,9 @@ SYSTEMS=(
 )
 
 echo "workload: 6 multi-turn sessions x 4 turns, 3 shared system prompts x 8 questions, every third request streamed"
+# Workload jobs are waited for by pid: a bare "wait" would wait for the servers.
+JOBS=()
+wait_jobs() { for j in "${JOBS[@]}"; do wait "$j" || true; done; JOBS=(); }
 n=0
 # Multi-turn sessions: each turn resends the growing conversation.
 for s in 1 2 3 4 5 6; do
@@ -121,17 +142,19 @@ for s in 1 2 3 4 5 6; do
       conv="$conv,$(msg assistant "Stop $turn for trip $s")"
     done
   ) &
-  ((++n % 3 == 0)) && wait
+  JOBS+=($!)
+  ((++n % 3 == 0)) && wait_jobs
 done
-wait
+wait_jobs
 # Shared system prompts, different questions, a few in parallel.
 for q in 1 2 3 4 5 6 7 8; do
   for i in "${!SYSTEMS[@]}"; do
     stream=false
     (((q + i) % 3 == 0)) && stream=true
     chat "" "$stream" "[$(msg system "${SYSTEMS[$i]}"),$(msg user "Question $q about topic $i")]" &
+    JOBS+=($!)
   done
-  wait
+  wait_jobs
 done
 
 echo

@@ -26,6 +26,7 @@ func runRender(args []string, log *zerolog.Logger) error {
 	out := fs.String("out", "", "output directory (default: the config's haproxy.dir); files refer to each other by this absolute path")
 	socket := fs.String("socket", "", "admin stats socket path (default: haproxy.stats_socket, else OUT/admin.sock)")
 	check := fs.Bool("check", true, "run haproxy -c on the result when haproxy is installed")
+	ngx := addNginxFlags(fs, "")
 	if err := fs.Parse(args[1:]); err != nil {
 		return fmt.Errorf("render flags: %w", err)
 	}
@@ -44,8 +45,10 @@ func runRender(args []string, log *zerolog.Logger) error {
 	switch target {
 	case "haproxy":
 		return renderHAProxy(cfg, *out, *socket, *check, log)
+	case "nginx":
+		return renderNginx(cfg, *out, *check, ngx, log)
 	default:
-		return fmt.Errorf("render: unknown target %q (supported: haproxy)", target)
+		return fmt.Errorf("render: unknown target %q (supported: haproxy, nginx)", target)
 	}
 }
 

@@ -32,6 +32,8 @@ func runServe(args []string, log *zerolog.Logger) error {
 	haSocket := fs.String("haproxy-socket", "", "HAProxy admin socket; enables pool sync (default haproxy.stats_socket, else DIR/admin.sock)")
 	haDir := fs.String("haproxy-dir", "", "directory of the rendered HAProxy files; enables pool sync (default haproxy.dir)")
 	haPID := fs.String("haproxy-pidfile", "", "HAProxy master pidfile, for reloads (default DIR/haproxy.pid)")
+	// nginx sync (issue 5)
+	ngx := addNginxFlags(fs, "directory of the rendered nginx files; enables nginx sync (re-render + reload)")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("serve flags: %w", err)
 	}
@@ -76,6 +78,12 @@ func runServe(args []string, log *zerolog.Logger) error {
 			return err
 		}
 		syncers = append(syncers, hs)
+	}
+	// nginx sync (issue 5)
+	if ns, err := ngx.syncer(log); err != nil {
+		return err
+	} else if ns != nil {
+		syncers = append(syncers, ns)
 	}
 
 	// Syncs run in one goroutine, newest config wins, so a slow drain never

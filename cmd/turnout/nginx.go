@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/nginx"
+	"github.com/turnout/turnout/route"
+)
+
+// nginxFlags are the nginx options shared by serve (sync) and render.
+type nginxFlags struct {
+	dir, pidfile, module, user *string
+}
+
+// addNginxFlags registers the flags; --nginx-dir only when dirUsage is set
+// (render takes --out instead).
+func addNginxFlags(fs *flag.FlagSet, dirUsage string) *nginxFlags {
+	f := &nginxFlags{
+		dir:     new(string),
+		pidfile: fs.String("nginx-pidfile", "", "nginx master pidfile, for reloads (default DIR/nginx.pid)"),
+		module:  fs.String("nginx-js-module", "", "njs module for load_module (default "+nginx.DefaultModulePath+"; - = built in)"),
+		user:    fs.String("nginx-user", "", "user directive for nginx workers (default: nginx's own)"),
+	}
+	if dirUsage != "" {
+		f.dir = fs.String("nginx-dir", "", dirUsage)
+	}
+	return f
+}
+
+func (f *nginxFlags) options(dir string) (nginx.RenderOptions, error) {
+	o := nginx.RenderOptions{PIDFile: *f.pidfile, ModulePath: *f.module, User: *f.user}
+	if dir != "" {
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			return o, fmt.Errorf("nginx dir: %w", err)
+		}
+		o.Dir = abs
+	}
+	if o.PIDFile != "" {
+		abs, err := filepath.Abs(o.PIDFile)
+		if err != nil {
+			return o, fmt.Errorf("nginx pidfile: %w", err)
+		}
+		o.PIDFile = abs
+	}
+	return o, nil
+}
+
+// syncer returns the nginx Syncer when --nginx-dir enables it, else nil.
+func (f *nginxFlags) syncer(log *zerolog.Logger) (syncer, error) {
+	if *f.dir == "" {
+		return nil, nil
+	}
+	o, err := f.options(*f.dir)
+	if err != nil {
+		return nil, err
+	}
+	return nginx.NewSyncer(nginx.SyncOptions{Render: o}, log)
+}
+
+// renderNginx implements `turnout render nginx --config FILE --out DIR`.
+func renderNginx(cfg *route.Config, out string, check bool, f *nginxFlags, log *zerolog.Logger) error {
+	if out == "" {
+		out = cfg.Nginx.Dir
+	}
+	if out == "" {
+		return errors.New("render nginx: --out DIR is required (or set nginx.dir)")
+	}
+	o, err := f.options(out)
+	if err != nil {
+		return err
+	}
+	r, err := nginx.NewRenderer(nil)
+	if err != nil {
+		return err
+	}
+	files, err := r.Render(cfg, o)
+	if err != nil {
+		return err
+	}
+	if bin, lerr := exec.LookPath("nginx"); check && lerr == nil {
+		if err := r.Check(context.Background(), bin, cfg, o); err != nil {
+			return err
+		}
+	}
+	if err := nginx.WriteFiles(o.Dir, files.Files()); err != nil {
+		return err
+	}
+	log.Info().Str("dir", o.Dir).Msg("rendered nginx config; start it with: nginx -p " + o.Dir + " -c " + filepath.Join(o.Dir, nginx.ConfigFile))
+	return nil
+}

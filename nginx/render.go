@@ -1,0 +1,470 @@
+// Package nginx renders turnout's nginx setup (nginx.conf and the njs glue)
+// and keeps a running nginx in line with turnout's config. nginx OSS has no
+// runtime API, so membership changes are a re-render, an "nginx -t" and a
+// graceful reload, done only when the rendered files changed.
+//
+//   - render.go: config -> files, from the embedded templates (no I/O).
+//   - check.go:  "nginx -t" on a scratch copy.
+//   - sync.go:   the Syncer: render, check, write, reload with a reason.
+//
+// See README.md in this directory for the two routing modes.
+package nginx
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"text/template"
+
+	"github.com/turnout/turnout"
+	"github.com/turnout/turnout/route"
+)
+
+// File names inside the rendered directory.
+const (
+	ConfigFile = "nginx.conf"
+	JSFile     = "turnout.js"
+	// PIDFileName and ErrorLogName are the defaults inside the directory.
+	PIDFileName  = "nginx.pid"
+	ErrorLogName = "error.log"
+
+	configTemplate = "templates/nginx.conf.tmpl"
+	jsTemplate     = "templates/nginx-turnout.js"
+	generator      = "turnout render nginx"
+)
+
+// DefaultModulePath is where Debian's libnginx-mod-http-js puts njs.
+const DefaultModulePath = "/usr/lib/nginx/modules/ngx_http_js_module.so"
+
+// ErrRender marks config values that cannot be rendered safely.
+var ErrRender = errors.New("nginx render")
+
+// RenderOptions say where the rendered files live and how nginx runs;
+// nginx.conf refers to the njs file, the pid file, the logs and the temp
+// directories by absolute path, so "nginx -p DIR -c DIR/nginx.conf" needs
+// nothing outside DIR.
+type RenderOptions struct {
+	// Dir is the absolute directory the files are written to (default nginx.dir).
+	Dir string
+	// PIDFile receives the master pid (default Dir/nginx.pid).
+	PIDFile string
+	// ErrorLog is the error log file (default Dir/error.log).
+	ErrorLog string
+	// ModulePath is the njs module to load_module when a deployment uses
+	// body mode (default DefaultModulePath; "-" = njs is built in, load nothing).
+	ModulePath string
+	// User runs the workers ("" = nginx's default; only used when started as root).
+	User string
+	// Workers is worker_processes (0 = auto).
+	Workers int
+	// WorkerConnections bounds connections per worker (default 4096).
+	WorkerConnections int
+	// Keepalive is the idle connections each worker keeps per replica (default 32).
+	Keepalive int
+}
+
+func (o RenderOptions) withDefaults(cfg *route.Config) RenderOptions {
+	if o.Dir == "" {
+		o.Dir = cfg.Nginx.Dir
+	}
+	if o.PIDFile == "" && o.Dir != "" {
+		o.PIDFile = filepath.Join(o.Dir, PIDFileName)
+	}
+	if o.ErrorLog == "" && o.Dir != "" {
+		o.ErrorLog = filepath.Join(o.Dir, ErrorLogName)
+	}
+	if o.ModulePath == "" {
+		o.ModulePath = DefaultModulePath
+	}
+	if o.WorkerConnections <= 0 {
+		o.WorkerConnections = 4096
+	}
+	if o.Keepalive <= 0 {
+		o.Keepalive = 32
+	}
+	return o
+}
+
+// Rendered is one rendered nginx setup.
+type Rendered struct {
+	Config []byte
+	JS     []byte
+	// Summary lists the pools and their servers, for reload reasons.
+	Summary Summary
+}
+
+// File is one output file.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// Files lists the output files in write order (nginx.conf last, so a reload
+// racing a rewrite never sees a config importing a missing njs file).
+func (r *Rendered) Files() []File {
+	return []File{{JSFile, r.JS}, {ConfigFile, r.Config}}
+}
+
+// Renderer turns a turnout config into nginx files.
+type Renderer struct {
+	cfg *template.Template
+	js  []byte
+}
+
+// NewRenderer parses the templates from fsys (turnout.Assets when nil).
+func NewRenderer(fsys fs.FS) (*Renderer, error) {
+	if fsys == nil {
+		fsys = turnout.Assets
+	}
+	c, err := template.New("nginx.conf.tmpl").Option("missingkey=error").ParseFS(fsys, configTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", configTemplate, err)
+	}
+	// The njs module is static: everything per-deployment lives in
+	// nginx.conf variables, so the JS needs no template escaping.
+	js, err := fs.ReadFile(fsys, jsTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", jsTemplate, err)
+	}
+	return &Renderer{cfg: c, js: js}, nil
+}
+
+// Render renders the files for cfg with the embedded templates.
+func Render(cfg *route.Config, opts RenderOptions) (*Rendered, error) {
+	r, err := NewRenderer(nil)
+	if err != nil {
+		return nil, err
+	}
+	return r.Render(cfg, opts)
+}
+
+// Render renders cfg. Every config value that reaches nginx.conf is checked
+// again here (route.Config.Validate already restricts names), so no value
+// can add a directive or a block.
+func (r *Renderer) Render(cfg *route.Config, opts RenderOptions) (*Rendered, error) {
+	opts = opts.withDefaults(cfg)
+	d, err := buildData(cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	var conf bytes.Buffer
+	if err := r.cfg.Execute(&conf, d); err != nil {
+		return nil, fmt.Errorf("render %s: %w", ConfigFile, err)
+	}
+	return &Rendered{Config: conf.Bytes(), JS: r.js, Summary: d.summary}, nil
+}
+
+// Summary is the part of a render that reload reasons talk about.
+type Summary struct {
+	// Pools maps upstream name -> "server=addr" entries in config order.
+	Pools map[string][]string
+}
+
+// Tokens that may appear in nginx.conf unquoted.
+var (
+	nameRe   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
+	headerRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$`)
+	hostRe   = regexp.MustCompile(`^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]{0,252})$`)
+	pathRe   = regexp.MustCompile(`^/[A-Za-z0-9_./+@-]*$`)
+	userRe   = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+)
+
+// Header names turnout answers with or reads from the proxy: cleared from
+// client requests on their way to the replicas.
+var clearHeaders = []string{
+	route.HdrServer, route.HdrBackend, route.HdrPool, route.HdrFallbacks,
+	route.HdrDecision, route.HdrKVTransfer, route.HdrPrefill, route.HdrReason,
+	route.HdrOriginalURI, route.HdrOriginalMethod, route.HdrBodyTruncated,
+}
+
+// endpointPrefix names the per-replica upstreams; pools keep
+// route.PoolName so X-Turnout-Pool is an upstream name as it is.
+const endpointPrefix = "turnout.ep."
+
+type tmplData struct {
+	Generator, RoutePath, FeedbackTag     string
+	Dir, PIDFile, ErrorLog, ModulePath    string
+	User, Workers, Listen, JSFile         string
+	Syslog, SyslogTarget                  string
+	MaxBody, WorkerConnections, Keepalive int
+	ConnectMs, StreamMs                   int64
+	RouteTimeoutMs, CooldownS             int64
+	BreakerFails, RouteTries              int
+	FailClosed, HasHeader, HasBody, HasPD bool
+	DefaultMode, DefaultPool              string
+	RouteServers                          []routeServer
+	RouteHeaders                          []headerData
+	ModelHeaders                          []headerData
+	ModelVars                             []modelVar
+	ClearHeaders                          []string
+	Models                                []modelData
+	Endpoints                             []endpointData
+	Pools                                 []poolData
+	summary                               Summary
+}
+
+type routeServer struct {
+	Addr   string
+	Backup bool
+}
+
+// headerData is a header name and the nginx variable that reads it in any
+// '-'/'_' spelling ($http_x_session_id matches X-Session-Id and x_session_id).
+type headerData struct{ Name, Var string }
+
+// modelVar is one link of the "first model header present" chain.
+type modelVar struct{ Source, Var, Next, Default string }
+
+// modelData is one map entry; Key is already escaped for a quoted token.
+type modelData struct {
+	Key, Pool, Mode string
+	PD              bool
+}
+
+type endpointData struct{ Name, Upstream, Addr string }
+
+type poolData struct {
+	Name    string
+	Servers []string
+}
+
+func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
+	var errs []error
+	bad := func(field, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrRender, field, fmt.Sprintf(format, a...)))
+	}
+	path := func(field, p string) string {
+		if !filepath.IsAbs(p) || !pathRe.MatchString(p) {
+			bad(field, "%q must be an absolute path of [A-Za-z0-9_./+@-]", p)
+		}
+		return p
+	}
+	addr := func(field, a string) string {
+		host, port, err := net.SplitHostPort(a)
+		pn, perr := strconv.Atoi(port)
+		if err != nil || perr != nil || pn < 1 || pn > 65535 || host == "" {
+			bad(field, "%q must be host:port", a)
+			return ""
+		}
+		if strings.Contains(host, ":") {
+			host = "[" + host + "]"
+		}
+		if !hostRe.MatchString(host) {
+			bad(field, "host %q has characters nginx.conf cannot take", host)
+			return ""
+		}
+		return host + ":" + strconv.Itoa(pn)
+	}
+	name := func(field, n string) string {
+		if !nameRe.MatchString(n) {
+			bad(field, "%q must match %s", n, nameRe)
+		}
+		return n
+	}
+	header := func(field, h string) headerData {
+		if !headerRe.MatchString(h) {
+			bad(field, "%q is not a header name", h)
+			return headerData{}
+		}
+		v := strings.ToLower(strings.ReplaceAll(h, "-", "_"))
+		return headerData{Name: h, Var: "$http_" + v}
+	}
+
+	p := &cfg.Proxy
+	d := &tmplData{
+		Generator:         generator,
+		RoutePath:         route.PathRoute,
+		FeedbackTag:       route.FeedbackTag,
+		Dir:               path("dir", opts.Dir),
+		PIDFile:           path("pidfile", opts.PIDFile),
+		ErrorLog:          path("error_log", opts.ErrorLog),
+		Workers:           "auto",
+		MaxBody:           cfg.MaxBody,
+		WorkerConnections: opts.WorkerConnections,
+		Keepalive:         opts.Keepalive,
+		ConnectMs:         max(p.ConnectTimeout.Ms(), 1),
+		StreamMs:          max(p.StreamTimeout.Ms(), 1),
+		RouteTimeoutMs:    max(p.RouteTimeout.Ms(), 1),
+		CooldownS:         max((p.BreakerCooldown.Ms()+999)/1000, 1),
+		BreakerFails:      max(p.BreakerFailures, 1),
+		FailClosed:        p.FailMode == route.FailClosed,
+		ClearHeaders:      clearHeaders,
+		summary:           Summary{Pools: map[string][]string{}},
+	}
+	d.JSFile = filepath.Join(d.Dir, JSFile)
+	if opts.Workers > 0 {
+		d.Workers = strconv.Itoa(opts.Workers)
+	}
+	if opts.User != "" {
+		if !userRe.MatchString(opts.User) {
+			bad("user", "%q is not a user name", opts.User)
+		}
+		d.User = opts.User
+	}
+	if opts.ModulePath != "-" {
+		d.ModulePath = path("module_path", opts.ModulePath)
+	}
+	d.Listen = addr("nginx.listen", cfg.Nginx.Listen)
+	if cfg.Feedback.Syslog != "" {
+		d.Syslog = addr("feedback.syslog", cfg.Feedback.Syslog)
+		d.SyslogTarget = "syslog:server=" + d.Syslog + ",facility=local0,severity=info,tag=turnout,nohostname"
+	}
+
+	// turnout's addresses. A single one is listed twice: nginx never marks
+	// the only server of a group down, and the breaker needs it to.
+	for i, ra := range p.RouteAddrs {
+		d.RouteServers = append(d.RouteServers, routeServer{Addr: addr(fmt.Sprintf("proxy.route_addrs[%d]", i), ra), Backup: i > 0})
+	}
+	// One try per distinct address: retrying the twin would only double
+	// the wait on a turnout that does not answer.
+	d.RouteTries = max(len(d.RouteServers), 1)
+	switch len(d.RouteServers) {
+	case 0:
+		bad("proxy.route_addrs", "no address to call")
+	case 1:
+		d.RouteServers = append(d.RouteServers, d.RouteServers[0])
+	}
+
+	for i, h := range cfg.SessionHeaders {
+		d.RouteHeaders = append(d.RouteHeaders, header(fmt.Sprintf("session_headers[%d]", i), h))
+	}
+	for i, h := range cfg.ModelHeaders {
+		hd := header(fmt.Sprintf("model_headers[%d]", i), h)
+		d.RouteHeaders = append(d.RouteHeaders, hd)
+		d.ModelHeaders = append(d.ModelHeaders, hd)
+	}
+	d.RouteHeaders = append(d.RouteHeaders, headerData{Name: "X-Request-Id", Var: "$http_x_request_id"})
+	d.ModelVars = modelChain(d.ModelHeaders)
+
+	// Pools, replicas and models.
+	upstreams := map[string]string{} // upstream name -> what claimed it
+	claim := func(field, up string) {
+		if other, ok := upstreams[up]; ok {
+			bad(field, "upstream name %q is also used by %s", up, other)
+		}
+		upstreams[up] = field
+	}
+	claim("turnout", "turnout_route")
+	modes := map[string]bool{}
+	for i := range cfg.Deployments {
+		dep := &cfg.Deployments[i]
+		f := fmt.Sprintf("deployments[%d]", i)
+		name(f+".name", dep.Name)
+		mode := dep.NginxMode
+		if mode == "" {
+			mode = cfg.Nginx.Mode
+		}
+		if mode != route.NginxModeHeader && mode != route.NginxModeBody {
+			bad(f+".nginx_mode", "%q must be header or body", mode)
+		}
+		pd := dep.IsPD()
+		if pd && mode != route.NginxModeBody {
+			// turnout needs the whole body to run the prefill, and only njs
+			// can build the decode body.
+			bad(f+".nginx_mode", "prefill/decode deployment %q needs nginx_mode body", dep.Name)
+		}
+		modes[mode] = true
+		d.HasPD = d.HasPD || pd
+		var serve string // the pool that takes requests turnout is not asked about
+		for j := range dep.Pools {
+			pool := &dep.Pools[j]
+			pf := fmt.Sprintf("%s.pools[%d]", f, j)
+			pname := name(pf, route.PoolName(dep.Name, pool.Role))
+			claim(pf, pname)
+			if pool.Role != route.RolePrefill && serve == "" {
+				serve = pname
+			}
+			pd := poolData{Name: pname}
+			for k := range pool.Endpoints {
+				e := &pool.Endpoints[k]
+				ef := fmt.Sprintf("%s.endpoints[%d]", pf, k)
+				a := addr(ef+".address", e.Address)
+				n := name(ef+".name", e.Name)
+				up := endpointPrefix + n
+				claim(ef, up)
+				pd.Servers = append(pd.Servers, a)
+				d.Endpoints = append(d.Endpoints, endpointData{Name: n, Upstream: up, Addr: a})
+				d.summary.Pools[pname] = append(d.summary.Pools[pname], n+"="+a)
+			}
+			if _, ok := d.summary.Pools[pname]; !ok {
+				d.summary.Pools[pname] = nil
+			}
+			d.Pools = append(d.Pools, pd)
+		}
+		if d.DefaultPool == "" {
+			d.DefaultPool = serve
+			d.DefaultMode = mode
+		}
+		for _, m := range dep.Models {
+			key, ok := mapKey(m)
+			if !ok {
+				// Left to the defaults: the map cannot hold the name safely.
+				continue
+			}
+			d.Models = append(d.Models, modelData{Key: key, Pool: serve, Mode: mode, PD: pd})
+		}
+	}
+	if len(d.Pools) == 0 {
+		bad("deployments", "no pool to render")
+	}
+	d.HasHeader = modes[route.NginxModeHeader]
+	d.HasBody = modes[route.NginxModeBody]
+	// Without a model header the body decides, which only njs can read.
+	if d.HasBody {
+		d.DefaultMode = route.NginxModeBody
+	}
+	if !d.HasBody {
+		d.ModulePath = ""
+	}
+	return d, errors.Join(errs...)
+}
+
+// modelChain builds the maps that set $turnout_model to the first model
+// header present: each link falls through to the next on an empty value.
+func modelChain(hs []headerData) []modelVar {
+	if len(hs) == 0 {
+		// $host is always set; the map only provides an empty $turnout_model.
+		return []modelVar{{Source: "$host", Var: "$turnout_model", Default: `""`}}
+	}
+	out := make([]modelVar, len(hs))
+	for i, h := range hs {
+		v := "$turnout_model"
+		if i > 0 {
+			v = fmt.Sprintf("$turnout_model_%d", i)
+		}
+		out[i] = modelVar{Source: h.Var, Var: v, Default: h.Var}
+	}
+	for i := range len(out) - 1 {
+		out[i].Next = out[i+1].Var
+	}
+	return out
+}
+
+// mapKey escapes a model name for a double-quoted map key written as
+// "\\KEY": nginx drops the leading backslash, so names such as "default",
+// "include" or "~regex" stay literal. Only printable ASCII is accepted
+// (header values, which the map matches, are ASCII in practice); quotes and
+// backslashes are escaped.
+func mapKey(m string) (string, bool) {
+	if m == "" || len(m) > 256 {
+		return "", false
+	}
+	var b strings.Builder
+	for i := range len(m) {
+		c := m[i]
+		if c < 0x20 || c > 0x7e {
+			return "", false
+		}
+		if c == '"' || c == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(c)
+	}
+	return b.String(), true
+}

@@ -1,0 +1,274 @@
+package nginx
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/route"
+)
+
+// Log field names.
+const (
+	fieldDir    = "dir"
+	fieldPID    = "pid"
+	fieldReason = "reason"
+)
+
+// SyncOptions configure a Syncer. Empty fields come from the config's nginx
+// section at each Sync.
+type SyncOptions struct {
+	// Render says where the files go (Dir default nginx.dir) and how nginx runs.
+	Render RenderOptions
+	// NginxBin checks each new config with "nginx -t" before it is written
+	// ("" = look up "nginx" in PATH, "-" = do not check).
+	NginxBin string
+	// ReloadTimeout bounds the wait for the new workers after SIGHUP (default 15s).
+	ReloadTimeout time.Duration
+	// PollInterval is how often a reload is polled (default 50ms).
+	PollInterval time.Duration
+}
+
+// Syncer keeps one nginx in line with turnout's config: nginx OSS has no
+// runtime API, so a changed render is checked, written and loaded with a
+// graceful reload (SIGHUP to the master: new workers take new requests, old
+// ones finish their streams).
+type Syncer struct {
+	opts SyncOptions
+	log  *zerolog.Logger
+	r    *Renderer
+	mu   sync.Mutex // one Sync at a time
+	// last is the summary of the last render written, for reload reasons.
+	last *Summary
+}
+
+// NewSyncer prepares a Syncer; it does not touch nginx yet.
+func NewSyncer(opts SyncOptions, log *zerolog.Logger) (*Syncer, error) {
+	if log == nil {
+		l := zerolog.Nop()
+		log = &l
+	}
+	r, err := NewRenderer(nil)
+	if err != nil {
+		return nil, err
+	}
+	if opts.NginxBin == "" {
+		if p, err := exec.LookPath("nginx"); err == nil {
+			opts.NginxBin = p
+		}
+	}
+	if opts.ReloadTimeout <= 0 {
+		opts.ReloadTimeout = 15 * time.Second
+	}
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = 50 * time.Millisecond
+	}
+	for _, p := range []string{opts.Render.Dir, opts.Render.PIDFile} {
+		if p != "" && !filepath.IsAbs(p) {
+			return nil, fmt.Errorf("nginx sync: %q must be an absolute path", p)
+		}
+	}
+	return &Syncer{opts: opts, log: log, r: r}, nil
+}
+
+// Sync renders cfg and, when the result differs from the files on disk,
+// checks it with "nginx -t", writes it and reloads a running nginx, logging
+// why. When nginx is not running it only writes the files, for nginx to load
+// when it starts. It returns once the new workers run (or ReloadTimeout).
+// Safe to call repeatedly and from several goroutines (calls are serialized).
+func (s *Syncer) Sync(ctx context.Context, cfg *route.Config) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ro := s.opts.Render.withDefaults(cfg)
+	if ro.Dir == "" {
+		return errors.New("nginx sync: no directory (set --nginx-dir or nginx.dir)")
+	}
+	out, err := s.r.Render(cfg, ro)
+	if err != nil {
+		return err
+	}
+	same, err := sameOnDisk(ro.Dir, out.Files())
+	if err != nil {
+		return err
+	}
+	if same {
+		s.last = &out.Summary
+		s.log.Debug().Str(fieldDir, ro.Dir).Msg("nginx config unchanged; no reload")
+		return nil
+	}
+	if s.opts.NginxBin != "" && s.opts.NginxBin != "-" {
+		if err := s.r.Check(ctx, s.opts.NginxBin, cfg, ro); err != nil {
+			return err
+		}
+	}
+	if err := WriteFiles(ro.Dir, out.Files()); err != nil {
+		return err
+	}
+	reason := ReloadReason(s.last, &out.Summary)
+	s.last = &out.Summary
+
+	pid, err := readPID(ro.PIDFile)
+	if err != nil {
+		s.log.Warn().Err(err).Str(fieldDir, ro.Dir).Str(fieldReason, reason).Msg("nginx is not running; wrote its files for the next start")
+		return nil
+	}
+	return s.reload(ctx, pid, reason)
+}
+
+// reload sends SIGHUP to the master and waits until a worker that was not
+// there before runs: nginx forks the new workers only after it accepted the
+// new config, so a new worker means the reload took.
+func (s *Syncer) reload(ctx context.Context, pid int, reason string) error {
+	before := children(pid)
+	s.log.Info().Int(fieldPID, pid).Str(fieldReason, reason).Msg("reloading nginx")
+	if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
+		return fmt.Errorf("reload nginx (pid %d): %w", pid, err)
+	}
+	if before == nil {
+		return nil // no /proc: cannot tell when it is done
+	}
+	t := time.NewTicker(s.opts.PollInterval)
+	defer t.Stop()
+	deadline := time.After(s.opts.ReloadTimeout)
+	for {
+		for _, c := range children(pid) {
+			if !slices.Contains(before, c) {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("reload nginx: %w", ctx.Err())
+		case <-deadline:
+			return fmt.Errorf("reload nginx (pid %d): no new worker after %v; see its error log", pid, s.opts.ReloadTimeout)
+		case <-t.C:
+		}
+	}
+}
+
+// ReloadReason says in one sentence what changed between two renders
+// (prev nil: nothing known about the running config).
+func ReloadReason(prev, next *Summary) string {
+	if prev == nil {
+		return "the rendered nginx.conf differs from the one on disk"
+	}
+	var parts []string
+	for _, pool := range sortedKeys(next.Pools) {
+		old, ok := prev.Pools[pool]
+		if !ok {
+			parts = append(parts, fmt.Sprintf("pool %s added with %d servers", pool, len(next.Pools[pool])))
+			continue
+		}
+		for _, e := range next.Pools[pool] {
+			if !slices.Contains(old, e) {
+				parts = append(parts, fmt.Sprintf("server %s added to pool %s", e, pool))
+			}
+		}
+		for _, e := range old {
+			if !slices.Contains(next.Pools[pool], e) {
+				parts = append(parts, fmt.Sprintf("server %s removed from pool %s", e, pool))
+			}
+		}
+	}
+	for _, pool := range sortedKeys(prev.Pools) {
+		if _, ok := next.Pools[pool]; !ok {
+			parts = append(parts, fmt.Sprintf("pool %s removed", pool))
+		}
+	}
+	if len(parts) == 0 {
+		return "settings other than the pools changed"
+	}
+	return strings.Join(parts, "; ")
+}
+
+func sortedKeys(m map[string][]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// sameOnDisk reports whether every file already has exactly this content.
+func sameOnDisk(dir string, files []File) (bool, error) {
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join(dir, f.Name))
+		if errors.Is(err, fs.ErrNotExist) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("read %s: %w", f.Name, err)
+		}
+		if !bytes.Equal(b, f.Data) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// readPID returns the master pid from the pid file if that process exists.
+func readPID(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("nginx pid file: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("nginx pid file %s: bad pid %q", path, bytes.TrimSpace(b))
+	}
+	if err := syscall.Kill(pid, 0); err != nil {
+		return 0, fmt.Errorf("nginx pid %d from %s: %w", pid, path, err)
+	}
+	// A stale pid file may name a reused pid: never signal another program.
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && !bytes.Contains(comm, []byte("nginx")) {
+		return 0, fmt.Errorf("nginx pid file %s names pid %d, which is %q, not nginx", path, pid, bytes.TrimSpace(comm))
+	}
+	return pid, nil
+}
+
+// Workers lists the worker pids of the nginx master pid (nil without /proc).
+func Workers(master int) []int { return children(master) }
+
+// children lists the pids whose parent is pid, from /proc (nil when /proc is
+// not there). nginx's master has no other children than its workers here.
+func children(pid int) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	out := []int{}
+	for _, e := range ents {
+		c, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so cut after ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) >= 2 && f[1] == strconv.Itoa(pid) {
+			out = append(out, c)
+		}
+	}
+	return out
+}

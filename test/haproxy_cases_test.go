@@ -1,0 +1,403 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// 1. One session in three spellings stays on one replica; 200 sessions spread.
+func testSessionSpellings(t *testing.T, s *hstack) {
+	spellings := []string{"X-Session-ID", "x_session_id", "X_SESSION-id"}
+	var first string
+	for i := range 50 {
+		r := s.post(t, "/v1/chat/completions", chatBody("chat", "sys", fmt.Sprintf("q%d", i), false),
+			map[string]string{spellings[i%3]: "session-42"})
+		rep := r.Header.Get("X-Replica")
+		if r.Status != 200 || rep == "" {
+			t.Fatalf("request %d: status %d replica %q: %s", i, r.Status, rep, r.Body)
+		}
+		if first == "" {
+			first = rep
+		}
+		if rep != first {
+			t.Fatalf("request %d with %s went to %s, earlier ones to %s", i, spellings[i%3], rep, first)
+		}
+	}
+	counts := map[string]int{}
+	const sessions = 200
+	for i := range sessions {
+		r := s.post(t, "/v1/chat/completions", chatBody("chat", "sys", "hello", false),
+			map[string]string{"X-Session-ID": fmt.Sprintf("user-%d", i)})
+		if r.Status != 200 {
+			t.Fatalf("session %d: status %d", i, r.Status)
+		}
+		counts[r.Header.Get("X-Replica")]++
+	}
+	fair := float64(sessions) / 3
+	for _, m := range s.deps[0].mocks {
+		if n := float64(counts[m.Name]); n < 0.5*fair || n > 2*fair {
+			t.Errorf("replica %s got %v of %d sessions, want within 0.5-2x of %.0f (all: %v)", m.Name, n, sessions, fair, counts)
+		}
+	}
+}
+
+// 2. A shared long system prompt keeps landing on one replica; distinct prompts spread.
+func testPrefixRouting(t *testing.T, s *hstack) {
+	system := strings.Repeat("You are a careful assistant for the turnout test suite. ", 40)
+	var home string
+	for i := range 20 {
+		r := s.post(t, "/v1/chat/completions", chatBody("llama", system, fmt.Sprintf("question number %d", i), false), nil)
+		rep := r.Header.Get("X-Replica")
+		if r.Status != 200 {
+			t.Fatalf("shared prompt %d: status %d", i, r.Status)
+		}
+		if home == "" {
+			home = rep
+		}
+		if rep != home {
+			t.Fatalf("shared prompt %d went to %s, earlier ones to %s", i, rep, home)
+		}
+	}
+	// The replica's prefix cache confirms the affinity paid off.
+	for _, m := range s.deps[1].mocks {
+		if m.Name == home && m.Stats().CachedTokens == 0 {
+			t.Errorf("home replica %s reports no cached tokens", home)
+		}
+	}
+	counts := map[string]int{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 30 {
+		sys := fmt.Sprintf("%d %s", rng.Uint64(), strings.Repeat(fmt.Sprintf("topic %d ", rng.Uint64()), 60))
+		r := s.post(t, "/v1/chat/completions", chatBody("llama", sys, "q", false), nil)
+		if r.Status != 200 {
+			t.Fatalf("distinct prompt %d: status %d", i, r.Status)
+		}
+		counts[r.Header.Get("X-Replica")]++
+	}
+	for _, m := range s.deps[1].mocks {
+		if counts[m.Name] == 0 {
+			t.Errorf("distinct prompts never reached %s: %v", m.Name, counts)
+		}
+	}
+}
+
+// 3. SSE chunks 100 ms apart reach the client as they are sent.
+func testStreaming(t *testing.T, s *hstack) {
+	body, _ := json.Marshal(map[string]any{
+		"model": "stream", "messages": []map[string]string{{"role": "user", "content": "count"}},
+		"max_tokens": 6, "stream": true,
+	})
+	req, _ := http.NewRequest(http.MethodPost, s.H.URL+"/v1/chat/completions", strings.NewReader(string(body)))
+	req.Header.Set("Content-Type", "application/json")
+	res, err := s.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	var arrivals []time.Time
+	sc := bufio.NewScanner(res.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "data: ") && !strings.Contains(line, "[DONE]") && strings.Contains(line, `"delta":{"content"`) {
+			// One event per token; the role event goes out with the first token.
+			arrivals = append(arrivals, time.Now())
+		}
+	}
+	if len(arrivals) < 5 {
+		t.Fatalf("got %d content chunks, want >= 5", len(arrivals))
+	}
+	// Tokens are generated 100 ms apart; each must arrive within 50 ms of
+	// its schedule, measured from the first token's arrival.
+	for i := 1; i < len(arrivals); i++ {
+		gap := arrivals[i].Sub(arrivals[i-1])
+		if gap < 50*time.Millisecond || gap > 150*time.Millisecond {
+			t.Errorf("chunk %d arrived %v after the previous one, want 100ms +- 50ms (buffering?)", i, gap)
+		}
+	}
+}
+
+// 6. Unknown model: turnout's 404 JSON reaches the client; garbage is served.
+func testRefusals(t *testing.T, s *hstack) {
+	r := s.post(t, "/v1/chat/completions", chatBody("no-such-model", "s", "u", false), nil)
+	if r.Status != 404 || !json.Valid(r.Body) || !strings.Contains(string(r.Body), "model_not_found") {
+		t.Errorf("unknown model: %d %s", r.Status, r.Body)
+	}
+	if r.Header.Get("X-Replica") != "" {
+		t.Errorf("unknown model reached replica %s", r.Header.Get("X-Replica"))
+	}
+	r = s.post(t, "/v1/chat/completions", []byte(`{"model":"chat","messages":[{"role":"user","content":"x"}`+"\x00garbage"), nil)
+	if r.Header.Get("X-Replica") == "" {
+		t.Errorf("garbage body was not served by a replica: %d %s", r.Status, r.Body)
+	}
+}
+
+// 7. A client-sent X-Turnout-Server neither picks the server nor reaches it.
+func testSpoof(t *testing.T, s *hstack) {
+	hdr := map[string]string{"X-Session-ID": "spoof-test"}
+	home := s.post(t, "/v1/chat/completions", chatBody("chat", "s", "u", false), hdr).Header.Get("X-Replica")
+	var other string
+	for _, m := range s.deps[0].mocks {
+		if m.Name != home {
+			other = m.Name
+		}
+	}
+	for i := range 20 {
+		h := map[string]string{"X-Session-ID": "spoof-test", "X-Turnout-Server": other, "X-Turnout-Pool": "llama_mixed"}
+		r := s.post(t, "/v1/chat/completions", chatBody("chat", "s", "u", false), h)
+		if got := r.Header.Get("X-Replica"); got != home {
+			t.Fatalf("request %d with X-Turnout-Server %s landed on %s, want %s", i, other, got, home)
+		}
+	}
+	res, err := http.Get("http://" + mockByName(s, home).Addr + "/mock/requests")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var buf strings.Builder
+	_, _ = bufio.NewReader(res.Body).WriteTo(&buf)
+	if strings.Contains(strings.ToLower(buf.String()), "x-turnout-server") {
+		t.Error("the replica received the client's X-Turnout-Server header")
+	}
+}
+
+func mockByName(s *hstack, name string) *Mock {
+	for _, d := range s.deps {
+		for _, m := range d.mocks {
+			if m.Name == name {
+				return m
+			}
+		}
+	}
+	return nil
+}
+
+// 8. The real openai npm client streams through HAProxy and reads usage.
+func testOpenAINode(t *testing.T, s *hstack) {
+	npm, err := exec.LookPath("npm")
+	if err != nil {
+		t.Skip("npm is not installed: skipping the openai npm client test")
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node is not installed: skipping the openai npm client test")
+	}
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	inst := exec.CommandContext(ctx, npm, "install", "--no-audit", "--no-fund", "--silent", "openai@6")
+	inst.Dir = dir
+	if out, err := inst.CombinedOutput(); err != nil {
+		t.Fatalf("npm install openai@6: %v\n%s", err, out)
+	}
+	script := `import OpenAI from "openai";
+const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: "test", maxRetries: 0 });
+const stream = await client.chat.completions.create({
+  model: "llama",
+  messages: [{ role: "user", content: "say something" }],
+  max_tokens: 5,
+  stream: true,
+  stream_options: { include_usage: true },
+});
+let text = "", usage = null, chunks = 0;
+for await (const chunk of stream) {
+  chunks++;
+  if (chunk.choices?.[0]?.delta?.content) text += chunk.choices[0].delta.content;
+  if (chunk.usage) usage = chunk.usage;
+}
+console.log(JSON.stringify({ text, usage, chunks }));
+`
+	if err := os.WriteFile(filepath.Join(dir, "stream.mjs"), []byte(script), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := exec.CommandContext(ctx, node, "stream.mjs")
+	run.Dir = dir
+	run.Env = append(os.Environ(), "BASE_URL="+s.H.URL+"/v1")
+	out, err := run.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node: %v\n%s", err, out)
+	}
+	var got struct {
+		Text   string
+		Chunks int
+		Usage  *struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		}
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("node output %q: %v", out, err)
+	}
+	if got.Usage == nil || got.Usage.PromptTokens == 0 || got.Usage.CompletionTokens != 5 || got.Text == "" {
+		t.Fatalf("openai client result: %s", out)
+	}
+}
+
+// 9. After a burst, turnout's in-flight counts come back to 0 through the
+// syslog completion feedback.
+func testInflight(t *testing.T, s *hstack) {
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for i := range 60 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			model := []string{"chat", "llama"}[i%2]
+			r, err := Post(context.Background(), s.client, s.H.URL+"/v1/chat/completions",
+				chatBody(model, "burst", fmt.Sprintf("q%d", i), i%3 == 0), map[string]string{"X-Session-ID": fmt.Sprint(i)})
+			if err != nil || r.Status != 200 {
+				failed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if failed.Load() != 0 {
+		t.Fatalf("%d burst requests failed", failed.Load())
+	}
+	Eventually(t, 10*time.Second, "turnout_endpoint_inflight to return to 0", func() bool {
+		v, err := Metric(t, s.T.URL+"/metrics", "turnout_endpoint_inflight")
+		return err == nil && v == 0
+	})
+}
+
+// 4. Add one replica and remove another through the config under load: no
+// failed request, no reload, traffic moves.
+func TestHAProxyMembershipUnderLoad(t *testing.T) {
+	ms := mocks(t, "m", 4, nil)
+	s := startStack(t, "open", depSpec{name: "llama", policy: policyLeast, mocks: ms[:3]})
+	pid := s.H.Info(t)["Pid"]
+
+	stop := make(chan struct{})
+	var okN, failN atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r, err := Post(context.Background(), s.client, s.H.URL+"/v1/chat/completions",
+					chatBody("llama", "load", fmt.Sprintf("w%d-%d", w, i), i%4 == 0), nil)
+				if err != nil || r.Status != 200 {
+					failN.Add(1)
+					continue
+				}
+				okN.Add(1)
+			}
+		}()
+	}
+	deadline := time.AfterFunc(20*time.Second, func() { close(stop) }) // hard bound on the load
+	defer deadline.Stop()
+
+	time.Sleep(300 * time.Millisecond) // load before the change
+	s.deps[0].mocks = []*Mock{ms[0], ms[2], ms[3]}
+	s.T.Rewrite(t, s.yaml())
+	var removedAt int64
+	Eventually(t, 15*time.Second, "m-3 added and m-1 deleted in HAProxy", func() bool {
+		st := s.H.ServerStatus(t)
+		_, has1 := st["llama_mixed/m-1"]
+		if st["llama_mixed/m-3"] == "UP" && !has1 {
+			removedAt = ms[1].Stats().Requests
+			return true
+		}
+		return false
+	})
+	time.Sleep(500 * time.Millisecond) // load after the change
+	if deadline.Stop() {
+		close(stop)
+	}
+	wg.Wait()
+
+	if failN.Load() != 0 || okN.Load() == 0 {
+		t.Errorf("load: %d ok, %d failed; want no failures", okN.Load(), failN.Load())
+	}
+	if got := s.H.Info(t)["Pid"]; got != pid {
+		t.Errorf("HAProxy worker pid %s -> %s: membership change caused a reload", pid, got)
+	}
+	if ms[3].Stats().Requests == 0 {
+		t.Error("added replica m-3 got no traffic")
+	}
+	if n := ms[1].Stats().Requests; n != removedAt {
+		t.Errorf("removed replica m-1 got %d requests after its deletion", n-removedAt)
+	}
+}
+
+// 5. turnout stopped: fail-open keeps serving with little added latency once
+// the breaker is open; fail-closed answers 503 with a reason.
+func TestHAProxyTurnoutDown(t *testing.T) {
+	t.Run("FailOpen", func(t *testing.T) {
+		s := startStack(t, "open", depSpec{name: "llama", policy: policyLeast, mocks: mocks(t, "o", 3, nil)})
+		body := chatBody("llama", "s", "u", false)
+		var base []time.Duration
+		for range 20 {
+			r := s.post(t, "/v1/chat/completions", body, nil)
+			if r.Status != 200 {
+				t.Fatalf("turnout up: status %d", r.Status)
+			}
+			base = append(base, r.Dur)
+		}
+		s.T.Stop()
+		var down []time.Duration
+		for i := range 40 {
+			r := s.post(t, "/v1/chat/completions", body, nil)
+			if r.Status != 200 || r.Header.Get("X-Replica") == "" {
+				t.Fatalf("turnout down, request %d: status %d %s", i, r.Status, r.Body)
+			}
+			down = append(down, r.Dur)
+		}
+		// Per HAProxy thread the breaker opens after 3 failures; skip those.
+		after := down[10:]
+		if d := median(after) - median(base); d > 100*time.Millisecond {
+			t.Errorf("added latency with turnout down: %v (median %v vs %v)", d, median(after), median(base))
+		}
+		t.Logf("median latency: turnout up %v, down (breaker open) %v; worst while tripping %v", median(base), median(after), maxDur(down[:10]))
+	})
+	t.Run("FailClosed", func(t *testing.T) {
+		s := startStack(t, "closed", depSpec{name: "llama", policy: policyLeast, mocks: mocks(t, "c", 3, nil)})
+		if r := s.post(t, "/v1/chat/completions", chatBody("llama", "s", "u", false), nil); r.Status != 200 {
+			t.Fatalf("turnout up: status %d", r.Status)
+		}
+		s.T.Stop()
+		for i := range 10 {
+			r := s.post(t, "/v1/chat/completions", chatBody("llama", "s", "u", false), nil)
+			if r.Status != 503 || r.Header.Get("X-Turnout-Reason") == "" || r.Header.Get("X-Replica") != "" {
+				t.Fatalf("request %d: status %d reason %q replica %q", i, r.Status, r.Header.Get("X-Turnout-Reason"), r.Header.Get("X-Replica"))
+			}
+		}
+	})
+}
+
+func median(d []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+func maxDur(d []time.Duration) time.Duration {
+	var m time.Duration
+	for _, x := range d {
+		m = max(m, x)
+	}
+	return m
+}

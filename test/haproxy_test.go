@@ -1,0 +1,144 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/turnout/turnout/test/mockvllm"
+)
+
+// depSpec is one deployment of a test stack.
+type depSpec struct {
+	name   string
+	policy string // YAML flow mapping for policy:
+	mocks  []*Mock
+}
+
+// hstack is mocks + turnout + HAProxy wired together.
+type hstack struct {
+	t                                *testing.T
+	dir, turnoutAddr, haAddr, syslog string
+	failMode                         string
+	deps                             []depSpec
+	T                                *Turnout
+	H                                *HAProxy
+	client                           *http.Client
+}
+
+func (s *hstack) yaml() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `listen: %s
+session_headers: [x-session-id]
+max_body: 262144
+fallbacks: 2
+feedback: {syslog: %s}
+health: {interval: 300ms, timeout: 300ms}
+proxy:
+  fail_mode: %s
+  route_timeout: 500ms
+  breaker_failures: 3
+  breaker_cooldown: 30s
+haproxy: {listen: %q, dir: %q, drain_timeout: 3s, nbthread: 2}
+deployments:
+`, s.turnoutAddr, s.syslog, s.failMode, s.haAddr, s.dir)
+	for _, d := range s.deps {
+		fmt.Fprintf(&b, "  - name: %s\n    models: [%s]\n    policy: %s\n    pools:\n      - role: mixed\n        endpoints:\n", d.name, d.name, d.policy)
+		for _, m := range d.mocks {
+			fmt.Fprintf(&b, "          - {name: %s, address: %q}\n", m.Name, m.Addr)
+		}
+	}
+	return b.String()
+}
+
+// startStack starts turnout with --haproxy-dir (its first sync writes the
+// HAProxy files while HAProxy is not running yet), then HAProxy on them.
+func startStack(t *testing.T, failMode string, deps ...depSpec) *hstack {
+	t.Helper()
+	NeedHAProxy(t)
+	s := &hstack{
+		t: t, dir: t.TempDir(), turnoutAddr: FreeAddr(t), haAddr: FreeAddr(t), syslog: FreeUDPAddr(t),
+		failMode: failMode, deps: deps,
+		client: &http.Client{Timeout: 30 * time.Second},
+	}
+	s.T = StartTurnout(t, s.turnoutAddr, s.yaml(), "--haproxy-dir", s.dir, "--watch", "100ms")
+	Eventually(t, 20*time.Second, "turnout to write haproxy.cfg", func() bool {
+		_, err := os.Stat(filepath.Join(s.dir, "haproxy.cfg"))
+		return err == nil
+	})
+	s.H = StartHAProxy(t, s.dir, s.haAddr)
+	var ids []string
+	for _, d := range deps {
+		for _, m := range d.mocks {
+			ids = append(ids, d.name+"_mixed/"+m.Name)
+		}
+	}
+	s.H.WaitServersUp(t, ids...)
+	return s
+}
+
+func (s *hstack) post(t *testing.T, path string, body []byte, hdr map[string]string) *Response {
+	t.Helper()
+	r, err := Post(context.Background(), s.client, s.H.URL+path, body, hdr)
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	return r
+}
+
+func chatBody(model, system, user string, stream bool) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"model": model,
+		"messages": []map[string]string{
+			{"role": "system", "content": system},
+			{"role": "user", "content": user},
+		},
+		"max_tokens": 2,
+		"stream":     stream,
+	})
+	return b
+}
+
+func mocks(t *testing.T, prefix string, n int, edit func(*mockvllm.Config)) []*Mock {
+	out := make([]*Mock, n)
+	for i := range out {
+		out[i] = StartMock(t, fmt.Sprintf("%s-%d", prefix, i), edit)
+	}
+	return out
+}
+
+const (
+	policySession = "{name: session-hash}"
+	policyPrefix  = "{name: prefix-affinity, params: {block_bytes: 64, match_threshold: 0.5, balance_abs: 8, balance_rel: 1.5}}"
+	policyLeast   = "{name: least-request}"
+)
+
+// TestHAProxy runs the checks that share one stack: three deployments
+// (session-hash, prefix-affinity, a slow streaming replica) behind one HAProxy.
+func TestHAProxy(t *testing.T) {
+	s := startStack(t, "open",
+		depSpec{name: "chat", policy: policySession, mocks: mocks(t, "chat", 3, nil)},
+		depSpec{name: "llama", policy: policyPrefix, mocks: mocks(t, "llama", 3, nil)},
+		depSpec{name: "stream", policy: policyLeast, mocks: mocks(t, "stream", 1, func(c *mockvllm.Config) {
+			c.TimeScale = 1
+			c.TTFTOverhead = 20 * time.Millisecond
+			c.PerTokenPrefill = 0
+			c.InterTokenLatency = 100 * time.Millisecond
+		})},
+	)
+	t.Run("SessionSpellings", func(t *testing.T) { testSessionSpellings(t, s) })
+	t.Run("PrefixRouting", func(t *testing.T) { testPrefixRouting(t, s) })
+	t.Run("StreamingNotBuffered", func(t *testing.T) { testStreaming(t, s) })
+	t.Run("UnknownModelAndGarbage", func(t *testing.T) { testRefusals(t, s) })
+	t.Run("SpoofedServerIgnored", func(t *testing.T) { testSpoof(t, s) })
+	t.Run("OpenAINodeClient", func(t *testing.T) { testOpenAINode(t, s) })
+	t.Run("InflightBackToZero", func(t *testing.T) { testInflight(t, s) })
+}
