@@ -21,6 +21,8 @@ type depSpec struct {
 	name   string
 	policy string // YAML flow mapping for policy:
 	mocks  []*Mock
+	// extra adds YAML flow-map entries to an endpoint (e.g. kv_events).
+	extra func(m *Mock) string
 }
 
 // hstack is mocks + turnout + HAProxy wired together.
@@ -53,7 +55,11 @@ deployments:
 	for _, d := range s.deps {
 		fmt.Fprintf(&b, "  - name: %s\n    models: [%s]\n    policy: %s\n    pools:\n      - role: mixed\n        endpoints:\n", d.name, d.name, d.policy)
 		for _, m := range d.mocks {
-			fmt.Fprintf(&b, "          - {name: %s, address: %q}\n", m.Name, m.Addr)
+			more := ""
+			if d.extra != nil {
+				more = ", " + d.extra(m)
+			}
+			fmt.Fprintf(&b, "          - {name: %s, address: %q%s}\n", m.Name, m.Addr, more)
 		}
 	}
 	return b.String()
