@@ -38,9 +38,9 @@ bench-smoke: build
 	$(GO) test ./route/ -run XXX -bench . -benchtime 100x
 	@if [ -x scripts/bench.sh ]; then BENCH_SMOKE=1 scripts/bench.sh; fi
 
-# turnout serve with the embedded default config.
+# turnout serve with the embedded default config (and the mock replicas it names).
 run: build
-	$(BIN) serve
+	TURNOUT_BIN=$(BIN) bash scripts/run.sh
 
 # The demo: turnout + HAProxy (or nginx: PROXY=nginx) + 4 mock replicas.
 demo: build

@@ -9,7 +9,13 @@ import (
 )
 
 func TestSessionHeaderMatrix(t *testing.T) {
-	s := mustServer(t, fmt.Sprintf(fourEndpoints, "session-hash"))
+	for _, pol := range []string{"session-hash", "prefix-affinity"} {
+		t.Run(pol, func(t *testing.T) { testSessionHeaderMatrix(t, pol) })
+	}
+}
+
+func testSessionHeaderMatrix(t *testing.T, pol string) {
+	s := mustServer(t, fmt.Sprintf(fourEndpoints, pol))
 	home := hdr(do(s, chatBody("llama", "", "hi"), "X-Session-ID", "abc"), HdrServer)
 	for _, tc := range []struct {
 		name    string

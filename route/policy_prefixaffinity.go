@@ -13,8 +13,12 @@ const PrefixAffinityType = "prefix-affinity"
 //     imbalance test, applied per candidate rather than pool-wide).
 //  2. Among candidates that are not too loaded, take the longest cached
 //     prefix (ties: lower load). If matched/total >= MatchThreshold, route there.
-//  3. Otherwise route to the least-loaded endpoint (random tie-break). Unlike
-//     SGLang's "smallest tree", a miss never lands on an overloaded replica.
+//  3. Otherwise, a request with a session id goes to the session's replica
+//     (rendezvous hash over the candidates that are not too loaded), so a
+//     conversation's first turns stick before its prefix is long enough to
+//     match; without a session, to the least-loaded endpoint (random
+//     tie-break). Unlike SGLang's "smallest tree", a miss never lands on an
+//     overloaded replica.
 //  4. Record the prompt's blocks in the chosen endpoint's index.
 type PrefixAffinityConfig struct {
 	BlockBytes     int     `yaml:"block_bytes"`
@@ -24,6 +28,8 @@ type PrefixAffinityConfig struct {
 	BalanceRel     float64 `yaml:"balance_rel"`
 	// MinBlocks: prompts shorter than this many blocks are load balanced.
 	MinBlocks int `yaml:"min_blocks"`
+	// SessionAffinity: on a miss, keep a session on its hashed replica.
+	SessionAffinity bool `yaml:"session_affinity"`
 }
 
 // Validate checks the params.
@@ -49,7 +55,7 @@ func (c *PrefixAffinityConfig) Validate() error {
 func DefaultPrefixAffinityConfig() PrefixAffinityConfig {
 	return PrefixAffinityConfig{
 		BlockBytes: 128, CapacityBlocks: 65536, MatchThreshold: 0.3,
-		BalanceAbs: 8, BalanceRel: 1.5, MinBlocks: 1,
+		BalanceAbs: 8, BalanceRel: 1.5, MinBlocks: 1, SessionAffinity: true,
 	}
 }
 
@@ -114,10 +120,6 @@ func (pa *PrefixAffinity) CachedBlocks(i int) int { return pa.lrus[i].Len() }
 // Pick implements Policy.
 func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 	start := len(dst)
-	if len(r.Blocks) < max(pa.cfg.MinBlocks, 1) {
-		r.Outcome = OutcomeBalanced
-		return fillLeastLoaded(dst, p, pa.rnd)
-	}
 	minLoad := int64(-1)
 	for _, e := range p.Endpoints {
 		if e.Available() {
@@ -129,6 +131,9 @@ func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint
 	if minLoad < 0 {
 		r.Outcome = OutcomeNoEndpoint
 		return dst
+	}
+	if len(r.Blocks) < max(pa.cfg.MinBlocks, 1) {
+		return pa.miss(r, p, dst, minLoad, false)
 	}
 	var best *Endpoint
 	bestMatch, bestLoad := 0, int64(0)
@@ -154,18 +159,44 @@ func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint
 	if best != nil && float64(bestMatch) >= pa.cfg.MatchThreshold*float64(len(r.Blocks)) {
 		dst = append(dst, best)
 		r.Outcome = OutcomeAffinity
-	} else if overloadedHit {
-		r.Matched = 0
-		r.Outcome = OutcomeOverflow
+		dst = fillLeastLoaded(dst, p, pa.rnd)
 	} else {
 		r.Matched = 0
-		r.Outcome = OutcomeBalanced
+		dst = pa.miss(r, p, dst, minLoad, overloadedHit)
 	}
-	dst = fillLeastLoaded(dst, p, pa.rnd)
 	if len(dst) > start {
 		pa.lrus[dst[start].Index].insert(r.Blocks)
 	}
 	return dst
+}
+
+// miss places a request without a usable prefix match: on its session's
+// replica when it has a session, else on the least loaded.
+func (pa *PrefixAffinity) miss(r *Request, p *Pool, dst []*Endpoint, minLoad int64, overloadedHit bool) []*Endpoint {
+	r.Outcome = OutcomeBalanced
+	if overloadedHit {
+		r.Outcome = OutcomeOverflow
+	}
+	if pa.cfg.SessionAffinity && r.HasSession {
+		var best *Endpoint
+		var bestScore uint64
+		for _, e := range p.Endpoints {
+			if !e.Available() || contains(dst, e) || pa.tooLoaded(e.Inflight(), minLoad) {
+				continue
+			}
+			// Rendezvous hashing: the key is hashed once, mixed per endpoint.
+			if s := mix64(r.SessionHash ^ e.Seed); best == nil || s > bestScore {
+				best, bestScore = e, s
+			}
+		}
+		if best != nil {
+			dst = append(dst, best)
+			if !overloadedHit {
+				r.Outcome = OutcomeAffinity
+			}
+		}
+	}
+	return fillLeastLoaded(dst, p, pa.rnd)
 }
 
 func (pa *PrefixAffinity) tooLoaded(load, minLoad int64) bool {

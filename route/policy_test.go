@@ -288,3 +288,36 @@ func TestBlockLRUEviction(t *testing.T) {
 		t.Fatal("unknown prefix matched")
 	}
 }
+
+// prefix-affinity keeps a session on one replica before its prompt has a
+// prefix to match, and spreads sessions over replicas.
+func TestPrefixAffinitySession(t *testing.T) {
+	cfg := DefaultPrefixAffinityConfig()
+	p := testPool(t, 4, func(p *Pool) Policy { return NewPrefixAffinity(cfg, p, NewRand(9)) })
+	homes := map[string]bool{}
+	for s := 0; s < 40; s++ {
+		key := []byte(fmt.Sprintf("sess-%d", s))
+		var home string
+		for i := 0; i < 5; i++ {
+			r := &Request{Session: key, HasSession: true, SessionHash: hashKey(key), Blocks: blocksOf(fmt.Sprintf("turn %d of %d", i, s), 0)}
+			got := p.Policy.Pick(r, p, make([]*Endpoint, 0, 1))[0].Name
+			if home == "" {
+				home = got
+			} else if got != home {
+				t.Fatalf("session %s moved from %s to %s", key, home, got)
+			}
+		}
+		homes[home] = true
+	}
+	if len(homes) != 4 {
+		t.Fatalf("40 sessions used %d replicas", len(homes))
+	}
+	// An overloaded session home is avoided.
+	key := []byte("sess-0")
+	r := &Request{Session: key, HasSession: true, SessionHash: hashKey(key)}
+	home := p.Policy.Pick(r, p, make([]*Endpoint, 0, 1))[0]
+	home.AddInflight(40)
+	if got := p.Policy.Pick(r, p, make([]*Endpoint, 0, 1))[0]; got == home {
+		t.Fatal("session kept on an overloaded replica")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fasthttp"
 )
 
@@ -15,7 +16,7 @@ func testPool(t testing.TB, n int, build func(p *Pool) Policy) *Pool {
 	for i := 0; i < n; i++ {
 		name := fmt.Sprintf("e%d", i)
 		p.Endpoints = append(p.Endpoints, &Endpoint{
-			Name: name, Address: fmt.Sprintf("127.0.0.1:%d", 8000+i), Index: i,
+			Name: name, Address: fmt.Sprintf("127.0.0.1:%d", 8000+i), Index: i, Seed: xxhash.Sum64String(name),
 			name: []byte(name), addr: []byte(fmt.Sprintf("127.0.0.1:%d", 8000+i)), st: &endpointState{},
 		})
 	}
