@@ -213,3 +213,22 @@ func fillLeastLoaded(dst []*Endpoint, p *Pool, rnd *Rand) []*Endpoint {
 	}
 	return dst
 }
+
+// minInflight is the lowest in-flight count among available endpoints; ok is
+// false when none is available.
+func minInflight(p *Pool) (minLoad int64, ok bool) {
+	for _, e := range p.Endpoints {
+		if e.Available() {
+			if l := e.Inflight(); !ok || l < minLoad {
+				minLoad, ok = l, true
+			}
+		}
+	}
+	return minLoad, ok
+}
+
+// tooLoaded is SGLang's imbalance test applied to one candidate: it is more
+// than abs requests above the least loaded and more than rel times it.
+func tooLoaded(load, minLoad, abs int64, rel float64) bool {
+	return load-minLoad > abs && float64(load) > rel*float64(minLoad)
+}

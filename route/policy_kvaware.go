@@ -240,15 +240,8 @@ func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 	}
 	out := b.out[:len(p.Endpoints)]
 	k.sh.idx.MatchIDs(keys, k.ids, out)
-	minLoad := int64(-1)
-	for _, e := range p.Endpoints {
-		if e.Available() {
-			if l := e.Inflight(); minLoad < 0 || l < minLoad {
-				minLoad = l
-			}
-		}
-	}
-	if minLoad < 0 {
+	minLoad, ok := minInflight(p)
+	if !ok {
 		r.Outcome = OutcomeNoEndpoint
 		return dst
 	}
@@ -268,7 +261,7 @@ func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 				continue
 			}
 			l := e.Inflight()
-			if l-minLoad > k.cfg.BalanceAbs && float64(l) > k.cfg.BalanceRel*float64(minLoad) {
+			if tooLoaded(l, minLoad, k.cfg.BalanceAbs, k.cfg.BalanceRel) {
 				continue
 			}
 			m := out[i]

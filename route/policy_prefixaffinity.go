@@ -120,15 +120,8 @@ func (pa *PrefixAffinity) CachedBlocks(i int) int { return pa.lrus[i].Len() }
 // Pick implements Policy.
 func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 	start := len(dst)
-	minLoad := int64(-1)
-	for _, e := range p.Endpoints {
-		if e.Available() {
-			if l := e.Inflight(); minLoad < 0 || l < minLoad {
-				minLoad = l
-			}
-		}
-	}
-	if minLoad < 0 {
+	minLoad, ok := minInflight(p)
+	if !ok {
 		r.Outcome = OutcomeNoEndpoint
 		return dst
 	}
@@ -200,7 +193,7 @@ func (pa *PrefixAffinity) miss(r *Request, p *Pool, dst []*Endpoint, minLoad int
 }
 
 func (pa *PrefixAffinity) tooLoaded(load, minLoad int64) bool {
-	return load-minLoad > pa.cfg.BalanceAbs && float64(load) > pa.cfg.BalanceRel*float64(minLoad)
+	return tooLoaded(load, minLoad, pa.cfg.BalanceAbs, pa.cfg.BalanceRel)
 }
 
 var (

@@ -321,3 +321,16 @@ func TestPrefixAffinitySession(t *testing.T) {
 		t.Fatal("session kept on an overloaded replica")
 	}
 }
+
+// Pinned: prefix block hashes and the rendezvous mix. Changing either
+// silently invalidates every replica's learned prefix index and moves
+// prefix-affinity sessions, so it must be a deliberate, visible change.
+func TestPrefixHashPinned(t *testing.T) {
+	var h prefixHasher
+	h.reset(16, make([]uint64, 0, 4))
+	h.text([]byte("0123456789abcdef0123456789ABCDEF"))
+	got := fmt.Sprintf("%#x,%#x mix=%#x", h.out[0], h.out[1], mix64(42))
+	if want := "0x5c5b90c34e376d0b,0x53a7b645f3814389 mix=0xa759ea27d4727622"; got != want {
+		t.Fatalf("pinned hashes changed: %s", got)
+	}
+}
