@@ -131,6 +131,10 @@ func (s *Server) Apply(cfg *Config) error {
 	return nil
 }
 
+// Rejected counts a config that failed before reaching Apply (unreadable or
+// invalid file), so /metrics shows every rejected reload.
+func (s *Server) Rejected() { s.m.reloadFailed.Add(1) }
+
 // Snapshot returns the live snapshot.
 func (s *Server) Snapshot() *Snapshot { return s.snap.Load() }
 

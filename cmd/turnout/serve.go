@@ -116,7 +116,9 @@ func runServe(args []string, log *zerolog.Logger) error {
 
 	reload := func(why string) {
 		c, err := load()
-		if err == nil {
+		if err != nil {
+			srv.Rejected()
+		} else {
 			err = srv.Apply(c)
 		}
 		if err != nil {
