@@ -278,3 +278,40 @@ func TestReloadReason(t *testing.T) {
 		})
 	}
 }
+
+// Without a running nginx (and without the binary) Sync only keeps the
+// files current, and rewrites them only when the render changed.
+func TestSyncWritesFilesWithoutNginx(t *testing.T) {
+	dir := t.TempDir()
+	s, err := NewSyncer(SyncOptions{Render: RenderOptions{Dir: dir}, NginxBin: "-"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Sync(ctx, mustParse(t, syncYAML("127.0.0.1:8081", ""))); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, ConfigFile)
+	st1, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, JSFile)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(ctx, mustParse(t, syncYAML("127.0.0.1:8081", ""))); err != nil {
+		t.Fatal(err)
+	}
+	if st2, _ := os.Stat(path); !os.SameFile(st1, st2) {
+		t.Error("an unchanged render rewrote nginx.conf")
+	}
+	if err := s.Sync(ctx, mustParse(t, syncYAML("127.0.0.1:8082", ""))); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); !strings.Contains(string(b), "listen 127.0.0.1:8082;") {
+		t.Error("a changed render was not written")
+	}
+	if _, err := NewSyncer(SyncOptions{Render: RenderOptions{Dir: "relative"}}, nil); err == nil {
+		t.Error("a relative directory was accepted")
+	}
+}

@@ -380,7 +380,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 			if pool.Role != route.RolePrefill && serve == "" {
 				serve = pname
 			}
-			pd := poolData{Name: pname}
+			pl := poolData{Name: pname}
 			for k := range pool.Endpoints {
 				e := &pool.Endpoints[k]
 				ef := fmt.Sprintf("%s.endpoints[%d]", pf, k)
@@ -388,14 +388,14 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 				n := name(ef+".name", e.Name)
 				up := endpointPrefix + n
 				claim(ef, up)
-				pd.Servers = append(pd.Servers, a)
+				pl.Servers = append(pl.Servers, a)
 				d.Endpoints = append(d.Endpoints, endpointData{Name: n, Upstream: up, Addr: a})
 				d.summary.Pools[pname] = append(d.summary.Pools[pname], n+"="+a)
 			}
 			if _, ok := d.summary.Pools[pname]; !ok {
 				d.summary.Pools[pname] = nil
 			}
-			d.Pools = append(d.Pools, pd)
+			d.Pools = append(d.Pools, pl)
 		}
 		if d.DefaultPool == "" {
 			d.DefaultPool = serve
