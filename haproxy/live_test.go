@@ -30,9 +30,12 @@ type replica struct {
 	name string
 	srv  *httptest.Server
 	hits atomic.Int64
-	// last request headers seen, for header stripping checks
-	mu   sync.Mutex
-	last http.Header
+	// last request seen: headers (for header stripping checks), body, and
+	// how it was framed (Content-Length, -1 for chunked)
+	mu       sync.Mutex
+	last     http.Header
+	lastBody []byte
+	lastCL   int64
 }
 
 func newReplica(t *testing.T, name string) *replica {
@@ -42,10 +45,11 @@ func newReplica(t *testing.T, name string) *replica {
 		if req.URL.Path == "/health" {
 			return
 		}
-		_, _ = io.Copy(io.Discard, req.Body)
+		b, _ := io.ReadAll(req.Body)
 		r.hits.Add(1)
 		r.mu.Lock()
 		r.last = req.Header.Clone()
+		r.lastBody, r.lastCL = b, req.ContentLength
 		r.mu.Unlock()
 		w.Header().Set("X-Replica", name)
 		w.Header().Set("Content-Type", "application/json")
@@ -149,15 +153,27 @@ type liveOpts struct {
 	failMode string
 	routeURL string // host:port of the route service
 	replicas []*replica
-	extra    string // YAML appended under proxy:
-	syslog   string
+	// prefill, when set, makes the deployment prefill/decode: these are the
+	// prefill pool, replicas the decode pool (backend m_decode).
+	prefill []*replica
+	extra   string // YAML appended under proxy:
+	syslog  string
 }
 
 func liveConfig(t *testing.T, o liveOpts, dir string, listen int) *route.Config {
 	t.Helper()
 	var eps strings.Builder
-	for _, r := range o.replicas {
-		fmt.Fprintf(&eps, "          - {name: %s, address: %q}\n", r.name, r.addr())
+	pool := func(role string, reps []*replica) {
+		fmt.Fprintf(&eps, "      - role: %s\n        endpoints:\n", role)
+		for _, r := range reps {
+			fmt.Fprintf(&eps, "          - {name: %s, address: %q}\n", r.name, r.addr())
+		}
+	}
+	if len(o.prefill) > 0 {
+		pool(route.RolePrefill, o.prefill)
+		pool(route.RoleDecode, o.replicas)
+	} else {
+		pool(route.RoleMixed, o.replicas)
 	}
 	fm := o.failMode
 	if fm == "" {
@@ -184,8 +200,6 @@ deployments:
   - name: m
     models: [m1]
     pools:
-      - role: mixed
-        endpoints:
 %s`, feedback, o.routeURL, fm, o.extra, listen, dir, eps.String())
 	cfg, err := route.ParseConfig([]byte(y))
 	if err != nil {
@@ -237,7 +251,7 @@ func startLive(t *testing.T, o liveOpts) *liveEnv {
 		rt, err := dialRuntime(context.Background(), filepath.Join(dir, DefaultSocketName))
 		if err == nil {
 			// wait for the health checks to see the servers up
-			if upCount(t, rt) == len(o.replicas) {
+			if upCount(t, rt) == len(o.replicas)+len(o.prefill) {
 				break
 			}
 		}

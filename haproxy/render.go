@@ -151,7 +151,8 @@ func (r *Renderer) Render(cfg *route.Config, opts RenderOptions) (*Rendered, err
 	bare := *d
 	bare.Backends = make([]backendData, len(d.Backends))
 	for i, b := range d.Backends {
-		bare.Backends[i] = backendData{Name: b.Name}
+		b.Servers = nil
+		bare.Backends[i] = b
 	}
 	var skeleton bytes.Buffer
 	if err := r.cfg.Execute(&skeleton, &bare); err != nil {
@@ -218,6 +219,7 @@ type tmplData struct {
 	MaxConn, Nbthread, MaxBody, BufSize, Retries int
 	ConnectMs, StreamMs, CheckTimeoutMs          int64
 	ModelMap                                     bool
+	PD                                           bool // a deployment disaggregates prefill and decode
 	ServerVars                                   []string
 	Backends                                     []backendData
 
@@ -231,8 +233,14 @@ type routeServer struct {
 }
 
 type backendData struct {
-	Name    string
-	Servers []serverData
+	Name string
+	// Prefill marks a prefill pool: turnout calls its replicas itself and
+	// never names it in a verdict, so it gets no use-server rules.
+	Prefill bool
+	// KVFilter marks a PD decode pool: its backend runs the Lua filter that
+	// inserts kv_transfer_params into the request body.
+	KVFilter bool
+	Servers  []serverData
 }
 
 type serverData struct {
@@ -248,6 +256,12 @@ type luaData struct {
 	FailClosed                          bool
 	Headers                             []luaHeader
 	FallbackVars                        []string
+	// BodyRoom bounds a decode body with kv_transfer_params inserted: what
+	// tune.bufsize holds besides the request line and headers.
+	BodyRoom int
+	// RelayReasons are turnout's 5xx reasons the Lua relays to the client
+	// instead of failing over (Lua string literals).
+	RelayReasons []string
 }
 
 type luaHeader struct {
@@ -341,7 +355,12 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	for i := range cfg.Deployments {
 		dep := &cfg.Deployments[i]
 		name(fmt.Sprintf("deployments[%d].name", i), dep.Name)
-		var serve string // the pool that takes requests when turnout is away
+		pd := dep.IsPD()
+		d.PD = d.PD || pd
+		// The pool that takes requests when turnout is away: for PD the
+		// decode pool, which then serves aggregated (prefill and decode on
+		// one replica) because no kv_transfer_params come with the body.
+		var serve string
 		for j := range dep.Pools {
 			pool := &dep.Pools[j]
 			bname := name(fmt.Sprintf("deployments[%d].pools[%d]", i, j), route.PoolName(dep.Name, pool.Role))
@@ -352,7 +371,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 			if pool.Role != route.RolePrefill && serve == "" {
 				serve = bname
 			}
-			b := backendData{Name: bname}
+			b := backendData{Name: bname, Prefill: pool.Role == route.RolePrefill, KVFilter: pd && pool.Role == route.RoleDecode}
 			for k := range pool.Endpoints {
 				e := &pool.Endpoints[k]
 				f := fmt.Sprintf("deployments[%d].pools[%d].endpoints[%d]", i, j, k)
@@ -378,6 +397,11 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	}
 	d.ModelMap = len(cfg.Deployments) > 1
 	d.modelMap = mapBuf.Bytes()
+	if d.PD {
+		// The decode body grows by the prefill's kv_transfer_params and must
+		// still fit one buffer for the filter to rewrite it.
+		d.BufSize = bufSize(cfg.MaxBody + kvRoom(cfg.MaxBody))
+	}
 
 	// The Lua side.
 	l := luaData{
@@ -387,6 +411,10 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		BreakerFails: int64(max(p.BreakerFailures, 1)),
 		CooldownMs:   max(p.BreakerCooldown.Ms(), 1),
 		FailClosed:   p.FailMode == route.FailClosed,
+		BodyRoom:     d.BufSize - headerRoom,
+	}
+	for _, r := range pdRelayReasons {
+		l.RelayReasons = append(l.RelayReasons, luaQuote(r))
 	}
 	// The Lua calls the turnout_route hop; its servers are the route addresses.
 	l.RouteURL = luaQuote("http://turnout" + route.PathRoute)
@@ -422,6 +450,11 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	// Small, fixed extras turnout logs or routes on.
 	hdr("content-type", "content-type")
 	hdr("x-request-id", "x-request-id")
+	if d.PD {
+		// turnout sends the prefill itself and forwards the client's
+		// credentials to it (vLLM's --api-key); without PD they stay here.
+		hdr("authorization", "authorization")
+	}
 	for _, v := range d.ServerVars[1:] {
 		l.FallbackVars = append(l.FallbackVars, luaQuote(v))
 	}
@@ -429,12 +462,27 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	return d, errors.Join(errs...)
 }
 
+// headerRoom is the part of tune.bufsize kept for the request line and headers.
+const headerRoom = 16 << 10
+
 // bufSize is tune.bufsize: the body limit plus room for headers, on a 4 KiB
 // boundary. Memory is about two buffers per connection.
 func bufSize(maxBody int) int {
-	n := max(maxBody, 1024) + 16<<10
+	n := max(maxBody, 1024) + headerRoom
 	return (n + 4095) &^ 4095
 }
+
+// kvRoom is how much a decode body may grow by kv_transfer_params. Their
+// size is dominated by remote_block_ids: one id (up to ~8 bytes with the
+// comma) per KV block of 16 tokens, and a prompt rarely has more than one
+// token per 2 bytes of JSON, so a quarter of max_body covers it; the 4 KiB
+// are the fixed fields (engine id, host, port).
+func kvRoom(maxBody int) int { return maxBody/4 + 4<<10 }
+
+// pdRelayReasons are turnout's prefill/decode 5xx codes (route/pd.go): the
+// prefill was tried and failed, so the request must fail as turnout says
+// rather than fail over to aggregated serving.
+var pdRelayReasons = []string{route.ReasonPrefillFailed, route.ReasonPrefillRejected, route.ReasonNoPrefillEndpoint}
 
 // maxSpellings caps the '-'/'_' variants per header (2^separators).
 const maxSpellings = 64

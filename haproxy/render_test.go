@@ -121,7 +121,8 @@ func TestRenderDetails(t *testing.T) {
 		"server llama-1 [fd00::11]:8000 check inter 5000ms fall 3 rise 1",
 		"use_backend %[req.body,json_query('$.model'),map_str(/etc/turnout/haproxy/models.map)]",
 		"default_backend llama_mixed",
-		"tune.bufsize 81920",
+		// max_body 64 KiB + kv room (16 KiB + 4 KiB) + header room (16 KiB): qwen is PD.
+		"tune.bufsize 102400",
 		"retries 1\n",
 	} {
 		if !strings.Contains(conf, want) {
@@ -141,6 +142,9 @@ func TestRenderDetails(t *testing.T) {
 		`local FAIL_CLOSED = true`,
 		`local ROUTE_DST = "unix@/etc/turnout/haproxy/route.sock"`,
 		`local FALLBACK_VARS = { "txn.turnout_fb1", }`,
+		`local BODY_ROOM = 86016`,
+		`local RELAY_REASONS = { ["prefill_failed"] = true, ["prefill_rejected"] = true, ["no_prefill_endpoint"] = true, }`,
+		`{ "authorization", { "authorization", } },`, // turnout forwards it to the prefill
 	} {
 		if !strings.Contains(lua, want) {
 			t.Errorf("lua lacks %q", want)
@@ -161,6 +165,60 @@ func TestRenderDetails(t *testing.T) {
 	out3, _ := Render(cfg, RenderOptions{Dir: goldenDir})
 	if out3.State.Structure == out.State.Structure {
 		t.Error("changing the route timeout kept the structure hash")
+	}
+}
+
+// TestRenderPD: only a PD decode backend runs the kv filter, the prefill
+// backend is never chosen by a rule, and a config without PD keeps the
+// plain buffer size and does not send credentials to turnout.
+func TestRenderPD(t *testing.T) {
+	out, err := Render(mustParse(t, []byte(multiYAML)), RenderOptions{Dir: goldenDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := map[string]string{}
+	for _, sec := range strings.Split(string(out.Config), "\nbackend ")[1:] {
+		name, body, _ := strings.Cut(sec, "\n")
+		sections[name] = body
+	}
+	for name, want := range map[string]struct{ filter, useServer bool }{
+		"llama_mixed":  {false, true},
+		"qwen_prefill": {false, false},
+		"qwen_decode":  {true, true},
+	} {
+		body, ok := sections[name]
+		if !ok {
+			t.Fatalf("no backend %s", name)
+		}
+		if got := strings.Contains(body, "filter lua.turnout_kv\n"); got != want.filter {
+			t.Errorf("backend %s: filter %v, want %v", name, got, want.filter)
+		}
+		if got := strings.Contains(body, "use-server "); got != want.useServer {
+			t.Errorf("backend %s: use-server rules %v, want %v", name, got, want.useServer)
+		}
+	}
+	if got := strings.Count(string(out.Config), "filter lua.turnout_kv"); got != 1 {
+		t.Errorf("%d filter lines, want 1", got)
+	}
+	// The prefill pool is synced like any other.
+	if srvs := out.State.Backends["qwen_prefill"]; len(srvs) != 1 || srvs[0].Name != "qwen-p0" {
+		t.Errorf("prefill backend state = %v", srvs)
+	}
+
+	plain, err := Render(mustParse(t, route.DefaultConfigYAML), RenderOptions{Dir: goldenDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"filter lua.", "kv_transfer_params a decode body gains"} {
+		if strings.Contains(string(plain.Config), bad) {
+			t.Errorf("non-PD config contains %q", bad)
+		}
+	}
+	if !strings.Contains(string(plain.Config), "tune.bufsize 278528\n") {
+		t.Error("non-PD config: tune.bufsize is not max_body + 16 KiB")
+	}
+	if strings.Contains(string(plain.Lua), `"authorization"`) {
+		t.Error("non-PD Lua sends Authorization to turnout")
 	}
 }
 

@@ -29,6 +29,15 @@ const (
 	// HdrReason explains a refusal or a fail-closed answer.
 	HdrReason = "X-Turnout-Reason"
 
+	// Reason codes (X-Turnout-Reason and the error body's "code") that the
+	// proxy glue treats specially: PD failures are relayed, not failed over.
+	ReasonPrefillFailed     = "prefill_failed"      // 502: prefill failed on every tried replica
+	ReasonPrefillRejected   = "prefill_rejected"    // 4xx: the prefill replica refused the request
+	ReasonNoPrefillEndpoint = "no_prefill_endpoint" // 503: PD with no_prefill=reject
+	ReasonBodyTooLarge      = "body_too_large"      // 413
+	ReasonClientKVParams    = "kv_transfer_params_not_allowed"
+	ReasonNoEndpoint        = "no_endpoint" // 503: the proxy may fail open
+
 	// FeedbackTag starts the completion log line the proxies send over syslog:
 	//   turnout-done id=<decision> srv=<server> status=<code> ms=<total ms>
 	FeedbackTag = "turnout-done"

@@ -330,7 +330,7 @@ func (s *Server) refuse(ctx *fasthttp.RequestCtx, p *Pool, why RejectReason) {
 
 func (s *Server) noEndpoint(ctx *fasthttp.RequestCtx, p *Pool) {
 	ctx.Response.Header.Set("Retry-After", "1")
-	writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", "no_endpoint",
+	writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", ReasonNoEndpoint,
 		"no available endpoint in pool "+p.Name)
 }
 
@@ -453,7 +453,7 @@ func writeError(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
 // ErrorHandler answers fasthttp-level errors (oversized or malformed requests) in JSON.
 func ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large", "request body too large")
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", ReasonBodyTooLarge, "request body too large")
 		return
 	}
 	writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_request", "malformed request: "+err.Error())

@@ -55,7 +55,7 @@ func (s *Server) routePD(ctx *fasthttp.RequestCtx, snap *Snapshot, d *Deployment
 	cfg := &d.Config.PD
 	if r.Truncated {
 		s.m.errors[errTooLarge].Add(1)
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large",
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", ReasonBodyTooLarge,
 			fmt.Sprintf("prefill/decode routing needs the whole request body; it is larger than max_body (%d bytes)", snap.Config.MaxBody))
 		return
 	}
@@ -67,7 +67,7 @@ func (s *Server) routePD(ctx *fasthttp.RequestCtx, snap *Snapshot, d *Deployment
 	}
 	if hasKey(r.Body, "kv_transfer_params") {
 		s.m.errors[errBadBody].Add(1)
-		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "kv_transfer_params_not_allowed",
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", ReasonClientKVParams,
 			"kv_transfer_params is set by the router; clients must not send it")
 		return
 	}
@@ -94,7 +94,9 @@ func (s *Server) routePD(ctx *fasthttp.RequestCtx, snap *Snapshot, d *Deployment
 			s.writeVerdict(ctx, d.Serve, decode, sc, start)
 			return
 		}
-		s.noEndpoint(ctx, d.Prefill)
+		ctx.Response.Header.Set("Retry-After", "1")
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", ReasonNoPrefillEndpoint,
+			"no available prefill replica in pool "+d.Prefill.Name+" (pd.no_prefill: reject)")
 		return
 	}
 	kv, used, err := s.pd.prefillWithRetry(ctx, snap, d, prefill, r.Body, cfg.PrefillTimeout.D())
@@ -103,14 +105,14 @@ func (s *Server) routePD(ctx *fasthttp.RequestCtx, snap *Snapshot, d *Deployment
 		if errors.As(err, &st) && st.status >= 400 && st.status < 500 {
 			// The request itself is bad (e.g. too long): the decode replica
 			// would say the same, so relay the replica's own answer.
-			ctx.Response.Header.Set(HdrReason, "prefill_rejected")
+			ctx.Response.Header.Set(HdrReason, ReasonPrefillRejected)
 			ctx.SetStatusCode(st.status)
 			ctx.SetContentType("application/json")
 			ctx.SetBody(st.body)
 			return
 		}
 		s.log.Warn().Err(err).Str(fieldDeployment, d.Name).Msg("prefill failed")
-		writeError(ctx, fasthttp.StatusBadGateway, "server_error", "prefill_failed",
+		writeError(ctx, fasthttp.StatusBadGateway, "server_error", ReasonPrefillFailed,
 			"prefill failed on every tried replica: "+err.Error())
 		return
 	}

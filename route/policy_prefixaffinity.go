@@ -54,8 +54,8 @@ func (c *PrefixAffinityConfig) Validate() error {
 // DefaultPrefixAffinityConfig returns the defaults.
 func DefaultPrefixAffinityConfig() PrefixAffinityConfig {
 	return PrefixAffinityConfig{
-		BlockBytes: 128, CapacityBlocks: 65536, MatchThreshold: 0.3,
-		BalanceAbs: 8, BalanceRel: 1.5, MinBlocks: 1, SessionAffinity: true,
+		BlockBytes: 256, CapacityBlocks: 131072, MatchThreshold: 0.3,
+		BalanceAbs: 4, BalanceRel: 1.5, MinBlocks: 1, SessionAffinity: true,
 	}
 }
 

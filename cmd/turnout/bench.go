@@ -1,14 +1,19 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -22,6 +27,7 @@ const benchUsage = `turnout bench: routing quality and cost benchmarks
   turnout bench azure  [--trace FILE] ...        (replay of the Azure CSV: lengths only)
   turnout bench cost   [--duration D] ...        (/internal/route vs a trivial handler; HAProxy vs HAProxy+turnout)
   turnout bench trivial --listen ADDR            (the trivial fasthttp handler cost compares against)
+  turnout bench policies                         (the default comparison rows, one per line)
 
 Traces are read from ../shared/traces/ by default; a missing trace is skipped
 with a message (use --trace synthetic for a small generated one).
@@ -50,11 +56,16 @@ func runBench(args []string, log *zerolog.Logger) error {
 		return runCost(args[1:], log)
 	case "trivial":
 		return runTrivial(args[1:], log)
+	case "policies":
+		for _, p := range bench.DefaultPolicies() {
+			fmt.Println(p)
+		}
+		return nil
 	case "-h", "--help", "help":
 		fmt.Fprint(os.Stdout, benchUsage)
 		return nil
 	}
-	return fmt.Errorf("bench: unknown subcommand %q (want replay, azure, cost or trivial)", args[0])
+	return fmt.Errorf("bench: unknown subcommand %q (want replay, azure, cost, trivial or policies)", args[0])
 }
 
 // errTraceMissing makes a missing trace a clean skip, not a failure.
@@ -145,7 +156,8 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 		return fmt.Errorf("bench replay: --mode %q: want sim or e2e", *mode)
 	}
 	chart := &bench.ChartOptions{
-		Title:         fmt.Sprintf("%s replay (%s, %d requests, %d replicas)", label, *mode, len(reqs), o.Replicas),
+		Title: fmt.Sprintf("%s replay (%s, %d requests, %d replicas x %.1fM-token cache, compress %g)",
+			label, *mode, len(reqs), o.Replicas, float64(o.BlockSize*o.CacheBlocks)/1e6, o.Compress),
 		GoalImbalance: 1.1, GoalHitFraction: 0.85,
 	}
 	if err := bench.Outputs(*out, *name, rows, sweepRows, chart); err != nil {
@@ -203,26 +215,154 @@ type e2eFlags struct {
 	timeScale float64
 	haproxy   string
 	bin       string
-	basePort  int
 	keep      bool
 	timeout   time.Duration
 }
 
 func defaultE2EFlags(fset *flag.FlagSet) *e2eFlags {
 	f := &e2eFlags{}
-	fset.Float64Var(&f.timeScale, "time-scale", 0.01, "e2e: mock --time-scale; arrivals are scaled alike so the load shape is kept")
+	fset.Float64Var(&f.timeScale, "time-scale", 0.05, "e2e: mock --time-scale; arrivals are scaled alike so the load shape is kept")
 	fset.StringVar(&f.haproxy, "haproxy", "haproxy", "e2e: haproxy binary")
 	fset.StringVar(&f.bin, "turnout-bin", "", "e2e: turnout binary for mocks and serve (default: this executable)")
-	fset.IntVar(&f.basePort, "base-port", 19100, "e2e: first loopback port to use")
 	fset.BoolVar(&f.keep, "keep", false, "e2e: keep the work directory (configs, logs)")
 	fset.DurationVar(&f.timeout, "timeout", 10*time.Minute, "e2e: bound on one policy's replay")
 	return f
 }
 
-func runCost(args []string, log *zerolog.Logger) error { return errors.New("TODO") }
+// runCost implements `turnout bench cost`.
+func runCost(args []string, log *zerolog.Logger) error {
+	fset := flag.NewFlagSet("bench cost", flag.ContinueOnError)
+	o := bench.CostOptions{Log: log}
+	fset.DurationVar(&o.Duration, "duration", 3*time.Second, "length of one load run")
+	fset.IntVar(&o.Rounds, "rounds", 3, "load runs per target, interleaved across targets")
+	fset.IntVar(&o.Conns, "conns", 16, "concurrent connections of the load generator")
+	fset.IntVar(&o.WrkThreads, "wrk-threads", 1, "wrk threads (keep low: the box is shared)")
+	fset.IntVar(&o.Replicas, "replicas", 4, "replicas (fake for /internal/route, mocks behind HAProxy)")
+	fset.IntVar(&o.SSEProbes, "sse-probes", 200, "sequential streaming requests per proxy for the first-chunk delay")
+	loadgen := fset.String("loadgen", "auto", "wrk, go, or auto (wrk when installed)")
+	policies := fset.String("policies", "prefix-affinity;least-request", "';'-separated policies measured on /internal/route")
+	fset.StringVar(&o.ProxyPolicy, "proxy-policy", "prefix-affinity", "turnout policy behind HAProxy")
+	fset.StringVar(&o.HAProxy, "haproxy", "haproxy", `haproxy binary ("" skips the proxy comparison)`)
+	bin := fset.String("turnout-bin", "", "turnout binary (default: this executable)")
+	out := fset.String("out", "bench-out", "output directory")
+	name := fset.String("name", "cost", "output file name prefix")
+	check := fset.Bool("check", false, "fail unless every run did work with few errors (smoke)")
+	keep := fset.Bool("keep", false, "keep the work directory")
+	if err := fset.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return fmt.Errorf("bench cost: %w", err)
+	}
+	for _, p := range strings.Split(*policies, ";") {
+		if p = strings.TrimSpace(p); p != "" {
+			o.Policies = append(o.Policies, p)
+		}
+	}
+	switch *loadgen {
+	case "go":
+	case "wrk", "auto":
+		p, err := exec.LookPath("wrk")
+		if err != nil && *loadgen == "wrk" {
+			return fmt.Errorf("bench cost: wrk: %w", err)
+		}
+		o.Wrk = p
+	default:
+		return fmt.Errorf("bench cost: --loadgen %q: want wrk, go or auto", *loadgen)
+	}
+	o.Turnout = *bin
+	if o.Turnout == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("bench cost: find own executable: %w", err)
+		}
+		o.Turnout = exe
+	}
+	work, err := os.MkdirTemp("", "turnout-cost-")
+	if err != nil {
+		return fmt.Errorf("bench cost: %w", err)
+	}
+	if *keep {
+		log.Info().Str("dir", work).Msg("bench: cost work directory kept")
+	} else {
+		defer os.RemoveAll(work)
+	}
+	o.Dir = work
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rows, err := bench.RunCost(ctx, o)
+	if err != nil {
+		return fmt.Errorf("bench cost: %w", err)
+	}
+	if err := bench.CostOutputs(*out, *name, rows); err != nil {
+		return fmt.Errorf("bench cost: %w", err)
+	}
+	if err := bench.WriteCostTable(os.Stdout, rows); err != nil {
+		return fmt.Errorf("bench cost: %w", err)
+	}
+	fmt.Printf("\nwrote %s/%s.{txt,csv,md}\n", *out, *name)
+	if *check {
+		if err := bench.CheckCost(rows); err != nil {
+			return fmt.Errorf("bench cost check: %w", err)
+		}
+	}
+	return nil
+}
 
-func runTrivial(args []string, log *zerolog.Logger) error { return errors.New("TODO") }
+// runTrivial serves the trivial handler the cost benchmark compares
+// /internal/route with, until SIGINT/SIGTERM.
+func runTrivial(args []string, log *zerolog.Logger) error {
+	fset := flag.NewFlagSet("bench trivial", flag.ContinueOnError)
+	listen := fset.String("listen", "127.0.0.1:9099", "listen address")
+	if err := fset.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return fmt.Errorf("bench trivial: %w", err)
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("bench trivial: %w", err)
+	}
+	srv := bench.NewTrivialServer()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info().Str("listen", ln.Addr().String()).Msg("bench: trivial handler serving")
+	select {
+	case err := <-errc:
+		return fmt.Errorf("bench trivial: %w", err)
+	case <-ctx.Done():
+	}
+	if err := srv.Shutdown(); err != nil {
+		return fmt.Errorf("bench trivial: %w", err)
+	}
+	return nil
+}
 
+// runE2EReplay runs the replay through real processes.
 func runE2EReplay(reqs []bench.Request, label string, specs []bench.PolicySpec, o bench.SimOptions, f *e2eFlags, log *zerolog.Logger) ([]bench.Row, error) {
-	return nil, errors.New("TODO")
+	bin := f.bin
+	if bin == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("e2e: find own executable: %w", err)
+		}
+		bin = exe
+	}
+	work, err := os.MkdirTemp("", "turnout-bench-")
+	if err != nil {
+		return nil, fmt.Errorf("e2e: %w", err)
+	}
+	if f.keep {
+		log.Info().Str("dir", work).Msg("bench: e2e work directory kept")
+	} else {
+		defer os.RemoveAll(work)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return bench.RunE2E(ctx, reqs, label, specs, bench.E2EOptions{
+		Sim: o, TimeScale: f.timeScale, HAProxy: f.haproxy, Turnout: bin, WorkDir: work, Keep: f.keep, Timeout: f.timeout, Log: log,
+	})
 }

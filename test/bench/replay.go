@@ -3,6 +3,7 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -63,12 +64,22 @@ func simRow(reqs []Request, trace string, spec PolicySpec, names []string, o Sim
 		}
 		return Row{}, err
 	}
+	if c, ok := router.(io.Closer); ok {
+		defer func() {
+			if err := c.Close(); err != nil {
+				log.Warn().Err(err).Str("policy", spec.String()).Msg("bench: router close")
+			}
+		}()
+	}
 	res, err := Simulate(reqs, router, o)
 	if err != nil {
 		return Row{}, fmt.Errorf("sim %s: %w", spec, err)
 	}
 	row := MakeRow("sim", trace, spec, res, inf, pooled, 1)
 	row.Wall = time.Since(start)
+	if d, ok := router.(interface{ Detail() string }); ok {
+		row.Detail = d.Detail()
+	}
 	log.Info().Str("policy", row.Policy).Int("requests", row.Requests).Float64("hit", row.HitRatio).
 		Float64("load", row.LoadReq).Float64("ttft_p50_ms", row.TTFT.P50).Dur("wall", row.Wall).Msg("bench: sim row")
 	return row, nil
@@ -113,6 +124,10 @@ func QuickSweep() []PolicySpec {
 	for _, v := range []string{"0.1", "0.6"} {
 		add(pa, "capacity_blocks", big, "match_threshold", v)
 	}
+	// Session stickiness on a miss, off (prefix matching alone).
+	add(pa, "session_affinity", "false")
+	add(pa, "capacity_blocks", big, "session_affinity", "false")
+	add(pa, "capacity_blocks", big, "balance_abs", "2", "session_affinity", "false")
 	for _, v := range []string{"1.1", "1.25", "2"} {
 		add(route.SessionHashType, "load_factor", v)
 	}

@@ -36,6 +36,8 @@ type Row struct {
 	RouteUs float64
 	// Wall is how long the run took.
 	Wall time.Duration
+	// Detail is extra information (decision outcomes).
+	Detail string
 	// Note carries a skip or failure reason.
 	Note string
 }
@@ -85,6 +87,8 @@ func (r *Row) Check() error {
 		return nil // skipped rows carry their reason
 	case r.Requests == 0:
 		return fmt.Errorf("%s %s %s: no request completed", r.Mode, r.Trace, r.Policy)
+	case r.Errors*100 > r.Requests:
+		return fmt.Errorf("%s %s %s: %d of %d requests failed", r.Mode, r.Trace, r.Policy, r.Errors, r.Requests+r.Errors)
 	case math.IsNaN(r.HitRatio) || r.HitRatio < 0 || r.HitRatio > 1:
 		return fmt.Errorf("%s %s %s: hit ratio %v outside [0,1]", r.Mode, r.Trace, r.Policy, r.HitRatio)
 	case r.InfBound < 0 || r.InfBound > 1 || r.HitRatio > r.InfBound+1e-9:
@@ -98,7 +102,7 @@ func (r *Row) Check() error {
 var rowHeader = []string{
 	"mode", "trace", "policy", "requests", "errors", "hit_ratio", "inf_bound", "pooled_bound", "hit_vs_inf",
 	"load_req_max_mean", "load_tok_max_mean", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms",
-	"rps", "out_tok_per_s", "route_us", "wall_s", "note",
+	"rps", "out_tok_per_s", "route_us", "wall_s", "detail", "note",
 }
 
 func f4(v float64) string { return strconv.FormatFloat(v, 'f', 4, 64) }
@@ -109,7 +113,7 @@ func (r *Row) fields() []string {
 		r.Mode, r.Trace, r.Policy, strconv.Itoa(r.Requests), strconv.Itoa(r.Errors),
 		f4(r.HitRatio), f4(r.InfBound), f4(r.Pooled), f4(Ratio(r.HitRatio, r.InfBound)),
 		f4(r.LoadReq), f4(r.LoadTok), f1(r.TTFT.P50), f1(r.TTFT.P90), f1(r.TTFT.P99), f1(r.E2EP50), f1(r.E2EP99),
-		f4(r.RPS), f1(r.TokPS), f1(r.RouteUs), f1(r.Wall.Seconds()), r.Note,
+		f4(r.RPS), f1(r.TokPS), f1(r.RouteUs), f1(r.Wall.Seconds()), r.Detail, r.Note,
 	}
 }
 

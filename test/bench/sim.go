@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/kv"
 	"github.com/turnout/turnout/test/mockvllm"
 )
 
@@ -92,7 +94,8 @@ type ReplicaLoad struct {
 type RunResult struct {
 	Replicas []ReplicaLoad
 	// TTFT and E2E run from the request's scheduled arrival (so client-side
-	// waiting under the concurrency bound is counted, no coordinated omission).
+	// waiting under the concurrency bound is counted, no coordinated omission),
+	// in completion order.
 	TTFT, E2E []time.Duration
 	Requests  int
 	Errors    int
@@ -125,21 +128,31 @@ func NewRouter(spec PolicySpec, names []string, o SimOptions) (Router, error) {
 		// Addresses are never dialled: health checks are off in the sim.
 		eps[i] = Endpoint{Name: n, Address: "127.0.0.1:" + strconv.Itoa(18000+i)}
 	}
-	cfgText := TurnoutConfig(ConfigOptions{Listen: "127.0.0.1:1", Model: o.Model, Policy: spec, Endpoints: eps, DisableHealth: true})
-	cfg, err := route.ParseConfig(cfgText)
-	if err != nil {
-		return nil, fmt.Errorf("policy %s: %w", spec, err)
-	}
 	log := o.Log
 	if log == nil {
 		l := zerolog.Nop()
 		log = &l
 	}
-	srv, err := route.NewServer(cfg, route.Options{Seed: o.Seed, Log: log})
+	t := &turnoutRouter{names: map[string]int{}, order: names, closeFn: func() error { return nil }}
+	var extra string
+	if spec.Policy == route.KVAwareType {
+		var err error
+		if extra, t.closeFn, err = kvAwareExtras(spec, o, log); err != nil {
+			return nil, fmt.Errorf("policy %s: %w", spec, err)
+		}
+	}
+	cfgText := TurnoutConfig(ConfigOptions{Listen: "127.0.0.1:1", Model: o.Model, Policy: spec, ExtraParams: extra, Endpoints: eps, DisableHealth: true})
+	cfg, err := route.ParseConfig(cfgText)
+	if err == nil {
+		t.srv, err = route.NewServer(cfg, route.Options{Seed: o.Seed, Log: log})
+	}
+	if err == nil && spec.Policy == route.KVAwareType {
+		err = t.attachKVIndex()
+	}
 	if err != nil {
+		_ = t.Close()
 		return nil, fmt.Errorf("policy %s: %w", spec, err)
 	}
-	t := &turnoutRouter{srv: srv, names: map[string]int{}}
 	for i, n := range names {
 		t.names[n] = i
 	}
@@ -149,9 +162,27 @@ func NewRouter(spec PolicySpec, names []string, o SimOptions) (Router, error) {
 // turnoutRouter calls the real /internal/route handler in-process, so the sim
 // runs exactly the policy code the service runs.
 type turnoutRouter struct {
-	srv   *route.Server
-	names map[string]int
-	ctx   fasthttp.RequestCtx
+	srv     *route.Server
+	names   map[string]int
+	order   []string
+	ctx     fasthttp.RequestCtx
+	kvIndex *kv.Index    // kv-aware only
+	closeFn func() error // stops helpers (kv-aware's tokenizer)
+}
+
+// Detail summarizes the policy's decision outcomes from its metrics.
+func (t *turnoutRouter) Detail() string {
+	var b strings.Builder
+	t.srv.WriteMetrics(&b)
+	return DecisionDetail(b.String())
+}
+
+// Close stops the router's helpers and the policy's goroutines.
+func (t *turnoutRouter) Close() error {
+	if t.srv != nil {
+		t.srv.Close()
+	}
+	return t.closeFn()
 }
 
 func (t *turnoutRouter) NeedsBody() bool { return true }
@@ -254,9 +285,15 @@ func Simulate(reqs []Request, router Router, o SimOptions) (*RunResult, error) {
 	s := &sim{o: o, router: router}
 	s.reps = make([]simReplica, o.Replicas)
 	names := ReplicaNames(o.Replicas)
+	cw, _ := router.(CacheWatcher)
 	for i := range s.reps {
 		s.reps[i].cache = mockvllm.NewCache(o.BlockSize, o.CacheBlocks)
 		s.reps[i].load.Name = names[i]
+		if cw != nil {
+			if sink := cw.CacheSink(i); sink != nil {
+				s.reps[i].cache.SetSink(sink)
+			}
+		}
 	}
 	s.res.TTFT = make([]time.Duration, 0, len(reqs))
 	s.res.E2E = make([]time.Duration, 0, len(reqs))

@@ -33,7 +33,7 @@ var palette = []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#
 // is better.
 func WriteSVG(w io.Writer, rows, sweep []Row, o ChartOptions) error {
 	all := append(append([]Row(nil), rows...), sweep...)
-	xmax, inf, pooled := 1.5, 0.0, 0.0
+	xmax, inf, pooled := 1.2, 0.0, 0.0
 	for i := range all {
 		if all[i].Note != "" {
 			continue
@@ -42,8 +42,16 @@ func WriteSVG(w io.Writer, rows, sweep []Row, o ChartOptions) error {
 		inf = max(inf, all[i].InfBound)
 		pooled = max(pooled, all[i].Pooled)
 	}
-	xmax = math.Ceil(xmax*4) / 4
 	const xmin = 1.0
+	// Ticks fine enough that 1.05 and 1.10 are told apart near the goal.
+	step := 0.25
+	switch {
+	case xmax-xmin <= 0.35:
+		step = 0.05
+	case xmax-xmin <= 0.8:
+		step = 0.1
+	}
+	xmax = math.Ceil((xmax+step/2)/step) * step
 	plotW := float64(chartW - padL - padR)
 	plotH := float64(chartH - padT - padB)
 	x := func(v float64) float64 { return padL + (v-xmin)/(xmax-xmin)*plotW }
@@ -59,7 +67,7 @@ func WriteSVG(w io.Writer, rows, sweep []Row, o ChartOptions) error {
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#eee"/>`+"\n", x(xmin), y(v), x(xmax), y(v))
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end">%.1f</text>`+"\n", x(xmin)-6, y(v)+4, v)
 	}
-	for v := xmin; v <= xmax+1e-9; v += 0.25 {
+	for v := xmin; v <= xmax+1e-9; v += step {
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#eee"/>`+"\n", x(v), y(0), x(v), y(1))
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%.2f</text>`+"\n", x(v), y(0)+18, v)
 	}
@@ -77,8 +85,9 @@ func WriteSVG(w io.Writer, rows, sweep []Row, o ChartOptions) error {
 			hline(inf*o.GoalHitFraction, "#2ca02c", fmt.Sprintf("goal %.0f%% of infinite", o.GoalHitFraction*100))
 		}
 	}
-	if pooled > 0 {
-		hline(pooled, "#999", fmt.Sprintf("pooled LRU %.3f", pooled))
+	// The pooled-capacity line only says something when capacity binds.
+	if pooled > 0 && inf-pooled > 0.005 {
+		hline(pooled, "#999", fmt.Sprintf("pooled LRU (all replicas' capacity) %.3f", pooled))
 	}
 	if g := o.GoalImbalance; g > xmin && g < xmax {
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#2ca02c" stroke-dasharray="6 4"/>`+"\n", x(g), y(0), x(g), y(1))

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -123,22 +124,10 @@ func TestPromptTokensMatchMock(t *testing.T) {
 		if len(got) != PromptTokens(&r) {
 			t.Errorf("PromptTokens %d, tokens %d", PromptTokens(&r), len(got))
 		}
-		if !slicesEqual(got, want) {
+		if !slices.Equal(got, want) {
 			t.Fatalf("tokens differ from the mock's: got %d tokens, want %d", len(got), len(want))
 		}
 	}
-}
-
-func slicesEqual(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestSyntheticTraceShares(t *testing.T) {

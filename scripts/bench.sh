@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# turnout benchmarks (see BENCHMARKS.md). Called by `make bench` after the
+# route micro benchmarks, and by `make bench-smoke` (BENCH_SMOKE=1) inside
+# `make test`, where it must stay a few seconds long and fail on breakage.
+#
+#   scripts/bench.sh                 quick versions of everything (< 5 min), into bench-out/
+#   BENCH_SMOKE=1 scripts/bench.sh   smoke: tiny runs with sanity checks, into bench-out/smoke/
+#
+# Environment: TURNOUT_BIN (default bin/turnout, built if missing),
+# BENCH_OUT (default bench-out), TRACES (default ../shared/traces).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BIN=${TURNOUT_BIN:-bin/turnout}
+OUT=${BENCH_OUT:-bench-out}
+TRACES=${TRACES:-../shared/traces}
+MOONCAKE=$TRACES/mooncake_synthetic_trace.jsonl
+AZURE=$TRACES/azure_llm_2023_conv.csv
+
+if [ ! -x "$BIN" ]; then
+  echo "bench: building $BIN"
+  CGO_ENABLED=0 go build -o "$BIN" ./cmd/turnout
+fi
+# Info logs go to a file; warnings and errors stay on the terminal.
+export TURNOUT_LOG_LEVEL=${TURNOUT_LOG_LEVEL:-warn}
+have() { command -v "$1" >/dev/null 2>&1; }
+
+if [ "${BENCH_SMOKE:-}" = 1 ]; then
+  OUT=$OUT/smoke
+  mkdir -p "$OUT"
+  start=$SECONDS
+  # Sim on a generated trace: always available, exercises every policy.
+  "$BIN" bench replay --trace synthetic --limit 200 --check --out "$OUT" >/dev/null
+  if [ -f "$MOONCAKE" ]; then
+    "$BIN" bench replay --trace "$MOONCAKE" --limit 300 --check --out "$OUT" >/dev/null
+  else
+    echo "bench smoke: $MOONCAKE not found, skipping the Mooncake sim (traces live in ../shared/traces)"
+  fi
+  if have haproxy; then
+    # The real path: HAProxy + Lua + turnout + mock replicas, and HAProxy alone.
+    "$BIN" bench replay --mode e2e --trace synthetic --limit 60 --time-scale 0.05 \
+      --policies 'haproxy-roundrobin;prefix-affinity' --check --out "$OUT" >/dev/null
+  else
+    echo "bench smoke: haproxy not installed, skipping the e2e replay"
+  fi
+  # Cost machinery with the Go load generator (wrk may be absent in CI).
+  "$BIN" bench cost --loadgen go --haproxy '' --duration 500ms --rounds 1 --policies prefix-affinity \
+    --check --out "$OUT" >/dev/null
+  echo "bench smoke: ok in $((SECONDS - start)) s; outputs in $OUT"
+  exit 0
+fi
+
+mkdir -p "$OUT"
+LOG=$OUT/bench.log
+: >"$LOG"
+# The default policy rows (HAProxy alone, every registered turnout policy),
+# ';'-terminated, to append variants to.
+default_policies() {
+  "$BIN" bench policies | tr '\n' ';'
+}
+run() {
+  echo "+ $*" | tee -a "$LOG"
+  "$@" 2>>"$LOG"
+}
+
+# Machine facts; none of these may fail the run (wrk -v exits 1, head
+# closes pipes early).
+{
+  echo "# turnout benchmark run $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo
+  echo '```'
+  echo "turnout: $("$BIN" version 2>/dev/null || echo unknown), tree $(git describe --always --dirty 2>/dev/null || echo unknown)"
+  echo "nproc: $(nproc)"
+  (lscpu | head -n 15) || true
+  go version || true
+  if have haproxy; then (haproxy -v | head -n 1) || true; fi
+  if have wrk; then (wrk -v 2>&1 | head -n 1) || true; fi
+  echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo '```'
+} >"$OUT/machine.md"
+
+if [ -f "$MOONCAKE" ]; then
+  # Routing quality. Default replicas hold every reused prefix (8.4M tokens
+  # each), so the table shows routing, not capacity; then a GPU-sized cache.
+  run "$BIN" bench replay --trace "$MOONCAKE" --sweep quick --out "$OUT"
+  run "$BIN" bench replay --trace "$MOONCAKE" --cache-blocks 32768 --name replay-sim-mooncake-gpucache --out "$OUT"
+  # No session header at all: prefix matching alone (session-hash degrades
+  # to least-request, prefix-affinity loses its session stickiness).
+  run "$BIN" bench replay --trace "$MOONCAKE" --session-blocks 0 --name replay-sim-mooncake-nosession --out "$OUT" \
+    --policies "$(default_policies)prefix-affinity:capacity_blocks=1048576;prefix-affinity:capacity_blocks=1048576,balance_abs=2"
+  # Twice the trace's rate on 8 running sequences per replica: the replicas
+  # run near saturation, so imbalance turns into queueing and the load
+  # guards matter. The extra rows are the sweep's best settings.
+  run "$BIN" bench replay --trace "$MOONCAKE" --compress 2 --max-running 8 --name replay-sim-mooncake-loaded --out "$OUT" \
+    --policies "$(default_policies)prefix-affinity:capacity_blocks=1048576;prefix-affinity:capacity_blocks=1048576,session_affinity=false;prefix-affinity:capacity_blocks=1048576,balance_abs=4;prefix-affinity:capacity_blocks=1048576,balance_abs=2,session_affinity=false;prefix-affinity:block_bytes=512,capacity_blocks=262144,balance_abs=2,session_affinity=false"
+  if have haproxy; then
+    run "$BIN" bench replay --trace "$MOONCAKE" --mode e2e --limit 400 --time-scale 0.05 --out "$OUT"
+  else
+    echo "bench: haproxy not installed, skipping the e2e replay" | tee -a "$LOG"
+  fi
+else
+  echo "bench: $MOONCAKE not found, skipping the Mooncake replays (traces live in ../shared/traces)" | tee -a "$LOG"
+fi
+if [ -f "$AZURE" ]; then
+  # Lengths only: a load-balance and queueing comparison (8 running
+  # sequences per replica so imbalance turns into queueing).
+  run "$BIN" bench azure --trace "$AZURE" --max-running 8 --out "$OUT"
+else
+  echo "bench: $AZURE not found, skipping the Azure replay" | tee -a "$LOG"
+fi
+run "$BIN" bench cost --out "$OUT"
+
+# One file with every table, for BENCHMARKS.md.
+{
+  cat "$OUT/machine.md"
+  echo
+  echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) (throughput figures are only comparable on a quiet box)"
+  if [ -f bench-route.txt ]; then
+    echo
+    echo "## Decision micro benchmarks (go test ./route -bench)"
+    echo '```'
+    grep -E '^(Benchmark|ok|PASS)' bench-route.txt || true
+    echo '```'
+  fi
+  for f in replay-sim-mooncake replay-sim-mooncake-nosession replay-sim-mooncake-gpucache replay-sim-mooncake-loaded replay-e2e-mooncake replay-sim-azure-conv cost; do
+    if [ -f "$OUT/$f.md" ]; then
+      echo
+      echo "## $f"
+      echo
+      cat "$OUT/$f.md"
+    fi
+  done
+} >"$OUT/SUMMARY.md"
+echo "bench: tables in $OUT/SUMMARY.md, charts in $OUT/*.svg, log in $LOG"

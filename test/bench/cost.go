@@ -1,0 +1,520 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/test/mockvllm"
+)
+
+// Pre-built header names and values: the trivial handler must not allocate.
+var (
+	hdrServerB    = []byte(route.HdrServer)
+	hdrBackendB   = []byte(route.HdrBackend)
+	hdrPoolB      = []byte(route.HdrPool)
+	hdrFallbacksB = []byte(route.HdrFallbacks)
+	hdrDecisionB  = []byte(route.HdrDecision)
+	trivServer    = []byte("r0")
+	trivBackend   = []byte("127.0.0.1:18000")
+	trivPool      = []byte("bench_mixed")
+	trivFallback  = []byte("r1,r2")
+	trivDecision  = []byte("0000000000000001")
+)
+
+// TrivialHandler answers every request like /internal/route does, with
+// fixed verdict headers and no work: the floor a decision is compared to.
+func TrivialHandler(ctx *fasthttp.RequestCtx) {
+	h := &ctx.Response.Header
+	h.SetBytesKV(hdrServerB, trivServer)
+	h.SetBytesKV(hdrBackendB, trivBackend)
+	h.SetBytesKV(hdrPoolB, trivPool)
+	h.SetBytesKV(hdrFallbacksB, trivFallback)
+	h.SetBytesKV(hdrDecisionB, trivDecision)
+	ctx.SetStatusCode(fasthttp.StatusOK)
+}
+
+// NewTrivialServer uses the route server's settings (route.NewHTTPServer)
+// so only the handler differs.
+func NewTrivialServer() *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler: TrivialHandler, Name: "turnout", NoDefaultServerHeader: true, NoDefaultDate: true, NoDefaultContentType: true,
+		MaxRequestBodySize: 4*(256<<10) + 1<<20, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 5 * time.Minute,
+	}
+}
+
+// CostOptions configure the cost benchmark.
+type CostOptions struct {
+	Turnout string // turnout binary
+	HAProxy string // haproxy binary ("" or missing: skip the proxy part)
+	Wrk     string // wrk binary ("" = the Go load generator)
+	// Duration of one load run; every target gets Rounds runs, interleaved,
+	// so a noisy neighbour hurts all targets alike.
+	Duration time.Duration
+	Rounds   int
+	Conns    int
+	// WrkThreads is wrk's -t (keep it low: wrk shares the cores).
+	WrkThreads int
+	Replicas   int
+	// Policies are measured on /internal/route alone.
+	Policies []string
+	// ProxyPolicy is turnout's policy behind HAProxy.
+	ProxyPolicy string
+	// SSEProbes is how many sequential streaming requests per stack measure
+	// the first-chunk delay.
+	SSEProbes int
+	Dir       string
+	Log       *zerolog.Logger
+}
+
+// CostRow is one target of the cost benchmark.
+type CostRow struct {
+	Group    string // route, haproxy, sse-first-chunk
+	Target   string
+	LoadGen  string
+	Conns    int
+	Requests int
+	Errors   int
+	RPS      float64
+	P50, P99 float64 // ms
+	// Ratio is the median over rounds of RPS / the baseline's RPS in the
+	// same round; Added* are latency differences to the baseline, in ms.
+	Ratio                float64
+	AddedP50, AddedP99   float64
+	Baseline             bool
+	Note                 string
+	roundRPS             []float64
+	roundP50s, roundP99s []float64
+}
+
+// RunCost measures /internal/route against a trivial handler, and plain
+// HAProxy against HAProxy + Lua + turnout, with the same load in the same
+// run, plus the SSE first-chunk delay through both proxies.
+func RunCost(ctx context.Context, o CostOptions) ([]CostRow, error) {
+	if o.Log == nil {
+		l := zerolog.Nop()
+		o.Log = &l
+	}
+	if o.Rounds < 1 || o.Conns < 1 || o.Duration <= 0 {
+		return nil, errors.New("cost: rounds, conns and duration must be positive")
+	}
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("cost dir: %w", err)
+	}
+	rows, err := costRoute(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	if o.HAProxy == "" {
+		return rows, nil
+	}
+	if _, err := exec.LookPath(o.HAProxy); err != nil {
+		o.Log.Warn().Str("haproxy", o.HAProxy).Msg("bench cost: haproxy not found, skipping the proxy comparison")
+		return append(rows, CostRow{Group: "haproxy", Target: "-", Note: "skipped: haproxy not found"}), nil
+	}
+	prows, err := costProxy(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	return append(rows, prows...), nil
+}
+
+func (o *CostOptions) loadGenName() string {
+	if o.Wrk != "" {
+		return "wrk -t" + strconv.Itoa(o.WrkThreads)
+	}
+	return "go"
+}
+
+// runRounds loads each target Rounds times, interleaved, and fills rows.
+func runRounds(ctx context.Context, o CostOptions, group string, targets []LoadTarget, bodies []CostBody) ([]CostRow, error) {
+	rows := make([]CostRow, len(targets))
+	lats := make([][]time.Duration, len(targets))
+	scripts := make([]string, len(targets))
+	for i, t := range targets {
+		rows[i] = CostRow{Group: group, Target: t.Name, LoadGen: o.loadGenName(), Conns: o.Conns, Baseline: i == 0}
+		if o.Wrk != "" {
+			p, err := writeWrkScript(o.Dir, t, bodies)
+			if err != nil {
+				return nil, err
+			}
+			scripts[i] = p
+		}
+	}
+	var elapsed = make([]time.Duration, len(targets))
+	for r := range o.Rounds {
+		for i, t := range targets {
+			var (
+				res *LoadResult
+				err error
+			)
+			if o.Wrk != "" {
+				res, err = WrkLoad(ctx, o.Wrk, scripts[i], t, o.WrkThreads, o.Conns, o.Duration)
+			} else {
+				res, err = GoLoad(ctx, t, bodies, o.Conns, o.Duration)
+			}
+			if err != nil {
+				return nil, err
+			}
+			if res.FirstErr != nil {
+				o.Log.Warn().Err(res.FirstErr).Str("target", t.Name).Int("errors", res.Errors).Msg("bench cost: request errors")
+			}
+			row := &rows[i]
+			row.Requests += res.Requests
+			row.Errors += res.Errors
+			elapsed[i] += res.Elapsed
+			lats[i] = append(lats[i], res.Latencies...)
+			row.roundRPS = append(row.roundRPS, res.RPS())
+			row.roundP50s = append(row.roundP50s, float64(res.P50)/float64(time.Millisecond))
+			row.roundP99s = append(row.roundP99s, float64(res.P99)/float64(time.Millisecond))
+			o.Log.Info().Str("group", group).Str("target", t.Name).Int("round", r+1).Float64("rps", res.RPS()).
+				Dur("p50", res.P50).Dur("p99", res.P99).Int("errors", res.Errors).Msg("bench cost: run")
+		}
+	}
+	for i := range rows {
+		row := &rows[i]
+		if elapsed[i] > 0 {
+			row.RPS = float64(row.Requests) / elapsed[i].Seconds()
+		}
+		if len(lats[i]) > 0 {
+			s := Summarize(Millis(lats[i]))
+			row.P50, row.P99 = s.P50, s.P99
+		} else {
+			// wrk gives percentiles per run only: take the median run's.
+			row.P50, row.P99 = median(row.roundP50s), median(row.roundP99s)
+		}
+	}
+	applyBaseline(rows)
+	applyRoundRatios(rows)
+	return rows, nil
+}
+
+// applyRoundRatios sets Ratio to the median of per-round ratios. Rounds run
+// the targets back to back, so a round's ratio compares like with like; the
+// median of those resists a noisy neighbour better than the ratio of totals.
+func applyRoundRatios(rows []CostRow) {
+	for i := range rows {
+		var rs []float64
+		for r := range rows[i].roundRPS {
+			rs = append(rs, Ratio(rows[i].roundRPS[r], rows[0].roundRPS[r]))
+		}
+		rows[i].Ratio = median(rs)
+	}
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return Percentile(s, 50)
+}
+
+// applyBaseline fills Ratio and Added* against the group's first row.
+func applyBaseline(rows []CostRow) {
+	if len(rows) == 0 {
+		return
+	}
+	b := rows[0]
+	for i := range rows {
+		rows[i].Ratio = Ratio(rows[i].RPS, b.RPS)
+		rows[i].AddedP50 = rows[i].P50 - b.P50
+		rows[i].AddedP99 = rows[i].P99 - b.P99
+	}
+}
+
+// costRoute compares /internal/route (one turnout per policy) with the
+// trivial handler. No completion feedback is sent: turnout's bounded
+// decision ring overwrites (and counts) the oldest open decisions instead.
+func costRoute(ctx context.Context, o CostOptions) ([]CostRow, error) {
+	var ps procSet
+	defer ps.stopAll()
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	tp, err := ps.start(o.Dir, "trivial", o.Turnout, "bench", "trivial", "--listen", addr)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitHTTP(ctx, tp, "http://"+addr+"/healthz", http.StatusOK, 10*time.Second); err != nil {
+		return nil, err
+	}
+	targets := []LoadTarget{{Name: "trivial-fasthttp", Addr: addr, Path: route.PathRoute, RouteHeaders: true}}
+	eps := make([]Endpoint, max(o.Replicas, 1))
+	for i := range eps {
+		eps[i] = Endpoint{Name: "r" + strconv.Itoa(i), Address: "127.0.0.1:" + strconv.Itoa(18000+i)}
+	}
+	for _, pol := range o.Policies {
+		spec, err := ParsePolicySpec(pol)
+		if err != nil {
+			return nil, err
+		}
+		listen, err := freeAddr()
+		if err != nil {
+			return nil, err
+		}
+		cfgPath := filepath.Join(o.Dir, "route-"+spec.Policy+".yaml")
+		cfg := TurnoutConfig(ConfigOptions{Listen: listen, Model: "llama", Policy: spec, Endpoints: eps, DisableHealth: true})
+		if err := os.WriteFile(cfgPath, cfg, 0o644); err != nil {
+			return nil, fmt.Errorf("cost config: %w", err)
+		}
+		p, err := ps.start(o.Dir, "turnout-"+spec.Policy, o.Turnout, "serve", "--config", cfgPath, "--watch", "0", "--log-level", "warn")
+		if err != nil {
+			return nil, err
+		}
+		if err := waitHTTP(ctx, p, "http://"+listen+route.PathReadyz, http.StatusOK, 10*time.Second); err != nil {
+			return nil, err
+		}
+		targets = append(targets, LoadTarget{Name: "route " + spec.String(), Addr: listen, Path: route.PathRoute, RouteHeaders: true})
+	}
+	return runRounds(ctx, o, "route", targets, CostBodies(64, "llama", 1, false, 1))
+}
+
+// CostMockArgs make replicas answer at once (no model time) while streams
+// still come as separate 1 ms-spaced chunks, so the proxies are the cost.
+func CostMockArgs() []string {
+	return []string{"--ttft-overhead", "0s", "--per-token-prefill", "0s", "--itl", "1ms", "--time-scale", "1",
+		"--max-running", "0", "--cache-blocks", "4096", "--request-log-size", "-1"}
+}
+
+// costProxy compares plain HAProxy with HAProxy + Lua + turnout in front of
+// the same replicas.
+func costProxy(ctx context.Context, o CostOptions) ([]CostRow, error) {
+	var mocks procSet
+	defer mocks.stopAll()
+	var eps []Endpoint
+	for i, name := range ReplicaNames(max(o.Replicas, 1)) {
+		addr, err := freeAddr()
+		if err != nil {
+			return nil, err
+		}
+		args := append([]string{"mock", "--listen", addr, "--name", name, "--model", "llama"}, CostMockArgs()...)
+		p, err := mocks.start(o.Dir, "mock-"+strconv.Itoa(i), o.Turnout, args...)
+		if err != nil {
+			return nil, err
+		}
+		if err := waitHTTP(ctx, p, "http://"+addr+"/health", http.StatusOK, 10*time.Second); err != nil {
+			return nil, err
+		}
+		eps = append(eps, Endpoint{Name: name, Address: addr})
+	}
+	plainDir := filepath.Join(o.Dir, "plain")
+	turnDir := filepath.Join(o.Dir, "with-turnout")
+	for _, d := range []string{plainDir, turnDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("cost dir: %w", err)
+		}
+	}
+	plain, err := StartStack(ctx, StackOptions{Dir: plainDir, Spec: PolicySpec{Policy: HAProxyRoundRobin}, Model: "llama", HAProxy: o.HAProxy, Turnout: o.Turnout, Mocks: eps, Log: o.Log})
+	if err != nil {
+		return nil, err
+	}
+	defer plain.Stop()
+	spec, err := ParsePolicySpec(o.ProxyPolicy)
+	if err != nil {
+		return nil, err
+	}
+	withT, err := StartStack(ctx, StackOptions{Dir: turnDir, Spec: spec, Model: "llama", HAProxy: o.HAProxy, Turnout: o.Turnout, Mocks: eps, Log: o.Log})
+	if err != nil {
+		return nil, err
+	}
+	defer withT.Stop()
+	hostPort := func(u string) string { return strings.TrimPrefix(u, "http://") }
+	targets := []LoadTarget{
+		{Name: "haproxy roundrobin", Addr: hostPort(plain.FrontURL), Path: mockvllm.PathChat},
+		{Name: "haproxy+lua+turnout " + spec.String(), Addr: hostPort(withT.FrontURL), Path: mockvllm.PathChat},
+	}
+	rows, err := runRounds(ctx, o, "haproxy", targets, CostBodies(64, "llama", 1, false, 2))
+	if err != nil {
+		return nil, err
+	}
+	sse, err := sseProbe(ctx, o, targets, CostBodies(16, "llama", 8, true, 3))
+	if err != nil {
+		return nil, err
+	}
+	return append(rows, sse...), nil
+}
+
+// sseProbe sends streaming requests one at a time, alternating the
+// targets, and measures the time to the first body chunk: what a chat user
+// waits for, and what http-no-delay and the routing hop affect.
+func sseProbe(ctx context.Context, o CostOptions, targets []LoadTarget, bodies []CostBody) ([]CostRow, error) {
+	clients := make([]*http.Client, len(targets))
+	firsts := make([][]time.Duration, len(targets))
+	for i := range clients {
+		tr := &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}
+		defer tr.CloseIdleConnections()
+		clients[i] = &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	}
+	errs := make([]int, len(targets))
+	buf := make([]byte, 32<<10)
+	for n := range o.SSEProbes {
+		for i, t := range targets {
+			b := bodies[n%len(bodies)]
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+t.Addr+t.Path, bytes.NewReader(b.Body))
+			if err != nil {
+				return nil, fmt.Errorf("sse probe: %w", err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Session-Id", b.Session)
+			t0 := time.Now()
+			resp, err := clients[i].Do(req)
+			if err != nil {
+				errs[i]++
+				continue
+			}
+			var first time.Duration
+			for {
+				k, rerr := resp.Body.Read(buf)
+				if k > 0 && first == 0 {
+					first = time.Since(t0)
+				}
+				if rerr != nil {
+					break
+				}
+			}
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || first == 0 {
+				errs[i]++
+				continue
+			}
+			firsts[i] = append(firsts[i], first)
+		}
+	}
+	rows := make([]CostRow, len(targets))
+	for i, t := range targets {
+		s := Summarize(Millis(firsts[i]))
+		rows[i] = CostRow{Group: "sse-first-chunk", Target: t.Name, LoadGen: "sequential", Conns: 1,
+			Requests: len(firsts[i]), Errors: errs[i], P50: s.P50, P99: s.P99, Baseline: i == 0}
+	}
+	applyBaseline(rows)
+	for i := range rows {
+		rows[i].Ratio, rows[i].RPS = 0, 0 // not a throughput run
+	}
+	return rows, nil
+}
+
+var costHeader = []string{"group", "target", "loadgen", "conns", "requests", "errors", "rps", "rps_ratio", "p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms", "round_rps", "note"}
+
+func (r *CostRow) fields() []string {
+	var rounds []string
+	for _, v := range r.roundRPS {
+		rounds = append(rounds, strconv.FormatFloat(v, 'f', 0, 64))
+	}
+	return []string{r.Group, r.Target, r.LoadGen, strconv.Itoa(r.Conns), strconv.Itoa(r.Requests), strconv.Itoa(r.Errors),
+		f1(r.RPS), strconv.FormatFloat(r.Ratio, 'f', 3, 64), strconv.FormatFloat(r.P50, 'f', 3, 64), strconv.FormatFloat(r.P99, 'f', 3, 64),
+		strconv.FormatFloat(r.AddedP50, 'f', 3, 64), strconv.FormatFloat(r.AddedP99, 'f', 3, 64), strings.Join(rounds, " "), r.Note}
+}
+
+// WriteCostCSV writes cost rows with a header.
+func WriteCostCSV(w io.Writer, rows []CostRow) error {
+	cw := csv.NewWriter(w)
+	if err := cw.Write(costHeader); err != nil {
+		return fmt.Errorf("csv: %w", err)
+	}
+	for i := range rows {
+		if err := cw.Write(rows[i].fields()); err != nil {
+			return fmt.Errorf("csv: %w", err)
+		}
+	}
+	cw.Flush()
+	if err := cw.Error(); err != nil {
+		return fmt.Errorf("csv: %w", err)
+	}
+	return nil
+}
+
+// WriteCostTable writes cost rows for terminals.
+func WriteCostTable(w io.Writer, rows []CostRow) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "group\ttarget\tloadgen\tconns\trequests\terrors\trps\tratio\tp50 ms\tp99 ms\t+p50 ms\t+p99 ms\t")
+	for i := range rows {
+		r := &rows[i]
+		if r.Note != "" {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t\t\t\t\n", r.Group, r.Target, r.Note)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%.0f\t%.3f\t%.3f\t%.3f\t%+.3f\t%+.3f\t\n", r.Group, r.Target, r.LoadGen, r.Conns,
+			r.Requests, r.Errors, r.RPS, r.Ratio, r.P50, r.P99, r.AddedP50, r.AddedP99)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("table: %w", err)
+	}
+	return nil
+}
+
+// WriteCostMarkdown writes cost rows as a Markdown table.
+func WriteCostMarkdown(w io.Writer, rows []CostRow) error {
+	var b strings.Builder
+	b.WriteString("| group | target | load | rps | rps ratio | p50 ms | p99 ms | added p50 ms | added p99 ms | errors |\n")
+	b.WriteString("|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for i := range rows {
+		r := &rows[i]
+		if r.Note != "" {
+			fmt.Fprintf(&b, "| %s | %s | %s |||||||\n", r.Group, r.Target, r.Note)
+			continue
+		}
+		rps, ratio := fmt.Sprintf("%.0f", r.RPS), fmt.Sprintf("%.3f", r.Ratio)
+		if r.Group == "sse-first-chunk" {
+			rps, ratio = "-", "-"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s c%d | %s | %s | %.3f | %.3f | %+.3f | %+.3f | %d |\n", r.Group, r.Target, r.LoadGen, r.Conns,
+			rps, ratio, r.P50, r.P99, r.AddedP50, r.AddedP99, r.Errors)
+	}
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return fmt.Errorf("markdown: %w", err)
+	}
+	return nil
+}
+
+// CostOutputs writes NAME.{txt,csv,md} into dir.
+func CostOutputs(dir, name string, rows []CostRow) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("output dir: %w", err)
+	}
+	var errs []error
+	for ext, fn := range map[string]func(io.Writer, []CostRow) error{".txt": WriteCostTable, ".csv": WriteCostCSV, ".md": WriteCostMarkdown} {
+		p := filepath.Join(dir, name+ext)
+		f, err := os.Create(p)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("create %s: %w", p, err))
+			continue
+		}
+		if err := fn(f, rows); err != nil {
+			errs = append(errs, fmt.Errorf("write %s: %w", p, err))
+		}
+		if err := f.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close %s: %w", p, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// CheckCost fails when a throughput row did no work or errors dominate (smoke).
+func CheckCost(rows []CostRow) error {
+	var errs []error
+	for _, r := range rows {
+		if r.Note != "" {
+			continue
+		}
+		if r.Requests == 0 || r.Errors > r.Requests/10 {
+			errs = append(errs, fmt.Errorf("cost %s %s: %d requests, %d errors", r.Group, r.Target, r.Requests, r.Errors))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,436 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/route"
+)
+
+// E2EOptions configure a replay through real processes on loopback:
+// N `turnout mock` replicas, `turnout serve`, and HAProxy (rendered by
+// `turnout render haproxy`, or a plain config for the HAProxy-alone rows).
+type E2EOptions struct {
+	// Sim holds the replica model (cache, timing at full scale, max running)
+	// and the replay shape (compress, concurrency, model).
+	Sim SimOptions
+	// TimeScale is the mocks' --time-scale; arrivals are scaled alike so the
+	// load shape is the trace's, and measured times are divided by it.
+	TimeScale float64
+	HAProxy   string // haproxy binary
+	Turnout   string // turnout binary (mocks, serve, render)
+	// WorkDir holds one directory per run (configs and process logs).
+	WorkDir string
+	Keep    bool
+	// Timeout bounds one policy's replay.
+	Timeout time.Duration
+	Log     *zerolog.Logger
+}
+
+// ErrMissingTool is returned when haproxy or the turnout binary is absent.
+var ErrMissingTool = errors.New("required tool not found")
+
+func (o *E2EOptions) validate() error {
+	if err := o.Sim.Validate(); err != nil {
+		return err
+	}
+	if o.TimeScale <= 0 || o.TimeScale > 1 {
+		return fmt.Errorf("time scale %v out of range (0, 1]", o.TimeScale)
+	}
+	for _, bin := range []string{o.HAProxy, o.Turnout} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrMissingTool, bin, err)
+		}
+	}
+	if o.Log == nil {
+		l := zerolog.Nop()
+		o.Log = &l
+	}
+	return nil
+}
+
+// RunE2E replays reqs once per spec, each on a fresh stack (cold caches,
+// fresh counters), and reads hit ratios and per-replica loads from the
+// replicas' own /metrics.
+func RunE2E(ctx context.Context, reqs []Request, trace string, specs []PolicySpec, o E2EOptions) ([]Row, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(o.WorkDir, 0o755); err != nil {
+		return nil, fmt.Errorf("e2e work dir: %w", err)
+	}
+	inf, pooled := CacheBounds(reqs, o.Sim.BlockSize, o.Sim.Replicas*o.Sim.CacheBlocks)
+	var rows []Row
+	for _, spec := range specs {
+		row, err := e2eRow(ctx, reqs, trace, spec, o, inf, pooled)
+		if err != nil {
+			return nil, fmt.Errorf("e2e %s: %w", spec, err)
+		}
+		o.Log.Info().Str("policy", row.Policy).Int("requests", row.Requests).Int("errors", row.Errors).
+			Float64("hit", row.HitRatio).Float64("load", row.LoadReq).Float64("ttft_p50_ms", row.TTFT.P50).
+			Dur("wall", row.Wall).Msg("bench: e2e row")
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+func e2eRow(ctx context.Context, reqs []Request, trace string, spec PolicySpec, o E2EOptions, inf, pooled float64) (Row, error) {
+	start := time.Now()
+	dir, err := os.MkdirTemp(o.WorkDir, "e2e-"+spec.Policy+"-")
+	if err != nil {
+		return Row{}, fmt.Errorf("run dir: %w", err)
+	}
+	if !o.Keep {
+		defer os.RemoveAll(dir)
+	}
+	st, err := StartStack(ctx, StackOptions{
+		Dir: dir, Spec: spec, Replicas: o.Sim.Replicas, Model: o.Sim.Model, HAProxy: o.HAProxy, Turnout: o.Turnout,
+		MockArgs: ReplayMockArgs(o.Sim, o.TimeScale), Log: o.Log,
+	})
+	if err != nil {
+		return Row{}, err
+	}
+	defer st.Stop()
+
+	rctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	res, err := Drive(rctx, reqs, DriveOptions{
+		URL: st.FrontURL, Model: o.Sim.Model, Concurrency: o.Sim.Concurrency,
+		Compress: o.Sim.Compress, TimeScale: o.TimeScale, Log: o.Log,
+	})
+	if err != nil {
+		return Row{}, err
+	}
+	if res.Replicas, err = st.ReplicaLoads(ctx); err != nil {
+		return Row{}, err
+	}
+	row := MakeRow("e2e", trace, spec, res, inf, pooled, 1/o.TimeScale)
+	if st.TurnoutURL != "" {
+		text, err := getText(ctx, st.TurnoutURL+route.PathMetrics)
+		if err != nil {
+			return Row{}, fmt.Errorf("turnout metrics: %w", err)
+		}
+		row.Detail = DecisionDetail(text)
+	}
+	row.Wall = time.Since(start)
+	return row, nil
+}
+
+// ReplayMockArgs are the `turnout mock` flags that make a replica match the
+// simulated one: same cache, same timing model, scaled.
+func ReplayMockArgs(s SimOptions, timeScale float64) []string {
+	return []string{
+		"--block-size", strconv.Itoa(s.BlockSize), "--cache-blocks", strconv.Itoa(s.CacheBlocks),
+		"--max-running", strconv.Itoa(s.MaxRunning),
+		"--ttft-overhead", s.Timing.TTFTOverhead.String(), "--per-token-prefill", s.Timing.PerTokenPrefill.String(),
+		"--itl", s.Timing.InterTokenLatency.String(), "--time-scale", strconv.FormatFloat(timeScale, 'g', -1, 64),
+		"--request-log-size", "-1",
+	}
+}
+
+// StackOptions describe one proxy stack.
+type StackOptions struct {
+	Dir      string
+	Spec     PolicySpec // a turnout policy, or haproxy-roundrobin / haproxy-leastconn
+	Replicas int
+	Model    string
+	HAProxy  string
+	Turnout  string
+	// MockArgs are extra `turnout mock` flags (timing, cache).
+	MockArgs []string
+	// Mocks reuses running replicas instead of starting new ones.
+	Mocks []Endpoint
+	Log   *zerolog.Logger
+}
+
+// Stack is a running proxy in front of mock replicas.
+type Stack struct {
+	FrontURL   string     // HAProxy frontend, http://host:port
+	TurnoutURL string     // "" for HAProxy alone
+	Mocks      []Endpoint // replicas (Address is host:port)
+	procs      procSet
+}
+
+// StartStack starts the replicas (unless given), turnout when the spec is a
+// turnout policy, and HAProxy, and waits until a request can pass.
+func StartStack(ctx context.Context, o StackOptions) (st *Stack, err error) {
+	st = &Stack{}
+	defer func() {
+		if err != nil {
+			st.Stop()
+			st = nil
+		}
+	}()
+	kvAware := o.Spec.Policy == route.KVAwareType
+	st.Mocks = o.Mocks
+	if len(st.Mocks) == 0 {
+		for i, name := range ReplicaNames(o.Replicas) {
+			addr, err := freeAddr()
+			if err != nil {
+				return nil, err
+			}
+			ep := Endpoint{Name: name, Address: addr}
+			args := append([]string{"mock", "--listen", addr, "--name", name, "--model", o.Model}, o.MockArgs...)
+			if kvAware {
+				kvAddr, err := freeAddr()
+				if err != nil {
+					return nil, err
+				}
+				ep.KVEvents = "tcp://" + kvAddr
+				args = append(args, "--kv-events", ep.KVEvents)
+			}
+			p, err := st.procs.start(o.Dir, "mock-"+strconv.Itoa(i), o.Turnout, args...)
+			if err != nil {
+				return nil, err
+			}
+			if err := waitHTTP(ctx, p, "http://"+addr+"/health", http.StatusOK, 10*time.Second); err != nil {
+				return nil, err
+			}
+			st.Mocks = append(st.Mocks, ep)
+		}
+	}
+	front, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	st.FrontURL = "http://" + front
+	hapDir := filepath.Join(o.Dir, "haproxy")
+	if err := os.MkdirAll(hapDir, 0o755); err != nil {
+		return nil, fmt.Errorf("haproxy dir: %w", err)
+	}
+	const bufSize = 278528 // what turnout renders for the default max_body
+	if o.Spec.IsHAProxy() {
+		cfg := PlainHAProxyConfig(PlainHAProxyOptions{
+			Dir: hapDir, Listen: front, Balance: strings.TrimPrefix(o.Spec.Policy, "haproxy-"), Servers: st.Mocks, BufSize: bufSize,
+		})
+		if err := os.WriteFile(filepath.Join(hapDir, "haproxy.cfg"), cfg, 0o644); err != nil {
+			return nil, fmt.Errorf("haproxy config: %w", err)
+		}
+	} else {
+		if err := st.startTurnout(ctx, o, front, hapDir); err != nil {
+			return nil, err
+		}
+	}
+	hp, err := st.procs.start(o.Dir, "haproxy", o.HAProxy, "-W", "-f", filepath.Join(hapDir, "haproxy.cfg"))
+	if err != nil {
+		return nil, err
+	}
+	// GET passes without a routing decision (only POSTs ask turnout), so
+	// this proves HAProxy and a replica are up. HAProxy starts servers as
+	// up, so no health-check round has to pass first.
+	if err := waitHTTP(ctx, hp, st.FrontURL+"/v1/models", http.StatusOK, 15*time.Second); err != nil {
+		return nil, err
+	}
+	if kvAware {
+		// ZMQ subscriptions connect asynchronously; events sent before that
+		// are lost (and kv-aware falls back until the blocks reappear).
+		time.Sleep(time.Second)
+	}
+	return st, nil
+}
+
+// startTurnout writes the config, renders HAProxy's files and starts serve.
+func (st *Stack) startTurnout(ctx context.Context, o StackOptions, front, hapDir string) error {
+	listen, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	syslogPort, err := freePort("udp")
+	if err != nil {
+		return err
+	}
+	cfg := TurnoutConfig(ConfigOptions{
+		Listen: listen, Model: o.Model, Policy: o.Spec, Endpoints: st.Mocks,
+		Syslog: "127.0.0.1:" + strconv.Itoa(syslogPort), HAProxyListen: front, HAProxyDir: hapDir,
+		// turnout's own checks would only add load; HAProxy checks the replicas.
+		DisableHealth: true,
+	})
+	cfgPath := filepath.Join(o.Dir, "turnout.yaml")
+	if err := os.WriteFile(cfgPath, cfg, 0o644); err != nil {
+		return fmt.Errorf("turnout config: %w", err)
+	}
+	out, err := exec.CommandContext(ctx, o.Turnout, "render", "haproxy", "--config", cfgPath, "--out", hapDir).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("turnout render haproxy: %w\n%s", err, bytes.TrimSpace(out))
+	}
+	tp, err := st.procs.start(o.Dir, "turnout", o.Turnout, "serve", "--config", cfgPath, "--watch", "0", "--log-level", "warn")
+	if err != nil {
+		return err
+	}
+	st.TurnoutURL = "http://" + listen
+	return waitHTTP(ctx, tp, st.TurnoutURL+route.PathReadyz, http.StatusOK, 10*time.Second)
+}
+
+// ReplicaLoads reads each replica's counters from its /metrics.
+func (st *Stack) ReplicaLoads(ctx context.Context) ([]ReplicaLoad, error) {
+	out := make([]ReplicaLoad, len(st.Mocks))
+	for i, m := range st.Mocks {
+		text, err := getText(ctx, "http://"+m.Address+"/metrics")
+		if err != nil {
+			return nil, fmt.Errorf("replica %s metrics: %w", m.Name, err)
+		}
+		s := ParseProm(text)
+		out[i] = ReplicaLoad{
+			Name:         m.Name,
+			Requests:     int64(SumProm(s, "mock_requests_total")),
+			PromptTokens: int64(SumProm(s, "vllm:prefix_cache_queries_total")),
+			CachedTokens: int64(SumProm(s, "vllm:prefix_cache_hits_total")),
+			OutputTokens: int64(SumProm(s, "vllm:generation_tokens_total")),
+		}
+	}
+	return out, nil
+}
+
+// Stop stops every process of the stack.
+func (st *Stack) Stop() { st.procs.stopAll() }
+
+// DriveOptions shape the e2e load: the trace's arrivals, compressed and
+// scaled, with a bound on requests in flight.
+type DriveOptions struct {
+	URL         string
+	Model       string
+	Concurrency int
+	Compress    float64
+	TimeScale   float64
+	Log         *zerolog.Logger
+}
+
+// Drive sends every request at its (compressed, scaled) arrival time as a
+// streaming chat completion and measures the first SSE chunk (TTFT) and the
+// end of the stream from the scheduled time, so lateness under the
+// concurrency bound counts. Replica loads are left for the caller.
+func Drive(ctx context.Context, reqs []Request, o DriveOptions) (*RunResult, error) {
+	conc := o.Concurrency
+	if conc <= 0 {
+		conc = len(reqs)
+	}
+	tr := &http.Transport{
+		MaxIdleConns: conc + 8, MaxIdleConnsPerHost: conc + 8, IdleConnTimeout: 90 * time.Second,
+		DisableCompression: true,
+	}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	sem := make(chan struct{}, conc)
+	var (
+		mu       sync.Mutex
+		wg       sync.WaitGroup
+		res      RunResult
+		firstErr error
+		last     time.Time
+	)
+	start := time.Now()
+	factor := o.TimeScale / o.Compress
+loop:
+	for i := range reqs {
+		r := &reqs[i]
+		due := start.Add(time.Duration(float64(r.Arrival) * factor))
+		if d := time.Until(due); d > 0 {
+			select {
+			case <-ctx.Done():
+				break loop
+			case <-time.After(d):
+			}
+		}
+		select {
+		case <-ctx.Done():
+			break loop
+		case sem <- struct{}{}:
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			ttft, e2e, err := streamOne(ctx, client, o, r, due)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				res.Errors++
+				if firstErr == nil {
+					firstErr = err
+				}
+				return
+			}
+			res.TTFT = append(res.TTFT, ttft)
+			res.E2E = append(res.E2E, e2e)
+			if now := due.Add(e2e); now.After(last) {
+				last = now
+			}
+		}()
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("replay: %w (%d of %d done)", err, len(res.TTFT), len(reqs))
+	}
+	res.Requests = len(res.TTFT)
+	if !last.IsZero() {
+		res.Span = last.Sub(start)
+	}
+	if firstErr != nil && o.Log != nil {
+		o.Log.Warn().Err(firstErr).Int("errors", res.Errors).Msg("bench: replay errors")
+	}
+	if res.Requests == 0 {
+		return nil, fmt.Errorf("replay: no request succeeded: %w", firstErr)
+	}
+	return &res, nil
+}
+
+var sseDone = []byte("data: [DONE]")
+
+// streamOne sends one request and reads its stream to the end.
+func streamOne(ctx context.Context, c *http.Client, o DriveOptions, r *Request, due time.Time) (ttft, e2e time.Duration, err error) {
+	body := AppendChatBody(make([]byte, 0, r.InputTokens*(wordLen+1)+256), r, BodyOptions{Model: o.Model, Stream: true})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, o.URL+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return 0, 0, fmt.Errorf("request %d: %w", r.Index, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if r.Session != "" {
+		req.Header.Set("X-Session-Id", r.Session)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, 0, fmt.Errorf("request %d: %w", r.Index, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return 0, 0, fmt.Errorf("request %d: status %d: %s", r.Index, resp.StatusCode, bytes.TrimSpace(b))
+	}
+	buf := make([]byte, 16<<10)
+	var tail []byte
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if ttft == 0 {
+				ttft = time.Since(due)
+			}
+			tail = append(tail, buf[:n]...)
+			if len(tail) > 64 {
+				tail = tail[len(tail)-64:]
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			return 0, 0, fmt.Errorf("request %d: stream: %w", r.Index, rerr)
+		}
+	}
+	if !bytes.Contains(tail, sseDone) {
+		return 0, 0, fmt.Errorf("request %d: stream ended without [DONE]", r.Index)
+	}
+	return ttft, time.Since(due), nil
+}
