@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/renameio"
 	"github.com/haproxytech/client-native/v5/runtime"
 	"github.com/haproxytech/client-native/v5/runtime/options"
 	"github.com/rs/zerolog"
@@ -498,32 +499,14 @@ func writeFiles(dir string, files []File) error {
 	return nil
 }
 
-// WriteFileAtomic writes data to path through a temp file and a rename, so a
-// reading HAProxy never sees half a file. An unchanged file is left alone.
+// WriteFileAtomic writes data to path through a temp file and a rename
+// (renameio), so a reading HAProxy never sees half a file. An unchanged file
+// is left alone.
 func WriteFileAtomic(path string, data []byte) error {
 	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
 		return nil
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := renameio.WriteFile(path, data, 0o644); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil

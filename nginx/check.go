@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/google/renameio"
 	"github.com/turnout/turnout/route"
 )
 
@@ -54,28 +55,9 @@ func WriteFiles(dir string, files []File) error {
 		return fmt.Errorf("nginx dir: %w", err)
 	}
 	for _, f := range files {
-		tmp, err := os.CreateTemp(dir, "."+f.Name+".*")
-		if err != nil {
+		// renameio: temp file + rename, so a reloading nginx never reads half a file.
+		if err := renameio.WriteFile(filepath.Join(dir, f.Name), f.Data, 0o644); err != nil {
 			return fmt.Errorf("write %s: %w", f.Name, err)
-		}
-		_, werr := tmp.Write(f.Data)
-		cerr := tmp.Close()
-		if err := firstErr(werr, cerr, os.Chmod(tmp.Name(), 0o644)); err != nil {
-			_ = os.Remove(tmp.Name())
-			return fmt.Errorf("write %s: %w", f.Name, err)
-		}
-		if err := os.Rename(tmp.Name(), filepath.Join(dir, f.Name)); err != nil {
-			_ = os.Remove(tmp.Name())
-			return fmt.Errorf("write %s: %w", f.Name, err)
-		}
-	}
-	return nil
-}
-
-func firstErr(errs ...error) error {
-	for _, e := range errs {
-		if e != nil {
-			return e
 		}
 	}
 	return nil
