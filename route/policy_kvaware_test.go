@@ -199,3 +199,51 @@ func TestKVAwareCarry(t *testing.T) {
 		t.Fatalf("after reload went to %s", got)
 	}
 }
+
+// A tokenizer cache hit keeps the decision allocation-free; only misses pay
+// for the /tokenize call.
+func TestKVAwareTokenizerHitAllocs(t *testing.T) {
+	addr, calls := fakeTokenizer(t)
+	s, _ := kvServer(t, "block_size: 4, tokenizer: {mode: remote, address: '"+addr+"'}")
+	ctx := routeCtx(chatBody("llama", strings.Repeat("w ", 200), "q"), "")
+	run := func() {
+		ctx.Response.Reset()
+		s.Handler(ctx)
+		id, _ := parseID(ctx.Response.Header.Peek(HdrDecision))
+		s.Complete(id)
+	}
+	for i := 0; i < 50; i++ {
+		run()
+	}
+	if n := testing.AllocsPerRun(100, run); n != 0 {
+		t.Fatalf("%v allocations per decision on a tokenizer cache hit", n)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("tokenizer called %d times", calls.Load())
+	}
+}
+
+// BenchmarkRouteKVAware: a 1024-token prompt given as token ids, 3
+// endpoints, one holding it (the tokenizer-free path).
+func BenchmarkRouteKVAware(b *testing.B) {
+	s := mustServer(b, `
+health: {disable: true}
+deployments:
+  - name: llama
+    models: [llama]
+    policy: {name: kv-aware, params: {block_size: 16, tokenizer: {mode: none}}}
+    pools: [{role: mixed, endpoints: [{name: a, address: 127.0.0.1:8001}, {name: b, address: 127.0.0.1:8002}, {name: c, address: 127.0.0.1:8003}]}]
+`)
+	defer s.Close()
+	toks := seqToks(1024, 7)
+	store(s.Snapshot().Deployments[0].Serve.Policy.(*KVAware).Index(), "b", toks, 16)
+	ctx := routeCtx(tokBody(toks), "")
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		ctx.Response.Reset()
+		s.Handler(ctx)
+		id, _ := parseID(ctx.Response.Header.Peek(HdrDecision))
+		s.Complete(id)
+	}
+}

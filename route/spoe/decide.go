@@ -1,0 +1,345 @@
+package spoe
+
+import (
+	"bytes"
+	"strconv"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/turnout/turnout/route"
+)
+
+// The contract with the SPOE config (templates/haproxy-spoe.snippets.tmpl).
+// Changing a name here breaks deployed configs.
+const (
+	// MessageRoute is the spoe-message turnout answers; others get an empty ACK.
+	MessageRoute = "turnout-route"
+
+	// Arguments of MessageRoute.
+	ArgMethod  = "method" // method
+	ArgURI     = "uri"    // pathq
+	ArgHeaders = "hdrs"   // req.hdrs_bin
+	ArgBody    = "body"   // req.body
+
+	// Variables set in the txn scope; HAProxy prefixes them with the agent's
+	// var-prefix (txn.turnout.server with "option var-prefix turnout").
+	VarServer     = "server"      // chosen server (X-Turnout-Server)
+	VarAddr       = "addr"        // its address (X-Turnout-Backend)
+	VarPool       = "pool"        // backend name (X-Turnout-Pool)
+	VarDecision   = "decision"    // decision id for the feedback log line
+	VarKVTransfer = "kv_transfer" // PD: base64 kv_transfer_params
+	VarPrefill    = "prefill"     // PD: prefill server used
+	VarStatus     = "status"      // turnout's status when it did not route (int)
+	VarReason     = "reason"      // X-Turnout-Reason (a plain token)
+	VarBody       = "body"        // JSON body of a 4xx, to relay (always application/json)
+	// Fallback servers go to fb1..fbN in the order use-server tries them.
+	VarFallbackPrefix = "fb"
+	// MaxFallbackVars caps the fallback variables (the renderer caps fallbacks at 8).
+	MaxFallbackVars = 8
+)
+
+// RelayStatuses are the 4xx codes the snippet template relays as they are
+// ("http-request return status" takes a constant); the agent reports any
+// other 4xx as 400, keeping turnout's reason and body.
+var RelayStatuses = []int{400, 404, 405, 409, 413, 415, 422, 429}
+
+// FallbackVars returns the names of the first n fallback variables.
+func FallbackVars(n int) []string {
+	return append([]string(nil), fallbackVars[:min(max(n, 0), MaxFallbackVars)]...)
+}
+
+// VarNames lists every variable the agent may set, for the SPOE file's
+// register-var-names (HAProxy ignores an agent's unregistered variables).
+func VarNames(fallbacks int) []string {
+	v := []string{VarServer, VarAddr, VarPool, VarDecision, VarKVTransfer, VarPrefill, VarStatus, VarReason, VarBody}
+	return append(v, FallbackVars(fallbacks)...)
+}
+
+var fallbackVars = func() (v [MaxFallbackVars]string) {
+	for i := range v {
+		v[i] = VarFallbackPrefix + strconv.Itoa(i+1)
+	}
+	return v
+}()
+
+var (
+	pathRouteB = []byte(route.PathRoute)
+	methodPost = []byte(fasthttp.MethodPost)
+	hdrCL      = []byte("content-length")
+	// fallbackBody replaces a refusal body that does not fit in the ACK frame.
+	fallbackBody = []byte(`{"error":{"message":"request refused by the router","type":"invalid_request_error","code":"refused"}}`)
+)
+
+// Reasons the agent gives when turnout's answer cannot be used.
+const (
+	reasonBadAnswer = "route-bad-answer"
+	reasonBadArgs   = "spoe-bad-message"
+)
+
+// names is what the agent derives from one route config: the normalized
+// names of the request headers it forwards (the same set the Lua sends:
+// session and model headers, content-type, x-request-id), and whether a
+// decision may block on the network (a prefill/decode deployment).
+type names struct {
+	cfg      *route.Config
+	forward  [][]byte
+	blocking bool
+}
+
+func newNames(snap *route.Snapshot) *names {
+	n := &names{cfg: snap.Config}
+	add := func(h string) { n.forward = append(n.forward, normalize([]byte(h))) }
+	for _, h := range snap.Config.SessionHeaders {
+		add(h)
+	}
+	for _, h := range snap.Config.ModelHeaders {
+		add(h)
+	}
+	add("content-type")
+	add("x-request-id")
+	for _, d := range snap.Deployments {
+		n.blocking = n.blocking || d.Prefill != nil
+	}
+	return n
+}
+
+func (n *names) forwarded(name []byte) bool {
+	for _, f := range n.forward {
+		if headerIs(name, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// normalize lower-cases a header name and maps '_' to '-', as turnout does.
+func normalize(b []byte) []byte {
+	out := make([]byte, len(b))
+	for i, c := range b {
+		out[i] = normByte(c)
+	}
+	return out
+}
+
+func normByte(c byte) byte {
+	switch {
+	case c >= 'A' && c <= 'Z':
+		return c + ('a' - 'A')
+	case c == '_':
+		return '-'
+	}
+	return c
+}
+
+func headerIs(raw, norm []byte) bool {
+	if len(raw) != len(norm) {
+		return false
+	}
+	for i, c := range raw {
+		if normByte(c) != norm[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// decider turns messages into verdicts. It owns a RequestCtx reused for
+// every message, so one decider serves one goroutine at a time.
+type decider struct {
+	srv   *route.Server
+	names func(*route.Snapshot) *names
+	ctx   fasthttp.RequestCtx
+	args  []arg
+	tmp   []byte
+}
+
+func newDecider(srv *route.Server, names func(*route.Snapshot) *names) *decider {
+	return &decider{srv: srv, names: names, args: make([]arg, 0, 8), tmp: make([]byte, 0, 64)}
+}
+
+// notify answers one NOTIFY payload: the set-var actions for every
+// MessageRoute message are appended to dst, which must not grow past limit.
+func (d *decider) notify(payload, dst []byte, limit int) ([]byte, error) {
+	it := msgIter{b: payload}
+	for {
+		name, args, ok := it.next(d.args)
+		if !ok {
+			break
+		}
+		d.args = args[:0]
+		if string(name) == MessageRoute {
+			dst = d.route(args, dst, limit)
+		}
+	}
+	return dst, it.err
+}
+
+// route runs one decision through turnout's HTTP handler and writes the
+// verdict as set-var actions.
+func (d *decider) route(args []arg, dst []byte, limit int) []byte {
+	var method, uri, hdrs, body []byte
+	hasHdrs := false
+	for i := range args {
+		a := &args[i]
+		switch string(a.Name) {
+		case ArgMethod:
+			method = a.Value.Bytes
+		case ArgURI:
+			uri = a.Value.Bytes
+		case ArgHeaders:
+			hdrs, hasHdrs = a.Value.Bytes, a.Value.Type == typeBinary || a.Value.Type == typeString
+		case ArgBody:
+			body = a.Value.Bytes
+		}
+	}
+	if !hasHdrs {
+		// The config does not send what turnout routes on: not routing is
+		// safer than routing on nothing.
+		dst = appendSetVarInt(dst, scopeTxn, VarStatus, 500)
+		return appendSetVar(dst, scopeTxn, VarReason, []byte(reasonBadArgs))
+	}
+
+	snap := d.srv.Snapshot()
+	nm := d.names(snap)
+	req := &d.ctx.Request
+	req.Reset()
+	d.ctx.Response.Reset()
+	req.Header.DisableNormalizing()
+	req.Header.SetMethodBytes(methodPost)
+	req.SetRequestURIBytes(pathRouteB)
+
+	fullLen := -1
+	if !walkHeaders(hdrs, func(k, v []byte) {
+		switch {
+		case headerIs(k, hdrCL):
+			if n, err := strconv.Atoi(unsafeString(v)); err == nil {
+				fullLen = n
+			}
+		case nm.forwarded(k):
+			req.Header.SetBytesKV(k, v)
+		}
+	}) {
+		dst = appendSetVarInt(dst, scopeTxn, VarStatus, 500)
+		return appendSetVar(dst, scopeTxn, VarReason, []byte(reasonBadArgs))
+	}
+	req.Header.SetBytesV(route.HdrOriginalURI, uri)
+	req.Header.SetBytesV(route.HdrOriginalMethod, method)
+	if fullLen > len(body) {
+		// HAProxy's req.body stops at one buffer: say what is missing, as the Lua does.
+		d.tmp = strconv.AppendInt(d.tmp[:0], int64(len(body)), 10)
+		d.tmp = append(d.tmp, '/')
+		d.tmp = strconv.AppendInt(d.tmp, int64(fullLen), 10)
+		req.Header.SetBytesV(route.HdrBodyTruncated, d.tmp)
+	}
+	req.SetBodyRaw(body)
+
+	d.srv.Handler(&d.ctx)
+	dst = d.verdict(dst, limit)
+	// Drop the views into the frame: it is reused once the ACK is out.
+	req.SetBodyRaw(nil)
+	return dst
+}
+
+// verdict maps turnout's HTTP answer to set-var actions.
+func (d *decider) verdict(dst []byte, limit int) []byte {
+	resp := &d.ctx.Response
+	h := &resp.Header
+	st := resp.StatusCode()
+	add := func(name string, v []byte) {
+		if len(v) > 0 && len(dst)+setVarLen(name, len(v)) <= limit {
+			dst = appendSetVar(dst, scopeTxn, name, v)
+		}
+	}
+	switch {
+	case st == fasthttp.StatusOK || st == fasthttp.StatusNoContent:
+		srv := h.Peek(route.HdrServer)
+		if len(srv) == 0 {
+			dst = appendSetVarInt(dst, scopeTxn, VarStatus, 502)
+			return appendSetVar(dst, scopeTxn, VarReason, []byte(reasonBadAnswer))
+		}
+		add(VarServer, srv)
+		add(VarAddr, h.Peek(route.HdrBackend))
+		add(VarPool, h.Peek(route.HdrPool))
+		add(VarDecision, h.Peek(route.HdrDecision))
+		fb := h.Peek(route.HdrFallbacks)
+		for i := 0; i < MaxFallbackVars && len(fb) > 0; {
+			var name []byte
+			name, fb, _ = bytes.Cut(fb, []byte{','})
+			if name = bytes.TrimSpace(name); len(name) > 0 {
+				add(fallbackVars[i], name)
+				i++
+			}
+		}
+		add(VarKVTransfer, h.Peek(route.HdrKVTransfer))
+		add(VarPrefill, h.Peek(route.HdrPrefill))
+		return dst
+	case st >= 400 && st < 500:
+		if !isRelayed(st) {
+			st = fasthttp.StatusBadRequest
+		}
+		dst = appendSetVarInt(dst, scopeTxn, VarStatus, int32(st))
+		add(VarReason, d.token(h.Peek(route.HdrReason), st))
+		// turnout's refusals (and the prefill replica's it relays) are JSON.
+		body := resp.Body()
+		if len(dst)+setVarLen(VarBody, len(body)) > limit {
+			body = fallbackBody
+		}
+		add(VarBody, body)
+		return dst
+	default:
+		// No endpoint, tokenizer down, prefill failed...: the fail mode in
+		// haproxy.cfg decides, with turnout's reason.
+		dst = appendSetVarInt(dst, scopeTxn, VarStatus, int32(st))
+		add(VarReason, d.token(h.Peek(route.HdrReason), st))
+		return dst
+	}
+}
+
+// token keeps a reason to [A-Za-z0-9_.-] (it ends up in a response header
+// and a JSON string); an empty one becomes "route-<status>".
+func (d *decider) token(r []byte, status int) []byte {
+	out := d.tmp[:0]
+	for _, c := range r {
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-' {
+			out = append(out, c)
+		}
+	}
+	if len(out) == 0 {
+		out = strconv.AppendInt(append(out, "route-"...), int64(status), 10)
+	}
+	d.tmp = out
+	return out
+}
+
+func isRelayed(st int) bool {
+	for _, s := range RelayStatuses {
+		if s == st {
+			return true
+		}
+	}
+	return false
+}
+
+// walkHeaders calls fn for each header of a req.hdrs_bin block:
+// (<varint len><name><varint len><value>)* ended by two empty strings.
+// It reports false on a malformed block.
+func walkHeaders(b []byte, fn func(k, v []byte)) bool {
+	for len(b) > 0 {
+		k, n, err := readBytes(b)
+		if err != nil {
+			return false
+		}
+		b = b[n:]
+		v, n, err := readBytes(b)
+		if err != nil {
+			return false
+		}
+		b = b[n:]
+		if len(k) == 0 && len(v) == 0 {
+			return true
+		}
+		fn(k, v)
+	}
+	// HAProxy always ends the block; a missing end means it was cut.
+	return false
+}
