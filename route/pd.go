@@ -206,6 +206,22 @@ func isObject(body []byte) bool {
 	return s.i == len(s.b)
 }
 
+// valueFrom returns the body from the start of a top-level key's value to
+// the end, without scanning the value (callers parse what they need).
+func valueFrom(body []byte, name string) []byte {
+	s := scanner{b: body}
+	var v []byte
+	s.object(func(key []byte) bool {
+		if string(key) == name {
+			s.ws()
+			v = s.b[s.i:]
+			return false
+		}
+		return s.skip()
+	})
+	return v
+}
+
 // topValue returns the raw JSON value of a top-level key.
 func topValue(body []byte, name string) []byte {
 	s := scanner{b: body}

@@ -108,9 +108,11 @@ type kvShared struct {
 }
 
 type kvBuf struct {
-	toks []int32
-	keys []uint64
-	out  []int
+	toks   []int32
+	keys   []uint64
+	out    []int
+	blocks []uint64
+	hasher prefixHasher
 }
 
 // NewKVAwareFactory returns the factory for kv-aware.
@@ -161,9 +163,6 @@ func NewKVAware(cfg KVAwareConfig, env PolicyEnv) *KVAware {
 	k.tok = newTokenizer(cfg.Tokenizer, addrs)
 	return k
 }
-
-// BlockBytes implements PromptUser: the lenient fallback needs prompt hashes.
-func (k *KVAware) BlockBytes() int { return k.cfg.Fallback.BlockBytes }
 
 // Carry implements Stater: keep the index and live subscriptions.
 func (k *KVAware) Carry(prev Policy) {
@@ -233,6 +232,14 @@ func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 			return dst
 		}
 		k.fallbacks.Add(1)
+		// The fallback's prompt hashes are computed only here, so the
+		// token path does not pay for a second pass over the body.
+		if n := len(r.Body)/k.cfg.Fallback.BlockBytes + 1; cap(b.blocks) < n {
+			b.blocks = make([]uint64, 0, n)
+		}
+		b.hasher.reset(k.cfg.Fallback.BlockBytes, b.blocks)
+		walkPrompt(r.Body, &b.hasher)
+		r.Blocks, r.PromptBytes = b.hasher.out, b.hasher.total
 		return k.fallback.Pick(r, p, dst)
 	}
 	if cap(b.out) < len(p.Endpoints) {
@@ -323,8 +330,7 @@ func (k *KVAware) requestKeys(r *Request, bs int, b *kvBuf) ([]uint64, error) {
 // tokenPrompt reads a completions prompt given as token ids ([int...] or the
 // first of [[int...]...]).
 func tokenPrompt(body []byte, dst []int32) ([]int32, bool) {
-	raw := topValue(body, "prompt")
-	s := scanner{b: raw}
+	s := scanner{b: valueFrom(body, "prompt")}
 	if s.peek() != '[' {
 		return dst, false
 	}
@@ -511,7 +517,6 @@ func appendJSONString(dst, b []byte) []byte {
 
 var (
 	_ Policy        = (*KVAware)(nil)
-	_ PromptUser    = (*KVAware)(nil)
 	_ Stater        = (*KVAware)(nil)
 	_ Starter       = (*KVAware)(nil)
 	_ Closer        = (*KVAware)(nil)
