@@ -563,6 +563,14 @@ func (a *Agent) worker(j job) {
 func (a *Agent) runJob(d *decider, j job, out []byte) []byte {
 	defer putBuf(j.buf)
 	c := j.c
+	defer func() {
+		// As on the inline path, a panic drops the connection, not turnout.
+		if r := recover(); r != nil {
+			a.errs.Add(1)
+			a.log.Error().Interface("panic", r).Msg("spoe: panic in a decision; closing the connection")
+			c.nc.Close()
+		}
+	}()
 	out, err := ack(d, j.h, j.payload, out[:0], c.maxFrame)
 	if err != nil {
 		a.errs.Add(1)

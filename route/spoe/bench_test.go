@@ -19,7 +19,8 @@ import (
 //
 //	plain           HAProxy balance roundrobin to the replicas, no turnout
 //	spoe            HAProxy + SPOE + turnout, with the feedback log line
-//	spoe-nolog      the same without the log line
+//	spoe-unix       spoe with the agent on a unix socket
+//	spoe-nolog      spoe without the log line
 //	plain+retry-on  plain with haproxy.cfg.tmpl's L7 retry-on
 //	spoe+retry-on   spoe with it: the SPOE setup as it would be rendered
 //	lua             `turnout render haproxy` output (Lua action + route hop +
@@ -29,7 +30,8 @@ import (
 // Opt-in: TURNOUT_SPOE_BENCH=1 go test -run TestWrkCompare -v ./route/spoe/
 // Knobs: TURNOUT_SPOE_BENCH_ROUNDS (3), TURNOUT_SPOE_BENCH_DURATION (5s),
 // TURNOUT_SPOE_BENCH_CONNS (32), TURNOUT_SPOE_BENCH_POLICY (prefix-affinity),
-// TURNOUT_BIN (a turnout binary for the Lua render; default: go build).
+// TURNOUT_BIN (a turnout binary for the Lua render; default: go build),
+// TURNOUT_SPOE_BENCH_ONLY (comma-separated setups besides plain).
 func TestWrkCompare(t *testing.T) {
 	if os.Getenv("TURNOUT_SPOE_BENCH") == "" {
 		t.Skip("set TURNOUT_SPOE_BENCH=1 to run the wrk comparison")
@@ -71,28 +73,31 @@ deployments:
 	agentAddr := freeAddr(t)
 	tp := startTurnout(t, yaml, agentAddr, true)
 	tp.serveHTTP(t, routeAddr)
+	agentSock := filepath.Join(dir, "agent.sock")
+	tp.serveUnix(t, agentSock)
 
 	backends := []cfgBackend{{Name: "llama_mixed", Servers: []cfgServer{
 		{Name: "r0", Addr: reps[0].addr}, {Name: "r1", Addr: reps[1].addr}, {Name: "r2", Addr: reps[2].addr}}}}
-	mk := func(name, listen string, spoe bool, syslog string, retryOn bool) benchSetup {
+	mk := func(name, listen, agent string, syslog string, retryOn bool) benchSetup {
 		d := &cfgData{Generator: "route/spoe bench", Dir: filepath.Join(dir, name), Listen: listen, Syslog: syslog,
 			DefaultBackend: "llama_mixed", BufSize: 262144 + 16384, Backends: backends, RetryOn: retryOn}
 		if err := os.MkdirAll(d.Dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if spoe {
-			d.SPOE = newSPOEData(d.Dir, agentAddr, 2, false)
+		if agent != "" {
+			d.SPOE = newSPOEData(d.Dir, agent, 2, false)
 			d.ServerVars = serverVars(2)
 		}
 		renderTestConfig(t, d)
 		return benchSetup{name, listen, startHAProxy(t, filepath.Join(d.Dir, "haproxy.cfg"), listen)}
 	}
 	setups := []benchSetup{
-		mk("plain", plainListen, false, "", false),
-		mk("spoe", spoeListen, true, syslog, false),
-		mk("spoe-nolog", nologListen, true, "", false),
-		mk("plain+retry-on", plainRetryListen, false, "", true),
-		mk("spoe+retry-on", spoeRetryListen, true, syslog, true),
+		mk("plain", plainListen, "", "", false),
+		mk("spoe", spoeListen, agentAddr, syslog, false),
+		mk("spoe-unix", freeAddr(t), "unix@"+agentSock, syslog, false),
+		mk("spoe-nolog", nologListen, agentAddr, "", false),
+		mk("plain+retry-on", plainRetryListen, "", "", true),
+		mk("spoe+retry-on", spoeRetryListen, agentAddr, syslog, true),
 	}
 	if ha := startLuaHAProxy(t, filepath.Join(dir, "lua"), yaml, luaListen, false); ha != nil {
 		setups = append(setups, benchSetup{"lua", luaListen, ha})
@@ -102,6 +107,16 @@ deployments:
 	yaml2 := strings.Replace(yaml, "haproxy: {listen: "+luaListen+"}", "haproxy: {listen: "+luaNoRetry+"}", 1)
 	if ha := startLuaHAProxy(t, filepath.Join(dir, "lua-noretry"), yaml2, luaNoRetry, true); ha != nil {
 		setups = append(setups, benchSetup{"lua-noretry", luaNoRetry, ha})
+	}
+
+	if only := os.Getenv("TURNOUT_SPOE_BENCH_ONLY"); only != "" {
+		keep := setups[:0]
+		for _, s := range setups {
+			if s.name == "plain" || strings.Contains(","+only+",", ","+s.name+",") {
+				keep = append(keep, s)
+			}
+		}
+		setups = keep
 	}
 
 	script := filepath.Join(dir, "post.lua")

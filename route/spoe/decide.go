@@ -157,9 +157,33 @@ func newDecider(srv *route.Server, names func(*route.Snapshot) *names) *decider 
 	return &decider{srv: srv, names: names, args: make([]arg, 0, 8), tmp: make([]byte, 0, 64)}
 }
 
+// actions appends set-var actions (txn scope) to an ACK frame, dropping any
+// that would make it longer than limit (the negotiated max-frame-size).
+type actions struct {
+	dst   []byte
+	limit int
+}
+
+func (w *actions) setString(name string, v []byte) {
+	if len(v) > 0 && w.fits(name, len(v)) {
+		w.dst = appendSetVar(w.dst, scopeTxn, name, v)
+	}
+}
+
+func (w *actions) setInt(name string, v int32) {
+	if w.fits(name, 5) {
+		w.dst = appendSetVarInt(w.dst, scopeTxn, name, v)
+	}
+}
+
+func (w *actions) fits(name string, n int) bool {
+	return len(w.dst)+setVarLen(name, n) <= w.limit
+}
+
 // notify answers one NOTIFY payload: the set-var actions for every
-// MessageRoute message are appended to dst, which must not grow past limit.
+// MessageRoute message are appended to dst, which does not grow past limit.
 func (d *decider) notify(payload, dst []byte, limit int) ([]byte, error) {
+	w := actions{dst: dst, limit: limit}
 	it := msgIter{b: payload}
 	for {
 		name, args, ok := it.next(d.args)
@@ -168,15 +192,15 @@ func (d *decider) notify(payload, dst []byte, limit int) ([]byte, error) {
 		}
 		d.args = args[:0]
 		if string(name) == MessageRoute {
-			dst = d.route(args, dst, limit)
+			d.route(args, &w)
 		}
 	}
-	return dst, it.err
+	return w.dst, it.err
 }
 
 // route runs one decision through turnout's HTTP handler and writes the
 // verdict as set-var actions.
-func (d *decider) route(args []arg, dst []byte, limit int) []byte {
+func (d *decider) route(args []arg, w *actions) {
 	var method, uri, hdrs, body []byte
 	hasHdrs := false
 	for i := range args {
@@ -195,8 +219,9 @@ func (d *decider) route(args []arg, dst []byte, limit int) []byte {
 	if !hasHdrs {
 		// The config does not send what turnout routes on: not routing is
 		// safer than routing on nothing.
-		dst = appendSetVarInt(dst, scopeTxn, VarStatus, 500)
-		return appendSetVar(dst, scopeTxn, VarReason, []byte(reasonBadArgs))
+		w.setInt(VarStatus, 500)
+		w.setString(VarReason, []byte(reasonBadArgs))
+		return
 	}
 
 	snap := d.srv.Snapshot()
@@ -219,8 +244,9 @@ func (d *decider) route(args []arg, dst []byte, limit int) []byte {
 			req.Header.SetBytesKV(k, v)
 		}
 	}) {
-		dst = appendSetVarInt(dst, scopeTxn, VarStatus, 500)
-		return appendSetVar(dst, scopeTxn, VarReason, []byte(reasonBadArgs))
+		w.setInt(VarStatus, 500)
+		w.setString(VarReason, []byte(reasonBadArgs))
+		return
 	}
 	req.Header.SetBytesV(route.HdrOriginalURI, uri)
 	req.Header.SetBytesV(route.HdrOriginalMethod, method)
@@ -234,64 +260,57 @@ func (d *decider) route(args []arg, dst []byte, limit int) []byte {
 	req.SetBodyRaw(body)
 
 	d.srv.Handler(&d.ctx)
-	dst = d.verdict(dst, limit)
+	d.verdict(w)
 	// Drop the views into the frame: it is reused once the ACK is out.
 	req.SetBodyRaw(nil)
-	return dst
 }
 
 // verdict maps turnout's HTTP answer to set-var actions.
-func (d *decider) verdict(dst []byte, limit int) []byte {
+func (d *decider) verdict(w *actions) {
 	resp := &d.ctx.Response
 	h := &resp.Header
 	st := resp.StatusCode()
-	add := func(name string, v []byte) {
-		if len(v) > 0 && len(dst)+setVarLen(name, len(v)) <= limit {
-			dst = appendSetVar(dst, scopeTxn, name, v)
-		}
-	}
 	switch {
 	case st == fasthttp.StatusOK || st == fasthttp.StatusNoContent:
 		srv := h.Peek(route.HdrServer)
 		if len(srv) == 0 {
-			dst = appendSetVarInt(dst, scopeTxn, VarStatus, 502)
-			return appendSetVar(dst, scopeTxn, VarReason, []byte(reasonBadAnswer))
+			w.setInt(VarStatus, 502)
+			w.setString(VarReason, []byte(reasonBadAnswer))
+			return
 		}
-		add(VarServer, srv)
-		add(VarAddr, h.Peek(route.HdrBackend))
-		add(VarPool, h.Peek(route.HdrPool))
-		add(VarDecision, h.Peek(route.HdrDecision))
+		w.setString(VarServer, srv)
+		w.setString(VarAddr, h.Peek(route.HdrBackend))
+		w.setString(VarPool, h.Peek(route.HdrPool))
+		w.setString(VarDecision, h.Peek(route.HdrDecision))
 		fb := h.Peek(route.HdrFallbacks)
 		for i := 0; i < MaxFallbackVars && len(fb) > 0; {
 			var name []byte
 			name, fb, _ = bytes.Cut(fb, []byte{','})
 			if name = bytes.TrimSpace(name); len(name) > 0 {
-				add(fallbackVars[i], name)
+				w.setString(fallbackVars[i], name)
 				i++
 			}
 		}
-		add(VarKVTransfer, h.Peek(route.HdrKVTransfer))
-		add(VarPrefill, h.Peek(route.HdrPrefill))
-		return dst
+		w.setString(VarKVTransfer, h.Peek(route.HdrKVTransfer))
+		w.setString(VarPrefill, h.Peek(route.HdrPrefill))
 	case st >= 400 && st < 500:
 		if !isRelayed(st) {
 			st = fasthttp.StatusBadRequest
 		}
-		dst = appendSetVarInt(dst, scopeTxn, VarStatus, int32(st))
-		add(VarReason, d.token(h.Peek(route.HdrReason), st))
-		// turnout's refusals (and the prefill replica's it relays) are JSON.
+		w.setInt(VarStatus, int32(st))
+		w.setString(VarReason, d.token(h.Peek(route.HdrReason), st))
+		// turnout's refusals (and the prefill replica's it relays) are JSON;
+		// one too long for the frame is replaced, never cut.
 		body := resp.Body()
-		if len(dst)+setVarLen(VarBody, len(body)) > limit {
+		if !w.fits(VarBody, len(body)) {
 			body = fallbackBody
 		}
-		add(VarBody, body)
-		return dst
+		w.setString(VarBody, body)
 	default:
 		// No endpoint, tokenizer down, prefill failed...: the fail mode in
 		// haproxy.cfg decides, with turnout's reason.
-		dst = appendSetVarInt(dst, scopeTxn, VarStatus, int32(st))
-		add(VarReason, d.token(h.Peek(route.HdrReason), st))
-		return dst
+		w.setInt(VarStatus, int32(st))
+		w.setString(VarReason, d.token(h.Peek(route.HdrReason), st))
 	}
 }
 

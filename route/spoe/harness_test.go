@@ -3,7 +3,6 @@ package spoe
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -133,6 +132,19 @@ func (p *turnoutProc) startAgent(t testing.TB) {
 	p.agent = New(p.srv, Options{})
 	p.cancel, p.done = cancel, make(chan error, 1)
 	go func() { p.done <- p.agent.Serve(ctx, ln) }()
+}
+
+// serveUnix also serves the agent on a unix socket until the test ends.
+func (p *turnoutProc) serveUnix(t testing.TB, path string) {
+	t.Helper()
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = New(p.srv, Options{}).Serve(ctx, ln); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
 }
 
 func (p *turnoutProc) stopAgent() {
@@ -389,5 +401,3 @@ func metric(srv *route.Server, prefix string) string {
 	}
 	return ""
 }
-
-var errNotYet = errors.New("not yet")
