@@ -155,9 +155,10 @@ type liveOpts struct {
 	replicas []*replica
 	// prefill, when set, makes the deployment prefill/decode: these are the
 	// prefill pool, replicas the decode pool (backend m_decode).
-	prefill []*replica
-	extra   string // YAML appended under proxy:
-	syslog  string
+	prefill   []*replica
+	extra     string // YAML appended under proxy:
+	syslog    string
+	l7Retries bool
 }
 
 func liveConfig(t *testing.T, o liveOpts, dir string, listen int) *route.Config {
@@ -214,6 +215,7 @@ func startLive(t *testing.T, o liveOpts) *liveEnv {
 	dir := t.TempDir()
 	port := freePort(t)
 	cfg := liveConfig(t, o, dir, port)
+	cfg.HAProxy.L7Retries = o.l7Retries
 	out, err := Render(cfg, RenderOptions{Dir: dir})
 	if err != nil {
 		t.Fatal(err)

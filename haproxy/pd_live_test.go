@@ -42,16 +42,18 @@ func pdVerdict(server, kv string) func(w http.ResponseWriter, c routeCall) {
 // startPDLive runs HAProxy for a PD deployment: prefill p0 (never used for
 // client traffic), decode dec (default: plain replicas d0 and d1).
 func startPDLive(t *testing.T, fr *fakeRoute, syslog string, dec ...*replica) (*liveEnv, []*replica) {
+	return startPDLiveOpts(t, fr, liveOpts{syslog: syslog}, dec...)
+}
+
+func startPDLiveOpts(t *testing.T, fr *fakeRoute, o liveOpts, dec ...*replica) (*liveEnv, []*replica) {
 	t.Helper()
 	if len(dec) == 0 {
 		dec = []*replica{newReplica(t, "d0"), newReplica(t, "d1")}
 	}
-	e := startLive(t, liveOpts{
-		routeURL: fr.srv.Listener.Addr().String(),
-		replicas: dec,
-		prefill:  []*replica{newReplica(t, "p0")},
-		syslog:   syslog,
-	})
+	o.routeURL = fr.srv.Listener.Addr().String()
+	o.replicas = dec
+	o.prefill = []*replica{newReplica(t, "p0")}
+	e := startLive(t, o)
 	return e, dec
 }
 
@@ -203,8 +205,9 @@ func TestLivePDBodyInjection(t *testing.T) {
 }
 
 // TestLivePDRetryReplaysRewrittenBody: the chosen decode replica drops the
-// connection without answering; HAProxy's L7 retry (empty-response) sends
-// the other replica the rewritten body, with the params inserted once.
+// connection without answering; with haproxy.l7_retries HAProxy's L7 retry
+// (empty-response) sends the other replica the rewritten body, with the
+// params inserted once.
 func TestLivePDRetryReplaysRewrittenBody(t *testing.T) {
 	fr := newFakeRoute(t)
 	// d0 passes health checks but hangs up on every request.
@@ -219,7 +222,7 @@ func TestLivePDRetryReplaysRewrittenBody(t *testing.T) {
 		}
 	}))
 	t.Cleanup(rude.srv.Close)
-	e, dec := startPDLive(t, fr, "", rude, newReplica(t, "d1"))
+	e, dec := startPDLiveOpts(t, fr, liveOpts{l7Retries: true}, rude, newReplica(t, "d1"))
 	kv := `{"do_remote_prefill":true,"remote_block_ids":[7,8],"remote_engine_id":"eng-p0","remote_host":"10.0.0.1","remote_port":5600}`
 	fr.set(pdVerdict("d0", kv))
 	body := `{"model":"m1","messages":[{"role":"user","content":"retry me"}]}`

@@ -217,6 +217,7 @@ type tmplData struct {
 	RouteRetries                                 int
 	RouteServers                                 []routeServer
 	MaxConn, Nbthread, MaxBody, BufSize, Retries int
+	L7Retries                                    bool
 	ConnectMs, StreamMs, CheckTimeoutMs          int64
 	ModelMap                                     bool
 	PD                                           bool // a deployment disaggregates prefill and decode
@@ -329,6 +330,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		MaxBody:        cfg.MaxBody,
 		BufSize:        bufSize(cfg.MaxBody),
 		Retries:        max(cfg.Fallbacks, 1),
+		L7Retries:      cfg.HAProxy.L7Retries,
 		ConnectMs:      max(p.ConnectTimeout.Ms(), 1),
 		StreamMs:       max(p.StreamTimeout.Ms(), 1),
 		CheckTimeoutMs: max(cfg.Health.Timeout.Ms(), 1),

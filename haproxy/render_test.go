@@ -314,3 +314,22 @@ func FuzzRender(f *testing.F) {
 		}
 	})
 }
+
+// L7 retries are opt-in: they make HAProxy copy every request buffer.
+func TestRenderL7Retries(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		cfg, err := route.ParseConfig(route.DefaultConfigYAML)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.HAProxy.L7Retries = on
+		out, err := Render(cfg, RenderOptions{Dir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Contains(string(out.Config), "retry-on conn-failure empty-response")
+		if got != on || strings.Contains(string(out.Config), "response-timeout") {
+			t.Fatalf("l7_retries=%v: retry-on rendered=%v\n%s", on, got, out.Config)
+		}
+	}
+}

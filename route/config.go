@@ -97,6 +97,11 @@ type HAProxyConfig struct {
 	DrainTimeout Duration `yaml:"drain_timeout"`
 	MaxConn      int      `yaml:"maxconn"`
 	Nbthread     int      `yaml:"nbthread"`
+	// L7Retries adds "retry-on conn-failure empty-response" so a replica that
+	// accepts and then drops a request is retried on another. Off by default:
+	// HAProxy then keeps a tune.bufsize copy of every request, which cost
+	// 5-8x in requests/s with max_body-sized buffers (glibc malloc churn).
+	L7Retries bool `yaml:"l7_retries"`
 }
 
 // NginxConfig configures the rendered nginx.
