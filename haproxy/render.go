@@ -25,6 +25,7 @@ import (
 
 	"github.com/turnout/turnout"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/spoe"
 )
 
 // File names inside the rendered directory.
@@ -32,8 +33,11 @@ const (
 	ConfigFile = "haproxy.cfg"
 	LuaFile    = "turnout.lua"
 	MapFile    = "models.map"
+	// SPOEFile is the SPOE engine config (haproxy.spoe only).
+	SPOEFile = "turnout-spoe.conf"
 
 	configTemplate = "templates/haproxy.cfg.tmpl"
+	spoeTemplate   = "templates/haproxy-spoe.snippets.tmpl"
 	luaTemplate    = "lua/turnout.lua.tmpl"
 
 	// structureMarker starts the header line that carries the structure hash.
@@ -87,6 +91,8 @@ type Rendered struct {
 	Config []byte
 	Lua    []byte
 	Map    []byte
+	// SPOE is the SPOE engine file (haproxy.spoe only).
+	SPOE []byte
 	// State is what the live HAProxy should look like once this is applied.
 	State State
 }
@@ -100,7 +106,11 @@ type File struct {
 // Files lists the output files in write order (the config last, so a reload
 // racing a rewrite never sees a config pointing at a missing Lua file).
 func (r *Rendered) Files() []File {
-	return []File{{LuaFile, r.Lua}, {MapFile, r.Map}, {ConfigFile, r.Config}}
+	files := []File{{LuaFile, r.Lua}, {MapFile, r.Map}}
+	if r.SPOE != nil {
+		files = append(files, File{SPOEFile, r.SPOE})
+	}
+	return append(files, File{ConfigFile, r.Config})
 }
 
 // Renderer turns a turnout config into HAProxy files.
@@ -113,7 +123,7 @@ func NewRenderer(fsys fs.FS) (*Renderer, error) {
 	if fsys == nil {
 		fsys = turnout.Assets
 	}
-	c, err := template.New("haproxy.cfg.tmpl").Option("missingkey=error").ParseFS(fsys, configTemplate)
+	c, err := template.New("haproxy.cfg.tmpl").Option("missingkey=error").ParseFS(fsys, configTemplate, spoeTemplate)
 	if err != nil {
 		return nil, fmt.Errorf("parse %s: %w", configTemplate, err)
 	}
@@ -158,17 +168,26 @@ func (r *Renderer) Render(cfg *route.Config, opts RenderOptions) (*Rendered, err
 	if err := r.cfg.Execute(&skeleton, &bare); err != nil {
 		return nil, fmt.Errorf("render %s: %w", ConfigFile, err)
 	}
+	var spoeConf []byte
+	if d.SPOE != nil {
+		var b bytes.Buffer
+		if err := r.cfg.ExecuteTemplate(&b, "spoe-conf", d); err != nil {
+			return nil, fmt.Errorf("render %s: %w", SPOEFile, err)
+		}
+		spoeConf = b.Bytes()
+	}
 	h := sha256.New()
 	h.Write(skeleton.Bytes())
 	h.Write(lua.Bytes())
 	h.Write(d.modelMap)
+	h.Write(spoeConf)
 	d.Structure = hex.EncodeToString(h.Sum(nil))[:16]
 
 	var conf bytes.Buffer
 	if err := r.cfg.Execute(&conf, d); err != nil {
 		return nil, fmt.Errorf("render %s: %w", ConfigFile, err)
 	}
-	return &Rendered{Config: conf.Bytes(), Lua: lua.Bytes(), Map: d.modelMap, State: d.state()}, nil
+	return &Rendered{Config: conf.Bytes(), Lua: lua.Bytes(), Map: d.modelMap, SPOE: spoeConf, State: d.state()}, nil
 }
 
 // StructureOf returns the structure hash recorded in a rendered haproxy.cfg
@@ -218,14 +237,27 @@ type tmplData struct {
 	RouteServers                                 []routeServer
 	MaxConn, Nbthread, MaxBody, BufSize, Retries int
 	L7Retries                                    bool
-	ConnectMs, StreamMs, CheckTimeoutMs          int64
-	ModelMap                                     bool
-	PD                                           bool // a deployment disaggregates prefill and decode
-	ServerVars                                   []string
-	Backends                                     []backendData
+	// SPOE is set when HAProxy asks turnout over SPOE (haproxy.spoe).
+	SPOE                                *spoeData
+	ConnectMs, StreamMs, CheckTimeoutMs int64
+	ModelMap                            bool
+	PD                                  bool // a deployment disaggregates prefill and decode
+	ServerVars                          []string
+	Backends                            []backendData
 
 	lua      luaData
 	modelMap []byte
+}
+
+// spoeData fills templates/haproxy-spoe.snippets.tmpl.
+type spoeData struct {
+	Conf                                 string
+	Servers                              []routeServer
+	HelloMs, IdleMs, ServerMs, TimeoutMs int64
+	FailClosed                           bool
+	Fallbacks, Vars                      []string
+	RelayStatuses                        []int
+	MaxFrameSize                         int
 }
 
 type routeServer struct {
@@ -432,6 +464,19 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	}
 	// One retry per standby; a refused connect then moves on at once.
 	d.RouteRetries = len(d.RouteServers) - 1
+	if cfg.HAProxy.SPOE != "" {
+		a, _, _ := addr("haproxy.spoe", cfg.HAProxy.SPOE)
+		d.SPOE = &spoeData{
+			Conf:    path("spoe conf", filepath.Join(d.Dir, SPOEFile)),
+			Servers: []routeServer{{Name: "agent0", Addr: a}},
+			HelloMs: 500, IdleMs: 30000, ServerMs: 60000,
+			TimeoutMs:     l.TimeoutMs,
+			FailClosed:    p.FailMode == route.FailClosed,
+			Fallbacks:     spoe.FallbackVars(cfg.Fallbacks),
+			Vars:          spoe.VarNames(cfg.Fallbacks),
+			RelayStatuses: spoe.RelayStatuses,
+		}
+	}
 	hdr := func(field, h string) {
 		if !headerRe.MatchString(h) {
 			bad(field, "%q is not a header name", h)

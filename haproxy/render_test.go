@@ -333,3 +333,40 @@ func TestRenderL7Retries(t *testing.T) {
 		}
 	}
 }
+
+// haproxy.spoe renders the SPOE path: the engine file, the agent backend and
+// no Lua action; the result passes haproxy -c.
+func TestRenderSPOE(t *testing.T) {
+	cfg, err := route.ParseConfig(route.DefaultConfigYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.HAProxy.SPOE = "127.0.0.1:9091"
+	dir := t.TempDir()
+	out, err := Render(cfg, RenderOptions{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := string(out.Config)
+	for _, want := range []string{"filter spoe engine turnout config " + filepath.Join(dir, SPOEFile), "backend turnout_spoe", "server agent0 127.0.0.1:9091"} {
+		if !strings.Contains(conf, want) {
+			t.Fatalf("config lacks %q", want)
+		}
+	}
+	if strings.Contains(conf, "http-request lua.turnout_route") || strings.Contains(conf, "listen turnout_route") {
+		t.Fatal("SPOE config still calls the Lua action")
+	}
+	if len(out.SPOE) == 0 || !strings.Contains(string(out.SPOE), "spoe-message turnout-route") {
+		t.Fatalf("spoe conf: %s", out.SPOE)
+	}
+	bin, err := exec.LookPath("haproxy")
+	if err != nil {
+		t.Skip("haproxy not installed: skipping haproxy -c")
+	}
+	if err := writeFiles(dir, out.Files()); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckFile(context.Background(), bin, filepath.Join(dir, ConfigFile)); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -30,6 +30,7 @@ type hstack struct {
 	t                                *testing.T
 	dir, turnoutAddr, haAddr, syslog string
 	failMode                         string
+	spoeAddr                         string // set: HAProxy asks turnout over SPOE
 	deps                             []depSpec
 	T                                *Turnout
 	H                                *HAProxy
@@ -49,9 +50,9 @@ proxy:
   route_timeout: 500ms
   breaker_failures: 3
   breaker_cooldown: 30s
-haproxy: {listen: %q, dir: %q, drain_timeout: 3s, nbthread: 2}
+haproxy: {listen: %q, dir: %q, drain_timeout: 3s, nbthread: 2, spoe: %q}
 deployments:
-`, s.turnoutAddr, s.syslog, s.failMode, s.haAddr, s.dir)
+`, s.turnoutAddr, s.syslog, s.failMode, s.haAddr, s.dir, s.spoeAddr)
 	for _, d := range s.deps {
 		fmt.Fprintf(&b, "  - name: %s\n    models: [%s]\n    policy: %s\n    pools:\n      - role: mixed\n        endpoints:\n", d.name, d.name, d.policy)
 		for _, m := range d.mocks {
@@ -68,11 +69,17 @@ deployments:
 // startStack starts turnout with --haproxy-dir (its first sync writes the
 // HAProxy files while HAProxy is not running yet), then HAProxy on them.
 func startStack(t *testing.T, failMode string, deps ...depSpec) *hstack {
+	return startStackWith(t, failMode, "", deps...)
+}
+
+// startStackWith is startStack with HAProxy asking turnout over SPOE at
+// spoeAddr (haproxy.spoe) instead of the Lua action, when spoeAddr is set.
+func startStackWith(t *testing.T, failMode, spoeAddr string, deps ...depSpec) *hstack {
 	t.Helper()
 	NeedHAProxy(t)
 	s := &hstack{
 		t: t, dir: t.TempDir(), turnoutAddr: FreeAddr(t), haAddr: FreeAddr(t), syslog: FreeUDPAddr(t),
-		failMode: failMode, deps: deps,
+		failMode: failMode, spoeAddr: spoeAddr, deps: deps,
 		client: &http.Client{Timeout: 30 * time.Second},
 	}
 	s.T = StartTurnout(t, s.turnoutAddr, s.yaml(), "--haproxy-dir", s.dir, "--watch", "100ms")
@@ -129,8 +136,13 @@ const (
 
 // TestHAProxy runs the checks that share one stack: three deployments
 // (session-hash, prefix-affinity, a slow streaming replica) behind one HAProxy.
-func TestHAProxy(t *testing.T) {
-	s := startStack(t, "open",
+func TestHAProxy(t *testing.T) { testHAProxy(t, "") }
+
+// TestHAProxySPOE runs the same checks with HAProxy asking turnout over SPOE.
+func TestHAProxySPOE(t *testing.T) { testHAProxy(t, FreeAddr(t)) }
+
+func testHAProxy(t *testing.T, spoeAddr string) {
+	s := startStackWith(t, "open", spoeAddr,
 		depSpec{name: "chat", policy: policySession, mocks: mocks(t, "chat", 3, nil)},
 		depSpec{name: "llama", policy: policyPrefix, mocks: mocks(t, "llama", 3, nil)},
 		depSpec{name: "stream", policy: policyLeast, mocks: mocks(t, "stream", 1, func(c *mockvllm.Config) {

@@ -147,6 +147,11 @@ func runServe(args []string, log *zerolog.Logger) error {
 	}
 	go srv.Run(ctx)
 	go srv.RunHealth(ctx)
+	if a := cfg.HAProxy.SPOE; a != "" {
+		if err := startSPOE(ctx, a, srv, log); err != nil {
+			return err
+		}
+	}
 	if a := cfg.Feedback.Syslog; a != "" {
 		go func() {
 			if err := srv.ListenFeedback(ctx, a); err != nil {

@@ -16,7 +16,7 @@ import (
 // startSPOE serves HAProxy's SPOE connections (route/spoe) on addr until ctx
 // ends. addr is host:port, or a unix socket as "unix@/path" or "/path" (the
 // agent backend's server line then says unix@/path). serve.go calls it when
-// --spoe-listen is set; decisions share srv with the HTTP API, so config
+// haproxy.spoe is set; decisions share srv with the HTTP API, so config
 // reloads apply to both.
 func startSPOE(ctx context.Context, addr string, srv *route.Server, log *zerolog.Logger) error {
 	network, address := "tcp", addr
