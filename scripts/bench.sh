@@ -7,7 +7,8 @@
 #   BENCH_SMOKE=1 scripts/bench.sh   smoke: tiny runs with sanity checks, into bench-out/smoke/
 #
 # Environment: TURNOUT_BIN (default bin/turnout, built if missing),
-# BENCH_OUT (default bench-out), TRACES (default ../shared/traces).
+# BENCH_OUT (default bench-out), TRACES (default ../shared/traces),
+# NGINX_JS_MODULE (default Debian's njs module path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,7 @@ OUT=${BENCH_OUT:-bench-out}
 TRACES=${TRACES:-../shared/traces}
 MOONCAKE=$TRACES/mooncake_synthetic_trace.jsonl
 AZURE=$TRACES/azure_llm_2023_conv.csv
+NJS=${NGINX_JS_MODULE:-/usr/lib/nginx/modules/ngx_http_js_module.so}
 
 if [ ! -x "$BIN" ]; then
   echo "bench: building $BIN"
@@ -24,6 +26,15 @@ fi
 # Info logs go to a file; warnings and errors stay on the terminal.
 export TURNOUT_LOG_LEVEL=${TURNOUT_LOG_LEVEL:-warn}
 have() { command -v "$1" >/dev/null 2>&1; }
+# The nginx e2e replays need nginx, and njs for turnout's body mode. The Go
+# side skips them too (only a log warning); checking here prints one line.
+nginx_missing() {
+  if ! have nginx; then
+    echo "nginx not installed (apt-get install -y nginx libnginx-mod-http-js)"
+  elif [ ! -f "$NJS" ]; then
+    echo "njs module $NJS not found (apt-get install -y libnginx-mod-http-js)"
+  fi
+}
 
 if [ "${BENCH_SMOKE:-}" = 1 ]; then
   OUT=$OUT/smoke
@@ -43,8 +54,16 @@ if [ "${BENCH_SMOKE:-}" = 1 ]; then
   else
     echo "bench smoke: haproxy not installed, skipping the e2e replay"
   fi
+  missing=$(nginx_missing)
+  if [ -z "$missing" ]; then
+    # The same through nginx: nginx alone, and turnout in body mode (njs).
+    "$BIN" bench replay --mode e2e --proxy nginx --trace synthetic --limit 60 --time-scale 0.05 \
+      --policies 'nginx-roundrobin;prefix-affinity' --nginx-js-module "$NJS" --check --out "$OUT" >/dev/null
+  else
+    echo "bench smoke: $missing, skipping the nginx e2e replay"
+  fi
   # Cost machinery with the Go load generator (wrk may be absent in CI).
-  "$BIN" bench cost --loadgen go --haproxy '' --duration 500ms --rounds 1 --policies prefix-affinity \
+  "$BIN" bench cost --loadgen go --haproxy '' --nginx '' --duration 500ms --rounds 1 --policies prefix-affinity \
     --check --out "$OUT" >/dev/null
   echo "bench smoke: ok in $((SECONDS - start)) s; outputs in $OUT"
   exit 0
@@ -59,8 +78,11 @@ default_policies() {
   "$BIN" bench policies | tr '\n' ';'
 }
 run() {
+  local t0=$SECONDS
   echo "+ $*" | tee -a "$LOG"
   "$@" 2>>"$LOG"
+  # Per-step times show where the five-minute budget goes.
+  echo "  ($((SECONDS - t0)) s)" | tee -a "$LOG"
 }
 
 # Machine facts; none of these may fail the run (wrk -v exits 1, head
@@ -74,6 +96,10 @@ run() {
   (lscpu | head -n 15) || true
   go version || true
   if have haproxy; then (haproxy -v | head -n 1) || true; fi
+  if have nginx; then
+    (nginx -v 2>&1 | head -n 1) || true
+    if [ -f "$NJS" ]; then echo "njs: $NJS"; else echo "njs: not installed"; fi
+  fi
   if have wrk; then (wrk -v 2>&1 | head -n 1) || true; fi
   echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo '```'
@@ -98,6 +124,16 @@ if [ -f "$MOONCAKE" ]; then
   else
     echo "bench: haproxy not installed, skipping the e2e replay" | tee -a "$LOG"
   fi
+  missing=$(nginx_missing)
+  if [ -z "$missing" ]; then
+    # The same requests through nginx (turnout in body mode, njs): do hit
+    # ratios and loads agree with the HAProxy path? Two rows, not seven, to
+    # stay within the five-minute budget.
+    run "$BIN" bench replay --trace "$MOONCAKE" --mode e2e --proxy nginx --limit 400 --time-scale 0.05 --out "$OUT" \
+      --policies 'nginx-roundrobin;prefix-affinity' --nginx-js-module "$NJS"
+  else
+    echo "bench: $missing, skipping the nginx e2e replay" | tee -a "$LOG"
+  fi
 else
   echo "bench: $MOONCAKE not found, skipping the Mooncake replays (traces live in ../shared/traces)" | tee -a "$LOG"
 fi
@@ -108,7 +144,8 @@ if [ -f "$AZURE" ]; then
 else
   echo "bench: $AZURE not found, skipping the Azure replay" | tee -a "$LOG"
 fi
-run "$BIN" bench cost --out "$OUT"
+# Without nginx or njs the nginx rows become notes in the table.
+run "$BIN" bench cost --nginx-js-module "$NJS" --out "$OUT"
 
 # One file with every table, for BENCHMARKS.md.
 {
@@ -122,7 +159,7 @@ run "$BIN" bench cost --out "$OUT"
     grep -E '^(Benchmark|ok|PASS)' bench-route.txt || true
     echo '```'
   fi
-  for f in replay-sim-mooncake replay-sim-mooncake-nosession replay-sim-mooncake-gpucache replay-sim-mooncake-loaded replay-e2e-mooncake replay-sim-azure-conv cost; do
+  for f in replay-sim-mooncake replay-sim-mooncake-nosession replay-sim-mooncake-gpucache replay-sim-mooncake-loaded replay-e2e-mooncake replay-e2e-nginx-mooncake replay-sim-azure-conv cost; do
     if [ -f "$OUT/$f.md" ]; then
       echo
       echo "## $f"

@@ -18,6 +18,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/nginx"
 	"github.com/turnout/turnout/test/bench"
 )
 
@@ -25,7 +26,7 @@ const benchUsage = `turnout bench: routing quality and cost benchmarks
 
   turnout bench replay --trace FILE [--mode sim|e2e] [--policies SPECS] [--sweep none|quick|full] ...
   turnout bench azure  [--trace FILE] ...        (replay of the Azure CSV: lengths only)
-  turnout bench cost   [--duration D] ...        (/internal/route vs a trivial handler; HAProxy vs HAProxy+turnout)
+  turnout bench cost   [--duration D] ...        (/internal/route vs a trivial handler; HAProxy and nginx alone vs with turnout)
   turnout bench trivial --listen ADDR            (the trivial fasthttp handler cost compares against)
   turnout bench policies                         (the default comparison rows, one per line)
 
@@ -75,8 +76,8 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	d := bench.DefaultSimOptions()
 	fset := flag.NewFlagSet("bench replay", flag.ContinueOnError)
 	trace := fset.String("trace", defaultTrace, `trace file (.jsonl Mooncake, .csv Azure) or "synthetic"`)
-	mode := fset.String("mode", "sim", "sim (in-process, virtual time) or e2e (HAProxy + turnout + mock replicas)")
-	policies := fset.String("policies", "", `';'-separated specs "name[:k=v,...]" (default: haproxy-roundrobin, haproxy-leastconn and every turnout policy)`)
+	mode := fset.String("mode", "sim", "sim (in-process, virtual time) or e2e (HAProxy or nginx + turnout + mock replicas)")
+	policies := fset.String("policies", "", `';'-separated specs "name[:k=v,...]" (default: haproxy-roundrobin, haproxy-leastconn, or with --proxy nginx nginx-roundrobin, nginx-leastconn, and every turnout policy)`)
 	sweep := fset.String("sweep", "none", "parameter sweep after the policies: none, quick or full (sim only)")
 	limit := fset.Int("limit", 0, "replay only the first N requests (0 = all)")
 	sessionBlocks := fset.Int("session-blocks", 1, "session key = the first N hash ids (0 = no session header)")
@@ -114,7 +115,7 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	}
 	var specs []bench.PolicySpec
 	if *policies == "" {
-		specs = bench.DefaultPolicies()
+		specs = bench.DefaultPoliciesFor(e2e.proxy)
 	} else if specs, err = bench.ParsePolicySpecs(*policies); err != nil {
 		return fmt.Errorf("bench replay: %w", err)
 	}
@@ -130,6 +131,9 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	}
 	if *name == "" {
 		*name = "replay-" + *mode + "-" + label
+		if *mode == "e2e" && e2e.proxy == bench.ProxyNginx {
+			*name = "replay-e2e-nginx-" + label
+		}
 	}
 	log.Info().Str("trace", *trace).Int("requests", len(reqs)).Str("mode", *mode).Int("policies", len(specs)).
 		Int("sweep", len(sweepSpecs)).Msg("bench: replay")
@@ -149,7 +153,15 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 		if len(sweepSpecs) > 0 {
 			return errors.New("bench replay: --sweep is for --mode sim (e2e runs take real time)")
 		}
-		if rows, err = runE2EReplay(reqs, label, specs, o, e2e, log); err != nil {
+		eo := e2e.options(o)
+		if ng, njs := eo.NeedsNginx(specs); ng {
+			// Like a missing trace: nginx is optional on a bench box.
+			if msg := bench.NginxMissing(eo.Nginx, eo.NginxModule, njs); msg != "" {
+				log.Warn().Msg("bench: " + msg + ", skipping the nginx e2e replay")
+				return nil
+			}
+		}
+		if rows, err = runE2EReplay(reqs, label, specs, eo, e2e, log); err != nil {
 			return fmt.Errorf("bench replay: %w", err)
 		}
 	default:
@@ -212,17 +224,25 @@ func loadTrace(path string, o bench.TraceOptions) ([]bench.Request, string, erro
 
 // e2eFlags are the replay flags only the e2e mode reads.
 type e2eFlags struct {
-	timeScale float64
-	haproxy   string
-	bin       string
-	keep      bool
-	timeout   time.Duration
+	timeScale   float64
+	proxy       string
+	haproxy     string
+	nginx       string
+	nginxMode   string
+	nginxModule string
+	bin         string
+	keep        bool
+	timeout     time.Duration
 }
 
 func defaultE2EFlags(fset *flag.FlagSet) *e2eFlags {
 	f := &e2eFlags{}
 	fset.Float64Var(&f.timeScale, "time-scale", 0.05, "e2e: mock --time-scale; arrivals are scaled alike so the load shape is kept")
+	fset.StringVar(&f.proxy, "proxy", bench.ProxyHAProxy, "e2e: proxy in front of turnout policies: haproxy or nginx (haproxy-*/nginx-* rows name their own)")
 	fset.StringVar(&f.haproxy, "haproxy", "haproxy", "e2e: haproxy binary")
+	fset.StringVar(&f.nginx, "nginx", "nginx", "e2e: nginx binary")
+	fset.StringVar(&f.nginxMode, "nginx-mode", "body", "e2e: turnout's nginx_mode behind nginx: body (njs) or header (auth_request, no body)")
+	fset.StringVar(&f.nginxModule, "nginx-js-module", nginx.DefaultModulePath, "e2e: njs module for body mode (- = built in)")
 	fset.StringVar(&f.bin, "turnout-bin", "", "e2e: turnout binary for mocks and serve (default: this executable)")
 	fset.BoolVar(&f.keep, "keep", false, "e2e: keep the work directory (configs, logs)")
 	fset.DurationVar(&f.timeout, "timeout", 10*time.Minute, "e2e: bound on one policy's replay")
@@ -233,16 +253,21 @@ func defaultE2EFlags(fset *flag.FlagSet) *e2eFlags {
 func runCost(args []string, log *zerolog.Logger) error {
 	fset := flag.NewFlagSet("bench cost", flag.ContinueOnError)
 	o := bench.CostOptions{Log: log}
-	fset.DurationVar(&o.Duration, "duration", 3*time.Second, "length of one load run")
+	// 2 s x 3 rounds keeps all eight targets (route, HAProxy, nginx) inside
+	// make bench's five-minute budget.
+	fset.DurationVar(&o.Duration, "duration", 2*time.Second, "length of one load run")
 	fset.IntVar(&o.Rounds, "rounds", 3, "load runs per target, interleaved across targets")
 	fset.IntVar(&o.Conns, "conns", 16, "concurrent connections of the load generator")
 	fset.IntVar(&o.WrkThreads, "wrk-threads", 1, "wrk threads (keep low: the box is shared)")
-	fset.IntVar(&o.Replicas, "replicas", 4, "replicas (fake for /internal/route, mocks behind HAProxy)")
-	fset.IntVar(&o.SSEProbes, "sse-probes", 200, "sequential streaming requests per proxy for the first-chunk delay")
+	fset.IntVar(&o.Replicas, "replicas", 4, "replicas (fake for /internal/route, mocks behind the proxies)")
+	fset.IntVar(&o.SSEProbes, "sse-probes", 100, "sequential streaming requests per proxy setup for the first-chunk delay")
 	loadgen := fset.String("loadgen", "auto", "wrk, go, or auto (wrk when installed)")
 	policies := fset.String("policies", "prefix-affinity;least-request", "';'-separated policies measured on /internal/route")
-	fset.StringVar(&o.ProxyPolicy, "proxy-policy", "prefix-affinity", "turnout policy behind HAProxy")
-	fset.StringVar(&o.HAProxy, "haproxy", "haproxy", `haproxy binary ("" skips the proxy comparison)`)
+	fset.StringVar(&o.ProxyPolicy, "proxy-policy", "prefix-affinity", "turnout policy behind HAProxy and behind nginx in body mode (njs)")
+	fset.StringVar(&o.NginxHeaderPolicy, "nginx-header-policy", "session-hash", "turnout policy behind nginx in header mode (auth_request: turnout sees no body)")
+	fset.StringVar(&o.HAProxy, "haproxy", "haproxy", `haproxy binary ("" skips the HAProxy rows)`)
+	fset.StringVar(&o.Nginx, "nginx", "nginx", `nginx binary ("" skips the nginx rows)`)
+	fset.StringVar(&o.NginxModule, "nginx-js-module", nginx.DefaultModulePath, "njs module for the body-mode row (- = built in)")
 	bin := fset.String("turnout-bin", "", "turnout binary (default: this executable)")
 	out := fset.String("out", "bench-out", "output directory")
 	name := fset.String("name", "cost", "output file name prefix")
@@ -341,8 +366,17 @@ func runTrivial(args []string, log *zerolog.Logger) error {
 	return nil
 }
 
+// options turns the flags into E2EOptions (all but the turnout binary and
+// the work directory, which runE2EReplay fills).
+func (f *e2eFlags) options(o bench.SimOptions) bench.E2EOptions {
+	return bench.E2EOptions{
+		Sim: o, TimeScale: f.timeScale, Proxy: f.proxy, HAProxy: f.haproxy, Nginx: f.nginx, NginxMode: f.nginxMode,
+		NginxModule: f.nginxModule, Keep: f.keep, Timeout: f.timeout,
+	}
+}
+
 // runE2EReplay runs the replay through real processes.
-func runE2EReplay(reqs []bench.Request, label string, specs []bench.PolicySpec, o bench.SimOptions, f *e2eFlags, log *zerolog.Logger) ([]bench.Row, error) {
+func runE2EReplay(reqs []bench.Request, label string, specs []bench.PolicySpec, eo bench.E2EOptions, f *e2eFlags, log *zerolog.Logger) ([]bench.Row, error) {
 	bin := f.bin
 	if bin == "" {
 		exe, err := os.Executable()
@@ -362,7 +396,6 @@ func runE2EReplay(reqs []bench.Request, label string, specs []bench.PolicySpec, 
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return bench.RunE2E(ctx, reqs, label, specs, bench.E2EOptions{
-		Sim: o, TimeScale: f.timeScale, HAProxy: f.haproxy, Turnout: bin, WorkDir: work, Keep: f.keep, Timeout: f.timeout, Log: log,
-	})
+	eo.Turnout, eo.WorkDir, eo.Log = bin, work, log
+	return bench.RunE2E(ctx, reqs, label, specs, eo)
 }

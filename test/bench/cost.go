@@ -62,8 +62,13 @@ func NewTrivialServer() *fasthttp.Server {
 // CostOptions configure the cost benchmark.
 type CostOptions struct {
 	Turnout string // turnout binary
-	HAProxy string // haproxy binary ("" or missing: skip the proxy part)
-	Wrk     string // wrk binary ("" = the Go load generator)
+	HAProxy string // haproxy binary ("" skips the HAProxy rows; missing: a note)
+	// Nginx is the nginx binary ("" skips the nginx rows; missing: a note).
+	Nginx string
+	// NginxModule is the njs module the body-mode row needs (default
+	// nginx.DefaultModulePath; missing: that row is a note).
+	NginxModule string
+	Wrk         string // wrk binary ("" = the Go load generator)
 	// Duration of one load run; every target gets Rounds runs, interleaved,
 	// so a noisy neighbour hurts all targets alike.
 	Duration time.Duration
@@ -74,8 +79,13 @@ type CostOptions struct {
 	Replicas   int
 	// Policies are measured on /internal/route alone.
 	Policies []string
-	// ProxyPolicy is turnout's policy behind HAProxy.
+	// ProxyPolicy is turnout's policy behind HAProxy and behind nginx in
+	// body mode (njs sends turnout the body).
 	ProxyPolicy string
+	// NginxHeaderPolicy is turnout's policy behind nginx in header mode
+	// (auth_request): turnout sees headers only, so a prefix policy would
+	// have nothing to match; session-hash is what header mode is for.
+	NginxHeaderPolicy string
 	// SSEProbes is how many sequential streaming requests per stack measure
 	// the first-chunk delay.
 	SSEProbes int
@@ -85,7 +95,9 @@ type CostOptions struct {
 
 // CostRow is one target of the cost benchmark.
 type CostRow struct {
-	Group    string // route, haproxy, sse-first-chunk
+	// Group is route, haproxy, nginx, haproxy-sse or nginx-sse; the first
+	// row of a group is the baseline its other rows are compared with.
+	Group    string
 	Target   string
 	LoadGen  string
 	Conns    int
@@ -95,17 +107,21 @@ type CostRow struct {
 	P50, P99 float64 // ms
 	// Ratio is the median over rounds of RPS / the baseline's RPS in the
 	// same round; Added* are latency differences to the baseline, in ms.
-	Ratio                float64
-	AddedP50, AddedP99   float64
-	Baseline             bool
+	Ratio              float64
+	AddedP50, AddedP99 float64
+	Baseline           bool
+	// Probe marks the sequential first-chunk rows: latency only, no rps.
+	Probe                bool
 	Note                 string
 	roundRPS             []float64
 	roundP50s, roundP99s []float64
 }
 
-// RunCost measures /internal/route against a trivial handler, and plain
-// HAProxy against HAProxy + Lua + turnout, with the same load in the same
-// run, plus the SSE first-chunk delay through both proxies.
+// RunCost measures /internal/route against a trivial handler, then the
+// proxies in front of the same mock replicas, all in one interleaved set of
+// rounds: plain HAProxy against HAProxy + Lua + turnout, and plain nginx
+// against nginx + turnout in header mode (auth_request) and in body mode
+// (njs); then the SSE first-chunk delay through each of them.
 func RunCost(ctx context.Context, o CostOptions) ([]CostRow, error) {
 	if o.Log == nil {
 		l := zerolog.Nop()
@@ -121,13 +137,6 @@ func RunCost(ctx context.Context, o CostOptions) ([]CostRow, error) {
 	if err != nil {
 		return nil, err
 	}
-	if o.HAProxy == "" {
-		return rows, nil
-	}
-	if _, err := exec.LookPath(o.HAProxy); err != nil {
-		o.Log.Warn().Str("haproxy", o.HAProxy).Msg("bench cost: haproxy not found, skipping the proxy comparison")
-		return append(rows, CostRow{Group: "haproxy", Target: "-", Note: "skipped: haproxy not found"}), nil
-	}
 	prows, err := costProxy(ctx, o)
 	if err != nil {
 		return nil, err
@@ -142,15 +151,23 @@ func (o *CostOptions) loadGenName() string {
 	return "go"
 }
 
-// runRounds loads each target Rounds times, interleaved, and fills rows.
-func runRounds(ctx context.Context, o CostOptions, group string, targets []LoadTarget, bodies []CostBody) ([]CostRow, error) {
+// costTarget is a load target and the group whose baseline it is compared
+// with.
+type costTarget struct {
+	Group string
+	LoadTarget
+}
+
+// runRounds loads each target Rounds times, interleaved (every round runs
+// every target once, in order), and fills rows.
+func runRounds(ctx context.Context, o CostOptions, targets []costTarget, bodies []CostBody) ([]CostRow, error) {
 	rows := make([]CostRow, len(targets))
 	lats := make([][]time.Duration, len(targets))
 	scripts := make([]string, len(targets))
 	for i, t := range targets {
-		rows[i] = CostRow{Group: group, Target: t.Name, LoadGen: o.loadGenName(), Conns: o.Conns, Baseline: i == 0}
+		rows[i] = CostRow{Group: t.Group, Target: t.Name, LoadGen: o.loadGenName(), Conns: o.Conns}
 		if o.Wrk != "" {
-			p, err := writeWrkScript(o.Dir, t, bodies)
+			p, err := writeWrkScript(o.Dir, t.LoadTarget, bodies)
 			if err != nil {
 				return nil, err
 			}
@@ -165,9 +182,9 @@ func runRounds(ctx context.Context, o CostOptions, group string, targets []LoadT
 				err error
 			)
 			if o.Wrk != "" {
-				res, err = WrkLoad(ctx, o.Wrk, scripts[i], t, o.WrkThreads, o.Conns, o.Duration)
+				res, err = WrkLoad(ctx, o.Wrk, scripts[i], t.LoadTarget, o.WrkThreads, o.Conns, o.Duration)
 			} else {
-				res, err = GoLoad(ctx, t, bodies, o.Conns, o.Duration)
+				res, err = GoLoad(ctx, t.LoadTarget, bodies, o.Conns, o.Duration)
 			}
 			if err != nil {
 				return nil, err
@@ -183,7 +200,7 @@ func runRounds(ctx context.Context, o CostOptions, group string, targets []LoadT
 			row.roundRPS = append(row.roundRPS, res.RPS())
 			row.roundP50s = append(row.roundP50s, float64(res.P50)/float64(time.Millisecond))
 			row.roundP99s = append(row.roundP99s, float64(res.P99)/float64(time.Millisecond))
-			o.Log.Info().Str("group", group).Str("target", t.Name).Int("round", r+1).Float64("rps", res.RPS()).
+			o.Log.Info().Str("group", t.Group).Str("target", t.Name).Int("round", r+1).Float64("rps", res.RPS()).
 				Dur("p50", res.P50).Dur("p99", res.P99).Int("errors", res.Errors).Msg("bench cost: run")
 		}
 	}
@@ -200,22 +217,8 @@ func runRounds(ctx context.Context, o CostOptions, group string, targets []LoadT
 			row.P50, row.P99 = median(row.roundP50s), median(row.roundP99s)
 		}
 	}
-	applyBaseline(rows)
-	applyRoundRatios(rows)
+	applyGroupBaselines(rows)
 	return rows, nil
-}
-
-// applyRoundRatios sets Ratio to the median of per-round ratios. Rounds run
-// the targets back to back, so a round's ratio compares like with like; the
-// median of those resists a noisy neighbour better than the ratio of totals.
-func applyRoundRatios(rows []CostRow) {
-	for i := range rows {
-		var rs []float64
-		for r := range rows[i].roundRPS {
-			rs = append(rs, Ratio(rows[i].roundRPS[r], rows[0].roundRPS[r]))
-		}
-		rows[i].Ratio = median(rs)
-	}
 }
 
 func median(xs []float64) float64 {
@@ -224,16 +227,34 @@ func median(xs []float64) float64 {
 	return Percentile(s, 50)
 }
 
-// applyBaseline fills Ratio and Added* against the group's first row.
-func applyBaseline(rows []CostRow) {
-	if len(rows) == 0 {
-		return
-	}
-	b := rows[0]
+// applyGroupBaselines compares every row with the first row of its group
+// (marked Baseline), wherever the group's rows sit: Added* are the latency
+// differences in ms, and Ratio is the median of the per-round rps ratios
+// when both rows have rounds (else the ratio of the totals). Rounds run the
+// targets back to back, so a round's ratio compares like with like; the
+// median of those resists a noisy neighbour better than the ratio of totals.
+func applyGroupBaselines(rows []CostRow) {
+	base := map[string]int{}
 	for i := range rows {
-		rows[i].Ratio = Ratio(rows[i].RPS, b.RPS)
-		rows[i].AddedP50 = rows[i].P50 - b.P50
-		rows[i].AddedP99 = rows[i].P99 - b.P99
+		b, ok := base[rows[i].Group]
+		if !ok {
+			b = i
+			base[rows[i].Group] = i
+		}
+		r, br := &rows[i], &rows[b]
+		r.Baseline = i == b
+		r.AddedP50 = r.P50 - br.P50
+		r.AddedP99 = r.P99 - br.P99
+		n := min(len(r.roundRPS), len(br.roundRPS))
+		if n == 0 {
+			r.Ratio = Ratio(r.RPS, br.RPS)
+			continue
+		}
+		rs := make([]float64, n)
+		for k := range n {
+			rs[k] = Ratio(r.roundRPS[k], br.roundRPS[k])
+		}
+		r.Ratio = median(rs)
 	}
 }
 
@@ -254,7 +275,7 @@ func costRoute(ctx context.Context, o CostOptions) ([]CostRow, error) {
 	if err := waitHTTP(ctx, tp, "http://"+addr+"/healthz", http.StatusOK, 10*time.Second); err != nil {
 		return nil, err
 	}
-	targets := []LoadTarget{{Name: "trivial-fasthttp", Addr: addr, Path: route.PathRoute, RouteHeaders: true}}
+	targets := []costTarget{{"route", LoadTarget{Name: "trivial-fasthttp", Addr: addr, Path: route.PathRoute, RouteHeaders: true}}}
 	eps := make([]Endpoint, max(o.Replicas, 1))
 	for i := range eps {
 		eps[i] = Endpoint{Name: "r" + strconv.Itoa(i), Address: "127.0.0.1:" + strconv.Itoa(18000+i)}
@@ -280,9 +301,9 @@ func costRoute(ctx context.Context, o CostOptions) ([]CostRow, error) {
 		if err := waitHTTP(ctx, p, "http://"+listen+route.PathReadyz, http.StatusOK, 10*time.Second); err != nil {
 			return nil, err
 		}
-		targets = append(targets, LoadTarget{Name: "route " + spec.String(), Addr: listen, Path: route.PathRoute, RouteHeaders: true})
+		targets = append(targets, costTarget{"route", LoadTarget{Name: "route " + spec.String(), Addr: listen, Path: route.PathRoute, RouteHeaders: true}})
 	}
-	return runRounds(ctx, o, "route", targets, CostBodies(64, "llama", 1, false, 1))
+	return runRounds(ctx, o, targets, CostBodies(64, "llama", 1, false, 1))
 }
 
 // CostMockArgs make replicas answer at once (no model time) while streams
@@ -292,9 +313,74 @@ func CostMockArgs() []string {
 		"--max-running", "0", "--cache-blocks", "4096", "--request-log-size", "-1"}
 }
 
-// costProxy compares plain HAProxy with HAProxy + Lua + turnout in front of
-// the same replicas.
+// proxyStack is one proxy setup of the cost run.
+type proxyStack struct {
+	group, name, dir string
+	opts             StackOptions
+}
+
+// proxyStacks lists the proxy setups to measure, in round order, and note
+// rows for the ones that cannot run here. Within a group the plain proxy
+// comes first: it is the baseline.
+func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error) {
+	spec, err := ParsePolicySpec(o.ProxyPolicy)
+	if err != nil {
+		return nil, nil, err
+	}
+	if spec.IsProxyAlone() {
+		return nil, nil, fmt.Errorf("cost: proxy policy %s is not a turnout policy", spec)
+	}
+	base := StackOptions{Model: "llama", HAProxy: o.HAProxy, Nginx: o.Nginx, NginxModule: o.NginxModule, Turnout: o.Turnout, Log: o.Log}
+	add := func(group, name, dir string, spec PolicySpec, proxy, mode string) {
+		so := base
+		so.Spec, so.Proxy, so.NginxMode = spec, proxy, mode
+		stacks = append(stacks, proxyStack{group: group, name: name, dir: dir, opts: so})
+	}
+	note := func(group, target, msg string) {
+		o.Log.Warn().Str("group", group).Str("target", target).Msg("bench cost: " + msg)
+		notes = append(notes, CostRow{Group: group, Target: target, Note: msg})
+	}
+	if o.HAProxy != "" {
+		if _, lerr := exec.LookPath(o.HAProxy); lerr != nil {
+			note("haproxy", "-", "skipped: haproxy not found")
+		} else {
+			add("haproxy", "haproxy roundrobin", "plain", PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy, "")
+			add("haproxy", "haproxy+lua+turnout "+spec.String(), "with-turnout", spec, ProxyHAProxy, "")
+		}
+	}
+	if o.Nginx == "" {
+		return stacks, notes, nil
+	}
+	if msg := NginxMissing(o.Nginx, o.NginxModule, false); msg != "" {
+		note("nginx", "-", "skipped: "+msg)
+		return stacks, notes, nil
+	}
+	hspec, err := ParsePolicySpec(o.NginxHeaderPolicy)
+	if err != nil {
+		return nil, nil, err
+	}
+	if hspec.IsProxyAlone() {
+		return nil, nil, fmt.Errorf("cost: nginx header policy %s is not a turnout policy", hspec)
+	}
+	add("nginx", "nginx roundrobin", "nginx-plain", PolicySpec{Policy: NginxRoundRobin}, ProxyNginx, "")
+	add("nginx", "nginx+auth_request+turnout "+hspec.String(), "nginx-header", hspec, ProxyNginx, route.NginxModeHeader)
+	bodyName := "nginx+njs+turnout " + spec.String()
+	if msg := NginxMissing(o.Nginx, o.NginxModule, true); msg != "" {
+		note("nginx", bodyName, "skipped: "+msg)
+	} else {
+		add("nginx", bodyName, "nginx-body", spec, ProxyNginx, route.NginxModeBody)
+	}
+	return stacks, notes, nil
+}
+
+// costProxy compares each proxy alone with the same proxy + turnout, all in
+// front of the same replicas and measured in the same interleaved rounds,
+// so a noisy neighbour hurts every row alike.
 func costProxy(ctx context.Context, o CostOptions) ([]CostRow, error) {
+	stacks, notes, err := proxyStacks(o)
+	if err != nil || len(stacks) == 0 {
+		return notes, err
+	}
 	var mocks procSet
 	defer mocks.stopAll()
 	var eps []Endpoint
@@ -313,47 +399,37 @@ func costProxy(ctx context.Context, o CostOptions) ([]CostRow, error) {
 		}
 		eps = append(eps, Endpoint{Name: name, Address: addr})
 	}
-	plainDir := filepath.Join(o.Dir, "plain")
-	turnDir := filepath.Join(o.Dir, "with-turnout")
-	for _, d := range []string{plainDir, turnDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+	var targets, sseTargets []costTarget
+	for _, ps := range stacks {
+		so := ps.opts
+		so.Dir, so.Mocks = filepath.Join(o.Dir, ps.dir), eps
+		if err := os.MkdirAll(so.Dir, 0o755); err != nil {
 			return nil, fmt.Errorf("cost dir: %w", err)
 		}
+		st, err := StartStack(ctx, so)
+		if err != nil {
+			return nil, fmt.Errorf("cost %s: %w", ps.name, err)
+		}
+		defer st.Stop()
+		lt := LoadTarget{Name: ps.name, Addr: strings.TrimPrefix(st.FrontURL, "http://"), Path: mockvllm.PathChat}
+		targets = append(targets, costTarget{ps.group, lt})
+		sseTargets = append(sseTargets, costTarget{ps.group + "-sse", lt})
 	}
-	plain, err := StartStack(ctx, StackOptions{Dir: plainDir, Spec: PolicySpec{Policy: HAProxyRoundRobin}, Model: "llama", HAProxy: o.HAProxy, Turnout: o.Turnout, Mocks: eps, Log: o.Log})
+	rows, err := runRounds(ctx, o, targets, CostBodies(64, "llama", 1, false, 2))
 	if err != nil {
 		return nil, err
 	}
-	defer plain.Stop()
-	spec, err := ParsePolicySpec(o.ProxyPolicy)
+	sse, err := sseProbe(ctx, o, sseTargets, CostBodies(16, "llama", 8, true, 3))
 	if err != nil {
 		return nil, err
 	}
-	withT, err := StartStack(ctx, StackOptions{Dir: turnDir, Spec: spec, Model: "llama", HAProxy: o.HAProxy, Turnout: o.Turnout, Mocks: eps, Log: o.Log})
-	if err != nil {
-		return nil, err
-	}
-	defer withT.Stop()
-	hostPort := func(u string) string { return strings.TrimPrefix(u, "http://") }
-	targets := []LoadTarget{
-		{Name: "haproxy roundrobin", Addr: hostPort(plain.FrontURL), Path: mockvllm.PathChat},
-		{Name: "haproxy+lua+turnout " + spec.String(), Addr: hostPort(withT.FrontURL), Path: mockvllm.PathChat},
-	}
-	rows, err := runRounds(ctx, o, "haproxy", targets, CostBodies(64, "llama", 1, false, 2))
-	if err != nil {
-		return nil, err
-	}
-	sse, err := sseProbe(ctx, o, targets, CostBodies(16, "llama", 8, true, 3))
-	if err != nil {
-		return nil, err
-	}
-	return append(rows, sse...), nil
+	return slices.Concat(rows, sse, notes), nil
 }
 
 // sseProbe sends streaming requests one at a time, alternating the
 // targets, and measures the time to the first body chunk: what a chat user
 // waits for, and what http-no-delay and the routing hop affect.
-func sseProbe(ctx context.Context, o CostOptions, targets []LoadTarget, bodies []CostBody) ([]CostRow, error) {
+func sseProbe(ctx context.Context, o CostOptions, targets []costTarget, bodies []CostBody) ([]CostRow, error) {
 	clients := make([]*http.Client, len(targets))
 	firsts := make([][]time.Duration, len(targets))
 	for i := range clients {
@@ -399,12 +475,12 @@ func sseProbe(ctx context.Context, o CostOptions, targets []LoadTarget, bodies [
 	rows := make([]CostRow, len(targets))
 	for i, t := range targets {
 		s := Summarize(Millis(firsts[i]))
-		rows[i] = CostRow{Group: "sse-first-chunk", Target: t.Name, LoadGen: "sequential", Conns: 1,
-			Requests: len(firsts[i]), Errors: errs[i], P50: s.P50, P99: s.P99, Baseline: i == 0}
+		rows[i] = CostRow{Group: t.Group, Target: t.Name, LoadGen: "sequential", Conns: 1,
+			Requests: len(firsts[i]), Errors: errs[i], P50: s.P50, P99: s.P99, Probe: true}
 	}
-	applyBaseline(rows)
+	applyGroupBaselines(rows)
 	for i := range rows {
-		rows[i].Ratio, rows[i].RPS = 0, 0 // not a throughput run
+		rows[i].Ratio = 0 // not a throughput run
 	}
 	return rows, nil
 }
@@ -470,7 +546,7 @@ func WriteCostMarkdown(w io.Writer, rows []CostRow) error {
 			continue
 		}
 		rps, ratio := fmt.Sprintf("%.0f", r.RPS), fmt.Sprintf("%.3f", r.Ratio)
-		if r.Group == "sse-first-chunk" {
+		if r.Probe {
 			rps, ratio = "-", "-"
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s c%d | %s | %s | %.3f | %.3f | %+.3f | %+.3f | %d |\n", r.Group, r.Target, r.LoadGen, r.Conns,

@@ -17,12 +17,14 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/nginx"
 	"github.com/turnout/turnout/route"
 )
 
 // E2EOptions configure a replay through real processes on loopback:
-// N `turnout mock` replicas, `turnout serve`, and HAProxy (rendered by
-// `turnout render haproxy`, or a plain config for the HAProxy-alone rows).
+// N `turnout mock` replicas, `turnout serve`, and HAProxy or nginx (rendered
+// by `turnout render haproxy|nginx`, or a plain config for the proxy-alone
+// rows).
 type E2EOptions struct {
 	// Sim holds the replica model (cache, timing at full scale, max running)
 	// and the replay shape (compress, concurrency, model).
@@ -30,8 +32,18 @@ type E2EOptions struct {
 	// TimeScale is the mocks' --time-scale; arrivals are scaled alike so the
 	// load shape is the trace's, and measured times are divided by it.
 	TimeScale float64
-	HAProxy   string // haproxy binary
-	Turnout   string // turnout binary (mocks, serve, render)
+	// Proxy is what turnout policies sit behind: haproxy (default) or nginx.
+	Proxy   string
+	HAProxy string // haproxy binary
+	Nginx   string // nginx binary
+	// NginxMode is turnout's nginx_mode (body or header); NginxModule the
+	// njs module path ("" = render's default).
+	NginxMode   string
+	NginxModule string
+	// NginxMaxBody is max_body for the nginx rows (0 = BodyLimit of the
+	// replayed requests).
+	NginxMaxBody int
+	Turnout      string // turnout binary (mocks, serve, render)
 	// WorkDir holds one directory per run (configs and process logs).
 	WorkDir string
 	Keep    bool
@@ -40,19 +52,49 @@ type E2EOptions struct {
 	Log     *zerolog.Logger
 }
 
-// ErrMissingTool is returned when haproxy or the turnout binary is absent.
+// ErrMissingTool is returned when a proxy, njs or the turnout binary is absent.
 var ErrMissingTool = errors.New("required tool not found")
 
-func (o *E2EOptions) validate() error {
+// NeedsNginx reports whether any spec runs behind nginx, and whether one of
+// them needs njs (a turnout policy in body mode).
+func (o *E2EOptions) NeedsNginx(specs []PolicySpec) (nginx, njs bool) {
+	for _, s := range specs {
+		if s.Proxy(o.Proxy) == ProxyNginx {
+			nginx = true
+			njs = njs || (!s.IsProxyAlone() && o.NginxMode != route.NginxModeHeader)
+		}
+	}
+	return nginx, njs
+}
+
+func (o *E2EOptions) validate(specs []PolicySpec) error {
 	if err := o.Sim.Validate(); err != nil {
 		return err
 	}
 	if o.TimeScale <= 0 || o.TimeScale > 1 {
 		return fmt.Errorf("time scale %v out of range (0, 1]", o.TimeScale)
 	}
-	for _, bin := range []string{o.HAProxy, o.Turnout} {
+	if o.Proxy != "" && o.Proxy != ProxyHAProxy && o.Proxy != ProxyNginx {
+		return fmt.Errorf("proxy %q: want haproxy or nginx", o.Proxy)
+	}
+	if o.NginxMode != "" && o.NginxMode != route.NginxModeBody && o.NginxMode != route.NginxModeHeader {
+		return fmt.Errorf("nginx mode %q: want body or header", o.NginxMode)
+	}
+	bins := []string{o.Turnout}
+	for _, s := range specs {
+		if s.Proxy(o.Proxy) != ProxyNginx {
+			bins = append(bins, o.HAProxy)
+			break
+		}
+	}
+	for _, bin := range bins {
 		if _, err := exec.LookPath(bin); err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrMissingTool, bin, err)
+		}
+	}
+	if ng, njs := o.NeedsNginx(specs); ng {
+		if msg := NginxMissing(o.Nginx, o.NginxModule, njs); msg != "" {
+			return fmt.Errorf("%w: %s", ErrMissingTool, msg)
 		}
 	}
 	if o.Log == nil {
@@ -66,13 +108,17 @@ func (o *E2EOptions) validate() error {
 // fresh counters), and reads hit ratios and per-replica loads from the
 // replicas' own /metrics.
 func RunE2E(ctx context.Context, reqs []Request, trace string, specs []PolicySpec, o E2EOptions) ([]Row, error) {
-	if err := o.validate(); err != nil {
+	if err := o.validate(specs); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(o.WorkDir, 0o755); err != nil {
 		return nil, fmt.Errorf("e2e work dir: %w", err)
 	}
 	inf, pooled := CacheBounds(reqs, o.Sim.BlockSize, o.Sim.Replicas*o.Sim.CacheBlocks)
+	if ng, _ := o.NeedsNginx(specs); ng && o.NginxMaxBody == 0 {
+		o.NginxMaxBody = BodyLimit(reqs, o.Sim.Model)
+		o.Log.Info().Int("max_body", o.NginxMaxBody).Msg("bench: nginx rows admit the largest body of the replay")
+	}
 	var rows []Row
 	for _, spec := range specs {
 		row, err := e2eRow(ctx, reqs, trace, spec, o, inf, pooled)
@@ -97,7 +143,8 @@ func e2eRow(ctx context.Context, reqs []Request, trace string, spec PolicySpec, 
 		defer os.RemoveAll(dir)
 	}
 	st, err := StartStack(ctx, StackOptions{
-		Dir: dir, Spec: spec, Replicas: o.Sim.Replicas, Model: o.Sim.Model, HAProxy: o.HAProxy, Turnout: o.Turnout,
+		Dir: dir, Spec: spec, Proxy: o.Proxy, Replicas: o.Sim.Replicas, Model: o.Sim.Model, HAProxy: o.HAProxy,
+		Nginx: o.Nginx, NginxMode: o.NginxMode, NginxModule: o.NginxModule, NginxMaxBody: o.NginxMaxBody, Turnout: o.Turnout,
 		MockArgs: ReplayMockArgs(o.Sim, o.TimeScale), Log: o.Log,
 	})
 	if err != nil {
@@ -117,7 +164,7 @@ func e2eRow(ctx context.Context, reqs []Request, trace string, spec PolicySpec, 
 	if res.Replicas, err = st.ReplicaLoads(ctx); err != nil {
 		return Row{}, err
 	}
-	row := MakeRow("e2e", trace, spec, res, inf, pooled, 1/o.TimeScale)
+	row := MakeRow(e2eMode(spec, o), trace, spec, res, inf, pooled, 1/o.TimeScale)
 	if st.TurnoutURL != "" {
 		text, err := getText(ctx, st.TurnoutURL+route.PathMetrics)
 		if err != nil {
@@ -127,6 +174,18 @@ func e2eRow(ctx context.Context, reqs []Request, trace string, spec PolicySpec, 
 	}
 	row.Wall = time.Since(start)
 	return row, nil
+}
+
+// e2eMode labels a row's mode column with the path it took: e2e (HAProxy),
+// e2e-nginx (nginx alone or turnout in body mode), e2e-nginx-header.
+func e2eMode(spec PolicySpec, o E2EOptions) string {
+	if spec.Proxy(o.Proxy) != ProxyNginx {
+		return "e2e"
+	}
+	if !spec.IsProxyAlone() && o.NginxMode == route.NginxModeHeader {
+		return "e2e-nginx-header"
+	}
+	return "e2e-nginx"
 }
 
 // ReplayMockArgs are the `turnout mock` flags that make a replica match the
@@ -143,12 +202,25 @@ func ReplayMockArgs(s SimOptions, timeScale float64) []string {
 
 // StackOptions describe one proxy stack.
 type StackOptions struct {
-	Dir      string
-	Spec     PolicySpec // a turnout policy, or haproxy-roundrobin / haproxy-leastconn
+	Dir  string
+	Spec PolicySpec // a turnout policy, or a proxy alone (haproxy-*, nginx-*)
+	// Proxy is what a turnout policy sits behind: haproxy (default) or nginx.
+	// Proxy-alone specs name their own proxy.
+	Proxy    string
 	Replicas int
 	Model    string
 	HAProxy  string
-	Turnout  string
+	Nginx    string // nginx binary
+	// NginxMode is turnout's nginx_mode: body (default, njs) or header
+	// (auth_request, no body for turnout).
+	NginxMode string
+	// NginxModule is the njs module path for `turnout render nginx` ("" =
+	// its default).
+	NginxModule string
+	// NginxMaxBody is max_body (turnout's, and the plain nginx's body
+	// limit) behind nginx; 0 = turnout's default.
+	NginxMaxBody int
+	Turnout      string
 	// MockArgs are extra `turnout mock` flags (timing, cache).
 	MockArgs []string
 	// Mocks reuses running replicas instead of starting new ones.
@@ -158,14 +230,19 @@ type StackOptions struct {
 
 // Stack is a running proxy in front of mock replicas.
 type Stack struct {
-	FrontURL   string     // HAProxy frontend, http://host:port
-	TurnoutURL string     // "" for HAProxy alone
+	FrontURL   string     // proxy frontend, http://host:port
+	TurnoutURL string     // "" for a proxy alone
 	Mocks      []Endpoint // replicas (Address is host:port)
 	procs      procSet
 }
 
+// stackMaxBody is turnout's default max_body, which sizes HAProxy's buffers
+// and nginx's in-memory body buffer in the rendered configs; the baselines
+// use the same so only routing differs.
+const stackMaxBody = 256 << 10
+
 // StartStack starts the replicas (unless given), turnout when the spec is a
-// turnout policy, and HAProxy, and waits until a request can pass.
+// turnout policy, and the proxy, and waits until a request can pass.
 func StartStack(ctx context.Context, o StackOptions) (st *Stack, err error) {
 	st = &Stack{}
 	defer func() {
@@ -207,31 +284,12 @@ func StartStack(ctx context.Context, o StackOptions) (st *Stack, err error) {
 		return nil, err
 	}
 	st.FrontURL = "http://" + front
-	hapDir := filepath.Join(o.Dir, "haproxy")
-	if err := os.MkdirAll(hapDir, 0o755); err != nil {
-		return nil, fmt.Errorf("haproxy dir: %w", err)
-	}
-	const bufSize = 278528 // what turnout renders for the default max_body
-	if o.Spec.IsHAProxy() {
-		cfg := PlainHAProxyConfig(PlainHAProxyOptions{
-			Dir: hapDir, Listen: front, Balance: strings.TrimPrefix(o.Spec.Policy, "haproxy-"), Servers: st.Mocks, BufSize: bufSize,
-		})
-		if err := os.WriteFile(filepath.Join(hapDir, "haproxy.cfg"), cfg, 0o644); err != nil {
-			return nil, fmt.Errorf("haproxy config: %w", err)
-		}
+	if o.Spec.Proxy(o.Proxy) == ProxyNginx {
+		err = st.startNginxStack(ctx, o, front)
 	} else {
-		if err := st.startTurnout(ctx, o, front, hapDir); err != nil {
-			return nil, err
-		}
+		err = st.startHAProxyStack(ctx, o, front)
 	}
-	hp, err := st.procs.start(o.Dir, "haproxy", o.HAProxy, "-W", "-f", filepath.Join(hapDir, "haproxy.cfg"))
 	if err != nil {
-		return nil, err
-	}
-	// GET passes without a routing decision (only POSTs ask turnout), so
-	// this proves HAProxy and a replica are up. HAProxy starts servers as
-	// up, so no health-check round has to pass first.
-	if err := waitHTTP(ctx, hp, st.FrontURL+"/v1/models", http.StatusOK, 15*time.Second); err != nil {
 		return nil, err
 	}
 	if kvAware {
@@ -242,8 +300,71 @@ func StartStack(ctx context.Context, o StackOptions) (st *Stack, err error) {
 	return st, nil
 }
 
-// startTurnout writes the config, renders HAProxy's files and starts serve.
-func (st *Stack) startTurnout(ctx context.Context, o StackOptions, front, hapDir string) error {
+// startHAProxyStack starts HAProxy alone or turnout + rendered HAProxy.
+func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions, front string) error {
+	hapDir := filepath.Join(o.Dir, "haproxy")
+	if err := os.MkdirAll(hapDir, 0o755); err != nil {
+		return fmt.Errorf("haproxy dir: %w", err)
+	}
+	const bufSize = stackMaxBody + 16<<10 // what turnout renders for the default max_body
+	if o.Spec.IsHAProxy() {
+		cfg := PlainHAProxyConfig(PlainHAProxyOptions{
+			Dir: hapDir, Listen: front, Balance: strings.TrimPrefix(o.Spec.Policy, "haproxy-"), Servers: st.Mocks, BufSize: bufSize,
+		})
+		if err := os.WriteFile(filepath.Join(hapDir, "haproxy.cfg"), cfg, 0o644); err != nil {
+			return fmt.Errorf("haproxy config: %w", err)
+		}
+	} else {
+		cfg := ConfigOptions{HAProxyListen: front, HAProxyDir: hapDir}
+		if err := st.startTurnout(ctx, o, cfg, ProxyHAProxy, "--out", hapDir); err != nil {
+			return err
+		}
+	}
+	hp, err := st.procs.start(o.Dir, "haproxy", o.HAProxy, "-W", "-f", filepath.Join(hapDir, "haproxy.cfg"))
+	if err != nil {
+		return err
+	}
+	// GET passes without a routing decision (only POSTs ask turnout), so
+	// this proves HAProxy and a replica are up. HAProxy starts servers as
+	// up, so no health-check round has to pass first.
+	return waitHTTP(ctx, hp, st.FrontURL+"/v1/models", http.StatusOK, 15*time.Second)
+}
+
+// startNginxStack starts nginx alone or turnout + rendered nginx (header or
+// body mode).
+func (st *Stack) startNginxStack(ctx context.Context, o StackOptions, front string) error {
+	ngDir := filepath.Join(o.Dir, "nginx")
+	if err := os.MkdirAll(ngDir, 0o755); err != nil {
+		return fmt.Errorf("nginx dir: %w", err)
+	}
+	if o.Spec.IsNginx() {
+		balance := ""
+		if o.Spec.Policy == NginxLeastConn {
+			balance = "least_conn"
+		}
+		cfg := PlainNginxConfig(PlainNginxOptions{
+			Dir: ngDir, Listen: front, Balance: balance, Servers: st.Mocks, MaxBody: max(o.NginxMaxBody, stackMaxBody), User: nginxUser(),
+		})
+		if err := os.WriteFile(filepath.Join(ngDir, nginx.ConfigFile), cfg, 0o644); err != nil {
+			return fmt.Errorf("nginx config: %w", err)
+		}
+	} else {
+		mode := o.NginxMode
+		if mode == "" {
+			mode = route.NginxModeBody
+		}
+		cfg := ConfigOptions{NginxListen: front, NginxDir: ngDir, NginxMode: mode, MaxBody: o.NginxMaxBody}
+		if err := st.startTurnout(ctx, o, cfg, ProxyNginx, renderNginxArgs(ngDir, o.NginxModule)...); err != nil {
+			return err
+		}
+	}
+	return st.startNginx(ctx, o.Dir, ngDir, o.Nginx)
+}
+
+// startTurnout writes the config (base carries the proxy's section), renders
+// the proxy's files with `turnout render TARGET --config FILE ARGS...` and
+// starts serve.
+func (st *Stack) startTurnout(ctx context.Context, o StackOptions, base ConfigOptions, target string, renderArgs ...string) error {
 	listen, err := freeAddr()
 	if err != nil {
 		return err
@@ -252,19 +373,18 @@ func (st *Stack) startTurnout(ctx context.Context, o StackOptions, front, hapDir
 	if err != nil {
 		return err
 	}
-	cfg := TurnoutConfig(ConfigOptions{
-		Listen: listen, Model: o.Model, Policy: o.Spec, Endpoints: st.Mocks,
-		Syslog: "127.0.0.1:" + strconv.Itoa(syslogPort), HAProxyListen: front, HAProxyDir: hapDir,
-		// turnout's own checks would only add load; HAProxy checks the replicas.
-		DisableHealth: true,
-	})
+	base.Listen, base.Model, base.Policy, base.Endpoints = listen, o.Model, o.Spec, st.Mocks
+	base.Syslog = "127.0.0.1:" + strconv.Itoa(syslogPort)
+	// turnout's own checks would only add load; the proxy checks the replicas.
+	base.DisableHealth = true
 	cfgPath := filepath.Join(o.Dir, "turnout.yaml")
-	if err := os.WriteFile(cfgPath, cfg, 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, TurnoutConfig(base), 0o644); err != nil {
 		return fmt.Errorf("turnout config: %w", err)
 	}
-	out, err := exec.CommandContext(ctx, o.Turnout, "render", "haproxy", "--config", cfgPath, "--out", hapDir).CombinedOutput()
+	args := append([]string{"render", target, "--config", cfgPath}, renderArgs...)
+	out, err := exec.CommandContext(ctx, o.Turnout, args...).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("turnout render haproxy: %w\n%s", err, bytes.TrimSpace(out))
+		return fmt.Errorf("turnout render %s: %w\n%s", target, err, bytes.TrimSpace(out))
 	}
 	tp, err := st.procs.start(o.Dir, "turnout", o.Turnout, "serve", "--config", cfgPath, "--watch", "0", "--log-level", "warn")
 	if err != nil {

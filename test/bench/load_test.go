@@ -130,21 +130,78 @@ func TestPlainHAProxyConfig(t *testing.T) {
 
 func TestBaselineRatios(t *testing.T) {
 	rows := []CostRow{
-		{RPS: 100, P50: 1, P99: 2, roundRPS: []float64{100, 50, 100}},
-		{RPS: 80, P50: 1.5, P99: 4, roundRPS: []float64{90, 40, 70}},
+		{Group: "g", RPS: 100, P50: 1, P99: 2, roundRPS: []float64{100, 50, 100}},
+		{Group: "g", RPS: 80, P50: 1.5, P99: 4, roundRPS: []float64{90, 40, 70}},
 	}
-	applyBaseline(rows)
-	if rows[1].AddedP50 != 0.5 || rows[1].AddedP99 != 2 || rows[0].Ratio != 1 || rows[1].Ratio != 0.8 {
+	applyGroupBaselines(rows)
+	// Per round: 0.9, 0.8, 0.7 -> median 0.8.
+	if rows[1].AddedP50 != 0.5 || rows[1].AddedP99 != 2 || rows[0].Ratio != 1 || math.Abs(rows[1].Ratio-0.8) > 1e-12 {
 		t.Fatalf("rows %+v", rows)
 	}
-	applyRoundRatios(rows)
-	// Per round: 0.9, 0.8, 0.7 -> median 0.8.
-	if rows[0].Ratio != 1 || math.Abs(rows[1].Ratio-0.8) > 1e-12 {
-		t.Fatalf("round ratios %v %v", rows[0].Ratio, rows[1].Ratio)
+	if !rows[0].Baseline || rows[1].Baseline {
+		t.Fatalf("baseline flags %v %v", rows[0].Baseline, rows[1].Baseline)
 	}
 	rows[1].roundRPS = []float64{95, 25, 99} // 0.95, 0.5, 0.99
-	applyRoundRatios(rows)
+	applyGroupBaselines(rows)
 	if rows[1].Ratio != 0.95 {
 		t.Fatalf("median of rounds %v, want 0.95", rows[1].Ratio)
+	}
+	// Without rounds (the probes), the ratio of the totals.
+	rows[0].roundRPS, rows[1].roundRPS = nil, nil
+	applyGroupBaselines(rows)
+	if rows[1].Ratio != 0.8 {
+		t.Fatalf("total ratio %v, want 0.8", rows[1].Ratio)
+	}
+}
+
+// One interleaved run holds several groups; each row is compared with the
+// first row of its own group, wherever that sits.
+func TestGroupBaselines(t *testing.T) {
+	rows := []CostRow{
+		{Group: "haproxy", Target: "haproxy roundrobin", RPS: 1000, P50: 1, P99: 10, roundRPS: []float64{1000, 1000, 1000}},
+		{Group: "haproxy", Target: "haproxy+lua+turnout", RPS: 300, P50: 3, P99: 20, roundRPS: []float64{300, 250, 350}},
+		{Group: "nginx", Target: "nginx roundrobin", RPS: 2000, P50: 0.5, P99: 5, roundRPS: []float64{2000, 1000, 2000}},
+		{Group: "nginx", Target: "nginx header", RPS: 800, P50: 1.5, P99: 6, roundRPS: []float64{800, 500, 1000}},
+		{Group: "haproxy", Target: "late haproxy row", RPS: 500, P50: 2, P99: 12, roundRPS: []float64{500, 500, 500}},
+		{Group: "nginx", Target: "nginx body", RPS: 600, P50: 2.5, P99: 9, roundRPS: []float64{500, 600, 700}},
+	}
+	applyGroupBaselines(rows)
+	want := []struct {
+		ratio, p50, p99 float64
+		base            bool
+	}{
+		{1, 0, 0, true},
+		{0.3, 2, 10, false}, // 0.30, 0.25, 0.35
+		{1, 0, 0, true},     // its own group, not haproxy's
+		{0.5, 1, 1, false},  // 0.40, 0.50, 0.50
+		{0.5, 1, 2, false},  // against haproxy roundrobin, not its neighbour
+		{0.35, 2, 4, false}, // 0.25, 0.60, 0.35
+	}
+	for i, w := range want {
+		r := rows[i]
+		if math.Abs(r.Ratio-w.ratio) > 1e-12 || math.Abs(r.AddedP50-w.p50) > 1e-12 || math.Abs(r.AddedP99-w.p99) > 1e-12 || r.Baseline != w.base {
+			t.Errorf("%s: ratio %v +p50 %v +p99 %v baseline %v, want %+v", r.Target, r.Ratio, r.AddedP50, r.AddedP99, r.Baseline, w)
+		}
+	}
+}
+
+// The probe rows print no rps and no ratio; skipped rows print their note.
+func TestCostMarkdownProbesAndNotes(t *testing.T) {
+	rows := []CostRow{
+		{Group: "nginx-sse", Target: "nginx roundrobin", LoadGen: "sequential", Conns: 1, Requests: 5, P50: 0.3, P99: 1, Probe: true},
+		{Group: "nginx", Target: "nginx+njs+turnout prefix-affinity", Note: "skipped: njs module not found"},
+	}
+	var b strings.Builder
+	if err := WriteCostMarkdown(&b, rows); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"| nginx-sse | nginx roundrobin | sequential c1 | - | - | 0.300 | 1.000 |", "| nginx | nginx+njs+turnout prefix-affinity | skipped: njs module not found |"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, out)
+		}
+	}
+	if err := CheckCost(rows); err != nil {
+		t.Fatalf("probe and note rows must pass the check: %v", err)
 	}
 }

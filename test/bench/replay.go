@@ -88,7 +88,7 @@ func simRow(reqs []Request, trace string, spec PolicySpec, names []string, o Sim
 // isCorePolicy reports whether a policy must always work in the sim.
 func isCorePolicy(name string) bool {
 	switch name {
-	case route.RoundRobinType, route.LeastRequestType, route.SessionHashType, route.PrefixAffinityType, HAProxyRoundRobin, HAProxyLeastConn:
+	case route.RoundRobinType, route.LeastRequestType, route.SessionHashType, route.PrefixAffinityType, HAProxyRoundRobin, HAProxyLeastConn, NginxRoundRobin, NginxLeastConn:
 		return true
 	}
 	return false

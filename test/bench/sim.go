@@ -118,9 +118,9 @@ type Router interface {
 // NewRouter builds the router for spec over n replicas named r0..r(n-1).
 func NewRouter(spec PolicySpec, names []string, o SimOptions) (Router, error) {
 	switch spec.Policy {
-	case HAProxyRoundRobin:
+	case HAProxyRoundRobin, NginxRoundRobin:
 		return &rrRouter{n: len(names)}, nil
-	case HAProxyLeastConn:
+	case HAProxyLeastConn, NginxLeastConn:
 		return &lcRouter{conns: make([]int, len(names)), last: -1}, nil
 	}
 	eps := make([]Endpoint, len(names))
@@ -223,7 +223,8 @@ func (t *turnoutRouter) Done(id uint64) error {
 	return nil
 }
 
-// rrRouter models HAProxy "balance roundrobin" with equal weights.
+// rrRouter models HAProxy "balance roundrobin" (and nginx's default round
+// robin) with equal weights.
 type rrRouter struct{ n, next int }
 
 func (r *rrRouter) NeedsBody() bool { return false }
@@ -238,7 +239,8 @@ func (r *rrRouter) Done(uint64) error { return nil }
 
 // lcRouter models HAProxy "balance leastconn": fewest active connections,
 // ties taken in rotation after the last pick (HAProxy requeues a picked
-// server behind its equals).
+// server behind its equals). nginx least_conn also rotates among ties, but
+// counts per worker; the sim models one worker.
 type lcRouter struct {
 	conns []int
 	last  int
