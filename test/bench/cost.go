@@ -334,6 +334,7 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 	add := func(group, name, dir string, spec PolicySpec, proxy, mode string) {
 		so := base
 		so.Spec, so.Proxy, so.NginxMode = spec, proxy, mode
+		so.SPOE = dir == "with-turnout-spoe"
 		stacks = append(stacks, proxyStack{group: group, name: name, dir: dir, opts: so})
 	}
 	note := func(group, target, msg string) {
@@ -346,6 +347,7 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 		} else {
 			add("haproxy", "haproxy roundrobin", "plain", PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy, "")
 			add("haproxy", "haproxy+lua+turnout "+spec.String(), "with-turnout", spec, ProxyHAProxy, "")
+			add("haproxy", "haproxy+spoe+turnout "+spec.String(), "with-turnout-spoe", spec, ProxyHAProxy, "")
 		}
 	}
 	if o.Nginx == "" {

@@ -221,6 +221,8 @@ type StackOptions struct {
 	// limit) behind nginx; 0 = turnout's default.
 	NginxMaxBody int
 	Turnout      string
+	// SPOE: HAProxy asks turnout over SPOE instead of the Lua action.
+	SPOE bool
 	// MockArgs are extra `turnout mock` flags (timing, cache).
 	MockArgs []string
 	// Mocks reuses running replicas instead of starting new ones.
@@ -316,6 +318,13 @@ func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions, front st
 		}
 	} else {
 		cfg := ConfigOptions{HAProxyListen: front, HAProxyDir: hapDir}
+		if o.SPOE {
+			a, err := freeAddr()
+			if err != nil {
+				return err
+			}
+			cfg.HAProxySPOE = a
+		}
 		if err := st.startTurnout(ctx, o, cfg, ProxyHAProxy, "--out", hapDir); err != nil {
 			return err
 		}

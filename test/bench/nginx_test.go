@@ -227,7 +227,8 @@ func TestProxyStacks(t *testing.T) {
 	// HAProxy rows come first, with their own baseline.
 	o.HAProxy, o.Nginx, o.NginxModule = bin, bin, mod
 	stacks, _, err = proxyStacks(o)
-	if err != nil || len(stacks) != 5 || stacks[0].name != "haproxy roundrobin" || stacks[1].opts.Spec.Proxy(stacks[1].opts.Proxy) != ProxyHAProxy || stacks[2].name != "nginx roundrobin" {
+	if err != nil || len(stacks) != 6 || stacks[0].name != "haproxy roundrobin" || stacks[1].opts.Spec.Proxy(stacks[1].opts.Proxy) != ProxyHAProxy ||
+		stacks[1].opts.SPOE || !stacks[2].opts.SPOE || stacks[3].name != "nginx roundrobin" {
 		t.Fatalf("both: err %v stacks %+v", err, stacks)
 	}
 	o.ProxyPolicy = "nginx-roundrobin"

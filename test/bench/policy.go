@@ -189,6 +189,8 @@ type ConfigOptions struct {
 	HAProxyListen string
 	HAProxyDir    string
 	HAProxySocket string
+	// HAProxySPOE makes HAProxy ask turnout over SPOE at this address.
+	HAProxySPOE string
 	// NginxListen, NginxDir and NginxMode fill the nginx section that
 	// `turnout render nginx` reads ("" = no section).
 	NginxListen    string
@@ -227,6 +229,9 @@ func TurnoutConfig(o ConfigOptions) []byte {
 		}
 		if o.HAProxySocket != "" {
 			fmt.Fprintf(&b, "  stats_socket: %s\n", o.HAProxySocket)
+		}
+		if o.HAProxySPOE != "" {
+			fmt.Fprintf(&b, "  spoe: %s\n", o.HAProxySPOE)
 		}
 	}
 	if o.NginxListen != "" {
