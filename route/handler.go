@@ -339,9 +339,9 @@ func (s *Server) writeVerdict(ctx *fasthttp.RequestCtx, p *Pool, picks []*Endpoi
 	e := picks[0]
 	id := s.dec.open(e, start.UnixNano())
 	h := &ctx.Response.Header
-	h.SetBytesKV(hdrServerB, e.name)
-	h.SetBytesKV(hdrBackendB, e.addr)
-	h.SetBytesKV(hdrPoolB, p.nameHdr)
+	h.SetCanonical(hdrServerB, e.name)
+	h.SetCanonical(hdrBackendB, e.addr)
+	h.SetCanonical(hdrPoolB, p.nameHdr)
 	buf := sc.buf[:0]
 	for i, f := range picks[1:] {
 		if i > 0 {
@@ -349,9 +349,9 @@ func (s *Server) writeVerdict(ctx *fasthttp.RequestCtx, p *Pool, picks []*Endpoi
 		}
 		buf = append(buf, f.name...)
 	}
-	h.SetBytesKV(hdrFallbacksB, buf)
+	h.SetCanonical(hdrFallbacksB, buf)
 	buf = appendID(buf[:0], id)
-	h.SetBytesKV(hdrDecisionB, buf)
+	h.SetCanonical(hdrDecisionB, buf)
 	sc.buf = buf
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	p.m.latency.observe(time.Since(start))

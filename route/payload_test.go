@@ -141,3 +141,24 @@ func FuzzPayload(f *testing.F) {
 		walkPrompt(b, c)
 	})
 }
+
+// Blocks hashed in place and blocks assembled across pieces must agree, or
+// the same prompt would hash differently depending on its JSON layout.
+func TestPrefixHasherPieces(t *testing.T) {
+	text := []byte(strings.Repeat("The quick brown fox jumps over the lazy dog. ", 40))
+	var whole prefixHasher
+	whole.reset(64, make([]uint64, 0, 64))
+	whole.text(text)
+	for _, cut := range []int{1, 7, 63, 64, 65, 200} {
+		var h prefixHasher
+		h.reset(64, make([]uint64, 0, 64))
+		for p := text; len(p) > 0; {
+			n := min(cut, len(p))
+			h.text(p[:n])
+			p = p[n:]
+		}
+		if fmt.Sprint(h.out) != fmt.Sprint(whole.out) || h.total != whole.total {
+			t.Fatalf("pieces of %d hash differently", cut)
+		}
+	}
+}

@@ -10,16 +10,17 @@ import (
 const MaxBlockBytes = 4096
 
 // prefixHasher turns the prompt stream into chained block hashes: block i's
-// hash is xxhash(block bytes) seeded with block i-1's hash, so equal hashes
-// mean equal prefixes up to and including that block. Only full blocks are
-// hashed, as an engine only caches full blocks.
+// hash mixes xxhash(block bytes) with block i-1's hash, so equal hashes mean
+// equal prefixes up to and including that block. Only full blocks are
+// hashed, as an engine only caches full blocks. Blocks that lie whole in one
+// piece of text are hashed in place (one-shot xxhash, no copy, no Digest
+// state); only blocks spanning pieces go through buf.
 type prefixHasher struct {
 	blockSize int
 	n         int
 	prev      uint64
 	total     int // prompt bytes seen
 	out       []uint64
-	d         xxhash.Digest
 	buf       [MaxBlockBytes]byte
 }
 
@@ -37,17 +38,25 @@ func (h *prefixHasher) text(p []byte) {
 		if len(h.out) == cap(h.out) {
 			return // bounded: the prefix beyond max blocks does not matter
 		}
+		if h.n == 0 && len(p) >= h.blockSize {
+			h.block(p[:h.blockSize])
+			p = p[h.blockSize:]
+			continue
+		}
 		c := copy(h.buf[h.n:h.blockSize], p)
 		h.n += c
 		p = p[c:]
 		if h.n == h.blockSize {
-			h.d.ResetWithSeed(h.prev)
-			_, _ = h.d.Write(h.buf[:h.n])
-			h.prev = h.d.Sum64()
-			h.out = append(h.out, h.prev)
+			h.block(h.buf[:h.n])
 			h.n = 0
 		}
 	}
+}
+
+// block appends the chained hash of one full block.
+func (h *prefixHasher) block(b []byte) {
+	h.prev = mix64(xxhash.Sum64(b) ^ (h.prev * 0x9e3779b97f4a7c15))
+	h.out = append(h.out, h.prev)
 }
 
 func (h *prefixHasher) sep(b byte) {
