@@ -211,6 +211,13 @@ func closeAll(ps []Policy) {
 	}
 }
 
+// NormHeader lower-cases a header name and maps '_' to '-': the form
+// session and model header names are matched in.
+func NormHeader(b []byte) []byte { return normHeader(b) }
+
+// HeaderIs compares a raw header name to a NormHeader'd one without allocating.
+func HeaderIs(raw, norm []byte) bool { return headerIs(raw, norm) }
+
 // normHeader lower-cases a header name and maps '_' to '-'.
 func normHeader(b []byte) []byte {
 	out := make([]byte, len(b))

@@ -88,7 +88,7 @@ type names struct {
 
 func newNames(snap *route.Snapshot) *names {
 	n := &names{cfg: snap.Config}
-	add := func(h string) { n.forward = append(n.forward, normalize([]byte(h))) }
+	add := func(h string) { n.forward = append(n.forward, route.NormHeader([]byte(h))) }
 	for _, h := range snap.Config.SessionHeaders {
 		add(h)
 	}
@@ -105,42 +105,11 @@ func newNames(snap *route.Snapshot) *names {
 
 func (n *names) forwarded(name []byte) bool {
 	for _, f := range n.forward {
-		if headerIs(name, f) {
+		if route.HeaderIs(name, f) {
 			return true
 		}
 	}
 	return false
-}
-
-// normalize lower-cases a header name and maps '_' to '-', as turnout does.
-func normalize(b []byte) []byte {
-	out := make([]byte, len(b))
-	for i, c := range b {
-		out[i] = normByte(c)
-	}
-	return out
-}
-
-func normByte(c byte) byte {
-	switch {
-	case c >= 'A' && c <= 'Z':
-		return c + ('a' - 'A')
-	case c == '_':
-		return '-'
-	}
-	return c
-}
-
-func headerIs(raw, norm []byte) bool {
-	if len(raw) != len(norm) {
-		return false
-	}
-	for i, c := range raw {
-		if normByte(c) != norm[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // decider turns messages into verdicts. It owns a RequestCtx reused for
@@ -236,7 +205,7 @@ func (d *decider) route(args []arg, w *actions) {
 	fullLen := -1
 	if !walkHeaders(hdrs, func(k, v []byte) {
 		switch {
-		case headerIs(k, hdrCL):
+		case route.HeaderIs(k, hdrCL):
 			if n, err := strconv.Atoi(unsafeString(v)); err == nil {
 				fullLen = n
 			}
