@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,82 +18,6 @@ import (
 	"testing"
 	"time"
 )
-
-// 1. One session in three spellings stays on one replica; 200 sessions spread.
-func testSessionSpellings(t *testing.T, s *hstack) {
-	spellings := []string{"X-Session-ID", "x_session_id", "X_SESSION-id"}
-	var first string
-	for i := range 50 {
-		r := s.post(t, "/v1/chat/completions", chatBody("chat", "sys", fmt.Sprintf("q%d", i), false),
-			map[string]string{spellings[i%3]: "session-42"})
-		rep := r.Header.Get("X-Replica")
-		if r.Status != 200 || rep == "" {
-			t.Fatalf("request %d: status %d replica %q: %s", i, r.Status, rep, r.Body)
-		}
-		if first == "" {
-			first = rep
-		}
-		if rep != first {
-			t.Fatalf("request %d with %s went to %s, earlier ones to %s", i, spellings[i%3], rep, first)
-		}
-	}
-	counts := map[string]int{}
-	const sessions = 200
-	for i := range sessions {
-		r := s.post(t, "/v1/chat/completions", chatBody("chat", "sys", "hello", false),
-			map[string]string{"X-Session-ID": fmt.Sprintf("user-%d", i)})
-		if r.Status != 200 {
-			t.Fatalf("session %d: status %d", i, r.Status)
-		}
-		counts[r.Header.Get("X-Replica")]++
-	}
-	fair := float64(sessions) / 3
-	for _, m := range s.deps[0].mocks {
-		if n := float64(counts[m.Name]); n < 0.5*fair || n > 2*fair {
-			t.Errorf("replica %s got %v of %d sessions, want within 0.5-2x of %.0f (all: %v)", m.Name, n, sessions, fair, counts)
-		}
-	}
-}
-
-// 2. A shared long system prompt keeps landing on one replica; distinct prompts spread.
-func testPrefixRouting(t *testing.T, s *hstack) {
-	system := strings.Repeat("You are a careful assistant for the turnout test suite. ", 40)
-	var home string
-	for i := range 20 {
-		r := s.post(t, "/v1/chat/completions", chatBody("llama", system, fmt.Sprintf("question number %d", i), false), nil)
-		rep := r.Header.Get("X-Replica")
-		if r.Status != 200 {
-			t.Fatalf("shared prompt %d: status %d", i, r.Status)
-		}
-		if home == "" {
-			home = rep
-		}
-		if rep != home {
-			t.Fatalf("shared prompt %d went to %s, earlier ones to %s", i, rep, home)
-		}
-	}
-	// The replica's prefix cache confirms the affinity paid off.
-	for _, m := range s.deps[1].mocks {
-		if m.Name == home && m.Stats().CachedTokens == 0 {
-			t.Errorf("home replica %s reports no cached tokens", home)
-		}
-	}
-	counts := map[string]int{}
-	rng := rand.New(rand.NewPCG(1, 2))
-	for i := range 30 {
-		sys := fmt.Sprintf("%d %s", rng.Uint64(), strings.Repeat(fmt.Sprintf("topic %d ", rng.Uint64()), 60))
-		r := s.post(t, "/v1/chat/completions", chatBody("llama", sys, "q", false), nil)
-		if r.Status != 200 {
-			t.Fatalf("distinct prompt %d: status %d", i, r.Status)
-		}
-		counts[r.Header.Get("X-Replica")]++
-	}
-	for _, m := range s.deps[1].mocks {
-		if counts[m.Name] == 0 {
-			t.Errorf("distinct prompts never reached %s: %v", m.Name, counts)
-		}
-	}
-}
 
 // 3. SSE chunks 100 ms apart reach the client as they are sent.
 func testStreaming(t *testing.T, s *hstack) {

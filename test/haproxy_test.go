@@ -152,8 +152,8 @@ func testHAProxy(t *testing.T, spoeAddr string) {
 			c.InterTokenLatency = 100 * time.Millisecond
 		})},
 	)
-	t.Run("SessionSpellings", func(t *testing.T) { testSessionSpellings(t, s) })
-	t.Run("PrefixRouting", func(t *testing.T) { testPrefixRouting(t, s) })
+	t.Run("SessionSpellings", func(t *testing.T) { checkSessionSpellings(t, s, "chat", nil) })
+	t.Run("PrefixRouting", func(t *testing.T) { checkPrefixRouting(t, s, "llama") })
 	t.Run("StreamingNotBuffered", func(t *testing.T) { testStreaming(t, s) })
 	t.Run("UnknownModelAndGarbage", func(t *testing.T) { testRefusals(t, s) })
 	t.Run("SpoofedServerIgnored", func(t *testing.T) { testSpoof(t, s) })

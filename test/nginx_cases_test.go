@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
 	"os"
@@ -53,10 +52,10 @@ func TestNginx(t *testing.T) {
 			})},
 	)
 	t.Run("SessionSpellings", func(t *testing.T) {
-		t.Run("HeaderMode", func(t *testing.T) { ngSessionSpellings(t, s, "chat", map[string]string{"X-Model": "chat"}) })
-		t.Run("BodyMode", func(t *testing.T) { ngSessionSpellings(t, s, "chatb", nil) })
+		t.Run("HeaderMode", func(t *testing.T) { checkSessionSpellings(t, s, "chat", map[string]string{"X-Model": "chat"}) })
+		t.Run("BodyMode", func(t *testing.T) { checkSessionSpellings(t, s, "chatb", nil) })
 	})
-	t.Run("PrefixRouting", func(t *testing.T) { ngPrefixRouting(t, s) })
+	t.Run("PrefixRouting", func(t *testing.T) { checkPrefixRouting(t, s, "llama") })
 	t.Run("StreamingNotBuffered", func(t *testing.T) {
 		t.Run("BodyMode", func(t *testing.T) { ngStreaming(t, s, "stream", nil) })
 		t.Run("HeaderMode", func(t *testing.T) { ngStreaming(t, s, "streamh", map[string]string{"X-Model": "streamh"}) })
@@ -74,7 +73,7 @@ func TestNginx(t *testing.T) {
 // header, turnout's refusals relayed, other methods served by the pool.
 func TestNginxHeaderOnly(t *testing.T) {
 	s := startNginxStack(t, "open", ndep{name: "chat", policy: policySession, mode: "header", mocks: mocks(t, "ho", 3, nil)})
-	t.Run("SessionSpellings", func(t *testing.T) { ngSessionSpellings(t, s, "chat", nil) })
+	t.Run("SessionSpellings", func(t *testing.T) { checkSessionSpellings(t, s, "chat", nil) })
 	t.Run("UnknownModelRelayed", func(t *testing.T) {
 		r := s.post(t, "/v1/chat/completions", chatBody("chat", "s", "u", false), map[string]string{"X-Model": "no-such-model"})
 		if r.Status != 404 || !json.Valid(r.Body) || !strings.Contains(string(r.Body), "model_not_found") ||
@@ -106,86 +105,6 @@ func TestNginxHeaderOnly(t *testing.T) {
 		}
 	})
 	t.Run("InflightBackToZero", func(t *testing.T) { ngInflight(t, s) })
-}
-
-// 1. One session in three spellings stays on one replica; 200 sessions spread.
-func ngSessionSpellings(t *testing.T, s *nstack, model string, extra map[string]string) {
-	spellings := []string{"X-Session-ID", "x_session_id", "X_SESSION-id"}
-	hdr := func(k, v string) map[string]string {
-		h := map[string]string{k: v}
-		for ek, ev := range extra {
-			h[ek] = ev
-		}
-		return h
-	}
-	var first string
-	for i := range 30 {
-		r := s.post(t, "/v1/chat/completions", chatBody(model, "sys", fmt.Sprintf("q%d", i), false), hdr(spellings[i%3], "session-42"))
-		rep := r.Header.Get("X-Replica")
-		if r.Status != 200 || rep == "" {
-			t.Fatalf("request %d: status %d replica %q: %s", i, r.Status, rep, r.Body)
-		}
-		if first == "" {
-			first = rep
-		}
-		if rep != first {
-			t.Fatalf("request %d with %s went to %s, earlier ones to %s", i, spellings[i%3], rep, first)
-		}
-	}
-	counts := map[string]int{}
-	const sessions = 150
-	for i := range sessions {
-		r := s.post(t, "/v1/chat/completions", chatBody(model, "sys", "hello", false), hdr("X-Session-ID", fmt.Sprintf("user-%d", i)))
-		if r.Status != 200 {
-			t.Fatalf("session %d: status %d", i, r.Status)
-		}
-		counts[r.Header.Get("X-Replica")]++
-	}
-	ms := s.dep(model).mocks
-	fair := float64(sessions) / float64(len(ms))
-	for _, m := range ms {
-		if n := float64(counts[m.Name]); n < 0.5*fair || n > 2*fair {
-			t.Errorf("replica %s got %v of %d sessions, want within 0.5-2x of %.0f (all: %v)", m.Name, n, sessions, fair, counts)
-		}
-	}
-}
-
-// 2. Body mode: a shared long system prompt keeps landing on one replica;
-// distinct prompts spread.
-func ngPrefixRouting(t *testing.T, s *nstack) {
-	system := strings.Repeat("You are a careful assistant for the turnout nginx suite. ", 40)
-	var home string
-	for i := range 20 {
-		r := s.post(t, "/v1/chat/completions", chatBody("llama", system, fmt.Sprintf("question number %d", i), false), nil)
-		rep := r.Header.Get("X-Replica")
-		if r.Status != 200 {
-			t.Fatalf("shared prompt %d: status %d", i, r.Status)
-		}
-		if home == "" {
-			home = rep
-		}
-		if rep != home {
-			t.Fatalf("shared prompt %d went to %s, earlier ones to %s", i, rep, home)
-		}
-	}
-	if m := s.mock(home); m == nil || m.Stats().CachedTokens == 0 {
-		t.Errorf("home replica %s reports no cached tokens", home)
-	}
-	counts := map[string]int{}
-	rng := rand.New(rand.NewPCG(3, 4))
-	for i := range 30 {
-		sys := fmt.Sprintf("%d %s", rng.Uint64(), strings.Repeat(fmt.Sprintf("topic %d ", rng.Uint64()), 60))
-		r := s.post(t, "/v1/chat/completions", chatBody("llama", sys, "q", false), nil)
-		if r.Status != 200 {
-			t.Fatalf("distinct prompt %d: status %d", i, r.Status)
-		}
-		counts[r.Header.Get("X-Replica")]++
-	}
-	for _, m := range s.dep("llama").mocks {
-		if counts[m.Name] == 0 {
-			t.Errorf("distinct prompts never reached %s: %v", m.Name, counts)
-		}
-	}
 }
 
 // ngStreamEvents posts a streaming chat request and returns the arrival time
