@@ -174,6 +174,11 @@ done
 failed=$(awk '$1=="none"' "$HITS" | wc -l)
 echo
 echo "$total requests served through $PROXY, $failed without a replica answer"
-inflight=$(curl -fsS "http://$TURNOUT/metrics" | awk '/^turnout_endpoint_inflight/{s+=$2} END{print s+0}')
+metrics=$(curl -fsS "http://$TURNOUT/metrics")
+# How turnout decided: affinity (session or prefix honoured), balanced (no
+# key), overflow (its replica was too loaded), and the prefix blocks matched.
+echo "turnout decisions: $(awk '/^turnout_decisions_total/{o=$0; sub(/.*outcome="/, "", o); sub(/".*/, "", o); n[o]+=$NF} END{for (k in n) if (n[k]) printf "%s=%d ", k, n[k]}' <<<"$metrics")"
+echo "prefix blocks matched: $(awk '/^turnout_prefix_matched_blocks_total/{m+=$NF} /^turnout_prefix_blocks_total/{t+=$NF} END{printf "%d of %d", m, t}' <<<"$metrics")"
+inflight=$(awk '/^turnout_endpoint_inflight/{s+=$2} END{print s+0}' <<<"$metrics")
 echo "turnout in-flight after the run: $inflight (completion feedback closes each decision)"
 [[ $failed -eq 0 ]] || exit 1
