@@ -56,6 +56,8 @@ const (
 	RouteSocketName = "route.sock"
 	// RouteProxy is the listen section of that hop.
 	RouteProxy = "turnout_route"
+	// SPOEProxy is the SPOE agent's backend (haproxy.spoe).
+	SPOEProxy = "turnout_spoe"
 )
 
 // RenderOptions says where the rendered files will live; haproxy.cfg refers
@@ -251,13 +253,19 @@ type tmplData struct {
 
 // spoeData fills templates/haproxy-spoe.snippets.tmpl.
 type spoeData struct {
+	Backend                              string // SPOEProxy
 	Conf                                 string
 	Servers                              []routeServer
 	HelloMs, IdleMs, ServerMs, TimeoutMs int64
 	FailClosed                           bool
 	Fallbacks, Vars                      []string
 	RelayStatuses                        []int
-	MaxFrameSize                         int
+	RelayPD                              []struct {
+		Status int
+		Reason string
+	}
+	BodyRoom     int
+	MaxFrameSize int
 }
 
 type routeServer struct {
@@ -467,6 +475,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	if cfg.HAProxy.SPOE != "" {
 		a, _, _ := addr("haproxy.spoe", cfg.HAProxy.SPOE)
 		d.SPOE = &spoeData{
+			Backend: SPOEProxy,
 			Conf:    path("spoe conf", filepath.Join(d.Dir, SPOEFile)),
 			Servers: []routeServer{{Name: "agent0", Addr: a}},
 			HelloMs: 500, IdleMs: 30000, ServerMs: 60000,
@@ -475,6 +484,8 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 			Fallbacks:     spoe.FallbackVars(cfg.Fallbacks),
 			Vars:          spoe.VarNames(cfg.Fallbacks),
 			RelayStatuses: spoe.RelayStatuses,
+			RelayPD:       spoe.RelayPD,
+			BodyRoom:      l.BodyRoom,
 		}
 	}
 	hdr := func(field, h string) {

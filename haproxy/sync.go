@@ -400,8 +400,8 @@ func readLive(rt RuntimeClient) (State, error) {
 		for line := range strings.Lines(o) {
 			name := strings.TrimSpace(line)
 			// Internal proxies (<HTTPCLIENT>, ...) are HAProxy's; the route
-			// hop is covered by the structure hash.
-			if name == "" || name[0] == '#' || name[0] == '<' || name == RouteProxy {
+			// hop and the SPOE agent's backend are covered by the structure hash.
+			if name == "" || name[0] == '#' || name[0] == '<' || name == RouteProxy || name == SPOEProxy {
 				continue
 			}
 			st.Backends[name] = nil

@@ -268,7 +268,7 @@ func TestConfigErrorsNameField(t *testing.T) {
 		{"pd needs both", "deployments: [{name: a, pools: [{role: prefill, endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "prefill and decode"},
 		{"bad header", "session_headers: ['x session']\ndeployments: [{name: a, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "session_headers[0]"},
 		{"duplicate model", "deployments: [{name: a, models: [m], pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}, {name: b, models: [m], pools: [{endpoints: [{name: b, address: 1.2.3.4:6}]}]}]", "models[0]"},
-		{"spoe with pd", "haproxy: {spoe: 127.0.0.1:9091}\ndeployments: [{name: a, pools: [{role: prefill, endpoints: [{name: p, address: 1.2.3.4:5}]}, {role: decode, endpoints: [{name: d, address: 1.2.3.4:6}]}]}]", "haproxy.spoe"},
+		{"bad spoe address", "haproxy: {spoe: nowhere}\ndeployments: [{name: a, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "haproxy.spoe"},
 		{"fail mode", "proxy: {fail_mode: maybe}\ndeployments: [{name: a, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "proxy.fail_mode"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -202,9 +202,15 @@ func testInflight(t *testing.T, s *hstack) {
 
 // 4. Add one replica and remove another through the config under load: no
 // failed request, no reload, traffic moves.
-func TestHAProxyMembershipUnderLoad(t *testing.T) {
+func TestHAProxyMembershipUnderLoad(t *testing.T) { testMembershipUnderLoad(t, "") }
+
+// TestHAProxyMembershipUnderLoadSPOE: the same with HAProxy asking turnout
+// over SPOE (its agent backend must not look like a removed pool).
+func TestHAProxyMembershipUnderLoadSPOE(t *testing.T) { testMembershipUnderLoad(t, FreeAddr(t)) }
+
+func testMembershipUnderLoad(t *testing.T, spoeAddr string) {
 	ms := mocks(t, "m", 4, nil)
-	s := startStack(t, "open", depSpec{name: "llama", policy: policyLeast, mocks: ms[:3]})
+	s := startStackWith(t, "open", spoeAddr, depSpec{name: "llama", policy: policyLeast, mocks: ms[:3]})
 	pid := s.H.Info(t)["Pid"]
 
 	stop := make(chan struct{})

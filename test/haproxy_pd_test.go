@@ -29,6 +29,7 @@ import (
 // 2 decode replicas) and a mixed deployment "chat" (1 replica).
 type hpdStack struct {
 	dir, turnoutAddr, haAddr, syslog string
+	spoeAddr                         string // set: HAProxy asks turnout over SPOE
 	prefill, decode, mixed           []*Mock
 	T                                *Turnout
 	H                                *HAProxy
@@ -52,14 +53,14 @@ proxy:
   route_timeout: 5s
   breaker_failures: 3
   breaker_cooldown: 30s
-haproxy: {listen: %q, dir: %q, drain_timeout: 3s, nbthread: 2}
+haproxy: {listen: %q, dir: %q, drain_timeout: 3s, nbthread: 2, spoe: %q}
 deployments:
   - name: pd
     models: [pd, llama]   # llama: the shared openai npm client test asks for it
     policy: {name: round-robin}
     pd: {prefill_timeout: 5s, no_prefill: aggregate}
     pools:
-`, s.turnoutAddr, hpdMaxBody, s.syslog, s.haAddr, s.dir)
+`, s.turnoutAddr, hpdMaxBody, s.syslog, s.haAddr, s.dir, s.spoeAddr)
 	pool := func(indent, role string, ms []*Mock) {
 		fmt.Fprintf(&b, "%s- role: %s\n%s  endpoints:\n", indent, role, indent)
 		for _, m := range ms {
@@ -73,7 +74,7 @@ deployments:
 	return b.String()
 }
 
-func startHPD(t *testing.T) *hpdStack {
+func startHPD(t *testing.T, spoeAddr string) *hpdStack {
 	t.Helper()
 	NeedHAProxy(t)
 	role := func(r mockvllm.Role) func(*mockvllm.Config) {
@@ -81,10 +82,11 @@ func startHPD(t *testing.T) *hpdStack {
 	}
 	s := &hpdStack{
 		dir: t.TempDir(), turnoutAddr: FreeAddr(t), haAddr: FreeAddr(t), syslog: FreeUDPAddr(t),
-		prefill: mocks(t, "pre", 2, role(mockvllm.RolePrefill)),
-		decode:  mocks(t, "dec", 2, role(mockvllm.RoleDecode)),
-		mixed:   mocks(t, "mix", 1, nil),
-		client:  &http.Client{Timeout: 30 * time.Second},
+		prefill:  mocks(t, "pre", 2, role(mockvllm.RolePrefill)),
+		decode:   mocks(t, "dec", 2, role(mockvllm.RoleDecode)),
+		mixed:    mocks(t, "mix", 1, nil),
+		spoeAddr: spoeAddr,
+		client:   &http.Client{Timeout: 30 * time.Second},
 	}
 	s.T = StartTurnout(t, s.turnoutAddr, s.yaml(), "--haproxy-dir", s.dir, "--watch", "100ms")
 	Eventually(t, 20*time.Second, "turnout to write haproxy.cfg", func() bool {
@@ -272,8 +274,14 @@ func hpdChat(model, user string, maxTokens int, stream bool) []byte {
 
 // TestHAProxyPD runs the prefill/decode checks that share one stack; the
 // last one stops turnout.
-func TestHAProxyPD(t *testing.T) {
-	s := startHPD(t)
+func TestHAProxyPD(t *testing.T) { testHAProxyPD(t, "") }
+
+// TestHAProxyPDSPOE: the same with HAProxy asking turnout over SPOE; the
+// decode body is still rewritten by the Lua filter, from the agent's variables.
+func TestHAProxyPDSPOE(t *testing.T) { testHAProxyPD(t, FreeAddr(t)) }
+
+func testHAProxyPD(t *testing.T, spoeAddr string) {
+	s := startHPD(t, spoeAddr)
 	t.Run("StreamingChat", func(t *testing.T) { hpdStreaming(t, s, false) })
 	t.Run("ChunkedUpload", func(t *testing.T) { hpdStreaming(t, s, true) })
 	t.Run("PrefillRetried", func(t *testing.T) { hpdPrefillRetry(t, s) })

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -34,30 +35,36 @@ import (
 	"github.com/turnout/turnout/test/mockvllm"
 )
 
-// FreePort returns a loopback TCP port that was free a moment ago.
+// FreePort returns a loopback TCP port that was free a moment ago. It is
+// drawn below Linux's ephemeral range (32768-60999): a port handed out by
+// bind(":0") and closed again is soon handed to the next bind(":0") (the
+// in-process mocks, HAProxy's own sockets), which then steals it from the
+// process the test starts on it.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
+	for range 200 {
+		p := 20000 + rand.IntN(12000)
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		// The UDP side too: some callers use it for syslog.
+		if pc, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(p)); err == nil {
+			pc.Close()
+			l.Close()
+			return p
+		}
+		l.Close()
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("free port: none found in 20000-31999")
+	return 0
 }
 
 // FreeAddr returns "127.0.0.1:PORT" for a free TCP port.
 func FreeAddr(t testing.TB) string { return "127.0.0.1:" + strconv.Itoa(FreePort(t)) }
 
 // FreeUDPAddr returns "127.0.0.1:PORT" for a free UDP port.
-func FreeUDPAddr(t testing.TB) string {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free udp port: %v", err)
-	}
-	defer pc.Close()
-	return pc.LocalAddr().String()
-}
+func FreeUDPAddr(t testing.TB) string { return FreeAddr(t) }
 
 var (
 	buildOnce sync.Once

@@ -2,6 +2,7 @@ package spoe
 
 import (
 	"bytes"
+	"encoding/base64"
 	"strconv"
 
 	"github.com/valyala/fasthttp"
@@ -31,7 +32,13 @@ const (
 	VarPrefill    = "prefill"     // PD: prefill server used
 	VarStatus     = "status"      // turnout's status when it did not route (int)
 	VarReason     = "reason"      // X-Turnout-Reason (a plain token)
-	VarBody       = "body"        // JSON body of a 4xx, to relay (always application/json)
+	VarBody       = "body"        // JSON body of a 4xx or PD failure, to relay (always application/json)
+	// PD: what the decode backend's Lua filter inserts into the body, where
+	// (0-based offset just after the body's opening brace), and the body's
+	// new Content-Length -- exactly what the Lua action computes.
+	VarKV    = "kv"
+	VarKVAt  = "kv_at"
+	VarKVLen = "cl"
 	// Fallback servers go to fb1..fbN in the order use-server tries them.
 	VarFallbackPrefix = "fb"
 	// MaxFallbackVars caps the fallback variables (the renderer caps fallbacks at 8).
@@ -43,6 +50,17 @@ const (
 // other 4xx as 400, keeping turnout's reason and body.
 var RelayStatuses = []int{400, 404, 405, 409, 413, 415, 422, 429}
 
+// RelayPD are turnout's prefill/decode failures that reach the client as
+// they are (the prefill ran and failed: serving without it would be wrong),
+// by status and reason.
+var RelayPD = []struct {
+	Status int
+	Reason string
+}{
+	{502, route.ReasonPrefillFailed},
+	{503, route.ReasonNoPrefillEndpoint},
+}
+
 // FallbackVars returns the names of the first n fallback variables.
 func FallbackVars(n int) []string {
 	return append([]string(nil), fallbackVars[:min(max(n, 0), MaxFallbackVars)]...)
@@ -51,7 +69,7 @@ func FallbackVars(n int) []string {
 // VarNames lists every variable the agent may set, for the SPOE file's
 // register-var-names (HAProxy ignores an agent's unregistered variables).
 func VarNames(fallbacks int) []string {
-	v := []string{VarServer, VarAddr, VarPool, VarDecision, VarKVTransfer, VarPrefill, VarStatus, VarReason, VarBody}
+	v := []string{VarServer, VarAddr, VarPool, VarDecision, VarKVTransfer, VarPrefill, VarStatus, VarReason, VarBody, VarKV, VarKVAt, VarKVLen}
 	return append(v, FallbackVars(fallbacks)...)
 }
 
@@ -100,6 +118,10 @@ func newNames(snap *route.Snapshot) *names {
 	for _, d := range snap.Deployments {
 		n.blocking = n.blocking || d.Prefill != nil
 	}
+	if n.blocking {
+		// turnout sends the prefill itself and needs the client's API key.
+		add("authorization")
+	}
 	return n
 }
 
@@ -120,6 +142,7 @@ type decider struct {
 	ctx   fasthttp.RequestCtx
 	args  []arg
 	tmp   []byte
+	kv    []byte // PD: decoded kv_transfer_params, then the insertion text
 }
 
 func newDecider(srv *route.Server, names func(*route.Snapshot) *names) *decider {
@@ -229,13 +252,13 @@ func (d *decider) route(args []arg, w *actions) {
 	req.SetBodyRaw(body)
 
 	d.srv.Handler(&d.ctx)
-	d.verdict(w)
+	d.verdict(w, body)
 	// Drop the views into the frame: it is reused once the ACK is out.
 	req.SetBodyRaw(nil)
 }
 
 // verdict maps turnout's HTTP answer to set-var actions.
-func (d *decider) verdict(w *actions) {
+func (d *decider) verdict(w *actions, body []byte) {
 	resp := &d.ctx.Response
 	h := &resp.Header
 	st := resp.StatusCode()
@@ -246,6 +269,18 @@ func (d *decider) verdict(w *actions) {
 			w.setInt(VarStatus, 502)
 			w.setString(VarReason, []byte(reasonBadAnswer))
 			return
+		}
+		if kv := h.Peek(route.HdrKVTransfer); len(kv) > 0 {
+			// Checked before any variable is set: a bad answer fails whole.
+			at, ok := d.kvInsert(kv, body)
+			if !ok {
+				w.setInt(VarStatus, 502)
+				w.setString(VarReason, []byte(reasonBadAnswer))
+				return
+			}
+			w.setString(VarKV, d.kv)
+			w.setInt(VarKVAt, int32(at))
+			w.setInt(VarKVLen, int32(len(body)+len(d.kv)))
 		}
 		w.setString(VarServer, srv)
 		w.setString(VarAddr, h.Peek(route.HdrBackend))
@@ -276,12 +311,52 @@ func (d *decider) verdict(w *actions) {
 		}
 		w.setString(VarBody, body)
 	default:
-		// No endpoint, tokenizer down, prefill failed...: the fail mode in
-		// haproxy.cfg decides, with turnout's reason.
+		// No endpoint, tokenizer down...: the fail mode in haproxy.cfg
+		// decides, with turnout's reason. PD failures are relayed as they are.
 		w.setInt(VarStatus, int32(st))
-		w.setString(VarReason, d.token(h.Peek(route.HdrReason), st))
+		reason := d.token(h.Peek(route.HdrReason), st)
+		w.setString(VarReason, reason)
+		for _, r := range RelayPD {
+			if r.Status == st && string(reason) == r.Reason {
+				if b := resp.Body(); w.fits(VarBody, len(b)) {
+					w.setString(VarBody, b)
+				} else {
+					w.setString(VarBody, fallbackBody)
+				}
+			}
+		}
 	}
 }
+
+// kvInsert builds the text the decode backend's filter inserts into body --
+// '"kv_transfer_params":<obj>,' right after the opening brace, without the
+// comma when the object is empty, exactly route.DecodeBody -- into d.kv and
+// returns the 0-based offset just after the brace.
+func (d *decider) kvInsert(b64, body []byte) (int, bool) {
+	n := base64.StdEncoding.DecodedLen(len(b64))
+	if cap(d.kv) < n+len(kvKey)+1 {
+		d.kv = make([]byte, 0, 2*(n+len(kvKey)+1))
+	}
+	raw := d.kv[len(kvKey) : len(kvKey)+n]
+	m, err := base64.StdEncoding.Decode(raw, b64)
+	if err != nil || m < 2 || raw[0] != '{' || raw[m-1] != '}' {
+		return 0, false
+	}
+	open := bytes.IndexByte(body, '{')
+	if open < 0 {
+		return 0, false
+	}
+	out := append(d.kv[:0], kvKey...) // raw sits right after kvKey: no copy
+	out = out[:len(kvKey)+m]
+	rest := bytes.TrimLeft(body[open+1:], " \t\r\n")
+	if len(rest) == 0 || rest[0] != '}' {
+		out = append(out, ',')
+	}
+	d.kv = out
+	return open + 1, true
+}
+
+const kvKey = `"kv_transfer_params":`
 
 // token keeps a reason to [A-Za-z0-9_.-] (it ends up in a response header
 // and a JSON string); an empty one becomes "route-<status>".

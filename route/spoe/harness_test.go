@@ -175,6 +175,7 @@ type cfgData struct {
 	ServerVars                                     []string
 	Backends                                       []cfgBackend
 	SPOE                                           *spoeData
+	PD                                             bool // the live tests run no prefill/decode
 }
 
 type cfgBackend struct {
@@ -189,6 +190,7 @@ type cfgServer struct {
 
 // spoeData is what the renderer will have to provide (see the snippets' header).
 type spoeData struct {
+	Backend                              string
 	Conf                                 string
 	Servers                              []cfgServer
 	HelloMs, IdleMs, ServerMs, TimeoutMs int64
@@ -200,6 +202,7 @@ type spoeData struct {
 
 func newSPOEData(dir, agentAddr string, fallbacks int, failClosed bool) *spoeData {
 	return &spoeData{
+		Backend: "turnout_spoe",
 		Conf:    filepath.Join(dir, "turnout-spoe.conf"),
 		Servers: []cfgServer{{Name: "spoe0", Addr: agentAddr}},
 		HelloMs: 500, IdleMs: 30000, ServerMs: 60000, TimeoutMs: 500,
