@@ -235,6 +235,7 @@ type tmplData struct {
 	HealthPath, DefaultBackend, ServerParams     string
 	RouteHealthPath                              string
 	RouteTimeoutMs                               int64
+	RouteConnectMs                               int64
 	RouteRetries                                 int
 	RouteServers                                 []routeServer
 	MaxConn, Nbthread, MaxBody, BufSize, Retries int
@@ -449,7 +450,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	l := luaData{
 		Generator:    generator,
 		RoutePath:    route.PathRoute,
-		TimeoutMs:    max(p.RouteTimeout.Ms(), 1),
+		TimeoutMs:    max(cfg.RouteCallTimeout().Milliseconds(), 1),
 		BreakerFails: int64(max(p.BreakerFailures, 1)),
 		CooldownMs:   max(p.BreakerCooldown.Ms(), 1),
 		FailClosed:   p.FailMode == route.FailClosed,
@@ -463,6 +464,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	l.RouteDst = luaQuote("unix@" + filepath.Join(d.Dir, RouteSocketName))
 	d.RouteHealthPath = route.PathHealthz
 	d.RouteTimeoutMs = l.TimeoutMs
+	d.RouteConnectMs = max(p.RouteTimeout.Ms(), 1)
 	for i, ra := range p.RouteAddrs {
 		a, _, _ := addr(fmt.Sprintf("proxy.route_addrs[%d]", i), ra)
 		d.RouteServers = append(d.RouteServers, routeServer{Name: fmt.Sprintf("route%d", i), Addr: a, Backup: i > 0})

@@ -195,6 +195,7 @@ type tmplData struct {
 	MaxBody, WorkerConnections, Keepalive int
 	ConnectMs, StreamMs                   int64
 	RouteTimeoutMs, CooldownS             int64
+	RouteConnectMs                        int64
 	BreakerFails, RouteTries              int
 	FailClosed, HasHeader, HasBody, HasPD bool
 	DefaultMode, DefaultPool              string
@@ -290,7 +291,8 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		Keepalive:         opts.Keepalive,
 		ConnectMs:         max(p.ConnectTimeout.Ms(), 1),
 		StreamMs:          max(p.StreamTimeout.Ms(), 1),
-		RouteTimeoutMs:    max(p.RouteTimeout.Ms(), 1),
+		RouteTimeoutMs:    max(cfg.RouteCallTimeout().Milliseconds(), 1),
+		RouteConnectMs:    max(p.RouteTimeout.Ms(), 1),
 		CooldownS:         max((p.BreakerCooldown.Ms()+999)/1000, 1),
 		BreakerFails:      max(p.BreakerFailures, 1),
 		FailClosed:        p.FailMode == route.FailClosed,

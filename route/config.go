@@ -474,6 +474,19 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// RouteCallTimeout bounds one proxy -> turnout call as the rendered glue
+// sets it: proxy.route_timeout, but long enough for a prefill/decode
+// decision, which runs the prefill (and one retry) inside the call.
+func (c *Config) RouteCallTimeout() time.Duration {
+	t := c.Proxy.RouteTimeout.D()
+	for i := range c.Deployments {
+		if d := &c.Deployments[i]; d.IsPD() {
+			t = max(t, 2*d.PD.PrefillTimeout.D()+time.Second)
+		}
+	}
+	return t
+}
+
 // IsPD reports whether the deployment disaggregates prefill and decode.
 func (d *DeploymentConfig) IsPD() bool {
 	for _, p := range d.Pools {

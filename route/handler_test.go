@@ -319,3 +319,15 @@ func TestHandlerPrefixRouting(t *testing.T) {
 		t.Fatalf("distinct prompts used only %d endpoints", len(seen))
 	}
 }
+
+// The proxy's call to turnout must outlast a PD decision (prefill + retry).
+func TestRouteCallTimeout(t *testing.T) {
+	plain := mustConfig(t, "proxy: {route_timeout: 300ms}\ndeployments: [{name: a, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]")
+	if got := plain.RouteCallTimeout(); got != 300*time.Millisecond {
+		t.Fatalf("plain: %v", got)
+	}
+	pd := mustConfig(t, "proxy: {route_timeout: 300ms}\ndeployments: [{name: a, pd: {prefill_timeout: 10s}, pools: [{role: prefill, endpoints: [{name: p, address: 1.2.3.4:5}]}, {role: decode, endpoints: [{name: d, address: 1.2.3.4:6}]}]}]")
+	if got := pd.RouteCallTimeout(); got != 21*time.Second {
+		t.Fatalf("pd: %v, want 2 x prefill_timeout + 1s", got)
+	}
+}
