@@ -22,6 +22,22 @@ PORTS=(8001 8002 8003 8004)
 TURNOUT=127.0.0.1:9090
 
 die() { echo "demo: $*" >&2; exit 1; }
+# On a fresh Debian machine, install what the demo needs when we may (root
+# with apt-get); otherwise say what is missing.
+need_pkgs() {
+  local missing=()
+  for spec in "$@"; do
+    local cmd=${spec%%:*} pkgs=${spec#*:}
+    if [[ $cmd == /* ]]; then [[ -e $cmd ]] || missing+=($pkgs); else command -v "$cmd" >/dev/null || missing+=($pkgs); fi
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    echo "installing ${missing[*]} (apt-get)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null && \
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || die "apt-get install ${missing[*]} failed"
+  fi
+}
+need_pkgs curl:curl
 command -v curl >/dev/null || die "curl is required"
 
 if [[ ! -x $BIN ]]; then
@@ -68,6 +84,7 @@ for p in "${PORTS[@]}"; do wait_http "http://127.0.0.1:$p/health"; done
 
 case $PROXY in
 haproxy)
+  need_pkgs haproxy:haproxy
   command -v haproxy >/dev/null || die "haproxy is not installed (apt-get install -y haproxy)"
   DIR=$WORK/haproxy
   "$BIN" render haproxy --out "$DIR" 2>"$WORK/render.log"
@@ -80,6 +97,7 @@ haproxy)
   PROXY_URL=http://127.0.0.1:8080
   ;;
 nginx)
+  need_pkgs nginx:nginx /usr/lib/nginx/modules/ngx_http_js_module.so:libnginx-mod-http-js
   command -v nginx >/dev/null || die "nginx is not installed (apt-get install -y nginx libnginx-mod-http-js)"
   [[ -f /usr/lib/nginx/modules/ngx_http_js_module.so ]] || die "njs is not installed (apt-get install -y libnginx-mod-http-js)"
   port_busy 8081 && die "port 8081 is in use; the demo needs the default config's ports"
