@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"testing"
+
+	"gopkg.in/yaml.v3"
 )
 
 func TestRoundRobin(t *testing.T) {
@@ -332,5 +334,45 @@ func TestPrefixHashPinned(t *testing.T) {
 	got := fmt.Sprintf("%#x,%#x mix=%#x", h.out[0], h.out[1], mix64(42))
 	if want := "0x3f955f4606c2a1bc,0x3e4bcc940fe9ba85 mix=0xa759ea27d4727622"; got != want {
 		t.Fatalf("pinned hashes changed: %s", got)
+	}
+}
+
+// choices: 0 takes the global minimum (P2C may miss it); 2 is P2C.
+func TestLeastRequestChoices(t *testing.T) {
+	build := func(params string) *Pool {
+		var pc PolicyConfig
+		if err := yaml.Unmarshal([]byte("name: least-request\nparams: "+params), &pc); err != nil {
+			t.Fatal(err)
+		}
+		return testPool(t, 8, func(p *Pool) Policy {
+			pol, err := NewLeastRequestFactory()(&pc, PolicyEnv{Pool: p, Rand: NewRand(11)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pol
+		})
+	}
+	for _, tc := range []struct {
+		params    string
+		alwaysMin bool
+	}{{"{choices: 0}", true}, {"{choices: 2}", false}} {
+		p := build(tc.params)
+		for i, e := range p.Endpoints {
+			e.AddInflight(int64(10 + i)) // e0 is the unique minimum
+		}
+		hits := 0
+		for i := 0; i < 200; i++ {
+			if p.Policy.Pick(&Request{}, p, make([]*Endpoint, 0, 1))[0].Name == "e0" {
+				hits++
+			}
+		}
+		if tc.alwaysMin != (hits == 200) {
+			t.Fatalf("%s: minimum picked %d of 200", tc.params, hits)
+		}
+	}
+	var pc PolicyConfig
+	_ = yaml.Unmarshal([]byte("name: least-request\nparams: {choices: 3}"), &pc)
+	if _, err := NewLeastRequestFactory()(&pc, PolicyEnv{Pool: &Pool{}}); err == nil {
+		t.Fatal("choices: 3 accepted")
 	}
 }
