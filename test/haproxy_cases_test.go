@@ -8,9 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -110,67 +107,6 @@ func mockByName(s *hstack, name string) *Mock {
 		}
 	}
 	return nil
-}
-
-// 8. The real openai npm client streams through HAProxy and reads usage.
-func testOpenAINode(t *testing.T, s *hstack) {
-	npm, err := exec.LookPath("npm")
-	if err != nil {
-		t.Skip("npm is not installed: skipping the openai npm client test")
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node is not installed: skipping the openai npm client test")
-	}
-	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	inst := exec.CommandContext(ctx, npm, "install", "--no-audit", "--no-fund", "--silent", "openai@6")
-	inst.Dir = dir
-	if out, err := inst.CombinedOutput(); err != nil {
-		t.Fatalf("npm install openai@6: %v\n%s", err, out)
-	}
-	script := `import OpenAI from "openai";
-const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: "test", maxRetries: 0 });
-const stream = await client.chat.completions.create({
-  model: "llama",
-  messages: [{ role: "user", content: "say something" }],
-  max_tokens: 5,
-  stream: true,
-  stream_options: { include_usage: true },
-});
-let text = "", usage = null, chunks = 0;
-for await (const chunk of stream) {
-  chunks++;
-  if (chunk.choices?.[0]?.delta?.content) text += chunk.choices[0].delta.content;
-  if (chunk.usage) usage = chunk.usage;
-}
-console.log(JSON.stringify({ text, usage, chunks }));
-`
-	if err := os.WriteFile(filepath.Join(dir, "stream.mjs"), []byte(script), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	run := exec.CommandContext(ctx, node, "stream.mjs")
-	run.Dir = dir
-	run.Env = append(os.Environ(), "BASE_URL="+s.H.URL+"/v1")
-	out, err := run.CombinedOutput()
-	if err != nil {
-		t.Fatalf("node: %v\n%s", err, out)
-	}
-	var got struct {
-		Text   string
-		Chunks int
-		Usage  *struct {
-			PromptTokens     int `json:"prompt_tokens"`
-			CompletionTokens int `json:"completion_tokens"`
-		}
-	}
-	if err := json.Unmarshal(out, &got); err != nil {
-		t.Fatalf("node output %q: %v", out, err)
-	}
-	if got.Usage == nil || got.Usage.PromptTokens == 0 || got.Usage.CompletionTokens != 5 || got.Text == "" {
-		t.Fatalf("openai client result: %s", out)
-	}
 }
 
 // 9. After a burst, turnout's in-flight counts come back to 0 through the

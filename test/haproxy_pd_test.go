@@ -502,7 +502,7 @@ func hpdMixed(t *testing.T, s *hpdStack) {
 // were disaggregated.
 func hpdOpenAINode(t *testing.T, s *hpdStack) {
 	hpdClear(t, s.pdMocks()...)
-	testOpenAINode(t, &hstack{H: s.H})
+	checkOpenAINode(t, s.H.URL, "llama")
 	var prefills, decodes int
 	for _, m := range s.prefill {
 		prefills += len(hpdRequests(t, m))

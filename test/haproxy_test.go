@@ -157,6 +157,6 @@ func testHAProxy(t *testing.T, spoeAddr string) {
 	t.Run("StreamingNotBuffered", func(t *testing.T) { testStreaming(t, s) })
 	t.Run("UnknownModelAndGarbage", func(t *testing.T) { testRefusals(t, s) })
 	t.Run("SpoofedServerIgnored", func(t *testing.T) { testSpoof(t, s) })
-	t.Run("OpenAINodeClient", func(t *testing.T) { testOpenAINode(t, s) })
+	t.Run("OpenAINodeClient", func(t *testing.T) { checkOpenAINode(t, s.H.URL, "llama") })
 	t.Run("InflightBackToZero", func(t *testing.T) { testInflight(t, s) })
 }

@@ -116,6 +116,9 @@ func TestMain(m *testing.M) {
 	if buildDir != "" {
 		_ = os.RemoveAll(buildDir)
 	}
+	if npmDir != "" {
+		_ = os.RemoveAll(npmDir)
+	}
 	os.Exit(code)
 }
 

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -64,7 +63,7 @@ func TestNginx(t *testing.T) {
 	t.Run("SpoofedHeadersIgnored", func(t *testing.T) { ngSpoof(t, s) })
 	t.Run("BodyTooLarge", func(t *testing.T) { ngTooLarge(t, s) })
 	t.Run("PrefillDecode", func(t *testing.T) { ngPD(t, s) })
-	t.Run("OpenAINodeClient", func(t *testing.T) { ngOpenAINode(t, s, "llama", "pd") })
+	t.Run("OpenAINodeClient", func(t *testing.T) { checkOpenAINode(t, s.N.URL, "llama", "pd") })
 	t.Run("InflightBackToZero", func(t *testing.T) { ngInflight(t, s) })
 }
 
@@ -357,74 +356,6 @@ func ngMockRequests(t *testing.T, m *Mock) []ngMockRequest {
 		t.Fatalf("%s /mock/requests: %v", m.Name, err)
 	}
 	return out
-}
-
-// 7. The real openai npm client streams through nginx, once per model.
-func ngOpenAINode(t *testing.T, s *nstack, models ...string) {
-	npm, err := exec.LookPath("npm")
-	if err != nil {
-		t.Skip("npm is not installed: skipping the openai npm client test")
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node is not installed: skipping the openai npm client test")
-	}
-	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	inst := exec.CommandContext(ctx, npm, "install", "--no-audit", "--no-fund", "--silent", "openai@6")
-	inst.Dir = dir
-	if out, err := inst.CombinedOutput(); err != nil {
-		t.Fatalf("npm install openai@6: %v\n%s", err, out)
-	}
-	script := `import OpenAI from "openai";
-const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: "test", maxRetries: 0 });
-const out = {};
-for (const model of process.env.MODELS.split(",")) {
-  const stream = await client.chat.completions.create({
-    model,
-    messages: [{ role: "user", content: "say something" }],
-    max_tokens: 5,
-    stream: true,
-    stream_options: { include_usage: true },
-  });
-  let text = "", usage = null, chunks = 0;
-  for await (const chunk of stream) {
-    chunks++;
-    if (chunk.choices?.[0]?.delta?.content) text += chunk.choices[0].delta.content;
-    if (chunk.usage) usage = chunk.usage;
-  }
-  out[model] = { text, usage, chunks };
-}
-console.log(JSON.stringify(out));
-`
-	if err := os.WriteFile(filepath.Join(dir, "stream.mjs"), []byte(script), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	run := exec.CommandContext(ctx, node, "stream.mjs")
-	run.Dir = dir
-	run.Env = append(os.Environ(), "BASE_URL="+s.N.URL+"/v1", "MODELS="+strings.Join(models, ","))
-	out, err := run.CombinedOutput()
-	if err != nil {
-		t.Fatalf("node: %v\n%s", err, out)
-	}
-	var got map[string]struct {
-		Text   string
-		Chunks int
-		Usage  *struct {
-			PromptTokens     int `json:"prompt_tokens"`
-			CompletionTokens int `json:"completion_tokens"`
-		}
-	}
-	if err := json.Unmarshal(out, &got); err != nil {
-		t.Fatalf("node output %q: %v", out, err)
-	}
-	for _, m := range models {
-		g := got[m]
-		if g.Usage == nil || g.Usage.PromptTokens == 0 || g.Usage.CompletionTokens != 5 || g.Text == "" {
-			t.Errorf("openai client, model %s: %s", m, out)
-		}
-	}
 }
 
 // After the tests above, turnout's in-flight counts come back to 0 through

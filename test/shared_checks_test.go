@@ -3,10 +3,17 @@
 package e2e
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // Checks shared by the HAProxy and the nginx suites: the same client-visible
@@ -111,6 +118,101 @@ func checkPrefixRouting(t *testing.T, s frontend, model string) {
 	for _, m := range s.replicas(model) {
 		if counts[m.Name] == 0 {
 			t.Errorf("distinct prompts never reached %s: %v", m.Name, counts)
+		}
+	}
+}
+
+// The openai npm client is installed once per test binary: every suite that
+// streams through it (HAProxy, SPOE, PD, nginx) shares the install.
+var (
+	npmOnce sync.Once
+	npmDir  string
+	npmErr  error
+	npmOut  []byte
+)
+
+// openAIClient returns node and a directory with openai@6 installed, or
+// skips when node or npm is missing.
+func openAIClient(t *testing.T) (node, dir string) {
+	t.Helper()
+	npm, err := exec.LookPath("npm")
+	if err != nil {
+		t.Skip("npm is not installed: skipping the openai npm client test")
+	}
+	node, err = exec.LookPath("node")
+	if err != nil {
+		t.Skip("node is not installed: skipping the openai npm client test")
+	}
+	npmOnce.Do(func() {
+		if npmDir, npmErr = os.MkdirTemp("", "turnout-e2e-npm-"); npmErr != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		inst := exec.CommandContext(ctx, npm, "install", "--no-audit", "--no-fund", "--silent", "openai@6")
+		inst.Dir = npmDir
+		npmOut, npmErr = inst.CombinedOutput()
+	})
+	if npmErr != nil {
+		t.Fatalf("npm install openai@6: %v\n%s", npmErr, npmOut)
+	}
+	return node, npmDir
+}
+
+// The real openai npm client streams a chat completion through the proxy at
+// baseURL, once per model, and reads the text and the usage.
+func checkOpenAINode(t *testing.T, baseURL string, models ...string) {
+	node, dir := openAIClient(t)
+	script := `import OpenAI from "openai";
+const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: "test", maxRetries: 0 });
+const out = {};
+for (const model of process.env.MODELS.split(",")) {
+  const stream = await client.chat.completions.create({
+    model,
+    messages: [{ role: "user", content: "say something" }],
+    max_tokens: 5,
+    stream: true,
+    stream_options: { include_usage: true },
+  });
+  let text = "", usage = null, chunks = 0;
+  for await (const chunk of stream) {
+    chunks++;
+    if (chunk.choices?.[0]?.delta?.content) text += chunk.choices[0].delta.content;
+    if (chunk.usage) usage = chunk.usage;
+  }
+  out[model] = { text, usage, chunks };
+}
+console.log(JSON.stringify(out));
+`
+	path := filepath.Join(dir, fmt.Sprintf("stream-%d.mjs", time.Now().UnixNano()))
+	if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(path)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	run := exec.CommandContext(ctx, node, path)
+	run.Dir = dir
+	run.Env = append(os.Environ(), "BASE_URL="+baseURL+"/v1", "MODELS="+strings.Join(models, ","))
+	out, err := run.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node: %v\n%s", err, out)
+	}
+	var got map[string]struct {
+		Text   string
+		Chunks int
+		Usage  *struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		}
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("node output %q: %v", out, err)
+	}
+	for _, m := range models {
+		g := got[m]
+		if g.Usage == nil || g.Usage.PromptTokens == 0 || g.Usage.CompletionTokens != 5 || g.Text == "" {
+			t.Errorf("openai client, model %s: %s", m, out)
 		}
 	}
 }
