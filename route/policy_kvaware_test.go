@@ -165,18 +165,7 @@ func TestKVAwareTokenPromptAllocs(t *testing.T) {
 	toks := seqToks(1024, 7)
 	store(k.Index(), "a", toks, 16)
 	ctx := routeCtx(tokBody(toks), "")
-	run := func() {
-		ctx.Response.Reset()
-		s.Handler(ctx)
-		id, _ := parseID(ctx.Response.Header.Peek(HdrDecision))
-		s.Complete(id)
-	}
-	for i := 0; i < 50; i++ {
-		run()
-	}
-	if n := testing.AllocsPerRun(100, run); n != 0 {
-		t.Fatalf("%v allocations per kv-aware decision", n)
-	}
+	assertZeroAllocs(t, s, ctx)
 	if hdr(ctx, HdrServer) != "a" {
 		t.Fatalf("routed to %s", hdr(ctx, HdrServer))
 	}
@@ -205,19 +194,7 @@ func TestKVAwareCarry(t *testing.T) {
 func TestKVAwareTokenizerHitAllocs(t *testing.T) {
 	addr, calls := fakeTokenizer(t)
 	s, _ := kvServer(t, "block_size: 4, tokenizer: {mode: remote, address: '"+addr+"'}")
-	ctx := routeCtx(chatBody("llama", strings.Repeat("w ", 200), "q"), "")
-	run := func() {
-		ctx.Response.Reset()
-		s.Handler(ctx)
-		id, _ := parseID(ctx.Response.Header.Peek(HdrDecision))
-		s.Complete(id)
-	}
-	for i := 0; i < 50; i++ {
-		run()
-	}
-	if n := testing.AllocsPerRun(100, run); n != 0 {
-		t.Fatalf("%v allocations per decision on a tokenizer cache hit", n)
-	}
+	assertZeroAllocs(t, s, routeCtx(chatBody("llama", strings.Repeat("w ", 200), "q"), ""))
 	if calls.Load() != 1 {
 		t.Fatalf("tokenizer called %d times", calls.Load())
 	}
