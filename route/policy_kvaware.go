@@ -111,6 +111,7 @@ type kvBuf struct {
 	toks   []int32
 	keys   []uint64
 	out    []int
+	stale  []bool
 	blocks []uint64
 	hasher prefixHasher
 }
@@ -247,6 +248,14 @@ func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 	}
 	out := b.out[:len(p.Endpoints)]
 	k.sh.idx.MatchIDs(keys, k.ids, out)
+	// Staleness is looked up once per endpoint, not once per fallback slot.
+	if cap(b.stale) < len(p.Endpoints) {
+		b.stale = make([]bool, len(p.Endpoints))
+	}
+	stale := b.stale[:len(p.Endpoints)]
+	for i, e := range p.Endpoints {
+		stale[i] = k.sh.idx.Stale(e.Name)
+	}
 	minLoad, ok := minInflight(p)
 	if !ok {
 		r.Outcome = OutcomeNoEndpoint
@@ -272,7 +281,7 @@ func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 				continue
 			}
 			m := out[i]
-			if k.sh.idx.Stale(e.Name) {
+			if stale[i] {
 				m /= 2 // a sequence gap: trust half of what we think it holds
 			}
 			c := k.cfg.PrefillWeight*float64(len(keys)-m) + k.cfg.LoadWeight*float64(l)

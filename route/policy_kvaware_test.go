@@ -224,3 +224,21 @@ deployments:
 		s.Complete(id)
 	}
 }
+
+// A replica whose event stream had a gap counts half of what the index says
+// it holds: with equal holdings, the replica with a clean stream wins.
+func TestKVAwareStaleDiscount(t *testing.T) {
+	s, k := kvServer(t, "block_size: 4, tokenizer: {mode: none}")
+	toks := seqToks(64, 3)
+	store(k.Index(), "a", toks, 4)
+	store(k.Index(), "b", toks, 4)
+	k.Index().MarkStale("a")
+	for i := 0; i < 20; i++ {
+		ctx := do(s, tokBody(toks))
+		if got := hdr(ctx, HdrServer); got != "b" {
+			t.Fatalf("request %d went to %s; a is stale", i, got)
+		}
+		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+		s.Complete(id)
+	}
+}
