@@ -23,18 +23,20 @@ type Endpoint struct {
 	// KVEvents is the replica's KV-event publisher address ("" = none).
 	KVEvents, KVTopic, KVReplay string
 
-	Index int    // position in the pool
-	Seed  uint64 // per-endpoint hash seed, fixed by name
-	name  []byte // pre-built header values: no conversion on the hot path
-	addr  []byte
-	st    *endpointState
+	// Draining endpoints get no new decisions (terminating pods).
+	Draining bool
+	Index    int    // position in the pool
+	Seed     uint64 // per-endpoint hash seed, fixed by name
+	name     []byte // pre-built header values: no conversion on the hot path
+	addr     []byte
+	st       *endpointState
 }
 
 // Inflight is the number of decisions sent to this endpoint not yet completed.
 func (e *Endpoint) Inflight() int64 { return e.st.inflight.Load() }
 
 // Available reports whether the endpoint may receive requests.
-func (e *Endpoint) Available() bool { return !e.st.down.Load() }
+func (e *Endpoint) Available() bool { return !e.Draining && !e.st.down.Load() }
 
 // SetDown marks the endpoint down or up (health checks, tests).
 func (e *Endpoint) SetDown(down bool) { e.st.down.Store(down) }
@@ -145,7 +147,7 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 				liveEps[key] = true
 				p.Endpoints = append(p.Endpoints, &Endpoint{
 					Name: ec.Name, Address: ec.Address, KVEvents: ec.KVEvents, KVTopic: ec.KVTopic, KVReplay: ec.KVReplay,
-					Index: k, Seed: xxhash.Sum64String(ec.Name),
+					Index: k, Seed: xxhash.Sum64String(ec.Name), Draining: ec.Draining,
 					name: []byte(ec.Name), addr: []byte(ec.Address), st: st,
 				})
 			}

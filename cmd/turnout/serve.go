@@ -34,6 +34,8 @@ func runServe(args []string, log *zerolog.Logger) error {
 	haPID := fs.String("haproxy-pidfile", "", "HAProxy master pidfile, for reloads (default DIR/haproxy.pid)")
 	// nginx sync (issue 5)
 	ngx := addNginxFlags(fs, "directory of the rendered nginx files; enables nginx sync (re-render + reload)")
+	// Kubernetes discovery (issue 10)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for pools with discovery.kubernetes (default $KUBECONFIG, else in-cluster)")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("serve flags: %w", err)
 	}
@@ -111,25 +113,34 @@ func runServe(args []string, log *zerolog.Logger) error {
 			}
 		}
 	}()
-	if len(syncers) > 0 {
-		pushSync(cfg)
+	// Kubernetes discovery (issue 10): every config goes through the fleet,
+	// which merges discovered endpoints in and applies like a reload.
+	fleet := newFleet(ctx, srv, *kubeconfig, log, func(c *route.Config, synced bool) error {
+		if err := srv.Apply(c); err != nil {
+			return err
+		}
+		if synced && len(syncers) > 0 {
+			pushSync(c)
+		}
+		return nil
+	})
+	if err := fleet.SetBase(cfg); err != nil {
+		return err
 	}
+	go fleet.Run(ctx)
 
 	reload := func(why string) {
 		c, err := load()
 		if err != nil {
 			srv.Rejected()
 		} else {
-			err = srv.Apply(c)
+			err = fleet.SetBase(c)
 		}
 		if err != nil {
 			log.Error().Err(err).Str("trigger", why).Msg("config rejected; keeping the previous one")
 			return
 		}
 		log.Info().Str("trigger", why).Int("deployments", len(c.Deployments)).Msg("config reloaded")
-		if len(syncers) > 0 {
-			pushSync(c)
-		}
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
