@@ -169,10 +169,11 @@ func (s *Syncer) Sync(ctx context.Context, cfg *route.Config) error {
 	if err != nil {
 		return err
 	}
-	if s.opts.HAProxyBin != "-" && s.opts.HAProxyBin != "" {
-		if err := s.r.Check(ctx, s.opts.HAProxyBin, cfg, res.render); err != nil {
-			return err
+	check := func() error {
+		if s.opts.HAProxyBin != "-" && s.opts.HAProxyBin != "" {
+			return s.r.Check(ctx, s.opts.HAProxyBin, cfg, res.render)
 		}
+		return nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("haproxy dir: %w", err)
@@ -180,6 +181,9 @@ func (s *Syncer) Sync(ctx context.Context, cfg *route.Config) error {
 
 	rt, err := s.opts.dial(ctx, res.render.Socket)
 	if err != nil {
+		if err := check(); err != nil {
+			return err
+		}
 		if werr := writeFiles(dir, out.Files()); werr != nil {
 			return werr
 		}
@@ -196,6 +200,16 @@ func (s *Syncer) Sync(ctx context.Context, cfg *route.Config) error {
 	}
 	live.Structure = StructureOf(onDisk)
 	plan := Diff(out.State, live)
+	// "haproxy -c" costs a process start (~1 s on a busy box), too slow for
+	// membership changes (Kubernetes scale-ups). A runtime-only plan means
+	// the structure hash is the one of the file HAProxy runs, so the new
+	// file differs from a checked one only in server lines: check only
+	// what a reload would load for the first time.
+	if plan.Reload {
+		if err := check(); err != nil {
+			return err
+		}
+	}
 
 	// The files first: a reload, ours or anyone's, must find every server.
 	if err := writeFiles(dir, out.Files()); err != nil {

@@ -37,11 +37,14 @@ func newFleet(ctx context.Context, srv *route.Server, kubeconfig string, log *ze
 			if err != nil {
 				return nil, err
 			}
+			health := kube.NewAPIHealth(log)
+			health.Wrap(rc)
 			cs, err := kubernetes.NewForConfig(rc)
 			if err != nil {
 				return nil, err
 			}
 			src := kube.New(kube.Options{Client: cs, Log: log, Notify: notify})
+			health.Start(ctx, cs, src.Restart)
 			go func() {
 				// After Configure started the watches: say at once what is wrong.
 				time.Sleep(100 * time.Millisecond)

@@ -54,27 +54,50 @@ type Cluster struct {
 	apiBin    string
 }
 
+// Version is the kube-apiserver version scripts/kube-apiserver.sh builds.
+const Version = "v1.31.4"
+
+// APIServerPath is where scripts/kube-apiserver.sh leaves the binary:
+// $KUBE_APISERVER, else the cache ($TURNOUT_KUBE_CACHE, else
+// $XDG_CACHE_HOME/turnout or ~/.cache/turnout) keyed by Version.
+func APIServerPath() string {
+	if p := os.Getenv("KUBE_APISERVER"); p != "" {
+		return p
+	}
+	cache := os.Getenv("TURNOUT_KUBE_CACHE")
+	if cache == "" {
+		if x := os.Getenv("XDG_CACHE_HOME"); x != "" {
+			cache = filepath.Join(x, "turnout")
+		} else if h, err := os.UserHomeDir(); err == nil {
+			cache = filepath.Join(h, ".cache", "turnout")
+		}
+	}
+	return filepath.Join(cache, "kube-apiserver-"+Version)
+}
+
+// RequireEnv turns Skip into a failure: CI sets it, because .ci/run
+// provides etcd, kube-apiserver and network namespaces.
+const RequireEnv = "TURNOUT_REQUIRE_KUBE"
+
+// Skip skips the test with msg, or fails it when RequireEnv is set.
+func Skip(t testing.TB, msg string) {
+	t.Helper()
+	if os.Getenv(RequireEnv) != "" {
+		t.Fatalf("%s (%s is set: the Kubernetes tests must run)", msg, RequireEnv)
+	}
+	t.Skip(msg)
+}
+
 // Binaries returns the etcd and kube-apiserver paths, or skips the test.
 func Binaries(t testing.TB) (etcd, apiserver string) {
 	t.Helper()
 	etcd, err := exec.LookPath("etcd")
 	if err != nil {
-		t.Skip("etcd not installed (apt-get install etcd-server; .ci/run does): skipping Kubernetes test")
+		Skip(t, "etcd not installed (apt-get install etcd-server; .ci/run does): skipping Kubernetes test")
 	}
-	apiserver = os.Getenv("KUBE_APISERVER")
-	if apiserver == "" {
-		cache := os.Getenv("TURNOUT_KUBE_CACHE")
-		if cache == "" {
-			if x := os.Getenv("XDG_CACHE_HOME"); x != "" {
-				cache = filepath.Join(x, "turnout")
-			} else if h, err := os.UserHomeDir(); err == nil {
-				cache = filepath.Join(h, ".cache", "turnout")
-			}
-		}
-		apiserver = filepath.Join(cache, "kube-apiserver-v1.31.4")
-	}
+	apiserver = APIServerPath()
 	if _, err := os.Stat(apiserver); err != nil {
-		t.Skipf("kube-apiserver not built (%s): run scripts/kube-apiserver.sh (.ci/run does): skipping Kubernetes test", apiserver)
+		Skip(t, fmt.Sprintf("kube-apiserver not built (%s): run scripts/kube-apiserver.sh (.ci/run does): skipping Kubernetes test", apiserver))
 	}
 	return etcd, apiserver
 }

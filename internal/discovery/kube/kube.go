@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -137,6 +138,8 @@ type watch struct {
 	stop   chan struct{}
 	failed atomic.Bool // last list/watch failed and no event arrived since
 	errLog atomic.Int64
+	// restarting: Restart is replacing it (guarded by Source.mu).
+	restarting bool
 }
 
 // New returns a Source; Configure starts its watches.
@@ -248,12 +251,8 @@ func (s *Source) Configure(cfg *route.Config) error {
 	return nil
 }
 
-// watchFor returns the running watch for key, starting it if needed.
-// Called with s.mu held.
-func (s *Source) watchFor(key watchKey) *watch {
-	if w := s.watches[key]; w != nil {
-		return w
-	}
+// newWatch builds (does not run) an informer for key.
+func (s *Source) newWatch(key watchKey) *watch {
 	tweak := informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = key.selector })
 	f := informers.NewSharedInformerFactoryWithOptions(s.opts.Client, 0, informers.WithNamespace(key.ns), tweak)
 	w := &watch{key: key, stop: make(chan struct{})}
@@ -284,6 +283,16 @@ func (s *Source) watchFor(key watchKey) *watch {
 		UpdateFunc: func(any, any) { s.event(w) },
 		DeleteFunc: func(any) { s.event(w) },
 	})
+	return w
+}
+
+// watchFor returns the running watch for key, starting it if needed.
+// Called with s.mu held.
+func (s *Source) watchFor(key watchKey) *watch {
+	if w := s.watches[key]; w != nil {
+		return w
+	}
+	w := s.newWatch(key)
 	s.watches[key] = w
 	s.log.Info().Str(fieldNamespace, key.ns).Str(fieldSelector, key.selector).Msg("watching " + key.kind)
 	go w.inf.Run(w.stop)
@@ -323,6 +332,52 @@ func (s *Source) watchError(w *watch, err error) {
 	default:
 		l.Warn().Err(err).Bool("synced", w.inf.HasSynced()).Msg("kubernetes watch of " + w.key.kind +
 			" failed; keeping the last known endpoints and retrying")
+	}
+}
+
+// Restart replaces every watch with a fresh one (after an API outage the
+// informers' own retries may wait up to 30 s). The old watch keeps serving
+// its last known objects until the new one has listed, so endpoints never
+// blink; then Notify merges what changed meanwhile.
+func (s *Source) Restart() {
+	s.mu.Lock()
+	var olds []*watch
+	for _, w := range s.watches {
+		if !w.restarting {
+			w.restarting = true
+			olds = append(olds, w)
+		}
+	}
+	s.mu.Unlock()
+	for _, old := range olds {
+		go func() {
+			nw := s.newWatch(old.key)
+			go nw.inf.Run(nw.stop)
+			if !cache.WaitForCacheSync(old.stop, nw.inf.HasSynced) {
+				close(nw.stop) // the old watch was stopped (reconfigured) meanwhile
+				return
+			}
+			s.mu.Lock()
+			if s.watches[old.key] != old {
+				s.mu.Unlock()
+				close(nw.stop)
+				return
+			}
+			s.watches[old.key] = nw
+			for i := range s.pools {
+				if s.pools[i].slices == old {
+					s.pools[i].slices = nw
+				}
+				if s.pools[i].pods == old {
+					s.pools[i].pods = nw
+				}
+			}
+			close(old.stop)
+			s.mu.Unlock()
+			s.log.Info().Str(fieldNamespace, old.key.ns).Str(fieldSelector, old.key.selector).
+				Int("objects", len(nw.inf.GetStore().ListKeys())).Msg(old.key.kind + " resynced")
+			s.opts.Notify()
+		}()
 	}
 }
 
@@ -611,4 +666,109 @@ func (s *Source) Probe(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// APIHealth notices an unreachable API server from the client's own
+// requests (informers retry a refused watch quietly, without calling the
+// watch error handler, and back off up to 30 s): the first failure is
+// logged, then the API's /readyz (open to every authenticated user) is
+// probed every second, and when it answers the recovery is logged and
+// OnRecover runs (Source.Restart: fresh watches, no 30 s backoff left).
+// Install it with Wrap before building the clientset.
+type APIHealth struct {
+	log   *zerolog.Logger
+	down  atomic.Bool
+	since atomic.Int64 // unix nanos of the first failure
+	// Probe and OnRecover are set by Run.
+	probe     func(context.Context) error
+	onRecover func()
+	ctx       context.Context
+}
+
+// NewAPIHealth returns an APIHealth logging to log.
+func NewAPIHealth(log *zerolog.Logger) *APIHealth {
+	if log == nil {
+		l := zerolog.Nop()
+		log = &l
+	}
+	return &APIHealth{log: log}
+}
+
+// Down reports whether the API server is unreachable.
+func (h *APIHealth) Down() bool { return h.down.Load() }
+
+// Wrap makes rc's transport report to h.
+func (h *APIHealth) Wrap(rc *rest.Config) {
+	prev := rc.WrapTransport
+	rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		if prev != nil {
+			rt = prev(rt)
+		}
+		return healthRT{h: h, next: rt}
+	}
+}
+
+// Start enables probing during outages (until ctx ends) and the recovery
+// hook; call it once, before the first request.
+func (h *APIHealth) Start(ctx context.Context, cs kubernetes.Interface, onRecover func()) {
+	h.ctx, h.onRecover = ctx, onRecover
+	h.probe = func(ctx context.Context) error {
+		_, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err
+	}
+}
+
+type healthRT struct {
+	h    *APIHealth
+	next http.RoundTripper
+}
+
+func (r healthRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	res, err := r.next.RoundTrip(req)
+	switch {
+	case err != nil && req.Context().Err() == nil:
+		r.h.failed(req, err)
+	case err == nil && res.StatusCode < 500:
+		r.h.ok()
+	}
+	return res, err
+}
+
+func (h *APIHealth) failed(req *http.Request, err error) {
+	if h.down.Swap(true) {
+		return
+	}
+	h.since.Store(time.Now().UnixNano())
+	h.log.Warn().Err(err).Str("host", req.URL.Host).
+		Msg("kubernetes API unreachable; keeping the last known endpoints and retrying")
+	if h.probe != nil {
+		go h.probeLoop()
+	}
+}
+
+// probeLoop asks /readyz every second while the API is down.
+func (h *APIHealth) probeLoop() {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for h.down.Load() {
+		select {
+		case <-h.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(h.ctx, 2*time.Second)
+		_ = h.probe(ctx) // a success goes through RoundTrip: ok()
+		cancel()
+	}
+}
+
+func (h *APIHealth) ok() {
+	if !h.down.Swap(false) {
+		return
+	}
+	h.log.Info().Dur("outage", time.Since(time.Unix(0, h.since.Load()))).
+		Msg("kubernetes API reachable again; restarting the watches to resync")
+	if h.onRecover != nil {
+		go h.onRecover()
+	}
 }
