@@ -51,6 +51,8 @@ type Config struct {
 	Proxy     ProxyConfig    `yaml:"proxy"`
 	HAProxy   HAProxyConfig  `yaml:"haproxy"`
 	Nginx     NginxConfig    `yaml:"nginx"`
+	// Limits bound what clients of turnout's HTTP listener can hold.
+	Limits LimitsConfig `yaml:"limits"`
 
 	Deployments []DeploymentConfig `yaml:"deployments"`
 }
@@ -59,6 +61,23 @@ type Config struct {
 type FeedbackConfig struct {
 	// Syslog is a UDP address for proxy log lines ("" = off).
 	Syslog string `yaml:"syslog"`
+}
+
+// LimitsConfig bounds the resources the HTTP listener gives its clients, so
+// slow or oversized requests cannot exhaust turnout (issue 16).
+type LimitsConfig struct {
+	// MaxConns caps concurrent connections; more are answered 503.
+	MaxConns int `yaml:"max_conns"`
+	// MaxBufferedBytes caps the request body bytes held across all in-flight
+	// requests; a request that would exceed it is answered 503 (overloaded).
+	MaxBufferedBytes int `yaml:"max_buffered_bytes"`
+	// MaxHeaderBytes is the largest request head (request line and headers)
+	// accepted; larger ones are answered 431 header_too_large.
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// ReadTimeout bounds reading one whole request.
+	ReadTimeout Duration `yaml:"read_timeout"`
+	// BodyIdleTimeout bounds the wait for each chunk of a request body.
+	BodyIdleTimeout Duration `yaml:"body_idle_timeout"`
 }
 
 // HealthConfig configures turnout's own active checks of endpoints.
@@ -269,6 +288,22 @@ func (c *Config) ApplyDefaults() {
 	if c.Fallbacks == 0 {
 		c.Fallbacks = 2
 	}
+	l := &c.Limits
+	if l.MaxConns == 0 {
+		l.MaxConns = 4096
+	}
+	if l.MaxBufferedBytes == 0 {
+		l.MaxBufferedBytes = 64 << 20
+	}
+	if l.MaxHeaderBytes == 0 {
+		l.MaxHeaderBytes = 32 << 10
+	}
+	if l.ReadTimeout == 0 {
+		l.ReadTimeout = Duration(10 * time.Second)
+	}
+	if l.BodyIdleTimeout == 0 {
+		l.BodyIdleTimeout = Duration(2 * time.Second)
+	}
 	if c.Health.Path == "" {
 		c.Health.Path = "/health"
 	}
@@ -364,6 +399,21 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBody < 1024 || c.MaxBody > 64<<20 {
 		bad("max_body", "%d out of range [1024, 64MiB]", c.MaxBody)
+	}
+	if l := &c.Limits; l.MaxConns < 1 {
+		bad("limits.max_conns", "%d must be at least 1", l.MaxConns)
+	}
+	if c.Limits.MaxBufferedBytes < c.MaxBody {
+		bad("limits.max_buffered_bytes", "%d is below max_body (%d): no request could be read", c.Limits.MaxBufferedBytes, c.MaxBody)
+	}
+	if h := c.Limits.MaxHeaderBytes; h < 16<<10 || h > 1<<20 {
+		bad("limits.max_header_bytes", "%d out of range [16KiB, 1MiB]", h)
+	}
+	if c.Limits.ReadTimeout.D() < 100*time.Millisecond {
+		bad("limits.read_timeout", "%v is below 100ms", c.Limits.ReadTimeout.D())
+	}
+	if d := c.Limits.BodyIdleTimeout.D(); d < 10*time.Millisecond || d > c.Limits.ReadTimeout.D() {
+		bad("limits.body_idle_timeout", "%v must be between 10ms and limits.read_timeout", d)
 	}
 	if c.Fallbacks < 0 || c.Fallbacks > 8 {
 		bad("fallbacks", "%d out of range [0, 8]", c.Fallbacks)

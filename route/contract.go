@@ -37,6 +37,14 @@ const (
 	ReasonBodyTooLarge      = "body_too_large"      // 413
 	ReasonClientKVParams    = "kv_transfer_params_not_allowed"
 	ReasonNoEndpoint        = "no_endpoint" // 503: the proxy may fail open
+	// ReasonHeaderTooLarge (431) and the others below say turnout could not
+	// read the request, not that the request is wrong: the proxy applies its
+	// fail mode (fail-open serves it) instead of relaying the answer.
+	ReasonHeaderTooLarge = "header_too_large"
+	ReasonOverloaded     = "overloaded"        // 503: limits.max_buffered_bytes or max_conns reached
+	ReasonReadTimeout    = "request_timeout"   // 408: the proxy stalled sending the request
+	ReasonBadRequest     = "bad_request"       // 400: unreadable HTTP framing
+	StatusHeaderTooLarge = 431
 
 	// FeedbackTag starts the completion log line the proxies send over syslog:
 	//   turnout-done id=<decision> srv=<server> status=<code> ms=<total ms>

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -46,6 +48,8 @@ type Server struct {
 	store *stateStore
 	pols  []Policy
 	dec   *decisions
+	// budget counts request body bytes held across in-flight requests.
+	budget bodyBudget
 	pool  sync.Pool
 	m     serverMetrics
 	pd    *pdClient
@@ -165,6 +169,10 @@ type scratch struct {
 	picks  [16]*Endpoint
 	buf    []byte
 	model  [256]byte
+	// body holds a streamed request body (route/body.go); drop reads the
+	// part beyond max_body.
+	body []byte
+	drop [4096]byte
 }
 
 func (s *Server) getScratch(maxBlocks int) *scratch {
@@ -239,11 +247,12 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 			r.Truncated = true
 		}
 	}
-	body := ctx.PostBody()
-	if len(body) > cfg.MaxBody {
-		body = body[:cfg.MaxBody]
-		r.Truncated = true
+	body, more, held, err := s.readBody(ctx, sc, cfg)
+	defer s.budget.give(held, cfg.Limits.MaxBufferedBytes)
+	if err != nil {
+		return // answered
 	}
+	r.Truncated = r.Truncated || more
 	r.Body = body
 
 	model := unescapeModel(findModel(body), sc.model[:0])
@@ -450,18 +459,33 @@ func writeError(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
 	ctx.SetBody(b)
 }
 
-// ErrorHandler answers fasthttp-level errors (oversized or malformed requests) in JSON.
+// ErrorHandler answers fasthttp-level errors (oversized or malformed
+// requests) in JSON. fasthttp's own error text never reaches the client
+// (the proxies would relay it); each answer carries an X-Turnout-Reason the
+// glue knows: a request turnout could not read (431, 408) makes the proxy
+// apply its fail mode rather than refuse the client.
 func ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+	var small *fasthttp.ErrSmallBuffer
+	var ne net.Error
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", ReasonBodyTooLarge, "request body too large")
-		return
+	case errors.As(err, &small):
+		writeError(ctx, StatusHeaderTooLarge, "invalid_request_error", ReasonHeaderTooLarge,
+			"request headers larger than turnout's limits.max_header_bytes")
+	case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
+		writeError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", ReasonReadTimeout, "the request was not received in time")
+	default:
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", ReasonBadRequest, "malformed HTTP request")
 	}
-	writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_request", "malformed request: "+err.Error())
 }
 
-// NewHTTPServer returns a fasthttp server tuned for the route endpoint.
+// NewHTTPServer returns a fasthttp server tuned for the route endpoint,
+// bounded by the snapshot's limits (a change of those needs a new server:
+// cmd/turnout reopens the listener).
 func (s *Server) NewHTTPServer() *fasthttp.Server {
-	maxBody := s.snap.Load().Config.MaxBody
+	cfg := s.snap.Load().Config
+	lim := &cfg.Limits
 	return &fasthttp.Server{
 		Handler:               s.Handler,
 		ErrorHandler:          ErrorHandler,
@@ -469,13 +493,19 @@ func (s *Server) NewHTTPServer() *fasthttp.Server {
 		NoDefaultServerHeader: true,
 		NoDefaultDate:         true,
 		NoDefaultContentType:  true,
-		// Bodies above max_body are cut for routing; far larger ones get a
-		// JSON 413 instead of being read into memory.
-		MaxRequestBodySize: 4*maxBody + 1<<20,
-		ReadTimeout:        30 * time.Second,
-		WriteTimeout:       30 * time.Second,
-		IdleTimeout:        5 * time.Minute,
-		Logger:             fasthttpLogger{s.log},
+		// turnout reads bodies itself (route/body.go): only what arrived,
+		// up to max_body, within the shared budget.
+		StreamRequestBody:  true,
+		MaxRequestBodySize: hardBodyLimit(cfg.MaxBody),
+		// The request head must fit one read buffer.
+		ReadBufferSize: lim.MaxHeaderBytes,
+		Concurrency:    lim.MaxConns,
+		ReadTimeout:    lim.ReadTimeout.D(),
+		WriteTimeout:   30 * time.Second,
+		IdleTimeout:    5 * time.Minute,
+		// Return per-connection buffers of idle keep-alive connections.
+		ReduceMemoryUsage: true,
+		Logger:            fasthttpLogger{s.log},
 	}
 }
 
