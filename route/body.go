@@ -23,6 +23,9 @@ import (
 // max_body is read and dropped (the proxy sent it, routing ignores it).
 func hardBodyLimit(maxBody int) int { return 4*maxBody + 1<<20 }
 
+// maxMaxBody is the largest max_body Validate accepts.
+const maxMaxBody = 64 << 20
+
 // bodyBudget counts buffer bytes held by in-flight requests.
 type bodyBudget struct {
 	used atomic.Int64

@@ -41,9 +41,9 @@ const (
 	// read the request, not that the request is wrong: the proxy applies its
 	// fail mode (fail-open serves it) instead of relaying the answer.
 	ReasonHeaderTooLarge = "header_too_large"
-	ReasonOverloaded     = "overloaded"        // 503: limits.max_buffered_bytes or max_conns reached
-	ReasonReadTimeout    = "request_timeout"   // 408: the proxy stalled sending the request
-	ReasonBadRequest     = "bad_request"       // 400: unreadable HTTP framing
+	ReasonOverloaded     = "overloaded"      // 503: limits.max_buffered_bytes or max_conns reached
+	ReasonReadTimeout    = "request_timeout" // 408: the proxy stalled sending the request
+	ReasonBadRequest     = "bad_request"     // 400: unreadable HTTP framing
 	StatusHeaderTooLarge = 431
 
 	// FeedbackTag starts the completion log line the proxies send over syslog:

@@ -16,6 +16,12 @@ func (s *Server) ListenFeedback(ctx context.Context, addr string) error {
 	if err != nil {
 		return fmt.Errorf("feedback listen %s: %w", addr, err)
 	}
+	return s.ServeFeedback(ctx, pc)
+}
+
+// ServeFeedback reads proxy log lines from pc until ctx ends, then closes
+// it (cmd/turnout binds pc first, so a busy address rejects a reload).
+func (s *Server) ServeFeedback(ctx context.Context, pc net.PacketConn) error {
 	go func() {
 		<-ctx.Done()
 		_ = pc.Close()

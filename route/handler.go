@@ -50,9 +50,9 @@ type Server struct {
 	dec   *decisions
 	// budget counts request body bytes held across in-flight requests.
 	budget bodyBudget
-	pool  sync.Pool
-	m     serverMetrics
-	pd    *pdClient
+	pool   sync.Pool
+	m      serverMetrics
+	pd     *pdClient
 	// ctx ends background work owned by policies (KV subscriptions).
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -484,7 +484,13 @@ func ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 // bounded by the snapshot's limits (a change of those needs a new server:
 // cmd/turnout reopens the listener).
 func (s *Server) NewHTTPServer() *fasthttp.Server {
-	cfg := s.snap.Load().Config
+	return s.NewHTTPServerFor(s.snap.Load().Config)
+}
+
+// NewHTTPServerFor is NewHTTPServer with the limits of cfg, a config about
+// to be applied. max_body and the body limits are read per request from the
+// live snapshot; the connection-level limits (HTTPServerKey) are fixed here.
+func (s *Server) NewHTTPServerFor(cfg *Config) *fasthttp.Server {
 	lim := &cfg.Limits
 	return &fasthttp.Server{
 		Handler:               s.Handler,
@@ -495,8 +501,9 @@ func (s *Server) NewHTTPServer() *fasthttp.Server {
 		NoDefaultContentType:  true,
 		// turnout reads bodies itself (route/body.go): only what arrived,
 		// up to max_body, within the shared budget.
-		StreamRequestBody:  true,
-		MaxRequestBodySize: hardBodyLimit(cfg.MaxBody),
+		StreamRequestBody: true,
+		// fasthttp only pre-reads with it; readBody applies the live max_body.
+		MaxRequestBodySize: hardBodyLimit(maxMaxBody),
 		// The request head must fit one read buffer.
 		ReadBufferSize: lim.MaxHeaderBytes,
 		Concurrency:    lim.MaxConns,
@@ -506,6 +513,18 @@ func (s *Server) NewHTTPServer() *fasthttp.Server {
 		// Return per-connection buffers of idle keep-alive connections.
 		ReduceMemoryUsage: true,
 		Logger:            fasthttpLogger{s.log},
+	}
+}
+
+// HTTPServerKey names the settings NewHTTPServerFor fixes for the life of
+// a server, by config field: a change of any needs a new server.
+func HTTPServerKey(cfg *Config) map[string]string {
+	l := &cfg.Limits
+	return map[string]string{
+		"listen":                  cfg.Listen,
+		"limits.max_conns":        strconv.Itoa(l.MaxConns),
+		"limits.max_header_bytes": strconv.Itoa(l.MaxHeaderBytes),
+		"limits.read_timeout":     l.ReadTimeout.D().String(),
 	}
 }
 
