@@ -46,7 +46,26 @@ const (
 	ReasonBadRequest     = "bad_request"     // 400: unreadable HTTP framing
 	StatusHeaderTooLarge = 431
 
+	// MaxAnswerBody bounds the body of any answer of turnout's (errors echo
+	// at most a cut of the client's input): the nginx glue buffers the
+	// answer of a subrequest in memory (subrequest_output_buffer_size).
+	MaxAnswerBody = 8 << 10
+
 	// FeedbackTag starts the completion log line the proxies send over syslog:
 	//   turnout-done id=<decision> srv=<server> status=<code> ms=<total ms>
 	FeedbackTag = "turnout-done"
 )
+
+// UnreadReasons are the 4xx reasons that mean turnout could not read the
+// proxy's request (its head too large, its body stalled, its framing
+// broken): not a verdict about the client's request, so the glue applies
+// its fail mode instead of relaying them.
+var UnreadReasons = []string{ReasonHeaderTooLarge, ReasonReadTimeout, ReasonBadRequest}
+
+// UnsafePathRegex matches a request path (before any "?") with a dot
+// segment ("/../", "/./", plain or percent-encoded) or an encoded slash or
+// backslash. The glue refuses such paths (404) before its /v1/ guard: the
+// guard looks at the raw path, and a replica that resolves "/v1/../metrics"
+// would serve its own /metrics. Matched case-insensitively. HAProxy 2.6's
+// normalize-uri would rewrite them instead, but is experimental there.
+const UnsafePathRegex = `^[^?]*(/(\.|%2e){1,2}(/|\?|$)|%2f|%5c)`

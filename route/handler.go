@@ -267,7 +267,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 		if d == nil {
 			s.m.errors[errUnknownModel].Add(1)
 			writeError(ctx, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found",
-				fmt.Sprintf("The model `%s` does not exist.", model))
+				fmt.Sprintf("The model `%s` does not exist.", cut(model, maxEchoModel)))
 			return
 		}
 	case len(snap.Deployments) == 1:
@@ -438,6 +438,18 @@ func (s *Server) ready(ctx *fasthttp.RequestCtx) {
 	ctx.SetBodyString("ready\n")
 }
 
+// maxEchoModel bounds the model name echoed in a 404: longer names are
+// never served (Validate), and the answer must stay under MaxAnswerBody.
+const maxEchoModel = 256
+
+// cut shortens b to n bytes, marking the cut.
+func cut(b []byte, n int) []byte {
+	if len(b) <= n {
+		return b
+	}
+	return append(b[:n:n], "..."...)
+}
+
 // apiError is the OpenAI error envelope.
 type apiError struct {
 	Error apiErrorBody `json:"error"`
@@ -452,6 +464,9 @@ type apiErrorBody struct {
 // writeError answers with an OpenAI-style JSON error. Errors are rare, so
 // encoding/json's allocations are fine here.
 func writeError(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
+	if len(msg) > MaxAnswerBody/2 { // JSON escaping may double it
+		msg = msg[:MaxAnswerBody/2-3] + "..."
+	}
 	b, _ := json.Marshal(apiError{Error: apiErrorBody{Message: msg, Type: typ, Code: code}})
 	ctx.Response.Header.Set(HdrReason, code)
 	ctx.SetStatusCode(status)

@@ -158,5 +158,9 @@ func testHAProxy(t *testing.T, spoeAddr string) {
 	t.Run("UnknownModelAndGarbage", func(t *testing.T) { testRefusals(t, s) })
 	t.Run("SpoofedServerIgnored", func(t *testing.T) { testSpoof(t, s) })
 	t.Run("OpenAINodeClient", func(t *testing.T) { checkOpenAINode(t, s.H.URL, "llama") })
+	t.Run("PathGuard", func(t *testing.T) { checkPathGuard(t, s, "chat", nil) })
+	t.Run("ClientInputsStripped", func(t *testing.T) { checkClientInputsStripped(t, s, "chat", nil) })
+	t.Run("LargeHeaders", func(t *testing.T) { checkLargeHeaders(t, s, "chat", nil) })
+	t.Run("LongModelRefused", func(t *testing.T) { checkLongModelRefused(t, s, nil) })
 	t.Run("InflightBackToZero", func(t *testing.T) { testInflight(t, s) })
 }

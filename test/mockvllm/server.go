@@ -118,11 +118,14 @@ func New(cfg Config, log *zerolog.Logger) (*Server, error) {
 		NoDefaultServerHeader:        true,
 		NoDefaultContentType:         true,
 		DisablePreParseMultipartForm: true,
-		ReadBufferSize:               16 << 10, // also the max header size
-		MaxRequestBodySize:           cfg.MaxRequestBodySize,
-		IdleTimeout:                  2 * time.Minute,
-		Logger:                       fasthttpLogger{&s.log},
-		ConnState:                    s.connState,
+		// Also the max header size: above turnout's limits.max_header_bytes
+		// default, so e2e tests can see the proxies fail open on a head
+		// turnout refuses (431) while the replica still takes it.
+		ReadBufferSize:     64 << 10,
+		MaxRequestBodySize: cfg.MaxRequestBodySize,
+		IdleTimeout:        2 * time.Minute,
+		Logger:             fasthttpLogger{&s.log},
+		ConnState:          s.connState,
 	}
 	return s, nil
 }
