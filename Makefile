@@ -4,7 +4,7 @@ BIN     := bin/turnout
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 export CGO_ENABLED := 0
 
-.PHONY: all build test test-unit test-e2e bench bench-smoke demo run fuzz vet clean
+.PHONY: all build test test-unit test-e2e bench bench-smoke demo run fuzz vet clean soak
 
 all: build
 
@@ -48,3 +48,9 @@ demo: build
 
 clean:
 	rm -rf bin bench-out bench-route.txt
+
+# Issue 16 soak: reloads, churn and kills under load for SOAK (default 10m),
+# asserting every decision closes, then the slow-body attack's RSS
+# (RELIABILITY.md). Not part of `make test`.
+soak: build
+	TURNOUT_SOAK=$(or $(SOAK),10m) TURNOUT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -tags e2e -timeout 60m -run 'TestSoak|TestSlowBodyAttackRSS' -v ./test/

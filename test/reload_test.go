@@ -29,10 +29,9 @@ type loadGen struct {
 
 func startLoad(t *testing.T, url, model string, workers int) *loadGen {
 	g := &loadGen{stop: make(chan struct{})}
-	// A fresh connection per request: a proxy reload closes idle keep-alive
-	// connections, and a POST on a connection closed under it is the
-	// client's race, not a routing failure.
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	// Keep-alive clients: a proxy reload must not close an idle connection
+	// under a request (HAProxy option idle-close-on-response).
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: workers}}
 	for w := range workers {
 		g.wg.Add(1)
 		go func() {

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -268,6 +269,7 @@ func (l *listeners) bind(kind, addr, key string, cfg *route.Config) (*listener, 
 		if err != nil {
 			return nil, err
 		}
+		growReadBuffer(pc, feedbackReadBuffer, l.log)
 		fctx, cancel := context.WithCancel(context.Background())
 		nl.serve = func() {
 			go func() {
@@ -279,6 +281,35 @@ func (l *listeners) bind(kind, addr, key string, cfg *route.Config) (*listener, 
 		nl.stop = func(context.Context) { cancel(); _ = pc.Close() }
 	}
 	return nl, nil
+}
+
+// feedbackReadBuffer is the receive buffer asked for the feedback socket. A
+// lost datagram is a decision that stays open until decision_ttl; the
+// kernel default (~208 KiB, a few hundred lines) overflows when turnout is
+// descheduled for a second at a few hundred completions per second.
+const feedbackReadBuffer = 8 << 20
+
+// growReadBuffer raises a UDP socket's receive buffer: SO_RCVBUFFORCE when
+// allowed (root, CAP_NET_ADMIN), else SO_RCVBUF (capped by net.core.rmem_max).
+func growReadBuffer(pc net.PacketConn, n int, log *zerolog.Logger) {
+	uc, ok := pc.(*net.UDPConn)
+	if !ok {
+		return
+	}
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return
+	}
+	var got int
+	_ = rc.Control(func(fd uintptr) {
+		if syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUFFORCE, n) != nil {
+			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, n)
+		}
+		got, _ = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF)
+	})
+	if got < n { // the kernel reports twice the usable size
+		log.Warn().Int("bytes", got).Int("wanted", n).Msg("feedback socket receive buffer is small (raise net.core.rmem_max): bursts of completion lines may be dropped")
+	}
 }
 
 // stopHTTP closes the listener and waits for in-flight requests.
