@@ -234,3 +234,53 @@ func TestLargeHeaders(t *testing.T) {
 		t.Errorf("431 body %s: want turnout's JSON, not fasthttp's text", b)
 	}
 }
+
+// After a spike (a peak over a quarter of the budget), the last body done
+// hands memory back to the OS, at most once per 5 s.
+func TestBudgetReturnsMemoryAfterSpike(t *testing.T) {
+	var b bodyBudget
+	const limit = 1 << 20
+	if !b.take(limit/8, limit) {
+		t.Fatal("take")
+	}
+	b.give(limit/8, limit)
+	if b.freedAt.Load() != 0 {
+		t.Fatal("returned memory after a small peak")
+	}
+	if !b.take(limit/2, limit) || b.take(limit, limit) {
+		t.Fatal("budget accounting")
+	}
+	b.give(limit/2, limit)
+	if b.freedAt.Load() == 0 || b.used.Load() != 0 {
+		t.Fatalf("spike over: freedAt %d used %d", b.freedAt.Load(), b.used.Load())
+	}
+}
+
+// Issue 16 finding 8 (turnout's side): a 404 echoing a huge model name
+// stays far under MaxAnswerBody, which sizes nginx's subrequest buffer.
+func TestAnswerBounded(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(limitsConfig, 64<<20))
+	ctx := do(s, `{"model":"`+strings.Repeat("m", 20000)+`"}`)
+	if ctx.Response.StatusCode() != 404 || len(ctx.Response.Body()) > MaxAnswerBody {
+		t.Fatalf("%d, %d bytes: want 404 under %d bytes", ctx.Response.StatusCode(), len(ctx.Response.Body()), MaxAnswerBody)
+	}
+}
+
+func TestLimitsValidate(t *testing.T) {
+	for _, c := range []struct{ yaml, field string }{
+		{"limits: {max_conns: -1}", "limits.max_conns"},
+		{"limits: {max_header_bytes: 4096}", "limits.max_header_bytes"},
+		{"limits: {max_buffered_bytes: 1024}", "limits.max_buffered_bytes"},
+		{"limits: {read_timeout: 10ms}", "limits.read_timeout"},
+		{"limits: {body_idle_timeout: 1h}", "limits.body_idle_timeout"},
+	} {
+		_, err := ParseConfig([]byte(c.yaml + "\ndeployments: [{name: d, pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]}]\n"))
+		if err == nil || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("%s: %v, want an error naming %s", c.yaml, err, c.field)
+		}
+	}
+	c := mustConfig(t, "deployments: [{name: d, pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]}]\n")
+	if l := c.Limits; l.MaxConns != 4096 || l.MaxBufferedBytes != 64<<20 || l.MaxHeaderBytes != 32<<10 || l.ReadTimeout.D() != 10*time.Second || l.BodyIdleTimeout.D() != 2*time.Second {
+		t.Errorf("defaults: %+v", l)
+	}
+}

@@ -87,4 +87,48 @@ func TestSlowBodyAttackRSS(t *testing.T) {
 	}
 	// turnout still answers.
 	WaitHTTP(t, tu.URL+"/healthz", 5*time.Second)
+
+	// A spike of whole bodies: 300 concurrent requests of max_body
+	// (256 KiB), over the 64 MiB budget. The buffers' memory must go back
+	// to the OS once they are done.
+	body := []byte(`{"model":"llama","prompt":"` + strings.Repeat("p", 256<<10-40) + `"}`)
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	peak2 := after
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(50 * time.Millisecond):
+				r := rssKiB(t, pid)
+				mu.Lock()
+				peak2 = max(peak2, r)
+				mu.Unlock()
+			}
+		}
+	}()
+	for range 3 {
+		var wg2 sync.WaitGroup
+		for range conns {
+			wg2.Add(1)
+			go func() {
+				defer wg2.Done()
+				st, _ := rawHTTP(t, tu.URL, "POST", "/internal/route", body, nil)
+				mu.Lock()
+				statuses[st]++
+				mu.Unlock()
+			}()
+		}
+		wg2.Wait()
+	}
+	close(done)
+	time.Sleep(8 * time.Second)
+	settled := rssKiB(t, pid)
+	t.Logf("whole-body spike (3 x %d concurrent 256 KiB bodies): statuses %v; RSS peak %d KiB, 8 s after %d KiB (%.2fx idle)",
+		conns, statuses, peak2, settled, float64(settled)/float64(idle))
+	if settled > 2*idle {
+		t.Errorf("RSS %d KiB 8 s after the spike, over 2x idle (%d KiB): body memory not returned", settled, idle)
+	}
 }
