@@ -226,18 +226,18 @@ type tmplData struct {
 	ClearHeaders                          []string
 	// ClearPatterns are headers-more wildcards (empty without the module);
 	// HeadersMorePath is its load_module path ("" = built in or unused).
-	ClearPatterns                         []string
-	HeadersMorePath                       string
+	ClearPatterns   []string
+	HeadersMorePath string
 	// HeaderBuf sizes large_client_header_buffers (limits.max_header_bytes);
 	// SubrequestBuf holds turnout's largest answer (route.MaxAnswerBody).
 	HeaderBuf, SubrequestBuf int
 	// UnsafePath is route.UnsafePathRegex; UnreadRe and UnreadList are
 	// route.UnreadReasons as a regex alternation and a space-separated list.
 	UnsafePath, UnreadRe, UnreadList string
-	Models                                []modelData
-	Endpoints                             []endpointData
-	Pools                                 []poolData
-	summary                               Summary
+	Models                           []modelData
+	Endpoints                        []endpointData
+	Pools                            []poolData
+	summary                          Summary
 }
 
 type routeServer struct {
