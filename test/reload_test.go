@@ -28,10 +28,14 @@ type loadGen struct {
 }
 
 func startLoad(t *testing.T, url, model string, workers int) *loadGen {
-	g := &loadGen{stop: make(chan struct{})}
 	// Keep-alive clients: a proxy reload must not close an idle connection
 	// under a request (HAProxy option idle-close-on-response).
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: workers}}
+	return startLoadWith(t, url, model, workers, &http.Transport{MaxIdleConnsPerHost: workers}, nil)
+}
+
+func startLoadWith(t *testing.T, url, model string, workers int, tr *http.Transport, hdr map[string]string) *loadGen {
+	g := &loadGen{stop: make(chan struct{})}
+	c := &http.Client{Timeout: 10 * time.Second, Transport: tr}
 	for w := range workers {
 		g.wg.Add(1)
 		go func() {
@@ -42,7 +46,7 @@ func startLoad(t *testing.T, url, model string, workers int) *loadGen {
 					return
 				default:
 				}
-				r, err := Post(context.Background(), c, url+"/v1/chat/completions", chatBody(model, "load", fmt.Sprintf("w%d-%d", w, i), i%4 == 0), nil)
+				r, err := Post(context.Background(), c, url+"/v1/chat/completions", chatBody(model, "load", fmt.Sprintf("w%d-%d", w, i), i%4 == 0), hdr)
 				if err == nil && r.Status == 200 {
 					g.ok.Add(1)
 					continue
@@ -194,6 +198,34 @@ func TestLiveReloadListeners(t *testing.T) {
 		if r := s.post(t, "/v1/chat/completions", chatBody("llama", "s", "after", false), nil); r.Status != 200 {
 			t.Errorf("after the rejected change: %d %s", r.Status, r.Body)
 		}
+	})
+}
+
+// TestLiveReloadListenNginx: the same listen change behind nginx (body and
+// header mode), fail_mode closed. Clients open a connection per request: an
+// nginx reload closes idle keep-alive connections (see RELIABILITY.md).
+func TestLiveReloadListenNginx(t *testing.T) {
+	s := startNginxStack(t, "closed",
+		ndep{name: "llama", policy: policyLeast, mode: "body", mocks: mocks(t, "nlb", 2, nil)},
+		ndep{name: "chat", policy: policyLeast, mode: "header", mocks: mocks(t, "nlh", 2, nil)})
+	old := s.turnoutAddr
+	gb := startLoadWith(t, s.N.URL, "llama", 2, &http.Transport{DisableKeepAlives: true}, nil)
+	gh := startLoadWith(t, s.N.URL, "chat", 2, &http.Transport{DisableKeepAlives: true}, map[string]string{"X-Model": "chat"})
+	time.Sleep(300 * time.Millisecond)
+	s.turnoutAddr = FreeAddr(t)
+	s.T.Rewrite(t, s.yaml())
+	Eventually(t, 10*time.Second, "nginx to call turnout at the new address", func() bool {
+		b, err := os.ReadFile(filepath.Join(s.dir, "nginx.conf"))
+		return err == nil && strings.Contains(string(b), s.turnoutAddr)
+	})
+	Eventually(t, 15*time.Second, "the old listener to close after its grace", func() bool { return refuses(old) })
+	time.Sleep(300 * time.Millisecond)
+	gb.check(t, "nginx body mode, listen change")
+	gh.check(t, "nginx header mode, listen change")
+	s.T.URL = "http://" + s.turnoutAddr
+	Eventually(t, 10*time.Second, "turnout_endpoint_inflight to return to 0", func() bool {
+		v, err := Metric(t, s.T.URL+"/metrics", "turnout_endpoint_inflight")
+		return err == nil && v == 0
 	})
 }
 
