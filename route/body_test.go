@@ -21,7 +21,8 @@ func serveHTTP(t *testing.T, s *Server) string {
 		t.Fatal(err)
 	}
 	hs := s.NewHTTPServer()
-	go func() { _ = hs.Serve(ln) }()
+	lln := LimitListener(ln, s.Snapshot().Config.Limits.MaxConns)
+	go func() { _ = hs.Serve(lln) }()
 	t.Cleanup(func() { _ = hs.Shutdown() })
 	return ln.Addr().String()
 }
@@ -283,4 +284,39 @@ func TestLimitsValidate(t *testing.T) {
 	if l := c.Limits; l.MaxConns != 4096 || l.MaxBufferedBytes != 64<<20 || l.MaxHeaderBytes != 32<<10 || l.ReadTimeout.D() != 10*time.Second || l.BodyIdleTimeout.D() != 2*time.Second {
 		t.Errorf("defaults: %+v", l)
 	}
+}
+
+// limits.max_conns: the connection over the cap gets a 503 with the
+// overloaded reason (the glue fails open without blaming turnout); a slot
+// freed is usable again.
+func TestMaxConns(t *testing.T) {
+	s := mustServer(t, strings.Replace(fmt.Sprintf(limitsConfig, 64<<20), "max_header_bytes: 16384", "max_header_bytes: 16384, max_conns: 2", 1))
+	addr := serveHTTP(t, s)
+	var held []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	time.Sleep(50 * time.Millisecond)
+	body := `{"model":"llama"}`
+	res := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", PathRoute, len(body)), []byte(body))
+	if res.StatusCode != 503 || res.Header.Get(HdrReason) != ReasonOverloaded {
+		t.Fatalf("third connection: %d %q", res.StatusCode, res.Header.Get(HdrReason))
+	}
+	held[0].Close()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", PathRoute, len(body)), []byte(body))
+		if res.StatusCode == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a connection closed: %d", res.StatusCode)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	held[1].Close()
 }

@@ -521,17 +521,17 @@ func (s *Server) NewHTTPServerFor(cfg *Config) *fasthttp.Server {
 		MaxRequestBodySize: hardBodyLimit(maxMaxBody),
 		// The request head must fit one read buffer.
 		ReadBufferSize: lim.MaxHeaderBytes,
-		Concurrency:    lim.MaxConns,
-		ReadTimeout:    lim.ReadTimeout.D(),
-		WriteTimeout:   30 * time.Second,
-		IdleTimeout:    5 * time.Minute,
+		// limits.max_conns is LimitListener's (an answer the glue understands).
+		ReadTimeout:  lim.ReadTimeout.D(),
+		WriteTimeout: 30 * time.Second,
+		IdleTimeout:  5 * time.Minute,
 		// Return per-connection buffers of idle keep-alive connections.
 		ReduceMemoryUsage: true,
 		Logger:            fasthttpLogger{s.log},
 	}
 }
 
-// HTTPServerKey names the settings NewHTTPServerFor fixes for the life of
+// HTTPServerKey names the settings NewHTTPServerFor (and LimitListener) fix for the life of
 // a server, by config field: a change of any needs a new server.
 func HTTPServerKey(cfg *Config) map[string]string {
 	l := &cfg.Limits

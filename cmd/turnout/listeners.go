@@ -231,6 +231,7 @@ func (l *listeners) bind(kind, addr, key string, cfg *route.Config) (*listener, 
 		if err != nil {
 			return nil, err
 		}
+		ln = route.LimitListener(ln, cfg.Limits.MaxConns)
 		hs := l.srv.NewHTTPServerFor(cfg)
 		nl.serve = func() {
 			go func() {
