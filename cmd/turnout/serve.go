@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -23,7 +22,7 @@ type syncer interface {
 }
 
 func runServe(args []string, log *zerolog.Logger) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs := newFlags("serve")
 	cfgPath := fs.String("config", "", "config file (default: embedded default config)")
 	listen := fs.String("listen", "", "override the config's listen address")
 	level := fs.String("log-level", "", "log level (debug, info, warn, error)")
@@ -34,8 +33,8 @@ func runServe(args []string, log *zerolog.Logger) error {
 	haPID := fs.String("haproxy-pidfile", "", "HAProxy master pidfile, for reloads (default DIR/haproxy.pid)")
 	// nginx sync (issue 5)
 	ngx := addNginxFlags(fs, "directory of the rendered nginx files; enables nginx sync (re-render + reload)")
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("serve flags: %w", err)
+	if err := parseFlags(fs, serveCmd, args); err != nil {
+		return err
 	}
 	if *level != "" {
 		if lvl, err := zerolog.ParseLevel(*level); err == nil {
@@ -63,6 +62,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
+	logWarnings(log, *cfgPath, cfg)
 	srv, err := route.NewServer(cfg, route.Options{Registry: route.DefaultRegistry(), Log: log})
 	if err != nil {
 		return err
@@ -127,6 +127,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 			return
 		}
 		log.Info().Str("trigger", why).Int("deployments", len(c.Deployments)).Msg("config reloaded")
+		logWarnings(log, *cfgPath, c)
 		if len(syncers) > 0 {
 			pushSync(c)
 		}
