@@ -38,13 +38,17 @@ bench-smoke: build
 	$(GO) test ./route/ -run XXX -bench . -benchtime 100x
 	@if [ -x scripts/bench.sh ]; then BENCH_SMOKE=1 scripts/bench.sh; fi
 
-# turnout serve with the embedded default config (and the mock replicas it names).
+# turnout serve with the embedded default config (and the mock replicas it
+# names), in the foreground. Ports: PORT_BASE=... or MOCK_PORT, TURNOUT_PORT,
+# FEEDBACK_PORT (scripts/lib.sh). "exec" makes bash make's own child, so a
+# TERM from make (or a kill of make) reaches the script that owns the processes.
 run: build
-	TURNOUT_BIN=$(BIN) bash scripts/run.sh
+	TURNOUT_BIN=$(abspath $(BIN)) exec bash scripts/run.sh
 
 # The demo: turnout + HAProxy (or nginx: PROXY=nginx) + 4 mock replicas.
+# Ports as for run, plus HAPROXY_PORT / NGINX_PORT.
 demo: build
-	PROXY=$(or $(PROXY),haproxy) TURNOUT_BIN=$(CURDIR)/$(BIN) bash scripts/demo.sh
+	PROXY=$(or $(PROXY),haproxy) TURNOUT_BIN=$(abspath $(BIN)) exec bash scripts/demo.sh
 
 clean:
 	rm -rf bin bench-out bench-route.txt
