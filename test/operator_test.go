@@ -146,6 +146,12 @@ func TestMakeRunLeavesNothing(t *testing.T) {
 				}
 				time.Sleep(100 * time.Millisecond)
 			}
+			// What an operator's dashboards look for first (issue 15 item 7).
+			for _, m := range []string{"turnout_build_info", "go_goroutines", "process_resident_memory_bytes"} {
+				if v, err := Metric(t, turnout+"/metrics", m); err != nil || v <= 0 {
+					t.Errorf("metric %s: %v %v", m, v, err)
+				}
+			}
 			if n := len(groupMembers(pgid)); n < 6 {
 				t.Fatalf("want make, bash, 4 mocks and turnout in the group, found %d processes", n)
 			}

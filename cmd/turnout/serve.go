@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/haproxy"
+	"github.com/turnout/turnout/internal/procmetrics"
 	"github.com/turnout/turnout/route"
 )
 
@@ -68,6 +69,12 @@ func runServe(args []string, log *zerolog.Logger) error {
 		return err
 	}
 	defer srv.Close() // stops KV-event subscriptions
+	// turnout_build_info, go_*, process_*: gathered at scrape time only.
+	if pm, err := procmetrics.New(version); err != nil {
+		log.Warn().Err(err).Msg("process metrics unavailable")
+	} else {
+		srv.AddMetrics(pm.WriteMetrics)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
