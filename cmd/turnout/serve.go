@@ -156,6 +156,8 @@ func runServe(args []string, log *zerolog.Logger) error {
 	}
 	go srv.Run(ctx)
 	go srv.RunHealth(ctx)
+	// Warn about model aliases a replica would answer 404 for (route/modelcheck.go).
+	go srv.CheckServedModels(ctx, 30*time.Second)
 	if a := cfg.HAProxy.SPOE; a != "" {
 		if err := startSPOE(ctx, a, srv, log); err != nil {
 			return err
