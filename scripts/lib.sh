@@ -129,10 +129,24 @@ supervise() {
   local parent=$PPID
   while :; do
     check_children || return 1
-    kill -0 "$parent" 2>/dev/null || return 0
+    parent_alive "$parent" || return 0
     sleep 0.5 &
     wait $! 2>/dev/null || true
   done
+}
+
+# parent_alive PID: is PID still this script's parent? (A killed make may
+# linger as a zombie, which kill -0 would still find; our own ppid changes.)
+parent_alive() {
+  local want=$1 stat
+  if read -r stat </proc/$$/stat 2>/dev/null; then
+    stat=${stat##*) }
+    # shellcheck disable=SC2086  # split the fields: state ppid ...
+    set -- $stat
+    [[ $2 == "$want" ]]
+    return
+  fi
+  kill -0 "$want" 2>/dev/null
 }
 
 # trap_signals: Ctrl-C (INT), TERM (kill, or make passing its own TERM on)

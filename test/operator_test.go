@@ -179,6 +179,39 @@ func TestMakeRunLeavesNothing(t *testing.T) {
 	}
 }
 
+// make run shows a replica that dies (its name and log) and stops the rest.
+func TestMakeRunShowsDeadMock(t *testing.T) {
+	base := freePortBase(t)
+	cmd, out := startMake(t, "run", "PORT_BASE="+strconv.Itoa(base))
+	pgid := cmd.Process.Pid
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	WaitHTTP(t, fmt.Sprintf("http://127.0.0.1:%d/healthz", base+1090), 60*time.Second)
+	victim := 0
+	for _, pid := range groupMembers(pgid) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if args := strings.Split(string(b), "\x00"); len(args) > 1 && args[1] == "mock" && strings.Contains(string(b), "llama-2") {
+			victim = pid
+		}
+	}
+	if victim == 0 {
+		t.Fatal("mock llama-2 not found in make run's process group")
+	}
+	_ = syscall.Kill(victim, syscall.SIGKILL)
+	select {
+	case err := <-exited:
+		if err == nil {
+			t.Fatal("make run exited 0 after a replica died")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("make run kept running without a replica")
+	}
+	if !strings.Contains(out.String(), "mock llama-2 exited unexpectedly") || !strings.Contains(out.String(), "---- mock llama-2") {
+		t.Errorf("the dead replica and its log are not shown:\n%s", out)
+	}
+	Eventually(t, 15*time.Second, "the other processes to stop", func() bool { return len(groupMembers(pgid)) == 0 })
+}
+
 // make demo names a busy port and its owner and fails; with the ports
 // overridden it succeeds next to the process that holds them (the 8080 and
 // 9090 of a box where another HAProxy and another service run).
