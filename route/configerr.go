@@ -231,6 +231,10 @@ func (d *nodeDecoder) decode(n *yaml.Node, v reflect.Value, path string) {
 			seen[k.Value] = k.Line
 			idx, ok := fields.index[k.Value]
 			if !ok {
+				if len(fields.names) == 0 {
+					d.fail(k, fp, "unknown field %q (%s takes no fields)", k.Value, path)
+					continue
+				}
 				d.fail(k, fp, "unknown field %q%s (known: %s)", k.Value, suggest(k.Value, fields.names), strings.Join(fields.names, ", "))
 				continue
 			}

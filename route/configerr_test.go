@@ -43,10 +43,15 @@ func TestConfigErrorLines(t *testing.T) {
 				if err != nil {
 					t.Fatalf("parse: %v", err)
 				}
+				// turnout render checks policies without starting them: same answer.
+				cerr := CheckPolicies(cfg, nil)
 				var s *Server
 				s, err = NewServer(cfg, Options{})
 				if err == nil {
 					s.Close()
+				}
+				if cerr == nil || err == nil || cerr.Error() != err.Error() {
+					t.Errorf("CheckPolicies = %v, NewServer = %v: want the same error", cerr, err)
 				}
 			}
 			var ce *ConfigError

@@ -63,3 +63,13 @@ func logWarnings(log *zerolog.Logger, file string, cfg *route.Config) {
 		logProblem(log.Warn(), file, w).Msg("config warning")
 	}
 }
+
+// withFile names the config file in a config error raised after loading
+// (policies are built from the parsed config, which does not know its file).
+func withFile(err error, file string) error {
+	var ce *route.ConfigError
+	if file != "" && errors.As(err, &ce) && ce.File == "" {
+		ce.File = file
+	}
+	return err
+}

@@ -66,6 +66,10 @@ func runRender(args []string, log *zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// Policy names and params too, so nothing wrong reaches a proxy config.
+	if err := route.CheckPolicies(cfg, route.DefaultRegistry()); err != nil {
+		return withFile(err, *cfgPath)
+	}
 	logWarnings(log, *cfgPath, cfg)
 	if target == "haproxy" {
 		return renderHAProxy(cfg, out, *socket, *check, log)

@@ -66,7 +66,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 	logWarnings(log, *cfgPath, cfg)
 	srv, err := route.NewServer(cfg, route.Options{Registry: route.DefaultRegistry(), Log: log})
 	if err != nil {
-		return err
+		return withFile(err, *cfgPath)
 	}
 	defer srv.Close() // stops KV-event subscriptions
 	// turnout_build_info, go_*, process_*: gathered at scrape time only.
@@ -127,7 +127,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 		if err != nil {
 			srv.Rejected()
 		} else {
-			err = srv.Apply(c)
+			err = withFile(srv.Apply(c), *cfgPath)
 		}
 		if err != nil {
 			log.Error().Err(err).Str("trigger", why).Msg("config rejected; keeping the previous one")
