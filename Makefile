@@ -34,8 +34,11 @@ bench: build
 	$(GO) test ./route/ -run XXX -bench . -benchmem -benchtime 2s | tee bench-route.txt
 	@if [ -x scripts/bench.sh ]; then scripts/bench.sh; fi
 
+# The decision benchmarks warm up before timing, so even 100 iterations
+# report the steady state: any allocs/op above 0 fails the smoke.
 bench-smoke: build
-	$(GO) test ./route/ -run XXX -bench . -benchtime 100x
+	@out=$$($(GO) test ./route/ -run XXX -bench . -benchtime 100x) || { echo "$$out"; exit 1; }; echo "$$out"; \
+	echo "$$out" | awk '/allocs\/op/ && $$(NF-1) != 0 { print "bench smoke: " $$1 " allocates " $$(NF-1) " times per decision"; bad = 1 } END { exit bad }'
 	@if [ -x scripts/bench.sh ]; then BENCH_SMOKE=1 scripts/bench.sh; fi
 
 # turnout serve with the embedded default config (and the mock replicas it

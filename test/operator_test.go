@@ -269,7 +269,7 @@ func TestMakeDemoPorts(t *testing.T) {
 	if err != nil {
 		t.Fatalf("make demo with overridden ports: %v", err)
 	}
-	for _, want := range []string{fmt.Sprintf("haproxy at http://127.0.0.1:%d", alt+80), "48 requests served through haproxy, 0 without a replica answer", "turnout in-flight after the run: 0"} {
+	for _, want := range []string{fmt.Sprintf("haproxy at http://127.0.0.1:%d", alt+80), "48 requests served through haproxy, 0 without a replica answer", "turnout decisions: affinity=", "turnout in-flight after the run: 0"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("make demo output lacks %q:\n%s", want, out)
 		}
