@@ -212,6 +212,27 @@ func TestMakeRunShowsDeadMock(t *testing.T) {
 	Eventually(t, 15*time.Second, "the other processes to stop", func() bool { return len(groupMembers(pgid)) == 0 })
 }
 
+// make run with a replica's port taken says which and by whom, and starts nothing.
+func TestMakeRunBusyPort(t *testing.T) {
+	base := freePortBase(t)
+	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	cmd, out := startMake(t, "run", "PORT_BASE="+strconv.Itoa(base))
+	if err := cmd.Wait(); err == nil {
+		t.Fatalf("make run started with its first replica's port taken:\n%s", out)
+	}
+	want := fmt.Sprintf("port %d (mock llama-0) is in use by", base+1)
+	if !strings.Contains(out.String(), want) || !strings.Contains(out.String(), fmt.Sprintf("pid %d", os.Getpid())) {
+		t.Errorf("output lacks %q and the owner's pid:\n%s", want, out)
+	}
+	if left := groupMembers(cmd.Process.Pid); len(left) > 0 {
+		t.Errorf("processes left: %v", left)
+	}
+}
+
 // make demo names a busy port and its owner and fails; with the ports
 // overridden it succeeds next to the process that holds them (the 8080 and
 // 9090 of a box where another HAProxy and another service run).
