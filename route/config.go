@@ -1,11 +1,11 @@
 package route
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -55,6 +55,9 @@ type Config struct {
 	Limits LimitsConfig `yaml:"limits"`
 
 	Deployments []DeploymentConfig `yaml:"deployments"`
+
+	// warnings found at load (accepted, but probably not what was meant).
+	warnings []*FieldError
 }
 
 // FeedbackConfig configures completion feedback from the proxy.
@@ -162,23 +165,46 @@ type PDConfig struct {
 type PolicyConfig struct {
 	Name   string    `yaml:"name"`
 	Params yaml.Node `yaml:"params"`
+	// Where it sits in the file, for the policy factory's errors.
+	path string
+	line int
 }
 
-// DecodeParams decodes the policy's params strictly into dst.
+func (p *PolicyConfig) setPosition(path string, line int) { p.path, p.line = path, line }
+
+// paramsPath names the params in errors: the config path when known.
+func (p *PolicyConfig) paramsPath() string {
+	if p.path == "" {
+		return "policy " + p.Name + " params"
+	}
+	return p.path + ".params"
+}
+
+// DecodeParams decodes the policy's params strictly into dst, reporting
+// unknown parameters and bad values with their path and file line.
 func (p *PolicyConfig) DecodeParams(dst any) error {
 	if p.Params.Kind == 0 {
 		return nil
 	}
-	raw, err := yaml.Marshal(&p.Params)
-	if err != nil {
-		return fmt.Errorf("policy %s params: %w", p.Name, err)
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(raw))
-	dec.KnownFields(true)
-	if err := dec.Decode(dst); err != nil {
-		return fmt.Errorf("policy %s params: %w", p.Name, err)
+	d := nodeDecoder{pos: positions{}}
+	d.decode(&p.Params, reflect.ValueOf(dst).Elem(), p.paramsPath())
+	if len(d.errs) > 0 {
+		return &ConfigError{Problems: d.errs}
 	}
 	return nil
+}
+
+// paramsError places a policy factory's error at the policy's params.
+func (p *PolicyConfig) paramsError(err error) error {
+	var ce *ConfigError
+	if errors.As(err, &ce) {
+		return ce
+	}
+	line := p.Params.Line
+	if line == 0 {
+		line = p.line
+	}
+	return &ConfigError{Problems: []*FieldError{{Path: p.paramsPath(), Line: line, Msg: err.Error()}}}
 }
 
 // PoolConfig is a set of endpoints with one role.
@@ -211,8 +237,8 @@ type Duration time.Duration
 // UnmarshalYAML accepts Go duration strings or integer milliseconds.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	var s string
-	if err := n.Decode(&s); err != nil {
-		return fmt.Errorf("duration: %w", err)
+	if n.Kind != yaml.ScalarNode || n.Decode(&s) != nil {
+		return fmt.Errorf("want %s", durationHelp)
 	}
 	if ms, err := strconv.ParseInt(s, 10, 64); err == nil {
 		*d = Duration(time.Duration(ms) * time.Millisecond)
@@ -220,7 +246,7 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return fmt.Errorf("duration %q: %w", s, err)
+		return fmt.Errorf("%q is not %s", s, durationHelp)
 	}
 	*d = Duration(v)
 	return nil
@@ -250,21 +276,29 @@ func LoadConfigFile(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
-	return ParseConfig(b)
+	c, err := ParseConfig(b)
+	var ce *ConfigError
+	if errors.As(err, &ce) {
+		ce.File = path
+	}
+	return c, err
 }
 
 // ParseConfig parses YAML strictly, applies defaults and validates.
 func ParseConfig(b []byte) (*Config, error) {
 	var c Config
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	pos, err := decodeConfigYAML(b, &c)
+	if err != nil {
+		return nil, err
 	}
 	c.ApplyDefaults()
 	if err := c.Validate(); err != nil {
-		return nil, err
+		ce := asConfigError([]error{err})
+		pos.annotate(ce)
+		return nil, ce
 	}
+	c.warnings = c.checkWarnings()
+	pos.annotate(&ConfigError{Problems: c.warnings})
 	return &c, nil
 }
 
@@ -379,7 +413,7 @@ func (c *Config) ApplyDefaults() {
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(field, format string, a ...any) {
-		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, a...)))
+		errs = append(errs, &FieldError{Path: field, Msg: fmt.Sprintf(format, a...)})
 	}
 	checkAddr := func(field, a string) {
 		if _, _, err := net.SplitHostPort(a); err != nil {
@@ -453,7 +487,7 @@ func (c *Config) Validate() error {
 		d := &c.Deployments[i]
 		f := fmt.Sprintf("deployments[%d]", i)
 		if !nameRe.MatchString(d.Name) {
-			bad(f+".name", "%q must match %s", d.Name, nameRe)
+			bad(f+".name", "%s", nameProblem(d.Name))
 		} else if depNames[d.Name] {
 			bad(f+".name", "%q is used twice", d.Name)
 		}
@@ -495,7 +529,7 @@ func (c *Config) Validate() error {
 				e := &p.Endpoints[k]
 				ef := fmt.Sprintf("%s.endpoints[%d]", pf, k)
 				if !nameRe.MatchString(e.Name) {
-					bad(ef+".name", "%q must match %s", e.Name, nameRe)
+					bad(ef+".name", "%s", nameProblem(e.Name))
 				} else if other, ok := epNames[e.Name]; ok {
 					bad(ef+".name", "%q already used in %s (server names are global)", e.Name, other)
 				}
@@ -521,7 +555,10 @@ func (c *Config) Validate() error {
 			bad(f+".pools", "a deployment is either mixed or prefill/decode")
 		}
 	}
-	return errors.Join(errs...)
+	if ce := asConfigError(errs); ce != nil {
+		return ce
+	}
+	return nil
 }
 
 // RouteCallTimeout bounds one proxy -> turnout call as the rendered glue

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 
@@ -155,6 +156,10 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 			policy, err := reg.Build(pol, penv)
 			if err != nil {
 				closeAll(built)
+				var ce *ConfigError
+				if errors.As(err, &ce) {
+					return nil, nil, err // already names the field and line
+				}
 				return nil, nil, fmt.Errorf("deployment %q pool %q: %w", dc.Name, pc.Role, err)
 			}
 			built = append(built, policy)

@@ -135,11 +135,16 @@ func (r *Registry) Names() []string {
 func (r *Registry) Build(cfg *PolicyConfig, env PolicyEnv) (Policy, error) {
 	f, ok := r.m[cfg.Name]
 	if !ok {
-		return nil, fmt.Errorf("%w: unknown policy %q (known: %v)", ErrConfig, cfg.Name, r.Names())
+		path := "policy.name"
+		if cfg.path != "" {
+			path = cfg.path + ".name"
+		}
+		return nil, &ConfigError{Problems: []*FieldError{{Path: path, Line: cfg.line,
+			Msg: fmt.Sprintf("unknown policy %q%s (known: %s)", cfg.Name, suggest(cfg.Name, r.Names()), strings.Join(r.Names(), ", "))}}}
 	}
 	p, err := f(cfg, env)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		return nil, cfg.paramsError(err)
 	}
 	return p, nil
 }

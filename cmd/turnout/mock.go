@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -35,7 +34,7 @@ func (m *modelList) Set(v string) error {
 // SIGINT/SIGTERM.
 func runMock(args []string, log *zerolog.Logger) error {
 	d := mockvllm.DefaultConfig()
-	fs := flag.NewFlagSet("mock", flag.ContinueOnError)
+	fs := newFlags("mock")
 	var (
 		models modelList
 		role   string
@@ -68,11 +67,8 @@ func runMock(args []string, log *zerolog.Logger) error {
 	kvReplay := fs.String("kv-replay", "", "serve vLLM's replay ROUTER socket on this address")
 	kvBytes := fs.Bool("kv-hash-bytes", false, "encode block hashes as 32-byte strings (newer vLLM) instead of ints")
 	kvMap := fs.Bool("kv-map-events", false, "encode events as maps (vLLM after array_like was dropped)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return fmt.Errorf("mock: %w", err)
+	if err := parseFlags(fs, mockCmd, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("mock: unexpected arguments %q", fs.Args())

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
-	"fmt"
 	"os"
 	"os/signal"
 	"sync"
@@ -13,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/haproxy"
+	"github.com/turnout/turnout/internal/procmetrics"
 	"github.com/turnout/turnout/route"
 )
 
@@ -22,7 +21,7 @@ type syncer interface {
 }
 
 func runServe(args []string, log *zerolog.Logger) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs := newFlags("serve")
 	cfgPath := fs.String("config", "", "config file (default: embedded default config)")
 	listen := fs.String("listen", "", "override the config's listen address")
 	level := fs.String("log-level", "", "log level (debug, info, warn, error)")
@@ -33,8 +32,8 @@ func runServe(args []string, log *zerolog.Logger) error {
 	haPID := fs.String("haproxy-pidfile", "", "HAProxy master pidfile, for reloads (default DIR/haproxy.pid)")
 	// nginx sync (issue 5)
 	ngx := addNginxFlags(fs, "directory of the rendered nginx files; enables nginx sync (re-render + reload)")
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("serve flags: %w", err)
+	if err := parseFlags(fs, serveCmd, args); err != nil {
+		return err
 	}
 	if *level != "" {
 		if lvl, err := zerolog.ParseLevel(*level); err == nil {
@@ -62,11 +61,18 @@ func runServe(args []string, log *zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
+	logWarnings(log, *cfgPath, cfg)
 	srv, err := route.NewServer(cfg, route.Options{Registry: route.DefaultRegistry(), Log: log})
 	if err != nil {
-		return err
+		return withFile(err, *cfgPath)
 	}
 	defer srv.Close() // stops KV-event subscriptions
+	// turnout_build_info, go_*, process_*: gathered at scrape time only.
+	if pm, err := procmetrics.New(version); err != nil {
+		log.Warn().Err(err).Msg("process metrics unavailable")
+	} else {
+		srv.AddMetrics(pm.WriteMetrics)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -156,13 +162,14 @@ func runServe(args []string, log *zerolog.Logger) error {
 			log.Error().Err(err).Str("trigger", why).Msg("config rejected; keeping the previous one")
 			return
 		}
-		if err := srv.Apply(c); err != nil {
+		if err := withFile(srv.Apply(c), *cfgPath); err != nil {
 			lns.abort(ch)
 			log.Error().Err(err).Str("trigger", why).Msg("config rejected; keeping the previous one")
 			return
 		}
 		lns.start(ch)
 		log.Info().Str("trigger", why).Int("deployments", len(c.Deployments)).Strs("listeners_changed", ch.fields).Msg("config reloaded")
+		logWarnings(log, *cfgPath, c)
 		switch {
 		case len(syncers) > 0:
 			pushSync(c, ch)
@@ -175,6 +182,8 @@ func runServe(args []string, log *zerolog.Logger) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	go srv.Run(ctx)
 	go srv.RunHealth(ctx)
+	// Warn about model aliases a replica would answer 404 for (route/modelcheck.go).
+	go srv.CheckServedModels(ctx, 30*time.Second)
 
 	ch, err := lns.prepare(cfg)
 	if err != nil {
