@@ -108,7 +108,7 @@ type kvShared struct {
 }
 
 type kvBuf struct {
-	toks   []int32
+	toks   []uint32
 	keys   []uint64
 	out    []int
 	stale  []bool
@@ -338,7 +338,7 @@ func (k *KVAware) requestKeys(r *Request, bs int, b *kvBuf) ([]uint64, error) {
 
 // tokenPrompt reads a completions prompt given as token ids ([int...] or the
 // first of [[int...]...]).
-func tokenPrompt(body []byte, dst []int32) ([]int32, bool) {
+func tokenPrompt(body []byte, dst []uint32) ([]uint32, bool) {
 	s := scanner{b: valueFrom(body, "prompt")}
 	if s.peek() != '[' {
 		return dst, false
@@ -356,7 +356,11 @@ func tokenPrompt(body []byte, dst []int32) ([]int32, bool) {
 			if !ok {
 				return dst, false
 			}
-			dst = append(dst, int32(v))
+			t, ok := kv.TokenID(v)
+			if !ok {
+				return dst, false
+			}
+			dst = append(dst, t)
 		case c == ']':
 			return dst, len(dst) > 0
 		default:
@@ -460,7 +464,7 @@ func (t *tokenizer) keys(body, model []byte, bs int) ([]uint64, error) {
 	return keys, nil
 }
 
-func (t *tokenizer) call(field string, raw, model []byte) ([]int32, error) {
+func (t *tokenizer) call(field string, raw, model []byte) ([]uint32, error) {
 	if len(t.addrs) == 0 {
 		return nil, fmt.Errorf("%w: no tokenizer address", errTokenizer)
 	}
@@ -494,13 +498,17 @@ func (t *tokenizer) call(field string, raw, model []byte) ([]int32, error) {
 	return toks, nil
 }
 
-// tokenList parses a JSON array of integers.
-func tokenList(raw []byte, dst []int32) ([]int32, bool) {
+// tokenList parses a JSON array of token ids (kv.TokenID's range).
+func tokenList(raw []byte, dst []uint32) ([]uint32, bool) {
 	s := scanner{b: raw}
 	ok := s.array(func() bool {
 		v, ok := s.int()
+		if !ok {
+			return false
+		}
+		t, ok := kv.TokenID(v)
 		if ok {
-			dst = append(dst, int32(v))
+			dst = append(dst, t)
 		}
 		return ok
 	})

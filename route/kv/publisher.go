@@ -133,7 +133,7 @@ func (p *Publisher) Addr() string { return p.addr }
 func (p *Publisher) ReplayAddr() string { return p.raddr }
 
 // BlocksStored publishes one BlockStored event.
-func (p *Publisher) BlocksStored(blockHashes []uint64, parentHash uint64, hasParent bool, tokenIDs []int32, blockSize int) {
+func (p *Publisher) BlocksStored(blockHashes []uint64, parentHash uint64, hasParent bool, tokenIDs []uint32, blockSize int) {
 	p.Publish([]Event{{
 		Kind:        EventBlockStored,
 		BlockHashes: blockHashes,
