@@ -10,12 +10,17 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// Endpoint is one replica's KV-event publisher.
+// Endpoint is one replica's KV-event publisher, either dialed (Address) or
+// connecting to a socket turnout binds (Bind, attributed by Pattern).
 type Endpoint struct {
 	Name          string // source name in the Index (the replica)
-	Address       string // e.g. tcp://10.0.0.5:5557
-	Topic         string
+	Address       string // dial mode: the publisher, e.g. tcp://10.0.0.5:5557
+	Topic         string // dial mode: subscription prefix
 	ReplayAddress string // optional
+	// Bind mode: the SUB address turnout binds (shared through the Hub)
+	// and the topic that identifies this endpoint's messages.
+	Bind    string
+	Pattern TopicPattern
 }
 
 // ManagerConfig holds subscriber tunables; zero values take the defaults
@@ -25,6 +30,9 @@ type ManagerConfig struct {
 	MaxBackoff    time.Duration
 	DialTimeout   time.Duration
 	ReplayTimeout time.Duration
+	// Hub owns bound sockets, shared between managers; nil: the manager
+	// makes its own, closed with it.
+	Hub *Hub
 }
 
 // Manager runs one Subscriber per endpoint, feeding an Index: batches are
@@ -38,6 +46,7 @@ type Manager struct {
 	mu     sync.Mutex
 	subs   map[string]*managed
 	closed bool
+	ownHub bool
 }
 
 type managed struct {
@@ -45,6 +54,7 @@ type managed struct {
 	sub    *Subscriber
 	cancel context.CancelFunc
 	done   chan struct{}
+	binder *Binder // bind mode
 
 	// gate makes "stopped" final: once active is false no callback can
 	// touch the index, so RemoveSource cannot be undone by a late Apply.
@@ -55,12 +65,17 @@ type managed struct {
 // NewManager returns a Manager whose subscribers live until ctx ends or
 // Close is called.
 func NewManager(ctx context.Context, idx *Index, cfg ManagerConfig, log *zerolog.Logger) *Manager {
+	own := cfg.Hub == nil
+	if own {
+		cfg.Hub = NewHub(ctx, log)
+	}
 	return &Manager{
-		ctx:  ctx,
-		idx:  idx,
-		cfg:  cfg,
-		log:  loggerOrNop(log).With().Str("component", "kv-manager").Logger(),
-		subs: make(map[string]*managed),
+		ctx:    ctx,
+		idx:    idx,
+		cfg:    cfg,
+		log:    loggerOrNop(log).With().Str("component", "kv-manager").Logger(),
+		subs:   make(map[string]*managed),
+		ownHub: own,
 	}
 }
 
@@ -77,8 +92,8 @@ func (m *Manager) Sync(eps []Endpoint) error {
 	want := make(map[string]Endpoint, len(eps))
 	for _, ep := range eps {
 		switch {
-		case ep.Name == "" || ep.Address == "":
-			errs = append(errs, fmt.Errorf("kv: endpoint %q/%q: name and address required", ep.Name, ep.Address))
+		case ep.Name == "" || (ep.Address == "") == (ep.Bind == ""):
+			errs = append(errs, fmt.Errorf("kv: endpoint %q: name and one of address (dial) or bind required", ep.Name))
 			continue
 		case want[ep.Name] != (Endpoint{}):
 			errs = append(errs, fmt.Errorf("kv: duplicate endpoint name %q", ep.Name))
@@ -86,8 +101,19 @@ func (m *Manager) Sync(eps []Endpoint) error {
 		}
 		want[ep.Name] = ep
 	}
+	// A bind address stays bound across a stop and restart in one Sync.
+	var held []*Binder
+	defer func() {
+		for _, b := range held {
+			m.cfg.Hub.release(b)
+		}
+	}()
 	for name, ms := range m.subs {
 		if ep, ok := want[name]; !ok || ep != ms.ep {
+			if ms.binder != nil {
+				m.cfg.Hub.hold(ms.binder)
+				held = append(held, ms.binder)
+			}
 			m.stopLocked(ms)
 		}
 	}
@@ -104,9 +130,13 @@ func (m *Manager) Sync(eps []Endpoint) error {
 
 func (m *Manager) startLocked(ep Endpoint) error {
 	ms := &managed{ep: ep, done: make(chan struct{}), active: true}
+	addr := ep.Address
+	if ep.Bind != "" {
+		addr = ep.Bind
+	}
 	sub, err := NewSubscriber(SubscriberConfig{
 		Name:          ep.Name,
-		Address:       ep.Address,
+		Address:       addr,
 		Topic:         ep.Topic,
 		ReplayAddress: ep.ReplayAddress,
 		MinBackoff:    m.cfg.MinBackoff,
@@ -123,6 +153,19 @@ func (m *Manager) startLocked(ep Endpoint) error {
 	ms.sub = sub
 	ctx, cancel := context.WithCancel(m.ctx)
 	ms.cancel = cancel
+	if ep.Bind != "" {
+		b, err := m.cfg.Hub.acquire(ep.Bind)
+		if err != nil {
+			cancel()
+			return fmt.Errorf("kv: endpoint %q: %w", ep.Name, err)
+		}
+		ms.binder = b
+		b.attach(ep.Pattern, sub)
+		close(ms.done)
+		m.subs[ep.Name] = ms
+		m.log.Info().Str("source", ep.Name).Str("bind", ep.Bind).Stringer("topic", ep.Pattern).Msg("kv endpoint attached to bound socket")
+		return nil
+	}
 	m.subs[ep.Name] = ms
 	go func() {
 		defer close(ms.done)
@@ -145,6 +188,10 @@ func (m *Manager) stopLocked(ms *managed) {
 	ms.active = false
 	ms.gate.Unlock()
 	ms.cancel()
+	if ms.binder != nil {
+		ms.binder.detach(ms.sub)
+		m.cfg.Hub.release(ms.binder)
+	}
 	delete(m.subs, ms.ep.Name)
 	m.idx.RemoveSource(ms.ep.Name)
 	m.log.Info().Str("source", ms.ep.Name).Msg("kv subscriber stopped")
@@ -172,10 +219,17 @@ func (m *Manager) Close() {
 		ms.active = false
 		ms.gate.Unlock()
 		ms.cancel()
+		if ms.binder != nil {
+			ms.binder.detach(ms.sub)
+			m.cfg.Hub.release(ms.binder)
+		}
 		subs = append(subs, ms)
 	}
 	clear(m.subs)
 	m.mu.Unlock()
+	if m.ownHub {
+		defer m.cfg.Hub.Close()
+	}
 	deadline := time.NewTimer(5 * time.Second)
 	defer deadline.Stop()
 	for _, ms := range subs {
