@@ -2,6 +2,7 @@ package route
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/turnout/turnout/route/kv"
 )
 
 // Roles of a pool inside a deployment.
@@ -53,6 +56,15 @@ type Config struct {
 	Nginx     NginxConfig    `yaml:"nginx"`
 
 	Deployments []DeploymentConfig `yaml:"deployments"`
+
+	// KVEventsBind, when set (tcp://0.0.0.0:5557), makes turnout bind one
+	// ZMQ SUB socket that engines' KV-event publishers connect to (vLLM
+	// with a concrete endpoint, llm-d); every endpoint without its own
+	// kv_events is fed from it, by topic. A deployment may set its own.
+	KVEventsBind string `yaml:"kv_events_bind"`
+	// KVEventsTopic is the topic template attributing bound messages to
+	// endpoints (default kv.DefaultTopicTemplate, "kv@{host}:{port}@{model}").
+	KVEventsTopic string `yaml:"kv_events_topic"`
 }
 
 // FeedbackConfig configures completion feedback from the proxy.
@@ -127,6 +139,9 @@ type DeploymentConfig struct {
 	NginxMode string `yaml:"nginx_mode"`
 	// PD configures prefill/decode disaggregation (needs prefill and decode pools).
 	PD PDConfig `yaml:"pd"`
+	// KVEventsBind and KVEventsTopic override the service-wide ones.
+	KVEventsBind  string `yaml:"kv_events_bind"`
+	KVEventsTopic string `yaml:"kv_events_topic"`
 }
 
 // PDConfig configures prefill/decode handling.
@@ -176,7 +191,9 @@ type EndpointConfig struct {
 	Address string `yaml:"address"`
 	// KVEvents is the replica's vLLM KV-event ZMQ publisher (e.g. tcp://10.0.0.5:5557).
 	KVEvents string `yaml:"kv_events"`
-	KVTopic  string `yaml:"kv_topic"`
+	// KVTopic is the subscription prefix in dial mode; in bind mode, the
+	// topic template for this endpoint alone.
+	KVTopic string `yaml:"kv_topic"`
 	// KVReplay is vLLM's optional replay ROUTER socket, used to fill gaps.
 	KVReplay string `yaml:"kv_replay"`
 	// Weight is reserved for weighted policies; 0 means 1.
@@ -396,6 +413,21 @@ func (c *Config) Validate() error {
 	if len(c.Deployments) == 0 {
 		bad("deployments", "at least one deployment is required")
 	}
+	checkZMQ := func(field, a string) {
+		if a != "" && !strings.HasPrefix(a, "tcp://") && !strings.HasPrefix(a, "ipc://") {
+			bad(field, "%q must be tcp:// or ipc://", a)
+		}
+	}
+	checkTopic := func(field, tmpl string) {
+		if tmpl != "" {
+			if err := kv.ValidateTopicTemplate(tmpl); err != nil {
+				bad(field, "%v", err)
+			}
+		}
+	}
+	checkZMQ("kv_events_bind", c.KVEventsBind)
+	checkTopic("kv_events_topic", c.KVEventsTopic)
+	boundTopics := map[string]string{} // bind address + topic -> endpoint
 	depNames := map[string]bool{}
 	models := map[string]string{}
 	epNames := map[string]string{}
@@ -422,6 +454,8 @@ func (c *Config) Validate() error {
 		if d.NginxMode != NginxModeHeader && d.NginxMode != NginxModeBody {
 			bad(f+".nginx_mode", "%q must be header or body", d.NginxMode)
 		}
+		checkZMQ(f+".kv_events_bind", d.KVEventsBind)
+		checkTopic(f+".kv_events_topic", d.KVEventsTopic)
 		if d.PD.NoPrefill != "aggregate" && d.PD.NoPrefill != "reject" {
 			bad(f+".pd.no_prefill", "%q must be aggregate or reject", d.PD.NoPrefill)
 		}
@@ -456,8 +490,15 @@ func (c *Config) Validate() error {
 				} else if pn, err := strconv.Atoi(port); err != nil || pn < 1 || pn > 65535 {
 					bad(ef+".address", "port %q out of range", port)
 				}
-				if e.KVEvents != "" && !strings.HasPrefix(e.KVEvents, "tcp://") && !strings.HasPrefix(e.KVEvents, "ipc://") {
-					bad(ef+".kv_events", "%q must be tcp:// or ipc://", e.KVEvents)
+				checkZMQ(ef+".kv_events", e.KVEvents)
+				if bind, tmpl := c.KVBinding(d, e); bind != "" {
+					if p, err := kv.CompileTopic(tmpl, e.Name, e.Address); err != nil {
+						bad(ef+".kv_topic", "%v", err)
+					} else if other, dup := boundTopics[bind+" "+p.String()]; dup {
+						bad(ef+".kv_topic", "topic %q on %s is also %s's: events could not be told apart", p, bind, other)
+					} else {
+						boundTopics[bind+" "+p.String()] = e.Name
+					}
 				}
 				if e.Weight < 0 {
 					bad(ef+".weight", "negative")
@@ -495,6 +536,20 @@ func (d *DeploymentConfig) IsPD() bool {
 		}
 	}
 	return false
+}
+
+// KVBinding returns the bound SUB address that feeds endpoint e of
+// deployment d, and its topic template; bind is "" when e dials its own
+// publisher (kv_events) or no bind address is configured.
+func (c *Config) KVBinding(d *DeploymentConfig, e *EndpointConfig) (bind, topic string) {
+	if e.KVEvents != "" {
+		return "", ""
+	}
+	bind = cmp.Or(d.KVEventsBind, c.KVEventsBind)
+	if bind == "" {
+		return "", ""
+	}
+	return bind, cmp.Or(e.KVTopic, d.KVEventsTopic, c.KVEventsTopic, kv.DefaultTopicTemplate)
 }
 
 // PoolPolicy returns the policy config that applies to a pool.

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/turnout/turnout/route/kv"
 )
 
 // endpointState is the part of an endpoint that survives config reloads.
@@ -22,6 +24,10 @@ type Endpoint struct {
 	Address string
 	// KVEvents is the replica's KV-event publisher address ("" = none).
 	KVEvents, KVTopic, KVReplay string
+	// KVBind is the bound SUB address feeding this replica's events (bind
+	// mode, "" = none) and KVPattern the topic that identifies them.
+	KVBind    string
+	KVPattern kv.TopicPattern
 
 	Index int    // position in the pool
 	Seed  uint64 // per-endpoint hash seed, fixed by name
@@ -143,11 +149,20 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 					store.eps[key] = st
 				}
 				liveEps[key] = true
-				p.Endpoints = append(p.Endpoints, &Endpoint{
+				ep := &Endpoint{
 					Name: ec.Name, Address: ec.Address, KVEvents: ec.KVEvents, KVTopic: ec.KVTopic, KVReplay: ec.KVReplay,
 					Index: k, Seed: xxhash.Sum64String(ec.Name),
 					name: []byte(ec.Name), addr: []byte(ec.Address), st: st,
-				})
+				}
+				if bind, tmpl := cfg.KVBinding(dc, &pc.Endpoints[k]); bind != "" {
+					pat, err := kv.CompileTopic(tmpl, ec.Name, ec.Address)
+					if err != nil {
+						closeAll(built)
+						return nil, nil, fmt.Errorf("deployment %q endpoint %q: %w", dc.Name, ec.Name, err)
+					}
+					ep.KVBind, ep.KVPattern = bind, pat
+				}
+				p.Endpoints = append(p.Endpoints, ep)
 			}
 			pol := dc.PoolPolicy(pc)
 			penv := env

@@ -13,6 +13,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
+
+	"github.com/turnout/turnout/route/kv"
 )
 
 // Log field names.
@@ -54,6 +56,8 @@ type Server struct {
 	cancel context.CancelFunc
 	// onApply hooks run after every accepted snapshot (e.g. KV subscribers).
 	onApply []func(*Snapshot)
+	// kvHub owns bound KV-event sockets, shared by every pool using them.
+	kvHub *kv.Hub
 }
 
 // NewServer builds a server from a validated config.
@@ -81,8 +85,10 @@ func NewServer(cfg *Config, opts Options) (*Server, error) {
 	s.m.init()
 	s.pd = newPDClient(s)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.kvHub = kv.NewHub(s.ctx, s.log)
 	if err := s.Apply(cfg); err != nil {
 		s.cancel()
+		s.kvHub.Close()
 		return nil, err
 	}
 	return s, nil
@@ -93,6 +99,7 @@ func (s *Server) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	closeAll(s.pols)
+	s.kvHub.Close()
 	s.cancel()
 }
 
@@ -115,7 +122,7 @@ func (s *Server) Apply(cfg *Config) error {
 		s.m.reloadFailed.Add(1)
 		return err
 	}
-	snap, pols, err := buildSnapshot(cfg, s.reg, s.snap.Load(), s.store, PolicyEnv{Log: s.log, Ctx: s.ctx}, s.seed)
+	snap, pols, err := buildSnapshot(cfg, s.reg, s.snap.Load(), s.store, PolicyEnv{Log: s.log, Ctx: s.ctx, KVHub: s.kvHub}, s.seed)
 	if err != nil {
 		s.m.reloadFailed.Add(1)
 		return err

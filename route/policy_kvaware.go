@@ -81,6 +81,7 @@ type KVAware struct {
 	cfg      KVAwareConfig
 	log      *zerolog.Logger
 	ctx      context.Context
+	hub      *kv.Hub
 	pool     string
 	eps      []kv.Endpoint
 	fallback *PrefixAffinity
@@ -149,9 +150,13 @@ func NewKVAware(cfg KVAwareConfig, env PolicyEnv) *KVAware {
 		cfg: cfg, log: log, ctx: ctx, pool: env.Pool.Name, rnd: env.Rand,
 		fallback: NewPrefixAffinity(cfg.Fallback, env.Pool, env.Rand),
 	}
+	k.hub = env.KVHub
 	for _, e := range env.Pool.Endpoints {
-		if e.KVEvents != "" {
+		switch {
+		case e.KVEvents != "":
 			k.eps = append(k.eps, kv.Endpoint{Name: e.Name, Address: e.KVEvents, Topic: e.KVTopic, ReplayAddress: e.KVReplay})
+		case e.KVBind != "":
+			k.eps = append(k.eps, kv.Endpoint{Name: e.Name, Bind: e.KVBind, Pattern: e.KVPattern, ReplayAddress: e.KVReplay})
 		}
 	}
 	addrs := []string{cfg.Tokenizer.Address}
@@ -192,7 +197,7 @@ func (k *KVAware) Start(p *Pool) {
 		if k.cfg.BlockSize > 0 {
 			idx.SetBlockSize(k.cfg.BlockSize)
 		}
-		k.sh = &kvShared{idx: idx, mgr: kv.NewManager(k.ctx, idx, kv.ManagerConfig{}, k.log)}
+		k.sh = &kvShared{idx: idx, mgr: kv.NewManager(k.ctx, idx, kv.ManagerConfig{Hub: k.hub}, k.log)}
 	}
 	if err := k.sh.mgr.Sync(k.eps); err != nil {
 		k.log.Warn().Err(err).Str(fieldPool, k.pool).Msg("kv-event subscriptions")
@@ -387,6 +392,9 @@ func (k *KVAware) WriteMetrics(p *Pool, b *strings.Builder) {
 		fmt.Fprintf(b, "turnout_kv_event_gaps_total{pool=%q,endpoint=%q} %d\n", p.Name, name, s.Gaps)
 		fmt.Fprintf(b, "turnout_kv_event_malformed_total{pool=%q,endpoint=%q} %d\n", p.Name, name, s.Malformed)
 		fmt.Fprintf(b, "turnout_kv_event_reconnects_total{pool=%q,endpoint=%q} %d\n", p.Name, name, s.Reconnects)
+		for r, n := range s.Rejected {
+			fmt.Fprintf(b, "turnout_kv_events_rejected_total{pool=%q,endpoint=%q,reason=%q} %d\n", p.Name, name, kv.RejectReason(r), n)
+		}
 	}
 }
 
