@@ -149,8 +149,9 @@ func (p *Publisher) keepConnected(ctx context.Context) {
 			if err != nil {
 				p.log.Debug().Err(err).Str("connect", p.cfg.Connect).Msg("kv publisher connect")
 			}
-			// Give the subscription time to arrive before judging again.
-			for i := 0; i < 10 && !p.subscribed(); i++ {
+			// Once connected, give the subscription time to arrive
+			// before judging again.
+			for i := 0; err == nil && i < 10 && !p.subscribed(); i++ {
 				select {
 				case <-ctx.Done():
 					return
