@@ -179,3 +179,30 @@ func TestIndexAppliesRestOfBatch(t *testing.T) {
 		t.Fatalf("the removal after the bad event was not applied (%d)", got)
 	}
 }
+
+// TestPublisherConnectsBeforeBind: a publisher started before turnout keeps
+// redialing and is picked up once the SUB binds (engines start first).
+func TestPublisherConnectsBeforeBind(t *testing.T) {
+	ctx := t.Context()
+	bind := freeTCP(t)
+	p, err := NewPublisherWithConfig(ctx, PublisherConfig{Connect: bind, Topic: "kv@h:1@m"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	hub := NewHub(ctx, nil)
+	defer hub.Close()
+	cfg := fastManager
+	cfg.Hub = hub
+	m := NewManager(ctx, NewIndex(100), cfg, nil)
+	defer m.Close()
+	pat, _ := CompileTopic(DefaultTopicTemplate, "r", "h:1")
+	if err := m.Sync([]Endpoint{{Name: "r", Bind: bind, Pattern: pat}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "publisher connected", p.subscribed)
+	eventually(t, "event delivered", func() bool {
+		p.AllBlocksCleared()
+		return m.Stats()["r"].Events > 0
+	})
+}
