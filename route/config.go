@@ -67,10 +67,14 @@ type Config struct {
 	KVEventsTopic string `yaml:"kv_events_topic"`
 }
 
-// FeedbackConfig configures completion feedback from the proxy.
+// FeedbackConfig configures completion feedback from the proxy. It is on by
+// default (DefaultFeedbackAddr): the rendered proxies log each completion
+// there and `turnout serve` listens.
 type FeedbackConfig struct {
-	// Syslog is a UDP address for proxy log lines ("" = off).
+	// Syslog is a UDP address for proxy log lines (default DefaultFeedbackAddr).
 	Syslog string `yaml:"syslog"`
+	// Disable turns feedback off; load-aware policies then drift (warned).
+	Disable bool `yaml:"disable"`
 }
 
 // HealthConfig configures turnout's own active checks of endpoints.
@@ -81,6 +85,9 @@ type HealthConfig struct {
 	Disable bool     `yaml:"disable"`
 	Timeout Duration `yaml:"timeout"`
 	Fails   int      `yaml:"fails"` // consecutive failures before down
+	// MinReady is how many available endpoints every pool needs before
+	// /readyz answers 200 (default 1; a pool's min_ready overrides it).
+	MinReady int `yaml:"min_ready"`
 }
 
 // ProxyConfig holds settings shared by the rendered HAProxy and nginx glue.
@@ -181,7 +188,9 @@ func (p *PolicyConfig) DecodeParams(dst any) error {
 type PoolConfig struct {
 	Role string `yaml:"role"`
 	// Policy overrides the deployment's policy for this pool.
-	Policy    *PolicyConfig    `yaml:"policy"`
+	Policy *PolicyConfig `yaml:"policy"`
+	// MinReady overrides health.min_ready for this pool (0 = inherit).
+	MinReady  int              `yaml:"min_ready"`
 	Endpoints []EndpointConfig `yaml:"endpoints"`
 }
 
@@ -286,6 +295,9 @@ func (c *Config) ApplyDefaults() {
 	if c.Fallbacks == 0 {
 		c.Fallbacks = 2
 	}
+	if c.Feedback.Syslog == "" && !c.Feedback.Disable {
+		c.Feedback.Syslog = DefaultFeedbackAddr
+	}
 	if c.Health.Path == "" {
 		c.Health.Path = "/health"
 	}
@@ -297,6 +309,9 @@ func (c *Config) ApplyDefaults() {
 	}
 	if c.Health.Fails == 0 {
 		c.Health.Fails = 2
+	}
+	if c.Health.MinReady == 0 {
+		c.Health.MinReady = 1
 	}
 	p := &c.Proxy
 	if len(p.RouteAddrs) == 0 {
@@ -385,8 +400,14 @@ func (c *Config) Validate() error {
 	if c.Fallbacks < 0 || c.Fallbacks > 8 {
 		bad("fallbacks", "%d out of range [0, 8]", c.Fallbacks)
 	}
-	if c.Feedback.Syslog != "" {
+	switch {
+	case c.Feedback.Disable && c.Feedback.Syslog != "":
+		bad("feedback", "disable and syslog %q both set", c.Feedback.Syslog)
+	case c.Feedback.Syslog != "":
 		checkAddr("feedback.syslog", c.Feedback.Syslog)
+	}
+	if c.Health.MinReady < 1 || c.Health.MinReady > 10000 {
+		bad("health.min_ready", "%d out of range [1, 10000]", c.Health.MinReady)
 	}
 	if !strings.HasPrefix(c.Health.Path, "/") || strings.ContainsAny(c.Health.Path, " \t\r\n\"'") {
 		bad("health.path", "%q is not an absolute path", c.Health.Path)
@@ -475,6 +496,9 @@ func (c *Config) Validate() error {
 				bad(pf+".role", "role %q appears twice in deployment %q", p.Role, d.Name)
 			}
 			roles[p.Role] = true
+			if p.MinReady < 0 || p.MinReady > 10000 {
+				bad(pf+".min_ready", "%d out of range [0, 10000] (0 = health.min_ready)", p.MinReady)
+			}
 			for k := range p.Endpoints {
 				e := &p.Endpoints[k]
 				ef := fmt.Sprintf("%s.endpoints[%d]", pf, k)

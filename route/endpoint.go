@@ -1,6 +1,7 @@
 package route
 
 import (
+	"cmp"
 	"fmt"
 	"sync/atomic"
 
@@ -16,6 +17,8 @@ type endpointState struct {
 	down      atomic.Bool
 	fails     atomic.Int32
 	decisions atomic.Uint64
+	// checked: a health check has judged it; seenUp: one has passed.
+	checked, seenUp atomic.Bool
 }
 
 // Endpoint is one replica inside an immutable pool snapshot.
@@ -60,6 +63,8 @@ type Pool struct {
 	blockBytes int
 	nameHdr    []byte
 	m          *poolMetrics
+	// MinReady is how many available endpoints /readyz needs in this pool.
+	MinReady int
 }
 
 // Deployment is a model deployment with its pools.
@@ -134,6 +139,7 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 				Name:       PoolName(dc.Name, pc.Role),
 				Deployment: dc.Name,
 				Role:       pc.Role,
+				MinReady:   cmp.Or(pc.MinReady, cfg.Health.MinReady),
 			}
 			p.nameHdr = []byte(p.Name)
 			livePools[p.Name] = true

@@ -58,6 +58,8 @@ type Server struct {
 	onApply []func(*Snapshot)
 	// kvHub owns bound KV-event sockets, shared by every pool using them.
 	kvHub *kv.Hub
+	// healthRound is set once a full round of health checks has finished.
+	healthRound atomic.Bool
 }
 
 // NewServer builds a server from a validated config.
@@ -132,6 +134,7 @@ func (s *Server) Apply(cfg *Config) error {
 	s.pols = pols
 	closeAll(old)
 	s.m.reloads.Add(1)
+	s.warnFeedbackOff(snap)
 	for _, fn := range s.onApply {
 		fn(snap)
 	}
@@ -415,25 +418,6 @@ func (s *Server) done(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ctx.SetStatusCode(fasthttp.StatusNoContent)
-}
-
-func (s *Server) ready(ctx *fasthttp.RequestCtx) {
-	snap := s.snap.Load()
-	for _, d := range snap.Deployments {
-		for _, p := range d.Pools {
-			ok := false
-			for _, e := range p.Endpoints {
-				ok = ok || e.Available()
-			}
-			if !ok {
-				ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-				ctx.SetBodyString("pool " + p.Name + " has no available endpoint\n")
-				return
-			}
-		}
-	}
-	ctx.SetStatusCode(fasthttp.StatusOK)
-	ctx.SetBodyString("ready\n")
 }
 
 // apiError is the OpenAI error envelope.

@@ -57,8 +57,8 @@ type SubscriberStats struct {
 	// Rejected counts single events dropped from good batches, by reason.
 	Rejected  [NumRejectReasons]uint64
 	Connected bool
-	HaveSeq      bool
-	LastSeq      uint64
+	HaveSeq   bool
+	LastSeq   uint64
 }
 
 // Subscriber follows one replica's KV-event stream: it reconnects with

@@ -164,6 +164,7 @@ func TokenID(v int64) (uint32, bool) {
 	}
 	return uint32(v), true
 }
+
 // ErrMalformed is wrapped by every DecodeBatch error.
 var ErrMalformed = errors.New("kv: malformed event batch")
 
