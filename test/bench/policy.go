@@ -216,6 +216,8 @@ func TurnoutConfig(o ConfigOptions) []byte {
 	}
 	if o.Syslog != "" {
 		fmt.Fprintf(&b, "feedback:\n  syslog: %s\n", o.Syslog)
+	} else { // feedback is on by default since issue 12
+		b.WriteString("feedback:\n  disable: true\n")
 	}
 	if o.DisableHealth {
 		b.WriteString("health:\n  disable: true\n")
