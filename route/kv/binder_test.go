@@ -206,3 +206,35 @@ func TestPublisherConnectsBeforeBind(t *testing.T) {
 		return m.Stats()["r"].Events > 0
 	})
 }
+
+// TestBindRetries: an address still held by someone else (an old process
+// on its way out) is bound as soon as it is free.
+func TestBindRetries(t *testing.T) {
+	ctx := t.Context()
+	holder, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bind := "tcp://" + holder.Addr().String()
+	hub := NewHub(ctx, nil)
+	defer hub.Close()
+	cfg := fastManager
+	cfg.Hub = hub
+	m := NewManager(ctx, NewIndex(100), cfg, nil)
+	defer m.Close()
+	pat, _ := CompileTopic(DefaultTopicTemplate, "r", "h:1")
+	if err := m.Sync([]Endpoint{{Name: "r", Bind: bind, Pattern: pat}}); err == nil {
+		t.Fatal("bind on a held address reported no error")
+	}
+	_ = holder.Close()
+	eventually(t, "bound after the address was freed", func() bool { return len(hub.Stats()) == 1 })
+	p, err := NewPublisherWithConfig(ctx, PublisherConfig{Connect: bind, Topic: "kv@h:1@m"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	eventually(t, "event delivered", func() bool {
+		p.AllBlocksCleared()
+		return m.Stats()["r"].Events > 0
+	})
+}

@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -54,7 +55,7 @@ type managed struct {
 	sub    *Subscriber
 	cancel context.CancelFunc
 	done   chan struct{}
-	binder *Binder // bind mode
+	binder *Binder // bind mode, once bound; guarded by gate
 
 	// gate makes "stopped" final: once active is false no callback can
 	// touch the index, so RemoveSource cannot be undone by a late Apply.
@@ -110,10 +111,12 @@ func (m *Manager) Sync(eps []Endpoint) error {
 	}()
 	for name, ms := range m.subs {
 		if ep, ok := want[name]; !ok || ep != ms.ep {
-			if ms.binder != nil {
-				m.cfg.Hub.hold(ms.binder)
-				held = append(held, ms.binder)
+			ms.gate.Lock()
+			if b := ms.binder; b != nil {
+				m.cfg.Hub.hold(b)
+				held = append(held, b)
 			}
+			ms.gate.Unlock()
 			m.stopLocked(ms)
 		}
 	}
@@ -154,16 +157,14 @@ func (m *Manager) startLocked(ep Endpoint) error {
 	ctx, cancel := context.WithCancel(m.ctx)
 	ms.cancel = cancel
 	if ep.Bind != "" {
-		b, err := m.cfg.Hub.acquire(ep.Bind)
-		if err != nil {
-			cancel()
-			return fmt.Errorf("kv: endpoint %q: %w", ep.Name, err)
-		}
-		ms.binder = b
-		b.attach(ep.Pattern, sub)
-		close(ms.done)
 		m.subs[ep.Name] = ms
-		m.log.Info().Str("source", ep.Name).Str("bind", ep.Bind).Stringer("topic", ep.Pattern).Msg("kv endpoint attached to bound socket")
+		if err := m.bind(ms); err != nil {
+			// The address may be held by a process on its way out: keep
+			// trying, as dial mode keeps redialing.
+			go m.retryBind(ctx, ms)
+			return fmt.Errorf("kv: endpoint %q: %w (retrying)", ep.Name, err)
+		}
+		close(ms.done)
 		return nil
 	}
 	m.subs[ep.Name] = ms
@@ -173,6 +174,59 @@ func (m *Manager) startLocked(ep Endpoint) error {
 	}()
 	m.log.Info().Str("source", ep.Name).Str("addr", ep.Address).Msg("kv subscriber started")
 	return nil
+}
+
+// bind attaches ms to its bound socket. The hub is never called under the
+// gate: closing a binder waits for its receive loop, which takes the gate.
+func (m *Manager) bind(ms *managed) error {
+	b, err := m.cfg.Hub.acquire(ms.ep.Bind)
+	if err != nil {
+		return err
+	}
+	ms.gate.Lock()
+	active := ms.active
+	if active {
+		ms.binder = b
+		b.attach(ms.ep.Pattern, ms.sub)
+	}
+	ms.gate.Unlock()
+	if !active { // stopped meanwhile
+		m.cfg.Hub.release(b)
+		return nil
+	}
+	m.log.Info().Str("source", ms.ep.Name).Str("bind", ms.ep.Bind).Stringer("topic", ms.ep.Pattern).Msg("kv endpoint attached to bound socket")
+	return nil
+}
+
+func (m *Manager) retryBind(ctx context.Context, ms *managed) {
+	defer close(ms.done)
+	backoff := cmp.Or(m.cfg.MinBackoff, 100*time.Millisecond)
+	maxBackoff := max(cmp.Or(m.cfg.MaxBackoff, 10*time.Second), backoff)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		err := m.bind(ms)
+		if err == nil {
+			return
+		}
+		m.log.Warn().Err(err).Str("source", ms.ep.Name).Dur("retry_in", backoff).Msg("kv events: bind failed")
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// unbind detaches ms from its socket, if it got one.
+func (m *Manager) unbind(ms *managed) {
+	ms.gate.Lock()
+	b := ms.binder
+	ms.binder = nil
+	ms.gate.Unlock()
+	if b != nil {
+		b.detach(ms.sub)
+		m.cfg.Hub.release(b)
+	}
 }
 
 func (ms *managed) guard(f func()) {
@@ -188,10 +242,7 @@ func (m *Manager) stopLocked(ms *managed) {
 	ms.active = false
 	ms.gate.Unlock()
 	ms.cancel()
-	if ms.binder != nil {
-		ms.binder.detach(ms.sub)
-		m.cfg.Hub.release(ms.binder)
-	}
+	m.unbind(ms)
 	delete(m.subs, ms.ep.Name)
 	m.idx.RemoveSource(ms.ep.Name)
 	m.log.Info().Str("source", ms.ep.Name).Msg("kv subscriber stopped")
@@ -219,10 +270,7 @@ func (m *Manager) Close() {
 		ms.active = false
 		ms.gate.Unlock()
 		ms.cancel()
-		if ms.binder != nil {
-			ms.binder.detach(ms.sub)
-			m.cfg.Hub.release(ms.binder)
-		}
+		m.unbind(ms)
 		subs = append(subs, ms)
 	}
 	clear(m.subs)
