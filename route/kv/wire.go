@@ -20,6 +20,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -172,28 +173,22 @@ var ErrMalformed = errors.New("kv: malformed event batch")
 // cannot drive deep recursion.
 const maxDepth = 32
 
+// decoder reads straight from a bytes.Reader (an io.ByteScanner, so the
+// msgpack decoder buffers nothing ahead and the reader may be rewound).
 type decoder struct {
-	buf []byte // the whole input, to cut out one event's bytes
-	r   bytes.Reader
-	d   *msgpack.Decoder
-	s   [64]byte // scratch for keys, tags and byte hashes
-	sub *decoder // reused for each event of a batch
+	r bytes.Reader
+	d *msgpack.Decoder
+	s [64]byte // scratch for keys, tags and byte hashes
 }
 
 func newDecoder(b []byte) *decoder {
-	x := &decoder{buf: b}
+	x := &decoder{}
 	x.r.Reset(b)
 	x.d = msgpack.NewDecoder(&x.r)
 	return x
 }
 
-func (x *decoder) reset(b []byte) {
-	x.buf = b
-	x.r.Reset(b)
-	x.d.Reset(&x.r)
-}
-
-func (x *decoder) pos() int { return len(x.buf) - x.r.Len() }
+func (x *decoder) pos() int { return int(x.r.Size()) - x.r.Len() }
 
 func (x *decoder) fail(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
@@ -705,9 +700,10 @@ func (x *decoder) ts() (float64, error) {
 	return float64(v), err
 }
 
-// events decodes each event from its own bytes: an event that is valid
-// msgpack but not a usable event is counted in b.Rejected and skipped, and
-// only input that is not msgpack at all fails the batch.
+// events decodes the events in place; when one fails, the reader goes back
+// to its start and skips it whole: an event that is valid msgpack but not a
+// usable event is counted in b.Rejected and skipped, and only input that is
+// not msgpack at all fails the batch.
 func (x *decoder) events(b *Batch) error {
 	n, err := x.arrayLen("events")
 	if err != nil {
@@ -716,17 +712,15 @@ func (x *decoder) events(b *Batch) error {
 	b.Events = make([]Event, 0, n)
 	for range n {
 		start := x.pos()
-		if err := x.skip(0); err != nil {
-			return err
-		}
-		raw := x.buf[start:x.pos()]
-		if x.sub == nil {
-			x.sub = newDecoder(raw)
-		} else {
-			x.sub.reset(raw)
-		}
 		var ev Event
-		if err := x.sub.event(&ev); err != nil {
+		if err := x.event(&ev); err != nil {
+			if _, serr := x.r.Seek(int64(start), io.SeekStart); serr != nil {
+				return x.wrap("rewind", serr)
+			}
+			x.d.Reset(&x.r)
+			if serr := x.skip(0); serr != nil {
+				return serr
+			}
 			b.Rejected[rejectReason(err)]++
 			if b.RejectErr == nil {
 				b.RejectErr = err
