@@ -2,9 +2,12 @@ package kv
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"testing"
+
+	"github.com/go-zeromq/zmq4"
 )
 
 func freeTCP(t *testing.T) string {
@@ -237,4 +240,54 @@ func TestBindRetries(t *testing.T) {
 		p.AllBlocksCleared()
 		return m.Stats()["r"].Events > 0
 	})
+}
+
+// TestBindModeGapsPerPublisher: interleaved publishers on one socket keep
+// their own sequence: one's gap is not the other's.
+func TestBindModeGapsPerPublisher(t *testing.T) {
+	ctx := t.Context()
+	bind := freeTCP(t)
+	hub := NewHub(ctx, nil)
+	defer hub.Close()
+	cfg := fastManager
+	cfg.Hub = hub
+	m := NewManager(ctx, NewIndex(100), cfg, nil)
+	defer m.Close()
+	var eps []Endpoint
+	for i := range 2 {
+		p, _ := CompileTopic(DefaultTopicTemplate, fmt.Sprintf("r%d", i), fmt.Sprintf("127.0.0.1:%d", 8000+i))
+		eps = append(eps, Endpoint{Name: fmt.Sprintf("r%d", i), Bind: bind, Pattern: p})
+	}
+	if err := m.Sync(eps); err != nil {
+		t.Fatal(err)
+	}
+	payload, err := EncodeBatch(Batch{Events: []Event{{Kind: EventAllBlocksCleared}}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pubs := make([]zmq4.Socket, 2)
+	for i := range pubs {
+		pubs[i] = zmq4.NewPub(ctx)
+		defer pubs[i].Close()
+		if err := pubs[i].Dial(bind); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "subscription reached the publisher", func() bool { return len(pubs[i].(zmq4.Topics).Topics()) > 0 })
+	}
+	send := func(i int, seq uint64) {
+		var s [8]byte
+		binary.BigEndian.PutUint64(s[:], seq)
+		if err := pubs[i].Send(zmq4.NewMsgFrom([]byte(fmt.Sprintf("kv@127.0.0.1:%d@m", 8000+i)), s[:], payload)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(0, 0)
+	send(1, 0)
+	send(0, 1)
+	send(1, 5) // r1 lost 1..4
+	send(0, 2)
+	eventually(t, "all delivered", func() bool { return m.Stats()["r0"].Events == 3 && m.Stats()["r1"].Messages == 2 })
+	if g0, g1 := m.Stats()["r0"].Gaps, m.Stats()["r1"].Gaps; g0 != 0 || g1 != 1 {
+		t.Fatalf("gaps r0=%d r1=%d, want 0 and 1", g0, g1)
+	}
 }
