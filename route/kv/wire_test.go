@@ -261,6 +261,7 @@ func FuzzDecodeBatch(f *testing.F) {
 	}
 	f.Add(enc(f, arr{1.0, arr{arr{"BlockStored", arr{sha(1)}, int64(-1), arr{1}, 1, nil, "GPU", nil, arr{arr{"x"}}, 0, "k", 7}}}, true))
 	f.Add([]byte{0x92, 0xcb})
+	f.Add(enc(f, arr{1.0, arr{arr{"BlockStored", arr{1}, 0, arr{1 << 40}, 1}, arr{"BlockRemoved", arr{1}}}}, true))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		b, err := DecodeBatch(raw)
 		if err != nil {
@@ -269,9 +270,12 @@ func FuzzDecodeBatch(f *testing.F) {
 			}
 			return
 		}
+		if (b.RejectErr != nil) != (b.Rejects() > 0) {
+			t.Fatalf("rejections %v with error %v", b.Rejected, b.RejectErr)
+		}
 		// Whatever decodes must survive a round trip unchanged (bar the
-		// unknown events it dropped).
-		b.Skipped = 0
+		// unknown and rejected events it dropped).
+		b.Skipped, b.Rejected, b.RejectErr = 0, [NumRejectReasons]int{}, nil
 		again, err := EncodeBatch(b, false)
 		if err != nil {
 			t.Fatalf("re-encode: %v", err)
