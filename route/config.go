@@ -188,10 +188,10 @@ func (p *PolicyConfig) DecodeParams(dst any) error {
 type PoolConfig struct {
 	Role string `yaml:"role"`
 	// Policy overrides the deployment's policy for this pool.
-	Policy *PolicyConfig `yaml:"policy"`
-	// MinReady overrides health.min_ready for this pool (0 = inherit).
-	MinReady  int              `yaml:"min_ready"`
+	Policy    *PolicyConfig    `yaml:"policy"`
 	Endpoints []EndpointConfig `yaml:"endpoints"`
+	// MinReady overrides health.min_ready for this pool (0 = inherit).
+	MinReady int `yaml:"min_ready"`
 }
 
 // EndpointConfig is one replica.
@@ -406,7 +406,7 @@ func (c *Config) Validate() error {
 	case c.Feedback.Syslog != "":
 		checkAddr("feedback.syslog", c.Feedback.Syslog)
 	}
-	if c.Health.MinReady < 1 || c.Health.MinReady > 10000 {
+	if c.Health.MinReady < 0 || c.Health.MinReady > 10000 {
 		bad("health.min_ready", "%d out of range [1, 10000]", c.Health.MinReady)
 	}
 	if !strings.HasPrefix(c.Health.Path, "/") || strings.ContainsAny(c.Health.Path, " \t\r\n\"'") {

@@ -139,7 +139,7 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 				Name:       PoolName(dc.Name, pc.Role),
 				Deployment: dc.Name,
 				Role:       pc.Role,
-				MinReady:   cmp.Or(pc.MinReady, cfg.Health.MinReady),
+				MinReady:   cmp.Or(pc.MinReady, cfg.Health.MinReady, 1),
 			}
 			p.nameHdr = []byte(p.Name)
 			livePools[p.Name] = true
