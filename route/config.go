@@ -1,6 +1,7 @@
 package route
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/turnout/turnout/route/kv"
 )
 
 // Roles of a pool inside a deployment.
@@ -58,12 +61,24 @@ type Config struct {
 
 	// warnings found at load (accepted, but probably not what was meant).
 	warnings []*FieldError
+	// KVEventsBind, when set (tcp://0.0.0.0:5557), makes turnout bind one
+	// ZMQ SUB socket that engines' KV-event publishers connect to (vLLM
+	// with a concrete endpoint, llm-d); every endpoint without its own
+	// kv_events is fed from it, by topic. A deployment may set its own.
+	KVEventsBind string `yaml:"kv_events_bind"`
+	// KVEventsTopic is the topic template attributing bound messages to
+	// endpoints (default kv.DefaultTopicTemplate, "kv@{host}:{port}@{model}").
+	KVEventsTopic string `yaml:"kv_events_topic"`
 }
 
-// FeedbackConfig configures completion feedback from the proxy.
+// FeedbackConfig configures completion feedback from the proxy. It is on by
+// default (DefaultFeedbackAddr): the rendered proxies log each completion
+// there and `turnout serve` listens.
 type FeedbackConfig struct {
-	// Syslog is a UDP address for proxy log lines ("" = off).
+	// Syslog is a UDP address for proxy log lines (default DefaultFeedbackAddr).
 	Syslog string `yaml:"syslog"`
+	// Disable turns feedback off; load-aware policies then drift (warned).
+	Disable bool `yaml:"disable"`
 }
 
 // LimitsConfig bounds the resources the HTTP listener gives its clients, so
@@ -91,6 +106,9 @@ type HealthConfig struct {
 	Disable bool     `yaml:"disable"`
 	Timeout Duration `yaml:"timeout"`
 	Fails   int      `yaml:"fails"` // consecutive failures before down
+	// MinReady is how many available endpoints every pool needs before
+	// /readyz answers 200 (default 1; a pool's min_ready overrides it).
+	MinReady int `yaml:"min_ready"`
 }
 
 // ProxyConfig holds settings shared by the rendered HAProxy and nginx glue.
@@ -149,6 +167,9 @@ type DeploymentConfig struct {
 	NginxMode string `yaml:"nginx_mode"`
 	// PD configures prefill/decode disaggregation (needs prefill and decode pools).
 	PD PDConfig `yaml:"pd"`
+	// KVEventsBind and KVEventsTopic override the service-wide ones.
+	KVEventsBind  string `yaml:"kv_events_bind"`
+	KVEventsTopic string `yaml:"kv_events_topic"`
 }
 
 // PDConfig configures prefill/decode handling.
@@ -213,6 +234,8 @@ type PoolConfig struct {
 	// Policy overrides the deployment's policy for this pool.
 	Policy    *PolicyConfig    `yaml:"policy"`
 	Endpoints []EndpointConfig `yaml:"endpoints"`
+	// MinReady overrides health.min_ready for this pool (0 = inherit).
+	MinReady int `yaml:"min_ready"`
 }
 
 // EndpointConfig is one replica.
@@ -221,7 +244,9 @@ type EndpointConfig struct {
 	Address string `yaml:"address"`
 	// KVEvents is the replica's vLLM KV-event ZMQ publisher (e.g. tcp://10.0.0.5:5557).
 	KVEvents string `yaml:"kv_events"`
-	KVTopic  string `yaml:"kv_topic"`
+	// KVTopic is the subscription prefix in dial mode; in bind mode, the
+	// topic template for this endpoint alone.
+	KVTopic string `yaml:"kv_topic"`
 	// KVReplay is vLLM's optional replay ROUTER socket, used to fill gaps.
 	KVReplay string `yaml:"kv_replay"`
 	// Weight is reserved for weighted policies; 0 means 1.
@@ -338,6 +363,9 @@ func (c *Config) ApplyDefaults() {
 	if l.BodyIdleTimeout == 0 {
 		l.BodyIdleTimeout = Duration(2 * time.Second)
 	}
+	if c.Feedback.Syslog == "" && !c.Feedback.Disable {
+		c.Feedback.Syslog = DefaultFeedbackAddr
+	}
 	if c.Health.Path == "" {
 		c.Health.Path = "/health"
 	}
@@ -349,6 +377,9 @@ func (c *Config) ApplyDefaults() {
 	}
 	if c.Health.Fails == 0 {
 		c.Health.Fails = 2
+	}
+	if c.Health.MinReady == 0 {
+		c.Health.MinReady = 1
 	}
 	p := &c.Proxy
 	if len(p.RouteAddrs) == 0 {
@@ -452,8 +483,14 @@ func (c *Config) Validate() error {
 	if c.Fallbacks < 0 || c.Fallbacks > 8 {
 		bad("fallbacks", "%d out of range [0, 8]", c.Fallbacks)
 	}
-	if c.Feedback.Syslog != "" {
+	switch {
+	case c.Feedback.Disable && c.Feedback.Syslog != "":
+		bad("feedback", "disable and syslog %q both set", c.Feedback.Syslog)
+	case c.Feedback.Syslog != "":
 		checkAddr("feedback.syslog", c.Feedback.Syslog)
+	}
+	if c.Health.MinReady < 0 || c.Health.MinReady > 10000 {
+		bad("health.min_ready", "%d out of range [1, 10000]", c.Health.MinReady)
 	}
 	if !strings.HasPrefix(c.Health.Path, "/") || strings.ContainsAny(c.Health.Path, " \t\r\n\"'") {
 		bad("health.path", "%q is not an absolute path", c.Health.Path)
@@ -480,6 +517,21 @@ func (c *Config) Validate() error {
 	if len(c.Deployments) == 0 {
 		bad("deployments", "at least one deployment is required")
 	}
+	checkZMQ := func(field, a string) {
+		if a != "" && !strings.HasPrefix(a, "tcp://") && !strings.HasPrefix(a, "ipc://") {
+			bad(field, "%q must be tcp:// or ipc://", a)
+		}
+	}
+	checkTopic := func(field, tmpl string) {
+		if tmpl != "" {
+			if err := kv.ValidateTopicTemplate(tmpl); err != nil {
+				bad(field, "%v", err)
+			}
+		}
+	}
+	checkZMQ("kv_events_bind", c.KVEventsBind)
+	checkTopic("kv_events_topic", c.KVEventsTopic)
+	boundTopics := map[string]string{} // bind address + topic -> endpoint
 	depNames := map[string]bool{}
 	models := map[string]string{}
 	epNames := map[string]string{}
@@ -506,6 +558,8 @@ func (c *Config) Validate() error {
 		if d.NginxMode != NginxModeHeader && d.NginxMode != NginxModeBody {
 			bad(f+".nginx_mode", "%q must be header or body", d.NginxMode)
 		}
+		checkZMQ(f+".kv_events_bind", d.KVEventsBind)
+		checkTopic(f+".kv_events_topic", d.KVEventsTopic)
 		if d.PD.NoPrefill != "aggregate" && d.PD.NoPrefill != "reject" {
 			bad(f+".pd.no_prefill", "%q must be aggregate or reject", d.PD.NoPrefill)
 		}
@@ -525,6 +579,9 @@ func (c *Config) Validate() error {
 				bad(pf+".role", "role %q appears twice in deployment %q", p.Role, d.Name)
 			}
 			roles[p.Role] = true
+			if p.MinReady < 0 || p.MinReady > 10000 {
+				bad(pf+".min_ready", "%d out of range [0, 10000] (0 = health.min_ready)", p.MinReady)
+			}
 			for k := range p.Endpoints {
 				e := &p.Endpoints[k]
 				ef := fmt.Sprintf("%s.endpoints[%d]", pf, k)
@@ -540,8 +597,15 @@ func (c *Config) Validate() error {
 				} else if pn, err := strconv.Atoi(port); err != nil || pn < 1 || pn > 65535 {
 					bad(ef+".address", "port %q out of range", port)
 				}
-				if e.KVEvents != "" && !strings.HasPrefix(e.KVEvents, "tcp://") && !strings.HasPrefix(e.KVEvents, "ipc://") {
-					bad(ef+".kv_events", "%q must be tcp:// or ipc://", e.KVEvents)
+				checkZMQ(ef+".kv_events", e.KVEvents)
+				if bind, tmpl := c.KVBinding(d, e); bind != "" {
+					if p, err := kv.CompileTopic(tmpl, e.Name, e.Address); err != nil {
+						bad(ef+".kv_topic", "%v", err)
+					} else if other, dup := boundTopics[bind+" "+p.String()]; dup {
+						bad(ef+".kv_topic", "topic %q on %s is also %s's: events could not be told apart", p, bind, other)
+					} else {
+						boundTopics[bind+" "+p.String()] = e.Name
+					}
 				}
 				if e.Weight < 0 {
 					bad(ef+".weight", "negative")
@@ -582,6 +646,20 @@ func (d *DeploymentConfig) IsPD() bool {
 		}
 	}
 	return false
+}
+
+// KVBinding returns the bound SUB address that feeds endpoint e of
+// deployment d, and its topic template; bind is "" when e dials its own
+// publisher (kv_events) or no bind address is configured.
+func (c *Config) KVBinding(d *DeploymentConfig, e *EndpointConfig) (bind, topic string) {
+	if e.KVEvents != "" {
+		return "", ""
+	}
+	bind = cmp.Or(d.KVEventsBind, c.KVEventsBind)
+	if bind == "" {
+		return "", ""
+	}
+	return bind, cmp.Or(e.KVTopic, d.KVEventsTopic, c.KVEventsTopic, kv.DefaultTopicTemplate)
 }
 
 // PoolPolicy returns the policy config that applies to a pool.

@@ -1,11 +1,14 @@
 package route
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/turnout/turnout/route/kv"
 )
 
 // endpointState is the part of an endpoint that survives config reloads.
@@ -15,6 +18,8 @@ type endpointState struct {
 	down      atomic.Bool
 	fails     atomic.Int32
 	decisions atomic.Uint64
+	// checked: a health check has judged it; seenUp: one has passed.
+	checked, seenUp atomic.Bool
 }
 
 // Endpoint is one replica inside an immutable pool snapshot.
@@ -23,6 +28,10 @@ type Endpoint struct {
 	Address string
 	// KVEvents is the replica's KV-event publisher address ("" = none).
 	KVEvents, KVTopic, KVReplay string
+	// KVBind is the bound SUB address feeding this replica's events (bind
+	// mode, "" = none) and KVPattern the topic that identifies them.
+	KVBind    string
+	KVPattern kv.TopicPattern
 
 	Index int    // position in the pool
 	Seed  uint64 // per-endpoint hash seed, fixed by name
@@ -55,6 +64,8 @@ type Pool struct {
 	blockBytes int
 	nameHdr    []byte
 	m          *poolMetrics
+	// MinReady is how many available endpoints /readyz needs in this pool.
+	MinReady int
 }
 
 // Deployment is a model deployment with its pools.
@@ -129,6 +140,7 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 				Name:       PoolName(dc.Name, pc.Role),
 				Deployment: dc.Name,
 				Role:       pc.Role,
+				MinReady:   cmp.Or(pc.MinReady, cfg.Health.MinReady, 1),
 			}
 			p.nameHdr = []byte(p.Name)
 			livePools[p.Name] = true
@@ -144,11 +156,20 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 					store.eps[key] = st
 				}
 				liveEps[key] = true
-				p.Endpoints = append(p.Endpoints, &Endpoint{
+				ep := &Endpoint{
 					Name: ec.Name, Address: ec.Address, KVEvents: ec.KVEvents, KVTopic: ec.KVTopic, KVReplay: ec.KVReplay,
 					Index: k, Seed: xxhash.Sum64String(ec.Name),
 					name: []byte(ec.Name), addr: []byte(ec.Address), st: st,
-				})
+				}
+				if bind, tmpl := cfg.KVBinding(dc, &pc.Endpoints[k]); bind != "" {
+					pat, err := kv.CompileTopic(tmpl, ec.Name, ec.Address)
+					if err != nil {
+						closeAll(built)
+						return nil, nil, fmt.Errorf("deployment %q endpoint %q: %w", dc.Name, ec.Name, err)
+					}
+					ep.KVBind, ep.KVPattern = bind, pat
+				}
+				p.Endpoints = append(p.Endpoints, ep)
 			}
 			pol := dc.PoolPolicy(pc)
 			penv := env

@@ -15,6 +15,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
+
+	"github.com/turnout/turnout/route/kv"
 )
 
 // Log field names.
@@ -58,6 +60,10 @@ type Server struct {
 	cancel context.CancelFunc
 	// onApply hooks run after every accepted snapshot (e.g. KV subscribers).
 	onApply []func(*Snapshot)
+	// kvHub owns bound KV-event sockets, shared by every pool using them.
+	kvHub *kv.Hub
+	// healthRound is set once a full round of health checks has finished.
+	healthRound atomic.Bool
 }
 
 // NewServer builds a server from a validated config.
@@ -85,8 +91,10 @@ func NewServer(cfg *Config, opts Options) (*Server, error) {
 	s.m.init()
 	s.pd = newPDClient(s)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.kvHub = kv.NewHub(s.ctx, s.log)
 	if err := s.Apply(cfg); err != nil {
 		s.cancel()
+		s.kvHub.Close()
 		return nil, err
 	}
 	return s, nil
@@ -97,6 +105,7 @@ func (s *Server) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	closeAll(s.pols)
+	s.kvHub.Close()
 	s.cancel()
 }
 
@@ -119,7 +128,7 @@ func (s *Server) Apply(cfg *Config) error {
 		s.m.reloadFailed.Add(1)
 		return err
 	}
-	snap, pols, err := buildSnapshot(cfg, s.reg, s.snap.Load(), s.store, PolicyEnv{Log: s.log, Ctx: s.ctx}, s.seed)
+	snap, pols, err := buildSnapshot(cfg, s.reg, s.snap.Load(), s.store, PolicyEnv{Log: s.log, Ctx: s.ctx, KVHub: s.kvHub}, s.seed)
 	if err != nil {
 		s.m.reloadFailed.Add(1)
 		return err
@@ -129,6 +138,7 @@ func (s *Server) Apply(cfg *Config) error {
 	s.pols = pols
 	closeAll(old)
 	s.m.reloads.Add(1)
+	s.warnFeedbackOff(snap)
 	for _, fn := range s.onApply {
 		fn(snap)
 	}
@@ -417,25 +427,6 @@ func (s *Server) done(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ctx.SetStatusCode(fasthttp.StatusNoContent)
-}
-
-func (s *Server) ready(ctx *fasthttp.RequestCtx) {
-	snap := s.snap.Load()
-	for _, d := range snap.Deployments {
-		for _, p := range d.Pools {
-			ok := false
-			for _, e := range p.Endpoints {
-				ok = ok || e.Available()
-			}
-			if !ok {
-				ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-				ctx.SetBodyString("pool " + p.Name + " has no available endpoint\n")
-				return
-			}
-		}
-	}
-	ctx.SetStatusCode(fasthttp.StatusOK)
-	ctx.SetBodyString("ready\n")
 }
 
 // maxEchoModel bounds the model name echoed in a 404: longer names are

@@ -177,6 +177,14 @@ func (s *Server) WriteMetrics(b *strings.Builder) {
 			mw.WriteMetrics(p, b)
 		}
 	}
+	if kb := s.kvHub.Stats(); len(kb) > 0 {
+		help("turnout_kv_bind_messages_total", "counter", "KV-event messages received on a bound SUB socket.")
+		help("turnout_kv_bind_unknown_topic_total", "counter", "Bound KV-event messages whose topic matched no endpoint (dropped).")
+		for addr, st := range kb {
+			fmt.Fprintf(b, "turnout_kv_bind_messages_total{bind=%q} %d\n", addr, st.Messages)
+			fmt.Fprintf(b, "turnout_kv_bind_unknown_topic_total{bind=%q} %d\n", addr, st.UnknownTopics)
+		}
+	}
 	if ex := s.m.extra.Load(); ex != nil {
 		for _, fn := range *ex {
 			fn(b)

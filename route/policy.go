@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 
 	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/route/kv"
 )
 
 // Request is what a policy sees of one request. Byte slices are views into
@@ -100,6 +102,9 @@ type PolicyEnv struct {
 	Log  *zerolog.Logger
 	// Ctx lives as long as the server; background work stops with it.
 	Ctx context.Context
+	// KVHub owns the server's bound KV-event sockets (nil: policies make
+	// their own).
+	KVHub *kv.Hub
 }
 
 // Factory builds a policy for one pool from its config; params are validated here.

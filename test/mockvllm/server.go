@@ -102,6 +102,7 @@ func New(cfg Config, log *zerolog.Logger) (*Server, error) {
 		conns:  make(map[net.Conn]struct{}),
 	}
 	s.cache.SetSink(cfg.KVEvents)
+	s.cache.SetTokenIDOffset(cfg.TokenIDOffset)
 	s.faults.Store(&Faults{
 		FailRate:       cfg.FailRate,
 		Stall:          cfg.Stall,
@@ -486,7 +487,7 @@ func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx) {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendInt(b, int64(t))
+		b = appendInt(b, int64(uint32(t)+s.cfg.TokenIDOffset))
 	}
 	b = append(b, `],"token_strs":null}`...)
 	ctx.SetContentType("application/json")
