@@ -59,6 +59,17 @@ type Config struct {
 type FeedbackConfig struct {
 	// Syslog is a UDP address for proxy log lines ("" = off).
 	Syslog string `yaml:"syslog"`
+	// Sources are the IPs or CIDRs feedback lines (and /internal/done) are
+	// accepted from. Default: loopback and feedback.syslog's own host.
+	Sources []string `yaml:"sources"`
+	// Token, when set, must appear in every feedback line (the rendered log
+	// formats carry it) and in /internal/done calls (X-Turnout-Token).
+	Token string `yaml:"token"`
+	// StalledAfter: no completion for this long while StalledMinDecisions
+	// or more decisions were made means feedback is lost (warning, gauge,
+	// /readyz?verbose). Default 60s and 20.
+	StalledAfter        Duration `yaml:"stalled_after"`
+	StalledMinDecisions int      `yaml:"stalled_min_decisions"`
 }
 
 // HealthConfig configures turnout's own active checks of endpoints.
@@ -69,6 +80,25 @@ type HealthConfig struct {
 	Disable bool     `yaml:"disable"`
 	Timeout Duration `yaml:"timeout"`
 	Fails   int      `yaml:"fails"` // consecutive failures before down
+	// Stall configures passive stall detection (stall.go).
+	Stall StallConfig `yaml:"stall"`
+}
+
+// StallConfig configures passive stall detection: an endpoint whose
+// requests wait longer than Budget for their first byte is probed with a
+// 1-token completion and, if that probe also misses the budget, degraded
+// (no new decisions) until a probe answers in time.
+type StallConfig struct {
+	// Budget is the time to first byte a replica must meet (0 = off).
+	// Default 30s for mixed and decode pools; prefill pools are never
+	// checked unless their pool sets stall_budget (long prefills are normal).
+	Budget Duration `yaml:"budget"`
+	// ProbePath receives the probe: POST {"model","prompt","max_tokens":1}.
+	ProbePath string `yaml:"probe_path"`
+	// Readmit is how often a degraded endpoint is probed again (default: Budget).
+	Readmit Duration `yaml:"readmit"`
+	// Disable turns stall detection off everywhere.
+	Disable bool `yaml:"disable"`
 }
 
 // ProxyConfig holds settings shared by the rendered HAProxy and nginx glue.
@@ -168,6 +198,8 @@ type PoolConfig struct {
 	// Policy overrides the deployment's policy for this pool.
 	Policy    *PolicyConfig    `yaml:"policy"`
 	Endpoints []EndpointConfig `yaml:"endpoints"`
+	// StallBudget overrides health.stall.budget for this pool (0 = off).
+	StallBudget *Duration `yaml:"stall_budget"`
 }
 
 // EndpointConfig is one replica.
@@ -281,6 +313,7 @@ func (c *Config) ApplyDefaults() {
 	if c.Health.Fails == 0 {
 		c.Health.Fails = 2
 	}
+	c.applyFeedbackDefaults()
 	p := &c.Proxy
 	if len(p.RouteAddrs) == 0 {
 		p.RouteAddrs = []string{c.Listen}
@@ -371,6 +404,7 @@ func (c *Config) Validate() error {
 	if c.Feedback.Syslog != "" {
 		checkAddr("feedback.syslog", c.Feedback.Syslog)
 	}
+	c.validateFeedback(bad)
 	if !strings.HasPrefix(c.Health.Path, "/") || strings.ContainsAny(c.Health.Path, " \t\r\n\"'") {
 		bad("health.path", "%q is not an absolute path", c.Health.Path)
 	}

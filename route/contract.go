@@ -39,6 +39,29 @@ const (
 	ReasonNoEndpoint        = "no_endpoint" // 503: the proxy may fail open
 
 	// FeedbackTag starts the completion log line the proxies send over syslog:
-	//   turnout-done id=<decision> srv=<server> status=<code> ms=<total ms>
+	//   turnout-done id=<decision> srv=<server> status=<code> ms=<total ms> ttfb=<ms> [tok=<token>]
+	// Fields are space-separated key=value pairs in any order; unknown keys
+	// are ignored. ttfb is the time to the replica's response headers
+	// (HAProxy %Tr, nginx $upstream_header_time); -1 or "-" when unknown.
 	FeedbackTag = "turnout-done"
+
+	FeedbackFieldID     = "id"
+	FeedbackFieldServer = "srv"
+	FeedbackFieldStatus = "status"
+	FeedbackFieldMs     = "ms"
+	FeedbackFieldTTFB   = "ttfb"
+	// FeedbackFieldToken carries feedback.token when one is configured.
+	FeedbackFieldToken = "tok"
+
+	// HdrToken carries feedback.token on calls to PathDone.
+	HdrToken = "X-Turnout-Token"
 )
+
+// FeedbackAuthField is the log-format text that carries the feedback token
+// ("" without a token), rendered into the HAProxy and nginx log formats.
+func FeedbackAuthField(cfg *Config) string {
+	if cfg.Feedback.Token == "" {
+		return ""
+	}
+	return FeedbackFieldToken + "=" + cfg.Feedback.Token
+}

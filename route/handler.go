@@ -54,6 +54,7 @@ type Server struct {
 	cancel context.CancelFunc
 	// onApply hooks run after every accepted snapshot (e.g. KV subscribers).
 	onApply []func(*Snapshot)
+	feedbackHealth // feedback_health.go
 }
 
 // NewServer builds a server from a validated config.
@@ -77,6 +78,8 @@ func NewServer(cfg *Config, opts Options) (*Server, error) {
 		seed:  opts.Seed,
 		store: newStateStore(),
 		dec:   newDecisions(opts.DecisionSlots, opts.Seed),
+
+		feedbackHealth: newFeedbackHealth(),
 	}
 	s.m.init()
 	s.pd = newPDClient(s)
@@ -141,18 +144,19 @@ func (s *Server) Snapshot() *Snapshot { return s.snap.Load() }
 // Complete closes a decision by id (feedback from the proxy).
 func (s *Server) Complete(id uint64) bool { return s.dec.close(id) }
 
-// Run expires stale decisions until ctx ends.
+// Run expires stale decisions, watches completion feedback and detects
+// stalled endpoints until ctx ends (see tick).
 func (s *Server) Run(ctx context.Context) {
-	t := time.NewTicker(time.Second)
+	t := time.NewTimer(stallTick(s.snap.Load()))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			if snap := s.snap.Load(); snap != nil {
-				s.dec.expire(now, snap.Config.DecisionTTL.D())
-			}
+			snap := s.snap.Load()
+			s.tick(ctx, snap, now)
+			t.Reset(stallTick(snap))
 		}
 	}
 }
@@ -398,6 +402,11 @@ func unescapeModel(raw, dst []byte) []byte {
 }
 
 func (s *Server) done(ctx *fasthttp.RequestCtx) {
+	if !s.doneAllowed(ctx) {
+		writeError(ctx, fasthttp.StatusForbidden, "permission_error", "forbidden",
+			"completions are accepted from feedback.sources only, with "+HdrToken+" when feedback.token is set")
+		return
+	}
 	id, ok := parseID(ctx.QueryArgs().Peek("id"))
 	if !ok {
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_id", "id must be a decision id from "+HdrDecision)
@@ -411,6 +420,7 @@ func (s *Server) done(ctx *fasthttp.RequestCtx) {
 }
 
 func (s *Server) ready(ctx *fasthttp.RequestCtx) {
+	defer s.readyFeedback(ctx) // ?verbose: feedback and degraded endpoints
 	snap := s.snap.Load()
 	for _, d := range snap.Deployments {
 		for _, p := range d.Pools {

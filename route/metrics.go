@@ -33,6 +33,9 @@ type serverMetrics struct {
 	reloadFailed atomic.Uint64
 	feedback     atomic.Uint64 // feedback lines received
 	feedbackBad  atomic.Uint64 // unparseable feedback lines
+	// feedbackRejected: wrong source or token; stallProbes: ok, stalled.
+	feedbackRejected atomic.Uint64
+	stallProbes      [2]atomic.Uint64
 	health       [2]atomic.Uint64
 	pdPrefill    [5]atomic.Uint64 // ok, retried, failed, skipped, aggregated
 	extra        atomic.Pointer[[]func(*strings.Builder)]
@@ -172,6 +175,8 @@ func (s *Server) WriteMetrics(b *strings.Builder) {
 	for i, n := range []string{"ok", "retried", "failed", "skipped", "aggregated"} {
 		fmt.Fprintf(b, "turnout_pd_prefill_total{result=%q} %d\n", n, s.m.pdPrefill[i].Load())
 	}
+	s.writeEndpointFeedbackMetrics(b)
+	s.writeFeedbackHealthMetrics(b)
 	for _, p := range snap.Pools() {
 		if mw, ok := p.Policy.(MetricsWriter); ok {
 			mw.WriteMetrics(p, b)
