@@ -54,6 +54,7 @@ type Server struct {
 	cancel context.CancelFunc
 	// onApply hooks run after every accepted snapshot (e.g. KV subscribers).
 	onApply []func(*Snapshot)
+
 	feedbackHealth // feedback_health.go
 }
 

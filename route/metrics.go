@@ -33,12 +33,13 @@ type serverMetrics struct {
 	reloadFailed atomic.Uint64
 	feedback     atomic.Uint64 // feedback lines received
 	feedbackBad  atomic.Uint64 // unparseable feedback lines
-	// feedbackRejected: wrong source or token; stallProbes: ok, stalled.
-	feedbackRejected atomic.Uint64
-	stallProbes      [2]atomic.Uint64
 	health       [2]atomic.Uint64
 	pdPrefill    [5]atomic.Uint64 // ok, retried, failed, skipped, aggregated
 	extra        atomic.Pointer[[]func(*strings.Builder)]
+
+	// feedbackRejected: wrong source or token; stallProbes: ok, stalled.
+	feedbackRejected atomic.Uint64
+	stallProbes      [2]atomic.Uint64
 }
 
 func (m *serverMetrics) init() {}
