@@ -32,15 +32,11 @@ func newFeedbackHealth() feedbackHealth {
 // arriving (a wrong feedback address, a proxy logging elsewhere, a firewall):
 // in-flight counts then only fall at decision_ttl and load balancing skews.
 type feedbackMonitor struct {
-	mu             sync.Mutex
-	started        bool
-	lastCompleted  uint64
-	lastChange     time.Time // when completions last moved
-	openedAtChange uint64
-	stalled        atomic.Bool
-	ageNs          atomic.Int64  // since the last completion (or start)
-	pending        atomic.Uint64 // decisions opened since then
-	warn           rateLog
+	mu      sync.Mutex
+	stalled atomic.Bool
+	ageNs   atomic.Int64  // since the last completion (or start)
+	pending atomic.Uint64 // decisions opened since then
+	warn    rateLog
 }
 
 // tick runs the periodic work: TTL expiry, feedback and stall checks.
@@ -57,26 +53,20 @@ func (s *Server) checkFeedback(cfg *Config, now time.Time) {
 	m := &s.mon
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	done, opened := s.dec.completed.Load(), s.dec.opened()
-	if !m.started || done != m.lastCompleted {
-		m.started = true
-		m.lastCompleted, m.lastChange, m.openedAtChange = done, now, opened
-		m.ageNs.Store(0)
-		m.pending.Store(0)
-		if m.stalled.Swap(false) {
-			s.log.Info().Msg("completion feedback arriving again")
-		}
-		return
-	}
-	age, made := now.Sub(m.lastChange), opened-m.openedAtChange
+	// The decision ring records each completion's time and the decisions
+	// opened by then, so none made between two ticks is misplaced.
+	done := s.dec.completed.Load()
+	age := max(time.Duration(now.UnixNano()-s.dec.lastClose.Load()), 0)
+	made := s.dec.opened() - min(s.dec.openedAtClose.Load(), s.dec.opened())
 	m.ageNs.Store(int64(age))
 	m.pending.Store(made)
 	// Without a feedback listener and before any completion, feedback is
 	// simply off: nothing stopped.
-	if cfg.Feedback.Syslog == "" && done == 0 {
-		return
-	}
-	if age < cfg.Feedback.StalledAfter.D() || made < uint64(cfg.Feedback.StalledMinDecisions) {
+	off := cfg.Feedback.Syslog == "" && done == 0
+	if off || age < cfg.Feedback.StalledAfter.D() || made < uint64(cfg.Feedback.StalledMinDecisions) {
+		if m.stalled.Swap(false) {
+			s.log.Info().Msg("completion feedback arriving again")
+		}
 		return
 	}
 	m.stalled.Store(true)
