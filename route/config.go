@@ -89,9 +89,10 @@ type HealthConfig struct {
 // 1-token completion and, if that probe also misses the budget, degraded
 // (no new decisions) until a probe answers in time.
 type StallConfig struct {
-	// Budget is the time to first byte a replica must meet (0 = off).
-	// Default 30s for mixed and decode pools; prefill pools are never
-	// checked unless their pool sets stall_budget (long prefills are normal).
+	// Budget is the time to first byte a replica must meet. Default 30s,
+	// for mixed and decode pools; prefill pools are not checked unless their
+	// pool sets stall_budget (long prefills are normal). Disable turns
+	// detection off, a pool's stall_budget: 0 off for that pool.
 	Budget Duration `yaml:"budget"`
 	// ProbePath receives the probe: POST {"model","prompt","max_tokens":1}.
 	ProbePath string `yaml:"probe_path"`
