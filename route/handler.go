@@ -30,7 +30,8 @@ var ErrNoEndpoint = errors.New("no available endpoint")
 type Options struct {
 	Registry *Registry
 	Log      *zerolog.Logger
-	// Seed drives policy randomness and decision ids; 0 picks one at random.
+	// Seed drives policy randomness; 0 picks one at random. Decision ids
+	// are random whatever the seed (unguessable, see decisions.go).
 	Seed uint64
 	// DecisionSlots bounds tracked in-flight decisions (default 1<<16).
 	DecisionSlots int
