@@ -234,6 +234,7 @@ type tmplData struct {
 	// UnsafePath is route.UnsafePathRegex, refused before the /v1/ guard.
 	UnsafePath                                   string
 	Dir, Socket, PIDFile, Listen, Syslog         string
+	FeedbackAuth                                 string // "tok=..." or ""
 	HealthPath, DefaultBackend, ServerParams     string
 	RouteHealthPath                              string
 	RouteTimeoutMs                               int64
@@ -387,6 +388,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	if cfg.Feedback.Syslog != "" {
 		d.Syslog, _, _ = addr("feedback.syslog", cfg.Feedback.Syslog)
 	}
+	d.FeedbackAuth = route.FeedbackAuthField(cfg)
 	if !httpRe.MatchString(cfg.Health.Path) {
 		bad("health.path", "%q must be a plain absolute path", cfg.Health.Path)
 	}

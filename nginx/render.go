@@ -212,6 +212,7 @@ type tmplData struct {
 	Dir, PIDFile, ErrorLog, ModulePath    string
 	User, Workers, Listen, JSFile         string
 	Syslog, SyslogTarget                  string
+	FeedbackAuth                          string // "tok=..." or ""
 	MaxBody, WorkerConnections, Keepalive int
 	ConnectMs, StreamMs                   int64
 	RouteTimeoutMs, CooldownS             int64
@@ -358,6 +359,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		d.Syslog = addr("feedback.syslog", cfg.Feedback.Syslog)
 		d.SyslogTarget = "syslog:server=" + d.Syslog + ",facility=local0,severity=info,tag=turnout,nohostname"
 	}
+	d.FeedbackAuth = route.FeedbackAuthField(cfg)
 
 	// turnout's addresses. A single one is listed twice: nginx never marks
 	// the only server of a group down, and the breaker needs it to.

@@ -79,6 +79,17 @@ type FeedbackConfig struct {
 	Syslog string `yaml:"syslog"`
 	// Disable turns feedback off; load-aware policies then drift (warned).
 	Disable bool `yaml:"disable"`
+	// Sources are the IPs or CIDRs feedback lines (and /internal/done) are
+	// accepted from. Default: loopback and feedback.syslog's own host.
+	Sources []string `yaml:"sources"`
+	// Token, when set, must appear in every feedback line (the rendered log
+	// formats carry it) and in /internal/done calls (X-Turnout-Token).
+	Token string `yaml:"token"`
+	// StalledAfter: no completion for this long while StalledMinDecisions
+	// or more decisions were made means feedback is lost (warning, gauge,
+	// /readyz?verbose). Default 60s and 20.
+	StalledAfter        Duration `yaml:"stalled_after"`
+	StalledMinDecisions int      `yaml:"stalled_min_decisions"`
 }
 
 // LimitsConfig bounds the resources the HTTP listener gives its clients, so
@@ -109,6 +120,26 @@ type HealthConfig struct {
 	// MinReady is how many available endpoints every pool needs before
 	// /readyz answers 200 (default 1; a pool's min_ready overrides it).
 	MinReady int `yaml:"min_ready"`
+	// Stall configures passive stall detection (stall.go).
+	Stall StallConfig `yaml:"stall"`
+}
+
+// StallConfig configures passive stall detection: an endpoint whose
+// requests wait longer than Budget for their first byte is probed with a
+// 1-token completion and, if that probe also misses the budget, degraded
+// (no new decisions) until a probe answers in time.
+type StallConfig struct {
+	// Budget is the time to first byte a replica must meet. Default 30s,
+	// for mixed and decode pools; prefill pools are not checked unless their
+	// pool sets stall_budget (long prefills are normal). Disable turns
+	// detection off, a pool's stall_budget: 0 off for that pool.
+	Budget Duration `yaml:"budget"`
+	// ProbePath receives the probe: POST {"model","prompt","max_tokens":1}.
+	ProbePath string `yaml:"probe_path"`
+	// Readmit is how often a degraded endpoint is probed again (default: Budget).
+	Readmit Duration `yaml:"readmit"`
+	// Disable turns stall detection off everywhere.
+	Disable bool `yaml:"disable"`
 }
 
 // ProxyConfig holds settings shared by the rendered HAProxy and nginx glue.
@@ -236,6 +267,8 @@ type PoolConfig struct {
 	Endpoints []EndpointConfig `yaml:"endpoints"`
 	// MinReady overrides health.min_ready for this pool (0 = inherit).
 	MinReady int `yaml:"min_ready"`
+	// StallBudget overrides health.stall.budget for this pool (0 = off).
+	StallBudget *Duration `yaml:"stall_budget"`
 }
 
 // EndpointConfig is one replica.
@@ -381,6 +414,7 @@ func (c *Config) ApplyDefaults() {
 	if c.Health.MinReady == 0 {
 		c.Health.MinReady = 1
 	}
+	c.applyFeedbackDefaults()
 	p := &c.Proxy
 	if len(p.RouteAddrs) == 0 {
 		p.RouteAddrs = []string{c.Listen}
@@ -492,6 +526,7 @@ func (c *Config) Validate() error {
 	if c.Health.MinReady < 0 || c.Health.MinReady > 10000 {
 		bad("health.min_ready", "%d out of range [1, 10000]", c.Health.MinReady)
 	}
+	c.validateFeedback(bad)
 	if !strings.HasPrefix(c.Health.Path, "/") || strings.ContainsAny(c.Health.Path, " \t\r\n\"'") {
 		bad("health.path", "%q is not an absolute path", c.Health.Path)
 	}

@@ -52,8 +52,22 @@ const (
 	MaxAnswerBody = 8 << 10
 
 	// FeedbackTag starts the completion log line the proxies send over syslog:
-	//   turnout-done id=<decision> srv=<server> status=<code> ms=<total ms>
+	//   turnout-done id=<decision> srv=<server> status=<code> ms=<total ms> ttfb=<ms> [tok=<token>]
+	// Fields are space-separated key=value pairs in any order; unknown keys
+	// are ignored. ttfb is the time to the replica's response headers
+	// (HAProxy %Tr, nginx $upstream_header_time); -1 or "-" when unknown.
 	FeedbackTag = "turnout-done"
+
+	FeedbackFieldID     = "id"
+	FeedbackFieldServer = "srv"
+	FeedbackFieldStatus = "status"
+	FeedbackFieldMs     = "ms"
+	FeedbackFieldTTFB   = "ttfb"
+	// FeedbackFieldToken carries feedback.token when one is configured.
+	FeedbackFieldToken = "tok"
+
+	// HdrToken carries feedback.token on calls to PathDone.
+	HdrToken = "X-Turnout-Token"
 )
 
 // UnreadReasons are the 4xx reasons that mean turnout could not read the
@@ -69,3 +83,12 @@ var UnreadReasons = []string{ReasonHeaderTooLarge, ReasonReadTimeout, ReasonBadR
 // would serve its own /metrics. Matched case-insensitively. HAProxy 2.6's
 // normalize-uri would rewrite them instead, but is experimental there.
 const UnsafePathRegex = `^[^?]*(/(\.|%2e){1,2}(/|\?|$)|%2f|%5c)`
+
+// FeedbackAuthField is the log-format text that carries the feedback token
+// ("" without a token), rendered into the HAProxy and nginx log formats.
+func FeedbackAuthField(cfg *Config) string {
+	if cfg.Feedback.Token == "" {
+		return ""
+	}
+	return FeedbackFieldToken + "=" + cfg.Feedback.Token
+}

@@ -20,6 +20,10 @@ type endpointState struct {
 	decisions atomic.Uint64
 	// checked: a health check has judged it; seenUp: one has passed.
 	checked, seenUp atomic.Bool
+	// Completion feedback and stall detection (feedback_metrics.go, stall.go).
+	expired atomic.Uint64 // decisions closed by TTL or ring wrap, never completed
+	fb      endpointFeedback
+	stall   stallState
 }
 
 // Endpoint is one replica inside an immutable pool snapshot.
@@ -44,7 +48,8 @@ type Endpoint struct {
 func (e *Endpoint) Inflight() int64 { return e.st.inflight.Load() }
 
 // Available reports whether the endpoint may receive requests.
-func (e *Endpoint) Available() bool { return !e.st.down.Load() }
+// A degraded (stalled) endpoint is not available either.
+func (e *Endpoint) Available() bool { return !e.st.down.Load() && !e.st.stall.degraded.Load() }
 
 // SetDown marks the endpoint down or up (health checks, tests).
 func (e *Endpoint) SetDown(down bool) { e.st.down.Store(down) }
@@ -87,6 +92,10 @@ type Snapshot struct {
 	modelHdrs   [][]byte
 	// maxBlocks bounds prompt hashing (max_body / smallest block size).
 	maxBlocks int
+	// byServer finds an endpoint by its (globally unique) server name, for
+	// feedback lines; fb is the feedback listener's checks.
+	byServer map[string]*Endpoint
+	fb       feedbackAuth
 }
 
 // Deployment returns the deployment serving model, or nil.
@@ -114,7 +123,7 @@ func newStateStore() *stateStore {
 // buildSnapshot turns a validated config into a snapshot, reusing the state
 // of endpoints and policies that survive from prev (nil on first load).
 func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore, env PolicyEnv, seed uint64) (*Snapshot, []Policy, error) {
-	s := &Snapshot{Config: cfg, byModel: map[string]*Deployment{}}
+	s := &Snapshot{Config: cfg, byModel: map[string]*Deployment{}, byServer: map[string]*Endpoint{}, fb: newFeedbackAuth(cfg)}
 	for _, h := range cfg.SessionHeaders {
 		s.sessionHdrs = append(s.sessionHdrs, normHeader([]byte(h)))
 	}
@@ -170,7 +179,9 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 					ep.KVBind, ep.KVPattern = bind, pat
 				}
 				p.Endpoints = append(p.Endpoints, ep)
+				s.byServer[ec.Name] = ep
 			}
+			setStallBudget(p, cfg.StallBudget(pc))
 			pol := dc.PoolPolicy(pc)
 			penv := env
 			penv.Pool, penv.Rand = p, NewRand(seed^xxhash.Sum64String(p.Name))

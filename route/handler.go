@@ -34,7 +34,8 @@ var ErrNoEndpoint = errors.New("no available endpoint")
 type Options struct {
 	Registry *Registry
 	Log      *zerolog.Logger
-	// Seed drives policy randomness and decision ids; 0 picks one at random.
+	// Seed drives policy randomness; 0 picks one at random. Decision ids
+	// are random whatever the seed (unguessable, see decisions.go).
 	Seed uint64
 	// DecisionSlots bounds tracked in-flight decisions (default 1<<16).
 	DecisionSlots int
@@ -64,6 +65,8 @@ type Server struct {
 	kvHub *kv.Hub
 	// healthRound is set once a full round of health checks has finished.
 	healthRound atomic.Bool
+
+	feedbackHealth // feedback_health.go
 }
 
 // NewServer builds a server from a validated config.
@@ -87,6 +90,8 @@ func NewServer(cfg *Config, opts Options) (*Server, error) {
 		seed:  opts.Seed,
 		store: newStateStore(),
 		dec:   newDecisions(opts.DecisionSlots, opts.Seed),
+
+		feedbackHealth: newFeedbackHealth(),
 	}
 	s.m.init()
 	s.pd = newPDClient(s)
@@ -155,18 +160,19 @@ func (s *Server) Snapshot() *Snapshot { return s.snap.Load() }
 // Complete closes a decision by id (feedback from the proxy).
 func (s *Server) Complete(id uint64) bool { return s.dec.close(id) }
 
-// Run expires stale decisions until ctx ends.
+// Run expires stale decisions, watches completion feedback and detects
+// stalled endpoints until ctx ends (see tick).
 func (s *Server) Run(ctx context.Context) {
-	t := time.NewTicker(time.Second)
+	t := time.NewTimer(stallTick(s.snap.Load()))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			if snap := s.snap.Load(); snap != nil {
-				s.dec.expire(now, snap.Config.DecisionTTL.D())
-			}
+			snap := s.snap.Load()
+			s.tick(ctx, snap, now)
+			t.Reset(stallTick(snap))
 		}
 	}
 }
@@ -417,6 +423,11 @@ func unescapeModel(raw, dst []byte) []byte {
 }
 
 func (s *Server) done(ctx *fasthttp.RequestCtx) {
+	if !s.doneAllowed(ctx) {
+		writeError(ctx, fasthttp.StatusForbidden, "permission_error", "forbidden",
+			"completions are accepted from feedback.sources only, with "+HdrToken+" when feedback.token is set")
+		return
+	}
 	id, ok := parseID(ctx.QueryArgs().Peek("id"))
 	if !ok {
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_id", "id must be a decision id from "+HdrDecision)

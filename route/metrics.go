@@ -36,6 +36,10 @@ type serverMetrics struct {
 	health       [2]atomic.Uint64
 	pdPrefill    [5]atomic.Uint64 // ok, retried, failed, skipped, aggregated
 	extra        atomic.Pointer[[]func(*strings.Builder)]
+
+	// feedbackRejected: wrong source or token; stallProbes: ok, stalled.
+	feedbackRejected atomic.Uint64
+	stallProbes      [2]atomic.Uint64
 }
 
 func (m *serverMetrics) init() {}
@@ -172,6 +176,8 @@ func (s *Server) WriteMetrics(b *strings.Builder) {
 	for i, n := range []string{"ok", "retried", "failed", "skipped", "aggregated"} {
 		fmt.Fprintf(b, "turnout_pd_prefill_total{result=%q} %d\n", n, s.m.pdPrefill[i].Load())
 	}
+	s.writeEndpointFeedbackMetrics(b)
+	s.writeFeedbackHealthMetrics(b)
 	for _, p := range snap.Pools() {
 		if mw, ok := p.Policy.(MetricsWriter); ok {
 			mw.WriteMetrics(p, b)

@@ -21,6 +21,7 @@ import (
 // ready answers /readyz: 200 or 503 with a one-line reason, and with
 // ?verbose one line per pool.
 func (s *Server) ready(ctx *fasthttp.RequestCtx) {
+	defer s.readyFeedback(ctx) // ?verbose: feedback and degraded endpoints
 	var b strings.Builder
 	ok := s.WriteReadiness(&b, ctx.QueryArgs().Has("verbose"))
 	ctx.SetContentType("text/plain; charset=utf-8")
