@@ -119,6 +119,11 @@ func kubeStream(ctx context.Context, c *http.Client, url string, body []byte, op
 		return kubeSSE{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	// An nginx worker leaving after a reload closes its idle keep-alive
+	// connections; a request written into one at that moment was never
+	// read. The Idempotency-Key (the openai SDKs send one too) lets Go's
+	// transport resend exactly those requests (as in nginx_cases_test.go).
+	req.Header.Set("Idempotency-Key", fmt.Sprintf("%p-%d", req, time.Now().UnixNano()))
 	res, err := c.Do(req)
 	if err != nil {
 		return kubeSSE{}, err
@@ -602,6 +607,7 @@ func TestKubeRBACDenied(t *testing.T) {
 	addr := FreeAddr(t)
 	tu := StartTurnout(t, addr, fmt.Sprintf(`listen: %s
 health: {disable: true}
+feedback: {disable: true}
 deployments:
   - name: chat
     pools:
