@@ -59,10 +59,14 @@ bench-smoke: build
 run: build
 	TURNOUT_BIN=$(abspath $(BIN)) exec bash scripts/run.sh
 
-# The demo: turnout + HAProxy (or nginx: PROXY=nginx) + 4 mock replicas.
+# The demo (K8S=1: following a local API server, scripts/demo-kube.sh): turnout + HAProxy (or nginx: PROXY=nginx) + 4 mock replicas.
 # Ports as for run, plus HAPROXY_PORT / NGINX_PORT.
 demo: build
+ifeq ($(K8S),1)
+	TURNOUT_BIN=$(abspath $(BIN)) exec bash scripts/demo-kube.sh
+else
 	PROXY=$(or $(PROXY),haproxy) TURNOUT_BIN=$(abspath $(BIN)) exec bash scripts/demo.sh
+endif
 
 clean:
 	rm -rf bin bench-out bench-route.txt
