@@ -277,9 +277,6 @@ type PoolConfig struct {
 // DiscoveryConfig is a pool's source of endpoints other than the file.
 type DiscoveryConfig struct {
 	Kubernetes *KubernetesDiscovery `yaml:"kubernetes"`
-	// Models asks each discovered endpoint's GET /v1/models and adds the
-	// models it reports to the deployment's models.
-	Models bool `yaml:"models"`
 }
 
 // KubernetesDiscovery follows discovery.k8s.io/v1 EndpointSlices.
