@@ -6,6 +6,7 @@ import (
 	"os/signal"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -127,15 +128,26 @@ func runServe(args []string, log *zerolog.Logger) error {
 			case <-ctx.Done():
 				return
 			case req := <-syncCh:
-				var failed bool
+				// The proxies sync side by side: an nginx reload (or an
+				// HAProxy drain) does not hold the other proxy's pool
+				// change back (Kubernetes scale-ups, issue 10).
+				var (
+					failed atomic.Bool
+					wg     sync.WaitGroup
+				)
 				for _, s := range syncers {
-					if err := s.Sync(ctx, req.cfg); err != nil {
-						failed = true
-						log.Error().Err(err).Msg("proxy sync failed")
-					}
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						if err := s.Sync(ctx, req.cfg); err != nil {
+							failed.Store(true)
+							log.Error().Err(err).Msg("proxy sync failed")
+						}
+					}()
 				}
+				wg.Wait()
 				pending = append(pending, req.retired...)
-				if failed && len(pending) > 0 {
+				if failed.Load() && len(pending) > 0 {
 					log.Warn().Msg("proxy sync failed: replaced listeners stay open until a sync succeeds")
 					continue
 				}
