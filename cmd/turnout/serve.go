@@ -237,10 +237,18 @@ func runServe(args []string, log *zerolog.Logger) error {
 		return err
 	}
 	lns.start(ch)
-	// The first merge: pushes to the proxies at once without discovery,
-	// else once its watches have listed.
-	if err := withFile(fleet.SetBase(cfg), *cfgPath); err != nil {
-		return err
+	// Without discovery the server already runs cfg: the proxies get it at
+	// once. With discovery, the first merge goes to the proxies once the
+	// watches have listed.
+	if cfg.HasDiscovery() {
+		if err := withFile(fleet.SetBase(cfg), *cfgPath); err != nil {
+			return err
+		}
+	} else {
+		fleet.Adopt(cfg)
+		if len(syncers) > 0 {
+			pushSync(cfg, nil)
+		}
 	}
 	go fleet.Run(ctx)
 	go func() {

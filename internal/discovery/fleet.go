@@ -127,6 +127,15 @@ func (f *Fleet) SetBase(cfg *route.Config) error {
 	return nil
 }
 
+// Adopt takes cfg, which has no discovery, as the base and as applied
+// already: the server was built with it at start, and applying it again
+// would count a config reload that did not happen.
+func (f *Fleet) Adopt(cfg *route.Config) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.base, f.appliedCfg, f.wasOK = cfg, cfg, true
+}
+
 // Run merges after each burst of notifications and re-checks draining
 // endpoints until ctx ends.
 func (f *Fleet) Run(ctx context.Context) {
