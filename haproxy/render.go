@@ -58,7 +58,25 @@ const (
 	RouteProxy = "turnout_route"
 	// SPOEProxy is the SPOE agent's backend (haproxy.spoe).
 	SPOEProxy = "turnout_spoe"
+	// SPOESocketName is the agent's default unix socket in the rendered
+	// directory (haproxy.path spoe without haproxy.spoe).
+	SPOESocketName = "spoe.sock"
 )
+
+// SPOEAddr is where turnout's SPOE agent listens for the HAProxy rendered
+// into dir: haproxy.spoe, else with haproxy.path spoe the unix socket
+// dir/spoe.sock ("unix@/path"); "" when HAProxy takes the Lua path or no
+// directory is known. turnout serve and the renderer both use it, so they
+// agree on the address.
+func SPOEAddr(cfg *route.Config, dir string) string {
+	if cfg.HAProxy.Path != route.HAProxyPathSPOE {
+		return cfg.HAProxy.SPOE
+	}
+	if cfg.HAProxy.SPOE != "" || dir == "" {
+		return cfg.HAProxy.SPOE
+	}
+	return "unix@" + filepath.Join(dir, SPOESocketName)
+}
 
 // RenderOptions says where the rendered files will live; haproxy.cfg refers
 // to the Lua, the map, the socket and the pidfile by absolute path.
@@ -239,6 +257,7 @@ type tmplData struct {
 	RouteRetries                                 int
 	RouteServers                                 []routeServer
 	MaxConn, Nbthread, MaxBody, BufSize, Retries int
+	RouteBody                                    int
 	L7Retries                                    bool
 	// SPOE is set when HAProxy asks turnout over SPOE (haproxy.spoe).
 	SPOE                                *spoeData
@@ -369,7 +388,8 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		MaxConn:        max(cfg.HAProxy.MaxConn, 1),
 		Nbthread:       max(cfg.HAProxy.Nbthread, 0),
 		MaxBody:        cfg.MaxBody,
-		BufSize:        bufSize(cfg.MaxBody),
+		RouteBody:      cfg.RouteBody,
+		BufSize:        bufSize(cfg.RouteBody),
 		Retries:        max(cfg.Fallbacks, 1),
 		L7Retries:      cfg.HAProxy.L7Retries,
 		ConnectMs:      max(p.ConnectTimeout.Ms(), 1),
@@ -474,8 +494,13 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	}
 	// One retry per standby; a refused connect then moves on at once.
 	d.RouteRetries = len(d.RouteServers) - 1
-	if cfg.HAProxy.SPOE != "" {
-		a, _, _ := addr("haproxy.spoe", cfg.HAProxy.SPOE)
+	if cfg.HAProxy.Path == route.HAProxyPathSPOE {
+		var a string
+		if sock, ok := strings.CutPrefix(SPOEAddr(cfg, d.Dir), "unix@"); ok {
+			a = "unix@" + path("haproxy.spoe", sock)
+		} else {
+			a, _, _ = addr("haproxy.spoe", cfg.HAProxy.SPOE)
+		}
 		d.SPOE = &spoeData{
 			Backend: SPOEProxy,
 			Conf:    path("spoe conf", filepath.Join(d.Dir, SPOEFile)),

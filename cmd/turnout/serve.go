@@ -148,7 +148,13 @@ func runServe(args []string, log *zerolog.Logger) error {
 	}
 	go srv.Run(ctx)
 	go srv.RunHealth(ctx)
-	if a := cfg.HAProxy.SPOE; a != "" {
+	// haproxy.path spoe (default): the agent on haproxy.spoe, else on the
+	// socket next to the rendered HAProxy files.
+	spoeDir := *haDir
+	if spoeDir == "" {
+		spoeDir = cfg.HAProxy.Dir
+	}
+	if a := haproxy.SPOEAddr(cfg, spoeDir); a != "" {
 		if err := startSPOE(ctx, a, srv, log); err != nil {
 			return err
 		}
