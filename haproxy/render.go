@@ -320,6 +320,9 @@ type luaData struct {
 	// BodyRoom bounds a decode body with kv_transfer_params inserted: what
 	// tune.bufsize holds besides the request line and headers.
 	BodyRoom int
+	// RouteBody is how much body the action sends turnout (route_body);
+	// 0 with prefill/decode, which needs all of it.
+	RouteBody int
 	// RelayReasons are turnout's 5xx reasons the Lua relays to the client
 	// instead of failing over (Lua string literals).
 	RelayReasons []string
@@ -461,9 +464,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	d.ModelMap = len(cfg.Deployments) > 1
 	d.modelMap = mapBuf.Bytes()
 	if d.PD {
-		// The decode body grows by the prefill's kv_transfer_params and must
-		// still fit one buffer for the filter to rewrite it.
-		d.BufSize = bufSize(cfg.MaxBody + kvRoom(cfg.MaxBody))
+		d.BufSize = WholeBodyBufSize(cfg.MaxBody)
 	}
 
 	// The Lua side.
@@ -475,6 +476,9 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		CooldownMs:   max(p.BreakerCooldown.Ms(), 1),
 		FailClosed:   p.FailMode == route.FailClosed,
 		BodyRoom:     d.BufSize - headerRoom,
+	}
+	if !d.PD {
+		l.RouteBody = cfg.RouteBody
 	}
 	for _, r := range pdRelayReasons {
 		l.RelayReasons = append(l.RelayReasons, luaQuote(r))
@@ -556,6 +560,11 @@ func bufSize(maxBody int) int {
 	n := max(maxBody, 1024) + headerRoom
 	return (n + 4095) &^ 4095
 }
+
+// WholeBodyBufSize is tune.bufsize with a prefill/decode deployment: a
+// whole max_body body, plus what the decode body gains by the prefill's
+// kv_transfer_params (the filter rewrites it in one buffer), plus headers.
+func WholeBodyBufSize(maxBody int) int { return bufSize(maxBody + kvRoom(maxBody)) }
 
 // kvRoom is how much a decode body may grow by kv_transfer_params. Their
 // size is dominated by remote_block_ids: one id (up to ~8 bytes with the

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/test/mockvllm"
 )
 
@@ -113,13 +114,15 @@ func checkLongPrompt(t *testing.T, s frontend, model, turnoutURL string, seenMax
 }
 
 // TestHAProxyLongPrompt runs checkLongPrompt through HAProxy on each path:
-// the default SPOE agent (unix socket) and the Lua action. The rendered
-// tune.bufsize is 64 KiB, so turnout sees at most one buffer of body.
+// the default SPOE agent (unix socket) and the Lua action. Both hand
+// turnout the first route_body bytes (48 KiB by default; the rendered
+// tune.bufsize is 64 KiB) and HAProxy forwards the rest once its buffer is
+// full.
 func TestHAProxyLongPrompt(t *testing.T) {
 	for _, tc := range []struct{ name, spoe string }{{"SPOE", spoeDefault}, {"Lua", ""}} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := startStackWith(t, "open", tc.spoe, depSpec{name: "llama", policy: policyPrefix, mocks: mocks(t, "long", 3, nil)})
-			checkLongPrompt(t, s, "llama", "http://"+s.turnoutAddr, 64<<10)
+			checkLongPrompt(t, s, "llama", "http://"+s.turnoutAddr, route.DefaultRouteBody)
 		})
 	}
 }
