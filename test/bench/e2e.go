@@ -240,13 +240,13 @@ type StackOptions struct {
 
 // Stack is a running proxy in front of mock replicas.
 type Stack struct {
-	FrontURL   string     // proxy frontend, http://host:port
-	TurnoutURL string     // "" for a proxy alone
+	FrontURL   string // proxy frontend, http://host:port
+	TurnoutURL string // "" for a proxy alone
 	// ProxyPID is the HAProxy or nginx master; TurnoutPID is 0 for a proxy
 	// alone. The cost bench reads their memory from /proc.
 	ProxyPID, TurnoutPID int
-	Mocks      []Endpoint // replicas (Address is host:port)
-	procs      procSet
+	Mocks                []Endpoint // replicas (Address is host:port)
+	procs                procSet
 }
 
 // stackMaxBody is turnout's default max_body: nginx body mode holds bodies
