@@ -502,6 +502,9 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		var a string
 		if sock, ok := strings.CutPrefix(SPOEAddr(cfg, d.Dir), "unix@"); ok {
 			a = "unix@" + path("haproxy.spoe", sock)
+			if len(sock) > maxUnixPath {
+				bad("haproxy.spoe", "the agent socket %q is longer than a unix socket path may be (%d bytes): set haproxy.spoe to host:port or render to a shorter directory", sock, maxUnixPath)
+			}
 		} else {
 			a, _, _ = addr("haproxy.spoe", cfg.HAProxy.SPOE)
 		}
@@ -550,6 +553,10 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	d.lua = l
 	return d, errors.Join(errs...)
 }
+
+// maxUnixPath is the longest unix socket path Linux binds (sun_path less
+// its terminating NUL).
+const maxUnixPath = 107
 
 // headerRoom is the part of tune.bufsize kept for the request line and headers.
 const headerRoom = 16 << 10

@@ -253,8 +253,8 @@ func defaultE2EFlags(fset *flag.FlagSet) *e2eFlags {
 func runCost(args []string, log *zerolog.Logger) error {
 	fset := flag.NewFlagSet("bench cost", flag.ContinueOnError)
 	o := bench.CostOptions{Log: log}
-	// 2 s x 3 rounds keeps all eight targets (route, HAProxy, nginx) inside
-	// make bench's five-minute budget.
+	// 2 s x 3 rounds for the 3 route targets and the 8 proxy setups (each
+	// also with large bodies, and 1 s at one connection): about 3 minutes.
 	fset.DurationVar(&o.Duration, "duration", 2*time.Second, "length of one load run")
 	fset.IntVar(&o.Rounds, "rounds", 3, "load runs per target, interleaved across targets")
 	fset.IntVar(&o.Conns, "conns", 16, "concurrent connections of the load generator")
