@@ -431,3 +431,33 @@ func TestRenderBufSize(t *testing.T) {
 		}
 	}
 }
+
+// The renderer and turnout serve agree on the agent's address: the default
+// is a unix socket next to the files; an explicit haproxy.spoe wins; the Lua
+// path needs none; a socket path too long to bind is refused at render.
+func TestSPOEAddr(t *testing.T) {
+	cfg := mustParse(t, route.DefaultConfigYAML)
+	if got := SPOEAddr(cfg, "/etc/turnout/haproxy"); got != "unix@/etc/turnout/haproxy/spoe.sock" {
+		t.Errorf("default: %q", got)
+	}
+	if got := SPOEAddr(cfg, ""); got != "" {
+		t.Errorf("no directory: %q", got)
+	}
+	out, err := Render(cfg, RenderOptions{Dir: goldenDir})
+	if err != nil || !strings.Contains(string(out.Config), "server agent0 unix@"+goldenDir+"/spoe.sock ") {
+		t.Errorf("render: %v\n%s", err, out.Config)
+	}
+	cfg.HAProxy.SPOE = "127.0.0.1:9091"
+	if got := SPOEAddr(cfg, "/d"); got != "127.0.0.1:9091" {
+		t.Errorf("explicit: %q", got)
+	}
+	cfg.HAProxy.SPOE, cfg.HAProxy.Path = "", route.HAProxyPathLua
+	if got := SPOEAddr(cfg, "/d"); got != "" {
+		t.Errorf("lua: %q", got)
+	}
+	cfg.HAProxy.Path = route.HAProxyPathSPOE
+	long := "/" + strings.Repeat("d", 100)
+	if _, err := Render(cfg, RenderOptions{Dir: long}); err == nil || !strings.Contains(err.Error(), "haproxy.spoe") {
+		t.Errorf("long socket path: %v", err)
+	}
+}
