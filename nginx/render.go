@@ -193,6 +193,9 @@ type tmplData struct {
 	User, Workers, Listen, JSFile         string
 	Syslog, SyslogTarget                  string
 	MaxBody, WorkerConnections, Keepalive int
+	// RouteBody is how much body njs hands turnout (route_body); 0 with a
+	// prefill/decode deployment, which needs all of it.
+	RouteBody                             int
 	ConnectMs, StreamMs                   int64
 	RouteTimeoutMs, CooldownS             int64
 	RouteConnectMs                        int64
@@ -423,6 +426,9 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	}
 	if !d.HasBody {
 		d.ModulePath = ""
+	}
+	if !d.HasPD {
+		d.RouteBody = cfg.RouteBody
 	}
 	return d, errors.Join(errs...)
 }

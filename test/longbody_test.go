@@ -127,9 +127,10 @@ func TestHAProxyLongPrompt(t *testing.T) {
 	}
 }
 
-// TestNginxLongPrompt: nginx body mode reads the whole body (max_body
-// 256 KiB here) and hands all of it to turnout.
+// TestNginxLongPrompt: nginx body mode reads the whole body into memory
+// (max_body 256 KiB here), hands turnout its first route_body bytes, as
+// HAProxy does, and proxies all of it.
 func TestNginxLongPrompt(t *testing.T) {
 	s := startNginxStack(t, "open", ndep{name: "llama", policy: policyPrefix, mode: "body", mocks: mocks(t, "nlong", 3, nil)})
-	checkLongPrompt(t, s, "llama", "http://"+s.turnoutAddr, 0)
+	checkLongPrompt(t, s, "llama", "http://"+s.turnoutAddr, route.DefaultRouteBody)
 }
