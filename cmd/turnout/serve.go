@@ -158,6 +158,9 @@ func runServe(args []string, log *zerolog.Logger) error {
 		if err := startSPOE(ctx, a, srv, log); err != nil {
 			return err
 		}
+	} else if cfg.HAProxy.Path == route.HAProxyPathSPOE {
+		// An HAProxy rendered for this config would find no agent and fail open.
+		log.Info().Msg("no SPOE agent: give --haproxy-dir (or haproxy.dir, or haproxy.spoe) when HAProxy routes through turnout")
 	}
 	if a := cfg.Feedback.Syslog; a != "" {
 		go func() {
