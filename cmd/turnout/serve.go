@@ -113,15 +113,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 		syncCh <- req
 	}
 	lns := newListeners(srv, log)
-	// haproxy.path spoe (default): the agent on haproxy.spoe, else on the
-	// socket next to the rendered HAProxy files (haproxy/render.go SPOEAddr).
-	lns.spoeAddr = func(c *route.Config) string {
-		dir := *haDir
-		if dir == "" {
-			dir = c.HAProxy.Dir
-		}
-		return haproxy.SPOEAddr(c, dir)
-	}
+	lns.spoeAddr = spoeAddrFunc(*haDir)
 	// Grace before an old listener closes: the proxies have been reloaded
 	// toward the new address; their old workers finish what they started.
 	// Without a managed proxy the operator moves it, so wait longer.
