@@ -639,15 +639,17 @@ deployments:
 // error naming the field, at start.
 func TestKubeBadSelector(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "t.yaml")
-	if err := os.WriteFile(path, []byte(`deployments:
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(`listen: %s
+feedback: {disable: true}
+deployments:
   - name: chat
     pools:
       - role: mixed
         discovery: {kubernetes: {label_selector: "app in (vllm", port: http}}
-`), 0o644); err != nil {
+`, FreeAddr(t))), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(TurnoutBin(t), "serve", "--config", path, "--listen", FreeAddr(t)).CombinedOutput()
+	out, err := exec.Command(TurnoutBin(t), "serve", "--config", path).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "deployments[0].pools[0].discovery.kubernetes.label_selector") {
 		t.Fatalf("want a config error naming the field, got %v:\n%s", err, out)
 	}
