@@ -4,7 +4,7 @@ BIN     := bin/turnout
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 export CGO_ENABLED := 0
 
-.PHONY: all build test test-unit test-e2e bench bench-smoke demo run fuzz vet clean
+.PHONY: all build test test-unit test-e2e bench bench-smoke demo demo-k8s run fuzz vet clean
 
 all: build
 
@@ -45,6 +45,12 @@ run: build
 # The demo: turnout + HAProxy (or nginx: PROXY=nginx) + 4 mock replicas.
 demo: build
 	PROXY=$(or $(PROXY),haproxy) TURNOUT_BIN=$(CURDIR)/$(BIN) bash scripts/demo.sh
+
+# The Kubernetes discovery demo (also: make demo K8S=1): etcd + kube-apiserver,
+# turnout, HAProxy and mock replicas in a network namespace (needs root);
+# scales decode 2 -> 4 -> 2 through EndpointSlices (scripts/demo-k8s.sh).
+demo-k8s: build
+	TURNOUT_BIN=$(CURDIR)/$(BIN) bash scripts/demo-k8s.sh
 
 clean:
 	rm -rf bin bench-out bench-route.txt

@@ -12,6 +12,8 @@
 # replicas 127.0.0.1:8001-8004, turnout 127.0.0.1:9090, HAProxy 127.0.0.1:8080,
 # completion feedback (syslog/UDP) 127.0.0.1:9514.
 set -euo pipefail
+# make demo K8S=1: the Kubernetes discovery demo instead.
+[[ ${K8S:-} == 1 ]] && exec bash "$(dirname "${BASH_SOURCE[0]}")/demo-k8s.sh"
 
 PROXY=${PROXY:-haproxy}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
