@@ -333,14 +333,16 @@ deployments:
 	report(b, m)
 }
 
-// BenchmarkKubeSync: a Service with 10 (baseline), 1,000 or 5,000 ready endpoints (slices
-// of 100): how long the discovery source takes to list them and report
-// every endpoint, the Go heap it holds, then the same through the turnout
-// binary (start to /metrics listing every endpoint) and turnout's RSS.
+// BenchmarkKubeSync: a Service with 10 (baseline), 1,000 or 5,000 ready
+// endpoints (slices of 100): how long the discovery source takes to list
+// them and report every endpoint and the Go heap it holds; then the turnout
+// binary with HAProxy sync (start to /metrics listing every endpoint and
+// haproxy.cfg written), HAProxy loading that file, the latency of single
+// changes (a pod appears, a pod goes) at this size, and turnout's RSS.
 func BenchmarkKubeSync(b *testing.B) {
 	for _, n := range []int{10, 1000, 5000} {
-		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
-			if !inNetns(b, false) {
+		b.Run(fmt.Sprintf("endpoints-%d", n), func(b *testing.B) {
+			if !inNetns(b, true) {
 				return
 			}
 			benchSync(b, n)
@@ -397,27 +399,80 @@ func benchSync(b *testing.B, n int) {
 	runtime.KeepAlive(eps)
 	src.Close()
 
-	// The turnout binary: from exec to /metrics listing every endpoint.
+	// The turnout binary with HAProxy sync: from exec to /metrics listing
+	// every endpoint and haproxy.cfg written (rendered, checked with
+	// haproxy -c); then HAProxy loading it; then single changes at this size.
 	dir := b.TempDir()
-	listen := freeAddr(b)
+	hdir := filepath.Join(dir, "haproxy")
+	listen, hlisten := freeAddr(b), freeAddr(b)
 	path := filepath.Join(dir, "turnout.yaml")
-	if err := os.WriteFile(path, []byte(fmt.Sprintf("listen: %s\nhealth: {interval: 5s, timeout: 1s}\n", listen)+pools), 0o644); err != nil {
+	head := fmt.Sprintf("listen: %s\nhealth: {interval: 5s, timeout: 1s}\nhaproxy: {listen: %q, dir: %q, drain_timeout: 2s, nbthread: 1}\n", listen, hlisten, hdir)
+	if err := os.WriteFile(path, []byte(head+pools), 0o644); err != nil {
 		b.Fatal(err)
 	}
 	t2 := time.Now()
-	cmd := proc(b, dir, "turnout", os.Getenv(turnoutEnv), "serve", "--config", path,
+	cmd := proc(b, dir, "turnout", os.Getenv(turnoutEnv), "serve", "--config", path, "--haproxy-dir", hdir,
 		"--kubeconfig", c.Kubeconfig(kubetest.TurnoutToken), "--log-level", "error")
-	poll(b, time.Minute, "turnout's /metrics to list every endpoint", func() bool {
-		return metricLines(listen, "turnout_endpoint_up{") == n
+	poll(b, 2*time.Minute, "turnout's /metrics to list every endpoint and haproxy.cfg", func() bool {
+		_, err := os.Stat(filepath.Join(hdir, "haproxy.cfg"))
+		return err == nil && metricLines(listen, "turnout_endpoint_up{") == n
 	})
 	binSync := time.Since(t2)
+	haproxy, err := exec.LookPath("haproxy")
+	if err != nil {
+		b.Fatal(err)
+	}
+	t3 := time.Now()
+	proc(b, dir, "haproxy", haproxy, "-f", filepath.Join(hdir, "haproxy.cfg"))
+	sock := filepath.Join(hdir, "admin.sock")
+	const backend = "chat_mixed"
+	poll(b, 2*time.Minute, "HAProxy with every server", func() bool {
+		m, err := serversState(sock, backend)
+		return err == nil && len(m) == n
+	})
+	haStart := time.Since(t3)
+
+	// 10 changes at this size: a pod in its own slice appears, then goes.
+	var lat []time.Duration
+	for i := range 10 {
+		pod := fmt.Sprintf("extra-%d", i/2)
+		t0 := time.Now()
+		var want func(map[string]srvState) bool
+		if i%2 == 0 {
+			if _, err := api.Create(ctx, benchSlice("vllm-extra", []discoveryv1.Endpoint{benchEP(pod, "10.244.3.1", true, false)}), metav1.CreateOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			want = func(m map[string]srvState) bool { s, ok := m[pod]; return ok && !s.maint }
+		} else {
+			if err := api.Delete(ctx, "vllm-extra", metav1.DeleteOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			want = func(m map[string]srvState) bool { _, ok := m[pod]; return !ok }
+		}
+		for {
+			m, err := serversState(sock, backend)
+			if err == nil && want(m) {
+				break
+			}
+			if time.Since(t0) > 30*time.Second {
+				b.Fatalf("change %d (%s) not in HAProxy after 30s", i, pod)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	slices.Sort(lat)
 	time.Sleep(2 * time.Second) // a few health rounds: steady state
 	rss, hwm := procMem(b, cmd.Process.Pid)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	report(b, map[string]float64{
-		"source-sync-ms":    float64(srcSync.Microseconds()) / 1000,
-		"endpoints-call-ms": float64(endpointsCall.Microseconds()) / 1000,
+		"source-sync-ms":    ms(srcSync),
+		"endpoints-call-ms": ms(endpointsCall),
 		"source-heap-MB":    heap / (1 << 20),
-		"turnout-sync-ms":   float64(binSync.Microseconds()) / 1000,
+		"turnout-sync-ms":   ms(binSync),
+		"haproxy-start-ms":  ms(haStart),
+		"change-p50-ms":     ms(percentile(lat, 0.5)),
+		"change-max-ms":     ms(lat[len(lat)-1]),
 		"turnout-rss-MB":    rss,
 		"turnout-hwm-MB":    hwm,
 	})
