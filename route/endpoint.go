@@ -14,6 +14,8 @@ type endpointState struct {
 	down      atomic.Bool
 	fails     atomic.Int32
 	decisions atomic.Uint64
+	// engine is the last engine-reported load (nil: none, use inflight).
+	engine atomic.Pointer[EngineLoad]
 }
 
 // Endpoint is one replica inside an immutable pool snapshot.
@@ -32,6 +34,38 @@ type Endpoint struct {
 
 // Inflight is the number of decisions sent to this endpoint not yet completed.
 func (e *Endpoint) Inflight() int64 { return e.st.inflight.Load() }
+
+// Load is the figure every policy balances on: the engine's own count of
+// running + waiting requests at the last scrape plus the decisions this
+// instance made since that scrape (so a burst between scrapes is seen at
+// once), or the in-flight count when no engine figure is known (scraping
+// off or failing). Allocation-free: two atomic loads.
+func (e *Endpoint) Load() int64 {
+	if el := e.st.engine.Load(); el != nil {
+		return el.Requests + int64(e.st.decisions.Load()-el.Mark)
+	}
+	return e.st.inflight.Load()
+}
+
+// EngineLoad is one scrape of a replica's own metrics.
+type EngineLoad struct {
+	// Requests is running + waiting as the engine reported them.
+	Requests int64
+	// KVUsage is the engine's KV-cache usage in [0, 1] (-1: not reported).
+	KVUsage float64
+	// Mark is DecisionMark() taken just before the scrape was sent: the
+	// decisions after it are not in Requests yet.
+	Mark uint64
+}
+
+// DecisionMark is this endpoint's decision counter, to pair with a scrape.
+func (e *Endpoint) DecisionMark() uint64 { return e.st.decisions.Load() }
+
+// SetEngineLoad publishes a scrape; nil goes back to in-flight counts.
+func (e *Endpoint) SetEngineLoad(l *EngineLoad) { e.st.engine.Store(l) }
+
+// Engine returns the last published scrape, or nil.
+func (e *Endpoint) Engine() *EngineLoad { return e.st.engine.Load() }
 
 // Available reports whether the endpoint may receive requests.
 func (e *Endpoint) Available() bool { return !e.st.down.Load() }

@@ -202,7 +202,7 @@ func fillLeastLoaded(dst []*Endpoint, p *Pool, rnd *Rand) []*Endpoint {
 			if !e.Available() || contains(dst, e) {
 				continue
 			}
-			if l := e.Inflight(); best == nil || l < bestLoad {
+			if l := e.Load(); best == nil || l < bestLoad {
 				best, bestLoad = e, l
 			}
 		}
@@ -214,12 +214,12 @@ func fillLeastLoaded(dst []*Endpoint, p *Pool, rnd *Rand) []*Endpoint {
 	return dst
 }
 
-// minInflight is the lowest in-flight count among available endpoints; ok is
-// false when none is available.
-func minInflight(p *Pool) (minLoad int64, ok bool) {
+// lowestLoad is the lowest Load among available endpoints; ok is false when
+// none is available.
+func lowestLoad(p *Pool) (minLoad int64, ok bool) {
 	for _, e := range p.Endpoints {
 		if e.Available() {
-			if l := e.Inflight(); !ok || l < minLoad {
+			if l := e.Load(); !ok || l < minLoad {
 				minLoad, ok = l, true
 			}
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/turnout/turnout/haproxy"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/engineload"
 )
 
 // syncer pushes accepted configs to a proxy (HAProxy runtime API).
@@ -148,6 +149,10 @@ func runServe(args []string, log *zerolog.Logger) error {
 	}
 	go srv.Run(ctx)
 	go srv.RunHealth(ctx)
+	// Engine-reported load (issue 11): scrapes every endpoint's /metrics.
+	scraper := engineload.New(srv, log)
+	srv.AddMetrics(scraper.WriteMetrics)
+	go scraper.Run(ctx)
 	if a := cfg.HAProxy.SPOE; a != "" {
 		if err := startSPOE(ctx, a, srv, log); err != nil {
 			return err

@@ -1,0 +1,58 @@
+package route
+
+import (
+	"fmt"
+	"testing"
+)
+
+// Load = engine figure + this instance's decisions since the scrape; without
+// an engine figure, the in-flight count.
+func TestEndpointLoad(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(fourEndpoints, "least-request"))
+	e := s.Snapshot().Deployments[0].Serve.Endpoints[0]
+	e.AddInflight(3)
+	if e.Load() != 3 {
+		t.Fatalf("no engine figure: load %d, want in-flight 3", e.Load())
+	}
+	e.SetEngineLoad(&EngineLoad{Requests: 20, KVUsage: 0.5, Mark: e.DecisionMark()})
+	if e.Load() != 20 {
+		t.Fatalf("engine figure: load %d, want 20", e.Load())
+	}
+	for i := 0; i < 2; i++ {
+		s.dec.open(e, 0)
+	}
+	if e.Load() != 22 {
+		t.Fatalf("two decisions after the scrape: load %d, want 22", e.Load())
+	}
+	e.SetEngineLoad(nil)
+	if e.Load() != 5 {
+		t.Fatalf("engine figure dropped: load %d, want in-flight 5", e.Load())
+	}
+}
+
+// A replica whose engine reports a queue gets no request from least-request
+// (global minimum), session-hash or prefix-affinity, although this instance
+// has nothing in flight there.
+func TestEngineLoadSteersEveryPolicy(t *testing.T) {
+	for _, pol := range []string{"least-request", "least-request, params: {choices: 0}", "session-hash", "prefix-affinity"} {
+		t.Run(pol, func(t *testing.T) {
+			s := mustServer(t, fmt.Sprintf(fourEndpoints, pol))
+			eps := s.Snapshot().Deployments[0].Serve.Endpoints
+			for _, e := range eps {
+				e.SetEngineLoad(&EngineLoad{Requests: 2, Mark: e.DecisionMark()})
+			}
+			busy := eps[1]
+			busy.SetEngineLoad(&EngineLoad{Requests: 20, Mark: busy.DecisionMark()})
+			// 20 requests: decisions since the scrape count until the next one.
+			for i := 0; i < 20; i++ {
+				ctx := do(s, chatBody("llama", "", fmt.Sprintf("question %d", i)), "X-Session-ID", fmt.Sprintf("u%d", i))
+				if got := hdr(ctx, HdrServer); got == busy.Name {
+					t.Fatalf("request %d sent to %s, whose engine reports 20 waiting", i, got)
+				}
+				if id, _ := parseID([]byte(hdr(ctx, HdrDecision))); !s.Complete(id) {
+					t.Fatal("decision not completable")
+				}
+			}
+		})
+	}
+}
