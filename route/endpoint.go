@@ -86,6 +86,8 @@ type Pool struct {
 	Policy     Policy
 	// blockBytes > 0 when the policy wants prompt block hashes.
 	blockBytes int
+	// records: the policy learns from other instances' decisions.
+	records bool
 	nameHdr    []byte
 	m          *poolMetrics
 }
@@ -200,6 +202,7 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 					minBlock = p.blockBytes
 				}
 			}
+			_, p.records = policy.(PrefixRecorder)
 			if st, ok := policy.(Stater); ok {
 				if old := prevPools[p.Name]; old != nil {
 					st.Carry(old.Policy)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/turnout/turnout/haproxy"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/cluster"
 	"github.com/turnout/turnout/route/engineload"
 )
 
@@ -153,6 +154,17 @@ func runServe(args []string, log *zerolog.Logger) error {
 	scraper := engineload.New(srv, log)
 	srv.AddMetrics(scraper.WriteMetrics)
 	go scraper.Run(ctx)
+	// Shared prefix view (issue 11): cluster settings are read at start.
+	if cfg.Cluster.Enabled() {
+		cs, err := cluster.New(srv, cfg.Cluster, log)
+		if err != nil {
+			return err
+		}
+		srv.AddMetrics(cs.WriteMetrics)
+		go cs.Run(ctx)
+		defer cs.Wait()
+		log.Info().Str("cluster", cfg.Cluster.String()).Msg("cluster prefix sharing on")
+	}
 	if a := cfg.HAProxy.SPOE; a != "" {
 		if err := startSPOE(ctx, a, srv, log); err != nil {
 			return err
