@@ -88,8 +88,8 @@ type Pool struct {
 	blockBytes int
 	// records: the policy learns from other instances' decisions.
 	records bool
-	nameHdr    []byte
-	m          *poolMetrics
+	nameHdr []byte
+	m       *poolMetrics
 }
 
 // Deployment is a model deployment with its pools.

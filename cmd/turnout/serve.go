@@ -162,7 +162,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 		}
 		srv.AddMetrics(cs.WriteMetrics)
 		go cs.Run(ctx)
-		defer cs.Wait()
+		defer func() { stop(); cs.Wait() }() // flushes the last batch
 		log.Info().Str("cluster", cfg.Cluster.String()).Msg("cluster prefix sharing on")
 	}
 	if a := cfg.HAProxy.SPOE; a != "" {

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"strconv"
+	"strings"
 	"testing"
-	"unsafe"
 	"time"
+	"unsafe"
 
 	"github.com/nats-io/nats.go"
 	"github.com/valyala/fasthttp"

@@ -215,7 +215,7 @@ deployments:
 		t.Run(tc.res.String(), func(t *testing.T) {
 			p.set("ok", vllmPage(2, 20, 0.5))
 			waitFor(t, "recovery", func() bool { return sc.LastResult("m0") == "ok" && ep.Engine() != nil })
-			warns := logs.count(`"result":"`+tc.res.String()+`"`)
+			warns := logs.count(`"result":"` + tc.res.String() + `"`)
 			p.set(tc.mode, tc.body)
 			waitFor(t, tc.res.String(), func() bool { return sc.LastResult("m0") == tc.res.String() })
 			if ep.Engine() != nil {
