@@ -36,13 +36,16 @@ type Endpoint struct {
 func (e *Endpoint) Inflight() int64 { return e.st.inflight.Load() }
 
 // Load is the figure every policy balances on: the engine's own count of
-// running + waiting requests at the last scrape plus the decisions this
-// instance made since that scrape (so a burst between scrapes is seen at
-// once), or the in-flight count when no engine figure is known (scraping
-// off or failing). Allocation-free: two atomic loads.
+// running + waiting requests at the last scrape, moved by this instance's
+// in-flight change since that scrape (decisions opened minus completed: a
+// burst between scrapes is seen at once, and a finished request stops
+// counting), or the in-flight count when no engine figure is known
+// (scraping off or failing). Counting the change rather than the level
+// keeps a lost completion from inflating the figure beyond one scrape.
+// Allocation-free: two atomic loads.
 func (e *Endpoint) Load() int64 {
 	if el := e.st.engine.Load(); el != nil {
-		return el.Requests + int64(e.st.decisions.Load()-el.Mark)
+		return max(0, el.Requests+e.st.inflight.Load()-el.Mark)
 	}
 	return e.st.inflight.Load()
 }
@@ -53,13 +56,30 @@ type EngineLoad struct {
 	Requests int64
 	// KVUsage is the engine's KV-cache usage in [0, 1] (-1: not reported).
 	KVUsage float64
-	// Mark is DecisionMark() taken just before the scrape was sent: the
-	// decisions after it are not in Requests yet.
-	Mark uint64
+	// Mark is DecisionMark() taken just before the scrape was sent.
+	Mark int64
+	// Decisions is DecisionCount() taken at the same time.
+	Decisions uint64
 }
 
-// DecisionMark is this endpoint's decision counter, to pair with a scrape.
-func (e *Endpoint) DecisionMark() uint64 { return e.st.decisions.Load() }
+// DecisionCount is the number of decisions made for this endpoint so far.
+func (e *Endpoint) DecisionCount() uint64 { return e.st.decisions.Load() }
+
+// recent is the number of decisions made for this endpoint since the last
+// scrape (0 without an engine figure): among equally loaded endpoints, the
+// one that received fewer requests lately gets a new prompt, so placements
+// even out request counts even when requests finish too fast to show as
+// load.
+func (e *Endpoint) recent() uint64 {
+	if el := e.st.engine.Load(); el != nil {
+		return e.st.decisions.Load() - el.Decisions
+	}
+	return 0
+}
+
+// DecisionMark is this endpoint's in-flight count, to pair with a scrape:
+// Load adds the change since.
+func (e *Endpoint) DecisionMark() int64 { return e.st.inflight.Load() }
 
 // SetEngineLoad publishes a scrape; nil goes back to in-flight counts.
 func (e *Endpoint) SetEngineLoad(l *EngineLoad) { e.st.engine.Store(l) }

@@ -5,8 +5,8 @@ import (
 	"testing"
 )
 
-// Load = engine figure + this instance's decisions since the scrape; without
-// an engine figure, the in-flight count.
+// Load = engine figure + this instance's in-flight change since the scrape;
+// without an engine figure, the in-flight count.
 func TestEndpointLoad(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(fourEndpoints, "least-request"))
 	e := s.Snapshot().Deployments[0].Serve.Endpoints[0]
@@ -18,15 +18,26 @@ func TestEndpointLoad(t *testing.T) {
 	if e.Load() != 20 {
 		t.Fatalf("engine figure: load %d, want 20", e.Load())
 	}
+	var ids []uint64
 	for i := 0; i < 2; i++ {
-		s.dec.open(e, 0)
+		ids = append(ids, s.dec.open(e, 0))
 	}
 	if e.Load() != 22 {
 		t.Fatalf("two decisions after the scrape: load %d, want 22", e.Load())
 	}
+	s.Complete(ids[0])
+	if e.Load() != 21 {
+		t.Fatalf("one of them completed: load %d, want 21", e.Load())
+	}
+	// Completions of requests the engine had counted bring it down, never below 0.
+	e.AddInflight(-40)
+	if e.Load() != 0 {
+		t.Fatalf("load %d after many completions, want 0", e.Load())
+	}
+	e.AddInflight(40)
 	e.SetEngineLoad(nil)
-	if e.Load() != 5 {
-		t.Fatalf("engine figure dropped: load %d, want in-flight 5", e.Load())
+	if e.Load() != 4 {
+		t.Fatalf("engine figure dropped: load %d, want in-flight 4", e.Load())
 	}
 }
 
@@ -43,8 +54,7 @@ func TestEngineLoadSteersEveryPolicy(t *testing.T) {
 			}
 			busy := eps[1]
 			busy.SetEngineLoad(&EngineLoad{Requests: 20, Mark: busy.DecisionMark()})
-			// 20 requests: decisions since the scrape count until the next one.
-			for i := 0; i < 20; i++ {
+			for i := 0; i < 40; i++ {
 				ctx := do(s, chatBody("llama", "", fmt.Sprintf("question %d", i)), "X-Session-ID", fmt.Sprintf("u%d", i))
 				if got := hdr(ctx, HdrServer); got == busy.Name {
 					t.Fatalf("request %d sent to %s, whose engine reports 20 waiting", i, got)

@@ -183,8 +183,8 @@ func contains(dst []*Endpoint, e *Endpoint) bool {
 }
 
 // fillLeastLoaded appends the least-loaded available endpoints not yet in
-// dst until dst is full; ties go to the earliest after a random rotation so
-// equal loads spread.
+// dst until dst is full; ties go to the fewest decisions since the last
+// scrape, then to the earliest after a random rotation so equal loads spread.
 func fillLeastLoaded(dst []*Endpoint, p *Pool, rnd *Rand) []*Endpoint {
 	n := len(p.Endpoints)
 	if n == 0 {
@@ -197,13 +197,18 @@ func fillLeastLoaded(dst []*Endpoint, p *Pool, rnd *Rand) []*Endpoint {
 	for len(dst) < cap(dst) {
 		var best *Endpoint
 		var bestLoad int64
+		var bestRecent uint64
 		for i := 0; i < n; i++ {
 			e := p.Endpoints[(i+off)%n]
 			if !e.Available() || contains(dst, e) {
 				continue
 			}
-			if l := e.Load(); best == nil || l < bestLoad {
-				best, bestLoad = e, l
+			l := e.Load()
+			if best != nil && l > bestLoad {
+				continue
+			}
+			if r := e.recent(); best == nil || l < bestLoad || r < bestRecent {
+				best, bestLoad, bestRecent = e, l, r
 			}
 		}
 		if best == nil {

@@ -185,10 +185,11 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*route.Endpoin
 	if ctx.Err() != nil {
 		return
 	}
-	// Decisions made from here on may not be in the engine's figure yet.
-	marks := make([]uint64, len(eps))
+	// In-flight changes from here on may not be in the engine's figure yet.
+	marks := make([]int64, len(eps))
+	decs := make([]uint64, len(eps))
 	for i, e := range eps {
-		marks[i] = e.DecisionMark()
+		marks[i], decs[i] = e.DecisionMark(), e.DecisionCount()
 	}
 	start := s.now()
 	load, n, res, err := s.fetch(eps[0].Address, cfg)
@@ -198,7 +199,7 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*route.Endpoin
 	for i, e := range eps {
 		if res == ResultOK {
 			l := load
-			l.Mark = marks[i]
+			l.Mark, l.Decisions = marks[i], decs[i]
 			e.SetEngineLoad(&l)
 		} else {
 			e.SetEngineLoad(nil)

@@ -138,7 +138,7 @@ func (s *syncBuf) count(sub string) int {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(15 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -175,7 +175,7 @@ func TestScraperBadPages(t *testing.T) {
 	addr := startPage(t, p)
 	cfg, err := route.ParseConfig([]byte(fmt.Sprintf(`
 health: {disable: true}
-engine_metrics: {interval: 50ms, timeout: 150ms, max_bytes: 1048576}
+engine_metrics: {interval: 300ms, timeout: 1s, max_bytes: 1048576}
 deployments:
   - name: llama
     policy: {name: least-request, params: {choices: 0}}
@@ -226,9 +226,10 @@ deployments:
 				t.Fatalf("load %d, want the in-flight count 5", ep.Load())
 			}
 			ep.AddInflight(-5)
-			// Decisions while scrapes keep failing (stalling): never held.
+			// Decisions while scrapes keep failing (stalling): never held. A
+			// decision waiting on a scrape would take the 1 s timeout.
 			for i := 0; i < 20; i++ {
-				if _, took := routeOnce(t, srv); took > 50*time.Millisecond {
+				if _, took := routeOnce(t, srv); took > 500*time.Millisecond {
 					t.Fatalf("decision took %s during %s scrapes", took, tc.res)
 				}
 			}
