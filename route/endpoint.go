@@ -16,6 +16,8 @@ type endpointState struct {
 	decisions atomic.Uint64
 	// engine is the last engine-reported load (nil: none, use inflight).
 	engine atomic.Pointer[EngineLoad]
+	// window is 1 + the decision count at the last scrape attempt (0: none).
+	window atomic.Uint64
 }
 
 // Endpoint is one replica inside an immutable pool snapshot.
@@ -58,23 +60,23 @@ type EngineLoad struct {
 	KVUsage float64
 	// Mark is DecisionMark() taken just before the scrape was sent.
 	Mark int64
-	// Decisions is DecisionCount() taken at the same time.
-	Decisions uint64
 }
 
-// DecisionCount is the number of decisions made for this endpoint so far.
-func (e *Endpoint) DecisionCount() uint64 { return e.st.decisions.Load() }
+// StartWindow starts a new recent-decisions window; the scraper calls it at
+// every scrape attempt, failed or not, so windows are alike across endpoints.
+func (e *Endpoint) StartWindow() { e.st.window.Store(e.st.decisions.Load() + 1) }
 
 // recent is the number of decisions made for this endpoint since the last
-// scrape (0 without an engine figure): among equally loaded endpoints, the
-// one that received fewer requests lately gets a new prompt, so placements
-// even out request counts even when requests finish too fast to show as
-// load.
+// scrape attempt (0 when nothing scrapes): among equally loaded endpoints,
+// the one that received fewer requests lately gets a new prompt, so
+// placements even out request counts even when requests finish too fast to
+// show as load.
 func (e *Endpoint) recent() uint64 {
-	if el := e.st.engine.Load(); el != nil {
-		return e.st.decisions.Load() - el.Decisions
+	w := e.st.window.Load() // decisions + 1 at the window start, 0: never
+	if w == 0 {
+		return 0
 	}
-	return 0
+	return e.st.decisions.Load() + 1 - w
 }
 
 // DecisionMark is this endpoint's in-flight count, to pair with a scrape:

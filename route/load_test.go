@@ -66,3 +66,26 @@ func TestEngineLoadSteersEveryPolicy(t *testing.T) {
 		})
 	}
 }
+
+// Among equally loaded endpoints a new prompt goes to the one with the
+// fewest decisions since the last scrape attempt, so requests too short to
+// show as load still spread; with no scraper, ties rotate at random.
+func TestTieBreakRecentDecisions(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(fourEndpoints, "least-request, params: {choices: 0}"))
+	eps := s.Snapshot().Deployments[0].Serve.Endpoints
+	for _, e := range eps {
+		e.StartWindow()
+	}
+	counts := map[string]int{}
+	for i := 0; i < 40; i++ {
+		ctx := do(s, chatBody("llama", "", fmt.Sprintf("q%d", i)))
+		counts[hdr(ctx, HdrServer)]++
+		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+		s.Complete(id) // load back to 0: only the recent count differs
+	}
+	for _, e := range eps {
+		if counts[e.Name] != 10 {
+			t.Fatalf("40 sequential requests spread %v, want 10 each", counts)
+		}
+	}
+}

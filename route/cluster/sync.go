@@ -221,15 +221,18 @@ type batch struct {
 }
 
 // Run publishes batches until ctx ends, then closes the connection.
+//
+// The publisher polls the queue every BatchDelay instead of blocking on it:
+// a goroutine parked on a channel must be woken by each send, which would
+// cost the decision path a scheduler round trip per decision. Polling keeps
+// the hot path to one channel receive and one send that never wake anyone;
+// a batch goes out when it reaches BatchSize during a drain, the rest at the
+// end of each tick (so a decision waits at most about BatchDelay).
 func (s *Sync) Run(ctx context.Context) {
 	defer close(s.done)
 	defer s.nc.Close()
 	defer s.srv.SetPrefixSink(nil)
 	batches := map[*route.Pool]*batch{}
-	delay := s.cfg.BatchDelay.D()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	pending := 0
 	flush := func(p *route.Pool, b *batch) {
 		if b.count == 0 {
 			return
@@ -245,48 +248,56 @@ func (s *Sync) Run(ctx context.Context) {
 		default:
 			s.dropErr.Add(uint64(b.count))
 		}
-		pending -= b.count
 		b.count = 0
 		b.buf = appendHeader(b.buf[:0], s.name, p.Name)
 	}
-	flushAll := func() {
-		for p, b := range batches {
+	add := func(it *item) {
+		p := it.pool
+		b := batches[p]
+		if b == nil {
+			if len(batches) > 256 {
+				// Pools from old snapshots: start over.
+				for op, ob := range batches {
+					flush(op, ob)
+				}
+				clear(batches)
+			}
+			b = &batch{subj: s.Subject(p.Name), buf: appendHeader(nil, s.name, p.Name)}
+			batches[p] = b
+		}
+		if len(b.buf)+len(it.ep.Name)+10+8*len(it.blocks) > MaxMessageBytes {
+			flush(p, b)
+		}
+		b.buf = appendRecord(b.buf, it.ep.Name, it.blocks)
+		b.count++
+		it.pool, it.ep = nil, nil
+		s.free <- it
+		if b.count >= s.cfg.BatchSize {
 			flush(p, b)
 		}
 	}
+	drain := func() {
+		for {
+			select {
+			case it := <-s.queue:
+				add(it)
+			default:
+				for p, b := range batches {
+					flush(p, b)
+				}
+				return
+			}
+		}
+	}
+	tick := time.NewTicker(max(s.cfg.BatchDelay.D(), 100*time.Microsecond))
+	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			flushAll()
+			drain()
 			return
-		case <-timer.C:
-			flushAll()
-		case it := <-s.queue:
-			p := it.pool
-			b := batches[p]
-			if b == nil {
-				if len(batches) > 256 {
-					// Pools from old snapshots: start over.
-					flushAll()
-					clear(batches)
-				}
-				b = &batch{subj: s.Subject(p.Name), buf: appendHeader(nil, s.name, p.Name)}
-				batches[p] = b
-			}
-			if len(b.buf)+len(it.ep.Name)+10+8*len(it.blocks) > MaxMessageBytes {
-				flush(p, b)
-			}
-			b.buf = appendRecord(b.buf, it.ep.Name, it.blocks)
-			b.count++
-			if pending == 0 && delay > 0 {
-				timer.Reset(delay)
-			}
-			pending++
-			it.pool, it.ep = nil, nil
-			s.free <- it
-			if b.count >= s.cfg.BatchSize || delay == 0 {
-				flush(p, b)
-			}
+		case <-tick.C:
+			drain()
 		}
 	}
 }

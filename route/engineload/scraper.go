@@ -187,9 +187,9 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*route.Endpoin
 	}
 	// In-flight changes from here on may not be in the engine's figure yet.
 	marks := make([]int64, len(eps))
-	decs := make([]uint64, len(eps))
 	for i, e := range eps {
-		marks[i], decs[i] = e.DecisionMark(), e.DecisionCount()
+		marks[i] = e.DecisionMark()
+		e.StartWindow()
 	}
 	start := s.now()
 	load, n, res, err := s.fetch(eps[0].Address, cfg)
@@ -199,7 +199,7 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*route.Endpoin
 	for i, e := range eps {
 		if res == ResultOK {
 			l := load
-			l.Mark, l.Decisions = marks[i], decs[i]
+			l.Mark = marks[i]
 			e.SetEngineLoad(&l)
 		} else {
 			e.SetEngineLoad(nil)
