@@ -276,7 +276,50 @@ func isTimeout(err error) bool {
 // page with the Prometheus project's own parser. Series are summed over
 // labels (vLLM exports one series per engine with data parallelism); the
 // KV usage is the highest of them.
+//
+// Only the lines of those four families are handed to the parser: a vLLM
+// page is mostly histograms (~40-100 KiB), and parsing all of it costs
+// ~1.7 ms and 12k allocations, against ~20 us for the lines kept
+// (BENCHMARKS.md). A page without any of them is parsed whole, to tell
+// garbage (parse_error) from another exporter (no_metrics).
 func Parse(body []byte) (route.EngineLoad, Result, error) {
+	if kept := keepLoadLines(body); len(kept) > 0 {
+		return parse(kept)
+	}
+	return parse(body)
+}
+
+// loadFamilies are the metric names Parse reads.
+var loadFamilies = [...][]byte{[]byte(MetricRunning), []byte(MetricWaiting), []byte(MetricKV), []byte(MetricKVOld)}
+
+// keepLoadLines returns the sample, HELP and TYPE lines of loadFamilies.
+func keepLoadLines(body []byte) []byte {
+	var out []byte
+	for len(body) > 0 {
+		line := body
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			line, body = body[:i+1], body[i+1:]
+		} else {
+			body = nil
+		}
+		name := line
+		if bytes.HasPrefix(name, []byte("# HELP ")) || bytes.HasPrefix(name, []byte("# TYPE ")) {
+			name = name[7:]
+		}
+		for _, f := range loadFamilies {
+			if len(name) > len(f) && bytes.HasPrefix(name, f) && (name[len(f)] == '{' || name[len(f)] == ' ' || name[len(f)] == '\t') {
+				out = append(out, line...)
+				if line[len(line)-1] != '\n' {
+					out = append(out, '\n')
+				}
+				break
+			}
+		}
+	}
+	return out
+}
+
+func parse(body []byte) (route.EngineLoad, Result, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
 	if err != nil {

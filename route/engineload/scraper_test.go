@@ -52,6 +52,9 @@ func TestParse(t *testing.T) {
 		{"no kv", "vllm:num_requests_waiting 7\n", 7, -1, ResultOK},
 		{"other exporter", "# TYPE up gauge\nup 1\n", 0, 0, ResultNoMetrics},
 		{"garbage", "\x00\x01{{{ not prometheus at all\n", 0, 0, ResultParse},
+		{"realistic page, filtered", string(realisticPage()), 10, 0.42, ResultOK},
+		{"longer names ignored", "vllm:num_requests_running_total 99\nvllm:num_requests_waiting 1\n", 1, -1, ResultOK},
+		{"bad line among kept ones", "vllm:num_requests_running{a=\"1\"} 2\nvllm:num_requests_waiting{ 3\n", 0, 0, ResultParse},
 		{"bad value", "vllm:num_requests_running abc\n", 0, 0, ResultParse},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
