@@ -16,8 +16,10 @@ type endpointState struct {
 	decisions atomic.Uint64
 	// engine is the last engine-reported load (nil: none, use inflight).
 	engine atomic.Pointer[EngineLoad]
-	// window is 1 + the decision count at the last scrape attempt (0: none).
+	// window is 1 + decisions + peer at the last scrape attempt (0: none).
 	window atomic.Uint64
+	// peer counts other instances' decisions for this endpoint (cluster sync).
+	peer atomic.Uint64
 }
 
 // Endpoint is one replica inside an immutable pool snapshot.
@@ -64,10 +66,15 @@ type EngineLoad struct {
 
 // StartWindow starts a new recent-decisions window; the scraper calls it at
 // every scrape attempt, failed or not, so windows are alike across endpoints.
-func (e *Endpoint) StartWindow() { e.st.window.Store(e.st.decisions.Load() + 1) }
+func (e *Endpoint) StartWindow() { e.st.window.Store(e.st.decisions.Load() + e.st.peer.Load() + 1) }
 
-// recent is the number of decisions made for this endpoint since the last
-// scrape attempt (0 when nothing scrapes): among equally loaded endpoints,
+// NotePeerDecision counts a decision another turnout instance made for this
+// endpoint (cluster sync), so placements here even out the requests of
+// every instance, not only this one's.
+func (e *Endpoint) NotePeerDecision() { e.st.peer.Add(1) }
+
+// recent is the number of decisions made for this endpoint, here and by
+// peers, since the last scrape attempt (0 when nothing scrapes): among equally loaded endpoints,
 // the one that received fewer requests lately gets a new prompt, so
 // placements even out request counts even when requests finish too fast to
 // show as load.
@@ -76,7 +83,7 @@ func (e *Endpoint) recent() uint64 {
 	if w == 0 {
 		return 0
 	}
-	return e.st.decisions.Load() + 1 - w
+	return e.st.decisions.Load() + e.st.peer.Load() + 1 - w
 }
 
 // DecisionMark is this endpoint's in-flight count, to pair with a scrape:

@@ -187,7 +187,7 @@ func hitAndBalance(ms []*Mock) (hit, maxMean float64, reqs []int64) {
 // and on; then a replica loaded directly is avoided by both fronts.
 func TestClusterTwoFronts(t *testing.T) {
 	ns := StartNATS(t, 0)
-	const docs, reps, conc = 128, 3, 8
+	const docs, reps, conc = 192, 3, 8
 	w := newWorkload(docs, reps)
 
 	ms1 := clusterMocks(t, "one")
@@ -268,7 +268,7 @@ func checkLoadedReplicaAvoided(t *testing.T, ms []*Mock, fronts ...*hstack) {
 	for i := range 40 {
 		f := fronts[i%len(fronts)]
 		// Fresh prompts, and the documents the busy replica holds.
-		sys := fmt.Sprintf("document %d. %s", i%128, strings.Repeat(fmt.Sprintf("paragraph about topic %d ", i%128), 40))
+		sys := fmt.Sprintf("document %d. %s", i%192, strings.Repeat(fmt.Sprintf("paragraph about topic %d ", i%192), 40))
 		r := f.post(t, "/v1/chat/completions", chatBody("llama", sys, "more", false), nil)
 		if r.Status != 200 {
 			t.Fatalf("request %d: status %d", i, r.Status)

@@ -344,6 +344,7 @@ func (s *Sync) apply(data []byte, buf []uint64) []uint64 {
 			continue
 		}
 		rec.RecordPrefix(e.Index, buf)
+		e.NotePeerDecision()
 		s.recv[recvApplied].Add(1)
 	}
 	return buf

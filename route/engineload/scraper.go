@@ -78,7 +78,12 @@ type target struct {
 	results [numResults]atomic.Uint64
 	durNs   atomic.Uint64
 	bytes   atomic.Uint64
+	// attempts counts scrapes started (tie-break windows).
+	attempts atomic.Uint64
 }
+
+// windowScrapes is the length of a recent-decisions window in scrapes.
+const windowScrapes = 8
 
 // New returns a scraper for srv; Run starts it.
 func New(srv *route.Server, log *zerolog.Logger) *Scraper {
@@ -187,9 +192,15 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*route.Endpoin
 	}
 	// In-flight changes from here on may not be in the engine's figure yet.
 	marks := make([]int64, len(eps))
+	// Tie-break windows span windowScrapes attempts (2 s at the default
+	// 250 ms): long enough to even out request counts, short enough that
+	// an old burst is forgotten.
+	newWindow := t.attempts.Add(1)%windowScrapes == 1
 	for i, e := range eps {
 		marks[i] = e.DecisionMark()
-		e.StartWindow()
+		if newWindow {
+			e.StartWindow()
+		}
 	}
 	start := s.now()
 	load, n, res, err := s.fetch(eps[0].Address, cfg)
