@@ -177,11 +177,20 @@ func (pa *PrefixAffinity) miss(r *Request, p *Pool, dst []*Endpoint, minLoad int
 		r.Outcome = OutcomeOverflow
 	}
 	if pa.cfg.SessionAffinity && r.HasSession && len(dst) < cap(dst) {
+		// The endpoints fillLeastLoaded would consider equal: lowest load,
+		// then fewest recent decisions. dst holds none yet on a miss.
+		var minRecent uint64
+		found := false
+		for _, e := range p.Endpoints {
+			if e.Available() && e.Load() == minLoad {
+				if rc := e.recent(); !found || rc < minRecent {
+					minRecent, found = rc, true
+				}
+			}
+		}
 		var best *Endpoint
 		for _, e := range p.Endpoints {
-			// minLoad is over every available endpoint, and dst holds none
-			// yet on a miss, so ties at minLoad are the least loaded.
-			if !e.Available() || contains(dst, e) || e.Load() != minLoad {
+			if !e.Available() || contains(dst, e) || e.Load() != minLoad || e.recent() != minRecent {
 				continue
 			}
 			if best == nil || pa.sessionPrefers(r, e, best) {
