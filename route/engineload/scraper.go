@@ -60,11 +60,15 @@ func (r Result) String() string {
 
 // Scraper scrapes every endpoint of the server's live snapshot.
 type Scraper struct {
-	srv    *route.Server
-	log    *zerolog.Logger
-	client *fasthttp.Client
-	mu     sync.Mutex
-	eps    map[string]*target // by endpoint name (names are global)
+	srv *route.Server
+	log *zerolog.Logger
+	// client is rebuilt when the timeout or body cap changes (fasthttp
+	// reads them when it builds host clients); clientMu guards the swap.
+	clientMu  sync.Mutex
+	client    *fasthttp.Client
+	clientFor [2]int64 // timeout ns, max bytes
+	mu        sync.Mutex
+	eps       map[string]*target // by endpoint name (names are global)
 	// now is replaceable in tests.
 	now func() time.Time
 }
@@ -94,15 +98,6 @@ func New(srv *route.Server, log *zerolog.Logger) *Scraper {
 	return &Scraper{
 		srv: srv,
 		log: log,
-		client: &fasthttp.Client{
-			Name:                          "turnout-scraper",
-			NoDefaultUserAgentHeader:      false,
-			MaxConnsPerHost:               2,
-			MaxIdleConnDuration:           10 * time.Second,
-			DisableHeaderNamesNormalizing: true,
-			// MaxResponseBodySize and timeouts are set per request from
-			// the live config (see scrapeOne).
-		},
 		eps: map[string]*target{},
 		now: time.Now,
 	}
@@ -239,9 +234,7 @@ func (s *Scraper) fetch(addr string, cfg *route.EngineMetricsConfig) (route.Engi
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
 	// The body cap is enforced while reading: a 10 MB page is refused
 	// after max_bytes, never buffered whole.
-	resp.SkipBody = false
-	c := s.client
-	err := doCapped(c, req, resp, cfg.Timeout.D(), cfg.MaxBytes)
+	err := s.httpClient(cfg.Timeout.D(), cfg.MaxBytes).DoTimeout(req, resp, cfg.Timeout.D())
 	var zero route.EngineLoad
 	switch {
 	case err == nil:
@@ -260,22 +253,27 @@ func (s *Scraper) fetch(addr string, cfg *route.EngineMetricsConfig) (route.Engi
 	return load, len(body), res, err
 }
 
-// doCapped runs one request with a deadline and a response body cap. The
-// client's cap is per client, so a cap change rebuilds nothing: requests
-// carry it through a HostClient-independent check.
-func doCapped(c *fasthttp.Client, req *fasthttp.Request, resp *fasthttp.Response, timeout time.Duration, maxBytes int) error {
-	if c.MaxResponseBodySize != maxBytes || c.ReadTimeout != timeout {
-		// Config changed (rare): fasthttp reads these fields when it builds
-		// a host client, so start a fresh client.
-		*c = fasthttp.Client{
-			Name: c.Name, MaxConnsPerHost: c.MaxConnsPerHost, MaxIdleConnDuration: c.MaxIdleConnDuration,
+// httpClient returns the client for the live timeout and body cap.
+func (s *Scraper) httpClient(timeout time.Duration, maxBytes int) *fasthttp.Client {
+	s.clientMu.Lock()
+	defer s.clientMu.Unlock()
+	key := [2]int64{int64(timeout), int64(maxBytes)}
+	if s.client == nil || s.clientFor != key {
+		if s.client != nil {
+			s.client.CloseIdleConnections()
+		}
+		s.client = &fasthttp.Client{
+			Name:                          "turnout-scraper",
+			MaxConnsPerHost:               2,
+			MaxIdleConnDuration:           10 * time.Second,
 			DisableHeaderNamesNormalizing: true,
 			MaxResponseBodySize:           maxBytes,
 			ReadTimeout:                   timeout,
 			WriteTimeout:                  timeout,
 		}
+		s.clientFor = key
 	}
-	return c.DoTimeout(req, resp, timeout)
+	return s.client
 }
 
 func isTimeout(err error) bool {
