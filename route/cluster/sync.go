@@ -40,10 +40,19 @@ const (
 	recvUnknownPool            // a pool this instance does not serve
 	recvUnknownEndpoint        // a record for an endpoint not in the local pool
 	recvOwn                    // our own message (NoEcho should make this 0)
+	recvBlockSize              // a peer's pool uses another block size (config differs)
 	numRecv
 )
 
-var recvNames = [numRecv]string{"applied", "malformed", "oversized", "unknown_pool", "unknown_endpoint", "own"}
+var recvNames = [numRecv]string{"applied", "malformed", "oversized", "unknown_pool", "unknown_endpoint", "own", "block_size_mismatch"}
+
+// blockBytes is the pool's prefix block size (0 when its policy has none).
+func blockBytes(p *route.Pool) int {
+	if pu, ok := p.Policy.(route.PromptUser); ok {
+		return pu.BlockBytes()
+	}
+	return 0
+}
 
 // Sync is one instance's membership in the cluster.
 type Sync struct {
@@ -207,6 +216,11 @@ func (s *Sync) RoutedPrefix(p *route.Pool, e *route.Endpoint, blocks []uint64) {
 		s.dropFull.Add(1)
 		return
 	}
+	if len(blocks) > maxBlocks {
+		// Peers refuse longer records; the leading blocks carry the
+		// shared prefix, the tail is unique to this prompt anyway.
+		blocks = blocks[:maxBlocks]
+	}
 	it.pool, it.ep = p, e
 	it.blocks = append(it.blocks[:0], blocks...)
 	s.queued.Add(1)
@@ -249,7 +263,7 @@ func (s *Sync) Run(ctx context.Context) {
 			s.dropErr.Add(uint64(b.count))
 		}
 		b.count = 0
-		b.buf = appendHeader(b.buf[:0], s.name, p.Name)
+		b.buf = appendHeader(b.buf[:0], s.name, p.Name, blockBytes(p))
 	}
 	add := func(it *item) {
 		p := it.pool
@@ -262,7 +276,7 @@ func (s *Sync) Run(ctx context.Context) {
 				}
 				clear(batches)
 			}
-			b = &batch{subj: s.Subject(p.Name), buf: appendHeader(nil, s.name, p.Name)}
+			b = &batch{subj: s.Subject(p.Name), buf: appendHeader(nil, s.name, p.Name, blockBytes(p))}
 			batches[p] = b
 		}
 		if len(b.buf)+len(it.ep.Name)+10+8*len(it.blocks) > MaxMessageBytes {
@@ -308,13 +322,12 @@ func (s *Sync) apply(data []byte, buf []uint64) []uint64 {
 	s.receivedMsgs.Add(1)
 	s.receivedBytes.Add(uint64(len(data)))
 	if len(data) > MaxMessageBytes {
-		s.recv[recvOversized].Add(1)
+		s.dropped(recvOversized, "", fmt.Errorf("%d bytes, limit %d", len(data), MaxMessageBytes))
 		return buf
 	}
 	h, _, err := validate(data)
 	if err != nil {
-		s.recv[recvMalformed].Add(1)
-		s.log.Debug().Err(err).Msg("cluster: malformed message dropped")
+		s.dropped(recvMalformed, "", err)
 		return buf
 	}
 	if string(h.origin) == s.name {
@@ -328,6 +341,10 @@ func (s *Sync) apply(data []byte, buf []uint64) []uint64 {
 	}
 	if !ok {
 		s.recv[recvUnknownPool].Add(1)
+		return buf
+	}
+	if bb := blockBytes(p); h.blockBytes != bb {
+		s.dropped(recvBlockSize, string(h.origin), fmt.Errorf("peer block_bytes %d, ours %d", h.blockBytes, bb))
 		return buf
 	}
 	rest := h.rest
@@ -348,6 +365,17 @@ func (s *Sync) apply(data []byte, buf []uint64) []uint64 {
 		s.recv[recvApplied].Add(1)
 	}
 	return buf
+}
+
+// dropped counts a refused message; the first of each kind is logged at
+// warn level (a peer with another config or a stray publisher), the rest at
+// debug so a flood cannot flood the log.
+func (s *Sync) dropped(kind int, origin string, err error) {
+	ev := s.log.Debug()
+	if s.recv[kind].Add(1) == 1 {
+		ev = s.log.Warn()
+	}
+	ev.Err(err).Str("reason", recvNames[kind]).Str("origin", origin).Msg("cluster: peer message dropped (counted in turnout_cluster_received_total)")
 }
 
 // Wait blocks until Run has returned.

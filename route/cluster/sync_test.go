@@ -8,11 +8,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/route"
@@ -42,6 +44,11 @@ type node struct {
 
 func startNode(t testing.TB, url, name string) *node {
 	t.Helper()
+	return startNodeLog(t, url, name, nil)
+}
+
+func startNodeLog(t testing.TB, url, name string, log *zerolog.Logger) *node {
+	t.Helper()
 	cfg, err := route.ParseConfig([]byte(fmt.Sprintf(fourEndpoints, url, name)))
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +57,7 @@ func startNode(t testing.TB, url, name string) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(srv, cfg.Cluster, nil)
+	s, err := New(srv, cfg.Cluster, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +159,9 @@ func TestSyncBadMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := startNATSArgs(t, port, "-c", conf)
-	b := startNode(t, ns.URL, "node-b")
+	var logs lockedBuf
+	lg := zerolog.New(&logs).Level(zerolog.WarnLevel)
+	b := startNodeLog(t, ns.URL, "node-b", &lg)
 	eventually(t, "connected", b.sync.Connected)
 	time.Sleep(50 * time.Millisecond)
 	raw, err := nats.Connect(ns.URL)
@@ -161,15 +170,16 @@ func TestSyncBadMessages(t *testing.T) {
 	}
 	defer raw.Close()
 	subj := b.sync.Subject("llama_mixed")
-	good := appendRecord(appendHeader(nil, "node-x", "llama_mixed"), "c", []uint64{1, 2, 3})
+	good := appendRecord(appendHeader(nil, "node-x", "llama_mixed", 64), "c", []uint64{1, 2, 3})
 	for _, m := range [][]byte{
 		[]byte("garbage"),
 		good[:len(good)-3], // truncated
-		append(appendHeader(nil, "node-x", "llama_mixed"), 1, 'c', 0xff, 0xff, 0xff, 0xff, 0x0f), // huge block count
-		append([]byte("TPX1"), 0),                                                   // empty origin
-		bytes.Repeat([]byte("x"), MaxMessageBytes+1),                                // oversized
-		appendRecord(appendHeader(nil, "node-x", "other_pool"), "c", []uint64{1}),   // foreign pool
-		appendRecord(appendHeader(nil, "node-x", "llama_mixed"), "zz", []uint64{1}), // unknown endpoint
+		append(appendHeader(nil, "node-x", "llama_mixed", 64), 1, 'c', 0xff, 0xff, 0xff, 0xff, 0x0f), // huge block count
+		append([]byte("TPX1"), 0),                                                       // empty origin
+		bytes.Repeat([]byte("x"), MaxMessageBytes+1),                                    // oversized
+		appendRecord(appendHeader(nil, "node-x", "other_pool", 64), "c", []uint64{1}),   // foreign pool
+		appendRecord(appendHeader(nil, "node-x", "llama_mixed", 64), "zz", []uint64{1}), // unknown endpoint
+		appendRecord(appendHeader(nil, "node-x", "llama_mixed", 128), "c", []uint64{1}), // other block size
 		good,
 	} {
 		if err := raw.Publish(subj, m); err != nil {
@@ -178,11 +188,35 @@ func TestSyncBadMessages(t *testing.T) {
 	}
 	_ = raw.Flush()
 	eventually(t, "good message applied", func() bool { return applied(b) == 1 })
-	for k, want := range map[int]uint64{recvMalformed: 3 + 1, recvOversized: 1, recvUnknownPool: 1, recvUnknownEndpoint: 1} {
+	for k, want := range map[int]uint64{recvMalformed: 3 + 1, recvOversized: 1, recvUnknownPool: 1, recvUnknownEndpoint: 1, recvBlockSize: 1} {
 		if got := b.sync.recv[k].Load(); got != want {
 			t.Errorf("%s = %d, want %d", recvNames[k], got, want)
 		}
 	}
+	// Logged once per kind, not once per message (4 malformed ones).
+	for _, k := range []int{recvMalformed, recvOversized, recvBlockSize} {
+		if n := strings.Count(logs.String(), `"reason":"`+recvNames[k]+`"`); n != 1 {
+			t.Errorf("%s logged %d times at warn, want once:\n%s", recvNames[k], n, logs.String())
+		}
+	}
+}
+
+// lockedBuf is a log sink shared with NATS callback goroutines.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // NATS down from the start, then up, then killed and restarted: decisions

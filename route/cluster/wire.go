@@ -11,6 +11,8 @@ import (
 //	magic "TPX1"
 //	u8 len, origin instance name
 //	u8 len, pool name
+//	u16 block bytes (the pool's prefix block size: peers configured with
+//	another size hash other block boundaries, their batches are skipped)
 //	records until the end: u8 len, endpoint name; uvarint n; n x u64 block hash
 //
 // Hand-written rather than msgpack: three fields, encoded on the publisher
@@ -34,12 +36,13 @@ var (
 )
 
 // appendHeader starts a batch.
-func appendHeader(b []byte, origin, pool string) []byte {
+func appendHeader(b []byte, origin, pool string, blockBytes int) []byte {
 	b = append(b, magic...)
 	b = append(b, byte(len(origin)))
 	b = append(b, origin...)
 	b = append(b, byte(len(pool)))
-	return append(b, pool...)
+	b = append(b, pool...)
+	return binary.LittleEndian.AppendUint16(b, uint16(blockBytes))
 }
 
 // appendRecord adds one decision.
@@ -57,6 +60,7 @@ func appendRecord(b []byte, endpoint string, blocks []uint64) []byte {
 // or into the caller's buffer.
 type header struct {
 	origin, pool []byte
+	blockBytes   int
 	rest         []byte
 }
 
@@ -86,7 +90,11 @@ func decodeHeader(b []byte) (header, error) {
 	if h.pool, b, err = readName(b); err != nil {
 		return h, fmt.Errorf("pool: %w", err)
 	}
-	h.rest = b
+	if len(b) < 2 {
+		return h, fmt.Errorf("block bytes: %w", errTruncated)
+	}
+	h.blockBytes = int(binary.LittleEndian.Uint16(b))
+	h.rest = b[2:]
 	return h, nil
 }
 
