@@ -3,6 +3,7 @@ package cluster
 import (
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"testing"
@@ -37,7 +38,11 @@ func startNATSArgs(t testing.TB, port int, extra ...string) *natsServer {
 	t.Helper()
 	bin, err := exec.LookPath("nats-server")
 	if err != nil {
-		t.Skip("nats-server is not installed (apt-get install -y nats-server): skipping cluster test")
+		// Debian installs it in /usr/sbin, often not in a user's PATH.
+		if _, serr := os.Stat("/usr/sbin/nats-server"); serr != nil {
+			t.Skip("nats-server is not installed (apt-get install -y nats-server): skipping cluster test")
+		}
+		bin = "/usr/sbin/nats-server"
 	}
 	if port == 0 {
 		port = freePort(t)

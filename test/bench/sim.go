@@ -417,10 +417,10 @@ type sim struct {
 	pending []*simReq // over the client's concurrency bound, FIFO
 	// nextScrape is when the modelled engine scrape starts a new window.
 	nextScrape time.Duration
-	sent    int       // in flight from the client's view
-	body    []byte
-	tokens  []int32
-	res     RunResult
+	sent       int // in flight from the client's view
+	body       []byte
+	tokens     []int32
+	res        RunResult
 }
 
 func (s *sim) push(e event) {
