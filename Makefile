@@ -4,7 +4,7 @@ BIN     := bin/turnout
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 export CGO_ENABLED := 0
 
-.PHONY: all build test test-unit test-e2e bench bench-smoke demo run fuzz vet clean
+.PHONY: all build test test-unit test-e2e bench bench-smoke demo run fuzz vet clean soak
 
 all: build
 
@@ -34,17 +34,30 @@ bench: build
 	$(GO) test ./route/ -run XXX -bench . -benchmem -benchtime 2s | tee bench-route.txt
 	@if [ -x scripts/bench.sh ]; then scripts/bench.sh; fi
 
+# The decision benchmarks warm up before timing, so even 100 iterations
+# report the steady state: any allocs/op above 0 fails the smoke.
 bench-smoke: build
-	$(GO) test ./route/ -run XXX -bench . -benchtime 100x
+	@out=$$($(GO) test ./route/ -run XXX -bench . -benchtime 100x) || { echo "$$out"; exit 1; }; echo "$$out"; \
+	echo "$$out" | awk '/allocs\/op/ && $$(NF-1) != 0 { print "bench smoke: " $$1 " allocates " $$(NF-1) " times per decision"; bad = 1 } END { exit bad }'
 	@if [ -x scripts/bench.sh ]; then BENCH_SMOKE=1 scripts/bench.sh; fi
 
-# turnout serve with the embedded default config (and the mock replicas it names).
+# turnout serve with the embedded default config (and the mock replicas it
+# names), in the foreground. Ports: PORT_BASE=... or MOCK_PORT, TURNOUT_PORT,
+# FEEDBACK_PORT (scripts/lib.sh). "exec" makes bash make's own child, so a
+# TERM from make (or a kill of make) reaches the script that owns the processes.
 run: build
-	TURNOUT_BIN=$(BIN) bash scripts/run.sh
+	TURNOUT_BIN=$(abspath $(BIN)) exec bash scripts/run.sh
 
 # The demo: turnout + HAProxy (or nginx: PROXY=nginx) + 4 mock replicas.
+# Ports as for run, plus HAPROXY_PORT / NGINX_PORT.
 demo: build
-	PROXY=$(or $(PROXY),haproxy) TURNOUT_BIN=$(CURDIR)/$(BIN) bash scripts/demo.sh
+	PROXY=$(or $(PROXY),haproxy) TURNOUT_BIN=$(abspath $(BIN)) exec bash scripts/demo.sh
 
 clean:
 	rm -rf bin bench-out bench-route.txt
+
+# Issue 16 soak: reloads, churn and kills under load for SOAK (default 10m),
+# asserting every decision closes, then the slow-body attack's RSS
+# (RELIABILITY.md). Not part of `make test`.
+soak: build
+	TURNOUT_SOAK=$(or $(SOAK),10m) TURNOUT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -tags e2e -timeout 60m -parallel 3 -run 'TestSoak|TestSlowBodyAttackRSS' -v ./test/

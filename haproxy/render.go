@@ -231,7 +231,10 @@ var (
 
 type tmplData struct {
 	Generator, Structure, RoutePath, FeedbackTag string
+	// UnsafePath is route.UnsafePathRegex, refused before the /v1/ guard.
+	UnsafePath                                   string
 	Dir, Socket, PIDFile, Listen, Syslog         string
+	FeedbackAuth                                 string // "tok=..." or ""
 	HealthPath, DefaultBackend, ServerParams     string
 	RouteHealthPath                              string
 	RouteTimeoutMs                               int64
@@ -304,6 +307,9 @@ type luaData struct {
 	// RelayReasons are turnout's 5xx reasons the Lua relays to the client
 	// instead of failing over (Lua string literals).
 	RelayReasons []string
+	// UnreadReasons are turnout's 4xx reasons the Lua treats as a failed
+	// call (route.UnreadReasons, Lua string literals).
+	UnreadReasons []string
 }
 
 type luaHeader struct {
@@ -363,6 +369,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		Generator:      generator,
 		RoutePath:      route.PathRoute,
 		FeedbackTag:    route.FeedbackTag,
+		UnsafePath:     route.UnsafePathRegex,
 		Dir:            path("dir", opts.Dir),
 		Socket:         path("socket", opts.Socket),
 		PIDFile:        path("pidfile", opts.PIDFile),
@@ -381,6 +388,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	if cfg.Feedback.Syslog != "" {
 		d.Syslog, _, _ = addr("feedback.syslog", cfg.Feedback.Syslog)
 	}
+	d.FeedbackAuth = route.FeedbackAuthField(cfg)
 	if !httpRe.MatchString(cfg.Health.Path) {
 		bad("health.path", "%q must be a plain absolute path", cfg.Health.Path)
 	}
@@ -458,6 +466,9 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	}
 	for _, r := range pdRelayReasons {
 		l.RelayReasons = append(l.RelayReasons, luaQuote(r))
+	}
+	for _, r := range route.UnreadReasons {
+		l.UnreadReasons = append(l.UnreadReasons, luaQuote(r))
 	}
 	// The Lua calls the turnout_route hop; its servers are the route addresses.
 	l.RouteURL = luaQuote("http://turnout" + route.PathRoute)

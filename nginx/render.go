@@ -42,6 +42,15 @@ const (
 // DefaultModulePath is where Debian's libnginx-mod-http-js puts njs.
 const DefaultModulePath = "/usr/lib/nginx/modules/ngx_http_js_module.so"
 
+// DefaultHeadersMorePath is where Debian's libnginx-mod-http-headers-more-filter
+// puts the headers-more module: more_clear_input_headers strips every
+// X-Turnout-* / X-Original-* header a client sends, not a fixed list.
+const DefaultHeadersMorePath = "/usr/lib/nginx/modules/ngx_http_headers_more_filter_module.so"
+
+// HeadersMoreOff renders without headers-more: only the header names turnout
+// itself uses are cleared.
+const HeadersMoreOff = "off"
+
 // ErrRender marks config values that cannot be rendered safely.
 var ErrRender = errors.New("nginx render")
 
@@ -59,6 +68,10 @@ type RenderOptions struct {
 	// ModulePath is the njs module to load_module when a deployment uses
 	// body mode (default DefaultModulePath; "-" = njs is built in, load nothing).
 	ModulePath string
+	// HeadersMore is the headers-more module to load_module (default
+	// DefaultHeadersMorePath; "-" = built in, load nothing; HeadersMoreOff =
+	// not used, only turnout's own header names are cleared).
+	HeadersMore string
 	// User runs the workers ("" = nginx's default; only used when started as root).
 	User string
 	// Workers is worker_processes (0 = auto).
@@ -81,6 +94,9 @@ func (o RenderOptions) withDefaults(cfg *route.Config) RenderOptions {
 	}
 	if o.ModulePath == "" {
 		o.ModulePath = DefaultModulePath
+	}
+	if o.HeadersMore == "" {
+		o.HeadersMore = DefaultHeadersMorePath
 	}
 	if o.WorkerConnections <= 0 {
 		o.WorkerConnections = 4096
@@ -183,6 +199,10 @@ var clearHeaders = []string{
 	route.HdrOriginalURI, route.HdrOriginalMethod, route.HdrBodyTruncated,
 }
 
+// clearPatterns are what headers-more strips from every client request:
+// turnout's verdict headers and the glue's inputs, whatever the suffix.
+var clearPatterns = []string{"X-Turnout-*", "X-Original-*", route.HdrBodyTruncated}
+
 // endpointPrefix names the per-replica upstreams; pools keep
 // route.PoolName so X-Turnout-Pool is an upstream name as it is.
 const endpointPrefix = "turnout.ep."
@@ -192,6 +212,7 @@ type tmplData struct {
 	Dir, PIDFile, ErrorLog, ModulePath    string
 	User, Workers, Listen, JSFile         string
 	Syslog, SyslogTarget                  string
+	FeedbackAuth                          string // "tok=..." or ""
 	MaxBody, WorkerConnections, Keepalive int
 	ConnectMs, StreamMs                   int64
 	RouteTimeoutMs, CooldownS             int64
@@ -204,10 +225,20 @@ type tmplData struct {
 	ModelHeaders                          []headerData
 	ModelVars                             []modelVar
 	ClearHeaders                          []string
-	Models                                []modelData
-	Endpoints                             []endpointData
-	Pools                                 []poolData
-	summary                               Summary
+	// ClearPatterns are headers-more wildcards (empty without the module);
+	// HeadersMorePath is its load_module path ("" = built in or unused).
+	ClearPatterns   []string
+	HeadersMorePath string
+	// HeaderBuf sizes large_client_header_buffers (limits.max_header_bytes);
+	// SubrequestBuf holds turnout's largest answer (route.MaxAnswerBody).
+	HeaderBuf, SubrequestBuf int
+	// UnsafePath is route.UnsafePathRegex; UnreadRe and UnreadList are
+	// route.UnreadReasons as a regex alternation and a space-separated list.
+	UnsafePath, UnreadRe, UnreadList string
+	Models                           []modelData
+	Endpoints                        []endpointData
+	Pools                            []poolData
+	summary                          Summary
 }
 
 type routeServer struct {
@@ -297,6 +328,11 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		BreakerFails:      max(p.BreakerFailures, 1),
 		FailClosed:        p.FailMode == route.FailClosed,
 		ClearHeaders:      clearHeaders,
+		HeaderBuf:         cfg.Limits.MaxHeaderBytes,
+		SubrequestBuf:     2 * route.MaxAnswerBody,
+		UnsafePath:        route.UnsafePathRegex,
+		UnreadRe:          strings.Join(route.UnreadReasons, "|"),
+		UnreadList:        strings.Join(route.UnreadReasons, " "),
 		summary:           Summary{Pools: map[string][]string{}},
 	}
 	d.JSFile = filepath.Join(d.Dir, JSFile)
@@ -312,11 +348,18 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	if opts.ModulePath != "-" {
 		d.ModulePath = path("module_path", opts.ModulePath)
 	}
+	if opts.HeadersMore != HeadersMoreOff {
+		d.ClearPatterns = clearPatterns
+		if opts.HeadersMore != "-" {
+			d.HeadersMorePath = path("headers_more", opts.HeadersMore)
+		}
+	}
 	d.Listen = addr("nginx.listen", cfg.Nginx.Listen)
 	if cfg.Feedback.Syslog != "" {
 		d.Syslog = addr("feedback.syslog", cfg.Feedback.Syslog)
 		d.SyslogTarget = "syslog:server=" + d.Syslog + ",facility=local0,severity=info,tag=turnout,nohostname"
 	}
+	d.FeedbackAuth = route.FeedbackAuthField(cfg)
 
 	// turnout's addresses. A single one is listed twice: nginx never marks
 	// the only server of a group down, and the breaker needs it to.

@@ -145,7 +145,7 @@ func TestRenderModes(t *testing.T) {
 			directives.WriteString(line)
 		}
 	}
-	for _, absent := range []string{"load_module", "js_import", "js_var", "@turnout_proxy"} {
+	for _, absent := range []string{DefaultModulePath, "js_import", "js_var", "@turnout_proxy"} {
 		if strings.Contains(directives.String(), absent) {
 			t.Errorf("header-only config contains %q: njs must not be needed", absent)
 		}

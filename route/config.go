@@ -1,17 +1,20 @@
 package route
 
 import (
-	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/turnout/turnout/route/kv"
 )
 
 // Roles of a pool inside a deployment.
@@ -55,14 +58,59 @@ type Config struct {
 	EngineMetrics EngineMetricsConfig `yaml:"engine_metrics"`
 	// Cluster shares prefix decisions with other turnout instances (issue 11).
 	Cluster ClusterConfig `yaml:"cluster"`
+	// Limits bound what clients of turnout's HTTP listener can hold.
+	Limits LimitsConfig `yaml:"limits"`
 
 	Deployments []DeploymentConfig `yaml:"deployments"`
+
+	// warnings found at load (accepted, but probably not what was meant).
+	warnings []*FieldError
+	// KVEventsBind, when set (tcp://0.0.0.0:5557), makes turnout bind one
+	// ZMQ SUB socket that engines' KV-event publishers connect to (vLLM
+	// with a concrete endpoint, llm-d); every endpoint without its own
+	// kv_events is fed from it, by topic. A deployment may set its own.
+	KVEventsBind string `yaml:"kv_events_bind"`
+	// KVEventsTopic is the topic template attributing bound messages to
+	// endpoints (default kv.DefaultTopicTemplate, "kv@{host}:{port}@{model}").
+	KVEventsTopic string `yaml:"kv_events_topic"`
 }
 
-// FeedbackConfig configures completion feedback from the proxy.
+// FeedbackConfig configures completion feedback from the proxy. It is on by
+// default (DefaultFeedbackAddr): the rendered proxies log each completion
+// there and `turnout serve` listens.
 type FeedbackConfig struct {
-	// Syslog is a UDP address for proxy log lines ("" = off).
+	// Syslog is a UDP address for proxy log lines (default DefaultFeedbackAddr).
 	Syslog string `yaml:"syslog"`
+	// Disable turns feedback off; load-aware policies then drift (warned).
+	Disable bool `yaml:"disable"`
+	// Sources are the IPs or CIDRs feedback lines (and /internal/done) are
+	// accepted from. Default: loopback and feedback.syslog's own host.
+	Sources []string `yaml:"sources"`
+	// Token, when set, must appear in every feedback line (the rendered log
+	// formats carry it) and in /internal/done calls (X-Turnout-Token).
+	Token string `yaml:"token"`
+	// StalledAfter: no completion for this long while StalledMinDecisions
+	// or more decisions were made means feedback is lost (warning, gauge,
+	// /readyz?verbose). Default 60s and 20.
+	StalledAfter        Duration `yaml:"stalled_after"`
+	StalledMinDecisions int      `yaml:"stalled_min_decisions"`
+}
+
+// LimitsConfig bounds the resources the HTTP listener gives its clients, so
+// slow or oversized requests cannot exhaust turnout (issue 16).
+type LimitsConfig struct {
+	// MaxConns caps concurrent connections; more are answered 503.
+	MaxConns int `yaml:"max_conns"`
+	// MaxBufferedBytes caps the request body bytes held across all in-flight
+	// requests; a request that would exceed it is answered 503 (overloaded).
+	MaxBufferedBytes int `yaml:"max_buffered_bytes"`
+	// MaxHeaderBytes is the largest request head (request line and headers)
+	// accepted; larger ones are answered 431 header_too_large.
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// ReadTimeout bounds reading one whole request.
+	ReadTimeout Duration `yaml:"read_timeout"`
+	// BodyIdleTimeout bounds the wait for each chunk of a request body.
+	BodyIdleTimeout Duration `yaml:"body_idle_timeout"`
 }
 
 // HealthConfig configures turnout's own active checks of endpoints.
@@ -73,6 +121,29 @@ type HealthConfig struct {
 	Disable bool     `yaml:"disable"`
 	Timeout Duration `yaml:"timeout"`
 	Fails   int      `yaml:"fails"` // consecutive failures before down
+	// MinReady is how many available endpoints every pool needs before
+	// /readyz answers 200 (default 1; a pool's min_ready overrides it).
+	MinReady int `yaml:"min_ready"`
+	// Stall configures passive stall detection (stall.go).
+	Stall StallConfig `yaml:"stall"`
+}
+
+// StallConfig configures passive stall detection: an endpoint whose
+// requests wait longer than Budget for their first byte is probed with a
+// 1-token completion and, if that probe also misses the budget, degraded
+// (no new decisions) until a probe answers in time.
+type StallConfig struct {
+	// Budget is the time to first byte a replica must meet. Default 30s,
+	// for mixed and decode pools; prefill pools are not checked unless their
+	// pool sets stall_budget (long prefills are normal). Disable turns
+	// detection off, a pool's stall_budget: 0 off for that pool.
+	Budget Duration `yaml:"budget"`
+	// ProbePath receives the probe: POST {"model","prompt","max_tokens":1}.
+	ProbePath string `yaml:"probe_path"`
+	// Readmit is how often a degraded endpoint is probed again (default: Budget).
+	Readmit Duration `yaml:"readmit"`
+	// Disable turns stall detection off everywhere.
+	Disable bool `yaml:"disable"`
 }
 
 // ProxyConfig holds settings shared by the rendered HAProxy and nginx glue.
@@ -131,6 +202,9 @@ type DeploymentConfig struct {
 	NginxMode string `yaml:"nginx_mode"`
 	// PD configures prefill/decode disaggregation (needs prefill and decode pools).
 	PD PDConfig `yaml:"pd"`
+	// KVEventsBind and KVEventsTopic override the service-wide ones.
+	KVEventsBind  string `yaml:"kv_events_bind"`
+	KVEventsTopic string `yaml:"kv_events_topic"`
 }
 
 // PDConfig configures prefill/decode handling.
@@ -147,23 +221,46 @@ type PDConfig struct {
 type PolicyConfig struct {
 	Name   string    `yaml:"name"`
 	Params yaml.Node `yaml:"params"`
+	// Where it sits in the file, for the policy factory's errors.
+	path string
+	line int
 }
 
-// DecodeParams decodes the policy's params strictly into dst.
+func (p *PolicyConfig) setPosition(path string, line int) { p.path, p.line = path, line }
+
+// paramsPath names the params in errors: the config path when known.
+func (p *PolicyConfig) paramsPath() string {
+	if p.path == "" {
+		return "policy " + p.Name + " params"
+	}
+	return p.path + ".params"
+}
+
+// DecodeParams decodes the policy's params strictly into dst, reporting
+// unknown parameters and bad values with their path and file line.
 func (p *PolicyConfig) DecodeParams(dst any) error {
 	if p.Params.Kind == 0 {
 		return nil
 	}
-	raw, err := yaml.Marshal(&p.Params)
-	if err != nil {
-		return fmt.Errorf("policy %s params: %w", p.Name, err)
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(raw))
-	dec.KnownFields(true)
-	if err := dec.Decode(dst); err != nil {
-		return fmt.Errorf("policy %s params: %w", p.Name, err)
+	d := nodeDecoder{pos: positions{}}
+	d.decode(&p.Params, reflect.ValueOf(dst).Elem(), p.paramsPath())
+	if len(d.errs) > 0 {
+		return &ConfigError{Problems: d.errs}
 	}
 	return nil
+}
+
+// paramsError places a policy factory's error at the policy's params.
+func (p *PolicyConfig) paramsError(err error) error {
+	var ce *ConfigError
+	if errors.As(err, &ce) {
+		return ce
+	}
+	line := p.Params.Line
+	if line == 0 {
+		line = p.line
+	}
+	return &ConfigError{Problems: []*FieldError{{Path: p.paramsPath(), Line: line, Msg: err.Error()}}}
 }
 
 // PoolConfig is a set of endpoints with one role.
@@ -172,6 +269,10 @@ type PoolConfig struct {
 	// Policy overrides the deployment's policy for this pool.
 	Policy    *PolicyConfig    `yaml:"policy"`
 	Endpoints []EndpointConfig `yaml:"endpoints"`
+	// MinReady overrides health.min_ready for this pool (0 = inherit).
+	MinReady int `yaml:"min_ready"`
+	// StallBudget overrides health.stall.budget for this pool (0 = off).
+	StallBudget *Duration `yaml:"stall_budget"`
 }
 
 // EndpointConfig is one replica.
@@ -180,7 +281,9 @@ type EndpointConfig struct {
 	Address string `yaml:"address"`
 	// KVEvents is the replica's vLLM KV-event ZMQ publisher (e.g. tcp://10.0.0.5:5557).
 	KVEvents string `yaml:"kv_events"`
-	KVTopic  string `yaml:"kv_topic"`
+	// KVTopic is the subscription prefix in dial mode; in bind mode, the
+	// topic template for this endpoint alone.
+	KVTopic string `yaml:"kv_topic"`
 	// KVReplay is vLLM's optional replay ROUTER socket, used to fill gaps.
 	KVReplay string `yaml:"kv_replay"`
 	// Weight is reserved for weighted policies; 0 means 1.
@@ -196,8 +299,8 @@ type Duration time.Duration
 // UnmarshalYAML accepts Go duration strings or integer milliseconds.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	var s string
-	if err := n.Decode(&s); err != nil {
-		return fmt.Errorf("duration: %w", err)
+	if n.Kind != yaml.ScalarNode || n.Decode(&s) != nil {
+		return fmt.Errorf("want %s", durationHelp)
 	}
 	if ms, err := strconv.ParseInt(s, 10, 64); err == nil {
 		*d = Duration(time.Duration(ms) * time.Millisecond)
@@ -205,7 +308,7 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return fmt.Errorf("duration %q: %w", s, err)
+		return fmt.Errorf("%q is not %s", s, durationHelp)
 	}
 	*d = Duration(v)
 	return nil
@@ -235,21 +338,29 @@ func LoadConfigFile(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
-	return ParseConfig(b)
+	c, err := ParseConfig(b)
+	var ce *ConfigError
+	if errors.As(err, &ce) {
+		ce.File = path
+	}
+	return c, err
 }
 
 // ParseConfig parses YAML strictly, applies defaults and validates.
 func ParseConfig(b []byte) (*Config, error) {
 	var c Config
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	pos, err := decodeConfigYAML(b, &c)
+	if err != nil {
+		return nil, err
 	}
 	c.ApplyDefaults()
 	if err := c.Validate(); err != nil {
-		return nil, err
+		ce := asConfigError([]error{err})
+		pos.annotate(ce)
+		return nil, ce
 	}
+	c.warnings = c.checkWarnings()
+	pos.annotate(&ConfigError{Problems: c.warnings})
 	return &c, nil
 }
 
@@ -273,6 +384,25 @@ func (c *Config) ApplyDefaults() {
 	if c.Fallbacks == 0 {
 		c.Fallbacks = 2
 	}
+	l := &c.Limits
+	if l.MaxConns == 0 {
+		l.MaxConns = 4096
+	}
+	if l.MaxBufferedBytes == 0 {
+		l.MaxBufferedBytes = 64 << 20
+	}
+	if l.MaxHeaderBytes == 0 {
+		l.MaxHeaderBytes = 32 << 10
+	}
+	if l.ReadTimeout == 0 {
+		l.ReadTimeout = Duration(10 * time.Second)
+	}
+	if l.BodyIdleTimeout == 0 {
+		l.BodyIdleTimeout = Duration(2 * time.Second)
+	}
+	if c.Feedback.Syslog == "" && !c.Feedback.Disable {
+		c.Feedback.Syslog = DefaultFeedbackAddr
+	}
 	if c.Health.Path == "" {
 		c.Health.Path = "/health"
 	}
@@ -285,6 +415,10 @@ func (c *Config) ApplyDefaults() {
 	if c.Health.Fails == 0 {
 		c.Health.Fails = 2
 	}
+	if c.Health.MinReady == 0 {
+		c.Health.MinReady = 1
+	}
+	c.applyFeedbackDefaults()
 	p := &c.Proxy
 	if len(p.RouteAddrs) == 0 {
 		p.RouteAddrs = []string{c.Listen}
@@ -349,7 +483,7 @@ func (c *Config) ApplyDefaults() {
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(field, format string, a ...any) {
-		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, a...)))
+		errs = append(errs, &FieldError{Path: field, Msg: fmt.Sprintf(format, a...)})
 	}
 	checkAddr := func(field, a string) {
 		if _, _, err := net.SplitHostPort(a); err != nil {
@@ -370,12 +504,34 @@ func (c *Config) Validate() error {
 	if c.MaxBody < 1024 || c.MaxBody > 64<<20 {
 		bad("max_body", "%d out of range [1024, 64MiB]", c.MaxBody)
 	}
+	if l := &c.Limits; l.MaxConns < 1 {
+		bad("limits.max_conns", "%d must be at least 1", l.MaxConns)
+	}
+	if c.Limits.MaxBufferedBytes < c.MaxBody {
+		bad("limits.max_buffered_bytes", "%d is below max_body (%d): no request could be read", c.Limits.MaxBufferedBytes, c.MaxBody)
+	}
+	if h := c.Limits.MaxHeaderBytes; h < 16<<10 || h > 1<<20 {
+		bad("limits.max_header_bytes", "%d out of range [16KiB, 1MiB]", h)
+	}
+	if c.Limits.ReadTimeout.D() < 100*time.Millisecond {
+		bad("limits.read_timeout", "%v is below 100ms", c.Limits.ReadTimeout.D())
+	}
+	if d := c.Limits.BodyIdleTimeout.D(); d < 10*time.Millisecond || d > c.Limits.ReadTimeout.D() {
+		bad("limits.body_idle_timeout", "%v must be between 10ms and limits.read_timeout", d)
+	}
 	if c.Fallbacks < 0 || c.Fallbacks > 8 {
 		bad("fallbacks", "%d out of range [0, 8]", c.Fallbacks)
 	}
-	if c.Feedback.Syslog != "" {
+	switch {
+	case c.Feedback.Disable && c.Feedback.Syslog != "":
+		bad("feedback", "disable and syslog %q both set", c.Feedback.Syslog)
+	case c.Feedback.Syslog != "":
 		checkAddr("feedback.syslog", c.Feedback.Syslog)
 	}
+	if c.Health.MinReady < 0 || c.Health.MinReady > 10000 {
+		bad("health.min_ready", "%d out of range [1, 10000]", c.Health.MinReady)
+	}
+	c.validateFeedback(bad)
 	if !strings.HasPrefix(c.Health.Path, "/") || strings.ContainsAny(c.Health.Path, " \t\r\n\"'") {
 		bad("health.path", "%q is not an absolute path", c.Health.Path)
 	}
@@ -402,6 +558,21 @@ func (c *Config) Validate() error {
 	if len(c.Deployments) == 0 {
 		bad("deployments", "at least one deployment is required")
 	}
+	checkZMQ := func(field, a string) {
+		if a != "" && !strings.HasPrefix(a, "tcp://") && !strings.HasPrefix(a, "ipc://") {
+			bad(field, "%q must be tcp:// or ipc://", a)
+		}
+	}
+	checkTopic := func(field, tmpl string) {
+		if tmpl != "" {
+			if err := kv.ValidateTopicTemplate(tmpl); err != nil {
+				bad(field, "%v", err)
+			}
+		}
+	}
+	checkZMQ("kv_events_bind", c.KVEventsBind)
+	checkTopic("kv_events_topic", c.KVEventsTopic)
+	boundTopics := map[string]string{} // bind address + topic -> endpoint
 	depNames := map[string]bool{}
 	models := map[string]string{}
 	epNames := map[string]string{}
@@ -409,7 +580,7 @@ func (c *Config) Validate() error {
 		d := &c.Deployments[i]
 		f := fmt.Sprintf("deployments[%d]", i)
 		if !nameRe.MatchString(d.Name) {
-			bad(f+".name", "%q must match %s", d.Name, nameRe)
+			bad(f+".name", "%s", nameProblem(d.Name))
 		} else if depNames[d.Name] {
 			bad(f+".name", "%q is used twice", d.Name)
 		}
@@ -428,6 +599,8 @@ func (c *Config) Validate() error {
 		if d.NginxMode != NginxModeHeader && d.NginxMode != NginxModeBody {
 			bad(f+".nginx_mode", "%q must be header or body", d.NginxMode)
 		}
+		checkZMQ(f+".kv_events_bind", d.KVEventsBind)
+		checkTopic(f+".kv_events_topic", d.KVEventsTopic)
 		if d.PD.NoPrefill != "aggregate" && d.PD.NoPrefill != "reject" {
 			bad(f+".pd.no_prefill", "%q must be aggregate or reject", d.PD.NoPrefill)
 		}
@@ -447,11 +620,14 @@ func (c *Config) Validate() error {
 				bad(pf+".role", "role %q appears twice in deployment %q", p.Role, d.Name)
 			}
 			roles[p.Role] = true
+			if p.MinReady < 0 || p.MinReady > 10000 {
+				bad(pf+".min_ready", "%d out of range [0, 10000] (0 = health.min_ready)", p.MinReady)
+			}
 			for k := range p.Endpoints {
 				e := &p.Endpoints[k]
 				ef := fmt.Sprintf("%s.endpoints[%d]", pf, k)
 				if !nameRe.MatchString(e.Name) {
-					bad(ef+".name", "%q must match %s", e.Name, nameRe)
+					bad(ef+".name", "%s", nameProblem(e.Name))
 				} else if other, ok := epNames[e.Name]; ok {
 					bad(ef+".name", "%q already used in %s (server names are global)", e.Name, other)
 				}
@@ -462,8 +638,15 @@ func (c *Config) Validate() error {
 				} else if pn, err := strconv.Atoi(port); err != nil || pn < 1 || pn > 65535 {
 					bad(ef+".address", "port %q out of range", port)
 				}
-				if e.KVEvents != "" && !strings.HasPrefix(e.KVEvents, "tcp://") && !strings.HasPrefix(e.KVEvents, "ipc://") {
-					bad(ef+".kv_events", "%q must be tcp:// or ipc://", e.KVEvents)
+				checkZMQ(ef+".kv_events", e.KVEvents)
+				if bind, tmpl := c.KVBinding(d, e); bind != "" {
+					if p, err := kv.CompileTopic(tmpl, e.Name, e.Address); err != nil {
+						bad(ef+".kv_topic", "%v", err)
+					} else if other, dup := boundTopics[bind+" "+p.String()]; dup {
+						bad(ef+".kv_topic", "topic %q on %s is also %s's: events could not be told apart", p, bind, other)
+					} else {
+						boundTopics[bind+" "+p.String()] = e.Name
+					}
 				}
 				if e.Weight < 0 {
 					bad(ef+".weight", "negative")
@@ -477,7 +660,10 @@ func (c *Config) Validate() error {
 			bad(f+".pools", "a deployment is either mixed or prefill/decode")
 		}
 	}
-	return errors.Join(errs...)
+	if ce := asConfigError(errs); ce != nil {
+		return ce
+	}
+	return nil
 }
 
 // RouteCallTimeout bounds one proxy -> turnout call as the rendered glue
@@ -501,6 +687,20 @@ func (d *DeploymentConfig) IsPD() bool {
 		}
 	}
 	return false
+}
+
+// KVBinding returns the bound SUB address that feeds endpoint e of
+// deployment d, and its topic template; bind is "" when e dials its own
+// publisher (kv_events) or no bind address is configured.
+func (c *Config) KVBinding(d *DeploymentConfig, e *EndpointConfig) (bind, topic string) {
+	if e.KVEvents != "" {
+		return "", ""
+	}
+	bind = cmp.Or(d.KVEventsBind, c.KVEventsBind)
+	if bind == "" {
+		return "", ""
+	}
+	return bind, cmp.Or(e.KVTopic, d.KVEventsTopic, c.KVEventsTopic, kv.DefaultTopicTemplate)
 }
 
 // PoolPolicy returns the policy config that applies to a pool.

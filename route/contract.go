@@ -37,8 +37,58 @@ const (
 	ReasonBodyTooLarge      = "body_too_large"      // 413
 	ReasonClientKVParams    = "kv_transfer_params_not_allowed"
 	ReasonNoEndpoint        = "no_endpoint" // 503: the proxy may fail open
+	// ReasonHeaderTooLarge (431) and the others below say turnout could not
+	// read the request, not that the request is wrong: the proxy applies its
+	// fail mode (fail-open serves it) instead of relaying the answer.
+	ReasonHeaderTooLarge = "header_too_large"
+	ReasonOverloaded     = "overloaded"      // 503: limits.max_buffered_bytes or max_conns reached
+	ReasonReadTimeout    = "request_timeout" // 408: the proxy stalled sending the request
+	ReasonBadRequest     = "bad_request"     // 400: unreadable HTTP framing
+	StatusHeaderTooLarge = 431
+
+	// MaxAnswerBody bounds the body of any answer of turnout's (errors echo
+	// at most a cut of the client's input): the nginx glue buffers the
+	// answer of a subrequest in memory (subrequest_output_buffer_size).
+	MaxAnswerBody = 8 << 10
 
 	// FeedbackTag starts the completion log line the proxies send over syslog:
-	//   turnout-done id=<decision> srv=<server> status=<code> ms=<total ms>
+	//   turnout-done id=<decision> srv=<server> status=<code> ms=<total ms> ttfb=<ms> [tok=<token>]
+	// Fields are space-separated key=value pairs in any order; unknown keys
+	// are ignored. ttfb is the time to the replica's response headers
+	// (HAProxy %Tr, nginx $upstream_header_time); -1 or "-" when unknown.
 	FeedbackTag = "turnout-done"
+
+	FeedbackFieldID     = "id"
+	FeedbackFieldServer = "srv"
+	FeedbackFieldStatus = "status"
+	FeedbackFieldMs     = "ms"
+	FeedbackFieldTTFB   = "ttfb"
+	// FeedbackFieldToken carries feedback.token when one is configured.
+	FeedbackFieldToken = "tok"
+
+	// HdrToken carries feedback.token on calls to PathDone.
+	HdrToken = "X-Turnout-Token"
 )
+
+// UnreadReasons are the 4xx reasons that mean turnout could not read the
+// proxy's request (its head too large, its body stalled, its framing
+// broken): not a verdict about the client's request, so the glue applies
+// its fail mode instead of relaying them.
+var UnreadReasons = []string{ReasonHeaderTooLarge, ReasonReadTimeout, ReasonBadRequest}
+
+// UnsafePathRegex matches a request path (before any "?") with a dot
+// segment ("/../", "/./", plain or percent-encoded) or an encoded slash or
+// backslash. The glue refuses such paths (404) before its /v1/ guard: the
+// guard looks at the raw path, and a replica that resolves "/v1/../metrics"
+// would serve its own /metrics. Matched case-insensitively. HAProxy 2.6's
+// normalize-uri would rewrite them instead, but is experimental there.
+const UnsafePathRegex = `^[^?]*(/(\.|%2e){1,2}(/|\?|$)|%2f|%5c)`
+
+// FeedbackAuthField is the log-format text that carries the feedback token
+// ("" without a token), rendered into the HAProxy and nginx log formats.
+func FeedbackAuthField(cfg *Config) string {
+	if cfg.Feedback.Token == "" {
+		return ""
+	}
+	return FeedbackFieldToken + "=" + cfg.Feedback.Token
+}

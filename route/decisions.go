@@ -1,6 +1,7 @@
 package route
 
 import (
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -10,16 +11,25 @@ import (
 // the TTL expires them. A fixed ring of slots indexed by id keeps the hot
 // path allocation-free; an id that wraps onto a still-open slot expires the
 // old decision (counted), so memory stays bounded under any load.
+//
+// An id is the slot's ring index in its low bits and random bits above, so
+// a forged completion cannot close a live decision except by guessing
+// 64-log2(slots) random bits (48 with the default 1<<16 slots).
 type decisions struct {
 	slots []decisionSlot
 	mask  uint64
 	next  atomic.Uint64
+	first uint64 // next's start value: next-first is the number opened
 
 	completed   atomic.Uint64
 	unknown     atomic.Uint64
 	duplicate   atomic.Uint64
 	expired     atomic.Uint64
 	overwritten atomic.Uint64
+	// When the last completion arrived (unix ns; creation before any) and
+	// how many decisions had been opened then: the feedback monitor's view.
+	lastClose     atomic.Int64
+	openedAtClose atomic.Uint64
 }
 
 type decisionSlot struct {
@@ -35,19 +45,26 @@ func newDecisions(size int, seed uint64) *decisions {
 		n <<= 1
 	}
 	d := &decisions{slots: make([]decisionSlot, n), mask: uint64(n - 1)}
-	// Start at a random offset so completions meant for a previous process
-	// do not match this one's ids.
-	d.next.Store(seed &^ (1 << 63))
+	d.first = seed &^ (1 << 63)
+	d.next.Store(d.first)
+	d.lastClose.Store(time.Now().UnixNano())
 	return d
 }
 
-// open records a decision for e and returns its id.
+// opened is the number of decisions opened so far.
+func (d *decisions) opened() uint64 { return d.next.Load() - d.first }
+
+// open records a decision for e and returns its id. The random part comes
+// from math/rand/v2's runtime source (ChaCha8 per thread, seeded by the OS):
+// unpredictable, lock-free and allocation-free.
 func (d *decisions) open(e *Endpoint, now int64) uint64 {
-	id := d.next.Add(1)
-	s := &d.slots[id&d.mask]
+	seq := d.next.Add(1)
+	id := rand.Uint64()&^d.mask | seq&d.mask
+	s := &d.slots[seq&d.mask]
 	s.mu.Lock()
 	if s.st != nil {
 		s.st.inflight.Add(-1)
+		s.st.expired.Add(1)
 		d.overwritten.Add(1)
 	}
 	s.id, s.st, s.start = id, e.st, now
@@ -59,36 +76,57 @@ func (d *decisions) open(e *Endpoint, now int64) uint64 {
 
 // close completes a decision; unknown and duplicate ids are counted and ignored.
 func (d *decisions) close(id uint64) bool {
+	return d.closeState(id) != nil
+}
+
+// closeState completes a decision and returns the state of its endpoint (nil
+// when the id is unknown or already completed).
+func (d *decisions) closeState(id uint64) *endpointState {
 	s := &d.slots[id&d.mask]
 	s.mu.Lock()
 	switch {
 	case s.id != id:
 		s.mu.Unlock()
 		d.unknown.Add(1)
-		return false
+		return nil
 	case s.st == nil:
 		s.mu.Unlock()
 		d.duplicate.Add(1)
-		return false
+		return nil
 	}
 	st := s.st
 	s.st = nil
 	s.mu.Unlock()
 	st.inflight.Add(-1)
 	d.completed.Add(1)
-	return true
+	d.openedAtClose.Store(d.opened())
+	d.lastClose.Store(time.Now().UnixNano())
+	return st
 }
 
 // expire closes decisions older than ttl.
-func (d *decisions) expire(now time.Time, ttl time.Duration) {
-	cut := now.Add(-ttl).UnixNano()
+func (d *decisions) expire(now time.Time, ttl time.Duration) { d.sweep(now, ttl, false) }
+
+// sweep closes decisions older than ttl and, with markStale, flags the
+// endpoints that hold a decision open past half their stall budget with no
+// request started since answered in time (see stall.go).
+func (d *decisions) sweep(now time.Time, ttl time.Duration, markStale bool) {
+	nowNs := now.UnixNano()
+	cut := nowNs - int64(ttl)
 	for i := range d.slots {
 		s := &d.slots[i]
 		s.mu.Lock()
-		if s.st != nil && s.start < cut {
-			s.st.inflight.Add(-1)
-			s.st = nil
-			d.expired.Add(1)
+		if st := s.st; st != nil {
+			if s.start < cut {
+				st.inflight.Add(-1)
+				st.expired.Add(1)
+				s.st = nil
+				d.expired.Add(1)
+			} else if markStale {
+				if b := st.stall.budgetNs.Load(); b > 0 && nowNs-s.start > b/2 && st.stall.fastStart.Load() < s.start {
+					st.stall.suspect.Store(true)
+				}
+			}
 		}
 		s.mu.Unlock()
 	}

@@ -1,10 +1,14 @@
 package route
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/turnout/turnout/route/kv"
 )
 
 // endpointState is the part of an endpoint that survives config reloads.
@@ -20,6 +24,12 @@ type endpointState struct {
 	window atomic.Uint64
 	// peer counts other instances' decisions for this endpoint (cluster sync).
 	peer atomic.Uint64
+	// checked: a health check has judged it; seenUp: one has passed.
+	checked, seenUp atomic.Bool
+	// Completion feedback and stall detection (feedback_metrics.go, stall.go).
+	expired atomic.Uint64 // decisions closed by TTL or ring wrap, never completed
+	fb      endpointFeedback
+	stall   stallState
 }
 
 // Endpoint is one replica inside an immutable pool snapshot.
@@ -28,6 +38,10 @@ type Endpoint struct {
 	Address string
 	// KVEvents is the replica's KV-event publisher address ("" = none).
 	KVEvents, KVTopic, KVReplay string
+	// KVBind is the bound SUB address feeding this replica's events (bind
+	// mode, "" = none) and KVPattern the topic that identifies them.
+	KVBind    string
+	KVPattern kv.TopicPattern
 
 	Index int    // position in the pool
 	Seed  uint64 // per-endpoint hash seed, fixed by name
@@ -97,7 +111,8 @@ func (e *Endpoint) SetEngineLoad(l *EngineLoad) { e.st.engine.Store(l) }
 func (e *Endpoint) Engine() *EngineLoad { return e.st.engine.Load() }
 
 // Available reports whether the endpoint may receive requests.
-func (e *Endpoint) Available() bool { return !e.st.down.Load() }
+// A degraded (stalled) endpoint is not available either.
+func (e *Endpoint) Available() bool { return !e.st.down.Load() && !e.st.stall.degraded.Load() }
 
 // SetDown marks the endpoint down or up (health checks, tests).
 func (e *Endpoint) SetDown(down bool) { e.st.down.Store(down) }
@@ -119,6 +134,8 @@ type Pool struct {
 	records bool
 	nameHdr []byte
 	m       *poolMetrics
+	// MinReady is how many available endpoints /readyz needs in this pool.
+	MinReady int
 }
 
 // Deployment is a model deployment with its pools.
@@ -140,6 +157,10 @@ type Snapshot struct {
 	modelHdrs   [][]byte
 	// maxBlocks bounds prompt hashing (max_body / smallest block size).
 	maxBlocks int
+	// byServer finds an endpoint by its (globally unique) server name, for
+	// feedback lines; fb is the feedback listener's checks.
+	byServer map[string]*Endpoint
+	fb       feedbackAuth
 }
 
 // Deployment returns the deployment serving model, or nil.
@@ -167,7 +188,7 @@ func newStateStore() *stateStore {
 // buildSnapshot turns a validated config into a snapshot, reusing the state
 // of endpoints and policies that survive from prev (nil on first load).
 func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore, env PolicyEnv, seed uint64) (*Snapshot, []Policy, error) {
-	s := &Snapshot{Config: cfg, byModel: map[string]*Deployment{}}
+	s := &Snapshot{Config: cfg, byModel: map[string]*Deployment{}, byServer: map[string]*Endpoint{}, fb: newFeedbackAuth(cfg)}
 	for _, h := range cfg.SessionHeaders {
 		s.sessionHdrs = append(s.sessionHdrs, normHeader([]byte(h)))
 	}
@@ -193,6 +214,7 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 				Name:       PoolName(dc.Name, pc.Role),
 				Deployment: dc.Name,
 				Role:       pc.Role,
+				MinReady:   cmp.Or(pc.MinReady, cfg.Health.MinReady, 1),
 			}
 			p.nameHdr = []byte(p.Name)
 			livePools[p.Name] = true
@@ -208,18 +230,33 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 					store.eps[key] = st
 				}
 				liveEps[key] = true
-				p.Endpoints = append(p.Endpoints, &Endpoint{
+				ep := &Endpoint{
 					Name: ec.Name, Address: ec.Address, KVEvents: ec.KVEvents, KVTopic: ec.KVTopic, KVReplay: ec.KVReplay,
 					Index: k, Seed: xxhash.Sum64String(ec.Name),
 					name: []byte(ec.Name), addr: []byte(ec.Address), st: st,
-				})
+				}
+				if bind, tmpl := cfg.KVBinding(dc, &pc.Endpoints[k]); bind != "" {
+					pat, err := kv.CompileTopic(tmpl, ec.Name, ec.Address)
+					if err != nil {
+						closeAll(built)
+						return nil, nil, fmt.Errorf("deployment %q endpoint %q: %w", dc.Name, ec.Name, err)
+					}
+					ep.KVBind, ep.KVPattern = bind, pat
+				}
+				p.Endpoints = append(p.Endpoints, ep)
+				s.byServer[ec.Name] = ep
 			}
+			setStallBudget(p, cfg.StallBudget(pc))
 			pol := dc.PoolPolicy(pc)
 			penv := env
 			penv.Pool, penv.Rand = p, NewRand(seed^xxhash.Sum64String(p.Name))
 			policy, err := reg.Build(pol, penv)
 			if err != nil {
 				closeAll(built)
+				var ce *ConfigError
+				if errors.As(err, &ce) {
+					return nil, nil, err // already names the field and line
+				}
 				return nil, nil, fmt.Errorf("deployment %q pool %q: %w", dc.Name, pc.Role, err)
 			}
 			built = append(built, policy)

@@ -3,26 +3,46 @@ package route
 import (
 	"bytes"
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"time"
 )
 
 // ListenFeedback reads proxy log lines over UDP syslog until ctx ends. Each
-// datagram may hold one line (any syslog header); the part from FeedbackTag
-// on is parsed as "turnout-done id=<hex> srv=<name> status=<n> ms=<n>".
+// datagram may hold lines (any syslog header); the part from FeedbackTag on
+// is parsed as the line contract.go describes. Datagrams from a source not in
+// feedback.sources are dropped (counted, logged at most once a minute).
 func (s *Server) ListenFeedback(ctx context.Context, addr string) error {
 	pc, err := net.ListenPacket("udp", addr)
 	if err != nil {
 		return fmt.Errorf("feedback listen %s: %w", addr, err)
 	}
+	return s.ServeFeedback(ctx, pc)
+}
+
+// ServeFeedback reads proxy log lines from pc until ctx ends, then closes
+// it (cmd/turnout binds pc first, so a busy address rejects a reload).
+func (s *Server) ServeFeedback(ctx context.Context, pc net.PacketConn) error {
+	uc, ok := pc.(*net.UDPConn)
+	if !ok {
+		_ = pc.Close()
+		return fmt.Errorf("feedback listen %s: not a UDP socket", pc.LocalAddr())
+	}
+	s.warnFeedbackExposure(uc)
 	go func() {
 		<-ctx.Done()
-		_ = pc.Close()
+		_ = uc.Close()
 	}()
 	buf := make([]byte, 64<<10)
 	for {
-		n, _, err := pc.ReadFrom(buf)
+		// ReadFromUDPAddrPort: the source without an allocation per datagram.
+		n, src, err := uc.ReadFromUDPAddrPort(buf)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return nil
@@ -30,45 +50,280 @@ func (s *Server) ListenFeedback(ctx context.Context, addr string) error {
 			s.log.Warn().Err(err).Msg("feedback read")
 			continue
 		}
-		for _, line := range bytes.Split(buf[:n], []byte{'\n'}) {
-			if len(bytes.TrimSpace(line)) > 0 {
-				s.FeedbackLine(line)
-			}
+		s.FeedbackDatagram(src.Addr(), buf[:n])
+	}
+}
+
+// warnFeedbackExposure warns when the feedback socket is reachable from
+// beyond this host: UDP sources are easy to spoof, the token is the real guard.
+func (s *Server) warnFeedbackExposure(uc *net.UDPConn) {
+	la, _ := uc.LocalAddr().(*net.UDPAddr)
+	if la == nil || la.IP.IsLoopback() {
+		return
+	}
+	fc := s.snap.Load().Config.Feedback
+	ev := s.log.Warn().Str("feedback", la.String()).Strs("sources", fc.Sources)
+	if fc.Token == "" {
+		ev.Msg("feedback listens beyond loopback without feedback.token: anyone able to spoof a listed source address can close decisions; set feedback.token or listen on 127.0.0.1")
+		return
+	}
+	ev.Msg("feedback listens beyond loopback: lines are accepted only from feedback.sources and with feedback.token")
+}
+
+// FeedbackDatagram handles one datagram from src: every line in it.
+func (s *Server) FeedbackDatagram(src netip.Addr, b []byte) {
+	snap := s.snap.Load()
+	if !snap.fb.allowed(src) {
+		s.m.feedbackRejected.Add(1)
+		if s.fbRejectLog.allow(time.Now(), time.Minute) {
+			s.log.Warn().Str("source", src.String()).Str(fieldReason, "source not in feedback.sources").Msg("feedback datagram dropped")
+		}
+		return
+	}
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil
+		}
+		if len(bytes.TrimSpace(line)) > 0 {
+			s.FeedbackLine(line)
 		}
 	}
 }
 
 var feedbackTagB = []byte(FeedbackTag + " ")
 
-// FeedbackLine handles one proxy log line; it reports whether a decision closed.
+// feedbackFields are the parsed fields of one line (views into it).
+type feedbackFields struct {
+	id, srv, tok          []byte
+	hasID, hasSrv, hasTok bool
+	status, ms, ttfb      int64 // -1 = absent or unknown
+}
+
+func parseFeedback(rest []byte) (f feedbackFields) {
+	f.status, f.ms, f.ttfb = -1, -1, -1
+	for len(rest) > 0 {
+		var kv []byte
+		if j := bytes.IndexByte(rest, ' '); j >= 0 {
+			kv, rest = rest[:j], rest[j+1:]
+		} else {
+			kv, rest = rest, nil
+		}
+		eq := bytes.IndexByte(kv, '=')
+		if eq <= 0 {
+			continue
+		}
+		k, v := kv[:eq], bytes.Trim(kv[eq+1:], "\"")
+		switch string(k) { // no allocation: the compiler compares in place
+		case FeedbackFieldID:
+			f.id, f.hasID = v, true
+		case FeedbackFieldServer:
+			f.srv, f.hasSrv = v, true
+		case FeedbackFieldStatus:
+			f.status = parseMs(v)
+		case FeedbackFieldMs:
+			f.ms = parseMs(v)
+		case FeedbackFieldTTFB:
+			f.ttfb = parseMs(v)
+		case FeedbackFieldToken:
+			f.tok, f.hasTok = v, true
+		}
+	}
+	return f
+}
+
+// parseMs reads a non-negative decimal; anything else ("-", "-1", "") is -1.
+func parseMs(b []byte) int64 {
+	if len(b) == 0 || len(b) > 15 {
+		return -1
+	}
+	var n int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return -1
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n
+}
+
+// FeedbackLine handles one proxy log line; it reports whether a decision
+// closed. The line's status, ms and ttfb feed the metrics and stall
+// detection of the endpoint named by srv (else the decision's endpoint).
 func (s *Server) FeedbackLine(line []byte) bool {
 	i := bytes.Index(line, feedbackTagB)
 	if i < 0 {
 		s.m.feedbackBad.Add(1)
 		return false
 	}
-	s.m.feedback.Add(1)
-	rest := line[i+len(feedbackTagB):]
-	for len(rest) > 0 {
-		var f []byte
-		if j := bytes.IndexByte(rest, ' '); j >= 0 {
-			f, rest = rest[:j], rest[j+1:]
-		} else {
-			f, rest = rest, nil
+	f := parseFeedback(line[i+len(feedbackTagB):])
+	snap := s.snap.Load()
+	if tok := snap.fb.token; len(tok) > 0 && (!f.hasTok || subtle.ConstantTimeCompare(f.tok, tok) != 1) {
+		s.m.feedbackRejected.Add(1)
+		if s.fbRejectLog.allow(time.Now(), time.Minute) {
+			s.log.Warn().Str(fieldReason, "missing or wrong feedback token").Msg("feedback line dropped")
 		}
-		if v, ok := bytes.CutPrefix(f, []byte("id=")); ok {
-			v = bytes.Trim(v, "\"")
-			if len(v) == 0 || v[0] == '-' {
-				return false // the proxy routed without turnout
-			}
-			id, ok := parseID(v)
-			if !ok {
-				s.m.feedbackBad.Add(1)
-				return false
-			}
-			return s.Complete(id)
+		return false
+	}
+	if !f.hasID {
+		s.m.feedbackBad.Add(1)
+		return false
+	}
+	s.m.feedback.Add(1)
+	var st *endpointState
+	if len(f.id) > 0 && f.id[0] != '-' { // "-" or "": the proxy routed without turnout
+		id, ok := parseID(f.id)
+		if !ok {
+			s.m.feedbackBad.Add(1)
+			return false
+		}
+		st = s.dec.closeState(id)
+	}
+	closed := st != nil
+	switch {
+	case f.hasSrv:
+		st = nil
+		if e := snap.byServer[string(f.srv)]; e != nil {
+			st = e.st
+		}
+	case !closed:
+		st = nil
+	}
+	if st != nil {
+		st.observe(f.status, f.ms, f.ttfb, time.Now().UnixNano())
+	}
+	return closed
+}
+
+// feedbackAuth is a snapshot's view of who may send feedback.
+type feedbackAuth struct {
+	sources []netip.Prefix
+	token   []byte
+}
+
+func newFeedbackAuth(cfg *Config) feedbackAuth {
+	a := feedbackAuth{}
+	if cfg.Feedback.Token != "" {
+		a.token = []byte(cfg.Feedback.Token)
+	}
+	for _, src := range cfg.Feedback.Sources {
+		if p, err := parsePrefix(src); err == nil {
+			a.sources = append(a.sources, p)
 		}
 	}
-	s.m.feedbackBad.Add(1)
+	return a
+}
+
+func (a *feedbackAuth) allowed(src netip.Addr) bool {
+	src = src.Unmap()
+	for _, p := range a.sources {
+		if p.Contains(src) {
+			return true
+		}
+	}
 	return false
+}
+
+// parsePrefix reads an IP ("10.0.0.5") or a CIDR ("10.0.0.0/24").
+func parsePrefix(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		return p.Masked(), err
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+var tokenRe = regexp.MustCompile(`^[A-Za-z0-9_-]{16,128}$`)
+
+func (c *Config) applyFeedbackDefaults() {
+	f := &c.Feedback
+	if len(f.Sources) == 0 {
+		f.Sources = []string{"127.0.0.0/8", "::1"}
+		// The proxies reach a specific feedback address from that address.
+		if host, _, err := net.SplitHostPort(f.Syslog); err == nil {
+			if a, err := netip.ParseAddr(host); err == nil && !a.IsUnspecified() && !a.IsLoopback() {
+				f.Sources = append(f.Sources, a.Unmap().String())
+			}
+		}
+	}
+	if f.StalledAfter == 0 {
+		f.StalledAfter = Duration(time.Minute)
+	}
+	if f.StalledMinDecisions == 0 {
+		f.StalledMinDecisions = 20
+	}
+	st := &c.Health.Stall
+	if st.Budget == 0 {
+		st.Budget = Duration(30 * time.Second)
+	}
+	if st.ProbePath == "" {
+		st.ProbePath = "/v1/completions"
+	}
+	if st.Readmit == 0 {
+		st.Readmit = st.Budget
+	}
+}
+
+func (c *Config) validateFeedback(bad func(field, format string, a ...any)) {
+	f := &c.Feedback
+	for i, src := range f.Sources {
+		if _, err := parsePrefix(src); err != nil {
+			bad(fmt.Sprintf("feedback.sources[%d]", i), "%q is not an IP address or CIDR", src)
+		}
+	}
+	if f.Token != "" && !tokenRe.MatchString(f.Token) {
+		bad("feedback.token", "must be 16-128 characters of A-Z a-z 0-9 _ - (it is written into proxy log formats)")
+	}
+	if f.StalledAfter.D() < time.Second {
+		bad("feedback.stalled_after", "%v is below 1s", f.StalledAfter.D())
+	}
+	if f.StalledMinDecisions < 1 {
+		bad("feedback.stalled_min_decisions", "%d must be at least 1", f.StalledMinDecisions)
+	}
+	st := &c.Health.Stall
+	if b := st.Budget.D(); b < 100*time.Millisecond {
+		bad("health.stall.budget", "%v is below 100ms (use health.stall.disable to turn detection off)", b)
+	}
+	if st.Readmit.D() < 100*time.Millisecond {
+		bad("health.stall.readmit", "%v is below 100ms", st.Readmit.D())
+	}
+	if !strings.HasPrefix(st.ProbePath, "/") || strings.ContainsAny(st.ProbePath, " \t\r\n\"'") {
+		bad("health.stall.probe_path", "%q is not an absolute path", st.ProbePath)
+	}
+	for i := range c.Deployments {
+		for j, p := range c.Deployments[i].Pools {
+			if p.StallBudget != nil && *p.StallBudget != 0 && p.StallBudget.D() < 100*time.Millisecond {
+				bad(fmt.Sprintf("deployments[%d].pools[%d].stall_budget", i, j), "%v is below 100ms (0 turns detection off)", p.StallBudget.D())
+			}
+		}
+	}
+}
+
+// StallBudget is the stall budget that applies to a pool (0 = off).
+func (c *Config) StallBudget(p *PoolConfig) time.Duration {
+	switch {
+	case c.Health.Stall.Disable:
+		return 0
+	case p.StallBudget != nil:
+		return p.StallBudget.D()
+	case p.Role == RolePrefill:
+		return 0
+	}
+	return c.Health.Stall.Budget.D()
+}
+
+// rateLog lets one message through per interval (lock-free).
+type rateLog struct{ last atomic.Int64 }
+
+func (r *rateLog) allow(now time.Time, every time.Duration) bool {
+	last := r.last.Load()
+	n := now.UnixNano()
+	return n-last >= int64(every) && r.last.CompareAndSwap(last, n)
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -13,6 +15,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
+
+	"github.com/turnout/turnout/route/kv"
 )
 
 // Log field names.
@@ -30,7 +34,8 @@ var ErrNoEndpoint = errors.New("no available endpoint")
 type Options struct {
 	Registry *Registry
 	Log      *zerolog.Logger
-	// Seed drives policy randomness and decision ids; 0 picks one at random.
+	// Seed drives policy randomness; 0 picks one at random. Decision ids
+	// are random whatever the seed (unguessable, see decisions.go).
 	Seed uint64
 	// DecisionSlots bounds tracked in-flight decisions (default 1<<16).
 	DecisionSlots int
@@ -46,9 +51,11 @@ type Server struct {
 	store *stateStore
 	pols  []Policy
 	dec   *decisions
-	pool  sync.Pool
-	m     serverMetrics
-	pd    *pdClient
+	// budget counts request body bytes held across in-flight requests.
+	budget bodyBudget
+	pool   sync.Pool
+	m      serverMetrics
+	pd     *pdClient
 	// ctx ends background work owned by policies (KV subscriptions).
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -56,6 +63,12 @@ type Server struct {
 	onApply []func(*Snapshot)
 	// sink receives prefix decisions for other instances (cluster sync).
 	sink atomic.Pointer[sinkBox]
+	// kvHub owns bound KV-event sockets, shared by every pool using them.
+	kvHub *kv.Hub
+	// healthRound is set once a full round of health checks has finished.
+	healthRound atomic.Bool
+
+	feedbackHealth // feedback_health.go
 }
 
 // NewServer builds a server from a validated config.
@@ -79,12 +92,16 @@ func NewServer(cfg *Config, opts Options) (*Server, error) {
 		seed:  opts.Seed,
 		store: newStateStore(),
 		dec:   newDecisions(opts.DecisionSlots, opts.Seed),
+
+		feedbackHealth: newFeedbackHealth(),
 	}
 	s.m.init()
 	s.pd = newPDClient(s)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.kvHub = kv.NewHub(s.ctx, s.log)
 	if err := s.Apply(cfg); err != nil {
 		s.cancel()
+		s.kvHub.Close()
 		return nil, err
 	}
 	return s, nil
@@ -95,6 +112,7 @@ func (s *Server) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	closeAll(s.pols)
+	s.kvHub.Close()
 	s.cancel()
 }
 
@@ -117,7 +135,7 @@ func (s *Server) Apply(cfg *Config) error {
 		s.m.reloadFailed.Add(1)
 		return err
 	}
-	snap, pols, err := buildSnapshot(cfg, s.reg, s.snap.Load(), s.store, PolicyEnv{Log: s.log, Ctx: s.ctx}, s.seed)
+	snap, pols, err := buildSnapshot(cfg, s.reg, s.snap.Load(), s.store, PolicyEnv{Log: s.log, Ctx: s.ctx, KVHub: s.kvHub}, s.seed)
 	if err != nil {
 		s.m.reloadFailed.Add(1)
 		return err
@@ -127,6 +145,7 @@ func (s *Server) Apply(cfg *Config) error {
 	s.pols = pols
 	closeAll(old)
 	s.m.reloads.Add(1)
+	s.warnFeedbackOff(snap)
 	for _, fn := range s.onApply {
 		fn(snap)
 	}
@@ -143,18 +162,19 @@ func (s *Server) Snapshot() *Snapshot { return s.snap.Load() }
 // Complete closes a decision by id (feedback from the proxy).
 func (s *Server) Complete(id uint64) bool { return s.dec.close(id) }
 
-// Run expires stale decisions until ctx ends.
+// Run expires stale decisions, watches completion feedback and detects
+// stalled endpoints until ctx ends (see tick).
 func (s *Server) Run(ctx context.Context) {
-	t := time.NewTicker(time.Second)
+	t := time.NewTimer(stallTick(s.snap.Load()))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			if snap := s.snap.Load(); snap != nil {
-				s.dec.expire(now, snap.Config.DecisionTTL.D())
-			}
+			snap := s.snap.Load()
+			s.tick(ctx, snap, now)
+			t.Reset(stallTick(snap))
 		}
 	}
 }
@@ -167,6 +187,10 @@ type scratch struct {
 	picks  [16]*Endpoint
 	buf    []byte
 	model  [256]byte
+	// body holds a streamed request body (route/body.go); drop reads the
+	// part beyond max_body.
+	body []byte
+	drop [4096]byte
 }
 
 func (s *Server) getScratch(maxBlocks int) *scratch {
@@ -241,11 +265,12 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 			r.Truncated = true
 		}
 	}
-	body := ctx.PostBody()
-	if len(body) > cfg.MaxBody {
-		body = body[:cfg.MaxBody]
-		r.Truncated = true
+	body, more, held, err := s.readBody(ctx, sc, cfg)
+	defer s.budget.give(held, cfg.Limits.MaxBufferedBytes)
+	if err != nil {
+		return // answered
 	}
+	r.Truncated = r.Truncated || more
 	r.Body = body
 
 	model := unescapeModel(findModel(body), sc.model[:0])
@@ -260,7 +285,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 		if d == nil {
 			s.m.errors[errUnknownModel].Add(1)
 			writeError(ctx, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found",
-				fmt.Sprintf("The model `%s` does not exist.", model))
+				fmt.Sprintf("The model `%s` does not exist.", cut(model, maxEchoModel)))
 			return
 		}
 	case len(snap.Deployments) == 1:
@@ -401,6 +426,11 @@ func unescapeModel(raw, dst []byte) []byte {
 }
 
 func (s *Server) done(ctx *fasthttp.RequestCtx) {
+	if !s.doneAllowed(ctx) {
+		writeError(ctx, fasthttp.StatusForbidden, "permission_error", "forbidden",
+			"completions are accepted from feedback.sources only, with "+HdrToken+" when feedback.token is set")
+		return
+	}
 	id, ok := parseID(ctx.QueryArgs().Peek("id"))
 	if !ok {
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_id", "id must be a decision id from "+HdrDecision)
@@ -413,23 +443,16 @@ func (s *Server) done(ctx *fasthttp.RequestCtx) {
 	ctx.SetStatusCode(fasthttp.StatusNoContent)
 }
 
-func (s *Server) ready(ctx *fasthttp.RequestCtx) {
-	snap := s.snap.Load()
-	for _, d := range snap.Deployments {
-		for _, p := range d.Pools {
-			ok := false
-			for _, e := range p.Endpoints {
-				ok = ok || e.Available()
-			}
-			if !ok {
-				ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-				ctx.SetBodyString("pool " + p.Name + " has no available endpoint\n")
-				return
-			}
-		}
+// maxEchoModel bounds the model name echoed in a 404: longer names are
+// never served (Validate), and the answer must stay under MaxAnswerBody.
+const maxEchoModel = 256
+
+// cut shortens b to n bytes, marking the cut.
+func cut(b []byte, n int) []byte {
+	if len(b) <= n {
+		return b
 	}
-	ctx.SetStatusCode(fasthttp.StatusOK)
-	ctx.SetBodyString("ready\n")
+	return append(b[:n:n], "..."...)
 }
 
 // apiError is the OpenAI error envelope.
@@ -446,6 +469,9 @@ type apiErrorBody struct {
 // writeError answers with an OpenAI-style JSON error. Errors are rare, so
 // encoding/json's allocations are fine here.
 func writeError(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
+	if len(msg) > MaxAnswerBody/2 { // JSON escaping may double it
+		msg = msg[:MaxAnswerBody/2-3] + "..."
+	}
 	b, _ := json.Marshal(apiError{Error: apiErrorBody{Message: msg, Type: typ, Code: code}})
 	ctx.Response.Header.Set(HdrReason, code)
 	ctx.SetStatusCode(status)
@@ -453,18 +479,39 @@ func writeError(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
 	ctx.SetBody(b)
 }
 
-// ErrorHandler answers fasthttp-level errors (oversized or malformed requests) in JSON.
+// ErrorHandler answers fasthttp-level errors (oversized or malformed
+// requests) in JSON. fasthttp's own error text never reaches the client
+// (the proxies would relay it); each answer carries an X-Turnout-Reason the
+// glue knows: a request turnout could not read (431, 408) makes the proxy
+// apply its fail mode rather than refuse the client.
 func ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+	var small *fasthttp.ErrSmallBuffer
+	var ne net.Error
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", ReasonBodyTooLarge, "request body too large")
-		return
+	case errors.As(err, &small):
+		writeError(ctx, StatusHeaderTooLarge, "invalid_request_error", ReasonHeaderTooLarge,
+			"request headers larger than turnout's limits.max_header_bytes")
+	case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
+		writeError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", ReasonReadTimeout, "the request was not received in time")
+	default:
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", ReasonBadRequest, "malformed HTTP request")
 	}
-	writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_request", "malformed request: "+err.Error())
 }
 
-// NewHTTPServer returns a fasthttp server tuned for the route endpoint.
+// NewHTTPServer returns a fasthttp server tuned for the route endpoint,
+// bounded by the snapshot's limits (a change of those needs a new server:
+// cmd/turnout reopens the listener).
 func (s *Server) NewHTTPServer() *fasthttp.Server {
-	maxBody := s.snap.Load().Config.MaxBody
+	return s.NewHTTPServerFor(s.snap.Load().Config)
+}
+
+// NewHTTPServerFor is NewHTTPServer with the limits of cfg, a config about
+// to be applied. max_body and the body limits are read per request from the
+// live snapshot; the connection-level limits (HTTPServerKey) are fixed here.
+func (s *Server) NewHTTPServerFor(cfg *Config) *fasthttp.Server {
+	lim := &cfg.Limits
 	return &fasthttp.Server{
 		Handler:               s.Handler,
 		ErrorHandler:          ErrorHandler,
@@ -472,13 +519,32 @@ func (s *Server) NewHTTPServer() *fasthttp.Server {
 		NoDefaultServerHeader: true,
 		NoDefaultDate:         true,
 		NoDefaultContentType:  true,
-		// Bodies above max_body are cut for routing; far larger ones get a
-		// JSON 413 instead of being read into memory.
-		MaxRequestBodySize: 4*maxBody + 1<<20,
-		ReadTimeout:        30 * time.Second,
-		WriteTimeout:       30 * time.Second,
-		IdleTimeout:        5 * time.Minute,
-		Logger:             fasthttpLogger{s.log},
+		// turnout reads bodies itself (route/body.go): only what arrived,
+		// up to max_body, within the shared budget.
+		StreamRequestBody: true,
+		// fasthttp only pre-reads with it; readBody applies the live max_body.
+		MaxRequestBodySize: hardBodyLimit(maxMaxBody),
+		// The request head must fit one read buffer.
+		ReadBufferSize: lim.MaxHeaderBytes,
+		// limits.max_conns is LimitListener's (an answer the glue understands).
+		ReadTimeout:  lim.ReadTimeout.D(),
+		WriteTimeout: 30 * time.Second,
+		IdleTimeout:  5 * time.Minute,
+		// Return per-connection buffers of idle keep-alive connections.
+		ReduceMemoryUsage: true,
+		Logger:            fasthttpLogger{s.log},
+	}
+}
+
+// HTTPServerKey names the settings NewHTTPServerFor (and LimitListener) fix for the life of
+// a server, by config field: a change of any needs a new server.
+func HTTPServerKey(cfg *Config) map[string]string {
+	l := &cfg.Limits
+	return map[string]string{
+		"listen":                  cfg.Listen,
+		"limits.max_conns":        strconv.Itoa(l.MaxConns),
+		"limits.max_header_bytes": strconv.Itoa(l.MaxHeaderBytes),
+		"limits.read_timeout":     l.ReadTimeout.D().String(),
 	}
 }
 

@@ -10,7 +10,8 @@ import (
 // RunHealth actively checks every endpoint's health path until ctx ends, so
 // turnout stops choosing a dead replica even where the proxy has no checks
 // of its own (nginx OSS). An endpoint goes down after Fails consecutive
-// failures and up again on the first success.
+// failures and up again on the first success; one never seen healthy goes
+// down at its first failure (there is no flapping to smooth over yet).
 func (s *Server) RunHealth(ctx context.Context) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, DisableCompression: true}}
 	for {
@@ -35,6 +36,9 @@ func (s *Server) RunHealth(ctx context.Context) {
 			}
 		}
 		wg.Wait()
+		if ctx.Err() == nil {
+			s.healthRound.Store(true)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -57,8 +61,10 @@ func (s *Server) checkOne(ctx context.Context, c *http.Client, e *Endpoint, hc H
 	if ctx.Err() != nil {
 		return
 	}
+	defer e.st.checked.Store(true)
 	if ok {
 		s.m.health[0].Add(1)
+		e.st.seenUp.Store(true)
 		e.st.fails.Store(0)
 		if e.st.down.Swap(false) {
 			s.log.Info().Str(fieldEndpoint, e.Name).Msg("endpoint up")
@@ -66,7 +72,7 @@ func (s *Server) checkOne(ctx context.Context, c *http.Client, e *Endpoint, hc H
 		return
 	}
 	s.m.health[1].Add(1)
-	if int(e.st.fails.Add(1)) >= hc.Fails && !e.st.down.Swap(true) {
+	if (int(e.st.fails.Add(1)) >= hc.Fails || !e.st.seenUp.Load()) && !e.st.down.Swap(true) {
 		s.log.Warn().Str(fieldEndpoint, e.Name).Str(fieldReason, "health check failed").Msg("endpoint down")
 	}
 }

@@ -36,6 +36,10 @@ type serverMetrics struct {
 	health       [2]atomic.Uint64
 	pdPrefill    [5]atomic.Uint64 // ok, retried, failed, skipped, aggregated
 	extra        atomic.Pointer[[]func(*strings.Builder)]
+
+	// feedbackRejected: wrong source or token; stallProbes: ok, stalled.
+	feedbackRejected atomic.Uint64
+	stallProbes      [2]atomic.Uint64
 }
 
 func (m *serverMetrics) init() {}
@@ -172,9 +176,19 @@ func (s *Server) WriteMetrics(b *strings.Builder) {
 	for i, n := range []string{"ok", "retried", "failed", "skipped", "aggregated"} {
 		fmt.Fprintf(b, "turnout_pd_prefill_total{result=%q} %d\n", n, s.m.pdPrefill[i].Load())
 	}
+	s.writeEndpointFeedbackMetrics(b)
+	s.writeFeedbackHealthMetrics(b)
 	for _, p := range snap.Pools() {
 		if mw, ok := p.Policy.(MetricsWriter); ok {
 			mw.WriteMetrics(p, b)
+		}
+	}
+	if kb := s.kvHub.Stats(); len(kb) > 0 {
+		help("turnout_kv_bind_messages_total", "counter", "KV-event messages received on a bound SUB socket.")
+		help("turnout_kv_bind_unknown_topic_total", "counter", "Bound KV-event messages whose topic matched no endpoint (dropped).")
+		for addr, st := range kb {
+			fmt.Fprintf(b, "turnout_kv_bind_messages_total{bind=%q} %d\n", addr, st.Messages)
+			fmt.Fprintf(b, "turnout_kv_bind_unknown_topic_total{bind=%q} %d\n", addr, st.UnknownTopics)
 		}
 	}
 	if ex := s.m.extra.Load(); ex != nil {

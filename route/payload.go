@@ -193,7 +193,7 @@ func (s *scanner) int() (int64, bool) {
 		v = v*10 + int64(s.b[s.i]-'0')
 		s.i++
 	}
-	if s.i == start {
+	if s.i == start || s.i-start > 18 { // more digits could wrap int64
 		return 0, false
 	}
 	if s.i < len(s.b) && (s.b[s.i] == '.' || s.b[s.i] == 'e' || s.b[s.i] == 'E') {

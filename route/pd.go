@@ -102,6 +102,11 @@ func (s *Server) routePD(ctx *fasthttp.RequestCtx, snap *Snapshot, d *Deployment
 	kv, used, err := s.pd.prefillWithRetry(ctx, snap, d, prefill, r.Body, cfg.PrefillTimeout.D())
 	if err != nil {
 		var st *errPrefillStatus
+		if errors.As(err, &st) && st.status >= 400 && st.status < 500 && len(st.body) > MaxAnswerBody {
+			writeError(ctx, st.status, "invalid_request_error", ReasonPrefillRejected,
+				fmt.Sprintf("the prefill replica refused the request (status %d)", st.status))
+			return
+		}
 		if errors.As(err, &st) && st.status >= 400 && st.status < 500 {
 			// The request itself is bad (e.g. too long): the decode replica
 			// would say the same, so relay the replica's own answer.

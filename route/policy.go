@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 
 	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/route/kv"
 )
 
 // Request is what a policy sees of one request. Byte slices are views into
@@ -100,6 +102,9 @@ type PolicyEnv struct {
 	Log  *zerolog.Logger
 	// Ctx lives as long as the server; background work stops with it.
 	Ctx context.Context
+	// KVHub owns the server's bound KV-event sockets (nil: policies make
+	// their own).
+	KVHub *kv.Hub
 }
 
 // Factory builds a policy for one pool from its config; params are validated here.
@@ -135,11 +140,16 @@ func (r *Registry) Names() []string {
 func (r *Registry) Build(cfg *PolicyConfig, env PolicyEnv) (Policy, error) {
 	f, ok := r.m[cfg.Name]
 	if !ok {
-		return nil, fmt.Errorf("%w: unknown policy %q (known: %v)", ErrConfig, cfg.Name, r.Names())
+		path := "policy.name"
+		if cfg.path != "" {
+			path = cfg.path + ".name"
+		}
+		return nil, &ConfigError{Problems: []*FieldError{{Path: path, Line: cfg.line,
+			Msg: fmt.Sprintf("unknown policy %q%s (known: %s)", cfg.Name, suggest(cfg.Name, r.Names()), strings.Join(r.Names(), ", "))}}}
 	}
 	p, err := f(cfg, env)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		return nil, cfg.paramsError(err)
 	}
 	return p, nil
 }

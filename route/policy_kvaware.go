@@ -81,6 +81,7 @@ type KVAware struct {
 	cfg      KVAwareConfig
 	log      *zerolog.Logger
 	ctx      context.Context
+	hub      *kv.Hub
 	pool     string
 	eps      []kv.Endpoint
 	fallback *PrefixAffinity
@@ -108,7 +109,7 @@ type kvShared struct {
 }
 
 type kvBuf struct {
-	toks   []int32
+	toks   []uint32
 	keys   []uint64
 	out    []int
 	stale  []bool
@@ -149,9 +150,13 @@ func NewKVAware(cfg KVAwareConfig, env PolicyEnv) *KVAware {
 		cfg: cfg, log: log, ctx: ctx, pool: env.Pool.Name, rnd: env.Rand,
 		fallback: NewPrefixAffinity(cfg.Fallback, env.Pool, env.Rand),
 	}
+	k.hub = env.KVHub
 	for _, e := range env.Pool.Endpoints {
-		if e.KVEvents != "" {
+		switch {
+		case e.KVEvents != "":
 			k.eps = append(k.eps, kv.Endpoint{Name: e.Name, Address: e.KVEvents, Topic: e.KVTopic, ReplayAddress: e.KVReplay})
+		case e.KVBind != "":
+			k.eps = append(k.eps, kv.Endpoint{Name: e.Name, Bind: e.KVBind, Pattern: e.KVPattern, ReplayAddress: e.KVReplay})
 		}
 	}
 	addrs := []string{cfg.Tokenizer.Address}
@@ -192,7 +197,7 @@ func (k *KVAware) Start(p *Pool) {
 		if k.cfg.BlockSize > 0 {
 			idx.SetBlockSize(k.cfg.BlockSize)
 		}
-		k.sh = &kvShared{idx: idx, mgr: kv.NewManager(k.ctx, idx, kv.ManagerConfig{}, k.log)}
+		k.sh = &kvShared{idx: idx, mgr: kv.NewManager(k.ctx, idx, kv.ManagerConfig{Hub: k.hub}, k.log)}
 	}
 	if err := k.sh.mgr.Sync(k.eps); err != nil {
 		k.log.Warn().Err(err).Str(fieldPool, k.pool).Msg("kv-event subscriptions")
@@ -338,7 +343,7 @@ func (k *KVAware) requestKeys(r *Request, bs int, b *kvBuf) ([]uint64, error) {
 
 // tokenPrompt reads a completions prompt given as token ids ([int...] or the
 // first of [[int...]...]).
-func tokenPrompt(body []byte, dst []int32) ([]int32, bool) {
+func tokenPrompt(body []byte, dst []uint32) ([]uint32, bool) {
 	s := scanner{b: valueFrom(body, "prompt")}
 	if s.peek() != '[' {
 		return dst, false
@@ -356,7 +361,11 @@ func tokenPrompt(body []byte, dst []int32) ([]int32, bool) {
 			if !ok {
 				return dst, false
 			}
-			dst = append(dst, int32(v))
+			t, ok := kv.TokenID(v)
+			if !ok {
+				return dst, false
+			}
+			dst = append(dst, t)
 		case c == ']':
 			return dst, len(dst) > 0
 		default:
@@ -383,6 +392,9 @@ func (k *KVAware) WriteMetrics(p *Pool, b *strings.Builder) {
 		fmt.Fprintf(b, "turnout_kv_event_gaps_total{pool=%q,endpoint=%q} %d\n", p.Name, name, s.Gaps)
 		fmt.Fprintf(b, "turnout_kv_event_malformed_total{pool=%q,endpoint=%q} %d\n", p.Name, name, s.Malformed)
 		fmt.Fprintf(b, "turnout_kv_event_reconnects_total{pool=%q,endpoint=%q} %d\n", p.Name, name, s.Reconnects)
+		for r, n := range s.Rejected {
+			fmt.Fprintf(b, "turnout_kv_events_rejected_total{pool=%q,endpoint=%q,reason=%q} %d\n", p.Name, name, kv.RejectReason(r), n)
+		}
 	}
 }
 
@@ -460,7 +472,7 @@ func (t *tokenizer) keys(body, model []byte, bs int) ([]uint64, error) {
 	return keys, nil
 }
 
-func (t *tokenizer) call(field string, raw, model []byte) ([]int32, error) {
+func (t *tokenizer) call(field string, raw, model []byte) ([]uint32, error) {
 	if len(t.addrs) == 0 {
 		return nil, fmt.Errorf("%w: no tokenizer address", errTokenizer)
 	}
@@ -494,13 +506,17 @@ func (t *tokenizer) call(field string, raw, model []byte) ([]int32, error) {
 	return toks, nil
 }
 
-// tokenList parses a JSON array of integers.
-func tokenList(raw []byte, dst []int32) ([]int32, bool) {
+// tokenList parses a JSON array of token ids (kv.TokenID's range).
+func tokenList(raw []byte, dst []uint32) ([]uint32, bool) {
 	s := scanner{b: raw}
 	ok := s.array(func() bool {
 		v, ok := s.int()
+		if !ok {
+			return false
+		}
+		t, ok := kv.TokenID(v)
 		if ok {
-			dst = append(dst, int32(v))
+			dst = append(dst, t)
 		}
 		return ok
 	})

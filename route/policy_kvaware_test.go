@@ -31,15 +31,15 @@ deployments:
 	return s, s.Snapshot().Deployments[0].Serve.Policy.(*KVAware)
 }
 
-func seqToks(n int, base int32) []int32 {
-	out := make([]int32, n)
+func seqToks(n int, base uint32) []uint32 {
+	out := make([]uint32, n)
 	for i := range out {
-		out[i] = base + int32(i)
+		out[i] = base + uint32(i)
 	}
 	return out
 }
 
-func tokBody(toks []int32) string {
+func tokBody(toks []uint32) string {
 	var b strings.Builder
 	b.WriteString(`{"model":"llama","prompt":[`)
 	for i, t := range toks {
@@ -53,7 +53,7 @@ func tokBody(toks []int32) string {
 }
 
 // store tells the index that src holds toks (engine hashes 1000+i).
-func store(ix *kv.Index, src string, toks []int32, bs int) []uint64 {
+func store(ix *kv.Index, src string, toks []uint32, bs int) []uint64 {
 	var hashes []uint64
 	for i := 0; i < len(toks)/bs; i++ {
 		hashes = append(hashes, uint64(1000+i))
@@ -78,7 +78,7 @@ func TestKVAwareRouting(t *testing.T) {
 	k.Index().Apply("b", kv.Batch{Events: []kv.Event{{Kind: kv.EventBlockRemoved, BlockHashes: hashes}}})
 	seen := map[string]bool{}
 	for i := 0; i < 30; i++ {
-		ctx := do(s, tokBody(seqToks(64, int32(5000+i*100))))
+		ctx := do(s, tokBody(seqToks(64, uint32(5000+i*100))))
 		seen[hdr(ctx, HdrServer)] = true
 		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
 		s.Complete(id)

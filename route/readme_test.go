@@ -3,6 +3,7 @@ package route
 import (
 	"os"
 	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -29,5 +30,39 @@ func TestREADMEConfigExamples(t *testing.T) {
 			continue
 		}
 		s.Close()
+	}
+}
+
+// The README quotes only figures BENCHMARKS.md has (every "0.70x" ratio of
+// the proxy paths), and names the Node version .ci/run installs.
+func TestREADMEFacts(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Skipf("README.md not found: %v", err)
+	}
+	bench, err := os.ReadFile("../BENCHMARKS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ratios := regexp.MustCompile(`\b(\d+\.\d+)x\b`).FindAllSubmatch(readme, -1)
+	if len(ratios) == 0 {
+		t.Fatal("no throughput ratios in README.md")
+	}
+	for _, m := range ratios {
+		r := string(m[1])
+		if !strings.Contains(string(bench), r+"×") && !strings.Contains(string(bench), r+"x") {
+			t.Errorf("README quotes %sx, which BENCHMARKS.md does not have", r)
+		}
+	}
+	if regexp.MustCompile(`\d+k req/s`).Match(readme) {
+		t.Errorf("README quotes absolute req/s; BENCHMARKS.md reports ratios (2-core shared box)")
+	}
+	ci, err := os.ReadFile("../.ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Debian bookworm's nodejs is 18.x: what .ci/run installs when npm is missing.
+	if !strings.Contains(string(ci), "nodejs") || !strings.Contains(string(readme), "Node 18") {
+		t.Errorf("README's Node version does not match what .ci/run installs (Debian bookworm nodejs 18)")
 	}
 }

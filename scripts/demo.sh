@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
 # turnout demo: 4 mock vLLM replicas + turnout + a proxy on loopback, a short
 # mixed workload (multi-turn sessions, shared system prompts, streaming), then
-# a table of requests and prefix-cache hits per replica. Everything it starts
-# is stopped on exit.
+# a table of requests and prefix-cache hits per replica and how turnout
+# decided. Runs in the foreground; everything it starts is stopped on exit,
+# Ctrl-C, SIGTERM, or when make is killed.
 #
 #   scripts/demo.sh                 # PROXY=haproxy (default)
 #   PROXY=haproxy TURNOUT_BIN=... scripts/demo.sh
-#   PROXY=nginx scripts/demo.sh     # nginx + njs on 127.0.0.1:8081
+#   PROXY=nginx scripts/demo.sh     # nginx + njs
+#   make demo PORT_BASE=18000       # every port shifted (see scripts/lib.sh)
 #
-# Ports come from the embedded default config (route/default_config.yaml):
+# Ports default to the embedded config's (route/default_config.yaml):
 # replicas 127.0.0.1:8001-8004, turnout 127.0.0.1:9090, HAProxy 127.0.0.1:8080,
-# completion feedback (syslog/UDP) 127.0.0.1:9514.
+# nginx 127.0.0.1:8081, completion feedback (syslog/UDP) 127.0.0.1:9514.
 set -euo pipefail
 
 PROXY=${PROXY:-haproxy}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${TURNOUT_BIN:-$ROOT/bin/turnout}
+SCRIPT="make demo"
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
 MODEL=meta-llama/Llama-3.1-8B-Instruct
 REPLICAS=(llama-0 llama-1 llama-2 llama-3)
-PORTS=(8001 8002 8003 8004)
-TURNOUT=127.0.0.1:9090
+PORTS=("${MOCK_PORTS[@]}")
 
 die() { echo "demo: $*" >&2; exit 1; }
 # On a fresh Debian machine, install what the demo needs when we may (root
@@ -45,80 +49,68 @@ if [[ ! -x $BIN ]]; then
   (cd "$ROOT" && CGO_ENABLED=0 go build -o "$BIN" ./cmd/turnout) || die "build failed"
 fi
 
+PROXY_PORT=$HAPROXY_PORT
+[[ $PROXY == nginx ]] && PROXY_PORT=$NGINX_PORT
+check_ports "tcp:$PROXY_PORT:$PROXY" "tcp:$TURNOUT_PORT:turnout" "udp:$FEEDBACK_PORT:completion feedback" \
+  "tcp:${PORTS[0]}:mock llama-0" "tcp:${PORTS[1]}:mock llama-1" \
+  "tcp:${PORTS[2]}:mock llama-2" "tcp:${PORTS[3]}:mock llama-3" || exit 1
+
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/turnout-demo.XXXXXX")
-PIDS=()
+JOBS=()
 cleanup() {
   local code=$?
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  if [[ $code -ne 0 ]]; then
+  # Workload subshells first (and their curl), then the servers.
+  for j in "${JOBS[@]}"; do pkill -TERM -P "$j" 2>/dev/null || true; kill "$j" 2>/dev/null || true; done
+  stop_children
+  if [[ $code -ne 0 && $code -lt 128 ]]; then
     echo "demo failed; last log lines:" >&2
     for f in "$WORK"/*.log; do [[ -f $f ]] && { echo "== $f" >&2; tail -n 15 "$f" >&2; }; done
   fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap_signals
+write_config "$WORK/turnout.yaml"
 
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for p in "${PORTS[@]}" 9090 8080; do
-  port_busy "$p" && die "port $p is in use; the demo needs the default config's ports"
-done
-
-# wait_http URL [tries]: poll until the URL answers 2xx.
-wait_http() {
-  local url=$1 tries=${2:-100}
-  for ((i = 0; i < tries; i++)); do
-    curl -fsS -o /dev/null --max-time 1 "$url" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  die "$url did not come up"
-}
-
-echo "starting 4 mock replicas"
+echo "starting 4 mock replicas on 127.0.0.1:${PORTS[0]}-${PORTS[3]}"
 for i in "${!REPLICAS[@]}"; do
-  "$BIN" mock --listen "127.0.0.1:${PORTS[$i]}" --name "${REPLICAS[$i]}" \
-    --model "$MODEL,llama" --time-scale 0.05 >"$WORK/mock-$i.log" 2>&1 &
-  PIDS+=($!)
+  start_child "mock ${REPLICAS[$i]}" "$WORK/mock-$i.log" "$BIN" mock --listen "127.0.0.1:${PORTS[$i]}" \
+    --name "${REPLICAS[$i]}" --model "$MODEL,llama" --time-scale 0.05
 done
-for p in "${PORTS[@]}"; do wait_http "http://127.0.0.1:$p/health"; done
+for i in "${!REPLICAS[@]}"; do wait_http "mock ${REPLICAS[$i]}" "http://127.0.0.1:${PORTS[$i]}/health" || exit 1; done
 
 case $PROXY in
 haproxy)
   need_pkgs haproxy:haproxy
   command -v haproxy >/dev/null || die "haproxy is not installed (apt-get install -y haproxy)"
   DIR=$WORK/haproxy
-  "$BIN" render haproxy --out "$DIR" 2>"$WORK/render.log"
+  "$BIN" render haproxy --config "$WORK/turnout.yaml" --out "$DIR" 2>"$WORK/render.log"
   # turnout keeps the HAProxy pools in sync through the admin socket in $DIR.
-  "$BIN" serve --haproxy-dir "$DIR" >"$WORK/turnout.log" 2>&1 &
-  PIDS+=($!)
-  wait_http "http://$TURNOUT/healthz"
-  haproxy -f "$DIR/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &
-  PIDS+=($!)
-  PROXY_URL=http://127.0.0.1:8080
+  start_child "turnout serve" "$WORK/turnout.log" "$BIN" serve --config "$WORK/turnout.yaml" --haproxy-dir "$DIR"
+  wait_http "turnout serve" "http://$TURNOUT/healthz" || exit 1
+  start_child haproxy "$WORK/haproxy.log" haproxy -f "$DIR/haproxy.cfg"
+  PROXY_URL=http://127.0.0.1:$HAPROXY_PORT
   ;;
 nginx)
   need_pkgs nginx:nginx /usr/lib/nginx/modules/ngx_http_js_module.so:libnginx-mod-http-js
   command -v nginx >/dev/null || die "nginx is not installed (apt-get install -y nginx libnginx-mod-http-js)"
   [[ -f /usr/lib/nginx/modules/ngx_http_js_module.so ]] || die "njs is not installed (apt-get install -y libnginx-mod-http-js)"
-  port_busy 8081 && die "port 8081 is in use; the demo needs the default config's ports"
   DIR=$WORK/nginx
   # Started as root, nginx workers would run as nobody, who cannot enter $WORK.
   NGX_USER=()
   [[ $(id -u) -eq 0 ]] && NGX_USER=(--nginx-user root)
-  "$BIN" render nginx --out "$DIR" "${NGX_USER[@]}" 2>"$WORK/render.log"
+  "$BIN" render nginx --config "$WORK/turnout.yaml" --out "$DIR" "${NGX_USER[@]}" 2>"$WORK/render.log"
   # turnout re-renders nginx.conf and reloads nginx when the replica set changes.
-  "$BIN" serve --nginx-dir "$DIR" "${NGX_USER[@]}" >"$WORK/turnout.log" 2>&1 &
-  PIDS+=($!)
-  wait_http "http://$TURNOUT/healthz"
-  nginx -p "$DIR" -c "$DIR/nginx.conf" -e stderr -g 'daemon off;' >"$WORK/nginx.log" 2>&1 &
-  PIDS+=($!)
-  PROXY_URL=http://127.0.0.1:8081
+  start_child "turnout serve" "$WORK/turnout.log" "$BIN" serve --config "$WORK/turnout.yaml" --nginx-dir "$DIR" "${NGX_USER[@]}"
+  wait_http "turnout serve" "http://$TURNOUT/healthz" || exit 1
+  start_child nginx "$WORK/nginx.log" nginx -p "$DIR" -c "$DIR/nginx.conf" -e stderr -g 'daemon off;'
+  PROXY_URL=http://127.0.0.1:$NGINX_PORT
   ;;
 *)
   die "PROXY=$PROXY is not supported (haproxy, nginx)"
   ;;
 esac
-wait_http "$PROXY_URL/v1/models"
+wait_http "$PROXY" "$PROXY_URL/v1/models" || exit 1
 # HAProxy health-checks the replicas before it routes to them.
 sleep 0.5
 echo "proxy: $PROXY at $PROXY_URL, turnout at http://$TURNOUT"

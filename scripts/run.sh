@@ -1,16 +1,32 @@
 #!/usr/bin/env bash
 # make run: turnout serve on the embedded default config, with the four mock
-# replicas it points at (127.0.0.1:8001-8004) so its health checks pass and
-# the README's curl examples get real decisions. Ctrl-C stops everything.
+# replicas it points at so its health checks pass and the README's curl
+# examples get real decisions. Runs in the foreground; Ctrl-C, SIGTERM (or
+# make being killed) stops everything it started. Ports: see scripts/lib.sh
+# (make run PORT_BASE=18000, TURNOUT_PORT=..., MOCK_PORT=...).
 set -euo pipefail
-BIN=${TURNOUT_BIN:-bin/turnout}
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=${TURNOUT_BIN:-$ROOT/bin/turnout}
+SCRIPT="make run"
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/turnout-run.XXXXXX")
+trap 'stop_children; rm -rf "$WORK"' EXIT
+trap_signals
+
+check_ports "tcp:$TURNOUT_PORT:turnout" "udp:$FEEDBACK_PORT:completion feedback" \
+  "tcp:${MOCK_PORTS[0]}:mock llama-0" "tcp:${MOCK_PORTS[1]}:mock llama-1" \
+  "tcp:${MOCK_PORTS[2]}:mock llama-2" "tcp:${MOCK_PORTS[3]}:mock llama-3" || exit 1
+write_config "$WORK/turnout.yaml"
+
 for i in 0 1 2 3; do
-  "$BIN" mock --listen "127.0.0.1:800$((i + 1))" --name "llama-$i" --time-scale 0.05 >/dev/null 2>&1 &
-  pids+=($!)
+  start_child "mock llama-$i" "$WORK/mock-$i.log" \
+    "$BIN" mock --listen "127.0.0.1:${MOCK_PORTS[$i]}" --name "llama-$i" \
+    --model meta-llama/Llama-3.1-8B-Instruct,llama --time-scale 0.05
 done
-echo "mock replicas llama-0..3 on 127.0.0.1:8001-8004; turnout on 127.0.0.1:9090" >&2
-"$BIN" serve "$@" &
-pids+=($!)
-wait "${pids[-1]}"
+for i in 0 1 2 3; do wait_http "mock llama-$i" "http://127.0.0.1:${MOCK_PORTS[$i]}/health" || exit 1; done
+echo "make run: mock replicas llama-0..3 on 127.0.0.1:${MOCK_PORTS[0]}-${MOCK_PORTS[3]} (logs in $WORK); turnout on $TURNOUT (Ctrl-C stops all)" >&2
+# turnout's own log stays on the terminal.
+start_child "turnout serve" - "$BIN" serve --config "$WORK/turnout.yaml" "$@"
+supervise

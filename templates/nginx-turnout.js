@@ -9,7 +9,8 @@
 // carries turnout's inputs and verdict, relays its refusals, applies the fail
 // mode and, for prefill/decode, builds the decode body.
 //
-// Inputs from nginx.conf: $turnout_fail_mode (open|closed), and the maps
+// Inputs from nginx.conf: $turnout_fail_mode (open|closed),
+// $turnout_unread_reasons, and the maps
 // $turnout_body_pool / $turnout_body_pd keyed by $turnout_body_model.
 
 var ASK = '/_turnout/ask_body';
@@ -20,6 +21,12 @@ var OPEN = '@turnout_open';
 // Reasons end up in a response header: keep them to a plain token.
 function token(s) {
     return String(s).replace(/[^A-Za-z0-9_.-]/g, '').slice(0, 64) || 'unknown';
+}
+
+// unread reports a 4xx reason that says turnout could not read the call
+// (e.g. headers over its limit): not a verdict about the request.
+function unread(r, reason) {
+    return (r.variables.turnout_unread_reasons || '').split(' ').indexOf(reason) >= 0;
 }
 
 function errorJSON(message, type, code) {
@@ -156,6 +163,9 @@ async function route(r) {
         // prefill/decode failure (502/503) must not be served without its
         // prefill, so both reach the client as they are.
         if (st >= 400 && st < 500) {
+            if (unread(r, reason)) {
+                return failed(r, body, reason);
+            }
             return relay(r, res, reason);
         }
         r.variables.turnout_body_model = modelOf(r, body);

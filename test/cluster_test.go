@@ -391,6 +391,7 @@ func TestEngineMetricsBadPages(t *testing.T) {
 	addr := FreeAddr(t)
 	tu := StartTurnout(t, addr, fmt.Sprintf(`listen: %s
 health: {disable: true}
+feedback: {disable: true}
 engine_metrics: {interval: 500ms, timeout: 2s, max_bytes: 1048576}
 deployments:
   - name: llama

@@ -23,6 +23,8 @@ type depSpec struct {
 	mocks  []*Mock
 	// extra adds YAML flow-map entries to an endpoint (e.g. kv_events).
 	extra func(m *Mock) string
+	// depYAML adds "key: value" lines to the deployment (e.g. kv_events_bind).
+	depYAML []string
 }
 
 // hstack is mocks + turnout + HAProxy wired together.
@@ -54,7 +56,11 @@ haproxy: {listen: %q, dir: %q, drain_timeout: 3s, nbthread: 2, spoe: %q}
 deployments:
 `, s.turnoutAddr, s.syslog, s.failMode, s.haAddr, s.dir, s.spoeAddr)
 	for _, d := range s.deps {
-		fmt.Fprintf(&b, "  - name: %s\n    models: [%s]\n    policy: %s\n    pools:\n      - role: mixed\n        endpoints:\n", d.name, d.name, d.policy)
+		fmt.Fprintf(&b, "  - name: %s\n    models: [%s]\n    policy: %s\n", d.name, d.name, d.policy)
+		for _, l := range d.depYAML {
+			fmt.Fprintf(&b, "    %s\n", l)
+		}
+		b.WriteString("    pools:\n      - role: mixed\n        endpoints:\n")
 		for _, m := range d.mocks {
 			more := ""
 			if d.extra != nil {
@@ -158,5 +164,9 @@ func testHAProxy(t *testing.T, spoeAddr string) {
 	t.Run("UnknownModelAndGarbage", func(t *testing.T) { testRefusals(t, s) })
 	t.Run("SpoofedServerIgnored", func(t *testing.T) { testSpoof(t, s) })
 	t.Run("OpenAINodeClient", func(t *testing.T) { checkOpenAINode(t, s.H.URL, "llama") })
+	t.Run("PathGuard", func(t *testing.T) { checkPathGuard(t, s, "chat", nil) })
+	t.Run("ClientInputsStripped", func(t *testing.T) { checkClientInputsStripped(t, s, "chat", nil) })
+	t.Run("LargeHeaders", func(t *testing.T) { checkLargeHeaders(t, s, "chat", nil) })
+	t.Run("LongModelRefused", func(t *testing.T) { checkLongModelRefused(t, s, nil) })
 	t.Run("InflightBackToZero", func(t *testing.T) { testInflight(t, s) })
 }

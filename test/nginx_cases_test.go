@@ -64,6 +64,16 @@ func TestNginx(t *testing.T) {
 	t.Run("BodyTooLarge", func(t *testing.T) { ngTooLarge(t, s) })
 	t.Run("PrefillDecode", func(t *testing.T) { ngPD(t, s) })
 	t.Run("OpenAINodeClient", func(t *testing.T) { checkOpenAINode(t, s.N.URL, "llama", "pd") })
+	t.Run("PathGuard", func(t *testing.T) { checkPathGuard(t, s, "chatb", nil) })
+	t.Run("ClientInputsStripped", func(t *testing.T) {
+		t.Run("BodyMode", func(t *testing.T) { checkClientInputsStripped(t, s, "chatb", nil) })
+		t.Run("HeaderMode", func(t *testing.T) { checkClientInputsStripped(t, s, "chat", map[string]string{"X-Model": "chat"}) })
+	})
+	t.Run("LargeHeaders", func(t *testing.T) {
+		t.Run("BodyMode", func(t *testing.T) { checkLargeHeaders(t, s, "chatb", nil) })
+		t.Run("HeaderMode", func(t *testing.T) { checkLargeHeaders(t, s, "chat", map[string]string{"X-Model": "chat"}) })
+	})
+	t.Run("LongModelRefused", func(t *testing.T) { checkLongModelRefused(t, s, nil) })
 	t.Run("InflightBackToZero", func(t *testing.T) { ngInflight(t, s) })
 }
 

@@ -5,11 +5,13 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -134,7 +136,9 @@ var (
 )
 
 // openAIClient returns node and a directory with openai@6 installed, or
-// skips when node or npm is missing.
+// skips when node or npm is missing, or when the npm registry cannot be
+// reached (an offline box: the reason is in the skip message). Any other
+// install failure fails the test.
 func openAIClient(t *testing.T) (node, dir string) {
 	t.Helper()
 	npm, err := exec.LookPath("npm")
@@ -145,20 +149,69 @@ func openAIClient(t *testing.T) (node, dir string) {
 	if err != nil {
 		t.Skip("node is not installed: skipping the openai npm client test")
 	}
+	var offline bool
 	npmOnce.Do(func() {
 		if npmDir, npmErr = os.MkdirTemp("", "turnout-e2e-npm-"); npmErr != nil {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		inst := exec.CommandContext(ctx, npm, "install", "--no-audit", "--no-fund", "--silent", "openai@6")
-		inst.Dir = npmDir
-		npmOut, npmErr = inst.CombinedOutput()
+		npmOut, offline, npmErr = npmInstall(npm, npmDir, nil, "openai@6")
+		if offline {
+			npmErr = fmt.Errorf("%w: %s", errNPMOffline, firstLine(npmOut))
+		}
 	})
+	if errors.Is(npmErr, errNPMOffline) {
+		t.Skipf("npm registry unreachable, skipping the openai npm client test: %v", npmErr)
+	}
 	if npmErr != nil {
 		t.Fatalf("npm install openai@6: %v\n%s", npmErr, npmOut)
 	}
 	return node, npmDir
+}
+
+var errNPMOffline = errors.New("npm registry unreachable")
+
+// npmNetErr are npm's codes for a registry it cannot reach.
+var npmNetErr = regexp.MustCompile(`\b(ENOTFOUND|EAI_AGAIN|ECONNREFUSED|ECONNRESET|ETIMEDOUT|ENETUNREACH|EHOSTUNREACH|ERR_SOCKET_TIMEOUT)\b`)
+
+// npmInstall installs pkgs into dir; offline reports a failure caused by
+// the registry being unreachable (network error codes), not by the package.
+func npmInstall(npm, dir string, env []string, pkgs ...string) (out []byte, offline bool, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	inst := exec.CommandContext(ctx, npm, append([]string{"install", "--no-audit", "--no-fund", "--loglevel=error"}, pkgs...)...)
+	inst.Dir = dir
+	inst.Env = append(os.Environ(), env...)
+	out, err = inst.CombinedOutput()
+	if err != nil && (npmNetErr.Match(out) || errors.Is(ctx.Err(), context.DeadlineExceeded)) {
+		return out, true, err
+	}
+	return out, false, err
+}
+
+func firstLine(b []byte) string {
+	for _, l := range strings.Split(string(b), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.Contains(l, "Unknown user config") {
+			return l
+		}
+	}
+	return ""
+}
+
+// An unreachable registry is told apart from a broken install, so the
+// openai client test skips offline instead of failing.
+func TestNPMOfflineDetected(t *testing.T) {
+	npm, err := exec.LookPath("npm")
+	if err != nil {
+		t.Skip("npm is not installed")
+	}
+	closed := FreeAddr(t) // nothing listens there
+	out, offline, err := npmInstall(npm, t.TempDir(), []string{
+		"npm_config_registry=http://" + closed + "/", "npm_config_fetch_retries=0",
+		"npm_config_cache=" + t.TempDir(), "npm_config_offline=false",
+	}, "openai@6")
+	if err == nil || !offline {
+		t.Fatalf("install from a closed registry: err %v offline %v\n%s", err, offline, out)
+	}
 }
 
 // The real openai npm client streams a chat completion through the proxy at

@@ -33,6 +33,9 @@ const benchUsage = `turnout bench: routing quality and cost benchmarks
 Traces are read from ../shared/traces/ by default; a missing trace is skipped
 with a message (use --trace synthetic for a small generated one).
 Run "turnout bench <command> --help" for the flags.
+
+Example:
+  turnout bench replay --trace synthetic --limit 200
 `
 
 // Default trace locations, relative to the repository root (never copied in).
@@ -58,13 +61,15 @@ func runBench(args []string, log *zerolog.Logger) error {
 	case "trivial":
 		return runTrivial(args[1:], log)
 	case "policies":
+		if wantsHelp(args[1:]) {
+			return &helpShown{text: "Usage: turnout bench policies\n\nPrints the default comparison rows of bench replay, one per line.\n\nExample:\n  turnout bench replay --policies \"$(turnout bench policies | tr '\\n' ';')\"\n"}
+		}
 		for _, p := range bench.DefaultPolicies() {
 			fmt.Println(p)
 		}
 		return nil
 	case "-h", "--help", "help":
-		fmt.Fprint(os.Stdout, benchUsage)
-		return nil
+		return &helpShown{text: benchUsage}
 	}
 	return fmt.Errorf("bench: unknown subcommand %q (want replay, azure, cost, trivial or policies)", args[0])
 }
@@ -74,7 +79,7 @@ var errTraceMissing = errors.New("trace missing")
 
 func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	d := bench.DefaultSimOptions()
-	fset := flag.NewFlagSet("bench replay", flag.ContinueOnError)
+	fset := newFlags("bench replay")
 	trace := fset.String("trace", defaultTrace, `trace file (.jsonl Mooncake, .csv Azure) or "synthetic"`)
 	mode := fset.String("mode", "sim", "sim (in-process, virtual time) or e2e (HAProxy or nginx + turnout + mock replicas)")
 	policies := fset.String("policies", "", `';'-separated specs "name[:k=v,...]" (default: haproxy-roundrobin, haproxy-leastconn, or with --proxy nginx nginx-roundrobin, nginx-leastconn, and every turnout policy)`)
@@ -97,11 +102,8 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	fset.Uint64Var(&o.Seed, "seed", d.Seed, "seed for turnout's policies")
 	fset.IntVar(&o.Parallel, "parallel", runtime.GOMAXPROCS(0), "sim: policies replayed at once")
 	e2e := defaultE2EFlags(fset)
-	if err := fset.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return fmt.Errorf("bench replay: %w", err)
+	if err := parseFlags(fset, benchReplayCmd, args); err != nil {
+		return err
 	}
 	o.Log = log
 
@@ -251,7 +253,7 @@ func defaultE2EFlags(fset *flag.FlagSet) *e2eFlags {
 
 // runCost implements `turnout bench cost`.
 func runCost(args []string, log *zerolog.Logger) error {
-	fset := flag.NewFlagSet("bench cost", flag.ContinueOnError)
+	fset := newFlags("bench cost")
 	o := bench.CostOptions{Log: log}
 	// 2 s x 3 rounds keeps all eight targets (route, HAProxy, nginx) inside
 	// make bench's five-minute budget.
@@ -273,11 +275,8 @@ func runCost(args []string, log *zerolog.Logger) error {
 	name := fset.String("name", "cost", "output file name prefix")
 	check := fset.Bool("check", false, "fail unless every run did work with few errors (smoke)")
 	keep := fset.Bool("keep", false, "keep the work directory")
-	if err := fset.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return fmt.Errorf("bench cost: %w", err)
+	if err := parseFlags(fset, benchCostCmd, args); err != nil {
+		return err
 	}
 	for _, p := range strings.Split(*policies, ";") {
 		if p = strings.TrimSpace(p); p != "" {
@@ -337,13 +336,10 @@ func runCost(args []string, log *zerolog.Logger) error {
 // runTrivial serves the trivial handler the cost benchmark compares
 // /internal/route with, until SIGINT/SIGTERM.
 func runTrivial(args []string, log *zerolog.Logger) error {
-	fset := flag.NewFlagSet("bench trivial", flag.ContinueOnError)
+	fset := newFlags("bench trivial")
 	listen := fset.String("listen", "127.0.0.1:9099", "listen address")
-	if err := fset.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return fmt.Errorf("bench trivial: %w", err)
+	if err := parseFlags(fset, benchTrivialCmd, args); err != nil {
+		return err
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -26,6 +27,10 @@ Usage:
 Without --config, turnout uses an embedded default (four loopback replicas
 on 127.0.0.1:8001-8004, listening on 127.0.0.1:9090).
 Run "turnout <command> --help" for a command's flags.
+
+Example:
+  turnout render haproxy --config turnout.yaml --out /etc/haproxy/turnout &&
+  turnout serve --config turnout.yaml --haproxy-dir /etc/haproxy/turnout
 `
 
 func main() {
@@ -37,7 +42,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
-	log := newLogger(stderr, os.Getenv("TURNOUT_LOG_LEVEL"))
+	human := humanOutput(stderr, os.Getenv("TURNOUT_LOG_FORMAT"))
+	log := newLogger(stderr, os.Getenv("TURNOUT_LOG_LEVEL"), human)
 	var err error
 	switch args[0] {
 	case "-h", "--help", "help":
@@ -59,17 +65,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if err != nil {
-		log.Error().Err(err).Msg("turnout " + args[0])
+		var h *helpShown
+		if errors.As(err, &h) {
+			fmt.Fprint(stdout, h.text)
+			return 0
+		}
+		reportError(stderr, log, human, "turnout "+args[0], err)
 		return 1
 	}
 	return 0
 }
 
 // newLogger builds the one root logger; packages get it through struct fields.
-func newLogger(w io.Writer, level string) *zerolog.Logger {
+// human: zerolog's console format (a person at a terminal), else JSON lines.
+func newLogger(w io.Writer, level string, human bool) *zerolog.Logger {
 	lvl, err := zerolog.ParseLevel(level)
 	if err != nil || level == "" {
 		lvl = zerolog.InfoLevel
+	}
+	if human {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000", NoColor: true}
 	}
 	l := zerolog.New(w).Level(lvl).With().Timestamp().Logger()
 	zerolog.TimeFieldFormat = time.RFC3339Nano

@@ -3,11 +3,11 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -35,7 +35,7 @@ func (m *modelList) Set(v string) error {
 // SIGINT/SIGTERM.
 func runMock(args []string, log *zerolog.Logger) error {
 	d := mockvllm.DefaultConfig()
-	fs := flag.NewFlagSet("mock", flag.ContinueOnError)
+	fs := newFlags("mock")
 	var (
 		models modelList
 		role   string
@@ -63,16 +63,16 @@ func runMock(args []string, log *zerolog.Logger) error {
 	fs.BoolVar(&cfg.Unhealthy, "unhealthy", false, "start with /health answering 503")
 	fs.Uint64Var(&cfg.Seed, "seed", d.Seed, "seed for fail-rate draws")
 	fs.IntVar(&cfg.RequestLogSize, "request-log-size", d.RequestLogSize, "requests kept for /mock/requests (negative disables)")
-	kvAddr := fs.String("kv-events", "", "publish vLLM KV-cache events on this ZMQ PUB address (e.g. tcp://127.0.0.1:5557)")
-	kvTopic := fs.String("kv-topic", "", "ZMQ topic for KV events")
+	kvAddr := fs.String("kv-events", "", "publish vLLM KV-cache events on this ZMQ PUB address, bound (e.g. tcp://127.0.0.1:5557; vLLM with a wildcard endpoint)")
+	kvConnect := fs.String("kv-events-connect", "", "publish KV-cache events by connecting to this address, where a subscriber binds (vLLM with a concrete endpoint, llm-d)")
+	kvParentZero := fs.Bool("kv-parent-zero", false, "send a first block's parent hash as 0 instead of nil (llm-d's publishers)")
+	idOffset := fs.Uint("token-id-offset", 0, "add this to every token id /tokenize and KV events report (2147483648 emulates ids >= 2^31)")
+	kvTopic := fs.String("kv-topic", "", "ZMQ topic for KV events (with --kv-events-connect default kv@HOST:PORT@MODEL of --listen)")
 	kvReplay := fs.String("kv-replay", "", "serve vLLM's replay ROUTER socket on this address")
 	kvBytes := fs.Bool("kv-hash-bytes", false, "encode block hashes as 32-byte strings (newer vLLM) instead of ints")
 	kvMap := fs.Bool("kv-map-events", false, "encode events as maps (vLLM after array_like was dropped)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return fmt.Errorf("mock: %w", err)
+	if err := parseFlags(fs, mockCmd, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("mock: unexpected arguments %q", fs.Args())
@@ -97,10 +97,28 @@ func runMock(args []string, log *zerolog.Logger) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if *kvAddr != "" {
+	if *idOffset > 1<<32-1 {
+		_ = ln.Close()
+		return fmt.Errorf("mock: --token-id-offset %d beyond uint32", *idOffset)
+	}
+	cfg.TokenIDOffset = uint32(*idOffset)
+	if *kvAddr != "" && *kvConnect != "" {
+		_ = ln.Close()
+		return errors.New("mock: --kv-events (bind) and --kv-events-connect are exclusive")
+	}
+	if *kvConnect != "" && *kvTopic == "" {
+		// llm-d's convention, which turnout's bind mode expects by default.
+		a := ln.Addr().(*net.TCPAddr)
+		host := a.IP.String()
+		if a.IP.IsUnspecified() {
+			host = "127.0.0.1"
+		}
+		*kvTopic = "kv@" + net.JoinHostPort(host, strconv.Itoa(a.Port)) + "@" + cfg.Models[0]
+	}
+	if *kvAddr != "" || *kvConnect != "" {
 		pub, err := kv.NewPublisherWithConfig(ctx, kv.PublisherConfig{
-			Addr: *kvAddr, Topic: *kvTopic, ReplayAddr: *kvReplay,
-			Encoding: kv.EncodeOptions{HashAsBytes: *kvBytes, MapEvents: *kvMap},
+			Addr: *kvAddr, Connect: *kvConnect, Topic: *kvTopic, ReplayAddr: *kvReplay,
+			Encoding: kv.EncodeOptions{HashAsBytes: *kvBytes, MapEvents: *kvMap, ZeroParent: *kvParentZero},
 		}, log)
 		if err != nil {
 			_ = ln.Close()

@@ -17,6 +17,7 @@ import (
 // nginxFlags are the nginx options shared by serve (sync) and render.
 type nginxFlags struct {
 	dir, pidfile, module, user *string
+	headersMore                *string
 }
 
 // addNginxFlags registers the flags; --nginx-dir only when dirUsage is set
@@ -27,6 +28,8 @@ func addNginxFlags(fs *flag.FlagSet, dirUsage string) *nginxFlags {
 		pidfile: fs.String("nginx-pidfile", "", "nginx master pidfile, for reloads (default DIR/nginx.pid)"),
 		module:  fs.String("nginx-js-module", "", "njs module for load_module (default "+nginx.DefaultModulePath+"; - = built in)"),
 		user:    fs.String("nginx-user", "", "user directive for nginx workers (default: nginx's own)"),
+		headersMore: fs.String("nginx-headers-more", "", "headers-more module for load_module, to strip every client X-Turnout-*/X-Original-* header (default "+
+			nginx.DefaultHeadersMorePath+"; - = built in; "+nginx.HeadersMoreOff+" = clear only turnout's own header names)"),
 	}
 	if dirUsage != "" {
 		f.dir = fs.String("nginx-dir", "", dirUsage)
@@ -35,7 +38,7 @@ func addNginxFlags(fs *flag.FlagSet, dirUsage string) *nginxFlags {
 }
 
 func (f *nginxFlags) options(dir string) (nginx.RenderOptions, error) {
-	o := nginx.RenderOptions{PIDFile: *f.pidfile, ModulePath: *f.module, User: *f.user}
+	o := nginx.RenderOptions{PIDFile: *f.pidfile, ModulePath: *f.module, User: *f.user, HeadersMore: *f.headersMore}
 	if dir != "" {
 		abs, err := filepath.Abs(dir)
 		if err != nil {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,21 +14,46 @@ import (
 	"github.com/turnout/turnout/route"
 )
 
-// runRender implements `turnout render haproxy --config FILE --out DIR`.
+// runRender implements `turnout render haproxy|nginx --config FILE --out DIR`.
+// Each target has its own flags (and help): --socket is HAProxy's, the
+// --nginx-* flags nginx's.
 func runRender(args []string, log *zerolog.Logger) error {
-	if len(args) == 0 || args[0] == "" || args[0][0] == '-' {
-		return errors.New("render: name a target: turnout render haproxy [--config FILE] --out DIR")
+	if len(args) == 0 || args[0] == "" || args[0][0] == '-' || args[0] == "help" {
+		if wantsHelp(args) {
+			return &helpShown{text: renderCmd.help(newFlags("render"))}
+		}
+		return errors.New("render: name a target: turnout render haproxy|nginx [--config FILE] --out DIR (see turnout render --help)")
 	}
 	target := args[0]
-	fs := flag.NewFlagSet("render "+target, flag.ContinueOnError)
+	fs := newFlags("render " + target)
 	cfgPath := fs.String("config", "", "config file (default: embedded default config)")
-	out := fs.String("out", "", "output directory (default: the config's haproxy.dir); files refer to each other by this absolute path")
-	socket := fs.String("socket", "", "admin stats socket path (default: haproxy.stats_socket, else OUT/admin.sock)")
-	check := fs.Bool("check", true, "run haproxy -c on the result when haproxy is installed")
-	ngx := addNginxFlags(fs, "")
-	if err := fs.Parse(args[1:]); err != nil {
-		return fmt.Errorf("render flags: %w", err)
+	var (
+		cmd    command
+		socket *string
+		ngx    *nginxFlags
+		check  *bool
+	)
+	switch target {
+	case "haproxy":
+		cmd = renderHAProxyCmd
+		fs.String("out", "", "output directory (default: the config's haproxy.dir); files refer to each other by this absolute path")
+		socket = fs.String("socket", "", "admin stats socket path (default: haproxy.stats_socket, else OUT/admin.sock)")
+		check = fs.Bool("check", true, "run haproxy -c on the result when haproxy is installed")
+	case "nginx":
+		cmd = renderNginxCmd
+		fs.String("out", "", "output directory (default: the config's nginx.dir)")
+		ngx = addNginxFlags(fs, "")
+		check = fs.Bool("check", true, "run nginx -t on the result when nginx is installed")
+	default:
+		return fmt.Errorf("render: unknown target %q (supported: haproxy, nginx)", target)
 	}
+	if err := parseFlags(fs, cmd, args[1:]); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("render %s: unexpected arguments %q", target, fs.Args())
+	}
+	out := fs.Lookup("out").Value.String()
 	var (
 		cfg *route.Config
 		err error
@@ -42,14 +66,15 @@ func runRender(args []string, log *zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
-	switch target {
-	case "haproxy":
-		return renderHAProxy(cfg, *out, *socket, *check, log)
-	case "nginx":
-		return renderNginx(cfg, *out, *check, ngx, log)
-	default:
-		return fmt.Errorf("render: unknown target %q (supported: haproxy, nginx)", target)
+	// Policy names and params too, so nothing wrong reaches a proxy config.
+	if err := route.CheckPolicies(cfg, route.DefaultRegistry()); err != nil {
+		return withFile(err, *cfgPath)
 	}
+	logWarnings(log, *cfgPath, cfg)
+	if target == "haproxy" {
+		return renderHAProxy(cfg, out, *socket, *check, log)
+	}
+	return renderNginx(cfg, out, *check, ngx, log)
 }
 
 func renderHAProxy(cfg *route.Config, out, socket string, check bool, log *zerolog.Logger) error {

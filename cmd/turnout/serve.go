@@ -2,18 +2,16 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
-	"fmt"
-	"net"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/haproxy"
+	"github.com/turnout/turnout/internal/procmetrics"
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/cluster"
 	"github.com/turnout/turnout/route/engineload"
@@ -25,7 +23,7 @@ type syncer interface {
 }
 
 func runServe(args []string, log *zerolog.Logger) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs := newFlags("serve")
 	cfgPath := fs.String("config", "", "config file (default: embedded default config)")
 	listen := fs.String("listen", "", "override the config's listen address")
 	level := fs.String("log-level", "", "log level (debug, info, warn, error)")
@@ -36,8 +34,8 @@ func runServe(args []string, log *zerolog.Logger) error {
 	haPID := fs.String("haproxy-pidfile", "", "HAProxy master pidfile, for reloads (default DIR/haproxy.pid)")
 	// nginx sync (issue 5)
 	ngx := addNginxFlags(fs, "directory of the rendered nginx files; enables nginx sync (re-render + reload)")
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("serve flags: %w", err)
+	if err := parseFlags(fs, serveCmd, args); err != nil {
+		return err
 	}
 	if *level != "" {
 		if lvl, err := zerolog.ParseLevel(*level); err == nil {
@@ -65,11 +63,18 @@ func runServe(args []string, log *zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
+	logWarnings(log, *cfgPath, cfg)
 	srv, err := route.NewServer(cfg, route.Options{Registry: route.DefaultRegistry(), Log: log})
 	if err != nil {
-		return err
+		return withFile(err, *cfgPath)
 	}
 	defer srv.Close() // stops KV-event subscriptions
+	// turnout_build_info, go_*, process_*: gathered at scrape time only.
+	if pm, err := procmetrics.New(version); err != nil {
+		log.Warn().Err(err).Msg("process metrics unavailable")
+	} else {
+		srv.AddMetrics(pm.WriteMetrics)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -90,66 +95,97 @@ func runServe(args []string, log *zerolog.Logger) error {
 	}
 
 	// Syncs run in one goroutine, newest config wins, so a slow drain never
-	// blocks the decision path or piles up.
-	syncCh := make(chan *route.Config, 1)
-	pushSync := func(c *route.Config) {
+	// blocks the decision path or piles up. A sync carries the listeners it
+	// makes obsolete: they close only after the proxies moved away from them.
+	type syncReq struct {
+		cfg     *route.Config
+		retired []*change
+	}
+	syncCh := make(chan syncReq, 1)
+	pushSync := func(c *route.Config, ch *change) {
+		req := syncReq{cfg: c}
 		select {
-		case <-syncCh:
+		case old := <-syncCh:
+			req.retired = old.retired
 		default:
 		}
-		syncCh <- c
+		if ch != nil {
+			req.retired = append(req.retired, ch)
+		}
+		syncCh <- req
 	}
+	lns := newListeners(srv, log)
+	// Grace before an old listener closes: the proxies have been reloaded
+	// toward the new address; their old workers finish what they started.
+	// Without a managed proxy the operator moves it, so wait longer.
+	const syncedGrace, unmanagedGrace = 5 * time.Second, 30 * time.Second
+	var pending []*change // replaced listeners kept while the proxy sync fails
 	go func() {
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case c := <-syncCh:
+			case req := <-syncCh:
+				var failed bool
 				for _, s := range syncers {
-					if err := s.Sync(ctx, c); err != nil {
+					if err := s.Sync(ctx, req.cfg); err != nil {
+						failed = true
 						log.Error().Err(err).Msg("proxy sync failed")
 					}
 				}
+				pending = append(pending, req.retired...)
+				if failed && len(pending) > 0 {
+					log.Warn().Msg("proxy sync failed: replaced listeners stay open until a sync succeeds")
+					continue
+				}
+				for _, ch := range pending {
+					lns.retire(ch, syncedGrace, req.cfg.Proxy.StreamTimeout.D())
+				}
+				pending = nil
 			}
 		}
 	}()
-	if len(syncers) > 0 {
-		pushSync(cfg)
-	}
 
+	var reloadMu sync.Mutex // SIGHUP and the file watch may fire together
 	reload := func(why string) {
+		reloadMu.Lock()
+		defer reloadMu.Unlock()
 		c, err := load()
 		if err != nil {
 			srv.Rejected()
-		} else {
-			err = srv.Apply(c)
-		}
-		if err != nil {
 			log.Error().Err(err).Str("trigger", why).Msg("config rejected; keeping the previous one")
 			return
 		}
-		log.Info().Str("trigger", why).Int("deployments", len(c.Deployments)).Msg("config reloaded")
-		if len(syncers) > 0 {
-			pushSync(c)
+		// Listeners first: a config naming an address turnout cannot bind
+		// is rejected whole, and no proxy is pointed at it.
+		ch, err := lns.prepare(c)
+		if err != nil {
+			srv.Rejected()
+			log.Error().Err(err).Str("trigger", why).Msg("config rejected; keeping the previous one")
+			return
+		}
+		if err := withFile(srv.Apply(c), *cfgPath); err != nil {
+			lns.abort(ch)
+			log.Error().Err(err).Str("trigger", why).Msg("config rejected; keeping the previous one")
+			return
+		}
+		lns.start(ch)
+		log.Info().Str("trigger", why).Int("deployments", len(c.Deployments)).Strs("listeners_changed", ch.fields).Msg("config reloaded")
+		logWarnings(log, *cfgPath, c)
+		switch {
+		case len(syncers) > 0:
+			pushSync(c, ch)
+		case len(ch.replace) > 0:
+			log.Warn().Strs("fields", ch.fields).Dur("grace", unmanagedGrace).Msg("listener address changed and no proxy is managed: point the proxy at the new address; the old listener closes after the grace")
+			lns.retire(ch, unmanagedGrace, c.Proxy.StreamTimeout.D())
 		}
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-hup:
-				reload("SIGHUP")
-			}
-		}
-	}()
-	if *cfgPath != "" && *watch > 0 {
-		go route.WatchFile(ctx, *cfgPath, *watch, func() { reload("file changed") })
-	}
 	go srv.Run(ctx)
 	go srv.RunHealth(ctx)
+	// Warn about model aliases a replica would answer 404 for (route/modelcheck.go).
+	go srv.CheckServedModels(ctx, 30*time.Second)
 	// Engine-reported load (issue 11): scrapes every endpoint's /metrics.
 	scraper := engineload.New(srv, log)
 	srv.AddMetrics(scraper.WriteMetrics)
@@ -165,36 +201,32 @@ func runServe(args []string, log *zerolog.Logger) error {
 		defer func() { stop(); cs.Wait() }() // flushes the last batch
 		log.Info().Str("cluster", cfg.Cluster.String()).Msg("cluster prefix sharing on")
 	}
-	if a := cfg.HAProxy.SPOE; a != "" {
-		if err := startSPOE(ctx, a, srv, log); err != nil {
-			return err
-		}
-	}
-	if a := cfg.Feedback.Syslog; a != "" {
-		go func() {
-			if err := srv.ListenFeedback(ctx, a); err != nil {
-				log.Error().Err(err).Msg("feedback listener")
-			}
-		}()
-	}
 
-	ln, err := net.Listen("tcp", cfg.Listen)
+	ch, err := lns.prepare(cfg)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+		return err
 	}
-	hs := srv.NewHTTPServer()
-	errCh := make(chan error, 1)
-	go func() { errCh <- hs.Serve(ln) }()
-	log.Info().Str("listen", cfg.Listen).Int("deployments", len(cfg.Deployments)).Str("version", version).Msg("turnout serving")
-	select {
-	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := hs.ShutdownWithContext(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("shutdown: %w", err)
+	lns.start(ch)
+	if len(syncers) > 0 {
+		pushSync(cfg, nil)
+	}
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				reload("SIGHUP")
+			}
 		}
-		return nil
-	case err := <-errCh:
-		return fmt.Errorf("serve: %w", err)
+	}()
+	if *cfgPath != "" && *watch > 0 {
+		go route.WatchFile(ctx, *cfgPath, *watch, func() { reload("file changed") })
 	}
+	log.Info().Str("listen", cfg.Listen).Int("deployments", len(cfg.Deployments)).Str("version", version).Msg("turnout serving")
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	lns.shutdown(sctx)
+	return nil
 }

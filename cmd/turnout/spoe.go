@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
-	"os"
-	"strings"
 
 	"github.com/rs/zerolog"
 
@@ -19,20 +16,7 @@ import (
 // haproxy.spoe is set; decisions share srv with the HTTP API, so config
 // reloads apply to both.
 func startSPOE(ctx context.Context, addr string, srv *route.Server, log *zerolog.Logger) error {
-	network, address := "tcp", addr
-	if p, ok := strings.CutPrefix(addr, "unix@"); ok {
-		network, address = "unix", p
-	} else if strings.HasPrefix(addr, "/") {
-		network = "unix"
-	}
-	if network == "unix" {
-		// A socket left by a previous run blocks the bind; anything else at
-		// that path is not ours to remove.
-		if fi, err := os.Lstat(address); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			_ = os.Remove(address)
-		}
-	}
-	ln, err := net.Listen(network, address)
+	ln, err := listenSPOE(addr)
 	if err != nil {
 		return fmt.Errorf("spoe listen %s: %w", addr, err)
 	}

@@ -152,7 +152,7 @@ func (p *rawPub) send(frames ...[]byte) {
 	}
 }
 
-func storePayload(t *testing.T, hash, parent uint64, toks []int32) []byte {
+func storePayload(t *testing.T, hash, parent uint64, toks []uint32) []byte {
 	t.Helper()
 	b := Batch{TS: 1, HasDPRank: true, Events: []Event{stored([]uint64{hash}, parent, parent != 0, toks, len(toks))}}
 	raw, err := EncodeBatch(b, true)
@@ -426,7 +426,7 @@ func TestClassifySeq(t *testing.T) {
 func TestPublisherDropsWhenFull(t *testing.T) {
 	// No sender goroutine: the queue fills and stays full.
 	p := &Publisher{ch: make(chan []byte, 1), log: *loggerOrNop(nil)}
-	p.BlocksStored([]uint64{1}, 0, false, []int32{1}, 1)
+	p.BlocksStored([]uint64{1}, 0, false, []uint32{1}, 1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

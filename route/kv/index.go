@@ -10,11 +10,11 @@ import (
 
 // BlockKeys appends to dst[:0] turnout's chained key of every full block of
 // tokens: key_i = xxhash64(seed=key_{i-1}, little-endian int32 tokens of
-// block i), seed 0 for block 0. The keys depend only on token ids, not on
+// block i; see TokenID), seed 0 for block 0. The keys depend only on token ids, not on
 // vLLM's hash algorithm or PYTHONHASHSEED, so the router can compute them
 // for a prompt and match them against any replica's events. It does not
 // allocate when dst has enough capacity.
-func BlockKeys(tokens []int32, blockSize int, dst []uint64) []uint64 {
+func BlockKeys(tokens []uint32, blockSize int, dst []uint64) []uint64 {
 	dst = dst[:0]
 	if blockSize <= 0 {
 		return dst
@@ -29,14 +29,14 @@ func BlockKeys(tokens []int32, blockSize int, dst []uint64) []uint64 {
 }
 
 // chainKey hashes one block's tokens seeded with its parent's key.
-func chainKey(seed uint64, block []int32) uint64 {
+func chainKey(seed uint64, block []uint32) uint64 {
 	var d xxhash.Digest
 	var buf [512]byte
 	d.ResetWithSeed(seed)
 	for len(block) > 0 {
 		n := min(len(block), len(buf)/4)
 		for i, t := range block[:n] {
-			binary.LittleEndian.PutUint32(buf[i*4:], uint32(t))
+			binary.LittleEndian.PutUint32(buf[i*4:], t)
 		}
 		_, _ = d.Write(buf[:n*4])
 		block = block[n:]

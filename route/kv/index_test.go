@@ -9,10 +9,10 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-func seqTokens(n int, base int32) []int32 {
-	t := make([]int32, n)
+func seqTokens(n int, base uint32) []uint32 {
+	t := make([]uint32, n)
 	for i := range t {
-		t[i] = base + int32(i)
+		t[i] = base + uint32(i)
 	}
 	return t
 }
@@ -23,7 +23,7 @@ func TestBlockKeys(t *testing.T) {
 	if len(keys) != 2 {
 		t.Fatalf("got %d keys, want 2 (full blocks only)", len(keys))
 	}
-	le := func(ts []int32) []byte {
+	le := func(ts []uint32) []byte {
 		b := make([]byte, 4*len(ts))
 		for i, v := range ts {
 			binary.LittleEndian.PutUint32(b[4*i:], uint32(v))
@@ -64,7 +64,7 @@ func TestBlockKeysAllocs(t *testing.T) {
 	}
 }
 
-func stored(hashes []uint64, parent uint64, hasParent bool, toks []int32, bs int) Event {
+func stored(hashes []uint64, parent uint64, hasParent bool, toks []uint32, bs int) Event {
 	return Event{Kind: EventBlockStored, BlockHashes: hashes, ParentHash: parent, HasParent: hasParent, TokenIDs: toks, BlockSize: bs, Medium: MediumGPU}
 }
 

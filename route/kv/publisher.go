@@ -21,8 +21,12 @@ const endSeq = ^uint64(0)
 type PublisherConfig struct {
 	// Addr is the PUB endpoint to bind, e.g. "tcp://*:5557" or
 	// "tcp://127.0.0.1:0" for an ephemeral port (see Publisher.Addr).
-	Addr  string
-	Topic string
+	Addr string
+	// Connect, instead of Addr, makes the PUB connect to a subscriber that
+	// binds (vLLM with a concrete endpoint, llm-d): it keeps redialing
+	// until connected and after the connection drops.
+	Connect string
+	Topic   string
 	// ReplayAddr, if set, binds a ROUTER serving vLLM's replay protocol.
 	ReplayAddr string
 	// QueueSize bounds batches waiting to be sent; beyond it calls drop.
@@ -87,7 +91,9 @@ func NewPublisherWithConfig(ctx context.Context, cfg PublisherConfig, log *zerol
 		ch:     make(chan []byte, cfg.QueueSize),
 		cancel: cancel,
 	}
-	p.pub = zmq4.NewPub(ctx, zmq4.WithLogger(zmqLogger(&p.log)))
+	// Redials are ours (keepConnected), not zmq4's fixed-interval retries.
+	p.pub = zmq4.NewPub(ctx, zmq4.WithLogger(zmqLogger(&p.log)),
+		zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(time.Second))
 	// zmq4 queues without bound unless HWM is set; a stuck subscriber
 	// must not grow our memory.
 	if err := p.pub.SetOption(zmq4.OptionHWM, 10000); err != nil {
@@ -95,12 +101,23 @@ func NewPublisherWithConfig(ctx context.Context, cfg PublisherConfig, log *zerol
 		cancel()
 		return nil, fmt.Errorf("kv: publisher hwm: %w", err)
 	}
-	if err := p.pub.Listen(cfg.Addr); err != nil {
+	switch {
+	case (cfg.Addr == "") == (cfg.Connect == ""):
 		p.closeSockets()
 		cancel()
-		return nil, fmt.Errorf("kv: publisher listen %q: %w", cfg.Addr, err)
+		return nil, errors.New("kv: publisher needs one of Addr (bind) or Connect")
+	case cfg.Connect != "":
+		p.addr = cfg.Connect
+		p.wg.Add(1)
+		go p.keepConnected(ctx)
+	default:
+		if err := p.pub.Listen(cfg.Addr); err != nil {
+			p.closeSockets()
+			cancel()
+			return nil, fmt.Errorf("kv: publisher listen %q: %w", cfg.Addr, err)
+		}
+		p.addr = endpointOf(cfg.Addr, p.pub)
 	}
-	p.addr = endpointOf(cfg.Addr, p.pub)
 	if cfg.ReplayAddr != "" {
 		p.router = zmq4.NewRouter(ctx, zmq4.WithLogger(zmqLogger(&p.log)), zmq4.WithTimeout(2*time.Second))
 		if err := p.router.Listen(cfg.ReplayAddr); err != nil {
@@ -115,6 +132,39 @@ func NewPublisherWithConfig(ctx context.Context, cfg PublisherConfig, log *zerol
 	p.wg.Add(1)
 	go p.run(ctx)
 	return p, nil
+}
+
+// keepConnected dials cfg.Connect until a subscription arrives over it, and
+// again once the subscriptions vanish (the subscriber went away): zmq4,
+// unlike libzmq, does not reconnect by itself. A live connection always
+// carries a subscription (the binder subscribes to everything on accept).
+func (p *Publisher) keepConnected(ctx context.Context) {
+	defer p.wg.Done()
+	const poll = 200 * time.Millisecond
+	for {
+		if !p.subscribed() {
+			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			err := dialGuarded(dctx, p.pub, p.cfg.Connect, time.Second)
+			cancel()
+			if err != nil {
+				p.log.Debug().Err(err).Str("connect", p.cfg.Connect).Msg("kv publisher connect")
+			}
+			// Once connected, give the subscription time to arrive
+			// before judging again.
+			for i := 0; err == nil && i < 10 && !p.subscribed(); i++ {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(poll):
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(poll):
+		}
+	}
 }
 
 // endpointOf turns a bound socket's listener address into a dialable
@@ -133,7 +183,7 @@ func (p *Publisher) Addr() string { return p.addr }
 func (p *Publisher) ReplayAddr() string { return p.raddr }
 
 // BlocksStored publishes one BlockStored event.
-func (p *Publisher) BlocksStored(blockHashes []uint64, parentHash uint64, hasParent bool, tokenIDs []int32, blockSize int) {
+func (p *Publisher) BlocksStored(blockHashes []uint64, parentHash uint64, hasParent bool, tokenIDs []uint32, blockSize int) {
 	p.Publish([]Event{{
 		Kind:        EventBlockStored,
 		BlockHashes: blockHashes,

@@ -54,9 +54,11 @@ type SubscriberStats struct {
 	Reconnects   uint64 // connection attempts after the first
 	DialFailures uint64
 	Replayed     uint64 // batches recovered through replay
-	Connected    bool
-	HaveSeq      bool
-	LastSeq      uint64
+	// Rejected counts single events dropped from good batches, by reason.
+	Rejected  [NumRejectReasons]uint64
+	Connected bool
+	HaveSeq   bool
+	LastSeq   uint64
 }
 
 // Subscriber follows one replica's KV-event stream: it reconnects with
@@ -70,6 +72,7 @@ type Subscriber struct {
 	haveSeq bool
 
 	messages, events, malformed, gaps, restarts, reconnects, dialFailures, replayed atomic.Uint64
+	rejected                                                                        [NumRejectReasons]atomic.Uint64
 	connected, statHave                                                             atomic.Bool
 	statLast                                                                        atomic.Uint64
 }
@@ -108,7 +111,12 @@ func NewSubscriber(cfg SubscriberConfig, log *zerolog.Logger) (*Subscriber, erro
 
 // Stats returns a snapshot of the counters.
 func (s *Subscriber) Stats() SubscriberStats {
+	var rej [NumRejectReasons]uint64
+	for i := range rej {
+		rej[i] = s.rejected[i].Load()
+	}
 	return SubscriberStats{
+		Rejected:     rej,
 		Messages:     s.messages.Load(),
 		Events:       s.events.Load(),
 		Malformed:    s.malformed.Load(),
@@ -272,6 +280,18 @@ func classifySeq(have bool, last, seq uint64) seqVerdict {
 }
 
 func (s *Subscriber) deliver(b Batch) {
+	if b.RejectErr != nil {
+		var total uint64
+		for r, n := range b.Rejected {
+			if n > 0 {
+				total = s.rejected[r].Add(uint64(n))
+			}
+		}
+		if bits.OnesCount64(total) == 1 { // sparse logging, as for malformed
+			s.log.Warn().Err(b.RejectErr).Int("rejected", b.Rejects()).Int("applied", len(b.Events)).
+				Msg("kv events rejected; the rest of the batch applies")
+		}
+	}
 	s.events.Add(uint64(len(b.Events)))
 	s.cfg.OnBatch(s.cfg.Name, b)
 }

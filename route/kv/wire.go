@@ -20,6 +20,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -69,10 +70,12 @@ type Event struct {
 	Kind        EventKind
 	BlockHashes []uint64
 	ParentHash  uint64
-	HasParent   bool
+	// HasParent is false for a chain's first block: vLLM sends nil there,
+	// llm-d's publishers 0; both decode to HasParent false.
+	HasParent bool
 	// TokenIDs is the concatenation of the stored blocks' tokens,
-	// BlockSize tokens per block.
-	TokenIDs  []int32
+	// BlockSize tokens per block (see TokenID for the accepted range).
+	TokenIDs  []uint32
 	BlockSize int
 	LoraID    int64
 	HasLoraID bool
@@ -98,6 +101,69 @@ type Batch struct {
 	// Skipped counts events with an unknown tag (newer vLLM), dropped
 	// rather than failing the whole batch.
 	Skipped int
+	// Rejected counts events, by reason, that were well-formed msgpack but
+	// not a usable event; each is dropped alone and the rest of the batch
+	// still applies (a lost BlockRemoved would leave a phantom block).
+	Rejected [NumRejectReasons]int
+	// RejectErr is the first rejection's error, for logs.
+	RejectErr error
+}
+
+// RejectReason classifies an event dropped from an otherwise good batch.
+type RejectReason uint8
+
+// Reasons an event is rejected; the names label turnout_kv_events_rejected_total.
+const (
+	RejectTokenRange   RejectReason = iota // a token id is negative or beyond uint32
+	RejectMissingField                     // a required field is absent
+	RejectBadField                         // a field has the wrong type or an impossible value
+	RejectShape                            // not a tagged array or map
+	NumRejectReasons
+)
+
+func (r RejectReason) String() string {
+	switch r {
+	case RejectTokenRange:
+		return "token_id_range"
+	case RejectMissingField:
+		return "missing_field"
+	case RejectBadField:
+		return "bad_field"
+	case RejectShape:
+		return "bad_shape"
+	}
+	return "unknown"
+}
+
+// Sentinels that pick an event's RejectReason; anything else is a bad field.
+var (
+	errTokenRange   = errors.New("token id out of range")
+	errMissingField = errors.New("missing field")
+	errEventShape   = errors.New("bad event shape")
+)
+
+func rejectReason(err error) RejectReason {
+	switch {
+	case errors.Is(err, errTokenRange):
+		return RejectTokenRange
+	case errors.Is(err, errMissingField):
+		return RejectMissingField
+	case errors.Is(err, errEventShape):
+		return RejectShape
+	}
+	return RejectBadField
+}
+
+// TokenID is the one conversion of a token id, used for KV events and for
+// /tokenize answers and token-id prompts alike, so both sides hash the same
+// ids: any integer in [0, 2^32-1] is accepted. Real vocabularies are far
+// smaller, but some engines and tokenizers hand out ids at or above 2^31,
+// which vLLM publishes as plain (msgpack uint) ints.
+func TokenID(v int64) (uint32, bool) {
+	if v < 0 || v > math.MaxUint32 {
+		return 0, false
+	}
+	return uint32(v), true
 }
 
 // ErrMalformed is wrapped by every DecodeBatch error.
@@ -107,11 +173,22 @@ var ErrMalformed = errors.New("kv: malformed event batch")
 // cannot drive deep recursion.
 const maxDepth = 32
 
+// decoder reads straight from a bytes.Reader (an io.ByteScanner, so the
+// msgpack decoder buffers nothing ahead and the reader may be rewound).
 type decoder struct {
 	r bytes.Reader
 	d *msgpack.Decoder
 	s [64]byte // scratch for keys, tags and byte hashes
 }
+
+func newDecoder(b []byte) *decoder {
+	x := &decoder{}
+	x.r.Reset(b)
+	x.d = msgpack.NewDecoder(&x.r)
+	return x
+}
+
+func (x *decoder) pos() int { return int(x.r.Size()) - x.r.Len() }
 
 func (x *decoder) fail(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
@@ -131,9 +208,7 @@ func DecodeBatch(payload []byte) (b Batch, err error) {
 			b, err = Batch{}, fmt.Errorf("%w: decoder panic: %v", ErrMalformed, r)
 		}
 	}()
-	x := &decoder{}
-	x.r.Reset(payload)
-	x.d = msgpack.NewDecoder(&x.r)
+	x := newDecoder(payload)
 	b, err = x.batch()
 	if err != nil {
 		return Batch{}, err
@@ -373,18 +448,37 @@ func (x *decoder) hashes(what string) ([]uint64, error) {
 	return out, nil
 }
 
-func (x *decoder) tokens(what string) ([]int32, error) {
+func (x *decoder) tokens(what string) ([]uint32, error) {
 	n, err := x.arrayLen(what)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]int32, n)
+	out := make([]uint32, n)
 	for i := range out {
-		v, err := x.intRange(what, math.MinInt32, math.MaxInt32)
+		c, err := x.peek()
 		if err != nil {
 			return nil, err
 		}
-		out[i] = int32(v)
+		if c == msgpcode.Uint64 { // int64 cannot hold all of it
+			u, err := x.d.DecodeUint64()
+			if err != nil {
+				return nil, x.wrap(what, err)
+			}
+			if u > math.MaxUint32 {
+				return nil, fmt.Errorf("%w: %s: %w: %d", ErrMalformed, what, errTokenRange, u)
+			}
+			out[i] = uint32(u)
+			continue
+		}
+		v, err := x.int64(what)
+		if err != nil {
+			return nil, err
+		}
+		t, ok := TokenID(v)
+		if !ok {
+			return nil, fmt.Errorf("%w: %s: %w: %d", ErrMalformed, what, errTokenRange, v)
+		}
+		out[i] = t
 	}
 	return out, nil
 }
@@ -606,6 +700,10 @@ func (x *decoder) ts() (float64, error) {
 	return float64(v), err
 }
 
+// events decodes the events in place; when one fails, the reader goes back
+// to its start and skips it whole: an event that is valid msgpack but not a
+// usable event is counted in b.Rejected and skipped, and only input that is
+// not msgpack at all fails the batch.
 func (x *decoder) events(b *Batch) error {
 	n, err := x.arrayLen("events")
 	if err != nil {
@@ -613,9 +711,21 @@ func (x *decoder) events(b *Batch) error {
 	}
 	b.Events = make([]Event, 0, n)
 	for range n {
+		start := x.pos()
 		var ev Event
 		if err := x.event(&ev); err != nil {
-			return err
+			if _, serr := x.r.Seek(int64(start), io.SeekStart); serr != nil {
+				return x.wrap("rewind", serr)
+			}
+			x.d.Reset(&x.r)
+			if serr := x.skip(0); serr != nil {
+				return serr
+			}
+			b.Rejected[rejectReason(err)]++
+			if b.RejectErr == nil {
+				b.RejectErr = err
+			}
+			continue
 		}
 		if ev.Kind == EventUnknown {
 			b.Skipped++
@@ -624,6 +734,15 @@ func (x *decoder) events(b *Batch) error {
 		b.Events = append(b.Events, ev)
 	}
 	return nil
+}
+
+// Rejects is the total of b.Rejected.
+func (b *Batch) Rejects() int {
+	n := 0
+	for _, v := range b.Rejected {
+		n += v
+	}
+	return n
 }
 
 func (x *decoder) kind(what string) (EventKind, error) {
@@ -657,15 +776,18 @@ func (x *decoder) event(ev *Event) error {
 	if isMap(c) {
 		return x.eventMap(ev)
 	}
+	if !isArray(c) {
+		return fmt.Errorf("%w: %w: code %#x", ErrMalformed, errEventShape, c)
+	}
 	n, err := x.arrayLen("event")
 	if err != nil {
 		return err
 	}
 	if n < 1 {
-		return x.fail("event: empty array")
+		return fmt.Errorf("%w: %w: empty array", ErrMalformed, errEventShape)
 	}
 	if ev.Kind, err = x.kind("event tag"); err != nil {
-		return err
+		return fmt.Errorf("%w: %w", errEventShape, err)
 	}
 	// Positional fields after the tag, in vLLM's declaration order.
 	var fields []string
@@ -677,7 +799,7 @@ func (x *decoder) event(ev *Event) error {
 		fields, required = removedFields, 1
 	}
 	if n-1 < required {
-		return x.fail("%s: %d fields, want at least %d", ev.Kind, n-1, required)
+		return fmt.Errorf("%w: %w: %s: %d fields, want at least %d", ErrMalformed, errMissingField, ev.Kind, n-1, required)
 	}
 	for i := 1; i < n; i++ {
 		if i-1 < len(fields) {
@@ -743,18 +865,18 @@ func (x *decoder) eventMap(ev *Event) error {
 		}
 	}
 	if seen&seenTag == 0 {
-		return x.fail("event: map without type")
+		return fmt.Errorf("%w: %w: map without type", ErrMalformed, errMissingField)
 	}
 	// Keys are read whatever the kind; keep only what the kind defines, as
 	// the positional layout does.
 	switch ev.Kind {
 	case EventBlockStored:
 		if seen&(seenHashes|seenTokens|seenSize) != seenHashes|seenTokens|seenSize {
-			return x.fail("BlockStored: missing required field")
+			return fmt.Errorf("%w: %w: BlockStored", ErrMalformed, errMissingField)
 		}
 	case EventBlockRemoved:
 		if seen&seenHashes == 0 {
-			return x.fail("BlockRemoved: missing block_hashes")
+			return fmt.Errorf("%w: %w: BlockRemoved block_hashes", ErrMalformed, errMissingField)
 		}
 		*ev = Event{Kind: ev.Kind, BlockHashes: ev.BlockHashes, Medium: ev.Medium, GroupIdx: ev.GroupIdx, HasGroup: ev.HasGroup}
 	default:
@@ -772,7 +894,9 @@ func (x *decoder) field(ev *Event, name string) error {
 		var isNil bool
 		if isNil, err = x.takeNil(); err == nil && !isNil {
 			ev.ParentHash, err = x.hash(name)
-			ev.HasParent = err == nil
+			// 0 is llm-d's "no parent" (vLLM sends nil); a real block
+			// hash of 0 has odds of 2^-64.
+			ev.HasParent = err == nil && ev.ParentHash != 0
 		}
 	case "token_ids":
 		ev.TokenIDs, err = x.tokens(name)
@@ -808,6 +932,9 @@ type EncodeOptions struct {
 	MapEvents bool
 	// MapBatch also encodes the outer EventBatch as a map.
 	MapBatch bool
+	// ZeroParent writes a first block's parent as 0 instead of nil, as
+	// llm-d's publishers do.
+	ZeroParent bool
 }
 
 // EncodeBatch encodes b in vLLM's legacy array_like layout. It is the
@@ -953,9 +1080,12 @@ func (w *encoder) event(ev *Event) {
 		w.field("block_hashes")
 		w.hashes(ev.BlockHashes)
 		w.field("parent_block_hash")
-		if ev.HasParent {
+		switch {
+		case ev.HasParent:
 			w.hash(ev.ParentHash)
-		} else {
+		case w.o.ZeroParent:
+			w.do(w.e.EncodeUint(0))
+		default:
 			w.null()
 		}
 		w.field("token_ids")

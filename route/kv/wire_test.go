@@ -44,18 +44,18 @@ func TestDecodeBatch(t *testing.T) {
 		{
 			name: "oldest vLLM: 5-field BlockStored, no dp rank",
 			in:   arr{1.5, arr{arr{"BlockStored", arr{uint64(11), uint64(12)}, nil, arr{1, 2, 3, 4}, 2, nil}}},
-			want: Batch{TS: 1.5, Events: []Event{{Kind: EventBlockStored, BlockHashes: []uint64{11, 12}, TokenIDs: []int32{1, 2, 3, 4}, BlockSize: 2}}},
+			want: Batch{TS: 1.5, Events: []Event{{Kind: EventBlockStored, BlockHashes: []uint64{11, 12}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2}}},
 		},
 		{
 			name: "required fields only",
 			in:   arr{1.0, arr{arr{"BlockStored", arr{7}, 6, arr{9}, 1}}},
-			want: Batch{TS: 1, Events: []Event{{Kind: EventBlockStored, BlockHashes: []uint64{7}, ParentHash: 6, HasParent: true, TokenIDs: []int32{9}, BlockSize: 1}}},
+			want: Batch{TS: 1, Events: []Event{{Kind: EventBlockStored, BlockHashes: []uint64{7}, ParentHash: 6, HasParent: true, TokenIDs: []uint32{9}, BlockSize: 1}}},
 		},
 		{
 			name: "medium, lora_name and dp rank",
 			in:   arr{2.0, arr{arr{"BlockStored", arr{1}, 5, arr{10, 20}, 2, 3, "GPU", "adapter"}}, 1},
 			want: Batch{TS: 2, DPRank: 1, HasDPRank: true, Events: []Event{{
-				Kind: EventBlockStored, BlockHashes: []uint64{1}, ParentHash: 5, HasParent: true, TokenIDs: []int32{10, 20},
+				Kind: EventBlockStored, BlockHashes: []uint64{1}, ParentHash: 5, HasParent: true, TokenIDs: []uint32{10, 20},
 				BlockSize: 2, LoraID: 3, HasLoraID: true, LoraName: "adapter", Medium: "GPU",
 			}}},
 		},
@@ -64,7 +64,7 @@ func TestDecodeBatch(t *testing.T) {
 			in: arr{3.0, arr{arr{"BlockStored", arr{1, 2}, nil, arr{1, 2}, 1, nil, "GPU", nil,
 				arr{nil, arr{"mm-hash", 0}}, 0, "full_attention", nil, obj{"future": arr{1, 2}}}}, 0, "future-batch-field"},
 			want: Batch{TS: 3, HasDPRank: true, Events: []Event{{
-				Kind: EventBlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: []int32{1, 2}, BlockSize: 1,
+				Kind: EventBlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: []uint32{1, 2}, BlockSize: 1,
 				Medium: "GPU", ExtraKeys: []bool{false, true}, HasGroup: true, SpecKind: "full_attention",
 			}}},
 		},
@@ -78,7 +78,7 @@ func TestDecodeBatch(t *testing.T) {
 			name: "bytes hashes take the low 64 bits big-endian",
 			in:   arr{0.0, arr{arr{"BlockStored", arr{sha(42), []byte{1, 2, 3}}, sha(41), arr{1, 2}, 1, nil, "GPU", nil}}},
 			want: Batch{Events: []Event{{Kind: EventBlockStored, BlockHashes: []uint64{42, 0x010203}, ParentHash: 41, HasParent: true,
-				TokenIDs: []int32{1, 2}, BlockSize: 1, Medium: "GPU"}}},
+				TokenIDs: []uint32{1, 2}, BlockSize: 1, Medium: "GPU"}}},
 		},
 		{
 			name: "BlockRemoved old and new, AllBlocksCleared with extras",
@@ -108,7 +108,7 @@ func TestDecodeBatch(t *testing.T) {
 				obj{"type": "AllBlocksCleared"},
 			}, 0},
 			want: Batch{TS: 1, HasDPRank: true, Events: []Event{
-				{Kind: EventBlockStored, BlockHashes: []uint64{9}, TokenIDs: []int32{5, 6}, BlockSize: 2, Medium: "GPU", ExtraKeys: []bool{false}, HasGroup: true, SpecKind: "full_attention"},
+				{Kind: EventBlockStored, BlockHashes: []uint64{9}, TokenIDs: []uint32{5, 6}, BlockSize: 2, Medium: "GPU", ExtraKeys: []bool{false}, HasGroup: true, SpecKind: "full_attention"},
 				{Kind: EventBlockRemoved, BlockHashes: []uint64{9}, Medium: "GPU"},
 				{Kind: EventAllBlocksCleared},
 			}},
@@ -152,27 +152,7 @@ func TestDecodeBatchErrors(t *testing.T) {
 		{name: "ts string", in: arr{"x", arr{}}},
 		{name: "events not a list", in: arr{1.0, obj{"a": 1}}},
 		{name: "events nil", in: arr{1.0, nil}},
-		{name: "event not array or map", in: arr{1.0, arr{"BlockStored"}}},
-		{name: "event empty", in: arr{1.0, arr{arr{}}}},
-		{name: "tag not string", in: arr{1.0, arr{arr{1, arr{1}}}}},
-		{name: "BlockStored too short", in: arr{1.0, arr{arr{"BlockStored", arr{1}, nil, arr{1}}}}},
-		{name: "BlockRemoved without hashes", in: arr{1.0, arr{arr{"BlockRemoved"}}}},
-		{name: "hash float", in: arr{1.0, arr{arr{"BlockRemoved", arr{1.5}}}}},
-		{name: "hash nil", in: arr{1.0, arr{arr{"BlockRemoved", arr{nil}}}}},
-		{name: "hash bool", in: arr{1.0, arr{arr{"BlockRemoved", arr{true}}}}},
-		{name: "hash empty bytes", in: arr{1.0, arr{arr{"BlockRemoved", arr{[]byte{}}}}}},
-		{name: "hashes not list", in: arr{1.0, arr{arr{"BlockRemoved", 5}}}},
-		{name: "parent float", in: arr{1.0, arr{arr{"BlockStored", arr{1}, 2.5, arr{1}, 1}}}},
-		{name: "token string", in: arr{1.0, arr{arr{"BlockStored", arr{1}, nil, arr{"a"}, 1}}}},
-		{name: "token nil", in: arr{1.0, arr{arr{"BlockStored", arr{1}, nil, arr{nil}, 1}}}},
-		{name: "token beyond int32", in: arr{1.0, arr{arr{"BlockStored", arr{1}, nil, arr{int64(1) << 40}, 1}}}},
-		{name: "block_size string", in: arr{1.0, arr{arr{"BlockStored", arr{1}, nil, arr{1}, "16"}}}},
-		{name: "block_size negative", in: arr{1.0, arr{arr{"BlockStored", arr{1}, nil, arr{1}, -1}}}},
-		{name: "lora_id string", in: arr{1.0, arr{arr{"BlockStored", arr{1}, nil, arr{1}, 1, "x"}}}},
-		{name: "medium int", in: arr{1.0, arr{arr{"BlockStored", arr{1}, nil, arr{1}, 1, nil, 7}}}},
 		{name: "dp rank string", in: arr{1.0, arr{}, "0"}},
-		{name: "map event without type", in: arr{1.0, arr{obj{"block_hashes": arr{1}}}}},
-		{name: "map BlockStored without token_ids", in: arr{1.0, arr{obj{"type": "BlockStored", "block_hashes": arr{1}, "block_size": 1}}}},
 		{name: "map batch without events", in: obj{"ts": 1.0}},
 		{name: "map key not string", in: map[int]any{1: 2}},
 		{name: "too deep unknown field", in: arr{1.0, arr{arr{"AllBlocksCleared", deep}}}},
@@ -199,12 +179,12 @@ func TestDecodeBatchErrors(t *testing.T) {
 
 func sampleBatch() Batch {
 	return Batch{TS: 1712345678.125, DPRank: 3, HasDPRank: true, Events: []Event{
-		{Kind: EventBlockStored, BlockHashes: []uint64{1, math.MaxUint64, 1 << 63}, TokenIDs: []int32{1, -2, 3, 4, 5, math.MaxInt32}, BlockSize: 2, Medium: "GPU"},
-		{Kind: EventBlockStored, BlockHashes: []uint64{99}, ParentHash: 1 << 63, HasParent: true, TokenIDs: []int32{7, 8}, BlockSize: 2,
+		{Kind: EventBlockStored, BlockHashes: []uint64{1, math.MaxUint64, 1 << 63}, TokenIDs: []uint32{1, 1 << 31, 3, 4, 5, math.MaxUint32}, BlockSize: 2, Medium: "GPU"},
+		{Kind: EventBlockStored, BlockHashes: []uint64{99}, ParentHash: 1 << 63, HasParent: true, TokenIDs: []uint32{7, 8}, BlockSize: 2,
 			LoraID: 4, HasLoraID: true, LoraName: "l", ExtraKeys: []bool{true}, GroupIdx: 1, HasGroup: true},
-		{Kind: EventBlockStored, BlockHashes: []uint64{5}, TokenIDs: []int32{7, 8}, BlockSize: 2, HasGroup: true},
-		{Kind: EventBlockStored, BlockHashes: []uint64{6}, TokenIDs: []int32{7, 8}, BlockSize: 2, SpecKind: "sliding_window"},
-		{Kind: EventBlockStored, BlockHashes: []uint64{7}, TokenIDs: []int32{7, 8}, BlockSize: 2, ExtraKeys: []bool{}, SpecKind: "mamba"},
+		{Kind: EventBlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{7, 8}, BlockSize: 2, HasGroup: true},
+		{Kind: EventBlockStored, BlockHashes: []uint64{6}, TokenIDs: []uint32{7, 8}, BlockSize: 2, SpecKind: "sliding_window"},
+		{Kind: EventBlockStored, BlockHashes: []uint64{7}, TokenIDs: []uint32{7, 8}, BlockSize: 2, ExtraKeys: []bool{}, SpecKind: "mamba"},
 		{Kind: EventBlockRemoved, BlockHashes: []uint64{99, 1}, Medium: "CPU"},
 		{Kind: EventBlockRemoved, BlockHashes: []uint64{}, GroupIdx: 2, HasGroup: true},
 		{Kind: EventAllBlocksCleared},
@@ -237,7 +217,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 // TestEncodeBatchLayout pins the legacy bytes to what msgspec emits for
 // EventBatch(ts=1.5, events=[BlockStored([1], None, [1, 2], 2, None, "GPU", None)], data_parallel_rank=0).
 func TestEncodeBatchLayout(t *testing.T) {
-	b := Batch{TS: 1.5, HasDPRank: true, Events: []Event{{Kind: EventBlockStored, BlockHashes: []uint64{1}, TokenIDs: []int32{1, 2}, BlockSize: 2, Medium: "GPU"}}}
+	b := Batch{TS: 1.5, HasDPRank: true, Events: []Event{{Kind: EventBlockStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU"}}}
 	got, err := EncodeBatch(b, false)
 	if err != nil {
 		t.Fatal(err)
@@ -281,6 +261,7 @@ func FuzzDecodeBatch(f *testing.F) {
 	}
 	f.Add(enc(f, arr{1.0, arr{arr{"BlockStored", arr{sha(1)}, int64(-1), arr{1}, 1, nil, "GPU", nil, arr{arr{"x"}}, 0, "k", 7}}}, true))
 	f.Add([]byte{0x92, 0xcb})
+	f.Add(enc(f, arr{1.0, arr{arr{"BlockStored", arr{1}, 0, arr{1 << 40}, 1}, arr{"BlockRemoved", arr{1}}}}, true))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		b, err := DecodeBatch(raw)
 		if err != nil {
@@ -289,9 +270,12 @@ func FuzzDecodeBatch(f *testing.F) {
 			}
 			return
 		}
+		if (b.RejectErr != nil) != (b.Rejects() > 0) {
+			t.Fatalf("rejections %v with error %v", b.Rejected, b.RejectErr)
+		}
 		// Whatever decodes must survive a round trip unchanged (bar the
-		// unknown events it dropped).
-		b.Skipped = 0
+		// unknown and rejected events it dropped).
+		b.Skipped, b.Rejected, b.RejectErr = 0, [NumRejectReasons]int{}, nil
 		again, err := EncodeBatch(b, false)
 		if err != nil {
 			t.Fatalf("re-encode: %v", err)
@@ -307,4 +291,127 @@ func FuzzDecodeBatch(f *testing.F) {
 			t.Fatalf("unstable round trip\nfirst  %+v\nsecond %+v", b, b2)
 		}
 	})
+}
+
+// TestDecodeBatchRejectsOneEvent: an event that is valid msgpack but not a
+// usable event is dropped alone, counted by reason; the events around it
+// (a store before, a removal after) still decode.
+func TestDecodeBatchRejectsOneEvent(t *testing.T) {
+	tests := []struct {
+		name   string
+		ev     any
+		reason RejectReason
+	}{
+		{name: "event not array or map", ev: "BlockStored", reason: RejectShape},
+		{name: "event empty", ev: arr{}, reason: RejectShape},
+		{name: "tag not string", ev: arr{1, arr{1}}, reason: RejectShape},
+		{name: "BlockStored too short", ev: arr{"BlockStored", arr{1}, nil, arr{1}}, reason: RejectMissingField},
+		{name: "BlockRemoved without hashes", ev: arr{"BlockRemoved"}, reason: RejectMissingField},
+		{name: "hash float", ev: arr{"BlockRemoved", arr{1.5}}, reason: RejectBadField},
+		{name: "hash nil", ev: arr{"BlockRemoved", arr{nil}}, reason: RejectBadField},
+		{name: "hash bool", ev: arr{"BlockRemoved", arr{true}}, reason: RejectBadField},
+		{name: "hash empty bytes", ev: arr{"BlockRemoved", arr{[]byte{}}}, reason: RejectBadField},
+		{name: "hashes not list", ev: arr{"BlockRemoved", 5}, reason: RejectBadField},
+		{name: "parent float", ev: arr{"BlockStored", arr{1}, 2.5, arr{1}, 1}, reason: RejectBadField},
+		{name: "token string", ev: arr{"BlockStored", arr{1}, nil, arr{"a"}, 1}, reason: RejectBadField},
+		{name: "token nil", ev: arr{"BlockStored", arr{1}, nil, arr{nil}, 1}, reason: RejectBadField},
+		{name: "token beyond uint32", ev: arr{"BlockStored", arr{1}, nil, arr{int64(1) << 40}, 1}, reason: RejectTokenRange},
+		{name: "block_size string", ev: arr{"BlockStored", arr{1}, nil, arr{1}, "16"}, reason: RejectBadField},
+		{name: "block_size negative", ev: arr{"BlockStored", arr{1}, nil, arr{1}, -1}, reason: RejectBadField},
+		{name: "lora_id string", ev: arr{"BlockStored", arr{1}, nil, arr{1}, 1, "x"}, reason: RejectBadField},
+		{name: "medium int", ev: arr{"BlockStored", arr{1}, nil, arr{1}, 1, nil, 7}, reason: RejectBadField},
+		{name: "map event without type", ev: obj{"block_hashes": arr{1}}, reason: RejectMissingField},
+		{name: "map BlockStored without token_ids", ev: obj{"type": "BlockStored", "block_hashes": arr{1}, "block_size": 1}, reason: RejectMissingField},
+		{name: "negative token", ev: arr{"BlockStored", arr{1}, nil, arr{-1}, 1}, reason: RejectTokenRange},
+		{name: "token above int64", ev: arr{"BlockStored", arr{1}, nil, arr{uint64(math.MaxUint64)}, 1}, reason: RejectTokenRange},
+		{name: "map token beyond uint32", ev: obj{"type": "BlockStored", "block_hashes": arr{1}, "token_ids": arr{int64(1) << 32}, "block_size": 1}, reason: RejectTokenRange},
+	}
+	good := arr{"BlockStored", arr{7}, nil, arr{1, 2}, 2}
+	remove := obj{"type": "BlockRemoved", "block_hashes": arr{7}}
+	want := []Event{
+		{Kind: EventBlockStored, BlockHashes: []uint64{7}, TokenIDs: []uint32{1, 2}, BlockSize: 2},
+		{Kind: EventBlockRemoved, BlockHashes: []uint64{7}},
+	}
+	for _, tc := range tests {
+		for _, compact := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/compact=%v", tc.name, compact), func(t *testing.T) {
+				got, err := DecodeBatch(enc(t, arr{1.0, arr{good, tc.ev, remove}}, compact))
+				if err != nil {
+					t.Fatalf("one bad event failed the batch: %v", err)
+				}
+				if !reflect.DeepEqual(got.Events, want) {
+					t.Fatalf("events around the bad one:\ngot  %+v\nwant %+v", got.Events, want)
+				}
+				var wantRej [NumRejectReasons]int
+				wantRej[tc.reason] = 1
+				if got.Rejected != wantRej || got.Rejects() != 1 || got.RejectErr == nil {
+					t.Fatalf("rejected %v (err %v), want 1 x %s", got.Rejected, got.RejectErr, tc.reason)
+				}
+			})
+		}
+	}
+}
+
+// TestDecodeTokenIDRange: every id in [0, 2^32-1] is accepted, in both
+// layouts and with the widest msgpack encodings.
+func TestDecodeTokenIDRange(t *testing.T) {
+	ids := arr{0, int64(math.MaxInt32), uint64(1) << 31, uint64(math.MaxUint32)}
+	want := []uint32{0, math.MaxInt32, 1 << 31, math.MaxUint32}
+	for _, ev := range []any{
+		arr{"BlockStored", arr{1, 2}, nil, ids, 2},
+		obj{"type": "BlockStored", "block_hashes": arr{1, 2}, "parent_block_hash": nil, "token_ids": ids, "block_size": 2},
+	} {
+		for _, compact := range []bool{false, true} {
+			got, err := DecodeBatch(enc(t, arr{1.0, arr{ev}}, compact))
+			if err != nil || len(got.Events) != 1 {
+				t.Fatalf("decode %v: %v %+v", ev, err, got)
+			}
+			if !reflect.DeepEqual(got.Events[0].TokenIDs, want) {
+				t.Fatalf("tokens %v, want %v", got.Events[0].TokenIDs, want)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		v  int64
+		ok bool
+	}{{0, true}, {math.MaxUint32, true}, {1 << 31, true}, {-1, false}, {math.MaxUint32 + 1, false}, {math.MinInt64, false}} {
+		if _, ok := TokenID(tc.v); ok != tc.ok {
+			t.Fatalf("TokenID(%d) ok=%v, want %v", tc.v, ok, tc.ok)
+		}
+	}
+}
+
+// TestDecodeParentZero: llm-d sends parent 0 for a chain's first block, vLLM
+// nil; both mean "no parent", in the array and the map layout, as an int
+// or as an all-zero byte string.
+func TestDecodeParentZero(t *testing.T) {
+	for _, parent := range []any{nil, 0, uint64(0), make([]byte, 32)} {
+		for _, ev := range []any{
+			arr{"BlockStored", arr{5}, parent, arr{1, 2}, 2},
+			obj{"type": "BlockStored", "block_hashes": arr{5}, "parent_block_hash": parent, "token_ids": arr{1, 2}, "block_size": 2},
+		} {
+			got, err := DecodeBatch(enc(t, arr{1.0, arr{ev}}, false))
+			if err != nil || len(got.Events) != 1 {
+				t.Fatalf("decode %v: %v", ev, err)
+			}
+			if e := got.Events[0]; e.HasParent || e.ParentHash != 0 {
+				t.Fatalf("parent %#v decoded as HasParent=%v %d", parent, e.HasParent, e.ParentHash)
+			}
+		}
+	}
+	// The encoder's llm-d style round-trips to the same event.
+	b := Batch{TS: 1, Events: []Event{{Kind: EventBlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{1, 2}, BlockSize: 2}}}
+	for _, o := range []EncodeOptions{{ZeroParent: true}, {ZeroParent: true, MapEvents: true}} {
+		raw, err := EncodeBatchWith(b, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(raw, []byte{0x91, 0x05, 0x00}) && !bytes.Contains(raw, append([]byte("parent_block_hash"), 0x00)) {
+			t.Fatalf("%+v: no literal 0 parent in %x", o, raw)
+		}
+		got, err := DecodeBatch(raw)
+		if err != nil || !reflect.DeepEqual(got, b) {
+			t.Fatalf("%+v: round trip %+v (%v)", o, got, err)
+		}
+	}
 }

@@ -26,7 +26,7 @@ type kvSink struct {
 	src string
 }
 
-func (s kvSink) BlocksStored(hashes []uint64, parent uint64, hasParent bool, tokens []int32, blockSize int) {
+func (s kvSink) BlocksStored(hashes []uint64, parent uint64, hasParent bool, tokens []uint32, blockSize int) {
 	s.idx.Apply(s.src, kv.Batch{Events: []kv.Event{{
 		Kind: kv.EventBlockStored, BlockHashes: hashes, ParentHash: parent, HasParent: hasParent,
 		TokenIDs: tokens, BlockSize: blockSize,

@@ -8,9 +8,10 @@ import (
 // KVEventSink receives vLLM-style KV cache events. Calls are made while the
 // cache's lock is held, so events arrive in the exact order the cache changed;
 // implementations must be quick and must not call back into the Cache. The
-// slices passed in are freshly allocated and owned by the sink.
+// slices passed in are freshly allocated and owned by the sink. Token ids
+// are the external ids (see Cache.SetTokenIDOffset).
 type KVEventSink interface {
-	BlocksStored(blockHashes []uint64, parentHash uint64, hasParent bool, tokenIDs []int32, blockSize int)
+	BlocksStored(blockHashes []uint64, parentHash uint64, hasParent bool, tokenIDs []uint32, blockSize int)
 	BlocksRemoved(blockHashes []uint64)
 	AllBlocksCleared()
 }
@@ -73,6 +74,7 @@ type Cache struct {
 	nodes     []lruNode // nodes[0] is the list sentinel: next = MRU, prev = LRU
 	free      []int32
 	sink      KVEventSink
+	idOffset  uint32 // added to every token id the sink sees
 
 	// scratch buffers reused under mu
 	hashes []uint64
@@ -112,6 +114,15 @@ func (c *Cache) resetLocked() {
 func (c *Cache) SetSink(s KVEventSink) {
 	c.mu.Lock()
 	c.sink = s
+	c.mu.Unlock()
+}
+
+// SetTokenIDOffset makes the sink see every token id plus off (mod 2^32),
+// e.g. 1<<31 to emulate engines whose ids do not fit in int32. /tokenize
+// must apply the same offset (Server does) so the ids agree.
+func (c *Cache) SetTokenIDOffset(off uint32) {
+	c.mu.Lock()
+	c.idOffset = off
 	c.mu.Unlock()
 }
 
@@ -276,7 +287,10 @@ func (c *Cache) emitStoredLocked(tokens []int32, hashes []uint64, slots []int32)
 			parent = hashes[a-1]
 		}
 		hs := append([]uint64(nil), hashes[a:b]...)
-		toks := append([]int32(nil), tokens[a*bs:b*bs]...)
+		toks := make([]uint32, 0, (b-a)*bs)
+		for _, t := range tokens[a*bs : b*bs] {
+			toks = append(toks, uint32(t)+c.idOffset)
+		}
 		c.sink.BlocksStored(hs, parent, a > 0, toks, bs)
 		a = b
 	}

@@ -23,7 +23,11 @@ type sinkEvent struct {
 	blockSize int
 }
 
-func (f *fakeSink) BlocksStored(h []uint64, parent uint64, hasParent bool, toks []int32, bs int) {
+func (f *fakeSink) BlocksStored(h []uint64, parent uint64, hasParent bool, utoks []uint32, bs int) {
+	toks := make([]int32, len(utoks))
+	for i, t := range utoks {
+		toks[i] = int32(t)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.events = append(f.events, sinkEvent{kind: "stored", hashes: h, parent: parent, hasParent: hasParent, tokens: toks, blockSize: bs})

@@ -89,6 +89,9 @@ type Config struct {
 
 	// KVEvents, if set, receives the prefix cache's KV events.
 	KVEvents KVEventSink
+	// TokenIDOffset is added (mod 2^32) to every token id /tokenize answers
+	// and KV events carry; 1<<31 emulates ids that do not fit in int32.
+	TokenIDOffset uint32
 }
 
 // DefaultConfig returns realistic single-GPU-ish timings at full scale:

@@ -102,6 +102,7 @@ func New(cfg Config, log *zerolog.Logger) (*Server, error) {
 		conns:  make(map[net.Conn]struct{}),
 	}
 	s.cache.SetSink(cfg.KVEvents)
+	s.cache.SetTokenIDOffset(cfg.TokenIDOffset)
 	s.faults.Store(&Faults{
 		FailRate:       cfg.FailRate,
 		Stall:          cfg.Stall,
@@ -118,11 +119,14 @@ func New(cfg Config, log *zerolog.Logger) (*Server, error) {
 		NoDefaultServerHeader:        true,
 		NoDefaultContentType:         true,
 		DisablePreParseMultipartForm: true,
-		ReadBufferSize:               16 << 10, // also the max header size
-		MaxRequestBodySize:           cfg.MaxRequestBodySize,
-		IdleTimeout:                  2 * time.Minute,
-		Logger:                       fasthttpLogger{&s.log},
-		ConnState:                    s.connState,
+		// Also the max header size: above turnout's limits.max_header_bytes
+		// default, so e2e tests can see the proxies fail open on a head
+		// turnout refuses (431) while the replica still takes it.
+		ReadBufferSize:     64 << 10,
+		MaxRequestBodySize: cfg.MaxRequestBodySize,
+		IdleTimeout:        2 * time.Minute,
+		Logger:             fasthttpLogger{&s.log},
+		ConnState:          s.connState,
 	}
 	return s, nil
 }
@@ -483,7 +487,7 @@ func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx) {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendInt(b, int64(t))
+		b = appendInt(b, int64(uint32(t)+s.cfg.TokenIDOffset))
 	}
 	b = append(b, `],"token_strs":null}`...)
 	ctx.SetContentType("application/json")

@@ -898,3 +898,33 @@ func TestRawHeaderNames(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenIDOffset: with an id offset, /tokenize and the KV events agree
+// on ids at or above 2^31 (what turnout must accept from both).
+func TestTokenIDOffset(t *testing.T) {
+	sink := &fakeSink{}
+	_, base := startServer(t, func(c *Config) { c.TokenIDOffset = 1 << 31; c.BlockSize = 4; c.KVEvents = sink })
+	const prompt = `"prompt":"a b c d e f g h"`
+	_, b := post(t, base+PathTokenize, `{`+prompt+`}`)
+	var tok struct {
+		Tokens []uint64 `json:"tokens"`
+	}
+	if err := json.Unmarshal(b, &tok); err != nil || len(tok.Tokens) != 8 {
+		t.Fatalf("tokenize %s: %v", b, err)
+	}
+	for i, v := range tok.Tokens {
+		if want := uint64(TokenID(strings.Fields("a b c d e f g h")[i])) + 1<<31; v != want {
+			t.Fatalf("token %d = %d, want %d", i, v, want)
+		}
+	}
+	post(t, base+PathCompletions, `{`+prompt+`,"max_tokens":1}`)
+	ev := sink.take()
+	if len(ev) != 1 || len(ev[0].tokens) != 8 {
+		t.Fatalf("events %+v", ev)
+	}
+	for i, v := range ev[0].tokens {
+		if uint64(uint32(v)) != tok.Tokens[i] {
+			t.Fatalf("event token %d = %d, /tokenize said %d", i, uint32(v), tok.Tokens[i])
+		}
+	}
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/route"
+)
+
+func lnConfig(t *testing.T, listen, extra string) *route.Config {
+	t.Helper()
+	c, err := route.ParseConfig([]byte("listen: " + listen + "\nhealth: {disable: true}\n" + extra +
+		"deployments: [{name: d, pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := l.Addr().String()
+	l.Close()
+	return a
+}
+
+func dials(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err == nil {
+		c.Close()
+	}
+	return err == nil
+}
+
+// The listener set opens new addresses before the old ones close, names
+// the field of an address it cannot bind, refuses a limits change on an
+// unchanged address, and takes a draining listener back.
+func TestListenersLifecycle(t *testing.T) {
+	a1 := freeAddr(t)
+	cfg := lnConfig(t, a1, "")
+	srv, err := route.NewServer(cfg, route.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	log := zerolog.Nop()
+	l := newListeners(srv, &log)
+	defer l.shutdown(t.Context())
+	ch, err := l.prepare(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.start(ch)
+	if !dials(a1) {
+		t.Fatal("not listening")
+	}
+
+	busy, _ := net.Listen("tcp", "127.0.0.1:0")
+	defer busy.Close()
+	if _, err := l.prepare(lnConfig(t, busy.Addr().String(), "")); err == nil || !strings.Contains(err.Error(), "listen: listen tcp "+busy.Addr().String()) {
+		t.Errorf("busy address: %v", err)
+	}
+	if _, err := l.prepare(lnConfig(t, a1, "limits: {max_conns: 10}\n")); err == nil || !strings.Contains(err.Error(), "limits.max_conns") {
+		t.Errorf("limits change on the same address: %v", err)
+	}
+
+	a2 := freeAddr(t)
+	ch, err = l.prepare(lnConfig(t, a2, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.start(ch)
+	l.retire(ch, time.Hour, time.Hour)
+	if !dials(a1) || !dials(a2) {
+		t.Fatal("both addresses must serve while the old one drains")
+	}
+	// Back to a1 while it drains: the same listener serves again.
+	ch, err = l.prepare(lnConfig(t, a1, ""))
+	if err != nil {
+		t.Fatalf("return to a draining address: %v", err)
+	}
+	l.start(ch)
+	l.retire(ch, 10*time.Millisecond, time.Hour)
+	deadline := time.Now().Add(3 * time.Second)
+	for dials(a2) {
+		if time.Now().After(deadline) {
+			t.Fatal("the replaced listener did not close after its grace")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !dials(a1) {
+		t.Fatal("the revived listener is not serving")
+	}
+}

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/mattn/go-isatty"
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/route"
+)
+
+// humanOutput decides between text for a person and JSON lines for a log
+// collector: TURNOUT_LOG_FORMAT=text|json when set, else text when stderr is
+// a terminal.
+func humanOutput(stderr io.Writer, format string) bool {
+	switch format {
+	case "text", "console":
+		return true
+	case "json":
+		return false
+	}
+	f, ok := stderr.(*os.File)
+	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
+}
+
+// reportError prints a command's final error. Config errors list every
+// problem with its line and field: as indented text for a person, as one
+// JSON event per problem (file, line, field, error) for a collector.
+func reportError(stderr io.Writer, log *zerolog.Logger, human bool, what string, err error) {
+	if human {
+		fmt.Fprintf(stderr, "%s: %v\n", what, err)
+		return
+	}
+	var ce *route.ConfigError
+	if errors.As(err, &ce) && len(ce.Problems) > 1 {
+		for _, p := range ce.Problems {
+			logProblem(log.Error(), ce.File, p).Msg("config problem")
+		}
+	}
+	log.Error().Err(err).Msg(what)
+}
+
+// logProblem adds a config problem's fields to a log event.
+func logProblem(ev *zerolog.Event, file string, p *route.FieldError) *zerolog.Event {
+	if file != "" {
+		ev = ev.Str("file", file)
+	}
+	if p.Line > 0 {
+		ev = ev.Int("line", p.Line)
+	}
+	if p.Path != "" {
+		ev = ev.Str("field", p.Path)
+	}
+	return ev.Str("problem", p.Msg)
+}
+
+// logWarnings logs what the config accepted but probably did not mean.
+func logWarnings(log *zerolog.Logger, file string, cfg *route.Config) {
+	for _, w := range cfg.Warnings() {
+		logProblem(log.Warn(), file, w).Msg("config warning")
+	}
+}
+
+// withFile names the config file in a config error raised after loading
+// (policies are built from the parsed config, which does not know its file).
+func withFile(err error, file string) error {
+	var ce *route.ConfigError
+	if file != "" && errors.As(err, &ce) && ce.File == "" {
+		ce.File = file
+	}
+	return err
+}

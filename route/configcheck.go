@@ -1,0 +1,31 @@
+package route
+
+// CheckPolicies builds every pool's policy from cfg without starting any
+// (no KV-event subscriptions, no network), so `turnout render` reports bad
+// policy names and params, with their lines, before a proxy is configured.
+func CheckPolicies(cfg *Config, reg *Registry) error {
+	if reg == nil {
+		reg = DefaultRegistry()
+	}
+	var errs []error
+	for i := range cfg.Deployments {
+		dc := &cfg.Deployments[i]
+		for j := range dc.Pools {
+			pc := &dc.Pools[j]
+			p := &Pool{Name: PoolName(dc.Name, pc.Role), Deployment: dc.Name, Role: pc.Role}
+			for k, ec := range pc.Endpoints {
+				p.Endpoints = append(p.Endpoints, &Endpoint{Name: ec.Name, Address: ec.Address, KVEvents: ec.KVEvents, Index: k})
+			}
+			pol, err := reg.Build(dc.PoolPolicy(pc), PolicyEnv{Pool: p, Rand: NewRand(1)})
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			closeAll([]Policy{pol})
+		}
+	}
+	if ce := asConfigError(errs); ce != nil {
+		return ce
+	}
+	return nil
+}

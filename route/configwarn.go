@@ -1,0 +1,51 @@
+package route
+
+import (
+	"fmt"
+	"strings"
+)
+
+// maxNameLen is the longest deployment or endpoint name: names become
+// HAProxy server/backend and nginx upstream identifiers, kept to one DNS
+// label's length so every proxy and log field takes them.
+const maxNameLen = 63
+
+// nameProblem explains why name is not a usable proxy identifier.
+func nameProblem(name string) string {
+	if len(name) > maxNameLen {
+		return fmt.Sprintf("%q is %d characters; names are limited to %d (they become HAProxy server and nginx upstream names)", name, len(name), maxNameLen)
+	}
+	return fmt.Sprintf("%q must start with a letter or digit and contain only letters, digits, '_', '.' and '-' (it becomes a proxy identifier)", name)
+}
+
+// Warnings lists what the config accepts but an operator probably did not
+// mean (the same replica twice, a pool that can never answer), with paths and
+// lines; turnout serve and render log them.
+func (c *Config) Warnings() []*FieldError { return c.warnings }
+
+func (c *Config) checkWarnings() []*FieldError {
+	var out []*FieldError
+	seen := map[string]string{} // address -> path of its first endpoint
+	for i := range c.Deployments {
+		d := &c.Deployments[i]
+		for j := range d.Pools {
+			p := &d.Pools[j]
+			pf := fmt.Sprintf("deployments[%d].pools[%d]", i, j)
+			if len(p.Endpoints) == 0 {
+				out = append(out, &FieldError{Path: pf + ".endpoints", Msg: fmt.Sprintf(
+					"pool %s has no endpoints: requests for %s get 503 until endpoints are added", PoolName(d.Name, p.Role), strings.Join(d.Models, ", "))})
+			}
+			for k := range p.Endpoints {
+				e := &p.Endpoints[k]
+				ef := fmt.Sprintf("%s.endpoints[%d]", pf, k)
+				if first, ok := seen[e.Address]; ok {
+					out = append(out, &FieldError{Path: ef + ".address", Msg: fmt.Sprintf(
+						"%s is also the address of %s: one replica listed twice gets twice its share and its load is split between two names", e.Address, first)})
+					continue
+				}
+				seen[e.Address] = ef
+			}
+		}
+	}
+	return out
+}

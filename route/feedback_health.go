@@ -1,0 +1,157 @@
+package route
+
+import (
+	"context"
+	"crypto/subtle"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// feedbackHealth is the server's view of completion feedback and endpoint
+// stalls: whether completions still arrive, and who may send them.
+type feedbackHealth struct {
+	mon          feedbackMonitor
+	fbRejectLog  rateLog
+	stallMu      sync.Mutex // serializes degrading, so a pool keeps one endpoint
+	stallLastLog rateLog
+	probeClient  *http.Client
+}
+
+func newFeedbackHealth() feedbackHealth {
+	return feedbackHealth{probeClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}}}
+}
+
+// feedbackMonitor notices when decisions are made but completions stop
+// arriving (a wrong feedback address, a proxy logging elsewhere, a firewall):
+// in-flight counts then only fall at decision_ttl and load balancing skews.
+type feedbackMonitor struct {
+	mu      sync.Mutex
+	stalled atomic.Bool
+	ageNs   atomic.Int64  // since the last completion (or start)
+	pending atomic.Uint64 // decisions opened since then
+	warn    rateLog
+}
+
+// tick runs the periodic work: TTL expiry, feedback and stall checks.
+func (s *Server) tick(ctx context.Context, snap *Snapshot, now time.Time) {
+	healthy := !s.mon.stalled.Load() && s.dec.completed.Load() > 0
+	s.dec.sweep(now, snap.Config.DecisionTTL.D(), healthy)
+	s.checkFeedback(snap.Config, now)
+	s.checkStalls(ctx, snap, now)
+}
+
+// checkFeedback updates the monitor; it warns (at most every 5 minutes) when
+// completions stopped while decisions are made.
+func (s *Server) checkFeedback(cfg *Config, now time.Time) {
+	m := &s.mon
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// The decision ring records each completion's time and the decisions
+	// opened by then, so none made between two ticks is misplaced.
+	done := s.dec.completed.Load()
+	age := max(time.Duration(now.UnixNano()-s.dec.lastClose.Load()), 0)
+	made := s.dec.opened() - min(s.dec.openedAtClose.Load(), s.dec.opened())
+	m.ageNs.Store(int64(age))
+	m.pending.Store(made)
+	// Without a feedback listener and before any completion, feedback is
+	// simply off: nothing stopped.
+	off := cfg.Feedback.Syslog == "" && done == 0
+	if off || age < cfg.Feedback.StalledAfter.D() || made < uint64(cfg.Feedback.StalledMinDecisions) {
+		if m.stalled.Swap(false) {
+			s.log.Info().Msg("completion feedback arriving again")
+		}
+		return
+	}
+	m.stalled.Store(true)
+	if m.warn.allow(now, 5*time.Minute) {
+		s.log.Warn().Dur("since_last_completion", age).Uint64("decisions", made).Str("feedback", cfg.Feedback.Syslog).
+			Msg("completion feedback stopped while decisions are made: in-flight counts only fall at decision_ttl and balancing skews; check the proxy's log target, feedback.sources and feedback.token (turnout_feedback_lines_total)")
+	}
+}
+
+// FeedbackStalled reports whether completions stopped arriving while
+// decisions are made.
+func (s *Server) FeedbackStalled() bool { return s.mon.stalled.Load() }
+
+// readyFeedback appends, for /readyz?verbose, one line on completion
+// feedback and one per degraded endpoint. It never changes the status.
+func (s *Server) readyFeedback(ctx *fasthttp.RequestCtx) {
+	if !ctx.QueryArgs().Has("verbose") {
+		return
+	}
+	ctx.Response.AppendBodyString(s.feedbackStatus())
+	snap := s.snap.Load()
+	for _, p := range snap.Pools() {
+		for _, e := range p.Endpoints {
+			if e.Degraded() {
+				ctx.Response.AppendBodyString(fmt.Sprintf("endpoint %s (pool %s): degraded for %s: stalled past its %s budget\n",
+					e.Name, p.Name, time.Since(time.Unix(0, e.st.stall.since.Load())).Round(time.Second),
+					time.Duration(e.st.stall.budgetNs.Load())))
+			}
+		}
+	}
+}
+
+// feedbackStatus is the feedback line of /readyz?verbose.
+func (s *Server) feedbackStatus() string {
+	cfg := s.snap.Load().Config
+	done := s.dec.completed.Load()
+	age := time.Duration(s.mon.ageNs.Load()).Round(time.Second)
+	switch {
+	case s.mon.stalled.Load():
+		return fmt.Sprintf("feedback: STALLED: no completion for %s while %d decisions were made (check the proxy log target %s)\n", age, s.mon.pending.Load(), cfg.Feedback.Syslog)
+	case cfg.Feedback.Syslog == "" && done == 0:
+		return "feedback: off (feedback.disable): in-flight counts fall only at decision_ttl\n"
+	case done == 0:
+		return "feedback: waiting for the first completion\n"
+	}
+	return fmt.Sprintf("feedback: ok: %d completions, last within %s\n", done, max(age, time.Second))
+}
+
+// doneAllowed guards PathDone like the UDP listener: the caller's address
+// must be in feedback.sources and, with a token, carry it.
+func (s *Server) doneAllowed(ctx *fasthttp.RequestCtx) bool {
+	fb := &s.snap.Load().fb
+	a, ok := netip.AddrFromSlice(ctx.RemoteIP())
+	if !ok || !fb.allowed(a) {
+		return false
+	}
+	return len(fb.token) == 0 || subtle.ConstantTimeCompare(ctx.Request.Header.Peek(HdrToken), fb.token) == 1
+}
+
+// writeFeedbackHealthMetrics renders the feedback and stall gauges.
+func (s *Server) writeFeedbackHealthMetrics(b *strings.Builder) {
+	help := func(name, typ, text string) {
+		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
+	}
+	stalled := 0
+	if s.mon.stalled.Load() {
+		stalled = 1
+	}
+	help("turnout_feedback_stalled", "gauge", "1 when completions stopped arriving while decisions are made (feedback.stalled_after).")
+	fmt.Fprintf(b, "turnout_feedback_stalled %d\n", stalled)
+	help("turnout_feedback_last_completion_age_seconds", "gauge", "Time since a completion last arrived (0 while they arrive; counted from start).")
+	fmt.Fprintf(b, "turnout_feedback_last_completion_age_seconds %g\n", time.Duration(s.mon.ageNs.Load()).Seconds())
+	help("turnout_feedback_rejected_total", "counter", "Feedback datagrams or lines dropped: source not in feedback.sources, or missing/wrong token.")
+	fmt.Fprintf(b, "turnout_feedback_rejected_total %d\n", s.m.feedbackRejected.Load())
+	help("turnout_stall_probes_total", "counter", "Stall probes by result (stalled: no answer within the budget).")
+	fmt.Fprintf(b, "turnout_stall_probes_total{result=\"ok\"} %d\n", s.m.stallProbes[0].Load())
+	fmt.Fprintf(b, "turnout_stall_probes_total{result=\"stalled\"} %d\n", s.m.stallProbes[1].Load())
+	help("turnout_endpoint_degraded", "gauge", "1 when stall detection took the endpoint out of rotation.")
+	for _, p := range s.snap.Load().Pools() {
+		for _, e := range p.Endpoints {
+			v := 0
+			if e.Degraded() {
+				v = 1
+			}
+			fmt.Fprintf(b, "turnout_endpoint_degraded{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, v)
+		}
+	}
+}

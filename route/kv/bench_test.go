@@ -1,0 +1,25 @@
+package kv
+
+import "testing"
+
+// BenchmarkDecodeBatch: a typical engine step, 16 BlockStored events of one
+// 16-token block each plus a removal, in the array layout.
+func BenchmarkDecodeBatch(b *testing.B) {
+	evs := arr{}
+	for i := range 16 {
+		toks := arr{}
+		for j := range 16 {
+			toks = append(toks, 1000+i*16+j)
+		}
+		evs = append(evs, arr{"BlockStored", arr{uint64(i + 1)}, uint64(i), toks, 16, nil, "GPU"})
+	}
+	evs = append(evs, arr{"BlockRemoved", arr{1, 2, 3}, "GPU"})
+	raw := enc(b, arr{1.5, evs, 0}, true)
+	b.SetBytes(int64(len(raw)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeBatch(raw); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,133 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// failOpenDelays kills turnout (SIGKILL: no goodbye to the proxy) and
+// returns the latency of n sequential requests through the proxy after it,
+// failing the test on any request not served.
+func failOpenDelays(t *testing.T, tu *Turnout, base, model string, extra map[string]string, n int) []time.Duration {
+	t.Helper()
+	c := &http.Client{Timeout: 10 * time.Second}
+	for range 20 { // warm: keep-alive and SPOE connections open
+		if r, err := Post(context.Background(), c, base+"/v1/chat/completions", chatBody(model, "s", "warm", false), extra); err != nil || r.Status != 200 {
+			t.Fatalf("turnout up: %v %v", r, err)
+		}
+	}
+	_ = tu.Cmd.Process.Signal(syscall.SIGKILL)
+	<-tu.done
+	killed := time.Now()
+	// Concurrent clients, as in production: requests already queued on a
+	// dead agent connection show up here, not with one client at a time.
+	type res struct {
+		at  time.Duration
+		dur time.Duration
+		err string
+	}
+	ch := make(chan res, n)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 8 {
+				start := time.Now()
+				r, err := Post(context.Background(), c, base+"/v1/chat/completions", chatBody(model, "s", "down", false), extra)
+				switch {
+				case err != nil:
+					ch <- res{err: err.Error()}
+				case r.Status != 200 || r.Header.Get("X-Replica") == "":
+					ch <- res{err: fmt.Sprintf("%d %s", r.Status, r.Body)}
+				default:
+					ch <- res{at: start.Sub(killed), dur: r.Dur}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(ch)
+	var all []res
+	for r := range ch {
+		if r.err != "" {
+			t.Fatalf("turnout killed: a request failed: %s", r.err)
+		}
+		all = append(all, r)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].at < all[j].at })
+	out := make([]time.Duration, len(all))
+	var slowAt []string
+	for i, r := range all {
+		out[i] = r.dur
+		if r.dur > 100*time.Millisecond && len(slowAt) < 40 {
+			slowAt = append(slowAt, fmt.Sprintf("%v+%v", r.at.Round(time.Millisecond), r.dur.Round(time.Millisecond)))
+		}
+	}
+	if len(slowAt) > 0 {
+		t.Logf("slow requests (start after the kill + duration): %v", slowAt)
+	}
+	return out
+}
+
+// summarize reports the share of requests slower than slow, the p99 and the max.
+func summarize(d []time.Duration, slow time.Duration) (nSlow int, p99, worst time.Duration) {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	for _, x := range s {
+		if x > slow {
+			nSlow++
+		}
+	}
+	return nSlow, s[len(s)*99/100], s[len(s)-1]
+}
+
+// Issue 16 finding 4: with turnout killed, every path fails open at once.
+// SPOE was reported to wait timeout processing (500 ms) on ~11% of requests
+// for the whole outage. A request may be slow only while the proxy finds
+// out (the decisions in flight at the kill); none after that. The figures
+// logged here are RELIABILITY.md's fail-open row.
+func TestFailOpenDelay(t *testing.T) {
+	// late is well under SPOE's timeout processing (500 ms) and well over
+	// scheduling noise on a busy machine.
+	const n, slow, late = 1500, 100 * time.Millisecond, 400 * time.Millisecond
+	check := func(t *testing.T, path string, d []time.Duration) {
+		nSlow, p99, worst := summarize(d, slow)
+		t.Logf("fail-open %s: %d/%d requests over %v after the kill; p99 %v, worst %v", path, nSlow, len(d), slow, p99, worst)
+		// Slow requests may only come first, while the proxy finds out.
+		nLate := 0
+		for _, x := range d[100:] {
+			if x > late {
+				nLate++
+			}
+		}
+		if nLate > 0 {
+			t.Errorf("%s: %d of the requests after the first 100 took over %v (turnout dead the whole time)", path, nLate, late)
+		}
+	}
+	t.Run("HAProxyLua", func(t *testing.T) {
+		s := startStack(t, "open", depSpec{name: "llama", policy: policyLeast, mocks: mocks(t, "fl", 2, nil)})
+		check(t, "HAProxy Lua", failOpenDelays(t, s.T, s.H.URL, "llama", nil, n))
+	})
+	t.Run("HAProxySPOE", func(t *testing.T) {
+		s := startStackWith(t, "open", FreeAddr(t), depSpec{name: "llama", policy: policyLeast, mocks: mocks(t, "fs", 2, nil)})
+		s.H.WaitServersUp(t, "turnout_spoe/agent0")
+		check(t, "HAProxy SPOE", failOpenDelays(t, s.T, s.H.URL, "llama", nil, n))
+	})
+	t.Run("NginxBody", func(t *testing.T) {
+		s := startNginxStack(t, "open", ndep{name: "llama", policy: policyLeast, mode: "body", mocks: mocks(t, "fb", 2, nil)})
+		check(t, "nginx body", failOpenDelays(t, s.T, s.N.URL, "llama", nil, n))
+	})
+	t.Run("NginxHeader", func(t *testing.T) {
+		s := startNginxStack(t, "open", ndep{name: "llama", policy: policyLeast, mode: "header", mocks: mocks(t, "fh", 2, nil)})
+		check(t, "nginx header", failOpenDelays(t, s.T, s.N.URL, "llama", map[string]string{"X-Model": "llama"}, n))
+	})
+}
