@@ -327,6 +327,36 @@ func TestPrefixAffinitySession(t *testing.T) {
 	}
 }
 
+// With scrapes running (tie-break windows started), a conversation's short
+// turns stay on its replica while the load is even, although that replica
+// has had more recent decisions than the others; a request without a session
+// spreads instead.
+func TestPrefixAffinitySessionStaysAtEvenLoad(t *testing.T) {
+	cfg := DefaultPrefixAffinityConfig()
+	p := testPool(t, 4, func(p *Pool) Policy { return NewPrefixAffinity(cfg, p, NewRand(5)) })
+	for _, e := range p.Endpoints {
+		e.StartWindow()
+	}
+	key := []byte("user-7")
+	pick := func(session bool) *Endpoint {
+		r := &Request{Blocks: blocksOf("hi", 0)}
+		if session {
+			r.Session, r.HasSession, r.SessionHash = key, true, hashKey(key)
+		}
+		return p.Policy.Pick(r, p, make([]*Endpoint, 0, 1))[0]
+	}
+	home := pick(true)
+	for i := 0; i < 5; i++ {
+		home.st.decisions.Add(1) // what opening a decision does (then closed: load stays 0)
+		if got := pick(true); got != home {
+			t.Fatalf("turn %d moved from %s to %s at even load", i+2, home.Name, got.Name)
+		}
+	}
+	if got := pick(false); got == home {
+		t.Fatalf("a request without a session went to %s, the endpoint with the most recent decisions", got.Name)
+	}
+}
+
 // The session breaks ties among the least loaded only, whatever the load
 // source: engine-reported loads count like in-flight decisions.
 func TestPrefixAffinitySessionTiesOnly(t *testing.T) {
