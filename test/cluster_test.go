@@ -267,6 +267,8 @@ func checkLoadedReplicaAvoided(t *testing.T, ms []*Mock, fronts ...*hstack) {
 	}
 	if d := time.Since(loaded); d > 400*time.Millisecond {
 		t.Logf("engine load reached both fronts after %s (scrape interval 250 ms; CPU contention?)", d)
+	} else {
+		t.Logf("engine load reached both fronts after %s (scrape interval 250 ms)", d)
 	}
 	before := busy.Stats().Requests
 	for i := range 40 {
