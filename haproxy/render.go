@@ -58,7 +58,25 @@ const (
 	RouteProxy = "turnout_route"
 	// SPOEProxy is the SPOE agent's backend (haproxy.spoe).
 	SPOEProxy = "turnout_spoe"
+	// SPOESocketName is the agent's default unix socket in the rendered
+	// directory (haproxy.path spoe without haproxy.spoe).
+	SPOESocketName = "spoe.sock"
 )
+
+// SPOEAddr is where turnout's SPOE agent listens for the HAProxy rendered
+// into dir: haproxy.spoe, else with haproxy.path spoe the unix socket
+// dir/spoe.sock ("unix@/path"); "" when HAProxy takes the Lua path or no
+// directory is known. turnout serve and the renderer both use it, so they
+// agree on the address.
+func SPOEAddr(cfg *route.Config, dir string) string {
+	if cfg.HAProxy.Path != route.HAProxyPathSPOE {
+		return cfg.HAProxy.SPOE
+	}
+	if cfg.HAProxy.SPOE != "" || dir == "" {
+		return cfg.HAProxy.SPOE
+	}
+	return "unix@" + filepath.Join(dir, SPOESocketName)
+}
 
 // RenderOptions says where the rendered files will live; haproxy.cfg refers
 // to the Lua, the map, the socket and the pidfile by absolute path.
@@ -242,6 +260,7 @@ type tmplData struct {
 	RouteRetries                                 int
 	RouteServers                                 []routeServer
 	MaxConn, Nbthread, MaxBody, BufSize, Retries int
+	RouteBody                                    int
 	L7Retries                                    bool
 	// SPOE is set when HAProxy asks turnout over SPOE (haproxy.spoe).
 	SPOE                                *spoeData
@@ -304,6 +323,9 @@ type luaData struct {
 	// BodyRoom bounds a decode body with kv_transfer_params inserted: what
 	// tune.bufsize holds besides the request line and headers.
 	BodyRoom int
+	// RouteBody is how much body the action sends turnout (route_body);
+	// 0 with prefill/decode, which needs all of it.
+	RouteBody int
 	// RelayReasons are turnout's 5xx reasons the Lua relays to the client
 	// instead of failing over (Lua string literals).
 	RelayReasons []string
@@ -376,7 +398,8 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		MaxConn:        max(cfg.HAProxy.MaxConn, 1),
 		Nbthread:       max(cfg.HAProxy.Nbthread, 0),
 		MaxBody:        cfg.MaxBody,
-		BufSize:        bufSize(cfg.MaxBody),
+		RouteBody:      cfg.RouteBody,
+		BufSize:        bufSize(cfg.RouteBody),
 		Retries:        max(cfg.Fallbacks, 1),
 		L7Retries:      cfg.HAProxy.L7Retries,
 		ConnectMs:      max(p.ConnectTimeout.Ms(), 1),
@@ -449,9 +472,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	d.ModelMap = len(cfg.Deployments) > 1
 	d.modelMap = mapBuf.Bytes()
 	if d.PD {
-		// The decode body grows by the prefill's kv_transfer_params and must
-		// still fit one buffer for the filter to rewrite it.
-		d.BufSize = bufSize(cfg.MaxBody + kvRoom(cfg.MaxBody))
+		d.BufSize = WholeBodyBufSize(cfg.MaxBody)
 	}
 
 	// The Lua side.
@@ -463,6 +484,9 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		CooldownMs:   max(p.BreakerCooldown.Ms(), 1),
 		FailClosed:   p.FailMode == route.FailClosed,
 		BodyRoom:     d.BufSize - headerRoom,
+	}
+	if !d.PD {
+		l.RouteBody = cfg.RouteBody
 	}
 	for _, r := range pdRelayReasons {
 		l.RelayReasons = append(l.RelayReasons, luaQuote(r))
@@ -485,8 +509,16 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	}
 	// One retry per standby; a refused connect then moves on at once.
 	d.RouteRetries = len(d.RouteServers) - 1
-	if cfg.HAProxy.SPOE != "" {
-		a, _, _ := addr("haproxy.spoe", cfg.HAProxy.SPOE)
+	if cfg.HAProxy.Path == route.HAProxyPathSPOE {
+		var a string
+		if sock, ok := strings.CutPrefix(SPOEAddr(cfg, d.Dir), "unix@"); ok {
+			a = "unix@" + path("haproxy.spoe", sock)
+			if len(sock) > maxUnixPath {
+				bad("haproxy.spoe", "the agent socket %q is longer than a unix socket path may be (%d bytes): set haproxy.spoe to host:port or render to a shorter directory", sock, maxUnixPath)
+			}
+		} else {
+			a, _, _ = addr("haproxy.spoe", cfg.HAProxy.SPOE)
+		}
 		d.SPOE = &spoeData{
 			Backend: SPOEProxy,
 			Conf:    path("spoe conf", filepath.Join(d.Dir, SPOEFile)),
@@ -533,6 +565,10 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	return d, errors.Join(errs...)
 }
 
+// maxUnixPath is the longest unix socket path Linux binds (sun_path less
+// its terminating NUL).
+const maxUnixPath = 107
+
 // headerRoom is the part of tune.bufsize kept for the request line and headers.
 const headerRoom = 16 << 10
 
@@ -542,6 +578,11 @@ func bufSize(maxBody int) int {
 	n := max(maxBody, 1024) + headerRoom
 	return (n + 4095) &^ 4095
 }
+
+// WholeBodyBufSize is tune.bufsize with a prefill/decode deployment: a
+// whole max_body body, plus what the decode body gains by the prefill's
+// kv_transfer_params (the filter rewrites it in one buffer), plus headers.
+func WholeBodyBufSize(maxBody int) int { return bufSize(maxBody + kvRoom(maxBody)) }
 
 // kvRoom is how much a decode body may grow by kv_transfer_params. Their
 // size is dominated by remote_block_ids: one id (up to ~8 bytes with the

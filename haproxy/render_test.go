@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -214,9 +216,6 @@ func TestRenderPD(t *testing.T) {
 			t.Errorf("non-PD config contains %q", bad)
 		}
 	}
-	if !strings.Contains(string(plain.Config), "tune.bufsize 278528\n") {
-		t.Error("non-PD config: tune.bufsize is not max_body + 16 KiB")
-	}
 	if strings.Contains(string(plain.Lua), `"authorization"`) {
 		t.Error("non-PD Lua sends Authorization to turnout")
 	}
@@ -368,5 +367,97 @@ func TestRenderSPOE(t *testing.T) {
 	}
 	if err := CheckFile(context.Background(), bin, filepath.Join(dir, ConfigFile)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// renderedBufSize reads tune.bufsize from a rendered haproxy.cfg.
+func renderedBufSize(t *testing.T, conf []byte) int {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^\s*tune\.bufsize (\d+)$`).FindSubmatch(conf)
+	if m == nil {
+		t.Fatal("no tune.bufsize in the rendered config")
+	}
+	n, err := strconv.Atoi(string(m[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestRenderBufSize pins what tune.bufsize costs: without a prefill/decode
+// deployment it stays at or below 64 KiB whatever max_body is (turnout
+// routes on a route_body prefix; buffers above 64 KiB halve HAProxy's
+// throughput on every frontend), on both paths; only a PD deployment gets
+// a buffer that holds a whole max_body body plus its kv_transfer_params.
+func TestRenderBufSize(t *testing.T) {
+	base := string(route.DefaultConfigYAML)
+	cases := []struct {
+		name     string
+		yaml     string
+		want     int  // exact tune.bufsize, 0 = only the bound
+		atMost64 bool // <= 64 KiB
+	}{
+		{"default (SPOE, max_body 256 KiB)", base, 64 << 10, true},
+		{"Lua path", base + "\nproxy: {route_addrs: [127.0.0.1:9090]}\n", 64 << 10, true},
+		{"max_body 64 MiB", strings.Replace(base, "max_body: 262144", "max_body: 67108864", 1), 64 << 10, true},
+		{"route_body 16 KiB", strings.Replace(base, "max_body: 262144", "max_body: 262144\nroute_body: 16384", 1), 32 << 10, true},
+		{"max_body below the default prefix", strings.Replace(base, "max_body: 262144", "max_body: 8192", 1), 24 << 10, true},
+		{"route_body chosen above 64 KiB", strings.Replace(base, "max_body: 262144", "max_body: 262144\nroute_body: 131072", 1), 144 << 10, false},
+		{"prefill/decode", multiYAML, bufSize(65536 + kvRoom(65536)), false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := mustParse(t, []byte(tc.yaml))
+			out, err := Render(cfg, RenderOptions{Dir: goldenDir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := renderedBufSize(t, out.Config)
+			if tc.want != 0 && got != tc.want {
+				t.Errorf("tune.bufsize %d, want %d", got, tc.want)
+			}
+			if tc.atMost64 && got > 64<<10 {
+				t.Errorf("tune.bufsize %d above 64 KiB without a prefill/decode deployment", got)
+			}
+			if pd := strings.Contains(tc.yaml, "role: prefill"); pd && got < cfg.MaxBody+kvRoom(cfg.MaxBody) {
+				t.Errorf("PD: tune.bufsize %d cannot hold a max_body body with its kv_transfer_params", got)
+			}
+		})
+	}
+	// route_body is validated against max_body.
+	for _, bad := range []string{"route_body: 512", "route_body: 300000"} {
+		if _, err := route.ParseConfig([]byte(strings.Replace(base, "max_body: 262144", "max_body: 262144\n"+bad, 1))); err == nil || !strings.Contains(err.Error(), "route_body") {
+			t.Errorf("%s: err %v, want a route_body error", bad, err)
+		}
+	}
+}
+
+// The renderer and turnout serve agree on the agent's address: the default
+// is a unix socket next to the files; an explicit haproxy.spoe wins; the Lua
+// path needs none; a socket path too long to bind is refused at render.
+func TestSPOEAddr(t *testing.T) {
+	cfg := mustParse(t, route.DefaultConfigYAML)
+	if got := SPOEAddr(cfg, "/etc/turnout/haproxy"); got != "unix@/etc/turnout/haproxy/spoe.sock" {
+		t.Errorf("default: %q", got)
+	}
+	if got := SPOEAddr(cfg, ""); got != "" {
+		t.Errorf("no directory: %q", got)
+	}
+	out, err := Render(cfg, RenderOptions{Dir: goldenDir})
+	if err != nil || !strings.Contains(string(out.Config), "server agent0 unix@"+goldenDir+"/spoe.sock ") {
+		t.Errorf("render: %v\n%s", err, out.Config)
+	}
+	cfg.HAProxy.SPOE = "127.0.0.1:9091"
+	if got := SPOEAddr(cfg, "/d"); got != "127.0.0.1:9091" {
+		t.Errorf("explicit: %q", got)
+	}
+	cfg.HAProxy.SPOE, cfg.HAProxy.Path = "", route.HAProxyPathLua
+	if got := SPOEAddr(cfg, "/d"); got != "" {
+		t.Errorf("lua: %q", got)
+	}
+	cfg.HAProxy.Path = route.HAProxyPathSPOE
+	long := "/" + strings.Repeat("d", 100)
+	if _, err := Render(cfg, RenderOptions{Dir: long}); err == nil || !strings.Contains(err.Error(), "haproxy.spoe") {
+		t.Errorf("long socket path: %v", err)
 	}
 }

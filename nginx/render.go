@@ -214,6 +214,9 @@ type tmplData struct {
 	Syslog, SyslogTarget                  string
 	FeedbackAuth                          string // "tok=..." or ""
 	MaxBody, WorkerConnections, Keepalive int
+	// RouteBody is how much body njs hands turnout (route_body); 0 with a
+	// prefill/decode deployment, which needs all of it.
+	RouteBody                             int
 	ConnectMs, StreamMs                   int64
 	RouteTimeoutMs, CooldownS             int64
 	RouteConnectMs                        int64
@@ -466,6 +469,9 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	}
 	if !d.HasBody {
 		d.ModulePath = ""
+	}
+	if !d.HasPD {
+		d.RouteBody = cfg.RouteBody
 	}
 	return d, errors.Join(errs...)
 }

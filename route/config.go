@@ -44,7 +44,16 @@ type Config struct {
 	// ModelHeaders name headers that may carry the model when the body does not
 	// (nginx header mode routes without a body).
 	ModelHeaders []string `yaml:"model_headers"`
-	MaxBody      int      `yaml:"max_body"`
+	// MaxBody is the largest body turnout reads whole: prefill/decode needs
+	// all of it, nginx body mode holds up to this much in memory.
+	MaxBody int `yaml:"max_body"`
+	// RouteBody is the prefix of a body the proxies hand turnout for routing
+	// (prefix-affinity and kv-aware match the start of the prompt); a longer
+	// body is still forwarded whole to the replica. It sizes HAProxy's global
+	// tune.bufsize (RouteBody + 16 KiB) unless a prefill/decode deployment
+	// needs whole bodies: buffers above 64 KiB cost HAProxy about half its
+	// throughput, on every frontend.
+	RouteBody int `yaml:"route_body"`
 	// DecisionTTL expires decisions whose completion never arrives.
 	DecisionTTL Duration `yaml:"decision_ttl"`
 	// Fallbacks is how many extra servers each decision names.
@@ -177,12 +186,29 @@ type HAProxyConfig struct {
 	// HAProxy then keeps a tune.bufsize copy of every request, which cost
 	// 5-8x in requests/s with max_body-sized buffers (glibc malloc churn).
 	L7Retries bool `yaml:"l7_retries"`
-	// SPOE, when set (host:port), makes HAProxy ask turnout over SPOE
-	// (persistent pipelined connections to turnout's agent on this address)
-	// instead of the Lua action's HTTP call: about 2x the Lua path's
-	// requests/s. Prefill/decode bodies are still rewritten by the Lua filter.
+	// SPOE is the address of turnout's SPOE agent (host:port) that HAProxy
+	// asks with haproxy.path spoe: persistent pipelined connections instead
+	// of the Lua action's HTTP call, about 2x the Lua path's requests/s.
+	// Prefill/decode bodies are still rewritten by the Lua filter. Empty:
+	// a unix socket next to the rendered files (DIR/spoe.sock), served by
+	// turnout serve --haproxy-dir DIR (or haproxy.dir).
 	SPOE string `yaml:"spoe"`
+	// Path is how HAProxy asks turnout: spoe (the measured fastest; default
+	// unless proxy.route_addrs is set without haproxy.spoe) or lua (the Lua
+	// action's HTTP call through the turnout_route hop to route_addrs).
+	Path string `yaml:"path"`
 }
+
+// How the rendered HAProxy asks turnout (haproxy.path).
+const (
+	HAProxyPathSPOE = "spoe"
+	HAProxyPathLua  = "lua"
+)
+
+// DefaultRouteBody is route_body's default: with 16 KiB for headers it
+// keeps HAProxy's tune.bufsize at 64 KiB, where buffers cost nothing
+// measurable (BENCHMARKS.md).
+const DefaultRouteBody = 48 << 10
 
 // NginxConfig configures the rendered nginx.
 type NginxConfig struct {
@@ -378,6 +404,9 @@ func (c *Config) ApplyDefaults() {
 	if c.MaxBody == 0 {
 		c.MaxBody = 256 << 10
 	}
+	if c.RouteBody == 0 {
+		c.RouteBody = min(DefaultRouteBody, c.MaxBody)
+	}
 	if c.DecisionTTL == 0 {
 		c.DecisionTTL = Duration(10 * time.Minute)
 	}
@@ -420,6 +449,15 @@ func (c *Config) ApplyDefaults() {
 	}
 	c.applyFeedbackDefaults()
 	p := &c.Proxy
+	if c.HAProxy.Path == "" {
+		// SPOE by default, on a local socket; a config that sends the proxy
+		// to other turnouts (route_addrs) without an agent address keeps
+		// the Lua path, which reaches them.
+		c.HAProxy.Path = HAProxyPathLua
+		if len(p.RouteAddrs) == 0 || c.HAProxy.SPOE != "" {
+			c.HAProxy.Path = HAProxyPathSPOE
+		}
+	}
 	if len(p.RouteAddrs) == 0 {
 		p.RouteAddrs = []string{c.Listen}
 	}
@@ -504,6 +542,9 @@ func (c *Config) Validate() error {
 	if c.MaxBody < 1024 || c.MaxBody > 64<<20 {
 		bad("max_body", "%d out of range [1024, 64MiB]", c.MaxBody)
 	}
+	if c.RouteBody < 1024 || c.RouteBody > c.MaxBody {
+		bad("route_body", "%d out of range [1024, max_body %d]", c.RouteBody, c.MaxBody)
+	}
 	if l := &c.Limits; l.MaxConns < 1 {
 		bad("limits.max_conns", "%d must be at least 1", l.MaxConns)
 	}
@@ -544,6 +585,17 @@ func (c *Config) Validate() error {
 	checkAddr("haproxy.listen", c.HAProxy.Listen)
 	if c.HAProxy.SPOE != "" {
 		checkAddr("haproxy.spoe", c.HAProxy.SPOE)
+	}
+	switch c.HAProxy.Path {
+	case HAProxyPathSPOE:
+		// The default agent socket lives next to this turnout; standby
+		// turnouts elsewhere need an agent address HAProxy can reach.
+		if c.HAProxy.SPOE == "" && (len(c.Proxy.RouteAddrs) != 1 || c.Proxy.RouteAddrs[0] != c.Listen) {
+			bad("haproxy.spoe", "required with haproxy.path spoe when proxy.route_addrs names other turnouts (or set haproxy.path: lua)")
+		}
+	case HAProxyPathLua:
+	default:
+		bad("haproxy.path", "%q must be spoe or lua", c.HAProxy.Path)
 	}
 	checkAddr("nginx.listen", c.Nginx.Listen)
 	for _, f := range []struct{ field, v string }{{"haproxy.stats_socket", c.HAProxy.StatsSocket}, {"haproxy.dir", c.HAProxy.Dir}, {"nginx.dir", c.Nginx.Dir}} {

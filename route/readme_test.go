@@ -33,8 +33,9 @@ func TestREADMEConfigExamples(t *testing.T) {
 	}
 }
 
-// The README quotes only figures BENCHMARKS.md has (every "0.70x" ratio of
-// the proxy paths), and names the Node version .ci/run installs.
+// The README quotes only figures BENCHMARKS.md has (every "0.70x" or
+// "0.70×" ratio of the proxy paths), and names the Node version .ci/run
+// installs.
 func TestREADMEFacts(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
@@ -44,7 +45,7 @@ func TestREADMEFacts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ratios := regexp.MustCompile(`\b(\d+\.\d+)x\b`).FindAllSubmatch(readme, -1)
+	ratios := regexp.MustCompile(`\b(\d+\.\d+)(?:x\b|×)`).FindAllSubmatch(readme, -1)
 	if len(ratios) == 0 {
 		t.Fatal("no throughput ratios in README.md")
 	}

@@ -146,9 +146,18 @@ async function route(r) {
         body = '';
         args = 'truncated=0/' + (r.headersIn['Content-Length'] || '');
     }
+    // turnout routes on a prefix (route_body) unless a prefill/decode
+    // deployment needs the whole body: send no more than it uses. The whole
+    // body still goes to the replica.
+    var send = body;
+    var limit = Number(r.variables.turnout_route_body) || 0;
+    if (limit > 0 && body.length > limit) {
+        send = body.slice(0, limit);
+        args = 'truncated=' + send.length + '/' + body.length;
+    }
     var res;
     try {
-        res = await r.subrequest(ASK, {method: 'POST', body: body, args: args});
+        res = await r.subrequest(ASK, {method: 'POST', body: send, args: args});
     } catch (e) {
         r.error('turnout: route subrequest: ' + e);
         return failed(r, body, 'route_error');

@@ -149,8 +149,10 @@ func checkTokenFlow(t *testing.T, turnoutURL, syslog string, send func() int) {
 	id := routeOnce(t, turnoutURL)
 	inflight := metricOr0(t, turnoutURL+"/metrics", "turnout_endpoint_inflight")
 	rejected := metricOr0(t, turnoutURL+"/metrics", "turnout_feedback_rejected_total")
-	sendUDP(t, syslog, "<134>haproxy[1]: turnout-done id="+id+" srv=x status=200 ms=1")
-	Eventually(t, 5*time.Second, "the forged line to be rejected", func() bool {
+	// UDP may drop a datagram on a busy host: resend until one is counted.
+	Eventually(t, 10*time.Second, "the forged line to be rejected", func() bool {
+		sendUDP(t, syslog, "<134>haproxy[1]: turnout-done id="+id+" srv=x status=200 ms=1")
+		time.Sleep(100 * time.Millisecond)
 		return metricOr0(t, turnoutURL+"/metrics", "turnout_feedback_rejected_total") > rejected
 	})
 	r, err := Post(context.Background(), http.DefaultClient, turnoutURL+"/internal/done?id="+id, nil, nil)

@@ -53,14 +53,14 @@ proxy:
   route_timeout: 5s
   breaker_failures: 3
   breaker_cooldown: 30s
-haproxy: {listen: %q, dir: %q, drain_timeout: 3s, nbthread: 2, spoe: %q}
+haproxy: {listen: %q, dir: %q, drain_timeout: 3s, nbthread: 2, %s}
 deployments:
   - name: pd
     models: [pd, llama]   # llama: the shared openai npm client test asks for it
     policy: {name: round-robin}
     pd: {prefill_timeout: 5s, no_prefill: aggregate}
     pools:
-`, s.turnoutAddr, hpdMaxBody, s.syslog, s.haAddr, s.dir, s.spoeAddr)
+`, s.turnoutAddr, hpdMaxBody, s.syslog, s.haAddr, s.dir, haproxyPathYAML(s.spoeAddr))
 	pool := func(indent, role string, ms []*Mock) {
 		fmt.Fprintf(&b, "%s- role: %s\n%s  endpoints:\n", indent, role, indent)
 		for _, m := range ms {

@@ -32,7 +32,7 @@ type hstack struct {
 	t                                *testing.T
 	dir, turnoutAddr, haAddr, syslog string
 	failMode                         string
-	spoeAddr                         string // set: HAProxy asks turnout over SPOE
+	spoeAddr                         string // HAProxy's path to turnout, see haproxyPathYAML
 	deps                             []depSpec
 	T                                *Turnout
 	H                                *HAProxy
@@ -52,9 +52,9 @@ proxy:
   route_timeout: 500ms
   breaker_failures: 3
   breaker_cooldown: 30s
-haproxy: {listen: %q, dir: %q, drain_timeout: 3s, nbthread: 2, spoe: %q}
+haproxy: {listen: %q, dir: %q, drain_timeout: 3s, nbthread: 2, %s}
 deployments:
-`, s.turnoutAddr, s.syslog, s.failMode, s.haAddr, s.dir, s.spoeAddr)
+`, s.turnoutAddr, s.syslog, s.failMode, s.haAddr, s.dir, haproxyPathYAML(s.spoeAddr))
 	for _, d := range s.deps {
 		fmt.Fprintf(&b, "  - name: %s\n    models: [%s]\n    policy: %s\n", d.name, d.name, d.policy)
 		for _, l := range d.depYAML {
@@ -70,6 +70,23 @@ deployments:
 		}
 	}
 	return b.String()
+}
+
+// spoeDefault as a stack's spoeAddr renders the default path: SPOE with the
+// agent on the socket next to the rendered files.
+const spoeDefault = "default"
+
+// haproxyPathYAML is the haproxy: flow-map entry that picks how HAProxy asks
+// turnout: "" the Lua action, spoeDefault the default SPOE socket, else SPOE
+// at that address.
+func haproxyPathYAML(spoeAddr string) string {
+	switch spoeAddr {
+	case "":
+		return "path: lua"
+	case spoeDefault:
+		return "path: spoe"
+	}
+	return fmt.Sprintf("spoe: %q", spoeAddr)
 }
 
 // startStack starts turnout with --haproxy-dir (its first sync writes the

@@ -255,14 +255,17 @@ func defaultE2EFlags(fset *flag.FlagSet) *e2eFlags {
 func runCost(args []string, log *zerolog.Logger) error {
 	fset := newFlags("bench cost")
 	o := bench.CostOptions{Log: log}
-	// 2 s x 3 rounds keeps all eight targets (route, HAProxy, nginx) inside
-	// make bench's five-minute budget.
+	// 2 s x 3 rounds for the 3 route targets and the 8 proxy setups (each
+	// also with large bodies, and 1 s at one connection): about 3 minutes.
 	fset.DurationVar(&o.Duration, "duration", 2*time.Second, "length of one load run")
 	fset.IntVar(&o.Rounds, "rounds", 3, "load runs per target, interleaved across targets")
 	fset.IntVar(&o.Conns, "conns", 16, "concurrent connections of the load generator")
 	fset.IntVar(&o.WrkThreads, "wrk-threads", 1, "wrk threads (keep low: the box is shared)")
 	fset.IntVar(&o.Replicas, "replicas", 4, "replicas (fake for /internal/route, mocks behind the proxies)")
 	fset.IntVar(&o.SSEProbes, "sse-probes", 100, "sequential streaming requests per proxy setup for the first-chunk delay")
+	fset.IntVar(&o.LargeBody, "large-body", 64<<10, "bytes of the large-body rows' chat bodies (0 = no such rows)")
+	fset.DurationVar(&o.LatencyDuration, "latency-duration", time.Second, "length of the 1-connection runs (added latency at light load; 0 = none)")
+	fset.IntVar(&o.IdleConns, "idle-conns", 1000, "idle keep-alive connections for the HAProxy memory rows (0 = none)")
 	loadgen := fset.String("loadgen", "auto", "wrk, go, or auto (wrk when installed)")
 	policies := fset.String("policies", "prefix-affinity;least-request", "';'-separated policies measured on /internal/route")
 	fset.StringVar(&o.ProxyPolicy, "proxy-policy", "prefix-affinity", "turnout policy behind HAProxy and behind nginx in body mode (njs)")

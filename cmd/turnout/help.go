@@ -71,14 +71,15 @@ sync. Without --config it uses the embedded default (four loopback replicas on
 	renderCmd = command{
 		synopsis: "turnout render haproxy|nginx [--config FILE] --out DIR [flags]",
 		about: `Writes the proxy configuration and glue for a turnout config.
-Targets: haproxy (haproxy.cfg + Lua), nginx (nginx.conf + njs).
+Targets: haproxy (haproxy.cfg + SPOE file, or Lua), nginx (nginx.conf + njs).
 Run "turnout render haproxy --help" or "turnout render nginx --help" for a target's flags.`,
 		example: "turnout render haproxy --config turnout.yaml --out /etc/haproxy/turnout",
 	}
 	renderHAProxyCmd = command{
 		synopsis: "turnout render haproxy [--config FILE] --out DIR [--socket PATH] [--check=false]",
-		about: `Writes haproxy.cfg, turnout.lua (and models.map) into DIR; files refer to each
-other by DIR's absolute path. Start HAProxy with: haproxy -f DIR/haproxy.cfg`,
+		about: `Writes haproxy.cfg, turnout-spoe.conf, turnout.lua (and models.map) into DIR;
+files refer to each other by DIR's absolute path. Start HAProxy with:
+haproxy -f DIR/haproxy.cfg (turnout serve --haproxy-dir DIR serves its SPOE agent)`,
 		example: "turnout render haproxy --config turnout.yaml --out /etc/haproxy/turnout",
 	}
 	renderNginxCmd = command{

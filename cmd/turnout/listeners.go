@@ -37,10 +37,13 @@ import (
 type listeners struct {
 	log *zerolog.Logger
 	srv *route.Server
-	// onSPOEError reports a running SPOE agent that stopped.
-	mu      sync.Mutex
-	cur     map[string]*listener // kind -> serving listener
-	retired []*listener          // closing after their grace
+	// spoeAddr gives the SPOE agent's address for a config: haproxy.spoe,
+	// or the default path's socket next to the rendered HAProxy files.
+	// nil means haproxy.spoe alone.
+	spoeAddr func(*route.Config) string
+	mu       sync.Mutex
+	cur      map[string]*listener // kind -> serving listener
+	retired  []*listener          // closing after their grace
 }
 
 // Listener kinds, named by the config field that sets their address.
@@ -80,9 +83,13 @@ func (l *listeners) prepare(cfg *route.Config) (*change, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ch := &change{}
+	spoeAddr := cfg.HAProxy.SPOE
+	if l.spoeAddr != nil {
+		spoeAddr = l.spoeAddr(cfg)
+	}
 	want := map[string]struct{ addr, key string }{
 		kindHTTP:     {cfg.Listen, httpKey(cfg)},
-		kindSPOE:     {cfg.HAProxy.SPOE, cfg.HAProxy.SPOE},
+		kindSPOE:     {spoeAddr, spoeAddr},
 		kindFeedback: {cfg.Feedback.Syslog, cfg.Feedback.Syslog},
 	}
 	var errs []error

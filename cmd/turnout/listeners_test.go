@@ -99,3 +99,64 @@ func TestListenersLifecycle(t *testing.T) {
 		t.Fatal("the revived listener is not serving")
 	}
 }
+
+// The default path's SPOE agent listens on DIR/spoe.sock (haproxy.dir or
+// --haproxy-dir), none with haproxy.path lua, and moves to haproxy.spoe
+// when that is set on a reload.
+func TestListenersDefaultSPOESocket(t *testing.T) {
+	dir := t.TempDir()
+	sock := dir + "/spoe.sock"
+	dialsUnix := func() bool {
+		c, err := net.DialTimeout("unix", sock, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}
+	cfg := lnConfig(t, freeAddr(t), "haproxy: {dir: "+dir+"}\n")
+	srv, err := route.NewServer(cfg, route.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	log := zerolog.Nop()
+	l := newListeners(srv, &log)
+	l.spoeAddr = spoeAddrFunc("")
+	defer l.shutdown(t.Context())
+	ch, err := l.prepare(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.start(ch)
+	if !dialsUnix() {
+		t.Fatalf("default path: no agent on %s", sock)
+	}
+
+	tcp := freeAddr(t)
+	ch, err = l.prepare(lnConfig(t, cfg.Listen, "haproxy: {dir: "+dir+", spoe: "+tcp+"}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ch.fields) != 1 || ch.fields[0] != kindSPOE {
+		t.Fatalf("fields changed: %v, want [%s]", ch.fields, kindSPOE)
+	}
+	l.start(ch)
+	l.retire(ch, 0, 0)
+	if !dials(tcp) {
+		t.Fatalf("haproxy.spoe %s: no agent", tcp)
+	}
+	for deadline := time.Now().Add(5 * time.Second); dialsUnix(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the old socket still accepts after its grace")
+		}
+	}
+
+	// haproxy.path lua with a --haproxy-dir: no agent at all.
+	lua := lnConfig(t, freeAddr(t), "haproxy: {path: lua}\n")
+	if a := spoeAddrFunc(dir)(lua); a != "" {
+		t.Errorf("haproxy.path lua: agent address %q, want none", a)
+	}
+	if a := spoeAddrFunc(dir)(lnConfig(t, freeAddr(t), "")); a != "unix@"+sock {
+		t.Errorf("--haproxy-dir: agent address %q, want unix@%s", a, sock)
+	}
+}

@@ -30,7 +30,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 	watch := fs.Duration("watch", time.Second, "poll the config file for changes this often (0 = only SIGHUP)")
 	// HAProxy sync (issue 3)
 	haSocket := fs.String("haproxy-socket", "", "HAProxy admin socket; enables pool sync (default haproxy.stats_socket, else DIR/admin.sock)")
-	haDir := fs.String("haproxy-dir", "", "directory of the rendered HAProxy files; enables pool sync (default haproxy.dir)")
+	haDir := fs.String("haproxy-dir", "", "directory of the rendered HAProxy files; enables pool sync and the SPOE agent on DIR/spoe.sock (default haproxy.dir)")
 	haPID := fs.String("haproxy-pidfile", "", "HAProxy master pidfile, for reloads (default DIR/haproxy.pid)")
 	// nginx sync (issue 5)
 	ngx := addNginxFlags(fs, "directory of the rendered nginx files; enables nginx sync (re-render + reload)")
@@ -115,6 +115,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 		syncCh <- req
 	}
 	lns := newListeners(srv, log)
+	lns.spoeAddr = spoeAddrFunc(*haDir)
 	// Grace before an old listener closes: the proxies have been reloaded
 	// toward the new address; their old workers finish what they started.
 	// Without a managed proxy the operator moves it, so wait longer.
@@ -207,6 +208,10 @@ func runServe(args []string, log *zerolog.Logger) error {
 		return err
 	}
 	lns.start(ch)
+	if lns.spoeAddr(cfg) == "" && cfg.HAProxy.Path == route.HAProxyPathSPOE {
+		// An HAProxy rendered for this config would find no agent and fail open.
+		log.Info().Msg("no SPOE agent: give --haproxy-dir (or haproxy.dir, or haproxy.spoe) when HAProxy routes through turnout")
+	}
 	if len(syncers) > 0 {
 		pushSync(cfg, nil)
 	}

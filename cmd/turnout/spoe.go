@@ -6,6 +6,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/haproxy"
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/spoe"
 )
@@ -28,4 +29,18 @@ func startSPOE(ctx context.Context, addr string, srv *route.Server, log *zerolog
 	}()
 	log.Info().Str("spoe_listen", addr).Msg("SPOE agent listening")
 	return nil
+}
+
+// spoeAddrFunc gives the SPOE agent's address for a config (listeners.spoeAddr):
+// haproxy.spoe, else with haproxy.path spoe (the default) the socket next to
+// the rendered HAProxy files, in haDir (--haproxy-dir) or haproxy.dir. ""
+// means no agent.
+func spoeAddrFunc(haDir string) func(*route.Config) string {
+	return func(c *route.Config) string {
+		dir := haDir
+		if dir == "" {
+			dir = c.HAProxy.Dir
+		}
+		return haproxy.SPOEAddr(c, dir)
+	}
 }

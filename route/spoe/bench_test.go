@@ -80,7 +80,7 @@ deployments:
 		{Name: "r0", Addr: reps[0].addr}, {Name: "r1", Addr: reps[1].addr}, {Name: "r2", Addr: reps[2].addr}}}}
 	mk := func(name, listen, agent string, syslog string, retryOn bool) benchSetup {
 		d := &cfgData{Generator: "route/spoe bench", Dir: filepath.Join(dir, name), Listen: listen, Syslog: syslog,
-			DefaultBackend: "llama_mixed", BufSize: 262144 + 16384, Backends: backends, RetryOn: retryOn}
+			DefaultBackend: "llama_mixed", BufSize: 262144 + 16384, RouteBody: 262144, Backends: backends, RetryOn: retryOn}
 		if err := os.MkdirAll(d.Dir, 0o755); err != nil {
 			t.Fatal(err)
 		}

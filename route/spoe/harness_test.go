@@ -176,6 +176,8 @@ type cfgData struct {
 	Backends                                       []cfgBackend
 	SPOE                                           *spoeData
 	PD                                             bool // the live tests run no prefill/decode
+	// RouteBody is route_body: the SPOE message carries that much body.
+	RouteBody int
 }
 
 type cfgBackend struct {

@@ -61,7 +61,7 @@ func startLive(t *testing.T, o liveOpts) *liveEnv {
 	e.tp = startTurnout(t, yaml, agentAddr, !o.noAgent)
 	d := &cfgData{
 		Generator: "route/spoe live test", Dir: e.dir, Listen: e.listen, Syslog: syslog,
-		DefaultBackend: "llama_mixed", Nbthread: 2, BufSize: 262144 + 16384, RetryOn: true,
+		DefaultBackend: "llama_mixed", Nbthread: 2, BufSize: 262144 + 16384, RouteBody: 262144, RetryOn: true,
 		ServerVars: serverVars(2),
 		Backends: []cfgBackend{
 			{Name: "llama_mixed", Servers: []cfgServer{{Name: "r0", Addr: e.reps["r0"].addr}, {Name: "r1", Addr: e.reps["r1"].addr}, {Name: "r2", Addr: e.reps["r2"].addr}}},

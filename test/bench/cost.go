@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/haproxy"
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/test/mockvllm"
 )
@@ -89,6 +90,14 @@ type CostOptions struct {
 	// SSEProbes is how many sequential streaming requests per stack measure
 	// the first-chunk delay.
 	SSEProbes int
+	// LargeBody is the size of the large-body rows' chat bodies (0: none).
+	LargeBody int
+	// LatencyDuration is the length of the 1-connection runs that measure
+	// the added latency at light load (0: none).
+	LatencyDuration time.Duration
+	// IdleConns is how many idle keep-alive connections the HAProxy memory
+	// rows hold open (0: none).
+	IdleConns int
 	Dir       string
 	Log       *zerolog.Logger
 }
@@ -111,10 +120,22 @@ type CostRow struct {
 	AddedP50, AddedP99 float64
 	Baseline           bool
 	// Probe marks the sequential first-chunk rows: latency only, no rps.
-	Probe                bool
+	Probe bool
+	// ProxyRSS is the proxy's resident memory (master and workers, MiB):
+	// the median over rounds of each run's peak, or with IdleConns idle
+	// connections open for the idle rows. TurnoutRSS is turnout's.
+	ProxyRSS, TurnoutRSS float64
+	// RSSRatio is ProxyRSS against the group baseline's.
+	RSSRatio float64
+	// Idle marks the idle keep-alive memory rows; IdleBefore is the proxy's
+	// RSS before the connections were opened.
+	Idle                 bool
+	IdleBefore           float64
 	Note                 string
 	roundRPS             []float64
 	roundP50s, roundP99s []float64
+	roundProxyRSS        []float64
+	roundTurnoutRSS      []float64
 }
 
 // RunCost measures /internal/route against a trivial handler, then the
@@ -152,22 +173,27 @@ func (o *CostOptions) loadGenName() string {
 }
 
 // costTarget is a load target and the group whose baseline it is compared
-// with.
+// with, with its own load shape: bodies, connections, run length.
 type costTarget struct {
 	Group string
 	LoadTarget
+	Bodies   []CostBody
+	Conns    int
+	Duration time.Duration
+	// ProxyPIDs and TurnoutPIDs are sampled for memory during each run.
+	ProxyPIDs, TurnoutPIDs []int
 }
 
 // runRounds loads each target Rounds times, interleaved (every round runs
 // every target once, in order), and fills rows.
-func runRounds(ctx context.Context, o CostOptions, targets []costTarget, bodies []CostBody) ([]CostRow, error) {
+func runRounds(ctx context.Context, o CostOptions, targets []costTarget) ([]CostRow, error) {
 	rows := make([]CostRow, len(targets))
 	lats := make([][]time.Duration, len(targets))
 	scripts := make([]string, len(targets))
 	for i, t := range targets {
-		rows[i] = CostRow{Group: t.Group, Target: t.Name, LoadGen: o.loadGenName(), Conns: o.Conns}
+		rows[i] = CostRow{Group: t.Group, Target: t.Name, LoadGen: o.loadGenName(), Conns: t.Conns}
 		if o.Wrk != "" {
-			p, err := writeWrkScript(o.Dir, t.LoadTarget, bodies)
+			p, err := writeWrkScript(o.Dir, t.Group, t.LoadTarget, t.Bodies)
 			if err != nil {
 				return nil, err
 			}
@@ -181,11 +207,13 @@ func runRounds(ctx context.Context, o CostOptions, targets []costTarget, bodies 
 				res *LoadResult
 				err error
 			)
+			prss, trss := sampleRSS(t.ProxyPIDs, 100*time.Millisecond), sampleRSS(t.TurnoutPIDs, 100*time.Millisecond)
 			if o.Wrk != "" {
-				res, err = WrkLoad(ctx, o.Wrk, scripts[i], t.LoadTarget, o.WrkThreads, o.Conns, o.Duration)
+				res, err = WrkLoad(ctx, o.Wrk, scripts[i], t.LoadTarget, o.WrkThreads, t.Conns, t.Duration)
 			} else {
-				res, err = GoLoad(ctx, t.LoadTarget, bodies, o.Conns, o.Duration)
+				res, err = GoLoad(ctx, t.LoadTarget, t.Bodies, t.Conns, t.Duration)
 			}
+			pm, tm := prss.Stop(), trss.Stop()
 			if err != nil {
 				return nil, err
 			}
@@ -200,8 +228,10 @@ func runRounds(ctx context.Context, o CostOptions, targets []costTarget, bodies 
 			row.roundRPS = append(row.roundRPS, res.RPS())
 			row.roundP50s = append(row.roundP50s, float64(res.P50)/float64(time.Millisecond))
 			row.roundP99s = append(row.roundP99s, float64(res.P99)/float64(time.Millisecond))
+			row.roundProxyRSS = append(row.roundProxyRSS, pm)
+			row.roundTurnoutRSS = append(row.roundTurnoutRSS, tm)
 			o.Log.Info().Str("group", t.Group).Str("target", t.Name).Int("round", r+1).Float64("rps", res.RPS()).
-				Dur("p50", res.P50).Dur("p99", res.P99).Int("errors", res.Errors).Msg("bench cost: run")
+				Dur("p50", res.P50).Dur("p99", res.P99).Int("errors", res.Errors).Float64("proxy_rss_mib", pm).Msg("bench cost: run")
 		}
 	}
 	for i := range rows {
@@ -216,6 +246,7 @@ func runRounds(ctx context.Context, o CostOptions, targets []costTarget, bodies 
 			// wrk gives percentiles per run only: take the median run's.
 			row.P50, row.P99 = median(row.roundP50s), median(row.roundP99s)
 		}
+		row.ProxyRSS, row.TurnoutRSS = median(row.roundProxyRSS), median(row.roundTurnoutRSS)
 	}
 	applyGroupBaselines(rows)
 	return rows, nil
@@ -245,6 +276,7 @@ func applyGroupBaselines(rows []CostRow) {
 		r.Baseline = i == b
 		r.AddedP50 = r.P50 - br.P50
 		r.AddedP99 = r.P99 - br.P99
+		r.RSSRatio = Ratio(r.ProxyRSS, br.ProxyRSS)
 		n := min(len(r.roundRPS), len(br.roundRPS))
 		if n == 0 {
 			r.Ratio = Ratio(r.RPS, br.RPS)
@@ -275,7 +307,12 @@ func costRoute(ctx context.Context, o CostOptions) ([]CostRow, error) {
 	if err := waitHTTP(ctx, tp, "http://"+addr+"/healthz", http.StatusOK, 10*time.Second); err != nil {
 		return nil, err
 	}
-	targets := []costTarget{{"route", LoadTarget{Name: "trivial-fasthttp", Addr: addr, Path: route.PathRoute, RouteHeaders: true}}}
+	bodies := CostBodies(64, "llama", 1, false, 1)
+	rt := func(name, addr string) costTarget {
+		return costTarget{Group: "route", LoadTarget: LoadTarget{Name: name, Addr: addr, Path: route.PathRoute, RouteHeaders: true},
+			Bodies: bodies, Conns: o.Conns, Duration: o.Duration}
+	}
+	targets := []costTarget{rt("trivial-fasthttp", addr)}
 	eps := make([]Endpoint, max(o.Replicas, 1))
 	for i := range eps {
 		eps[i] = Endpoint{Name: "r" + strconv.Itoa(i), Address: "127.0.0.1:" + strconv.Itoa(18000+i)}
@@ -301,9 +338,9 @@ func costRoute(ctx context.Context, o CostOptions) ([]CostRow, error) {
 		if err := waitHTTP(ctx, p, "http://"+listen+route.PathReadyz, http.StatusOK, 10*time.Second); err != nil {
 			return nil, err
 		}
-		targets = append(targets, costTarget{"route", LoadTarget{Name: "route " + spec.String(), Addr: listen, Path: route.PathRoute, RouteHeaders: true}})
+		targets = append(targets, rt("route "+spec.String(), listen))
 	}
-	return runRounds(ctx, o, targets, CostBodies(64, "llama", 1, false, 1))
+	return runRounds(ctx, o, targets)
 }
 
 // CostMockArgs make replicas answer at once (no model time) while streams
@@ -331,10 +368,12 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 		return nil, nil, fmt.Errorf("cost: proxy policy %s is not a turnout policy", spec)
 	}
 	base := StackOptions{Model: "llama", HAProxy: o.HAProxy, Nginx: o.Nginx, NginxModule: o.NginxModule, Turnout: o.Turnout, Log: o.Log}
-	add := func(group, name, dir string, spec PolicySpec, proxy, mode string) {
+	add := func(group, name, dir string, spec PolicySpec, proxy string, edit func(*StackOptions)) {
 		so := base
-		so.Spec, so.Proxy, so.NginxMode = spec, proxy, mode
-		so.SPOE = dir == "with-turnout-spoe"
+		so.Spec, so.Proxy = spec, proxy
+		if edit != nil {
+			edit(&so)
+		}
 		stacks = append(stacks, proxyStack{group: group, name: name, dir: dir, opts: so})
 	}
 	note := func(group, target, msg string) {
@@ -345,9 +384,15 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 		if _, lerr := exec.LookPath(o.HAProxy); lerr != nil {
 			note("haproxy", "-", "skipped: haproxy not found")
 		} else {
-			add("haproxy", "haproxy roundrobin", "plain", PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy, "")
-			add("haproxy", "haproxy+lua+turnout "+spec.String(), "with-turnout", spec, ProxyHAProxy, "")
-			add("haproxy", "haproxy+spoe+turnout "+spec.String(), "with-turnout-spoe", spec, ProxyHAProxy, "")
+			// The baseline is HAProxy as an operator runs it without turnout:
+			// default tune.bufsize, its own keep-alive defaults.
+			add("haproxy", "haproxy roundrobin", "plain", PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy, nil)
+			whole := haproxy.WholeBodyBufSize(stackMaxBody)
+			add("haproxy", fmt.Sprintf("haproxy roundrobin, tune.bufsize %d (whole-body buffers, as PD renders)", whole), "plain-wholebody",
+				PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy, func(so *StackOptions) { so.PlainBufSize = whole })
+			add("haproxy", "haproxy+spoe+turnout "+spec.String()+" (default render)", "with-turnout-spoe", spec, ProxyHAProxy, nil)
+			add("haproxy", "haproxy+lua+turnout "+spec.String(), "with-turnout-lua", spec, ProxyHAProxy,
+				func(so *StackOptions) { so.HAProxyPath = route.HAProxyPathLua })
 		}
 	}
 	if o.Nginx == "" {
@@ -364,13 +409,18 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 	if hspec.IsProxyAlone() {
 		return nil, nil, fmt.Errorf("cost: nginx header policy %s is not a turnout policy", hspec)
 	}
-	add("nginx", "nginx roundrobin", "nginx-plain", PolicySpec{Policy: NginxRoundRobin}, ProxyNginx, "")
-	add("nginx", "nginx+auth_request+turnout "+hspec.String(), "nginx-header", hspec, ProxyNginx, route.NginxModeHeader)
+	// nginx's defaults plus streaming settings; then the same with
+	// turnout's in-memory body buffer.
+	add("nginx", "nginx roundrobin", "nginx-plain", PolicySpec{Policy: NginxRoundRobin}, ProxyNginx, nil)
+	add("nginx", fmt.Sprintf("nginx roundrobin, client_body_buffer_size %d (as body mode renders)", stackMaxBody), "nginx-plain-bodybuf",
+		PolicySpec{Policy: NginxRoundRobin}, ProxyNginx, func(so *StackOptions) { so.PlainNginxBodyBuffer = true })
+	add("nginx", "nginx+auth_request+turnout "+hspec.String(), "nginx-header", hspec, ProxyNginx,
+		func(so *StackOptions) { so.NginxMode = route.NginxModeHeader })
 	bodyName := "nginx+njs+turnout " + spec.String()
 	if msg := NginxMissing(o.Nginx, o.NginxModule, true); msg != "" {
 		note("nginx", bodyName, "skipped: "+msg)
 	} else {
-		add("nginx", bodyName, "nginx-body", spec, ProxyNginx, route.NginxModeBody)
+		add("nginx", bodyName, "nginx-body", spec, ProxyNginx, func(so *StackOptions) { so.NginxMode = route.NginxModeBody })
 	}
 	return stacks, notes, nil
 }
@@ -401,7 +451,12 @@ func costProxy(ctx context.Context, o CostOptions) ([]CostRow, error) {
 		}
 		eps = append(eps, Endpoint{Name: name, Address: addr})
 	}
-	var targets, sseTargets []costTarget
+	small := CostBodies(64, "llama", 1, false, 2)
+	var large []CostBody
+	if o.LargeBody > 0 {
+		large = CostBodiesSized(16, "llama", 1, false, 4, o.LargeBody)
+	}
+	var targets, sseTargets, idleTargets []costTarget
 	for _, ps := range stacks {
 		so := ps.opts
 		so.Dir, so.Mocks = filepath.Join(o.Dir, ps.dir), eps
@@ -413,19 +468,80 @@ func costProxy(ctx context.Context, o CostOptions) ([]CostRow, error) {
 			return nil, fmt.Errorf("cost %s: %w", ps.name, err)
 		}
 		defer st.Stop()
-		lt := LoadTarget{Name: ps.name, Addr: strings.TrimPrefix(st.FrontURL, "http://"), Path: mockvllm.PathChat}
-		targets = append(targets, costTarget{ps.group, lt})
-		sseTargets = append(sseTargets, costTarget{ps.group + "-sse", lt})
+		t := costTarget{Group: ps.group, LoadTarget: LoadTarget{Name: ps.name, Addr: strings.TrimPrefix(st.FrontURL, "http://"), Path: mockvllm.PathChat},
+			Bodies: small, Conns: o.Conns, Duration: o.Duration, ProxyPIDs: procTree(st.ProxyPID)}
+		if st.TurnoutPID > 0 {
+			t.TurnoutPIDs = []int{st.TurnoutPID}
+		}
+		targets = append(targets, t)
+		if large != nil {
+			lt := t
+			lt.Group, lt.Bodies = fmt.Sprintf("%s-%dk", ps.group, o.LargeBody>>10), large
+			targets = append(targets, lt)
+		}
+		if o.LatencyDuration > 0 {
+			ct := t
+			ct.Group, ct.Conns, ct.Duration = ps.group+"-c1", 1, o.LatencyDuration
+			targets = append(targets, ct)
+		}
+		st1 := t
+		st1.Group = ps.group + "-sse"
+		sseTargets = append(sseTargets, st1)
+		if ps.group == "haproxy" && o.IdleConns > 0 && st1.ProxyPIDs != nil {
+			it := t
+			it.Group = "haproxy-idle"
+			idleTargets = append(idleTargets, it)
+		}
 	}
-	rows, err := runRounds(ctx, o, targets, CostBodies(64, "llama", 1, false, 2))
+	// One interleaved set of rounds for every load shape, so a noisy
+	// neighbour hits all of them alike; rows are regrouped for the tables.
+	rows, err := runRounds(ctx, o, targets)
 	if err != nil {
 		return nil, err
 	}
+	slices.SortStableFunc(rows, func(a, b CostRow) int { return strings.Compare(groupOrder(a.Group), groupOrder(b.Group)) })
 	sse, err := sseProbe(ctx, o, sseTargets, CostBodies(16, "llama", 8, true, 3))
 	if err != nil {
 		return nil, err
 	}
-	return slices.Concat(rows, sse, notes), nil
+	idle, err := idleRows(ctx, o, idleTargets)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Concat(rows, sse, idle, notes), nil
+}
+
+// groupOrder sorts the load groups: per proxy, the main rows, the large
+// bodies, then one connection.
+func groupOrder(g string) string {
+	proxy, shape, _ := strings.Cut(g, "-")
+	switch {
+	case shape == "":
+		shape = "0"
+	case shape == "c1":
+		shape = "2"
+	default:
+		shape = "1" + shape
+	}
+	return proxy + "/" + shape
+}
+
+// idleRows measures each HAProxy setup's memory with IdleConns idle
+// keep-alive connections open, one setup at a time.
+func idleRows(ctx context.Context, o CostOptions, targets []costTarget) ([]CostRow, error) {
+	rows := make([]CostRow, 0, len(targets))
+	for _, t := range targets {
+		res, err := idleKeepAlive(ctx, t.Addr, t.Path, t.ProxyPIDs, t.Bodies, o.IdleConns)
+		if err != nil {
+			return nil, fmt.Errorf("idle %s: %w", t.Name, err)
+		}
+		o.Log.Info().Str("target", t.Name).Int("conns", res.Conns).Int("errors", res.Errors).
+			Float64("before_mib", res.Before).Float64("with_mib", res.With).Msg("bench cost: idle keep-alive")
+		rows = append(rows, CostRow{Group: t.Group, Target: t.Name, LoadGen: "idle keep-alive", Conns: res.Conns,
+			Requests: res.Conns - res.Errors, Errors: res.Errors, Idle: true, IdleBefore: res.Before, ProxyRSS: res.With})
+	}
+	applyGroupBaselines(rows)
+	return rows, nil
 }
 
 // sseProbe sends streaming requests one at a time, alternating the
@@ -487,16 +603,18 @@ func sseProbe(ctx context.Context, o CostOptions, targets []costTarget, bodies [
 	return rows, nil
 }
 
-var costHeader = []string{"group", "target", "loadgen", "conns", "requests", "errors", "rps", "rps_ratio", "p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms", "round_rps", "note"}
+var costHeader = []string{"group", "target", "loadgen", "conns", "requests", "errors", "rps", "rps_ratio", "p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms",
+	"proxy_rss_mib", "rss_ratio", "turnout_rss_mib", "idle_before_mib", "round_rps", "note"}
 
 func (r *CostRow) fields() []string {
 	var rounds []string
 	for _, v := range r.roundRPS {
 		rounds = append(rounds, strconv.FormatFloat(v, 'f', 0, 64))
 	}
+	f3 := func(v float64) string { return strconv.FormatFloat(v, 'f', 3, 64) }
 	return []string{r.Group, r.Target, r.LoadGen, strconv.Itoa(r.Conns), strconv.Itoa(r.Requests), strconv.Itoa(r.Errors),
-		f1(r.RPS), strconv.FormatFloat(r.Ratio, 'f', 3, 64), strconv.FormatFloat(r.P50, 'f', 3, 64), strconv.FormatFloat(r.P99, 'f', 3, 64),
-		strconv.FormatFloat(r.AddedP50, 'f', 3, 64), strconv.FormatFloat(r.AddedP99, 'f', 3, 64), strings.Join(rounds, " "), r.Note}
+		f1(r.RPS), f3(r.Ratio), f3(r.P50), f3(r.P99), f3(r.AddedP50), f3(r.AddedP99),
+		f1(r.ProxyRSS), f3(r.RSSRatio), f1(r.TurnoutRSS), f1(r.IdleBefore), strings.Join(rounds, " "), r.Note}
 }
 
 // WriteCostCSV writes cost rows with a header.
@@ -520,15 +638,15 @@ func WriteCostCSV(w io.Writer, rows []CostRow) error {
 // WriteCostTable writes cost rows for terminals.
 func WriteCostTable(w io.Writer, rows []CostRow) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "group\ttarget\tloadgen\tconns\trequests\terrors\trps\tratio\tp50 ms\tp99 ms\t+p50 ms\t+p99 ms\t")
+	fmt.Fprintln(tw, "group\ttarget\tloadgen\tconns\trequests\terrors\trps\tratio\tp50 ms\tp99 ms\t+p50 ms\t+p99 ms\tproxy MiB\tRSS ratio\tturnout MiB\t")
 	for i := range rows {
 		r := &rows[i]
 		if r.Note != "" {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t\t\t\t\n", r.Group, r.Target, r.Note)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t\t\t\t\t\t\t\n", r.Group, r.Target, r.Note)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%.0f\t%.3f\t%.3f\t%.3f\t%+.3f\t%+.3f\t\n", r.Group, r.Target, r.LoadGen, r.Conns,
-			r.Requests, r.Errors, r.RPS, r.Ratio, r.P50, r.P99, r.AddedP50, r.AddedP99)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%.0f\t%.3f\t%.3f\t%.3f\t%+.3f\t%+.3f\t%s\t%.2f\t%.1f\t\n", r.Group, r.Target, r.LoadGen, r.Conns,
+			r.Requests, r.Errors, r.RPS, r.Ratio, r.P50, r.P99, r.AddedP50, r.AddedP99, r.rssText(), r.RSSRatio, r.TurnoutRSS)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("table: %w", err)
@@ -536,23 +654,46 @@ func WriteCostTable(w io.Writer, rows []CostRow) error {
 	return nil
 }
 
+// rssText is the proxy memory cell: the peak under load, or for the idle
+// rows before -> with the idle connections.
+func (r *CostRow) rssText() string {
+	if r.Idle {
+		return fmt.Sprintf("%.1f -> %.1f", r.IdleBefore, r.ProxyRSS)
+	}
+	if r.ProxyRSS == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", r.ProxyRSS)
+}
+
 // WriteCostMarkdown writes cost rows as a Markdown table.
 func WriteCostMarkdown(w io.Writer, rows []CostRow) error {
 	var b strings.Builder
-	b.WriteString("| group | target | load | rps | rps ratio | p50 ms | p99 ms | added p50 ms | added p99 ms | errors |\n")
-	b.WriteString("|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| group | target | load | rps | rps ratio | p50 ms | p99 ms | added p50 ms | added p99 ms | proxy RSS MiB | RSS ratio | turnout RSS MiB | errors |\n")
+	b.WriteString("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for i := range rows {
 		r := &rows[i]
 		if r.Note != "" {
-			fmt.Fprintf(&b, "| %s | %s | %s |||||||\n", r.Group, r.Target, r.Note)
+			fmt.Fprintf(&b, "| %s | %s | %s ||||||||||\n", r.Group, r.Target, r.Note)
 			continue
 		}
 		rps, ratio := fmt.Sprintf("%.0f", r.RPS), fmt.Sprintf("%.3f", r.Ratio)
-		if r.Probe {
+		lat := fmt.Sprintf("%.3f | %.3f | %+.3f | %+.3f", r.P50, r.P99, r.AddedP50, r.AddedP99)
+		if r.Probe || r.Idle {
 			rps, ratio = "-", "-"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s c%d | %s | %s | %.3f | %.3f | %+.3f | %+.3f | %d |\n", r.Group, r.Target, r.LoadGen, r.Conns,
-			rps, ratio, r.P50, r.P99, r.AddedP50, r.AddedP99, r.Errors)
+		if r.Idle {
+			lat = "- | - | - | -"
+		}
+		rssRatio, trss := "-", "-"
+		if r.ProxyRSS > 0 {
+			rssRatio = fmt.Sprintf("%.2f", r.RSSRatio)
+		}
+		if r.TurnoutRSS > 0 {
+			trss = fmt.Sprintf("%.1f", r.TurnoutRSS)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s c%d | %s | %s | %s | %s | %s | %s | %d |\n", r.Group, r.Target, r.LoadGen, r.Conns,
+			rps, ratio, lat, r.rssText(), rssRatio, trss, r.Errors)
 	}
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return fmt.Errorf("markdown: %w", err)

@@ -221,8 +221,16 @@ type StackOptions struct {
 	// limit) behind nginx; 0 = turnout's default.
 	NginxMaxBody int
 	Turnout      string
-	// SPOE: HAProxy asks turnout over SPOE instead of the Lua action.
-	SPOE bool
+	// HAProxyPath is turnout's haproxy.path: "" (the rendered default,
+	// SPOE on a unix socket), spoe or lua.
+	HAProxyPath string
+	// PlainBufSize is tune.bufsize of a plain HAProxy (0: HAProxy's
+	// default, what an operator runs without turnout).
+	PlainBufSize int
+	// PlainNginxBodyBuffer gives a plain nginx turnout's in-memory body
+	// buffer (client_body_buffer_size = max_body) instead of nginx's
+	// default.
+	PlainNginxBodyBuffer bool
 	// MockArgs are extra `turnout mock` flags (timing, cache).
 	MockArgs []string
 	// Mocks reuses running replicas instead of starting new ones.
@@ -232,15 +240,18 @@ type StackOptions struct {
 
 // Stack is a running proxy in front of mock replicas.
 type Stack struct {
-	FrontURL   string     // proxy frontend, http://host:port
-	TurnoutURL string     // "" for a proxy alone
-	Mocks      []Endpoint // replicas (Address is host:port)
-	procs      procSet
+	FrontURL   string // proxy frontend, http://host:port
+	TurnoutURL string // "" for a proxy alone
+	// ProxyPID is the HAProxy or nginx master; TurnoutPID is 0 for a proxy
+	// alone. The cost bench reads their memory from /proc.
+	ProxyPID, TurnoutPID int
+	Mocks                []Endpoint // replicas (Address is host:port)
+	procs                procSet
 }
 
-// stackMaxBody is turnout's default max_body, which sizes HAProxy's buffers
-// and nginx's in-memory body buffer in the rendered configs; the baselines
-// use the same so only routing differs.
+// stackMaxBody is turnout's default max_body: nginx body mode holds bodies
+// up to it in memory, and a prefill/decode deployment sizes HAProxy's
+// buffers by it. The equal-buffer baseline rows use the same.
 const stackMaxBody = 256 << 10
 
 // StartStack starts the replicas (unless given), turnout when the spec is a
@@ -308,23 +319,15 @@ func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions, front st
 	if err := os.MkdirAll(hapDir, 0o755); err != nil {
 		return fmt.Errorf("haproxy dir: %w", err)
 	}
-	const bufSize = stackMaxBody + 16<<10 // what turnout renders for the default max_body
 	if o.Spec.IsHAProxy() {
 		cfg := PlainHAProxyConfig(PlainHAProxyOptions{
-			Dir: hapDir, Listen: front, Balance: strings.TrimPrefix(o.Spec.Policy, "haproxy-"), Servers: st.Mocks, BufSize: bufSize,
+			Dir: hapDir, Listen: front, Balance: strings.TrimPrefix(o.Spec.Policy, "haproxy-"), Servers: st.Mocks, BufSize: o.PlainBufSize,
 		})
 		if err := os.WriteFile(filepath.Join(hapDir, "haproxy.cfg"), cfg, 0o644); err != nil {
 			return fmt.Errorf("haproxy config: %w", err)
 		}
 	} else {
-		cfg := ConfigOptions{HAProxyListen: front, HAProxyDir: hapDir}
-		if o.SPOE {
-			a, err := freeAddr()
-			if err != nil {
-				return err
-			}
-			cfg.HAProxySPOE = a
-		}
+		cfg := ConfigOptions{HAProxyListen: front, HAProxyDir: hapDir, HAProxyPath: o.HAProxyPath}
 		if err := st.startTurnout(ctx, o, cfg, ProxyHAProxy, "--out", hapDir); err != nil {
 			return err
 		}
@@ -333,6 +336,7 @@ func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions, front st
 	if err != nil {
 		return err
 	}
+	st.ProxyPID = hp.cmd.Process.Pid
 	// GET passes without a routing decision (only POSTs ask turnout), so
 	// this proves HAProxy and a replica are up. HAProxy starts servers as
 	// up, so no health-check round has to pass first.
@@ -351,9 +355,13 @@ func (st *Stack) startNginxStack(ctx context.Context, o StackOptions, front stri
 		if o.Spec.Policy == NginxLeastConn {
 			balance = "least_conn"
 		}
-		cfg := PlainNginxConfig(PlainNginxOptions{
-			Dir: ngDir, Listen: front, Balance: balance, Servers: st.Mocks, MaxBody: max(o.NginxMaxBody, stackMaxBody), User: nginxUser(),
-		})
+		po := PlainNginxOptions{Dir: ngDir, Listen: front, Balance: balance, Servers: st.Mocks, User: nginxUser(),
+			// The replay's largest body must pass (nginx's default limit is 1 MiB).
+			MaxBodyLimit: o.NginxMaxBody}
+		if o.PlainNginxBodyBuffer {
+			po.MaxBody = max(o.NginxMaxBody, stackMaxBody)
+		}
+		cfg := PlainNginxConfig(po)
 		if err := os.WriteFile(filepath.Join(ngDir, nginx.ConfigFile), cfg, 0o644); err != nil {
 			return fmt.Errorf("nginx config: %w", err)
 		}
@@ -399,6 +407,7 @@ func (st *Stack) startTurnout(ctx context.Context, o StackOptions, base ConfigOp
 	if err != nil {
 		return err
 	}
+	st.TurnoutPID = tp.cmd.Process.Pid
 	st.TurnoutURL = "http://" + listen
 	return waitHTTP(ctx, tp, st.TurnoutURL+route.PathReadyz, http.StatusOK, 10*time.Second)
 }

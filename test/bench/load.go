@@ -33,6 +33,11 @@ type CostBody struct {
 // something to match) and a user message of varied words, with one of 32
 // sessions. maxTokens sets max_tokens (1 keeps the replicas' work minimal).
 func CostBodies(n int, model string, maxTokens int, stream bool, seed uint64) []CostBody {
+	return CostBodiesSized(n, model, maxTokens, stream, seed, 2048, 8192)
+}
+
+// CostBodiesSized is CostBodies with the body sizes given (cycled).
+func CostBodiesSized(n int, model string, maxTokens int, stream bool, seed uint64, sizes ...int) []CostBody {
 	rnd := rand.New(rand.NewPCG(seed, 0xc057))
 	var w [wordLen]byte
 	words := func(dst []byte, id uint64, bytes int) []byte {
@@ -47,10 +52,7 @@ func CostBodies(n int, model string, maxTokens int, stream bool, seed uint64) []
 	}
 	out := make([]CostBody, n)
 	for i := range out {
-		size := 2048
-		if i%2 == 1 {
-			size = 8192
-		}
+		size := sizes[i%len(sizes)]
 		sys := words(nil, 1<<50+uint64(rnd.IntN(4)), size/2)
 		b := []byte(`{"model":` + strconv.Quote(model) + `,"messages":[{"role":"system","content":"`)
 		b = append(b, sys...)
@@ -276,7 +278,7 @@ func ParseWrk(out []byte) (*LoadResult, error) {
 }
 
 // writeWrkScript is a helper for RunCost: one script per target.
-func writeWrkScript(dir string, t LoadTarget, bodies []CostBody) (string, error) {
-	p := filepath.Join(dir, "wrk-"+t.Name+".lua")
+func writeWrkScript(dir, group string, t LoadTarget, bodies []CostBody) (string, error) {
+	p := filepath.Join(dir, "wrk-"+group+"-"+strings.NewReplacer("/", "_", " ", "_").Replace(t.Name)+".lua")
 	return p, WrkScript(p, t, bodies)
 }

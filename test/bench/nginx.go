@@ -69,9 +69,13 @@ type PlainNginxOptions struct {
 	// Balance is "" (round robin) or least_conn.
 	Balance string
 	Servers []Endpoint
-	// MaxBody matches turnout's max_body: the rendered config holds bodies
-	// of up to that size in memory, and so does the baseline.
+	// MaxBody > 0 gives the baseline turnout's body buffer: bodies up to
+	// max_body held in memory (client_body_buffer_size and
+	// client_max_body_size = MaxBody), as the rendered config does. 0 keeps
+	// nginx's defaults (8 KiB buffer, larger bodies go to a temp file).
 	MaxBody int
+	// MaxBodyLimit raises client_max_body_size alone (0: nginx's 1 MiB).
+	MaxBodyLimit int
 	// User is the user directive ("" = none; a root master needs it so its
 	// workers can enter a 0700 temp directory).
 	User string
@@ -80,19 +84,15 @@ type PlainNginxOptions struct {
 	Keepalive int
 }
 
-// PlainNginxConfig renders the "nginx alone" baseline: the same worker,
-// buffer and proxy settings as `turnout render nginx` towards the replicas
-// (HTTP/1.1 keepalive upstream, proxy_buffering off for SSE, request body
-// buffered in memory), but one upstream with nginx's own balancing and no
-// routing call.
+// PlainNginxConfig renders the "nginx alone" baseline as an operator runs it
+// without turnout: nginx's defaults plus what streaming to replicas needs
+// (HTTP/1.1 keepalive upstream, proxy_buffering off for SSE), one upstream
+// with nginx's own balancing, no routing call. MaxBody adds turnout's
+// in-memory body buffer (the equal-buffer row).
 func PlainNginxConfig(o PlainNginxOptions) []byte {
 	ka := o.Keepalive
 	if ka <= 0 {
 		ka = 32
-	}
-	maxBody := o.MaxBody
-	if maxBody <= 0 {
-		maxBody = stackMaxBody
 	}
 	var b strings.Builder
 	b.WriteString("# nginx alone (turnout bench baseline).\n")
@@ -109,11 +109,22 @@ func PlainNginxConfig(o PlainNginxOptions) []byte {
     server_tokens off;
     default_type application/json;
     underscores_in_headers on;
-    client_max_body_size %d;
-    client_body_buffer_size %d;
-
+`)
+	// Streaming both ways is nginx at its best for LLM requests: the body
+	// goes to the replica as it arrives instead of into a temp file beyond
+	// the 8 KiB default buffer. The equal-buffer row buffers in memory, as
+	// the rendered config does (so a failed connect can be retried).
+	reqBuffering := "proxy_request_buffering off;"
+	switch {
+	case o.MaxBody > 0:
+		reqBuffering = "proxy_request_buffering on;"
+		fmt.Fprintf(&b, "    client_max_body_size %d;\n    client_body_buffer_size %d;\n", o.MaxBody, o.MaxBody)
+	case o.MaxBodyLimit > 0:
+		fmt.Fprintf(&b, "    client_max_body_size %d;\n", o.MaxBodyLimit)
+	}
+	b.WriteString(`
     upstream replicas {
-`, maxBody, maxBody)
+`)
 	if o.Balance != "" {
 		fmt.Fprintf(&b, "        %s;\n", o.Balance)
 	}
@@ -127,7 +138,7 @@ func PlainNginxConfig(o PlainNginxOptions) []byte {
         listen %s;
         proxy_http_version 1.1;
         proxy_buffering off;
-        proxy_request_buffering on;
+        %s
         proxy_connect_timeout 2000ms;
         proxy_send_timeout 600000ms;
         proxy_read_timeout 600000ms;
@@ -141,7 +152,7 @@ func PlainNginxConfig(o PlainNginxOptions) []byte {
         }
     }
 }
-`, o.Listen)
+`, o.Listen, reqBuffering)
 	return []byte(b.String())
 }
 
@@ -167,6 +178,7 @@ func (st *Stack) startNginx(ctx context.Context, logDir, dir, bin string) error 
 	if err != nil {
 		return err
 	}
+	st.ProxyPID = p.cmd.Process.Pid
 	// As for HAProxy: a GET passes without a routing decision, so this proves
 	// nginx and a replica are up.
 	return waitHTTP(ctx, p, st.FrontURL+"/v1/models", http.StatusOK, 15*time.Second)

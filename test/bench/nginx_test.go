@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,6 +46,14 @@ func TestPlainNginxConfig(t *testing.T) {
 		if !strings.Contains(cfg, want) {
 			t.Errorf("config lacks %q:\n%s", want, cfg)
 		}
+	}
+	// The honest baseline keeps nginx's own body buffering; a replay that
+	// needs large bodies raises only the limit.
+	o = plainNginxOpts("/tmp/x")
+	o.MaxBody, o.MaxBodyLimit = 0, 1<<20
+	cfg = string(PlainNginxConfig(o))
+	if strings.Contains(cfg, "client_body_buffer_size") || !strings.Contains(cfg, "client_max_body_size 1048576;") {
+		t.Errorf("default-buffer baseline:\n%s", cfg)
 	}
 }
 
@@ -196,12 +205,13 @@ func TestProxyStacks(t *testing.T) {
 	}
 	var got []string
 	for _, s := range stacks {
-		got = append(got, s.group+"|"+s.name+"|"+s.opts.Spec.String()+"|"+s.opts.Spec.Proxy(s.opts.Proxy)+"|"+s.opts.NginxMode)
+		got = append(got, fmt.Sprintf("%s|%s|%s|%s|%s|%v", s.group, s.name, s.opts.Spec, s.opts.Spec.Proxy(s.opts.Proxy), s.opts.NginxMode, s.opts.PlainNginxBodyBuffer))
 	}
 	want := []string{
-		"nginx|nginx roundrobin|nginx-roundrobin|nginx|",
-		"nginx|nginx+auth_request+turnout session-hash|session-hash|nginx|header",
-		"nginx|nginx+njs+turnout prefix-affinity|prefix-affinity|nginx|body",
+		"nginx|nginx roundrobin|nginx-roundrobin|nginx||false",
+		"nginx|nginx roundrobin, client_body_buffer_size 262144 (as body mode renders)|nginx-roundrobin|nginx||true",
+		"nginx|nginx+auth_request+turnout session-hash|session-hash|nginx|header|false",
+		"nginx|nginx+njs+turnout prefix-affinity|prefix-affinity|nginx|body|false",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("stacks:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -210,7 +220,7 @@ func TestProxyStacks(t *testing.T) {
 	// No njs: the body row is a note, the others still run.
 	o.NginxModule = mod + ".missing"
 	stacks, notes, err = proxyStacks(o)
-	if err != nil || len(stacks) != 2 || len(notes) != 1 || !strings.Contains(notes[0].Note, "njs module not found") || notes[0].Group != "nginx" {
+	if err != nil || len(stacks) != 3 || len(notes) != 1 || !strings.Contains(notes[0].Note, "njs module not found") || notes[0].Group != "nginx" {
 		t.Fatalf("no njs: err %v stacks %d notes %+v", err, len(stacks), notes)
 	}
 	// No nginx: one note for the group.
@@ -224,11 +234,14 @@ func TestProxyStacks(t *testing.T) {
 	if stacks, notes, err = proxyStacks(o); err != nil || len(stacks)+len(notes) != 0 {
 		t.Fatalf("disabled: err %v stacks %v notes %v", err, stacks, notes)
 	}
-	// HAProxy rows come first, with their own baseline.
+	// HAProxy rows come first, with their own baseline: HAProxy's default
+	// buffers, then whole-body buffers, then the default render (SPOE), then
+	// the Lua path.
 	o.HAProxy, o.Nginx, o.NginxModule = bin, bin, mod
 	stacks, _, err = proxyStacks(o)
-	if err != nil || len(stacks) != 6 || stacks[0].name != "haproxy roundrobin" || stacks[1].opts.Spec.Proxy(stacks[1].opts.Proxy) != ProxyHAProxy ||
-		stacks[1].opts.SPOE || !stacks[2].opts.SPOE || stacks[3].name != "nginx roundrobin" {
+	if err != nil || len(stacks) != 8 || stacks[0].name != "haproxy roundrobin" || stacks[0].opts.PlainBufSize != 0 ||
+		stacks[1].opts.PlainBufSize <= 256<<10 || stacks[2].opts.Spec.Proxy(stacks[2].opts.Proxy) != ProxyHAProxy ||
+		stacks[2].opts.HAProxyPath != "" || stacks[3].opts.HAProxyPath != route.HAProxyPathLua || stacks[4].name != "nginx roundrobin" {
 		t.Fatalf("both: err %v stacks %+v", err, stacks)
 	}
 	o.ProxyPolicy = "nginx-roundrobin"

@@ -191,6 +191,8 @@ type ConfigOptions struct {
 	HAProxySocket string
 	// HAProxySPOE makes HAProxy ask turnout over SPOE at this address.
 	HAProxySPOE string
+	// HAProxyPath is haproxy.path ("" = turnout's default).
+	HAProxyPath string
 	// NginxListen, NginxDir and NginxMode fill the nginx section that
 	// `turnout render nginx` reads ("" = no section).
 	NginxListen    string
@@ -232,6 +234,9 @@ func TurnoutConfig(o ConfigOptions) []byte {
 		}
 		if o.HAProxySPOE != "" {
 			fmt.Fprintf(&b, "  spoe: %s\n", o.HAProxySPOE)
+		}
+		if o.HAProxyPath != "" {
+			fmt.Fprintf(&b, "  path: %s\n", o.HAProxyPath)
 		}
 	}
 	if o.NginxListen != "" {

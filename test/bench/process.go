@@ -202,13 +202,15 @@ type PlainHAProxyOptions struct {
 	Listen  string
 	Balance string // roundrobin or leastconn
 	Servers []Endpoint
-	// BufSize matches the turnout setup's buffers so only routing differs.
+	// BufSize sets tune.bufsize (0: HAProxy's default, the honest baseline;
+	// >0: the equal-buffer row).
 	BufSize int
 }
 
-// PlainHAProxyConfig renders the "HAProxy alone" baseline: the same
-// defaults as turnout's rendered config (http-no-delay for SSE, timeouts)
-// but no Lua, no body buffering and HAProxy's own balance algorithm.
+// PlainHAProxyConfig renders the "HAProxy alone" baseline as an operator
+// runs it without turnout: HAProxy's default buffers and keep-alive, the
+// streaming setting SSE needs (http-no-delay) and the rendered timeouts, no
+// body buffering, HAProxy's own balance algorithm.
 func PlainHAProxyConfig(o PlainHAProxyOptions) []byte {
 	var b strings.Builder
 	b.WriteString("# HAProxy alone (turnout bench baseline).\nglobal\n")
