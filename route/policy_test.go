@@ -327,10 +327,11 @@ func TestPrefixAffinitySession(t *testing.T) {
 	}
 }
 
-// With scrapes running (tie-break windows started), a conversation's short
-// turns stay on its replica while the load is even, although that replica
-// has had more recent decisions than the others; a request without a session
-// spreads instead.
+// With scrapes running (tie-break windows started), a conversation's first
+// short turns stay on its replica while the load is even, although that
+// replica has had more recent decisions than the others (up to
+// sessionRecentSlack more); beyond, the session spreads like a request
+// without one, which never picks the endpoint with the most recent decisions.
 func TestPrefixAffinitySessionStaysAtEvenLoad(t *testing.T) {
 	cfg := DefaultPrefixAffinityConfig()
 	p := testPool(t, 4, func(p *Pool) Policy { return NewPrefixAffinity(cfg, p, NewRand(5)) })
@@ -346,11 +347,15 @@ func TestPrefixAffinitySessionStaysAtEvenLoad(t *testing.T) {
 		return p.Policy.Pick(r, p, make([]*Endpoint, 0, 1))[0]
 	}
 	home := pick(true)
-	for i := 0; i < 5; i++ {
+	for turn := 2; turn <= sessionRecentSlack+1; turn++ {
 		home.st.decisions.Add(1) // what opening a decision does (then closed: load stays 0)
 		if got := pick(true); got != home {
-			t.Fatalf("turn %d moved from %s to %s at even load", i+2, home.Name, got.Name)
+			t.Fatalf("turn %d moved from %s to %s at even load", turn, home.Name, got.Name)
 		}
+	}
+	home.st.decisions.Add(1)
+	if got := pick(true); got == home {
+		t.Fatalf("turn %d stayed on %s with %d more recent decisions than the others", sessionRecentSlack+2, home.Name, home.recent())
 	}
 	if got := pick(false); got == home {
 		t.Fatalf("a request without a session went to %s, the endpoint with the most recent decisions", got.Name)
