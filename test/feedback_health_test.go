@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/nginx"
 	"github.com/turnout/turnout/test/mockvllm"
 )
 
@@ -187,6 +188,11 @@ func TestHAProxyFeedbackToken(t *testing.T) {
 func TestNginxFeedbackToken(t *testing.T) {
 	s := startNginxStack(t, "open", ndep{name: "llama", policy: policyLeast, mode: "body", mocks: mocks(t, "ntok", 2, nil)})
 	s.T.Rewrite(t, strings.Replace(s.yaml(), "feedback: {syslog: "+s.syslog+"}", "feedback: {syslog: "+s.syslog+", token: "+e2eToken+"}", 1))
+	// Until turnout applies the token, a forged line is still accepted.
+	Eventually(t, 20*time.Second, "nginx.conf with the token", func() bool {
+		b, _ := os.ReadFile(filepath.Join(s.dir, nginx.ConfigFile))
+		return strings.Contains(string(b), "tok="+e2eToken)
+	})
 	checkTokenFlow(t, s.T.URL, s.syslog, func() int {
 		r, err := Post(context.Background(), s.client, s.N.URL+"/v1/chat/completions", chatBody("llama", "s", "u", false), nil)
 		if err != nil {
