@@ -63,6 +63,10 @@ type Config struct {
 	Proxy     ProxyConfig    `yaml:"proxy"`
 	HAProxy   HAProxyConfig  `yaml:"haproxy"`
 	Nginx     NginxConfig    `yaml:"nginx"`
+	// EngineMetrics scrapes each endpoint's own /metrics for its load (issue 11).
+	EngineMetrics EngineMetricsConfig `yaml:"engine_metrics"`
+	// Cluster shares prefix decisions with other turnout instances (issue 11).
+	Cluster ClusterConfig `yaml:"cluster"`
 	// Limits bound what clients of turnout's HTTP listener can hold.
 	Limits LimitsConfig `yaml:"limits"`
 
@@ -524,6 +528,7 @@ func (c *Config) ApplyDefaults() {
 	if c.Nginx.Mode == "" {
 		c.Nginx.Mode = NginxModeBody
 	}
+	c.applyLoadDefaults()
 	for i := range c.Deployments {
 		d := &c.Deployments[i]
 		if d.Policy.Name == "" {
@@ -635,6 +640,7 @@ func (c *Config) Validate() error {
 	if c.Nginx.Mode != NginxModeHeader && c.Nginx.Mode != NginxModeBody {
 		bad("nginx.mode", "%q must be header or body", c.Nginx.Mode)
 	}
+	c.validateLoad(bad)
 	if len(c.Deployments) == 0 {
 		bad("deployments", "at least one deployment is required")
 	}

@@ -18,6 +18,12 @@ type endpointState struct {
 	down      atomic.Bool
 	fails     atomic.Int32
 	decisions atomic.Uint64
+	// engine is the last engine-reported load (nil: none, use inflight).
+	engine atomic.Pointer[EngineLoad]
+	// window is 1 + decisions + peer at the last scrape attempt (0: none).
+	window atomic.Uint64
+	// peer counts other instances' decisions for this endpoint (cluster sync).
+	peer atomic.Uint64
 	// checked: a health check has judged it; seenUp: one has passed.
 	checked, seenUp atomic.Bool
 	// Completion feedback and stall detection (feedback_metrics.go, stall.go).
@@ -49,6 +55,63 @@ type Endpoint struct {
 // Inflight is the number of decisions sent to this endpoint not yet completed.
 func (e *Endpoint) Inflight() int64 { return e.st.inflight.Load() }
 
+// Load is the figure every policy balances on: the engine's own count of
+// running + waiting requests at the last scrape, moved by this instance's
+// in-flight change since that scrape (decisions opened minus completed: a
+// burst between scrapes is seen at once, and a finished request stops
+// counting), or the in-flight count when no engine figure is known
+// (scraping off or failing). Counting the change rather than the level
+// keeps a lost completion from inflating the figure beyond one scrape.
+// Allocation-free: two atomic loads.
+func (e *Endpoint) Load() int64 {
+	if el := e.st.engine.Load(); el != nil {
+		return max(0, el.Requests+e.st.inflight.Load()-el.Mark)
+	}
+	return e.st.inflight.Load()
+}
+
+// EngineLoad is one scrape of a replica's own metrics.
+type EngineLoad struct {
+	// Requests is running + waiting as the engine reported them.
+	Requests int64
+	// KVUsage is the engine's KV-cache usage in [0, 1] (-1: not reported).
+	KVUsage float64
+	// Mark is DecisionMark() taken just before the scrape was sent.
+	Mark int64
+}
+
+// StartWindow starts a new recent-decisions window; the scraper calls it at
+// every scrape attempt, failed or not, so windows are alike across endpoints.
+func (e *Endpoint) StartWindow() { e.st.window.Store(e.st.decisions.Load() + e.st.peer.Load() + 1) }
+
+// NotePeerDecision counts a decision another turnout instance made for this
+// endpoint (cluster sync), so placements here even out the requests of
+// every instance, not only this one's.
+func (e *Endpoint) NotePeerDecision() { e.st.peer.Add(1) }
+
+// recent is the number of decisions made for this endpoint, here and by
+// peers, since the last scrape attempt (0 when nothing scrapes): among equally loaded endpoints,
+// the one that received fewer requests lately gets a new prompt, so
+// placements even out request counts even when requests finish too fast to
+// show as load.
+func (e *Endpoint) recent() uint64 {
+	w := e.st.window.Load() // decisions + 1 at the window start, 0: never
+	if w == 0 {
+		return 0
+	}
+	return e.st.decisions.Load() + e.st.peer.Load() + 1 - w
+}
+
+// DecisionMark is this endpoint's in-flight count, to pair with a scrape:
+// Load adds the change since.
+func (e *Endpoint) DecisionMark() int64 { return e.st.inflight.Load() }
+
+// SetEngineLoad publishes a scrape; nil goes back to in-flight counts.
+func (e *Endpoint) SetEngineLoad(l *EngineLoad) { e.st.engine.Store(l) }
+
+// Engine returns the last published scrape, or nil.
+func (e *Endpoint) Engine() *EngineLoad { return e.st.engine.Load() }
+
 // Available reports whether the endpoint may receive requests.
 // A degraded (stalled) or draining (terminating pod) endpoint is not available either.
 func (e *Endpoint) Available() bool {
@@ -71,8 +134,10 @@ type Pool struct {
 	Policy     Policy
 	// blockBytes > 0 when the policy wants prompt block hashes.
 	blockBytes int
-	nameHdr    []byte
-	m          *poolMetrics
+	// records: the policy learns from other instances' decisions.
+	records bool
+	nameHdr []byte
+	m       *poolMetrics
 	// MinReady is how many available endpoints /readyz needs in this pool.
 	MinReady int
 }
@@ -207,6 +272,7 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 					minBlock = p.blockBytes
 				}
 			}
+			_, p.records = policy.(PrefixRecorder)
 			if st, ok := policy.(Stater); ok {
 				if old := prevPools[p.Name]; old != nil {
 					st.Carry(old.Policy)

@@ -61,6 +61,8 @@ type Server struct {
 	cancel context.CancelFunc
 	// onApply hooks run after every accepted snapshot (e.g. KV subscribers).
 	onApply []func(*Snapshot)
+	// sink receives prefix decisions for other instances (cluster sync).
+	sink atomic.Pointer[sinkBox]
 	// kvHub owns bound KV-event sockets, shared by every pool using them.
 	kvHub *kv.Hub
 	// healthRound is set once a full round of health checks has finished.
@@ -334,6 +336,7 @@ func (s *Server) pick(snap *Snapshot, p *Pool, sc *scratch, dst []*Endpoint) []*
 	}
 	p.m.outcomes[r.Outcome].Add(1)
 	p.m.matchedBlocks.Add(uint64(r.Matched))
+	s.sharePrefix(p, picks[0], r.Blocks)
 	return picks
 }
 

@@ -16,7 +16,13 @@ func TestSessionHeaderMatrix(t *testing.T) {
 
 func testSessionHeaderMatrix(t *testing.T, pol string) {
 	s := mustServer(t, fmt.Sprintf(fourEndpoints, pol))
-	home := hdr(do(s, chatBody("llama", "", "hi"), "X-Session-ID", "abc"), HdrServer)
+	first := do(s, chatBody("llama", "", "hi"), "X-Session-ID", "abc")
+	home := hdr(first, HdrServer)
+	// Completed, so every replica is idle again: prefix-affinity's session
+	// only breaks load ties.
+	if id, _ := parseID([]byte(hdr(first, HdrDecision))); !s.Complete(id) {
+		t.Fatal("decision id not completable")
+	}
 	for _, tc := range []struct {
 		name    string
 		hdrs    []string

@@ -193,8 +193,8 @@ func contains(dst []*Endpoint, e *Endpoint) bool {
 }
 
 // fillLeastLoaded appends the least-loaded available endpoints not yet in
-// dst until dst is full; ties go to the earliest after a random rotation so
-// equal loads spread.
+// dst until dst is full; ties go to the fewest decisions since the last
+// scrape, then to the earliest after a random rotation so equal loads spread.
 func fillLeastLoaded(dst []*Endpoint, p *Pool, rnd *Rand) []*Endpoint {
 	n := len(p.Endpoints)
 	if n == 0 {
@@ -207,13 +207,18 @@ func fillLeastLoaded(dst []*Endpoint, p *Pool, rnd *Rand) []*Endpoint {
 	for len(dst) < cap(dst) {
 		var best *Endpoint
 		var bestLoad int64
+		var bestRecent uint64
 		for i := 0; i < n; i++ {
 			e := p.Endpoints[(i+off)%n]
 			if !e.Available() || contains(dst, e) {
 				continue
 			}
-			if l := e.Inflight(); best == nil || l < bestLoad {
-				best, bestLoad = e, l
+			l := e.Load()
+			if best != nil && l > bestLoad {
+				continue
+			}
+			if r := e.recent(); best == nil || l < bestLoad || r < bestRecent {
+				best, bestLoad, bestRecent = e, l, r
 			}
 		}
 		if best == nil {
@@ -224,12 +229,12 @@ func fillLeastLoaded(dst []*Endpoint, p *Pool, rnd *Rand) []*Endpoint {
 	return dst
 }
 
-// minInflight is the lowest in-flight count among available endpoints; ok is
-// false when none is available.
-func minInflight(p *Pool) (minLoad int64, ok bool) {
+// lowestLoad is the lowest Load among available endpoints; ok is false when
+// none is available.
+func lowestLoad(p *Pool) (minLoad int64, ok bool) {
 	for _, e := range p.Endpoints {
 		if e.Available() {
-			if l := e.Inflight(); !ok || l < minLoad {
+			if l := e.Load(); !ok || l < minLoad {
 				minLoad, ok = l, true
 			}
 		}

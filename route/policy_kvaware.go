@@ -261,7 +261,7 @@ func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 	for i, e := range p.Endpoints {
 		stale[i] = k.sh.idx.Stale(e.Name)
 	}
-	minLoad, ok := minInflight(p)
+	minLoad, ok := lowestLoad(p)
 	if !ok {
 		r.Outcome = OutcomeNoEndpoint
 		return dst
@@ -281,7 +281,7 @@ func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 			if !e.Available() || contains(dst, e) {
 				continue
 			}
-			l := e.Inflight()
+			l := e.Load()
 			if tooLoaded(l, minLoad, k.cfg.BalanceAbs, k.cfg.BalanceRel) {
 				continue
 			}
@@ -290,7 +290,7 @@ func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 				m /= 2 // a sequence gap: trust half of what we think it holds
 			}
 			c := k.cfg.PrefillWeight*float64(len(keys)-m) + k.cfg.LoadWeight*float64(l)
-			if best == nil || c < bestCost || (c == bestCost && l < best.Inflight()) {
+			if best == nil || c < bestCost || (c == bestCost && l < best.Load()) {
 				best, bestCost = e, c
 			}
 		}

@@ -86,7 +86,7 @@ func pickP2C(dst []*Endpoint, p *Pool, rnd *Rand) []*Endpoint {
 		// step may not be coprime with n: fall back to a scan.
 		return fillLeastLoaded(dst, p, rnd)
 	}
-	la, lb := a.Inflight(), b.Inflight()
+	la, lb := a.Load(), b.Load()
 	if lb < la || (la == lb && rnd.Uint64()&1 == 1) {
 		a = b
 	}

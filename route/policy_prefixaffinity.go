@@ -8,17 +8,22 @@ const PrefixAffinityType = "prefix-affinity"
 // PrefixAffinityConfig are the params of prefix-affinity.
 //
 // Algorithm (per request, over available endpoints):
-//  1. Load is in-flight decisions. A candidate e is "too loaded" when
+//  1. Load is Endpoint.Load: the engine-reported running + waiting requests
+//     plus this instance's decisions since the scrape (in-flight decisions
+//     when no engine figure is known). A candidate e is "too loaded" when
 //     load(e)-min > BalanceAbs && load(e) > BalanceRel*min (SGLang's
 //     imbalance test, applied per candidate rather than pool-wide).
 //  2. Among candidates that are not too loaded, take the longest cached
-//     prefix (ties: lower load). If matched/total >= MatchThreshold, route there.
-//  3. Otherwise, a request with a session id goes to the session's replica
-//     (rendezvous hash over the candidates that are not too loaded), so a
-//     conversation's first turns stick before its prefix is long enough to
-//     match; without a session, to the least-loaded endpoint (random
-//     tie-break). Unlike SGLang's "smallest tree", a miss never lands on an
-//     overloaded replica.
+//     prefix (ties: lower load, then the session's replica). If
+//     matched/total >= MatchThreshold, route there.
+//  3. Otherwise the least-loaded endpoint. A session id only chooses among
+//     the endpoints tied at the lowest load (rendezvous hash; at most
+//     sessionRecentSlack recent decisions ahead of the least used), so a
+//     conversation's first turns land together while their prefix is too
+//     short to match, and a request with a session id never waits where the
+//     same request without one would not (issue 11: spilling sessions onto
+//     replicas up to BalanceAbs above the minimum cost p90 TTFT). Unlike
+//     SGLang's "smallest tree", a miss never lands on an overloaded replica.
 //  4. Record the prompt's blocks in the chosen endpoint's index.
 type PrefixAffinityConfig struct {
 	BlockBytes     int     `yaml:"block_bytes"`
@@ -28,7 +33,8 @@ type PrefixAffinityConfig struct {
 	BalanceRel     float64 `yaml:"balance_rel"`
 	// MinBlocks: prompts shorter than this many blocks are load balanced.
 	MinBlocks int `yaml:"min_blocks"`
-	// SessionAffinity: on a miss, keep a session on its hashed replica.
+	// SessionAffinity: a session id breaks load ties (its hashed replica
+	// among the least loaded), never overrides load.
 	SessionAffinity bool `yaml:"session_affinity"`
 }
 
@@ -120,7 +126,7 @@ func (pa *PrefixAffinity) CachedBlocks(i int) int { return pa.lrus[i].Len() }
 // Pick implements Policy.
 func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 	start := len(dst)
-	minLoad, ok := minInflight(p)
+	minLoad, ok := lowestLoad(p)
 	if !ok {
 		r.Outcome = OutcomeNoEndpoint
 		return dst
@@ -139,12 +145,13 @@ func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint
 		if m == 0 {
 			continue
 		}
-		l := e.Inflight()
+		l := e.Load()
 		if pa.tooLoaded(l, minLoad) {
 			overloadedHit = overloadedHit || m*2 >= len(r.Blocks)
 			continue
 		}
-		if m > bestMatch || (m == bestMatch && l < bestLoad) {
+		if m > bestMatch || (m == bestMatch && l < bestLoad) ||
+			(m == bestMatch && l == bestLoad && pa.sessionPrefers(r, e, best)) {
 			best, bestMatch, bestLoad = e, m, l
 		}
 	}
@@ -163,23 +170,33 @@ func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint
 	return dst
 }
 
-// miss places a request without a usable prefix match: on its session's
-// replica when it has a session, else on the least loaded.
+// miss places a request without a usable prefix match on the least loaded
+// endpoint; a session id picks among the endpoints tied at that load.
 func (pa *PrefixAffinity) miss(r *Request, p *Pool, dst []*Endpoint, minLoad int64, overloadedHit bool) []*Endpoint {
 	r.Outcome = OutcomeBalanced
 	if overloadedHit {
 		r.Outcome = OutcomeOverflow
 	}
-	if pa.cfg.SessionAffinity && r.HasSession {
-		var best *Endpoint
-		var bestScore uint64
+	if pa.cfg.SessionAffinity && r.HasSession && len(dst) < cap(dst) {
+		// Among the endpoints tied at the lowest load (dst holds none yet on
+		// a miss) whose recent decisions are within sessionRecentSlack of
+		// the fewest: a conversation's first turns stay together while the
+		// load is even, and a busy session still spreads.
+		minRecent, found := uint64(0), false
 		for _, e := range p.Endpoints {
-			if !e.Available() || contains(dst, e) || pa.tooLoaded(e.Inflight(), minLoad) {
+			if e.Available() && e.Load() == minLoad {
+				if rc := e.recent(); !found || rc < minRecent {
+					minRecent, found = rc, true
+				}
+			}
+		}
+		var best *Endpoint
+		for _, e := range p.Endpoints {
+			if !e.Available() || contains(dst, e) || e.Load() != minLoad || e.recent() > minRecent+sessionRecentSlack {
 				continue
 			}
-			// Rendezvous hashing: the key is hashed once, mixed per endpoint.
-			if s := mix64(r.SessionHash ^ e.Seed); best == nil || s > bestScore {
-				best, bestScore = e, s
+			if best == nil || pa.sessionPrefers(r, e, best) {
+				best = e
 			}
 		}
 		if best != nil {
@@ -190,6 +207,25 @@ func (pa *PrefixAffinity) miss(r *Request, p *Pool, dst []*Endpoint, minLoad int
 		}
 	}
 	return fillLeastLoaded(dst, p, pa.rnd)
+}
+
+// sessionRecentSlack is how many more recent decisions (since the last
+// scrape window started) a session's replica may have than the least used
+// of the endpoints tied at the lowest load and still get the session's next
+// miss: a conversation's first few turns land together. Swept on the
+// Mooncake sim (BENCHMARKS.md, sessions): 0 moved sessions on every turn
+// and cost p50 TTFT at load; 2 and 3 left requests max/mean or p90 above
+// the no-session runs at 2x rate; no bound unbalanced requests (1.14) at
+// the trace's rate; 4 stays inside the no-session spread at both rates.
+const sessionRecentSlack = 4
+
+// sessionPrefers reports whether the request's session ranks e above cur
+// (rendezvous hashing: the key is hashed once, mixed per endpoint).
+func (pa *PrefixAffinity) sessionPrefers(r *Request, e, cur *Endpoint) bool {
+	if !pa.cfg.SessionAffinity || !r.HasSession || cur == nil {
+		return false
+	}
+	return mix64(r.SessionHash^e.Seed) > mix64(r.SessionHash^cur.Seed)
 }
 
 func (pa *PrefixAffinity) tooLoaded(load, minLoad int64) bool {

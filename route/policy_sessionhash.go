@@ -97,7 +97,7 @@ func (s *SessionHash) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 	avail := 0
 	for _, e := range p.Endpoints {
 		if e.Available() {
-			total += e.Inflight()
+			total += e.Load()
 			avail++
 		}
 	}
@@ -126,7 +126,7 @@ func (s *SessionHash) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 		if !e.Available() || contains(dst, e) || e == skipped {
 			continue
 		}
-		if e.Inflight()+1 > bound {
+		if e.Load()+1 > bound {
 			if first {
 				skipped = e // the session's own replica is overloaded
 			}

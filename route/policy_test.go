@@ -3,6 +3,7 @@ package route
 import (
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"gopkg.in/yaml.v3"
@@ -314,13 +315,92 @@ func TestPrefixAffinitySession(t *testing.T) {
 	if len(homes) != 4 {
 		t.Fatalf("40 sessions used %d replicas", len(homes))
 	}
-	// An overloaded session home is avoided.
+	// A session home above the lowest load is avoided, even by one request
+	// (the session only breaks ties): a request with a session id never
+	// waits where the same request without one would not.
 	key := []byte("sess-0")
 	r := &Request{Session: key, HasSession: true, SessionHash: hashKey(key)}
 	home := p.Policy.Pick(r, p, make([]*Endpoint, 0, 1))[0]
-	home.AddInflight(40)
+	home.AddInflight(1)
 	if got := p.Policy.Pick(r, p, make([]*Endpoint, 0, 1))[0]; got == home {
-		t.Fatal("session kept on an overloaded replica")
+		t.Fatal("session kept on a replica above the lowest load")
+	}
+}
+
+// With scrapes running (tie-break windows started), a conversation's first
+// short turns stay on its replica while the load is even, although that
+// replica has had more recent decisions than the others (up to
+// sessionRecentSlack more); beyond, the session spreads like a request
+// without one, which never picks the endpoint with the most recent decisions.
+func TestPrefixAffinitySessionStaysAtEvenLoad(t *testing.T) {
+	cfg := DefaultPrefixAffinityConfig()
+	p := testPool(t, 4, func(p *Pool) Policy { return NewPrefixAffinity(cfg, p, NewRand(5)) })
+	for _, e := range p.Endpoints {
+		e.StartWindow()
+	}
+	key := []byte("user-7")
+	pick := func(session bool) *Endpoint {
+		r := &Request{Blocks: blocksOf("hi", 0)}
+		if session {
+			r.Session, r.HasSession, r.SessionHash = key, true, hashKey(key)
+		}
+		return p.Policy.Pick(r, p, make([]*Endpoint, 0, 1))[0]
+	}
+	home := pick(true)
+	for turn := 2; turn <= sessionRecentSlack+1; turn++ {
+		home.st.decisions.Add(1) // what opening a decision does (then closed: load stays 0)
+		if got := pick(true); got != home {
+			t.Fatalf("turn %d moved from %s to %s at even load", turn, home.Name, got.Name)
+		}
+	}
+	home.st.decisions.Add(1)
+	if got := pick(true); got == home {
+		t.Fatalf("turn %d stayed on %s with %d more recent decisions than the others", sessionRecentSlack+2, home.Name, home.recent())
+	}
+	if got := pick(false); got == home {
+		t.Fatalf("a request without a session went to %s, the endpoint with the most recent decisions", got.Name)
+	}
+}
+
+// The session breaks ties among the least loaded only, whatever the load
+// source: engine-reported loads count like in-flight decisions.
+func TestPrefixAffinitySessionTiesOnly(t *testing.T) {
+	cfg := DefaultPrefixAffinityConfig()
+	p := testPool(t, 4, func(p *Pool) Policy { return NewPrefixAffinity(cfg, p, NewRand(3)) })
+	for _, tc := range []struct {
+		name   string
+		loads  [4]int64
+		engine bool
+		allow  []string // acceptable picks
+	}{
+		{"one minimum", [4]int64{3, 2, 0, 5}, false, []string{"e2"}},
+		{"two tied", [4]int64{1, 0, 0, 1}, false, []string{"e1", "e2"}},
+		{"engine load", [4]int64{0, 7, 7, 7}, true, []string{"e0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i, e := range p.Endpoints {
+				e.AddInflight(-e.Inflight())
+				e.SetEngineLoad(nil)
+				if tc.engine {
+					// Engine says otherwise than in-flight: the engine wins.
+					e.AddInflight(7 - tc.loads[i])
+					e.SetEngineLoad(&EngineLoad{Requests: tc.loads[i], Mark: e.DecisionMark()})
+				} else {
+					e.AddInflight(tc.loads[i])
+				}
+			}
+			for s := 0; s < 50; s++ {
+				key := []byte(fmt.Sprintf("s%d", s))
+				r := &Request{Session: key, HasSession: true, SessionHash: hashKey(key), Blocks: blocksOf("q", 0)}
+				got := p.Policy.Pick(r, p, make([]*Endpoint, 0, 1))[0].Name
+				if !slices.Contains(tc.allow, got) {
+					t.Fatalf("session %s went to %s, want one of %v", key, got, tc.allow)
+				}
+			}
+		})
+	}
+	for _, e := range p.Endpoints {
+		e.SetEngineLoad(nil)
 	}
 }
 

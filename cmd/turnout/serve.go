@@ -15,6 +15,8 @@ import (
 	"github.com/turnout/turnout/haproxy"
 	"github.com/turnout/turnout/internal/procmetrics"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/cluster"
+	"github.com/turnout/turnout/route/engineload"
 )
 
 // syncer pushes accepted configs to a proxy (HAProxy runtime API).
@@ -232,6 +234,21 @@ func runServe(args []string, log *zerolog.Logger) error {
 	go srv.RunHealth(ctx)
 	// Warn about model aliases a replica would answer 404 for (route/modelcheck.go).
 	go srv.CheckServedModels(ctx, 30*time.Second)
+	// Engine-reported load (issue 11): scrapes every endpoint's /metrics.
+	scraper := engineload.New(srv, log)
+	srv.AddMetrics(scraper.WriteMetrics)
+	go scraper.Run(ctx)
+	// Shared prefix view (issue 11): cluster settings are read at start.
+	if cfg.Cluster.Enabled() {
+		cs, err := cluster.New(srv, cfg.Cluster, log)
+		if err != nil {
+			return err
+		}
+		srv.AddMetrics(cs.WriteMetrics)
+		go cs.Run(ctx)
+		defer func() { stop(); cs.Wait() }() // flushes the last batch
+		log.Info().Str("cluster", cfg.Cluster.String()).Msg("cluster prefix sharing on")
+	}
 
 	ch, err := lns.prepare(cfg)
 	if err != nil {

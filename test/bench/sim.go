@@ -159,6 +159,28 @@ func NewRouter(spec PolicySpec, names []string, o SimOptions) (Router, error) {
 	return t, nil
 }
 
+// Windower is implemented by routers that model turnout's engine scrapes:
+// the sim calls StartWindow every ScrapeInterval of virtual time, as the
+// scraper does (in-flight counts are exact in the sim, so they stand for the
+// engine's running + waiting; only the tie-break window needs modelling).
+type Windower interface{ StartWindow() }
+
+// ScrapeInterval is turnout's default engine_metrics.interval.
+const ScrapeInterval = 250 * time.Millisecond
+
+// StartWindow implements Windower; windows span 8 scrapes as in engineload.
+func (t *turnoutRouter) StartWindow() {
+	t.scrapes++
+	if t.scrapes%8 != 1 {
+		return
+	}
+	for _, p := range t.srv.Snapshot().Pools() {
+		for _, e := range p.Endpoints {
+			e.StartWindow()
+		}
+	}
+}
+
 // turnoutRouter calls the real /internal/route handler in-process, so the sim
 // runs exactly the policy code the service runs.
 type turnoutRouter struct {
@@ -168,6 +190,7 @@ type turnoutRouter struct {
 	ctx     fasthttp.RequestCtx
 	kvIndex *kv.Index    // kv-aware only
 	closeFn func() error // stops helpers (kv-aware's tokenizer)
+	scrapes int
 }
 
 // Detail summarizes the policy's decision outcomes from its metrics.
@@ -392,10 +415,12 @@ type sim struct {
 	seq     uint64
 	now     time.Duration
 	pending []*simReq // over the client's concurrency bound, FIFO
-	sent    int       // in flight from the client's view
-	body    []byte
-	tokens  []int32
-	res     RunResult
+	// nextScrape is when the modelled engine scrape starts a new window.
+	nextScrape time.Duration
+	sent       int // in flight from the client's view
+	body       []byte
+	tokens     []int32
+	res        RunResult
 }
 
 func (s *sim) push(e event) {
@@ -419,6 +444,10 @@ func (s *sim) send(r *simReq) error {
 	if s.router.NeedsBody() {
 		s.body = AppendChatBody(s.body[:0], r.req, BodyOptions{Model: s.o.Model, Stream: true})
 		body = s.body
+	}
+	if w, ok := s.router.(Windower); ok && (s.nextScrape == 0 || s.now >= s.nextScrape) {
+		w.StartWindow()
+		s.nextScrape = s.now + ScrapeInterval
 	}
 	t0 := time.Now()
 	i, tok, err := s.router.Route(r.req, body)

@@ -1,0 +1,430 @@
+// Package cluster shares prefix-routing decisions between turnout instances
+// that front the same deployments, over NATS: each instance publishes what
+// it routed (pool, endpoint, the prompt's block hashes) in small batches on
+// one subject per deployment pool, and applies its peers' batches to its own
+// approximate prefix index. The decision path only hands a decision to a
+// bounded queue (dropped and counted when full); publishing, NATS outages
+// and reconnection never add latency to a decision.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/route"
+)
+
+// item is one decision waiting for the publisher. Items are preallocated
+// and recycled through free, so the hot path never allocates in steady
+// state (an item's block buffer grows once to the longest prompt seen).
+type item struct {
+	pool   *route.Pool
+	ep     *route.Endpoint
+	blocks []uint64
+}
+
+// Receive results; keep recvNames in sync.
+const (
+	recvApplied         = iota // a record applied to the local index
+	recvMalformed              // a message that failed to decode (dropped whole)
+	recvOversized              // a message over MaxMessageBytes (dropped unread)
+	recvUnknownPool            // a pool this instance does not serve
+	recvUnknownEndpoint        // a record for an endpoint not in the local pool
+	recvOwn                    // our own message (NoEcho should make this 0)
+	recvBlockSize              // a peer's pool uses another block size (config differs)
+	numRecv
+)
+
+var recvNames = [numRecv]string{"applied", "malformed", "oversized", "unknown_pool", "unknown_endpoint", "own", "block_size_mismatch"}
+
+// blockBytes is the pool's prefix block size (0 when its policy has none).
+func blockBytes(p *route.Pool) int {
+	if pu, ok := p.Policy.(route.PromptUser); ok {
+		return pu.BlockBytes()
+	}
+	return 0
+}
+
+// Sync is one instance's membership in the cluster.
+type Sync struct {
+	cfg   route.ClusterConfig
+	name  string
+	srv   *route.Server
+	log   *zerolog.Logger
+	nc    *nats.Conn
+	free  chan *item
+	queue chan *item
+
+	subMu sync.Mutex
+	subs  map[string]*nats.Subscription // by pool name
+
+	connected      atomic.Bool
+	disconnects    atomic.Uint64
+	reconnects     atomic.Uint64
+	downSince      atomic.Int64 // unix nanos; 0 when connected
+	downTotalNs    atomic.Uint64
+	queued         atomic.Uint64 // decisions handed to the publisher
+	dropFull       atomic.Uint64 // decisions dropped: queue full
+	dropDown       atomic.Uint64 // decisions dropped: NATS unreachable
+	dropErr        atomic.Uint64 // decisions dropped: other publish errors
+	publishedDec   atomic.Uint64
+	publishedMsgs  atomic.Uint64
+	publishedBytes atomic.Uint64
+	receivedMsgs   atomic.Uint64
+	receivedBytes  atomic.Uint64
+	recv           [numRecv]atomic.Uint64
+	done           chan struct{}
+}
+
+// New connects to NATS (in the background: an unreachable server is
+// retried forever) and installs the decision sink on srv. Run publishes.
+func New(srv *route.Server, cfg route.ClusterConfig, log *zerolog.Logger) (*Sync, error) {
+	if log == nil {
+		l := zerolog.Nop()
+		log = &l
+	}
+	name := cfg.Name
+	if name == "" {
+		name, _ = os.Hostname()
+		if name == "" {
+			name = "turnout"
+		}
+	}
+	if len(name) > 255 {
+		name = name[:255]
+	}
+	s := &Sync{
+		cfg: cfg, name: name, srv: srv, log: log,
+		free:  make(chan *item, cfg.Queue),
+		queue: make(chan *item, cfg.Queue),
+		subs:  map[string]*nats.Subscription{},
+		done:  make(chan struct{}),
+	}
+	for i := 0; i < cfg.Queue; i++ {
+		// 64 blocks cover most prompts; longer ones grow the item once.
+		s.free <- &item{blocks: make([]uint64, 0, 64)}
+	}
+	s.downSince.Store(time.Now().UnixNano())
+	nc, err := nats.Connect(cfg.NATS,
+		nats.Name("turnout "+name),
+		nats.NoEcho(), // our own decisions are already in our index
+		nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond),
+		nats.ReconnectJitter(100*time.Millisecond, 100*time.Millisecond),
+		nats.Timeout(time.Second),
+		nats.PingInterval(2*time.Second),
+		nats.MaxPingsOutstanding(2),
+		// No reconnect buffer: a decision published while NATS is down is
+		// dropped and counted; peers learn the prefix from the next one.
+		nats.ReconnectBufSize(-1),
+		nats.ConnectHandler(func(*nats.Conn) { s.up("connected") }),
+		nats.ReconnectHandler(func(*nats.Conn) { s.reconnects.Add(1); s.up("reconnected") }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { s.down(err) }),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subj := ""
+			if sub != nil {
+				subj = sub.Subject
+			}
+			s.log.Warn().Err(err).Str("subject", subj).Msg("cluster: NATS error")
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: connect %s: %w", cfg.NATS, err)
+	}
+	s.nc = nc
+	if nc.IsConnected() {
+		s.up("connected")
+	} else {
+		s.log.Warn().Str("nats", cfg.NATS).Msg("cluster: NATS unreachable; routing on the local view, retrying")
+	}
+	srv.OnApply(s.resubscribe)
+	srv.SetPrefixSink(s)
+	return s, nil
+}
+
+func (s *Sync) up(how string) {
+	if s.connected.Swap(true) {
+		return
+	}
+	if t := s.downSince.Swap(0); t != 0 {
+		s.downTotalNs.Add(uint64(time.Now().UnixNano() - t))
+	}
+	s.log.Info().Str("nats", s.nc.ConnectedUrlRedacted()).Str("name", s.name).Msg("cluster: " + how + "; sharing prefix decisions")
+}
+
+func (s *Sync) down(err error) {
+	if !s.connected.Swap(false) {
+		return
+	}
+	s.disconnects.Add(1)
+	s.downSince.Store(time.Now().UnixNano())
+	s.log.Warn().Err(err).Msg("cluster: NATS connection lost; routing on the local view, reconnecting")
+}
+
+// Subject is the NATS subject of a pool's decisions.
+func (s *Sync) Subject(pool string) string { return s.cfg.Subject + "." + pool }
+
+// resubscribe follows config reloads: one subscription per pool whose
+// policy learns from peers.
+func (s *Sync) resubscribe(snap *route.Snapshot) {
+	s.subMu.Lock()
+	defer s.subMu.Unlock()
+	want := map[string]bool{}
+	for _, p := range snap.Pools() {
+		if _, ok := p.Policy.(route.PrefixRecorder); !ok {
+			continue
+		}
+		want[p.Name] = true
+		if s.subs[p.Name] != nil {
+			continue
+		}
+		var buf []uint64 // per subscription: nats.go runs one goroutine each
+		sub, err := s.nc.Subscribe(s.Subject(p.Name), func(m *nats.Msg) { buf = s.apply(m.Data, buf) })
+		if err != nil {
+			s.log.Error().Err(err).Str("pool", p.Name).Msg("cluster: subscribe failed")
+			continue
+		}
+		// Never hold a slow consumer's backlog without bound.
+		_ = sub.SetPendingLimits(4096, 64<<20)
+		s.subs[p.Name] = sub
+	}
+	for n, sub := range s.subs {
+		if !want[n] {
+			_ = sub.Unsubscribe()
+			delete(s.subs, n)
+		}
+	}
+}
+
+// RoutedPrefix implements route.PrefixSink: the hot path. It never blocks
+// and does not allocate once items have grown to the prompts' size.
+func (s *Sync) RoutedPrefix(p *route.Pool, e *route.Endpoint, blocks []uint64) {
+	var it *item
+	select {
+	case it = <-s.free:
+	default:
+		s.dropFull.Add(1)
+		return
+	}
+	if len(blocks) > maxBlocks {
+		// Peers refuse longer records; the leading blocks carry the
+		// shared prefix, the tail is unique to this prompt anyway.
+		blocks = blocks[:maxBlocks]
+	}
+	it.pool, it.ep = p, e
+	it.blocks = append(it.blocks[:0], blocks...)
+	s.queued.Add(1)
+	s.queue <- it // never blocks: queue and free share cfg.Queue items
+}
+
+// batch accumulates one pool's decisions.
+type batch struct {
+	buf   []byte
+	count int
+	subj  string
+}
+
+// Run publishes batches until ctx ends, then closes the connection.
+//
+// The publisher polls the queue every BatchDelay instead of blocking on it:
+// a goroutine parked on a channel must be woken by each send, which would
+// cost the decision path a scheduler round trip per decision. Polling keeps
+// the hot path to one channel receive and one send that never wake anyone;
+// a batch goes out when it reaches BatchSize during a drain, the rest at the
+// end of each tick (so a decision waits at most about BatchDelay).
+func (s *Sync) Run(ctx context.Context) {
+	defer close(s.done)
+	defer s.nc.Close()
+	defer s.srv.SetPrefixSink(nil)
+	batches := map[*route.Pool]*batch{}
+	flush := func(p *route.Pool, b *batch) {
+		if b.count == 0 {
+			return
+		}
+		err := s.nc.Publish(b.subj, b.buf)
+		switch {
+		case err == nil:
+			s.publishedDec.Add(uint64(b.count))
+			s.publishedMsgs.Add(1)
+			s.publishedBytes.Add(uint64(len(b.buf)))
+		case errors.Is(err, nats.ErrReconnectBufExceeded) || errors.Is(err, nats.ErrConnectionClosed) || !s.nc.IsConnected():
+			s.dropDown.Add(uint64(b.count))
+		default:
+			s.dropErr.Add(uint64(b.count))
+		}
+		b.count = 0
+		b.buf = appendHeader(b.buf[:0], s.name, p.Name, blockBytes(p))
+	}
+	add := func(it *item) {
+		p := it.pool
+		b := batches[p]
+		if b == nil {
+			if len(batches) > 256 {
+				// Pools from old snapshots: start over.
+				for op, ob := range batches {
+					flush(op, ob)
+				}
+				clear(batches)
+			}
+			b = &batch{subj: s.Subject(p.Name), buf: appendHeader(nil, s.name, p.Name, blockBytes(p))}
+			batches[p] = b
+		}
+		if len(b.buf)+len(it.ep.Name)+10+8*len(it.blocks) > MaxMessageBytes {
+			flush(p, b)
+		}
+		b.buf = appendRecord(b.buf, it.ep.Name, it.blocks)
+		b.count++
+		it.pool, it.ep = nil, nil
+		s.free <- it
+		if b.count >= s.cfg.BatchSize {
+			flush(p, b)
+		}
+	}
+	drain := func() {
+		for {
+			select {
+			case it := <-s.queue:
+				add(it)
+			default:
+				for p, b := range batches {
+					flush(p, b)
+				}
+				return
+			}
+		}
+	}
+	tick := time.NewTicker(max(s.cfg.BatchDelay.D(), 100*time.Microsecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			drain()
+			return
+		case <-tick.C:
+			drain()
+		}
+	}
+}
+
+// apply decodes one peer message and records its decisions in the local
+// index; buf is reused across messages.
+func (s *Sync) apply(data []byte, buf []uint64) []uint64 {
+	s.receivedMsgs.Add(1)
+	s.receivedBytes.Add(uint64(len(data)))
+	if len(data) > MaxMessageBytes {
+		s.dropped(recvOversized, "", fmt.Errorf("%d bytes, limit %d", len(data), MaxMessageBytes))
+		return buf
+	}
+	h, _, err := validate(data)
+	if err != nil {
+		s.dropped(recvMalformed, "", err)
+		return buf
+	}
+	if string(h.origin) == s.name {
+		s.recv[recvOwn].Add(1)
+		return buf
+	}
+	p := s.srv.Snapshot().PoolByName(string(h.pool))
+	rec, ok := route.PrefixRecorder(nil), false
+	if p != nil {
+		rec, ok = p.Policy.(route.PrefixRecorder)
+	}
+	if !ok {
+		s.recv[recvUnknownPool].Add(1)
+		return buf
+	}
+	if bb := blockBytes(p); h.blockBytes != bb {
+		s.dropped(recvBlockSize, string(h.origin), fmt.Errorf("peer block_bytes %d, ours %d", h.blockBytes, bb))
+		return buf
+	}
+	rest := h.rest
+	for len(rest) > 0 {
+		var ep []byte
+		ep, buf, rest, err = nextRecord(rest, buf)
+		if err != nil { // validated above; defensive
+			s.recv[recvMalformed].Add(1)
+			return buf
+		}
+		e := p.EndpointByName(ep)
+		if e == nil {
+			s.recv[recvUnknownEndpoint].Add(1)
+			continue
+		}
+		rec.RecordPrefix(e.Index, buf)
+		e.NotePeerDecision()
+		s.recv[recvApplied].Add(1)
+	}
+	return buf
+}
+
+// dropped counts a refused message; the first of each kind is logged at
+// warn level (a peer with another config or a stray publisher), the rest at
+// debug so a flood cannot flood the log.
+func (s *Sync) dropped(kind int, origin string, err error) {
+	ev := s.log.Debug()
+	if s.recv[kind].Add(1) == 1 {
+		ev = s.log.Warn()
+	}
+	ev.Err(err).Str("reason", recvNames[kind]).Str("origin", origin).Msg("cluster: peer message dropped (counted in turnout_cluster_received_total)")
+}
+
+// Wait blocks until Run has returned.
+func (s *Sync) Wait() { <-s.done }
+
+// Connected reports whether NATS is reachable now.
+func (s *Sync) Connected() bool { return s.connected.Load() }
+
+// WriteMetrics renders the cluster counters (register with route.Server.AddMetrics).
+func (s *Sync) WriteMetrics(b *strings.Builder) {
+	help := func(name, typ, text string) {
+		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
+	}
+	c := 0
+	if s.connected.Load() {
+		c = 1
+	}
+	help("turnout_cluster_connected", "gauge", "1 while the NATS connection for prefix sharing is up.")
+	fmt.Fprintf(b, "turnout_cluster_connected{name=%q} %d\n", s.name, c)
+	help("turnout_cluster_disconnects_total", "counter", "NATS connections lost.")
+	fmt.Fprintf(b, "turnout_cluster_disconnects_total %d\n", s.disconnects.Load())
+	help("turnout_cluster_reconnects_total", "counter", "NATS reconnections.")
+	fmt.Fprintf(b, "turnout_cluster_reconnects_total %d\n", s.reconnects.Load())
+	down := s.downTotalNs.Load()
+	if t := s.downSince.Load(); t != 0 {
+		down += uint64(time.Now().UnixNano() - t)
+	}
+	help("turnout_cluster_disconnected_seconds_total", "counter", "Time without NATS (the gap in shared prefix decisions).")
+	fmt.Fprintf(b, "turnout_cluster_disconnected_seconds_total %g\n", float64(down)/1e9)
+	help("turnout_cluster_decisions_total", "counter", "Local prefix decisions by what became of them.")
+	for _, r := range []struct {
+		n string
+		v uint64
+	}{
+		{"published", s.publishedDec.Load()},
+		{"dropped_queue_full", s.dropFull.Load()},
+		{"dropped_disconnected", s.dropDown.Load()},
+		{"dropped_error", s.dropErr.Load()},
+	} {
+		fmt.Fprintf(b, "turnout_cluster_decisions_total{result=%q} %d\n", r.n, r.v)
+	}
+	help("turnout_cluster_messages_total", "counter", "NATS messages of prefix decisions.")
+	fmt.Fprintf(b, "turnout_cluster_messages_total{direction=\"out\"} %d\n", s.publishedMsgs.Load())
+	fmt.Fprintf(b, "turnout_cluster_messages_total{direction=\"in\"} %d\n", s.receivedMsgs.Load())
+	help("turnout_cluster_bytes_total", "counter", "Payload bytes of prefix decision messages.")
+	fmt.Fprintf(b, "turnout_cluster_bytes_total{direction=\"out\"} %d\n", s.publishedBytes.Load())
+	fmt.Fprintf(b, "turnout_cluster_bytes_total{direction=\"in\"} %d\n", s.receivedBytes.Load())
+	help("turnout_cluster_received_total", "counter", "Peer decisions (applied, unknown_*) and messages (malformed, oversized) received.")
+	for i := 0; i < numRecv; i++ {
+		fmt.Fprintf(b, "turnout_cluster_received_total{result=%q} %d\n", recvNames[i], s.recv[i].Load())
+	}
+}

@@ -1,0 +1,118 @@
+package route
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// EngineMetricsConfig configures scraping each endpoint's own Prometheus page
+// (vLLM /metrics: num_requests_running + num_requests_waiting, KV usage) so
+// every turnout instance balances on what the engines report, not only on
+// its own share of the traffic. On by default; a failing scrape falls back
+// to in-flight counts for that endpoint.
+type EngineMetricsConfig struct {
+	Disable  bool     `yaml:"disable"`
+	Path     string   `yaml:"path"`
+	Interval Duration `yaml:"interval"`
+	// Timeout bounds one scrape (connect, headers and body).
+	Timeout Duration `yaml:"timeout"`
+	// MaxBytes caps a page's body; a larger page is refused unread.
+	MaxBytes int `yaml:"max_bytes"`
+}
+
+// ClusterConfig configures the prefix-decision exchange between turnout
+// instances over NATS. Off unless NATS is set.
+type ClusterConfig struct {
+	// NATS is the server URL list (comma-separated), e.g. nats://127.0.0.1:4222.
+	NATS string `yaml:"nats"`
+	// Name identifies this instance to its peers (default: the hostname).
+	Name string `yaml:"name"`
+	// Subject prefixes the per-pool subjects: <subject>.<pool>.
+	Subject string `yaml:"subject"`
+	// BatchDelay and BatchSize bound how long and how many decisions wait
+	// before one message is published.
+	BatchDelay Duration `yaml:"batch_delay"`
+	BatchSize  int      `yaml:"batch_size"`
+	// Queue bounds decisions waiting for the publisher; beyond it they are
+	// dropped (counted), never waited for.
+	Queue int `yaml:"queue"`
+}
+
+// Enabled reports whether cluster sync is configured.
+func (c *ClusterConfig) Enabled() bool { return c.NATS != "" }
+
+func (c *Config) applyLoadDefaults() {
+	m := &c.EngineMetrics
+	if m.Path == "" {
+		m.Path = "/metrics"
+	}
+	if m.Interval == 0 {
+		m.Interval = Duration(250 * time.Millisecond)
+	}
+	if m.Timeout == 0 {
+		m.Timeout = Duration(min(200*time.Millisecond, m.Interval.D()))
+	}
+	if m.MaxBytes == 0 {
+		m.MaxBytes = 4 << 20 // vLLM pages with histograms are ~100 KiB
+	}
+	cl := &c.Cluster
+	if cl.Subject == "" {
+		cl.Subject = "turnout.prefix"
+	}
+	if cl.BatchDelay == 0 {
+		cl.BatchDelay = Duration(5 * time.Millisecond)
+	}
+	if cl.BatchSize == 0 {
+		cl.BatchSize = 64
+	}
+	if cl.Queue == 0 {
+		cl.Queue = 4096
+	}
+}
+
+func (c *Config) validateLoad(bad func(field, format string, a ...any)) {
+	m := &c.EngineMetrics
+	if !strings.HasPrefix(m.Path, "/") || strings.ContainsAny(m.Path, " \t\r\n\"'") {
+		bad("engine_metrics.path", "%q is not an absolute path", m.Path)
+	}
+	if m.Interval.D() < 10*time.Millisecond || m.Interval.D() > time.Minute {
+		bad("engine_metrics.interval", "%s out of range [10ms, 1m]", m.Interval.D())
+	}
+	if m.Timeout.D() <= 0 || m.Timeout.D() > m.Interval.D()*4 {
+		bad("engine_metrics.timeout", "%s must be positive and at most 4 x interval", m.Timeout.D())
+	}
+	if m.MaxBytes < 1024 || m.MaxBytes > 64<<20 {
+		bad("engine_metrics.max_bytes", "%d out of range [1024, 64MiB]", m.MaxBytes)
+	}
+	cl := &c.Cluster
+	if cl.NATS != "" {
+		for _, u := range strings.Split(cl.NATS, ",") {
+			pu, err := url.Parse(strings.TrimSpace(u))
+			if err != nil || (pu.Scheme != "nats" && pu.Scheme != "tls") || pu.Host == "" {
+				bad("cluster.nats", "%q is not a nats:// URL", u)
+			}
+		}
+	}
+	if len(cl.Name) > 64 || strings.ContainsAny(cl.Name, " \t\r\n") {
+		bad("cluster.name", "%q must be at most 64 characters without spaces", cl.Name)
+	}
+	if cl.Subject == "" || strings.ContainsAny(cl.Subject, " \t\r\n*>") || strings.HasPrefix(cl.Subject, ".") || strings.HasSuffix(cl.Subject, ".") {
+		bad("cluster.subject", "%q is not a NATS subject prefix", cl.Subject)
+	}
+	if cl.BatchDelay.D() < 0 || cl.BatchDelay.D() > time.Second {
+		bad("cluster.batch_delay", "%s out of range [0, 1s]", cl.BatchDelay.D())
+	}
+	if cl.BatchSize < 1 || cl.BatchSize > 4096 {
+		bad("cluster.batch_size", "%d out of range [1, 4096]", cl.BatchSize)
+	}
+	if cl.Queue < 16 || cl.Queue > 1<<20 {
+		bad("cluster.queue", "%d out of range [16, 1M]", cl.Queue)
+	}
+}
+
+// String describes the cluster settings for logs.
+func (c *ClusterConfig) String() string {
+	return fmt.Sprintf("nats=%s name=%s subject=%s batch=%s/%d", c.NATS, c.Name, c.Subject, c.BatchDelay.D(), c.BatchSize)
+}

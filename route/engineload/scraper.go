@@ -1,0 +1,450 @@
+// Package engineload scrapes each endpoint's own Prometheus page (vLLM
+// /metrics) on a short interval and publishes the engine-reported load on
+// the endpoint (route.Endpoint.SetEngineLoad), so that every turnout
+// instance in front of the same replicas balances on the same figure, one
+// that also counts requests other instances or other clients sent.
+package engineload
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/turnout/turnout/route"
+)
+
+// vLLM metric names. kv_cache_usage_perc replaced gpu_cache_usage_perc in
+// vLLM 0.10; both are read, the newer wins.
+const (
+	MetricRunning = "vllm:num_requests_running"
+	MetricWaiting = "vllm:num_requests_waiting"
+	MetricKV      = "vllm:kv_cache_usage_perc"
+	MetricKVOld   = "vllm:gpu_cache_usage_perc"
+)
+
+// Result classifies one scrape; keep resultNames in sync.
+type Result int32
+
+// Scrape results.
+const (
+	ResultOK        Result = iota
+	ResultConnect          // dial or transport error
+	ResultTimeout          // no complete answer within the timeout
+	ResultTooLarge         // body over max_bytes
+	ResultStatus           // non-200 (a missing page is a 404)
+	ResultParse            // not Prometheus text
+	ResultNoMetrics        // valid page without vLLM's load gauges
+	numResults
+	resultNone Result = -1 // before the first scrape
+)
+
+var resultNames = [numResults]string{"ok", "connect_error", "timeout", "too_large", "http_status", "parse_error", "no_metrics"}
+
+func (r Result) String() string {
+	if r < 0 || r >= numResults {
+		return "none"
+	}
+	return resultNames[r]
+}
+
+// Scraper scrapes every endpoint of the server's live snapshot.
+type Scraper struct {
+	srv *route.Server
+	log *zerolog.Logger
+	// client is rebuilt when the timeout or body cap changes (fasthttp
+	// reads them when it builds host clients); clientMu guards the swap.
+	clientMu  sync.Mutex
+	client    *fasthttp.Client
+	clientFor [2]int64 // timeout ns, max bytes
+	mu        sync.Mutex
+	eps       map[string]*target // by endpoint name (names are global)
+	// now is replaceable in tests.
+	now func() time.Time
+}
+
+// target is one endpoint's scrape state; the counters survive reloads as
+// long as the endpoint name does.
+type target struct {
+	name    string
+	busy    atomic.Bool
+	last    atomic.Int32 // Result of the last scrape
+	results [numResults]atomic.Uint64
+	durNs   atomic.Uint64
+	bytes   atomic.Uint64
+	// attempts counts scrapes started (tie-break windows).
+	attempts atomic.Uint64
+}
+
+// windowScrapes is the length of a recent-decisions window in scrapes.
+const windowScrapes = 8
+
+// New returns a scraper for srv; Run starts it.
+func New(srv *route.Server, log *zerolog.Logger) *Scraper {
+	if log == nil {
+		l := zerolog.Nop()
+		log = &l
+	}
+	return &Scraper{
+		srv: srv,
+		log: log,
+		eps: map[string]*target{},
+		now: time.Now,
+	}
+}
+
+// Run scrapes until ctx ends, following config reloads.
+func (s *Scraper) Run(ctx context.Context) {
+	cfg := s.srv.Snapshot().Config.EngineMetrics
+	t := time.NewTicker(cfg.Interval.D())
+	defer t.Stop()
+	for {
+		s.Round(ctx)
+		select {
+		case <-ctx.Done():
+			s.clearAll()
+			return
+		case <-t.C:
+		}
+		if c := s.srv.Snapshot().Config.EngineMetrics; c.Interval != cfg.Interval {
+			cfg = c
+			t.Reset(cfg.Interval.D())
+		}
+	}
+}
+
+// Round starts one scrape of every endpoint not still busy with the last
+// one, in parallel, and returns at once (tests call it directly).
+func (s *Scraper) Round(ctx context.Context) {
+	snap := s.srv.Snapshot()
+	cfg := snap.Config.EngineMetrics
+	byName := map[string][]*route.Endpoint{}
+	for _, p := range snap.Pools() {
+		for _, e := range p.Endpoints {
+			byName[e.Name] = append(byName[e.Name], e)
+		}
+	}
+	s.mu.Lock()
+	for n := range s.eps {
+		if byName[n] == nil {
+			delete(s.eps, n)
+		}
+	}
+	var todo []*target
+	for n := range byName {
+		t := s.eps[n]
+		if t == nil {
+			t = &target{name: n}
+			t.last.Store(int32(resultNone))
+			s.eps[n] = t
+		}
+		todo = append(todo, t)
+	}
+	s.mu.Unlock()
+	if cfg.Disable {
+		for _, eps := range byName {
+			for _, e := range eps {
+				e.SetEngineLoad(nil)
+			}
+		}
+		return
+	}
+	for _, t := range todo {
+		if !t.busy.CompareAndSwap(false, true) {
+			continue // a stalled scrape is still within its timeout
+		}
+		eps := byName[t.name]
+		go func() {
+			defer t.busy.Store(false)
+			s.scrapeOne(ctx, t, eps, &cfg)
+		}()
+	}
+}
+
+func (s *Scraper) clearAll() {
+	for _, p := range s.srv.Snapshot().Pools() {
+		for _, e := range p.Endpoints {
+			e.SetEngineLoad(nil)
+		}
+	}
+}
+
+// scrapeOne scrapes one endpoint and publishes the result on every pool
+// entry with that name.
+func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*route.Endpoint, cfg *route.EngineMetricsConfig) {
+	if ctx.Err() != nil {
+		return
+	}
+	// In-flight changes from here on may not be in the engine's figure yet.
+	marks := make([]int64, len(eps))
+	// Tie-break windows span windowScrapes attempts (2 s at the default
+	// 250 ms): long enough to even out request counts, short enough that
+	// an old burst is forgotten.
+	newWindow := t.attempts.Add(1)%windowScrapes == 1
+	for i, e := range eps {
+		marks[i] = e.DecisionMark()
+		if newWindow {
+			e.StartWindow()
+		}
+	}
+	start := s.now()
+	load, n, res, err := s.fetch(eps[0].Address, cfg)
+	t.durNs.Add(uint64(s.now().Sub(start)))
+	t.bytes.Add(uint64(n))
+	t.results[res].Add(1)
+	for i, e := range eps {
+		if res == ResultOK {
+			l := load
+			l.Mark = marks[i]
+			e.SetEngineLoad(&l)
+		} else {
+			e.SetEngineLoad(nil)
+		}
+	}
+	if prev := Result(t.last.Swap(int32(res))); prev != res {
+		// Logged once per state change, not once per scrape.
+		switch {
+		case res == ResultOK:
+			s.log.Info().Str("endpoint", t.name).Str("address", eps[0].Address).Str("was", prev.String()).
+				Msg("engine metrics: scraping; policies use the engine-reported load")
+		default:
+			s.log.Warn().Str("endpoint", t.name).Str("address", eps[0].Address).Str("result", res.String()).Err(err).
+				Msg("engine metrics: scrape failing; policies fall back to in-flight counts for this endpoint")
+		}
+	}
+}
+
+// fetch GETs and parses one page; n is the number of body bytes read.
+func (s *Scraper) fetch(addr string, cfg *route.EngineMetricsConfig) (route.EngineLoad, int, Result, error) {
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + cfg.Path)
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	// The body cap is enforced while reading: a 10 MB page is refused
+	// after max_bytes, never buffered whole.
+	err := s.httpClient(cfg.Timeout.D(), cfg.MaxBytes).DoTimeout(req, resp, cfg.Timeout.D())
+	var zero route.EngineLoad
+	switch {
+	case err == nil:
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		return zero, cfg.MaxBytes, ResultTooLarge, err
+	case errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) || isTimeout(err):
+		return zero, 0, ResultTimeout, err
+	default:
+		return zero, 0, ResultConnect, err
+	}
+	body := resp.Body()
+	if sc := resp.StatusCode(); sc != fasthttp.StatusOK {
+		return zero, len(body), ResultStatus, fmt.Errorf("GET %s: status %d", cfg.Path, sc)
+	}
+	load, res, err := Parse(body)
+	return load, len(body), res, err
+}
+
+// httpClient returns the client for the live timeout and body cap.
+func (s *Scraper) httpClient(timeout time.Duration, maxBytes int) *fasthttp.Client {
+	s.clientMu.Lock()
+	defer s.clientMu.Unlock()
+	key := [2]int64{int64(timeout), int64(maxBytes)}
+	if s.client == nil || s.clientFor != key {
+		if s.client != nil {
+			s.client.CloseIdleConnections()
+		}
+		s.client = &fasthttp.Client{
+			Name:                          "turnout-scraper",
+			MaxConnsPerHost:               2,
+			MaxIdleConnDuration:           10 * time.Second,
+			DisableHeaderNamesNormalizing: true,
+			MaxResponseBodySize:           maxBytes,
+			ReadTimeout:                   timeout,
+			WriteTimeout:                  timeout,
+		}
+		s.clientFor = key
+	}
+	return s.client
+}
+
+func isTimeout(err error) bool {
+	var te interface{ Timeout() bool }
+	return errors.As(err, &te) && te.Timeout()
+}
+
+// Parse reads running + waiting and the KV usage from a Prometheus text
+// page with the Prometheus project's own parser. Series are summed over
+// labels (vLLM exports one series per engine with data parallelism); the
+// KV usage is the highest of them.
+//
+// Only the lines of those four families are handed to the parser: a vLLM
+// page is mostly histograms (~40-100 KiB), and parsing all of it costs
+// ~1.7 ms and 12k allocations, against ~20 us for the lines kept
+// (BENCHMARKS.md). A page without any of them is parsed whole, to tell
+// garbage (parse_error) from another exporter (no_metrics).
+func Parse(body []byte) (route.EngineLoad, Result, error) {
+	if kept := keepLoadLines(body); len(kept) > 0 {
+		return parse(kept)
+	}
+	return parse(body)
+}
+
+// loadFamilies are the metric names Parse reads.
+var loadFamilies = [...][]byte{[]byte(MetricRunning), []byte(MetricWaiting), []byte(MetricKV), []byte(MetricKVOld)}
+
+// keepLoadLines returns the sample, HELP and TYPE lines of loadFamilies.
+func keepLoadLines(body []byte) []byte {
+	var out []byte
+	for len(body) > 0 {
+		line := body
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			line, body = body[:i+1], body[i+1:]
+		} else {
+			body = nil
+		}
+		name := line
+		if bytes.HasPrefix(name, []byte("# HELP ")) || bytes.HasPrefix(name, []byte("# TYPE ")) {
+			name = name[7:]
+		}
+		for _, f := range loadFamilies {
+			if len(name) > len(f) && bytes.HasPrefix(name, f) && (name[len(f)] == '{' || name[len(f)] == ' ' || name[len(f)] == '\t') {
+				out = append(out, line...)
+				if line[len(line)-1] != '\n' {
+					out = append(out, '\n')
+				}
+				break
+			}
+		}
+	}
+	return out
+}
+
+func parse(body []byte) (route.EngineLoad, Result, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		return route.EngineLoad{}, ResultParse, fmt.Errorf("parse metrics: %w", err)
+	}
+	running, okR := sum(fams[MetricRunning])
+	waiting, okW := sum(fams[MetricWaiting])
+	if !okR && !okW {
+		return route.EngineLoad{}, ResultNoMetrics, fmt.Errorf("no %s or %s on the page", MetricRunning, MetricWaiting)
+	}
+	kv, ok := maxOf(fams[MetricKV])
+	if !ok {
+		if kv, ok = maxOf(fams[MetricKVOld]); !ok {
+			kv = -1
+		}
+	}
+	return route.EngineLoad{Requests: int64(running + waiting + 0.5), KVUsage: kv}, ResultOK, nil
+}
+
+func value(m *dto.Metric) (float64, bool) {
+	switch {
+	case m.GetGauge() != nil:
+		return m.GetGauge().GetValue(), true
+	case m.GetUntyped() != nil:
+		return m.GetUntyped().GetValue(), true
+	case m.GetCounter() != nil:
+		return m.GetCounter().GetValue(), true
+	}
+	return 0, false
+}
+
+func sum(f *dto.MetricFamily) (float64, bool) {
+	if f == nil {
+		return 0, false
+	}
+	var t float64
+	ok := false
+	for _, m := range f.GetMetric() {
+		if v, vok := value(m); vok && v >= 0 && v < 1e9 {
+			t += v
+			ok = true
+		}
+	}
+	return t, ok
+}
+
+func maxOf(f *dto.MetricFamily) (float64, bool) {
+	if f == nil {
+		return 0, false
+	}
+	best, ok := 0.0, false
+	for _, m := range f.GetMetric() {
+		if v, vok := value(m); vok && (!ok || v > best) {
+			best, ok = v, true
+		}
+	}
+	return best, ok
+}
+
+// WriteMetrics renders the scraper's counters and each endpoint's load
+// figures (register with route.Server.AddMetrics).
+func (s *Scraper) WriteMetrics(b *strings.Builder) {
+	snap := s.srv.Snapshot()
+	s.mu.Lock()
+	targets := make(map[string]*target, len(s.eps))
+	for n, t := range s.eps {
+		targets[n] = t
+	}
+	s.mu.Unlock()
+	help := func(name, typ, text string) {
+		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
+	}
+	help("turnout_engine_scrapes_total", "counter", "Scrapes of endpoints' own /metrics (engine load), by result.")
+	for _, p := range snap.Pools() {
+		for _, e := range p.Endpoints {
+			if t := targets[e.Name]; t != nil {
+				for r := Result(0); r < numResults; r++ {
+					fmt.Fprintf(b, "turnout_engine_scrapes_total{endpoint=%q,result=%q} %d\n", e.Name, r.String(), t.results[r].Load())
+				}
+			}
+		}
+	}
+	help("turnout_engine_scrape_seconds_total", "counter", "Time spent scraping endpoints' /metrics.")
+	help("turnout_engine_scrape_bytes_total", "counter", "Body bytes read from endpoints' /metrics.")
+	for _, p := range snap.Pools() {
+		for _, e := range p.Endpoints {
+			if t := targets[e.Name]; t != nil {
+				fmt.Fprintf(b, "turnout_engine_scrape_seconds_total{endpoint=%q} %g\n", e.Name, float64(t.durNs.Load())/1e9)
+				fmt.Fprintf(b, "turnout_engine_scrape_bytes_total{endpoint=%q} %d\n", e.Name, t.bytes.Load())
+			}
+		}
+	}
+	help("turnout_endpoint_engine_requests", "gauge", "Running + waiting requests the engine reported at the last scrape (absent: no figure, in-flight counts are used).")
+	help("turnout_endpoint_engine_kv_usage", "gauge", "KV-cache usage the engine reported at the last scrape, 0..1.")
+	help("turnout_endpoint_load", "gauge", "The load figure policies balance on: engine requests + decisions since the scrape, or in-flight decisions.")
+	for _, p := range snap.Pools() {
+		for _, e := range p.Endpoints {
+			if el := e.Engine(); el != nil {
+				fmt.Fprintf(b, "turnout_endpoint_engine_requests{pool=%q,endpoint=%q} %d\n", p.Name, e.Name, el.Requests)
+				if el.KVUsage >= 0 {
+					fmt.Fprintf(b, "turnout_endpoint_engine_kv_usage{pool=%q,endpoint=%q} %g\n", p.Name, e.Name, el.KVUsage)
+				}
+			}
+			fmt.Fprintf(b, "turnout_endpoint_load{pool=%q,endpoint=%q} %d\n", p.Name, e.Name, e.Load())
+		}
+	}
+}
+
+// LastResult reports the last scrape result of an endpoint ("none" before
+// the first), for tests and readiness listings.
+func (s *Scraper) LastResult(name string) string {
+	s.mu.Lock()
+	t := s.eps[name]
+	s.mu.Unlock()
+	if t == nil {
+		return resultNone.String()
+	}
+	return Result(t.last.Load()).String()
+}

@@ -1,0 +1,292 @@
+package engineload
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/turnout/turnout/route"
+)
+
+// vllmPage is the shape of a vLLM v1 page: one series per engine, labels,
+// histograms around the gauges.
+func vllmPage(running, waiting int, kv float64) string {
+	return fmt.Sprintf(`# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="llama"} %d
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="llama"} %d
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="llama"} %g
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="llama"} 0.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="llama"} 3.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="llama"} 3.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="llama"} 0.25
+`, running, waiting, kv)
+}
+
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		page string
+		want int64
+		kv   float64
+		res  Result
+	}{
+		{"vllm v1", vllmPage(3, 20, 0.25), 23, 0.25, ResultOK},
+		{"two engines summed, kv max", vllmPage(1, 1, 0.5) + "vllm:num_requests_running{engine=\"1\",model_name=\"llama\"} 4\nvllm:kv_cache_usage_perc{engine=\"1\",model_name=\"llama\"} 0.75\n", 6, 0.75, ResultOK},
+		{"old kv name", "vllm:num_requests_running 2\nvllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.1\n", 2, 0.1, ResultOK},
+		{"no kv", "vllm:num_requests_waiting 7\n", 7, -1, ResultOK},
+		{"other exporter", "# TYPE up gauge\nup 1\n", 0, 0, ResultNoMetrics},
+		{"garbage", "\x00\x01{{{ not prometheus at all\n", 0, 0, ResultParse},
+		{"realistic page, filtered", string(realisticPage()), 10, 0.42, ResultOK},
+		{"longer names ignored", "vllm:num_requests_running_total 99\nvllm:num_requests_waiting 1\n", 1, -1, ResultOK},
+		{"bad line among kept ones", "vllm:num_requests_running{a=\"1\"} 2\nvllm:num_requests_waiting{ 3\n", 0, 0, ResultParse},
+		{"bad value", "vllm:num_requests_running abc\n", 0, 0, ResultParse},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, res, err := Parse([]byte(tc.page))
+			if res != tc.res {
+				t.Fatalf("result %v (%v), want %v", res, err, tc.res)
+			}
+			if res == ResultOK && (l.Requests != tc.want || l.KVUsage != tc.kv) {
+				t.Fatalf("load %+v, want requests %d kv %v", l, tc.want, tc.kv)
+			}
+			if res != ResultOK && err == nil {
+				t.Fatal("failure without an error")
+			}
+		})
+	}
+}
+
+// page is a switchable /metrics handler.
+type page struct {
+	mu   sync.Mutex
+	mode string
+	body string
+}
+
+func (p *page) set(mode, body string) {
+	p.mu.Lock()
+	p.mode, p.body = mode, body
+	p.mu.Unlock()
+}
+
+func (p *page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.mu.Lock()
+	mode, body := p.mode, p.body
+	p.mu.Unlock()
+	switch mode {
+	case "missing":
+		http.NotFound(w, r)
+	case "huge":
+		// 10 MB of plausible lines, streamed.
+		line := []byte("vllm:num_requests_running{model_name=\"llama\"} 1\n")
+		for n := 0; n < 10<<20; n += len(line) {
+			if _, err := w.Write(line); err != nil {
+				return
+			}
+		}
+	case "stall":
+		select {
+		case <-r.Context().Done():
+		case <-time.After(3 * time.Second):
+		}
+	default:
+		_, _ = w.Write([]byte(body))
+	}
+}
+
+func startPage(t *testing.T, p *page) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: p}
+	go func() { _ = hs.Serve(ln) }()
+	t.Cleanup(func() { _ = hs.Close() })
+	return ln.Addr().String()
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) count(sub string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Count(s.b.String(), sub)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func routeOnce(t *testing.T, srv *route.Server) (string, time.Duration) {
+	t.Helper()
+	var ctx fasthttp.RequestCtx
+	ctx.Request.SetRequestURI(route.PathRoute)
+	ctx.Request.Header.SetMethod("POST")
+	ctx.Request.SetBodyString(`{"model":"llama","messages":[{"role":"user","content":"hi"}]}`)
+	start := time.Now()
+	srv.Handler(&ctx)
+	took := time.Since(start)
+	if ctx.Response.StatusCode() != 200 {
+		t.Fatalf("route status %d", ctx.Response.StatusCode())
+	}
+	var id uint64
+	fmt.Sscanf(string(ctx.Response.Header.Peek(route.HdrDecision)), "%x", &id)
+	if !srv.Complete(id) {
+		t.Fatal("decision not completable")
+	}
+	return string(ctx.Response.Header.Peek(route.HdrServer)), took
+}
+
+// Every kind of bad page is counted by kind, logged once per state change,
+// falls back to in-flight counts, and never holds a decision; a good page
+// afterwards restores the engine figure.
+func TestScraperBadPages(t *testing.T) {
+	p := &page{}
+	addr := startPage(t, p)
+	cfg, err := route.ParseConfig([]byte(fmt.Sprintf(`
+health: {disable: true}
+engine_metrics: {interval: 300ms, timeout: 1s, max_bytes: 1048576}
+deployments:
+  - name: llama
+    policy: {name: least-request, params: {choices: 0}}
+    pools: [{role: mixed, endpoints: [{name: m0, address: %s}]}]
+`, addr)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := route.NewServer(cfg, route.Options{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	var logs syncBuf
+	log := zerolog.New(&logs)
+	sc := New(srv, &log)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go sc.Run(ctx)
+	ep := srv.Snapshot().Deployments[0].Serve.Endpoints[0]
+
+	p.set("ok", vllmPage(2, 20, 0.5))
+	waitFor(t, "engine figure", func() bool { return ep.Engine() != nil && ep.Engine().Requests == 22 })
+	if ep.Load() != 22 {
+		t.Fatalf("load %d, want 22", ep.Load())
+	}
+	for _, tc := range []struct {
+		mode, body string
+		res        Result
+	}{
+		{"ok", "\x00garbage{{{\n", ResultParse},
+		{"huge", "", ResultTooLarge},
+		{"stall", "", ResultTimeout},
+		{"missing", "", ResultStatus},
+		{"ok", "# TYPE up gauge\nup 1\n", ResultNoMetrics},
+	} {
+		t.Run(tc.res.String(), func(t *testing.T) {
+			p.set("ok", vllmPage(2, 20, 0.5))
+			waitFor(t, "recovery", func() bool { return sc.LastResult("m0") == "ok" && ep.Engine() != nil })
+			warns := logs.count(`"result":"` + tc.res.String() + `"`)
+			p.set(tc.mode, tc.body)
+			waitFor(t, tc.res.String(), func() bool { return sc.LastResult("m0") == tc.res.String() })
+			if ep.Engine() != nil {
+				t.Fatal("engine figure kept after a failed scrape")
+			}
+			ep.AddInflight(5)
+			if ep.Load() != 5 {
+				t.Fatalf("load %d, want the in-flight count 5", ep.Load())
+			}
+			ep.AddInflight(-5)
+			// Decisions while scrapes keep failing (stalling): never held. A
+			// decision waiting on a scrape would take the 1 s timeout.
+			for i := 0; i < 20; i++ {
+				if _, took := routeOnce(t, srv); took > 500*time.Millisecond {
+					t.Fatalf("decision took %s during %s scrapes", took, tc.res)
+				}
+			}
+			// Several failed scrapes of the same kind: one log line.
+			failed := func() uint64 {
+				sc.mu.Lock()
+				defer sc.mu.Unlock()
+				return sc.eps["m0"].results[tc.res].Load()
+			}
+			n := failed()
+			waitFor(t, "two more failures", func() bool { return failed() >= n+2 })
+			if got := logs.count(`"result":"`+tc.res.String()+`"`) - warns; got != 1 {
+				t.Fatalf("%d log lines for one state change, want 1", got)
+			}
+		})
+	}
+	var b strings.Builder
+	sc.WriteMetrics(&b)
+	for _, r := range []string{"ok", "parse_error", "too_large", "timeout", "http_status", "no_metrics"} {
+		if !strings.Contains(b.String(), fmt.Sprintf(`turnout_engine_scrapes_total{endpoint="m0",result=%q} `, r)) ||
+			strings.Contains(b.String(), fmt.Sprintf(`turnout_engine_scrapes_total{endpoint="m0",result=%q} 0`+"\n", r)) {
+			t.Fatalf("result %s not counted:\n%s", r, b.String())
+		}
+	}
+}
+
+// Disabling scraping (live) drops the engine figures.
+func TestScraperDisable(t *testing.T) {
+	p := &page{}
+	p.set("ok", vllmPage(1, 2, 0.1))
+	addr := startPage(t, p)
+	y := `
+health: {disable: true}
+engine_metrics: {interval: 20ms, disable: %v}
+deployments:
+  - name: llama
+    pools: [{role: mixed, endpoints: [{name: m0, address: %s}]}]
+`
+	cfg, _ := route.ParseConfig([]byte(fmt.Sprintf(y, false, addr)))
+	srv, err := route.NewServer(cfg, route.Options{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	sc := New(srv, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go sc.Run(ctx)
+	ep := srv.Snapshot().Deployments[0].Serve.Endpoints[0]
+	waitFor(t, "engine figure", func() bool { return ep.Engine() != nil })
+	cfg2, _ := route.ParseConfig([]byte(fmt.Sprintf(y, true, addr)))
+	if err := srv.Apply(cfg2); err != nil {
+		t.Fatal(err)
+	}
+	ep = srv.Snapshot().Deployments[0].Serve.Endpoints[0]
+	waitFor(t, "figure dropped", func() bool { return ep.Engine() == nil })
+}
