@@ -4,7 +4,7 @@ BIN     := bin/turnout
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 export CGO_ENABLED := 0
 
-.PHONY: all build test test-unit test-e2e bench bench-smoke demo run fuzz vet clean soak
+.PHONY: kube-apiserver bench-kube all build test test-unit test-e2e bench bench-smoke demo run fuzz vet clean soak
 
 all: build
 
@@ -23,6 +23,17 @@ test-unit:
 test-e2e: build
 	@test -d test || { echo "no end-to-end tests yet"; exit 0; }; \
 	TURNOUT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -tags e2e -timeout 10m ./test/...
+
+# kube-apiserver for the Kubernetes discovery tests (issue 10), built from the
+# Go module proxy once and cached under ~/.cache/turnout (.ci/run calls it).
+kube-apiserver:
+	@bash scripts/kube-apiserver.sh >/dev/null
+
+# Kubernetes discovery figures of BENCHMARKS.md: slice change -> HAProxy
+# runtime state (100 changes), sync time and RSS at 1,000 and 5,000 endpoints.
+bench-kube: build kube-apiserver
+	TURNOUT_KUBE_BENCH=1 TURNOUT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -tags e2e -timeout 10m -v \
+		-run 'TestKubeChangeLatency|TestKubeScale' ./test/ | grep -E 'RESULT|n=|^(---|ok|FAIL)'
 
 # Quick fuzzing pass over the payload parser and the handler.
 fuzz:
@@ -48,10 +59,14 @@ bench-smoke: build
 run: build
 	TURNOUT_BIN=$(abspath $(BIN)) exec bash scripts/run.sh
 
-# The demo: turnout + HAProxy (or nginx: PROXY=nginx) + 4 mock replicas.
+# The demo (K8S=1: following a local API server, scripts/demo-kube.sh): turnout + HAProxy (or nginx: PROXY=nginx) + 4 mock replicas.
 # Ports as for run, plus HAPROXY_PORT / NGINX_PORT.
 demo: build
+ifeq ($(K8S),1)
+	TURNOUT_BIN=$(abspath $(BIN)) exec bash scripts/demo-kube.sh
+else
 	PROXY=$(or $(PROXY),haproxy) TURNOUT_BIN=$(abspath $(BIN)) exec bash scripts/demo.sh
+endif
 
 clean:
 	rm -rf bin bench-out bench-route.txt

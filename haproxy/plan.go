@@ -15,6 +15,9 @@ type Server struct {
 	Port int
 	// Maint is true when the live server is in maintenance (live state only).
 	Maint bool
+	// Drain: weight 0 for HAProxy's own balancing, kept for sessions in
+	// progress (a terminating pod); desired and live.
+	Drain bool
 }
 
 // Addr is host:port as HAProxy takes it.
@@ -44,11 +47,13 @@ const (
 	CmdSetAddr
 	// CmdEnable: a desired server found in maint (e.g. a half-done add) goes back to ready.
 	CmdEnable
+	// CmdDrain: set server state drain (Server.Drain) or back to ready.
+	CmdDrain
 	// CmdRemove: disable server, wait for its sessions to end (bounded), del server.
 	CmdRemove
 )
 
-var cmdNames = [...]string{CmdAdd: "add", CmdSetAddr: "set-addr", CmdEnable: "enable", CmdRemove: "remove"}
+var cmdNames = [...]string{CmdAdd: "add", CmdSetAddr: "set-addr", CmdEnable: "enable", CmdDrain: "drain", CmdRemove: "remove"}
 
 func (k CmdKind) String() string {
 	if int(k) < len(cmdNames) {
@@ -76,6 +81,11 @@ func (c Cmd) String() string {
 		return "set server " + id + " addr " + c.Server.Host + " port " + strconv.Itoa(c.Server.Port)
 	case CmdEnable:
 		return "enable server " + id
+	case CmdDrain:
+		if c.Server.Drain {
+			return "set server " + id + " state drain"
+		}
+		return "set server " + id + " state ready"
 	case CmdRemove:
 		return "drain and del server " + id
 	}
@@ -144,6 +154,9 @@ func Diff(desired, current State) Plan {
 			}
 			if cur.Maint {
 				p.Runtime = append(p.Runtime, Cmd{Kind: CmdEnable, Backend: b, Server: s})
+			}
+			if cur.Drain != s.Drain {
+				p.Runtime = append(p.Runtime, Cmd{Kind: CmdDrain, Backend: b, Server: s})
 			}
 		}
 		for _, s := range live {

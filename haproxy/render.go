@@ -310,6 +310,8 @@ type backendData struct {
 type serverData struct {
 	Name, Addr, Host string
 	Port             int
+	// Drain: the endpoint is draining (set over the runtime API, not in the file).
+	Drain bool
 }
 
 // luaData holds ready-made Lua literals (already quoted).
@@ -344,7 +346,7 @@ func (d *tmplData) state() State {
 	for _, b := range d.Backends {
 		srvs := make([]Server, 0, len(b.Servers))
 		for _, sv := range b.Servers {
-			srvs = append(srvs, Server{Name: sv.Name, Host: sv.Host, Port: sv.Port})
+			srvs = append(srvs, Server{Name: sv.Name, Host: sv.Host, Port: sv.Port, Drain: sv.Drain})
 		}
 		s.Backends[b.Name] = srvs
 	}
@@ -450,7 +452,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 				e := &pool.Endpoints[k]
 				f := fmt.Sprintf("deployments[%d].pools[%d].endpoints[%d]", i, j, k)
 				a, host, port := addr(f+".address", e.Address)
-				b.Servers = append(b.Servers, serverData{Name: name(f+".name", e.Name), Addr: a, Host: host, Port: port})
+				b.Servers = append(b.Servers, serverData{Name: name(f+".name", e.Name), Addr: a, Host: host, Port: port, Drain: e.Draining})
 			}
 			d.Backends = append(d.Backends, b)
 		}

@@ -169,10 +169,11 @@ func (s *Syncer) Sync(ctx context.Context, cfg *route.Config) error {
 	if err != nil {
 		return err
 	}
-	if s.opts.HAProxyBin != "-" && s.opts.HAProxyBin != "" {
-		if err := s.r.Check(ctx, s.opts.HAProxyBin, cfg, res.render); err != nil {
-			return err
+	check := func() error {
+		if s.opts.HAProxyBin != "-" && s.opts.HAProxyBin != "" {
+			return s.r.Check(ctx, s.opts.HAProxyBin, cfg, res.render)
 		}
+		return nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("haproxy dir: %w", err)
@@ -180,6 +181,9 @@ func (s *Syncer) Sync(ctx context.Context, cfg *route.Config) error {
 
 	rt, err := s.opts.dial(ctx, res.render.Socket)
 	if err != nil {
+		if err := check(); err != nil {
+			return err
+		}
 		if werr := writeFiles(dir, out.Files()); werr != nil {
 			return werr
 		}
@@ -196,6 +200,16 @@ func (s *Syncer) Sync(ctx context.Context, cfg *route.Config) error {
 	}
 	live.Structure = StructureOf(onDisk)
 	plan := Diff(out.State, live)
+	// "haproxy -c" costs a process start (~1 s on a busy box), too slow for
+	// membership changes (Kubernetes scale-ups). A runtime-only plan means
+	// the structure hash is the one of the file HAProxy runs, so the new
+	// file differs from a checked one only in server lines: check only
+	// what a reload would load for the first time.
+	if plan.Reload {
+		if err := check(); err != nil {
+			return err
+		}
+	}
 
 	// The files first: a reload, ours or anyone's, must find every server.
 	if err := writeFiles(dir, out.Files()); err != nil {
@@ -249,6 +263,12 @@ func (s *Syncer) apply(ctx context.Context, rt RuntimeClient, cmds []Cmd, drain 
 				continue
 			}
 			l.Info().Msg("enabled server found in maintenance")
+		case CmdDrain:
+			if _, err := rt.ExecuteRaw(c.String()); err != nil {
+				failed(c, err)
+				continue
+			}
+			l.Info().Str(fieldCmd, c.String()).Msg("server drain state set")
 		case CmdRemove:
 			wg.Add(1)
 			go func() {
@@ -275,6 +295,11 @@ func addServer(rt RuntimeClient, c Cmd) error {
 	}
 	if err := rt.EnableServer(c.Backend, c.Server.Name); err != nil {
 		return fmt.Errorf("enable server: %w", err)
+	}
+	if c.Server.Drain {
+		if _, err := rt.ExecuteRaw("set server " + c.Backend + "/" + c.Server.Name + " state drain"); err != nil {
+			return fmt.Errorf("drain server: %w", err)
+		}
 	}
 	return nil
 }
@@ -451,9 +476,10 @@ func parseServersState(out string) (map[string][]Server, error) {
 		port, _ := strconv.Atoi(f[18])
 		res[f[1]] = append(res[f[1]], Server{
 			Name: f[3], Host: f[4], Port: port,
-			// SRV_ADMF_MAINT: forced (0x01), inherited (0x02), config (0x04),
-			// resolution (0x08) and RMAINT (0x20) are all kinds of maintenance.
-			Maint: admin&0x2f != 0,
+			// srv_admin (2.6): FMAINT 0x01, IMAINT 0x02, CMAINT 0x04 and
+			// RMAINT 0x20 are maintenance; FDRAIN 0x08 and IDRAIN 0x10 drain.
+			Maint: admin&0x27 != 0,
+			Drain: admin&0x18 != 0,
 		})
 	}
 	return res, nil

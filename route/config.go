@@ -299,6 +299,35 @@ type PoolConfig struct {
 	MinReady int `yaml:"min_ready"`
 	// StallBudget overrides health.stall.budget for this pool (0 = off).
 	StallBudget *Duration `yaml:"stall_budget"`
+	// Discovery finds the endpoints at run time instead (a pool has one or
+	// the other); see internal/discovery.
+	Discovery *DiscoveryConfig `yaml:"discovery"`
+}
+
+// DiscoveryConfig is a pool's source of endpoints other than the file.
+type DiscoveryConfig struct {
+	Kubernetes *KubernetesDiscovery `yaml:"kubernetes"`
+}
+
+// KubernetesDiscovery follows discovery.k8s.io/v1 EndpointSlices.
+type KubernetesDiscovery struct {
+	// Namespace defaults to turnout's own namespace in a cluster, else "default".
+	Namespace string `yaml:"namespace"`
+	// Service selects the Service's EndpointSlices; LabelSelector selects
+	// EndpointSlices by label (they carry their Service's labels). One of the two.
+	Service       string `yaml:"service"`
+	LabelSelector string `yaml:"label_selector"`
+	// Port is the slice port's name or number ("" = the slice's only port).
+	Port string `yaml:"port"`
+	// RoleLabel names a pod label whose value puts the pod into a pool, so one
+	// Service can feed the prefill and the decode pool (production-stack's
+	// --prefill-model-labels/--decode-model-labels); needs pods get/list/watch.
+	RoleLabel string `yaml:"role_label"`
+	// RoleValues are the RoleLabel values of this pool's pods (default: the role).
+	RoleValues []string `yaml:"role_values"`
+	// AddressType is the slice address family used: IPv4 (default) or IPv6;
+	// a dual-stack Service has one slice per family for the same pods.
+	AddressType string `yaml:"address_type"`
 }
 
 // EndpointConfig is one replica.
@@ -314,6 +343,11 @@ type EndpointConfig struct {
 	KVReplay string `yaml:"kv_replay"`
 	// Weight is reserved for weighted policies; 0 means 1.
 	Weight int `yaml:"weight"`
+	// Draining: no new decisions, in-flight ones finish; the HAProxy server
+	// is set to drain. Discovery sets it for terminating pods.
+	Draining bool `yaml:"draining"`
+	// Discovered marks endpoints a discovery source added (never from YAML).
+	Discovered bool `yaml:"-"`
 }
 
 // PoolName is the HAProxy backend / nginx upstream name for a deployment pool.
@@ -675,6 +709,9 @@ func (c *Config) Validate() error {
 			if p.MinReady < 0 || p.MinReady > 10000 {
 				bad(pf+".min_ready", "%d out of range [0, 10000] (0 = health.min_ready)", p.MinReady)
 			}
+			if p.Discovery != nil {
+				validateDiscovery(pf+".discovery", p, bad)
+			}
 			for k := range p.Endpoints {
 				e := &p.Endpoints[k]
 				ef := fmt.Sprintf("%s.endpoints[%d]", pf, k)
@@ -716,6 +753,68 @@ func (c *Config) Validate() error {
 		return ce
 	}
 	return nil
+}
+
+// ValidName reports whether s may be a server, pool or deployment name.
+func ValidName(s string) bool { return nameRe.MatchString(s) }
+
+// k8sNameRe is a DNS-1123 label (Service and namespace names).
+var k8sNameRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// validateDiscovery checks what can be checked without a cluster; the label
+// selector's syntax is checked by internal/discovery/kube (it owns the parser)
+// before the config is used.
+func validateDiscovery(f string, p *PoolConfig, bad func(field, format string, a ...any)) {
+	for _, e := range p.Endpoints {
+		if !e.Discovered {
+			bad(f, "a pool has endpoints or discovery, not both")
+			break
+		}
+	}
+	k := p.Discovery.Kubernetes
+	if k == nil {
+		bad(f, "no source: set discovery.kubernetes")
+		return
+	}
+	kf := f + ".kubernetes"
+	if (k.Service == "") == (k.LabelSelector == "") {
+		bad(kf, "set exactly one of service and label_selector")
+	}
+	if k.Service != "" && !k8sNameRe.MatchString(k.Service) {
+		bad(kf+".service", "%q is not a Service name", k.Service)
+	}
+	if k.Namespace != "" && !k8sNameRe.MatchString(k.Namespace) {
+		bad(kf+".namespace", "%q is not a namespace name", k.Namespace)
+	}
+	if k.Port != "" {
+		if n, err := strconv.Atoi(k.Port); err == nil {
+			if n < 1 || n > 65535 {
+				bad(kf+".port", "port %d out of range", n)
+			}
+		} else if !k8sNameRe.MatchString(k.Port) {
+			bad(kf+".port", "%q is neither a port number nor a port name", k.Port)
+		}
+	}
+	if k.RoleLabel == "" && len(k.RoleValues) > 0 {
+		bad(kf+".role_values", "needs role_label")
+	}
+	switch k.AddressType {
+	case "", "IPv4", "IPv6":
+	default:
+		bad(kf+".address_type", "%q must be IPv4 or IPv6", k.AddressType)
+	}
+}
+
+// HasDiscovery reports whether any pool finds its endpoints at run time.
+func (c *Config) HasDiscovery() bool {
+	for i := range c.Deployments {
+		for j := range c.Deployments[i].Pools {
+			if c.Deployments[i].Pools[j].Discovery != nil {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // RouteCallTimeout bounds one proxy -> turnout call as the rendered glue

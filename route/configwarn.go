@@ -31,7 +31,7 @@ func (c *Config) checkWarnings() []*FieldError {
 		for j := range d.Pools {
 			p := &d.Pools[j]
 			pf := fmt.Sprintf("deployments[%d].pools[%d]", i, j)
-			if len(p.Endpoints) == 0 {
+			if len(p.Endpoints) == 0 && p.Discovery == nil { // discovery fills it at run time
 				out = append(out, &FieldError{Path: pf + ".endpoints", Msg: fmt.Sprintf(
 					"pool %s has no endpoints: requests for %s get 503 until endpoints are added", PoolName(d.Name, p.Role), strings.Join(d.Models, ", "))})
 			}

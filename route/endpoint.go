@@ -43,11 +43,13 @@ type Endpoint struct {
 	KVBind    string
 	KVPattern kv.TopicPattern
 
-	Index int    // position in the pool
-	Seed  uint64 // per-endpoint hash seed, fixed by name
-	name  []byte // pre-built header values: no conversion on the hot path
-	addr  []byte
-	st    *endpointState
+	// Draining endpoints get no new decisions (terminating pods).
+	Draining bool
+	Index    int    // position in the pool
+	Seed     uint64 // per-endpoint hash seed, fixed by name
+	name     []byte // pre-built header values: no conversion on the hot path
+	addr     []byte
+	st       *endpointState
 }
 
 // Inflight is the number of decisions sent to this endpoint not yet completed.
@@ -111,8 +113,10 @@ func (e *Endpoint) SetEngineLoad(l *EngineLoad) { e.st.engine.Store(l) }
 func (e *Endpoint) Engine() *EngineLoad { return e.st.engine.Load() }
 
 // Available reports whether the endpoint may receive requests.
-// A degraded (stalled) endpoint is not available either.
-func (e *Endpoint) Available() bool { return !e.st.down.Load() && !e.st.stall.degraded.Load() }
+// A degraded (stalled) or draining (terminating pod) endpoint is not available either.
+func (e *Endpoint) Available() bool {
+	return !e.Draining && !e.st.down.Load() && !e.st.stall.degraded.Load()
+}
 
 // SetDown marks the endpoint down or up (health checks, tests).
 func (e *Endpoint) SetDown(down bool) { e.st.down.Store(down) }
@@ -232,7 +236,7 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 				liveEps[key] = true
 				ep := &Endpoint{
 					Name: ec.Name, Address: ec.Address, KVEvents: ec.KVEvents, KVTopic: ec.KVTopic, KVReplay: ec.KVReplay,
-					Index: k, Seed: xxhash.Sum64String(ec.Name),
+					Index: k, Seed: xxhash.Sum64String(ec.Name), Draining: ec.Draining,
 					name: []byte(ec.Name), addr: []byte(ec.Address), st: st,
 				}
 				if bind, tmpl := cfg.KVBinding(dc, &pc.Endpoints[k]); bind != "" {

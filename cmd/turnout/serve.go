@@ -4,7 +4,9 @@ import (
 	"context"
 	"os"
 	"os/signal"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -34,6 +36,8 @@ func runServe(args []string, log *zerolog.Logger) error {
 	haPID := fs.String("haproxy-pidfile", "", "HAProxy master pidfile, for reloads (default DIR/haproxy.pid)")
 	// nginx sync (issue 5)
 	ngx := addNginxFlags(fs, "directory of the rendered nginx files; enables nginx sync (re-render + reload)")
+	// Kubernetes discovery (issue 10)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for pools with discovery.kubernetes (default $KUBECONFIG, else in-cluster)")
 	if err := parseFlags(fs, serveCmd, args); err != nil {
 		return err
 	}
@@ -127,15 +131,26 @@ func runServe(args []string, log *zerolog.Logger) error {
 			case <-ctx.Done():
 				return
 			case req := <-syncCh:
-				var failed bool
+				// The proxies sync side by side: an nginx reload (or an
+				// HAProxy drain) does not hold the other proxy's pool
+				// change back (Kubernetes scale-ups, issue 10).
+				var (
+					failed atomic.Bool
+					wg     sync.WaitGroup
+				)
 				for _, s := range syncers {
-					if err := s.Sync(ctx, req.cfg); err != nil {
-						failed = true
-						log.Error().Err(err).Msg("proxy sync failed")
-					}
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						if err := s.Sync(ctx, req.cfg); err != nil {
+							failed.Store(true)
+							log.Error().Err(err).Msg("proxy sync failed")
+						}
+					}()
 				}
+				wg.Wait()
 				pending = append(pending, req.retired...)
-				if failed && len(pending) > 0 {
+				if failed.Load() && len(pending) > 0 {
 					log.Warn().Msg("proxy sync failed: replaced listeners stay open until a sync succeeds")
 					continue
 				}
@@ -146,6 +161,31 @@ func runServe(args []string, log *zerolog.Logger) error {
 			}
 		}
 	}()
+	// Kubernetes discovery (issue 10): every config goes through the fleet,
+	// which merges discovered endpoints in and applies like a reload. The
+	// proxies get the merged config once discovery has listed everything
+	// (an unsynced turnout must not empty them); a reload's listener change
+	// rides on the next such sync.
+	var (
+		chMu     sync.Mutex
+		chQueued []*change
+	)
+	fleet := newFleet(ctx, srv, *kubeconfig, log, func(c *route.Config, synced bool) error {
+		if err := srv.Apply(c); err != nil {
+			return err
+		}
+		if synced && len(syncers) > 0 {
+			chMu.Lock()
+			queued := chQueued
+			chQueued = nil
+			chMu.Unlock()
+			pushSync(c, nil)
+			for _, ch := range queued {
+				pushSync(c, ch)
+			}
+		}
+		return nil
+	})
 
 	var reloadMu sync.Mutex // SIGHUP and the file watch may fire together
 	reload := func(why string) {
@@ -165,7 +205,17 @@ func runServe(args []string, log *zerolog.Logger) error {
 			log.Error().Err(err).Str("trigger", why).Msg("config rejected; keeping the previous one")
 			return
 		}
-		if err := withFile(srv.Apply(c), *cfgPath); err != nil {
+		if len(syncers) > 0 {
+			chMu.Lock()
+			chQueued = append(chQueued, ch)
+			chMu.Unlock()
+		}
+		if err := withFile(fleet.SetBase(c), *cfgPath); err != nil {
+			chMu.Lock()
+			if i := slices.Index(chQueued, ch); i >= 0 {
+				chQueued = slices.Delete(chQueued, i, i+1)
+			}
+			chMu.Unlock()
 			lns.abort(ch)
 			log.Error().Err(err).Str("trigger", why).Msg("config rejected; keeping the previous one")
 			return
@@ -173,10 +223,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 		lns.start(ch)
 		log.Info().Str("trigger", why).Int("deployments", len(c.Deployments)).Strs("listeners_changed", ch.fields).Msg("config reloaded")
 		logWarnings(log, *cfgPath, c)
-		switch {
-		case len(syncers) > 0:
-			pushSync(c, ch)
-		case len(ch.replace) > 0:
+		if len(syncers) == 0 && len(ch.replace) > 0 {
 			log.Warn().Strs("fields", ch.fields).Dur("grace", unmanagedGrace).Msg("listener address changed and no proxy is managed: point the proxy at the new address; the old listener closes after the grace")
 			lns.retire(ch, unmanagedGrace, c.Proxy.StreamTimeout.D())
 		}
@@ -212,9 +259,20 @@ func runServe(args []string, log *zerolog.Logger) error {
 		// An HAProxy rendered for this config would find no agent and fail open.
 		log.Info().Msg("no SPOE agent: give --haproxy-dir (or haproxy.dir, or haproxy.spoe) when HAProxy routes through turnout")
 	}
-	if len(syncers) > 0 {
-		pushSync(cfg, nil)
+	// Without discovery the server already runs cfg: the proxies get it at
+	// once. With discovery, the first merge goes to the proxies once the
+	// watches have listed.
+	if cfg.HasDiscovery() {
+		if err := withFile(fleet.SetBase(cfg), *cfgPath); err != nil {
+			return err
+		}
+	} else {
+		fleet.Adopt(cfg)
+		if len(syncers) > 0 {
+			pushSync(cfg, nil)
+		}
 	}
+	go fleet.Run(ctx)
 	go func() {
 		for {
 			select {

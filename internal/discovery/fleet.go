@@ -1,0 +1,337 @@
+// Package discovery merges endpoints found at run time (Kubernetes, see
+// discovery/kube) into turnout's file config: a burst of changes becomes one
+// merged config within a short window, applied through the same path as a
+// config reload (route.Server.Apply keeps surviving endpoints' state); an
+// endpoint that disappears stays, draining, until its in-flight decisions
+// complete or haproxy.drain_timeout passes.
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/internal/discovery/kube"
+	"github.com/turnout/turnout/route"
+)
+
+// DefaultWindow is how long a burst of changes is collected before one swap.
+const DefaultWindow = 50 * time.Millisecond
+
+// Source reports discovered endpoints per pool (route.PoolName); a pool it
+// does not list is unknown (not synced yet), not empty.
+type Source interface {
+	Configure(cfg *route.Config) error
+	Endpoints() map[string][]route.EndpointConfig
+	Synced() bool
+}
+
+// Options configure a Fleet.
+type Options struct {
+	Log *zerolog.Logger
+	// Apply takes each merged config (route.Server.Apply plus proxy sync);
+	// synced is false until every source listed its objects once, so
+	// proxies are not emptied by a turnout that cannot see the cluster yet.
+	Apply func(cfg *route.Config, synced bool) error
+	// Inflight returns the open decisions of pool's endpoint name.
+	Inflight func(pool, name string) int64
+	// NewSource builds the Kubernetes source on first need (nil: none).
+	NewSource func(notify func()) (Source, error)
+	// Window is the debounce window (default 50 ms, at most 100 ms).
+	Window time.Duration
+}
+
+// gone is an endpoint the source no longer lists, kept draining.
+type gone struct {
+	ep    route.EndpointConfig
+	since time.Time
+}
+
+// Fleet owns the base config and the discovered endpoints.
+type Fleet struct {
+	opts  Options
+	log   *zerolog.Logger
+	kick  chan struct{}
+	mu    sync.Mutex // serializes merges
+	base  *route.Config
+	src   Source
+	last  map[string][]route.EndpointConfig // per pool, as last applied
+	gone  map[string]map[string]gone
+	wasOK bool
+	// appliedCfg is the last merged config Apply accepted.
+	appliedCfg *route.Config
+}
+
+// New returns a Fleet; Run drives it.
+func New(opts Options) *Fleet {
+	if opts.Log == nil {
+		l := zerolog.Nop()
+		opts.Log = &l
+	}
+	if opts.Window <= 0 {
+		opts.Window = DefaultWindow
+	}
+	opts.Window = min(opts.Window, 100*time.Millisecond)
+	if opts.Inflight == nil {
+		opts.Inflight = func(string, string) int64 { return 0 }
+	}
+	return &Fleet{opts: opts, log: opts.Log, kick: make(chan struct{}, 1),
+		last: map[string][]route.EndpointConfig{}, gone: map[string]map[string]gone{}}
+}
+
+// Notify marks the discovered state changed; Run merges within the window.
+func (f *Fleet) Notify() {
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
+}
+
+// SetBase takes a new file config (start, reload): reconfigures the
+// sources and applies the merge at once. On error nothing changes.
+func (f *Fleet) SetBase(cfg *route.Config) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if cfg.HasDiscovery() {
+		if err := kube.Check(cfg); err != nil {
+			return err
+		}
+		if f.src == nil {
+			if f.opts.NewSource == nil {
+				return fmt.Errorf("%w: discovery configured but not available", route.ErrConfig)
+			}
+			src, err := f.opts.NewSource(f.Notify)
+			if err != nil {
+				return fmt.Errorf("discovery: %w", err)
+			}
+			f.src = src
+		}
+	}
+	if f.src != nil {
+		if err := f.src.Configure(cfg); err != nil {
+			return err
+		}
+	}
+	prev := f.base
+	f.base = cfg
+	if err := f.mergeLocked(true); err != nil {
+		f.base = prev
+		return err
+	}
+	return nil
+}
+
+// Adopt takes cfg, which has no discovery, as the base and as applied
+// already: the server was built with it at start, and applying it again
+// would count a config reload that did not happen.
+func (f *Fleet) Adopt(cfg *route.Config) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.base, f.appliedCfg, f.wasOK = cfg, cfg, true
+}
+
+// Run merges after each burst of notifications and re-checks draining
+// endpoints until ctx ends.
+func (f *Fleet) Run(ctx context.Context) {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.kick:
+			// One window from the first change: a 50-pod burst is one swap.
+			t := time.NewTimer(f.opts.Window)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		case <-tick.C:
+			f.mu.Lock()
+			n := 0
+			for _, g := range f.gone {
+				n += len(g)
+			}
+			f.mu.Unlock()
+			if n == 0 && f.syncedSame() {
+				continue
+			}
+		}
+		f.mu.Lock()
+		if f.base != nil {
+			if err := f.mergeLocked(false); err != nil {
+				f.log.Error().Err(err).Msg("discovered endpoints rejected; keeping the previous snapshot")
+			}
+		}
+		f.mu.Unlock()
+	}
+}
+
+// syncedSame reports whether the source's sync state is what was last applied.
+func (f *Fleet) syncedSame() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.src == nil || f.src.Synced() == f.wasOK
+}
+
+// mergeLocked builds the merged config and applies it when it changed (or
+// force). Called with f.mu held.
+func (f *Fleet) mergeLocked(force bool) error {
+	now := time.Now()
+	synced := true
+	var found map[string][]route.EndpointConfig
+	if f.src != nil {
+		found = f.src.Endpoints()
+		synced = f.src.Synced()
+	}
+	cfg := *f.base
+	cfg.Deployments = slices.Clone(f.base.Deployments)
+	drain := f.base.HAProxy.DrainTimeout.D()
+	taken := staticNames(f.base)
+	next := map[string][]route.EndpointConfig{}
+	changed := force || synced != f.wasOK
+	for i := range cfg.Deployments {
+		d := &cfg.Deployments[i]
+		d.Pools = slices.Clone(d.Pools)
+		for j := range d.Pools {
+			p := &d.Pools[j]
+			if p.Discovery == nil {
+				continue
+			}
+			pool := route.PoolName(d.Name, p.Role)
+			cur, known := found[pool]
+			if !known {
+				cur = f.last[pool] // not synced (yet): keep what we had
+			}
+			eps := f.withGone(pool, cur, now, drain)
+			eps = uniqueNames(eps, pool, taken)
+			p.Endpoints = eps
+			next[pool] = cur
+			if !reflect.DeepEqual(eps, f.applied(pool)) {
+				changed = true
+			}
+		}
+	}
+	f.last = next
+	if !changed {
+		return nil
+	}
+	if err := f.opts.Apply(&cfg, synced); err != nil {
+		return err
+	}
+	f.wasOK = synced
+	f.appliedCfg = &cfg
+	f.logPools(&cfg)
+	return nil
+}
+
+// withGone adds the pool's draining leftovers to cur: endpoints listed last
+// time but not now are kept as draining until their in-flight decisions
+// are done or the drain timeout passed.
+func (f *Fleet) withGone(pool string, cur []route.EndpointConfig, now time.Time, drain time.Duration) []route.EndpointConfig {
+	g := f.gone[pool]
+	if g == nil {
+		g = map[string]gone{}
+		f.gone[pool] = g
+	}
+	present := make(map[string]bool, len(cur))
+	for _, e := range cur {
+		present[e.Name] = true
+		delete(g, e.Name) // back (or never gone)
+	}
+	for _, e := range f.last[pool] {
+		if !present[e.Name] {
+			if _, ok := g[e.Name]; !ok {
+				e.Draining = true
+				g[e.Name] = gone{ep: e, since: now}
+			}
+		}
+	}
+	out := slices.Clone(cur)
+	for name, ge := range g {
+		n := f.opts.Inflight(pool, name)
+		if n <= 0 || now.Sub(ge.since) >= drain {
+			delete(g, name)
+			f.log.Info().Str("pool", pool).Str("endpoint", name).Int64("inflight", n).
+				Dur("drained", now.Sub(ge.since)).Msg("discovered endpoint removed")
+			continue
+		}
+		out = append(out, ge.ep)
+	}
+	slices.SortFunc(out, func(a, b route.EndpointConfig) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// staticNames are the server names the file's endpoints use.
+func staticNames(c *route.Config) map[string]bool {
+	m := map[string]bool{}
+	for _, d := range c.Deployments {
+		for _, p := range d.Pools {
+			if p.Discovery == nil {
+				for _, e := range p.Endpoints {
+					m[e.Name] = true
+				}
+			}
+		}
+	}
+	return m
+}
+
+// uniqueNames keeps server names global: a discovered name already taken
+// (a static endpoint, or the same pod name in another pool or namespace)
+// gets a hashed form that depends on the pool only, so it is stable too.
+func uniqueNames(eps []route.EndpointConfig, pool string, taken map[string]bool) []route.EndpointConfig {
+	for i := range eps {
+		if taken[eps[i].Name] {
+			eps[i].Name = kube.HashedName(pool + "/" + eps[i].Name)
+		}
+		taken[eps[i].Name] = true
+	}
+	return eps
+}
+
+// applied returns pool's endpoints in the last applied config.
+func (f *Fleet) applied(pool string) []route.EndpointConfig {
+	if f.appliedCfg == nil {
+		return nil
+	}
+	for _, d := range f.appliedCfg.Deployments {
+		for _, p := range d.Pools {
+			if route.PoolName(d.Name, p.Role) == pool {
+				return p.Endpoints
+			}
+		}
+	}
+	return nil
+}
+
+func (f *Fleet) logPools(cfg *route.Config) {
+	for _, d := range cfg.Deployments {
+		for _, p := range d.Pools {
+			if p.Discovery == nil {
+				continue
+			}
+			var ready, draining []string
+			for _, e := range p.Endpoints {
+				if e.Draining {
+					draining = append(draining, e.Name)
+				} else {
+					ready = append(ready, e.Name)
+				}
+			}
+			ev := f.log.Info().Str("pool", route.PoolName(d.Name, p.Role)).Int("n_ready", len(ready)).Int("n_draining", len(draining))
+			if len(ready)+len(draining) <= 32 {
+				ev = ev.Strs("ready", ready).Strs("draining", draining)
+			}
+			ev.Msg("discovered pool")
+		}
+	}
+}
