@@ -25,7 +25,6 @@ import (
 
 	"github.com/turnout/turnout"
 	"github.com/turnout/turnout/route"
-	"github.com/turnout/turnout/route/spoe"
 )
 
 // File names inside the rendered directory.
@@ -283,12 +282,9 @@ type spoeData struct {
 	FailClosed                           bool
 	Fallbacks, Vars                      []string
 	RelayStatuses                        []int
-	RelayPD                              []struct {
-		Status int
-		Reason string
-	}
-	BodyRoom     int
-	MaxFrameSize int
+	RelayPD                              []route.SPOERelay
+	BodyRoom                             int
+	MaxFrameSize                         int
 }
 
 type routeServer struct {
@@ -528,10 +524,10 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 			HelloMs: 500, IdleMs: 30000, ServerMs: 60000,
 			TimeoutMs:     l.TimeoutMs,
 			FailClosed:    p.FailMode == route.FailClosed,
-			Fallbacks:     spoe.FallbackVars(cfg.Fallbacks),
-			Vars:          spoe.VarNames(cfg.Fallbacks),
-			RelayStatuses: spoe.RelayStatuses,
-			RelayPD:       spoe.RelayPD,
+			Fallbacks:     route.SPOEFallbackVars(cfg.Fallbacks),
+			Vars:          route.SPOEVarNames(cfg.Fallbacks),
+			RelayStatuses: route.SPOERelayStatuses(),
+			RelayPD:       route.SPOERelayPD(),
 			BodyRoom:      l.BodyRoom,
 		}
 	}

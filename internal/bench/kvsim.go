@@ -7,15 +7,15 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/internal/mock"
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/kv"
-	"github.com/turnout/turnout/test/mockvllm"
 )
 
 // CacheWatcher is implemented by routers that learn from the replicas' KV
 // cache events (kv-aware): the sim connects each replica's cache to it.
 type CacheWatcher interface {
-	CacheSink(replica int) mockvllm.KVEventSink
+	CacheSink(replica int) mock.KVEventSink
 }
 
 // kvSink turns a simulated replica's cache events into the kv-aware index's
@@ -42,7 +42,7 @@ func (s kvSink) AllBlocksCleared() {
 }
 
 // CacheSink implements CacheWatcher for kv-aware.
-func (t *turnoutRouter) CacheSink(replica int) mockvllm.KVEventSink {
+func (t *turnoutRouter) CacheSink(replica int) mock.KVEventSink {
 	if t.kvIndex == nil {
 		return nil
 	}
@@ -64,13 +64,13 @@ func kvAwareExtras(spec PolicySpec, o SimOptions, log *zerolog.Logger) (extra st
 	}
 	closeFn = func() error { return nil }
 	if !has["tokenizer"] {
-		cfg := mockvllm.DefaultConfig()
+		cfg := mock.DefaultConfig()
 		cfg.Name = "bench-tokenizer"
 		cfg.Models = []string{o.Model}
 		cfg.BlockSize = o.BlockSize
 		cfg.TimeScale = 0
 		cfg.RequestLogSize = -1
-		srv, err := mockvllm.New(cfg, log)
+		srv, err := mock.New(cfg, log)
 		if err != nil {
 			return "", nil, fmt.Errorf("kv-aware tokenizer: %w", err)
 		}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/test/mockvllm"
+	"github.com/turnout/turnout/internal/mock"
 )
 
 const tinyMooncake = `{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]}
@@ -116,7 +116,7 @@ func TestPromptTokensMatchMock(t *testing.T) {
 		{InputTokens: 1024, OutputTokens: 3, HashIDs: []uint64{azureIDBase + 1<<20, azureIDBase + 1<<20 + 1}},
 	} {
 		body := AppendChatBody(nil, &r, BodyOptions{Model: "llama", Stream: true})
-		want, err := mockvllm.ChatPromptTokens(body)
+		want, err := mock.ChatPromptTokens(body)
 		if err != nil {
 			t.Fatalf("mock rejects the body: %v\n%.200s", err, body)
 		}

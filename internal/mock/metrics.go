@@ -1,4 +1,4 @@
-package mockvllm
+package mock
 
 // appendMetrics renders Prometheus text with vLLM's metric names so turnout's
 // scraper can be tested against the mock unchanged. The label is the first

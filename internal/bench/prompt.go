@@ -3,7 +3,7 @@ package bench
 import (
 	"strconv"
 
-	"github.com/turnout/turnout/test/mockvllm"
+	"github.com/turnout/turnout/internal/mock"
 )
 
 // wordLen is the length of a chunk word. Five letters give 26^5 (11.9M)
@@ -54,10 +54,10 @@ func AppendPromptText(dst []byte, r *Request) []byte {
 const userRole = "user"
 
 // AppendPromptTokens appends the tokens a mock replica derives from the chat
-// body AppendChatBody builds (mockvllm.ChatPromptTokens), without building or
+// body AppendChatBody builds (mock.ChatPromptTokens), without building or
 // parsing the body: the role token, then one token per word.
 func AppendPromptTokens(dst []int32, r *Request) []int32 {
-	dst = append(dst, mockvllm.RoleToken(userRole))
+	dst = append(dst, mock.RoleToken(userRole))
 	var w [wordLen]byte
 	n := 0
 	for _, id := range r.HashIDs {
@@ -70,7 +70,7 @@ func AppendPromptTokens(dst []int32, r *Request) []int32 {
 	return dst
 }
 
-// wordToken is mockvllm.TokenID for a chunk word, without a string.
+// wordToken is mock.TokenID for a chunk word, without a string.
 func wordToken(w *[wordLen]byte) int32 {
 	h := uint32(2166136261)
 	for _, c := range w {

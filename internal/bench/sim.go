@@ -11,9 +11,9 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/internal/mock"
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/kv"
-	"github.com/turnout/turnout/test/mockvllm"
 )
 
 // SimOptions configure the in-process replay.
@@ -27,7 +27,7 @@ type SimOptions struct {
 	// rest wait FIFO, as in the mock and vLLM's max_num_seqs.
 	MaxRunning int
 	// Timing is the mock's latency model at full scale (TimeScale 1).
-	Timing mockvllm.Timing
+	Timing mock.Timing
 	// Compress divides trace arrival times (2 = twice the request rate).
 	Compress float64
 	// Concurrency bounds requests in flight from the client (0 = unlimited);
@@ -49,13 +49,13 @@ type SimOptions struct {
 // tokens, what an 80 GB GPU holds for an 8B model) shows the capacity-bound
 // case.
 func DefaultSimOptions() SimOptions {
-	d := mockvllm.DefaultConfig()
+	d := mock.DefaultConfig()
 	return SimOptions{
 		Replicas:    4,
 		BlockSize:   16,
 		CacheBlocks: 524288,
 		MaxRunning:  32,
-		Timing:      mockvllm.Timing{TTFTOverhead: d.TTFTOverhead, PerTokenPrefill: d.PerTokenPrefill, InterTokenLatency: d.InterTokenLatency, TimeScale: 1},
+		Timing:      mock.Timing{TTFTOverhead: d.TTFTOverhead, PerTokenPrefill: d.PerTokenPrefill, InterTokenLatency: d.InterTokenLatency, TimeScale: 1},
 		Compress:    1,
 		Concurrency: 256,
 		Model:       "llama",
@@ -217,7 +217,7 @@ func (t *turnoutRouter) Route(r *Request, body []byte) (int, uint64, error) {
 	ctx.Request.Header.SetMethod(fasthttp.MethodPost)
 	ctx.Request.SetRequestURI(route.PathRoute)
 	ctx.Request.Header.SetContentType("application/json")
-	ctx.Request.Header.Set(route.HdrOriginalURI, mockvllm.PathChat)
+	ctx.Request.Header.Set(route.HdrOriginalURI, mock.PathChat)
 	ctx.Request.Header.Set(route.HdrOriginalMethod, fasthttp.MethodPost)
 	if r.Session != "" {
 		ctx.Request.Header.Set("X-Session-Id", r.Session)
@@ -312,7 +312,7 @@ func Simulate(reqs []Request, router Router, o SimOptions) (*RunResult, error) {
 	names := ReplicaNames(o.Replicas)
 	cw, _ := router.(CacheWatcher)
 	for i := range s.reps {
-		s.reps[i].cache = mockvllm.NewCache(o.BlockSize, o.CacheBlocks)
+		s.reps[i].cache = mock.NewCache(o.BlockSize, o.CacheBlocks)
 		s.reps[i].load.Name = names[i]
 		if cw != nil {
 			if sink := cw.CacheSink(i); sink != nil {
@@ -400,7 +400,7 @@ type simReq struct {
 }
 
 type simReplica struct {
-	cache   *mockvllm.Cache
+	cache   *mock.Cache
 	running int
 	waiting []*simReq
 	load    ReplicaLoad
@@ -512,7 +512,7 @@ func (s *sim) finish(r *simReq) error {
 // finite capacity, same arrival order), both at the replicas' block size.
 func CacheBounds(reqs []Request, blockSize, pooledBlocks int) (infinite, pooled float64) {
 	seen := make(map[uint64]struct{}, 1<<16)
-	pool := mockvllm.NewCache(blockSize, pooledBlocks)
+	pool := mock.NewCache(blockSize, pooledBlocks)
 	var tokens []int32
 	var total, infHits, poolHits int64
 	for i := range reqs {
@@ -522,7 +522,7 @@ func CacheBounds(reqs []Request, blockSize, pooledBlocks int) (infinite, pooled 
 		var parent uint64
 		prefix := true
 		for b := 0; b+blockSize <= len(tokens); b += blockSize {
-			parent = mockvllm.HashBlock(parent, tokens[b:b+blockSize])
+			parent = mock.HashBlock(parent, tokens[b:b+blockSize])
 			if _, ok := seen[parent]; ok && prefix {
 				infHits += int64(blockSize)
 				continue

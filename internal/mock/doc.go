@@ -1,4 +1,4 @@
-// Package mockvllm is an OpenAI-compatible stand-in for a vLLM replica, used
+// Package mock is an OpenAI-compatible stand-in for a vLLM replica, used
 // by turnout's end-to-end tests, demo and benchmarks.
 //
 // It simulates what a router can observe of vLLM: the prefix cache (words are
@@ -26,4 +26,4 @@
 //	POST /mock/requests/clear   empties that log
 //
 // Errors use the OpenAI shape {"error":{"message","type","param","code"}}.
-package mockvllm
+package mock

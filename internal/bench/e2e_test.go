@@ -8,7 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/turnout/turnout/test/mockvllm"
+	"github.com/turnout/turnout/internal/mock"
 )
 
 // The e2e driver against one in-process mock (no proxy): every request
@@ -16,11 +16,11 @@ import (
 // token accounting.
 func TestDriveAgainstMock(t *testing.T) {
 	log := zerolog.Nop()
-	cfg := mockvllm.DefaultConfig()
+	cfg := mock.DefaultConfig()
 	cfg.Name = "r0"
 	cfg.TimeScale = 0.001
 	cfg.RequestLogSize = -1
-	srv, err := mockvllm.New(cfg, &log)
+	srv, err := mock.New(cfg, &log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/turnout/turnout/test/mockvllm"
+	"github.com/turnout/turnout/internal/mock"
 )
 
 const wrkOut = `Running 3s test @ http://127.0.0.1:9099/internal/route
@@ -65,7 +65,7 @@ func TestCostBodies(t *testing.T) {
 		if err := json.Unmarshal(b.Body, &v); err != nil {
 			t.Fatalf("body %d is not JSON: %v", i, err)
 		}
-		if _, err := mockvllm.ChatPromptTokens(b.Body); err != nil {
+		if _, err := mock.ChatPromptTokens(b.Body); err != nil {
 			t.Fatalf("body %d: mock rejects it: %v", i, err)
 		}
 		sessions[b.Session] = true

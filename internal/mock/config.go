@@ -1,4 +1,4 @@
-package mockvllm
+package mock
 
 import (
 	"fmt"

@@ -21,8 +21,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/haproxy"
+	"github.com/turnout/turnout/internal/mock"
 	"github.com/turnout/turnout/route"
-	"github.com/turnout/turnout/test/mockvllm"
 )
 
 // Pre-built header names and values: the trivial handler must not allocate.
@@ -468,7 +468,7 @@ func costProxy(ctx context.Context, o CostOptions) ([]CostRow, error) {
 			return nil, fmt.Errorf("cost %s: %w", ps.name, err)
 		}
 		defer st.Stop()
-		t := costTarget{Group: ps.group, LoadTarget: LoadTarget{Name: ps.name, Addr: strings.TrimPrefix(st.FrontURL, "http://"), Path: mockvllm.PathChat},
+		t := costTarget{Group: ps.group, LoadTarget: LoadTarget{Name: ps.name, Addr: strings.TrimPrefix(st.FrontURL, "http://"), Path: mock.PathChat},
 			Bodies: small, Conns: o.Conns, Duration: o.Duration, ProxyPIDs: procTree(st.ProxyPID)}
 		if st.TurnoutPID > 0 {
 			t.TurnoutPIDs = []int{st.TurnoutPID}

@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/internal/mock"
 	"github.com/turnout/turnout/route"
-	"github.com/turnout/turnout/test/mockvllm"
 )
 
 // tinySim: block size 4 tokens, 10 ms overhead, 1 ms per uncached token,
@@ -13,7 +13,7 @@ import (
 func tinySim(replicas, maxRunning int) SimOptions {
 	return SimOptions{
 		Replicas: replicas, BlockSize: 4, CacheBlocks: 64, MaxRunning: maxRunning,
-		Timing:   mockvllm.Timing{TTFTOverhead: 10 * time.Millisecond, PerTokenPrefill: time.Millisecond, InterTokenLatency: time.Millisecond, TimeScale: 1},
+		Timing:   mock.Timing{TTFTOverhead: 10 * time.Millisecond, PerTokenPrefill: time.Millisecond, InterTokenLatency: time.Millisecond, TimeScale: 1},
 		Compress: 1, Model: "llama", Seed: 1,
 	}
 }
