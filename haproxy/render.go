@@ -508,19 +508,9 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		}
 		l.Headers = append(l.Headers, lh)
 	}
-	for i, h := range cfg.SessionHeaders {
-		hdr(fmt.Sprintf("session_headers[%d]", i), h)
-	}
-	for i, h := range cfg.ModelHeaders {
-		hdr(fmt.Sprintf("model_headers[%d]", i), h)
-	}
-	// Small, fixed extras turnout logs or routes on.
-	hdr("content-type", "content-type")
-	hdr("x-request-id", "x-request-id")
-	if d.PD {
-		// turnout sends the prefill itself and forwards the client's
-		// credentials to it (vLLM's --api-key); without PD they stay here.
-		hdr("authorization", "authorization")
+	// The same list the SPOE agent forwards (route/contract_forward.go).
+	for _, h := range route.ForwardedHeaders(cfg) {
+		hdr(h.Field, h.Name)
 	}
 	for _, v := range d.ServerVars[1:] {
 		l.FallbackVars = append(l.FallbackVars, luaQuote(v))

@@ -63,21 +63,12 @@ type names struct {
 
 func newNames(snap *route.Snapshot) *names {
 	n := &names{cfg: snap.Config}
-	add := func(h string) { n.forward = append(n.forward, route.NormHeader([]byte(h))) }
-	for _, h := range snap.Config.SessionHeaders {
-		add(h)
+	// The same list the Lua forwards (route/contract_forward.go).
+	for _, h := range route.ForwardedHeaders(snap.Config) {
+		n.forward = append(n.forward, route.NormHeader([]byte(h.Name)))
 	}
-	for _, h := range snap.Config.ModelHeaders {
-		add(h)
-	}
-	add("content-type")
-	add("x-request-id")
 	for _, d := range snap.Deployments {
 		n.blocking = n.blocking || d.Prefill != nil
-	}
-	if n.blocking {
-		// turnout sends the prefill itself and needs the client's API key.
-		add("authorization")
 	}
 	return n
 }
