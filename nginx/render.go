@@ -261,8 +261,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		if !c.Header(field, h) {
 			return headerData{}
 		}
-		v := strings.ToLower(strings.ReplaceAll(h, "-", "_"))
-		return headerData{Name: h, Var: "$http_" + v}
+		return headerVar(h)
 	}
 
 	p := &cfg.Proxy
@@ -333,15 +332,16 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		d.RouteServers = append(d.RouteServers, d.RouteServers[0])
 	}
 
-	for i, h := range cfg.SessionHeaders {
-		d.RouteHeaders = append(d.RouteHeaders, header(fmt.Sprintf("session_headers[%d]", i), h))
+	// The headers turnout gets: the same list as the HAProxy glue
+	// (route/contract_forward.go); model headers also pick the pool.
+	for _, h := range route.ForwardedHeaders(cfg) {
+		d.RouteHeaders = append(d.RouteHeaders, header(h.Field, h.Name))
 	}
-	for i, h := range cfg.ModelHeaders {
-		hd := header(fmt.Sprintf("model_headers[%d]", i), h)
-		d.RouteHeaders = append(d.RouteHeaders, hd)
-		d.ModelHeaders = append(d.ModelHeaders, hd)
+	for _, h := range cfg.ModelHeaders {
+		if route.HeaderRe.MatchString(h) { // a bad one is reported above
+			d.ModelHeaders = append(d.ModelHeaders, headerVar(h))
+		}
 	}
-	d.RouteHeaders = append(d.RouteHeaders, headerData{Name: "X-Request-Id", Var: "$http_x_request_id"})
 	d.ModelVars = modelChain(d.ModelHeaders)
 
 	// Pools, replicas and models.
@@ -428,6 +428,11 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		d.RouteBody = cfg.RouteBody
 	}
 	return d, c.Err()
+}
+
+// headerVar names the nginx variable of request header h.
+func headerVar(h string) headerData {
+	return headerData{Name: h, Var: "$http_" + strings.ToLower(strings.ReplaceAll(h, "-", "_"))}
 }
 
 // modelChain builds the maps that set $turnout_model to the first model
