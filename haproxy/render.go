@@ -10,22 +10,21 @@ package haproxy
 
 import (
 	"bytes"
+	"cmp"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"text/template"
 	"time"
 
-	"github.com/turnout/turnout"
+	"github.com/turnout/turnout/internal/proxyconf"
 	"github.com/turnout/turnout/route"
-	"github.com/turnout/turnout/route/spoe"
 )
 
 // File names inside the rendered directory.
@@ -91,18 +90,10 @@ type RenderOptions struct {
 
 // withDefaults fills the options from the config and Dir.
 func (o RenderOptions) withDefaults(cfg *route.Config) RenderOptions {
-	if o.Dir == "" {
-		o.Dir = cfg.HAProxy.Dir
-	}
-	if o.Socket == "" {
-		o.Socket = cfg.HAProxy.StatsSocket
-	}
-	if o.Socket == "" && o.Dir != "" {
-		o.Socket = filepath.Join(o.Dir, DefaultSocketName)
-	}
-	if o.PIDFile == "" && o.Dir != "" {
-		o.PIDFile = filepath.Join(o.Dir, DefaultPIDFileName)
-	}
+	o.Dir = cmp.Or(o.Dir, cfg.HAProxy.Dir)
+	o.Socket = cmp.Or(o.Socket, cfg.HAProxy.StatsSocket)
+	proxyconf.InDir(&o.Socket, o.Dir, DefaultSocketName)
+	proxyconf.InDir(&o.PIDFile, o.Dir, DefaultPIDFileName)
 	return o
 }
 
@@ -118,19 +109,16 @@ type Rendered struct {
 }
 
 // File is one output file.
-type File struct {
-	Name string
-	Data []byte
-}
+type File = proxyconf.File
 
 // Files lists the output files in write order (the config last, so a reload
 // racing a rewrite never sees a config pointing at a missing Lua file).
 func (r *Rendered) Files() []File {
-	files := []File{{LuaFile, r.Lua}, {MapFile, r.Map}}
+	files := []File{{Name: LuaFile, Data: r.Lua}, {Name: MapFile, Data: r.Map}}
 	if r.SPOE != nil {
-		files = append(files, File{SPOEFile, r.SPOE})
+		files = append(files, File{Name: SPOEFile, Data: r.SPOE})
 	}
-	return append(files, File{ConfigFile, r.Config})
+	return append(files, File{Name: ConfigFile, Data: r.Config})
 }
 
 // Renderer turns a turnout config into HAProxy files.
@@ -140,16 +128,13 @@ type Renderer struct {
 
 // NewRenderer parses the templates from fsys (turnout.Assets when nil).
 func NewRenderer(fsys fs.FS) (*Renderer, error) {
-	if fsys == nil {
-		fsys = turnout.Assets
-	}
-	c, err := template.New("haproxy.cfg.tmpl").Option("missingkey=error").ParseFS(fsys, configTemplate, spoeTemplate)
+	c, err := proxyconf.ParseTemplates(fsys, "haproxy.cfg.tmpl", configTemplate, spoeTemplate)
 	if err != nil {
-		return nil, fmt.Errorf("parse %s: %w", configTemplate, err)
+		return nil, err
 	}
-	l, err := template.New("turnout.lua.tmpl").Option("missingkey=error").ParseFS(fsys, luaTemplate)
+	l, err := proxyconf.ParseTemplates(fsys, "turnout.lua.tmpl", luaTemplate)
 	if err != nil {
-		return nil, fmt.Errorf("parse %s: %w", luaTemplate, err)
+		return nil, err
 	}
 	return &Renderer{cfg: c, lua: l}, nil
 }
@@ -210,6 +195,20 @@ func (r *Renderer) Render(cfg *route.Config, opts RenderOptions) (*Rendered, err
 	return &Rendered{Config: conf.Bytes(), Lua: lua.Bytes(), Map: d.modelMap, SPOE: spoeConf, State: d.state()}, nil
 }
 
+// Check renders cfg into a scratch directory (so paths inside point there)
+// and runs "haproxy -c" on it. The real files are untouched.
+func (r *Renderer) Check(ctx context.Context, haproxyBin string, cfg *route.Config, opts RenderOptions) error {
+	return proxyconf.CheckRender("turnout-haproxy-check-", func(tmp string) (*Rendered, error) {
+		opts.Dir, opts.Socket, opts.PIDFile = tmp, filepath.Join(tmp, DefaultSocketName), filepath.Join(tmp, DefaultPIDFileName)
+		return r.Render(cfg, opts)
+	}, func(tmp string) error { return CheckFile(ctx, haproxyBin, filepath.Join(tmp, ConfigFile)) })
+}
+
+// CheckFile runs "haproxy -c -f path" and returns its output on failure.
+func CheckFile(ctx context.Context, haproxyBin, path string) error {
+	return proxyconf.RunCheck(ctx, ErrRender, "haproxy -c", haproxyBin, "-c", "-q", "-f", path)
+}
+
 // StructureOf returns the structure hash recorded in a rendered haproxy.cfg
 // ("" when the file was not rendered by turnout).
 func StructureOf(config []byte) string {
@@ -237,11 +236,8 @@ func ServerParams(cfg *route.Config) string {
 // Tokens that may appear in haproxy.cfg. Names must be HAProxy identifiers;
 // addresses and paths must not carry spaces, quotes or comment characters.
 var (
-	nameRe   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
-	headerRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$`)
-	hostRe   = regexp.MustCompile(`^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]{0,252})$`)
-	pathRe   = regexp.MustCompile(`^/[A-Za-z0-9_./+@-]*$`)
-	httpRe   = regexp.MustCompile(`^/[A-Za-z0-9_./~%-]*$`)
+	// Names, header names, hosts and file paths are checked by proxyconf.Checker.
+	httpRe = regexp.MustCompile(`^/[A-Za-z0-9_./~%-]*$`)
 	// mapKeyRe: map files split keys on whitespace and treat '#' lines as
 	// comments; models outside this set are left to the default backend.
 	mapKeyRe = regexp.MustCompile(`^[!-"$-~][!-~]{0,255}$`)
@@ -283,12 +279,9 @@ type spoeData struct {
 	FailClosed                           bool
 	Fallbacks, Vars                      []string
 	RelayStatuses                        []int
-	RelayPD                              []struct {
-		Status int
-		Reason string
-	}
-	BodyRoom     int
-	MaxFrameSize int
+	RelayPD                              []route.SPOERelay
+	BodyRoom                             int
+	MaxFrameSize                         int
 }
 
 type routeServer struct {
@@ -355,38 +348,8 @@ func (d *tmplData) state() State {
 }
 
 func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
-	var errs []error
-	bad := func(field, format string, a ...any) {
-		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrRender, field, fmt.Sprintf(format, a...)))
-	}
-	path := func(field, p string) string {
-		if !filepath.IsAbs(p) || !pathRe.MatchString(p) {
-			bad(field, "%q must be an absolute path of [A-Za-z0-9_./+@-]", p)
-		}
-		return p
-	}
-	addr := func(field, a string) (string, string, int) {
-		host, port, err := net.SplitHostPort(a)
-		pn, perr := strconv.Atoi(port)
-		if err != nil || perr != nil || pn < 1 || pn > 65535 || host == "" {
-			bad(field, "%q must be host:port", a)
-			return "", "", 0
-		}
-		if strings.Contains(host, ":") {
-			host = "[" + host + "]"
-		}
-		if !hostRe.MatchString(host) {
-			bad(field, "host %q has characters HAProxy cannot take", host)
-			return "", "", 0
-		}
-		return host + ":" + port, strings.Trim(host, "[]"), pn
-	}
-	name := func(field, n string) string {
-		if !nameRe.MatchString(n) {
-			bad(field, "%q must match %s", n, nameRe)
-		}
-		return n
-	}
+	c := proxyconf.NewChecker(ErrRender, "HAProxy")
+	bad, path, addr, name := c.Bad, c.Path, c.Addr, c.Name
 
 	p := &cfg.Proxy
 	d := &tmplData{
@@ -528,16 +491,15 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 			HelloMs: 500, IdleMs: 30000, ServerMs: 60000,
 			TimeoutMs:     l.TimeoutMs,
 			FailClosed:    p.FailMode == route.FailClosed,
-			Fallbacks:     spoe.FallbackVars(cfg.Fallbacks),
-			Vars:          spoe.VarNames(cfg.Fallbacks),
-			RelayStatuses: spoe.RelayStatuses,
-			RelayPD:       spoe.RelayPD,
+			Fallbacks:     route.SPOEFallbackVars(cfg.Fallbacks),
+			Vars:          route.SPOEVarNames(cfg.Fallbacks),
+			RelayStatuses: route.SPOERelayStatuses(),
+			RelayPD:       route.SPOERelayPD(),
 			BodyRoom:      l.BodyRoom,
 		}
 	}
 	hdr := func(field, h string) {
-		if !headerRe.MatchString(h) {
-			bad(field, "%q is not a header name", h)
+		if !c.Header(field, h) {
 			return
 		}
 		lh := luaHeader{Name: luaQuote(strings.ToLower(h))}
@@ -546,25 +508,15 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		}
 		l.Headers = append(l.Headers, lh)
 	}
-	for i, h := range cfg.SessionHeaders {
-		hdr(fmt.Sprintf("session_headers[%d]", i), h)
-	}
-	for i, h := range cfg.ModelHeaders {
-		hdr(fmt.Sprintf("model_headers[%d]", i), h)
-	}
-	// Small, fixed extras turnout logs or routes on.
-	hdr("content-type", "content-type")
-	hdr("x-request-id", "x-request-id")
-	if d.PD {
-		// turnout sends the prefill itself and forwards the client's
-		// credentials to it (vLLM's --api-key); without PD they stay here.
-		hdr("authorization", "authorization")
+	// The same list the SPOE agent forwards (route/contract_forward.go).
+	for _, h := range route.ForwardedHeaders(cfg) {
+		hdr(h.Field, h.Name)
 	}
 	for _, v := range d.ServerVars[1:] {
 		l.FallbackVars = append(l.FallbackVars, luaQuote(v))
 	}
 	d.lua = l
-	return d, errors.Join(errs...)
+	return d, c.Err()
 }
 
 // maxUnixPath is the longest unix socket path Linux binds (sun_path less

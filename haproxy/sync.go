@@ -2,13 +2,11 @@ package haproxy
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,11 +14,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/google/renameio"
 	"github.com/haproxytech/client-native/v5/runtime"
 	"github.com/haproxytech/client-native/v5/runtime/options"
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/internal/proxyconf"
 	"github.com/turnout/turnout/route"
 )
 
@@ -83,25 +81,8 @@ type Syncer struct {
 
 // NewSyncer prepares a Syncer; it does not touch HAProxy yet.
 func NewSyncer(opts SyncOptions, log *zerolog.Logger) (*Syncer, error) {
-	if log == nil {
-		l := zerolog.Nop()
-		log = &l
-	}
-	r, err := NewRenderer(nil)
-	if err != nil {
-		return nil, err
-	}
-	if opts.HAProxyBin == "" {
-		if p, err := exec.LookPath("haproxy"); err == nil {
-			opts.HAProxyBin = p
-		}
-	}
-	if opts.ReloadTimeout <= 0 {
-		opts.ReloadTimeout = 15 * time.Second
-	}
-	if opts.PollInterval <= 0 {
-		opts.PollInterval = 100 * time.Millisecond
-	}
+	proxyconf.SyncDefaults{Bin: &opts.HAProxyBin, ReloadTimeout: &opts.ReloadTimeout, PollInterval: &opts.PollInterval}.
+		Fill("haproxy", 100*time.Millisecond)
 	if opts.dial == nil {
 		opts.dial = dialRuntime
 	}
@@ -114,7 +95,11 @@ func NewSyncer(opts SyncOptions, log *zerolog.Logger) (*Syncer, error) {
 			*p = abs
 		}
 	}
-	return &Syncer{opts: opts, log: log, r: r}, nil
+	r, err := NewRenderer(nil)
+	if err != nil {
+		return nil, err
+	}
+	return &Syncer{opts: opts, log: proxyconf.Logger(log), r: r}, nil
 }
 
 func dialRuntime(ctx context.Context, socket string) (RuntimeClient, error) {
@@ -373,13 +358,9 @@ func (s *Syncer) reload(ctx context.Context, rt RuntimeClient, pidFile string, r
 	for _, r := range reasons {
 		s.log.Info().Str(fieldReason, r).Msg("reloading HAProxy")
 	}
-	b, err := os.ReadFile(pidFile)
+	master, err := proxyconf.ReadPID(pidFile, "haproxy")
 	if err != nil {
-		return fmt.Errorf("reload (%s): read pidfile: %w", strings.Join(reasons, " "), err)
-	}
-	master, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || master <= 1 {
-		return fmt.Errorf("reload: pidfile %s holds %q", pidFile, bytes.TrimSpace(b))
+		return fmt.Errorf("reload (%s): %w", strings.Join(reasons, " "), err)
 	}
 	before, _ := WorkerPID(rt)
 	if err := syscall.Kill(master, syscall.SIGUSR2); err != nil {
@@ -514,26 +495,10 @@ func serverSessions(rt RuntimeClient, backend, server string) (int, error) {
 	return 0, fmt.Errorf("show stat: no row for %s/%s", backend, server)
 }
 
-// writeFiles replaces each file atomically (temp file + fsync + rename),
-// skipping files whose content did not change.
-func writeFiles(dir string, files []File) error {
-	for _, f := range files {
-		if err := WriteFileAtomic(filepath.Join(dir, f.Name), f.Data); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+// writeFiles replaces each file atomically (proxyconf.WriteFiles), the
+// config last (Rendered.Files orders them).
+func writeFiles(dir string, files []File) error { return proxyconf.WriteFiles(dir, files) }
 
-// WriteFileAtomic writes data to path through a temp file and a rename
-// (renameio), so a reading HAProxy never sees half a file. An unchanged file
-// is left alone.
-func WriteFileAtomic(path string, data []byte) error {
-	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
-		return nil
-	}
-	if err := renameio.WriteFile(path, data, 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
-}
+// WriteFileAtomic writes data to path through a temp file and a rename, so a
+// reading HAProxy never sees half a file (proxyconf.WriteFileAtomic).
+func WriteFileAtomic(path string, data []byte) error { return proxyconf.WriteFileAtomic(path, data) }

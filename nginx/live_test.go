@@ -135,7 +135,7 @@ function decode(r) {
 }
 export default {decode};
 `
-	files := []File{{JSFile, r.js}, {"wrap.js", []byte(wrap)}, {ConfigFile, []byte(conf)}}
+	files := []File{{Name: JSFile, Data: r.js}, {Name: "wrap.js", Data: []byte(wrap)}, {Name: ConfigFile, Data: []byte(conf)}}
 	if err := WriteFiles(dir, files); err != nil {
 		t.Fatal(err)
 	}

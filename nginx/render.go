@@ -12,17 +12,17 @@ package nginx
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"text/template"
 
-	"github.com/turnout/turnout"
+	"github.com/turnout/turnout/internal/proxyconf"
 	"github.com/turnout/turnout/route"
 )
 
@@ -83,21 +83,11 @@ type RenderOptions struct {
 }
 
 func (o RenderOptions) withDefaults(cfg *route.Config) RenderOptions {
-	if o.Dir == "" {
-		o.Dir = cfg.Nginx.Dir
-	}
-	if o.PIDFile == "" && o.Dir != "" {
-		o.PIDFile = filepath.Join(o.Dir, PIDFileName)
-	}
-	if o.ErrorLog == "" && o.Dir != "" {
-		o.ErrorLog = filepath.Join(o.Dir, ErrorLogName)
-	}
-	if o.ModulePath == "" {
-		o.ModulePath = DefaultModulePath
-	}
-	if o.HeadersMore == "" {
-		o.HeadersMore = DefaultHeadersMorePath
-	}
+	o.Dir = cmp.Or(o.Dir, cfg.Nginx.Dir)
+	proxyconf.InDir(&o.PIDFile, o.Dir, PIDFileName)
+	proxyconf.InDir(&o.ErrorLog, o.Dir, ErrorLogName)
+	o.ModulePath = cmp.Or(o.ModulePath, DefaultModulePath)
+	o.HeadersMore = cmp.Or(o.HeadersMore, DefaultHeadersMorePath)
 	if o.WorkerConnections <= 0 {
 		o.WorkerConnections = 4096
 	}
@@ -116,15 +106,12 @@ type Rendered struct {
 }
 
 // File is one output file.
-type File struct {
-	Name string
-	Data []byte
-}
+type File = proxyconf.File
 
 // Files lists the output files in write order (nginx.conf last, so a reload
 // racing a rewrite never sees a config importing a missing njs file).
 func (r *Rendered) Files() []File {
-	return []File{{JSFile, r.JS}, {ConfigFile, r.Config}}
+	return []File{{Name: JSFile, Data: r.JS}, {Name: ConfigFile, Data: r.Config}}
 }
 
 // Renderer turns a turnout config into nginx files.
@@ -135,29 +122,17 @@ type Renderer struct {
 
 // NewRenderer parses the templates from fsys (turnout.Assets when nil).
 func NewRenderer(fsys fs.FS) (*Renderer, error) {
-	if fsys == nil {
-		fsys = turnout.Assets
-	}
-	c, err := template.New("nginx.conf.tmpl").Option("missingkey=error").ParseFS(fsys, configTemplate)
+	c, err := proxyconf.ParseTemplates(fsys, "nginx.conf.tmpl", configTemplate)
 	if err != nil {
-		return nil, fmt.Errorf("parse %s: %w", configTemplate, err)
+		return nil, err
 	}
 	// The njs module is static: everything per-deployment lives in
 	// nginx.conf variables, so the JS needs no template escaping.
-	js, err := fs.ReadFile(fsys, jsTemplate)
+	js, err := fs.ReadFile(proxyconf.Assets(fsys), jsTemplate)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", jsTemplate, err)
 	}
 	return &Renderer{cfg: c, js: js}, nil
-}
-
-// Render renders the files for cfg with the embedded templates.
-func Render(cfg *route.Config, opts RenderOptions) (*Rendered, error) {
-	r, err := NewRenderer(nil)
-	if err != nil {
-		return nil, err
-	}
-	return r.Render(cfg, opts)
 }
 
 // Render renders cfg. Every config value that reaches nginx.conf is checked
@@ -176,6 +151,15 @@ func (r *Renderer) Render(cfg *route.Config, opts RenderOptions) (*Rendered, err
 	return &Rendered{Config: conf.Bytes(), JS: r.js, Summary: d.summary}, nil
 }
 
+// Render renders the files for cfg with the embedded templates.
+func Render(cfg *route.Config, opts RenderOptions) (*Rendered, error) {
+	r, err := NewRenderer(nil)
+	if err != nil {
+		return nil, err
+	}
+	return r.Render(cfg, opts)
+}
+
 // Summary is the part of a render that reload reasons talk about.
 type Summary struct {
 	// Pools maps upstream name -> "server=addr" entries in config order.
@@ -184,11 +168,8 @@ type Summary struct {
 
 // Tokens that may appear in nginx.conf unquoted.
 var (
-	nameRe   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
-	headerRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$`)
-	hostRe   = regexp.MustCompile(`^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]{0,252})$`)
-	pathRe   = regexp.MustCompile(`^/[A-Za-z0-9_./+@-]*$`)
-	userRe   = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+	// Names, header names, hosts and file paths are checked by proxyconf.Checker.
+	userRe = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
 )
 
 // Header names turnout answers with or reads from the proxy: cleared from
@@ -270,45 +251,17 @@ type poolData struct {
 }
 
 func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
-	var errs []error
-	bad := func(field, format string, a ...any) {
-		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrRender, field, fmt.Sprintf(format, a...)))
-	}
-	path := func(field, p string) string {
-		if !filepath.IsAbs(p) || !pathRe.MatchString(p) {
-			bad(field, "%q must be an absolute path of [A-Za-z0-9_./+@-]", p)
-		}
-		return p
-	}
+	c := proxyconf.NewChecker(ErrRender, "nginx.conf")
+	bad, path, name := c.Bad, c.Path, c.Name
 	addr := func(field, a string) string {
-		host, port, err := net.SplitHostPort(a)
-		pn, perr := strconv.Atoi(port)
-		if err != nil || perr != nil || pn < 1 || pn > 65535 || host == "" {
-			bad(field, "%q must be host:port", a)
-			return ""
-		}
-		if strings.Contains(host, ":") {
-			host = "[" + host + "]"
-		}
-		if !hostRe.MatchString(host) {
-			bad(field, "host %q has characters nginx.conf cannot take", host)
-			return ""
-		}
-		return host + ":" + strconv.Itoa(pn)
-	}
-	name := func(field, n string) string {
-		if !nameRe.MatchString(n) {
-			bad(field, "%q must match %s", n, nameRe)
-		}
-		return n
+		hp, _, _ := c.Addr(field, a)
+		return hp
 	}
 	header := func(field, h string) headerData {
-		if !headerRe.MatchString(h) {
-			bad(field, "%q is not a header name", h)
+		if !c.Header(field, h) {
 			return headerData{}
 		}
-		v := strings.ToLower(strings.ReplaceAll(h, "-", "_"))
-		return headerData{Name: h, Var: "$http_" + v}
+		return headerVar(h)
 	}
 
 	p := &cfg.Proxy
@@ -379,15 +332,16 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		d.RouteServers = append(d.RouteServers, d.RouteServers[0])
 	}
 
-	for i, h := range cfg.SessionHeaders {
-		d.RouteHeaders = append(d.RouteHeaders, header(fmt.Sprintf("session_headers[%d]", i), h))
+	// The headers turnout gets: the same list as the HAProxy glue
+	// (route/contract_forward.go); model headers also pick the pool.
+	for _, h := range route.ForwardedHeaders(cfg) {
+		d.RouteHeaders = append(d.RouteHeaders, header(h.Field, h.Name))
 	}
-	for i, h := range cfg.ModelHeaders {
-		hd := header(fmt.Sprintf("model_headers[%d]", i), h)
-		d.RouteHeaders = append(d.RouteHeaders, hd)
-		d.ModelHeaders = append(d.ModelHeaders, hd)
+	for _, h := range cfg.ModelHeaders {
+		if route.HeaderRe.MatchString(h) { // a bad one is reported above
+			d.ModelHeaders = append(d.ModelHeaders, headerVar(h))
+		}
 	}
-	d.RouteHeaders = append(d.RouteHeaders, headerData{Name: "X-Request-Id", Var: "$http_x_request_id"})
 	d.ModelVars = modelChain(d.ModelHeaders)
 
 	// Pools, replicas and models.
@@ -473,7 +427,12 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	if !d.HasPD {
 		d.RouteBody = cfg.RouteBody
 	}
-	return d, errors.Join(errs...)
+	return d, c.Err()
+}
+
+// headerVar names the nginx variable of request header h.
+func headerVar(h string) headerData {
+	return headerData{Name: h, Var: "$http_" + strings.ToLower(strings.ReplaceAll(h, "-", "_"))}
 }
 
 // modelChain builds the maps that set $turnout_model to the first model

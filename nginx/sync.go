@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/internal/proxyconf"
 	"github.com/turnout/turnout/route"
 )
 
@@ -57,31 +57,18 @@ type Syncer struct {
 
 // NewSyncer prepares a Syncer; it does not touch nginx yet.
 func NewSyncer(opts SyncOptions, log *zerolog.Logger) (*Syncer, error) {
-	if log == nil {
-		l := zerolog.Nop()
-		log = &l
-	}
 	r, err := NewRenderer(nil)
 	if err != nil {
 		return nil, err
 	}
-	if opts.NginxBin == "" {
-		if p, err := exec.LookPath("nginx"); err == nil {
-			opts.NginxBin = p
-		}
-	}
-	if opts.ReloadTimeout <= 0 {
-		opts.ReloadTimeout = 15 * time.Second
-	}
-	if opts.PollInterval <= 0 {
-		opts.PollInterval = 50 * time.Millisecond
-	}
+	proxyconf.SyncDefaults{Bin: &opts.NginxBin, ReloadTimeout: &opts.ReloadTimeout, PollInterval: &opts.PollInterval}.
+		Fill("nginx", 50*time.Millisecond)
 	for _, p := range []string{opts.Render.Dir, opts.Render.PIDFile} {
 		if p != "" && !filepath.IsAbs(p) {
 			return nil, fmt.Errorf("nginx sync: %q must be an absolute path", p)
 		}
 	}
-	return &Syncer{opts: opts, log: log, r: r}, nil
+	return &Syncer{opts: opts, log: proxyconf.Logger(log), r: r}, nil
 }
 
 // Sync renders cfg and, when the result differs from the files on disk,
@@ -120,7 +107,7 @@ func (s *Syncer) Sync(ctx context.Context, cfg *route.Config) error {
 	reason := ReloadReason(s.last, &out.Summary)
 	s.last = &out.Summary
 
-	pid, err := readPID(ro.PIDFile)
+	pid, err := proxyconf.ReadPID(ro.PIDFile, "nginx")
 	if err != nil {
 		s.log.Warn().Err(err).Str(fieldDir, ro.Dir).Str(fieldReason, reason).Msg("nginx is not running; wrote its files for the next start")
 		return nil
@@ -218,26 +205,6 @@ func sameOnDisk(dir string, files []File) (bool, error) {
 		}
 	}
 	return true, nil
-}
-
-// readPID returns the master pid from the pid file if that process exists.
-func readPID(path string) (int, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, fmt.Errorf("nginx pid file: %w", err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 0 {
-		return 0, fmt.Errorf("nginx pid file %s: bad pid %q", path, bytes.TrimSpace(b))
-	}
-	if err := syscall.Kill(pid, 0); err != nil {
-		return 0, fmt.Errorf("nginx pid %d from %s: %w", pid, path, err)
-	}
-	// A stale pid file may name a reused pid: never signal another program.
-	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && !bytes.Contains(comm, []byte("nginx")) {
-		return 0, fmt.Errorf("nginx pid file %s names pid %d, which is %q, not nginx", path, pid, bytes.TrimSpace(comm))
-	}
-	return pid, nil
 }
 
 // Workers lists the worker pids of the nginx master pid (nil without /proc).

@@ -385,8 +385,8 @@ func (d Duration) Ms() int64 { return time.Duration(d).Milliseconds() }
 
 // Names that reach proxy configs must be plain tokens, so no config text can be injected.
 var (
-	nameRe   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
-	headerRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$`)
+	NameRe   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
+	HeaderRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$`)
 )
 
 // ErrConfig marks configuration errors.
@@ -564,12 +564,12 @@ func (c *Config) Validate() error {
 	}
 	checkAddr("listen", c.Listen)
 	for i, h := range c.SessionHeaders {
-		if !headerRe.MatchString(h) {
+		if !HeaderRe.MatchString(h) {
 			bad(fmt.Sprintf("session_headers[%d]", i), "%q is not a header name", h)
 		}
 	}
 	for i, h := range c.ModelHeaders {
-		if !headerRe.MatchString(h) {
+		if !HeaderRe.MatchString(h) {
 			bad(fmt.Sprintf("model_headers[%d]", i), "%q is not a header name", h)
 		}
 	}
@@ -665,7 +665,7 @@ func (c *Config) Validate() error {
 	for i := range c.Deployments {
 		d := &c.Deployments[i]
 		f := fmt.Sprintf("deployments[%d]", i)
-		if !nameRe.MatchString(d.Name) {
+		if !NameRe.MatchString(d.Name) {
 			bad(f+".name", "%s", nameProblem(d.Name))
 		} else if depNames[d.Name] {
 			bad(f+".name", "%q is used twice", d.Name)
@@ -715,7 +715,7 @@ func (c *Config) Validate() error {
 			for k := range p.Endpoints {
 				e := &p.Endpoints[k]
 				ef := fmt.Sprintf("%s.endpoints[%d]", pf, k)
-				if !nameRe.MatchString(e.Name) {
+				if !NameRe.MatchString(e.Name) {
 					bad(ef+".name", "%s", nameProblem(e.Name))
 				} else if other, ok := epNames[e.Name]; ok {
 					bad(ef+".name", "%q already used in %s (server names are global)", e.Name, other)
@@ -756,7 +756,7 @@ func (c *Config) Validate() error {
 }
 
 // ValidName reports whether s may be a server, pool or deployment name.
-func ValidName(s string) bool { return nameRe.MatchString(s) }
+func ValidName(s string) bool { return NameRe.MatchString(s) }
 
 // k8sNameRe is a DNS-1123 label (Service and namespace names).
 var k8sNameRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)

@@ -104,9 +104,6 @@ func (d *decisions) closeState(id uint64) *endpointState {
 	return st
 }
 
-// expire closes decisions older than ttl.
-func (d *decisions) expire(now time.Time, ttl time.Duration) { d.sweep(now, ttl, false) }
-
 // sweep closes decisions older than ttl and, with markStale, flags the
 // endpoints that hold a decision open past half their stall budget with no
 // request started since answered in time (see stall.go).

@@ -45,7 +45,7 @@ func TestEndpointFeedbackMetrics(t *testing.T) {
 	for i, l := range lines {
 		s.FeedbackLine([]byte(fmt.Sprintf(l, ids[i])))
 	}
-	s.dec.expire(time.Now().Add(time.Hour), time.Minute) // ids[4], ids[5] never complete
+	s.dec.sweep(time.Now().Add(time.Hour), time.Minute, false) // ids[4], ids[5] never complete
 	m := metricsText(s)
 	lab := func(ep string) string { return `deployment="llama",pool="llama_mixed",endpoint="` + ep + `"` }
 	wantMetric(t, m, `turnout_endpoint_responses_total{`+lab("a")+`,class="2xx"} 1`)

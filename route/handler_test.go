@@ -213,7 +213,7 @@ func TestCompletionAccounting(t *testing.T) {
 	}
 	// TTL expiry.
 	do(s, chatBody("llama", "", "x"))
-	s.dec.expire(time.Now().Add(time.Hour), time.Minute)
+	s.dec.sweep(time.Now().Add(time.Hour), time.Minute, false)
 	if total() != 0 || s.dec.expired.Load() != 1 {
 		t.Fatalf("expiry: inflight %d expired %d", total(), s.dec.expired.Load())
 	}

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/test/mockvllm"
+	"github.com/turnout/turnout/internal/mock"
 )
 
 // Issue 11: several HAProxy + turnout fronts before the same replicas, with
@@ -93,7 +93,7 @@ func clusterYAML(url, name string) string {
 // clusterMocks are replicas that take a few ms per request and queue beyond
 // 4 running sequences, so engine loads mean something.
 func clusterMocks(t *testing.T, prefix string) []*Mock {
-	return mocks(t, prefix, 4, func(c *mockvllm.Config) {
+	return mocks(t, prefix, 4, func(c *mock.Config) {
 		c.TimeScale = 0.1
 		c.MaxRunning = 4
 	})

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/internal/mock"
 	"github.com/turnout/turnout/nginx"
-	"github.com/turnout/turnout/test/mockvllm"
 )
 
 // Issue 16 findings 5, 6 and 9 end to end: lost feedback is noticed, the
@@ -244,7 +244,7 @@ func TestHAProxyStalledReplicaTakenOut(t *testing.T) {
 				}
 				if m := mark.Load(); m != 0 && sent > m {
 					mu.Lock()
-					served[r.Header.Get(mockvllm.HeaderReplica)]++
+					served[r.Header.Get(mock.HeaderReplica)]++
 					mu.Unlock()
 				}
 			}()
@@ -253,14 +253,14 @@ func TestHAProxyStalledReplicaTakenOut(t *testing.T) {
 	defer func() {
 		close(stop)
 		for _, m := range ms {
-			_ = m.SetFaults(mockvllm.Faults{})
+			_ = m.SetFaults(mock.Faults{})
 		}
 		wg.Wait()
 	}()
 	time.Sleep(time.Second) // completions flowing
 	stalled := ms[0]
 	start := time.Now()
-	if err := stalled.SetFaults(mockvllm.Faults{Stall: 10 * time.Second}); err != nil {
+	if err := stalled.SetFaults(mock.Faults{Stall: 10 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	degraded := func() float64 {
@@ -284,7 +284,7 @@ func TestHAProxyStalledReplicaTakenOut(t *testing.T) {
 	if !strings.Contains(getBody(t, s.T.URL+"/readyz?verbose"), "endpoint "+stalled.Name) {
 		t.Errorf("/readyz?verbose does not list the degraded endpoint")
 	}
-	_ = stalled.SetFaults(mockvllm.Faults{})
+	_ = stalled.SetFaults(mock.Faults{})
 	Eventually(t, 4*budget, stalled.Name+" readmitted", func() bool { return degraded() == 0 })
 	if f := failures.Load(); f != 0 {
 		t.Errorf("%d requests failed", f)

@@ -21,8 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/internal/mock"
 	"github.com/turnout/turnout/route"
-	"github.com/turnout/turnout/test/mockvllm"
 )
 
 // hpdStack is turnout + HAProxy in front of a PD deployment "pd" (2 prefill,
@@ -77,13 +77,13 @@ deployments:
 func startHPD(t *testing.T, spoeAddr string) *hpdStack {
 	t.Helper()
 	NeedHAProxy(t)
-	role := func(r mockvllm.Role) func(*mockvllm.Config) {
-		return func(c *mockvllm.Config) { c.Role = r }
+	role := func(r mock.Role) func(*mock.Config) {
+		return func(c *mock.Config) { c.Role = r }
 	}
 	s := &hpdStack{
 		dir: t.TempDir(), turnoutAddr: FreeAddr(t), haAddr: FreeAddr(t), syslog: FreeUDPAddr(t),
-		prefill:  mocks(t, "pre", 2, role(mockvllm.RolePrefill)),
-		decode:   mocks(t, "dec", 2, role(mockvllm.RoleDecode)),
+		prefill:  mocks(t, "pre", 2, role(mock.RolePrefill)),
+		decode:   mocks(t, "dec", 2, role(mock.RoleDecode)),
 		mixed:    mocks(t, "mix", 1, nil),
 		spoeAddr: spoeAddr,
 		client:   &http.Client{Timeout: 30 * time.Second},
@@ -136,18 +136,18 @@ type hpdLogged struct {
 
 func hpdRequests(t *testing.T, m *Mock) []hpdLogged {
 	t.Helper()
-	res, err := http.Get("http://" + m.Addr + mockvllm.PathRequests)
+	res, err := http.Get("http://" + m.Addr + mock.PathRequests)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer res.Body.Close()
 	var out []hpdLogged
 	if err := json.NewDecoder(res.Body).Decode(&out); err != nil {
-		t.Fatalf("%s %s: %v", m.Name, mockvllm.PathRequests, err)
+		t.Fatalf("%s %s: %v", m.Name, mock.PathRequests, err)
 	}
 	var chats []hpdLogged
 	for _, e := range out {
-		if e.Path == mockvllm.PathChat {
+		if e.Path == mock.PathChat {
 			chats = append(chats, e)
 		}
 	}
@@ -157,7 +157,7 @@ func hpdRequests(t *testing.T, m *Mock) []hpdLogged {
 func hpdClear(t *testing.T, ms ...*Mock) {
 	t.Helper()
 	for _, m := range ms {
-		res, err := http.Post("http://"+m.Addr+mockvllm.PathRequestsClear, "", nil)
+		res, err := http.Post("http://"+m.Addr+mock.PathRequestsClear, "", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -168,7 +168,7 @@ func hpdClear(t *testing.T, ms ...*Mock) {
 // hpdFaults flips a replica's failure rate through its HTTP fault knob.
 func hpdFaults(t *testing.T, m *Mock, failRate float64) {
 	t.Helper()
-	res, err := http.Post("http://"+m.Addr+mockvllm.PathFaults, "application/json",
+	res, err := http.Post("http://"+m.Addr+mock.PathFaults, "application/json",
 		strings.NewReader(fmt.Sprintf(`{"fail_rate":%v}`, failRate)))
 	if err != nil {
 		t.Fatal(err)
@@ -314,8 +314,8 @@ func hpdStreaming(t *testing.T, s *hpdStack, chunked bool) {
 	if got.content != 8 || !got.done || got.usage == nil || got.usage.CompletionTokens != 8 || got.usage.PromptTokens == 0 {
 		t.Errorf("stream: %d content events (want 8), [DONE] %v, usage %+v", got.content, got.done, got.usage)
 	}
-	if v := got.header.Get(mockvllm.HeaderKVTransfer); v != mockvllm.KVTransferValid {
-		t.Errorf("decode replica reports %s %q, want valid", mockvllm.HeaderKVTransfer, v)
+	if v := got.header.Get(mock.HeaderKVTransfer); v != mock.KVTransferValid {
+		t.Errorf("decode replica reports %s %q, want valid", mock.HeaderKVTransfer, v)
 	}
 	served := s.decodeByName(got.header.Get("X-Replica"))
 	if served == nil {
@@ -378,8 +378,8 @@ func hpdPrefillRetry(t *testing.T, s *hpdStack) {
 	failedBefore := bad.Stats().Failed
 	for i := range 4 { // round-robin: the failing replica comes first in half of them
 		r := s.post(t, hpdChat("pd", fmt.Sprintf("retry %d", i), 3, false), nil)
-		if r.Status != 200 || r.Header.Get(mockvllm.HeaderKVTransfer) != mockvllm.KVTransferValid {
-			t.Fatalf("request %d: status %d kv %q: %s", i, r.Status, r.Header.Get(mockvllm.HeaderKVTransfer), r.Body)
+		if r.Status != 200 || r.Header.Get(mock.HeaderKVTransfer) != mock.KVTransferValid {
+			t.Fatalf("request %d: status %d kv %q: %s", i, r.Status, r.Header.Get(mock.HeaderKVTransfer), r.Body)
 		}
 	}
 	if bad.Stats().Failed == failedBefore {
@@ -524,15 +524,15 @@ func hpdOpenAINode(t *testing.T, s *hpdStack) {
 // the runtime API (no reload) and serves PD requests with valid params.
 func hpdMembership(t *testing.T, s *hpdStack) {
 	pid := s.H.Info(t)["Pid"]
-	added := StartMock(t, fmt.Sprintf("dec-%d", len(s.decode)), func(c *mockvllm.Config) { c.Role = mockvllm.RoleDecode })
+	added := StartMock(t, fmt.Sprintf("dec-%d", len(s.decode)), func(c *mock.Config) { c.Role = mock.RoleDecode })
 	s.decode = append(s.decode, added)
 	s.T.Rewrite(t, s.yaml())
 	s.H.WaitServersUp(t, "pd_decode/"+added.Name)
 	served := false
 	for i := 0; i < 30 && !served; i++ { // round-robin reaches it within a few requests
 		r := s.post(t, hpdChat("pd", fmt.Sprintf("new replica %d", i), 2, false), nil)
-		if r.Status != 200 || r.Header.Get(mockvllm.HeaderKVTransfer) != mockvllm.KVTransferValid {
-			t.Fatalf("request %d: status %d kv %q: %s", i, r.Status, r.Header.Get(mockvllm.HeaderKVTransfer), r.Body)
+		if r.Status != 200 || r.Header.Get(mock.HeaderKVTransfer) != mock.KVTransferValid {
+			t.Fatalf("request %d: status %d kv %q: %s", i, r.Status, r.Header.Get(mock.HeaderKVTransfer), r.Body)
 		}
 		served = r.Header.Get("X-Replica") == added.Name
 	}
@@ -562,8 +562,8 @@ func hpdFailOpen(t *testing.T, s *hpdStack) {
 		if got.status != 200 || got.content != 4 || !got.done {
 			t.Fatalf("request %d: status %d, %d content events, [DONE] %v: %s", i, got.status, got.content, got.done, got.raw)
 		}
-		if s.decodeByName(got.header.Get("X-Replica")) == nil || got.header.Get(mockvllm.HeaderKVTransfer) != mockvllm.KVTransferNone {
-			t.Fatalf("request %d: replica %q kv %q, want a decode replica computing alone", i, got.header.Get("X-Replica"), got.header.Get(mockvllm.HeaderKVTransfer))
+		if s.decodeByName(got.header.Get("X-Replica")) == nil || got.header.Get(mock.HeaderKVTransfer) != mock.KVTransferNone {
+			t.Fatalf("request %d: replica %q kv %q, want a decode replica computing alone", i, got.header.Get("X-Replica"), got.header.Get(mock.HeaderKVTransfer))
 		}
 	}
 	for _, m := range s.prefill {

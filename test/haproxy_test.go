@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/test/mockvllm"
+	"github.com/turnout/turnout/internal/mock"
 )
 
 // depSpec is one deployment of a test stack.
@@ -143,7 +143,7 @@ func chatBody(model, system, user string, stream bool) []byte {
 	return b
 }
 
-func mocks(t *testing.T, prefix string, n int, edit func(*mockvllm.Config)) []*Mock {
+func mocks(t *testing.T, prefix string, n int, edit func(*mock.Config)) []*Mock {
 	out := make([]*Mock, n)
 	for i := range out {
 		out[i] = StartMock(t, fmt.Sprintf("%s-%d", prefix, i), edit)
@@ -168,7 +168,7 @@ func testHAProxy(t *testing.T, spoeAddr string) {
 	s := startStackWith(t, "open", spoeAddr,
 		depSpec{name: "chat", policy: policySession, mocks: mocks(t, "chat", 3, nil)},
 		depSpec{name: "llama", policy: policyPrefix, mocks: mocks(t, "llama", 3, nil)},
-		depSpec{name: "stream", policy: policyLeast, mocks: mocks(t, "stream", 1, func(c *mockvllm.Config) {
+		depSpec{name: "stream", policy: policyLeast, mocks: mocks(t, "stream", 1, func(c *mock.Config) {
 			c.TimeScale = 1
 			c.TTFTOverhead = 20 * time.Millisecond
 			c.PerTokenPrefill = 0

@@ -32,7 +32,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/turnout/turnout/test/mockvllm"
+	"github.com/turnout/turnout/internal/mock"
 )
 
 // FreePort returns a loopback TCP port that was free a moment ago. It is
@@ -219,22 +219,22 @@ func WaitHTTP(t testing.TB, url string, timeout time.Duration) {
 
 // Mock is an in-process mock vLLM replica.
 type Mock struct {
-	*mockvllm.Server
+	*mock.Server
 	Name, Addr string
 }
 
 // StartMock starts a replica named name on a free loopback port; edit
 // adjusts its config (nil = defaults with fast timings).
-func StartMock(t testing.TB, name string, edit func(*mockvllm.Config)) *Mock {
+func StartMock(t testing.TB, name string, edit func(*mock.Config)) *Mock {
 	t.Helper()
-	cfg := mockvllm.DefaultConfig()
+	cfg := mock.DefaultConfig()
 	cfg.Name = name
 	cfg.TimeScale = 0.01 // 20 ms TTFT -> 0.2 ms: tests should not wait on the model
 	if edit != nil {
 		edit(&cfg)
 	}
 	l := zerolog.Nop()
-	s, err := mockvllm.New(cfg, &l)
+	s, err := mock.New(cfg, &l)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/turnout/turnout/internal/kubetest"
-	"github.com/turnout/turnout/test/mockvllm"
+	"github.com/turnout/turnout/internal/mock"
 )
 
 // kubeBenchEnv enables the Kubernetes measurements of BENCHMARKS.md
@@ -49,8 +49,8 @@ func TestKubeChangeLatency(t *testing.T) {
 	}
 	NeedHAProxy(t)
 	c := kubetest.Start(t, repoRoot(), "llm", "10.244.0.1")
-	kubeMock(t, "m-0", "10.244.0.10", mockvllm.RoleMixed)
-	kubeMock(t, "m-1", "10.244.0.11", mockvllm.RoleMixed)
+	kubeMock(t, "m-0", "10.244.0.10", mock.RoleMixed)
+	kubeMock(t, "m-1", "10.244.0.11", mock.RoleMixed)
 	slice := func(n int, term bool) *discoveryv1.EndpointSlice {
 		es := &discoveryv1.EndpointSlice{
 			ObjectMeta:  metav1.ObjectMeta{Name: "vllm-a", Labels: map[string]string{discoveryv1.LabelServiceName: "vllm"}},

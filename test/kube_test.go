@@ -25,8 +25,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/turnout/turnout/internal/kubetest"
+	"github.com/turnout/turnout/internal/mock"
 	"github.com/turnout/turnout/nginx"
-	"github.com/turnout/turnout/test/mockvllm"
 )
 
 // netnsEnv marks the child test process that runs inside its own network
@@ -74,14 +74,14 @@ func inNetns(t *testing.T) bool {
 }
 
 // kubeMock starts a mock replica on ip:8000.
-func kubeMock(t *testing.T, name, ip string, role mockvllm.Role) *Mock {
+func kubeMock(t *testing.T, name, ip string, role mock.Role) *Mock {
 	t.Helper()
-	cfg := mockvllm.DefaultConfig()
+	cfg := mock.DefaultConfig()
 	cfg.Name = name
 	cfg.Role = role
 	cfg.TimeScale = 0.5 // 10 ms per token: streams overlap the membership changes
 	l := zerolog.Nop()
-	s, err := mockvllm.New(cfg, &l)
+	s, err := mock.New(cfg, &l)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func kubeStream(ctx context.Context, c *http.Client, url string, body []byte, op
 		return kubeSSE{}, err
 	}
 	defer res.Body.Close()
-	out := kubeSSE{status: res.StatusCode, replica: res.Header.Get(mockvllm.HeaderReplica)}
+	out := kubeSSE{status: res.StatusCode, replica: res.Header.Get(mock.HeaderReplica)}
 	if opened != nil {
 		opened(out.replica)
 	}
@@ -287,11 +287,11 @@ func TestKubeFleet(t *testing.T) {
 	c := kubetest.Start(t, repoRoot(), "llm", "10.244.0.1")
 	ctx := context.Background()
 
-	chat := []*Mock{kubeMock(t, "m-0", "10.244.0.10", mockvllm.RoleMixed), kubeMock(t, "m-1", "10.244.0.11", mockvllm.RoleMixed)}
-	pre := kubeMock(t, "p-0", "10.244.0.20", mockvllm.RolePrefill)
+	chat := []*Mock{kubeMock(t, "m-0", "10.244.0.10", mock.RoleMixed), kubeMock(t, "m-1", "10.244.0.11", mock.RoleMixed)}
+	pre := kubeMock(t, "p-0", "10.244.0.20", mock.RolePrefill)
 	var dec []*Mock
 	for i := range 6 {
-		dec = append(dec, kubeMock(t, fmt.Sprintf("d-%d", i), fmt.Sprintf("10.244.0.%d", kubeDecodeBase+i), mockvllm.RoleDecode))
+		dec = append(dec, kubeMock(t, fmt.Sprintf("d-%d", i), fmt.Sprintf("10.244.0.%d", kubeDecodeBase+i), mock.RoleDecode))
 	}
 	// One Service feeds both PD pools; the pods' vllm-role label sorts them.
 	pods := map[string]string{"p-0": "prefill"}

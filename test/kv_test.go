@@ -14,8 +14,8 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/internal/mock"
 	"github.com/turnout/turnout/route/kv"
-	"github.com/turnout/turnout/test/mockvllm"
 )
 
 // kvMocks starts n mock replicas that publish real vLLM-format KV events.
@@ -37,7 +37,7 @@ func kvMocks(t *testing.T, n, cacheBlocks int) ([]*Mock, map[string]string) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = pub.Close() })
-		ms[i] = StartMock(t, name, func(c *mockvllm.Config) {
+		ms[i] = StartMock(t, name, func(c *mock.Config) {
 			c.BlockSize = 4
 			c.CacheBlocks = cacheBlocks
 			c.KVEvents = pub

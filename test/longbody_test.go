@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnout/turnout/internal/mock"
 	"github.com/turnout/turnout/route"
-	"github.com/turnout/turnout/test/mockvllm"
 )
 
 // A prompt far larger than HAProxy's buffer: the proxy hands turnout a
@@ -56,7 +56,7 @@ func checkLongPrompt(t *testing.T, s frontend, model, turnoutURL string, seenMax
 			t.Fatalf("body is %d bytes, want >= 200 KiB", len(body))
 		}
 		blocks0 := metric("turnout_prefix_blocks_total", `pool="`+pool+`"`)
-		r := s.post(t, mockvllm.PathChat, body, nil)
+		r := s.post(t, mock.PathChat, body, nil)
 		if r.Status != 200 {
 			t.Fatalf("long prompt %d: status %d: %.300s", i, r.Status, r.Body)
 		}

@@ -19,11 +19,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/test/mockvllm"
+	"github.com/turnout/turnout/internal/mock"
 )
 
 // ngSlowStream makes a replica emit one token every 100 ms.
-func ngSlowStream(c *mockvllm.Config) {
+func ngSlowStream(c *mock.Config) {
 	c.TimeScale = 1
 	c.TTFTOverhead = 20 * time.Millisecond
 	c.PerTokenPrefill = 0
@@ -41,9 +41,9 @@ func TestNginx(t *testing.T) {
 		ndep{name: "stream", policy: policyLeast, mode: "body", mocks: mocks(t, "bstream", 1, ngSlowStream)},
 		ndep{name: "streamh", policy: policyLeast, mode: "header", mocks: mocks(t, "hstream", 1, ngSlowStream)},
 		ndep{name: "pd", policy: policyLeast, mode: "body",
-			prefill: mocks(t, "prefill", 2, func(c *mockvllm.Config) { c.Role = mockvllm.RolePrefill }),
-			decode: mocks(t, "decode", 1, func(c *mockvllm.Config) {
-				c.Role = mockvllm.RoleDecode
+			prefill: mocks(t, "prefill", 2, func(c *mock.Config) { c.Role = mock.RolePrefill }),
+			decode: mocks(t, "decode", 1, func(c *mock.Config) {
+				c.Role = mock.RoleDecode
 				c.TimeScale = 1
 				c.TTFTOverhead = 5 * time.Millisecond
 				c.PerTokenPrefill = 0
@@ -268,7 +268,7 @@ func ngTooLarge(t *testing.T, s *nstack) {
 func ngPD(t *testing.T, s *nstack) {
 	d := s.dep("pd")
 	for _, m := range slices.Concat(d.prefill, d.decode) {
-		if res, err := http.Post("http://"+m.Addr+mockvllm.PathRequestsClear, "", nil); err == nil {
+		if res, err := http.Post("http://"+m.Addr+mock.PathRequestsClear, "", nil); err == nil {
 			res.Body.Close()
 		}
 	}
@@ -283,8 +283,8 @@ func ngPD(t *testing.T, s *nstack) {
 	if len(arrivals) != 8 || !done {
 		t.Errorf("PD stream: %d content chunks (want 8), [DONE] %v", len(arrivals), done)
 	}
-	if got := res.Header.Get(mockvllm.HeaderKVTransfer); got != "valid" {
-		t.Errorf("decode replica reports %s %q, want valid", mockvllm.HeaderKVTransfer, got)
+	if got := res.Header.Get(mock.HeaderKVTransfer); got != "valid" {
+		t.Errorf("decode replica reports %s %q, want valid", mock.HeaderKVTransfer, got)
 	}
 	if res.Header.Get("X-Replica") != d.decode[0].Name {
 		t.Errorf("served by %q, want the decode replica %s", res.Header.Get("X-Replica"), d.decode[0].Name)
@@ -293,7 +293,7 @@ func ngPD(t *testing.T, s *nstack) {
 	var prefills []map[string]any
 	for _, m := range d.prefill {
 		for _, e := range ngMockRequests(t, m) {
-			if e.Path == mockvllm.PathChat {
+			if e.Path == mock.PathChat {
 				prefills = append(prefills, e.Body)
 			}
 		}
@@ -328,13 +328,13 @@ func ngPD(t *testing.T, s *nstack) {
 	})
 	t.Run("PrefillFailureRelayed", func(t *testing.T) {
 		for _, m := range d.prefill {
-			if err := m.SetFaults(mockvllm.Faults{FailRate: 1}); err != nil {
+			if err := m.SetFaults(mock.Faults{FailRate: 1}); err != nil {
 				t.Fatal(err)
 			}
 		}
 		defer func() {
 			for _, m := range d.prefill {
-				_ = m.SetFaults(mockvllm.Faults{})
+				_ = m.SetFaults(mock.Faults{})
 			}
 		}()
 		before := d.decode[0].Stats().Requests
@@ -356,7 +356,7 @@ type ngMockRequest struct {
 
 func ngMockRequests(t *testing.T, m *Mock) []ngMockRequest {
 	t.Helper()
-	res, err := http.Get("http://" + m.Addr + mockvllm.PathRequests)
+	res, err := http.Get("http://" + m.Addr + mock.PathRequests)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,7 +416,7 @@ func ngInflight(t *testing.T, s *nstack) {
 // fails, the stream completes, traffic moves.
 func TestNginxMembershipUnderLoad(t *testing.T) {
 	ms := mocks(t, "n", 4, nil)
-	slow := StartMock(t, "n-slow", func(c *mockvllm.Config) {
+	slow := StartMock(t, "n-slow", func(c *mock.Config) {
 		c.TimeScale = 1
 		c.TTFTOverhead = 10 * time.Millisecond
 		c.PerTokenPrefill = 0

@@ -12,7 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/turnout/turnout/test/mockvllm"
+	"github.com/turnout/turnout/internal/mock"
 )
 
 func getReadyz(t *testing.T, url string) (int, string) {
@@ -57,10 +57,10 @@ deployments:
 		t.Fatalf("verbose: %q", body)
 	}
 	start := func(addr string) {
-		cfg := mockvllm.DefaultConfig()
+		cfg := mock.DefaultConfig()
 		cfg.Name = addr
 		l := zerolog.Nop()
-		s, err := mockvllm.New(cfg, &l)
+		s, err := mock.New(cfg, &l)
 		if err != nil {
 			t.Fatal(err)
 		}

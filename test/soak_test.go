@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/test/mockvllm"
+	"github.com/turnout/turnout/internal/mock"
 )
 
 // TestSoak (issue 16 finding 10) mixes, for $TURNOUT_SOAK (a duration;
@@ -34,7 +34,7 @@ func TestSoak(t *testing.T) {
 	if err != nil || d <= 0 {
 		t.Skip("set TURNOUT_SOAK=10m (make soak) to run the soak test")
 	}
-	stream := func(c *mockvllm.Config) {
+	stream := func(c *mock.Config) {
 		c.TimeScale = 1
 		c.TTFTOverhead = 20 * time.Millisecond
 		c.PerTokenPrefill = 0
@@ -74,7 +74,7 @@ type soakTarget struct {
 	newMock     func(name string) *Mock
 }
 
-func haproxyTarget(t *testing.T, s *hstack, edit func(*mockvllm.Config)) soakTarget {
+func haproxyTarget(t *testing.T, s *hstack, edit func(*mock.Config)) soakTarget {
 	return soakTarget{
 		url: s.H.URL, T: s.T, mocks: &s.deps[0].mocks,
 		rewrite:     func() { s.T.Rewrite(t, s.yaml()+soakTTL) },

@@ -18,8 +18,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/internal/bench"
 	"github.com/turnout/turnout/nginx"
-	"github.com/turnout/turnout/test/bench"
 )
 
 const benchUsage = `turnout bench: routing quality and cost benchmarks

@@ -13,8 +13,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/internal/mock"
 	"github.com/turnout/turnout/route/kv"
-	"github.com/turnout/turnout/test/mockvllm"
 )
 
 // modelList is a repeatable, comma-splitting flag value.
@@ -34,7 +34,7 @@ func (m *modelList) Set(v string) error {
 // runMock implements `turnout mock`: one mock vLLM replica serving until
 // SIGINT/SIGTERM.
 func runMock(args []string, log *zerolog.Logger) error {
-	d := mockvllm.DefaultConfig()
+	d := mock.DefaultConfig()
 	fs := newFlags("mock")
 	var (
 		models modelList
@@ -45,7 +45,7 @@ func runMock(args []string, log *zerolog.Logger) error {
 	fs.StringVar(&cfg.Name, "name", "", "replica name for X-Replica (default mock-PORT)")
 	fs.Var(&models, "model", "served model name; repeatable or comma-separated (default llama)")
 	fs.BoolVar(&cfg.StrictModels, "strict-models", false, "answer 404 for unknown model names")
-	fs.StringVar(&role, "role", string(mockvllm.RoleMixed), "mixed, prefill or decode")
+	fs.StringVar(&role, "role", string(mock.RoleMixed), "mixed, prefill or decode")
 	fs.StringVar(&cfg.EngineID, "engine-id", "", "remote_engine_id a prefill replica reports (default: name)")
 	fs.StringVar(&cfg.AdvertiseHost, "advertise-host", "", "remote_host a prefill replica reports (default: listen host)")
 	fs.IntVar(&cfg.BlockSize, "block-size", d.BlockSize, "tokens per KV block")
@@ -77,7 +77,7 @@ func runMock(args []string, log *zerolog.Logger) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("mock: unexpected arguments %q", fs.Args())
 	}
-	r, err := mockvllm.ParseRole(role)
+	r, err := mock.ParseRole(role)
 	if err != nil {
 		return fmt.Errorf("mock: %w", err)
 	}
@@ -127,7 +127,7 @@ func runMock(args []string, log *zerolog.Logger) error {
 		defer func() { _ = pub.Close() }()
 		cfg.KVEvents = pub
 	}
-	srv, err := mockvllm.New(cfg, log)
+	srv, err := mock.New(cfg, log)
 	if err != nil {
 		_ = ln.Close()
 		return fmt.Errorf("mock: %w", err)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"io"
 	"net"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/spoe"
 )
 
 // helloFrame is an HAPROXY-HELLO health check: supported-versions "2.0",
@@ -31,7 +31,10 @@ func helloFrame() []byte {
 	return append(binary.BigEndian.AppendUint32(nil, uint32(len(f))), f...)
 }
 
-func TestStartSPOE(t *testing.T) {
+// TestListenSPOE: the SPOE listener (listeners.go) binds host:port,
+// "unix@/path" and "/path", replaces a stale socket of a previous run, and
+// the agent on it answers HAProxy's hello.
+func TestListenSPOE(t *testing.T) {
 	cfg, err := route.ParseConfig(route.DefaultConfigYAML)
 	if err != nil {
 		t.Fatal(err)
@@ -44,16 +47,21 @@ func TestStartSPOE(t *testing.T) {
 	log := zerolog.Nop()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	sock := filepath.Join(t.TempDir(), "spoe.sock")
-	for _, addr := range []string{"127.0.0.1:0", "unix@" + sock} {
-		if err := startSPOE(ctx, addr, srv, &log); err != nil {
+	serve := func(addr string) {
+		t.Helper()
+		ln, err := listenSPOE(addr)
+		if err != nil {
 			t.Fatalf("%s: %v", addr, err)
 		}
+		agent := spoe.New(srv, spoe.Options{Log: &log})
+		go func() { _ = agent.Serve(ctx, ln) }()
+	}
+	sock := filepath.Join(t.TempDir(), "spoe.sock")
+	for _, addr := range []string{"127.0.0.1:0", "unix@" + sock} {
+		serve(addr)
 	}
 	// The stale socket of a previous run is replaced.
-	if err := startSPOE(ctx, sock, srv, &log); err != nil {
-		t.Fatalf("restart on %s: %v", sock, err)
-	}
+	serve(sock)
 	c, err := net.Dial("unix", sock)
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +75,7 @@ func TestStartSPOE(t *testing.T) {
 	if err != nil || len(b) < 5 || b[4] != 101 {
 		t.Fatalf("answer % x (%v), want AGENT-HELLO", b, err)
 	}
-	if err := startSPOE(ctx, "256.0.0.1:1", srv, &log); err == nil || errors.Unwrap(err) == nil {
-		t.Fatalf("bad address: %v, want a wrapped error", err)
+	if _, err := listenSPOE("256.0.0.1:1"); err == nil {
+		t.Fatal("bad address accepted")
 	}
 }

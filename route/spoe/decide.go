@@ -10,75 +10,32 @@ import (
 	"github.com/turnout/turnout/route"
 )
 
-// The contract with the SPOE config (templates/haproxy-spoe.snippets.tmpl).
-// Changing a name here breaks deployed configs.
+// The contract with the SPOE config (templates/haproxy-spoe.snippets.tmpl)
+// is defined in route/contract_spoe.go, shared with the renderer; the short
+// names below are the agent's spellings of it.
 const (
-	// MessageRoute is the spoe-message turnout answers; others get an empty ACK.
-	MessageRoute = "turnout-route"
+	MessageRoute = route.SPOEMessageRoute
 
-	// Arguments of MessageRoute.
-	ArgMethod  = "method" // method
-	ArgURI     = "uri"    // pathq
-	ArgHeaders = "hdrs"   // req.hdrs_bin
-	ArgBody    = "body"   // req.body
+	ArgMethod  = route.SPOEArgMethod
+	ArgURI     = route.SPOEArgURI
+	ArgHeaders = route.SPOEArgHeaders
+	ArgBody    = route.SPOEArgBody
 
-	// Variables set in the txn scope; HAProxy prefixes them with the agent's
-	// var-prefix (txn.turnout.server with "option var-prefix turnout").
-	VarServer     = "server"      // chosen server (X-Turnout-Server)
-	VarAddr       = "addr"        // its address (X-Turnout-Backend)
-	VarPool       = "pool"        // backend name (X-Turnout-Pool)
-	VarDecision   = "decision"    // decision id for the feedback log line
-	VarKVTransfer = "kv_transfer" // PD: base64 kv_transfer_params
-	VarPrefill    = "prefill"     // PD: prefill server used
-	VarStatus     = "status"      // turnout's status when it did not route (int)
-	VarReason     = "reason"      // X-Turnout-Reason (a plain token)
-	VarBody       = "body"        // JSON body of a 4xx or PD failure, to relay (always application/json)
-	// PD: what the decode backend's Lua filter inserts into the body, where
-	// (0-based offset just after the body's opening brace), and the body's
-	// new Content-Length -- exactly what the Lua action computes.
-	VarKV    = "kv"
-	VarKVAt  = "kv_at"
-	VarKVLen = "cl"
-	// Fallback servers go to fb1..fbN in the order use-server tries them.
-	VarFallbackPrefix = "fb"
-	// MaxFallbackVars caps the fallback variables (the renderer caps fallbacks at 8).
-	MaxFallbackVars = 8
+	VarServer         = route.SPOEVarServer
+	VarAddr           = route.SPOEVarAddr
+	VarPool           = route.SPOEVarPool
+	VarDecision       = route.SPOEVarDecision
+	VarKVTransfer     = route.SPOEVarKVTransfer
+	VarPrefill        = route.SPOEVarPrefill
+	VarStatus         = route.SPOEVarStatus
+	VarReason         = route.SPOEVarReason
+	VarBody           = route.SPOEVarBody
+	VarKV             = route.SPOEVarKV
+	VarKVAt           = route.SPOEVarKVAt
+	VarKVLen          = route.SPOEVarKVLen
+	VarFallbackPrefix = route.SPOEVarFallbackPrefix
+	MaxFallbackVars   = route.SPOEMaxFallbackVars
 )
-
-// RelayStatuses are the 4xx codes the snippet template relays as they are
-// ("http-request return status" takes a constant); the agent reports any
-// other 4xx as 400, keeping turnout's reason and body.
-var RelayStatuses = []int{400, 404, 405, 409, 413, 415, 422, 429}
-
-// RelayPD are turnout's prefill/decode failures that reach the client as
-// they are (the prefill ran and failed: serving without it would be wrong),
-// by status and reason.
-var RelayPD = []struct {
-	Status int
-	Reason string
-}{
-	{502, route.ReasonPrefillFailed},
-	{503, route.ReasonNoPrefillEndpoint},
-}
-
-// FallbackVars returns the names of the first n fallback variables.
-func FallbackVars(n int) []string {
-	return append([]string(nil), fallbackVars[:min(max(n, 0), MaxFallbackVars)]...)
-}
-
-// VarNames lists every variable the agent may set, for the SPOE file's
-// register-var-names (HAProxy ignores an agent's unregistered variables).
-func VarNames(fallbacks int) []string {
-	v := []string{VarServer, VarAddr, VarPool, VarDecision, VarKVTransfer, VarPrefill, VarStatus, VarReason, VarBody, VarKV, VarKVAt, VarKVLen}
-	return append(v, FallbackVars(fallbacks)...)
-}
-
-var fallbackVars = func() (v [MaxFallbackVars]string) {
-	for i := range v {
-		v[i] = VarFallbackPrefix + strconv.Itoa(i+1)
-	}
-	return v
-}()
 
 var (
 	pathRouteB = []byte(route.PathRoute)
@@ -106,21 +63,12 @@ type names struct {
 
 func newNames(snap *route.Snapshot) *names {
 	n := &names{cfg: snap.Config}
-	add := func(h string) { n.forward = append(n.forward, route.NormHeader([]byte(h))) }
-	for _, h := range snap.Config.SessionHeaders {
-		add(h)
+	// The same list the Lua forwards (route/contract_forward.go).
+	for _, h := range route.ForwardedHeaders(snap.Config) {
+		n.forward = append(n.forward, route.NormHeader([]byte(h.Name)))
 	}
-	for _, h := range snap.Config.ModelHeaders {
-		add(h)
-	}
-	add("content-type")
-	add("x-request-id")
 	for _, d := range snap.Deployments {
 		n.blocking = n.blocking || d.Prefill != nil
-	}
-	if n.blocking {
-		// turnout sends the prefill itself and needs the client's API key.
-		add("authorization")
 	}
 	return n
 }
@@ -291,14 +239,14 @@ func (d *decider) verdict(w *actions, body []byte) {
 			var name []byte
 			name, fb, _ = bytes.Cut(fb, []byte{','})
 			if name = bytes.TrimSpace(name); len(name) > 0 {
-				w.setString(fallbackVars[i], name)
+				w.setString(route.SPOEFallbackVar(i), name)
 				i++
 			}
 		}
 		w.setString(VarKVTransfer, h.Peek(route.HdrKVTransfer))
 		w.setString(VarPrefill, h.Peek(route.HdrPrefill))
 	case st >= 400 && st < 500:
-		if !isRelayed(st) {
+		if !route.SPOERelaysStatus(st) {
 			st = fasthttp.StatusBadRequest
 		}
 		w.setInt(VarStatus, int32(st))
@@ -316,13 +264,11 @@ func (d *decider) verdict(w *actions, body []byte) {
 		w.setInt(VarStatus, int32(st))
 		reason := d.token(h.Peek(route.HdrReason), st)
 		w.setString(VarReason, reason)
-		for _, r := range RelayPD {
-			if r.Status == st && string(reason) == r.Reason {
-				if b := resp.Body(); w.fits(VarBody, len(b)) {
-					w.setString(VarBody, b)
-				} else {
-					w.setString(VarBody, fallbackBody)
-				}
+		if route.SPOERelaysPD(st, reason) {
+			if b := resp.Body(); w.fits(VarBody, len(b)) {
+				w.setString(VarBody, b)
+			} else {
+				w.setString(VarBody, fallbackBody)
 			}
 		}
 	}
@@ -372,15 +318,6 @@ func (d *decider) token(r []byte, status int) []byte {
 	}
 	d.tmp = out
 	return out
-}
-
-func isRelayed(st int) bool {
-	for _, s := range RelayStatuses {
-		if s == st {
-			return true
-		}
-	}
-	return false
 }
 
 // walkHeaders calls fn for each header of a req.hdrs_bin block:

@@ -209,15 +209,15 @@ func newSPOEData(dir, agentAddr string, fallbacks int, failClosed bool) *spoeDat
 		Servers: []cfgServer{{Name: "spoe0", Addr: agentAddr}},
 		HelloMs: 500, IdleMs: 30000, ServerMs: 60000, TimeoutMs: 500,
 		FailClosed:    failClosed,
-		Fallbacks:     FallbackVars(fallbacks),
-		Vars:          VarNames(fallbacks),
-		RelayStatuses: RelayStatuses,
+		Fallbacks:     route.SPOEFallbackVars(fallbacks),
+		Vars:          route.SPOEVarNames(fallbacks),
+		RelayStatuses: route.SPOERelayStatuses(),
 	}
 }
 
 func serverVars(fallbacks int) []string {
 	v := []string{"txn.turnout_server"}
-	for _, f := range FallbackVars(fallbacks) {
+	for _, f := range route.SPOEFallbackVars(fallbacks) {
 		v = append(v, "txn.turnout_"+f)
 	}
 	return v
