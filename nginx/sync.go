@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -210,32 +209,6 @@ func sameOnDisk(dir string, files []File) (bool, error) {
 // Workers lists the worker pids of the nginx master pid (nil without /proc).
 func Workers(master int) []int { return children(master) }
 
-// children lists the pids whose parent is pid, from /proc (nil when /proc is
+// children lists the pids whose parent is pid, from /proc (empty when /proc is
 // not there). nginx's master has no other children than its workers here.
-func children(pid int) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	out := []int{}
-	for _, e := range ents {
-		c, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...: comm may hold spaces, so cut after ')'.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) >= 2 && f[1] == strconv.Itoa(pid) {
-			out = append(out, c)
-		}
-	}
-	return out
-}
+func children(pid int) []int { return proxyconf.Children(pid) }

@@ -11,53 +11,15 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/turnout/turnout/internal/proxyconf"
 )
 
 // Memory of the proxy processes, read from /proc (Linux only; elsewhere the
 // RSS columns stay empty).
 
-// procTree returns pid and its descendants. /proc/PID/task/*/children is
-// not always available, so it scans /proc once: the proxies' workers are
-// forked at startup and stay for the whole run.
-func procTree(pid int) []int {
-	if pid <= 0 {
-		return nil
-	}
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return []int{pid}
-	}
-	parent := map[int]int{}
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...: comm may hold spaces, so cut at the last ')'.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		var state byte
-		var ppid int
-		if _, err := fmt.Sscanf(string(b[i+1:]), " %c %d", &state, &ppid); err == nil {
-			parent[p] = ppid
-		}
-	}
-	tree := []int{pid}
-	for k := 0; k < len(tree); k++ {
-		for p, pp := range parent {
-			if pp == tree[k] {
-				tree = append(tree, p)
-			}
-		}
-	}
-	return tree
-}
+// procTree returns pid and its descendants.
+func procTree(pid int) []int { return proxyconf.Tree(pid) }
 
 // pageSize converts statm pages to bytes.
 var pageSize = int64(os.Getpagesize())
