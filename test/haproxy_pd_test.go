@@ -7,7 +7,6 @@ package e2e
 // kv_transfer_params into the body and streams the decode replica's answer.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -230,36 +229,13 @@ func (s *hpdStack) stream(t *testing.T, body io.Reader, hdr map[string]string) h
 		out.raw = string(b)
 		return out
 	}
-	sc := bufio.NewScanner(res.Body)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
-		if data == "[DONE]" {
-			out.done = true
-			continue
-		}
-		var ev struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-			} `json:"choices"`
-			Usage json.RawMessage `json:"usage"`
-		}
-		if err := json.Unmarshal([]byte(data), &ev); err != nil {
-			t.Fatalf("bad event %q: %v", data, err)
-		}
-		if len(ev.Choices) > 0 && ev.Choices[0].Delta.Content != "" {
-			out.content++
-		}
-		if len(ev.Usage) > 0 && string(ev.Usage) != "null" {
-			_ = json.Unmarshal(ev.Usage, &out.usage)
-		}
+	ev, err := readChatEvents(res.Body)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := sc.Err(); err != nil {
-		t.Fatalf("reading the stream: %v", err)
+	out.content, out.done = ev.content, ev.done
+	if ev.usage != nil {
+		_ = json.Unmarshal(ev.usage, &out.usage)
 	}
 	return out
 }

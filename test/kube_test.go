@@ -3,10 +3,8 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -137,31 +135,9 @@ func kubeStream(ctx context.Context, c *http.Client, url string, body []byte, op
 		b, _ := io.ReadAll(res.Body)
 		return out, fmt.Errorf("status %d: %s", res.StatusCode, b)
 	}
-	sc := bufio.NewScanner(res.Body)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
-		if data == "[DONE]" {
-			out.done = true
-			continue
-		}
-		var ev struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-			} `json:"choices"`
-		}
-		if err := json.Unmarshal([]byte(data), &ev); err != nil {
-			return out, fmt.Errorf("bad event %q: %w", data, err)
-		}
-		if len(ev.Choices) > 0 && ev.Choices[0].Delta.Content != "" {
-			out.content++
-		}
-	}
-	return out, sc.Err()
+	ev, err := readChatEvents(res.Body)
+	out.content, out.done = ev.content, ev.done
+	return out, err
 }
 
 func kubeChat(model, user string, maxTokens int) []byte {
