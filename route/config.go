@@ -74,6 +74,9 @@ type Config struct {
 
 	// warnings found at load (accepted, but probably not what was meant).
 	warnings []*FieldError
+	// pos maps field paths to their lines, for problems found after parsing
+	// (VerifyServedModels).
+	pos positions
 	// KVEventsBind, when set (tcp://0.0.0.0:5557), makes turnout bind one
 	// ZMQ SUB socket that engines' KV-event publishers connect to (vLLM
 	// with a concrete endpoint, llm-d); every endpoint without its own
@@ -421,6 +424,7 @@ func ParseConfig(b []byte) (*Config, error) {
 	}
 	c.warnings = c.checkWarnings()
 	pos.annotate(&ConfigError{Problems: c.warnings})
+	c.pos = pos
 	return &c, nil
 }
 

@@ -13,16 +13,12 @@ import (
 	"time"
 )
 
-// Model aliases. A deployment's `models:` are the names clients may send;
-// turnout routes on them and the proxy forwards the body unchanged, so each
-// replica must itself accept every one of them (vLLM: all of them listed in
-// --served-model-name, which takes several). turnout does not rewrite the
-// body's model: that would cost a body copy on the proxy for every request
-// and break nginx header mode. Instead it asks each replica what it serves
-// (GET /v1/models, as vLLM and OpenAI-compatible servers answer) and warns,
-// naming the flag to fix, about every name a replica would answer 404 for,
-// with the metric turnout_endpoint_model_missing. This runs in the
-// background, never on the decision path.
+// The background half of the model-name check (modelverify.go refuses at
+// load what answering replicas lack): replicas that were not up at load,
+// discovered ones and replicas serving none of a deployment's names are
+// asked here (GET /v1/models), and each name a replica would answer 404 for
+// is logged with the vLLM flag that fixes it and counted in
+// turnout_endpoint_model_missing. Never on the decision path.
 
 // modelCheck remembers, per endpoint and model list, what was found.
 type modelCheck struct {

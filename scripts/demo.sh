@@ -75,7 +75,7 @@ write_config "$WORK/turnout.yaml"
 echo "starting 4 mock replicas on 127.0.0.1:${PORTS[0]}-${PORTS[3]}"
 for i in "${!REPLICAS[@]}"; do
   start_child "mock ${REPLICAS[$i]}" "$WORK/mock-$i.log" "$BIN" mock --listen "127.0.0.1:${PORTS[$i]}" \
-    --name "${REPLICAS[$i]}" --model "$MODEL,llama" --time-scale 0.05
+    --name "${REPLICAS[$i]}" --model "$MODEL,llama" --strict-models --time-scale 0.05
 done
 for i in "${!REPLICAS[@]}"; do wait_http "mock ${REPLICAS[$i]}" "http://127.0.0.1:${PORTS[$i]}/health" || exit 1; done
 

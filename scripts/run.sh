@@ -23,7 +23,7 @@ write_config "$WORK/turnout.yaml"
 for i in 0 1 2 3; do
   start_child "mock llama-$i" "$WORK/mock-$i.log" \
     "$BIN" mock --listen "127.0.0.1:${MOCK_PORTS[$i]}" --name "llama-$i" \
-    --model meta-llama/Llama-3.1-8B-Instruct,llama --time-scale 0.05
+    --model meta-llama/Llama-3.1-8B-Instruct,llama --strict-models --time-scale 0.05
 done
 for i in 0 1 2 3; do wait_http "mock llama-$i" "http://127.0.0.1:${MOCK_PORTS[$i]}/health" || exit 1; done
 echo "make run: mock replicas llama-0..3 on 127.0.0.1:${MOCK_PORTS[0]}-${MOCK_PORTS[3]} (logs in $WORK); turnout on $TURNOUT (Ctrl-C stops all)" >&2

@@ -77,7 +77,9 @@ func startHPD(t *testing.T, spoeAddr string) *hpdStack {
 	t.Helper()
 	NeedHAProxy(t)
 	role := func(r mock.Role) func(*mock.Config) {
-		return func(c *mock.Config) { c.Role = r }
+		// The PD replicas serve both names of the pd deployment (turnout
+		// refuses at load a name they would answer 404 for).
+		return func(c *mock.Config) { c.Role, c.Models = r, []string{"pd", "llama"} }
 	}
 	s := &hpdStack{
 		dir: t.TempDir(), turnoutAddr: FreeAddr(t), haAddr: FreeAddr(t), syslog: FreeUDPAddr(t),
@@ -500,7 +502,7 @@ func hpdOpenAINode(t *testing.T, s *hpdStack) {
 // the runtime API (no reload) and serves PD requests with valid params.
 func hpdMembership(t *testing.T, s *hpdStack) {
 	pid := s.H.Info(t)["Pid"]
-	added := StartMock(t, fmt.Sprintf("dec-%d", len(s.decode)), func(c *mock.Config) { c.Role = mock.RoleDecode })
+	added := StartMock(t, fmt.Sprintf("dec-%d", len(s.decode)), func(c *mock.Config) { c.Role, c.Models = mock.RoleDecode, []string{"pd", "llama"} })
 	s.decode = append(s.decode, added)
 	s.T.Rewrite(t, s.yaml())
 	s.H.WaitServersUp(t, "pd_decode/"+added.Name)

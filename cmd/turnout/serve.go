@@ -61,6 +61,11 @@ func runServe(args []string, log *zerolog.Logger) error {
 		if *listen != "" {
 			cfg.Listen = *listen
 		}
+		// A model alias a replica would answer 404 for is refused here,
+		// at start and on reload (route/modelverify.go).
+		if err := route.VerifyServedModels(context.Background(), cfg, nil); err != nil {
+			return nil, withFile(err, *cfgPath)
+		}
 		return cfg, nil
 	}
 	cfg, err := load()
