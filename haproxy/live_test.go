@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/route"
@@ -144,7 +146,7 @@ func needHAProxy(t *testing.T) string {
 // liveEnv is a running HAProxy with its rendered directory.
 type liveEnv struct {
 	dir, url string
-	cfg      *route.Config
+	cfg      *config.Config
 	cmd      *exec.Cmd
 	log      *os.File
 }
@@ -161,7 +163,7 @@ type liveOpts struct {
 	l7Retries bool
 }
 
-func liveConfig(t *testing.T, o liveOpts, dir string, listen int) *route.Config {
+func liveConfig(t *testing.T, o liveOpts, dir string, listen int) *config.Config {
 	t.Helper()
 	var eps strings.Builder
 	pool := func(role string, reps []*replica) {
@@ -171,14 +173,14 @@ func liveConfig(t *testing.T, o liveOpts, dir string, listen int) *route.Config 
 		}
 	}
 	if len(o.prefill) > 0 {
-		pool(route.RolePrefill, o.prefill)
-		pool(route.RoleDecode, o.replicas)
+		pool(config.RolePrefill, o.prefill)
+		pool(config.RoleDecode, o.replicas)
 	} else {
-		pool(route.RoleMixed, o.replicas)
+		pool(config.RoleMixed, o.replicas)
 	}
 	fm := o.failMode
 	if fm == "" {
-		fm = route.FailOpen
+		fm = config.FailOpen
 	}
 	feedback := ""
 	if o.syslog != "" {
@@ -202,7 +204,7 @@ deployments:
     models: [m1]
     pools:
 %s`, feedback, o.routeURL, fm, o.extra, listen, dir, eps.String())
-	cfg, err := route.ParseConfig([]byte(y))
+	cfg, err := config.ParseConfig([]byte(y))
 	if err != nil {
 		t.Fatalf("config: %v\n%s", err, y)
 	}

@@ -23,6 +23,8 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/turnout/turnout/internal/proxyconf"
 	"github.com/turnout/turnout/route"
 )
@@ -67,8 +69,8 @@ const (
 // dir/spoe.sock ("unix@/path"); "" when HAProxy takes the Lua path or no
 // directory is known. turnout serve and the renderer both use it, so they
 // agree on the address.
-func SPOEAddr(cfg *route.Config, dir string) string {
-	if cfg.HAProxy.Path != route.HAProxyPathSPOE {
+func SPOEAddr(cfg *config.Config, dir string) string {
+	if cfg.HAProxy.Path != config.HAProxyPathSPOE {
 		return cfg.HAProxy.SPOE
 	}
 	if cfg.HAProxy.SPOE != "" || dir == "" {
@@ -89,7 +91,7 @@ type RenderOptions struct {
 }
 
 // withDefaults fills the options from the config and Dir.
-func (o RenderOptions) withDefaults(cfg *route.Config) RenderOptions {
+func (o RenderOptions) withDefaults(cfg *config.Config) RenderOptions {
 	o.Dir = cmp.Or(o.Dir, cfg.HAProxy.Dir)
 	o.Socket = cmp.Or(o.Socket, cfg.HAProxy.StatsSocket)
 	proxyconf.InDir(&o.Socket, o.Dir, DefaultSocketName)
@@ -140,7 +142,7 @@ func NewRenderer(fsys fs.FS) (*Renderer, error) {
 }
 
 // Render renders the files for cfg with the embedded templates.
-func Render(cfg *route.Config, opts RenderOptions) (*Rendered, error) {
+func Render(cfg *config.Config, opts RenderOptions) (*Rendered, error) {
 	r, err := NewRenderer(nil)
 	if err != nil {
 		return nil, err
@@ -151,7 +153,7 @@ func Render(cfg *route.Config, opts RenderOptions) (*Rendered, error) {
 // Render renders cfg. Every config value that reaches a file is checked
 // again here (route.Config.Validate already restricts names), so no value can
 // add a line or a keyword to haproxy.cfg or code to the Lua.
-func (r *Renderer) Render(cfg *route.Config, opts RenderOptions) (*Rendered, error) {
+func (r *Renderer) Render(cfg *config.Config, opts RenderOptions) (*Rendered, error) {
 	opts = opts.withDefaults(cfg)
 	d, err := buildData(cfg, opts)
 	if err != nil {
@@ -197,7 +199,7 @@ func (r *Renderer) Render(cfg *route.Config, opts RenderOptions) (*Rendered, err
 
 // Check renders cfg into a scratch directory (so paths inside point there)
 // and runs "haproxy -c" on it. The real files are untouched.
-func (r *Renderer) Check(ctx context.Context, haproxyBin string, cfg *route.Config, opts RenderOptions) error {
+func (r *Renderer) Check(ctx context.Context, haproxyBin string, cfg *config.Config, opts RenderOptions) error {
 	return proxyconf.CheckRender("turnout-haproxy-check-", func(tmp string) (*Rendered, error) {
 		opts.Dir, opts.Socket, opts.PIDFile = tmp, filepath.Join(tmp, DefaultSocketName), filepath.Join(tmp, DefaultPIDFileName)
 		return r.Render(cfg, opts)
@@ -224,7 +226,7 @@ func StructureOf(config []byte) string {
 
 // ServerParams are the keywords every turnout-managed server gets, in the
 // file and in runtime "add server" alike, so a reload changes nothing.
-func ServerParams(cfg *route.Config) string {
+func ServerParams(cfg *config.Config) string {
 	inter := cfg.Health.Interval.D()
 	if inter <= 0 {
 		inter = 2 * time.Second
@@ -347,7 +349,7 @@ func (d *tmplData) state() State {
 	return s
 }
 
-func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
+func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	c := proxyconf.NewChecker(ErrRender, "HAProxy")
 	bad, path, addr, name := c.Bad, c.Path, c.Addr, c.Name
 
@@ -402,15 +404,15 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		var serve string
 		for j := range dep.Pools {
 			pool := &dep.Pools[j]
-			bname := name(fmt.Sprintf("deployments[%d].pools[%d]", i, j), route.PoolName(dep.Name, pool.Role))
+			bname := name(fmt.Sprintf("deployments[%d].pools[%d]", i, j), config.PoolName(dep.Name, pool.Role))
 			if seen[bname] {
 				bad(fmt.Sprintf("deployments[%d].pools[%d]", i, j), "backend %q appears twice", bname)
 			}
 			seen[bname] = true
-			if pool.Role != route.RolePrefill && serve == "" {
+			if pool.Role != config.RolePrefill && serve == "" {
 				serve = bname
 			}
-			b := backendData{Name: bname, Prefill: pool.Role == route.RolePrefill, KVFilter: pd && pool.Role == route.RoleDecode}
+			b := backendData{Name: bname, Prefill: pool.Role == config.RolePrefill, KVFilter: pd && pool.Role == config.RoleDecode}
 			for k := range pool.Endpoints {
 				e := &pool.Endpoints[k]
 				f := fmt.Sprintf("deployments[%d].pools[%d].endpoints[%d]", i, j, k)
@@ -420,7 +422,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 			d.Backends = append(d.Backends, b)
 		}
 		if serve == "" && len(dep.Pools) > 0 {
-			serve = route.PoolName(dep.Name, dep.Pools[0].Role)
+			serve = config.PoolName(dep.Name, dep.Pools[0].Role)
 		}
 		if d.DefaultBackend == "" {
 			d.DefaultBackend = serve
@@ -447,7 +449,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		TimeoutMs:    max(cfg.RouteCallTimeout().Milliseconds(), 1),
 		BreakerFails: int64(max(p.BreakerFailures, 1)),
 		CooldownMs:   max(p.BreakerCooldown.Ms(), 1),
-		FailClosed:   p.FailMode == route.FailClosed,
+		FailClosed:   p.FailMode == config.FailClosed,
 		BodyRoom:     d.BufSize - headerRoom,
 	}
 	if !d.PD {
@@ -474,7 +476,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	}
 	// One retry per standby; a refused connect then moves on at once.
 	d.RouteRetries = len(d.RouteServers) - 1
-	if cfg.HAProxy.Path == route.HAProxyPathSPOE {
+	if cfg.HAProxy.Path == config.HAProxyPathSPOE {
 		var a string
 		if sock, ok := strings.CutPrefix(SPOEAddr(cfg, d.Dir), "unix@"); ok {
 			a = "unix@" + path("haproxy.spoe", sock)
@@ -490,7 +492,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 			Servers: []routeServer{{Name: "agent0", Addr: a}},
 			HelloMs: 500, IdleMs: 30000, ServerMs: 60000,
 			TimeoutMs:     l.TimeoutMs,
-			FailClosed:    p.FailMode == route.FailClosed,
+			FailClosed:    p.FailMode == config.FailClosed,
 			Fallbacks:     route.SPOEFallbackVars(cfg.Fallbacks),
 			Vars:          route.SPOEVarNames(cfg.Fallbacks),
 			RelayStatuses: route.SPOERelayStatuses(),

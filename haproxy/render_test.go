@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/internal/config"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -51,9 +51,9 @@ deployments:
         endpoints: [{name: qwen-d0, address: 10.0.2.2:8000}]
 `
 
-func mustParse(t testing.TB, y []byte) *route.Config {
+func mustParse(t testing.TB, y []byte) *config.Config {
 	t.Helper()
-	cfg, err := route.ParseConfig(y)
+	cfg, err := config.ParseConfig(y)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestRenderGolden(t *testing.T) {
 		name string
 		yaml []byte
 	}{
-		{"default", route.DefaultConfigYAML},
+		{"default", config.DefaultConfigYAML},
 		{"multi", []byte(multiYAML)},
 	}
 	for _, tc := range cases {
@@ -104,7 +104,7 @@ func TestRenderPassesHAProxyCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, y := range [][]byte{route.DefaultConfigYAML, []byte(multiYAML)} {
+	for _, y := range [][]byte{config.DefaultConfigYAML, []byte(multiYAML)} {
 		if err := r.Check(context.Background(), bin, mustParse(t, y), RenderOptions{}); err != nil {
 			t.Error(err)
 		}
@@ -163,7 +163,7 @@ func TestRenderDetails(t *testing.T) {
 	if out2.State.Structure != out.State.Structure {
 		t.Error("removing an endpoint changed the structure hash")
 	}
-	cfg.Proxy.RouteTimeout = route.Duration(1)
+	cfg.Proxy.RouteTimeout = config.Duration(1)
 	out3, _ := Render(cfg, RenderOptions{Dir: goldenDir})
 	if out3.State.Structure == out.State.Structure {
 		t.Error("changing the route timeout kept the structure hash")
@@ -207,7 +207,7 @@ func TestRenderPD(t *testing.T) {
 		t.Errorf("prefill backend state = %v", srvs)
 	}
 
-	plain, err := Render(mustParse(t, route.DefaultConfigYAML), RenderOptions{Dir: goldenDir})
+	plain, err := Render(mustParse(t, config.DefaultConfigYAML), RenderOptions{Dir: goldenDir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,8 +223,8 @@ func TestRenderPD(t *testing.T) {
 
 // hostileConfig builds a config around one untrusted string, bypassing
 // route's validation, as a buggy caller or a future config field might.
-func hostileConfig(s string, where int) *route.Config {
-	cfg, _ := route.ParseConfig(route.DefaultConfigYAML)
+func hostileConfig(s string, where int) *config.Config {
+	cfg, _ := config.ParseConfig(config.DefaultConfigYAML)
 	switch where % 8 {
 	case 0:
 		cfg.Deployments[0].Name = s
@@ -234,8 +234,8 @@ func hostileConfig(s string, where int) *route.Config {
 		cfg.Deployments[0].Pools[0].Endpoints[0].Address = s
 	case 3:
 		cfg.Deployments[0].Models = append(cfg.Deployments[0].Models, s)
-		cfg.Deployments = append(cfg.Deployments, route.DeploymentConfig{Name: "x", Models: []string{s + "2"},
-			Pools: []route.PoolConfig{{Role: route.RoleMixed}}})
+		cfg.Deployments = append(cfg.Deployments, config.DeploymentConfig{Name: "x", Models: []string{s + "2"},
+			Pools: []config.PoolConfig{{Role: config.RoleMixed}}})
 	case 4:
 		cfg.SessionHeaders = []string{s}
 	case 5:
@@ -317,7 +317,7 @@ func FuzzRender(f *testing.F) {
 // L7 retries are opt-in: they make HAProxy copy every request buffer.
 func TestRenderL7Retries(t *testing.T) {
 	for _, on := range []bool{false, true} {
-		cfg, err := route.ParseConfig(route.DefaultConfigYAML)
+		cfg, err := config.ParseConfig(config.DefaultConfigYAML)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -336,7 +336,7 @@ func TestRenderL7Retries(t *testing.T) {
 // haproxy.spoe renders the SPOE path: the engine file, the agent backend and
 // no Lua action; the result passes haproxy -c.
 func TestRenderSPOE(t *testing.T) {
-	cfg, err := route.ParseConfig(route.DefaultConfigYAML)
+	cfg, err := config.ParseConfig(config.DefaultConfigYAML)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -390,7 +390,7 @@ func renderedBufSize(t *testing.T, conf []byte) int {
 // throughput on every frontend), on both paths; only a PD deployment gets
 // a buffer that holds a whole max_body body plus its kv_transfer_params.
 func TestRenderBufSize(t *testing.T) {
-	base := string(route.DefaultConfigYAML)
+	base := string(config.DefaultConfigYAML)
 	cases := []struct {
 		name     string
 		yaml     string
@@ -426,7 +426,7 @@ func TestRenderBufSize(t *testing.T) {
 	}
 	// route_body is validated against max_body.
 	for _, bad := range []string{"route_body: 512", "route_body: 300000"} {
-		if _, err := route.ParseConfig([]byte(strings.Replace(base, "max_body: 262144", "max_body: 262144\n"+bad, 1))); err == nil || !strings.Contains(err.Error(), "route_body") {
+		if _, err := config.ParseConfig([]byte(strings.Replace(base, "max_body: 262144", "max_body: 262144\n"+bad, 1))); err == nil || !strings.Contains(err.Error(), "route_body") {
 			t.Errorf("%s: err %v, want a route_body error", bad, err)
 		}
 	}
@@ -436,7 +436,7 @@ func TestRenderBufSize(t *testing.T) {
 // is a unix socket next to the files; an explicit haproxy.spoe wins; the Lua
 // path needs none; a socket path too long to bind is refused at render.
 func TestSPOEAddr(t *testing.T) {
-	cfg := mustParse(t, route.DefaultConfigYAML)
+	cfg := mustParse(t, config.DefaultConfigYAML)
 	if got := SPOEAddr(cfg, "/etc/turnout/haproxy"); got != "unix@/etc/turnout/haproxy/spoe.sock" {
 		t.Errorf("default: %q", got)
 	}
@@ -451,11 +451,11 @@ func TestSPOEAddr(t *testing.T) {
 	if got := SPOEAddr(cfg, "/d"); got != "127.0.0.1:9091" {
 		t.Errorf("explicit: %q", got)
 	}
-	cfg.HAProxy.SPOE, cfg.HAProxy.Path = "", route.HAProxyPathLua
+	cfg.HAProxy.SPOE, cfg.HAProxy.Path = "", config.HAProxyPathLua
 	if got := SPOEAddr(cfg, "/d"); got != "" {
 		t.Errorf("lua: %q", got)
 	}
-	cfg.HAProxy.Path = route.HAProxyPathSPOE
+	cfg.HAProxy.Path = config.HAProxyPathSPOE
 	long := "/" + strings.Repeat("d", 100)
 	if _, err := Render(cfg, RenderOptions{Dir: long}); err == nil || !strings.Contains(err.Error(), "haproxy.spoe") {
 		t.Errorf("long socket path: %v", err)

@@ -14,12 +14,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/haproxytech/client-native/v5/runtime"
 	"github.com/haproxytech/client-native/v5/runtime/options"
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/internal/proxyconf"
-	"github.com/turnout/turnout/route"
 )
 
 // Log field names.
@@ -116,7 +117,7 @@ type resolved struct {
 	drain  time.Duration
 }
 
-func (s *Syncer) resolve(cfg *route.Config) (resolved, error) {
+func (s *Syncer) resolve(cfg *config.Config) (resolved, error) {
 	ro := RenderOptions{Dir: s.opts.Dir, Socket: s.opts.Socket, PIDFile: s.opts.PIDFile}.withDefaults(cfg)
 	if ro.Dir == "" {
 		return resolved{}, fmt.Errorf("haproxy sync: no directory (set --haproxy-dir or haproxy.dir)")
@@ -142,7 +143,7 @@ func (s *Syncer) resolve(cfg *route.Config) (resolved, error) {
 // is not running it only writes the files, for HAProxy to load when it starts.
 // Removing a server blocks until it drained (at most the drain timeout).
 // Safe to call repeatedly and from several goroutines (calls are serialized).
-func (s *Syncer) Sync(ctx context.Context, cfg *route.Config) error {
+func (s *Syncer) Sync(ctx context.Context, cfg *config.Config) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	res, err := s.resolve(cfg)

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/internal/config"
 )
 
 // load posts to HAProxy from a few goroutines until stop is closed and
@@ -71,7 +71,7 @@ func TestLiveSyncMembershipWithoutReload(t *testing.T) {
 	cfg2 := *e.cfg
 	cfg2.Deployments = cloneDeployments(e.cfg.Deployments)
 	pool := &cfg2.Deployments[0].Pools[0]
-	pool.Endpoints = append(pool.Endpoints[:1:1], pool.Endpoints[2], route.EndpointConfig{Name: "r3", Address: r3.addr()})
+	pool.Endpoints = append(pool.Endpoints[:1:1], pool.Endpoints[2], config.EndpointConfig{Name: "r3", Address: r3.addr()})
 	stop := make(chan struct{})
 	wait := load(t, e.url, stop)
 	time.Sleep(200 * time.Millisecond) // let load build up before the change
@@ -123,9 +123,9 @@ func TestLiveSyncMembershipWithoutReload(t *testing.T) {
 
 	// A new deployment is structural: one reload, new worker, new backend.
 	cfg4 := cfg3
-	cfg4.Deployments = append(cloneDeployments(cfg3.Deployments), route.DeploymentConfig{
+	cfg4.Deployments = append(cloneDeployments(cfg3.Deployments), config.DeploymentConfig{
 		Name: "n", Models: []string{"n1"},
-		Pools: []route.PoolConfig{{Role: route.RoleMixed, Endpoints: []route.EndpointConfig{{Name: "n0", Address: reps[2].addr()}}}},
+		Pools: []config.PoolConfig{{Role: config.RoleMixed, Endpoints: []config.EndpointConfig{{Name: "n0", Address: reps[2].addr()}}}},
 	})
 	if err := s.Sync(ctx, &cfg4); err != nil {
 		t.Fatalf("sync structural: %v", err)
@@ -151,14 +151,14 @@ func TestLiveSyncMembershipWithoutReload(t *testing.T) {
 	}
 }
 
-func cloneDeployments(ds []route.DeploymentConfig) []route.DeploymentConfig {
-	out := make([]route.DeploymentConfig, len(ds))
+func cloneDeployments(ds []config.DeploymentConfig) []config.DeploymentConfig {
+	out := make([]config.DeploymentConfig, len(ds))
 	for i, d := range ds {
 		out[i] = d
-		out[i].Pools = make([]route.PoolConfig, len(d.Pools))
+		out[i].Pools = make([]config.PoolConfig, len(d.Pools))
 		for j, p := range d.Pools {
 			out[i].Pools[j] = p
-			out[i].Pools[j].Endpoints = append([]route.EndpointConfig(nil), p.Endpoints...)
+			out[i].Pools[j].Endpoints = append([]config.EndpointConfig(nil), p.Endpoints...)
 		}
 	}
 	return out
@@ -166,7 +166,7 @@ func cloneDeployments(ds []route.DeploymentConfig) []route.DeploymentConfig {
 
 func TestSyncWithoutHAProxyWritesFiles(t *testing.T) {
 	dir := t.TempDir()
-	cfg, err := route.ParseConfig(route.DefaultConfigYAML)
+	cfg, err := config.ParseConfig(config.DefaultConfigYAML)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,13 +6,14 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/turnout/turnout/internal/proxyconf"
-	"github.com/turnout/turnout/route"
 )
 
 // Check renders cfg into a scratch directory (so every path inside points
 // there) and runs "nginx -t" on it. The real files are untouched.
-func (r *Renderer) Check(ctx context.Context, nginxBin string, cfg *route.Config, opts RenderOptions) error {
+func (r *Renderer) Check(ctx context.Context, nginxBin string, cfg *config.Config, opts RenderOptions) error {
 	return proxyconf.CheckRender("turnout-nginx-check-", func(tmp string) (*Rendered, error) {
 		opts.Dir, opts.PIDFile, opts.ErrorLog = tmp, filepath.Join(tmp, PIDFileName), filepath.Join(tmp, ErrorLogName)
 		return r.Render(cfg, opts)

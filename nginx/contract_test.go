@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/turnout/turnout/route"
 )
 
@@ -15,7 +17,7 @@ import (
 // prefill/decode, as with the Lua and SPOE.
 func TestAskForwardsContractHeaders(t *testing.T) {
 	ask := regexp.MustCompile(`proxy_set_header ([A-Za-z0-9_-]+) \$http_[a-z0-9_]+;`)
-	for _, y := range [][]byte{route.DefaultConfigYAML, []byte(multiYAML), []byte(headerYAML)} {
+	for _, y := range [][]byte{config.DefaultConfigYAML, []byte(multiYAML), []byte(headerYAML)} {
 		cfg := mustParse(t, y)
 		out, err := Render(cfg, RenderOptions{Dir: goldenDir})
 		if err != nil {

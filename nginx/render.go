@@ -22,6 +22,8 @@ import (
 	"strings"
 	"text/template"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/turnout/turnout/internal/proxyconf"
 	"github.com/turnout/turnout/route"
 )
@@ -82,7 +84,7 @@ type RenderOptions struct {
 	Keepalive int
 }
 
-func (o RenderOptions) withDefaults(cfg *route.Config) RenderOptions {
+func (o RenderOptions) withDefaults(cfg *config.Config) RenderOptions {
 	o.Dir = cmp.Or(o.Dir, cfg.Nginx.Dir)
 	proxyconf.InDir(&o.PIDFile, o.Dir, PIDFileName)
 	proxyconf.InDir(&o.ErrorLog, o.Dir, ErrorLogName)
@@ -138,7 +140,7 @@ func NewRenderer(fsys fs.FS) (*Renderer, error) {
 // Render renders cfg. Every config value that reaches nginx.conf is checked
 // again here (route.Config.Validate already restricts names), so no value
 // can add a directive or a block.
-func (r *Renderer) Render(cfg *route.Config, opts RenderOptions) (*Rendered, error) {
+func (r *Renderer) Render(cfg *config.Config, opts RenderOptions) (*Rendered, error) {
 	opts = opts.withDefaults(cfg)
 	d, err := buildData(cfg, opts)
 	if err != nil {
@@ -152,7 +154,7 @@ func (r *Renderer) Render(cfg *route.Config, opts RenderOptions) (*Rendered, err
 }
 
 // Render renders the files for cfg with the embedded templates.
-func Render(cfg *route.Config, opts RenderOptions) (*Rendered, error) {
+func Render(cfg *config.Config, opts RenderOptions) (*Rendered, error) {
 	r, err := NewRenderer(nil)
 	if err != nil {
 		return nil, err
@@ -250,7 +252,7 @@ type poolData struct {
 	Servers []string
 }
 
-func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
+func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	c := proxyconf.NewChecker(ErrRender, "nginx.conf")
 	bad, path, name := c.Bad, c.Path, c.Name
 	addr := func(field, a string) string {
@@ -282,7 +284,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		RouteConnectMs:    max(p.RouteTimeout.Ms(), 1),
 		CooldownS:         max((p.BreakerCooldown.Ms()+999)/1000, 1),
 		BreakerFails:      max(p.BreakerFailures, 1),
-		FailClosed:        p.FailMode == route.FailClosed,
+		FailClosed:        p.FailMode == config.FailClosed,
 		ClearHeaders:      clearHeaders,
 		HeaderBuf:         cfg.Limits.MaxHeaderBytes,
 		SubrequestBuf:     2 * route.MaxAnswerBody,
@@ -338,7 +340,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		d.RouteHeaders = append(d.RouteHeaders, header(h.Field, h.Name))
 	}
 	for _, h := range cfg.ModelHeaders {
-		if route.HeaderRe.MatchString(h) { // a bad one is reported above
+		if config.HeaderRe.MatchString(h) { // a bad one is reported above
 			d.ModelHeaders = append(d.ModelHeaders, headerVar(h))
 		}
 	}
@@ -362,11 +364,11 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		if mode == "" {
 			mode = cfg.Nginx.Mode
 		}
-		if mode != route.NginxModeHeader && mode != route.NginxModeBody {
+		if mode != config.NginxModeHeader && mode != config.NginxModeBody {
 			bad(f+".nginx_mode", "%q must be header or body", mode)
 		}
 		pd := dep.IsPD()
-		if pd && mode != route.NginxModeBody {
+		if pd && mode != config.NginxModeBody {
 			// turnout needs the whole body to run the prefill, and only njs
 			// can build the decode body.
 			bad(f+".nginx_mode", "prefill/decode deployment %q needs nginx_mode body", dep.Name)
@@ -377,9 +379,9 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		for j := range dep.Pools {
 			pool := &dep.Pools[j]
 			pf := fmt.Sprintf("%s.pools[%d]", f, j)
-			pname := name(pf, route.PoolName(dep.Name, pool.Role))
+			pname := name(pf, config.PoolName(dep.Name, pool.Role))
 			claim(pf, pname)
-			if pool.Role != route.RolePrefill && serve == "" {
+			if pool.Role != config.RolePrefill && serve == "" {
 				serve = pname
 			}
 			pl := poolData{Name: pname}
@@ -415,11 +417,11 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 	if len(d.Pools) == 0 {
 		bad("deployments", "no pool to render")
 	}
-	d.HasHeader = modes[route.NginxModeHeader]
-	d.HasBody = modes[route.NginxModeBody]
+	d.HasHeader = modes[config.NginxModeHeader]
+	d.HasBody = modes[config.NginxModeBody]
 	// Without a model header the body decides, which only njs can read.
 	if d.HasBody {
-		d.DefaultMode = route.NginxModeBody
+		d.DefaultMode = config.NginxModeBody
 	}
 	if !d.HasBody {
 		d.ModulePath = ""

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/internal/config"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -63,9 +63,9 @@ deployments:
           - {name: chat-1, address: 127.0.0.1:8002}
 `
 
-func mustParse(t testing.TB, y []byte) *route.Config {
+func mustParse(t testing.TB, y []byte) *config.Config {
 	t.Helper()
-	cfg, err := route.ParseConfig(y)
+	cfg, err := config.ParseConfig(y)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ var goldenCases = []struct {
 	name string
 	yaml []byte
 }{
-	{"default", route.DefaultConfigYAML},
+	{"default", config.DefaultConfigYAML},
 	{"multi", []byte(multiYAML)},
 	{"header", []byte(headerYAML)},
 }
@@ -190,26 +190,26 @@ func TestRenderModes(t *testing.T) {
 func TestRenderRejectsHostileValues(t *testing.T) {
 	cases := []struct {
 		name string
-		edit func(c *route.Config, o *RenderOptions)
+		edit func(c *config.Config, o *RenderOptions)
 	}{
-		{"endpoint name", func(c *route.Config, _ *RenderOptions) { c.Deployments[0].Pools[0].Endpoints[0].Name = "a; }" }},
-		{"endpoint address", func(c *route.Config, _ *RenderOptions) {
+		{"endpoint name", func(c *config.Config, _ *RenderOptions) { c.Deployments[0].Pools[0].Endpoints[0].Name = "a; }" }},
+		{"endpoint address", func(c *config.Config, _ *RenderOptions) {
 			c.Deployments[0].Pools[0].Endpoints[0].Address = "127.0.0.1:80;include /etc/passwd"
 		}},
-		{"endpoint host", func(c *route.Config, _ *RenderOptions) { c.Deployments[0].Pools[0].Endpoints[0].Address = "a{b:80" }},
-		{"deployment name", func(c *route.Config, _ *RenderOptions) { c.Deployments[0].Name = "x\ny" }},
-		{"session header", func(c *route.Config, _ *RenderOptions) { c.SessionHeaders = []string{"x-a $b"} }},
-		{"model header", func(c *route.Config, _ *RenderOptions) { c.ModelHeaders = []string{"x-m;"} }},
-		{"listen", func(c *route.Config, _ *RenderOptions) { c.Nginx.Listen = "1.2.3.4:80 ssl" }},
-		{"syslog", func(c *route.Config, _ *RenderOptions) { c.Feedback.Syslog = "1.2.3.4:99999" }},
-		{"route addr", func(c *route.Config, _ *RenderOptions) { c.Proxy.RouteAddrs = []string{"x'y:1"} }},
-		{"no route addr", func(c *route.Config, _ *RenderOptions) { c.Proxy.RouteAddrs = nil }},
-		{"dir", func(_ *route.Config, o *RenderOptions) { o.Dir = "/tmp/a b" }},
-		{"relative dir", func(_ *route.Config, o *RenderOptions) { o.Dir = "rel/dir" }},
-		{"user", func(_ *route.Config, o *RenderOptions) { o.User = "root; worker_processes 99" }},
-		{"module path", func(_ *route.Config, o *RenderOptions) { o.ModulePath = "/x.so;" }},
-		{"mode", func(c *route.Config, _ *RenderOptions) { c.Deployments[0].NginxMode = "lua" }},
-		{"upstream collision", func(c *route.Config, _ *RenderOptions) {
+		{"endpoint host", func(c *config.Config, _ *RenderOptions) { c.Deployments[0].Pools[0].Endpoints[0].Address = "a{b:80" }},
+		{"deployment name", func(c *config.Config, _ *RenderOptions) { c.Deployments[0].Name = "x\ny" }},
+		{"session header", func(c *config.Config, _ *RenderOptions) { c.SessionHeaders = []string{"x-a $b"} }},
+		{"model header", func(c *config.Config, _ *RenderOptions) { c.ModelHeaders = []string{"x-m;"} }},
+		{"listen", func(c *config.Config, _ *RenderOptions) { c.Nginx.Listen = "1.2.3.4:80 ssl" }},
+		{"syslog", func(c *config.Config, _ *RenderOptions) { c.Feedback.Syslog = "1.2.3.4:99999" }},
+		{"route addr", func(c *config.Config, _ *RenderOptions) { c.Proxy.RouteAddrs = []string{"x'y:1"} }},
+		{"no route addr", func(c *config.Config, _ *RenderOptions) { c.Proxy.RouteAddrs = nil }},
+		{"dir", func(_ *config.Config, o *RenderOptions) { o.Dir = "/tmp/a b" }},
+		{"relative dir", func(_ *config.Config, o *RenderOptions) { o.Dir = "rel/dir" }},
+		{"user", func(_ *config.Config, o *RenderOptions) { o.User = "root; worker_processes 99" }},
+		{"module path", func(_ *config.Config, o *RenderOptions) { o.ModulePath = "/x.so;" }},
+		{"mode", func(c *config.Config, _ *RenderOptions) { c.Deployments[0].NginxMode = "lua" }},
+		{"upstream collision", func(c *config.Config, _ *RenderOptions) {
 			// An endpoint whose upstream name is the pool's: refused, not merged.
 			c.Deployments[0].Name = "turnout.ep.x"
 			c.Deployments[0].Pools[0].Endpoints[0].Name = "x_mixed"
@@ -230,7 +230,7 @@ func TestRenderRejectsHostileValues(t *testing.T) {
 
 func TestRenderPDNeedsBodyMode(t *testing.T) {
 	cfg := mustParse(t, []byte(multiYAML))
-	cfg.Deployments[1].NginxMode = route.NginxModeHeader
+	cfg.Deployments[1].NginxMode = config.NginxModeHeader
 	_, err := Render(cfg, RenderOptions{Dir: goldenDir})
 	if !errors.Is(err, ErrRender) || !strings.Contains(err.Error(), "needs nginx_mode body") {
 		t.Fatalf("Render = %v, want a prefill/decode mode error", err)
@@ -363,7 +363,7 @@ func FuzzRenderModel(f *testing.F) {
 	f.Fuzz(func(t *testing.T, m string) {
 		cfg := mustParse(t, []byte(headerYAML))
 		cfg.Deployments[0].Models = []string{m}
-		cfg.Deployments[0].NginxMode = route.NginxModeBody
+		cfg.Deployments[0].NginxMode = config.NginxModeBody
 		if _, err := r.Render(cfg, RenderOptions{Dir: goldenDir}); err != nil {
 			t.Fatalf("model %q: %v", m, err)
 		}

@@ -14,10 +14,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/internal/proxyconf"
-	"github.com/turnout/turnout/route"
 )
 
 // Log field names.
@@ -75,7 +76,7 @@ func NewSyncer(opts SyncOptions, log *zerolog.Logger) (*Syncer, error) {
 // why. When nginx is not running it only writes the files, for nginx to load
 // when it starts. It returns once the new workers run (or ReloadTimeout).
 // Safe to call repeatedly and from several goroutines (calls are serialized).
-func (s *Syncer) Sync(ctx context.Context, cfg *route.Config) error {
+func (s *Syncer) Sync(ctx context.Context, cfg *config.Config) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ro := s.opts.Render.withDefaults(cfg)

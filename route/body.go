@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/valyala/fasthttp"
 )
 
@@ -71,7 +73,7 @@ var errBodyAnswered = errors.New("request body refused")
 // more followed. held is the budget to give back when the request is done.
 // Without a body stream (a fasthttp server that read the body itself, unit
 // tests) the body is used as it is.
-func (s *Server) readBody(ctx *fasthttp.RequestCtx, sc *scratch, cfg *Config) (body []byte, more bool, held int, err error) {
+func (s *Server) readBody(ctx *fasthttp.RequestCtx, sc *scratch, cfg *config.Config) (body []byte, more bool, held int, err error) {
 	stream := ctx.RequestBodyStream()
 	if stream == nil {
 		body = ctx.PostBody()

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/turnout/turnout/internal/config"
 )
 
 // serveHTTP runs s's real fasthttp server (the one `turnout serve` uses) on
@@ -275,7 +277,7 @@ func TestLimitsValidate(t *testing.T) {
 		{"limits: {read_timeout: 10ms}", "limits.read_timeout"},
 		{"limits: {body_idle_timeout: 1h}", "limits.body_idle_timeout"},
 	} {
-		_, err := ParseConfig([]byte(c.yaml + "\ndeployments: [{name: d, pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]}]\n"))
+		_, err := config.ParseConfig([]byte(c.yaml + "\ndeployments: [{name: d, pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]}]\n"))
 		if err == nil || !strings.Contains(err.Error(), c.field) {
 			t.Errorf("%s: %v, want an error naming %s", c.yaml, err, c.field)
 		}

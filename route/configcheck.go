@@ -1,9 +1,11 @@
 package route
 
+import "github.com/turnout/turnout/internal/config"
+
 // CheckPolicies builds every pool's policy from cfg without starting any
 // (no KV-event subscriptions, no network), so `turnout render` reports bad
 // policy names and params, with their lines, before a proxy is configured.
-func CheckPolicies(cfg *Config, reg *Registry) error {
+func CheckPolicies(cfg *config.Config, reg *Registry) error {
 	if reg == nil {
 		reg = DefaultRegistry()
 	}
@@ -12,7 +14,7 @@ func CheckPolicies(cfg *Config, reg *Registry) error {
 		dc := &cfg.Deployments[i]
 		for j := range dc.Pools {
 			pc := &dc.Pools[j]
-			p := &Pool{Name: PoolName(dc.Name, pc.Role), Deployment: dc.Name, Role: pc.Role}
+			p := &Pool{Name: config.PoolName(dc.Name, pc.Role), Deployment: dc.Name, Role: pc.Role}
 			for k, ec := range pc.Endpoints {
 				p.Endpoints = append(p.Endpoints, &Endpoint{Name: ec.Name, Address: ec.Address, KVEvents: ec.KVEvents, Index: k})
 			}
@@ -24,7 +26,7 @@ func CheckPolicies(cfg *Config, reg *Registry) error {
 			closeAll([]Policy{pol})
 		}
 	}
-	if ce := asConfigError(errs); ce != nil {
+	if ce := config.AsError(errs); ce != nil {
 		return ce
 	}
 	return nil

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/turnout/turnout/internal/config"
 )
 
 // One case per kind of config error: each names the field path and the line
@@ -38,7 +40,7 @@ func TestConfigErrorLines(t *testing.T) {
 		{"policy param range", "deployments:\n  - name: llama\n    pools:\n      - endpoints: [{name: a, address: 127.0.0.1:8001}]\n        policy:\n          name: prefix-affinity\n          params:\n            block_bytes: 1\n", 8, "deployments[0].pools[0].policy.params", "block_bytes", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := ParseConfig([]byte(tc.yaml))
+			cfg, err := config.ParseConfig([]byte(tc.yaml))
 			if tc.atServer {
 				if err != nil {
 					t.Fatalf("parse: %v", err)
@@ -54,8 +56,8 @@ func TestConfigErrorLines(t *testing.T) {
 					t.Errorf("CheckPolicies = %v, NewServer = %v: want the same error", cerr, err)
 				}
 			}
-			var ce *ConfigError
-			if !errors.As(err, &ce) || !errors.Is(err, ErrConfig) {
+			var ce *config.ConfigError
+			if !errors.As(err, &ce) || !errors.Is(err, config.ErrConfig) {
 				t.Fatalf("err = %v (%T), want a ConfigError", err, err)
 			}
 			p := ce.Problems[0]
@@ -69,66 +71,4 @@ func TestConfigErrorLines(t *testing.T) {
 			}
 		})
 	}
-}
-
-// An empty file (or only comments) says so instead of "EOF".
-func TestConfigEmpty(t *testing.T) {
-	for _, y := range []string{"", "\n\n", "# nothing yet\n"} {
-		_, err := ParseConfig([]byte(y))
-		if err == nil || !strings.Contains(err.Error(), "the file is empty") || strings.Contains(err.Error(), "EOF") {
-			t.Fatalf("%q: %v", y, err)
-		}
-	}
-}
-
-// Several problems are all reported, one per line, in file order.
-func TestConfigSeveralProblems(t *testing.T) {
-	_, err := ParseConfig([]byte("fallbacks: 20\nproxy: {fail_mode: maybe}\ndeployments:\n  - name: 'a b'\n    pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]\n"))
-	var ce *ConfigError
-	if !errors.As(err, &ce) || len(ce.Problems) != 3 {
-		t.Fatalf("err = %v", err)
-	}
-	for i, want := range []int{1, 2, 4} {
-		if ce.Problems[i].Line != want {
-			t.Errorf("problem %d on line %d, want %d: %v", i, ce.Problems[i].Line, want, err)
-		}
-	}
-	if got := strings.Count(err.Error(), "\n  line "); got != 3 {
-		t.Errorf("want one indented line per problem:\n%v", err)
-	}
-}
-
-// Accepted but suspicious: the same address twice, a pool without endpoints.
-func TestConfigWarnings(t *testing.T) {
-	cfg, err := ParseConfig([]byte(`deployments:
-  - name: llama
-    pools:
-      - endpoints:
-          - {name: a, address: 127.0.0.1:8001}
-          - {name: b, address: 127.0.0.1:8001}
-  - name: qwen
-    pools:
-      - role: mixed
-        endpoints: []
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := cfg.Warnings()
-	if len(w) != 2 {
-		t.Fatalf("warnings: %v", w)
-	}
-	if w[0].Line != 6 || w[0].Path != "deployments[0].pools[0].endpoints[1].address" || !strings.Contains(w[0].Msg, "deployments[0].pools[0].endpoints[0]") {
-		t.Errorf("duplicate address warning: %+v", w[0])
-	}
-	if w[1].Line != 10 || !strings.Contains(w[1].Msg, "qwen_mixed has no endpoints") {
-		t.Errorf("empty pool warning: %+v", w[1])
-	}
-	if ok := mustConfig(t, fourEndpoints0()); len(ok.Warnings()) != 0 {
-		t.Errorf("clean config warned: %v", ok.Warnings())
-	}
-}
-
-func fourEndpoints0() string {
-	return "deployments: [{name: a, pools: [{endpoints: [{name: a, address: 127.0.0.1:1}, {name: b, address: 127.0.0.1:2}]}]}]"
 }

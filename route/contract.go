@@ -1,5 +1,7 @@
 package route
 
+import "github.com/turnout/turnout/internal/config"
+
 // The wire contract between the proxy glue (HAProxy Lua, nginx/njs) and
 // turnout. Changing a name here breaks deployed proxies: keep in sync with
 // lua/, templates/ and README.md.
@@ -86,7 +88,7 @@ const UnsafePathRegex = `^[^?]*(/(\.|%2e){1,2}(/|\?|$)|%2f|%5c)`
 
 // FeedbackAuthField is the log-format text that carries the feedback token
 // ("" without a token), rendered into the HAProxy and nginx log formats.
-func FeedbackAuthField(cfg *Config) string {
+func FeedbackAuthField(cfg *config.Config) string {
 	if cfg.Feedback.Token == "" {
 		return ""
 	}

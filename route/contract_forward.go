@@ -1,6 +1,10 @@
 package route
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/turnout/turnout/internal/config"
+)
 
 // Request headers the HAProxy glue (the Lua action and the SPOE agent)
 // forwards to turnout besides the configured session and model headers:
@@ -23,7 +27,7 @@ type ForwardedHeader struct {
 // ForwardedHeaders lists, in order, the request headers the HAProxy glue
 // forwards to turnout for cfg. The Lua renderer (haproxy/) and the SPOE
 // agent (route/spoe) both read this one list.
-func ForwardedHeaders(cfg *Config) []ForwardedHeader {
+func ForwardedHeaders(cfg *config.Config) []ForwardedHeader {
 	var out []ForwardedHeader
 	for i, h := range cfg.SessionHeaders {
 		out = append(out, ForwardedHeader{h, fmt.Sprintf("session_headers[%d]", i)})

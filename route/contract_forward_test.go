@@ -3,13 +3,15 @@ package route
 import (
 	"slices"
 	"testing"
+
+	"github.com/turnout/turnout/internal/config"
 )
 
 func TestForwardedHeaders(t *testing.T) {
-	cfg := &Config{
+	cfg := &config.Config{
 		SessionHeaders: []string{"X-Session-Id"},
 		ModelHeaders:   []string{"X-Model"},
-		Deployments:    []DeploymentConfig{{Name: "a", Pools: []PoolConfig{{Role: RoleMixed}}}},
+		Deployments:    []config.DeploymentConfig{{Name: "a", Pools: []config.PoolConfig{{Role: config.RoleMixed}}}},
 	}
 	names := func() (n []string) {
 		for _, h := range ForwardedHeaders(cfg) {
@@ -22,7 +24,7 @@ func TestForwardedHeaders(t *testing.T) {
 		t.Fatalf("aggregated: %v, want %v", got, want)
 	}
 	// A prefill/decode deployment anywhere adds the client's credentials.
-	cfg.Deployments = append(cfg.Deployments, DeploymentConfig{Name: "pd", Pools: []PoolConfig{{Role: RolePrefill}, {Role: RoleDecode}}})
+	cfg.Deployments = append(cfg.Deployments, config.DeploymentConfig{Name: "pd", Pools: []config.PoolConfig{{Role: config.RolePrefill}, {Role: config.RoleDecode}}})
 	if got := names(); !slices.Equal(got, append(want, "authorization@authorization")) {
 		t.Fatalf("with PD: %v", got)
 	}

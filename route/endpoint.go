@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync/atomic"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/turnout/turnout/route/kv"
@@ -145,7 +147,7 @@ type Pool struct {
 // Deployment is a model deployment with its pools.
 type Deployment struct {
 	Name   string
-	Config *DeploymentConfig
+	Config *config.DeploymentConfig
 	// Serve is the pool that answers (mixed, or decode for PD).
 	Serve   *Pool
 	Prefill *Pool // PD only
@@ -154,7 +156,7 @@ type Deployment struct {
 
 // Snapshot is one immutable routing configuration, swapped atomically.
 type Snapshot struct {
-	Config      *Config
+	Config      *config.Config
 	Deployments []*Deployment
 	byModel     map[string]*Deployment
 	sessionHdrs [][]byte // normalized: lower-case, '_' mapped to '-'
@@ -191,7 +193,7 @@ func newStateStore() *stateStore {
 
 // buildSnapshot turns a validated config into a snapshot, reusing the state
 // of endpoints and policies that survive from prev (nil on first load).
-func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore, env PolicyEnv, seed uint64) (*Snapshot, []Policy, error) {
+func buildSnapshot(cfg *config.Config, reg *Registry, prev *Snapshot, store *stateStore, env PolicyEnv, seed uint64) (*Snapshot, []Policy, error) {
 	s := &Snapshot{Config: cfg, byModel: map[string]*Deployment{}, byServer: map[string]*Endpoint{}, fb: newFeedbackAuth(cfg)}
 	for _, h := range cfg.SessionHeaders {
 		s.sessionHdrs = append(s.sessionHdrs, normHeader([]byte(h)))
@@ -215,7 +217,7 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 		for j := range dc.Pools {
 			pc := &dc.Pools[j]
 			p := &Pool{
-				Name:       PoolName(dc.Name, pc.Role),
+				Name:       config.PoolName(dc.Name, pc.Role),
 				Deployment: dc.Name,
 				Role:       pc.Role,
 				MinReady:   cmp.Or(pc.MinReady, cfg.Health.MinReady, 1),
@@ -257,7 +259,7 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 			policy, err := reg.Build(pol, penv)
 			if err != nil {
 				closeAll(built)
-				var ce *ConfigError
+				var ce *config.ConfigError
 				if errors.As(err, &ce) {
 					return nil, nil, err // already names the field and line
 				}
@@ -283,9 +285,9 @@ func buildSnapshot(cfg *Config, reg *Registry, prev *Snapshot, store *stateStore
 			}
 			d.Pools = append(d.Pools, p)
 			switch pc.Role {
-			case RoleMixed, RoleDecode:
+			case config.RoleMixed, config.RoleDecode:
 				d.Serve = p
-			case RolePrefill:
+			case config.RolePrefill:
 				d.Prefill = p
 			}
 		}

@@ -2,11 +2,6 @@ package route
 
 import "strings"
 
-// DefaultFeedbackAddr is where completion feedback goes unless the config
-// says otherwise: without it decisions never complete, in-flight counts only
-// grow until decision_ttl, and every load-aware policy drifts.
-const DefaultFeedbackAddr = "127.0.0.1:9514"
-
 // LoadAware is implemented by policies whose choice reads endpoints'
 // in-flight counts, which fall only when completions are fed back.
 type LoadAware interface {

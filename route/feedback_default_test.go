@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 )
 
@@ -24,7 +26,7 @@ deployments:
 		syslog                 string
 		warn                   bool
 	}{
-		{"default is on", "", "least-request", DefaultFeedbackAddr, false},
+		{"default is on", "", "least-request", config.DefaultFeedbackAddr, false},
 		{"explicit address", "feedback: {syslog: 127.0.0.1:7000}", "least-request", "127.0.0.1:7000", false},
 		{"off with least-request", "feedback: {disable: true}", "least-request", "", true},
 		{"off with prefix-affinity", "feedback: {disable: true}", "prefix-affinity", "", true},
@@ -53,7 +55,7 @@ deployments:
 			}
 		})
 	}
-	if _, err := ParseConfig([]byte("feedback: {disable: true, syslog: 127.0.0.1:1}" + strings.Replace(deps, "%s", "round-robin", 1))); err == nil {
+	if _, err := config.ParseConfig([]byte("feedback: {disable: true, syslog: 127.0.0.1:1}" + strings.Replace(deps, "%s", "round-robin", 1))); err == nil {
 		t.Fatal("disable with an address accepted")
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/valyala/fasthttp"
 )
 
@@ -49,7 +51,7 @@ func (s *Server) tick(ctx context.Context, snap *Snapshot, now time.Time) {
 
 // checkFeedback updates the monitor; it warns (at most every 5 minutes) when
 // completions stopped while decisions are made.
-func (s *Server) checkFeedback(cfg *Config, now time.Time) {
+func (s *Server) checkFeedback(cfg *config.Config, now time.Time) {
 	m := &s.mon
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 )
@@ -117,7 +119,7 @@ func TestFeedbackStalledNoticed(t *testing.T) {
 	var logs bytes.Buffer
 	l := zerolog.New(&logs)
 	cfg := mustConfig(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", "", "")+"\n")
-	cfg.Feedback.StalledAfter = Duration(30 * time.Second)
+	cfg.Feedback.StalledAfter = config.Duration(30 * time.Second)
 	cfg.Feedback.StalledMinDecisions = 10
 	s, err := NewServer(cfg, Options{Log: &l})
 	if err != nil {
@@ -361,7 +363,7 @@ deployments:
     pools:
       - {role: mixed, stall_budget: 5s, endpoints: [{name: x, address: 127.0.0.1:3}]}
 `)
-	pools := []*PoolConfig{&c.Deployments[0].Pools[0], &c.Deployments[0].Pools[1], &c.Deployments[1].Pools[0]}
+	pools := []*config.PoolConfig{&c.Deployments[0].Pools[0], &c.Deployments[0].Pools[1], &c.Deployments[1].Pools[0]}
 	for i, want := range []time.Duration{0, 30 * time.Second, 5 * time.Second} {
 		if got := c.StallBudget(pools[i]); got != want {
 			t.Errorf("pool %s: budget %v, want %v", pools[i].Role, got, want)

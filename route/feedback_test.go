@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 )
@@ -265,7 +267,7 @@ func TestFeedbackConfigValidation(t *testing.T) {
 		{"feedback: {token: \"has space in it 0123456789\"}", "feedback.token"},
 		{"health: {stall: {budget: 10ms}}", "health.stall.budget"},
 	} {
-		_, err := ParseConfig([]byte(tc.yaml + "\ndeployments: [{name: x, pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]}]\n"))
+		_, err := config.ParseConfig([]byte(tc.yaml + "\ndeployments: [{name: x, pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]}]\n"))
 		if err == nil || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("%s: error %v does not name %s", tc.yaml, err, tc.field)
 		}

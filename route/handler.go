@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
@@ -72,7 +74,7 @@ type Server struct {
 }
 
 // NewServer builds a server from a validated config.
-func NewServer(cfg *Config, opts Options) (*Server, error) {
+func NewServer(cfg *config.Config, opts Options) (*Server, error) {
 	if opts.Registry == nil {
 		opts.Registry = DefaultRegistry()
 	}
@@ -128,7 +130,7 @@ func (s *Server) OnApply(fn func(*Snapshot)) {
 
 // Apply swaps in a new config. Surviving endpoints keep their state; on error
 // the old snapshot stays.
-func (s *Server) Apply(cfg *Config) error {
+func (s *Server) Apply(cfg *config.Config) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := cfg.Validate(); err != nil {
@@ -510,7 +512,7 @@ func (s *Server) NewHTTPServer() *fasthttp.Server {
 // NewHTTPServerFor is NewHTTPServer with the limits of cfg, a config about
 // to be applied. max_body and the body limits are read per request from the
 // live snapshot; the connection-level limits (HTTPServerKey) are fixed here.
-func (s *Server) NewHTTPServerFor(cfg *Config) *fasthttp.Server {
+func (s *Server) NewHTTPServerFor(cfg *config.Config) *fasthttp.Server {
 	lim := &cfg.Limits
 	return &fasthttp.Server{
 		Handler:               s.Handler,
@@ -538,7 +540,7 @@ func (s *Server) NewHTTPServerFor(cfg *Config) *fasthttp.Server {
 
 // HTTPServerKey names the settings NewHTTPServerFor (and LimitListener) fix for the life of
 // a server, by config field: a change of any needs a new server.
-func HTTPServerKey(cfg *Config) map[string]string {
+func HTTPServerKey(cfg *config.Config) map[string]string {
 	l := &cfg.Limits
 	return map[string]string{
 		"listen":                  cfg.Listen,

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/turnout/turnout/internal/config"
 )
 
 func TestSessionHeaderMatrix(t *testing.T) {
@@ -253,7 +255,7 @@ func TestReloadKeepsState(t *testing.T) {
 	}
 	// A bad config is rejected and the old snapshot stays.
 	before := s.Snapshot()
-	if err := s.Apply(&Config{}); err == nil {
+	if err := s.Apply(&config.Config{}); err == nil {
 		t.Fatal("empty config accepted")
 	}
 	if s.Snapshot() != before {
@@ -278,7 +280,7 @@ func TestConfigErrorsNameField(t *testing.T) {
 		{"fail mode", "proxy: {fail_mode: maybe}\ndeployments: [{name: a, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "proxy.fail_mode"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := ParseConfig([]byte(tc.yaml))
+			_, err := config.ParseConfig([]byte(tc.yaml))
 			if err == nil || !strings.Contains(err.Error(), tc.field) {
 				t.Fatalf("err = %v, want mention of %q", err, tc.field)
 			}
@@ -293,7 +295,7 @@ func TestConfigErrorsNameField(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "unknown policy") {
 		t.Fatalf("unknown policy: %v", err)
 	}
-	if _, err := ParseConfig(DefaultConfigYAML); err != nil {
+	if _, err := config.ParseConfig(config.DefaultConfigYAML); err != nil {
 		t.Fatalf("embedded default: %v", err)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/turnout/turnout/internal/config"
 )
 
 // RunHealth actively checks every endpoint's health path until ctx ends, so
@@ -47,7 +49,7 @@ func (s *Server) RunHealth(ctx context.Context) {
 	}
 }
 
-func (s *Server) checkOne(ctx context.Context, c *http.Client, e *Endpoint, hc HealthConfig) {
+func (s *Server) checkOne(ctx context.Context, c *http.Client, e *Endpoint, hc config.HealthConfig) {
 	cctx, cancel := context.WithTimeout(ctx, hc.Timeout.D())
 	defer cancel()
 	ok := false

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/turnout/turnout/route/kv"
 )
 
@@ -70,12 +72,12 @@ deployments:
 		{"bad template", "kv_events_bind: tcp://127.0.0.1:5557\nkv_events_topic: \"kv@{pod}\"\n", "kv_events_topic"},
 		{"duplicate topic", "kv_events_bind: tcp://127.0.0.1:5557\nkv_events_topic: same\n", "could not be told apart"},
 	} {
-		_, err := ParseConfig([]byte(tc.y + `
+		_, err := config.ParseConfig([]byte(tc.y + `
 deployments:
   - name: x
     pools: [{role: mixed, endpoints: [{name: a, address: "127.0.0.1:1"}, {name: b, address: "127.0.0.1:2"}]}]
 `))
-		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+		if !errors.Is(err, config.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
 			t.Fatalf("%s: %v, want an error about %s", tc.name, err, tc.want)
 		}
 	}

@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/turnout/turnout/internal/config"
 )
 
 // Model aliases are refused at config load. turnout forwards the request
@@ -34,7 +37,7 @@ const ServedModelsTimeout = 2 * time.Second
 // VerifyServedModels returns a *ConfigError naming every deployments[i].models[j]
 // that an answering static endpoint does not serve although it serves another
 // name of the same deployment; nil when there is none or nobody answered.
-func VerifyServedModels(ctx context.Context, cfg *Config, client *http.Client) error {
+func VerifyServedModels(ctx context.Context, cfg *config.Config, client *http.Client) error {
 	ctx, cancel := context.WithTimeout(ctx, ServedModelsTimeout)
 	defer cancel()
 	if client == nil {
@@ -97,21 +100,20 @@ func VerifyServedModels(ctx context.Context, cfg *Config, client *http.Client) e
 			}
 		}
 	}
-	var problems []*FieldError
+	var problems []*config.FieldError
 	for _, k := range order {
 		d := &cfg.Deployments[k.dep]
 		name := d.Models[k.model]
 		path := fmt.Sprintf("deployments[%d].models[%d]", k.dep, k.model)
-		problems = append(problems, &FieldError{Path: path, Line: cfg.pos.lineOf(path), Msg: fmt.Sprintf(
+		problems = append(problems, &config.FieldError{Path: path, Line: cfg.Line(path), Msg: fmt.Sprintf(
 			"%q is not served by %s, which serve%s %s: turnout forwards the body unchanged (it does not rewrite \"model\"), so requests for %q would get 404 there; start every replica with --served-model-name %s, or remove %q from models",
 			name, strings.Join(missing[k], ", "), plural(len(missing[k])), quoteAll(example[k]), name, strings.Join(d.Models, " "), name)})
 	}
 	if len(problems) == 0 {
 		return nil
 	}
-	ce := &ConfigError{Problems: problems}
-	cfg.pos.annotate(ce) // sorts by line
-	return ce
+	sort.SliceStable(problems, func(i, j int) bool { return problems[i].Line < problems[j].Line })
+	return &config.ConfigError{Problems: problems}
 }
 
 // plural is the verb ending for n subjects ("serves" for one).

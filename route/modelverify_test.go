@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/turnout/turnout/internal/config"
 )
 
 // servesModels is a replica whose GET /v1/models lists ids.
@@ -36,7 +38,7 @@ func TestVerifyServedModels(t *testing.T) {
 	both := servesModels(t, full, "llama")
 	other := servesModels(t, "qwen") // serves none of the names: warned later, not refused
 	dead := deadAddr(t)
-	conf := func(addrs ...string) *Config {
+	conf := func(addrs ...string) *config.Config {
 		var b strings.Builder
 		b.WriteString("health: {disable: true}\ndeployments:\n  - name: llama\n    models: [" + full + ", llama]\n    pools:\n      - endpoints:\n")
 		for i, a := range addrs {
@@ -68,7 +70,7 @@ func TestVerifyServedModels(t *testing.T) {
 			if err == nil {
 				t.Fatal("accepted a model alias the replica does not serve")
 			}
-			if !errors.Is(err, ErrConfig) {
+			if !errors.Is(err, config.ErrConfig) {
 				t.Errorf("not a config error: %v", err)
 			}
 			for _, w := range tc.want {

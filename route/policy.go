@@ -2,10 +2,11 @@ package route
 
 import (
 	"context"
-	"fmt"
 	"sort"
 	"strings"
 	"sync/atomic"
+
+	"github.com/turnout/turnout/internal/config"
 
 	"github.com/rs/zerolog"
 
@@ -108,7 +109,7 @@ type PolicyEnv struct {
 }
 
 // Factory builds a policy for one pool from its config; params are validated here.
-type Factory func(cfg *PolicyConfig, env PolicyEnv) (Policy, error)
+type Factory func(cfg *config.PolicyConfig, env PolicyEnv) (Policy, error)
 
 // Registry maps policy names to factories. Registration is explicit (no init()).
 type Registry struct {
@@ -137,19 +138,14 @@ func (r *Registry) Names() []string {
 }
 
 // Build builds the named policy.
-func (r *Registry) Build(cfg *PolicyConfig, env PolicyEnv) (Policy, error) {
+func (r *Registry) Build(cfg *config.PolicyConfig, env PolicyEnv) (Policy, error) {
 	f, ok := r.m[cfg.Name]
 	if !ok {
-		path := "policy.name"
-		if cfg.path != "" {
-			path = cfg.path + ".name"
-		}
-		return nil, &ConfigError{Problems: []*FieldError{{Path: path, Line: cfg.line,
-			Msg: fmt.Sprintf("unknown policy %q%s (known: %s)", cfg.Name, suggest(cfg.Name, r.Names()), strings.Join(r.Names(), ", "))}}}
+		return nil, cfg.UnknownPolicy(r.Names())
 	}
 	p, err := f(cfg, env)
 	if err != nil {
-		return nil, cfg.paramsError(err)
+		return nil, cfg.ParamsError(err)
 	}
 	return p, nil
 }

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/cespare/xxhash/v2"
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
@@ -49,9 +51,9 @@ type TokenizerConfig struct {
 	// Mode: "remote" calls vLLM's POST /tokenize; "none" uses only token-id prompts.
 	Mode string `yaml:"mode"`
 	// Address of a vLLM server for /tokenize ("" = the pool's own endpoints).
-	Address      string   `yaml:"address"`
-	Timeout      Duration `yaml:"timeout"`
-	CacheEntries int      `yaml:"cache_entries"`
+	Address      string          `yaml:"address"`
+	Timeout      config.Duration `yaml:"timeout"`
+	CacheEntries int             `yaml:"cache_entries"`
 }
 
 // Validate checks the params.
@@ -119,10 +121,10 @@ type kvBuf struct {
 
 // NewKVAwareFactory returns the factory for kv-aware.
 func NewKVAwareFactory() Factory {
-	return func(pc *PolicyConfig, env PolicyEnv) (Policy, error) {
+	return func(pc *config.PolicyConfig, env PolicyEnv) (Policy, error) {
 		cfg := KVAwareConfig{
 			MaxBlocks: 1 << 20, PrefillWeight: 1, LoadWeight: 1, BalanceAbs: 8, BalanceRel: 1.5,
-			Tokenizer: TokenizerConfig{Mode: "remote", Timeout: Duration(200 * time.Millisecond), CacheEntries: 4096},
+			Tokenizer: TokenizerConfig{Mode: "remote", Timeout: config.Duration(200 * time.Millisecond), CacheEntries: 4096},
 			Fallback:  DefaultPrefixAffinityConfig(),
 		}
 		if err := pc.DecodeParams(&cfg); err != nil {

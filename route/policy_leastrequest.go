@@ -1,6 +1,10 @@
 package route
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/turnout/turnout/internal/config"
+)
 
 // LeastRequestType is the registry name of LeastRequest.
 const LeastRequestType = "least-request"
@@ -25,7 +29,7 @@ type LeastRequestConfig struct {
 
 // NewLeastRequestFactory returns the factory for least-request.
 func NewLeastRequestFactory() Factory {
-	return func(pc *PolicyConfig, env PolicyEnv) (Policy, error) {
+	return func(pc *config.PolicyConfig, env PolicyEnv) (Policy, error) {
 		cfg := LeastRequestConfig{Choices: 2}
 		if err := pc.DecodeParams(&cfg); err != nil {
 			return nil, err

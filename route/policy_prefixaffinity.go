@@ -1,6 +1,10 @@
 package route
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/turnout/turnout/internal/config"
+)
 
 // PrefixAffinityType is the registry name of PrefixAffinity.
 const PrefixAffinityType = "prefix-affinity"
@@ -76,7 +80,7 @@ type PrefixAffinity struct {
 
 // NewPrefixAffinityFactory returns the factory for prefix-affinity.
 func NewPrefixAffinityFactory() Factory {
-	return func(pc *PolicyConfig, env PolicyEnv) (Policy, error) {
+	return func(pc *config.PolicyConfig, env PolicyEnv) (Policy, error) {
 		cfg := DefaultPrefixAffinityConfig()
 		if err := pc.DecodeParams(&cfg); err != nil {
 			return nil, err

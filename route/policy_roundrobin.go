@@ -1,6 +1,10 @@
 package route
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/turnout/turnout/internal/config"
+)
 
 // RoundRobinType is the registry name of RoundRobin.
 const RoundRobinType = "round-robin"
@@ -12,7 +16,7 @@ type RoundRobin struct {
 
 // NewRoundRobinFactory returns the factory for round-robin (no params).
 func NewRoundRobinFactory() Factory {
-	return func(cfg *PolicyConfig, _ PolicyEnv) (Policy, error) {
+	return func(cfg *config.PolicyConfig, _ PolicyEnv) (Policy, error) {
 		var none struct{}
 		if err := cfg.DecodeParams(&none); err != nil {
 			return nil, err

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/cespare/xxhash/v2"
 )
 
@@ -53,7 +55,7 @@ type SessionHash struct {
 
 // NewSessionHashFactory returns the factory for session-hash.
 func NewSessionHashFactory() Factory {
-	return func(pc *PolicyConfig, env PolicyEnv) (Policy, error) {
+	return func(pc *config.PolicyConfig, env PolicyEnv) (Policy, error) {
 		cfg := SessionHashConfig{VNodes: 160, LoadFactor: 1.25, MinInflight: 4}
 		if err := pc.DecodeParams(&cfg); err != nil {
 			return nil, err

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"gopkg.in/yaml.v3"
 )
 
@@ -420,7 +422,7 @@ func TestPrefixHashPinned(t *testing.T) {
 // choices: 0 takes the global minimum (P2C may miss it); 2 is P2C.
 func TestLeastRequestChoices(t *testing.T) {
 	build := func(params string) *Pool {
-		var pc PolicyConfig
+		var pc config.PolicyConfig
 		if err := yaml.Unmarshal([]byte("name: least-request\nparams: "+params), &pc); err != nil {
 			t.Fatal(err)
 		}
@@ -450,7 +452,7 @@ func TestLeastRequestChoices(t *testing.T) {
 			t.Fatalf("%s: minimum picked %d of 200", tc.params, hits)
 		}
 	}
-	var pc PolicyConfig
+	var pc config.PolicyConfig
 	_ = yaml.Unmarshal([]byte("name: least-request\nparams: {choices: 3}"), &pc)
 	if _, err := NewLeastRequestFactory()(&pc, PolicyEnv{Pool: &Pool{}}); err == nil {
 		t.Fatal("choices: 3 accepted")

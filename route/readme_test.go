@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/turnout/turnout/internal/config"
 )
 
 // Every YAML example in the README is a config turnout accepts, so the docs
@@ -19,7 +21,7 @@ func TestREADMEConfigExamples(t *testing.T) {
 		t.Fatalf("found %d YAML examples in README.md, want the main, KV and PD ones", len(blocks))
 	}
 	for i, m := range blocks {
-		cfg, err := ParseConfig(m[1])
+		cfg, err := config.ParseConfig(m[1])
 		if err != nil {
 			t.Errorf("README YAML example %d: %v", i+1, err)
 			continue

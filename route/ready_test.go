@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/valyala/fasthttp"
 )
 
@@ -141,7 +143,7 @@ deployments:
 		t.Fatalf("%d %q", code, body)
 	}
 	for _, bad := range []string{"health: {min_ready: -1}", "health: {min_ready: 20000}"} {
-		if _, err := ParseConfig([]byte(bad + "\ndeployments: [{name: x, pools: [{role: mixed, endpoints: [{name: a, address: \"127.0.0.1:1\"}]}]}]\n")); err == nil || !strings.Contains(err.Error(), "min_ready") {
+		if _, err := config.ParseConfig([]byte(bad + "\ndeployments: [{name: x, pools: [{role: mixed, endpoints: [{name: a, address: \"127.0.0.1:1\"}]}]}]\n")); err == nil || !strings.Contains(err.Error(), "min_ready") {
 			t.Fatalf("%s: %v", bad, err)
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fasthttp"
 )
@@ -12,7 +14,7 @@ import (
 // testPool builds a pool of n endpoints named e0..e(n-1) with the policy.
 func testPool(t testing.TB, n int, build func(p *Pool) Policy) *Pool {
 	t.Helper()
-	p := &Pool{Name: "d_mixed", Deployment: "d", Role: RoleMixed, m: &poolMetrics{}}
+	p := &Pool{Name: "d_mixed", Deployment: "d", Role: config.RoleMixed, m: &poolMetrics{}}
 	for i := 0; i < n; i++ {
 		name := fmt.Sprintf("e%d", i)
 		p.Endpoints = append(p.Endpoints, &Endpoint{
@@ -34,9 +36,9 @@ func names(es []*Endpoint) string {
 	return strings.Join(s, ",")
 }
 
-func mustConfig(t testing.TB, y string) *Config {
+func mustConfig(t testing.TB, y string) *config.Config {
 	t.Helper()
-	c, err := ParseConfig([]byte(y))
+	c, err := config.ParseConfig([]byte(y))
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}

@@ -10,7 +10,7 @@
 #   PROXY=nginx scripts/demo.sh     # nginx + njs
 #   make demo PORT_BASE=18000       # every port shifted (see scripts/lib.sh)
 #
-# Ports default to the embedded config's (route/default_config.yaml):
+# Ports default to the embedded config's (internal/config/default_config.yaml):
 # replicas 127.0.0.1:8001-8004, turnout 127.0.0.1:9090, HAProxy 127.0.0.1:8080,
 # nginx 127.0.0.1:8081, completion feedback (syslog/UDP) 127.0.0.1:9514.
 set -euo pipefail

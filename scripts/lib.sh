@@ -59,7 +59,7 @@ write_config() {
     -e "s/127\.0\.0\.1:8080/127.0.0.1:$HAPROXY_PORT/" -e "s/127\.0\.0\.1:8081/127.0.0.1:$NGINX_PORT/" \
     -e "s/127\.0\.0\.1:8001/127.0.0.1:${MOCK_PORTS[0]}/" -e "s/127\.0\.0\.1:8002/127.0.0.1:${MOCK_PORTS[1]}/" \
     -e "s/127\.0\.0\.1:8003/127.0.0.1:${MOCK_PORTS[2]}/" -e "s/127\.0\.0\.1:8004/127.0.0.1:${MOCK_PORTS[3]}/" \
-    "$ROOT/route/default_config.yaml" >"$1"
+    "$ROOT/internal/config/default_config.yaml" >"$1"
 }
 
 # Children: start_child NAME LOG CMD... runs CMD in the background and

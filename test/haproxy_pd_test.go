@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/turnout/turnout/internal/mock"
 	"github.com/turnout/turnout/route"
 )
@@ -66,10 +68,10 @@ deployments:
 			fmt.Fprintf(&b, "%s    - {name: %s, address: %q}\n", indent, m.Name, m.Addr)
 		}
 	}
-	pool("      ", route.RolePrefill, s.prefill)
-	pool("      ", route.RoleDecode, s.decode)
+	pool("      ", config.RolePrefill, s.prefill)
+	pool("      ", config.RoleDecode, s.decode)
 	b.WriteString("  - name: chat\n    models: [chat]\n    policy: {name: least-request}\n    pools:\n")
-	pool("      ", route.RoleMixed, s.mixed)
+	pool("      ", config.RoleMixed, s.mixed)
 	return b.String()
 }
 

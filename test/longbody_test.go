@@ -8,8 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/turnout/turnout/internal/mock"
-	"github.com/turnout/turnout/route"
 )
 
 // A prompt far larger than HAProxy's buffer: the proxy hands turnout a
@@ -122,7 +123,7 @@ func TestHAProxyLongPrompt(t *testing.T) {
 	for _, tc := range []struct{ name, spoe string }{{"SPOE", spoeDefault}, {"Lua", ""}} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := startStackWith(t, "open", tc.spoe, depSpec{name: "llama", policy: policyPrefix, mocks: mocks(t, "long", 3, nil)})
-			checkLongPrompt(t, s, "llama", "http://"+s.turnoutAddr, route.DefaultRouteBody)
+			checkLongPrompt(t, s, "llama", "http://"+s.turnoutAddr, config.DefaultRouteBody)
 		})
 	}
 }
@@ -132,5 +133,5 @@ func TestHAProxyLongPrompt(t *testing.T) {
 // HAProxy does, and proxies all of it.
 func TestNginxLongPrompt(t *testing.T) {
 	s := startNginxStack(t, "open", ndep{name: "llama", policy: policyPrefix, mode: "body", mocks: mocks(t, "nlong", 3, nil)})
-	checkLongPrompt(t, s, "llama", "http://"+s.turnoutAddr, route.DefaultRouteBody)
+	checkLongPrompt(t, s, "llama", "http://"+s.turnoutAddr, config.DefaultRouteBody)
 }

@@ -15,8 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/turnout/turnout/nginx"
-	"github.com/turnout/turnout/route"
 )
 
 // nginx end-to-end tests: the turnout binary syncing a real nginx (1.22 +
@@ -123,11 +124,11 @@ deployments:
 	for _, d := range s.deps {
 		fmt.Fprintf(&b, "  - name: %s\n    models: [%s]\n    policy: %s\n    nginx_mode: %s\n    pools:\n", d.name, d.name, d.policy, d.mode)
 		if len(d.prefill) > 0 {
-			pool(route.RolePrefill, d.prefill)
-			pool(route.RoleDecode, d.decode)
+			pool(config.RolePrefill, d.prefill)
+			pool(config.RoleDecode, d.decode)
 			continue
 		}
-		pool(route.RoleMixed, d.mocks)
+		pool(config.RoleMixed, d.mocks)
 	}
 	return b.String()
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 	"k8s.io/client-go/kubernetes"
 
@@ -16,7 +18,7 @@ import (
 // only when a pool asks for it, and a failed first list is logged at start
 // (RBAC, unreachable API) while the informers keep retrying.
 func newFleet(ctx context.Context, srv *route.Server, kubeconfig string, log *zerolog.Logger,
-	apply func(*route.Config, bool) error) *discovery.Fleet {
+	apply func(*config.Config, bool) error) *discovery.Fleet {
 	return discovery.New(discovery.Options{
 		Log:   log,
 		Apply: apply,

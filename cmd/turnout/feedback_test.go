@@ -4,9 +4,10 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/turnout/turnout/haproxy"
 	"github.com/turnout/turnout/nginx"
-	"github.com/turnout/turnout/route"
 )
 
 // TestRenderedFeedbackDefault: both proxies are rendered with completion
@@ -22,7 +23,7 @@ deployments:
 		prefix string
 		want   bool
 	}{{"", true}, {"feedback: {disable: true}\n", false}} {
-		cfg, err := route.ParseConfig([]byte(tc.prefix + deps))
+		cfg, err := config.ParseConfig([]byte(tc.prefix + deps))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -30,14 +31,14 @@ deployments:
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := bytes.Contains(ha.Config, []byte("log "+route.DefaultFeedbackAddr+" local0")); got != tc.want {
+		if got := bytes.Contains(ha.Config, []byte("log "+config.DefaultFeedbackAddr+" local0")); got != tc.want {
 			t.Fatalf("%q: haproxy log target rendered %v, want %v", tc.prefix, got, tc.want)
 		}
 		ng, err := nginx.Render(cfg, nginx.RenderOptions{Dir: t.TempDir()})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := bytes.Contains(ng.Config, []byte("access_log syslog:server="+route.DefaultFeedbackAddr)); got != tc.want {
+		if got := bytes.Contains(ng.Config, []byte("access_log syslog:server="+config.DefaultFeedbackAddr)); got != tc.want {
 			t.Fatalf("%q: nginx syslog target rendered %v, want %v", tc.prefix, got, tc.want)
 		}
 	}

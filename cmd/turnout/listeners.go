@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
@@ -40,7 +42,7 @@ type listeners struct {
 	// spoeAddr gives the SPOE agent's address for a config: haproxy.spoe,
 	// or the default path's socket next to the rendered HAProxy files.
 	// nil means haproxy.spoe alone.
-	spoeAddr func(*route.Config) string
+	spoeAddr func(*config.Config) string
 	mu       sync.Mutex
 	cur      map[string]*listener // kind -> serving listener
 	retired  []*listener          // closing after their grace
@@ -79,7 +81,7 @@ type change struct {
 
 // prepare binds what cfg needs and has no listener yet. On error nothing
 // changed.
-func (l *listeners) prepare(cfg *route.Config) (*change, error) {
+func (l *listeners) prepare(cfg *config.Config) (*change, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ch := &change{}
@@ -103,7 +105,7 @@ func (l *listeners) prepare(cfg *route.Config) (*change, error) {
 			// Same address, new connection limits: a second server cannot
 			// bind it, so the change needs a restart (or a new address).
 			errs = append(errs, fmt.Errorf("%w: %s: changed with listen unchanged; it applies on restart or with a new listen address",
-				route.ErrConfig, httpKeyDiff(cur.key, w.key)))
+				config.ErrConfig, httpKeyDiff(cur.key, w.key)))
 			continue
 		}
 		if cur != nil {
@@ -119,7 +121,7 @@ func (l *listeners) prepare(cfg *route.Config) (*change, error) {
 		}
 		nl, err := l.bind(kind, w.addr, w.key, cfg)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%w: %s: %w", route.ErrConfig, kind, err))
+			errs = append(errs, fmt.Errorf("%w: %s: %w", config.ErrConfig, kind, err))
 			continue
 		}
 		ch.open = append(ch.open, nl)
@@ -230,7 +232,7 @@ func (l *listeners) shutdown(ctx context.Context) {
 }
 
 // bind opens one listener.
-func (l *listeners) bind(kind, addr, key string, cfg *route.Config) (*listener, error) {
+func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener, error) {
 	nl := &listener{kind: kind, addr: addr, key: key}
 	switch kind {
 	case kindHTTP:
@@ -329,7 +331,7 @@ func stopHTTP(ctx context.Context, hs *fasthttp.Server, ln net.Listener) {
 }
 
 // httpKey encodes route.HTTPServerKey in a stable order.
-func httpKey(cfg *route.Config) string {
+func httpKey(cfg *config.Config) string {
 	m := route.HTTPServerKey(cfg)
 	ks := make([]string, 0, len(m))
 	for k := range m {

@@ -6,14 +6,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/route"
 )
 
-func lnConfig(t *testing.T, listen, extra string) *route.Config {
+func lnConfig(t *testing.T, listen, extra string) *config.Config {
 	t.Helper()
-	c, err := route.ParseConfig([]byte("listen: " + listen + "\nhealth: {disable: true}\n" + extra +
+	c, err := config.ParseConfig([]byte("listen: " + listen + "\nhealth: {disable: true}\n" + extra +
 		"deployments: [{name: d, pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]}]\n"))
 	if err != nil {
 		t.Fatal(err)

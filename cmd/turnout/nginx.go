@@ -8,10 +8,11 @@ import (
 	"os/exec"
 	"path/filepath"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/nginx"
-	"github.com/turnout/turnout/route"
 )
 
 // nginxFlags are the nginx options shared by serve (sync) and render.
@@ -69,7 +70,7 @@ func (f *nginxFlags) syncer(log *zerolog.Logger) (syncer, error) {
 }
 
 // renderNginx implements `turnout render nginx --config FILE --out DIR`.
-func renderNginx(cfg *route.Config, out string, check bool, f *nginxFlags, log *zerolog.Logger) error {
+func renderNginx(cfg *config.Config, out string, check bool, f *nginxFlags, log *zerolog.Logger) error {
 	if out == "" {
 		out = cfg.Nginx.Dir
 	}

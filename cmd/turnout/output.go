@@ -6,10 +6,10 @@ import (
 	"io"
 	"os"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
-
-	"github.com/turnout/turnout/route"
 )
 
 // humanOutput decides between text for a person and JSON lines for a log
@@ -34,7 +34,7 @@ func reportError(stderr io.Writer, log *zerolog.Logger, human bool, what string,
 		fmt.Fprintf(stderr, "%s: %v\n", what, err)
 		return
 	}
-	var ce *route.ConfigError
+	var ce *config.ConfigError
 	if errors.As(err, &ce) && len(ce.Problems) > 1 {
 		for _, p := range ce.Problems {
 			logProblem(log.Error(), ce.File, p).Msg("config problem")
@@ -44,7 +44,7 @@ func reportError(stderr io.Writer, log *zerolog.Logger, human bool, what string,
 }
 
 // logProblem adds a config problem's fields to a log event.
-func logProblem(ev *zerolog.Event, file string, p *route.FieldError) *zerolog.Event {
+func logProblem(ev *zerolog.Event, file string, p *config.FieldError) *zerolog.Event {
 	if file != "" {
 		ev = ev.Str("file", file)
 	}
@@ -58,7 +58,7 @@ func logProblem(ev *zerolog.Event, file string, p *route.FieldError) *zerolog.Ev
 }
 
 // logWarnings logs what the config accepted but probably did not mean.
-func logWarnings(log *zerolog.Logger, file string, cfg *route.Config) {
+func logWarnings(log *zerolog.Logger, file string, cfg *config.Config) {
 	for _, w := range cfg.Warnings() {
 		logProblem(log.Warn(), file, w).Msg("config warning")
 	}
@@ -67,7 +67,7 @@ func logWarnings(log *zerolog.Logger, file string, cfg *route.Config) {
 // withFile names the config file in a config error raised after loading
 // (policies are built from the parsed config, which does not know its file).
 func withFile(err error, file string) error {
-	var ce *route.ConfigError
+	var ce *config.ConfigError
 	if file != "" && errors.As(err, &ce) && ce.File == "" {
 		ce.File = file
 	}

@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"path/filepath"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/haproxy"
@@ -55,13 +57,13 @@ func runRender(args []string, log *zerolog.Logger) error {
 	}
 	out := fs.Lookup("out").Value.String()
 	var (
-		cfg *route.Config
+		cfg *config.Config
 		err error
 	)
 	if *cfgPath == "" {
-		cfg, err = route.ParseConfig(route.DefaultConfigYAML)
+		cfg, err = config.ParseConfig(config.DefaultConfigYAML)
 	} else {
-		cfg, err = route.LoadConfigFile(*cfgPath)
+		cfg, err = config.LoadConfigFile(*cfgPath)
 	}
 	if err != nil {
 		return err
@@ -77,7 +79,7 @@ func runRender(args []string, log *zerolog.Logger) error {
 	return renderNginx(cfg, out, *check, ngx, log)
 }
 
-func renderHAProxy(cfg *route.Config, out, socket string, check bool, log *zerolog.Logger) error {
+func renderHAProxy(cfg *config.Config, out, socket string, check bool, log *zerolog.Logger) error {
 	if out == "" {
 		out = cfg.HAProxy.Dir
 	}

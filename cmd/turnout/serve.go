@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/haproxy"
@@ -21,7 +23,7 @@ import (
 
 // syncer pushes accepted configs to a proxy (HAProxy runtime API).
 type syncer interface {
-	Sync(ctx context.Context, cfg *route.Config) error
+	Sync(ctx context.Context, cfg *config.Config) error
 }
 
 func runServe(args []string, log *zerolog.Logger) error {
@@ -47,13 +49,13 @@ func runServe(args []string, log *zerolog.Logger) error {
 			log = &l
 		}
 	}
-	load := func() (*route.Config, error) {
-		var cfg *route.Config
+	load := func() (*config.Config, error) {
+		var cfg *config.Config
 		var err error
 		if *cfgPath == "" {
-			cfg, err = route.ParseConfig(route.DefaultConfigYAML)
+			cfg, err = config.ParseConfig(config.DefaultConfigYAML)
 		} else {
-			cfg, err = route.LoadConfigFile(*cfgPath)
+			cfg, err = config.LoadConfigFile(*cfgPath)
 		}
 		if err != nil {
 			return nil, err
@@ -107,11 +109,11 @@ func runServe(args []string, log *zerolog.Logger) error {
 	// blocks the decision path or piles up. A sync carries the listeners it
 	// makes obsolete: they close only after the proxies moved away from them.
 	type syncReq struct {
-		cfg     *route.Config
+		cfg     *config.Config
 		retired []*change
 	}
 	syncCh := make(chan syncReq, 1)
-	pushSync := func(c *route.Config, ch *change) {
+	pushSync := func(c *config.Config, ch *change) {
 		req := syncReq{cfg: c}
 		select {
 		case old := <-syncCh:
@@ -175,7 +177,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 		chMu     sync.Mutex
 		chQueued []*change
 	)
-	fleet := newFleet(ctx, srv, *kubeconfig, log, func(c *route.Config, synced bool) error {
+	fleet := newFleet(ctx, srv, *kubeconfig, log, func(c *config.Config, synced bool) error {
 		if err := srv.Apply(c); err != nil {
 			return err
 		}
@@ -260,7 +262,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 		return err
 	}
 	lns.start(ch)
-	if lns.spoeAddr(cfg) == "" && cfg.HAProxy.Path == route.HAProxyPathSPOE {
+	if lns.spoeAddr(cfg) == "" && cfg.HAProxy.Path == config.HAProxyPathSPOE {
 		// An HAProxy rendered for this config would find no agent and fail open.
 		log.Info().Msg("no SPOE agent: give --haproxy-dir (or haproxy.dir, or haproxy.spoe) when HAProxy routes through turnout")
 	}

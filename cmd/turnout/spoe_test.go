@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/route"
@@ -35,7 +37,7 @@ func helloFrame() []byte {
 // "unix@/path" and "/path", replaces a stale socket of a previous run, and
 // the agent on it answers HAProxy's hello.
 func TestListenSPOE(t *testing.T) {
-	cfg, err := route.ParseConfig(route.DefaultConfigYAML)
+	cfg, err := config.ParseConfig(config.DefaultConfigYAML)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
@@ -392,7 +394,7 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 				PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy, func(so *StackOptions) { so.PlainBufSize = whole })
 			add("haproxy", "haproxy+spoe+turnout "+spec.String()+" (default render)", "with-turnout-spoe", spec, ProxyHAProxy, nil)
 			add("haproxy", "haproxy+lua+turnout "+spec.String(), "with-turnout-lua", spec, ProxyHAProxy,
-				func(so *StackOptions) { so.HAProxyPath = route.HAProxyPathLua })
+				func(so *StackOptions) { so.HAProxyPath = config.HAProxyPathLua })
 		}
 	}
 	if o.Nginx == "" {
@@ -415,12 +417,12 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 	add("nginx", fmt.Sprintf("nginx roundrobin, client_body_buffer_size %d (as body mode renders)", stackMaxBody), "nginx-plain-bodybuf",
 		PolicySpec{Policy: NginxRoundRobin}, ProxyNginx, func(so *StackOptions) { so.PlainNginxBodyBuffer = true })
 	add("nginx", "nginx+auth_request+turnout "+hspec.String(), "nginx-header", hspec, ProxyNginx,
-		func(so *StackOptions) { so.NginxMode = route.NginxModeHeader })
+		func(so *StackOptions) { so.NginxMode = config.NginxModeHeader })
 	bodyName := "nginx+njs+turnout " + spec.String()
 	if msg := NginxMissing(o.Nginx, o.NginxModule, true); msg != "" {
 		note("nginx", bodyName, "skipped: "+msg)
 	} else {
-		add("nginx", bodyName, "nginx-body", spec, ProxyNginx, func(so *StackOptions) { so.NginxMode = route.NginxModeBody })
+		add("nginx", bodyName, "nginx-body", spec, ProxyNginx, func(so *StackOptions) { so.NginxMode = config.NginxModeBody })
 	}
 	return stacks, notes, nil
 }

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/nginx"
@@ -61,7 +63,7 @@ func (o *E2EOptions) NeedsNginx(specs []PolicySpec) (nginx, njs bool) {
 	for _, s := range specs {
 		if s.Proxy(o.Proxy) == ProxyNginx {
 			nginx = true
-			njs = njs || (!s.IsProxyAlone() && o.NginxMode != route.NginxModeHeader)
+			njs = njs || (!s.IsProxyAlone() && o.NginxMode != config.NginxModeHeader)
 		}
 	}
 	return nginx, njs
@@ -77,7 +79,7 @@ func (o *E2EOptions) validate(specs []PolicySpec) error {
 	if o.Proxy != "" && o.Proxy != ProxyHAProxy && o.Proxy != ProxyNginx {
 		return fmt.Errorf("proxy %q: want haproxy or nginx", o.Proxy)
 	}
-	if o.NginxMode != "" && o.NginxMode != route.NginxModeBody && o.NginxMode != route.NginxModeHeader {
+	if o.NginxMode != "" && o.NginxMode != config.NginxModeBody && o.NginxMode != config.NginxModeHeader {
 		return fmt.Errorf("nginx mode %q: want body or header", o.NginxMode)
 	}
 	bins := []string{o.Turnout}
@@ -182,7 +184,7 @@ func e2eMode(spec PolicySpec, o E2EOptions) string {
 	if spec.Proxy(o.Proxy) != ProxyNginx {
 		return "e2e"
 	}
-	if !spec.IsProxyAlone() && o.NginxMode == route.NginxModeHeader {
+	if !spec.IsProxyAlone() && o.NginxMode == config.NginxModeHeader {
 		return "e2e-nginx-header"
 	}
 	return "e2e-nginx"
@@ -368,7 +370,7 @@ func (st *Stack) startNginxStack(ctx context.Context, o StackOptions, front stri
 	} else {
 		mode := o.NginxMode
 		if mode == "" {
-			mode = route.NginxModeBody
+			mode = config.NginxModeBody
 		}
 		cfg := ConfigOptions{NginxListen: front, NginxDir: ngDir, NginxMode: mode, MaxBody: o.NginxMaxBody}
 		if err := st.startTurnout(ctx, o, cfg, ProxyNginx, renderNginxArgs(ngDir, o.NginxModule)...); err != nil {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/nginx"
@@ -81,13 +83,13 @@ func TestPlainNginxConfigNginxT(t *testing.T) {
 // The generated turnout config carries the nginx section, and turnout's
 // renderer turns it into the mode asked for.
 func TestTurnoutConfigNginx(t *testing.T) {
-	for mode, want := range map[string]string{route.NginxModeHeader: "auth_request /_turnout/ask_headers;", route.NginxModeBody: "js_content turnout.route;"} {
+	for mode, want := range map[string]string{config.NginxModeHeader: "auth_request /_turnout/ask_headers;", config.NginxModeBody: "js_content turnout.route;"} {
 		cfgText := TurnoutConfig(ConfigOptions{
 			Listen: "127.0.0.1:9", Model: "llama", Policy: PolicySpec{Policy: route.SessionHashType}, DisableHealth: true,
 			Syslog: "127.0.0.1:9514", NginxListen: "127.0.0.1:8081", NginxDir: "/tmp/ng", NginxMode: mode,
 			Endpoints: []Endpoint{{Name: "r0", Address: "127.0.0.1:1"}, {Name: "r1", Address: "127.0.0.1:2"}},
 		})
-		cfg, err := route.ParseConfig(cfgText)
+		cfg, err := config.ParseConfig(cfgText)
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", mode, err, cfgText)
 		}
@@ -141,7 +143,7 @@ func TestProxySpecs(t *testing.T) {
 	if ng, njs := o.NeedsNginx(specs); !ng || !njs {
 		t.Errorf("body mode: nginx %v njs %v", ng, njs)
 	}
-	o.NginxMode = route.NginxModeHeader
+	o.NginxMode = config.NginxModeHeader
 	if ng, njs := o.NeedsNginx(specs); !ng || njs {
 		t.Errorf("header mode: nginx %v njs %v", ng, njs)
 	}
@@ -241,7 +243,7 @@ func TestProxyStacks(t *testing.T) {
 	stacks, _, err = proxyStacks(o)
 	if err != nil || len(stacks) != 8 || stacks[0].name != "haproxy roundrobin" || stacks[0].opts.PlainBufSize != 0 ||
 		stacks[1].opts.PlainBufSize <= 256<<10 || stacks[2].opts.Spec.Proxy(stacks[2].opts.Proxy) != ProxyHAProxy ||
-		stacks[2].opts.HAProxyPath != "" || stacks[3].opts.HAProxyPath != route.HAProxyPathLua || stacks[4].name != "nginx roundrobin" {
+		stacks[2].opts.HAProxyPath != "" || stacks[3].opts.HAProxyPath != config.HAProxyPathLua || stacks[4].name != "nginx roundrobin" {
 		t.Fatalf("both: err %v stacks %+v", err, stacks)
 	}
 	o.ProxyPolicy = "nginx-roundrobin"

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/route"
@@ -58,7 +60,7 @@ func simRow(reqs []Request, trace string, spec PolicySpec, names []string, o Sim
 	start := time.Now()
 	router, err := NewRouter(spec, names, o)
 	if err != nil {
-		if errors.Is(err, route.ErrConfig) && !isCorePolicy(spec.Policy) {
+		if errors.Is(err, config.ErrConfig) && !isCorePolicy(spec.Policy) {
 			log.Warn().Err(err).Str("policy", spec.String()).Msg("bench: policy skipped")
 			return Row{Mode: "sim", Trace: trace, Policy: spec.String(), Note: "skipped: " + err.Error()}, nil
 		}

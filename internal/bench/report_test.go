@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/turnout/turnout/route"
 )
 
@@ -141,7 +143,7 @@ func TestPolicySpecs(t *testing.T) {
 		Listen: "127.0.0.1:9", Model: "llama", Policy: specs[1], DisableHealth: true, Syslog: "127.0.0.1:9514",
 		Endpoints: []Endpoint{{Name: "r0", Address: "127.0.0.1:1"}, {Name: "r1", Address: "127.0.0.1:2"}},
 	})
-	c, err := route.ParseConfig(cfg)
+	c, err := config.ParseConfig(cfg)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, cfg)
 	}

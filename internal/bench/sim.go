@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
@@ -142,7 +144,7 @@ func NewRouter(spec PolicySpec, names []string, o SimOptions) (Router, error) {
 		}
 	}
 	cfgText := TurnoutConfig(ConfigOptions{Listen: "127.0.0.1:1", Model: o.Model, Policy: spec, ExtraParams: extra, Endpoints: eps, DisableHealth: true})
-	cfg, err := route.ParseConfig(cfgText)
+	cfg, err := config.ParseConfig(cfgText)
 	if err == nil {
 		t.srv, err = route.NewServer(cfg, route.Options{Seed: o.Seed, Log: log})
 	}

@@ -15,10 +15,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/internal/discovery/kube"
-	"github.com/turnout/turnout/route"
 )
 
 // DefaultWindow is how long a burst of changes is collected before one swap.
@@ -27,8 +28,8 @@ const DefaultWindow = 50 * time.Millisecond
 // Source reports discovered endpoints per pool (route.PoolName); a pool it
 // does not list is unknown (not synced yet), not empty.
 type Source interface {
-	Configure(cfg *route.Config) error
-	Endpoints() map[string][]route.EndpointConfig
+	Configure(cfg *config.Config) error
+	Endpoints() map[string][]config.EndpointConfig
 	Synced() bool
 }
 
@@ -38,7 +39,7 @@ type Options struct {
 	// Apply takes each merged config (route.Server.Apply plus proxy sync);
 	// synced is false until every source listed its objects once, so
 	// proxies are not emptied by a turnout that cannot see the cluster yet.
-	Apply func(cfg *route.Config, synced bool) error
+	Apply func(cfg *config.Config, synced bool) error
 	// Inflight returns the open decisions of pool's endpoint name.
 	Inflight func(pool, name string) int64
 	// NewSource builds the Kubernetes source on first need (nil: none).
@@ -49,7 +50,7 @@ type Options struct {
 
 // gone is an endpoint the source no longer lists, kept draining.
 type gone struct {
-	ep    route.EndpointConfig
+	ep    config.EndpointConfig
 	since time.Time
 }
 
@@ -59,13 +60,13 @@ type Fleet struct {
 	log   *zerolog.Logger
 	kick  chan struct{}
 	mu    sync.Mutex // serializes merges
-	base  *route.Config
+	base  *config.Config
 	src   Source
-	last  map[string][]route.EndpointConfig // per pool, as last applied
+	last  map[string][]config.EndpointConfig // per pool, as last applied
 	gone  map[string]map[string]gone
 	wasOK bool
 	// appliedCfg is the last merged config Apply accepted.
-	appliedCfg *route.Config
+	appliedCfg *config.Config
 }
 
 // New returns a Fleet; Run drives it.
@@ -82,7 +83,7 @@ func New(opts Options) *Fleet {
 		opts.Inflight = func(string, string) int64 { return 0 }
 	}
 	return &Fleet{opts: opts, log: opts.Log, kick: make(chan struct{}, 1),
-		last: map[string][]route.EndpointConfig{}, gone: map[string]map[string]gone{}}
+		last: map[string][]config.EndpointConfig{}, gone: map[string]map[string]gone{}}
 }
 
 // Notify marks the discovered state changed; Run merges within the window.
@@ -95,7 +96,7 @@ func (f *Fleet) Notify() {
 
 // SetBase takes a new file config (start, reload): reconfigures the
 // sources and applies the merge at once. On error nothing changes.
-func (f *Fleet) SetBase(cfg *route.Config) error {
+func (f *Fleet) SetBase(cfg *config.Config) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if cfg.HasDiscovery() {
@@ -104,7 +105,7 @@ func (f *Fleet) SetBase(cfg *route.Config) error {
 		}
 		if f.src == nil {
 			if f.opts.NewSource == nil {
-				return fmt.Errorf("%w: discovery configured but not available", route.ErrConfig)
+				return fmt.Errorf("%w: discovery configured but not available", config.ErrConfig)
 			}
 			src, err := f.opts.NewSource(f.Notify)
 			if err != nil {
@@ -130,7 +131,7 @@ func (f *Fleet) SetBase(cfg *route.Config) error {
 // Adopt takes cfg, which has no discovery, as the base and as applied
 // already: the server was built with it at start, and applying it again
 // would count a config reload that did not happen.
-func (f *Fleet) Adopt(cfg *route.Config) {
+func (f *Fleet) Adopt(cfg *config.Config) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.base, f.appliedCfg, f.wasOK = cfg, cfg, true
@@ -187,7 +188,7 @@ func (f *Fleet) syncedSame() bool {
 func (f *Fleet) mergeLocked(force bool) error {
 	now := time.Now()
 	synced := true
-	var found map[string][]route.EndpointConfig
+	var found map[string][]config.EndpointConfig
 	if f.src != nil {
 		found = f.src.Endpoints()
 		synced = f.src.Synced()
@@ -196,7 +197,7 @@ func (f *Fleet) mergeLocked(force bool) error {
 	cfg.Deployments = slices.Clone(f.base.Deployments)
 	drain := f.base.HAProxy.DrainTimeout.D()
 	taken := staticNames(f.base)
-	next := map[string][]route.EndpointConfig{}
+	next := map[string][]config.EndpointConfig{}
 	changed := force || synced != f.wasOK
 	for i := range cfg.Deployments {
 		d := &cfg.Deployments[i]
@@ -206,7 +207,7 @@ func (f *Fleet) mergeLocked(force bool) error {
 			if p.Discovery == nil {
 				continue
 			}
-			pool := route.PoolName(d.Name, p.Role)
+			pool := config.PoolName(d.Name, p.Role)
 			cur, known := found[pool]
 			if !known {
 				cur = f.last[pool] // not synced (yet): keep what we had
@@ -236,7 +237,7 @@ func (f *Fleet) mergeLocked(force bool) error {
 // withGone adds the pool's draining leftovers to cur: endpoints listed last
 // time but not now are kept as draining until their in-flight decisions
 // are done or the drain timeout passed.
-func (f *Fleet) withGone(pool string, cur []route.EndpointConfig, now time.Time, drain time.Duration) []route.EndpointConfig {
+func (f *Fleet) withGone(pool string, cur []config.EndpointConfig, now time.Time, drain time.Duration) []config.EndpointConfig {
 	g := f.gone[pool]
 	if g == nil {
 		g = map[string]gone{}
@@ -266,12 +267,12 @@ func (f *Fleet) withGone(pool string, cur []route.EndpointConfig, now time.Time,
 		}
 		out = append(out, ge.ep)
 	}
-	slices.SortFunc(out, func(a, b route.EndpointConfig) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b config.EndpointConfig) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 
 // staticNames are the server names the file's endpoints use.
-func staticNames(c *route.Config) map[string]bool {
+func staticNames(c *config.Config) map[string]bool {
 	m := map[string]bool{}
 	for _, d := range c.Deployments {
 		for _, p := range d.Pools {
@@ -288,7 +289,7 @@ func staticNames(c *route.Config) map[string]bool {
 // uniqueNames keeps server names global: a discovered name already taken
 // (a static endpoint, or the same pod name in another pool or namespace)
 // gets a hashed form that depends on the pool only, so it is stable too.
-func uniqueNames(eps []route.EndpointConfig, pool string, taken map[string]bool) []route.EndpointConfig {
+func uniqueNames(eps []config.EndpointConfig, pool string, taken map[string]bool) []config.EndpointConfig {
 	for i := range eps {
 		if taken[eps[i].Name] {
 			eps[i].Name = kube.HashedName(pool + "/" + eps[i].Name)
@@ -299,13 +300,13 @@ func uniqueNames(eps []route.EndpointConfig, pool string, taken map[string]bool)
 }
 
 // applied returns pool's endpoints in the last applied config.
-func (f *Fleet) applied(pool string) []route.EndpointConfig {
+func (f *Fleet) applied(pool string) []config.EndpointConfig {
 	if f.appliedCfg == nil {
 		return nil
 	}
 	for _, d := range f.appliedCfg.Deployments {
 		for _, p := range d.Pools {
-			if route.PoolName(d.Name, p.Role) == pool {
+			if config.PoolName(d.Name, p.Role) == pool {
 				return p.Endpoints
 			}
 		}
@@ -313,7 +314,7 @@ func (f *Fleet) applied(pool string) []route.EndpointConfig {
 	return nil
 }
 
-func (f *Fleet) logPools(cfg *route.Config) {
+func (f *Fleet) logPools(cfg *config.Config) {
 	for _, d := range cfg.Deployments {
 		for _, p := range d.Pools {
 			if p.Discovery == nil {
@@ -327,7 +328,7 @@ func (f *Fleet) logPools(cfg *route.Config) {
 					ready = append(ready, e.Name)
 				}
 			}
-			ev := f.log.Info().Str("pool", route.PoolName(d.Name, p.Role)).Int("n_ready", len(ready)).Int("n_draining", len(draining))
+			ev := f.log.Info().Str("pool", config.PoolName(d.Name, p.Role)).Int("n_ready", len(ready)).Int("n_draining", len(draining))
 			if len(ready)+len(draining) <= 32 {
 				ev = ev.Strs("ready", ready).Strs("draining", draining)
 			}

@@ -8,29 +8,29 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/internal/config"
 )
 
 // fakeSource is a Source whose endpoints the test sets.
 type fakeSource struct {
 	mu     sync.Mutex
-	eps    map[string][]route.EndpointConfig
+	eps    map[string][]config.EndpointConfig
 	synced bool
 	notify func()
 }
 
-func (f *fakeSource) Configure(*route.Config) error { return nil }
-func (f *fakeSource) Endpoints() map[string][]route.EndpointConfig {
+func (f *fakeSource) Configure(*config.Config) error { return nil }
+func (f *fakeSource) Endpoints() map[string][]config.EndpointConfig {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := map[string][]route.EndpointConfig{}
+	out := map[string][]config.EndpointConfig{}
 	for k, v := range f.eps {
-		out[k] = append([]route.EndpointConfig(nil), v...)
+		out[k] = append([]config.EndpointConfig(nil), v...)
 	}
 	return out
 }
 func (f *fakeSource) Synced() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.synced }
-func (f *fakeSource) set(synced bool, pool string, eps ...route.EndpointConfig) {
+func (f *fakeSource) set(synced bool, pool string, eps ...config.EndpointConfig) {
 	f.mu.Lock()
 	f.synced = synced
 	if pool != "" {
@@ -40,8 +40,8 @@ func (f *fakeSource) set(synced bool, pool string, eps ...route.EndpointConfig) 
 	f.notify()
 }
 
-func ep(name, addr string, draining bool) route.EndpointConfig {
-	return route.EndpointConfig{Name: name, Address: addr, Draining: draining, Discovered: true}
+func ep(name, addr string, draining bool) config.EndpointConfig {
+	return config.EndpointConfig{Name: name, Address: addr, Draining: draining, Discovered: true}
 }
 
 const fleetYAML = `
@@ -62,11 +62,11 @@ deployments:
 // applied records what the fleet applied.
 type applied struct {
 	mu    sync.Mutex
-	cfgs  []*route.Config
+	cfgs  []*config.Config
 	syncs []bool
 }
 
-func (a *applied) apply(c *route.Config, synced bool) error {
+func (a *applied) apply(c *config.Config, synced bool) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.cfgs = append(a.cfgs, c)
@@ -107,11 +107,11 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 func startFleet(t *testing.T, inflight func(pool, name string) int64) (*fakeSource, *applied) {
 	t.Helper()
-	cfg, err := route.ParseConfig([]byte(fleetYAML))
+	cfg, err := config.ParseConfig([]byte(fleetYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := &fakeSource{eps: map[string][]route.EndpointConfig{}}
+	src := &fakeSource{eps: map[string][]config.EndpointConfig{}}
 	a := &applied{}
 	f := New(Options{Apply: a.apply, Inflight: inflight, Window: 30 * time.Millisecond,
 		NewSource: func(notify func()) (Source, error) { src.notify = notify; return src, nil }})
@@ -133,7 +133,7 @@ func TestFleetSyncAndBurst(t *testing.T) {
 	}
 	// 50 notifications in a burst: one merged apply.
 	for i := range 50 {
-		eps := []route.EndpointConfig{}
+		eps := []config.EndpointConfig{}
 		for j := 0; j <= i%3; j++ {
 			eps = append(eps, ep("d-"+string(rune('0'+j)), "10.0.0."+string(rune('1'+j))+":8000", false))
 		}

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnout/turnout/internal/config"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -163,7 +165,7 @@ func TestDeployManifestsAccepted(t *testing.T) {
 	if !ok {
 		t.Fatalf("ConfigMap has no key %s", filepath.Base(cfgPath))
 	}
-	cfg, err := route.ParseConfig([]byte(yml))
+	cfg, err := config.ParseConfig([]byte(yml))
 	if err != nil {
 		t.Fatalf("ConfigMap config: %v", err)
 	}

@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/internal/config"
 )
 
 // Tokens that may reach a proxy's file unquoted: names and header names are
@@ -71,15 +71,15 @@ func (c *Checker) Addr(field, a string) (hostPort, host string, port int) {
 
 // Name checks a server, pool or deployment name.
 func (c *Checker) Name(field, n string) string {
-	if !route.NameRe.MatchString(n) {
-		c.Bad(field, "%q must match %s", n, route.NameRe)
+	if !config.NameRe.MatchString(n) {
+		c.Bad(field, "%q must match %s", n, config.NameRe)
 	}
 	return n
 }
 
 // Header checks a header name and reports whether it is one.
 func (c *Checker) Header(field, h string) bool {
-	if !route.HeaderRe.MatchString(h) {
+	if !config.HeaderRe.MatchString(h) {
 		c.Bad(field, "%q is not a header name", h)
 		return false
 	}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/route"
@@ -29,7 +31,7 @@ func benchDecisions(b *testing.B, sync bool) {
 		n = startNode(b, ns.URL, "bench-a")
 		eventually(b, "connected", n.sync.Connected)
 	} else {
-		cfg, err := route.ParseConfig([]byte(strings.Replace(fmt.Sprintf(fourEndpoints, "", "x"), "cluster: {nats: \"\", name: x, batch_delay: 2ms}\n", "", 1)))
+		cfg, err := config.ParseConfig([]byte(strings.Replace(fmt.Sprintf(fourEndpoints, "", "x"), "cluster: {nats: \"\", name: x, batch_delay: 2ms}\n", "", 1)))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -74,7 +76,7 @@ func BenchmarkDecisionSyncOn(b *testing.B)  { benchDecisions(b, true) }
 // as the publisher would (two more channel operations), so the figure is an
 // upper bound of what a decision pays.
 func BenchmarkPrefixHandoff(b *testing.B) {
-	cfg, err := route.ParseConfig([]byte(fmt.Sprintf(fourEndpoints, "nats://127.0.0.1:1", "bench-h")))
+	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(fourEndpoints, "nats://127.0.0.1:1", "bench-h")))
 	if err != nil {
 		b.Fatal(err)
 	}

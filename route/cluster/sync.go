@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
@@ -56,7 +58,7 @@ func blockBytes(p *route.Pool) int {
 
 // Sync is one instance's membership in the cluster.
 type Sync struct {
-	cfg   route.ClusterConfig
+	cfg   config.ClusterConfig
 	name  string
 	srv   *route.Server
 	log   *zerolog.Logger
@@ -87,7 +89,7 @@ type Sync struct {
 
 // New connects to NATS (in the background: an unreachable server is
 // retried forever) and installs the decision sink on srv. Run publishes.
-func New(srv *route.Server, cfg route.ClusterConfig, log *zerolog.Logger) (*Sync, error) {
+func New(srv *route.Server, cfg config.ClusterConfig, log *zerolog.Logger) (*Sync, error) {
 	if log == nil {
 		l := zerolog.Nop()
 		log = &l

@@ -13,6 +13,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
@@ -49,7 +51,7 @@ func startNode(t testing.TB, url, name string) *node {
 
 func startNodeLog(t testing.TB, url, name string, log *zerolog.Logger) *node {
 	t.Helper()
-	cfg, err := route.ParseConfig([]byte(fmt.Sprintf(fourEndpoints, url, name)))
+	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(fourEndpoints, url, name)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +287,7 @@ func TestSyncDecisionAllocs(t *testing.T) {
 
 // A full queue drops (counted) instead of waiting.
 func TestSyncQueueFullDrops(t *testing.T) {
-	cfg, err := route.ParseConfig([]byte(fmt.Sprintf(fourEndpoints, "nats://127.0.0.1:1", "n")))
+	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(fourEndpoints, "nats://127.0.0.1:1", "n")))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/turnout/turnout/route"
 )
 
@@ -62,7 +64,7 @@ func BenchmarkScrape(b *testing.B) {
 	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(page) })}
 	go func() { _ = hs.Serve(ln) }()
 	defer hs.Close()
-	cfg, err := route.ParseConfig([]byte(fmt.Sprintf(`
+	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`
 health: {disable: true}
 deployments:
   - name: llama

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -181,7 +183,7 @@ func (s *Scraper) clearAll() {
 
 // scrapeOne scrapes one endpoint and publishes the result on every pool
 // entry with that name.
-func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*route.Endpoint, cfg *route.EngineMetricsConfig) {
+func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*route.Endpoint, cfg *config.EngineMetricsConfig) {
 	if ctx.Err() != nil {
 		return
 	}
@@ -225,7 +227,7 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*route.Endpoin
 }
 
 // fetch GETs and parses one page; n is the number of body bytes read.
-func (s *Scraper) fetch(addr string, cfg *route.EngineMetricsConfig) (route.EngineLoad, int, Result, error) {
+func (s *Scraper) fetch(addr string, cfg *config.EngineMetricsConfig) (route.EngineLoad, int, Result, error) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
@@ -176,7 +178,7 @@ func routeOnce(t *testing.T, srv *route.Server) (string, time.Duration) {
 func TestScraperBadPages(t *testing.T) {
 	p := &page{}
 	addr := startPage(t, p)
-	cfg, err := route.ParseConfig([]byte(fmt.Sprintf(`
+	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`
 health: {disable: true}
 engine_metrics: {interval: 300ms, timeout: 1s, max_bytes: 1048576}
 deployments:
@@ -271,7 +273,7 @@ deployments:
   - name: llama
     pools: [{role: mixed, endpoints: [{name: m0, address: %s}]}]
 `
-	cfg, _ := route.ParseConfig([]byte(fmt.Sprintf(y, false, addr)))
+	cfg, _ := config.ParseConfig([]byte(fmt.Sprintf(y, false, addr)))
 	srv, err := route.NewServer(cfg, route.Options{Seed: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -283,7 +285,7 @@ deployments:
 	go sc.Run(ctx)
 	ep := srv.Snapshot().Deployments[0].Serve.Endpoints[0]
 	waitFor(t, "engine figure", func() bool { return ep.Engine() != nil })
-	cfg2, _ := route.ParseConfig([]byte(fmt.Sprintf(y, true, addr)))
+	cfg2, _ := config.ParseConfig([]byte(fmt.Sprintf(y, true, addr)))
 	if err := srv.Apply(cfg2); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,8 @@ import (
 	"encoding/base64"
 	"strconv"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/route"
@@ -56,7 +58,7 @@ const (
 // session and model headers, content-type, x-request-id), and whether a
 // decision may block on the network (a prefill/decode deployment).
 type names struct {
-	cfg      *route.Config
+	cfg      *config.Config
 	forward  [][]byte
 	blocking bool
 }

@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/valyala/fasthttp"
+	"github.com/turnout/turnout/internal/config"
 
-	"github.com/turnout/turnout/route"
+	"github.com/valyala/fasthttp"
 )
 
 func TestSessionSpellingsLandTogether(t *testing.T) {
@@ -198,7 +198,7 @@ func TestNamesFollowConfig(t *testing.T) {
 	if a.names(a.srv.Snapshot()) != n1 {
 		t.Fatal("names rebuilt for the same config")
 	}
-	cfg, err := route.ParseConfig([]byte(strings.Replace(oneDeployment, "[x-session-id]", "[x-tenant]", 1)))
+	cfg, err := config.ParseConfig([]byte(strings.Replace(oneDeployment, "[x-session-id]", "[x-tenant]", 1)))
 	if err != nil {
 		t.Fatal(err)
 	}

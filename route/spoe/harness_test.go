@@ -15,6 +15,8 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/route"
@@ -86,7 +88,7 @@ type turnoutProc struct {
 // startTurnout starts turnout; withAgent false leaves spoeAddr unanswered.
 func startTurnout(t testing.TB, yaml, spoeAddr string, withAgent bool) *turnoutProc {
 	t.Helper()
-	cfg, err := route.ParseConfig([]byte(yaml))
+	cfg, err := config.ParseConfig([]byte(yaml))
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}

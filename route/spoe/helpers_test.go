@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/turnout/turnout/route"
 )
 
@@ -138,7 +140,7 @@ func decideOnce(t testing.TB, a *Agent, args []targ) map[string]string {
 
 func mustAgent(t testing.TB, yaml string) *Agent {
 	t.Helper()
-	cfg, err := route.ParseConfig([]byte(yaml))
+	cfg, err := config.ParseConfig([]byte(yaml))
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}

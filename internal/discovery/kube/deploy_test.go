@@ -4,9 +4,9 @@ import (
 	"os"
 	"testing"
 
-	"gopkg.in/yaml.v3"
+	"github.com/turnout/turnout/internal/config"
 
-	"github.com/turnout/turnout/route"
+	"gopkg.in/yaml.v3"
 )
 
 // The sample config in deploy/kubernetes/turnout.yaml is accepted as is,
@@ -23,7 +23,7 @@ func TestDeployConfigMap(t *testing.T) {
 	if err := yaml.Unmarshal(b, &cm); err != nil || cm.Kind != "ConfigMap" || cm.Data["turnout.yaml"] == "" {
 		t.Fatalf("first document is not the ConfigMap with turnout.yaml: %v %+v", err, cm)
 	}
-	cfg, err := route.ParseConfig([]byte(cm.Data["turnout.yaml"]))
+	cfg, err := config.ParseConfig([]byte(cm.Data["turnout.yaml"]))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	"github.com/cespare/xxhash/v2"
 	"github.com/rs/zerolog"
 	corev1 "k8s.io/api/core/v1"
@@ -33,8 +35,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
-
-	"github.com/turnout/turnout/route"
 )
 
 // Log field names.
@@ -118,7 +118,7 @@ type Source struct {
 type poolWatch struct {
 	field   string // config path, for messages
 	pool    string // route.PoolName
-	k       route.KubernetesDiscovery
+	k       config.KubernetesDiscovery
 	ns      string
 	slices  *watch
 	pods    *watch // nil without role_label
@@ -160,7 +160,7 @@ func New(opts Options) *Source {
 // Check validates the kubernetes discovery settings that need the API
 // machinery (label selectors), naming the field; route.Config.Validate
 // checks the rest.
-func Check(cfg *route.Config) error {
+func Check(cfg *config.Config) error {
 	var errs []error
 	for i := range cfg.Deployments {
 		for j := range cfg.Deployments[i].Pools {
@@ -172,12 +172,12 @@ func Check(cfg *route.Config) error {
 			k := p.Discovery.Kubernetes
 			if k.LabelSelector != "" {
 				if _, err := labels.Parse(k.LabelSelector); err != nil {
-					errs = append(errs, fmt.Errorf("%w: %s.label_selector: %q does not parse: %w", route.ErrConfig, f, k.LabelSelector, err))
+					errs = append(errs, fmt.Errorf("%w: %s.label_selector: %q does not parse: %w", config.ErrConfig, f, k.LabelSelector, err))
 				}
 			}
 			if k.RoleLabel != "" {
 				if _, err := labels.Parse(k.RoleLabel); err != nil || strings.ContainsAny(k.RoleLabel, "=!(), ") {
-					errs = append(errs, fmt.Errorf("%w: %s.role_label: %q is not a label key", route.ErrConfig, f, k.RoleLabel))
+					errs = append(errs, fmt.Errorf("%w: %s.role_label: %q is not a label key", config.ErrConfig, f, k.RoleLabel))
 				}
 			}
 		}
@@ -188,7 +188,7 @@ func Check(cfg *route.Config) error {
 // Configure (re)starts the informers the config's kubernetes pools need and
 // stops those no pool needs any more. Watches shared by several pools (one
 // Service feeding prefill and decode) run once.
-func (s *Source) Configure(cfg *route.Config) error {
+func (s *Source) Configure(cfg *config.Config) error {
 	if err := Check(cfg); err != nil {
 		return err
 	}
@@ -206,7 +206,7 @@ func (s *Source) Configure(cfg *route.Config) error {
 			k := *p.Discovery.Kubernetes
 			pw := poolWatch{
 				field: fmt.Sprintf("deployments[%d].pools[%d].discovery.kubernetes", i, j),
-				pool:  route.PoolName(d.Name, p.Role), k: k, ns: k.Namespace,
+				pool:  config.PoolName(d.Name, p.Role), k: k, ns: k.Namespace,
 				addrTyp: discoveryv1.AddressTypeIPv4,
 			}
 			if pw.ns == "" {
@@ -407,10 +407,10 @@ func (s *Source) Close() {
 // Endpoints returns each kubernetes pool's endpoints (by route.PoolName),
 // sorted by name, from the informers' caches. A pool whose watches have not
 // synced yet is left out (unknown, not empty).
-func (s *Source) Endpoints() map[string][]route.EndpointConfig {
+func (s *Source) Endpoints() map[string][]config.EndpointConfig {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make(map[string][]route.EndpointConfig, len(s.pools))
+	out := make(map[string][]config.EndpointConfig, len(s.pools))
 	for i := range s.pools {
 		pw := &s.pools[i]
 		if !pw.slices.inf.HasSynced() || (pw.pods != nil && !pw.pods.inf.HasSynced()) {
@@ -423,12 +423,12 @@ func (s *Source) Endpoints() map[string][]route.EndpointConfig {
 
 // candidate is one endpoint of one slice.
 type candidate struct {
-	route.EndpointConfig
+	config.EndpointConfig
 	slice string
 }
 
 // poolEndpoints turns a pool's slices into endpoints. Called with s.mu held.
-func (s *Source) poolEndpoints(pw *poolWatch) []route.EndpointConfig {
+func (s *Source) poolEndpoints(pw *poolWatch) []config.EndpointConfig {
 	var cands []candidate
 	for _, o := range pw.slices.inf.GetStore().List() {
 		es, ok := o.(*discoveryv1.EndpointSlice)
@@ -470,7 +470,7 @@ func (s *Source) poolEndpoints(pw *poolWatch) []route.EndpointConfig {
 				continue
 			}
 			name := endpointName(es.Namespace, e.TargetRef, ip, port)
-			cands = append(cands, candidate{slice: sl, EndpointConfig: route.EndpointConfig{
+			cands = append(cands, candidate{slice: sl, EndpointConfig: config.EndpointConfig{
 				Name: name, Address: net.JoinHostPort(ip.String(), strconv.Itoa(port)),
 				Draining: c == stateDraining, Discovered: true,
 			}})
@@ -483,7 +483,7 @@ func (s *Source) poolEndpoints(pw *poolWatch) []route.EndpointConfig {
 // slices (the controller moving it) is one endpoint, available if either
 // copy says so; two names on one address is a conflict: the available one,
 // then the smaller name, wins, and the conflict is logged.
-func (s *Source) dedupe(pw *poolWatch, cands []candidate) []route.EndpointConfig {
+func (s *Source) dedupe(pw *poolWatch, cands []candidate) []config.EndpointConfig {
 	better := func(a, b *candidate) bool {
 		if a.Draining != b.Draining {
 			return !a.Draining
@@ -504,7 +504,7 @@ func (s *Source) dedupe(pw *poolWatch, cands []candidate) []route.EndpointConfig
 	})
 	byName := map[string]bool{}
 	byAddr := map[string]string{}
-	out := make([]route.EndpointConfig, 0, len(cands))
+	out := make([]config.EndpointConfig, 0, len(cands))
 	for i := range cands {
 		c := &cands[i]
 		if byName[c.Name] {
@@ -521,7 +521,7 @@ func (s *Source) dedupe(pw *poolWatch, cands []candidate) []route.EndpointConfig
 		byAddr[c.Address] = c.Name
 		out = append(out, c.EndpointConfig)
 	}
-	slices.SortFunc(out, func(a, b route.EndpointConfig) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b config.EndpointConfig) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 
@@ -614,7 +614,7 @@ func endpointName(ns string, ref *corev1.ObjectReference, ip net.IP, port int) s
 	if ref == nil || ref.Name == "" {
 		return "ep-" + strings.NewReplacer(".", "-", ":", "-").Replace(ip.String()) + "-" + strconv.Itoa(port)
 	}
-	if route.ValidName(ref.Name) {
+	if config.ValidName(ref.Name) {
 		return ref.Name
 	}
 	return HashedName(ns + "/" + ref.Name)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
+
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -14,7 +16,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/turnout/turnout/internal/kubetest"
-	"github.com/turnout/turnout/route"
 )
 
 const ns = "llm"
@@ -39,9 +40,9 @@ func slice(name, svc string, typ discoveryv1.AddressType, port string, eps ...di
 	}
 }
 
-func kubeCfg(t *testing.T, y string) *route.Config {
+func kubeCfg(t *testing.T, y string) *config.Config {
 	t.Helper()
-	c, err := route.ParseConfig([]byte(y))
+	c, err := config.ParseConfig([]byte(y))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +63,7 @@ deployments:
         discovery: {kubernetes: {namespace: llm, label_selector: "app=vllm,tier in (mixed)", port: "8000"}}
 `
 
-func startSource(t *testing.T, cs kubernetes.Interface, cfg *route.Config) (*Source, *atomic.Int64) {
+func startSource(t *testing.T, cs kubernetes.Interface, cfg *config.Config) (*Source, *atomic.Int64) {
 	t.Helper()
 	var n atomic.Int64
 	s := New(Options{Client: cs, Notify: func() { n.Add(1) }, Namespace: "default"})
@@ -74,7 +75,7 @@ func startSource(t *testing.T, cs kubernetes.Interface, cfg *route.Config) (*Sou
 }
 
 // waitFor polls the source until check passes on its endpoints.
-func waitFor(t *testing.T, s *Source, what string, check func(map[string][]route.EndpointConfig) bool) map[string][]route.EndpointConfig {
+func waitFor(t *testing.T, s *Source, what string, check func(map[string][]config.EndpointConfig) bool) map[string][]config.EndpointConfig {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -89,7 +90,7 @@ func waitFor(t *testing.T, s *Source, what string, check func(map[string][]route
 	}
 }
 
-func names(eps []route.EndpointConfig) string {
+func names(eps []config.EndpointConfig) string {
 	var b []string
 	for _, e := range eps {
 		s := e.Name + "=" + e.Address
@@ -137,7 +138,7 @@ func TestSourceRealAPIServer(t *testing.T) {
 	if err := s.Probe(ctx); err != nil {
 		t.Fatalf("the Role in deploy/kubernetes/rbac.yaml is not enough: %v", err)
 	}
-	got := waitFor(t, s, "prefill and decode pools", func(m map[string][]route.EndpointConfig) bool {
+	got := waitFor(t, s, "prefill and decode pools", func(m map[string][]config.EndpointConfig) bool {
 		return len(m["pd_prefill"]) == 1 && len(m["pd_decode"]) == 2
 	})
 	if n := names(got["pd_prefill"]); n != "p-0=10.244.0.10:8000" {
@@ -163,7 +164,7 @@ func TestSourceRealAPIServer(t *testing.T) {
 		ep("m-9", "10.244.0.20", true, true, false), ep("m-1", "10.244.0.21", true, true, false))
 	dup.Labels["tier"] = "mixed"
 	create(dup)
-	got = waitFor(t, s, "mixed pool", func(m map[string][]route.EndpointConfig) bool { return len(m["mix_mixed"]) >= 2 })
+	got = waitFor(t, s, "mixed pool", func(m map[string][]config.EndpointConfig) bool { return len(m["mix_mixed"]) >= 2 })
 	time.Sleep(200 * time.Millisecond)
 	got = s.Endpoints()
 	if n := names(got["mix_mixed"]); n != "m-0=10.244.0.20:8000 m-1=10.244.0.21:8000" {
@@ -179,13 +180,13 @@ func TestSourceRealAPIServer(t *testing.T) {
 	if _, err := admin.DiscoveryV1().EndpointSlices(ns).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, s, "d-0 draining", func(m map[string][]route.EndpointConfig) bool {
+	waitFor(t, s, "d-0 draining", func(m map[string][]config.EndpointConfig) bool {
 		return names(m["pd_decode"]) == "d-0=10.244.0.11:8000(draining) d-1=10.244.0.12:8000(draining)"
 	})
 	if err := admin.DiscoveryV1().EndpointSlices(ns).Delete(ctx, "vllm-a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, s, "decode pool empty", func(m map[string][]route.EndpointConfig) bool {
+	waitFor(t, s, "decode pool empty", func(m map[string][]config.EndpointConfig) bool {
 		_, ok := m["pd_decode"]
 		return ok && len(m["pd_decode"]) == 0
 	})
@@ -265,7 +266,7 @@ func TestConditions(t *testing.T) {
 func TestEndpointNames(t *testing.T) {
 	long := strings.Repeat("a", 80)
 	n := endpointName(ns, &corev1.ObjectReference{Kind: "Pod", Name: long}, nil, 0)
-	if !route.ValidName(n) || n != endpointName(ns, &corev1.ObjectReference{Kind: "Pod", Name: long}, nil, 0) {
+	if !config.ValidName(n) || n != endpointName(ns, &corev1.ObjectReference{Kind: "Pod", Name: long}, nil, 0) {
 		t.Errorf("long pod name -> %q: must be valid and stable", n)
 	}
 	if n := endpointName(ns, &corev1.ObjectReference{Kind: "Pod", Name: "vllm-0"}, nil, 0); n != "vllm-0" {

@@ -1,4 +1,4 @@
-package route
+package config
 
 import (
 	"cmp"
@@ -280,7 +280,9 @@ func (p *PolicyConfig) DecodeParams(dst any) error {
 }
 
 // paramsError places a policy factory's error at the policy's params.
-func (p *PolicyConfig) paramsError(err error) error {
+// ParamsError places a policy factory's error at the params in the file
+// (a *ConfigError from DecodeParams is already placed).
+func (p *PolicyConfig) ParamsError(err error) error {
 	var ce *ConfigError
 	if errors.As(err, &ce) {
 		return ce
@@ -291,6 +293,21 @@ func (p *PolicyConfig) paramsError(err error) error {
 	}
 	return &ConfigError{Problems: []*FieldError{{Path: p.paramsPath(), Line: line, Msg: err.Error()}}}
 }
+
+// UnknownPolicy is the error for a policy name no factory is registered
+// under, at the name's line, suggesting the closest of known.
+func (p *PolicyConfig) UnknownPolicy(known []string) error {
+	path := "policy.name"
+	if p.path != "" {
+		path = p.path + ".name"
+	}
+	return &ConfigError{Problems: []*FieldError{{Path: path, Line: p.line,
+		Msg: fmt.Sprintf("unknown policy %q%s (known: %s)", p.Name, suggest(p.Name, known), strings.Join(known, ", "))}}}
+}
+
+// Line is the line in the file of a field path (e.g.
+// deployments[0].models[1]), else of its closest ancestor; 0 when unknown.
+func (c *Config) Line(path string) int { return c.pos.lineOf(path) }
 
 // PoolConfig is a set of endpoints with one role.
 type PoolConfig struct {
@@ -418,7 +435,7 @@ func ParseConfig(b []byte) (*Config, error) {
 	}
 	c.ApplyDefaults()
 	if err := c.Validate(); err != nil {
-		ce := asConfigError([]error{err})
+		ce := AsError([]error{err})
 		pos.annotate(ce)
 		return nil, ce
 	}
@@ -753,7 +770,7 @@ func (c *Config) Validate() error {
 			bad(f+".pools", "a deployment is either mixed or prefill/decode")
 		}
 	}
-	if ce := asConfigError(errs); ce != nil {
+	if ce := AsError(errs); ce != nil {
 		return ce
 	}
 	return nil

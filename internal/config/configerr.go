@@ -1,4 +1,4 @@
-package route
+package config
 
 import (
 	"bytes"
@@ -70,9 +70,9 @@ func (e *ConfigError) Error() string {
 // Is makes errors.Is(err, ErrConfig) hold.
 func (e *ConfigError) Is(target error) bool { return target == ErrConfig }
 
-// asConfigError turns Validate-style errors into one ConfigError, keeping
+// AsError turns Validate-style errors into one ConfigError, keeping
 // FieldErrors and wrapping anything else; nil when errs is empty.
-func asConfigError(errs []error) *ConfigError {
+func AsError(errs []error) *ConfigError {
 	if len(errs) == 0 {
 		return nil
 	}
