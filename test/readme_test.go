@@ -32,7 +32,7 @@ func TestREADMEByHand(t *testing.T) {
 	}
 	// make run's config (the embedded default) on test ports; no replicas
 	// behind it, so no health checks.
-	def, err := os.ReadFile(filepath.Join(repoRoot(), "route", "default_config.yaml"))
+	def, err := os.ReadFile(filepath.Join(repoRoot(), "internal", "config", "default_config.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
