@@ -174,11 +174,15 @@ var (
 
 // Header names turnout answers with or reads from the proxy: cleared from
 // client requests on their way to the replicas.
-var clearHeaders = []string{
-	route.HdrServer, route.HdrBackend, route.HdrPool, route.HdrFallbacks,
-	route.HdrDecision, route.HdrKVTransfer, route.HdrPrefill, route.HdrReason,
-	route.HdrOriginalURI, route.HdrOriginalMethod, route.HdrBodyTruncated,
-}
+var clearHeaders = func() []string {
+	var out []string
+	for _, f := range route.VerdictFields() {
+		if f.Header != "" {
+			out = append(out, f.Header)
+		}
+	}
+	return append(out, route.HdrOriginalURI, route.HdrOriginalMethod, route.HdrBodyTruncated)
+}()
 
 // clearPatterns are what headers-more strips from every client request:
 // turnout's verdict headers and the glue's inputs, whatever the suffix.

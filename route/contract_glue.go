@@ -16,7 +16,10 @@ const (
 	KindString FieldKind = "string" // copied as it is
 	KindList   FieldKind = "list"   // comma-separated in the header; one variable per item
 	KindInt    FieldKind = "int"    // an SPOE integer variable
-	KindBase64 FieldKind = "base64" // base64 JSON, consumed by the body edit
+	KindBase64 FieldKind = "base64" // base64 in the header and the SPOE variable
+	// KindText64 is base64 in the header (it may hold any byte) and the
+	// text itself in the SPOE variable and the glue's.
+	KindText64 FieldKind = "text64"
 )
 
 // VerdictField is one field of a Verdict as each transport and glue
@@ -44,13 +47,16 @@ var verdictFields = [...]VerdictField{
 	{Name: "pool", Header: HdrPool, SPOEVar: SPOEVarPool, HAProxyVar: "txn.turnout_pool", NginxVar: "turnout_pool", Kind: KindString},
 	{Name: "decision", Header: HdrDecision, SPOEVar: SPOEVarDecision, HAProxyVar: "txn.turnout_decision", NginxVar: "turnout_decision", Kind: KindString},
 	{Name: "fallbacks", Header: HdrFallbacks, SPOEVar: SPOEVarFallbackPrefix, HAProxyVar: "txn.turnout_fb", Kind: KindList},
-	{Name: "kv_transfer", Header: HdrKVTransfer, SPOEVar: SPOEVarKVTransfer, Kind: KindBase64},
+	// kv_transfer_params reach the HTTP glue inside kv_insert only.
+	{Name: "kv_transfer", SPOEVar: SPOEVarKVTransfer, Kind: KindBase64},
 	{Name: "prefill", Header: HdrPrefill, SPOEVar: SPOEVarPrefill, Kind: KindString},
 	{Name: "reason", Header: HdrReason, SPOEVar: SPOEVarReason, HAProxyVar: "txn.turnout_reason", Kind: KindString},
 	{Name: "status", SPOEVar: SPOEVarStatus, Kind: KindInt},
 	{Name: "body", SPOEVar: SPOEVarBody, Kind: KindString},
-	{Name: "kv_insert", SPOEVar: SPOEVarKV, HAProxyVar: "txn.turnout_kv", Kind: KindString},
-	{Name: "kv_at", SPOEVar: SPOEVarKVAt, HAProxyVar: "txn.turnout_kv_at", Kind: KindInt},
+	// The body edit (contract_body.go): the glue inserts kv_insert at byte
+	// kv_at; the body is then kv_len bytes long.
+	{Name: "kv_insert", Header: HdrKVInsert, SPOEVar: SPOEVarKV, HAProxyVar: "txn.turnout_kv", Kind: KindText64},
+	{Name: "kv_at", Header: HdrKVAt, SPOEVar: SPOEVarKVAt, HAProxyVar: "txn.turnout_kv_at", Kind: KindInt},
 	{Name: "kv_len", SPOEVar: SPOEVarKVLen, Kind: KindInt},
 }
 

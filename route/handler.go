@@ -2,6 +2,7 @@ package route
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
@@ -211,7 +212,6 @@ var (
 	hdrPoolB       = []byte(HdrPool)
 	hdrFallbacksB  = []byte(HdrFallbacks)
 	hdrDecisionB   = []byte(HdrDecision)
-	hdrKVTransferB = []byte(HdrKVTransfer)
 	truncNorm      = normHeader([]byte(HdrBodyTruncated))
 	origURINorm    = normHeader([]byte(HdrOriginalURI))
 	origMethodNorm = normHeader([]byte(HdrOriginalMethod))
@@ -303,9 +303,14 @@ func (s *Server) writeHTTP(ctx *fasthttp.RequestCtx, v *Verdict, sc *scratch) {
 	h.SetCanonical(hdrFallbacksB, buf)
 	h.SetCanonical(hdrDecisionB, v.DecisionHex())
 	sc.buf = buf
-	if len(v.KVTransfer) > 0 {
-		h.SetCanonical(hdrKVTransferB, v.KVTransfer)
+	if v.Prefill != "" {
 		h.Set(HdrPrefill, v.Prefill)
+	}
+	if len(v.KVInsert) > 0 && v.KVAt >= 0 {
+		// PD only, after a prefill round trip: allocating here is fine.
+		// The edit carries kv_transfer_params: one copy in the headers.
+		h.Set(HdrKVInsert, base64.StdEncoding.EncodeToString(v.KVInsert))
+		h.Set(HdrKVAt, strconv.Itoa(v.KVAt))
 	}
 	ctx.SetStatusCode(fasthttp.StatusOK)
 }
