@@ -126,11 +126,12 @@ func NewRenderer(fsys fs.FS) (*Renderer, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The njs module is static: everything per-deployment lives in
-	// nginx.conf variables, so the JS needs no template escaping.
-	js, err := fs.ReadFile(proxyconf.Assets(fsys), jsTemplate)
+	// The njs module carries the glue contract (contract_js.go) and
+	// nothing per deployment (that lives in nginx.conf variables), so it is
+	// rendered once.
+	js, err := renderJS(fsys)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", jsTemplate, err)
+		return nil, err
 	}
 	return &Renderer{cfg: c, js: js}, nil
 }
@@ -220,13 +221,13 @@ type tmplData struct {
 	// HeaderBuf sizes large_client_header_buffers (limits.max_header_bytes);
 	// SubrequestBuf holds turnout's largest answer (route.MaxAnswerBody).
 	HeaderBuf, SubrequestBuf int
-	// UnsafePath is route.UnsafePathRegex; UnreadRe and UnreadList are
-	// route.UnreadReasons as a regex alternation and a space-separated list.
-	UnsafePath, UnreadRe, UnreadList string
-	Models                           []modelData
-	Endpoints                        []endpointData
-	Pools                            []poolData
-	summary                          Summary
+	// UnsafePath is route.UnsafePathRegex; UnreadRe is route.UnreadReasons
+	// as a regex alternation.
+	UnsafePath, UnreadRe string
+	Models               []modelData
+	Endpoints            []endpointData
+	Pools                []poolData
+	summary              Summary
 }
 
 type routeServer struct {
@@ -242,10 +243,7 @@ type headerData struct{ Name, Var string }
 type modelVar struct{ Source, Var, Next, Default string }
 
 // modelData is one map entry; Key is already escaped for a quoted token.
-type modelData struct {
-	Key, Pool, Mode string
-	PD              bool
-}
+type modelData struct{ Key, Pool, Mode string }
 
 type endpointData struct{ Name, Upstream, Addr string }
 
@@ -292,7 +290,6 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		SubrequestBuf:     2 * route.MaxAnswerBody,
 		UnsafePath:        route.UnsafePathRegex,
 		UnreadRe:          strings.Join(route.UnreadReasons, "|"),
-		UnreadList:        strings.Join(route.UnreadReasons, " "),
 		summary:           Summary{Pools: map[string][]string{}},
 	}
 	d.JSFile = filepath.Join(d.Dir, JSFile)
@@ -413,7 +410,7 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 				// Left to the defaults: the map cannot hold the name safely.
 				continue
 			}
-			d.Models = append(d.Models, modelData{Key: key, Pool: serve, Mode: mode, PD: pd})
+			d.Models = append(d.Models, modelData{Key: key, Pool: serve, Mode: mode})
 		}
 	}
 	if len(d.Pools) == 0 {
