@@ -278,8 +278,7 @@ type spoeData struct {
 	HelloMs, IdleMs, ServerMs, TimeoutMs int64
 	FailClosed                           bool
 	Fallbacks, Vars                      []string
-	RelayStatuses                        []int
-	RelayPD                              []route.SPOERelay
+	Contract                             route.SPOEConfig
 	BodyRoom                             int
 	MaxFrameSize                         int
 }
@@ -480,14 +479,17 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 			Conf:    path("spoe conf", filepath.Join(d.Dir, SPOEFile)),
 			Servers: []routeServer{{Name: "agent0", Addr: a}},
 			HelloMs: 500, IdleMs: 30000, ServerMs: 60000,
-			TimeoutMs:     l.TimeoutMs,
-			FailClosed:    p.FailMode == route.FailClosed,
-			Fallbacks:     route.SPOEFallbackVars(cfg.Fallbacks),
-			Vars:          route.SPOEVarNames(cfg.Fallbacks),
-			RelayStatuses: route.SPOERelayStatuses(),
-			RelayPD:       route.SPOERelayPD(),
-			BodyRoom:      l.BodyRoom,
+			TimeoutMs:  l.TimeoutMs,
+			FailClosed: p.FailMode == route.FailClosed,
+			Fallbacks:  route.SPOEFallbackVars(cfg.Fallbacks),
+			Vars:       route.SPOEVarNames(cfg.Fallbacks),
+			BodyRoom:   l.BodyRoom,
 		}
+		sc, err := route.NewSPOEConfig(len(d.SPOE.Fallbacks))
+		if err != nil {
+			bad("haproxy.spoe", "%v", err)
+		}
+		d.SPOE.Contract = sc
 	}
 	hdr := func(field, h string) {
 		if !c.Header(field, h) {

@@ -43,10 +43,10 @@ type VerdictField struct {
 
 var verdictFields = [...]VerdictField{
 	{Name: "server", Header: HdrServer, SPOEVar: SPOEVarServer, HAProxyVar: "txn.turnout_server", NginxVar: "turnout_server", Kind: KindString, Required: true},
+	{Name: "fallbacks", Header: HdrFallbacks, SPOEVar: SPOEVarFallbackPrefix, HAProxyVar: "txn.turnout_fb", Kind: KindList},
 	{Name: "addr", Header: HdrBackend, SPOEVar: SPOEVarAddr, NginxVar: "turnout_backend", Kind: KindString},
 	{Name: "pool", Header: HdrPool, SPOEVar: SPOEVarPool, HAProxyVar: "txn.turnout_pool", NginxVar: "turnout_pool", Kind: KindString},
 	{Name: "decision", Header: HdrDecision, SPOEVar: SPOEVarDecision, HAProxyVar: "txn.turnout_decision", NginxVar: "turnout_decision", Kind: KindString},
-	{Name: "fallbacks", Header: HdrFallbacks, SPOEVar: SPOEVarFallbackPrefix, HAProxyVar: "txn.turnout_fb", Kind: KindList},
 	// kv_transfer_params reach the HTTP glue inside kv_insert only.
 	{Name: "kv_transfer", SPOEVar: SPOEVarKVTransfer, Kind: KindBase64},
 	{Name: "prefill", Header: HdrPrefill, SPOEVar: SPOEVarPrefill, Kind: KindString},
