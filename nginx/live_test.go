@@ -90,7 +90,7 @@ func userOpt() string {
 // X-Turnout-Kv-Insert/-At headers carry it), builds the same decode body as
 // route.DecodeBody, byte for byte, on the path production uses
 // (r.requestText, base64 header).
-func TestNJSDecodeBodyMatchesGo(t *testing.T) {
+func TestNJSInsertAtMatchesGo(t *testing.T) {
 	bin := nginxBin(t)
 	r, err := NewRenderer(nil)
 	if err != nil {
