@@ -224,6 +224,9 @@ type tmplData struct {
 	// UnsafePath is route.UnsafePathRegex; UnreadRe is route.UnreadReasons
 	// as a regex alternation.
 	UnsafePath, UnreadRe string
+	// VerdictVars are the js_var variables the njs copies the verdict
+	// into (route.VerdictFields' NginxVar).
+	VerdictVars []string
 	Models               []modelData
 	Endpoints            []endpointData
 	Pools                []poolData
@@ -291,6 +294,11 @@ func buildData(cfg *route.Config, opts RenderOptions) (*tmplData, error) {
 		UnsafePath:        route.UnsafePathRegex,
 		UnreadRe:          strings.Join(route.UnreadReasons, "|"),
 		summary:           Summary{Pools: map[string][]string{}},
+	}
+	for _, f := range route.VerdictFields() {
+		if f.NginxVar != "" {
+			d.VerdictVars = append(d.VerdictVars, f.NginxVar)
+		}
 	}
 	d.JSFile = filepath.Join(d.Dir, JSFile)
 	if opts.Workers > 0 {

@@ -39,17 +39,26 @@ type VerdictField struct {
 	Kind     FieldKind
 	// Required: an answer without it is a bad answer (fail mode).
 	Required bool
+
+	get func(*Verdict) []byte // a routed string field's value
+	hdr []byte                // Header, for fasthttp
 }
 
 var verdictFields = [...]VerdictField{
-	{Name: "server", Header: HdrServer, SPOEVar: SPOEVarServer, HAProxyVar: "txn.turnout_server", NginxVar: "turnout_server", Kind: KindString, Required: true},
+	{Name: "server", Header: HdrServer, SPOEVar: SPOEVarServer, HAProxyVar: "txn.turnout_server", NginxVar: "turnout_server", Kind: KindString, Required: true,
+		get: func(v *Verdict) []byte { return v.Server }},
 	{Name: "fallbacks", Header: HdrFallbacks, SPOEVar: SPOEVarFallbackPrefix, HAProxyVar: "txn.turnout_fb", Kind: KindList},
-	{Name: "addr", Header: HdrBackend, SPOEVar: SPOEVarAddr, NginxVar: "turnout_backend", Kind: KindString},
-	{Name: "pool", Header: HdrPool, SPOEVar: SPOEVarPool, HAProxyVar: "txn.turnout_pool", NginxVar: "turnout_pool", Kind: KindString},
-	{Name: "decision", Header: HdrDecision, SPOEVar: SPOEVarDecision, HAProxyVar: "txn.turnout_decision", NginxVar: "turnout_decision", Kind: KindString},
+	{Name: "addr", Header: HdrBackend, SPOEVar: SPOEVarAddr, NginxVar: "turnout_backend", Kind: KindString,
+		get: func(v *Verdict) []byte { return v.Addr }},
+	{Name: "pool", Header: HdrPool, SPOEVar: SPOEVarPool, HAProxyVar: "txn.turnout_pool", NginxVar: "turnout_pool", Kind: KindString,
+		get: func(v *Verdict) []byte { return v.Pool }},
+	{Name: "decision", Header: HdrDecision, SPOEVar: SPOEVarDecision, HAProxyVar: "txn.turnout_decision", NginxVar: "turnout_decision", Kind: KindString,
+		get: (*Verdict).DecisionHex},
 	// kv_transfer_params reach the HTTP glue inside kv_insert only.
-	{Name: "kv_transfer", SPOEVar: SPOEVarKVTransfer, Kind: KindBase64},
-	{Name: "prefill", Header: HdrPrefill, SPOEVar: SPOEVarPrefill, Kind: KindString},
+	{Name: "kv_transfer", SPOEVar: SPOEVarKVTransfer, Kind: KindBase64,
+		get: func(v *Verdict) []byte { return v.KVTransfer }},
+	{Name: "prefill", Header: HdrPrefill, SPOEVar: SPOEVarPrefill, Kind: KindString,
+		get: func(v *Verdict) []byte { return v.Prefill }},
 	{Name: "reason", Header: HdrReason, SPOEVar: SPOEVarReason, HAProxyVar: "txn.turnout_reason", Kind: KindString},
 	{Name: "status", SPOEVar: SPOEVarStatus, Kind: KindInt},
 	{Name: "body", SPOEVar: SPOEVarBody, Kind: KindString},
@@ -58,6 +67,32 @@ var verdictFields = [...]VerdictField{
 	{Name: "kv_insert", Header: HdrKVInsert, SPOEVar: SPOEVarKV, HAProxyVar: "txn.turnout_kv", Kind: KindText64},
 	{Name: "kv_at", Header: HdrKVAt, SPOEVar: SPOEVarKVAt, HAProxyVar: "txn.turnout_kv_at", Kind: KindInt},
 	{Name: "kv_len", SPOEVar: SPOEVarKVLen, Kind: KindInt},
+}
+
+// routedFields are the rows every transport writes the same way for a
+// routed Verdict: a string value read by get (the other rows need a
+// transport's own encoding: a list, the body edit, a refusal's fields).
+var routedFields = func() (out []VerdictField) {
+	for _, f := range verdictFields {
+		if f.get != nil {
+			f.hdr = []byte(f.Header)
+			out = append(out, f)
+		}
+	}
+	return out
+}()
+
+// RoutedFields returns the rows a transport writes for a routed Verdict
+// by Value: the table the writers loop over, so a new row needs no new
+// writer code. Shared: do not modify.
+func RoutedFields() []VerdictField { return routedFields }
+
+// Value is the field's value in v (nil when empty or not a routed field).
+func (f *VerdictField) Value(v *Verdict) []byte {
+	if f.get == nil {
+		return nil
+	}
+	return f.get(v)
 }
 
 // VerdictFields returns (a copy of) the verdict field table.

@@ -63,8 +63,12 @@ func SPOEFallbackVars(n int) []string {
 // SPOEVarNames lists every variable the agent may set, for the SPOE file's
 // register-var-names (HAProxy ignores an agent's unregistered variables).
 func SPOEVarNames(fallbacks int) []string {
-	v := []string{SPOEVarServer, SPOEVarAddr, SPOEVarPool, SPOEVarDecision, SPOEVarKVTransfer, SPOEVarPrefill,
-		SPOEVarStatus, SPOEVarReason, SPOEVarBody, SPOEVarKV, SPOEVarKVAt, SPOEVarKVLen}
+	var v []string
+	for _, f := range verdictFields {
+		if f.SPOEVar != "" && f.Kind != KindList {
+			v = append(v, f.SPOEVar)
+		}
+	}
 	return append(v, SPOEFallbackVars(fallbacks)...)
 }
 

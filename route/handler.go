@@ -207,11 +207,7 @@ func (s *Server) getScratch(maxBlocks int) *scratch {
 }
 
 var (
-	hdrServerB     = []byte(HdrServer)
-	hdrBackendB    = []byte(HdrBackend)
-	hdrPoolB       = []byte(HdrPool)
 	hdrFallbacksB  = []byte(HdrFallbacks)
-	hdrDecisionB   = []byte(HdrDecision)
 	truncNorm      = normHeader([]byte(HdrBodyTruncated))
 	origURINorm    = normHeader([]byte(HdrOriginalURI))
 	origMethodNorm = normHeader([]byte(HdrOriginalMethod))
@@ -290,9 +286,12 @@ func (s *Server) writeHTTP(ctx *fasthttp.RequestCtx, v *Verdict, sc *scratch) {
 		ctx.SetBody(v.Body)
 		return
 	}
-	h.SetCanonical(hdrServerB, v.Server)
-	h.SetCanonical(hdrBackendB, v.Addr)
-	h.SetCanonical(hdrPoolB, v.Pool)
+	for i := range routedFields {
+		f := &routedFields[i]
+		if b := f.get(v); len(b) > 0 && f.Header != "" {
+			h.SetCanonical(f.hdr, b)
+		}
+	}
 	buf := sc.buf[:0]
 	for i, f := range v.Fallbacks {
 		if i > 0 {
@@ -301,11 +300,7 @@ func (s *Server) writeHTTP(ctx *fasthttp.RequestCtx, v *Verdict, sc *scratch) {
 		buf = append(buf, f...)
 	}
 	h.SetCanonical(hdrFallbacksB, buf)
-	h.SetCanonical(hdrDecisionB, v.DecisionHex())
 	sc.buf = buf
-	if v.Prefill != "" {
-		h.Set(HdrPrefill, v.Prefill)
-	}
 	if len(v.KVInsert) > 0 && v.KVAt >= 0 {
 		// PD only, after a prefill round trip: allocating here is fine.
 		// The edit carries kv_transfer_params: one copy in the headers.

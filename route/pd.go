@@ -119,7 +119,7 @@ func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, s
 	s.route(v, d.Serve, decode, start)
 	v.KVTransfer = make([]byte, base64.StdEncoding.EncodedLen(len(kv)))
 	base64.StdEncoding.Encode(v.KVTransfer, kv)
-	v.Prefill = used.Name
+	v.Prefill = used.name
 	v.KVInsert, v.KVAt = BodyEdit(r.Body, kv, nil)
 	v.KVLen = len(r.Body) + len(v.KVInsert)
 }

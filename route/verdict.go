@@ -52,7 +52,7 @@ type Verdict struct {
 	// server that ran. KVInsert is inserted into the body at byte offset
 	// KVAt, which makes the body KVLen bytes long (BodyEdit).
 	KVTransfer []byte
-	Prefill    string
+	Prefill    []byte
 	KVInsert   []byte
 	KVAt       int
 	KVLen      int

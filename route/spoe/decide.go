@@ -185,18 +185,18 @@ func (d *decider) verdict(w *actions) {
 			w.setInt(VarKVAt, int32(v.KVAt))
 			w.setInt(VarKVLen, int32(v.KVLen))
 		}
-		w.setString(VarServer, v.Server)
-		w.setString(VarAddr, v.Addr)
-		w.setString(VarPool, v.Pool)
-		w.setString(VarDecision, v.DecisionHex())
+		fields := route.RoutedFields()
+		for i := range fields {
+			if f := &fields[i]; f.SPOEVar != "" {
+				w.setString(f.SPOEVar, f.Value(v))
+			}
+		}
 		for i, fb := range v.Fallbacks {
 			if i == MaxFallbackVars {
 				break
 			}
 			w.setString(route.SPOEFallbackVar(i), fb)
 		}
-		w.setString(VarKVTransfer, v.KVTransfer)
-		w.setString(VarPrefill, []byte(v.Prefill))
 		return
 	}
 	reason := d.token(v.Reason, v.Status)
