@@ -63,6 +63,8 @@ type Verdict struct {
 	Body []byte
 	// RetryAfter asks the client to retry in a second.
 	RetryAfter bool
+	// Outcome is how the policy decided (Outcome.String).
+	Outcome []byte
 
 	fb  [16][]byte
 	hex [16]byte
@@ -160,10 +162,20 @@ func (s *Server) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *scratch,
 	}
 	if d.Prefill != nil {
 		s.routePD(snap, d, in, v, sc, start)
-		return
+	} else {
+		s.decide(snap, d.Serve, v, sc, start)
 	}
-	s.decide(snap, d.Serve, v, sc, start)
+	if v.Routed() {
+		v.Outcome = outcomeBytes[r.Outcome]
+	}
 }
+
+var outcomeBytes = func() (b [numOutcomes][]byte) {
+	for i, n := range outcomeNames {
+		b[i] = []byte(n)
+	}
+	return b
+}()
 
 // decide runs the pool's policy and fills the verdict.
 func (s *Server) decide(snap *Snapshot, p *Pool, v *Verdict, sc *scratch, start time.Time) *Endpoint {
