@@ -59,8 +59,6 @@ var verdictFields = [...]VerdictField{
 		get: func(v *Verdict) []byte { return v.KVTransfer }},
 	{Name: "prefill", Header: HdrPrefill, SPOEVar: SPOEVarPrefill, Kind: KindString,
 		get: func(v *Verdict) []byte { return v.Prefill }},
-	{Name: "outcome", Header: "X-Turnout-Outcome", SPOEVar: "outcome", HAProxyVar: "txn.turnout_outcome", NginxVar: "turnout_outcome", Kind: KindString,
-		get: func(v *Verdict) []byte { return v.Outcome }},
 	{Name: "reason", Header: HdrReason, SPOEVar: SPOEVarReason, HAProxyVar: "txn.turnout_reason", Kind: KindString},
 	{Name: "status", SPOEVar: SPOEVarStatus, Kind: KindInt},
 	{Name: "body", SPOEVar: SPOEVarBody, Kind: KindString},

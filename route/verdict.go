@@ -63,8 +63,6 @@ type Verdict struct {
 	Body []byte
 	// RetryAfter asks the client to retry in a second.
 	RetryAfter bool
-	// Outcome is how the policy decided (Outcome.String).
-	Outcome []byte
 
 	fb  [16][]byte
 	hex [16]byte
@@ -162,20 +160,10 @@ func (s *Server) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *scratch,
 	}
 	if d.Prefill != nil {
 		s.routePD(snap, d, in, v, sc, start)
-	} else {
-		s.decide(snap, d.Serve, v, sc, start)
+		return
 	}
-	if v.Routed() {
-		v.Outcome = outcomeBytes[r.Outcome]
-	}
+	s.decide(snap, d.Serve, v, sc, start)
 }
-
-var outcomeBytes = func() (b [numOutcomes][]byte) {
-	for i, n := range outcomeNames {
-		b[i] = []byte(n)
-	}
-	return b
-}()
 
 // decide runs the pool's policy and fills the verdict.
 func (s *Server) decide(snap *Snapshot, p *Pool, v *Verdict, sc *scratch, start time.Time) *Endpoint {

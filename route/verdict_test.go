@@ -68,9 +68,6 @@ func TestDecideMatchesHandler(t *testing.T) {
 	if fb == "" || fb != string(h.Peek(HdrFallbacks)) {
 		t.Fatalf("fallbacks %q, handler %q", fb, h.Peek(HdrFallbacks))
 	}
-	if o := string(h.Peek("X-Turnout-Outcome")); o == "" || o != string(v.Outcome) {
-		t.Fatalf("outcome %q, handler %q", v.Outcome, o)
-	}
 	if len(v.DecisionHex()) != 16 || string(v.DecisionHex()) == string(h.Peek(HdrDecision)) {
 		t.Fatalf("decision %s (handler's %s): want a fresh 16-digit id", v.DecisionHex(), h.Peek(HdrDecision))
 	}
