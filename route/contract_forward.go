@@ -31,8 +31,7 @@ func ForwardedHeaders(cfg *Config) []ForwardedHeader {
 	for i, h := range cfg.ModelHeaders {
 		out = append(out, ForwardedHeader{h, fmt.Sprintf("model_headers[%d]", i)})
 	}
-	out = append(out, ForwardedHeader{FwdContentType, FwdContentType}, ForwardedHeader{FwdRequestID, FwdRequestID},
-		ForwardedHeader{"x-tenant-id", "x-tenant-id"})
+	out = append(out, ForwardedHeader{FwdContentType, FwdContentType}, ForwardedHeader{FwdRequestID, FwdRequestID})
 	for i := range cfg.Deployments {
 		if cfg.Deployments[i].IsPD() {
 			return append(out, ForwardedHeader{FwdAuthorization, FwdAuthorization})

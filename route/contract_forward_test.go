@@ -17,7 +17,7 @@ func TestForwardedHeaders(t *testing.T) {
 		}
 		return n
 	}
-	want := []string{"X-Session-Id@session_headers[0]", "X-Model@model_headers[0]", "content-type@content-type", "x-request-id@x-request-id", "x-tenant-id@x-tenant-id"}
+	want := []string{"X-Session-Id@session_headers[0]", "X-Model@model_headers[0]", "content-type@content-type", "x-request-id@x-request-id"}
 	if got := names(); !slices.Equal(got, want) {
 		t.Fatalf("aggregated: %v, want %v", got, want)
 	}
