@@ -23,7 +23,7 @@ func BodyEdit(body, kv, dst []byte) (ins []byte, at int) {
 			at = i + 1
 			break
 		}
-		if !isWS(c) {
+		if !bodyEditWS(c) {
 			return nil, -1
 		}
 	}
@@ -35,11 +35,11 @@ func BodyEdit(body, kv, dst []byte) (ins []byte, at int) {
 		if c == '}' {
 			return ins, at
 		}
-		if !isWS(c) {
+		if !bodyEditWS(c) {
 			break
 		}
 	}
 	return append(ins, BodyEditSep...), at
 }
 
-func isWS(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
+func bodyEditWS(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
