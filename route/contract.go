@@ -1,8 +1,9 @@
 package route
 
-// The wire contract between the proxy glue (HAProxy Lua, nginx/njs) and
-// turnout. Changing a name here breaks deployed proxies: keep in sync with
-// lua/, templates/ and README.md.
+// The wire contract between the proxy glue (HAProxy Lua, nginx/njs, the
+// SPOE config) and turnout. The glue is rendered from these names and the
+// tables of contract_glue.go; README.md documents them. A rendered glue and
+// a turnout of another version may disagree: render and reload together.
 const (
 	PathRoute   = "/internal/route"
 	PathDone    = "/internal/done"
