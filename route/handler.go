@@ -288,7 +288,10 @@ func (s *Server) writeHTTP(ctx *fasthttp.RequestCtx, v *Verdict, sc *scratch) {
 	}
 	for i := range routedFields {
 		f := &routedFields[i]
-		if b := f.get(v); len(b) > 0 && f.Header != "" {
+		if f.Header == "" {
+			continue
+		}
+		if b := f.get(v); len(b) > 0 {
 			h.SetCanonical(f.hdr, b)
 		}
 	}

@@ -74,9 +74,12 @@ func (v *Verdict) Routed() bool { return v.Status == 200 }
 // DecisionHex returns the decision id as 16 hex digits (X-Turnout-Decision).
 func (v *Verdict) DecisionHex() []byte { return appendID(v.hex[:0], v.Decision) }
 
+// reset empties v field by field: the fallback and hex buffers are only
+// read through Fallbacks and DecisionHex, so they need no clearing.
 func (v *Verdict) reset() {
-	fb := v.fb
-	*v = Verdict{fb: fb}
+	v.Status, v.Server, v.Addr, v.Pool, v.Fallbacks, v.Decision = 0, nil, nil, nil, nil, 0
+	v.KVTransfer, v.Prefill, v.KVInsert, v.KVAt, v.KVLen = nil, nil, nil, 0, 0
+	v.Reason, v.Body, v.RetryAfter = "", nil, false
 }
 
 // refuse makes v an OpenAI-style error answer. Errors are rare, so
