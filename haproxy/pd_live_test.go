@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,16 +25,19 @@ import (
 const pdDecision = "00000000000000d1"
 
 // pdVerdict answers like turnout for a PD deployment: the decode verdict,
-// plus X-Turnout-Kv-Transfer when kv is not empty.
+// plus the body edit (route.BodyEdit of the body
+// it was sent) when kv is not empty.
 func pdVerdict(server, kv string) func(w http.ResponseWriter, c routeCall) {
-	return func(w http.ResponseWriter, _ routeCall) {
+	return func(w http.ResponseWriter, c routeCall) {
 		h := w.Header()
 		h.Set(route.HdrServer, server)
 		h.Set(route.HdrPool, "m_decode")
 		h.Set(route.HdrDecision, pdDecision)
 		h.Set(route.HdrPrefill, "p0")
 		if kv != "" {
-			h.Set(route.HdrKVTransfer, base64.StdEncoding.EncodeToString([]byte(kv)))
+			ins, at := route.BodyEdit(c.body, []byte(kv), nil)
+			h.Set(route.HdrKVInsert, base64.StdEncoding.EncodeToString(ins))
+			h.Set(route.HdrKVAt, strconv.Itoa(at))
 		}
 		w.WriteHeader(http.StatusOK)
 	}
@@ -183,7 +187,8 @@ func TestLivePDBodyInjection(t *testing.T) {
 		fr.set(func(w http.ResponseWriter, _ routeCall) {
 			w.Header().Set(route.HdrServer, "d0")
 			w.Header().Set(route.HdrPool, "m_decode")
-			w.Header().Set(route.HdrKVTransfer, "not base64 at all!")
+			w.Header().Set(route.HdrKVInsert, "not base64 at all!")
+			w.Header().Set(route.HdrKVAt, "1")
 		})
 		a := e.postBody(t, []byte(bodies[0]), false, nil)
 		served := map[string]*replica{"d0": dec[0], "d1": dec[1]}[a.header.Get("X-Replica")]

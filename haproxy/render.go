@@ -280,8 +280,7 @@ type spoeData struct {
 	HelloMs, IdleMs, ServerMs, TimeoutMs int64
 	FailClosed                           bool
 	Fallbacks, Vars                      []string
-	RelayStatuses                        []int
-	RelayPD                              []route.SPOERelay
+	Contract                             route.SPOEConfig
 	BodyRoom                             int
 	MaxFrameSize                         int
 }
@@ -323,12 +322,8 @@ type luaData struct {
 	// RouteBody is how much body the action sends turnout (route_body);
 	// 0 with prefill/decode, which needs all of it.
 	RouteBody int
-	// RelayReasons are turnout's 5xx reasons the Lua relays to the client
-	// instead of failing over (Lua string literals).
-	RelayReasons []string
-	// UnreadReasons are turnout's 4xx reasons the Lua treats as a failed
-	// call (route.UnreadReasons, Lua string literals).
-	UnreadReasons []string
+	// Contract is the glue contract as Lua literals (contract_lua.go).
+	Contract luaContract
 }
 
 type luaHeader struct {
@@ -386,9 +381,9 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 
 	// Variables for use-server: the chosen server, then the fallbacks.
 	fallbacks := min(max(cfg.Fallbacks, 0), 8)
-	d.ServerVars = []string{"txn.turnout_server"}
+	d.ServerVars = []string{route.VerdictFieldNamed("server").HAProxyVar}
 	for i := 1; i <= fallbacks; i++ {
-		d.ServerVars = append(d.ServerVars, fmt.Sprintf("txn.turnout_fb%d", i))
+		d.ServerVars = append(d.ServerVars, fmt.Sprintf("%s%d", route.VerdictFieldNamed("fallbacks").HAProxyVar, i))
 	}
 
 	var mapBuf bytes.Buffer
@@ -455,12 +450,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	if !d.PD {
 		l.RouteBody = cfg.RouteBody
 	}
-	for _, r := range pdRelayReasons {
-		l.RelayReasons = append(l.RelayReasons, luaQuote(r))
-	}
-	for _, r := range route.UnreadReasons {
-		l.UnreadReasons = append(l.UnreadReasons, luaQuote(r))
-	}
+	l.Contract = newLuaContract()
 	// The Lua calls the turnout_route hop; its servers are the route addresses.
 	l.RouteURL = luaQuote("http://turnout" + route.PathRoute)
 	l.RouteDst = luaQuote("unix@" + filepath.Join(d.Dir, RouteSocketName))
@@ -491,14 +481,17 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 			Conf:    path("spoe conf", filepath.Join(d.Dir, SPOEFile)),
 			Servers: []routeServer{{Name: "agent0", Addr: a}},
 			HelloMs: 500, IdleMs: 30000, ServerMs: 60000,
-			TimeoutMs:     l.TimeoutMs,
-			FailClosed:    p.FailMode == config.FailClosed,
-			Fallbacks:     route.SPOEFallbackVars(cfg.Fallbacks),
-			Vars:          route.SPOEVarNames(cfg.Fallbacks),
-			RelayStatuses: route.SPOERelayStatuses(),
-			RelayPD:       route.SPOERelayPD(),
-			BodyRoom:      l.BodyRoom,
+			TimeoutMs:  l.TimeoutMs,
+			FailClosed: p.FailMode == config.FailClosed,
+			Fallbacks:  route.SPOEFallbackVars(cfg.Fallbacks),
+			Vars:       route.SPOEVarNames(cfg.Fallbacks),
+			BodyRoom:   l.BodyRoom,
 		}
+		sc, err := route.NewSPOEConfig(len(d.SPOE.Fallbacks))
+		if err != nil {
+			bad("haproxy.spoe", "%v", err)
+		}
+		d.SPOE.Contract = sc
 	}
 	hdr := func(field, h string) {
 		if !c.Header(field, h) {
@@ -546,11 +539,6 @@ func WholeBodyBufSize(maxBody int) int { return bufSize(maxBody + kvRoom(maxBody
 // token per 2 bytes of JSON, so a quarter of max_body covers it; the 4 KiB
 // are the fixed fields (engine id, host, port).
 func kvRoom(maxBody int) int { return maxBody/4 + 4<<10 }
-
-// pdRelayReasons are turnout's prefill/decode 5xx codes (route/pd.go): the
-// prefill was tried and failed, so the request must fail as turnout says
-// rather than fail over to aggregated serving.
-var pdRelayReasons = []string{route.ReasonPrefillFailed, route.ReasonPrefillRejected, route.ReasonNoPrefillEndpoint}
 
 // maxSpellings caps the '-'/'_' variants per header (2^separators).
 const maxSpellings = 64

@@ -141,11 +141,11 @@ func TestRenderDetails(t *testing.T) {
 	lua := string(out.Lua)
 	for _, want := range []string{
 		`{ "x_conversation-id", { "x-conversation-id", "x_conversation-id", "x-conversation_id", "x_conversation_id", } }`,
-		`local FAIL_CLOSED = true`,
+		`local FAIL_MODE_CLOSED = true`,
 		`local ROUTE_DST = "unix@/etc/turnout/haproxy/route.sock"`,
 		`local FALLBACK_VARS = { "txn.turnout_fb1", }`,
 		`local BODY_ROOM = 86016`,
-		`local RELAY_REASONS = { ["prefill_failed"] = true, ["prefill_rejected"] = true, ["no_prefill_endpoint"] = true, }`,
+		`  ["prefill_failed"] = "relay",`,
 		`{ "authorization", { "authorization", } },`, // turnout forwards it to the prefill
 	} {
 		if !strings.Contains(lua, want) {

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -85,9 +86,11 @@ func userOpt() string {
 	return ""
 }
 
-// The njs decodeBody builds the same decode body as route.DecodeBody, byte
-// for byte, on the path production uses (r.requestText, base64 header).
-func TestNJSDecodeBodyMatchesGo(t *testing.T) {
+// The njs insertAt, given turnout's body edit (route.BodyEdit, as the
+// X-Turnout-Kv-Insert/-At headers carry it), builds the same decode body as
+// route.DecodeBody, byte for byte, on the path production uses
+// (r.requestText, base64 header).
+func TestNJSInsertAtMatchesGo(t *testing.T) {
 	bin := nginxBin(t)
 	r, err := NewRenderer(nil)
 	if err != nil {
@@ -125,8 +128,7 @@ http {
 `, DefaultModulePath, user, dir, listen)
 	wrap := `import turnout from 'turnout.js';
 function decode(r) {
-    var kv = Buffer.from(r.headersIn['X-KV'], 'base64').toString();
-    var out = turnout.decodeBody(r.requestText || '', kv);
+    var out = turnout.insertAt(r.requestText || '', r.headersIn['X-Ins'], Number(r.headersIn['X-At']));
     if (out === null) {
         r.return(422, 'null');
         return;
@@ -162,7 +164,9 @@ export default {decode};
 		t.Run(tc.name, func(t *testing.T) {
 			want, werr := route.DecodeBody([]byte(tc.body), []byte(tc.kv))
 			req, _ := http.NewRequest(http.MethodPost, "http://"+listen+"/", strings.NewReader(tc.body))
-			req.Header.Set("X-KV", base64.StdEncoding.EncodeToString([]byte(tc.kv)))
+			ins, at := route.BodyEdit([]byte(tc.body), []byte(tc.kv), nil)
+			req.Header.Set("X-Ins", base64.StdEncoding.EncodeToString(ins))
+			req.Header.Set("X-At", strconv.Itoa(at))
 			res, err := c.Do(req)
 			if err != nil {
 				t.Fatal(err)

@@ -128,11 +128,12 @@ func NewRenderer(fsys fs.FS) (*Renderer, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The njs module is static: everything per-deployment lives in
-	// nginx.conf variables, so the JS needs no template escaping.
-	js, err := fs.ReadFile(proxyconf.Assets(fsys), jsTemplate)
+	// The njs module carries the glue contract (contract_js.go) and
+	// nothing per deployment (that lives in nginx.conf variables), so it is
+	// rendered once.
+	js, err := renderJS(fsys)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", jsTemplate, err)
+		return nil, err
 	}
 	return &Renderer{cfg: c, js: js}, nil
 }
@@ -176,11 +177,15 @@ var (
 
 // Header names turnout answers with or reads from the proxy: cleared from
 // client requests on their way to the replicas.
-var clearHeaders = []string{
-	route.HdrServer, route.HdrBackend, route.HdrPool, route.HdrFallbacks,
-	route.HdrDecision, route.HdrKVTransfer, route.HdrPrefill, route.HdrReason,
-	route.HdrOriginalURI, route.HdrOriginalMethod, route.HdrBodyTruncated,
-}
+var clearHeaders = func() []string {
+	var out []string
+	for _, f := range route.VerdictFields() {
+		if f.Header != "" {
+			out = append(out, f.Header)
+		}
+	}
+	return append(out, route.HdrOriginalURI, route.HdrOriginalMethod, route.HdrBodyTruncated)
+}()
 
 // clearPatterns are what headers-more strips from every client request:
 // turnout's verdict headers and the glue's inputs, whatever the suffix.
@@ -218,13 +223,16 @@ type tmplData struct {
 	// HeaderBuf sizes large_client_header_buffers (limits.max_header_bytes);
 	// SubrequestBuf holds turnout's largest answer (route.MaxAnswerBody).
 	HeaderBuf, SubrequestBuf int
-	// UnsafePath is route.UnsafePathRegex; UnreadRe and UnreadList are
-	// route.UnreadReasons as a regex alternation and a space-separated list.
-	UnsafePath, UnreadRe, UnreadList string
-	Models                           []modelData
-	Endpoints                        []endpointData
-	Pools                            []poolData
-	summary                          Summary
+	// UnsafePath is route.UnsafePathRegex; UnreadRe is route.UnreadReasons
+	// as a regex alternation.
+	UnsafePath, UnreadRe string
+	// VerdictVars are the js_var variables the njs copies the verdict
+	// into (route.VerdictFields' NginxVar).
+	VerdictVars []string
+	Models               []modelData
+	Endpoints            []endpointData
+	Pools                []poolData
+	summary              Summary
 }
 
 type routeServer struct {
@@ -240,10 +248,7 @@ type headerData struct{ Name, Var string }
 type modelVar struct{ Source, Var, Next, Default string }
 
 // modelData is one map entry; Key is already escaped for a quoted token.
-type modelData struct {
-	Key, Pool, Mode string
-	PD              bool
-}
+type modelData struct{ Key, Pool, Mode string }
 
 type endpointData struct{ Name, Upstream, Addr string }
 
@@ -290,8 +295,12 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		SubrequestBuf:     2 * route.MaxAnswerBody,
 		UnsafePath:        route.UnsafePathRegex,
 		UnreadRe:          strings.Join(route.UnreadReasons, "|"),
-		UnreadList:        strings.Join(route.UnreadReasons, " "),
 		summary:           Summary{Pools: map[string][]string{}},
+	}
+	for _, f := range route.VerdictFields() {
+		if f.NginxVar != "" {
+			d.VerdictVars = append(d.VerdictVars, f.NginxVar)
+		}
 	}
 	d.JSFile = filepath.Join(d.Dir, JSFile)
 	if opts.Workers > 0 {
@@ -411,7 +420,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 				// Left to the defaults: the map cannot hold the name safely.
 				continue
 			}
-			d.Models = append(d.Models, modelData{Key: key, Pool: serve, Mode: mode, PD: pd})
+			d.Models = append(d.Models, modelData{Key: key, Pool: serve, Mode: mode})
 		}
 	}
 	if len(d.Pools) == 0 {

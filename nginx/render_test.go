@@ -166,7 +166,6 @@ func TestRenderModes(t *testing.T) {
 		"proxy_set_body $turnout_body;",
 		`"\\qwen-d0" turnout.ep.qwen-d0;`,
 		`"\\Qwen/Qwen3-32B" body;`,
-		`"\\Qwen/Qwen3-32B" 1;`,
 		// Special words and regex-looking names stay literal keys.
 		`"\\default" header;`, `"\\include" header;`, `"\\~.*" header;`, `"\\quo\"te\\back" header;`,
 		"server 10.0.0.1:9090 max_fails=5 fail_timeout=10s;",

@@ -2,9 +2,10 @@ package route
 
 import "github.com/turnout/turnout/internal/config"
 
-// The wire contract between the proxy glue (HAProxy Lua, nginx/njs) and
-// turnout. Changing a name here breaks deployed proxies: keep in sync with
-// lua/, templates/ and README.md.
+// The wire contract between the proxy glue (HAProxy Lua, nginx/njs, the
+// SPOE config) and turnout. The glue is rendered from these names and the
+// tables of contract_glue.go; README.md documents them. A rendered glue and
+// a turnout of another version may disagree: render and reload together.
 const (
 	PathRoute   = "/internal/route"
 	PathDone    = "/internal/done"
@@ -24,8 +25,11 @@ const (
 	HdrPool      = "X-Turnout-Pool"
 	HdrFallbacks = "X-Turnout-Fallbacks"
 	HdrDecision  = "X-Turnout-Decision"
-	// HdrKVTransfer carries base64(JSON) kv_transfer_params for a decode replica (PD).
-	HdrKVTransfer = "X-Turnout-Kv-Transfer"
+	// HdrKVInsert (base64) and HdrKVAt are the body edit of a PD verdict:
+	// the text to insert into the decode request's body (the prefill's
+	// kv_transfer_params under their key) and the byte offset (BodyEdit).
+	HdrKVInsert = "X-Turnout-Kv-Insert"
+	HdrKVAt     = "X-Turnout-Kv-At"
 	// HdrPrefill names the prefill server that did the prefill (PD).
 	HdrPrefill = "X-Turnout-Prefill"
 	// HdrReason explains a refusal or a fail-closed answer.
@@ -75,8 +79,16 @@ const (
 // UnreadReasons are the 4xx reasons that mean turnout could not read the
 // proxy's request (its head too large, its body stalled, its framing
 // broken): not a verdict about the client's request, so the glue applies
-// its fail mode instead of relaying them.
-var UnreadReasons = []string{ReasonHeaderTooLarge, ReasonReadTimeout, ReasonBadRequest}
+// its fail mode instead of relaying them. Derived from reasonRules
+// (contract_glue.go).
+var UnreadReasons = func() (out []string) {
+	for _, r := range reasonRules {
+		if r.Status < 500 && r.Action == GlueFailMode {
+			out = append(out, r.Reason)
+		}
+	}
+	return out
+}()
 
 // UnsafePathRegex matches a request path (before any "?") with a dot
 // segment ("/../", "/./", plain or percent-encoded) or an encoded slash or

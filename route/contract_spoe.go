@@ -1,6 +1,10 @@
 package route
 
-import "strconv"
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
 
 // The SPOE part of the glue contract: the names the agent (route/spoe) and
 // the SPOE config (haproxy/, templates/haproxy-spoe.snippets.tmpl) must
@@ -39,26 +43,6 @@ const (
 	SPOEMaxFallbackVars = 8
 )
 
-// SPOERelay is a turnout answer the SPOE config relays to the client as it
-// is, by status and reason.
-type SPOERelay struct {
-	Status int
-	Reason string
-}
-
-// spoeRelayStatuses are the 4xx codes the snippet template relays as they
-// are ("http-request return status" takes a constant); the agent reports
-// any other 4xx as 400, keeping turnout's reason and body.
-var spoeRelayStatuses = [...]int{400, 404, 405, 409, 413, 415, 422, 429}
-
-// spoeRelayPD are turnout's prefill/decode failures that reach the client
-// as they are (the prefill ran and failed: serving without it would be
-// wrong), by status and reason.
-var spoeRelayPD = [...]SPOERelay{
-	{502, ReasonPrefillFailed},
-	{503, ReasonNoPrefillEndpoint},
-}
-
 // spoeFallbackVars are the fallback variable names fb1..fbN.
 var spoeFallbackVars = func() (v [SPOEMaxFallbackVars]string) {
 	for i := range v {
@@ -66,33 +50,6 @@ var spoeFallbackVars = func() (v [SPOEMaxFallbackVars]string) {
 	}
 	return v
 }()
-
-// SPOERelayStatuses returns (a copy of) the 4xx codes the SPOE config relays.
-func SPOERelayStatuses() []int { return append([]int(nil), spoeRelayStatuses[:]...) }
-
-// SPOERelaysStatus reports whether the SPOE config relays status st as it is.
-func SPOERelaysStatus(st int) bool {
-	for _, s := range spoeRelayStatuses {
-		if s == st {
-			return true
-		}
-	}
-	return false
-}
-
-// SPOERelayPD returns (a copy of) the PD failures the SPOE config relays.
-func SPOERelayPD() []SPOERelay { return append([]SPOERelay(nil), spoeRelayPD[:]...) }
-
-// SPOERelaysPD reports whether the SPOE config relays the PD failure
-// (status, reason) to the client as it is.
-func SPOERelaysPD(st int, reason []byte) bool {
-	for _, r := range spoeRelayPD {
-		if r.Status == st && string(reason) == r.Reason {
-			return true
-		}
-	}
-	return false
-}
 
 // SPOEFallbackVar returns the name of the fallback variable i (0-based);
 // i must be below SPOEMaxFallbackVars.
@@ -106,7 +63,82 @@ func SPOEFallbackVars(n int) []string {
 // SPOEVarNames lists every variable the agent may set, for the SPOE file's
 // register-var-names (HAProxy ignores an agent's unregistered variables).
 func SPOEVarNames(fallbacks int) []string {
-	v := []string{SPOEVarServer, SPOEVarAddr, SPOEVarPool, SPOEVarDecision, SPOEVarKVTransfer, SPOEVarPrefill,
-		SPOEVarStatus, SPOEVarReason, SPOEVarBody, SPOEVarKV, SPOEVarKVAt, SPOEVarKVLen}
+	var v []string
+	for _, f := range verdictFields {
+		if f.SPOEVar != "" && f.Kind != KindList {
+			v = append(v, f.SPOEVar)
+		}
+	}
 	return append(v, SPOEFallbackVars(fallbacks)...)
+}
+
+// SPOEConfig is the glue contract (contract_glue.go) as the SPOE snippets
+// of templates/haproxy-spoe.snippets.tmpl use it (haproxy/ renders them).
+type SPOEConfig struct {
+	// RelayStatuses are the statuses the config relays (RelayStatuses
+	// and the 5xx of relayed reasons), when the agent set a body.
+	RelayStatuses []int
+	// Copies move the agent's variables to the names haproxy.cfg uses.
+	Copies              []SPOECopy
+	ReasonVar, KVLenVar string
+	FailClosedStatus    int
+	// FailClosedPre + reason + FailClosedPost is the fail-closed JSON.
+	FailClosedPre, FailClosedPost string
+	TooLarge                      struct {
+		Status     int
+		Code, Body string
+	}
+}
+
+// SPOECopy copies the agent variable txn.turnout.<From> to To.
+type SPOECopy struct{ From, To string }
+
+// NewSPOEConfig builds the SPOE view of the contract for fallbacks
+// fallback servers. The error bodies go into single-quoted HAProxy strings
+// (lf-string for fail-closed): they must hold no quote and no '%'.
+func NewSPOEConfig(fallbacks int) (SPOEConfig, error) {
+	c := SPOEConfig{RelayStatuses: RelayStatuses()}
+	for _, r := range ReasonRules() {
+		if r.Action == GlueRelay && r.Status >= 500 && !containsInt(c.RelayStatuses, r.Status) {
+			c.RelayStatuses = append(c.RelayStatuses, r.Status)
+		}
+	}
+	for _, f := range VerdictFields() {
+		switch {
+		case f.Name == "reason":
+			c.ReasonVar = f.HAProxyVar
+		case f.Name == "kv_len":
+			c.KVLenVar = f.SPOEVar
+		}
+		if f.SPOEVar == "" || f.HAProxyVar == "" {
+			continue
+		}
+		if f.Kind != KindList {
+			c.Copies = append(c.Copies, SPOECopy{f.SPOEVar, f.HAProxyVar})
+			continue
+		}
+		for i := 1; i <= fallbacks; i++ {
+			c.Copies = append(c.Copies, SPOECopy{fmt.Sprintf("%s%d", f.SPOEVar, i), fmt.Sprintf("%s%d", f.HAProxyVar, i)})
+		}
+	}
+	fc := FailClosedError
+	c.FailClosedStatus = fc.Status
+	c.FailClosedPre, c.FailClosedPost, _ = strings.Cut(fc.JSON(), ReasonToken)
+	tl := DecodeTooLargeError
+	c.TooLarge.Status, c.TooLarge.Code, c.TooLarge.Body = tl.Status, tl.Code, tl.JSON()
+	for _, s := range []string{c.FailClosedPre, c.FailClosedPost, c.TooLarge.Body} {
+		if strings.ContainsAny(s, `'%\`) {
+			return c, fmt.Errorf("glue error body %q cannot go into a quoted HAProxy string", s)
+		}
+	}
+	return c, nil
+}
+
+func containsInt(s []int, v int) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
 }

@@ -1,11 +1,16 @@
 // Package route is turnout's decision core: it holds the live config as an
 // atomic Snapshot (deployments, pools, endpoints with their state, one
-// Policy per pool) and answers POST /internal/route with a verdict, the
-// replica a proxy should send one request to.
+// Policy per pool) and turns what a proxy sent about one request (an Input)
+// into a Verdict, the replica it should go to, through one entry point,
+// Server.Decide (verdict.go). Two transports read Inputs and write
+// Verdicts: POST /internal/route (handler.go, X-Turnout-* headers) and the
+// SPOE agent (route/spoe, txn variables). What the proxy glue does with a
+// Verdict is one table, rendered into every glue (contract_glue.go).
 //
 // A decision runs these stages, without allocating:
-//  1. read: the proxy's headers (session, model, truncation marker) and the
-//     body up to max_body, within the buffered-bytes budget;
+//  1. read (the transport): the forwarded headers (ForwardedHeaders), the
+//     original method and URI, the body up to max_body within the
+//     buffered-bytes budget and whether it was cut, into an Input;
 //  2. deployment: the model from the body (or a model header) selects it;
 //     unknown model 404, none with several deployments 400;
 //  3. pick: the pool's Policy (round-robin, least-request, session-hash,
@@ -13,9 +18,11 @@
 //     fallbacks among the healthy ones, hashing the prompt into blocks when
 //     the policy wants it;
 //     a prefill/decode deployment picks the decode endpoint, runs the
-//     prefill itself (pd.go) and hands on kv_transfer_params;
-//  4. verdict: the X-Turnout-* headers of contract.go, or a refusal with an
-//     OpenAI-style JSON error and a reason the glue acts on; the decision
+//     prefill itself (pd.go) and computes the body edit that hands on
+//     kv_transfer_params (contract_body.go);
+//  4. verdict: the Verdict (server, fallbacks, decision id, PD edit), or a
+//     refusal with a status, an OpenAI-style JSON error and a reason the
+//     glue acts on (GlueActionFor); the transport writes it. The decision
 //     stays open until the proxy's feedback (/internal/done or the syslog
 //     line) closes it, which keeps the load counters honest.
 package route

@@ -161,6 +161,8 @@ type Snapshot struct {
 	byModel     map[string]*Deployment
 	sessionHdrs [][]byte // normalized: lower-case, '_' mapped to '-'
 	modelHdrs   [][]byte
+	// fwdHdrs are ForwardedHeaders, normalized: what an Input keeps.
+	fwdHdrs [][]byte
 	// maxBlocks bounds prompt hashing (max_body / smallest block size).
 	maxBlocks int
 	// byServer finds an endpoint by its (globally unique) server name, for
@@ -200,6 +202,9 @@ func buildSnapshot(cfg *config.Config, reg *Registry, prev *Snapshot, store *sta
 	}
 	for _, h := range cfg.ModelHeaders {
 		s.modelHdrs = append(s.modelHdrs, normHeader([]byte(h)))
+	}
+	for _, h := range ForwardedHeaders(cfg) {
+		s.fwdHdrs = append(s.fwdHdrs, normHeader([]byte(h.Name)))
 	}
 	prevPools := map[string]*Pool{}
 	if prev != nil {

@@ -2,9 +2,9 @@ package route
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -183,6 +183,8 @@ func (s *Server) Run(ctx context.Context) {
 
 // scratch is per-request working memory, pooled so decisions do not allocate.
 type scratch struct {
+	in     Input
+	v      Verdict
 	req    Request
 	hasher prefixHasher
 	blocks []uint64
@@ -207,19 +209,17 @@ func (s *Server) getScratch(maxBlocks int) *scratch {
 }
 
 var (
-	hdrServerB    = []byte(HdrServer)
-	hdrBackendB   = []byte(HdrBackend)
-	hdrPoolB      = []byte(HdrPool)
-	hdrFallbacksB = []byte(HdrFallbacks)
-	hdrDecisionB  = []byte(HdrDecision)
-	truncNorm     = normHeader([]byte(HdrBodyTruncated))
+	hdrFallbacksB  = []byte(HdrFallbacks)
+	truncNorm      = normHeader([]byte(HdrBodyTruncated))
+	origURINorm    = normHeader([]byte(HdrOriginalURI))
+	origMethodNorm = normHeader([]byte(HdrOriginalMethod))
 )
 
 // Handler is the fasthttp entry point.
 func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 	switch string(ctx.Path()) {
 	case PathRoute:
-		s.route(ctx)
+		s.routeHTTP(ctx)
 	case PathDone:
 		s.done(ctx)
 	case PathHealthz:
@@ -234,7 +234,9 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-func (s *Server) route(ctx *fasthttp.RequestCtx) {
+// routeHTTP reads the proxy's call into an Input, decides, and writes the
+// Verdict as headers (or an error answer).
+func (s *Server) routeHTTP(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
 	if !ctx.IsPost() {
 		s.m.errors[errMethod].Add(1)
@@ -245,26 +247,21 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 	cfg := snap.Config
 	sc := s.getScratch(snap.maxBlocks)
 	defer s.pool.Put(sc)
-	r := &sc.req
-	*r = Request{}
-
-	var modelHdr []byte
+	in := &sc.in
+	in.Reset()
 	for k, v := range ctx.Request.Header.All() {
 		if len(v) == 0 {
 			continue
 		}
-		for _, h := range snap.sessionHdrs {
-			if headerIs(k, h) {
-				r.Session = v
-			}
-		}
-		for _, h := range snap.modelHdrs {
-			if headerIs(k, h) {
-				modelHdr = v
-			}
-		}
-		if headerIs(k, truncNorm) {
-			r.Truncated = true
+		switch {
+		case headerIs(k, truncNorm):
+			in.Truncated = true
+		case headerIs(k, origURINorm):
+			in.URI = v
+		case headerIs(k, origMethodNorm):
+			in.Method = v
+		case snap.forwarded(k):
+			in.AddHeader(k, v)
 		}
 	}
 	body, more, held, err := s.readBody(ctx, sc, cfg)
@@ -272,52 +269,50 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 	if err != nil {
 		return // answered
 	}
-	r.Truncated = r.Truncated || more
-	r.Body = body
-
-	model := unescapeModel(findModel(body), sc.model[:0])
-	if len(model) == 0 {
-		model = modelHdr
-	}
-	r.Model = model
-	var d *Deployment
-	switch {
-	case len(model) > 0:
-		d = snap.byModel[string(model)]
-		if d == nil {
-			s.m.errors[errUnknownModel].Add(1)
-			writeError(ctx, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found",
-				fmt.Sprintf("The model `%s` does not exist.", cut(model, maxEchoModel)))
-			return
-		}
-	case len(snap.Deployments) == 1:
-		d = snap.Deployments[0]
-	default:
-		s.m.errors[errNoModel].Add(1)
-		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "model_required",
-			"a \"model\" is required: several deployments are served")
-		return
-	}
-	if len(r.Session) > 0 {
-		r.HasSession = true
-		r.SessionHash = hashKey(r.Session)
-	}
-	if d.Prefill != nil {
-		s.routePD(ctx, snap, d, sc, start)
-		return
-	}
-	s.decide(ctx, snap, d.Serve, sc, start)
+	in.Truncated = in.Truncated || more
+	in.Body = body
+	s.decideInput(snap, in, &sc.v, sc, start)
+	s.writeHTTP(ctx, &sc.v, sc)
 }
 
-// decide runs the pool's policy and writes the verdict headers.
-func (s *Server) decide(ctx *fasthttp.RequestCtx, snap *Snapshot, p *Pool, sc *scratch, start time.Time) *Endpoint {
-	picks := s.pick(snap, p, sc, sc.picks[:0:min(1+snap.Config.Fallbacks, len(sc.picks))])
-	if len(picks) == 0 {
-		s.refuse(ctx, p, sc.req.Reject)
-		return nil
+// writeHTTP writes a Verdict as the HTTP answer of contract.go.
+func (s *Server) writeHTTP(ctx *fasthttp.RequestCtx, v *Verdict, sc *scratch) {
+	h := &ctx.Response.Header
+	if !v.Routed() {
+		if v.RetryAfter {
+			h.Set("Retry-After", "1")
+		}
+		h.Set(HdrReason, v.Reason)
+		ctx.SetStatusCode(v.Status)
+		ctx.SetContentType("application/json")
+		ctx.SetBody(v.Body)
+		return
 	}
-	s.writeVerdict(ctx, p, picks, sc, start)
-	return picks[0]
+	for i := range routedFields {
+		f := &routedFields[i]
+		if f.Header == "" {
+			continue
+		}
+		if b := f.get(v); len(b) > 0 {
+			h.SetCanonical(f.hdr, b)
+		}
+	}
+	buf := sc.buf[:0]
+	for i, f := range v.Fallbacks {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, f...)
+	}
+	h.SetCanonical(hdrFallbacksB, buf)
+	sc.buf = buf
+	if len(v.KVInsert) > 0 && v.KVAt >= 0 {
+		// PD only, after a prefill round trip: allocating here is fine.
+		// The edit carries kv_transfer_params: one copy in the headers.
+		h.Set(HdrKVInsert, base64.StdEncoding.EncodeToString(v.KVInsert))
+		h.Set(HdrKVAt, strconv.Itoa(v.KVAt))
+	}
+	ctx.SetStatusCode(fasthttp.StatusOK)
 }
 
 // pick hashes the prompt when the pool's policy wants it and runs the policy.
@@ -340,51 +335,6 @@ func (s *Server) pick(snap *Snapshot, p *Pool, sc *scratch, dst []*Endpoint) []*
 	p.m.matchedBlocks.Add(uint64(r.Matched))
 	s.sharePrefix(p, picks[0], r.Blocks)
 	return picks
-}
-
-// refuse answers a request no endpoint was picked for.
-func (s *Server) refuse(ctx *fasthttp.RequestCtx, p *Pool, why RejectReason) {
-	switch why {
-	case RejectBadBody:
-		s.m.errors[errBadBody].Add(1)
-		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "token_ids_required",
-			"pool "+p.Name+" routes on token ids (strict): send a prompt the tokenizer can read or token ids")
-	case RejectUnavailable:
-		ctx.Response.Header.Set("Retry-After", "1")
-		writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", "tokenizer_unavailable",
-			"pool "+p.Name+" routes on token ids (strict) and the tokenizer is unavailable")
-	default:
-		s.noEndpoint(ctx, p)
-	}
-}
-
-func (s *Server) noEndpoint(ctx *fasthttp.RequestCtx, p *Pool) {
-	ctx.Response.Header.Set("Retry-After", "1")
-	writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", ReasonNoEndpoint,
-		"no available endpoint in pool "+p.Name)
-}
-
-// writeVerdict opens the decision for picks[0] and writes the headers.
-func (s *Server) writeVerdict(ctx *fasthttp.RequestCtx, p *Pool, picks []*Endpoint, sc *scratch, start time.Time) {
-	e := picks[0]
-	id := s.dec.open(e, start.UnixNano())
-	h := &ctx.Response.Header
-	h.SetCanonical(hdrServerB, e.name)
-	h.SetCanonical(hdrBackendB, e.addr)
-	h.SetCanonical(hdrPoolB, p.nameHdr)
-	buf := sc.buf[:0]
-	for i, f := range picks[1:] {
-		if i > 0 {
-			buf = append(buf, ',')
-		}
-		buf = append(buf, f.name...)
-	}
-	h.SetCanonical(hdrFallbacksB, buf)
-	buf = appendID(buf[:0], id)
-	h.SetCanonical(hdrDecisionB, buf)
-	sc.buf = buf
-	ctx.SetStatusCode(fasthttp.StatusOK)
-	p.m.latency.observe(time.Since(start))
 }
 
 // appendID writes a decision id as 16 hex digits.
@@ -471,10 +421,7 @@ type apiErrorBody struct {
 // writeError answers with an OpenAI-style JSON error. Errors are rare, so
 // encoding/json's allocations are fine here.
 func writeError(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
-	if len(msg) > MaxAnswerBody/2 { // JSON escaping may double it
-		msg = msg[:MaxAnswerBody/2-3] + "..."
-	}
-	b, _ := json.Marshal(apiError{Error: apiErrorBody{Message: msg, Type: typ, Code: code}})
+	b := errorBody(typ, code, msg)
 	ctx.Response.Header.Set(HdrReason, code)
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")

@@ -19,8 +19,6 @@ import (
 // prefillKV is what the prefill request asks for.
 const prefillKV = `{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`
 
-var hdrKVTransferB = []byte(HdrKVTransfer)
-
 // errPrefillStatus carries a prefill replica's non-2xx answer.
 type errPrefillStatus struct {
 	status int
@@ -50,31 +48,31 @@ func newPDClient(s *Server) *pdClient {
 }
 
 // routePD serves a prefill/decode deployment.
-func (s *Server) routePD(ctx *fasthttp.RequestCtx, snap *Snapshot, d *Deployment, sc *scratch, start time.Time) {
+func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *scratch, start time.Time) {
 	r := &sc.req
 	cfg := &d.Config.PD
 	if r.Truncated {
 		s.m.errors[errTooLarge].Add(1)
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", ReasonBodyTooLarge,
+		v.refuse(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", ReasonBodyTooLarge,
 			fmt.Sprintf("prefill/decode routing needs the whole request body; it is larger than max_body (%d bytes)", snap.Config.MaxBody))
 		return
 	}
 	if !isObject(r.Body) {
 		s.m.errors[errBadBody].Add(1)
-		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_body",
+		v.refuse(fasthttp.StatusBadRequest, "invalid_request_error", "invalid_body",
 			"prefill/decode routing needs a JSON object body")
 		return
 	}
 	if hasKey(r.Body, "kv_transfer_params") {
 		s.m.errors[errBadBody].Add(1)
-		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", ReasonClientKVParams,
+		v.refuse(fasthttp.StatusBadRequest, "invalid_request_error", ReasonClientKVParams,
 			"kv_transfer_params is set by the router; clients must not send it")
 		return
 	}
 	n := min(1+snap.Config.Fallbacks, len(sc.picks)/2)
 	decode := s.pick(snap, d.Serve, sc, sc.picks[:0:n])
 	if len(decode) == 0 {
-		s.refuse(ctx, d.Serve, r.Reject)
+		s.refuse(v, d.Serve, r.Reject)
 		return
 	}
 	// Skip the prefill hop when the decode replica already holds most of the
@@ -82,7 +80,7 @@ func (s *Server) routePD(ctx *fasthttp.RequestCtx, snap *Snapshot, d *Deployment
 	if cfg.SkipPrefillBelow > 0 && d.Serve.blockBytes > 0 && r.Matched > 0 {
 		if uncached := r.PromptBytes - r.Matched*d.Serve.blockBytes; uncached < cfg.SkipPrefillBelow {
 			s.m.pdPrefill[3].Add(1)
-			s.writeVerdict(ctx, d.Serve, decode, sc, start)
+			s.route(v, d.Serve, decode, start)
 			return
 		}
 	}
@@ -91,43 +89,43 @@ func (s *Server) routePD(ctx *fasthttp.RequestCtx, snap *Snapshot, d *Deployment
 		if cfg.NoPrefill == "aggregate" {
 			s.log.Debug().Str(fieldDeployment, d.Name).Str(fieldReason, "no prefill replica").Msg("serving aggregated on decode")
 			s.m.pdPrefill[4].Add(1)
-			s.writeVerdict(ctx, d.Serve, decode, sc, start)
+			s.route(v, d.Serve, decode, start)
 			return
 		}
-		ctx.Response.Header.Set("Retry-After", "1")
-		writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", ReasonNoPrefillEndpoint,
+		v.RetryAfter = true
+		v.refuse(fasthttp.StatusServiceUnavailable, "service_unavailable", ReasonNoPrefillEndpoint,
 			"no available prefill replica in pool "+d.Prefill.Name+" (pd.no_prefill: reject)")
 		return
 	}
-	kv, used, err := s.pd.prefillWithRetry(ctx, snap, d, prefill, r.Body, cfg.PrefillTimeout.D())
+	kv, used, err := s.pd.prefillWithRetry(in, snap, d, prefill, r.Body, cfg.PrefillTimeout.D())
 	if err != nil {
 		var st *errPrefillStatus
 		if errors.As(err, &st) && st.status >= 400 && st.status < 500 && len(st.body) > MaxAnswerBody {
-			writeError(ctx, st.status, "invalid_request_error", ReasonPrefillRejected,
+			v.refuse(st.status, "invalid_request_error", ReasonPrefillRejected,
 				fmt.Sprintf("the prefill replica refused the request (status %d)", st.status))
 			return
 		}
 		if errors.As(err, &st) && st.status >= 400 && st.status < 500 {
 			// The request itself is bad (e.g. too long): the decode replica
 			// would say the same, so relay the replica's own answer.
-			ctx.Response.Header.Set(HdrReason, ReasonPrefillRejected)
-			ctx.SetStatusCode(st.status)
-			ctx.SetContentType("application/json")
-			ctx.SetBody(st.body)
+			v.Status, v.Reason, v.Body = st.status, ReasonPrefillRejected, st.body
 			return
 		}
 		s.log.Warn().Err(err).Str(fieldDeployment, d.Name).Msg("prefill failed")
-		writeError(ctx, fasthttp.StatusBadGateway, "server_error", ReasonPrefillFailed,
+		v.refuse(fasthttp.StatusBadGateway, "server_error", ReasonPrefillFailed,
 			"prefill failed on every tried replica: "+err.Error())
 		return
 	}
-	s.writeVerdict(ctx, d.Serve, decode, sc, start)
-	ctx.Response.Header.SetBytesKV(hdrKVTransferB, kv)
-	ctx.Response.Header.Set(HdrPrefill, used.Name)
+	s.route(v, d.Serve, decode, start)
+	v.KVTransfer = make([]byte, base64.StdEncoding.EncodedLen(len(kv)))
+	base64.StdEncoding.Encode(v.KVTransfer, kv)
+	v.Prefill = used.name
+	v.KVInsert, v.KVAt = BodyEdit(r.Body, kv, nil)
+	v.KVLen = len(r.Body) + len(v.KVInsert)
 }
 
 // prefillWithRetry tries the first prefill replica, then one other.
-func (c *pdClient) prefillWithRetry(ctx *fasthttp.RequestCtx, snap *Snapshot, d *Deployment, eps []*Endpoint, body []byte, timeout time.Duration) ([]byte, *Endpoint, error) {
+func (c *pdClient) prefillWithRetry(in *Input, snap *Snapshot, d *Deployment, eps []*Endpoint, body []byte, timeout time.Duration) ([]byte, *Endpoint, error) {
 	pbody, err := PrefillBody(body)
 	if err != nil {
 		return nil, nil, err
@@ -137,7 +135,7 @@ func (c *pdClient) prefillWithRetry(ctx *fasthttp.RequestCtx, snap *Snapshot, d 
 		if i == 2 {
 			break
 		}
-		kv, err := c.prefill(ctx, snap, e, pbody, timeout)
+		kv, err := c.prefill(in, snap, e, pbody, timeout)
 		if err == nil {
 			if i > 0 {
 				c.s.m.pdPrefill[1].Add(1)
@@ -157,13 +155,14 @@ func (c *pdClient) prefillWithRetry(ctx *fasthttp.RequestCtx, snap *Snapshot, d 
 	return nil, nil, errors.Join(errs...)
 }
 
-// prefill sends one prefill request and returns base64(kv_transfer_params).
-func (c *pdClient) prefill(ctx *fasthttp.RequestCtx, snap *Snapshot, e *Endpoint, body []byte, timeout time.Duration) ([]byte, error) {
+// prefill sends one prefill request and returns its kv_transfer_params (a
+// JSON object).
+func (c *pdClient) prefill(in *Input, snap *Snapshot, e *Endpoint, body []byte, timeout time.Duration) ([]byte, error) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	uri := ctx.Request.Header.Peek(HdrOriginalURI)
+	uri := in.URI
 	if len(uri) == 0 || uri[0] != '/' {
 		uri = []byte("/v1/chat/completions")
 	}
@@ -171,8 +170,9 @@ func (c *pdClient) prefill(ctx *fasthttp.RequestCtx, snap *Snapshot, e *Endpoint
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")
 	// Forward what the replica may need: auth, request id, session headers.
-	for k, v := range ctx.Request.Header.All() {
-		if headerIs(k, []byte("authorization")) || headerIs(k, []byte("x-request-id")) {
+	for _, h := range in.Headers {
+		k, v := h.Name, h.Value
+		if headerIs(k, []byte(FwdAuthorization)) || headerIs(k, []byte(FwdRequestID)) {
 			req.Header.SetBytesKV(k, v)
 			continue
 		}
@@ -196,9 +196,7 @@ func (c *pdClient) prefill(ctx *fasthttp.RequestCtx, snap *Snapshot, e *Endpoint
 	if len(kv) == 0 || kv[0] != '{' {
 		return nil, fmt.Errorf("prefill response from %s has no kv_transfer_params object", e.Name)
 	}
-	out := make([]byte, base64.StdEncoding.EncodedLen(len(kv)))
-	base64.StdEncoding.Encode(out, kv)
-	return out, nil
+	return append([]byte(nil), kv...), nil
 }
 
 // isObject reports whether body is one complete JSON object (nothing after it).

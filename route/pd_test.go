@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -124,9 +125,18 @@ func TestRoutePD(t *testing.T) {
 	if ctx.Response.StatusCode() != 200 || !strings.HasPrefix(hdr(ctx, HdrServer), "d") || hdr(ctx, HdrPool) != "llama_decode" {
 		t.Fatalf("verdict %d %s", ctx.Response.StatusCode(), ctx.Response.Header.String())
 	}
-	kv, err := base64.StdEncoding.DecodeString(hdr(ctx, HdrKVTransfer))
-	if err != nil || !strings.Contains(string(kv), `"remote_block_ids":[1,2,3]`) {
-		t.Fatalf("kv header %q: %v", kv, err)
+	// The body edit: inserted at the offset, it gives DecodeBody exactly.
+	ins, err := base64.StdEncoding.DecodeString(hdr(ctx, HdrKVInsert))
+	if err != nil || !strings.Contains(string(ins), `"remote_block_ids":[1,2,3]`) {
+		t.Fatalf("kv header %q: %v", ins, err)
+	}
+	at, err := strconv.Atoi(hdr(ctx, HdrKVAt))
+	if err != nil || at != 1 {
+		t.Fatalf("kv at %q: %v", hdr(ctx, HdrKVAt), err)
+	}
+	kv := ins[len(BodyEditKey) : len(ins)-len(BodyEditSep)]
+	if want, _ := DecodeBody([]byte(body), kv); body[:at]+string(ins)+body[at:] != string(want) {
+		t.Fatalf("edit gives %s, want %s", body[:at]+string(ins)+body[at:], want)
 	}
 	var sent map[string]any
 	if err := json.Unmarshal(<-firstBodies(a, b), &sent); err != nil {
@@ -220,7 +230,7 @@ func TestRoutePDNoPrefill(t *testing.T) {
 		s := pdServer(t, ", no_prefill: "+tc.mode, a)
 		s.Snapshot().Deployments[0].Prefill.Endpoints[0].SetDown(true)
 		ctx := do(s, `{"model":"llama","prompt":"x"}`)
-		if ctx.Response.StatusCode() != tc.status || hdr(ctx, HdrKVTransfer) != "" {
+		if ctx.Response.StatusCode() != tc.status || hdr(ctx, HdrKVInsert) != "" {
 			t.Fatalf("%s: %d", tc.mode, ctx.Response.StatusCode())
 		}
 	}
@@ -263,7 +273,7 @@ func TestPDSkipPrefill(t *testing.T) {
 	do(s, body) // first: prefill, records the decode index
 	calls := a.calls.Load()
 	ctx := do(s, body)
-	if ctx.Response.StatusCode() != 200 || hdr(ctx, HdrKVTransfer) != "" || a.calls.Load() != calls {
-		t.Fatalf("expected skip: %d kv=%q calls %d->%d", ctx.Response.StatusCode(), hdr(ctx, HdrKVTransfer), calls, a.calls.Load())
+	if ctx.Response.StatusCode() != 200 || hdr(ctx, HdrKVInsert) != "" || a.calls.Load() != calls {
+		t.Fatalf("expected skip: %d kv=%q calls %d->%d", ctx.Response.StatusCode(), hdr(ctx, HdrKVInsert), calls, a.calls.Load())
 	}
 }

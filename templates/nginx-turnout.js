@@ -9,9 +9,29 @@
 // carries turnout's inputs and verdict, relays its refusals, applies the fail
 // mode and, for prefill/decode, builds the decode body.
 //
-// Inputs from nginx.conf: $turnout_fail_mode (open|closed),
-// $turnout_unread_reasons, and the maps
-// $turnout_body_pool / $turnout_body_pd keyed by $turnout_body_model.
+// Inputs from nginx.conf: $turnout_fail_mode (open|closed) and the map
+// $turnout_body_pool keyed by $turnout_body_model.
+//
+// A template: nginx/ renders the contract's data section below from
+// route/contract_glue.go; the code only follows it.
+
+// The glue contract, rendered as data -------------------------------------
+// Verdict fields copied as they are: [answer header, js_var].
+var VERDICT_VARS = {{.VerdictVars}};
+// An answer without this header is a bad answer (fail mode).
+var REQUIRED_HEADER = {{.Required}};
+var REASON_HEADER = {{.Reason}};
+// Prefill/decode body edit: insert the (base64) text at the byte offset.
+var EDIT = {{.Edit}};
+// What to do with a turnout answer that names no replica: the reason's
+// action if listed, else relay a 4xx and apply the fail mode otherwise.
+var REASON_ACTIONS = {{.ReasonActions}};
+// 4xx statuses relayed as they are; any other relayed 4xx goes out as 400.
+var RELAY_STATUSES = {{.RelayStatuses}};
+var BAD_ANSWER = {{.BadAnswer}};
+// The glue's own answer under fail_mode closed; the reason is its code.
+var FAIL_CLOSED = {{.FailClosed}};
+// -------------------------------------------------------------------------
 
 var ASK = '/_turnout/ask_body';
 var PROXY = '@turnout_proxy';
@@ -23,10 +43,10 @@ function token(s) {
     return String(s).replace(/[^A-Za-z0-9_.-]/g, '').slice(0, 64) || 'unknown';
 }
 
-// unread reports a 4xx reason that says turnout could not read the call
-// (e.g. headers over its limit): not a verdict about the request.
-function unread(r, reason) {
-    return (r.variables.turnout_unread_reasons || '').split(' ').indexOf(reason) >= 0;
+// action is what the glue does with turnout's answer st that names no
+// replica (route.GlueActionFor).
+function action(st, reason) {
+    return REASON_ACTIONS[reason] || (st >= 400 && st < 500 ? 'relay' : 'fail');
 }
 
 function errorJSON(message, type, code) {
@@ -37,19 +57,23 @@ function errorJSON(message, type, code) {
 function answer(r, status, type, reason, message) {
     reason = token(reason);
     r.headersOut['Content-Type'] = 'application/json';
-    r.headersOut['X-Turnout-Reason'] = reason;
+    r.headersOut[REASON_HEADER] = reason;
     r.return(status, errorJSON(message, type, reason));
 }
 
 // relay hands turnout's own refusal to the client: status, reason, JSON body.
 function relay(r, res, reason) {
     var h = res.headersOut;
+    var st = res.status;
+    if (st < 500 && RELAY_STATUSES.indexOf(st) < 0) {
+        st = 400;
+    }
     r.headersOut['Content-Type'] = h['Content-Type'] || 'application/json';
-    r.headersOut['X-Turnout-Reason'] = token(reason);
+    r.headersOut[REASON_HEADER] = token(reason);
     if (h['Retry-After']) {
         r.headersOut['Retry-After'] = h['Retry-After'];
     }
-    r.return(res.status, res.responseText || '');
+    r.return(st, res.responseText || '');
 }
 
 // modelOf finds the request's model for the fail-open pool. It parses the
@@ -69,7 +93,7 @@ function modelOf(r, body) {
 // failed applies the fail mode when turnout could not give a verdict.
 function failed(r, body, reason) {
     if (r.variables.turnout_fail_mode === 'closed') {
-        return answer(r, 503, 'service_unavailable', reason, 'routing unavailable');
+        return answer(r, FAIL_CLOSED.status, FAIL_CLOSED.type, reason, FAIL_CLOSED.message);
     }
     r.variables.turnout_body_model = modelOf(r, body);
     r.variables.turnout_pool = r.variables.turnout_body_pool;
@@ -77,59 +101,48 @@ function failed(r, body, reason) {
     r.internalRedirect(OPEN);
 }
 
-function isWS(c) {
-    return c === ' ' || c === '\t' || c === '\n' || c === '\r';
-}
-
-// decodeBody injects kv_transfer_params (a JSON object as text) right after
-// the body's opening brace, exactly as route.DecodeBody does; every other
-// byte is kept. It returns null when body or kv does not start like an
-// object; that the body is one whole object turnout checked before the prefill.
-function decodeBody(body, kv) {
-    var i = 0;
-    while (i < body.length && isWS(body.charAt(i))) {
-        i++;
-    }
-    if (body.charAt(i) !== '{' || kv.charAt(0) !== '{') {
+// insertAt applies turnout's body edit: the text (base64) goes in at byte
+// offset at, just after the body's opening brace (route.BodyEdit); only
+// JSON whitespace comes before that brace, so the byte offset is the
+// string index. It returns null for an edit that does not fit the body.
+function insertAt(body, ins64, at) {
+    if (!(at >= 1 && at <= body.length) || body.charAt(at - 1) !== '{') {
         return null;
     }
-    var j = i + 1;
-    while (j < body.length && isWS(body.charAt(j))) {
-        j++;
+    var ins = Buffer.from(ins64, 'base64').toString();
+    if (!ins) {
+        return null;
     }
-    var sep = body.charAt(j) === '}' ? '' : ',';
-    return body.slice(0, i + 1) + '"kv_transfer_params":' + kv + sep + body.slice(i + 1);
+    return body.slice(0, at) + ins + body.slice(at);
 }
 
 // verdict stores turnout's decision and redirects to the proxying location.
 function verdict(r, res, body) {
     var h = res.headersOut;
-    var srv = h['X-Turnout-Server'];
-    if (!srv) {
-        return failed(r, body, 'route_bad_answer');
-    }
-    r.variables.turnout_server = srv;
-    r.variables.turnout_backend = h['X-Turnout-Backend'] || '';
-    r.variables.turnout_pool = h['X-Turnout-Pool'] || '';
-    r.variables.turnout_decision = h['X-Turnout-Decision'] || '';
-    var kv = h['X-Turnout-Kv-Transfer'];
-    if (!kv) {
-        r.internalRedirect(PROXY);
-        return;
+    if (!h[REQUIRED_HEADER]) {
+        return failed(r, body, BAD_ANSWER);
     }
     // Prefill/decode: the prefill already ran; the decode replica needs its
-    // kv_transfer_params in the body. Nothing has been sent to decode yet,
-    // so a bad header is a clean 502.
+    // kv_transfer_params in the body. Checked before any variable is set:
+    // a bad answer fails as a whole.
     var nb = null;
-    try {
-        nb = decodeBody(body, Buffer.from(kv, 'base64').toString());
-    } catch (e) {
-        nb = null;
+    var ins = h[EDIT.insert];
+    if (ins) {
+        try {
+            nb = insertAt(body, ins, Number(h[EDIT.at]));
+        } catch (e) {
+            nb = null;
+        }
+        if (nb === null) {
+            return failed(r, body, BAD_ANSWER);
+        }
+    }
+    for (var i = 0; i < VERDICT_VARS.length; i++) {
+        r.variables[VERDICT_VARS[i][1]] = h[VERDICT_VARS[i][0]] || '';
     }
     if (nb === null) {
-        r.variables.turnout_decision = '';
-        return answer(r, 502, 'server_error', 'kv_transfer_invalid',
-            'turnout sent kv_transfer_params that are not a JSON object');
+        r.internalRedirect(PROXY);
+        return;
     }
     r.variables.turnout_body = nb;
     r.internalRedirect(PROXY_PD);
@@ -166,19 +179,11 @@ async function route(r) {
     if (st === 200 || st === 204) {
         return verdict(r, res, body);
     }
-    var reason = res.headersOut['X-Turnout-Reason'];
+    var reason = res.headersOut[REASON_HEADER];
     if (reason) {
-        // turnout answered: refusals (4xx) are about the request, and a
-        // prefill/decode failure (502/503) must not be served without its
-        // prefill, so both reach the client as they are.
-        if (st >= 400 && st < 500) {
-            if (unread(r, reason)) {
-                return failed(r, body, reason);
-            }
-            return relay(r, res, reason);
-        }
-        r.variables.turnout_body_model = modelOf(r, body);
-        if (r.variables.turnout_body_pd === '1') {
+        // turnout answered: the contract's table says relay (a verdict
+        // about the request, a prefill that ran and failed) or fail mode.
+        if (action(st, reason) === 'relay') {
             return relay(r, res, reason);
         }
         return failed(r, body, reason);
@@ -186,4 +191,4 @@ async function route(r) {
     return failed(r, body, st === 504 ? 'route_timeout' : 'route_unreachable');
 }
 
-export default {route, decodeBody};
+export default {route, insertAt};

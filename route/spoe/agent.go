@@ -5,8 +5,10 @@
 // fallbacks, decision, or a refusal to relay). It replaces the Lua action's
 // per-request HTTP call to /internal/route.
 //
-// Every decision still goes through route.Server.Handler, on a reused
-// fasthttp.RequestCtx, so the HTTP path and the SPOE path cannot drift apart.
+// Every decision goes through route.Server.Decide, the entry point the HTTP
+// handler uses too, so the two paths cannot drift apart: the agent reads the
+// message into a route.Input and writes the route.Verdict as variables
+// (route/contract_glue.go names them), with no HTTP round trip.
 //
 // Concurrency: a connection's frames are decided inline by its reader
 // goroutine, and the ACKs of a burst are flushed together, which is the

@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route"
 
 	"github.com/valyala/fasthttp"
 )
@@ -206,7 +208,8 @@ func TestNamesFollowConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	n2 := a.names(a.srv.Snapshot())
-	if n2 == n1 || !n2.forwarded([]byte("X_Tenant")) || n2.forwarded([]byte("x-session-id")) {
+	snap := a.srv.Snapshot()
+	if n2 == n1 || !snap.Forwarded([]byte("X_Tenant")) || snap.Forwarded([]byte("x-session-id")) {
 		t.Fatal("names did not follow the new config")
 	}
 }
@@ -232,4 +235,46 @@ func other(s, a, b string) string {
 		return b
 	}
 	return a
+}
+
+// The agent marks an answer for relay (sets its body) exactly when the
+// contract says relay (route.GlueActionFor), with the relay status the
+// table gives; every other answer leaves the fail mode to the config.
+func TestVerdictFollowsReasonRules(t *testing.T) {
+	cases := []struct {
+		status int
+		reason string
+	}{
+		{404, "model_not_found"}, {400, "invalid_body"}, {401, "prefill_rejected"}, {418, "prefill_rejected"},
+		{503, route.ReasonNoEndpoint}, {503, "tokenizer_unavailable"}, {500, ""},
+	}
+	for _, r := range route.ReasonRules() {
+		cases = append(cases, struct {
+			status int
+			reason string
+		}{r.Status, r.Reason})
+	}
+	d := newDecider(nil, nil)
+	for _, c := range cases {
+		d.v = route.Verdict{Status: c.status, Reason: c.reason, Body: []byte(`{"error":{}}`)}
+		w := actions{limit: 1 << 16}
+		d.verdict(&w)
+		v := vars(t, w.dst)
+		relay := route.GlueActionFor(c.status, []byte(c.reason)) == route.GlueRelay
+		if _, hasBody := v[VarBody]; hasBody != relay {
+			t.Errorf("%d %q: body set %v, want relay %v (%v)", c.status, c.reason, hasBody, relay, v)
+		}
+		wantStatus := c.status
+		if relay {
+			wantStatus = route.RelayStatus(c.status)
+		}
+		want(t, v, VarStatus, strconv.Itoa(wantStatus))
+		if _, ok := v[VarServer]; ok {
+			t.Errorf("%d %q: server set", c.status, c.reason)
+		}
+	}
+	// 418 is not a status HAProxy's return rules list: relayed as 400.
+	if route.RelayStatus(418) != 400 || route.RelayStatus(404) != 404 || route.RelayStatus(502) != 502 {
+		t.Error("RelayStatus does not follow the table")
+	}
 }

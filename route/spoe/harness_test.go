@@ -201,7 +201,7 @@ type spoeData struct {
 	MaxFrameSize                         int
 	FailClosed                           bool
 	Fallbacks, Vars                      []string
-	RelayStatuses                        []int
+	Contract                             route.SPOEConfig
 }
 
 func newSPOEData(dir, agentAddr string, fallbacks int, failClosed bool) *spoeData {
@@ -210,11 +210,19 @@ func newSPOEData(dir, agentAddr string, fallbacks int, failClosed bool) *spoeDat
 		Conf:    filepath.Join(dir, "turnout-spoe.conf"),
 		Servers: []cfgServer{{Name: "spoe0", Addr: agentAddr}},
 		HelloMs: 500, IdleMs: 30000, ServerMs: 60000, TimeoutMs: 500,
-		FailClosed:    failClosed,
-		Fallbacks:     route.SPOEFallbackVars(fallbacks),
-		Vars:          route.SPOEVarNames(fallbacks),
-		RelayStatuses: route.SPOERelayStatuses(),
+		FailClosed: failClosed,
+		Fallbacks:  route.SPOEFallbackVars(fallbacks),
+		Vars:       route.SPOEVarNames(fallbacks),
+		Contract:   mustSPOEConfig(fallbacks),
 	}
+}
+
+func mustSPOEConfig(fallbacks int) route.SPOEConfig {
+	c, err := route.NewSPOEConfig(fallbacks)
+	if err != nil {
+		panic(err)
+	}
+	return c
 }
 
 func serverVars(fallbacks int) []string {

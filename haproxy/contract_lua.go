@@ -1,0 +1,87 @@
+package haproxy
+
+import (
+	"strings"
+
+	"github.com/turnout/turnout/route"
+)
+
+// luaContract is the glue contract of route/contract_glue.go as Lua
+// literals, rendered into the data section of lua/turnout.lua.tmpl. Header
+// names are lowercase: that is how core.httpclient hands them over.
+type luaContract struct {
+	OrigURI, OrigMethod, Truncated string
+	Vars                           []luaVar
+	Required, Fallbacks, Reason    string
+	ReasonVar                      string
+	EditInsert, EditAt             string
+	EditVar, EditAtVar             string
+	ReasonActions                  []luaReasonAction
+	RelayStatuses                  []int
+	BadAnswer                      string
+	FailClosed                     struct {
+		Status    int
+		Pre, Post string
+	}
+	TooLarge struct {
+		Status       int
+		Reason, Body string
+	}
+}
+
+type luaVar struct{ Header, Var string }
+
+type luaReasonAction struct{ Reason, Action string }
+
+func lowerQuote(s string) string { return luaQuote(strings.ToLower(s)) }
+
+// luaJSON quotes JSON text for Lua: in single quotes when it needs no
+// escape there (readable), else as luaQuote does.
+func luaJSON(s string) string {
+	for i := range len(s) {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '\'' || c == '\\' {
+			return luaQuote(s)
+		}
+	}
+	return "'" + s + "'"
+}
+
+func newLuaContract() luaContract {
+	c := luaContract{
+		OrigURI:       lowerQuote(route.HdrOriginalURI),
+		OrigMethod:    lowerQuote(route.HdrOriginalMethod),
+		Truncated:     lowerQuote(route.HdrBodyTruncated),
+		RelayStatuses: route.RelayStatuses(),
+		BadAnswer:     luaQuote(route.BadAnswerReason),
+	}
+	for _, f := range route.VerdictFields() {
+		switch {
+		case f.Required:
+			c.Required = lowerQuote(f.Header)
+		case f.Name == "fallbacks":
+			c.Fallbacks = lowerQuote(f.Header)
+			continue
+		case f.Name == "reason":
+			c.Reason, c.ReasonVar = lowerQuote(f.Header), luaQuote(f.HAProxyVar)
+			continue
+		case f.Name == "kv_insert":
+			c.EditInsert, c.EditVar = lowerQuote(f.Header), luaQuote(f.HAProxyVar)
+			continue
+		case f.Name == "kv_at":
+			c.EditAt, c.EditAtVar = lowerQuote(f.Header), luaQuote(f.HAProxyVar)
+			continue
+		}
+		if f.Header != "" && f.HAProxyVar != "" && f.Kind == route.KindString {
+			c.Vars = append(c.Vars, luaVar{lowerQuote(f.Header), luaQuote(f.HAProxyVar)})
+		}
+	}
+	for _, r := range route.ReasonRules() {
+		c.ReasonActions = append(c.ReasonActions, luaReasonAction{luaQuote(r.Reason), luaQuote(string(r.Action))})
+	}
+	fc := route.FailClosedError
+	pre, post, _ := strings.Cut(fc.JSON(), route.ReasonToken)
+	c.FailClosed.Status, c.FailClosed.Pre, c.FailClosed.Post = fc.Status, luaJSON(pre), luaJSON(post)
+	tl := route.DecodeTooLargeError
+	c.TooLarge.Status, c.TooLarge.Reason, c.TooLarge.Body = tl.Status, luaQuote(tl.Code), luaJSON(tl.JSON())
+	return c
+}

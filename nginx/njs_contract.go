@@ -1,0 +1,79 @@
+package nginx
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"text/template"
+
+	"github.com/turnout/turnout/internal/proxyconf"
+	"github.com/turnout/turnout/route"
+)
+
+// jsContract is the glue contract of route/contract_glue.go as JavaScript
+// literals (JSON), rendered into the data section of
+// templates/nginx-turnout.js. It does not depend on the config, so the
+// module is rendered once per Renderer.
+type jsContract struct {
+	VerdictVars, Required, Reason, Edit string
+	ReasonActions, RelayStatuses        string
+	BadAnswer, FailClosed               string
+}
+
+func jsLit(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // static data: a bug, caught by every render test
+	}
+	return string(b)
+}
+
+func newJSContract() jsContract {
+	var c jsContract
+	var vars [][2]string
+	edit := map[string]string{}
+	for _, f := range route.VerdictFields() {
+		switch {
+		case f.Required:
+			c.Required = jsLit(f.Header)
+		case f.Name == "reason":
+			c.Reason = jsLit(f.Header)
+		case f.Name == "kv_insert":
+			edit["insert"] = f.Header
+		case f.Name == "kv_at":
+			edit["at"] = f.Header
+		}
+		if f.Header != "" && f.NginxVar != "" && f.Kind == route.KindString {
+			vars = append(vars, [2]string{f.Header, f.NginxVar})
+		}
+	}
+	c.VerdictVars, c.Edit = jsLit(vars), jsLit(edit)
+	actions := map[string]route.GlueAction{}
+	for _, r := range route.ReasonRules() {
+		actions[r.Reason] = r.Action
+	}
+	c.ReasonActions = jsLit(actions)
+	c.RelayStatuses = jsLit(route.RelayStatuses())
+	c.BadAnswer = jsLit(route.BadAnswerReason)
+	fc := route.FailClosedError
+	c.FailClosed = jsLit(map[string]any{"status": fc.Status, "type": fc.Type, "message": fc.Message})
+	return c
+}
+
+// renderJS renders the njs module from fsys's template.
+func renderJS(fsys fs.FS) ([]byte, error) {
+	src, err := fs.ReadFile(proxyconf.Assets(fsys), jsTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", jsTemplate, err)
+	}
+	t, err := template.New(JSFile).Option("missingkey=error").Parse(string(src))
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", jsTemplate, err)
+	}
+	var b bytes.Buffer
+	if err := t.Execute(&b, newJSContract()); err != nil {
+		return nil, fmt.Errorf("render %s: %w", JSFile, err)
+	}
+	return b.Bytes(), nil
+}

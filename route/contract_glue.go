@@ -1,0 +1,228 @@
+package route
+
+import "encoding/json"
+
+// The glue contract as data. The HAProxy Lua action, the nginx njs and the
+// SPOE config are rendered from these tables (haproxy/, nginx/): the glue
+// code keeps only mechanics (call turnout, copy the fields the table names,
+// relay or apply the fail mode as the table says, insert bytes). Adding a
+// verdict field is a row in verdictFields plus its tests.
+
+// FieldKind says how a glue carries a verdict field.
+type FieldKind string
+
+// Field kinds.
+const (
+	KindString FieldKind = "string" // copied as it is
+	KindList   FieldKind = "list"   // comma-separated in the header; one variable per item
+	KindInt    FieldKind = "int"    // an SPOE integer variable
+	KindBase64 FieldKind = "base64" // base64 in the header and the SPOE variable
+	// KindText64 is base64 in the header (it may hold any byte) and the
+	// text itself in the SPOE variable and the glue's.
+	KindText64 FieldKind = "text64"
+)
+
+// VerdictField is one field of a Verdict as each transport and glue
+// names it; "" where a transport or glue does not carry it.
+type VerdictField struct {
+	Name string
+	// Header is the HTTP answer's header (handler.go writes it).
+	Header string
+	// SPOEVar is the agent's variable (txn.turnout.<SPOEVar>); a list's
+	// items go to SPOEVar1..N.
+	SPOEVar string
+	// HAProxyVar is the txn variable haproxy.cfg reads (the Lua sets it,
+	// the SPOE config copies SPOEVar into it); a list's items get 1..N.
+	HAProxyVar string
+	// NginxVar is the js_var the njs sets (without the '$').
+	NginxVar string
+	Kind     FieldKind
+	// Required: an answer without it is a bad answer (fail mode).
+	Required bool
+
+	get func(*Verdict) []byte // a routed string field's value
+	hdr []byte                // Header, for fasthttp
+}
+
+var verdictFields = [...]VerdictField{
+	{Name: "server", Header: HdrServer, SPOEVar: SPOEVarServer, HAProxyVar: "txn.turnout_server", NginxVar: "turnout_server", Kind: KindString, Required: true,
+		get: func(v *Verdict) []byte { return v.Server }},
+	{Name: "fallbacks", Header: HdrFallbacks, SPOEVar: SPOEVarFallbackPrefix, HAProxyVar: "txn.turnout_fb", Kind: KindList},
+	{Name: "addr", Header: HdrBackend, SPOEVar: SPOEVarAddr, NginxVar: "turnout_backend", Kind: KindString,
+		get: func(v *Verdict) []byte { return v.Addr }},
+	{Name: "pool", Header: HdrPool, SPOEVar: SPOEVarPool, HAProxyVar: "txn.turnout_pool", NginxVar: "turnout_pool", Kind: KindString,
+		get: func(v *Verdict) []byte { return v.Pool }},
+	{Name: "decision", Header: HdrDecision, SPOEVar: SPOEVarDecision, HAProxyVar: "txn.turnout_decision", NginxVar: "turnout_decision", Kind: KindString,
+		get: (*Verdict).DecisionHex},
+	// kv_transfer_params reach the HTTP glue inside kv_insert only.
+	{Name: "kv_transfer", SPOEVar: SPOEVarKVTransfer, Kind: KindBase64,
+		get: func(v *Verdict) []byte { return v.KVTransfer }},
+	{Name: "prefill", Header: HdrPrefill, SPOEVar: SPOEVarPrefill, Kind: KindString,
+		get: func(v *Verdict) []byte { return v.Prefill }},
+	{Name: "reason", Header: HdrReason, SPOEVar: SPOEVarReason, HAProxyVar: "txn.turnout_reason", Kind: KindString},
+	{Name: "status", SPOEVar: SPOEVarStatus, Kind: KindInt},
+	{Name: "body", SPOEVar: SPOEVarBody, Kind: KindString},
+	// The body edit (contract_body.go): the glue inserts kv_insert at byte
+	// kv_at; the body is then kv_len bytes long.
+	{Name: "kv_insert", Header: HdrKVInsert, SPOEVar: SPOEVarKV, HAProxyVar: "txn.turnout_kv", Kind: KindText64},
+	{Name: "kv_at", Header: HdrKVAt, SPOEVar: SPOEVarKVAt, HAProxyVar: "txn.turnout_kv_at", Kind: KindInt},
+	{Name: "kv_len", SPOEVar: SPOEVarKVLen, Kind: KindInt},
+}
+
+// routedFields are the rows every transport writes the same way for a
+// routed Verdict: a string value read by get (the other rows need a
+// transport's own encoding: a list, the body edit, a refusal's fields).
+var routedFields = func() (out []VerdictField) {
+	for _, f := range verdictFields {
+		if f.get != nil {
+			f.hdr = []byte(f.Header)
+			out = append(out, f)
+		}
+	}
+	return out
+}()
+
+// RoutedFields returns the rows a transport writes for a routed Verdict
+// by Value: the table the writers loop over, so a new row needs no new
+// writer code. Shared: do not modify.
+func RoutedFields() []VerdictField { return routedFields }
+
+// Value is the field's value in v (nil when empty or not a routed field).
+func (f *VerdictField) Value(v *Verdict) []byte {
+	if f.get == nil {
+		return nil
+	}
+	return f.get(v)
+}
+
+// VerdictFields returns (a copy of) the verdict field table.
+func VerdictFields() []VerdictField { return append([]VerdictField(nil), verdictFields[:]...) }
+
+// VerdictField returns the row called name; it panics on an unknown name
+// (a renderer bug, caught by every render test).
+func VerdictFieldNamed(name string) VerdictField {
+	for _, f := range verdictFields {
+		if f.Name == name {
+			return f
+		}
+	}
+	panic("route: no verdict field " + name)
+}
+
+// GlueAction is what every glue does with a turnout answer that names no
+// replica.
+type GlueAction string
+
+// Glue actions.
+const (
+	// GlueRelay answers the client with turnout's status, reason and JSON
+	// body: a verdict about the request (unknown model, bad body), or a
+	// prefill that ran and failed (serving without it would be wrong).
+	GlueRelay GlueAction = "relay"
+	// GlueFailMode applies proxy.fail_mode: open serves the request with
+	// the proxy's own balancing, closed answers FailClosedBody (503).
+	GlueFailMode GlueAction = "fail"
+)
+
+// ReasonRule is one reason whose action is not the default of its status
+// class (GlueActionFor).
+type ReasonRule struct {
+	Reason string
+	Status int
+	Action GlueAction
+}
+
+// reasonRules: the one relay table of every glue. It used to differ per
+// glue (njs relayed any 5xx with a reason for a PD model, the Lua three
+// reasons, SPOE two status/reason pairs); now a 4xx is relayed unless
+// turnout could not read the call, and a 5xx fails over unless it is a
+// prefill/decode failure, everywhere. prefill_rejected is a 4xx and so
+// relayed by the default.
+var reasonRules = [...]ReasonRule{
+	{ReasonHeaderTooLarge, StatusHeaderTooLarge, GlueFailMode},
+	{ReasonReadTimeout, 408, GlueFailMode},
+	{ReasonBadRequest, 400, GlueFailMode},
+	{ReasonPrefillFailed, 502, GlueRelay},
+	{ReasonNoPrefillEndpoint, 503, GlueRelay},
+}
+
+// ReasonRules returns (a copy of) the reason table.
+func ReasonRules() []ReasonRule { return append([]ReasonRule(nil), reasonRules[:]...) }
+
+// GlueActionFor is the rule every glue applies to turnout's non-200
+// answer: the reason's row if it has one, else relay a 4xx and apply the
+// fail mode to anything else (5xx, no answer).
+func GlueActionFor(status int, reason []byte) GlueAction {
+	for _, r := range reasonRules {
+		if string(reason) == r.Reason {
+			return r.Action
+		}
+	}
+	if status >= 400 && status < 500 {
+		return GlueRelay
+	}
+	return GlueFailMode
+}
+
+// relayStatuses are the 4xx statuses relayed as they are; any other
+// relayed 4xx reaches the client as 400, with turnout's reason and body.
+// The list exists because HAProxy's "http-request return status" takes a
+// constant; the Lua and njs apply the same mapping so that all three glues
+// answer alike.
+var relayStatuses = [...]int{400, 401, 403, 404, 405, 409, 413, 415, 422, 429}
+
+// RelayStatuses returns (a copy of) the 4xx statuses relayed as they are.
+func RelayStatuses() []int { return append([]int(nil), relayStatuses[:]...) }
+
+// RelayStatus is the status a glue relays turnout's status st with.
+func RelayStatus(st int) int {
+	if st >= 500 {
+		return st
+	}
+	for _, s := range relayStatuses {
+		if s == st {
+			return st
+		}
+	}
+	return 400
+}
+
+// GlueError is an error the glue answers itself, without turnout's body.
+type GlueError struct {
+	Status        int
+	Type, Code    string
+	Message       string
+	ReasonIsToken bool // Code is the failure's reason, filled in by the glue
+}
+
+// JSON is the error's OpenAI-style body. For a ReasonIsToken error the
+// code is ReasonToken, which the glue replaces with the reason.
+func (e GlueError) JSON() string {
+	code := e.Code
+	if e.ReasonIsToken {
+		code = ReasonToken
+	}
+	b, _ := json.Marshal(apiError{Error: apiErrorBody{Message: e.Message, Type: e.Type, Code: code}})
+	return string(b)
+}
+
+// ReasonToken stands for the failure's reason in a GlueError's JSON.
+const ReasonToken = "REASON"
+
+// The errors the glue produces itself.
+var (
+	// FailClosedError answers a request turnout did not route under
+	// fail_mode closed.
+	FailClosedError = GlueError{Status: 503, Type: "service_unavailable", Message: "routing unavailable", ReasonIsToken: true}
+	// DecodeTooLargeError: the decode body with kv_transfer_params does not
+	// fit the proxy buffer.
+	DecodeTooLargeError = GlueError{Status: 413, Type: "invalid_request_error", Code: "decode_body_too_large",
+		Message: "the request body with the prefill kv_transfer_params does not fit the proxy buffer"}
+	// RefusedError replaces a relayed body that is empty or does not fit
+	// the SPOE frame.
+	RefusedError = GlueError{Status: 400, Type: "invalid_request_error", Code: "refused", Message: "request refused by the router"}
+)
+
+// BadAnswerReason is the fail-mode reason of an answer without its
+// Required fields or with a bad body edit.
+const BadAnswerReason = "route-bad-answer"

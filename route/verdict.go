@@ -1,0 +1,223 @@
+package route
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Header is one forwarded request header, as views.
+type Header struct{ Name, Value []byte }
+
+// Input is what the proxy sent turnout about one request, whatever the
+// transport (the HTTP call of handler.go, an SPOE message of route/spoe).
+// Every slice is a view into the transport's buffers, valid during Decide.
+type Input struct {
+	// Method and URI are the client's (X-Original-Method, X-Original-URI).
+	Method, URI []byte
+	// Headers are the forwarded request headers (ForwardedHeaders); names
+	// are matched without regard to case or '-'/'_'.
+	Headers []Header
+	// Body is the request body, or its first bytes when Truncated.
+	Body      []byte
+	Truncated bool
+}
+
+// Reset empties in, keeping the header slice's room for the next request.
+func (in *Input) Reset() {
+	*in = Input{Headers: in.Headers[:0]}
+}
+
+// AddHeader appends a forwarded header (views).
+func (in *Input) AddHeader(name, value []byte) {
+	in.Headers = append(in.Headers, Header{name, value})
+}
+
+// Verdict is everything turnout answers about one request. The HTTP
+// handler writes it as X-Turnout-* headers (or an error answer), the SPOE
+// agent as txn variables; the field names are in contract_glue.go. The
+// slices are views into the snapshot (names, which never change) or into
+// the Verdict's own buffers: valid until the Verdict is reused.
+type Verdict struct {
+	// Status is 200 when a replica was chosen; otherwise the refusal's
+	// status, with Reason and Body.
+	Status int
+	// Server, Addr and Pool name the chosen replica, its address and its
+	// pool (the proxy's backend).
+	Server, Addr, Pool []byte
+	// Fallbacks are the servers to try after Server, in order.
+	Fallbacks [][]byte
+	// Decision is the id the proxy's feedback closes (DecisionHex).
+	Decision uint64
+	// PD: KVTransfer is base64(kv_transfer_params), Prefill the prefill
+	// server that ran. KVInsert is inserted into the body at byte offset
+	// KVAt, which makes the body KVLen bytes long (BodyEdit).
+	KVTransfer []byte
+	Prefill    []byte
+	KVInsert   []byte
+	KVAt       int
+	KVLen      int
+	// Reason is the reason code of a refusal (X-Turnout-Reason).
+	Reason string
+	// Body is a refusal's OpenAI-style JSON error (or the prefill
+	// replica's own 4xx answer).
+	Body []byte
+	// RetryAfter asks the client to retry in a second.
+	RetryAfter bool
+
+	fb  [16][]byte
+	hex [16]byte
+}
+
+// Routed reports whether v names a replica.
+func (v *Verdict) Routed() bool { return v.Status == 200 }
+
+// DecisionHex returns the decision id as 16 hex digits (X-Turnout-Decision).
+func (v *Verdict) DecisionHex() []byte { return appendID(v.hex[:0], v.Decision) }
+
+// reset empties v field by field: the fallback and hex buffers are only
+// read through Fallbacks and DecisionHex, so they need no clearing.
+func (v *Verdict) reset() {
+	v.Status, v.Server, v.Addr, v.Pool, v.Fallbacks, v.Decision = 0, nil, nil, nil, nil, 0
+	v.KVTransfer, v.Prefill, v.KVInsert, v.KVAt, v.KVLen = nil, nil, nil, 0, 0
+	v.Reason, v.Body, v.RetryAfter = "", nil, false
+}
+
+// refuse makes v an OpenAI-style error answer. Errors are rare, so
+// encoding/json's allocations are fine here.
+func (v *Verdict) refuse(status int, typ, code, msg string) {
+	v.Status, v.Reason = status, code
+	v.Body = errorBody(typ, code, msg)
+}
+
+// errorBody is the OpenAI error envelope, bounded by MaxAnswerBody.
+func errorBody(typ, code, msg string) []byte {
+	if len(msg) > MaxAnswerBody/2 { // JSON escaping may double it
+		msg = msg[:MaxAnswerBody/2-3] + "..."
+	}
+	b, _ := json.Marshal(apiError{Error: apiErrorBody{Message: msg, Type: typ, Code: code}})
+	return b
+}
+
+// Decide is the one decision entry point: it routes in and fills v.
+func (s *Server) Decide(in *Input, v *Verdict) {
+	snap := s.snap.Load()
+	sc := s.getScratch(snap.maxBlocks)
+	s.decideInput(snap, in, v, sc, time.Now())
+	s.pool.Put(sc)
+}
+
+// decideInput runs the stages of doc.go after the read: deployment, pick,
+// verdict. start is when the request reached turnout.
+func (s *Server) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *scratch, start time.Time) {
+	v.reset()
+	cfg := snap.Config
+	r := &sc.req
+	*r = Request{Truncated: in.Truncated, Body: in.Body}
+	if len(r.Body) > cfg.MaxBody {
+		r.Body, r.Truncated = r.Body[:cfg.MaxBody], true
+	}
+	var modelHdr []byte
+	for i := range in.Headers {
+		k, val := in.Headers[i].Name, in.Headers[i].Value
+		if len(val) == 0 {
+			continue
+		}
+		for _, h := range snap.sessionHdrs {
+			if headerIs(k, h) {
+				r.Session = val
+			}
+		}
+		for _, h := range snap.modelHdrs {
+			if headerIs(k, h) {
+				modelHdr = val
+			}
+		}
+	}
+
+	model := unescapeModel(findModel(r.Body), sc.model[:0])
+	if len(model) == 0 {
+		model = modelHdr
+	}
+	r.Model = model
+	var d *Deployment
+	switch {
+	case len(model) > 0:
+		d = snap.byModel[string(model)]
+		if d == nil {
+			s.m.errors[errUnknownModel].Add(1)
+			v.refuse(404, "invalid_request_error", "model_not_found",
+				"The model `"+string(cut(model, maxEchoModel))+"` does not exist.")
+			return
+		}
+	case len(snap.Deployments) == 1:
+		d = snap.Deployments[0]
+	default:
+		s.m.errors[errNoModel].Add(1)
+		v.refuse(400, "invalid_request_error", "model_required",
+			"a \"model\" is required: several deployments are served")
+		return
+	}
+	if len(r.Session) > 0 {
+		r.HasSession = true
+		r.SessionHash = hashKey(r.Session)
+	}
+	if d.Prefill != nil {
+		s.routePD(snap, d, in, v, sc, start)
+		return
+	}
+	s.decide(snap, d.Serve, v, sc, start)
+}
+
+// decide runs the pool's policy and fills the verdict.
+func (s *Server) decide(snap *Snapshot, p *Pool, v *Verdict, sc *scratch, start time.Time) *Endpoint {
+	picks := s.pick(snap, p, sc, sc.picks[:0:min(1+snap.Config.Fallbacks, len(sc.picks))])
+	if len(picks) == 0 {
+		s.refuse(v, p, sc.req.Reject)
+		return nil
+	}
+	s.route(v, p, picks, start)
+	return picks[0]
+}
+
+// route opens the decision for picks[0] and fills v with it.
+func (s *Server) route(v *Verdict, p *Pool, picks []*Endpoint, start time.Time) {
+	e := picks[0]
+	v.Status = 200
+	v.Decision = s.dec.open(e, start.UnixNano())
+	v.Server, v.Addr, v.Pool = e.name, e.addr, p.nameHdr
+	v.Fallbacks = v.fb[:0]
+	for _, f := range picks[1:] {
+		v.Fallbacks = append(v.Fallbacks, f.name)
+	}
+	p.m.latency.observe(time.Since(start))
+}
+
+// refuse answers a request no endpoint was picked for.
+func (s *Server) refuse(v *Verdict, p *Pool, why RejectReason) {
+	switch why {
+	case RejectBadBody:
+		s.m.errors[errBadBody].Add(1)
+		v.refuse(400, "invalid_request_error", "token_ids_required",
+			"pool "+p.Name+" routes on token ids (strict): send a prompt the tokenizer can read or token ids")
+	case RejectUnavailable:
+		v.RetryAfter = true
+		v.refuse(503, "service_unavailable", "tokenizer_unavailable",
+			"pool "+p.Name+" routes on token ids (strict) and the tokenizer is unavailable")
+	default:
+		v.RetryAfter = true
+		v.refuse(503, "service_unavailable", ReasonNoEndpoint, "no available endpoint in pool "+p.Name)
+	}
+}
+
+// forwarded reports whether the raw header name is one of ForwardedHeaders.
+func (s *Snapshot) forwarded(name []byte) bool {
+	for _, f := range s.fwdHdrs {
+		if headerIs(name, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// Forwarded is forwarded for the transports outside this package (SPOE).
+func (s *Snapshot) Forwarded(name []byte) bool { return s.forwarded(name) }
