@@ -229,10 +229,10 @@ type tmplData struct {
 	// VerdictVars are the js_var variables the njs copies the verdict
 	// into (route.VerdictFields' NginxVar).
 	VerdictVars []string
-	Models               []modelData
-	Endpoints            []endpointData
-	Pools                []poolData
-	summary              Summary
+	Models      []modelData
+	Endpoints   []endpointData
+	Pools       []poolData
+	summary     Summary
 }
 
 type routeServer struct {
