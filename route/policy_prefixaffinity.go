@@ -1,6 +1,9 @@
 package route
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // PrefixAffinityType is the registry name of PrefixAffinity.
 const PrefixAffinityType = "prefix-affinity"
@@ -12,7 +15,10 @@ const PrefixAffinityType = "prefix-affinity"
 //     plus this instance's decisions since the scrape (in-flight decisions
 //     when no engine figure is known). A candidate e is "too loaded" when
 //     load(e)-min > BalanceAbs && load(e) > BalanceRel*min (SGLang's
-//     imbalance test, applied per candidate rather than pool-wide).
+//     imbalance test, applied per candidate rather than pool-wide), or,
+//     with BoundedLoad ε > 0, when taking one more request would put it
+//     above ceil((1+ε)·(total+1)/n) (consistent hashing with bounded loads,
+//     Mirrokni et al.: no replica carries more than (1+ε) times the mean).
 //  2. Among candidates that are not too loaded, take the longest cached
 //     prefix (ties: lower load, then the session's replica). If
 //     matched/total >= MatchThreshold, route there.
@@ -31,6 +37,12 @@ type PrefixAffinityConfig struct {
 	MatchThreshold float64 `yaml:"match_threshold"`
 	BalanceAbs     int64   `yaml:"balance_abs"`
 	BalanceRel     float64 `yaml:"balance_rel"`
+	// BoundedLoad is ε of the bounded-load guard (0: off): an affinity hit
+	// is refused where the load would exceed (1+ε)·mean. The absolute and
+	// relative guards above only catch a replica far above the least
+	// loaded; this one keeps documents that draw many turns from piling up
+	// on one replica (issue 11: requests max/mean <= 1.1).
+	BoundedLoad float64 `yaml:"bounded_load"`
 	// MinBlocks: prompts shorter than this many blocks are load balanced.
 	MinBlocks int `yaml:"min_blocks"`
 	// SessionAffinity: a session id breaks load ties (its hashed replica
@@ -53,6 +65,8 @@ func (c *PrefixAffinityConfig) Validate() error {
 		return fmt.Errorf("prefix-affinity balance_rel %v must be >= 1", c.BalanceRel)
 	case c.MinBlocks < 0:
 		return fmt.Errorf("prefix-affinity min_blocks must be >= 0")
+	case c.BoundedLoad < 0 || c.BoundedLoad > 100:
+		return fmt.Errorf("prefix-affinity bounded_load %v out of range [0, 100] (0: off)", c.BoundedLoad)
 	}
 	return nil
 }
@@ -126,13 +140,13 @@ func (pa *PrefixAffinity) CachedBlocks(i int) int { return pa.lrus[i].Len() }
 // Pick implements Policy.
 func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 	start := len(dst)
-	minLoad, ok := lowestLoad(p)
-	if !ok {
+	minLoad, served, n := loadSummary(p)
+	if n == 0 {
 		r.Outcome = OutcomeNoEndpoint
 		return dst
 	}
 	if len(r.Blocks) < max(pa.cfg.MinBlocks, 1) {
-		return pa.miss(r, p, dst, minLoad, false)
+		return pa.miss(r, p, dst, minLoad, served, n, false)
 	}
 	var best *Endpoint
 	bestMatch, bestLoad := 0, int64(0)
@@ -146,7 +160,7 @@ func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint
 			continue
 		}
 		l := e.Load()
-		if pa.tooLoaded(l, minLoad) {
+		if pa.tooLoaded(l, minLoad) || pa.overBound(e.served(), served, n) {
 			overloadedHit = overloadedHit || m*2 >= len(r.Blocks)
 			continue
 		}
@@ -162,7 +176,7 @@ func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint
 		dst = fillLeastLoaded(dst, p, pa.rnd)
 	} else {
 		r.Matched = 0
-		dst = pa.miss(r, p, dst, minLoad, overloadedHit)
+		dst = pa.miss(r, p, dst, minLoad, served, n, overloadedHit)
 	}
 	if len(dst) > start {
 		pa.lrus[dst[start].Index].insert(r.Blocks)
@@ -172,10 +186,35 @@ func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint
 
 // miss places a request without a usable prefix match on the least loaded
 // endpoint; a session id picks among the endpoints tied at that load.
-func (pa *PrefixAffinity) miss(r *Request, p *Pool, dst []*Endpoint, minLoad int64, overloadedHit bool) []*Endpoint {
+func (pa *PrefixAffinity) miss(r *Request, p *Pool, dst []*Endpoint, minLoad int64, served uint64, n int, overloadedHit bool) []*Endpoint {
 	r.Outcome = OutcomeBalanced
 	if overloadedHit {
 		r.Outcome = OutcomeOverflow
+	}
+	if pa.cfg.BoundedLoad > 0 && len(dst) < cap(dst) {
+		// A miss starts a prefix that draws its later turns to the same
+		// replica: place it on the least loaded replica within the bound,
+		// so replicas that served more than their share lately get fewer
+		// new prefixes.
+		var best *Endpoint
+		var bestLoad int64
+		var bestRecent uint64
+		for _, e := range p.Endpoints {
+			if !e.Available() || contains(dst, e) || pa.overBound(e.served(), served, n) {
+				continue
+			}
+			l, rc := e.Load(), e.served()
+			if l > minLoad+missLoadSlack {
+				continue
+			}
+			if best == nil || rc < bestRecent || (rc == bestRecent && (l < bestLoad || (l == bestLoad && pa.sessionPrefers(r, e, best)))) {
+				best, bestLoad, bestRecent = e, l, rc
+			}
+		}
+		if best != nil && !pa.tooLoaded(bestLoad, minLoad) {
+			dst = append(dst, best)
+			return fillLeastLoaded(dst, p, pa.rnd)
+		}
 	}
 	if pa.cfg.SessionAffinity && r.HasSession && len(dst) < cap(dst) {
 		// Among the endpoints tied at the lowest load (dst holds none yet on
@@ -209,6 +248,11 @@ func (pa *PrefixAffinity) miss(r *Request, p *Pool, dst []*Endpoint, minLoad int
 	return fillLeastLoaded(dst, p, pa.rnd)
 }
 
+// missLoadSlack: with the bounded-load guard on, a miss goes to the replica
+// that served the fewest requests lately among those at most this far above
+// the lowest load.
+const missLoadSlack = 1
+
 // sessionRecentSlack is how many more recent decisions (since the last
 // scrape window started) a session's replica may have than the least used
 // of the endpoints tied at the lowest load and still get the session's next
@@ -226,6 +270,16 @@ func (pa *PrefixAffinity) sessionPrefers(r *Request, e, cur *Endpoint) bool {
 		return false
 	}
 	return mix64(r.SessionHash^e.Seed) > mix64(r.SessionHash^cur.Seed)
+}
+
+// overBound is the bounded-load test on the requests served lately (here
+// and by peers, Endpoint.recent): would one more put e above
+// ceil((1+ε)·(total+1)/n)?
+func (pa *PrefixAffinity) overBound(served, total uint64, n int) bool {
+	if pa.cfg.BoundedLoad <= 0 {
+		return false
+	}
+	return float64(served+1) > math.Ceil((1+pa.cfg.BoundedLoad)*float64(total+1)/float64(n))
 }
 
 func (pa *PrefixAffinity) tooLoaded(load, minLoad int64) bool {
