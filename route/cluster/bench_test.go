@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -69,11 +70,9 @@ func benchDecisions(b *testing.B, sync bool) {
 func BenchmarkDecisionSyncOff(b *testing.B) { benchDecisions(b, false) }
 func BenchmarkDecisionSyncOn(b *testing.B)  { benchDecisions(b, true) }
 
-// BenchmarkPrefixHandoff is the decision path's own share of sync: handing
-// one decision (55 blocks) to the queue. The loop also takes the item back
-// as the publisher would (two more channel operations), so the figure is an
-// upper bound of what a decision pays.
-func BenchmarkPrefixHandoff(b *testing.B) {
+// handoffSync is a Sync whose NATS server is unreachable (nothing is
+// published), for the handoff benchmarks.
+func handoffSync(b *testing.B) (*Sync, *route.Pool, []uint64) {
 	cfg, err := route.ParseConfig([]byte(fmt.Sprintf(fourEndpoints, "nats://127.0.0.1:1", "bench-h")))
 	if err != nil {
 		b.Fatal(err)
@@ -82,25 +81,72 @@ func BenchmarkPrefixHandoff(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer srv.Close()
+	b.Cleanup(srv.Close)
 	s, err := New(srv, cfg.Cluster, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer s.nc.Close()
-	p := srv.Snapshot().Deployments[0].Serve
+	b.Cleanup(s.nc.Close)
 	blocks := make([]uint64, 55)
 	for i := range blocks {
 		blocks[i] = uint64(i) * 0x9e3779b97f4a7c15
 	}
+	return s, srv.Snapshot().Deployments[0].Serve, blocks
+}
+
+// BenchmarkPrefixHandoff is the decision path's own share of sync: handing
+// one decision (55 blocks) to the ring. The loop also takes the slot back
+// as the publisher would (a load and a store on the slot), so the figure is
+// an upper bound of what a decision pays.
+func BenchmarkPrefixHandoff(b *testing.B) {
+	s, p, blocks := handoffSync(b)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		s.RoutedPrefix(p, p.Endpoints[i&3], blocks)
-		s.free <- <-s.queue
+		s.ring.release(s.ring.peek())
 	}
 	b.StopTimer()
 	if s.dropFull.Load() != 0 {
 		b.Fatalf("%d dropped", s.dropFull.Load())
 	}
+}
+
+// BenchmarkPrefixHandoffParallel hands decisions over from every P at
+// once while a consumer drains the ring on a 100 µs tick, as the publisher
+// does: the producers contend on the ring's cursor and the consumer reads
+// and releases their slots meanwhile (cache-line traffic a real box sees).
+// Decisions that find the ring full are dropped and reported.
+func BenchmarkPrefixHandoffParallel(b *testing.B) {
+	s, p, blocks := handoffSync(b)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(100 * time.Microsecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				for it := s.ring.peek(); it != nil; it = s.ring.peek() {
+					s.ring.release(it)
+				}
+			}
+		}
+	}()
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			s.RoutedPrefix(p, p.Endpoints[i&3], blocks)
+			i++
+		}
+	})
+	b.StopTimer()
+	close(stop)
+	<-done
+	b.ReportMetric(float64(s.dropFull.Load())/float64(b.N), "dropped/op")
 }
