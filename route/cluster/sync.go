@@ -47,12 +47,12 @@ func blockBytes(p *route.Pool) int {
 
 // Sync is one instance's membership in the cluster.
 type Sync struct {
-	cfg   route.ClusterConfig
-	name  string
-	srv   *route.Server
-	log   *zerolog.Logger
-	nc    *nats.Conn
-	ring  *ring // decisions waiting for the publisher
+	cfg  route.ClusterConfig
+	name string
+	srv  *route.Server
+	log  *zerolog.Logger
+	nc   *nats.Conn
+	ring *ring // decisions waiting for the publisher
 
 	subMu sync.Mutex
 	subs  map[string]*nats.Subscription // by pool name
