@@ -16,9 +16,10 @@ const PrefixAffinityType = "prefix-affinity"
 //     when no engine figure is known). A candidate e is "too loaded" when
 //     load(e)-min > BalanceAbs && load(e) > BalanceRel*min (SGLang's
 //     imbalance test, applied per candidate rather than pool-wide), or,
-//     with BoundedLoad ε > 0, when taking one more request would put it
-//     above ceil((1+ε)·(total+1)/n) (consistent hashing with bounded loads,
-//     Mirrokni et al.: no replica carries more than (1+ε) times the mean).
+//     with BoundedLoad ε > 0, when one more request would put the requests
+//     it served lately (here and by peers, Endpoint.served) above
+//     ceil((1+ε)·(total+1)/n) (consistent hashing with bounded loads,
+//     Mirrokni et al., with request counts as the load).
 //  2. Among candidates that are not too loaded, take the longest cached
 //     prefix (ties: lower load, then the session's replica). If
 //     matched/total >= MatchThreshold, route there.
@@ -30,6 +31,9 @@ const PrefixAffinityType = "prefix-affinity"
 //     same request without one would not (issue 11: spilling sessions onto
 //     replicas up to BalanceAbs above the minimum cost p90 TTFT). Unlike
 //     SGLang's "smallest tree", a miss never lands on an overloaded replica.
+//     With BoundedLoad ε > 0, a miss instead goes to the replica that served
+//     the fewest requests lately among those within the bound and at most
+//     missLoadSlack above the lowest load.
 //  4. Record the prompt's blocks in the chosen endpoint's index.
 type PrefixAffinityConfig struct {
 	BlockBytes     int     `yaml:"block_bytes"`
@@ -37,11 +41,14 @@ type PrefixAffinityConfig struct {
 	MatchThreshold float64 `yaml:"match_threshold"`
 	BalanceAbs     int64   `yaml:"balance_abs"`
 	BalanceRel     float64 `yaml:"balance_rel"`
-	// BoundedLoad is ε of the bounded-load guard (0: off): an affinity hit
-	// is refused where the load would exceed (1+ε)·mean. The absolute and
-	// relative guards above only catch a replica far above the least
-	// loaded; this one keeps documents that draw many turns from piling up
-	// on one replica (issue 11: requests max/mean <= 1.1).
+	// BoundedLoad is ε of the bounded-load guard (0: off, the default): no
+	// replica gets more than about (1+ε) times the mean of the requests
+	// every instance sent lately. The guards above compare loads, which
+	// are small integers that scrapes and other fronts blur; this one
+	// evens out request counts when prefixes draw several turns each
+	// (issue 11: two fronts, requests max/mean <= 1.1). Off by default:
+	// on the Mooncake sim at twice the trace's rate it cost TTFT
+	// (BENCHMARKS.md, "Several turnout instances").
 	BoundedLoad float64 `yaml:"bounded_load"`
 	// MinBlocks: prompts shorter than this many blocks are load balanced.
 	MinBlocks int `yaml:"min_blocks"`
@@ -193,25 +200,26 @@ func (pa *PrefixAffinity) miss(r *Request, p *Pool, dst []*Endpoint, minLoad int
 	}
 	if pa.cfg.BoundedLoad > 0 && len(dst) < cap(dst) {
 		// A miss starts a prefix that draws its later turns to the same
-		// replica: place it on the least loaded replica within the bound,
-		// so replicas that served more than their share lately get fewer
-		// new prefixes.
+		// replica: place it on the replica that served the fewest requests
+		// lately, among those within the bound and at most missLoadSlack
+		// above the lowest load, so replicas that served more than their
+		// share get fewer new prefixes.
 		var best *Endpoint
 		var bestLoad int64
-		var bestRecent uint64
+		var bestServed uint64
 		for _, e := range p.Endpoints {
-			if !e.Available() || contains(dst, e) || pa.overBound(e.served(), served, n) {
+			if !e.Available() || contains(dst, e) {
 				continue
 			}
-			l, rc := e.Load(), e.served()
-			if l > minLoad+missLoadSlack {
+			l, sv := e.Load(), e.served()
+			if l > minLoad+missLoadSlack || pa.overBound(sv, served, n) {
 				continue
 			}
-			if best == nil || rc < bestRecent || (rc == bestRecent && (l < bestLoad || (l == bestLoad && pa.sessionPrefers(r, e, best)))) {
-				best, bestLoad, bestRecent = e, l, rc
+			if best == nil || sv < bestServed || (sv == bestServed && (l < bestLoad || (l == bestLoad && pa.sessionPrefers(r, e, best)))) {
+				best, bestLoad, bestServed = e, l, sv
 			}
 		}
-		if best != nil && !pa.tooLoaded(bestLoad, minLoad) {
+		if best != nil {
 			dst = append(dst, best)
 			return fillLeastLoaded(dst, p, pa.rnd)
 		}
@@ -250,7 +258,9 @@ func (pa *PrefixAffinity) miss(r *Request, p *Pool, dst []*Endpoint, minLoad int
 
 // missLoadSlack: with the bounded-load guard on, a miss goes to the replica
 // that served the fewest requests lately among those at most this far above
-// the lowest load.
+// the lowest load. 1 absorbs the requests other fronts sent since the last
+// scrape, which this instance cannot see in the load figure: with 0, two
+// fronts gave requests max/mean 1.16-1.19 on the e2e replay (BENCHMARKS.md).
 const missLoadSlack = 1
 
 // sessionRecentSlack is how many more recent decisions (since the last

@@ -24,7 +24,10 @@ import (
 // Issue 11: several HAProxy + turnout fronts before the same replicas, with
 // engine-reported load and prefix decisions shared over NATS.
 
-const clusterPolicy = "{name: prefix-affinity, params: {block_bytes: 64, match_threshold: 0.5}}" // default load guard (balance_abs 4, balance_rel 1.5)
+// clusterPolicy: the default load guard (balance_abs 4, balance_rel 1.5)
+// plus the bounded-load guard that evens out request counts across fronts
+// (bounded_load 0.5, chosen on this replay: BENCHMARKS.md).
+const clusterPolicy = "{name: prefix-affinity, params: {block_bytes: 64, match_threshold: 0.5, bounded_load: 0.5}}"
 
 // NATS is a nats-server process on a loopback port.
 type NATS struct {
@@ -229,17 +232,16 @@ func TestClusterTwoFronts(t *testing.T) {
 	if hitOn < 0.95*hit1 {
 		t.Errorf("sync on: hit ratio %.3f < 95%% of one stack's %.3f", hitOn, hit1)
 	}
-	// The issue's goal is max/mean <= 1.1, not met reliably yet: one stack
-	// lands at 1.02-1.13 on this replay (192 documents of 3 turns each over
-	// 4 replicas: the affinity moves documents as a unit) and two synced
-	// fronts at 1.02-1.22 (both fronts may pick the same least-loaded
-	// replica between two scrapes). The figure is logged for BENCHMARKS.md;
-	// the hard check catches herding (every front on one replica: 4.0).
+	// Issue 11: requests max/mean <= 1.1 with sync. The affinity moves
+	// 3-turn documents as a unit and two fronts do not see each other's
+	// in-flight requests; the bounded-load guard places new documents by
+	// the requests every front sent lately (BENCHMARKS.md: 1.007-1.083 over
+	// 16 runs at bounded_load 0.1-1, with the box busy).
 	if balOn > 1.1 {
-		t.Logf("sync on: requests max/mean %.3f misses the 1.1 goal (one stack: %.3f)", balOn, bal1)
+		t.Errorf("sync on: requests max/mean %.3f > 1.1 (one stack %.3f, %v)", balOn, bal1, reqOn)
 	}
-	if balOn > 1.35 {
-		t.Errorf("sync on: requests max/mean %.3f, one stack %.3f (%v): the fronts herd", balOn, bal1, reqOn)
+	if bal1 > 1.1 {
+		t.Logf("one stack: requests max/mean %.3f above 1.1 (%v)", bal1, req1)
 	}
 	applied, err := Metric(t, onB.T.URL+"/metrics", "turnout_cluster_received_total", `result="applied"`)
 	if err != nil || applied == 0 {
