@@ -9,9 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +17,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/internal/natstest"
 )
 
 // Issue 11: several HAProxy + turnout fronts before the same replicas, with
@@ -29,39 +28,9 @@ import (
 // (bounded_load 0.5, chosen on this replay: BENCHMARKS.md).
 const clusterPolicy = "{name: prefix-affinity, params: {block_bytes: 64, match_threshold: 0.5, bounded_load: 0.5}}"
 
-// NATS is a nats-server process on a loopback port.
-type NATS struct {
-	*Proc
-	Port int
-	URL  string
-}
-
-// StartNATS runs Debian's nats-server (installed by .ci/run) on port (0 =
-// a free one) and waits until it accepts connections.
-func StartNATS(t testing.TB, port int) *NATS {
-	t.Helper()
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		// Debian installs it in /usr/sbin, often not in a user's PATH.
-		if _, serr := os.Stat("/usr/sbin/nats-server"); serr != nil {
-			t.Skip("nats-server is not installed (apt-get install -y nats-server): skipping cluster test")
-		}
-		bin = "/usr/sbin/nats-server"
-	}
-	if port == 0 {
-		port = FreePort(t)
-	}
-	n := &NATS{Port: port, URL: "nats://127.0.0.1:" + strconv.Itoa(port)}
-	n.Proc = StartProc(t, "nats-server", bin, "-a", "127.0.0.1", "-p", strconv.Itoa(port))
-	Eventually(t, 10*time.Second, "nats-server to listen", func() bool {
-		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
-	return n
-}
+// StartNATS runs nats-server on a loopback port (0 = a free one): the
+// same helper as route/cluster's tests (internal/natstest).
+func StartNATS(t testing.TB, port int) *natstest.Server { return natstest.Start(t, port) }
 
 // startFront starts one HAProxy + turnout front over mocks, with extra
 // top-level YAML (cluster:, engine_metrics:).
@@ -319,7 +288,7 @@ func TestClusterOutages(t *testing.T) {
 	gone := make([]atomic.Bool, 2)
 	n := len(w.bodies)
 	var appliedAtRestart float64
-	var nats2 *NATS
+	var nats2 *natstest.Server
 	var failedBeforeKill int64
 	res := &replayResult{}
 	replayInto(t, res, w, []*hstack{a, b}, 8, gone, func(i int) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/internal/natstest"
 	"github.com/turnout/turnout/route"
 )
 
@@ -26,7 +27,7 @@ func body4K(i int) string {
 func benchDecisions(b *testing.B, sync bool) {
 	var n *node
 	if sync {
-		ns := startNATS(b, 0)
+		ns := natstest.Start(b, 0)
 		n = startNode(b, ns.URL, "bench-a")
 		eventually(b, "connected", n.sync.Connected)
 	} else {
