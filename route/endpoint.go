@@ -22,8 +22,9 @@ type endpointState struct {
 	decisions atomic.Uint64
 	// engine is the last engine-reported load (nil: none, use inflight).
 	engine atomic.Pointer[EngineLoad]
-	// window is 1 + decisions + peer at the last scrape attempt (0: none).
-	window atomic.Uint64
+	// window is 1 + decisions + peer at the last window start (0: none),
+	// prevWindow the same at the window start before it.
+	window, prevWindow atomic.Uint64
 	// peer counts other instances' decisions for this endpoint (cluster sync).
 	peer atomic.Uint64
 	// checked: a health check has judged it; seenUp: one has passed.
@@ -84,7 +85,10 @@ type EngineLoad struct {
 
 // StartWindow starts a new recent-decisions window; the scraper calls it at
 // every scrape attempt, failed or not, so windows are alike across endpoints.
-func (e *Endpoint) StartWindow() { e.st.window.Store(e.st.decisions.Load() + e.st.peer.Load() + 1) }
+func (e *Endpoint) StartWindow() {
+	e.st.prevWindow.Store(e.st.window.Load())
+	e.st.window.Store(e.st.decisions.Load() + e.st.peer.Load() + 1)
+}
 
 // NotePeerDecision counts a decision another turnout instance made for this
 // endpoint (cluster sync), so placements here even out the requests of
@@ -100,6 +104,22 @@ func (e *Endpoint) recent() uint64 {
 	w := e.st.window.Load() // decisions + 1 at the window start, 0: never
 	if w == 0 {
 		return 0
+	}
+	return e.st.decisions.Load() + e.st.peer.Load() + 1 - w
+}
+
+// served is the number of decisions made for this endpoint, here and by
+// peers, since the previous window started: one to two windows (2-4 s with
+// the scraper's defaults), so the bounded-load guard of prefix-affinity
+// never starts from nothing when a window turns over. 0 when nothing
+// scrapes.
+func (e *Endpoint) served() uint64 {
+	w := e.st.prevWindow.Load()
+	if w == 0 {
+		w = e.st.window.Load()
+		if w == 0 {
+			return 0
+		}
 	}
 	return e.st.decisions.Load() + e.st.peer.Load() + 1 - w
 }

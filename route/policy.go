@@ -238,6 +238,22 @@ func lowestLoad(p *Pool) (minLoad int64, ok bool) {
 	return minLoad, ok
 }
 
+// loadSummary is the lowest Load and the summed recent decisions over the n
+// available endpoints (n == 0: none available), in one pass.
+func loadSummary(p *Pool) (minLoad int64, served uint64, n int) {
+	for _, e := range p.Endpoints {
+		if e.Available() {
+			l := e.Load()
+			if n == 0 || l < minLoad {
+				minLoad = l
+			}
+			served += e.served()
+			n++
+		}
+	}
+	return minLoad, served, n
+}
+
 // tooLoaded is SGLang's imbalance test applied to one candidate: it is more
 // than abs requests above the least loaded and more than rel times it.
 func tooLoaded(load, minLoad, abs int64, rel float64) bool {

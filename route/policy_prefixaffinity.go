@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/turnout/turnout/internal/config"
 )
@@ -16,7 +17,11 @@ const PrefixAffinityType = "prefix-affinity"
 //     plus this instance's decisions since the scrape (in-flight decisions
 //     when no engine figure is known). A candidate e is "too loaded" when
 //     load(e)-min > BalanceAbs && load(e) > BalanceRel*min (SGLang's
-//     imbalance test, applied per candidate rather than pool-wide).
+//     imbalance test, applied per candidate rather than pool-wide), or,
+//     with BoundedLoad ε > 0, when one more request would put the requests
+//     it served lately (here and by peers, Endpoint.served) above
+//     ceil((1+ε)·(total+1)/n) (consistent hashing with bounded loads,
+//     Mirrokni et al., with request counts as the load).
 //  2. Among candidates that are not too loaded, take the longest cached
 //     prefix (ties: lower load, then the session's replica). If
 //     matched/total >= MatchThreshold, route there.
@@ -28,6 +33,9 @@ const PrefixAffinityType = "prefix-affinity"
 //     same request without one would not (issue 11: spilling sessions onto
 //     replicas up to BalanceAbs above the minimum cost p90 TTFT). Unlike
 //     SGLang's "smallest tree", a miss never lands on an overloaded replica.
+//     With BoundedLoad ε > 0, a miss instead goes to the replica that served
+//     the fewest requests lately among those within the bound and at most
+//     missLoadSlack above the lowest load.
 //  4. Record the prompt's blocks in the chosen endpoint's index.
 type PrefixAffinityConfig struct {
 	BlockBytes     int     `yaml:"block_bytes"`
@@ -35,6 +43,15 @@ type PrefixAffinityConfig struct {
 	MatchThreshold float64 `yaml:"match_threshold"`
 	BalanceAbs     int64   `yaml:"balance_abs"`
 	BalanceRel     float64 `yaml:"balance_rel"`
+	// BoundedLoad is ε of the bounded-load guard (0: off, the default): no
+	// replica gets more than about (1+ε) times the mean of the requests
+	// every instance sent lately. The guards above compare loads, which
+	// are small integers that scrapes and other fronts blur; this one
+	// evens out request counts when prefixes draw several turns each
+	// (issue 11: two fronts, requests max/mean <= 1.1). Off by default:
+	// on the Mooncake sim at twice the trace's rate it cost TTFT
+	// (BENCHMARKS.md, "Several turnout instances").
+	BoundedLoad float64 `yaml:"bounded_load"`
 	// MinBlocks: prompts shorter than this many blocks are load balanced.
 	MinBlocks int `yaml:"min_blocks"`
 	// SessionAffinity: a session id breaks load ties (its hashed replica
@@ -57,6 +74,8 @@ func (c *PrefixAffinityConfig) Validate() error {
 		return fmt.Errorf("prefix-affinity balance_rel %v must be >= 1", c.BalanceRel)
 	case c.MinBlocks < 0:
 		return fmt.Errorf("prefix-affinity min_blocks must be >= 0")
+	case c.BoundedLoad < 0 || c.BoundedLoad > 100:
+		return fmt.Errorf("prefix-affinity bounded_load %v out of range [0, 100] (0: off)", c.BoundedLoad)
 	}
 	return nil
 }
@@ -130,13 +149,13 @@ func (pa *PrefixAffinity) CachedBlocks(i int) int { return pa.lrus[i].Len() }
 // Pick implements Policy.
 func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 	start := len(dst)
-	minLoad, ok := lowestLoad(p)
-	if !ok {
+	minLoad, served, n := loadSummary(p)
+	if n == 0 {
 		r.Outcome = OutcomeNoEndpoint
 		return dst
 	}
 	if len(r.Blocks) < max(pa.cfg.MinBlocks, 1) {
-		return pa.miss(r, p, dst, minLoad, false)
+		return pa.miss(r, p, dst, minLoad, served, n, false)
 	}
 	var best *Endpoint
 	bestMatch, bestLoad := 0, int64(0)
@@ -150,7 +169,7 @@ func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint
 			continue
 		}
 		l := e.Load()
-		if pa.tooLoaded(l, minLoad) {
+		if pa.tooLoaded(l, minLoad) || pa.overBound(e.served(), served, n) {
 			overloadedHit = overloadedHit || m*2 >= len(r.Blocks)
 			continue
 		}
@@ -166,7 +185,7 @@ func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint
 		dst = fillLeastLoaded(dst, p, pa.rnd)
 	} else {
 		r.Matched = 0
-		dst = pa.miss(r, p, dst, minLoad, overloadedHit)
+		dst = pa.miss(r, p, dst, minLoad, served, n, overloadedHit)
 	}
 	if len(dst) > start {
 		pa.lrus[dst[start].Index].insert(r.Blocks)
@@ -176,10 +195,36 @@ func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint
 
 // miss places a request without a usable prefix match on the least loaded
 // endpoint; a session id picks among the endpoints tied at that load.
-func (pa *PrefixAffinity) miss(r *Request, p *Pool, dst []*Endpoint, minLoad int64, overloadedHit bool) []*Endpoint {
+func (pa *PrefixAffinity) miss(r *Request, p *Pool, dst []*Endpoint, minLoad int64, served uint64, n int, overloadedHit bool) []*Endpoint {
 	r.Outcome = OutcomeBalanced
 	if overloadedHit {
 		r.Outcome = OutcomeOverflow
+	}
+	if pa.cfg.BoundedLoad > 0 && len(dst) < cap(dst) {
+		// A miss starts a prefix that draws its later turns to the same
+		// replica: place it on the replica that served the fewest requests
+		// lately, among those within the bound and at most missLoadSlack
+		// above the lowest load, so replicas that served more than their
+		// share get fewer new prefixes.
+		var best *Endpoint
+		var bestLoad int64
+		var bestServed uint64
+		for _, e := range p.Endpoints {
+			if !e.Available() || contains(dst, e) {
+				continue
+			}
+			l, sv := e.Load(), e.served()
+			if l > minLoad+missLoadSlack || pa.overBound(sv, served, n) {
+				continue
+			}
+			if best == nil || sv < bestServed || (sv == bestServed && (l < bestLoad || (l == bestLoad && pa.sessionPrefers(r, e, best)))) {
+				best, bestLoad, bestServed = e, l, sv
+			}
+		}
+		if best != nil {
+			dst = append(dst, best)
+			return fillLeastLoaded(dst, p, pa.rnd)
+		}
 	}
 	if pa.cfg.SessionAffinity && r.HasSession && len(dst) < cap(dst) {
 		// Among the endpoints tied at the lowest load (dst holds none yet on
@@ -213,6 +258,13 @@ func (pa *PrefixAffinity) miss(r *Request, p *Pool, dst []*Endpoint, minLoad int
 	return fillLeastLoaded(dst, p, pa.rnd)
 }
 
+// missLoadSlack: with the bounded-load guard on, a miss goes to the replica
+// that served the fewest requests lately among those at most this far above
+// the lowest load. 1 absorbs the requests other fronts sent since the last
+// scrape, which this instance cannot see in the load figure: with 0, two
+// fronts gave requests max/mean 1.16-1.19 on the e2e replay (BENCHMARKS.md).
+const missLoadSlack = 1
+
 // sessionRecentSlack is how many more recent decisions (since the last
 // scrape window started) a session's replica may have than the least used
 // of the endpoints tied at the lowest load and still get the session's next
@@ -230,6 +282,16 @@ func (pa *PrefixAffinity) sessionPrefers(r *Request, e, cur *Endpoint) bool {
 		return false
 	}
 	return mix64(r.SessionHash^e.Seed) > mix64(r.SessionHash^cur.Seed)
+}
+
+// overBound is the bounded-load test on the requests served lately (here
+// and by peers, Endpoint.recent): would one more put e above
+// ceil((1+ε)·(total+1)/n)?
+func (pa *PrefixAffinity) overBound(served, total uint64, n int) bool {
+	if pa.cfg.BoundedLoad <= 0 {
+		return false
+	}
+	return float64(served+1) > math.Ceil((1+pa.cfg.BoundedLoad)*float64(total+1)/float64(n))
 }
 
 func (pa *PrefixAffinity) tooLoaded(load, minLoad int64) bool {

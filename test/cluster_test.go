@@ -9,9 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,46 +17,20 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/internal/natstest"
 )
 
 // Issue 11: several HAProxy + turnout fronts before the same replicas, with
 // engine-reported load and prefix decisions shared over NATS.
 
-const clusterPolicy = "{name: prefix-affinity, params: {block_bytes: 64, match_threshold: 0.5}}" // default load guard (balance_abs 4, balance_rel 1.5)
+// clusterPolicy: the default load guard (balance_abs 4, balance_rel 1.5)
+// plus the bounded-load guard that evens out request counts across fronts
+// (bounded_load 0.5, chosen on this replay: BENCHMARKS.md).
+const clusterPolicy = "{name: prefix-affinity, params: {block_bytes: 64, match_threshold: 0.5, bounded_load: 0.5}}"
 
-// NATS is a nats-server process on a loopback port.
-type NATS struct {
-	*Proc
-	Port int
-	URL  string
-}
-
-// StartNATS runs Debian's nats-server (installed by .ci/run) on port (0 =
-// a free one) and waits until it accepts connections.
-func StartNATS(t testing.TB, port int) *NATS {
-	t.Helper()
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		// Debian installs it in /usr/sbin, often not in a user's PATH.
-		if _, serr := os.Stat("/usr/sbin/nats-server"); serr != nil {
-			t.Skip("nats-server is not installed (apt-get install -y nats-server): skipping cluster test")
-		}
-		bin = "/usr/sbin/nats-server"
-	}
-	if port == 0 {
-		port = FreePort(t)
-	}
-	n := &NATS{Port: port, URL: "nats://127.0.0.1:" + strconv.Itoa(port)}
-	n.Proc = StartProc(t, "nats-server", bin, "-a", "127.0.0.1", "-p", strconv.Itoa(port))
-	Eventually(t, 10*time.Second, "nats-server to listen", func() bool {
-		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
-	return n
-}
+// StartNATS runs nats-server on a loopback port (0 = a free one): the
+// same helper as route/cluster's tests (internal/natstest).
+func StartNATS(t testing.TB, port int) *natstest.Server { return natstest.Start(t, port) }
 
 // startFront starts one HAProxy + turnout front over mocks, with extra
 // top-level YAML (cluster:, engine_metrics:).
@@ -229,17 +201,16 @@ func TestClusterTwoFronts(t *testing.T) {
 	if hitOn < 0.95*hit1 {
 		t.Errorf("sync on: hit ratio %.3f < 95%% of one stack's %.3f", hitOn, hit1)
 	}
-	// The issue's goal is max/mean <= 1.1, not met reliably yet: one stack
-	// lands at 1.02-1.13 on this replay (192 documents of 3 turns each over
-	// 4 replicas: the affinity moves documents as a unit) and two synced
-	// fronts at 1.02-1.22 (both fronts may pick the same least-loaded
-	// replica between two scrapes). The figure is logged for BENCHMARKS.md;
-	// the hard check catches herding (every front on one replica: 4.0).
+	// Issue 11: requests max/mean <= 1.1 with sync. The affinity moves
+	// 3-turn documents as a unit and two fronts do not see each other's
+	// in-flight requests; the bounded-load guard places new documents by
+	// the requests every front sent lately (BENCHMARKS.md: 1.007-1.083 over
+	// 16 runs at bounded_load 0.1-1, with the box busy).
 	if balOn > 1.1 {
-		t.Logf("sync on: requests max/mean %.3f misses the 1.1 goal (one stack: %.3f)", balOn, bal1)
+		t.Errorf("sync on: requests max/mean %.3f > 1.1 (one stack %.3f, %v)", balOn, bal1, reqOn)
 	}
-	if balOn > 1.35 {
-		t.Errorf("sync on: requests max/mean %.3f, one stack %.3f (%v): the fronts herd", balOn, bal1, reqOn)
+	if bal1 > 1.1 {
+		t.Logf("one stack: requests max/mean %.3f above 1.1 (%v)", bal1, req1)
 	}
 	applied, err := Metric(t, onB.T.URL+"/metrics", "turnout_cluster_received_total", `result="applied"`)
 	if err != nil || applied == 0 {
@@ -317,7 +288,7 @@ func TestClusterOutages(t *testing.T) {
 	gone := make([]atomic.Bool, 2)
 	n := len(w.bodies)
 	var appliedAtRestart float64
-	var nats2 *NATS
+	var nats2 *natstest.Server
 	var failedBeforeKill int64
 	res := &replayResult{}
 	replayInto(t, res, w, []*hstack{a, b}, 8, gone, func(i int) {

@@ -25,15 +25,6 @@ import (
 	"github.com/turnout/turnout/route"
 )
 
-// item is one decision waiting for the publisher. Items are preallocated
-// and recycled through free, so the hot path never allocates in steady
-// state (an item's block buffer grows once to the longest prompt seen).
-type item struct {
-	pool   *route.Pool
-	ep     *route.Endpoint
-	blocks []uint64
-}
-
 // Receive results; keep recvNames in sync.
 const (
 	recvApplied         = iota // a record applied to the local index
@@ -58,13 +49,12 @@ func blockBytes(p *route.Pool) int {
 
 // Sync is one instance's membership in the cluster.
 type Sync struct {
-	cfg   config.ClusterConfig
-	name  string
-	srv   *route.Server
-	log   *zerolog.Logger
-	nc    *nats.Conn
-	free  chan *item
-	queue chan *item
+	cfg  config.ClusterConfig
+	name string
+	srv  *route.Server
+	log  *zerolog.Logger
+	nc   *nats.Conn
+	ring *ring // decisions waiting for the publisher
 
 	subMu sync.Mutex
 	subs  map[string]*nats.Subscription // by pool name
@@ -74,7 +64,6 @@ type Sync struct {
 	reconnects     atomic.Uint64
 	downSince      atomic.Int64 // unix nanos; 0 when connected
 	downTotalNs    atomic.Uint64
-	queued         atomic.Uint64 // decisions handed to the publisher
 	dropFull       atomic.Uint64 // decisions dropped: queue full
 	dropDown       atomic.Uint64 // decisions dropped: NATS unreachable
 	dropErr        atomic.Uint64 // decisions dropped: other publish errors
@@ -106,14 +95,10 @@ func New(srv *route.Server, cfg config.ClusterConfig, log *zerolog.Logger) (*Syn
 	}
 	s := &Sync{
 		cfg: cfg, name: name, srv: srv, log: log,
-		free:  make(chan *item, cfg.Queue),
-		queue: make(chan *item, cfg.Queue),
-		subs:  map[string]*nats.Subscription{},
-		done:  make(chan struct{}),
-	}
-	for i := 0; i < cfg.Queue; i++ {
-		// 64 blocks cover most prompts; longer ones grow the item once.
-		s.free <- &item{blocks: make([]uint64, 0, 64)}
+		// 64 blocks cover most prompts; longer ones grow a slot once.
+		ring: newRing(cfg.Queue, 64),
+		subs: map[string]*nats.Subscription{},
+		done: make(chan struct{}),
 	}
 	s.downSince.Store(time.Now().UnixNano())
 	nc, err := nats.Connect(cfg.NATS,
@@ -209,24 +194,16 @@ func (s *Sync) resubscribe(snap *route.Snapshot) {
 }
 
 // RoutedPrefix implements route.PrefixSink: the hot path. It never blocks
-// and does not allocate once items have grown to the prompts' size.
+// and does not allocate once slots have grown to the prompts' size.
 func (s *Sync) RoutedPrefix(p *route.Pool, e *route.Endpoint, blocks []uint64) {
-	var it *item
-	select {
-	case it = <-s.free:
-	default:
-		s.dropFull.Add(1)
-		return
-	}
 	if len(blocks) > maxBlocks {
 		// Peers refuse longer records; the leading blocks carry the
 		// shared prefix, the tail is unique to this prompt anyway.
 		blocks = blocks[:maxBlocks]
 	}
-	it.pool, it.ep = p, e
-	it.blocks = append(it.blocks[:0], blocks...)
-	s.queued.Add(1)
-	s.queue <- it // never blocks: queue and free share cfg.Queue items
+	if !s.ring.put(p, e, blocks) {
+		s.dropFull.Add(1)
+	}
 }
 
 // batch accumulates one pool's decisions.
@@ -238,10 +215,10 @@ type batch struct {
 
 // Run publishes batches until ctx ends, then closes the connection.
 //
-// The publisher polls the queue every BatchDelay instead of blocking on it:
-// a goroutine parked on a channel must be woken by each send, which would
-// cost the decision path a scheduler round trip per decision. Polling keeps
-// the hot path to one channel receive and one send that never wake anyone;
+// The publisher polls the ring every BatchDelay instead of blocking on it:
+// a parked goroutine must be woken by each decision, which would cost the
+// decision path a scheduler round trip. Polling keeps the hot path to one
+// compare-and-swap and a copy that never wake anyone;
 // a batch goes out when it reaches BatchSize during a drain, the rest at the
 // end of each tick (so a decision waits at most about BatchDelay).
 func (s *Sync) Run(ctx context.Context) {
@@ -267,7 +244,7 @@ func (s *Sync) Run(ctx context.Context) {
 		b.count = 0
 		b.buf = appendHeader(b.buf[:0], s.name, p.Name, blockBytes(p))
 	}
-	add := func(it *item) {
+	add := func(it *slot) {
 		p := it.pool
 		b := batches[p]
 		if b == nil {
@@ -286,23 +263,17 @@ func (s *Sync) Run(ctx context.Context) {
 		}
 		b.buf = appendRecord(b.buf, it.ep.Name, it.blocks)
 		b.count++
-		it.pool, it.ep = nil, nil
-		s.free <- it
 		if b.count >= s.cfg.BatchSize {
 			flush(p, b)
 		}
 	}
 	drain := func() {
-		for {
-			select {
-			case it := <-s.queue:
-				add(it)
-			default:
-				for p, b := range batches {
-					flush(p, b)
-				}
-				return
-			}
+		for it := s.ring.peek(); it != nil; it = s.ring.peek() {
+			add(it)
+			s.ring.release(it)
+		}
+		for p, b := range batches {
+			flush(p, b)
 		}
 	}
 	tick := time.NewTicker(max(s.cfg.BatchDelay.D(), 100*time.Microsecond))

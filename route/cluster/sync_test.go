@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/internal/natstest"
 	"github.com/turnout/turnout/route"
 )
 
@@ -126,7 +127,7 @@ func applied(n *node) uint64 { return n.sync.recv[recvApplied].Load() }
 // A prefix routed by one instance is found by the other: B sends each
 // document where A sent it, as a prefix hit, although B never saw it.
 func TestSyncSharesPrefixes(t *testing.T) {
-	ns := startNATS(t, 0)
+	ns := natstest.Start(t, 0)
 	a, b := startNode(t, ns.URL, "node-a"), startNode(t, ns.URL, "node-b")
 	eventually(t, "both connected", func() bool { return a.sync.Connected() && b.sync.Connected() })
 	time.Sleep(50 * time.Millisecond) // subscriptions reach the server
@@ -154,13 +155,13 @@ func TestSyncSharesPrefixes(t *testing.T) {
 // subscriber keeps applying good ones.
 func TestSyncBadMessages(t *testing.T) {
 	dir := t.TempDir()
-	port := freePort(t)
+	port := natstest.FreePort(t)
 	conf := filepath.Join(dir, "nats.conf")
 	// Peers could raise max_payload: the receiver must still refuse.
 	if err := os.WriteFile(conf, []byte("max_payload: 4194304\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ns := startNATSArgs(t, port, "-c", conf)
+	ns := natstest.Start(t, port, "-c", conf)
 	var logs lockedBuf
 	lg := zerolog.New(&logs).Level(zerolog.WarnLevel)
 	b := startNodeLog(t, ns.URL, "node-b", &lg)
@@ -224,7 +225,7 @@ func (l *lockedBuf) String() string {
 // NATS down from the start, then up, then killed and restarted: decisions
 // never wait, drops are counted while it is down, sync resumes after.
 func TestSyncNATSOutage(t *testing.T) {
-	port := freePort(t)
+	port := natstest.FreePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	a, b := startNode(t, url, "node-a"), startNode(t, url, "node-b")
 	burst := func(from, n int) {
@@ -241,7 +242,7 @@ func TestSyncNATSOutage(t *testing.T) {
 		return metric(a, `turnout_cluster_decisions_total{result="dropped_disconnected"}`) == "20"
 	})
 
-	ns := startNATS(t, port)
+	ns := natstest.Start(t, port)
 	eventually(t, "connected", func() bool { return a.sync.Connected() && b.sync.Connected() })
 	time.Sleep(100 * time.Millisecond)
 	burst(100, 10)
@@ -250,7 +251,7 @@ func TestSyncNATSOutage(t *testing.T) {
 	ns.Stop()
 	eventually(t, "disconnect seen", func() bool { return !a.sync.Connected() })
 	burst(200, 10)
-	startNATS(t, port)
+	natstest.Start(t, port)
 	eventually(t, "reconnected", func() bool { return a.sync.Connected() && b.sync.Connected() })
 	before := applied(b)
 	time.Sleep(100 * time.Millisecond)
@@ -266,7 +267,7 @@ func TestSyncNATSOutage(t *testing.T) {
 
 // The decision path with the sink installed stays allocation-free.
 func TestSyncDecisionAllocs(t *testing.T) {
-	ns := startNATS(t, 0)
+	ns := natstest.Start(t, 0)
 	a := startNode(t, ns.URL, "node-a")
 	eventually(t, "connected", a.sync.Connected)
 	ctx := routeCtx(prompt(1), "user-1")

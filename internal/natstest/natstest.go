@@ -1,0 +1,119 @@
+// Package natstest runs Debian's nats-server (installed by .ci/run) on a
+// loopback port for tests, the one place the unit tests of route/cluster and
+// the end-to-end tests start it. A test skips, naming the package to
+// install, when the binary is missing.
+package natstest
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Server is a nats-server process on 127.0.0.1.
+type Server struct {
+	Port int
+	URL  string
+	Log  string // stdout and stderr, printed when the test fails
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// FreePort returns a loopback TCP port nobody listens on now.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Start runs nats-server on port (0: a free one) with extra arguments and
+// waits until it accepts connections; t.Cleanup stops it.
+func Start(t testing.TB, port int, extra ...string) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("nats-server")
+	if err != nil {
+		// Debian installs it in /usr/sbin, often not in a user's PATH.
+		if _, serr := os.Stat("/usr/sbin/nats-server"); serr != nil {
+			t.Skip("nats-server is not installed (apt-get install -y nats-server): skipping cluster test")
+		}
+		bin = "/usr/sbin/nats-server"
+	}
+	if port == 0 {
+		port = FreePort(t)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	s := &Server{Port: port, URL: "nats://" + addr, done: make(chan struct{})}
+	s.Log = filepath.Join(t.TempDir(), "nats-server-"+strconv.Itoa(port)+".log")
+	f, err := os.Create(s.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.cmd = exec.Command(bin, append([]string{"-a", "127.0.0.1", "-p", strconv.Itoa(port)}, extra...)...)
+	s.cmd.Stdout, s.cmd.Stderr = f, f
+	if err := s.cmd.Start(); err != nil {
+		f.Close()
+		t.Fatalf("start nats-server: %v", err)
+	}
+	go func() {
+		_ = s.cmd.Wait()
+		f.Close()
+		close(s.done)
+	}()
+	t.Cleanup(func() {
+		s.Stop()
+		if t.Failed() {
+			b, _ := os.ReadFile(s.Log)
+			if len(b) > 16<<10 {
+				b = append([]byte("...\n"), b[len(b)-16<<10:]...)
+			}
+			t.Logf("---- nats-server log (%s) ----\n%s", s.Log, b)
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return s
+		}
+		if s.Exited() || time.Now().After(deadline) {
+			b, _ := os.ReadFile(s.Log)
+			t.Fatalf("nats-server did not listen on %s: %s", addr, b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Stop ends the server (SIGTERM, SIGKILL after 5 s) and waits for it;
+// idempotent, so a test may stop it mid-run and cleanup stops nothing.
+func (s *Server) Stop() {
+	if s.Exited() {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(5 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+}
+
+// Exited reports whether the process has ended.
+func (s *Server) Exited() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
