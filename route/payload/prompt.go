@@ -1,0 +1,222 @@
+package payload
+
+// PromptSink receives a request's prompt in order (the prefix hasher).
+type PromptSink interface {
+	Text(p []byte) // a piece of text (raw JSON string content, escapes kept)
+	Sep(b byte)    // a structural boundary (role change, message end)
+	Token(id int64)
+}
+
+// Separator bytes fed to the sink so "ab"+"c" and "a"+"bc" differ and roles count.
+const (
+	SepMessage = 0x1e // record separator: end of a message
+	SepRole    = 0x1f // unit separator: between role and content
+	SepPart    = 0x1d // between prompts of a batch
+)
+
+type pieceKind uint8
+
+const (
+	pieceText pieceKind = iota
+	pieceSep
+	pieceToken
+)
+
+// piece is one step of the prompt stream: a text span of the body, a
+// separator (in tok) or a token id.
+type piece struct {
+	off, end int32
+	tok      int64
+	kind     pieceKind
+}
+
+// Prompt replays the prompt to sink -- chat "messages", completions
+// "prompt", Responses "input", in body order -- from the Index, without
+// reading the body again. It reports whether a prompt field was found.
+func (x *Index) Prompt(sink PromptSink) bool {
+	for i := range x.pieces {
+		p := &x.pieces[i]
+		switch p.kind {
+		case pieceText:
+			sink.Text(x.body[p.off:p.end])
+		case pieceSep:
+			sink.Sep(byte(p.tok))
+		default:
+			sink.Token(p.tok)
+		}
+	}
+	return x.promptFound
+}
+
+// TokenIDs returns a completions prompt given as token ids ([int...] or the
+// first list of [[int...]...]); ok is false for any other prompt, one cut
+// before its list closed, or one with a non-integer element. Range checks
+// are the caller's (kv.TokenID).
+func (x *Index) TokenIDs() (ids []int64, ok bool) {
+	return x.toks, x.toksDone && !x.toksBad && len(x.toks) > 0
+}
+
+// The walker below reads the prompt while Build passes over it. It is
+// written out per shape (not generic) so the hot path makes no closures
+// that escape.
+
+// prompt reads the value of a "messages", "input" or "prompt" key.
+func (x *Index) prompt(key []byte) bool {
+	if x.promptStop {
+		return x.s.skip()
+	}
+	x.promptFound = true
+	if string(key) == "prompt" {
+		return x.completion()
+	}
+	if x.s.peek() == '"' { // Responses input as a plain string
+		return x.text()
+	}
+	return x.s.array(x.message)
+}
+
+func (x *Index) text() bool {
+	if x.s.peek() != '"' {
+		return false
+	}
+	off := x.s.i + 1
+	v, complete, ok := x.s.str()
+	if !ok {
+		return false
+	}
+	if len(v) > 0 {
+		x.pieces = append(x.pieces, piece{off: int32(off), end: int32(off + len(v)), kind: pieceText})
+	}
+	return complete
+}
+
+func (x *Index) sep(b byte) {
+	x.pieces = append(x.pieces, piece{tok: int64(b), kind: pieceSep})
+}
+
+// message handles one chat message or Responses input item.
+func (x *Index) message() bool {
+	if x.s.peek() == '"' { // Responses input may list plain strings
+		if !x.text() {
+			return false
+		}
+		x.sep(SepMessage)
+		return true
+	}
+	ok := x.s.object(x.messageKey)
+	x.sep(SepMessage)
+	return ok
+}
+
+func (x *Index) messageKey(key []byte) bool {
+	switch string(key) {
+	case "role":
+		if !x.text() {
+			return false
+		}
+		x.sep(SepRole)
+		return true
+	case "content":
+		switch x.s.peek() {
+		case '"':
+			return x.text()
+		case '[':
+			return x.s.array(x.part)
+		}
+	}
+	return x.s.skip()
+}
+
+// part handles one content part; only text parts count (images are skipped).
+func (x *Index) part() bool {
+	if x.s.peek() == '"' {
+		return x.text()
+	}
+	return x.s.object(x.partKey)
+}
+
+func (x *Index) partKey(key []byte) bool {
+	// "text" carries text for type text/input_text/output_text; image parts
+	// have no "text" key, so their payload is skipped with everything else.
+	if string(key) == "text" && x.s.peek() == '"' {
+		return x.text()
+	}
+	return x.s.skip()
+}
+
+// completion handles completions: string, [string], [int], [[int]]. The
+// first "prompt" key's token list is recorded for TokenIDs on the way.
+func (x *Index) completion() bool {
+	first := !x.toksTry
+	x.toksTry = true
+	switch x.s.peek() {
+	case '"':
+		return x.text()
+	case '[':
+		x.toksOn, x.toksAt = first, x.s.i
+		ok := x.s.array(x.promptElem)
+		if x.toksOn { // a flat list of ids
+			x.toksDone, x.toksOn = ok, false
+		}
+		return ok
+	}
+	return x.s.skip()
+}
+
+// noTokens ends token-id recording: the prompt is not a token-id list.
+func (x *Index) noTokens() {
+	if x.toksOn {
+		x.toksBad, x.toksOn = true, false
+	}
+}
+
+func (x *Index) promptElem() bool {
+	switch c := x.s.peek(); {
+	case c == '"':
+		x.noTokens()
+		if !x.text() {
+			return false
+		}
+		x.sep(SepPart)
+		return true
+	case c == '[':
+		// [[int...]...]: the inner list must open the outer one ("[,[" is no
+		// token prompt, however leniently the walker reads it).
+		nested := x.toksOn && !x.toksBad && len(x.toks) == 0 && onlyWS(x.body[x.toksAt+1:x.s.i])
+		if !nested {
+			x.noTokens()
+		}
+		ok := x.s.array(x.tokenElem)
+		if nested && x.toksOn { // the first list of [[int...]...]
+			x.toksDone, x.toksOn = ok, false
+		}
+		x.sep(SepPart)
+		return ok
+	case c == '-' || (c >= '0' && c <= '9'):
+		return x.tokenElem()
+	}
+	x.noTokens()
+	return x.s.skip()
+}
+
+func (x *Index) tokenElem() bool {
+	v, ok := x.s.int()
+	if !ok {
+		x.noTokens()
+		return x.s.skip()
+	}
+	if x.toksOn {
+		x.toks = append(x.toks, v)
+	}
+	x.pieces = append(x.pieces, piece{tok: v, kind: pieceToken})
+	return true
+}
+
+func onlyWS(b []byte) bool {
+	for _, c := range b {
+		if c != ' ' && c != '\t' && c != '\n' && c != '\r' {
+			return false
+		}
+	}
+	return true
+}
