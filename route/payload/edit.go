@@ -40,7 +40,7 @@ func PrefillBody(x *Index) ([]byte, error) {
 		out = append(out, ':')
 		out = append(out, raw...)
 	}
-	for _, m := range x.members {
+	for _, m := range x.Members() {
 		key, raw := x.Raw(m.Key), x.Raw(m.Value)
 		switch string(key) {
 		case "max_tokens":

@@ -27,7 +27,8 @@ type Index struct {
 	// route's TestOneBodyScan holds the handler to.
 	scans int
 
-	s scanner // the cursor while building
+	s    scanner // the cursor while building
+	done bool    // the pass reached the end of what it can read
 
 	// object: the body is one complete JSON object with nothing after it.
 	object bool
@@ -66,24 +67,73 @@ const maxKeep = 1 << 14
 // Build indexes body, replacing what the Index held (its buffers are
 // kept). cut records that the body is a prefix of the request's (the proxy
 // or max_body cut it).
+//
+// The pass stops after the first "model" key: a decision that needs only
+// the model (most policies) reads no further. An accessor that needs more
+// (Prompt, TokenIDs, Value, Object...) resumes the same pass where it
+// stopped, so no byte is read twice whatever is asked.
 func (x *Index) Build(body []byte, cut bool) {
 	n := x.scans
 	x.reset(body, cut)
 	x.scans = n + 1
 	x.s = scanner{b: body}
 	if x.s.peek() != '{' {
+		x.finish()
 		return
 	}
 	x.open = x.s.i
 	x.s.i++
 	x.empty = x.s.peek() == '}'
-	x.s.i = x.open
-	if x.s.object(x.member) {
-		x.s.ws()
-		x.object = x.s.i == len(body)
-	}
-	x.s = scanner{}
+	x.run(true)
 	x.model = unescape(x.modelRaw, x.modelBuf[:0])
+}
+
+// run reads top-level members from the cursor (the scanner's object loop,
+// made resumable), until the first "model" key when untilModel is set.
+func (x *Index) run(untilModel bool) {
+	for !x.done {
+		switch x.s.peek() {
+		case '}':
+			x.s.i++
+			x.s.ws()
+			x.object = x.s.i == len(x.body)
+			x.finish()
+			return
+		case ',':
+			x.s.i++
+			continue
+		case '"':
+		default:
+			x.finish()
+			return
+		}
+		x.s.keyAt = x.s.i + 1
+		key, complete, _ := x.s.str()
+		if !complete || x.s.peek() != ':' {
+			x.finish()
+			return
+		}
+		x.s.i++
+		if !x.member(key) {
+			x.finish()
+			return
+		}
+		if untilModel && x.modelSeen {
+			return
+		}
+	}
+}
+
+// complete finishes the pass Build paused after the model.
+func (x *Index) complete() {
+	if !x.done {
+		x.run(false)
+	}
+}
+
+func (x *Index) finish() {
+	x.done = true
+	x.s = scanner{}
 }
 
 // Reset forgets the body (keeping buffers) and zeroes the scan count: a
@@ -158,14 +208,20 @@ func (x *Index) Body() []byte { return x.body }
 func (x *Index) Cut() bool { return x.cut }
 
 // Object reports whether the body is one complete JSON object, nothing after.
-func (x *Index) Object() bool { return x.object }
+func (x *Index) Object() bool {
+	x.complete()
+	return x.object
+}
 
 // Open is the offset of the top-level '{' (-1 when the body is no object):
 // where kv_transfer_params goes into the decode body.
 func (x *Index) Open() int { return x.open }
 
 // Members lists the top-level members read completely, in body order.
-func (x *Index) Members() []Member { return x.members }
+func (x *Index) Members() []Member {
+	x.complete()
+	return x.members
+}
 
 // Raw returns the bytes of a span.
 func (x *Index) Raw(s Span) []byte { return x.body[s.Start:s.End] }
@@ -173,6 +229,7 @@ func (x *Index) Raw(s Span) []byte { return x.body[s.Start:s.End] }
 // Value returns the raw JSON value of the first top-level key named key
 // (compared raw, escapes kept), or nil.
 func (x *Index) Value(key string) []byte {
+	x.complete()
 	for _, m := range x.members {
 		if string(x.body[m.Key.Start:m.Key.End]) == key {
 			return x.body[m.Value.Start:m.Value.End]

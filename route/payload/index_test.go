@@ -282,3 +282,22 @@ func FuzzIndex(f *testing.F) {
 		}
 	})
 }
+
+// Build reads up to the model; what only some decisions need is read when
+// first asked, by resuming the same pass (no byte twice).
+func TestBuildStopsAfterModel(t *testing.T) {
+	body := `{"model":"m","messages":[{"role":"user","content":"q"}],"kv_transfer_params":{}}`
+	x := index(body)
+	if string(x.Model()) != "m" || x.done || x.s.i != len(`{"model":"m"`) {
+		t.Fatalf("after Build: model %q done %v cursor %d", x.Model(), x.done, x.s.i)
+	}
+	var r recSink
+	if !x.Prompt(&r) || r.b.String() != "user|q|" || !x.done || !x.Object() || !x.Has(KVTransferKey) || x.Scans() != 1 {
+		t.Fatalf("resumed: prompt %q done %v object %v scans %d", r.b.String(), x.done, x.Object(), x.Scans())
+	}
+	// A model after the prompt: the prompt was read on the way to it.
+	x = index(`{"prompt":[1,2],"model":"m"}`)
+	if len(x.pieces) != 2 || string(x.Model()) != "m" {
+		t.Fatalf("model last: %d pieces, model %q", len(x.pieces), x.Model())
+	}
+}

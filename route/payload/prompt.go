@@ -34,6 +34,7 @@ type piece struct {
 // "prompt", Responses "input", in body order -- from the Index, without
 // reading the body again. It reports whether a prompt field was found.
 func (x *Index) Prompt(sink PromptSink) bool {
+	x.complete()
 	for i := range x.pieces {
 		p := &x.pieces[i]
 		switch p.kind {
@@ -53,6 +54,7 @@ func (x *Index) Prompt(sink PromptSink) bool {
 // before its list closed, or one with a non-integer element. Range checks
 // are the caller's (kv.TokenID).
 func (x *Index) TokenIDs() (ids []int64, ok bool) {
+	x.complete()
 	return x.toks, x.toksDone && !x.toksBad && len(x.toks) > 0
 }
 
