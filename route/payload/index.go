@@ -140,18 +140,25 @@ func (x *Index) finish() {
 // new request starts.
 func (x *Index) Reset() { x.reset(nil, false) }
 
+// reset clears every field but the buffers (field by field: zeroing the
+// whole struct would also clear modelBuf, a cost on every decision). A new
+// field must be cleared here; TestIndexReuse catches stale state.
 func (x *Index) reset(body []byte, cut bool) {
-	members, pieces, toks := x.members[:0], x.pieces[:0], x.toks[:0]
-	if cap(members) > maxKeep {
-		members = nil
+	x.body, x.cut, x.scans = body, cut, 0
+	x.s, x.done = scanner{}, false
+	x.object, x.open, x.empty = false, -1, false
+	x.members = keep(x.members)
+	x.modelSeen, x.modelRaw, x.model = false, nil, nil
+	x.pieces, x.promptFound, x.promptStop = keep(x.pieces), false, false
+	x.toks, x.toksTry, x.toksOn, x.toksAt, x.toksBad, x.toksDone = keep(x.toks), false, false, 0, false, false
+}
+
+// keep empties a buffer for reuse, unless it grew past maxKeep.
+func keep[T any](b []T) []T {
+	if cap(b) > maxKeep {
+		return nil
 	}
-	if cap(pieces) > maxKeep {
-		pieces = nil
-	}
-	if cap(toks) > maxKeep {
-		toks = nil
-	}
-	*x = Index{body: body, cut: cut, open: -1, members: members, pieces: pieces, toks: toks}
+	return b[:0]
 }
 
 // member reads one top-level member; the cursor is on its value.

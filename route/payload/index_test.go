@@ -3,6 +3,7 @@ package payload
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -299,5 +300,33 @@ func TestBuildStopsAfterModel(t *testing.T) {
 	x = index(`{"prompt":[1,2],"model":"m"}`)
 	if len(x.pieces) != 2 || string(x.Model()) != "m" {
 		t.Fatalf("model last: %d pieces, model %q", len(x.pieces), x.Model())
+	}
+}
+
+// summary is everything an Index answers, for comparisons.
+func summary(x *Index) string {
+	var r recSink
+	found := x.Prompt(&r)
+	ids, ok := x.TokenIDs()
+	var keys []string
+	for _, m := range x.Members() {
+		keys = append(keys, string(x.Raw(m.Key))+"="+string(x.Raw(m.Value)))
+	}
+	return fmt.Sprintf("model %q/%q prompt %q %v ids %v %v object %v open %d empty %v cut %v keys %q scans %d",
+		x.ModelRaw(), x.Model(), r.b.String(), found, ids, ok, x.Object(), x.Open(), x.empty, x.Cut(), keys, x.Scans())
+}
+
+// A reused Index answers exactly as a fresh one, whatever it held before.
+func TestIndexReuseTable(t *testing.T) {
+	var reused Index
+	for i, a := range refBodies {
+		b := refBodies[(i*7+3)%len(refBodies)]
+		reused.Build([]byte(a), i%2 == 0)
+		reused.Prompt(&recSink{}) // finish a's pass
+		reused.Reset()
+		reused.Build([]byte(b), false)
+		if got, want := summary(&reused), summary(index(b)); got != want {
+			t.Fatalf("after %q, %q:\n got %s\nwant %s", a, b, got, want)
+		}
 	}
 }
