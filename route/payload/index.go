@@ -51,10 +51,12 @@ type Index struct {
 	promptStop bool
 
 	// Token ids of a completions prompt ([int...] or the first of [[int...]]).
-	toks    []int64
-	toksTry bool // the first "prompt" key was seen
-	toksOn  bool // recording the first token list
-	toksAt  int  // offset of the first prompt list's '['
+	ids []int64 // every token id of the prompt, in order (pieces point here)
+	// The first token list is ids[toksFrom:toksTo].
+	toksFrom, toksTo int
+	toksTry          bool // the first "prompt" key was seen
+	toksOn           bool // recording the first token list
+	toksAt           int  // offset of the first prompt list's '['
 
 	toksBad  bool
 	toksDone bool // the list closed
@@ -150,7 +152,8 @@ func (x *Index) reset(body []byte, cut bool) {
 	x.members = keep(x.members)
 	x.modelSeen, x.modelRaw, x.model = false, nil, nil
 	x.pieces, x.promptFound, x.promptStop = keep(x.pieces), false, false
-	x.toks, x.toksTry, x.toksOn, x.toksAt, x.toksBad, x.toksDone = keep(x.toks), false, false, 0, false, false
+	x.ids, x.toksFrom, x.toksTo = keep(x.ids), 0, 0
+	x.toksTry, x.toksOn, x.toksAt, x.toksBad, x.toksDone = false, false, 0, false, false
 }
 
 // keep empties a buffer for reuse, unless it grew past maxKeep.

@@ -298,7 +298,7 @@ func TestBuildStopsAfterModel(t *testing.T) {
 	}
 	// A model after the prompt: the prompt was read on the way to it.
 	x = index(`{"prompt":[1,2],"model":"m"}`)
-	if len(x.pieces) != 2 || string(x.Model()) != "m" {
+	if len(x.pieces) != 1 || x.pieces[0].end-x.pieces[0].off != 2 || string(x.Model()) != "m" {
 		t.Fatalf("model last: %d pieces, model %q", len(x.pieces), x.Model())
 	}
 }

@@ -19,11 +19,12 @@ type pieceKind uint8
 const (
 	pieceText pieceKind = iota
 	pieceSep
-	pieceToken
+	pieceTokens
 )
 
 // piece is one step of the prompt stream: a text span of the body, a
-// separator (in tok) or a token id.
+// separator (in tok) or a run of token ids (ids[off:end]: a 1k-token prompt
+// is one piece, not 1k).
 type piece struct {
 	off, end int32
 	tok      int64
@@ -43,7 +44,9 @@ func (x *Index) Prompt(sink PromptSink) bool {
 		case pieceSep:
 			sink.Sep(byte(p.tok))
 		default:
-			sink.Token(p.tok)
+			for _, id := range x.ids[p.off:p.end] {
+				sink.Token(id)
+			}
 		}
 	}
 	return x.promptFound
@@ -55,7 +58,7 @@ func (x *Index) Prompt(sink PromptSink) bool {
 // are the caller's (kv.TokenID).
 func (x *Index) TokenIDs() (ids []int64, ok bool) {
 	x.complete()
-	return x.toks, x.toksDone && !x.toksBad && len(x.toks) > 0
+	return x.ids[x.toksFrom:x.toksTo], x.toksDone && !x.toksBad && x.toksTo > x.toksFrom
 }
 
 // The walker below reads the prompt while Build passes over it. It is
@@ -155,7 +158,10 @@ func (x *Index) completion() bool {
 	case '"':
 		return x.text()
 	case '[':
-		x.toksOn, x.toksAt = first, x.s.i
+		if first {
+			x.toksOn, x.toksAt = true, x.s.i
+			x.toksFrom, x.toksTo = len(x.ids), len(x.ids)
+		}
 		ok := x.s.array(x.promptElem)
 		if x.toksOn { // a flat list of ids
 			x.toksDone, x.toksOn = ok, false
@@ -184,34 +190,52 @@ func (x *Index) promptElem() bool {
 	case c == '[':
 		// [[int...]...]: the inner list must open the outer one ("[,[" is no
 		// token prompt, however leniently the walker reads it).
-		nested := x.toksOn && !x.toksBad && len(x.toks) == 0 && onlyWS(x.body[x.toksAt+1:x.s.i])
+		nested := x.toksOn && !x.toksBad && x.toksTo == x.toksFrom && onlyWS(x.body[x.toksAt+1:x.s.i])
 		if !nested {
 			x.noTokens()
 		}
-		ok := x.s.array(x.tokenElem)
+		ok := x.s.array(x.tokenRun)
 		if nested && x.toksOn { // the first list of [[int...]...]
 			x.toksDone, x.toksOn = ok, false
 		}
 		x.sep(SepPart)
 		return ok
 	case c == '-' || (c >= '0' && c <= '9'):
-		return x.tokenElem()
+		return x.tokenRun()
 	}
 	x.noTokens()
 	return x.s.skip()
 }
 
-func (x *Index) tokenElem() bool {
-	v, ok := x.s.int()
-	if !ok {
-		x.noTokens()
-		return x.s.skip()
+// tokenRun reads a run of integer elements and the commas between them,
+// stopping before anything else (the array loop handles it): the same
+// result as one call per element, without a call per token.
+func (x *Index) tokenRun() bool {
+	for {
+		v, ok := x.s.int()
+		if !ok {
+			x.noTokens()
+			return x.s.skip()
+		}
+		if x.toksOn {
+			x.toksTo++
+		}
+		if n := len(x.pieces); n > 0 && x.pieces[n-1].kind == pieceTokens && int(x.pieces[n-1].end) == len(x.ids) {
+			x.pieces[n-1].end++
+		} else {
+			x.pieces = append(x.pieces, piece{off: int32(len(x.ids)), end: int32(len(x.ids) + 1), kind: pieceTokens})
+		}
+		x.ids = append(x.ids, v)
+	next:
+		switch c := x.s.peek(); {
+		case c == ',':
+			x.s.i++
+			goto next
+		case c == '-' || (c >= '0' && c <= '9'):
+		default:
+			return true
+		}
 	}
-	if x.toksOn {
-		x.toks = append(x.toks, v)
-	}
-	x.pieces = append(x.pieces, piece{tok: v, kind: pieceToken})
-	return true
 }
 
 func onlyWS(b []byte) bool {
