@@ -7,6 +7,7 @@
 package payload
 
 import (
+	"bytes"
 	"encoding/json"
 )
 
@@ -138,9 +139,9 @@ func (x *Index) finish() {
 	x.s = scanner{}
 }
 
-// Reset forgets the body (keeping buffers) and zeroes the scan count: a
-// new request starts.
-func (x *Index) Reset() { x.reset(nil, false) }
+// Reset zeroes the scan count: a new request starts (Build follows, and
+// clears the rest).
+func (x *Index) Reset() { x.scans = 0 }
 
 // reset clears every field but the buffers (field by field: zeroing the
 // whole struct would also clear modelBuf, a cost on every decision). A new
@@ -262,14 +263,7 @@ func (x *Index) Model() []byte { return x.model }
 // unescape resolves JSON escapes; raw is returned when there are none.
 // Escaped names are rare, so encoding/json's allocations are fine here.
 func unescape(raw, dst []byte) []byte {
-	esc := false
-	for _, c := range raw {
-		if c == '\\' {
-			esc = true
-			break
-		}
-	}
-	if !esc {
+	if bytes.IndexByte(raw, '\\') < 0 {
 		return raw
 	}
 	var s string

@@ -211,19 +211,13 @@ func (x *Index) promptElem() bool {
 // stopping before anything else (the array loop handles it): the same
 // result as one call per element, without a call per token.
 func (x *Index) tokenRun() bool {
+	start := len(x.ids)
 	for {
 		v, ok := x.s.int()
 		if !ok {
+			x.addTokens(start)
 			x.noTokens()
 			return x.s.skip()
-		}
-		if x.toksOn {
-			x.toksTo++
-		}
-		if n := len(x.pieces); n > 0 && x.pieces[n-1].kind == pieceTokens && int(x.pieces[n-1].end) == len(x.ids) {
-			x.pieces[n-1].end++
-		} else {
-			x.pieces = append(x.pieces, piece{off: int32(len(x.ids)), end: int32(len(x.ids) + 1), kind: pieceTokens})
 		}
 		x.ids = append(x.ids, v)
 	next:
@@ -233,9 +227,27 @@ func (x *Index) tokenRun() bool {
 			goto next
 		case c == '-' || (c >= '0' && c <= '9'):
 		default:
+			x.addTokens(start)
 			return true
 		}
 	}
+}
+
+// addTokens records ids[start:] as prompt pieces (extending a run that
+// ends there) and, while recording it, as the first token list.
+func (x *Index) addTokens(start int) {
+	end := len(x.ids)
+	if end == start {
+		return
+	}
+	if x.toksOn {
+		x.toksTo += end - start
+	}
+	if n := len(x.pieces); n > 0 && x.pieces[n-1].kind == pieceTokens && int(x.pieces[n-1].end) == start {
+		x.pieces[n-1].end = int32(end)
+		return
+	}
+	x.pieces = append(x.pieces, piece{off: int32(start), end: int32(end), kind: pieceTokens})
 }
 
 func onlyWS(b []byte) bool {

@@ -1,5 +1,10 @@
 package payload
 
+import (
+	"errors"
+	"strconv"
+)
+
 // The per-question scanners the Index replaced (route/payload.go and
 // route/pd.go before the one pass), kept verbatim as the reference the
 // one-pass Index must agree with (TestIndexMatchesReference, FuzzIndex).
@@ -62,8 +67,7 @@ func refValueFrom(body []byte, name string) []byte {
 }
 
 // refTokenPrompt is route's tokenPrompt without the kv.TokenID range check.
-func refTokenPrompt(body []byte) ([]int64, bool) {
-	var dst []int64
+func refTokenPrompt(body []byte, dst []int64) ([]int64, bool) {
 	s := scanner{b: refValueFrom(body, "prompt")}
 	if s.peek() != '[' {
 		return dst, false
@@ -207,4 +211,65 @@ func (w *refWalker) tokenElem() bool {
 	}
 	w.sink.token(v)
 	return true
+}
+
+func refPrefillBody(body []byte) ([]byte, error) {
+	if !refIsObject(body) {
+		return nil, errors.New("prefill body: not a JSON object")
+	}
+	out := make([]byte, 0, len(body)+len(PrefillKV)+64)
+	out = append(out, '{')
+	s := scanner{b: body}
+	sawMax, sawStream := false, false
+	first := true
+	emit := func(key string, raw []byte) {
+		if !first {
+			out = append(out, ',')
+		}
+		first = false
+		out = strconv.AppendQuote(out, key)
+		out = append(out, ':')
+		out = append(out, raw...)
+	}
+	ok := s.object(func(key []byte) bool {
+		s.ws()
+		start := s.i
+		if !s.skip() {
+			return false
+		}
+		raw := s.b[start:s.i]
+		switch string(key) {
+		case "max_tokens":
+			sawMax = true
+			raw = []byte("1")
+		case "max_completion_tokens":
+			raw = []byte("1")
+		case "stream":
+			sawStream = true
+			raw = []byte("false")
+		case "stream_options", "kv_transfer_params":
+			return true
+		}
+		if !first {
+			out = append(out, ',')
+		}
+		first = false
+		// Copy the key raw too, so escapes in keys survive unchanged.
+		out = append(out, '"')
+		out = append(out, key...)
+		out = append(out, '"', ':')
+		out = append(out, raw...)
+		return true
+	})
+	if !ok {
+		return nil, errors.New("prefill body: malformed JSON object")
+	}
+	if !sawMax {
+		emit("max_tokens", []byte("1"))
+	}
+	if !sawStream {
+		emit("stream", []byte("false"))
+	}
+	emit("kv_transfer_params", []byte(PrefillKV))
+	return append(out, '}'), nil
 }
