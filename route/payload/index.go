@@ -94,38 +94,83 @@ func (x *Index) Build(body []byte, cut bool) {
 // run reads top-level members from the cursor (the scanner's object loop,
 // made resumable), until the first "model" key when untilModel is set.
 func (x *Index) run(untilModel bool) {
+	// The top level runs on a local cursor (registers, not loads and stores
+	// through x): a model-only decision reads a few bytes and this keeps
+	// them as cheap as a bare scan. The prompt walker gets x.s.
+	s := x.s
+loop:
 	for !x.done {
-		switch x.s.peek() {
+		switch s.peek() {
 		case '}':
-			x.s.i++
-			x.s.ws()
-			x.object = x.s.i == len(x.body)
+			s.i++
+			s.ws()
+			x.object = s.i == len(x.body)
 			x.finish()
-			return
+			break loop
 		case ',':
-			x.s.i++
+			s.i++
 			continue
 		case '"':
 		default:
 			x.finish()
-			return
+			break loop
 		}
-		x.s.keyAt = x.s.i + 1
-		key, complete, _ := x.s.str()
-		if !complete || x.s.peek() != ':' {
+		keyAt := s.i + 1
+		key, complete, _ := s.str()
+		if !complete || s.peek() != ':' {
 			x.finish()
-			return
+			break loop
 		}
-		x.s.i++
-		if !x.member(key) {
+		s.i++
+		s.ws()
+		start := s.i
+		ok := true
+		switch string(key) {
+		case "model":
+			if !x.modelSeen && s.i < len(s.b) && s.b[s.i] == '"' {
+				x.modelSeen = true
+				v, complete, _ := s.str()
+				if ok = complete; ok {
+					x.modelRaw = v
+				}
+				break
+			}
+			x.modelSeen = true // only the first "model" counts
+			ok = s.skip()
+		case "messages", "input", "prompt":
+			x.s.i = s.i
+			ok = x.prompt(key)
+			s.i = x.s.i
+			if !ok && s.i < len(x.body) {
+				// A prompt of an unexpected shape (not a cut body): the
+				// prompt stops here; the value is skipped so the model, the
+				// PD keys and the object's bounds are still read. Only
+				// malformed input pays for reading this one value twice.
+				x.promptStop = true
+				s.i = start
+				ok = s.skip()
+			}
+		default:
+			ok = s.skip()
+		}
+		if !ok {
 			x.finish()
-			return
+			break loop
 		}
+		x.members = append(x.members, Member{
+			Key:   Span{int32(keyAt), int32(keyAt + len(key))},
+			Value: Span{int32(start), int32(s.i)},
+		})
 		if untilModel && x.modelSeen {
-			return
+			break
 		}
 	}
+	x.s.i = s.i
 }
+
+// Reset zeroes the scan count: a new request starts (Build follows, and
+// clears the rest).
+func (x *Index) Reset() { x.scans = 0 }
 
 // complete finishes the pass Build paused after the model.
 func (x *Index) complete() {
@@ -134,18 +179,11 @@ func (x *Index) complete() {
 	}
 }
 
-func (x *Index) finish() {
-	x.done = true
-	x.s = scanner{}
-}
-
-// Reset zeroes the scan count: a new request starts (Build follows, and
-// clears the rest).
-func (x *Index) Reset() { x.scans = 0 }
+func (x *Index) finish() { x.done = true }
 
 // reset clears every field but the buffers (field by field: zeroing the
 // whole struct would also clear modelBuf, a cost on every decision). A new
-// field must be cleared here; TestIndexReuse catches stale state.
+// field must be cleared here; TestIndexReuseTable catches stale state.
 func (x *Index) reset(body []byte, cut bool) {
 	x.body, x.cut, x.scans = body, cut, 0
 	x.s, x.done = scanner{}, false
@@ -163,49 +201,6 @@ func keep[T any](b []T) []T {
 		return nil
 	}
 	return b[:0]
-}
-
-// member reads one top-level member; the cursor is on its value.
-func (x *Index) member(key []byte) bool {
-	keyAt := x.s.keyAt
-	x.s.ws()
-	start := x.s.i
-	ok := true
-	switch string(key) {
-	case "model":
-		if !x.modelSeen && x.s.peek() == '"' {
-			x.modelSeen = true
-			v, complete, _ := x.s.str()
-			if !complete {
-				return false
-			}
-			x.modelRaw = v
-			break
-		}
-		x.modelSeen = true // only the first "model" counts
-		ok = x.s.skip()
-	case "messages", "input", "prompt":
-		ok = x.prompt(key)
-		if !ok && x.s.i < len(x.body) {
-			// A prompt of an unexpected shape (not a cut body): the prompt
-			// stops here; the value is skipped so the model, the PD keys and
-			// the object's bounds are still read. Only malformed input pays
-			// for reading this one value twice.
-			x.promptStop = true
-			x.s.i = start
-			ok = x.s.skip()
-		}
-	default:
-		ok = x.s.skip()
-	}
-	if !ok {
-		return false
-	}
-	x.members = append(x.members, Member{
-		Key:   Span{int32(keyAt), int32(keyAt + len(key))},
-		Value: Span{int32(start), int32(x.s.i)},
-	})
-	return true
 }
 
 // Scans reports how many times the Index was built since Reset (one per

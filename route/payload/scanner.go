@@ -13,9 +13,6 @@ import "bytes"
 type scanner struct {
 	b []byte
 	i int
-	// keyAt is the offset of the current object key's content (object sets
-	// it before calling fn), so callers can record where a member starts.
-	keyAt int
 }
 
 func (s *scanner) ws() {
@@ -141,7 +138,6 @@ func (s *scanner) object(fn func(key []byte) bool) bool {
 		default:
 			return false
 		}
-		s.keyAt = s.i + 1
 		key, complete, _ := s.str()
 		if !complete || s.peek() != ':' {
 			return false
