@@ -92,17 +92,17 @@ func TestTokenIDsOnePath(t *testing.T) {
 		if !ok || !slices.Equal(got, big) {
 			t.Fatalf("TokenList(%s) = %v %v", raw, got, ok)
 		}
-		got, ok = tokenPrompt(indexOf(`{"prompt":`+raw+`}`), nil)
+		got, ok = indexOf(`{"prompt":` + raw + `}`).TokenIDs()
 		if !ok || !slices.Equal(got, big) {
-			t.Fatalf("tokenPrompt(%s) = %v %v", raw, got, ok)
+			t.Fatalf("TokenIDs(%s) = %v %v", raw, got, ok)
 		}
 	}
 	for _, raw := range []string{`[4294967296]`, `[-1]`, `[1.5]`, `[99999999999999999999999]`} {
 		if got, ok := tokenize.TokenList([]byte(raw), nil); ok {
 			t.Fatalf("TokenList(%s) accepted %v", raw, got)
 		}
-		if got, ok := tokenPrompt(indexOf(`{"prompt":`+raw+`}`), nil); ok {
-			t.Fatalf("tokenPrompt(%s) accepted %v", raw, got)
+		if got, ok := indexOf(`{"prompt":` + raw + `}`).TokenIDs(); ok {
+			t.Fatalf("TokenIDs(%s) accepted %v", raw, got)
 		}
 	}
 	// The event path yields the same keys for the same ids.

@@ -12,7 +12,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/route/kv"
-	"github.com/turnout/turnout/route/payload"
 	"github.com/turnout/turnout/route/tokenize"
 )
 
@@ -109,7 +108,6 @@ type kvShared struct {
 }
 
 type kvBuf struct {
-	toks   []uint32
 	keys   []uint64
 	out    []int
 	stale  []bool
@@ -318,8 +316,7 @@ func (k *KVAware) requestKeys(r *Request, bs int, b *kvBuf) ([]uint64, error) {
 	if bs <= 0 {
 		return nil, errors.New("block size not known yet")
 	}
-	if toks, ok := tokenPrompt(r.Payload, b.toks[:0]); ok {
-		b.toks = toks
+	if toks, ok := r.Payload.TokenIDs(); ok {
 		k.tokenIDs.Add(1)
 		if cap(b.keys) < len(toks)/bs+1 {
 			b.keys = make([]uint64, 0, len(toks)/bs+1)
@@ -343,16 +340,6 @@ func (k *KVAware) requestKeys(r *Request, bs int, b *kvBuf) ([]uint64, error) {
 	}
 	k.tokenized.Add(1)
 	return keys, nil
-}
-
-// tokenPrompt returns a completions prompt given as token ids ([int...] or
-// the first of [[int...]...]) in kv.TokenID's range, from the index.
-func tokenPrompt(x *payload.Index, dst []uint32) ([]uint32, bool) {
-	ids, ok := x.TokenIDs()
-	if !ok {
-		return dst, false
-	}
-	return tokenize.AppendIDs(dst, ids)
 }
 
 // WriteMetrics implements MetricsWriter.

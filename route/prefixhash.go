@@ -67,9 +67,9 @@ func (h *prefixHasher) Sep(b byte) {
 	h.Text(one[:])
 }
 
-func (h *prefixHasher) Token(id int64) {
+func (h *prefixHasher) Token(id uint32) {
 	var t [4]byte
-	binary.LittleEndian.PutUint32(t[:], uint32(id))
+	binary.LittleEndian.PutUint32(t[:], id)
 	h.Text(t[:])
 }
 

@@ -52,15 +52,16 @@ type Index struct {
 	promptStop bool
 
 	// Token ids of a completions prompt ([int...] or the first of [[int...]]).
-	ids []int64 // every token id of the prompt, in order (pieces point here)
+	ids []uint32 // every token id of the prompt, in order (pieces point here)
 	// The first token list is ids[toksFrom:toksTo].
 	toksFrom, toksTo int
 	toksTry          bool // the first "prompt" key was seen
 	toksOn           bool // recording the first token list
 	toksAt           int  // offset of the first prompt list's '['
 
-	toksBad  bool
-	toksDone bool // the list closed
+	toksBad   bool
+	toksRange bool // an id of the first list is outside [0, 2^32)
+	toksDone  bool // the list closed
 }
 
 // maxKeep bounds the capacity a reused Index keeps between requests: a
@@ -192,7 +193,7 @@ func (x *Index) reset(body []byte, cut bool) {
 	x.modelSeen, x.modelRaw, x.model = false, nil, nil
 	x.pieces, x.promptFound, x.promptStop = keep(x.pieces), false, false
 	x.ids, x.toksFrom, x.toksTo = keep(x.ids), 0, 0
-	x.toksTry, x.toksOn, x.toksAt, x.toksBad, x.toksDone = false, false, 0, false, false
+	x.toksTry, x.toksOn, x.toksAt, x.toksBad, x.toksRange, x.toksDone = false, false, 0, false, false, false
 }
 
 // keep empties a buffer for reuse, unless it grew past maxKeep.

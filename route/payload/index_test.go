@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -46,7 +47,14 @@ func refCompare(t *testing.T, b []byte) {
 	}
 	gt, gok := x.TokenIDs()
 	wt, wok := refTokenPrompt(b, nil)
-	if gok != wok || (gok && !slices.Equal(gt, wt)) {
+	var w32 []uint32
+	for _, v := range wt {
+		if v < 0 || v > math.MaxUint32 {
+			wok = false // out of kv.TokenID's range: refused
+		}
+		w32 = append(w32, uint32(v))
+	}
+	if gok != wok || (gok && !slices.Equal(gt, w32)) {
 		t.Fatalf("%q: TokenIDs %v %v, reference %v %v", b, gt, gok, wt, wok)
 	}
 }
@@ -69,6 +77,9 @@ var refBodies = []string{
 	`{"prompt":[1,2`,
 	`{"prompt":[[1,2],[3`,
 	`{"prompt":[99999999999999999999]}`,
+	`{"prompt":[[1,2],[-1]]}`,
+	`{"prompt":[[4294967296]]}`,
+	`{"prompt":[0,4294967295,-1]}`,
 	`{"prompt":"p","prompt":[1,2]}`,
 	`{"prompt":[1],"prompt":[2]}`,
 	`{"input":[{"role":"user","content":[{"type":"input_text","text":"Q"}]},"s"]}`,

@@ -26,22 +26,22 @@ func (v *viewSink) Text(p []byte) {
 	}
 	v.last = at + uintptr(len(p))
 }
-func (v *viewSink) Sep(byte)    {}
-func (v *viewSink) Token(int64) {}
+func (v *viewSink) Sep(byte)     {}
+func (v *viewSink) Token(uint32) {}
 
 // recSink records the prompt stream for assertions.
 type recSink struct{ b bytes.Buffer }
 
-func (r *recSink) Text(p []byte)  { r.b.Write(p) }
-func (r *recSink) Sep(c byte)     { r.b.WriteByte('|') }
-func (r *recSink) Token(id int64) { fmt.Fprintf(&r.b, "<%d>", id) }
+func (r *recSink) Text(p []byte)   { r.b.Write(p) }
+func (r *recSink) Sep(c byte)      { r.b.WriteByte('|') }
+func (r *recSink) Token(id uint32) { fmt.Fprintf(&r.b, "<%d>", id) }
 
 // refRec adapts recSink to the reference walker's sink.
 type refRec struct{ recSink }
 
 func (r *refRec) text(p []byte)  { r.Text(p) }
 func (r *refRec) sep(c byte)     { r.Sep(c) }
-func (r *refRec) token(id int64) { r.Token(id) }
+func (r *refRec) token(id int64) { r.Token(uint32(id)) }
 
 func index(body string) *Index {
 	var x Index
@@ -82,7 +82,7 @@ func TestPrompt(t *testing.T) {
 		{"chat null content", `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}]}`, "assistant||", true},
 		{"prompt string", `{"prompt":"hello world"}`, "hello world", true},
 		{"prompt strings", `{"prompt":["a","b"]}`, "a|b|", true},
-		{"prompt tokens", `{"prompt":[1,2,-3]}`, "<1><2><-3>", true},
+		{"prompt tokens", `{"prompt":[1,2,-3]}`, "<1><2><4294967293>", true},
 		{"prompt token arrays", `{"prompt":[[1,2],[3]]}`, "<1><2>|<3>|", true},
 		{"responses string", `{"input":"tell me"}`, "tell me", true},
 		{"responses items", `{"input":[{"role":"user","content":[{"type":"input_text","text":"Q"}]},{"type":"message","role":"assistant","content":"A"}]}`, "user|Q|assistant|A|", true},

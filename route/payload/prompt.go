@@ -1,10 +1,14 @@
 package payload
 
+import "math"
+
 // PromptSink receives a request's prompt in order (the prefix hasher).
 type PromptSink interface {
 	Text(p []byte) // a piece of text (raw JSON string content, escapes kept)
 	Sep(b byte)    // a structural boundary (role change, message end)
-	Token(id int64)
+	// Token is a token id as engines hash it: its low 32 bits (TokenIDs
+	// refuses a prompt with an id out of that range).
+	Token(id uint32)
 }
 
 // Separator bytes fed to the sink so "ab"+"c" and "a"+"bc" differ and roles count.
@@ -54,11 +58,12 @@ func (x *Index) Prompt(sink PromptSink) bool {
 
 // TokenIDs returns a completions prompt given as token ids ([int...] or the
 // first list of [[int...]...]); ok is false for any other prompt, one cut
-// before its list closed, or one with a non-integer element. Range checks
-// are the caller's (kv.TokenID).
-func (x *Index) TokenIDs() (ids []int64, ok bool) {
+// before its list closed, or one with an element that is no integer in
+// [0, 2^32) (the range of kv.TokenID: such ids would hash apart from KV
+// events). ids is a view into the Index.
+func (x *Index) TokenIDs() (ids []uint32, ok bool) {
 	x.complete()
-	return x.ids[x.toksFrom:x.toksTo], x.toksDone && !x.toksBad && x.toksTo > x.toksFrom
+	return x.ids[x.toksFrom:x.toksTo], x.toksDone && !x.toksBad && !x.toksRange && x.toksTo > x.toksFrom
 }
 
 // The walker below reads the prompt while Build passes over it. It is
@@ -219,7 +224,10 @@ func (x *Index) tokenRun() bool {
 			x.noTokens()
 			return x.s.skip()
 		}
-		x.ids = append(x.ids, v)
+		if x.toksOn && uint64(v) > math.MaxUint32 { // negative too
+			x.toksRange = true
+		}
+		x.ids = append(x.ids, uint32(v))
 	next:
 		switch c := x.s.peek(); {
 		case c == ',':

@@ -145,11 +145,6 @@ func TokenList(raw []byte, dst []uint32) ([]uint32, bool) {
 	if !ok {
 		return dst, false
 	}
-	return AppendIDs(dst, ids)
-}
-
-// AppendIDs appends ids as kv token ids; false when one is out of range.
-func AppendIDs(dst []uint32, ids []int64) ([]uint32, bool) {
 	for _, v := range ids {
 		t, ok := kv.TokenID(v)
 		if !ok {
