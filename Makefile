@@ -37,7 +37,7 @@ bench-kube: build kube-apiserver
 
 # Quick fuzzing pass over the payload parser and the handler.
 fuzz:
-	$(GO) test ./route/ -run XXX -fuzz FuzzPayload -fuzztime 30s
+	$(GO) test ./route/payload/ -run XXX -fuzz FuzzIndex -fuzztime 30s
 	$(GO) test ./route/ -run XXX -fuzz FuzzRouteHandler -fuzztime 30s
 
 # Micro benchmarks of the decision path (see BENCHMARKS.md).

@@ -10,7 +10,8 @@
 // A decision runs these stages, without allocating:
 //  1. read (the transport): the forwarded headers (ForwardedHeaders), the
 //     original method and URI, the body up to max_body within the
-//     buffered-bytes budget and whether it was cut, into an Input;
+//     buffered-bytes budget and whether it was cut, into an Input, the body indexed in one pass (route/payload)
+//     that every later stage reads;
 //  2. deployment: the model from the body (or a model header) selects it;
 //     unknown model 404, none with several deployments 400;
 //  3. pick: the pool's Policy (round-robin, least-request, session-hash,

@@ -3,7 +3,6 @@ package route
 import (
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"net"
@@ -19,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/route/kv"
+	"github.com/turnout/turnout/route/payload"
 )
 
 // Log field names.
@@ -69,6 +69,9 @@ type Server struct {
 	kvHub *kv.Hub
 	// healthRound is set once a full round of health checks has finished.
 	healthRound atomic.Bool
+	// observe, when set (tests), sees each request's Request as the handler
+	// returns: the proof that the body is scanned once.
+	observe func(*Request)
 
 	feedbackHealth // feedback_health.go
 }
@@ -190,7 +193,8 @@ type scratch struct {
 	blocks []uint64
 	picks  [16]*Endpoint
 	buf    []byte
-	model  [256]byte
+	// idx is the request body, indexed once (route/payload).
+	idx payload.Index
 	// body holds a streamed request body (route/body.go); drop reads the
 	// part beyond max_body.
 	body []byte
@@ -206,6 +210,15 @@ func (s *Server) getScratch(maxBlocks int) *scratch {
 		sc.blocks = make([]uint64, 0, maxBlocks)
 	}
 	return sc
+}
+
+// release returns a request's scratch to the pool, after the test hook
+// (observe) saw the request.
+func (s *Server) release(sc *scratch) {
+	if s.observe != nil {
+		s.observe(&sc.req)
+	}
+	s.pool.Put(sc)
 }
 
 var (
@@ -246,7 +259,7 @@ func (s *Server) routeHTTP(ctx *fasthttp.RequestCtx) {
 	snap := s.snap.Load()
 	cfg := snap.Config
 	sc := s.getScratch(snap.maxBlocks)
-	defer s.pool.Put(sc)
+	defer s.release(sc)
 	in := &sc.in
 	in.Reset()
 	for k, v := range ctx.Request.Header.All() {
@@ -321,7 +334,7 @@ func (s *Server) pick(snap *Snapshot, p *Pool, sc *scratch, dst []*Endpoint) []*
 	r.Blocks, r.PromptBytes, r.Matched, r.Outcome, r.Reject = nil, 0, 0, OutcomeBalanced, RejectNone
 	if p.blockBytes > 0 {
 		sc.hasher.reset(p.blockBytes, sc.blocks)
-		walkPrompt(r.Body, &sc.hasher)
+		r.Payload.Prompt(&sc.hasher)
 		r.Blocks = sc.hasher.out
 		r.PromptBytes = sc.hasher.total
 		p.m.totalBlocks.Add(uint64(len(r.Blocks)))
@@ -353,28 +366,6 @@ func parseID(b []byte) (uint64, bool) {
 	}
 	v, err := strconv.ParseUint(string(b), 16, 64)
 	return v, err == nil
-}
-
-// unescapeModel resolves the JSON escapes a client may put in a model name
-// (e.g. "\/" from some encoders); plain names are returned as they are.
-func unescapeModel(raw, dst []byte) []byte {
-	esc := false
-	for _, c := range raw {
-		if c == '\\' {
-			esc = true
-			break
-		}
-	}
-	if !esc {
-		return raw
-	}
-	var s string
-	quoted := make([]byte, 0, len(raw)+2)
-	quoted = append(append(append(quoted, '"'), raw...), '"')
-	if err := json.Unmarshal(quoted, &s); err != nil || len(s) > cap(dst) {
-		return raw
-	}
-	return append(dst, s...)
 }
 
 func (s *Server) done(ctx *fasthttp.RequestCtx) {

@@ -11,6 +11,7 @@ import (
 	"github.com/turnout/turnout/internal/config"
 
 	"github.com/turnout/turnout/route/kv"
+	"github.com/turnout/turnout/route/tokenize"
 )
 
 func TestKVBindConfig(t *testing.T) {
@@ -89,21 +90,21 @@ deployments:
 func TestTokenIDsOnePath(t *testing.T) {
 	big := []uint32{0, 1 << 31, math.MaxUint32, 7}
 	for _, raw := range []string{`[0,2147483648,4294967295,7]`, `[ 0 , 2147483648, 4294967295 ,7 ]`} {
-		got, ok := tokenList([]byte(raw), nil)
+		got, ok := tokenize.TokenList([]byte(raw), nil)
 		if !ok || !slices.Equal(got, big) {
-			t.Fatalf("tokenList(%s) = %v %v", raw, got, ok)
+			t.Fatalf("TokenList(%s) = %v %v", raw, got, ok)
 		}
-		got, ok = tokenPrompt([]byte(`{"prompt":`+raw+`}`), nil)
+		got, ok = indexOf(`{"prompt":` + raw + `}`).TokenIDs()
 		if !ok || !slices.Equal(got, big) {
-			t.Fatalf("tokenPrompt(%s) = %v %v", raw, got, ok)
+			t.Fatalf("TokenIDs(%s) = %v %v", raw, got, ok)
 		}
 	}
 	for _, raw := range []string{`[4294967296]`, `[-1]`, `[1.5]`, `[99999999999999999999999]`} {
-		if got, ok := tokenList([]byte(raw), nil); ok {
-			t.Fatalf("tokenList(%s) accepted %v", raw, got)
+		if got, ok := tokenize.TokenList([]byte(raw), nil); ok {
+			t.Fatalf("TokenList(%s) accepted %v", raw, got)
 		}
-		if got, ok := tokenPrompt([]byte(`{"prompt":`+raw+`}`), nil); ok {
-			t.Fatalf("tokenPrompt(%s) accepted %v", raw, got)
+		if got, ok := indexOf(`{"prompt":` + raw + `}`).TokenIDs(); ok {
+			t.Fatalf("TokenIDs(%s) accepted %v", raw, got)
 		}
 	}
 	// The event path yields the same keys for the same ids.

@@ -4,10 +4,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/turnout/turnout/route/payload"
 )
 
 // Prefill/decode disaggregation (vLLM's kv_transfer_params protocol, as the
@@ -15,9 +16,6 @@ import (
 // replica, sends the prefill itself (max_tokens 1, not streamed, with
 // do_remote_decode), and hands the prefill's kv_transfer_params to the proxy,
 // which injects them into the request it streams to the decode replica.
-
-// prefillKV is what the prefill request asks for.
-const prefillKV = `{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`
 
 // errPrefillStatus carries a prefill replica's non-2xx answer.
 type errPrefillStatus struct {
@@ -57,13 +55,13 @@ func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, s
 			fmt.Sprintf("prefill/decode routing needs the whole request body; it is larger than max_body (%d bytes)", snap.Config.MaxBody))
 		return
 	}
-	if !isObject(r.Body) {
+	if !r.Payload.Object() {
 		s.m.errors[errBadBody].Add(1)
 		v.refuse(fasthttp.StatusBadRequest, "invalid_request_error", "invalid_body",
 			"prefill/decode routing needs a JSON object body")
 		return
 	}
-	if hasKey(r.Body, "kv_transfer_params") {
+	if r.Payload.Has(payload.KVTransferKey) {
 		s.m.errors[errBadBody].Add(1)
 		v.refuse(fasthttp.StatusBadRequest, "invalid_request_error", ReasonClientKVParams,
 			"kv_transfer_params is set by the router; clients must not send it")
@@ -97,7 +95,7 @@ func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, s
 			"no available prefill replica in pool "+d.Prefill.Name+" (pd.no_prefill: reject)")
 		return
 	}
-	kv, used, err := s.pd.prefillWithRetry(in, snap, d, prefill, r.Body, cfg.PrefillTimeout.D())
+	kv, used, err := s.pd.prefillWithRetry(in, snap, d, prefill, r.Payload, cfg.PrefillTimeout.D())
 	if err != nil {
 		var st *errPrefillStatus
 		if errors.As(err, &st) && st.status >= 400 && st.status < 500 && len(st.body) > MaxAnswerBody {
@@ -120,13 +118,13 @@ func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, s
 	v.KVTransfer = make([]byte, base64.StdEncoding.EncodedLen(len(kv)))
 	base64.StdEncoding.Encode(v.KVTransfer, kv)
 	v.Prefill = used.name
-	v.KVInsert, v.KVAt = BodyEdit(r.Body, kv, nil)
-	v.KVLen = len(r.Body) + len(v.KVInsert)
+	v.KVInsert, v.KVAt = payload.Edit(r.Payload, kv, nil)
+	v.KVLen = len(r.Payload.Body()) + len(v.KVInsert)
 }
 
 // prefillWithRetry tries the first prefill replica, then one other.
-func (c *pdClient) prefillWithRetry(in *Input, snap *Snapshot, d *Deployment, eps []*Endpoint, body []byte, timeout time.Duration) ([]byte, *Endpoint, error) {
-	pbody, err := PrefillBody(body)
+func (c *pdClient) prefillWithRetry(in *Input, snap *Snapshot, d *Deployment, eps []*Endpoint, body *payload.Index, timeout time.Duration) ([]byte, *Endpoint, error) {
+	pbody, err := payload.PrefillBody(body)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -192,141 +190,18 @@ func (c *pdClient) prefill(in *Input, snap *Snapshot, e *Endpoint, body []byte, 
 	if sc := resp.StatusCode(); sc < 200 || sc > 299 {
 		return nil, &errPrefillStatus{status: sc, body: append([]byte(nil), resp.Body()...)}
 	}
-	kv := topValue(resp.Body(), "kv_transfer_params")
+	kv := payload.TopValue(resp.Body(), payload.KVTransferKey)
 	if len(kv) == 0 || kv[0] != '{' {
 		return nil, fmt.Errorf("prefill response from %s has no kv_transfer_params object", e.Name)
 	}
 	return append([]byte(nil), kv...), nil
 }
 
-// isObject reports whether body is one complete JSON object (nothing after it).
-func isObject(body []byte) bool {
-	s := scanner{b: body}
-	if s.peek() != '{' || !s.skip() {
-		return false
-	}
-	s.ws()
-	return s.i == len(s.b)
-}
-
-// valueFrom returns the body from the start of a top-level key's value to
-// the end, without scanning the value (callers parse what they need).
-func valueFrom(body []byte, name string) []byte {
-	s := scanner{b: body}
-	var v []byte
-	s.object(func(key []byte) bool {
-		if string(key) == name {
-			s.ws()
-			v = s.b[s.i:]
-			return false
-		}
-		return s.skip()
-	})
-	return v
-}
-
-// topValue returns the raw JSON value of a top-level key.
-func topValue(body []byte, name string) []byte {
-	s := scanner{b: body}
-	var v []byte
-	s.object(func(key []byte) bool {
-		s.ws()
-		start := s.i
-		if !s.skip() {
-			return false
-		}
-		if string(key) == name {
-			v = s.b[start:s.i]
-			return false
-		}
-		return true
-	})
-	return v
-}
-
-// PrefillBody rewrites a request body for the prefill replica: max_tokens 1
-// (and max_completion_tokens 1 when present), stream false, no
-// stream_options, and kv_transfer_params asking for a remote decode. Every
-// other key is copied byte for byte, in order (numbers and unicode untouched).
-func PrefillBody(body []byte) ([]byte, error) {
-	if !isObject(body) {
-		return nil, errors.New("prefill body: not a JSON object")
-	}
-	out := make([]byte, 0, len(body)+len(prefillKV)+64)
-	out = append(out, '{')
-	s := scanner{b: body}
-	sawMax, sawStream := false, false
-	first := true
-	emit := func(key string, raw []byte) {
-		if !first {
-			out = append(out, ',')
-		}
-		first = false
-		out = strconv.AppendQuote(out, key)
-		out = append(out, ':')
-		out = append(out, raw...)
-	}
-	ok := s.object(func(key []byte) bool {
-		s.ws()
-		start := s.i
-		if !s.skip() {
-			return false
-		}
-		raw := s.b[start:s.i]
-		switch string(key) {
-		case "max_tokens":
-			sawMax = true
-			raw = []byte("1")
-		case "max_completion_tokens":
-			raw = []byte("1")
-		case "stream":
-			sawStream = true
-			raw = []byte("false")
-		case "stream_options", "kv_transfer_params":
-			return true
-		}
-		if !first {
-			out = append(out, ',')
-		}
-		first = false
-		// Copy the key raw too, so escapes in keys survive unchanged.
-		out = append(out, '"')
-		out = append(out, key...)
-		out = append(out, '"', ':')
-		out = append(out, raw...)
-		return true
-	})
-	if !ok {
-		return nil, errors.New("prefill body: malformed JSON object")
-	}
-	if !sawMax {
-		emit("max_tokens", []byte("1"))
-	}
-	if !sawStream {
-		emit("stream", []byte("false"))
-	}
-	emit("kv_transfer_params", []byte(prefillKV))
-	return append(out, '}'), nil
-}
-
 // DecodeBody injects kv_transfer_params (raw JSON object) into a request
-// body, as the proxy glue does for the decode replica. It is the reference
-// the Lua and njs implementations are tested against.
+// body, as the proxy glue does for the decode replica: payload.DecodeBody,
+// the reference the Lua, njs and SPOE implementations are tested against.
 func DecodeBody(body, kv []byte) ([]byte, error) {
-	if !isObject(body) {
-		return nil, errors.New("decode body: not a JSON object")
-	}
-	s := scanner{b: body}
-	s.peek()
-	open := s.i + 1
-	s.i = open
-	empty := s.peek() == '}'
-	out := make([]byte, 0, len(body)+len(kv)+32)
-	out = append(out, body[:open]...)
-	out = append(out, `"kv_transfer_params":`...)
-	out = append(out, kv...)
-	if !empty {
-		out = append(out, ',')
-	}
-	return append(out, body[open:]...), nil
+	var x payload.Index
+	x.Build(body, false)
+	return payload.DecodeBody(&x, kv)
 }

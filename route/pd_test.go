@@ -13,35 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-func TestPrefillBody(t *testing.T) {
-	for _, tc := range []struct{ name, in, want string }{
-		{"chat stream", `{"model":"m","messages":[{"role":"user","content":"héllo ✓ \u00e9"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":200,"temperature":0.70}`,
-			`{"model":"m","messages":[{"role":"user","content":"héllo ✓ \u00e9"}],"stream":false,"max_tokens":1,"temperature":0.70,"kv_transfer_params":` + prefillKV + `}`},
-		{"completions no max", `{"model":"m","prompt":[1,2,3],"seed":12345678901234567890}`,
-			`{"model":"m","prompt":[1,2,3],"seed":12345678901234567890,"max_tokens":1,"stream":false,"kv_transfer_params":` + prefillKV + `}`},
-		{"max_completion_tokens", `{"max_completion_tokens":99,"messages":[],"n":1e3}`,
-			`{"max_completion_tokens":1,"messages":[],"n":1e3,"max_tokens":1,"stream":false,"kv_transfer_params":` + prefillKV + `}`},
-		{"empty object", `{}`, `{"max_tokens":1,"stream":false,"kv_transfer_params":` + prefillKV + `}`},
-		{"whitespace kept inside values", "{ \"model\" : \"m\" , \"x\" : [ 1 , 2 ] }", `{"model":"m","x":[ 1 , 2 ],"max_tokens":1,"stream":false,"kv_transfer_params":` + prefillKV + `}`},
-		{"escaped key", `{"a\"b":1}`, `{"a\"b":1,"max_tokens":1,"stream":false,"kv_transfer_params":` + prefillKV + `}`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := PrefillBody([]byte(tc.in))
-			if err != nil || string(got) != tc.want {
-				t.Fatalf("PrefillBody:\n got %s (%v)\nwant %s", got, err, tc.want)
-			}
-			if !json.Valid(got) {
-				t.Fatalf("invalid JSON: %s", got)
-			}
-		})
-	}
-	for _, bad := range []string{`[1]`, `{"a":1} x`, `{"a":`, `nope`, ``} {
-		if _, err := PrefillBody([]byte(bad)); err == nil {
-			t.Fatalf("PrefillBody(%q) accepted", bad)
-		}
-	}
-}
-
+// route.DecodeBody is the glue's reference; it must stay payload.DecodeBody.
 func TestDecodeBody(t *testing.T) {
 	kv := `{"do_remote_prefill":true,"remote_block_ids":[1,2],"remote_engine_id":"e","remote_host":"h","remote_port":5}`
 	for _, tc := range []struct{ in, want string }{

@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/route/kv"
+	"github.com/turnout/turnout/route/payload"
 )
 
 // Request is what a policy sees of one request. Byte slices are views into
@@ -27,8 +28,9 @@ type Request struct {
 	PromptBytes int
 	// Truncated is set when the proxy forwarded only a prefix of the body.
 	Truncated bool
-	// Body is the raw request body (view), for policies that read more.
-	Body []byte
+	// Payload is the request body, indexed once (model, prompt pieces, token
+	// ids, top-level members); policies read it instead of the body.
+	Payload *payload.Index
 
 	// Outcome is set by the policy for metrics.
 	Outcome Outcome

@@ -9,13 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/turnout/turnout/internal/config"
-
-	"github.com/cespare/xxhash/v2"
 	"github.com/rs/zerolog"
-	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/kv"
+	"github.com/turnout/turnout/route/tokenize"
 )
 
 // KVAwareType is the registry name of KVAware.
@@ -87,7 +85,7 @@ type KVAware struct {
 	pool     string
 	eps      []kv.Endpoint
 	fallback *PrefixAffinity
-	tok      *tokenizer
+	tok      *tokenize.Client
 	rnd      *Rand
 
 	// Shared with the policies of later snapshots (Carry).
@@ -111,7 +109,6 @@ type kvShared struct {
 }
 
 type kvBuf struct {
-	toks   []uint32
 	keys   []uint64
 	out    []int
 	stale  []bool
@@ -168,7 +165,7 @@ func NewKVAware(cfg KVAwareConfig, env PolicyEnv) *KVAware {
 			addrs = append(addrs, e.Address)
 		}
 	}
-	k.tok = newTokenizer(cfg.Tokenizer, addrs)
+	k.tok = tokenize.New(tokenize.Options{Timeout: cfg.Tokenizer.Timeout.D(), CacheEntries: cfg.Tokenizer.CacheEntries}, addrs)
 	return k
 }
 
@@ -181,7 +178,7 @@ func (k *KVAware) Carry(prev Policy) {
 	}
 	old.sh.adopted.Store(true)
 	k.sh = &kvShared{idx: old.sh.idx, mgr: old.sh.mgr}
-	k.tok.adopt(old.tok)
+	k.tok.Adopt(old.tok)
 	k.fallback.Carry(old.fallback)
 }
 
@@ -232,7 +229,7 @@ func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 	if err != nil || len(keys) == 0 {
 		if k.cfg.Strict {
 			switch {
-			case errors.Is(err, errTokenizer):
+			case errors.Is(err, tokenize.ErrUnavailable):
 				r.Reject = RejectUnavailable
 			default:
 				r.Reject = RejectBadBody
@@ -240,13 +237,13 @@ func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 			return dst
 		}
 		k.fallbacks.Add(1)
-		// The fallback's prompt hashes are computed only here, so the
-		// token path does not pay for a second pass over the body.
-		if n := len(r.Body)/k.cfg.Fallback.BlockBytes + 1; cap(b.blocks) < n {
+		// The fallback's prompt hashes are computed only here (from the
+		// payload index), so the token path does not pay for hashing.
+		if n := len(r.Payload.Body())/k.cfg.Fallback.BlockBytes + 1; cap(b.blocks) < n {
 			b.blocks = make([]uint64, 0, n)
 		}
 		b.hasher.reset(k.cfg.Fallback.BlockBytes, b.blocks)
-		walkPrompt(r.Body, &b.hasher)
+		r.Payload.Prompt(&b.hasher)
 		r.Blocks, r.PromptBytes = b.hasher.out, b.hasher.total
 		return k.fallback.Pick(r, p, dst)
 	}
@@ -314,16 +311,13 @@ func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 	return dst
 }
 
-var errTokenizer = errors.New("tokenizer unavailable")
-
 // requestKeys returns the request's block keys: from token-id prompts
 // directly, else through the tokenizer (cached).
 func (k *KVAware) requestKeys(r *Request, bs int, b *kvBuf) ([]uint64, error) {
 	if bs <= 0 {
 		return nil, errors.New("block size not known yet")
 	}
-	if toks, ok := tokenPrompt(r.Body, b.toks[:0]); ok {
-		b.toks = toks
+	if toks, ok := r.Payload.TokenIDs(); ok {
 		k.tokenIDs.Add(1)
 		if cap(b.keys) < len(toks)/bs+1 {
 			b.keys = make([]uint64, 0, len(toks)/bs+1)
@@ -334,46 +328,19 @@ func (k *KVAware) requestKeys(r *Request, bs int, b *kvBuf) ([]uint64, error) {
 	if k.cfg.Tokenizer.Mode != "remote" || r.Truncated {
 		return nil, errors.New("no token ids")
 	}
-	keys, err := k.tok.keys(r.Body, r.Model, bs)
+	// The tokenizer gets the request's own JSON for the prompt, as vLLM's
+	// /tokenize takes it (messages, else prompt).
+	field, raw := "messages", r.Payload.Value("messages")
+	if len(raw) == 0 {
+		field, raw = "prompt", r.Payload.Value("prompt")
+	}
+	keys, err := k.tok.Keys(field, raw, r.Model, bs)
 	if err != nil {
 		k.tokenizeErrs.Add(1)
 		return nil, err
 	}
 	k.tokenized.Add(1)
 	return keys, nil
-}
-
-// tokenPrompt reads a completions prompt given as token ids ([int...] or the
-// first of [[int...]...]).
-func tokenPrompt(body []byte, dst []uint32) ([]uint32, bool) {
-	s := scanner{b: valueFrom(body, "prompt")}
-	if s.peek() != '[' {
-		return dst, false
-	}
-	s.i++
-	if s.peek() == '[' {
-		s.i++
-	}
-	for {
-		switch c := s.peek(); {
-		case c == ',':
-			s.i++
-		case c == '-' || (c >= '0' && c <= '9'):
-			v, ok := s.int()
-			if !ok {
-				return dst, false
-			}
-			t, ok := kv.TokenID(v)
-			if !ok {
-				return dst, false
-			}
-			dst = append(dst, t)
-		case c == ']':
-			return dst, len(dst) > 0
-		default:
-			return dst, false
-		}
-	}
 }
 
 // WriteMetrics implements MetricsWriter.
@@ -388,7 +355,7 @@ func (k *KVAware) WriteMetrics(p *Pool, b *strings.Builder) {
 	fmt.Fprintf(b, "turnout_kv_tokenize_total{pool=%q,result=\"ok\"} %d\n", p.Name, k.tokenized.Load())
 	fmt.Fprintf(b, "turnout_kv_tokenize_total{pool=%q,result=\"error\"} %d\n", p.Name, k.tokenizeErrs.Load())
 	fmt.Fprintf(b, "turnout_kv_token_id_prompts_total{pool=%q} %d\n", p.Name, k.tokenIDs.Load())
-	fmt.Fprintf(b, "turnout_kv_tokenizer_cache_hits_total{pool=%q} %d\n", p.Name, k.tok.hits.Load())
+	fmt.Fprintf(b, "turnout_kv_tokenizer_cache_hits_total{pool=%q} %d\n", p.Name, k.tok.Hits())
 	for name, s := range k.sh.mgr.Stats() {
 		fmt.Fprintf(b, "turnout_kv_events_total{pool=%q,endpoint=%q} %d\n", p.Name, name, s.Events)
 		fmt.Fprintf(b, "turnout_kv_event_gaps_total{pool=%q,endpoint=%q} %d\n", p.Name, name, s.Gaps)
@@ -398,148 +365,6 @@ func (k *KVAware) WriteMetrics(p *Pool, b *strings.Builder) {
 			fmt.Fprintf(b, "turnout_kv_events_rejected_total{pool=%q,endpoint=%q,reason=%q} %d\n", p.Name, name, kv.RejectReason(r), n)
 		}
 	}
-}
-
-// tokenizer calls vLLM's /tokenize with a bounded cache of block keys.
-type tokenizer struct {
-	cfg   TokenizerConfig
-	addrs []string
-	next  atomic.Uint64
-	c     *fasthttp.Client
-	hits  atomic.Uint64
-
-	mu    sync.Mutex
-	cache map[uint64][]uint64
-	order []uint64 // FIFO ring for eviction
-	pos   int
-}
-
-func newTokenizer(cfg TokenizerConfig, addrs []string) *tokenizer {
-	return &tokenizer{
-		cfg: cfg, addrs: addrs,
-		c:     &fasthttp.Client{Name: "turnout-tokenize", NoDefaultUserAgentHeader: true, MaxIdleConnDuration: time.Minute},
-		cache: map[uint64][]uint64{},
-		order: make([]uint64, max(cfg.CacheEntries, 1)),
-	}
-}
-
-func (t *tokenizer) adopt(old *tokenizer) {
-	if old.cfg.CacheEntries != t.cfg.CacheEntries {
-		return
-	}
-	old.mu.Lock()
-	defer old.mu.Unlock()
-	t.cache, t.order, t.pos = old.cache, old.order, old.pos
-}
-
-// keys returns the block keys of the request's prompt, tokenized remotely.
-func (t *tokenizer) keys(body, model []byte, bs int) ([]uint64, error) {
-	field, raw := "messages", topValue(body, "messages")
-	if len(raw) == 0 {
-		field, raw = "prompt", topValue(body, "prompt")
-	}
-	if len(raw) == 0 {
-		return nil, errors.New("no prompt")
-	}
-	var d xxhash.Digest
-	d.ResetWithSeed(uint64(bs))
-	_, _ = d.Write(model)
-	_, _ = d.WriteString(field)
-	_, _ = d.Write(raw)
-	h := d.Sum64()
-	if t.cfg.CacheEntries > 0 {
-		t.mu.Lock()
-		keys, ok := t.cache[h]
-		t.mu.Unlock()
-		if ok {
-			t.hits.Add(1)
-			return keys, nil
-		}
-	}
-	toks, err := t.call(field, raw, model)
-	if err != nil {
-		return nil, err
-	}
-	keys := kv.BlockKeys(toks, bs, make([]uint64, 0, len(toks)/bs+1))
-	if t.cfg.CacheEntries > 0 {
-		t.mu.Lock()
-		if old := t.order[t.pos]; old != 0 {
-			delete(t.cache, old)
-		}
-		t.order[t.pos] = h
-		t.pos = (t.pos + 1) % len(t.order)
-		t.cache[h] = keys
-		t.mu.Unlock()
-	}
-	return keys, nil
-}
-
-func (t *tokenizer) call(field string, raw, model []byte) ([]uint32, error) {
-	if len(t.addrs) == 0 {
-		return nil, fmt.Errorf("%w: no tokenizer address", errTokenizer)
-	}
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	addr := t.addrs[int(t.next.Add(1))%len(t.addrs)]
-	req.SetRequestURI("http://" + addr + "/tokenize")
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.Header.SetContentType("application/json")
-	body := make([]byte, 0, len(raw)+len(model)+40)
-	body = append(body, `{"model":`...)
-	body = appendJSONString(body, model)
-	body = append(body, `,"`...)
-	body = append(body, field...)
-	body = append(body, `":`...)
-	body = append(body, raw...)
-	body = append(body, '}')
-	req.SetBody(body)
-	if err := t.c.DoTimeout(req, resp, t.cfg.Timeout.D()); err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", errTokenizer, addr, err)
-	}
-	if resp.StatusCode() != 200 {
-		return nil, fmt.Errorf("%w: %s answered %d", errTokenizer, addr, resp.StatusCode())
-	}
-	toks, ok := tokenList(topValue(resp.Body(), "tokens"), nil)
-	if !ok {
-		return nil, fmt.Errorf("%w: %s: no tokens in response", errTokenizer, addr)
-	}
-	return toks, nil
-}
-
-// tokenList parses a JSON array of token ids (kv.TokenID's range).
-func tokenList(raw []byte, dst []uint32) ([]uint32, bool) {
-	s := scanner{b: raw}
-	ok := s.array(func() bool {
-		v, ok := s.int()
-		if !ok {
-			return false
-		}
-		t, ok := kv.TokenID(v)
-		if ok {
-			dst = append(dst, t)
-		}
-		return ok
-	})
-	return dst, ok
-}
-
-// appendJSONString quotes b as a JSON string.
-func appendJSONString(dst, b []byte) []byte {
-	dst = append(dst, '"')
-	for _, c := range b {
-		switch {
-		case c == '"' || c == '\\':
-			dst = append(dst, '\\', c)
-		case c < 0x20:
-			dst = append(dst, `\u00`...)
-			dst = append(dst, "0123456789abcdef"[c>>4], "0123456789abcdef"[c&0xf])
-		default:
-			dst = append(dst, c)
-		}
-	}
-	return append(dst, '"')
 }
 
 var (

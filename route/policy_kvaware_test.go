@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/route/kv"
+	"github.com/turnout/turnout/route/payload"
 )
 
 func kvServer(t *testing.T, params string) (*Server, *KVAware) {
@@ -158,7 +159,7 @@ func TestKVAwareRemoteTokenizer(t *testing.T) {
 	}
 }
 
-func topValueString(body, key string) string { return string(topValue([]byte(body), key)) }
+func topValueString(body, key string) string { return string(payload.TopValue([]byte(body), key)) }
 
 func TestKVAwareTokenPromptAllocs(t *testing.T) {
 	s, k := kvServer(t, "block_size: 16, tokenizer: {mode: none}")

@@ -221,9 +221,9 @@ func TestSessionHashNoSessionFallsBack(t *testing.T) {
 func blocksOf(prefix string, n int) []uint64 {
 	var h prefixHasher
 	h.reset(64, make([]uint64, 0, 4096))
-	h.text([]byte(prefix))
+	h.Text([]byte(prefix))
 	for i := 0; i < n; i++ {
-		h.text([]byte(fmt.Sprintf("%063d|", i)))
+		h.Text([]byte(fmt.Sprintf("%063d|", i)))
 	}
 	return h.out
 }
@@ -412,7 +412,7 @@ func TestPrefixAffinitySessionTiesOnly(t *testing.T) {
 func TestPrefixHashPinned(t *testing.T) {
 	var h prefixHasher
 	h.reset(16, make([]uint64, 0, 4))
-	h.text([]byte("0123456789abcdef0123456789ABCDEF"))
+	h.Text([]byte("0123456789abcdef0123456789ABCDEF"))
 	got := fmt.Sprintf("%#x,%#x mix=%#x", h.out[0], h.out[1], mix64(42))
 	if want := "0x3f955f4606c2a1bc,0x3e4bcc940fe9ba85 mix=0xa759ea27d4727622"; got != want {
 		t.Fatalf("pinned hashes changed: %s", got)

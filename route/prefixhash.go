@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/turnout/turnout/route/payload"
 )
 
 // MaxBlockBytes bounds the prefix block size so the hasher's buffer is fixed.
@@ -32,7 +34,7 @@ func (h *prefixHasher) reset(blockSize int, out []uint64) {
 	h.out = out[:0]
 }
 
-func (h *prefixHasher) text(p []byte) {
+func (h *prefixHasher) Text(p []byte) {
 	h.total += len(p)
 	for len(p) > 0 {
 		if len(h.out) == cap(h.out) {
@@ -59,17 +61,19 @@ func (h *prefixHasher) block(b []byte) {
 	h.out = append(h.out, h.prev)
 }
 
-func (h *prefixHasher) sep(b byte) {
+func (h *prefixHasher) Sep(b byte) {
 	var one [1]byte
 	one[0] = b
-	h.text(one[:])
+	h.Text(one[:])
 }
 
-func (h *prefixHasher) token(id int64) {
+func (h *prefixHasher) Token(id uint32) {
 	var t [4]byte
-	binary.LittleEndian.PutUint32(t[:], uint32(id))
-	h.text(t[:])
+	binary.LittleEndian.PutUint32(t[:], id)
+	h.Text(t[:])
 }
+
+var _ payload.PromptSink = (*prefixHasher)(nil)
 
 // hashKey is the session hash; pinned by tests so a change that would
 // reshuffle every session fails CI.

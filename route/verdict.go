@@ -103,7 +103,7 @@ func (s *Server) Decide(in *Input, v *Verdict) {
 	snap := s.snap.Load()
 	sc := s.getScratch(snap.maxBlocks)
 	s.decideInput(snap, in, v, sc, time.Now())
-	s.pool.Put(sc)
+	s.release(sc)
 }
 
 // decideInput runs the stages of doc.go after the read: deployment, pick,
@@ -112,9 +112,10 @@ func (s *Server) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *scratch,
 	v.reset()
 	cfg := snap.Config
 	r := &sc.req
-	*r = Request{Truncated: in.Truncated, Body: in.Body}
-	if len(r.Body) > cfg.MaxBody {
-		r.Body, r.Truncated = r.Body[:cfg.MaxBody], true
+	*r = Request{Truncated: in.Truncated}
+	body := in.Body
+	if len(body) > cfg.MaxBody {
+		body, r.Truncated = body[:cfg.MaxBody], true
 	}
 	var modelHdr []byte
 	for i := range in.Headers {
@@ -134,7 +135,11 @@ func (s *Server) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *scratch,
 		}
 	}
 
-	model := unescapeModel(findModel(r.Body), sc.model[:0])
+	// The one pass over the body (route/payload): later stages read the index.
+	sc.idx.Reset() // a new request: its scan count starts at zero
+	sc.idx.Build(body, r.Truncated)
+	r.Payload = &sc.idx
+	model := sc.idx.Model()
 	if len(model) == 0 {
 		model = modelHdr
 	}

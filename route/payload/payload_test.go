@@ -1,4 +1,4 @@
-package route
+package payload
 
 import (
 	"bytes"
@@ -15,7 +15,7 @@ type viewSink struct {
 	t    *testing.T
 }
 
-func (v *viewSink) text(p []byte) {
+func (v *viewSink) Text(p []byte) {
 	if len(p) == 0 {
 		return
 	}
@@ -26,15 +26,28 @@ func (v *viewSink) text(p []byte) {
 	}
 	v.last = at + uintptr(len(p))
 }
-func (v *viewSink) sep(byte)    {}
-func (v *viewSink) token(int64) {}
+func (v *viewSink) Sep(byte)     {}
+func (v *viewSink) Token(uint32) {}
 
 // recSink records the prompt stream for assertions.
 type recSink struct{ b bytes.Buffer }
 
-func (r *recSink) text(p []byte)  { r.b.Write(p) }
-func (r *recSink) sep(c byte)     { r.b.WriteByte('|') }
-func (r *recSink) token(id int64) { fmt.Fprintf(&r.b, "<%d>", id) }
+func (r *recSink) Text(p []byte)   { r.b.Write(p) }
+func (r *recSink) Sep(c byte)      { r.b.WriteByte('|') }
+func (r *recSink) Token(id uint32) { fmt.Fprintf(&r.b, "<%d>", id) }
+
+// refRec adapts recSink to the reference walker's sink.
+type refRec struct{ recSink }
+
+func (r *refRec) text(p []byte)  { r.Text(p) }
+func (r *refRec) sep(c byte)     { r.Sep(c) }
+func (r *refRec) token(id int64) { r.Token(uint32(id)) }
+
+func index(body string) *Index {
+	var x Index
+	x.Build([]byte(body), false)
+	return &x
+}
 
 func TestFindModel(t *testing.T) {
 	for _, tc := range []struct{ name, body, want string }{
@@ -52,14 +65,14 @@ func TestFindModel(t *testing.T) {
 		{"escaped slash raw", `{"model":"meta\/llama"}`, `meta\/llama`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := string(findModel([]byte(tc.body))); got != tc.want {
-				t.Fatalf("findModel = %q, want %q", got, tc.want)
+			if got := string(index(tc.body).ModelRaw()); got != tc.want {
+				t.Fatalf("ModelRaw = %q, want %q", got, tc.want)
 			}
 		})
 	}
 }
 
-func TestWalkPrompt(t *testing.T) {
+func TestPrompt(t *testing.T) {
 	for _, tc := range []struct {
 		name, body, want string
 		found            bool
@@ -69,7 +82,7 @@ func TestWalkPrompt(t *testing.T) {
 		{"chat null content", `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}]}`, "assistant||", true},
 		{"prompt string", `{"prompt":"hello world"}`, "hello world", true},
 		{"prompt strings", `{"prompt":["a","b"]}`, "a|b|", true},
-		{"prompt tokens", `{"prompt":[1,2,-3]}`, "<1><2><-3>", true},
+		{"prompt tokens", `{"prompt":[1,2,-3]}`, "<1><2><4294967293>", true},
 		{"prompt token arrays", `{"prompt":[[1,2],[3]]}`, "<1><2>|<3>|", true},
 		{"responses string", `{"input":"tell me"}`, "tell me", true},
 		{"responses items", `{"input":[{"role":"user","content":[{"type":"input_text","text":"Q"}]},{"type":"message","role":"assistant","content":"A"}]}`, "user|Q|assistant|A|", true},
@@ -83,82 +96,23 @@ func TestWalkPrompt(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var r recSink
-			found := walkPrompt([]byte(tc.body), &r)
+			found := index(tc.body).Prompt(&r)
 			if found != tc.found || r.b.String() != tc.want {
-				t.Fatalf("walkPrompt = %q found=%v, want %q found=%v", r.b.String(), found, tc.want, tc.found)
+				t.Fatalf("Prompt = %q found=%v, want %q found=%v", r.b.String(), found, tc.want, tc.found)
 			}
 		})
 	}
 }
 
-func TestWalkPromptHugeBody(t *testing.T) {
+func TestPromptHugeBody(t *testing.T) {
 	big := strings.Repeat("word ", 2<<20) // 10 MB
 	body := `{"model":"m","messages":[{"role":"user","content":"` + big + `"}]}`
 	var r recSink
-	if !walkPrompt([]byte(body), &r) || r.b.Len() != len(big)+len("user||") {
+	x := index(body)
+	if !x.Prompt(&r) || r.b.Len() != len(big)+len("user||") {
 		t.Fatalf("huge body: got %d bytes", r.b.Len())
 	}
-	if string(findModel([]byte(body))) != "m" {
+	if string(x.ModelRaw()) != "m" {
 		t.Fatal("model lost in huge body")
-	}
-}
-
-func TestPrefixHasherSharedPrefix(t *testing.T) {
-	var h1, h2 prefixHasher
-	sys := strings.Repeat("You are a helpful assistant. ", 40)
-	h1.reset(64, make([]uint64, 0, 128))
-	walkPrompt([]byte(chatBody("m", sys, strings.Repeat("first question ", 20))), &h1)
-	h2.reset(64, make([]uint64, 0, 128))
-	walkPrompt([]byte(chatBody("m", sys, strings.Repeat("another one entirely ", 20))), &h2)
-	shared := 0
-	for shared < len(h1.out) && shared < len(h2.out) && h1.out[shared] == h2.out[shared] {
-		shared++
-	}
-	// The system prompt plus its role header spans (7+1+len(sys))/64 full blocks.
-	if want := (len("system") + 1 + len(sys)) / 64; shared != want {
-		t.Fatalf("shared blocks = %d, want %d", shared, want)
-	}
-	if h1.out[len(h1.out)-1] == h2.out[len(h2.out)-1] {
-		t.Fatal("different prompts ended in the same block hash")
-	}
-}
-
-func FuzzPayload(f *testing.F) {
-	for _, s := range []string{
-		`{"model":"x","messages":[{"role":"user","content":[{"type":"text","text":"a"}]}]}`,
-		`{"prompt":[[1,2],[3]]}`, `{"input":"x"}`, `{"model":"a\"b"}`, `[`, `{"a":"\`, "{\"prompt\":\"\xff\"}",
-	} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		_ = findModel(b)
-		_ = hasKey(b, "kv_transfer_params")
-		var h prefixHasher
-		h.reset(16, make([]uint64, 0, 64))
-		walkPrompt(b, &h)
-		// Every text piece must be a view into the body, in increasing order.
-		c := &viewSink{body: b, t: t}
-		walkPrompt(b, c)
-	})
-}
-
-// Blocks hashed in place and blocks assembled across pieces must agree, or
-// the same prompt would hash differently depending on its JSON layout.
-func TestPrefixHasherPieces(t *testing.T) {
-	text := []byte(strings.Repeat("The quick brown fox jumps over the lazy dog. ", 40))
-	var whole prefixHasher
-	whole.reset(64, make([]uint64, 0, 64))
-	whole.text(text)
-	for _, cut := range []int{1, 7, 63, 64, 65, 200} {
-		var h prefixHasher
-		h.reset(64, make([]uint64, 0, 64))
-		for p := text; len(p) > 0; {
-			n := min(cut, len(p))
-			h.text(p[:n])
-			p = p[n:]
-		}
-		if fmt.Sprint(h.out) != fmt.Sprint(whole.out) || h.total != whole.total {
-			t.Fatalf("pieces of %d hash differently", cut)
-		}
 	}
 }
