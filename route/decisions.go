@@ -26,10 +26,6 @@ type decisions struct {
 	duplicate   atomic.Uint64
 	expired     atomic.Uint64
 	overwritten atomic.Uint64
-	// When the last completion arrived (unix ns; creation before any) and
-	// how many decisions had been opened then: the feedback monitor's view.
-	lastClose     atomic.Int64
-	openedAtClose atomic.Uint64
 }
 
 type decisionSlot struct {
@@ -47,7 +43,6 @@ func newDecisions(size int, seed uint64) *decisions {
 	d := &decisions{slots: make([]decisionSlot, n), mask: uint64(n - 1)}
 	d.first = seed &^ (1 << 63)
 	d.next.Store(d.first)
-	d.lastClose.Store(time.Now().UnixNano())
 	return d
 }
 
@@ -99,8 +94,6 @@ func (d *decisions) closeState(id uint64) *endpointState {
 	s.mu.Unlock()
 	st.inflight.Add(-1)
 	d.completed.Add(1)
-	d.openedAtClose.Store(d.opened())
-	d.lastClose.Store(time.Now().UnixNano())
 	return st
 }
 

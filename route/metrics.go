@@ -104,7 +104,7 @@ func (s *Server) WriteMetrics(b *strings.Builder) {
 				p.Deployment, p.Name, p.PolicyName, o.String(), p.m.outcomes[o].Load())
 		}
 	}
-	help("turnout_decision_duration_seconds", "histogram", "Time to decide, per pool.")
+	help("turnout_decision_duration_seconds", "histogram", "Time to decide, per pool (one decision in 8 is timed: an unbiased sample; count the decisions with turnout_decisions_total).")
 	for _, p := range snap.Pools() {
 		var cum uint64
 		for i, ub := range latencyBuckets {
