@@ -224,9 +224,6 @@ func (s *Server) refuse(v *Verdict, p *Pool, why RejectReason) {
 
 // forwarded reports whether the raw header name is one of ForwardedHeaders.
 func (s *Snapshot) forwarded(name []byte) bool {
-	if !s.mayMatter(name) {
-		return false
-	}
 	for _, f := range s.fwdHdrs {
 		if headerIs(name, f) {
 			return true
