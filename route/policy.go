@@ -242,14 +242,16 @@ func lowestLoad(p *Pool) (minLoad int64, ok bool) {
 
 // loadSummary is the lowest Load and the summed recent decisions over the n
 // available endpoints (n == 0: none available), in one pass.
-func loadSummary(p *Pool) (minLoad int64, served uint64, n int) {
+func loadSummary(p *Pool, withServed bool) (minLoad int64, served uint64, n int) {
 	for _, e := range p.Endpoints {
 		if e.Available() {
 			l := e.Load()
 			if n == 0 || l < minLoad {
 				minLoad = l
 			}
-			served += e.served()
+			if withServed { // only the bounded-load guard reads it
+				served += e.served()
+			}
 			n++
 		}
 	}

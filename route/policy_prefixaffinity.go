@@ -149,7 +149,7 @@ func (pa *PrefixAffinity) CachedBlocks(i int) int { return pa.lrus[i].Len() }
 // Pick implements Policy.
 func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 	start := len(dst)
-	minLoad, served, n := loadSummary(p)
+	minLoad, served, n := loadSummary(p, pa.cfg.BoundedLoad > 0)
 	if n == 0 {
 		r.Outcome = OutcomeNoEndpoint
 		return dst
@@ -169,7 +169,7 @@ func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint
 			continue
 		}
 		l := e.Load()
-		if pa.tooLoaded(l, minLoad) || pa.overBound(e.served(), served, n) {
+		if pa.tooLoaded(l, minLoad) || (pa.cfg.BoundedLoad > 0 && pa.overBound(e.served(), served, n)) {
 			overloadedHit = overloadedHit || m*2 >= len(r.Blocks)
 			continue
 		}
