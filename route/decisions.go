@@ -26,6 +26,10 @@ type decisions struct {
 	duplicate   atomic.Uint64
 	expired     atomic.Uint64
 	overwritten atomic.Uint64
+	// openedAtClose is how many decisions had been opened at the last
+	// completion (the feedback monitor's tick notes its time: no clock
+	// read per completion).
+	openedAtClose atomic.Uint64
 }
 
 type decisionSlot struct {
@@ -94,6 +98,7 @@ func (d *decisions) closeState(id uint64) *endpointState {
 	s.mu.Unlock()
 	st.inflight.Add(-1)
 	d.completed.Add(1)
+	d.openedAtClose.Store(d.opened())
 	return st
 }
 

@@ -39,13 +39,13 @@ type feedbackMonitor struct {
 	ageNs   atomic.Int64  // since the last completion (or start)
 	pending atomic.Uint64 // decisions opened since then
 	warn    rateLog
-	// The tick notes when the completion count last moved, and the
-	// decisions opened by then: within one tick (<= 1 s) of the real
-	// last completion, against feedback.stalled_after (>= 1 s, default
-	// 1 min), and no clock read per completion.
-	lastDone      uint64
-	lastCloseNs   int64
-	openedAtClose uint64
+	// The tick notes when the completion count last moved: within one
+	// tick (<= 1 s) of the real last completion, against
+	// feedback.stalled_after (>= 1 s, default 1 min), with no clock read
+	// per completion. The decisions opened by then are recorded by the
+	// completion itself (decisions.openedAtClose).
+	lastDone    uint64
+	lastCloseNs int64
 }
 
 // tick runs the periodic work: TTL expiry, feedback and stall checks.
@@ -64,10 +64,10 @@ func (s *Server) checkFeedback(cfg *config.Config, now time.Time) {
 	defer m.mu.Unlock()
 	done := s.dec.completed.Load()
 	if m.lastCloseNs == 0 || done != m.lastDone {
-		m.lastDone, m.lastCloseNs, m.openedAtClose = done, now.UnixNano(), s.dec.opened()
+		m.lastDone, m.lastCloseNs = done, now.UnixNano()
 	}
 	age := max(time.Duration(now.UnixNano()-m.lastCloseNs), 0)
-	made := s.dec.opened() - min(m.openedAtClose, s.dec.opened())
+	made := s.dec.opened() - min(s.dec.openedAtClose.Load(), s.dec.opened())
 	m.ageNs.Store(int64(age))
 	m.pending.Store(made)
 	// Without a feedback listener and before any completion, feedback is
