@@ -328,8 +328,15 @@ func costRoute(ctx context.Context, o CostOptions) ([]CostRow, error) {
 		if err != nil {
 			return nil, err
 		}
+		// Each turnout its own feedback port: feedback is on by default,
+		// and two on the default address would not both start.
+		fb, err := freePort("udp")
+		if err != nil {
+			return nil, err
+		}
 		cfgPath := filepath.Join(o.Dir, "route-"+spec.Policy+".yaml")
-		cfg := TurnoutConfig(ConfigOptions{Listen: listen, Model: "llama", Policy: spec, Endpoints: eps, DisableHealth: true})
+		cfg := TurnoutConfig(ConfigOptions{Listen: listen, Model: "llama", Policy: spec, Endpoints: eps, DisableHealth: true,
+			Syslog: "127.0.0.1:" + strconv.Itoa(fb)})
 		if err := os.WriteFile(cfgPath, cfg, 0o644); err != nil {
 			return nil, fmt.Errorf("cost config: %w", err)
 		}
