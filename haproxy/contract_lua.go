@@ -54,24 +54,13 @@ func newLuaContract() luaContract {
 		RelayStatuses: route.RelayStatuses(),
 		BadAnswer:     luaQuote(route.BadAnswerReason),
 	}
-	for _, f := range route.VerdictFields() {
-		switch {
-		case f.Required:
-			c.Required = lowerQuote(f.Header)
-		case f.Name == "fallbacks":
-			c.Fallbacks = lowerQuote(f.Header)
-			continue
-		case f.Name == "reason":
-			c.Reason, c.ReasonVar = lowerQuote(f.Header), luaQuote(f.HAProxyVar)
-			continue
-		case f.Name == "kv_insert":
-			c.EditInsert, c.EditVar = lowerQuote(f.Header), luaQuote(f.HAProxyVar)
-			continue
-		case f.Name == "kv_at":
-			c.EditAt, c.EditAtVar = lowerQuote(f.Header), luaQuote(f.HAProxyVar)
-			continue
-		}
-		if f.Header != "" && f.HAProxyVar != "" && f.Kind == route.KindString {
+	g := route.GlueVerdict()
+	c.Required, c.Fallbacks = lowerQuote(g.Required.Header), lowerQuote(g.Fallbacks.Header)
+	c.Reason, c.ReasonVar = lowerQuote(g.Reason.Header), luaQuote(g.Reason.HAProxyVar)
+	c.EditInsert, c.EditVar = lowerQuote(g.EditInsert.Header), luaQuote(g.EditInsert.HAProxyVar)
+	c.EditAt, c.EditAtVar = lowerQuote(g.EditAt.Header), luaQuote(g.EditAt.HAProxyVar)
+	for _, f := range g.Copied {
+		if f.HAProxyVar != "" {
 			c.Vars = append(c.Vars, luaVar{lowerQuote(f.Header), luaQuote(f.HAProxyVar)})
 		}
 	}

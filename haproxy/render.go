@@ -151,7 +151,7 @@ func Render(cfg *config.Config, opts RenderOptions) (*Rendered, error) {
 }
 
 // Render renders cfg. Every config value that reaches a file is checked
-// again here (route.Config.Validate already restricts names), so no value can
+// again here (config.Config.Validate already restricts names), so no value can
 // add a line or a keyword to haproxy.cfg or code to the Lua.
 func (r *Renderer) Render(cfg *config.Config, opts RenderOptions) (*Rendered, error) {
 	opts = opts.withDefaults(cfg)

@@ -31,20 +31,12 @@ func jsLit(v any) string {
 
 func newJSContract() jsContract {
 	var c jsContract
+	g := route.GlueVerdict()
+	c.Required, c.Reason = jsLit(g.Required.Header), jsLit(g.Reason.Header)
+	edit := map[string]string{"insert": g.EditInsert.Header, "at": g.EditAt.Header}
 	var vars [][2]string
-	edit := map[string]string{}
-	for _, f := range route.VerdictFields() {
-		switch {
-		case f.Required:
-			c.Required = jsLit(f.Header)
-		case f.Name == "reason":
-			c.Reason = jsLit(f.Header)
-		case f.Name == "kv_insert":
-			edit["insert"] = f.Header
-		case f.Name == "kv_at":
-			edit["at"] = f.Header
-		}
-		if f.Header != "" && f.NginxVar != "" && f.Kind == route.KindString {
+	for _, f := range g.Copied {
+		if f.NginxVar != "" {
 			vars = append(vars, [2]string{f.Header, f.NginxVar})
 		}
 	}

@@ -139,7 +139,7 @@ func NewRenderer(fsys fs.FS) (*Renderer, error) {
 }
 
 // Render renders cfg. Every config value that reaches nginx.conf is checked
-// again here (route.Config.Validate already restricts names), so no value
+// again here (config.Config.Validate already restricts names), so no value
 // can add a directive or a block.
 func (r *Renderer) Render(cfg *config.Config, opts RenderOptions) (*Rendered, error) {
 	opts = opts.withDefaults(cfg)

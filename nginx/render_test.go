@@ -185,7 +185,7 @@ func TestRenderModes(t *testing.T) {
 }
 
 // Values that could inject nginx.conf text are refused at render time even
-// when they got past route.Config.Validate.
+// when they got past config.Config.Validate.
 func TestRenderRejectsHostileValues(t *testing.T) {
 	cases := []struct {
 		name string

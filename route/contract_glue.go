@@ -109,6 +109,34 @@ func VerdictFieldNamed(name string) VerdictField {
 	panic("route: no verdict field " + name)
 }
 
+// GlueFields are the verdict rows by the part the glue code gives them, so
+// each renderer only spells them in its own language.
+type GlueFields struct {
+	// Required is the row whose absence makes an answer bad (fail mode).
+	Required VerdictField
+	// Fallbacks, Reason, EditInsert and EditAt have mechanics of their own
+	// (a list, the refusal's reason, the body edit).
+	Fallbacks, Reason, EditInsert, EditAt VerdictField
+	// Copied are the string rows with a header that a glue copies as they
+	// are into its variable (a glue skips a row it has no variable for).
+	Copied []VerdictField
+}
+
+// GlueVerdict sorts the verdict table for the glue renderers.
+func GlueVerdict() GlueFields {
+	g := GlueFields{Fallbacks: VerdictFieldNamed("fallbacks"), Reason: VerdictFieldNamed("reason"),
+		EditInsert: VerdictFieldNamed("kv_insert"), EditAt: VerdictFieldNamed("kv_at")}
+	for _, f := range verdictFields {
+		if f.Required {
+			g.Required = f
+		}
+		if f.Header != "" && f.Kind == KindString && f.Name != g.Reason.Name {
+			g.Copied = append(g.Copied, f)
+		}
+	}
+	return g
+}
+
 // GlueAction is what every glue does with a turnout answer that names no
 // replica.
 type GlueAction string

@@ -158,7 +158,7 @@ func New(opts Options) *Source {
 }
 
 // Check validates the kubernetes discovery settings that need the API
-// machinery (label selectors), naming the field; route.Config.Validate
+// machinery (label selectors), naming the field; config.Config.Validate
 // checks the rest.
 func Check(cfg *config.Config) error {
 	var errs []error
