@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/turnout/turnout/route/payload"
 	"github.com/valyala/fasthttp"
 )
 
@@ -106,7 +107,7 @@ func TestRoutePD(t *testing.T) {
 	if err != nil || at != 1 {
 		t.Fatalf("kv at %q: %v", hdr(ctx, HdrKVAt), err)
 	}
-	kv := ins[len(BodyEditKey) : len(ins)-len(BodyEditSep)]
+	kv := ins[len(payload.EditKey) : len(ins)-len(payload.EditSep)]
 	if want, _ := DecodeBody([]byte(body), kv); body[:at]+string(ins)+body[at:] != string(want) {
 		t.Fatalf("edit gives %s, want %s", body[:at]+string(ins)+body[at:], want)
 	}
