@@ -13,6 +13,7 @@ type luaContract struct {
 	OrigURI, OrigMethod, Truncated string
 	Vars                           []luaVar
 	Required, Fallbacks, Reason    string
+	RetryAfter                     string
 	ReasonVar                      string
 	EditInsert, EditAt             string
 	EditVar, EditAtVar             string
@@ -57,6 +58,7 @@ func newLuaContract() luaContract {
 	g := route.GlueVerdict()
 	c.Required, c.Fallbacks = lowerQuote(g.Required.Header), lowerQuote(g.Fallbacks.Header)
 	c.Reason, c.ReasonVar = lowerQuote(g.Reason.Header), luaQuote(g.Reason.HAProxyVar)
+	c.RetryAfter = lowerQuote(g.RetryAfter.Header)
 	c.EditInsert, c.EditVar = lowerQuote(g.EditInsert.Header), luaQuote(g.EditInsert.HAProxyVar)
 	c.EditAt, c.EditAtVar = lowerQuote(g.EditAt.Header), luaQuote(g.EditAt.HAProxyVar)
 	for _, f := range g.Copied {

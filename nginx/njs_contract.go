@@ -17,6 +17,7 @@ import (
 // module is rendered once per Renderer.
 type jsContract struct {
 	VerdictVars, Required, Reason, Edit string
+	RetryAfter                          string
 	ReasonActions, RelayStatuses        string
 	BadAnswer, FailClosed               string
 }
@@ -33,6 +34,7 @@ func newJSContract() jsContract {
 	var c jsContract
 	g := route.GlueVerdict()
 	c.Required, c.Reason = jsLit(g.Required.Header), jsLit(g.Reason.Header)
+	c.RetryAfter = jsLit(g.RetryAfter.Header)
 	edit := map[string]string{"insert": g.EditInsert.Header, "at": g.EditAt.Header}
 	var vars [][2]string
 	for _, f := range g.Copied {

@@ -104,7 +104,7 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, sc *scratch, cfg *config.Con
 		case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
 			writeError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", ReasonReadTimeout, "the request body stalled")
 		case errors.Is(err, errOverBudget):
-			ctx.Response.Header.Set("Retry-After", "1")
+			ctx.Response.Header.Set(HdrRetryAfter, RetryAfterSeconds)
 			writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", ReasonOverloaded, "too many request bytes in flight")
 		default:
 			writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", ReasonBadRequest, "unreadable request body")

@@ -34,6 +34,10 @@ const (
 	HdrPrefill = "X-Turnout-Prefill"
 	// HdrReason explains a refusal or a fail-closed answer.
 	HdrReason = "X-Turnout-Reason"
+	// HdrRetryAfter goes with a refusal that asks the client to come back
+	// (RetryAfterSeconds); every glue relays it with the refusal.
+	HdrRetryAfter     = "Retry-After"
+	RetryAfterSeconds = "1"
 
 	// Reason codes (X-Turnout-Reason and the error body's "code") that the
 	// proxy glue treats specially: PD failures are relayed, not failed over.

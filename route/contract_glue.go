@@ -60,6 +60,8 @@ var verdictFields = [...]VerdictField{
 	{Name: "prefill", Header: HdrPrefill, SPOEVar: SPOEVarPrefill, Kind: KindString,
 		get: func(v *Verdict) []byte { return v.Prefill }},
 	{Name: "reason", Header: HdrReason, SPOEVar: SPOEVarReason, HAProxyVar: "txn.turnout_reason", Kind: KindString},
+	// A refusal's Retry-After (RetryAfterSeconds), relayed with it.
+	{Name: "retry_after", Header: HdrRetryAfter, SPOEVar: SPOEVarRetryAfter, Kind: KindString},
 	{Name: "status", SPOEVar: SPOEVarStatus, Kind: KindInt},
 	{Name: "body", SPOEVar: SPOEVarBody, Kind: KindString},
 	// The body edit (contract_body.go): the glue inserts kv_insert at byte
@@ -114,23 +116,25 @@ func VerdictFieldNamed(name string) VerdictField {
 type GlueFields struct {
 	// Required is the row whose absence makes an answer bad (fail mode).
 	Required VerdictField
-	// Fallbacks, Reason, EditInsert and EditAt have mechanics of their own
-	// (a list, the refusal's reason, the body edit).
-	Fallbacks, Reason, EditInsert, EditAt VerdictField
-	// Copied are the string rows with a header that a glue copies as they
-	// are into its variable (a glue skips a row it has no variable for).
+	// Fallbacks, Reason, RetryAfter, EditInsert and EditAt have mechanics
+	// of their own (a list, the refusal's headers, the body edit).
+	Fallbacks, Reason, RetryAfter, EditInsert, EditAt VerdictField
+	// Copied are the routed string rows with a header, which a glue copies
+	// as they are into its variable (a glue skips a row it has no variable
+	// for).
 	Copied []VerdictField
 }
 
 // GlueVerdict sorts the verdict table for the glue renderers.
 func GlueVerdict() GlueFields {
 	g := GlueFields{Fallbacks: VerdictFieldNamed("fallbacks"), Reason: VerdictFieldNamed("reason"),
+		RetryAfter: VerdictFieldNamed("retry_after"),
 		EditInsert: VerdictFieldNamed("kv_insert"), EditAt: VerdictFieldNamed("kv_at")}
 	for _, f := range verdictFields {
 		if f.Required {
 			g.Required = f
 		}
-		if f.Header != "" && f.Kind == KindString && f.Name != g.Reason.Name {
+		if f.Header != "" && f.get != nil {
 			g.Copied = append(g.Copied, f)
 		}
 	}

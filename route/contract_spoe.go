@@ -31,6 +31,7 @@ const (
 	SPOEVarStatus     = "status"      // turnout's status when it did not route (int)
 	SPOEVarReason     = "reason"      // X-Turnout-Reason (a plain token)
 	SPOEVarBody       = "body"        // JSON body of a 4xx or PD failure, to relay (always application/json)
+	SPOEVarRetryAfter = "retry_after" // Retry-After of a relayed refusal (RetryAfterSeconds)
 	// PD: what the decode backend's Lua filter inserts into the body, where
 	// (0-based offset just after the body's opening brace), and the body's
 	// new Content-Length -- exactly what the Lua action computes.
@@ -81,7 +82,10 @@ type SPOEConfig struct {
 	// Copies move the agent's variables to the names haproxy.cfg uses.
 	Copies              []SPOECopy
 	ReasonVar, KVLenVar string
-	FailClosedStatus    int
+	// ReasonHeader and RetryAfterHeader name the relayed answer's headers;
+	// RetryAfterVar is the agent variable of the latter.
+	ReasonHeader, RetryAfterHeader, RetryAfterVar string
+	FailClosedStatus                              int
 	// FailClosedPre + reason + FailClosedPost is the fail-closed JSON.
 	FailClosedPre, FailClosedPost string
 	TooLarge                      struct {
@@ -109,6 +113,8 @@ func NewSPOEConfig(fallbacks int) (SPOEConfig, error) {
 			c.ReasonVar = f.HAProxyVar
 		case f.Name == "kv_len":
 			c.KVLenVar = f.SPOEVar
+		case f.Name == "retry_after":
+			c.RetryAfterHeader, c.RetryAfterVar = strings.ToLower(f.Header), f.SPOEVar
 		}
 		if f.SPOEVar == "" || f.HAProxyVar == "" {
 			continue
@@ -121,6 +127,7 @@ func NewSPOEConfig(fallbacks int) (SPOEConfig, error) {
 			c.Copies = append(c.Copies, SPOECopy{fmt.Sprintf("%s%d", f.SPOEVar, i), fmt.Sprintf("%s%d", f.HAProxyVar, i)})
 		}
 	}
+	c.ReasonHeader = strings.ToLower(HdrReason)
 	fc := FailClosedError
 	c.FailClosedStatus = fc.Status
 	c.FailClosedPre, c.FailClosedPost, _ = strings.Cut(fc.JSON(), ReasonToken)

@@ -293,7 +293,7 @@ func (s *Server) writeHTTP(ctx *fasthttp.RequestCtx, v *Verdict, sc *scratch) {
 	h := &ctx.Response.Header
 	if !v.Routed() {
 		if v.RetryAfter {
-			h.Set("Retry-After", "1")
+			h.Set(HdrRetryAfter, RetryAfterSeconds)
 		}
 		h.Set(HdrReason, v.Reason)
 		ctx.SetStatusCode(v.Status)

@@ -21,6 +21,7 @@ var VERDICT_VARS = {{.VerdictVars}};
 // An answer without this header is a bad answer (fail mode).
 var REQUIRED_HEADER = {{.Required}};
 var REASON_HEADER = {{.Reason}};
+var RETRY_AFTER_HEADER = {{.RetryAfter}};
 // Prefill/decode body edit: insert the (base64) text at the byte offset.
 var EDIT = {{.Edit}};
 // What to do with a turnout answer that names no replica: the reason's
@@ -70,8 +71,8 @@ function relay(r, res, reason) {
     }
     r.headersOut['Content-Type'] = h['Content-Type'] || 'application/json';
     r.headersOut[REASON_HEADER] = token(reason);
-    if (h['Retry-After']) {
-        r.headersOut['Retry-After'] = h['Retry-After'];
+    if (h[RETRY_AFTER_HEADER]) {
+        r.headersOut[RETRY_AFTER_HEADER] = h[RETRY_AFTER_HEADER];
     }
     r.return(st, res.responseText || '');
 }

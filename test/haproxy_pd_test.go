@@ -31,6 +31,7 @@ import (
 type hpdStack struct {
 	dir, turnoutAddr, haAddr, syslog string
 	spoeAddr                         string // set: HAProxy asks turnout over SPOE
+	gone                             string // pdr's prefill replica: nothing listens
 	prefill, decode, mixed           []*Mock
 	T                                *Turnout
 	H                                *HAProxy
@@ -72,6 +73,13 @@ deployments:
 	pool("      ", config.RoleDecode, s.decode)
 	b.WriteString("  - name: chat\n    models: [chat]\n    policy: {name: least-request}\n    pools:\n")
 	pool("      ", config.RoleMixed, s.mixed)
+	// pdr refuses rather than serving aggregated, and its one prefill
+	// replica never answers (nothing listens at s.gone). Its prefill_timeout
+	// also sets the SPOE timeout processing, which fail-open waits out once.
+	fmt.Fprintf(&b, "  - name: pdr\n    models: [pdr]\n    policy: {name: round-robin}\n    pd: {prefill_timeout: 5s, no_prefill: reject}\n    pools:\n")
+	pool("      ", config.RolePrefill, []*Mock{{Name: "gone", Addr: s.gone}})
+	// Its decode pool: the pd replicas under other names (names are global).
+	pool("      ", config.RoleDecode, []*Mock{{Name: "pdr-" + s.decode[0].Name, Addr: s.decode[0].Addr}})
 	return b.String()
 }
 
@@ -88,7 +96,7 @@ func startHPD(t *testing.T, spoeAddr string) *hpdStack {
 		prefill:  mocks(t, "pre", 2, role(mock.RolePrefill)),
 		decode:   mocks(t, "dec", 2, role(mock.RoleDecode)),
 		mixed:    mocks(t, "mix", 1, nil),
-		spoeAddr: spoeAddr,
+		spoeAddr: spoeAddr, gone: FreeAddr(t),
 		client:   &http.Client{Timeout: 30 * time.Second},
 	}
 	s.T = StartTurnout(t, s.turnoutAddr, s.yaml(), "--haproxy-dir", s.dir, "--watch", "100ms")
@@ -267,6 +275,7 @@ func testHAProxyPD(t *testing.T, spoeAddr string) {
 	t.Run("PrefillRetried", func(t *testing.T) { hpdPrefillRetry(t, s) })
 	t.Run("PrefillFailureRelayed", func(t *testing.T) { hpdPrefillFailure(t, s) })
 	t.Run("ClientKVParamsRefused", func(t *testing.T) { hpdClientKV(t, s) })
+	t.Run("NoPrefillRelayedWithRetryAfter", func(t *testing.T) { hpdNoPrefill(t, s) })
 	t.Run("BodyTooLarge", func(t *testing.T) { hpdTooLarge(t, s) })
 	t.Run("MixedUntouched", func(t *testing.T) { hpdMixed(t, s) })
 	t.Run("OpenAINodeClient", func(t *testing.T) { hpdOpenAINode(t, s) })
@@ -418,6 +427,33 @@ func hpdClientKV(t *testing.T, s *hpdStack) {
 	r := s.post(t, b, nil)
 	if r.Status != 400 || r.Header.Get("X-Turnout-Reason") != "kv_transfer_params_not_allowed" || !json.Valid(r.Body) || r.Header.Get("X-Replica") != "" {
 		t.Errorf("client kv_transfer_params: %d %q %s", r.Status, r.Header.Get("X-Turnout-Reason"), r.Body)
+	}
+}
+
+// A PD deployment with no_prefill reject and its prefill replica down:
+// turnout's 503 reaches the client as it is, Retry-After included (the SPOE
+// config relayed it without Retry-After before the contract carried it), and
+// no decode replica is asked.
+func hpdNoPrefill(t *testing.T, s *hpdStack) {
+	var before int64
+	for _, m := range s.decode {
+		before += m.Stats().Requests
+	}
+	var r *Response
+	Eventually(t, 10*time.Second, "the dead prefill replica to be marked down", func() bool {
+		// Until the health check marks it down, the prefill is tried: 502.
+		r = s.post(t, hpdChat("pdr", "x", 2, false), nil)
+		return r.Status == 503
+	})
+	if r.Header.Get("X-Turnout-Reason") != route.ReasonNoPrefillEndpoint || r.Header.Get("Retry-After") != route.RetryAfterSeconds || !json.Valid(r.Body) || r.Header.Get("X-Replica") != "" {
+		t.Errorf("no prefill: %d reason %q retry-after %q replica %q: %s", r.Status, r.Header.Get("X-Turnout-Reason"), r.Header.Get("Retry-After"), r.Header.Get("X-Replica"), r.Body)
+	}
+	var after int64
+	for _, m := range s.decode {
+		after += m.Stats().Requests
+	}
+	if after != before {
+		t.Errorf("decode replicas got %d requests for refused pdr requests", after-before)
 	}
 }
 

@@ -28,6 +28,7 @@ const (
 	VarStatus         = route.SPOEVarStatus
 	VarReason         = route.SPOEVarReason
 	VarBody           = route.SPOEVarBody
+	VarRetryAfter     = route.SPOEVarRetryAfter
 	VarKV             = route.SPOEVarKV
 	VarKVAt           = route.SPOEVarKVAt
 	VarKVLen          = route.SPOEVarKVLen
@@ -39,6 +40,7 @@ var (
 	hdrCL = []byte("content-length")
 	// fallbackBody replaces a relayed body that is empty or does not fit in the ACK frame.
 	fallbackBody = []byte(route.RefusedError.JSON())
+	retryAfter   = []byte(route.RetryAfterSeconds)
 )
 
 // Reasons the agent gives when turnout's answer cannot be used.
@@ -218,6 +220,9 @@ func (d *decider) verdict(w *actions) {
 		body = fallbackBody
 	}
 	w.setString(VarBody, body)
+	if v.RetryAfter {
+		w.setString(VarRetryAfter, retryAfter)
+	}
 }
 
 // token keeps a reason to [A-Za-z0-9_.-] (it ends up in a response header

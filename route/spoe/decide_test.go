@@ -255,14 +255,20 @@ func TestVerdictFollowsReasonRules(t *testing.T) {
 		}{r.Status, r.Reason})
 	}
 	d := newDecider(nil, nil)
-	for _, c := range cases {
-		d.v = route.Verdict{Status: c.status, Reason: c.reason, Body: []byte(`{"error":{}}`)}
+	for i, c := range cases {
+		// Every other case asks the client to come back: only a relayed
+		// answer carries that on (a failed-over one is the proxy's to answer).
+		retry := i%2 == 1
+		d.v = route.Verdict{Status: c.status, Reason: c.reason, Body: []byte(`{"error":{}}`), RetryAfter: retry}
 		w := actions{limit: 1 << 16}
 		d.verdict(&w)
 		v := vars(t, w.dst)
 		relay := route.GlueActionFor(c.status, []byte(c.reason)) == route.GlueRelay
 		if _, hasBody := v[VarBody]; hasBody != relay {
 			t.Errorf("%d %q: body set %v, want relay %v (%v)", c.status, c.reason, hasBody, relay, v)
+		}
+		if ra, ok := v[VarRetryAfter]; ok != (relay && retry) || (ok && ra != route.RetryAfterSeconds) {
+			t.Errorf("%d %q retry %v: %s %q set %v, want %v", c.status, c.reason, retry, VarRetryAfter, ra, ok, relay && retry)
 		}
 		wantStatus := c.status
 		if relay {

@@ -225,16 +225,24 @@ func TestLiveSPOE(t *testing.T) {
 func TestLiveSPOEFailClosed(t *testing.T) {
 	e := startLive(t, liveOpts{failClosed: true, noAgent: true})
 	var worst time.Duration
+	slow := 0
 	for i := range 10 {
 		a := post(t, e.listen, "/v1/chat/completions", chatBody("llama", "hi"))
 		if a.status != 503 || a.reason != "spoe-error" || !strings.Contains(a.body, `"code":"spoe-error"`) {
 			t.Fatalf("request %d: %d %q reason %q, want 503 spoe-error", i, a.status, a.body, a.reason)
 		}
 		worst = max(worst, a.dur)
+		if a.dur > 200*time.Millisecond {
+			slow++
+		}
 	}
 	t.Logf("fail-closed with no agent: slowest of 10 requests %v", worst)
-	if worst > 200*time.Millisecond {
-		t.Errorf("a fail-closed request took %v", worst)
+	// Until its first failed connect marks the agent down (observe layer4),
+	// HAProxy 2.6 holds the request that made it for timeout processing: one
+	// request may wait that long (more likely when the first health check
+	// has not run yet), every other must fail at once.
+	if slow > 1 {
+		t.Errorf("%d of 10 fail-closed requests took over 200ms (slowest %v)", slow, worst)
 	}
 	if n := e.hits(); n["r0"]+n["r1"]+n["r2"] != 0 {
 		t.Fatalf("fail-closed requests reached replicas: %v", n)
