@@ -82,8 +82,10 @@ type SPOEConfig struct {
 	// Copies move the agent's variables to the names haproxy.cfg uses.
 	Copies              []SPOECopy
 	ReasonVar, KVLenVar string
-	// ReasonHeader and RetryAfterHeader name the relayed answer's headers;
-	// RetryAfterVar is the agent variable of the latter.
+	// StatusVar, AgentReasonVar and BodyVar are the agent's variables of a
+	// relayed answer; ReasonHeader and RetryAfterHeader name its headers,
+	// RetryAfterVar the agent variable of the latter.
+	StatusVar, AgentReasonVar, BodyVar            string
 	ReasonHeader, RetryAfterHeader, RetryAfterVar string
 	FailClosedStatus                              int
 	// FailClosedPre + reason + FailClosedPost is the fail-closed JSON.
@@ -127,6 +129,7 @@ func NewSPOEConfig(fallbacks int) (SPOEConfig, error) {
 			c.Copies = append(c.Copies, SPOECopy{fmt.Sprintf("%s%d", f.SPOEVar, i), fmt.Sprintf("%s%d", f.HAProxyVar, i)})
 		}
 	}
+	c.StatusVar, c.AgentReasonVar, c.BodyVar = SPOEVarStatus, SPOEVarReason, SPOEVarBody
 	c.ReasonHeader = strings.ToLower(HdrReason)
 	fc := FailClosedError
 	c.FailClosedStatus = fc.Status
