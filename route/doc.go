@@ -15,9 +15,11 @@
 //  2. deployment: the model from the body (or a model header) selects it;
 //     unknown model 404, none with several deployments 400;
 //  3. pick: the pool's Policy (round-robin, least-request, session-hash,
-//     prefix-affinity, kv-aware; policy_*.go) chooses an endpoint and
-//     fallbacks among the healthy ones, hashing the prompt into blocks when
-//     the policy wants it;
+//     prefix-affinity, kv-aware; policy_*.go) reads the Request (inputs
+//     only: model, session, the prompt hashed into blocks when the policy
+//     wants it, the payload index) and fills a Choice (outputs: an endpoint
+//     and fallbacks among the healthy ones, best first, the Outcome for
+//     metrics, the matched prefix, or a strict policy's Reject reason);
 //     a prefill/decode deployment picks the decode endpoint, runs the
 //     prefill itself (pd.go) and computes the body edit that hands on
 //     kv_transfer_params (contract_body.go);

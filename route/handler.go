@@ -199,6 +199,10 @@ type scratch struct {
 	// part beyond max_body.
 	body []byte
 	drop [4096]byte
+
+	// serve and prefill are the policies' answers for the serving (decode)
+	// and the prefill pool; their Endpoints are views into picks.
+	serve, prefill Choice
 }
 
 func (s *Server) getScratch(maxBlocks int) *scratch {
@@ -328,10 +332,12 @@ func (s *Server) writeHTTP(ctx *fasthttp.RequestCtx, v *Verdict, sc *scratch) {
 	ctx.SetStatusCode(fasthttp.StatusOK)
 }
 
-// pick hashes the prompt when the pool's policy wants it and runs the policy.
-func (s *Server) pick(snap *Snapshot, p *Pool, sc *scratch, dst []*Endpoint) []*Endpoint {
+// pick hashes the prompt when the pool's policy wants it and runs the
+// policy into c, whose Endpoints start as dst (len 0, cap = how many).
+func (s *Server) pick(snap *Snapshot, p *Pool, sc *scratch, c *Choice, dst []*Endpoint) {
 	r := &sc.req
-	r.Blocks, r.PromptBytes, r.Matched, r.Outcome, r.Reject = nil, 0, 0, OutcomeBalanced, RejectNone
+	r.Blocks, r.PromptBytes = nil, 0
+	*c = Choice{Endpoints: dst}
 	if p.blockBytes > 0 {
 		sc.hasher.reset(p.blockBytes, sc.blocks)
 		r.Payload.Prompt(&sc.hasher)
@@ -339,15 +345,14 @@ func (s *Server) pick(snap *Snapshot, p *Pool, sc *scratch, dst []*Endpoint) []*
 		r.PromptBytes = sc.hasher.total
 		p.m.totalBlocks.Add(uint64(len(r.Blocks)))
 	}
-	picks := p.Policy.Pick(r, p, dst)
-	if len(picks) == 0 {
+	p.Policy.Pick(r, p, c)
+	if len(c.Endpoints) == 0 {
 		p.m.outcomes[OutcomeNoEndpoint].Add(1)
-		return picks
+		return
 	}
-	p.m.outcomes[r.Outcome].Add(1)
-	p.m.matchedBlocks.Add(uint64(r.Matched))
-	s.sharePrefix(p, picks[0], r.Blocks)
-	return picks
+	p.m.outcomes[c.Outcome].Add(1)
+	p.m.matchedBlocks.Add(uint64(c.Matched))
+	s.sharePrefix(p, c.Endpoints[0], r.Blocks)
 }
 
 // appendID writes a decision id as 16 hex digits.

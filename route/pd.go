@@ -68,21 +68,23 @@ func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, s
 		return
 	}
 	n := min(1+snap.Config.Fallbacks, len(sc.picks)/2)
-	decode := s.pick(snap, d.Serve, sc, sc.picks[:0:n])
+	s.pick(snap, d.Serve, sc, &sc.serve, sc.picks[:0:n])
+	decode := sc.serve.Endpoints
 	if len(decode) == 0 {
-		s.refuse(v, d.Serve, r.Reject)
+		s.refuse(v, d.Serve, sc.serve.Reject)
 		return
 	}
 	// Skip the prefill hop when the decode replica already holds most of the
 	// prompt (llm-d's heuristic): moving KV would cost more than recomputing.
-	if cfg.SkipPrefillBelow > 0 && d.Serve.blockBytes > 0 && r.Matched > 0 {
-		if uncached := r.PromptBytes - r.Matched*d.Serve.blockBytes; uncached < cfg.SkipPrefillBelow {
+	if m := sc.serve.Matched; cfg.SkipPrefillBelow > 0 && d.Serve.blockBytes > 0 && m > 0 {
+		if uncached := r.PromptBytes - m*d.Serve.blockBytes; uncached < cfg.SkipPrefillBelow {
 			s.m.pdPrefill[3].Add(1)
 			s.route(v, d.Serve, decode, start)
 			return
 		}
 	}
-	prefill := s.pick(snap, d.Prefill, sc, sc.picks[n:n:min(2*n, len(sc.picks))])
+	s.pick(snap, d.Prefill, sc, &sc.prefill, sc.picks[n:n:min(2*n, len(sc.picks))])
+	prefill := sc.prefill.Endpoints
 	if len(prefill) == 0 {
 		if cfg.NoPrefill == "aggregate" {
 			s.log.Debug().Str(fieldDeployment, d.Name).Str(fieldReason, "no prefill replica").Msg("serving aggregated on decode")

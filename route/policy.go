@@ -14,8 +14,9 @@ import (
 	"github.com/turnout/turnout/route/payload"
 )
 
-// Request is what a policy sees of one request. Byte slices are views into
-// fasthttp buffers, valid only during Pick; store hashes, never the slices.
+// Request is what a policy sees of one request: its inputs only (what the
+// policy chose goes into a Choice). Byte slices are views into fasthttp
+// buffers, valid only during Pick; store hashes, never the slices.
 type Request struct {
 	Model   []byte
 	Session []byte
@@ -31,8 +32,17 @@ type Request struct {
 	// Payload is the request body, indexed once (model, prompt pieces, token
 	// ids, top-level members); policies read it instead of the body.
 	Payload *payload.Index
+}
 
-	// Outcome is set by the policy for metrics.
+// Choice is a policy's answer for one request, kept apart from the Request
+// so that inputs and outputs cannot be confused. The caller sizes
+// Endpoints (len 0, cap = how many it wants) and zeroes the rest; it lives
+// in per-request scratch memory, so a decision allocates nothing.
+type Choice struct {
+	// Endpoints are the picked endpoints, distinct and available, best
+	// first; empty when none was picked (see Reject).
+	Endpoints []*Endpoint
+	// Outcome classifies the decision for metrics.
 	Outcome Outcome
 	// Matched is the matched prefix length in blocks (prefix policies).
 	Matched int
@@ -68,10 +78,12 @@ func (o Outcome) String() string { return outcomeNames[o] }
 
 // Policy picks endpoints for a request.
 type Policy interface {
-	// Pick appends up to cap(dst)-len(dst) distinct available endpoints of p,
-	// best first. An empty result means none is available. It must not
-	// allocate and must be safe for concurrent use.
-	Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint
+	// Pick appends up to cap(c.Endpoints)-len(c.Endpoints) distinct
+	// available endpoints of p to c.Endpoints, best first, and sets c's
+	// other fields; it only reads r. No endpoint means none is available,
+	// or c.Reject says why the policy refused. It must not allocate and
+	// must be safe for concurrent use.
+	Pick(r *Request, p *Pool, c *Choice)
 }
 
 // PromptUser is implemented by policies that need the prompt's block hashes.

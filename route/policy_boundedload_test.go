@@ -71,9 +71,9 @@ func TestPrefixAffinityBoundedLoad(t *testing.T) {
 				e.AddInflight(tc.loads[i])
 			}
 			r := &Request{Blocks: tc.req}
-			got := p.Policy.Pick(r, p, make([]*Endpoint, 0, 3))
-			if got[0].Name != tc.want || r.Outcome != tc.outcome {
-				t.Fatalf("pick %s outcome %v; want %s %v", names(got), r.Outcome, tc.want, tc.outcome)
+			c := choose(p, r, 3)
+			if got := c.Endpoints; got[0].Name != tc.want || c.Outcome != tc.outcome {
+				t.Fatalf("pick %s outcome %v; want %s %v", names(got), c.Outcome, tc.want, tc.outcome)
 			}
 		})
 	}

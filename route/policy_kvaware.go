@@ -218,7 +218,7 @@ func (k *KVAware) Close() {
 func (k *KVAware) Index() *kv.Index { return k.sh.idx }
 
 // Pick implements Policy.
-func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
+func (k *KVAware) Pick(r *Request, p *Pool, c *Choice) {
 	b, _ := k.bufs.Get().(*kvBuf)
 	if b == nil {
 		b = &kvBuf{}
@@ -230,11 +230,11 @@ func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 		if k.cfg.Strict {
 			switch {
 			case errors.Is(err, tokenize.ErrUnavailable):
-				r.Reject = RejectUnavailable
+				c.Reject = RejectUnavailable
 			default:
-				r.Reject = RejectBadBody
+				c.Reject = RejectBadBody
 			}
-			return dst
+			return
 		}
 		k.fallbacks.Add(1)
 		// The fallback's prompt hashes are computed only here (from the
@@ -244,8 +244,12 @@ func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 		}
 		b.hasher.reset(k.cfg.Fallback.BlockBytes, b.blocks)
 		r.Payload.Prompt(&b.hasher)
-		r.Blocks, r.PromptBytes = b.hasher.out, b.hasher.total
-		return k.fallback.Pick(r, p, dst)
+		// The fallback reads its blocks from a copy: r stays the caller's,
+		// and the blocks (in b) do not outlive this call.
+		fr := *r
+		fr.Blocks, fr.PromptBytes = b.hasher.out, b.hasher.total
+		k.fallback.Pick(&fr, p, c)
+		return
 	}
 	if cap(b.out) < len(p.Endpoints) {
 		b.out = make([]int, len(p.Endpoints))
@@ -262,9 +266,10 @@ func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 	}
 	minLoad, ok := lowestLoad(p)
 	if !ok {
-		r.Outcome = OutcomeNoEndpoint
-		return dst
+		c.Outcome = OutcomeNoEndpoint
+		return
 	}
+	dst := c.Endpoints
 	start := len(dst)
 	n := len(p.Endpoints)
 	off := 0
@@ -299,16 +304,17 @@ func (k *KVAware) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 		dst = append(dst, best)
 	}
 	if len(dst) == start {
-		r.Outcome = OutcomeOverflow
-		return fillLeastLoaded(dst, p, nil)
+		c.Outcome = OutcomeOverflow
+		c.Endpoints = fillLeastLoaded(dst, p, nil)
+		return
 	}
-	r.Matched = out[dst[start].Index]
-	if r.Matched > 0 {
-		r.Outcome = OutcomeAffinity
+	c.Endpoints = dst
+	c.Matched = out[dst[start].Index]
+	if c.Matched > 0 {
+		c.Outcome = OutcomeAffinity
 	} else {
-		r.Outcome = OutcomeBalanced
+		c.Outcome = OutcomeBalanced
 	}
-	return dst
 }
 
 // requestKeys returns the request's block keys: from token-id prompts

@@ -52,12 +52,13 @@ func NewLeastRequest(rnd *Rand) *LeastRequest {
 }
 
 // Pick implements Policy.
-func (l *LeastRequest) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
-	r.Outcome = OutcomeBalanced
+func (l *LeastRequest) Pick(_ *Request, p *Pool, c *Choice) {
+	c.Outcome = OutcomeBalanced
 	if l.all {
-		return fillLeastLoaded(dst, p, l.rnd)
+		c.Endpoints = fillLeastLoaded(c.Endpoints, p, l.rnd)
+		return
 	}
-	return pickP2C(dst, p, l.rnd)
+	c.Endpoints = pickP2C(c.Endpoints, p, l.rnd)
 }
 
 // pickP2C appends the P2C winner, then the least loaded of the rest.

@@ -147,15 +147,16 @@ func (pa *PrefixAffinity) Carry(prev Policy) {
 func (pa *PrefixAffinity) CachedBlocks(i int) int { return pa.lrus[i].Len() }
 
 // Pick implements Policy.
-func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
-	start := len(dst)
+func (pa *PrefixAffinity) Pick(r *Request, p *Pool, c *Choice) {
+	start := len(c.Endpoints)
 	minLoad, served, n := loadSummary(p, pa.cfg.BoundedLoad > 0)
 	if n == 0 {
-		r.Outcome = OutcomeNoEndpoint
-		return dst
+		c.Outcome = OutcomeNoEndpoint
+		return
 	}
 	if len(r.Blocks) < max(pa.cfg.MinBlocks, 1) {
-		return pa.miss(r, p, dst, minLoad, served, n, false)
+		pa.miss(r, p, c, minLoad, served, n, false)
+		return
 	}
 	var best *Endpoint
 	bestMatch, bestLoad := 0, int64(0)
@@ -178,28 +179,25 @@ func (pa *PrefixAffinity) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint
 			best, bestMatch, bestLoad = e, m, l
 		}
 	}
-	r.Matched = bestMatch
 	if best != nil && float64(bestMatch) >= pa.cfg.MatchThreshold*float64(len(r.Blocks)) {
-		dst = append(dst, best)
-		r.Outcome = OutcomeAffinity
-		dst = fillLeastLoaded(dst, p, pa.rnd)
+		c.Matched, c.Outcome = bestMatch, OutcomeAffinity
+		c.Endpoints = fillLeastLoaded(append(c.Endpoints, best), p, pa.rnd)
 	} else {
-		r.Matched = 0
-		dst = pa.miss(r, p, dst, minLoad, served, n, overloadedHit)
+		pa.miss(r, p, c, minLoad, served, n, overloadedHit)
 	}
-	if len(dst) > start {
-		pa.lrus[dst[start].Index].insert(r.Blocks)
+	if len(c.Endpoints) > start {
+		pa.lrus[c.Endpoints[start].Index].insert(r.Blocks)
 	}
-	return dst
 }
 
 // miss places a request without a usable prefix match on the least loaded
 // endpoint; a session id picks among the endpoints tied at that load.
-func (pa *PrefixAffinity) miss(r *Request, p *Pool, dst []*Endpoint, minLoad int64, served uint64, n int, overloadedHit bool) []*Endpoint {
-	r.Outcome = OutcomeBalanced
+func (pa *PrefixAffinity) miss(r *Request, p *Pool, c *Choice, minLoad int64, served uint64, n int, overloadedHit bool) {
+	c.Outcome = OutcomeBalanced
 	if overloadedHit {
-		r.Outcome = OutcomeOverflow
+		c.Outcome = OutcomeOverflow
 	}
+	dst := c.Endpoints
 	if pa.cfg.BoundedLoad > 0 && len(dst) < cap(dst) {
 		// A miss starts a prefix that draws its later turns to the same
 		// replica: place it on the replica that served the fewest requests
@@ -222,8 +220,8 @@ func (pa *PrefixAffinity) miss(r *Request, p *Pool, dst []*Endpoint, minLoad int
 			}
 		}
 		if best != nil {
-			dst = append(dst, best)
-			return fillLeastLoaded(dst, p, pa.rnd)
+			c.Endpoints = fillLeastLoaded(append(dst, best), p, pa.rnd)
+			return
 		}
 	}
 	if pa.cfg.SessionAffinity && r.HasSession && len(dst) < cap(dst) {
@@ -251,11 +249,11 @@ func (pa *PrefixAffinity) miss(r *Request, p *Pool, dst []*Endpoint, minLoad int
 		if best != nil {
 			dst = append(dst, best)
 			if !overloadedHit {
-				r.Outcome = OutcomeAffinity
+				c.Outcome = OutcomeAffinity
 			}
 		}
 	}
-	return fillLeastLoaded(dst, p, pa.rnd)
+	c.Endpoints = fillLeastLoaded(dst, p, pa.rnd)
 }
 
 // missLoadSlack: with the bounded-load guard on, a miss goes to the replica

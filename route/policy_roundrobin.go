@@ -26,19 +26,19 @@ func NewRoundRobinFactory() Factory {
 }
 
 // Pick implements Policy.
-func (rr *RoundRobin) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
+func (rr *RoundRobin) Pick(_ *Request, p *Pool, c *Choice) {
 	n := len(p.Endpoints)
 	if n == 0 {
-		return dst
+		return
 	}
 	start := int((rr.next.Add(1) - 1) % uint64(n))
+	dst := c.Endpoints
 	for i := 0; i < n && len(dst) < cap(dst); i++ {
 		if e := p.Endpoints[(start+i)%n]; e.Available() {
 			dst = append(dst, e)
 		}
 	}
-	r.Outcome = OutcomeBalanced
-	return dst
+	c.Endpoints, c.Outcome = dst, OutcomeBalanced
 }
 
 var _ Policy = (*RoundRobin)(nil)

@@ -91,9 +91,10 @@ func NewSessionHash(cfg SessionHashConfig, p *Pool, rnd *Rand) *SessionHash {
 }
 
 // Pick implements Policy.
-func (s *SessionHash) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
+func (s *SessionHash) Pick(r *Request, p *Pool, c *Choice) {
 	if !r.HasSession || len(s.ring) == 0 {
-		return s.fallback.Pick(r, p, dst)
+		s.fallback.Pick(r, p, c)
+		return
 	}
 	var total int64
 	avail := 0
@@ -104,8 +105,8 @@ func (s *SessionHash) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 		}
 	}
 	if avail == 0 {
-		r.Outcome = OutcomeNoEndpoint
-		return dst
+		c.Outcome = OutcomeNoEndpoint
+		return
 	}
 	// Bound = ceil(c * (total+1) / avail): the +1 counts this request.
 	bound := int64(s.cfg.LoadFactor*float64(total+1)/float64(avail) + 0.999999)
@@ -121,6 +122,7 @@ func (s *SessionHash) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 		}
 	}
 	first := true
+	dst := c.Endpoints
 	start := len(dst)
 	var skipped *Endpoint
 	for i := 0; i < len(s.ring) && len(dst) < cap(dst); i++ {
@@ -141,14 +143,14 @@ func (s *SessionHash) Pick(r *Request, p *Pool, dst []*Endpoint) []*Endpoint {
 	switch {
 	case len(dst) == start:
 		// Every endpoint is over the bound: least loaded still serves.
-		r.Outcome = OutcomeOverflow
-		return fillLeastLoaded(dst, p, nil)
+		c.Outcome = OutcomeOverflow
+		dst = fillLeastLoaded(dst, p, nil)
 	case skipped != nil:
-		r.Outcome = OutcomeOverflow
+		c.Outcome = OutcomeOverflow
 	default:
-		r.Outcome = OutcomeAffinity
+		c.Outcome = OutcomeAffinity
 	}
-	return dst
+	c.Endpoints = dst
 }
 
 var _ Policy = (*SessionHash)(nil)

@@ -29,7 +29,7 @@ func TestRoundRobin(t *testing.T) {
 				p.Endpoints[i].SetDown(true)
 			}
 			for i, want := range tc.want {
-				got := names(p.Policy.Pick(&Request{}, p, make([]*Endpoint, 0, tc.picks)))
+				got := names(choose(p, &Request{}, tc.picks).Endpoints)
 				if got != want {
 					t.Fatalf("pick %d = %q, want %q", i, got, want)
 				}
@@ -60,7 +60,7 @@ func TestLeastRequest(t *testing.T) {
 				p.Endpoints[i].SetDown(true)
 			}
 			for i := 0; i < 200; i++ {
-				got := p.Policy.Pick(&Request{}, p, make([]*Endpoint, 0, 1))
+				got := choose(p, &Request{}, 1).Endpoints
 				if len(got) != 1 {
 					t.Fatalf("no pick")
 				}
@@ -81,7 +81,7 @@ func TestLeastRequestTieSpread(t *testing.T) {
 	counts := map[string]int{}
 	const n = 10000
 	for i := 0; i < n; i++ {
-		counts[p.Policy.Pick(&Request{}, p, make([]*Endpoint, 0, 1))[0].Name]++
+		counts[choose(p, &Request{}, 1).Endpoints[0].Name]++
 	}
 	for name, c := range counts {
 		if math.Abs(float64(c)-n/4) > n/4*0.1 {
@@ -95,7 +95,7 @@ func TestLeastRequestTieSpread(t *testing.T) {
 
 func sessionPick(p *Pool, key string) string {
 	r := &Request{Session: []byte(key), HasSession: true, SessionHash: hashKey([]byte(key))}
-	got := p.Policy.Pick(r, p, make([]*Endpoint, 0, 1))
+	got := choose(p, r, 1).Endpoints
 	if len(got) == 0 {
 		return ""
 	}
@@ -197,9 +197,10 @@ func TestSessionHashBoundedLoad(t *testing.T) {
 				}
 			}
 			r := &Request{Session: []byte("s1"), HasSession: true, SessionHash: hashKey([]byte("s1"))}
-			got := p.Policy.Pick(r, p, make([]*Endpoint, 0, 3))
-			if (got[0].Name != home) != tc.moved || r.Outcome != tc.outcome {
-				t.Fatalf("pick %s (home %s) outcome %v", names(got), home, r.Outcome)
+			c := choose(p, r, 3)
+			got := c.Endpoints
+			if (got[0].Name != home) != tc.moved || c.Outcome != tc.outcome {
+				t.Fatalf("pick %s (home %s) outcome %v", names(got), home, c.Outcome)
 			}
 			if len(got) != 3 {
 				t.Fatalf("want 3 distinct picks, got %s", names(got))
@@ -213,8 +214,8 @@ func TestSessionHashNoSessionFallsBack(t *testing.T) {
 	p.Endpoints[0].AddInflight(50)
 	p.Endpoints[1].AddInflight(50)
 	r := &Request{}
-	if got := p.Policy.Pick(r, p, make([]*Endpoint, 0, 1)); got[0].Name != "e2" || r.Outcome != OutcomeBalanced {
-		t.Fatalf("no-session pick %s outcome %v, want e2 balanced", names(got), r.Outcome)
+	if c := choose(p, r, 1); c.Endpoints[0].Name != "e2" || c.Outcome != OutcomeBalanced {
+		t.Fatalf("no-session pick %s outcome %v, want e2 balanced", names(c.Endpoints), c.Outcome)
 	}
 }
 
@@ -260,9 +261,10 @@ func TestPrefixAffinity(t *testing.T) {
 				p.Endpoints[i].AddInflight(l)
 			}
 			r := &Request{Blocks: tc.req}
-			got := p.Policy.Pick(r, p, make([]*Endpoint, 0, 3))
-			if got[0].Name != tc.want || r.Outcome != tc.outcome || r.Matched < tc.minMatch {
-				t.Fatalf("pick %s outcome %v matched %d; want %s %v >=%d", names(got), r.Outcome, r.Matched, tc.want, tc.outcome, tc.minMatch)
+			c := choose(p, r, 3)
+			got := c.Endpoints
+			if got[0].Name != tc.want || c.Outcome != tc.outcome || c.Matched < tc.minMatch {
+				t.Fatalf("pick %s outcome %v matched %d; want %s %v >=%d", names(got), c.Outcome, c.Matched, tc.want, tc.outcome, tc.minMatch)
 			}
 			if len(tc.req) > 0 && pa.lrus[got[0].Index].matchLen(tc.req) != len(tc.req) {
 				t.Fatal("prompt not recorded on the chosen endpoint")
@@ -305,7 +307,7 @@ func TestPrefixAffinitySession(t *testing.T) {
 		var home string
 		for i := 0; i < 5; i++ {
 			r := &Request{Session: key, HasSession: true, SessionHash: hashKey(key), Blocks: blocksOf(fmt.Sprintf("turn %d of %d", i, s), 0)}
-			got := p.Policy.Pick(r, p, make([]*Endpoint, 0, 1))[0].Name
+			got := choose(p, r, 1).Endpoints[0].Name
 			if home == "" {
 				home = got
 			} else if got != home {
@@ -322,9 +324,9 @@ func TestPrefixAffinitySession(t *testing.T) {
 	// waits where the same request without one would not.
 	key := []byte("sess-0")
 	r := &Request{Session: key, HasSession: true, SessionHash: hashKey(key)}
-	home := p.Policy.Pick(r, p, make([]*Endpoint, 0, 1))[0]
+	home := choose(p, r, 1).Endpoints[0]
 	home.AddInflight(1)
-	if got := p.Policy.Pick(r, p, make([]*Endpoint, 0, 1))[0]; got == home {
+	if got := choose(p, r, 1).Endpoints[0]; got == home {
 		t.Fatal("session kept on a replica above the lowest load")
 	}
 }
@@ -346,7 +348,7 @@ func TestPrefixAffinitySessionStaysAtEvenLoad(t *testing.T) {
 		if session {
 			r.Session, r.HasSession, r.SessionHash = key, true, hashKey(key)
 		}
-		return p.Policy.Pick(r, p, make([]*Endpoint, 0, 1))[0]
+		return choose(p, r, 1).Endpoints[0]
 	}
 	home := pick(true)
 	for turn := 2; turn <= sessionRecentSlack+1; turn++ {
@@ -394,7 +396,7 @@ func TestPrefixAffinitySessionTiesOnly(t *testing.T) {
 			for s := 0; s < 50; s++ {
 				key := []byte(fmt.Sprintf("s%d", s))
 				r := &Request{Session: key, HasSession: true, SessionHash: hashKey(key), Blocks: blocksOf("q", 0)}
-				got := p.Policy.Pick(r, p, make([]*Endpoint, 0, 1))[0].Name
+				got := choose(p, r, 1).Endpoints[0].Name
 				if !slices.Contains(tc.allow, got) {
 					t.Fatalf("session %s went to %s, want one of %v", key, got, tc.allow)
 				}
@@ -444,7 +446,7 @@ func TestLeastRequestChoices(t *testing.T) {
 		}
 		hits := 0
 		for i := 0; i < 200; i++ {
-			if p.Policy.Pick(&Request{}, p, make([]*Endpoint, 0, 1))[0].Name == "e0" {
+			if choose(p, &Request{}, 1).Endpoints[0].Name == "e0" {
 				hits++
 			}
 		}

@@ -28,6 +28,13 @@ func testPool(t testing.TB, n int, build func(p *Pool) Policy) *Pool {
 	return p
 }
 
+// choose runs p's policy for r with room for n endpoints.
+func choose(p *Pool, r *Request, n int) *Choice {
+	c := &Choice{Endpoints: make([]*Endpoint, 0, n)}
+	p.Policy.Pick(r, p, c)
+	return c
+}
+
 func names(es []*Endpoint) string {
 	var s []string
 	for _, e := range es {

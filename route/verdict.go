@@ -175,13 +175,14 @@ func (s *Server) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *scratch,
 
 // decide runs the pool's policy and fills the verdict.
 func (s *Server) decide(snap *Snapshot, p *Pool, v *Verdict, sc *scratch, start time.Time) *Endpoint {
-	picks := s.pick(snap, p, sc, sc.picks[:0:min(1+snap.Config.Fallbacks, len(sc.picks))])
-	if len(picks) == 0 {
-		s.refuse(v, p, sc.req.Reject)
+	c := &sc.serve
+	s.pick(snap, p, sc, c, sc.picks[:0:min(1+snap.Config.Fallbacks, len(sc.picks))])
+	if len(c.Endpoints) == 0 {
+		s.refuse(v, p, c.Reject)
 		return nil
 	}
-	s.route(v, p, picks, start)
-	return picks[0]
+	s.route(v, p, c.Endpoints, start)
+	return c.Endpoints[0]
 }
 
 // route opens the decision for picks[0] and fills v with it.
