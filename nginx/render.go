@@ -229,10 +229,23 @@ type tmplData struct {
 	// VerdictVars are the js_var variables the njs copies the verdict
 	// into (route.VerdictFields' NginxVar).
 	VerdictVars []string
-	Models      []modelData
+	// AuthVars are the auth_request_set copies of header mode: the
+	// verdict's copied rows (route.GlueVerdict) and the reason, from
+	// turnout's answer headers.
+	AuthVars []authVar
+	Models   []modelData
 	Endpoints   []endpointData
 	Pools       []poolData
 	summary     Summary
+}
+
+// authVar copies the answer header of turnout's auth_request into Var:
+// "auth_request_set $Var $Upstream".
+type authVar struct{ Var, Upstream string }
+
+// upstreamVar is nginx's variable for an upstream answer header.
+func upstreamVar(header string) string {
+	return "upstream_http_" + strings.ReplaceAll(strings.ToLower(header), "-", "_")
 }
 
 type routeServer struct {
@@ -302,6 +315,13 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 			d.VerdictVars = append(d.VerdictVars, f.NginxVar)
 		}
 	}
+	g := route.GlueVerdict()
+	for _, f := range g.Copied {
+		if f.NginxVar != "" {
+			d.AuthVars = append(d.AuthVars, authVar{f.NginxVar, upstreamVar(f.Header)})
+		}
+	}
+	d.AuthVars = append(d.AuthVars, authVar{"turnout_reason", upstreamVar(g.Reason.Header)})
 	d.JSFile = filepath.Join(d.Dir, JSFile)
 	if opts.Workers > 0 {
 		d.Workers = strconv.Itoa(opts.Workers)

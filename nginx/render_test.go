@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -152,6 +153,20 @@ func TestRenderModes(t *testing.T) {
 	}
 	for _, want := range []string{"auth_request /_turnout/ask_headers;", "underscores_in_headers on;", "upstream turnout.ep.chat-0 {", "keepalive 32;", "proxy_buffering off;"} {
 		if !strings.Contains(conf, want) {
+			t.Errorf("header-only config lacks %q", want)
+		}
+	}
+	// Header mode copies the verdict rows the njs copies, from the same
+	// table: a new row reaches both modes.
+	g := route.GlueVerdict()
+	wantSet := []string{"auth_request_set $turnout_reason $upstream_http_x_turnout_reason;"}
+	for _, f := range g.Copied {
+		if f.NginxVar != "" {
+			wantSet = append(wantSet, "auth_request_set $"+f.NginxVar+" $upstream_http_"+strings.ReplaceAll(strings.ToLower(f.Header), "-", "_")+";")
+		}
+	}
+	for _, want := range wantSet {
+		if !strings.Contains(directives.String(), want) {
 			t.Errorf("header-only config lacks %q", want)
 		}
 	}
