@@ -79,7 +79,7 @@ func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, s
 	if m := sc.serve.Matched; cfg.SkipPrefillBelow > 0 && d.Serve.blockBytes > 0 && m > 0 {
 		if uncached := r.PromptBytes - m*d.Serve.blockBytes; uncached < cfg.SkipPrefillBelow {
 			s.m.pdPrefill[3].Add(1)
-			s.route(v, d.Serve, decode, start)
+			s.route(v, d.Serve, &sc.serve, start)
 			return
 		}
 	}
@@ -89,7 +89,7 @@ func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, s
 		if cfg.NoPrefill == "aggregate" {
 			s.log.Debug().Str(fieldDeployment, d.Name).Str(fieldReason, "no prefill replica").Msg("serving aggregated on decode")
 			s.m.pdPrefill[4].Add(1)
-			s.route(v, d.Serve, decode, start)
+			s.route(v, d.Serve, &sc.serve, start)
 			return
 		}
 		v.RetryAfter = true
@@ -116,7 +116,7 @@ func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, s
 			"prefill failed on every tried replica: "+err.Error())
 		return
 	}
-	s.route(v, d.Serve, decode, start)
+	s.route(v, d.Serve, &sc.serve, start)
 	v.KVTransfer = make([]byte, base64.StdEncoding.EncodedLen(len(kv)))
 	base64.StdEncoding.Encode(v.KVTransfer, kv)
 	v.Prefill = used.name

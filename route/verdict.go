@@ -181,12 +181,13 @@ func (s *Server) decide(snap *Snapshot, p *Pool, v *Verdict, sc *scratch, start 
 		s.refuse(v, p, c.Reject)
 		return nil
 	}
-	s.route(v, p, c.Endpoints, start)
+	s.route(v, p, c, start)
 	return c.Endpoints[0]
 }
 
-// route opens the decision for picks[0] and fills v with it.
-func (s *Server) route(v *Verdict, p *Pool, picks []*Endpoint, start time.Time) {
+// route opens the decision for the policy's first pick and fills v with it.
+func (s *Server) route(v *Verdict, p *Pool, c *Choice, start time.Time) {
+	picks := c.Endpoints
 	e := picks[0]
 	v.Status = 200
 	v.Decision = s.dec.open(e, start.UnixNano())
