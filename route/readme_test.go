@@ -69,3 +69,17 @@ func TestREADMEFacts(t *testing.T) {
 		t.Errorf("README's Node version does not match what .ci/run installs (Debian bookworm nodejs 18)")
 	}
 }
+
+// The README's contract section names every header of the verdict table,
+// so a new row is documented where operators read the contract.
+func TestREADMEListsVerdictHeaders(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Skipf("README.md not found: %v", err)
+	}
+	for _, f := range VerdictFields() {
+		if f.Header != "" && !strings.Contains(string(b), "`"+f.Header) {
+			t.Errorf("README.md does not document the verdict header %s (row %q of contract_glue.go)", f.Header, f.Name)
+		}
+	}
+}
