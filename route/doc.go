@@ -19,7 +19,8 @@
 //     fallbacks among the healthy ones, hashing the prompt into blocks when
 //     the policy wants it;
 //     a prefill/decode deployment picks the decode endpoint, runs the
-//     prefill itself (pd.go) and computes the body edit that hands on
+//     prefill itself on a prefill endpoint (pd.go picks and retries,
+//     route/pd makes the call) and computes the body edit that hands on
 //     kv_transfer_params (contract_body.go);
 //  4. verdict: the Verdict (server, fallbacks, decision id, PD edit), or a
 //     refusal with a status, an OpenAI-style JSON error and a reason the

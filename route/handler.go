@@ -19,6 +19,7 @@ import (
 
 	"github.com/turnout/turnout/route/kv"
 	"github.com/turnout/turnout/route/payload"
+	"github.com/turnout/turnout/route/pd"
 )
 
 // Log field names.
@@ -57,7 +58,7 @@ type Server struct {
 	budget bodyBudget
 	pool   sync.Pool
 	m      serverMetrics
-	pd     *pdClient
+	pd     *pd.Client
 	// ctx ends background work owned by policies (KV subscriptions).
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -101,7 +102,7 @@ func NewServer(cfg *config.Config, opts Options) (*Server, error) {
 		feedbackHealth: newFeedbackHealth(),
 	}
 	s.m.init()
-	s.pd = newPDClient(s)
+	s.pd = pd.New()
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.kvHub = kv.NewHub(s.ctx, s.log)
 	if err := s.Apply(cfg); err != nil {
@@ -199,6 +200,8 @@ type scratch struct {
 	// part beyond max_body.
 	body []byte
 	drop [4096]byte
+	// pdh is the prefill call's header source (pd.go).
+	pdh pdHeaders
 }
 
 func (s *Server) getScratch(maxBlocks int) *scratch {

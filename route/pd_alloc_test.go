@@ -7,7 +7,7 @@ import (
 
 // pdDecisionAllocs bounds the allocations of one prefill/decode decision,
 // the fake prefill replica's own included (it copies each body it gets).
-// Measured when the prefill client moved to route/pd (issue 14); the PD
+// 10 before and after the prefill call moved to route/pd (issue 14): the PD
 // path may not allocate more than it did.
 const pdDecisionAllocs = 10
 
