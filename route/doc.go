@@ -25,6 +25,12 @@
 //  4. verdict: the Verdict (server, fallbacks, decision id, PD edit), or a
 //     refusal with a status, an OpenAI-style JSON error and a reason the
 //     glue acts on (GlueActionFor); the transport writes it. The decision
-//     stays open until the proxy's feedback (/internal/done or the syslog
-//     line) closes it, which keeps the load counters honest.
+//     stays open until the proxy's feedback (/internal/done, or the syslog
+//     line of contract.go read by feedback_line.go) closes it, which keeps
+//     the load counters honest.
+//
+// What serves the decision without being part of it lives beside route:
+// the config file poller (internal/filewatch), the connection limit whose
+// refusal the glue reads (internal/netlimit, OverloadedAnswer), the config
+// schema (internal/config).
 package route
