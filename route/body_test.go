@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/netlimit"
 )
 
 // serveHTTP runs s's real fasthttp server (the one `turnout serve` uses) on
@@ -23,7 +24,7 @@ func serveHTTP(t *testing.T, s *Server) string {
 		t.Fatal(err)
 	}
 	hs := s.NewHTTPServer()
-	lln := LimitListener(ln, s.Snapshot().Config.Limits.MaxConns)
+	lln := netlimit.Listener(ln, s.Snapshot().Config.Limits.MaxConns, OverloadedAnswer())
 	go func() { _ = hs.Serve(lln) }()
 	t.Cleanup(func() { _ = hs.Shutdown() })
 	return ln.Addr().String()
@@ -307,6 +308,9 @@ func TestMaxConns(t *testing.T) {
 	res := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", PathRoute, len(body)), []byte(body))
 	if res.StatusCode != 503 || res.Header.Get(HdrReason) != ReasonOverloaded {
 		t.Fatalf("third connection: %d %q", res.StatusCode, res.Header.Get(HdrReason))
+	}
+	if e := errBody(t, []byte(readAll(res))); e.Code != ReasonOverloaded || e.Type != "service_unavailable" {
+		t.Fatalf("third connection's body: %+v", e)
 	}
 	held[0].Close()
 	deadline := time.Now().Add(2 * time.Second)

@@ -21,11 +21,18 @@
 //     and fallbacks among the healthy ones, best first, the Outcome for
 //     metrics, the matched prefix, or a strict policy's Reject reason);
 //     a prefill/decode deployment picks the decode endpoint, runs the
-//     prefill itself (pd.go) and computes the body edit that hands on
+//     prefill itself on a prefill endpoint (pd.go picks and retries,
+//     route/pd makes the call) and computes the body edit that hands on
 //     kv_transfer_params (contract_body.go);
 //  4. verdict: the Verdict (server, fallbacks, decision id, PD edit), or a
 //     refusal with a status, an OpenAI-style JSON error and a reason the
 //     glue acts on (GlueActionFor); the transport writes it. The decision
-//     stays open until the proxy's feedback (/internal/done or the syslog
-//     line) closes it, which keeps the load counters honest.
+//     stays open until the proxy's feedback (/internal/done, or the syslog
+//     line of contract.go read by feedback_line.go) closes it, which keeps
+//     the load counters honest.
+//
+// What serves the decision without being part of it lives beside route:
+// the config file poller (internal/filewatch), the connection limit whose
+// refusal the glue reads (internal/netlimit, OverloadedAnswer), the config
+// schema (internal/config).
 package route

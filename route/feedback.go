@@ -93,72 +93,15 @@ func (s *Server) FeedbackDatagram(src netip.Addr, b []byte) {
 	}
 }
 
-var feedbackTagB = []byte(FeedbackTag + " ")
-
-// feedbackFields are the parsed fields of one line (views into it).
-type feedbackFields struct {
-	id, srv, tok          []byte
-	hasID, hasSrv, hasTok bool
-	status, ms, ttfb      int64 // -1 = absent or unknown
-}
-
-func parseFeedback(rest []byte) (f feedbackFields) {
-	f.status, f.ms, f.ttfb = -1, -1, -1
-	for len(rest) > 0 {
-		var kv []byte
-		if j := bytes.IndexByte(rest, ' '); j >= 0 {
-			kv, rest = rest[:j], rest[j+1:]
-		} else {
-			kv, rest = rest, nil
-		}
-		eq := bytes.IndexByte(kv, '=')
-		if eq <= 0 {
-			continue
-		}
-		k, v := kv[:eq], bytes.Trim(kv[eq+1:], "\"")
-		switch string(k) { // no allocation: the compiler compares in place
-		case FeedbackFieldID:
-			f.id, f.hasID = v, true
-		case FeedbackFieldServer:
-			f.srv, f.hasSrv = v, true
-		case FeedbackFieldStatus:
-			f.status = parseMs(v)
-		case FeedbackFieldMs:
-			f.ms = parseMs(v)
-		case FeedbackFieldTTFB:
-			f.ttfb = parseMs(v)
-		case FeedbackFieldToken:
-			f.tok, f.hasTok = v, true
-		}
-	}
-	return f
-}
-
-// parseMs reads a non-negative decimal; anything else ("-", "-1", "") is -1.
-func parseMs(b []byte) int64 {
-	if len(b) == 0 || len(b) > 15 {
-		return -1
-	}
-	var n int64
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			return -1
-		}
-		n = n*10 + int64(c-'0')
-	}
-	return n
-}
-
 // FeedbackLine handles one proxy log line; it reports whether a decision
 // closed. The line's status, ms and ttfb feed the metrics and stall
 // detection of the endpoint named by srv (else the decision's endpoint).
 func (s *Server) FeedbackLine(line []byte) bool {
-	i := bytes.Index(line, feedbackTagB)
-	if i < 0 {
+	f, ok := parseFeedbackLine(line)
+	if !ok {
 		s.m.feedbackBad.Add(1)
 		return false
 	}
-	f := parseFeedback(line[i+len(feedbackTagB):])
 	snap := s.snap.Load()
 	if tok := snap.fb.token; len(tok) > 0 && (!f.hasTok || subtle.ConstantTimeCompare(f.tok, tok) != 1) {
 		s.m.feedbackRejected.Add(1)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/turnout/turnout/route/kv"
 	"github.com/turnout/turnout/route/payload"
+	"github.com/turnout/turnout/route/pd"
 )
 
 // Log field names.
@@ -57,7 +58,7 @@ type Server struct {
 	budget bodyBudget
 	pool   sync.Pool
 	m      serverMetrics
-	pd     *pdClient
+	pd     *pd.Client
 	// ctx ends background work owned by policies (KV subscriptions).
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -101,7 +102,7 @@ func NewServer(cfg *config.Config, opts Options) (*Server, error) {
 		feedbackHealth: newFeedbackHealth(),
 	}
 	s.m.init()
-	s.pd = newPDClient(s)
+	s.pd = pd.New()
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.kvHub = kv.NewHub(s.ctx, s.log)
 	if err := s.Apply(cfg); err != nil {
@@ -203,6 +204,8 @@ type scratch struct {
 	// serve and prefill are the policies' answers for the serving (decode)
 	// and the prefill pool; their Endpoints are views into picks.
 	serve, prefill Choice
+	// pdh is the prefill call's header source (pd.go).
+	pdh pdHeaders
 }
 
 func (s *Server) getScratch(maxBlocks int) *scratch {
@@ -424,6 +427,17 @@ func writeError(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
 	ctx.SetBody(b)
 }
 
+// OverloadedAnswer is the raw HTTP answer to a connection over
+// limits.max_conns (internal/netlimit writes it): a 503 with the overloaded
+// reason, so the proxy glue applies its fail mode without counting a dead
+// turnout, which fasthttp's own Concurrency limit (plain text, no reason)
+// would not let it do.
+func OverloadedAnswer() []byte {
+	body := errorBody("service_unavailable", ReasonOverloaded, "too many connections to turnout")
+	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n" + HdrReason + ": " + ReasonOverloaded +
+		"\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + string(body))
+}
+
 // ErrorHandler answers fasthttp-level errors (oversized or malformed
 // requests) in JSON. fasthttp's own error text never reaches the client
 // (the proxies would relay it); each answer carries an X-Turnout-Reason the
@@ -471,7 +485,7 @@ func (s *Server) NewHTTPServerFor(cfg *config.Config) *fasthttp.Server {
 		MaxRequestBodySize: hardBodyLimit(maxMaxBody),
 		// The request head must fit one read buffer.
 		ReadBufferSize: lim.MaxHeaderBytes,
-		// limits.max_conns is LimitListener's (an answer the glue understands).
+		// limits.max_conns is internal/netlimit's (OverloadedAnswer, which the glue understands).
 		ReadTimeout:  lim.ReadTimeout.D(),
 		WriteTimeout: 30 * time.Second,
 		IdleTimeout:  5 * time.Minute,
@@ -481,7 +495,7 @@ func (s *Server) NewHTTPServerFor(cfg *config.Config) *fasthttp.Server {
 	}
 }
 
-// HTTPServerKey names the settings NewHTTPServerFor (and LimitListener) fix for the life of
+// HTTPServerKey names the settings NewHTTPServerFor (and the connection limit) fix for the life of
 // a server, by config field: a change of any needs a new server.
 func HTTPServerKey(cfg *config.Config) map[string]string {
 	l := &cfg.Limits

@@ -9,41 +9,15 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/route/payload"
+	"github.com/turnout/turnout/route/pd"
 )
 
 // Prefill/decode disaggregation (vLLM's kv_transfer_params protocol, as the
 // NIXL connector's toy proxy drives it): turnout picks a decode and a prefill
-// replica, sends the prefill itself (max_tokens 1, not streamed, with
-// do_remote_decode), and hands the prefill's kv_transfer_params to the proxy,
+// replica, sends the prefill itself (route/pd; payload.PrefillBody: max_tokens
+// 1, not streamed, with do_remote_decode), retrying once on another prefill
+// replica, and hands the prefill's kv_transfer_params to the proxy,
 // which injects them into the request it streams to the decode replica.
-
-// errPrefillStatus carries a prefill replica's non-2xx answer.
-type errPrefillStatus struct {
-	status int
-	body   []byte
-}
-
-func (e *errPrefillStatus) Error() string {
-	return fmt.Sprintf("prefill answered %d: %.200s", e.status, e.body)
-}
-
-// pdClient calls prefill replicas.
-type pdClient struct {
-	s *Server
-	c *fasthttp.Client
-}
-
-func newPDClient(s *Server) *pdClient {
-	return &pdClient{s: s, c: &fasthttp.Client{
-		Name:                     "turnout-pd",
-		NoDefaultUserAgentHeader: true,
-		MaxConnsPerHost:          1024,
-		MaxIdleConnDuration:      90 * time.Second,
-		// Idempotent retries would re-run a prefill on a slow replica; the
-		// caller retries on another replica instead.
-		MaxIdemponentCallAttempts: 1,
-	}}
-}
 
 // routePD serves a prefill/decode deployment.
 func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *scratch, start time.Time) {
@@ -97,18 +71,18 @@ func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, s
 			"no available prefill replica in pool "+d.Prefill.Name+" (pd.no_prefill: reject)")
 		return
 	}
-	kv, used, err := s.pd.prefillWithRetry(in, snap, d, prefill, r.Payload, cfg.PrefillTimeout.D())
+	kv, used, err := s.prefillWithRetry(in, snap, prefill, r.Payload, cfg.PrefillTimeout.D(), sc)
 	if err != nil {
-		var st *errPrefillStatus
-		if errors.As(err, &st) && st.status >= 400 && st.status < 500 && len(st.body) > MaxAnswerBody {
-			v.refuse(st.status, "invalid_request_error", ReasonPrefillRejected,
-				fmt.Sprintf("the prefill replica refused the request (status %d)", st.status))
+		var st *pd.StatusError
+		if errors.As(err, &st) && st.Status >= 400 && st.Status < 500 && len(st.Body) > MaxAnswerBody {
+			v.refuse(st.Status, "invalid_request_error", ReasonPrefillRejected,
+				fmt.Sprintf("the prefill replica refused the request (status %d)", st.Status))
 			return
 		}
-		if errors.As(err, &st) && st.status >= 400 && st.status < 500 {
+		if errors.As(err, &st) && st.Status >= 400 && st.Status < 500 {
 			// The request itself is bad (e.g. too long): the decode replica
 			// would say the same, so relay the replica's own answer.
-			v.Status, v.Reason, v.Body = st.status, ReasonPrefillRejected, st.body
+			v.Status, v.Reason, v.Body = st.Status, ReasonPrefillRejected, st.Body
 			return
 		}
 		s.log.Warn().Err(err).Str(fieldDeployment, d.Name).Msg("prefill failed")
@@ -124,79 +98,67 @@ func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, s
 	v.KVLen = len(r.Payload.Body()) + len(v.KVInsert)
 }
 
-// prefillWithRetry tries the first prefill replica, then one other.
-func (c *pdClient) prefillWithRetry(in *Input, snap *Snapshot, d *Deployment, eps []*Endpoint, body *payload.Index, timeout time.Duration) ([]byte, *Endpoint, error) {
+// prefillWithRetry tries the first prefill replica, then one other; a
+// request the replica refuses (4xx) is not retried.
+func (s *Server) prefillWithRetry(in *Input, snap *Snapshot, eps []*Endpoint, body *payload.Index, timeout time.Duration, sc *scratch) ([]byte, *Endpoint, error) {
 	pbody, err := payload.PrefillBody(body)
 	if err != nil {
 		return nil, nil, err
 	}
+	// In the scratch: handed to pd as an interface, it would escape.
+	sc.pdh = pdHeaders{in: in, snap: snap}
+	defer func() { sc.pdh = pdHeaders{} }()
+	call := pd.Call{URI: in.URI, Headers: &sc.pdh, Body: pbody, Timeout: timeout}
 	var errs []error
 	for i, e := range eps {
 		if i == 2 {
 			break
 		}
-		kv, err := c.prefill(in, snap, e, pbody, timeout)
+		call.Address = e.Address
+		e.st.inflight.Add(1)
+		kv, err := s.pd.Prefill(&call)
+		e.st.inflight.Add(-1)
 		if err == nil {
 			if i > 0 {
-				c.s.m.pdPrefill[1].Add(1)
+				s.m.pdPrefill[1].Add(1)
 			} else {
-				c.s.m.pdPrefill[0].Add(1)
+				s.m.pdPrefill[0].Add(1)
 			}
 			return kv, e, nil
 		}
-		var st *errPrefillStatus
-		if errors.As(err, &st) && st.status >= 400 && st.status < 500 {
-			c.s.m.pdPrefill[2].Add(1)
+		var st *pd.StatusError
+		if errors.As(err, &st) && st.Status >= 400 && st.Status < 500 {
+			s.m.pdPrefill[2].Add(1)
 			return nil, e, err
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", e.Name, err))
 	}
-	c.s.m.pdPrefill[2].Add(1)
+	s.m.pdPrefill[2].Add(1)
 	return nil, nil, errors.Join(errs...)
 }
 
-// prefill sends one prefill request and returns its kv_transfer_params (a
-// JSON object).
-func (c *pdClient) prefill(in *Input, snap *Snapshot, e *Endpoint, body []byte, timeout time.Duration) ([]byte, error) {
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	uri := in.URI
-	if len(uri) == 0 || uri[0] != '/' {
-		uri = []byte("/v1/chat/completions")
-	}
-	req.SetRequestURI("http://" + e.Address + string(uri))
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.Header.SetContentType("application/json")
-	// Forward what the replica may need: auth, request id, session headers.
-	for _, h := range in.Headers {
-		k, v := h.Name, h.Value
+// pdHeaders forwards to the prefill replica what it may need of the
+// original request's headers: auth, the request id, the session headers.
+type pdHeaders struct {
+	in   *Input
+	snap *Snapshot
+}
+
+var _ pd.Headers = (*pdHeaders)(nil)
+
+func (p *pdHeaders) CopyTo(h *fasthttp.RequestHeader) {
+	for _, f := range p.in.Headers {
+		k, v := f.Name, f.Value
 		if headerIs(k, []byte(FwdAuthorization)) || headerIs(k, []byte(FwdRequestID)) {
-			req.Header.SetBytesKV(k, v)
+			h.SetBytesKV(k, v)
 			continue
 		}
-		for _, h := range snap.sessionHdrs {
-			if headerIs(k, h) {
-				req.Header.SetBytesKV(k, v)
+		for _, sh := range p.snap.sessionHdrs {
+			if headerIs(k, sh) {
+				h.SetBytesKV(k, v)
 			}
 		}
 	}
-	req.SetBody(body)
-	e.st.inflight.Add(1)
-	err := c.c.DoTimeout(req, resp, timeout)
-	e.st.inflight.Add(-1)
-	if err != nil {
-		return nil, fmt.Errorf("prefill request: %w", err)
-	}
-	if sc := resp.StatusCode(); sc < 200 || sc > 299 {
-		return nil, &errPrefillStatus{status: sc, body: append([]byte(nil), resp.Body()...)}
-	}
-	kv := payload.TopValue(resp.Body(), payload.KVTransferKey)
-	if len(kv) == 0 || kv[0] != '{' {
-		return nil, fmt.Errorf("prefill response from %s has no kv_transfer_params object", e.Name)
-	}
-	return append([]byte(nil), kv...), nil
 }
 
 // DecodeBody injects kv_transfer_params (raw JSON object) into a request

@@ -250,3 +250,21 @@ func TestPDSkipPrefill(t *testing.T) {
 		t.Fatalf("expected skip: %d kv=%q calls %d->%d", ctx.Response.StatusCode(), hdr(ctx, HdrKVInsert), calls, a.calls.Load())
 	}
 }
+
+// The prefill call carries auth, the request id and the session headers of
+// the original request, nothing else.
+func TestPDHeaders(t *testing.T) {
+	s := pdServer(t, "", startFakePrefill(t))
+	var in Input
+	for _, h := range [][2]string{{"authorization", "Bearer k"}, {"X-Request-ID", "r1"}, {"X_Session_Id", "s1"}, {"X-User", "u"}, {"Cookie", "c"}} {
+		in.AddHeader([]byte(h[0]), []byte(h[1]))
+	}
+	var req fasthttp.RequestHeader
+	(&pdHeaders{in: &in, snap: s.Snapshot()}).CopyTo(&req)
+	got := map[string]string{}
+	req.VisitAll(func(k, v []byte) { got[strings.ToLower(string(k))] = string(v) })
+	want := map[string]string{"authorization": "Bearer k", "x-request-id": "r1", "x_session_id": "s1"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("prefill headers %v, want %v", got, want)
+	}
+}

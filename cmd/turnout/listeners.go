@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/netlimit"
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
@@ -240,7 +241,7 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 		if err != nil {
 			return nil, err
 		}
-		ln = route.LimitListener(ln, cfg.Limits.MaxConns)
+		ln = netlimit.Listener(ln, cfg.Limits.MaxConns, route.OverloadedAnswer())
 		hs := l.srv.NewHTTPServerFor(cfg)
 		nl.serve = func() {
 			go func() {

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/haproxy"
+	"github.com/turnout/turnout/internal/filewatch"
 	"github.com/turnout/turnout/internal/procmetrics"
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/cluster"
@@ -291,7 +292,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 		}
 	}()
 	if *cfgPath != "" && *watch > 0 {
-		go route.WatchFile(ctx, *cfgPath, *watch, func() { reload("file changed") })
+		go filewatch.Poll(ctx, *cfgPath, *watch, func() { reload("file changed") })
 	}
 	log.Info().Str("listen", cfg.Listen).Int("deployments", len(cfg.Deployments)).Str("version", version).Msg("turnout serving")
 	<-ctx.Done()
