@@ -2,6 +2,7 @@ package route
 
 import (
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -81,5 +82,35 @@ func TestREADMEListsVerdictHeaders(t *testing.T) {
 		if f.Header != "" && !strings.Contains(string(b), "`"+f.Header) {
 			t.Errorf("README.md does not document the verdict header %s (row %q of contract_glue.go)", f.Header, f.Name)
 		}
+	}
+}
+
+// Every path the README's Layout table names exists, so the map of the tree
+// cannot point at a file that moved.
+func TestREADMELayoutPathsExist(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Skipf("README.md not found: %v", err)
+	}
+	s := string(b)
+	start := strings.Index(s, "## Layout\n")
+	end := strings.Index(s[start+1:], "\n## ")
+	if start < 0 || end < 0 {
+		t.Fatal("README.md has no Layout section")
+	}
+	n := 0
+	for _, m := range regexp.MustCompile("`([a-z][a-z0-9_./<>*-]*)`").FindAllStringSubmatch(s[start:start+1+end], -1) {
+		p := m[1]
+		if !strings.Contains(p, "/") && !strings.HasSuffix(p, ".go") {
+			continue // a name, not a path
+		}
+		glob := regexp.MustCompile(`<[a-z]+>`).ReplaceAllString(p, "*")
+		if hits, _ := filepath.Glob("../" + strings.TrimSuffix(glob, "/")); len(hits) == 0 {
+			t.Errorf("README Layout names %s: no such file or folder", p)
+		}
+		n++
+	}
+	if n < 20 {
+		t.Errorf("found %d paths in the Layout section, want the whole map", n)
 	}
 }
