@@ -370,16 +370,3 @@ func normByte(c byte) byte {
 	}
 	return c
 }
-
-// headerIs compares a raw header name to a normalized one without allocating.
-func headerIs(raw, norm []byte) bool {
-	if len(raw) != len(norm) {
-		return false
-	}
-	for i, c := range raw {
-		if normByte(c) != norm[i] {
-			return false
-		}
-	}
-	return true
-}

@@ -44,7 +44,10 @@ type Index struct {
 	modelBuf  [256]byte
 
 	// The prompt ("messages", "prompt", "input") as the hasher consumes it.
-	pieces      []piece
+	pieces []piece
+	// live, while Prompt finishes the pass, is fed each piece as it is
+	// recorded (no replay of what the scan just read).
+	live        PromptSink
 	promptFound bool
 	// promptStop is set when a prompt value did not have the expected shape:
 	// the prompt ends there (later prompt keys are skipped, as a walker that
@@ -187,7 +190,7 @@ func (x *Index) finish() { x.done = true }
 // field must be cleared here; TestIndexReuseTable catches stale state.
 func (x *Index) reset(body []byte, cut bool) {
 	x.body, x.cut, x.scans = body, cut, 0
-	x.s, x.done = scanner{}, false
+	x.s, x.done, x.live = scanner{}, false, nil
 	x.object, x.open, x.empty = false, -1, false
 	x.members = keep(x.members)
 	x.modelSeen, x.modelRaw, x.model = false, nil, nil
