@@ -273,8 +273,10 @@ func (s *Server) routeHTTP(ctx *fasthttp.RequestCtx) {
 			in.URI = v
 		case headerIs(k, origMethodNorm):
 			in.Method = v
-		case snap.forwarded(k):
-			in.AddHeader(k, v)
+		default:
+			if role := snap.forwardedRole(k); role != 0 {
+				in.addHeader(k, v, role)
+			}
 		}
 	}
 	body, more, held, err := s.readBody(ctx, sc, cfg)

@@ -45,3 +45,29 @@ func fold8(x uint64) uint64 {
 	under := ^((u&lo7 + lo7) | u) & hi
 	return x + upper>>2 - (under>>7)*('_'-'-')
 }
+
+// hdrRole is what a forwarded header name is to decideInput: bits, as a
+// name may be listed as both a session and a model header.
+type hdrRole uint8
+
+const (
+	hdrForwarded hdrRole = 1 << iota // one of ForwardedHeaders (the role is known)
+	hdrSession                       // one of session_headers
+	hdrModel                         // one of model_headers
+)
+
+// headerRole matches a raw header name with the session and model headers.
+func (s *Snapshot) headerRole(name []byte) hdrRole {
+	var role hdrRole
+	for _, h := range s.sessionHdrs {
+		if headerIs(name, h) {
+			role |= hdrSession
+		}
+	}
+	for _, h := range s.modelHdrs {
+		if headerIs(name, h) {
+			role |= hdrModel
+		}
+	}
+	return role
+}
