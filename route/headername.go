@@ -11,16 +11,23 @@ func headerIs(raw, norm []byte) bool {
 	return len(raw) == len(norm) && foldEqual(raw, norm)
 }
 
-// foldEqual reports whether normHeader(raw) == norm, for len(raw) == len(norm).
+// foldEqual reports whether normHeader(raw) == norm.
 func foldEqual(raw, norm []byte) bool {
 	n := len(raw)
-	if n < 8 || len(norm) != n {
+	if len(norm) != n {
+		return false
+	}
+	switch {
+	case n < 8:
 		for i, c := range raw {
-			if i >= len(norm) || normByte(c) != norm[i] {
+			if normByte(c) != norm[i] {
 				return false
 			}
 		}
-		return len(raw) == len(norm)
+		return true
+	case n <= 16: // most names: two words, overlapping when n < 16
+		return fold8(binary.LittleEndian.Uint64(raw)) == binary.LittleEndian.Uint64(norm) &&
+			fold8(binary.LittleEndian.Uint64(raw[n-8:])) == binary.LittleEndian.Uint64(norm[n-8:])
 	}
 	for i := 0; i+8 <= n; i += 8 {
 		if fold8(binary.LittleEndian.Uint64(raw[i:])) != binary.LittleEndian.Uint64(norm[i:]) {
@@ -28,7 +35,7 @@ func foldEqual(raw, norm []byte) bool {
 		}
 	}
 	// The tail: the last 8 bytes (overlapping the words above).
-	return n%8 == 0 || fold8(binary.LittleEndian.Uint64(raw[n-8:])) == binary.LittleEndian.Uint64(norm[n-8:])
+	return fold8(binary.LittleEndian.Uint64(raw[n-8:])) == binary.LittleEndian.Uint64(norm[n-8:])
 }
 
 // fold8 applies normByte to each byte of x: 'A'-'Z' gain 0x20 and '_'
