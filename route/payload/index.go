@@ -1,9 +1,10 @@
 // Package payload reads an OpenAI request body once, into an Index: the
-// model, the prompt (as ordered pieces a hasher replays), token-id prompts,
-// the top-level members (kv_transfer_params, stream...) and the object's
-// bounds. Routing, the policies and prefill/decode read the Index, never the
-// body again; the rewrites prefill/decode needs (PrefillBody, DecodeBody)
-// are built from it too.
+// model, the prompt (fed to the first hasher as the pass reads it, kept as
+// ordered pieces for any other), token-id prompts, the top-level members
+// (kv_transfer_params, stream...) and the object's bounds. Routing, the
+// policies and prefill/decode read the Index, never the body again; the
+// rewrites prefill/decode needs (PrefillBody, DecodeBody) are built from it
+// too.
 package payload
 
 import (
