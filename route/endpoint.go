@@ -181,8 +181,10 @@ type Snapshot struct {
 	byModel     map[string]*Deployment
 	sessionHdrs [][]byte // normalized: lower-case, '_' mapped to '-'
 	modelHdrs   [][]byte
-	// fwdHdrs are ForwardedHeaders, normalized: what an Input keeps.
-	fwdHdrs [][]byte
+	// fwdHdrs are ForwardedHeaders, normalized: what an Input keeps;
+	// fwdRoles[i] is what fwdHdrs[i] is (headerRole), found once here.
+	fwdHdrs  [][]byte
+	fwdRoles []hdrRole
 	// maxBlocks bounds prompt hashing (max_body / smallest block size).
 	maxBlocks int
 	// byServer finds an endpoint by its (globally unique) server name, for
@@ -225,6 +227,7 @@ func buildSnapshot(cfg *config.Config, reg *Registry, prev *Snapshot, store *sta
 	}
 	for _, h := range ForwardedHeaders(cfg) {
 		s.fwdHdrs = append(s.fwdHdrs, normHeader([]byte(h.Name)))
+		s.fwdRoles = append(s.fwdRoles, hdrForwarded|s.headerRole(s.fwdHdrs[len(s.fwdHdrs)-1]))
 	}
 	prevPools := map[string]*Pool{}
 	if prev != nil {
@@ -369,17 +372,4 @@ func normByte(c byte) byte {
 		return '-'
 	}
 	return c
-}
-
-// headerIs compares a raw header name to a normalized one without allocating.
-func headerIs(raw, norm []byte) bool {
-	if len(raw) != len(norm) {
-		return false
-	}
-	for i, c := range raw {
-		if normByte(c) != norm[i] {
-			return false
-		}
-	}
-	return true
 }

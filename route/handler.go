@@ -3,6 +3,7 @@ package route
 import (
 	"context"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"net"
@@ -280,8 +281,10 @@ func (s *Server) routeHTTP(ctx *fasthttp.RequestCtx) {
 			in.URI = v
 		case headerIs(k, origMethodNorm):
 			in.Method = v
-		case snap.forwarded(k):
-			in.AddHeader(k, v)
+		default:
+			if role := snap.forwardedRole(k); role != 0 {
+				in.addHeader(k, v, role)
+			}
 		}
 	}
 	body, more, held, err := s.readBody(ctx, sc, cfg)
@@ -358,13 +361,27 @@ func (s *Server) pick(snap *Snapshot, p *Pool, sc *scratch, c *Choice, dst []*En
 	s.sharePrefix(p, c.Endpoints[0], r.Blocks)
 }
 
-// appendID writes a decision id as 16 hex digits.
+// appendID writes a decision id as 16 hex digits, 8 at a time (hex8): a
+// loop over digits cost ~160 instructions per decision, an append per
+// digit ~250.
 func appendID(dst []byte, id uint64) []byte {
-	const hex = "0123456789abcdef"
-	for i := 60; i >= 0; i -= 4 {
-		dst = append(dst, hex[(id>>uint(i))&0xf])
-	}
-	return dst
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], hex8(uint32(id>>32)))
+	binary.BigEndian.PutUint64(b[8:], hex8(uint32(id)))
+	return append(dst, b[:]...)
+}
+
+// hex8 returns the 8 lower-case hex digits of v as the bytes of a word,
+// the first digit in the top byte: each nibble is spread to a byte, then
+// '0' is added, and 'a'-'0'-10 more where the nibble is >= 10 (n+6 carries
+// into bit 4 exactly then; no byte overflows into the next).
+func hex8(v uint32) uint64 {
+	x := uint64(v)
+	x = (x | x<<16) & 0x0000ffff0000ffff
+	x = (x | x<<8) & 0x00ff00ff00ff00ff
+	x = (x | x<<4) & 0x0f0f0f0f0f0f0f0f
+	letters := (x + 0x0606060606060606) >> 4 & 0x0101010101010101
+	return x + 0x3030303030303030 + letters*('a'-'0'-10)
 }
 
 // parseID reads a decision id written by appendID.

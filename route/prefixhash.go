@@ -36,22 +36,31 @@ func (h *prefixHasher) reset(blockSize int, out []uint64) {
 
 func (h *prefixHasher) Text(p []byte) {
 	h.total += len(p)
-	for len(p) > 0 {
+	// Bounded: the prefix beyond max blocks does not matter.
+	if h.n > 0 { // complete the block begun by earlier pieces
 		if len(h.out) == cap(h.out) {
-			return // bounded: the prefix beyond max blocks does not matter
-		}
-		if h.n == 0 && len(p) >= h.blockSize {
-			h.block(p[:h.blockSize])
-			p = p[h.blockSize:]
-			continue
+			return
 		}
 		c := copy(h.buf[h.n:h.blockSize], p)
 		h.n += c
 		p = p[c:]
-		if h.n == h.blockSize {
-			h.block(h.buf[:h.n])
-			h.n = 0
+		if h.n < h.blockSize {
+			return
 		}
+		h.block(h.buf[:h.n])
+		h.n = 0
+	}
+	// Whole blocks in place, the chain kept in locals (a 4 KiB prompt is
+	// ~16 blocks of one piece).
+	bs, prev, out := h.blockSize, h.prev, h.out
+	for len(p) >= bs && len(out) < cap(out) {
+		prev = mix64(xxhash.Sum64(p[:bs]) ^ (prev * 0x9e3779b97f4a7c15))
+		out = append(out, prev)
+		p = p[bs:]
+	}
+	h.prev, h.out = prev, out
+	if len(p) > 0 && len(out) < cap(out) {
+		h.n = copy(h.buf[:bs], p)
 	}
 }
 

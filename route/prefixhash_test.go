@@ -2,6 +2,8 @@ package route
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -52,6 +54,62 @@ func TestPrefixHasherPieces(t *testing.T) {
 		}
 		if fmt.Sprint(h.out) != fmt.Sprint(whole.out) || h.total != whole.total {
 			t.Fatalf("pieces of %d hash differently", cut)
+		}
+	}
+}
+
+// refHasher is prefixHasher.Text as first written (a block at a time
+// through h.block): the chained hashes of any split of any prompt, at any
+// block size and bound, must stay what it gives.
+type refHasher struct{ prefixHasher }
+
+func (h *refHasher) Text(p []byte) {
+	h.total += len(p)
+	for len(p) > 0 {
+		if len(h.out) == cap(h.out) {
+			return
+		}
+		if h.n == 0 && len(p) >= h.blockSize {
+			h.block(p[:h.blockSize])
+			p = p[h.blockSize:]
+			continue
+		}
+		c := copy(h.buf[h.n:h.blockSize], p)
+		h.n += c
+		p = p[c:]
+		if h.n == h.blockSize {
+			h.block(h.buf[:h.n])
+			h.n = 0
+		}
+	}
+}
+
+func TestPrefixHasherMatchesReference(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(7, 8))
+	text := make([]byte, 3000)
+	for i := range text {
+		text[i] = byte(rnd.Uint32())
+	}
+	for _, bs := range []int{16, 17, 64, 256, 4096} {
+		for _, maxBlocks := range []int{0, 1, 3, 1000} {
+			for k := 0; k < 50; k++ {
+				var got prefixHasher
+				var want refHasher
+				got.reset(bs, make([]uint64, 0, maxBlocks))
+				want.reset(bs, make([]uint64, 0, maxBlocks))
+				for p := text[:rnd.IntN(len(text))]; len(p) > 0; {
+					n := min(len(p), 1+rnd.IntN(2*bs))
+					if k%5 == 0 {
+						n = min(len(p), 1+rnd.IntN(8)) // separators, token ids
+					}
+					got.Text(p[:n])
+					want.Text(p[:n])
+					p = p[n:]
+				}
+				if !slices.Equal(got.out, want.out) || got.total != want.total || got.n != want.n || got.prev != want.prev {
+					t.Fatalf("block %d, max %d: %d blocks (n %d), reference %d (n %d)", bs, maxBlocks, len(got.out), got.n, len(want.out), want.n)
+				}
+			}
 		}
 	}
 }

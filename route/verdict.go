@@ -6,7 +6,12 @@ import (
 )
 
 // Header is one forwarded request header, as views.
-type Header struct{ Name, Value []byte }
+type Header struct {
+	Name, Value []byte
+	// role is what the transport already matched the name as (0: not
+	// matched; decideInput matches it).
+	role hdrRole
+}
 
 // Input is what the proxy sent turnout about one request, whatever the
 // transport (the HTTP call of handler.go, an SPOE message of route/spoe).
@@ -29,7 +34,13 @@ func (in *Input) Reset() {
 
 // AddHeader appends a forwarded header (views).
 func (in *Input) AddHeader(name, value []byte) {
-	in.Headers = append(in.Headers, Header{name, value})
+	in.Headers = append(in.Headers, Header{Name: name, Value: value})
+}
+
+// addHeader appends a forwarded header whose role the transport found
+// (Snapshot.forwardedRole), so decideInput does not compare its name again.
+func (in *Input) addHeader(name, value []byte, role hdrRole) {
+	in.Headers = append(in.Headers, Header{Name: name, Value: value, role: role})
 }
 
 // Verdict is everything turnout answers about one request. The HTTP
@@ -121,19 +132,19 @@ func (s *Server) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *scratch,
 	}
 	var modelHdr []byte
 	for i := range in.Headers {
-		k, val := in.Headers[i].Name, in.Headers[i].Value
-		if len(val) == 0 {
+		h := &in.Headers[i]
+		if len(h.Value) == 0 {
 			continue
 		}
-		for _, h := range snap.sessionHdrs {
-			if headerIs(k, h) {
-				r.Session = val
-			}
+		role := h.role
+		if role == 0 {
+			role = snap.headerRole(h.Name)
 		}
-		for _, h := range snap.modelHdrs {
-			if headerIs(k, h) {
-				modelHdr = val
-			}
+		if role&hdrSession != 0 {
+			r.Session = h.Value
+		}
+		if role&hdrModel != 0 {
+			modelHdr = h.Value
 		}
 	}
 
@@ -228,13 +239,17 @@ func (s *Server) refuse(v *Verdict, p *Pool, why RejectReason) {
 }
 
 // forwarded reports whether the raw header name is one of ForwardedHeaders.
-func (s *Snapshot) forwarded(name []byte) bool {
-	for _, f := range s.fwdHdrs {
+func (s *Snapshot) forwarded(name []byte) bool { return s.forwardedRole(name) != 0 }
+
+// forwardedRole is the role of the raw header name when it is one of
+// ForwardedHeaders, else 0.
+func (s *Snapshot) forwardedRole(name []byte) hdrRole {
+	for i, f := range s.fwdHdrs {
 		if headerIs(name, f) {
-			return true
+			return s.fwdRoles[i]
 		}
 	}
-	return false
+	return 0
 }
 
 // Forwarded is forwarded for the transports outside this package (SPOE).

@@ -1,9 +1,10 @@
 // Package payload reads an OpenAI request body once, into an Index: the
-// model, the prompt (as ordered pieces a hasher replays), token-id prompts,
-// the top-level members (kv_transfer_params, stream...) and the object's
-// bounds. Routing, the policies and prefill/decode read the Index, never the
-// body again; the rewrites prefill/decode needs (PrefillBody, DecodeBody)
-// are built from it too.
+// model, the prompt (fed to the first hasher as the pass reads it, kept as
+// ordered pieces for any other), token-id prompts, the top-level members
+// (kv_transfer_params, stream...) and the object's bounds. Routing, the
+// policies and prefill/decode read the Index, never the body again; the
+// rewrites prefill/decode needs (PrefillBody, DecodeBody) are built from it
+// too.
 package payload
 
 import (
@@ -44,7 +45,10 @@ type Index struct {
 	modelBuf  [256]byte
 
 	// The prompt ("messages", "prompt", "input") as the hasher consumes it.
-	pieces      []piece
+	pieces []piece
+	// live, while Prompt finishes the pass, is fed each piece as it is
+	// recorded (no replay of what the scan just read).
+	live        PromptSink
 	promptFound bool
 	// promptStop is set when a prompt value did not have the expected shape:
 	// the prompt ends there (later prompt keys are skipped, as a walker that
@@ -187,7 +191,7 @@ func (x *Index) finish() { x.done = true }
 // field must be cleared here; TestIndexReuseTable catches stale state.
 func (x *Index) reset(body []byte, cut bool) {
 	x.body, x.cut, x.scans = body, cut, 0
-	x.s, x.done = scanner{}, false
+	x.s, x.done, x.live = scanner{}, false, nil
 	x.object, x.open, x.empty = false, -1, false
 	x.members = keep(x.members)
 	x.modelSeen, x.modelRaw, x.model = false, nil, nil

@@ -18,6 +18,7 @@ import (
 // only valid bodies and their prefixes.
 func refCompare(t *testing.T, b []byte) {
 	t.Helper()
+	livePrompt(t, b)
 	var x Index
 	x.Build(b, false)
 	if got, want := x.ModelRaw(), refFindModel(b); !bytes.Equal(got, want) {
@@ -59,6 +60,29 @@ func refCompare(t *testing.T, b []byte) {
 	}
 }
 
+// livePrompt checks the two ways Prompt gives the prompt: asked first (as
+// a decision does), the rest of the pass feeds the sink as it reads; asked
+// again, the recorded pieces are replayed. Both must be the reference's
+// stream, byte for byte (separators and token ids as a hasher sees them).
+func livePrompt(t *testing.T, b []byte) {
+	t.Helper()
+	var x Index
+	x.Build(b, false)
+	var live, replay, want byteSink
+	lf := x.Prompt(&live)
+	rf := x.Prompt(&replay)
+	if x.Scans() != 1 {
+		t.Fatalf("%q: %d scans", b, x.Scans())
+	}
+	if x.promptStop {
+		return // the reference walker stops elsewhere on a malformed prompt
+	}
+	wf := refWalkPrompt(b, &want)
+	if lf != wf || rf != wf || !bytes.Equal(live.b, want.b) || !bytes.Equal(replay.b, want.b) {
+		t.Fatalf("%q: live %q (%v), replayed %q (%v), reference %q (%v)", b, live.b, lf, replay.b, rf, want.b, wf)
+	}
+}
+
 var refBodies = []string{
 	`{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true}`,
 	`{"messages":[{"role":"user","content":"hi \"x\" }"}],"model":"m2"}`,
@@ -82,6 +106,9 @@ var refBodies = []string{
 	`{"prompt":[0,4294967295,-1]}`,
 	`{"prompt":"p","prompt":[1,2]}`,
 	`{"prompt":[1],"prompt":[2]}`,
+	`{"prompt":[1,2],"model":"m","prompt":[3]}`,
+	`{"messages":[{"role":"system","content":"s"}],"model":"m","input":[{"role":"user","content":"u"}]}`,
+	`{"model":"m","prompt":[[5,6],"t",[7]]}`,
 	`{"input":[{"role":"user","content":[{"type":"input_text","text":"Q"}]},"s"]}`,
 	`{"messages":[{"role":"user","content":"abc`,
 	`{"messages":"plain","stream":false}`,

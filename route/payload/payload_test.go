@@ -36,6 +36,19 @@ func (r *recSink) Text(p []byte)   { r.b.Write(p) }
 func (r *recSink) Sep(c byte)      { r.b.WriteByte('|') }
 func (r *recSink) Token(id uint32) { fmt.Fprintf(&r.b, "<%d>", id) }
 
+// byteSink records the stream exactly as a hasher sees it: separator
+// bytes as they are, token ids as 4 little-endian bytes.
+type byteSink struct{ b []byte }
+
+func (r *byteSink) Text(p []byte) { r.b = append(r.b, p...) }
+func (r *byteSink) Sep(c byte)    { r.b = append(r.b, c) }
+func (r *byteSink) Token(id uint32) {
+	r.b = append(r.b, byte(id), byte(id>>8), byte(id>>16), byte(id>>24))
+}
+func (r *byteSink) text(p []byte)  { r.Text(p) }
+func (r *byteSink) sep(c byte)     { r.Sep(c) }
+func (r *byteSink) token(id int64) { r.Token(uint32(id)) }
+
 // refRec adapts recSink to the reference walker's sink.
 type refRec struct{ recSink }
 

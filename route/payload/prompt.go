@@ -27,33 +27,46 @@ const (
 )
 
 // piece is one step of the prompt stream: a text span of the body, a
-// separator (in tok) or a run of token ids (ids[off:end]: a 1k-token prompt
-// is one piece, not 1k).
+// separator (the byte in off) or a run of token ids (ids[off:end]: a
+// 1k-token prompt is one piece, not 1k). 12 bytes: a chat body records a
+// handful per message.
 type piece struct {
 	off, end int32
-	tok      int64
 	kind     pieceKind
 }
 
-// Prompt replays the prompt to sink -- chat "messages", completions
-// "prompt", Responses "input", in body order -- from the Index, without
-// reading the body again. It reports whether a prompt field was found.
+// Prompt gives the prompt to sink -- chat "messages", completions
+// "prompt", Responses "input", in body order -- without reading the body
+// again. It reports whether a prompt field was found.
+//
+// The pieces the pass recorded so far are replayed; when the pass has not
+// finished (Build pauses after "model", which clients send first), sink is
+// fed the rest as the pass reads it, so the usual decision hashes straight
+// from the scan. The pieces are recorded either way, for a second caller
+// (prefill/decode hashes for two pools).
 func (x *Index) Prompt(sink PromptSink) bool {
-	x.complete()
-	for i := range x.pieces {
-		p := &x.pieces[i]
+	x.replay(sink, x.pieces)
+	if !x.done {
+		x.live = sink
+		x.run(false)
+		x.live = nil
+	}
+	return x.promptFound
+}
+
+func (x *Index) replay(sink PromptSink, pieces []piece) {
+	for _, p := range pieces {
 		switch p.kind {
 		case pieceText:
 			sink.Text(x.body[p.off:p.end])
 		case pieceSep:
-			sink.Sep(byte(p.tok))
+			sink.Sep(byte(p.off))
 		default:
 			for _, id := range x.ids[p.off:p.end] {
 				sink.Token(id)
 			}
 		}
 	}
-	return x.promptFound
 }
 
 // TokenIDs returns a completions prompt given as token ids ([int...] or the
@@ -96,12 +109,18 @@ func (x *Index) text() bool {
 	}
 	if len(v) > 0 {
 		x.pieces = append(x.pieces, piece{off: int32(off), end: int32(off + len(v)), kind: pieceText})
+		if x.live != nil {
+			x.live.Text(v)
+		}
 	}
 	return complete
 }
 
 func (x *Index) sep(b byte) {
-	x.pieces = append(x.pieces, piece{tok: int64(b), kind: pieceSep})
+	x.pieces = append(x.pieces, piece{off: int32(b), kind: pieceSep})
+	if x.live != nil {
+		x.live.Sep(b)
+	}
 }
 
 // message handles one chat message or Responses input item.
@@ -250,6 +269,11 @@ func (x *Index) addTokens(start int) {
 	}
 	if x.toksOn {
 		x.toksTo += end - start
+	}
+	if x.live != nil {
+		for _, id := range x.ids[start:end] {
+			x.live.Token(id)
+		}
 	}
 	if n := len(x.pieces); n > 0 && x.pieces[n-1].kind == pieceTokens && int(x.pieces[n-1].end) == start {
 		x.pieces[n-1].end = int32(end)
