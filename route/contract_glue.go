@@ -54,9 +54,6 @@ var verdictFields = [...]VerdictField{
 		get: func(v *Verdict) []byte { return v.Pool }},
 	{Name: "decision", Header: HdrDecision, SPOEVar: SPOEVarDecision, HAProxyVar: "txn.turnout_decision", NginxVar: "turnout_decision", Kind: KindString,
 		get: (*Verdict).DecisionHex},
-	// How the policy decided, for the proxy's access log.
-	{Name: "outcome", Header: "X-Turnout-Outcome", SPOEVar: "outcome", HAProxyVar: "txn.turnout_outcome", NginxVar: "turnout_outcome", Kind: KindString,
-		get: func(v *Verdict) []byte { return outcomeValues[v.Outcome] }},
 	// kv_transfer_params reach the HTTP glue inside kv_insert only.
 	{Name: "kv_transfer", SPOEVar: SPOEVarKVTransfer, Kind: KindBase64,
 		get: func(v *Verdict) []byte { return v.KVTransfer }},
@@ -73,14 +70,6 @@ var verdictFields = [...]VerdictField{
 	{Name: "kv_at", Header: HdrKVAt, SPOEVar: SPOEVarKVAt, HAProxyVar: "txn.turnout_kv_at", Kind: KindInt},
 	{Name: "kv_len", SPOEVar: SPOEVarKVLen, Kind: KindInt},
 }
-
-// outcomeValues are the outcome row's values, made once: a decision allocates nothing.
-var outcomeValues = func() (b [numOutcomes][]byte) {
-	for o := range b {
-		b[o] = []byte(Outcome(o).String())
-	}
-	return b
-}()
 
 // routedFields are the rows every transport writes the same way for a
 // routed Verdict: a string value read by get (the other rows need a

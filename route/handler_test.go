@@ -339,23 +339,3 @@ func TestRouteCallTimeout(t *testing.T) {
 		t.Fatalf("pd: %v, want 2 x prefill_timeout + 1s", got)
 	}
 }
-
-// X-Turnout-Outcome says how the policy decided, from the verdict table's
-// row: a session's home is affinity, a request without a key is balanced.
-func TestOutcomeHeader(t *testing.T) {
-	for _, tc := range []struct {
-		policy string
-		hdrs   []string
-		want   Outcome
-	}{
-		{"session-hash", []string{"X-Session-ID", "s-1"}, OutcomeAffinity},
-		{"session-hash", nil, OutcomeBalanced},
-		{"round-robin", []string{"X-Session-ID", "s-1"}, OutcomeBalanced},
-	} {
-		s := mustServer(t, fmt.Sprintf(fourEndpoints, tc.policy))
-		ctx := do(s, chatBody("llama", "sys", "hi"), tc.hdrs...)
-		if got := hdr(ctx, VerdictFieldNamed("outcome").Header); got != tc.want.String() {
-			t.Errorf("%s %v: outcome %q, want %q", tc.policy, tc.hdrs, got, tc.want)
-		}
-	}
-}

@@ -59,8 +59,6 @@ type Verdict struct {
 	Fallbacks [][]byte
 	// Decision is the id the proxy's feedback closes (DecisionHex).
 	Decision uint64
-	// Outcome is how the policy decided (affinity, balanced, overflow).
-	Outcome Outcome
 	// PD: KVTransfer is base64(kv_transfer_params), Prefill the prefill
 	// server that ran. KVInsert is inserted into the body at byte offset
 	// KVAt, which makes the body KVLen bytes long (BodyEdit).
@@ -90,7 +88,7 @@ func (v *Verdict) DecisionHex() []byte { return appendID(v.hex[:0], v.Decision) 
 // reset empties v field by field: the fallback and hex buffers are only
 // read through Fallbacks and DecisionHex, so they need no clearing.
 func (v *Verdict) reset() {
-	v.Status, v.Server, v.Addr, v.Pool, v.Fallbacks, v.Decision, v.Outcome = 0, nil, nil, nil, nil, 0, 0
+	v.Status, v.Server, v.Addr, v.Pool, v.Fallbacks, v.Decision = 0, nil, nil, nil, nil, 0
 	v.KVTransfer, v.Prefill, v.KVInsert, v.KVAt, v.KVLen = nil, nil, nil, 0, 0
 	v.Reason, v.Body, v.RetryAfter = "", nil, false
 }
@@ -204,7 +202,6 @@ func (s *Server) route(v *Verdict, p *Pool, c *Choice, start time.Time) {
 	e := picks[0]
 	v.Status = 200
 	v.Decision = s.dec.open(e, start.UnixNano())
-	v.Outcome = c.Outcome
 	v.Server, v.Addr, v.Pool = e.name, e.addr, p.nameHdr
 	v.Fallbacks = v.fb[:0]
 	for _, f := range picks[1:] {
