@@ -185,6 +185,9 @@ type Snapshot struct {
 	// fwdRoles[i] is what fwdHdrs[i] is (headerRole), found once here.
 	fwdHdrs  [][]byte
 	fwdRoles []hdrRole
+	// gen numbers the snapshots of a Server (the header name memo of a
+	// pooled scratch is valid for one).
+	gen uint64
 	// maxBlocks bounds prompt hashing (max_body / smallest block size).
 	maxBlocks int
 	// byServer finds an endpoint by its (globally unique) server name, for
@@ -218,7 +221,10 @@ func newStateStore() *stateStore {
 // buildSnapshot turns a validated config into a snapshot, reusing the state
 // of endpoints and policies that survive from prev (nil on first load).
 func buildSnapshot(cfg *config.Config, reg *Registry, prev *Snapshot, store *stateStore, env PolicyEnv, seed uint64) (*Snapshot, []Policy, error) {
-	s := &Snapshot{Config: cfg, byModel: map[string]*Deployment{}, byServer: map[string]*Endpoint{}, fb: newFeedbackAuth(cfg)}
+	s := &Snapshot{Config: cfg, byModel: map[string]*Deployment{}, byServer: map[string]*Endpoint{}, fb: newFeedbackAuth(cfg), gen: 1}
+	if prev != nil {
+		s.gen = prev.gen + 1
+	}
 	for _, h := range cfg.SessionHeaders {
 		s.sessionHdrs = append(s.sessionHdrs, normHeader([]byte(h)))
 	}

@@ -207,6 +207,8 @@ type scratch struct {
 	serve, prefill Choice
 	// pdh is the prefill call's header source (pd.go).
 	pdh pdHeaders
+	// names remembers what the request header names are (headermemo.go).
+	names nameMemo
 }
 
 func (s *Server) getScratch(maxBlocks int) *scratch {
@@ -274,17 +276,15 @@ func (s *Server) routeHTTP(ctx *fasthttp.RequestCtx) {
 		if len(v) == 0 {
 			continue
 		}
-		switch {
-		case headerIs(k, truncNorm):
+		switch kind, role := sc.names.classify(snap, k); kind {
+		case kindTruncated:
 			in.Truncated = true
-		case headerIs(k, origURINorm):
+		case kindOrigURI:
 			in.URI = v
-		case headerIs(k, origMethodNorm):
+		case kindOrigMethod:
 			in.Method = v
-		default:
-			if role := snap.forwardedRole(k); role != 0 {
-				in.addHeader(k, v, role)
-			}
+		case kindForwarded:
+			in.addHeader(k, v, role)
 		}
 	}
 	body, more, held, err := s.readBody(ctx, sc, cfg)
