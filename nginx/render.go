@@ -232,11 +232,11 @@ type tmplData struct {
 	// AuthVars are the auth_request_set copies of header mode: the
 	// verdict's copied rows (route.GlueVerdict) and the reason, from
 	// turnout's answer headers.
-	AuthVars []authVar
-	Models   []modelData
-	Endpoints   []endpointData
-	Pools       []poolData
-	summary     Summary
+	AuthVars  []authVar
+	Models    []modelData
+	Endpoints []endpointData
+	Pools     []poolData
+	summary   Summary
 }
 
 // authVar copies the answer header of turnout's auth_request into Var:

@@ -96,7 +96,8 @@ func startHPD(t *testing.T, spoeAddr string) *hpdStack {
 		prefill:  mocks(t, "pre", 2, role(mock.RolePrefill)),
 		decode:   mocks(t, "dec", 2, role(mock.RoleDecode)),
 		mixed:    mocks(t, "mix", 1, nil),
-		spoeAddr: spoeAddr, gone: FreeAddr(t),
+		spoeAddr: spoeAddr,
+		gone:     FreeAddr(t),
 		client:   &http.Client{Timeout: 30 * time.Second},
 	}
 	s.T = StartTurnout(t, s.turnoutAddr, s.yaml(), "--haproxy-dir", s.dir, "--watch", "100ms")
