@@ -109,8 +109,17 @@ func TestFailOpenDelay(t *testing.T) {
 				nLate++
 			}
 		}
-		if nLate > 0 {
-			t.Errorf("%s: %d of the requests after the first 100 took over %v (turnout dead the whole time)", path, nLate, late)
+		// HAProxy 2.6's SPOE may still hold a pair of requests for timeout
+		// processing every 500 ms during the first second or so (seen in
+		// about one run in six, 5-10 requests; RELIABILITY.md). What this
+		// guards against is the issue 16 finding: ~11% of requests slow for
+		// the whole outage. The other paths get no allowance.
+		allowed := 0
+		if path == "HAProxy SPOE" {
+			allowed = (len(d) - 100) / 100
+		}
+		if nLate > allowed {
+			t.Errorf("%s: %d of the requests after the first 100 took over %v (turnout dead the whole time; %d allowed)", path, nLate, late, allowed)
 		}
 	}
 	t.Run("HAProxyLua", func(t *testing.T) {
