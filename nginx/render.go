@@ -240,13 +240,8 @@ type tmplData struct {
 }
 
 // authVar copies the answer header of turnout's auth_request into Var:
-// "auth_request_set $Var $Upstream".
+// "auth_request_set $Var Upstream" (Upstream includes its '$').
 type authVar struct{ Var, Upstream string }
-
-// upstreamVar is nginx's variable for an upstream answer header.
-func upstreamVar(header string) string {
-	return "upstream_http_" + strings.ReplaceAll(strings.ToLower(header), "-", "_")
-}
 
 type routeServer struct {
 	Addr   string
@@ -318,10 +313,10 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	g := route.GlueVerdict()
 	for _, f := range g.Copied {
 		if f.NginxVar != "" {
-			d.AuthVars = append(d.AuthVars, authVar{f.NginxVar, upstreamVar(f.Header)})
+			d.AuthVars = append(d.AuthVars, authVar{f.NginxVar, headerVarName("$upstream_http_", f.Header)})
 		}
 	}
-	d.AuthVars = append(d.AuthVars, authVar{"turnout_reason", upstreamVar(g.Reason.Header)})
+	d.AuthVars = append(d.AuthVars, authVar{"turnout_reason", headerVarName("$upstream_http_", g.Reason.Header)})
 	d.JSFile = filepath.Join(d.Dir, JSFile)
 	if opts.Workers > 0 {
 		d.Workers = strconv.Itoa(opts.Workers)
@@ -463,7 +458,13 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 
 // headerVar names the nginx variable of request header h.
 func headerVar(h string) headerData {
-	return headerData{Name: h, Var: "$http_" + strings.ToLower(strings.ReplaceAll(h, "-", "_"))}
+	return headerData{Name: h, Var: headerVarName("$http_", h)}
+}
+
+// headerVarName is nginx's variable for header h under prefix ($http_ for
+// a request header, $upstream_http_ for an upstream answer's).
+func headerVarName(prefix, h string) string {
+	return prefix + strings.ToLower(strings.ReplaceAll(h, "-", "_"))
 }
 
 // modelChain builds the maps that set $turnout_model to the first model

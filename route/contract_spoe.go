@@ -112,7 +112,7 @@ func NewSPOEConfig(fallbacks int) (SPOEConfig, error) {
 	for _, f := range VerdictFields() {
 		switch {
 		case f.Name == "reason":
-			c.ReasonVar = f.HAProxyVar
+			c.ReasonVar, c.ReasonHeader = f.HAProxyVar, strings.ToLower(f.Header)
 		case f.Name == "kv_len":
 			c.KVLenVar = f.SPOEVar
 		case f.Name == "retry_after":
@@ -130,7 +130,6 @@ func NewSPOEConfig(fallbacks int) (SPOEConfig, error) {
 		}
 	}
 	c.StatusVar, c.AgentReasonVar, c.BodyVar = SPOEVarStatus, SPOEVarReason, SPOEVarBody
-	c.ReasonHeader = strings.ToLower(HdrReason)
 	fc := FailClosedError
 	c.FailClosedStatus = fc.Status
 	c.FailClosedPre, c.FailClosedPost, _ = strings.Cut(fc.JSON(), ReasonToken)

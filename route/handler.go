@@ -452,7 +452,7 @@ func writeError(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
 func OverloadedAnswer() []byte {
 	body := errorBody("service_unavailable", ReasonOverloaded, "too many connections to turnout")
 	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n" + HdrReason + ": " + ReasonOverloaded +
-		"\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + string(body))
+		"\r\n" + HdrRetryAfter + ": " + RetryAfterSeconds + "\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + string(body))
 }
 
 // ErrorHandler answers fasthttp-level errors (oversized or malformed
