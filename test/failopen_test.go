@@ -99,7 +99,8 @@ func TestFailOpenDelay(t *testing.T) {
 	// late is well under SPOE's timeout processing (500 ms) and well over
 	// scheduling noise on a busy machine.
 	const n, slow, late = 1500, 100 * time.Millisecond, 400 * time.Millisecond
-	check := func(t *testing.T, path string, d []time.Duration) {
+	// allowed: how many requests after the first 100 may be late.
+	check := func(t *testing.T, path string, d []time.Duration, allowed int) {
 		nSlow, p99, worst := summarize(d, slow)
 		t.Logf("fail-open %s: %d/%d requests over %v after the kill; p99 %v, worst %v", path, nSlow, len(d), slow, p99, worst)
 		// Slow requests may only come first, while the proxy finds out.
@@ -109,34 +110,30 @@ func TestFailOpenDelay(t *testing.T) {
 				nLate++
 			}
 		}
-		// HAProxy 2.6's SPOE may still hold a pair of requests for timeout
-		// processing every 500 ms during the first second or so (seen in
-		// about one run in six, 5-10 requests; RELIABILITY.md). What this
-		// guards against is the issue 16 finding: ~11% of requests slow for
-		// the whole outage. The other paths get no allowance.
-		allowed := 0
-		if path == "HAProxy SPOE" {
-			allowed = (len(d) - 100) / 100
-		}
 		if nLate > allowed {
 			t.Errorf("%s: %d of the requests after the first 100 took over %v (turnout dead the whole time; %d allowed)", path, nLate, late, allowed)
 		}
 	}
 	t.Run("HAProxyLua", func(t *testing.T) {
 		s := startStack(t, "open", depSpec{name: "llama", policy: policyLeast, mocks: mocks(t, "fl", 2, nil)})
-		check(t, "HAProxy Lua", failOpenDelays(t, s.T, s.H.URL, "llama", nil, n))
+		check(t, "HAProxy Lua", failOpenDelays(t, s.T, s.H.URL, "llama", nil, n), 0)
 	})
 	t.Run("HAProxySPOE", func(t *testing.T) {
 		s := startStackWith(t, "open", FreeAddr(t), depSpec{name: "llama", policy: policyLeast, mocks: mocks(t, "fs", 2, nil)})
 		s.H.WaitServersUp(t, "turnout_spoe/agent0")
-		check(t, "HAProxy SPOE", failOpenDelays(t, s.T, s.H.URL, "llama", nil, n))
+		// HAProxy 2.6's SPOE may still hold a pair of requests for timeout
+		// processing every 500 ms during the first second or so (seen in
+		// about one run in six, 5-10 requests; RELIABILITY.md): 1% is
+		// allowed. What this guards against is the issue 16 finding: ~11%
+		// of requests slow for the whole outage.
+		check(t, "HAProxy SPOE", failOpenDelays(t, s.T, s.H.URL, "llama", nil, n), (n-100)/100)
 	})
 	t.Run("NginxBody", func(t *testing.T) {
 		s := startNginxStack(t, "open", ndep{name: "llama", policy: policyLeast, mode: "body", mocks: mocks(t, "fb", 2, nil)})
-		check(t, "nginx body", failOpenDelays(t, s.T, s.N.URL, "llama", nil, n))
+		check(t, "nginx body", failOpenDelays(t, s.T, s.N.URL, "llama", nil, n), 0)
 	})
 	t.Run("NginxHeader", func(t *testing.T) {
 		s := startNginxStack(t, "open", ndep{name: "llama", policy: policyLeast, mode: "header", mocks: mocks(t, "fh", 2, nil)})
-		check(t, "nginx header", failOpenDelays(t, s.T, s.N.URL, "llama", map[string]string{"X-Model": "llama"}, n))
+		check(t, "nginx header", failOpenDelays(t, s.T, s.N.URL, "llama", map[string]string{"X-Model": "llama"}, n), 0)
 	})
 }
