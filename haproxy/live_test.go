@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/freeport"
 
 	"github.com/rs/zerolog"
 
@@ -121,16 +121,6 @@ func verdict(pool, server, fallbacks, id string) func(w http.ResponseWriter, c r
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 func needHAProxy(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
@@ -215,7 +205,7 @@ func startLive(t *testing.T, o liveOpts) *liveEnv {
 	t.Helper()
 	bin := needHAProxy(t)
 	dir := t.TempDir()
-	port := freePort(t)
+	port := freeport.Port(t)
 	cfg := liveConfig(t, o, dir, port)
 	cfg.HAProxy.L7Retries = o.l7Retries
 	out, err := Render(cfg, RenderOptions{Dir: dir})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/freeport"
 
 	"github.com/turnout/turnout/route"
 )
@@ -134,7 +135,7 @@ func TestLiveFailOpenBreaker(t *testing.T) {
 
 func TestLiveFailClosed(t *testing.T) {
 	reps := []*replica{newReplica(t, "r0")}
-	port := freePort(t) // nothing listens: turnout is down
+	port := freeport.Port(t) // nothing listens: turnout is down
 	e := startLive(t, liveOpts{routeURL: "127.0.0.1:" + strconv.Itoa(port), replicas: reps, failMode: config.FailClosed})
 	var durs []time.Duration
 	for i := range 6 {

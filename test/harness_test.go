@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -32,33 +31,12 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/internal/freeport"
 	"github.com/turnout/turnout/internal/mock"
 )
 
-// FreePort returns a loopback TCP port that was free a moment ago. It is
-// drawn below Linux's ephemeral range (32768-60999): a port handed out by
-// bind(":0") and closed again is soon handed to the next bind(":0") (the
-// in-process mocks, HAProxy's own sockets), which then steals it from the
-// process the test starts on it.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	for range 200 {
-		p := 20000 + rand.IntN(12000)
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err != nil {
-			continue
-		}
-		// The UDP side too: some callers use it for syslog.
-		if pc, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(p)); err == nil {
-			pc.Close()
-			l.Close()
-			return p
-		}
-		l.Close()
-	}
-	t.Fatal("free port: none found in 20000-31999")
-	return 0
-}
+// FreePort returns a loopback port that was free a moment ago (freeport.Port).
+func FreePort(t testing.TB) int { return freeport.Port(t) }
 
 // FreeAddr returns "127.0.0.1:PORT" for a free TCP port.
 func FreeAddr(t testing.TB) string { return "127.0.0.1:" + strconv.Itoa(FreePort(t)) }

@@ -13,7 +13,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/internal/freeport"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -102,16 +102,6 @@ func Binaries(t testing.TB) (etcd, apiserver string) {
 	return etcd, apiserver
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // Start runs etcd and kube-apiserver in a temp dir, creates namespace ns
 // and applies deploy/kubernetes/rbac.yaml (repoRoot) into it. advertise is
 // the apiserver's --advertise-address ("" = 127.0.0.1... as the host decides).
@@ -120,7 +110,7 @@ func Start(t testing.TB, repoRoot, ns, advertise string) *Cluster {
 	etcdBin, apiBin := Binaries(t)
 	dir := t.TempDir()
 	c := &Cluster{t: t, Dir: dir, Namespace: ns, apiBin: apiBin}
-	ep, pp := freePort(t), freePort(t)
+	ep, pp := freeport.Port(t), freeport.Port(t)
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(ep)
 	c.etcd = start(t, dir, "etcd", etcdBin, "--data-dir", filepath.Join(dir, "etcd"),
 		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
@@ -141,7 +131,7 @@ func Start(t testing.TB, repoRoot, ns, advertise string) *Cluster {
 		AdminToken, TurnoutToken, sa, ns, NobodyToken)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port := freePort(t)
+	port := freeport.Port(t)
 	c.Host = "https://127.0.0.1:" + strconv.Itoa(port)
 	certDir := filepath.Join(dir, "certs")
 	c.apiArgs = []string{

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/turnout/turnout/internal/freeport"
 )
 
 // Server is a nats-server process on 127.0.0.1.
@@ -24,16 +26,8 @@ type Server struct {
 	done chan struct{}
 }
 
-// FreePort returns a loopback TCP port nobody listens on now.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+// FreePort returns a free loopback port (freeport.Port).
+func FreePort(t testing.TB) int { return freeport.Port(t) }
 
 // Start runs nats-server on port (0: a free one) with extra arguments and
 // waits until it accepts connections; t.Cleanup stops it.
