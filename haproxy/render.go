@@ -246,11 +246,19 @@ var (
 )
 
 type tmplData struct {
-	Generator, Structure, RoutePath, FeedbackTag string
-	// UnsafePath is route.UnsafePathRegex, refused before the /v1/ guard.
-	UnsafePath                                   string
+	Generator, Structure, RoutePath string
+	// UnsafePath is route.UnsafePathRegex, refused before the Served
+	// guard (route.PathServed); Internal is route.PathInternal.
+	UnsafePath, Served, Internal string
+	// FeedbackFormat is the log-format of the feedback line
+	// (route.FeedbackFormat).
+	FeedbackFormat string
+	// StripPrefixes (regexes, lower case) and StripNames are the client
+	// headers deleted first (route.ClientStrip).
+	StripPrefixes, StripNames []string
+	// NotFound is the answer to a path that is not served.
+	NotFound                                     errorData
 	Dir, Socket, PIDFile, Listen, Syslog         string
-	FeedbackAuth                                 string // "tok=..." or ""
 	HealthPath, DefaultBackend, ServerParams     string
 	RouteHealthPath                              string
 	RouteTimeoutMs                               int64
@@ -283,6 +291,22 @@ type spoeData struct {
 	Contract                             route.SPOEConfig
 	BodyRoom                             int
 	MaxFrameSize                         int
+}
+
+// errorData is an answer HAProxy gives itself (route.GlueError):
+// "http-request return status Status ... string 'Body' hdr Header Reason".
+type errorData struct {
+	Status               int
+	Header, Reason, Body string
+}
+
+// glueError renders e for a single-quoted HAProxy string.
+func glueError(e route.GlueError) (errorData, error) {
+	body := e.JSON()
+	if strings.ContainsAny(body, `'%\`) {
+		return errorData{}, fmt.Errorf("glue error body %q cannot go into a quoted HAProxy string", body)
+	}
+	return errorData{Status: e.Status, Header: strings.ToLower(route.HdrReason), Reason: e.Reason(), Body: body}, nil
 }
 
 type routeServer struct {
@@ -352,8 +376,9 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	d := &tmplData{
 		Generator:      generator,
 		RoutePath:      route.PathRoute,
-		FeedbackTag:    route.FeedbackTag,
 		UnsafePath:     route.UnsafePathRegex,
+		Served:         route.PathServed,
+		Internal:       route.PathInternal,
 		Dir:            path("dir", opts.Dir),
 		Socket:         path("socket", opts.Socket),
 		PIDFile:        path("pidfile", opts.PIDFile),
@@ -373,7 +398,18 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	if cfg.Feedback.Syslog != "" {
 		d.Syslog, _, _ = addr("feedback.syslog", cfg.Feedback.Syslog)
 	}
-	d.FeedbackAuth = route.FeedbackAuthField(cfg)
+	d.FeedbackFormat = route.FeedbackFormat(cfg, func(f route.FeedbackField) string { return f.HAProxy })
+	cs := route.ClientStrip()
+	for _, p := range cs.Prefixes {
+		d.StripPrefixes = append(d.StripPrefixes, "^"+regexp.QuoteMeta(strings.ToLower(p)))
+	}
+	for _, n := range cs.Names {
+		d.StripNames = append(d.StripNames, strings.ToLower(n))
+	}
+	var err error
+	if d.NotFound, err = glueError(route.NotFoundError); err != nil {
+		bad("contract", "%v", err)
+	}
 	if !httpRe.MatchString(cfg.Health.Path) {
 		bad("health.path", "%q must be a plain absolute path", cfg.Health.Path)
 	}

@@ -187,21 +187,76 @@ var clearHeaders = func() []string {
 	return append(out, route.HdrOriginalURI, route.HdrOriginalMethod, route.HdrBodyTruncated)
 }()
 
-// clearPatterns are what headers-more strips from every client request:
-// turnout's verdict headers and the glue's inputs, whatever the suffix.
-var clearPatterns = []string{"X-Turnout-*", "X-Original-*", route.HdrBodyTruncated}
+// clearPatterns are what headers-more strips from every client request
+// (route.ClientStrip): turnout's verdict headers and the glue's inputs,
+// whatever the suffix.
+var clearPatterns = func() []string {
+	cs := route.ClientStrip()
+	var out []string
+	for _, p := range cs.Prefixes {
+		out = append(out, p+"*")
+	}
+	return append(out, cs.Names...)
+}()
+
+// hideOnRelay are the verdict headers a relayed refusal must not carry:
+// all but the refusal's own (reason, Retry-After).
+var hideOnRelay = func() []string {
+	g := route.GlueVerdict()
+	var out []string
+	for _, f := range route.VerdictFields() {
+		if f.Header != "" && f.Name != g.Reason.Name && f.Name != g.RetryAfter.Name {
+			out = append(out, f.Header)
+		}
+	}
+	return out
+}()
+
+// failReasonVar holds the X-Turnout-Reason of a fail-closed answer (a map
+// of nginx.conf.tmpl).
+const failReasonVar = "$turnout_fail_reason"
+
+// errorData is an answer nginx gives itself (route.GlueError): "add_header
+// Header Reason; return Status 'Body'".
+type errorData struct {
+	Status               int
+	Header, Reason, Body string
+}
+
+// glueError renders e for a single-quoted nginx string; reason is the
+// X-Turnout-Reason value (route.HdrReason) and stands for
+// route.ReasonToken in the body.
+func glueError(e route.GlueError, reason string) (errorData, error) {
+	body := e.JSONWith(reason)
+	if strings.ContainsAny(strings.Replace(body, reason, "", 1), `'\$`) {
+		return errorData{}, fmt.Errorf("glue error body %q cannot go into a quoted nginx string", body)
+	}
+	return errorData{Status: e.Status, Header: route.HdrReason, Reason: reason, Body: body}, nil
+}
 
 // endpointPrefix names the per-replica upstreams; pools keep
 // route.PoolName so X-Turnout-Pool is an upstream name as it is.
 const endpointPrefix = "turnout.ep."
 
 type tmplData struct {
-	Generator, RoutePath, FeedbackTag     string
-	Dir, PIDFile, ErrorLog, ModulePath    string
-	User, Workers, Listen, JSFile         string
-	Syslog, SyslogTarget                  string
-	FeedbackAuth                          string // "tok=..." or ""
-	MaxBody, WorkerConnections, Keepalive int
+	Generator, RoutePath string
+	// FeedbackFormat is the log_format of the feedback line
+	// (route.FeedbackFormat).
+	FeedbackFormat string
+	// Hdr names the contract's request headers the config writes; Served
+	// is route.PathServed.
+	Hdr struct {
+		Truncated, OriginalURI, OriginalMethod string
+	}
+	Served string
+	// HideOnRelay are the verdict headers hidden from a relayed refusal.
+	HideOnRelay []string
+	// The answers nginx gives itself (route.GlueError).
+	NotFound, TooLarge, BadGateway, FailClosedError errorData
+	Dir, PIDFile, ErrorLog, ModulePath              string
+	User, Workers, Listen, JSFile                   string
+	Syslog, SyslogTarget                            string
+	MaxBody, WorkerConnections, Keepalive           int
 	// RouteBody is how much body njs hands turnout (route_body); 0 with a
 	// prefill/decode deployment, which needs all of it.
 	RouteBody                             int
@@ -283,7 +338,8 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	d := &tmplData{
 		Generator:         generator,
 		RoutePath:         route.PathRoute,
-		FeedbackTag:       route.FeedbackTag,
+		Served:            route.PathServed,
+		HideOnRelay:       hideOnRelay,
 		Dir:               path("dir", opts.Dir),
 		PIDFile:           path("pidfile", opts.PIDFile),
 		ErrorLog:          path("error_log", opts.ErrorLog),
@@ -341,7 +397,24 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		d.Syslog = addr("feedback.syslog", cfg.Feedback.Syslog)
 		d.SyslogTarget = "syslog:server=" + d.Syslog + ",facility=local0,severity=info,tag=turnout,nohostname"
 	}
-	d.FeedbackAuth = route.FeedbackAuthField(cfg)
+	d.FeedbackFormat = route.FeedbackFormat(cfg, func(f route.FeedbackField) string { return f.Nginx })
+	d.Hdr.Truncated = route.HdrBodyTruncated
+	d.Hdr.OriginalURI, d.Hdr.OriginalMethod = route.HdrOriginalURI, route.HdrOriginalMethod
+	for _, e := range []struct {
+		to     *errorData
+		err    route.GlueError
+		reason string
+	}{
+		{&d.NotFound, route.NotFoundError, route.NotFoundError.Reason()},
+		{&d.TooLarge, route.BodyTooLargeError(cfg.MaxBody), route.ReasonBodyTooLarge},
+		{&d.BadGateway, route.UpstreamFailedError, route.UpstreamFailedError.Reason()},
+		{&d.FailClosedError, route.FailClosedError, failReasonVar},
+	} {
+		var err error
+		if *e.to, err = glueError(e.err, e.reason); err != nil {
+			bad("contract", "%v", err)
+		}
+	}
 
 	// turnout's addresses. A single one is listed twice: nginx never marks
 	// the only server of a group down, and the breaker needs it to.

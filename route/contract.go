@@ -1,7 +1,5 @@
 package route
 
-import "github.com/turnout/turnout/internal/config"
-
 // The wire contract between the proxy glue (HAProxy Lua, nginx/njs, the
 // SPOE config) and turnout. The glue is rendered from these names and the
 // tables of contract_glue.go; README.md documents them. A rendered glue and
@@ -12,6 +10,10 @@ const (
 	PathHealthz = "/healthz"
 	PathReadyz  = "/readyz"
 	PathMetrics = "/metrics"
+	// PathServed is the one path prefix the proxy serves (the OpenAI API);
+	// PathInternal, turnout's own, is never served to clients.
+	PathServed   = "/v1/"
+	PathInternal = "/internal/"
 
 	// Request headers set by the proxy.
 	HdrOriginalURI    = "X-Original-URI"
@@ -61,25 +63,33 @@ const (
 	// answer of a subrequest in memory (subrequest_output_buffer_size).
 	MaxAnswerBody = 8 << 10
 
-	// FeedbackTag starts the completion log line the proxies send over syslog:
-	//   turnout-done id=<decision> srv=<server> status=<code> ms=<total ms> ttfb=<ms> [tok=<token>]
-	// Fields are space-separated key=value pairs in any order; unknown keys
-	// are ignored. ttfb is the time to the replica's response headers
-	// (HAProxy %Tr, nginx $upstream_header_time); -1 or "-" when unknown.
-	// The reader is parseFeedbackLine (feedback_line.go).
+	// FeedbackTag starts the completion log line the proxies send over
+	// syslog; its fields are the table of contract_feedback.go.
 	FeedbackTag = "turnout-done"
-
-	FeedbackFieldID     = "id"
-	FeedbackFieldServer = "srv"
-	FeedbackFieldStatus = "status"
-	FeedbackFieldMs     = "ms"
-	FeedbackFieldTTFB   = "ttfb"
-	// FeedbackFieldToken carries feedback.token when one is configured.
-	FeedbackFieldToken = "tok"
 
 	// HdrToken carries feedback.token on calls to PathDone.
 	HdrToken = "X-Turnout-Token"
 )
+
+// Prefixes of the headers turnout's verdict and the glue's inputs use
+// (every verdict header but Retry-After; X-Original-*).
+const (
+	HdrTurnoutPrefix  = "X-Turnout-"
+	HdrOriginalPrefix = "X-Original-"
+)
+
+// HeaderStrip is what every glue removes from a client's request before
+// anything else: nothing a client sends may pose as turnout's verdict or as
+// the inputs the glue gives turnout.
+type HeaderStrip struct {
+	// Prefixes match by name prefix (case-insensitive), Names exactly.
+	Prefixes, Names []string
+}
+
+// ClientStrip returns the headers every glue strips from client requests.
+func ClientStrip() HeaderStrip {
+	return HeaderStrip{Prefixes: []string{HdrTurnoutPrefix, HdrOriginalPrefix}, Names: []string{HdrBodyTruncated}}
+}
 
 // UnreadReasons are the 4xx reasons that mean turnout could not read the
 // proxy's request (its head too large, its body stalled, its framing
@@ -103,11 +113,24 @@ var UnreadReasons = func() (out []string) {
 // normalize-uri would rewrite them instead, but is experimental there.
 const UnsafePathRegex = `^[^?]*(/(\.|%2e){1,2}(/|\?|$)|%2f|%5c)`
 
-// FeedbackAuthField is the log-format text that carries the feedback token
-// ("" without a token), rendered into the HAProxy and nginx log formats.
-func FeedbackAuthField(cfg *config.Config) string {
-	if cfg.Feedback.Token == "" {
-		return ""
+// ContractLiterals are the strings this contract owns that a proxy
+// template must not spell itself (it renders them from the tables): header
+// names and prefixes (matched case-insensitively), the glue's error
+// messages, the served paths, the feedback tag and " <key>=" of every
+// feedback field. A test greps the templates for them.
+func ContractLiterals() []string {
+	out := []string{HdrOriginalURI, HdrOriginalMethod, HdrBodyTruncated, HdrToken, HdrTurnoutPrefix, HdrOriginalPrefix,
+		PathServed, PathInternal, FeedbackTag, `{"error"`}
+	for _, f := range verdictFields {
+		if f.Header != "" {
+			out = append(out, f.Header)
+		}
 	}
-	return FeedbackFieldToken + "=" + cfg.Feedback.Token
+	for _, e := range []GlueError{FailClosedError, DecodeTooLargeError, RefusedError, NotFoundError, UpstreamFailedError, BodyTooLargeError(1)} {
+		out = append(out, e.Message)
+	}
+	for _, f := range FeedbackLineFields() {
+		out = append(out, " "+f.Key+"=")
+	}
+	return out
 }

@@ -1,6 +1,10 @@
 package route
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+)
 
 // The glue contract as data. The HAProxy Lua action, the nginx njs and the
 // SPOE config are rendered from these tables (haproxy/, nginx/): the glue
@@ -238,8 +242,32 @@ func (e GlueError) JSON() string {
 	return string(b)
 }
 
+// JSONWith is the error's body with reason in place of ReasonToken (the
+// proxy's expression for the failure's reason: nginx's "$var", HAProxy's
+// "%[var(...)]"); for an error without the token it is JSON.
+func (e GlueError) JSONWith(reason string) string {
+	return strings.Replace(e.JSON(), ReasonToken, reason, 1)
+}
+
+// Reason is the X-Turnout-Reason the glue sends with the error: its code
+// (a ReasonIsToken error's reason is the failure's own).
+func (e GlueError) Reason() string { return e.Code }
+
 // ReasonToken stands for the failure's reason in a GlueError's JSON.
 const ReasonToken = "REASON"
+
+// Reasons of the glue's own errors.
+const (
+	ReasonNotFound       = "not_found"       // 404: a path the proxy does not serve
+	ReasonUpstreamFailed = "upstream_failed" // 502: the replica failed, and the retry through its pool
+)
+
+// BodyTooLargeError answers a body over max_body (maxBody bytes) in a glue
+// that refuses it before asking turnout (nginx holds the whole body).
+func BodyTooLargeError(maxBody int) GlueError {
+	return GlueError{Status: 413, Type: "invalid_request_error", Code: ReasonBodyTooLarge,
+		Message: "request body larger than " + strconv.Itoa(maxBody) + " bytes"}
+}
 
 // The errors the glue produces itself.
 var (
@@ -253,6 +281,13 @@ var (
 	// RefusedError replaces a relayed body that is empty or does not fit
 	// the SPOE frame.
 	RefusedError = GlueError{Status: 400, Type: "invalid_request_error", Code: "refused", Message: "request refused by the router"}
+	// NotFoundError answers a path outside PathServed, under
+	// PathInternal, or matching UnsafePathRegex: the proxy serves only the
+	// API.
+	NotFoundError = GlueError{Status: 404, Type: "invalid_request_error", Code: ReasonNotFound, Message: "not found"}
+	// UpstreamFailedError: the replica turnout picked failed, and so did the
+	// retry through its pool (nginx).
+	UpstreamFailedError = GlueError{Status: 502, Type: "server_error", Code: ReasonUpstreamFailed, Message: "the replica failed"}
 )
 
 // BadAnswerReason is the fail-mode reason of an answer without its

@@ -41,13 +41,16 @@ func TestGlueActionFor(t *testing.T) {
 // The glue's own errors are OpenAI-style JSON; the fail-closed one has the
 // reason token exactly once, for the glue to replace.
 func TestGlueErrors(t *testing.T) {
-	for _, e := range []GlueError{FailClosedError, DecodeTooLargeError, RefusedError} {
+	for _, e := range []GlueError{FailClosedError, DecodeTooLargeError, RefusedError, NotFoundError, UpstreamFailedError, BodyTooLargeError(1 << 20)} {
 		var v apiError
 		if err := json.Unmarshal([]byte(e.JSON()), &v); err != nil || v.Error.Type != e.Type || v.Error.Message != e.Message {
 			t.Errorf("%+v: %s (%v)", e, e.JSON(), err)
 		}
 		if n := strings.Count(e.JSON(), ReasonToken); (n == 1) != e.ReasonIsToken {
 			t.Errorf("%+v: %d reason tokens", e, n)
+		}
+		if w := e.JSONWith("$r"); e.ReasonIsToken != strings.Contains(w, `"code":"$r"`) {
+			t.Errorf("%+v: JSONWith gives %s", e, w)
 		}
 	}
 	seen := map[string]bool{}

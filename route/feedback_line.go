@@ -2,8 +2,8 @@ package route
 
 import "bytes"
 
-// The feedback line (contract.go, FeedbackTag, documents it; the HAProxy
-// and nginx log formats write it): parsed here as a pure function over the
+// The feedback line (the table of contract_feedback.go; the HAProxy and
+// nginx log formats write it): parsed here as a pure function over the
 // line's bytes, without a Server, so the format's reader lives in one
 // place. FeedbackLine (feedback.go) acts on what it finds.
 

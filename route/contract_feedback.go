@@ -1,0 +1,90 @@
+package route
+
+import (
+	"strings"
+
+	"github.com/turnout/turnout/internal/config"
+)
+
+// The feedback line: one per finished request, sent by the proxy over
+// syslog, that closes turnout's decision (feedback_line.go reads it):
+//
+//	turnout-done id=<decision> srv=<server> status=<code> ms=<total ms> ttfb=<ms> [tok=<token>] ...
+//
+// Fields are space-separated key=value pairs in any order; the reader
+// ignores unknown keys. ttfb is the time to the replica's response headers;
+// -1 or "-" when unknown. Both proxies' log formats are rendered from
+// FeedbackLineFields, so a field is added here once.
+
+// Keys of the fields the reader acts on.
+const (
+	FeedbackFieldID     = "id"
+	FeedbackFieldServer = "srv"
+	FeedbackFieldStatus = "status"
+	FeedbackFieldMs     = "ms"
+	FeedbackFieldTTFB   = "ttfb"
+	// FeedbackFieldToken carries feedback.token when one is configured.
+	FeedbackFieldToken = "tok"
+)
+
+// FeedbackField is one key=value field of the feedback line and what each
+// proxy's log format writes for it ("" where that proxy does not).
+type FeedbackField struct {
+	Key string
+	// HAProxy is a log-format expression, Nginx a log_format one.
+	HAProxy, Nginx string
+	// Read: the feedback reader acts on the field; the others are for
+	// whoever reads the log.
+	Read bool
+	// Token: the value is feedback.token, written only when one is set.
+	Token bool
+}
+
+// FeedbackLineFields returns the feedback line's fields in the order the log
+// formats write them.
+func FeedbackLineFields() []FeedbackField {
+	decision, server, pool := VerdictFieldNamed("decision"), VerdictFieldNamed("server"), VerdictFieldNamed("pool")
+	return []FeedbackField{
+		{Key: FeedbackFieldID, HAProxy: "%[var(" + decision.HAProxyVar + ")]", Nginx: "$" + decision.NginxVar, Read: true},
+		{Key: FeedbackFieldServer, HAProxy: "%s", Nginx: "$" + server.NginxVar, Read: true},
+		{Key: FeedbackFieldStatus, HAProxy: "%ST", Nginx: "$status", Read: true},
+		// Total time: HAProxy's %Ta; nginx's $request_time in ms, a map of
+		// nginx.conf.tmpl.
+		{Key: FeedbackFieldMs, HAProxy: "%Ta", Nginx: "$turnout_ms", Read: true},
+		// To the response headers: HAProxy's %Tr; nginx's
+		// $upstream_header_time of the last upstream, in ms (a map).
+		{Key: FeedbackFieldTTFB, HAProxy: "%Tr", Nginx: "$turnout_ttfb", Read: true},
+		{Key: FeedbackFieldToken, Read: true, Token: true},
+		{Key: "be", HAProxy: "%b"},
+		{Key: "tw", HAProxy: "%Tw"},
+		{Key: "tc", HAProxy: "%Tc"},
+		{Key: "retries", HAProxy: "%rc"},
+		{Key: "pool", Nginx: "$" + pool.NginxVar},
+	}
+}
+
+// FeedbackFormat renders the feedback line as a proxy's log format: expr
+// picks the proxy's expression of a field (FeedbackField.HAProxy or
+// .Nginx); the token field carries cfg's feedback.token, if any.
+func FeedbackFormat(cfg *config.Config, expr func(FeedbackField) string) string {
+	b := []string{FeedbackTag}
+	for _, f := range FeedbackLineFields() {
+		v := expr(f)
+		if f.Token {
+			v = cfg.Feedback.Token
+		}
+		if v != "" {
+			b = append(b, f.Key+"="+v)
+		}
+	}
+	return strings.Join(b, " ")
+}
+
+// FeedbackAuthField is the log-format text that carries the feedback token
+// ("" without a token).
+func FeedbackAuthField(cfg *config.Config) string {
+	if cfg.Feedback.Token == "" {
+		return ""
+	}
+	return FeedbackFieldToken + "=" + cfg.Feedback.Token
+}
