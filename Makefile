@@ -73,6 +73,6 @@ clean:
 
 # Issue 16 soak: reloads, churn and kills under load for SOAK (default 10m),
 # asserting every decision closes, then the slow-body attack's RSS
-# (RELIABILITY.md). Not part of `make test`.
+# (docs/reliability.md). Not part of `make test`.
 soak: build
 	TURNOUT_SOAK=$(or $(SOAK),10m) TURNOUT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -tags e2e -timeout 60m -parallel 3 -run 'TestSoak|TestSlowBodyAttackRSS' -v ./test/

@@ -7,7 +7,7 @@
 //   - check.go:  "nginx -t" on a scratch copy.
 //   - sync.go:   the Syncer: render, check, write, reload with a reason.
 //
-// See README.md in this directory for the two routing modes.
+// See docs/nginx.md for the two routing modes.
 package nginx
 
 import (

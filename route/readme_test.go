@@ -10,16 +10,24 @@ import (
 	"github.com/turnout/turnout/internal/config"
 )
 
-// Every YAML example in the README is a config turnout accepts, so the docs
-// cannot drift from the schema.
+// configPages are the pages whose YAML examples are turnout configs, each
+// with at least one (the README's, the schema's, KV's and PD's among them).
+var configPages = []string{"README.md", "docs/configuration.md", "docs/clusters.md", "docs/kv-aware.md", "docs/prefill-decode.md", "docs/discovery.md"}
+
+// Every YAML example in the README and the config pages of docs/ is a
+// config turnout accepts, so the docs cannot drift from the schema.
 func TestREADMEConfigExamples(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Skipf("README.md not found: %v", err)
-	}
-	blocks := regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllSubmatch(b, -1)
-	if len(blocks) < 3 {
-		t.Fatalf("found %d YAML examples in README.md, want the main, KV and PD ones", len(blocks))
+	var blocks [][][]byte
+	for _, page := range configPages {
+		b, err := os.ReadFile("../" + page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs := regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllSubmatch(b, -1)
+		if len(bs) == 0 {
+			t.Errorf("%s has no YAML example", page)
+		}
+		blocks = append(blocks, bs...)
 	}
 	for i, m := range blocks {
 		cfg, err := config.ParseConfig(m[1])
@@ -36,9 +44,9 @@ func TestREADMEConfigExamples(t *testing.T) {
 	}
 }
 
-// The README quotes only figures BENCHMARKS.md has (every "0.70x" or
-// "0.70×" ratio of the proxy paths), and names the Node version .ci/run
-// installs.
+// The README and the proxy pages quote only figures BENCHMARKS.md has
+// (every "0.70x" or "0.70×" ratio of the proxy paths), and the README names
+// the Node version .ci/run installs.
 func TestREADMEFacts(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
@@ -48,14 +56,20 @@ func TestREADMEFacts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ratios := regexp.MustCompile(`\b(\d+\.\d+)(?:x\b|×)`).FindAllSubmatch(readme, -1)
-	if len(ratios) == 0 {
-		t.Fatal("no throughput ratios in README.md")
-	}
-	for _, m := range ratios {
-		r := string(m[1])
-		if !strings.Contains(string(bench), r+"×") && !strings.Contains(string(bench), r+"x") {
-			t.Errorf("README quotes %sx, which BENCHMARKS.md does not have", r)
+	for _, page := range []string{"README.md", "docs/haproxy.md", "docs/nginx.md", "docs/clusters.md"} {
+		b, err := os.ReadFile("../" + page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ratios := regexp.MustCompile(`\b(\d+\.\d+)(?:x\b|×)`).FindAllSubmatch(b, -1)
+		if len(ratios) == 0 && page == "README.md" {
+			t.Fatal("no throughput ratios in README.md")
+		}
+		for _, m := range ratios {
+			r := string(m[1])
+			if !strings.Contains(string(bench), r+"×") && !strings.Contains(string(bench), r+"x") {
+				t.Errorf("%s quotes %sx, which BENCHMARKS.md does not have", page, r)
+			}
 		}
 	}
 	if regexp.MustCompile(`\d+k req/s`).Match(readme) {

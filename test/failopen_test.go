@@ -94,7 +94,7 @@ func summarize(d []time.Duration, slow time.Duration) (nSlow int, p99, worst tim
 // SPOE was reported to wait timeout processing (500 ms) on ~11% of requests
 // for the whole outage. A request may be slow only while the proxy finds
 // out (the decisions in flight at the kill); none after that. The figures
-// logged here are RELIABILITY.md's fail-open row.
+// logged here are docs/reliability.md's fail-open row.
 func TestFailOpenDelay(t *testing.T) {
 	// late is well under SPOE's timeout processing (500 ms) and well over
 	// scheduling noise on a busy machine.
@@ -123,7 +123,7 @@ func TestFailOpenDelay(t *testing.T) {
 		s.H.WaitServersUp(t, "turnout_spoe/agent0")
 		// HAProxy 2.6's SPOE may still hold a pair of requests for timeout
 		// processing every 500 ms during the first second or so (seen in
-		// about one run in six, 5-10 requests; RELIABILITY.md): 1% is
+		// about one run in six, 5-10 requests; docs/reliability.md): 1% is
 		// allowed. What this guards against is the issue 16 finding: ~11%
 		// of requests slow for the whole outage.
 		check(t, "HAProxy SPOE", failOpenDelays(t, s.T, s.H.URL, "llama", nil, n), (n-100)/100)

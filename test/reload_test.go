@@ -203,7 +203,7 @@ func TestLiveReloadListeners(t *testing.T) {
 
 // TestLiveReloadListenNginx: the same listen change behind nginx (body and
 // header mode), fail_mode closed. Clients open a connection per request: an
-// nginx reload closes idle keep-alive connections (see RELIABILITY.md).
+// nginx reload closes idle keep-alive connections (see docs/reliability.md).
 func TestLiveReloadListenNginx(t *testing.T) {
 	s := startNginxStack(t, "closed",
 		ndep{name: "llama", policy: policyLeast, mode: "body", mocks: mocks(t, "nlb", 2, nil)},

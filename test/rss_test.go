@@ -30,7 +30,7 @@ func rssKiB(t *testing.T, pid int) int {
 }
 
 // TestSlowBodyAttackRSS (issue 16 finding 2; runs with `make soak`, the
-// figure is RELIABILITY.md's) opens 300 connections to turnout's HTTP
+// figure is docs/reliability.md's) opens 300 connections to turnout's HTTP
 // listener, each announcing a 2 MiB body and sending one byte a second for
 // 20 s (turnout answers 408 when a chunk is late, so each reconnects), and
 // compares turnout's peak RSS with its idle RSS. Goal: at most 2x idle.

@@ -28,7 +28,7 @@ import (
 // replica kills and turnout reloads, then asserts that every decision
 // turnout made was closed by the proxies' completion feedback
 // (turnout_endpoint_inflight back to 0, decision_ttl far away). It prints
-// failed/total per stack for RELIABILITY.md.
+// failed/total per stack for docs/reliability.md.
 func TestSoak(t *testing.T) {
 	d, err := time.ParseDuration(os.Getenv("TURNOUT_SOAK"))
 	if err != nil || d <= 0 {

@@ -132,7 +132,7 @@ func decodeConfigYAML(b []byte, c *Config) (positions, error) {
 		return nil, &ConfigError{Problems: []*FieldError{syntaxError(b, err)}}
 	}
 	if doc.Kind == 0 || len(doc.Content) == 0 || doc.Content[0].Kind == yaml.ScalarNode && doc.Content[0].Tag == "!!null" {
-		return nil, &ConfigError{Problems: []*FieldError{{Msg: "the file is empty; a config needs at least a deployments list (see README.md, Configuration)"}}}
+		return nil, &ConfigError{Problems: []*FieldError{{Msg: "the file is empty; a config needs at least a deployments list (see docs/configuration.md)"}}}
 	}
 	d := nodeDecoder{pos: positions{}}
 	d.decode(doc.Content[0], reflect.ValueOf(c).Elem(), "")
