@@ -14,12 +14,15 @@ import (
 // contract owns (route.ContractLiterals): they render them from the tables,
 // so a contract change reaches every glue. Comments may name them.
 func TestTemplatesSpellNoContractLiteral(t *testing.T) {
-	comment := regexp.MustCompile(`\{\{-?\s*/\*(?s:.*?)\*/\s*-?\}\}|(?m:^[ \t]*#.*$)`)
+	// Template comments, whole-line '#', '--' and '//' comments, and
+	// trailing '--' and '//' comments (Lua, JavaScript).
+	comment := regexp.MustCompile(`\{\{-?\s*/\*(?s:.*?)\*/\s*-?\}\}|/\*(?s:.*?)\*/|(?m:^[ \t]*#.*$)|(?m:(^|[ \t])(--|//) .*$)`)
 	lits := route.ContractLiterals()
 	if len(lits) < 20 {
 		t.Fatalf("only %d contract literals", len(lits))
 	}
-	for _, name := range []string{"templates/haproxy.cfg.tmpl", "templates/haproxy-spoe.snippets.tmpl", "templates/nginx.conf.tmpl"} {
+	for _, name := range []string{"templates/haproxy.cfg.tmpl", "templates/haproxy-spoe.snippets.tmpl", "templates/nginx.conf.tmpl",
+		"templates/nginx-turnout.js", "lua/turnout.lua.tmpl"} {
 		b, err := fs.ReadFile(turnout.Assets, name)
 		if err != nil {
 			t.Fatal(err)
