@@ -243,6 +243,9 @@ type tmplData struct {
 	// FeedbackFormat is the log_format of the feedback line
 	// (route.FeedbackFormat).
 	FeedbackFormat string
+	// FeedbackVars are the variables the feedback line's ms= and ttfb=
+	// read (the table's nginx column), set by maps of the template.
+	FeedbackVars struct{ Ms, TTFB string }
 	// Hdr names the contract's request headers the config writes; Served
 	// is route.PathServed.
 	Hdr struct {
@@ -398,6 +401,14 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		d.SyslogTarget = "syslog:server=" + d.Syslog + ",facility=local0,severity=info,tag=turnout,nohostname"
 	}
 	d.FeedbackFormat = route.FeedbackFormat(cfg, func(f route.FeedbackField) string { return f.Nginx })
+	for _, f := range route.FeedbackLineFields() {
+		switch f.Key {
+		case route.FeedbackFieldMs:
+			d.FeedbackVars.Ms = f.Nginx
+		case route.FeedbackFieldTTFB:
+			d.FeedbackVars.TTFB = f.Nginx
+		}
+	}
 	d.Hdr.Truncated = route.HdrBodyTruncated
 	d.Hdr.OriginalURI, d.Hdr.OriginalMethod = route.HdrOriginalURI, route.HdrOriginalMethod
 	for _, e := range []struct {
