@@ -222,7 +222,12 @@ func TestSyncReloadsOnlyOnChange(t *testing.T) {
 	}
 	cmd := runNginx(t, bin, dir, listen)
 	master := cmd.Process.Pid
+	// The master binds the port before it forks its worker: the listener
+	// answering does not mean the worker exists yet.
 	workers := Workers(master)
+	for end := time.Now().Add(5 * time.Second); len(workers) == 0 && time.Now().Before(end); workers = Workers(master) {
+		time.Sleep(20 * time.Millisecond)
+	}
 	if len(workers) != 1 {
 		t.Fatalf("workers %v, want 1", workers)
 	}
