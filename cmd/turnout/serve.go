@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/turnout/turnout/internal/cli"
 	"github.com/turnout/turnout/internal/config"
 
 	"github.com/rs/zerolog"
@@ -28,7 +29,7 @@ type syncer interface {
 }
 
 func runServe(args []string, log *zerolog.Logger) error {
-	fs := newFlags("serve")
+	fs := cli.NewFlags("serve")
 	cfgPath := fs.String("config", "", "config file (default: embedded default config)")
 	listen := fs.String("listen", "", "override the config's listen address")
 	level := fs.String("log-level", "", "log level (debug, info, warn, error)")
@@ -41,7 +42,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 	ngx := addNginxFlags(fs, "directory of the rendered nginx files; enables nginx sync (re-render + reload)")
 	// Kubernetes discovery (issue 10)
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for pools with discovery.kubernetes (default $KUBECONFIG, else in-cluster)")
-	if err := parseFlags(fs, serveCmd, args); err != nil {
+	if err := cli.ParseFlags(fs, serveCmd, args); err != nil {
 		return err
 	}
 	if *level != "" {
@@ -67,7 +68,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 		// A model alias a replica would answer 404 for is refused here,
 		// at start and on reload (route/modelverify.go).
 		if err := route.VerifyServedModels(context.Background(), cfg, nil); err != nil {
-			return nil, withFile(err, *cfgPath)
+			return nil, cli.WithFile(err, *cfgPath)
 		}
 		return cfg, nil
 	}
@@ -75,10 +76,10 @@ func runServe(args []string, log *zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
-	logWarnings(log, *cfgPath, cfg)
+	cli.LogWarnings(log, *cfgPath, cfg)
 	srv, err := route.NewServer(cfg, route.Options{Registry: route.DefaultRegistry(), Log: log})
 	if err != nil {
-		return withFile(err, *cfgPath)
+		return cli.WithFile(err, *cfgPath)
 	}
 	defer srv.Close() // stops KV-event subscriptions
 	// turnout_build_info, go_*, process_*: gathered at scrape time only.
@@ -218,7 +219,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 			chQueued = append(chQueued, ch)
 			chMu.Unlock()
 		}
-		if err := withFile(fleet.SetBase(c), *cfgPath); err != nil {
+		if err := cli.WithFile(fleet.SetBase(c), *cfgPath); err != nil {
 			chMu.Lock()
 			if i := slices.Index(chQueued, ch); i >= 0 {
 				chQueued = slices.Delete(chQueued, i, i+1)
@@ -230,7 +231,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 		}
 		lns.start(ch)
 		log.Info().Str("trigger", why).Int("deployments", len(c.Deployments)).Strs("listeners_changed", ch.fields).Msg("config reloaded")
-		logWarnings(log, *cfgPath, c)
+		cli.LogWarnings(log, *cfgPath, c)
 		if len(syncers) == 0 && len(ch.replace) > 0 {
 			log.Warn().Strs("fields", ch.fields).Dur("grace", unmanagedGrace).Msg("listener address changed and no proxy is managed: point the proxy at the new address; the old listener closes after the grace")
 			lns.retire(ch, unmanagedGrace, c.Proxy.StreamTimeout.D())
@@ -271,7 +272,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 	// once. With discovery, the first merge goes to the proxies once the
 	// watches have listed.
 	if cfg.HasDiscovery() {
-		if err := withFile(fleet.SetBase(cfg), *cfgPath); err != nil {
+		if err := cli.WithFile(fleet.SetBase(cfg), *cfgPath); err != nil {
 			return err
 		}
 	} else {

@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/turnout/turnout/internal/kubetest"
+	"github.com/turnout/turnout/internal/testenv/kubetest"
 )
 
 const ns = "llm"
