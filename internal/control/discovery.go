@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/internal/discovery"
@@ -29,7 +28,7 @@ func newFleet(ctx context.Context, c core, kubeconfig string, log *zerolog.Logge
 			}
 			health := kube.NewAPIHealth(log)
 			health.Wrap(rc)
-			cs, err := kubernetes.NewForConfig(rc)
+			cs, err := kube.NewClient(rc)
 			if err != nil {
 				return nil, err
 			}
