@@ -35,8 +35,15 @@ func TestBinaryDepsExcludeTest(t *testing.T) {
 	}
 	inTree := func(p, dir string) bool { return p == mod+dir || strings.HasPrefix(p, mod+dir+"/") }
 	main := deps("github.com/turnout/turnout/cmd/turnout")
+	// Not in the serving binary either: client-go's generated clientset and
+	// informer factory link every Kubernetes API group (about 36 MB);
+	// internal/discovery/kube has its own two-type client.
+	heavy := map[string]bool{"k8s.io/client-go/kubernetes": true, "k8s.io/client-go/informers": true}
 	var sawRoute bool
 	for _, p := range main {
+		if heavy[p] {
+			t.Errorf("cmd/turnout depends on %s: it links every Kubernetes API group; use internal/discovery/kube's Client", p)
+		}
 		for dir, why := range banned {
 			if inTree(p, dir) {
 				t.Errorf("cmd/turnout depends on %s: %s", p, why)
