@@ -147,6 +147,7 @@ func (l *Loop) Run(ctx context.Context, cfg *config.Config) error {
 	// watches have listed.
 	if cfg.HasDiscovery() {
 		if err := cli.WithFile(l.fleet.SetBase(cfg), l.opts.ConfigPath); err != nil {
+			l.lns.shutdown(context.Background()) // never served a decision
 			return err
 		}
 	} else {
