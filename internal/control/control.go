@@ -147,7 +147,9 @@ func (l *Loop) Run(ctx context.Context, cfg *config.Config) error {
 	// watches have listed.
 	if cfg.HasDiscovery() {
 		if err := cli.WithFile(l.fleet.SetBase(cfg), l.opts.ConfigPath); err != nil {
-			l.lns.shutdown(context.Background()) // never served a decision
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			l.lns.shutdown(sctx)
 			return err
 		}
 	} else {
