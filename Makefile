@@ -1,6 +1,8 @@
 # turnout — see README.md. `make demo` runs the demo, `make test` the tests.
 GO      ?= go
 BIN     := bin/turnout
+# The lab: the mock replica and the bench harness, kept out of the serving binary.
+LAB     := bin/turnout-lab
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 export CGO_ENABLED := 0
 
@@ -10,6 +12,7 @@ all: build
 
 build:
 	$(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/turnout
+	$(GO) build -trimpath -o $(LAB) ./cmd/turnout-lab
 
 vet:
 	$(GO) vet -tags e2e ./...
@@ -22,7 +25,7 @@ test-unit:
 
 test-e2e: build
 	@test -d test || { echo "no end-to-end tests yet"; exit 0; }; \
-	TURNOUT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -tags e2e -timeout 10m ./test/...
+	TURNOUT_BIN=$(CURDIR)/$(BIN) TURNOUT_LAB_BIN=$(CURDIR)/$(LAB) $(GO) test -count=1 -tags e2e -timeout 10m ./test/...
 
 # kube-apiserver for the Kubernetes discovery tests (issue 10), built from the
 # Go module proxy once and cached under ~/.cache/turnout (.ci/run calls it).
@@ -32,7 +35,7 @@ kube-apiserver:
 # Kubernetes discovery figures of BENCHMARKS.md: slice change -> HAProxy
 # runtime state (100 changes), sync time and RSS at 1,000 and 5,000 endpoints.
 bench-kube: build kube-apiserver
-	TURNOUT_KUBE_BENCH=1 TURNOUT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -tags e2e -timeout 10m -v \
+	TURNOUT_KUBE_BENCH=1 TURNOUT_BIN=$(CURDIR)/$(BIN) TURNOUT_LAB_BIN=$(CURDIR)/$(LAB) $(GO) test -count=1 -tags e2e -timeout 10m -v \
 		-run 'TestKubeChangeLatency|TestKubeScale' ./test/ | grep -E 'RESULT|n=|^(---|ok|FAIL)'
 
 # Quick fuzzing pass over the payload parser and the handler.
@@ -43,29 +46,29 @@ fuzz:
 # Micro benchmarks of the decision path (see BENCHMARKS.md).
 bench: build
 	$(GO) test ./route/ -run XXX -bench . -benchmem -benchtime 2s | tee bench-route.txt
-	@if [ -x scripts/bench.sh ]; then scripts/bench.sh; fi
+	@if [ -x scripts/bench.sh ]; then TURNOUT_BIN=$(BIN) TURNOUT_LAB_BIN=$(LAB) scripts/bench.sh; fi
 
 # The decision benchmarks warm up before timing, so even 100 iterations
 # report the steady state: any allocs/op above 0 fails the smoke.
 bench-smoke: build
 	@out=$$($(GO) test ./route/ -run XXX -bench . -benchtime 100x) || { echo "$$out"; exit 1; }; echo "$$out"; \
 	echo "$$out" | awk '/allocs\/op/ && $$(NF-1) != 0 { print "bench smoke: " $$1 " allocates " $$(NF-1) " times per decision"; bad = 1 } END { exit bad }'
-	@if [ -x scripts/bench.sh ]; then BENCH_SMOKE=1 scripts/bench.sh; fi
+	@if [ -x scripts/bench.sh ]; then BENCH_SMOKE=1 TURNOUT_BIN=$(BIN) TURNOUT_LAB_BIN=$(LAB) scripts/bench.sh; fi
 
 # turnout serve with the embedded default config (and the mock replicas it
-# names), in the foreground. Ports: PORT_BASE=... or MOCK_PORT, TURNOUT_PORT,
+# names, run by bin/turnout-lab), in the foreground. Ports: PORT_BASE=... or MOCK_PORT, TURNOUT_PORT,
 # FEEDBACK_PORT (scripts/lib.sh). "exec" makes bash make's own child, so a
 # TERM from make (or a kill of make) reaches the script that owns the processes.
 run: build
-	TURNOUT_BIN=$(abspath $(BIN)) exec bash scripts/run.sh
+	TURNOUT_BIN=$(abspath $(BIN)) TURNOUT_LAB_BIN=$(abspath $(LAB)) exec bash scripts/run.sh
 
-# The demo (K8S=1: following a local API server, scripts/demo-kube.sh): turnout + HAProxy (or nginx: PROXY=nginx) + 4 mock replicas.
+# The demo (K8S=1: following a local API server, scripts/demo-kube.sh): turnout + HAProxy (or nginx: PROXY=nginx) + 4 mock replicas (bin/turnout-lab).
 # Ports as for run, plus HAPROXY_PORT / NGINX_PORT.
 demo: build
 ifeq ($(K8S),1)
-	TURNOUT_BIN=$(abspath $(BIN)) exec bash scripts/demo-kube.sh
+	TURNOUT_BIN=$(abspath $(BIN)) TURNOUT_LAB_BIN=$(abspath $(LAB)) exec bash scripts/demo-kube.sh
 else
-	PROXY=$(or $(PROXY),haproxy) TURNOUT_BIN=$(abspath $(BIN)) exec bash scripts/demo.sh
+	PROXY=$(or $(PROXY),haproxy) TURNOUT_BIN=$(abspath $(BIN)) TURNOUT_LAB_BIN=$(abspath $(LAB)) exec bash scripts/demo.sh
 endif
 
 clean:
@@ -75,4 +78,4 @@ clean:
 # asserting every decision closes, then the slow-body attack's RSS
 # (docs/reliability.md). Not part of `make test`.
 soak: build
-	TURNOUT_SOAK=$(or $(SOAK),10m) TURNOUT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -tags e2e -timeout 60m -parallel 3 -run 'TestSoak|TestSlowBodyAttackRSS' -v ./test/
+	TURNOUT_SOAK=$(or $(SOAK),10m) TURNOUT_BIN=$(CURDIR)/$(BIN) TURNOUT_LAB_BIN=$(CURDIR)/$(LAB) $(GO) test -count=1 -tags e2e -timeout 60m -parallel 3 -run 'TestSoak|TestSlowBodyAttackRSS' -v ./test/

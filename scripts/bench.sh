@@ -6,22 +6,29 @@
 #   scripts/bench.sh                 quick versions of everything (< 5 min), into bench-out/
 #   BENCH_SMOKE=1 scripts/bench.sh   smoke: tiny runs with sanity checks, into bench-out/smoke/
 #
-# Environment: TURNOUT_BIN (default bin/turnout, built if missing),
+# Environment: TURNOUT_BIN (default bin/turnout, built if missing; serve and
+# render), TURNOUT_LAB_BIN (default bin/turnout-lab, built if missing; the
+# bench harness and the mock replicas),
 # BENCH_OUT (default bench-out), TRACES (default ../shared/traces),
 # NGINX_JS_MODULE (default Debian's njs module path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BIN=${TURNOUT_BIN:-bin/turnout}
+TURNOUT=${TURNOUT_BIN:-bin/turnout}
+BIN=${TURNOUT_LAB_BIN:-bin/turnout-lab}
 OUT=${BENCH_OUT:-bench-out}
 TRACES=${TRACES:-../shared/traces}
 MOONCAKE=$TRACES/mooncake_synthetic_trace.jsonl
 AZURE=$TRACES/azure_llm_2023_conv.csv
 NJS=${NGINX_JS_MODULE:-/usr/lib/nginx/modules/ngx_http_js_module.so}
 
+if [ ! -x "$TURNOUT" ]; then
+  echo "bench: building $TURNOUT"
+  CGO_ENABLED=0 go build -o "$TURNOUT" ./cmd/turnout
+fi
 if [ ! -x "$BIN" ]; then
   echo "bench: building $BIN"
-  CGO_ENABLED=0 go build -o "$BIN" ./cmd/turnout
+  CGO_ENABLED=0 go build -o "$BIN" ./cmd/turnout-lab
 fi
 # Info logs go to a file; warnings and errors stay on the terminal.
 export TURNOUT_LOG_LEVEL=${TURNOUT_LOG_LEVEL:-warn}
@@ -49,7 +56,7 @@ if [ "${BENCH_SMOKE:-}" = 1 ]; then
   fi
   if have haproxy; then
     # The real path: HAProxy + Lua + turnout + mock replicas, and HAProxy alone.
-    "$BIN" bench replay --mode e2e --trace synthetic --limit 60 --time-scale 0.05 \
+    "$BIN" bench replay --turnout-bin "$TURNOUT" --mode e2e --trace synthetic --limit 60 --time-scale 0.05 \
       --policies 'haproxy-roundrobin;prefix-affinity' --check --out "$OUT" >/dev/null
   else
     echo "bench smoke: haproxy not installed, skipping the e2e replay"
@@ -57,13 +64,13 @@ if [ "${BENCH_SMOKE:-}" = 1 ]; then
   missing=$(nginx_missing)
   if [ -z "$missing" ]; then
     # The same through nginx: nginx alone, and turnout in body mode (njs).
-    "$BIN" bench replay --mode e2e --proxy nginx --trace synthetic --limit 60 --time-scale 0.05 \
+    "$BIN" bench replay --turnout-bin "$TURNOUT" --mode e2e --proxy nginx --trace synthetic --limit 60 --time-scale 0.05 \
       --policies 'nginx-roundrobin;prefix-affinity' --nginx-js-module "$NJS" --check --out "$OUT" >/dev/null
   else
     echo "bench smoke: $missing, skipping the nginx e2e replay"
   fi
   # Cost machinery with the Go load generator (wrk may be absent in CI).
-  "$BIN" bench cost --loadgen go --haproxy '' --nginx '' --duration 500ms --rounds 1 --policies prefix-affinity \
+  "$BIN" bench cost --turnout-bin "$TURNOUT" --loadgen go --haproxy '' --nginx '' --duration 500ms --rounds 1 --policies prefix-affinity \
     --check --out "$OUT" >/dev/null
   echo "bench smoke: ok in $((SECONDS - start)) s; outputs in $OUT"
   exit 0
@@ -91,7 +98,7 @@ run() {
   echo "# turnout benchmark run $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo
   echo '```'
-  echo "turnout: $("$BIN" version 2>/dev/null || echo unknown), tree $(git describe --always --dirty 2>/dev/null || echo unknown)"
+  echo "turnout: $("$TURNOUT" version 2>/dev/null || echo unknown), tree $(git describe --always --dirty 2>/dev/null || echo unknown)"
   echo "nproc: $(nproc)"
   (lscpu | head -n 15) || true
   go version || true
@@ -120,7 +127,7 @@ if [ -f "$MOONCAKE" ]; then
   run "$BIN" bench replay --trace "$MOONCAKE" --compress 2 --max-running 8 --name replay-sim-mooncake-loaded --out "$OUT" \
     --policies "$(default_policies)prefix-affinity:capacity_blocks=1048576;prefix-affinity:capacity_blocks=1048576,session_affinity=false;prefix-affinity:capacity_blocks=1048576,balance_abs=4;prefix-affinity:capacity_blocks=1048576,balance_abs=2,session_affinity=false;prefix-affinity:block_bytes=512,capacity_blocks=262144,balance_abs=2,session_affinity=false"
   if have haproxy; then
-    run "$BIN" bench replay --trace "$MOONCAKE" --mode e2e --limit 400 --time-scale 0.05 --out "$OUT"
+    run "$BIN" bench replay --turnout-bin "$TURNOUT" --trace "$MOONCAKE" --mode e2e --limit 400 --time-scale 0.05 --out "$OUT"
   else
     echo "bench: haproxy not installed, skipping the e2e replay" | tee -a "$LOG"
   fi
@@ -129,7 +136,7 @@ if [ -f "$MOONCAKE" ]; then
     # The same requests through nginx (turnout in body mode, njs): do hit
     # ratios and loads agree with the HAProxy path? Two rows, not seven, to
     # stay within the five-minute budget.
-    run "$BIN" bench replay --trace "$MOONCAKE" --mode e2e --proxy nginx --limit 400 --time-scale 0.05 --out "$OUT" \
+    run "$BIN" bench replay --turnout-bin "$TURNOUT" --trace "$MOONCAKE" --mode e2e --proxy nginx --limit 400 --time-scale 0.05 --out "$OUT" \
       --policies 'nginx-roundrobin;prefix-affinity' --nginx-js-module "$NJS"
   else
     echo "bench: $missing, skipping the nginx e2e replay" | tee -a "$LOG"
@@ -145,7 +152,7 @@ else
   echo "bench: $AZURE not found, skipping the Azure replay" | tee -a "$LOG"
 fi
 # Without nginx or njs the nginx rows become notes in the table.
-run "$BIN" bench cost --nginx-js-module "$NJS" --out "$OUT"
+run "$BIN" bench cost --turnout-bin "$TURNOUT" --nginx-js-module "$NJS" --out "$OUT"
 
 # One file with every table, for BENCHMARKS.md.
 {

@@ -14,6 +14,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${TURNOUT_BIN:-$ROOT/bin/turnout}
+LAB=${TURNOUT_LAB_BIN:-$ROOT/bin/turnout-lab} # the mock replicas
 SCRIPT="make demo K8S=1"
 die() { echo "demo: $*" >&2; exit 1; }
 
@@ -32,9 +33,9 @@ if [[ -z ${TURNOUT_DEMO_NETNS:-} ]]; then
     service etcd stop >/dev/null 2>&1 || true
     service haproxy stop >/dev/null 2>&1 || true
   fi
-  [[ -x $BIN ]] || (cd "$ROOT" && make build >/dev/null) || die "build failed"
+  { [[ -x $BIN && -x $LAB ]] || (cd "$ROOT" && make build >/dev/null); } || die "build failed"
   KUBE_APISERVER=$(bash "$ROOT/scripts/kube-apiserver.sh") || die "no kube-apiserver (scripts/kube-apiserver.sh)"
-  export KUBE_APISERVER TURNOUT_BIN=$BIN TURNOUT_DEMO_NETNS=1
+  export KUBE_APISERVER TURNOUT_BIN=$BIN TURNOUT_LAB_BIN=$LAB TURNOUT_DEMO_NETNS=1
   exec unshare -n bash "${BASH_SOURCE[0]}"
 fi
 
@@ -105,10 +106,10 @@ pod() {
   echo '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"'$1'","labels":{"vllm-role":"'$2'"}},"spec":{"automountServiceAccountToken":false,"containers":[{"name":"vllm","image":"vllm/vllm-openai"}]}}' |
     api POST "/api/v1/namespaces/$NS/pods"
 }
-start_child "mock p-0" "$WORK/mock-p-0.log" "$BIN" mock --listen 10.244.0.20:8000 --name p-0 --role prefill --model llama --time-scale 0.2
+start_child "mock p-0" "$WORK/mock-p-0.log" "$LAB" mock --listen 10.244.0.20:8000 --name p-0 --role prefill --model llama --time-scale 0.2
 pod p-0 prefill
 for i in 0 1 2 3 4 5; do
-  start_child "mock d-$i" "$WORK/mock-d-$i.log" "$BIN" mock --listen "10.244.0.$((21 + i)):8000" --name "d-$i" --role decode --model llama --time-scale 0.2
+  start_child "mock d-$i" "$WORK/mock-d-$i.log" "$LAB" mock --listen "10.244.0.$((21 + i)):8000" --name "d-$i" --role decode --model llama --time-scale 0.2
   pod "d-$i" decode
 done
 # slice N [TERMINATING]: the vllm-pd Service's EndpointSlice with p-0 and d-0..d-(N-1).

@@ -6,7 +6,7 @@
 # Ctrl-C, SIGTERM, or when make is killed.
 #
 #   scripts/demo.sh                 # PROXY=haproxy (default)
-#   PROXY=haproxy TURNOUT_BIN=... scripts/demo.sh
+#   PROXY=haproxy TURNOUT_BIN=... TURNOUT_LAB_BIN=... scripts/demo.sh
 #   PROXY=nginx scripts/demo.sh     # nginx + njs
 #   make demo PORT_BASE=18000       # every port shifted (see scripts/lib.sh)
 #
@@ -18,6 +18,7 @@ set -euo pipefail
 PROXY=${PROXY:-haproxy}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${TURNOUT_BIN:-$ROOT/bin/turnout}
+LAB=${TURNOUT_LAB_BIN:-$ROOT/bin/turnout-lab} # the mock replicas
 SCRIPT="make demo"
 # shellcheck source=scripts/lib.sh
 source "$ROOT/scripts/lib.sh"
@@ -48,6 +49,10 @@ if [[ ! -x $BIN ]]; then
   echo "building $BIN"
   (cd "$ROOT" && CGO_ENABLED=0 go build -o "$BIN" ./cmd/turnout) || die "build failed"
 fi
+if [[ ! -x $LAB ]]; then
+  echo "building $LAB"
+  (cd "$ROOT" && CGO_ENABLED=0 go build -o "$LAB" ./cmd/turnout-lab) || die "build failed"
+fi
 
 PROXY_PORT=$HAPROXY_PORT
 [[ $PROXY == nginx ]] && PROXY_PORT=$NGINX_PORT
@@ -74,7 +79,7 @@ write_config "$WORK/turnout.yaml"
 
 echo "starting 4 mock replicas on 127.0.0.1:${PORTS[0]}-${PORTS[3]}"
 for i in "${!REPLICAS[@]}"; do
-  start_child "mock ${REPLICAS[$i]}" "$WORK/mock-$i.log" "$BIN" mock --listen "127.0.0.1:${PORTS[$i]}" \
+  start_child "mock ${REPLICAS[$i]}" "$WORK/mock-$i.log" "$LAB" mock --listen "127.0.0.1:${PORTS[$i]}" \
     --name "${REPLICAS[$i]}" --model "$MODEL,llama" --strict-models --time-scale 0.05
 done
 for i in "${!REPLICAS[@]}"; do wait_http "mock ${REPLICAS[$i]}" "http://127.0.0.1:${PORTS[$i]}/health" || exit 1; done

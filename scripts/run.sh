@@ -7,6 +7,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${TURNOUT_BIN:-$ROOT/bin/turnout}
+LAB=${TURNOUT_LAB_BIN:-$ROOT/bin/turnout-lab} # the mock replicas
 SCRIPT="make run"
 # shellcheck source=scripts/lib.sh
 source "$ROOT/scripts/lib.sh"
@@ -22,7 +23,7 @@ write_config "$WORK/turnout.yaml"
 
 for i in 0 1 2 3; do
   start_child "mock llama-$i" "$WORK/mock-$i.log" \
-    "$BIN" mock --listen "127.0.0.1:${MOCK_PORTS[$i]}" --name "llama-$i" \
+    "$LAB" mock --listen "127.0.0.1:${MOCK_PORTS[$i]}" --name "llama-$i" \
     --model meta-llama/Llama-3.1-8B-Instruct,llama --strict-models --time-scale 0.05
 done
 for i in 0 1 2 3; do wait_http "mock llama-$i" "http://127.0.0.1:${MOCK_PORTS[$i]}/health" || exit 1; done

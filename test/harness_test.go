@@ -31,8 +31,8 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/turnout/turnout/internal/freeport"
 	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/internal/testenv/freeport"
 )
 
 // FreePort returns a loopback port that was free a moment ago (freeport.Port).
@@ -77,6 +77,56 @@ func TurnoutBin(t testing.TB) string {
 	return buildBin
 }
 
+var (
+	labOnce sync.Once
+	labBin  string
+	labErr  error
+)
+
+// LabBin returns the turnout-lab binary (mock replicas as processes):
+// $TURNOUT_LAB_BIN when set, else turnout-lab next to $TURNOUT_BIN (make
+// build puts both in bin/), else one built from ./cmd/turnout-lab once per
+// test binary run.
+func LabBin(t testing.TB) string {
+	t.Helper()
+	labOnce.Do(func() {
+		if b := os.Getenv("TURNOUT_LAB_BIN"); b != "" {
+			labBin = b
+			return
+		}
+		if b := os.Getenv("TURNOUT_BIN"); b != "" {
+			if sib := filepath.Join(filepath.Dir(b), "turnout-lab"); fileExists(sib) {
+				labBin = sib
+				return
+			}
+		}
+		dir, err := os.MkdirTemp("", "turnout-e2e-lab-")
+		if err != nil {
+			labErr = err
+			return
+		}
+		labDir = dir
+		labBin = filepath.Join(dir, "turnout-lab")
+		cmd := exec.Command("go", "build", "-o", labBin, "./cmd/turnout-lab")
+		cmd.Dir = repoRoot()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			labErr = fmt.Errorf("go build ./cmd/turnout-lab: %w\n%s", err, out)
+		}
+	})
+	if labErr != nil {
+		t.Fatal(labErr)
+	}
+	return labBin
+}
+
+// labDir is LabBin's build directory, removed by TestMain.
+var labDir string
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
 // repoRoot is the module root: tests run in test/.
 func repoRoot() string {
 	wd, _ := os.Getwd()
@@ -93,6 +143,9 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if buildDir != "" {
 		_ = os.RemoveAll(buildDir)
+	}
+	if labDir != "" {
+		_ = os.RemoveAll(labDir)
 	}
 	if npmDir != "" {
 		_ = os.RemoveAll(npmDir)

@@ -20,12 +20,12 @@ type kvVariant struct {
 	// mock's PUB connects to (--kv-events-connect); else each mock binds
 	// its PUB (--kv-events) and turnout dials it.
 	bind  bool
-	flags []string // extra `turnout mock` flags
+	flags []string // extra `turnout-lab mock` flags
 }
 
 // TestKVAwarePublishers: through HAProxy, kv-aware sends each prompt to the
 // replica that holds it, whatever way its events arrive. The mocks are
-// `turnout mock` processes, so the CLI flags are what is tested.
+// `turnout-lab mock` processes, so the CLI flags are what is tested.
 func TestKVAwarePublishers(t *testing.T) {
 	for _, v := range []kvVariant{
 		{name: "dial", n: 3},
@@ -39,7 +39,7 @@ func TestKVAwarePublishers(t *testing.T) {
 }
 
 func checkKVPublishers(t *testing.T, v kvVariant) {
-	bin := TurnoutBin(t)
+	bin := LabBin(t)
 	bind := fmt.Sprintf("tcp://127.0.0.1:%d", FreePort(t))
 	ms := make([]*Mock, v.n)
 	pubs := map[string]string{}

@@ -6,10 +6,11 @@ import (
 	"testing"
 )
 
-// TestBinaryDepsExcludeTest keeps the shipped binary free of test/ code and
-// the HAProxy renderer free of the SPOE agent: the mock and the bench
-// harness live in internal/, and what the renderer shares with the agent
-// lives in route/contract_spoe.go.
+// TestBinaryDepsExcludeTest keeps the shipped binary free of test/ code, of
+// the lab (the mock replica and the bench harness build into
+// cmd/turnout-lab) and of the test servers under internal/testenv, and the
+// HAProxy renderer free of the SPOE agent (what the renderer shares with the
+// agent lives in route/contract_spoe.go).
 func TestBinaryDepsExcludeTest(t *testing.T) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
@@ -24,16 +25,44 @@ func TestBinaryDepsExcludeTest(t *testing.T) {
 		return strings.Fields(string(out))
 	}
 	const mod = "github.com/turnout/turnout/"
+	// Not in the serving binary: the reason each is kept out.
+	banned := map[string]string{
+		"test":             "test/ holds tests only",
+		"internal/mock":    "the mock replica is turnout-lab's (cmd/turnout-lab)",
+		"internal/bench":   "the bench harness is turnout-lab's (cmd/turnout-lab)",
+		"internal/testenv": "test servers are for tests",
+		"cmd/turnout-lab":  "the lab is its own binary",
+	}
+	inTree := func(p, dir string) bool { return p == mod+dir || strings.HasPrefix(p, mod+dir+"/") }
 	main := deps("github.com/turnout/turnout/cmd/turnout")
+	// Not in the serving binary either: client-go's generated clientset and
+	// informer factory link every Kubernetes API group (about 36 MB);
+	// internal/discovery/kube has its own two-type client.
+	heavy := map[string]bool{"k8s.io/client-go/kubernetes": true, "k8s.io/client-go/informers": true}
 	var sawRoute bool
 	for _, p := range main {
-		if p == mod+"test" || strings.HasPrefix(p, mod+"test/") {
-			t.Errorf("cmd/turnout depends on %s: test/ holds tests only", p)
+		if heavy[p] {
+			t.Errorf("cmd/turnout depends on %s: it links every Kubernetes API group; use internal/discovery/kube's Client", p)
+		}
+		for dir, why := range banned {
+			if inTree(p, dir) {
+				t.Errorf("cmd/turnout depends on %s: %s", p, why)
+			}
 		}
 		sawRoute = sawRoute || p == mod+"route"
 	}
 	if !sawRoute {
 		t.Fatalf("go list -deps returned no %sroute: %d packages, the check saw nothing", mod, len(main))
+	}
+	// The check can fail: the lab does link what the serving binary must not.
+	var labHas []string
+	for _, p := range deps("github.com/turnout/turnout/cmd/turnout-lab") {
+		if inTree(p, "internal/mock") || inTree(p, "internal/bench") {
+			labHas = append(labHas, p)
+		}
+	}
+	if len(labHas) < 2 {
+		t.Errorf("cmd/turnout-lab links %v, want internal/mock and internal/bench: the banned-package match is broken", labHas)
 	}
 	for _, p := range deps("github.com/turnout/turnout/haproxy") {
 		if p == mod+"route/spoe" {

@@ -1,5 +1,6 @@
 // Command turnout is the route-decision service for LLM replicas behind
-// HAProxy or nginx. Subcommands: serve, render, mock, bench, version.
+// HAProxy or nginx. Subcommands: serve, render, version. The mock replica
+// and the benchmarks are another binary, cmd/turnout-lab.
 package main
 
 import (
@@ -7,9 +8,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"time"
 
-	"github.com/rs/zerolog"
+	"github.com/turnout/turnout/internal/cli"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -20,13 +20,12 @@ const usage = `turnout: route decisions for LLM replicas behind HAProxy or nginx
 Usage:
   turnout serve  [--config FILE] [--log-level LEVEL] [--haproxy-socket PATH ...]
   turnout render haproxy|nginx [--config FILE] --out DIR
-  turnout mock   --listen ADDR --name NAME [...]   (OpenAI-compatible mock replica)
-  turnout bench  replay|... [...]
   turnout version
 
 Without --config, turnout uses an embedded default (four loopback replicas
 on 127.0.0.1:8001-8004, listening on 127.0.0.1:9090).
-Run "turnout <command> --help" for a command's flags.
+Run "turnout <command> --help" for a command's flags. The mock replica and
+the benchmarks are in turnout-lab (turnout-lab --help).
 
 Example:
   turnout render haproxy --config turnout.yaml --out /etc/haproxy/turnout &&
@@ -42,8 +41,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
-	human := humanOutput(stderr, os.Getenv("TURNOUT_LOG_FORMAT"))
-	log := newLogger(stderr, os.Getenv("TURNOUT_LOG_LEVEL"), human)
+	human := cli.HumanOutput(stderr, os.Getenv("TURNOUT_LOG_FORMAT"))
+	log := cli.NewLogger(stderr, os.Getenv("TURNOUT_LOG_LEVEL"), human)
 	var err error
 	switch args[0] {
 	case "-h", "--help", "help":
@@ -56,37 +55,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runServe(args[1:], log)
 	case "render":
 		err = runRender(args[1:], log)
-	case "mock":
-		err = runMock(args[1:], log)
-	case "bench":
-		err = runBench(args[1:], log)
+	case "mock", "bench":
+		fmt.Fprintf(stderr, "turnout: %s is a command of turnout-lab (cmd/turnout-lab, bin/turnout-lab after make build): turnout-lab %s --help\n", args[0], args[0])
+		return 2
 	default:
 		fmt.Fprintf(stderr, "turnout: unknown command %q\n\n%s", args[0], usage)
 		return 2
 	}
 	if err != nil {
-		var h *helpShown
+		var h *cli.HelpShown
 		if errors.As(err, &h) {
-			fmt.Fprint(stdout, h.text)
+			fmt.Fprint(stdout, h.Text)
 			return 0
 		}
-		reportError(stderr, log, human, "turnout "+args[0], err)
+		cli.ReportError(stderr, log, human, "turnout "+args[0], err)
 		return 1
 	}
 	return 0
-}
-
-// newLogger builds the one root logger; packages get it through struct fields.
-// human: zerolog's console format (a person at a terminal), else JSON lines.
-func newLogger(w io.Writer, level string, human bool) *zerolog.Logger {
-	lvl, err := zerolog.ParseLevel(level)
-	if err != nil || level == "" {
-		lvl = zerolog.InfoLevel
-	}
-	if human {
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000", NoColor: true}
-	}
-	l := zerolog.New(w).Level(lvl).With().Timestamp().Logger()
-	zerolog.TimeFieldFormat = time.RFC3339Nano
-	return &l
 }

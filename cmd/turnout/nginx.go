@@ -57,8 +57,9 @@ func (f *nginxFlags) options(dir string) (nginx.RenderOptions, error) {
 	return o, nil
 }
 
-// syncer returns the nginx Syncer when --nginx-dir enables it, else nil.
-func (f *nginxFlags) syncer(log *zerolog.Logger) (syncer, error) {
+// syncOptions returns the nginx render options when --nginx-dir enables
+// nginx sync, else nil.
+func (f *nginxFlags) syncOptions() (*nginx.RenderOptions, error) {
 	if *f.dir == "" {
 		return nil, nil
 	}
@@ -66,7 +67,7 @@ func (f *nginxFlags) syncer(log *zerolog.Logger) (syncer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return nginx.NewSyncer(nginx.SyncOptions{Render: o}, log)
+	return &o, nil
 }
 
 // renderNginx implements `turnout render nginx --config FILE --out DIR`.

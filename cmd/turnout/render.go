@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 
+	"github.com/turnout/turnout/internal/cli"
 	"github.com/turnout/turnout/internal/config"
 
 	"github.com/rs/zerolog"
@@ -21,16 +22,16 @@ import (
 // --nginx-* flags nginx's.
 func runRender(args []string, log *zerolog.Logger) error {
 	if len(args) == 0 || args[0] == "" || args[0][0] == '-' || args[0] == "help" {
-		if wantsHelp(args) {
-			return &helpShown{text: renderCmd.help(newFlags("render"))}
+		if cli.WantsHelp(args) {
+			return &cli.HelpShown{Text: renderCmd.Help(cli.NewFlags("render"))}
 		}
 		return errors.New("render: name a target: turnout render haproxy|nginx [--config FILE] --out DIR (see turnout render --help)")
 	}
 	target := args[0]
-	fs := newFlags("render " + target)
+	fs := cli.NewFlags("render " + target)
 	cfgPath := fs.String("config", "", "config file (default: embedded default config)")
 	var (
-		cmd    command
+		cmd    cli.Command
 		socket *string
 		ngx    *nginxFlags
 		check  *bool
@@ -49,7 +50,7 @@ func runRender(args []string, log *zerolog.Logger) error {
 	default:
 		return fmt.Errorf("render: unknown target %q (supported: haproxy, nginx)", target)
 	}
-	if err := parseFlags(fs, cmd, args[1:]); err != nil {
+	if err := cli.ParseFlags(fs, cmd, args[1:]); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -70,9 +71,9 @@ func runRender(args []string, log *zerolog.Logger) error {
 	}
 	// Policy names and params too, so nothing wrong reaches a proxy config.
 	if err := route.CheckPolicies(cfg, route.DefaultRegistry()); err != nil {
-		return withFile(err, *cfgPath)
+		return cli.WithFile(err, *cfgPath)
 	}
-	logWarnings(log, *cfgPath, cfg)
+	cli.LogWarnings(log, *cfgPath, cfg)
 	if target == "haproxy" {
 		return renderHAProxy(cfg, out, *socket, *check, log)
 	}

@@ -64,7 +64,8 @@ func NewTrivialServer() *fasthttp.Server {
 
 // CostOptions configure the cost benchmark.
 type CostOptions struct {
-	Turnout string // turnout binary
+	Turnout string // turnout binary (serve, render)
+	Lab     string // turnout-lab binary (mock replicas, the trivial handler)
 	HAProxy string // haproxy binary ("" skips the HAProxy rows; missing: a note)
 	// Nginx is the nginx binary ("" skips the nginx rows; missing: a note).
 	Nginx string
@@ -302,7 +303,7 @@ func costRoute(ctx context.Context, o CostOptions) ([]CostRow, error) {
 	if err != nil {
 		return nil, err
 	}
-	tp, err := ps.start(o.Dir, "trivial", o.Turnout, "bench", "trivial", "--listen", addr)
+	tp, err := ps.start(o.Dir, "trivial", o.Lab, "bench", "trivial", "--listen", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -376,7 +377,7 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 	if spec.IsProxyAlone() {
 		return nil, nil, fmt.Errorf("cost: proxy policy %s is not a turnout policy", spec)
 	}
-	base := StackOptions{Model: "llama", HAProxy: o.HAProxy, Nginx: o.Nginx, NginxModule: o.NginxModule, Turnout: o.Turnout, Log: o.Log}
+	base := StackOptions{Model: "llama", HAProxy: o.HAProxy, Nginx: o.Nginx, NginxModule: o.NginxModule, Turnout: o.Turnout, Lab: o.Lab, Log: o.Log}
 	add := func(group, name, dir string, spec PolicySpec, proxy string, edit func(*StackOptions)) {
 		so := base
 		so.Spec, so.Proxy = spec, proxy
@@ -451,7 +452,7 @@ func costProxy(ctx context.Context, o CostOptions) ([]CostRow, error) {
 			return nil, err
 		}
 		args := append([]string{"mock", "--listen", addr, "--name", name, "--model", "llama"}, CostMockArgs()...)
-		p, err := mocks.start(o.Dir, "mock-"+strconv.Itoa(i), o.Turnout, args...)
+		p, err := mocks.start(o.Dir, "mock-"+strconv.Itoa(i), o.Lab, args...)
 		if err != nil {
 			return nil, err
 		}

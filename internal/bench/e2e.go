@@ -24,7 +24,7 @@ import (
 )
 
 // E2EOptions configure a replay through real processes on loopback:
-// N `turnout mock` replicas, `turnout serve`, and HAProxy or nginx (rendered
+// N `turnout-lab mock` replicas, `turnout serve`, and HAProxy or nginx (rendered
 // by `turnout render haproxy|nginx`, or a plain config for the proxy-alone
 // rows).
 type E2EOptions struct {
@@ -45,7 +45,8 @@ type E2EOptions struct {
 	// NginxMaxBody is max_body for the nginx rows (0 = BodyLimit of the
 	// replayed requests).
 	NginxMaxBody int
-	Turnout      string // turnout binary (mocks, serve, render)
+	Turnout      string // turnout binary (serve, render)
+	Lab          string // turnout-lab binary (the mock replicas)
 	// WorkDir holds one directory per run (configs and process logs).
 	WorkDir string
 	Keep    bool
@@ -82,7 +83,7 @@ func (o *E2EOptions) validate(specs []PolicySpec) error {
 	if o.NginxMode != "" && o.NginxMode != config.NginxModeBody && o.NginxMode != config.NginxModeHeader {
 		return fmt.Errorf("nginx mode %q: want body or header", o.NginxMode)
 	}
-	bins := []string{o.Turnout}
+	bins := []string{o.Turnout, o.Lab}
 	for _, s := range specs {
 		if s.Proxy(o.Proxy) != ProxyNginx {
 			bins = append(bins, o.HAProxy)
@@ -146,7 +147,7 @@ func e2eRow(ctx context.Context, reqs []Request, trace string, spec PolicySpec, 
 	}
 	st, err := StartStack(ctx, StackOptions{
 		Dir: dir, Spec: spec, Proxy: o.Proxy, Replicas: o.Sim.Replicas, Model: o.Sim.Model, HAProxy: o.HAProxy,
-		Nginx: o.Nginx, NginxMode: o.NginxMode, NginxModule: o.NginxModule, NginxMaxBody: o.NginxMaxBody, Turnout: o.Turnout,
+		Nginx: o.Nginx, NginxMode: o.NginxMode, NginxModule: o.NginxModule, NginxMaxBody: o.NginxMaxBody, Turnout: o.Turnout, Lab: o.Lab,
 		MockArgs: ReplayMockArgs(o.Sim, o.TimeScale), Log: o.Log,
 	})
 	if err != nil {
@@ -190,7 +191,7 @@ func e2eMode(spec PolicySpec, o E2EOptions) string {
 	return "e2e-nginx"
 }
 
-// ReplayMockArgs are the `turnout mock` flags that make a replica match the
+// ReplayMockArgs are the `turnout-lab mock` flags that make a replica match the
 // simulated one: same cache, same timing model, scaled.
 func ReplayMockArgs(s SimOptions, timeScale float64) []string {
 	return []string{
@@ -222,7 +223,8 @@ type StackOptions struct {
 	// NginxMaxBody is max_body (turnout's, and the plain nginx's body
 	// limit) behind nginx; 0 = turnout's default.
 	NginxMaxBody int
-	Turnout      string
+	Turnout      string // turnout binary (serve, render)
+	Lab          string // turnout-lab binary (the mock replicas)
 	// HAProxyPath is turnout's haproxy.path: "" (the rendered default,
 	// SPOE on a unix socket), spoe or lua.
 	HAProxyPath string
@@ -233,7 +235,7 @@ type StackOptions struct {
 	// buffer (client_body_buffer_size = max_body) instead of nginx's
 	// default.
 	PlainNginxBodyBuffer bool
-	// MockArgs are extra `turnout mock` flags (timing, cache).
+	// MockArgs are extra `turnout-lab mock` flags (timing, cache).
 	MockArgs []string
 	// Mocks reuses running replicas instead of starting new ones.
 	Mocks []Endpoint
@@ -284,7 +286,7 @@ func StartStack(ctx context.Context, o StackOptions) (st *Stack, err error) {
 				ep.KVEvents = "tcp://" + kvAddr
 				args = append(args, "--kv-events", ep.KVEvents)
 			}
-			p, err := st.procs.start(o.Dir, "mock-"+strconv.Itoa(i), o.Turnout, args...)
+			p, err := st.procs.start(o.Dir, "mock-"+strconv.Itoa(i), o.Lab, args...)
 			if err != nil {
 				return nil, err
 			}

@@ -95,7 +95,7 @@ func PlainNginxConfig(o PlainNginxOptions) []byte {
 		ka = 32
 	}
 	var b strings.Builder
-	b.WriteString("# nginx alone (turnout bench baseline).\n")
+	b.WriteString("# nginx alone (turnout-lab bench baseline).\n")
 	if o.User != "" {
 		fmt.Fprintf(&b, "user %s;\n", o.User)
 	}

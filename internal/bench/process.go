@@ -213,7 +213,7 @@ type PlainHAProxyOptions struct {
 // body buffering, HAProxy's own balance algorithm.
 func PlainHAProxyConfig(o PlainHAProxyOptions) []byte {
 	var b strings.Builder
-	b.WriteString("# HAProxy alone (turnout bench baseline).\nglobal\n")
+	b.WriteString("# HAProxy alone (turnout-lab bench baseline).\nglobal\n")
 	fmt.Fprintf(&b, "    pidfile %s/haproxy.pid\n    maxconn 4096\n", o.Dir)
 	if o.BufSize > 0 {
 		fmt.Fprintf(&b, "    tune.bufsize %d\n", o.BufSize)

@@ -22,7 +22,7 @@ import (
 type SimOptions struct {
 	Replicas int
 	// BlockSize and CacheBlocks size each replica's prefix cache (tokens per
-	// block, blocks), exactly as `turnout mock --block-size --cache-blocks`.
+	// block, blocks), exactly as `turnout-lab mock --block-size --cache-blocks`.
 	BlockSize   int
 	CacheBlocks int
 	// MaxRunning bounds running sequences per replica (0 = unlimited); the

@@ -11,7 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/turnout/turnout/internal/natstest"
+	"github.com/turnout/turnout/internal/testenv/natstest"
 	"github.com/turnout/turnout/route"
 )
 

@@ -19,7 +19,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
-	"github.com/turnout/turnout/internal/natstest"
+	"github.com/turnout/turnout/internal/testenv/natstest"
 	"github.com/turnout/turnout/route"
 )
 

@@ -30,8 +30,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -93,7 +91,7 @@ func DefaultNamespace() string {
 
 // Options configure a Source.
 type Options struct {
-	Client kubernetes.Interface
+	Client *Client
 	Log    *zerolog.Logger
 	// Notify is called (cheaply, from informer goroutines) whenever a watched
 	// object changed or a watch synced; the caller debounces and then reads
@@ -219,11 +217,11 @@ func (s *Source) Configure(cfg *config.Config) error {
 			if k.Service != "" {
 				sel = serviceNameLabel + "=" + k.Service
 			}
-			key := watchKey{kind: "endpointslices", ns: pw.ns, selector: sel}
+			key := watchKey{kind: kindSlices, ns: pw.ns, selector: sel}
 			need[key] = true
 			pw.slices = s.watchFor(key)
 			if k.RoleLabel != "" {
-				pkey := watchKey{kind: "pods", ns: pw.ns, selector: k.RoleLabel}
+				pkey := watchKey{kind: kindPods, ns: pw.ns, selector: k.RoleLabel}
 				need[pkey] = true
 				pw.pods = s.watchFor(pkey)
 				pw.roles = map[string]bool{}
@@ -253,11 +251,8 @@ func (s *Source) Configure(cfg *config.Config) error {
 
 // newWatch builds (does not run) an informer for key.
 func (s *Source) newWatch(key watchKey) *watch {
-	tweak := informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = key.selector })
-	f := informers.NewSharedInformerFactoryWithOptions(s.opts.Client, 0, informers.WithNamespace(key.ns), tweak)
-	w := &watch{key: key, stop: make(chan struct{})}
-	if key.kind == "pods" {
-		w.inf = f.Core().V1().Pods().Informer()
+	w := &watch{key: key, stop: make(chan struct{}), inf: s.opts.Client.informer(key.kind, key.ns, key.selector)}
+	if key.kind == kindPods {
 		// Only names and labels are read: keep the cache small.
 		_ = w.inf.SetTransform(func(o any) (any, error) {
 			if p, ok := o.(*corev1.Pod); ok {
@@ -268,7 +263,6 @@ func (s *Source) newWatch(key watchKey) *watch {
 			return o, nil
 		})
 	} else {
-		w.inf = f.Discovery().V1().EndpointSlices().Informer()
 		_ = w.inf.SetTransform(func(o any) (any, error) {
 			if es, ok := o.(*discoveryv1.EndpointSlice); ok {
 				es.ManagedFields = nil
@@ -655,13 +649,7 @@ func (s *Source) Probe(ctx context.Context) error {
 	var errs []error
 	for _, k := range keys {
 		o := metav1.ListOptions{LabelSelector: k.selector, Limit: 1}
-		var err error
-		if k.kind == "pods" {
-			_, err = s.opts.Client.CoreV1().Pods(k.ns).List(ctx, o)
-		} else {
-			_, err = s.opts.Client.DiscoveryV1().EndpointSlices(k.ns).List(ctx, o)
-		}
-		if err != nil {
+		if _, err := s.opts.Client.list(ctx, k.kind, k.ns, o); err != nil {
 			errs = append(errs, fmt.Errorf("list %s in namespace %s (%s): %w", k.kind, k.ns, k.selector, err))
 		}
 	}
@@ -674,7 +662,7 @@ func (s *Source) Probe(ctx context.Context) error {
 // logged, then the API's /readyz (open to every authenticated user) is
 // probed every second, and when it answers the recovery is logged and
 // OnRecover runs (Source.Restart: fresh watches, no 30 s backoff left).
-// Install it with Wrap before building the clientset.
+// Install it with Wrap before building the Client.
 type APIHealth struct {
 	log   *zerolog.Logger
 	down  atomic.Bool
@@ -710,12 +698,9 @@ func (h *APIHealth) Wrap(rc *rest.Config) {
 
 // Start enables probing during outages (until ctx ends) and the recovery
 // hook; call it once, before the first request.
-func (h *APIHealth) Start(ctx context.Context, cs kubernetes.Interface, onRecover func()) {
+func (h *APIHealth) Start(ctx context.Context, c *Client, onRecover func()) {
 	h.ctx, h.onRecover = ctx, onRecover
-	h.probe = func(ctx context.Context) error {
-		_, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-		return err
-	}
+	h.probe = c.readyz
 }
 
 type healthRT struct {

@@ -13,9 +13,9 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
-	"github.com/turnout/turnout/internal/kubetest"
+	"github.com/turnout/turnout/internal/testenv/kubetest"
 )
 
 const ns = "llm"
@@ -63,8 +63,12 @@ deployments:
         discovery: {kubernetes: {namespace: llm, label_selector: "app=vllm,tier in (mixed)", port: "8000"}}
 `
 
-func startSource(t *testing.T, cs kubernetes.Interface, cfg *config.Config) (*Source, *atomic.Int64) {
+func startSource(t *testing.T, rc *rest.Config, cfg *config.Config) (*Source, *atomic.Int64) {
 	t.Helper()
+	cs, err := NewClient(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var n atomic.Int64
 	s := New(Options{Client: cs, Notify: func() { n.Add(1) }, Namespace: "default"})
 	if err := s.Configure(cfg); err != nil {
@@ -134,7 +138,7 @@ func TestSourceRealAPIServer(t *testing.T) {
 	create(slice("vllm-noport", "vllm", discoveryv1.AddressTypeIPv4, "grpc", ep("d-2", "10.244.0.13", true, true, false)))
 
 	cfg := kubeCfg(t, twoPools)
-	s, notified := startSource(t, c.Client(kubetest.TurnoutToken), cfg)
+	s, notified := startSource(t, c.RESTConfig(kubetest.TurnoutToken), cfg)
 	if err := s.Probe(ctx); err != nil {
 		t.Fatalf("the Role in deploy/kubernetes/rbac.yaml is not enough: %v", err)
 	}
@@ -196,7 +200,7 @@ func TestSourceRealAPIServer(t *testing.T) {
 // error and the pools stay unknown (not synced), never half-filled.
 func TestSourceRBACDenied(t *testing.T) {
 	c := kubetest.Start(t, "../../..", ns, "")
-	s, _ := startSource(t, c.Client(kubetest.NobodyToken), kubeCfg(t, twoPools))
+	s, _ := startSource(t, c.RESTConfig(kubetest.NobodyToken), kubeCfg(t, twoPools))
 	err := s.Probe(context.Background())
 	if err == nil || !apierrors.IsForbidden(errorsUnwrapForbidden(err)) {
 		t.Fatalf("want a forbidden error, got %v", err)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/internal/cli"
+
 	"github.com/turnout/turnout/internal/mock"
 	"github.com/turnout/turnout/route/kv"
 )
@@ -31,11 +33,11 @@ func (m *modelList) Set(v string) error {
 	return nil
 }
 
-// runMock implements `turnout mock`: one mock vLLM replica serving until
+// runMock implements `turnout-lab mock`: one mock vLLM replica serving until
 // SIGINT/SIGTERM.
 func runMock(args []string, log *zerolog.Logger) error {
 	d := mock.DefaultConfig()
-	fs := newFlags("mock")
+	fs := cli.NewFlags("mock")
 	var (
 		models modelList
 		role   string
@@ -71,7 +73,7 @@ func runMock(args []string, log *zerolog.Logger) error {
 	kvReplay := fs.String("kv-replay", "", "serve vLLM's replay ROUTER socket on this address")
 	kvBytes := fs.Bool("kv-hash-bytes", false, "encode block hashes as 32-byte strings (newer vLLM) instead of ints")
 	kvMap := fs.Bool("kv-map-events", false, "encode events as maps (vLLM after array_like was dropped)")
-	if err := parseFlags(fs, mockCmd, args); err != nil {
+	if err := cli.ParseFlags(fs, mockCmd, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -1,4 +1,4 @@
-package main
+package control
 
 import (
 	"context"
@@ -9,12 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/config"
-
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route"
-	"github.com/turnout/turnout/route/spoe"
 )
 
 // helloFrame is an HAPROXY-HELLO health check: supported-versions "2.0",
@@ -55,8 +53,7 @@ func TestListenSPOE(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", addr, err)
 		}
-		agent := spoe.New(srv, spoe.Options{Log: &log})
-		go func() { _ = agent.Serve(ctx, ln) }()
+		go func() { _ = core{srv}.serveSPOE(ctx, ln, &log) }()
 	}
 	sock := filepath.Join(t.TempDir(), "spoe.sock")
 	for _, addr := range []string{"127.0.0.1:0", "unix@" + sock} {

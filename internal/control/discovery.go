@@ -1,39 +1,26 @@
-package main
+package control
 
 import (
 	"context"
 	"time"
 
-	"github.com/turnout/turnout/internal/config"
-
 	"github.com/rs/zerolog"
-	"k8s.io/client-go/kubernetes"
 
+	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/internal/discovery"
 	"github.com/turnout/turnout/internal/discovery/kube"
-	"github.com/turnout/turnout/route"
 )
 
-// newFleet wires discovery to the server: the Kubernetes client is made
-// only when a pool asks for it, and a failed first list is logged at start
-// (RBAC, unreachable API) while the informers keep retrying.
-func newFleet(ctx context.Context, srv *route.Server, kubeconfig string, log *zerolog.Logger,
+// newFleet is the Kubernetes source: the fleet merges discovered endpoints
+// into the file config and hands each merge to apply. The Kubernetes client
+// is made only when a pool asks for it, and a failed first list is logged at
+// start (RBAC, unreachable API) while the informers keep retrying.
+func newFleet(ctx context.Context, c core, kubeconfig string, log *zerolog.Logger,
 	apply func(*config.Config, bool) error) *discovery.Fleet {
 	return discovery.New(discovery.Options{
-		Log:   log,
-		Apply: apply,
-		Inflight: func(pool, name string) int64 {
-			for _, p := range srv.Snapshot().Pools() {
-				if p.Name == pool {
-					for _, e := range p.Endpoints {
-						if e.Name == name {
-							return e.Inflight()
-						}
-					}
-				}
-			}
-			return 0
-		},
+		Log:      log,
+		Apply:    apply,
+		Inflight: c.inflight,
 		NewSource: func(notify func()) (discovery.Source, error) {
 			rc, err := kube.RESTConfig(kubeconfig)
 			if err != nil {
@@ -41,7 +28,7 @@ func newFleet(ctx context.Context, srv *route.Server, kubeconfig string, log *ze
 			}
 			health := kube.NewAPIHealth(log)
 			health.Wrap(rc)
-			cs, err := kubernetes.NewForConfig(rc)
+			cs, err := kube.NewClient(rc)
 			if err != nil {
 				return nil, err
 			}

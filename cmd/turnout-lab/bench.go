@@ -18,24 +18,29 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/internal/cli"
+
 	"github.com/turnout/turnout/internal/bench"
 	"github.com/turnout/turnout/nginx"
 )
 
-const benchUsage = `turnout bench: routing quality and cost benchmarks
+const benchUsage = `turnout-lab bench: routing quality and cost benchmarks
 
-  turnout bench replay --trace FILE [--mode sim|e2e] [--policies SPECS] [--sweep none|quick|full] ...
-  turnout bench azure  [--trace FILE] ...        (replay of the Azure CSV: lengths only)
-  turnout bench cost   [--duration D] ...        (/internal/route vs a trivial handler; HAProxy and nginx alone vs with turnout)
-  turnout bench trivial --listen ADDR            (the trivial fasthttp handler cost compares against)
-  turnout bench policies                         (the default comparison rows, one per line)
+  turnout-lab bench replay --trace FILE [--mode sim|e2e] [--policies SPECS] [--sweep none|quick|full] ...
+  turnout-lab bench azure  [--trace FILE] ...        (replay of the Azure CSV: lengths only)
+  turnout-lab bench cost   [--duration D] ...        (/internal/route vs a trivial handler; HAProxy and nginx alone vs with turnout)
+  turnout-lab bench trivial --listen ADDR            (the trivial fasthttp handler cost compares against)
+  turnout-lab bench policies                         (the default comparison rows, one per line)
 
 Traces are read from ../shared/traces/ by default; a missing trace is skipped
 with a message (use --trace synthetic for a small generated one).
-Run "turnout bench <command> --help" for the flags.
+The e2e replay and the cost rows run turnout serve and render from the
+turnout binary next to this one (else $PATH; --turnout-bin overrides) and
+the mock replicas from this binary.
+Run "turnout-lab bench <command> --help" for the flags.
 
 Example:
-  turnout bench replay --trace synthetic --limit 200
+  turnout-lab bench replay --trace synthetic --limit 200
 `
 
 // Default trace locations, relative to the repository root (never copied in).
@@ -61,15 +66,15 @@ func runBench(args []string, log *zerolog.Logger) error {
 	case "trivial":
 		return runTrivial(args[1:], log)
 	case "policies":
-		if wantsHelp(args[1:]) {
-			return &helpShown{text: "Usage: turnout bench policies\n\nPrints the default comparison rows of bench replay, one per line.\n\nExample:\n  turnout bench replay --policies \"$(turnout bench policies | tr '\\n' ';')\"\n"}
+		if cli.WantsHelp(args[1:]) {
+			return &cli.HelpShown{Text: "Usage: turnout-lab bench policies\n\nPrints the default comparison rows of bench replay, one per line.\n\nExample:\n  turnout-lab bench replay --policies \"$(turnout-lab bench policies | tr '\\n' ';')\"\n"}
 		}
 		for _, p := range bench.DefaultPolicies() {
 			fmt.Println(p)
 		}
 		return nil
 	case "-h", "--help", "help":
-		return &helpShown{text: benchUsage}
+		return &cli.HelpShown{Text: benchUsage}
 	}
 	return fmt.Errorf("bench: unknown subcommand %q (want replay, azure, cost, trivial or policies)", args[0])
 }
@@ -79,7 +84,7 @@ var errTraceMissing = errors.New("trace missing")
 
 func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	d := bench.DefaultSimOptions()
-	fset := newFlags("bench replay")
+	fset := cli.NewFlags("bench replay")
 	trace := fset.String("trace", defaultTrace, `trace file (.jsonl Mooncake, .csv Azure) or "synthetic"`)
 	mode := fset.String("mode", "sim", "sim (in-process, virtual time) or e2e (HAProxy or nginx + turnout + mock replicas)")
 	policies := fset.String("policies", "", `';'-separated specs "name[:k=v,...]" (default: haproxy-roundrobin, haproxy-leastconn, or with --proxy nginx nginx-roundrobin, nginx-leastconn, and every turnout policy)`)
@@ -102,7 +107,7 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	fset.Uint64Var(&o.Seed, "seed", d.Seed, "seed for turnout's policies")
 	fset.IntVar(&o.Parallel, "parallel", runtime.GOMAXPROCS(0), "sim: policies replayed at once")
 	e2e := defaultE2EFlags(fset)
-	if err := parseFlags(fset, benchReplayCmd, args); err != nil {
+	if err := cli.ParseFlags(fset, benchReplayCmd, args); err != nil {
 		return err
 	}
 	o.Log = log
@@ -245,15 +250,15 @@ func defaultE2EFlags(fset *flag.FlagSet) *e2eFlags {
 	fset.StringVar(&f.nginx, "nginx", "nginx", "e2e: nginx binary")
 	fset.StringVar(&f.nginxMode, "nginx-mode", "body", "e2e: turnout's nginx_mode behind nginx: body (njs) or header (auth_request, no body)")
 	fset.StringVar(&f.nginxModule, "nginx-js-module", nginx.DefaultModulePath, "e2e: njs module for body mode (- = built in)")
-	fset.StringVar(&f.bin, "turnout-bin", "", "e2e: turnout binary for mocks and serve (default: this executable)")
+	fset.StringVar(&f.bin, "turnout-bin", "", "e2e: turnout binary for serve and render (default: turnout next to this executable, else on $PATH)")
 	fset.BoolVar(&f.keep, "keep", false, "e2e: keep the work directory (configs, logs)")
 	fset.DurationVar(&f.timeout, "timeout", 10*time.Minute, "e2e: bound on one policy's replay")
 	return f
 }
 
-// runCost implements `turnout bench cost`.
+// runCost implements `turnout-lab bench cost`.
 func runCost(args []string, log *zerolog.Logger) error {
-	fset := newFlags("bench cost")
+	fset := cli.NewFlags("bench cost")
 	o := bench.CostOptions{Log: log}
 	// 2 s x 3 rounds for the 3 route targets and the 8 proxy setups (each
 	// also with large bodies, and 1 s at one connection): about 3 minutes.
@@ -273,12 +278,12 @@ func runCost(args []string, log *zerolog.Logger) error {
 	fset.StringVar(&o.HAProxy, "haproxy", "haproxy", `haproxy binary ("" skips the HAProxy rows)`)
 	fset.StringVar(&o.Nginx, "nginx", "nginx", `nginx binary ("" skips the nginx rows)`)
 	fset.StringVar(&o.NginxModule, "nginx-js-module", nginx.DefaultModulePath, "njs module for the body-mode row (- = built in)")
-	bin := fset.String("turnout-bin", "", "turnout binary (default: this executable)")
+	bin := fset.String("turnout-bin", "", "turnout binary for serve and render (default: turnout next to this executable, else on $PATH)")
 	out := fset.String("out", "bench-out", "output directory")
 	name := fset.String("name", "cost", "output file name prefix")
 	check := fset.Bool("check", false, "fail unless every run did work with few errors (smoke)")
 	keep := fset.Bool("keep", false, "keep the work directory")
-	if err := parseFlags(fset, benchCostCmd, args); err != nil {
+	if err := cli.ParseFlags(fset, benchCostCmd, args); err != nil {
 		return err
 	}
 	for _, p := range strings.Split(*policies, ";") {
@@ -297,13 +302,9 @@ func runCost(args []string, log *zerolog.Logger) error {
 	default:
 		return fmt.Errorf("bench cost: --loadgen %q: want wrk, go or auto", *loadgen)
 	}
-	o.Turnout = *bin
-	if o.Turnout == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("bench cost: find own executable: %w", err)
-		}
-		o.Turnout = exe
+	var err error
+	if o.Turnout, o.Lab, err = binaries(*bin); err != nil {
+		return fmt.Errorf("bench cost: %w", err)
 	}
 	work, err := os.MkdirTemp("", "turnout-cost-")
 	if err != nil {
@@ -339,9 +340,9 @@ func runCost(args []string, log *zerolog.Logger) error {
 // runTrivial serves the trivial handler the cost benchmark compares
 // /internal/route with, until SIGINT/SIGTERM.
 func runTrivial(args []string, log *zerolog.Logger) error {
-	fset := newFlags("bench trivial")
+	fset := cli.NewFlags("bench trivial")
 	listen := fset.String("listen", "127.0.0.1:9099", "listen address")
-	if err := parseFlags(fset, benchTrivialCmd, args); err != nil {
+	if err := cli.ParseFlags(fset, benchTrivialCmd, args); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", *listen)
@@ -365,8 +366,8 @@ func runTrivial(args []string, log *zerolog.Logger) error {
 	return nil
 }
 
-// options turns the flags into E2EOptions (all but the turnout binary and
-// the work directory, which runE2EReplay fills).
+// options turns the flags into E2EOptions (all but the binaries and the
+// work directory, which runE2EReplay fills).
 func (f *e2eFlags) options(o bench.SimOptions) bench.E2EOptions {
 	return bench.E2EOptions{
 		Sim: o, TimeScale: f.timeScale, Proxy: f.proxy, HAProxy: f.haproxy, Nginx: f.nginx, NginxMode: f.nginxMode,
@@ -376,13 +377,9 @@ func (f *e2eFlags) options(o bench.SimOptions) bench.E2EOptions {
 
 // runE2EReplay runs the replay through real processes.
 func runE2EReplay(reqs []bench.Request, label string, specs []bench.PolicySpec, eo bench.E2EOptions, f *e2eFlags, log *zerolog.Logger) ([]bench.Row, error) {
-	bin := f.bin
-	if bin == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("e2e: find own executable: %w", err)
-		}
-		bin = exe
+	turnout, lab, err := binaries(f.bin)
+	if err != nil {
+		return nil, fmt.Errorf("e2e: %w", err)
 	}
 	work, err := os.MkdirTemp("", "turnout-bench-")
 	if err != nil {
@@ -395,6 +392,37 @@ func runE2EReplay(reqs []bench.Request, label string, specs []bench.PolicySpec, 
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	eo.Turnout, eo.WorkDir, eo.Log = bin, work, log
+	eo.Turnout, eo.Lab, eo.WorkDir, eo.Log = turnout, lab, work, log
 	return bench.RunE2E(ctx, reqs, label, specs, eo)
+}
+
+// binaries resolves the two programs a run starts: turnout (serve, render)
+// from --turnout-bin, else the turnout next to this executable (make build
+// puts both in bin/), else turnout on $PATH; and this executable for the
+// mock replicas and the trivial handler.
+func binaries(turnoutFlag string) (turnout, lab string, err error) {
+	lab, err = os.Executable()
+	if err != nil {
+		return "", "", fmt.Errorf("find own executable: %w", err)
+	}
+	if turnoutFlag != "" {
+		// Absolute: the harness starts processes in their work directories.
+		if turnout, err = filepath.Abs(turnoutFlag); err != nil {
+			return "", "", fmt.Errorf("--turnout-bin: %w", err)
+		}
+		return turnout, lab, nil
+	}
+	if sib := filepath.Join(filepath.Dir(lab), "turnout"); isExecutable(sib) {
+		return sib, lab, nil
+	}
+	p, err := exec.LookPath("turnout")
+	if err != nil {
+		return "", "", fmt.Errorf("no turnout binary next to %s nor on $PATH (make build, or --turnout-bin): %w", lab, err)
+	}
+	return p, lab, nil
+}
+
+func isExecutable(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
 }

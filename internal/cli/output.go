@@ -1,21 +1,37 @@
-package main
+package cli
 
 import (
 	"errors"
 	"fmt"
 	"io"
 	"os"
-
-	"github.com/turnout/turnout/internal/config"
+	"time"
 
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/internal/config"
 )
 
-// humanOutput decides between text for a person and JSON lines for a log
+// NewLogger builds the one root logger; packages get it through struct fields.
+// human: zerolog's console format (a person at a terminal), else JSON lines.
+func NewLogger(w io.Writer, level string, human bool) *zerolog.Logger {
+	lvl, err := zerolog.ParseLevel(level)
+	if err != nil || level == "" {
+		lvl = zerolog.InfoLevel
+	}
+	if human {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000", NoColor: true}
+	}
+	l := zerolog.New(w).Level(lvl).With().Timestamp().Logger()
+	zerolog.TimeFieldFormat = time.RFC3339Nano
+	return &l
+}
+
+// HumanOutput decides between text for a person and JSON lines for a log
 // collector: TURNOUT_LOG_FORMAT=text|json when set, else text when stderr is
 // a terminal.
-func humanOutput(stderr io.Writer, format string) bool {
+func HumanOutput(stderr io.Writer, format string) bool {
 	switch format {
 	case "text", "console":
 		return true
@@ -26,10 +42,10 @@ func humanOutput(stderr io.Writer, format string) bool {
 	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
 }
 
-// reportError prints a command's final error. Config errors list every
+// ReportError prints a command's final error. Config errors list every
 // problem with its line and field: as indented text for a person, as one
 // JSON event per problem (file, line, field, error) for a collector.
-func reportError(stderr io.Writer, log *zerolog.Logger, human bool, what string, err error) {
+func ReportError(stderr io.Writer, log *zerolog.Logger, human bool, what string, err error) {
 	if human {
 		fmt.Fprintf(stderr, "%s: %v\n", what, err)
 		return
@@ -57,16 +73,16 @@ func logProblem(ev *zerolog.Event, file string, p *config.FieldError) *zerolog.E
 	return ev.Str("problem", p.Msg)
 }
 
-// logWarnings logs what the config accepted but probably did not mean.
-func logWarnings(log *zerolog.Logger, file string, cfg *config.Config) {
+// LogWarnings logs what the config accepted but probably did not mean.
+func LogWarnings(log *zerolog.Logger, file string, cfg *config.Config) {
 	for _, w := range cfg.Warnings() {
 		logProblem(log.Warn(), file, w).Msg("config warning")
 	}
 }
 
-// withFile names the config file in a config error raised after loading
+// WithFile names the config file in a config error raised after loading
 // (policies are built from the parsed config, which does not know its file).
-func withFile(err error, file string) error {
+func WithFile(err error, file string) error {
 	var ce *config.ConfigError
 	if file != "" && errors.As(err, &ce) && ce.File == "" {
 		ce.File = file

@@ -1,15 +1,16 @@
-package main
+package control
 
 import (
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/config"
-
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/testenv/freeport"
 	"github.com/turnout/turnout/route"
 )
 
@@ -23,15 +24,7 @@ func lnConfig(t *testing.T, listen, extra string) *config.Config {
 	return c
 }
 
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := l.Addr().String()
-	l.Close()
-	return a
-}
+func freeAddr(t *testing.T) string { return "127.0.0.1:" + strconv.Itoa(freeport.Port(t)) }
 
 func dials(addr string) bool {
 	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
@@ -53,7 +46,7 @@ func TestListenersLifecycle(t *testing.T) {
 	}
 	defer srv.Close()
 	log := zerolog.Nop()
-	l := newListeners(srv, &log)
+	l := newListeners(core{srv}, "", &log)
 	defer l.shutdown(t.Context())
 	ch, err := l.prepare(cfg)
 	if err != nil {
@@ -122,8 +115,7 @@ func TestListenersDefaultSPOESocket(t *testing.T) {
 	}
 	defer srv.Close()
 	log := zerolog.Nop()
-	l := newListeners(srv, &log)
-	l.spoeAddr = spoeAddrFunc("")
+	l := newListeners(core{srv}, "", &log)
 	defer l.shutdown(t.Context())
 	ch, err := l.prepare(cfg)
 	if err != nil {
@@ -155,10 +147,11 @@ func TestListenersDefaultSPOESocket(t *testing.T) {
 
 	// haproxy.path lua with a --haproxy-dir: no agent at all.
 	lua := lnConfig(t, freeAddr(t), "haproxy: {path: lua}\n")
-	if a := spoeAddrFunc(dir)(lua); a != "" {
+	withDir := newListeners(core{srv}, dir, &log)
+	if a := withDir.spoeAddr(lua); a != "" {
 		t.Errorf("haproxy.path lua: agent address %q, want none", a)
 	}
-	if a := spoeAddrFunc(dir)(lnConfig(t, freeAddr(t), "")); a != "unix@"+sock {
+	if a := withDir.spoeAddr(lnConfig(t, freeAddr(t), "")); a != "unix@"+sock {
 		t.Errorf("--haproxy-dir: agent address %q, want unix@%s", a, sock)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package control
 
 import (
 	"context"
@@ -12,14 +12,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/internal/netlimit"
-
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
-	"github.com/turnout/turnout/route"
-	"github.com/turnout/turnout/route/spoe"
+	"github.com/turnout/turnout/haproxy"
+	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/netlimit"
 )
 
 // listeners owns turnout's three listeners: the HTTP API (listen), the SPOE
@@ -38,15 +36,14 @@ import (
 //
 // A listener whose address comes back while it is still draining is reused.
 type listeners struct {
-	log *zerolog.Logger
-	srv *route.Server
-	// spoeAddr gives the SPOE agent's address for a config: haproxy.spoe,
-	// or the default path's socket next to the rendered HAProxy files.
-	// nil means haproxy.spoe alone.
-	spoeAddr func(*config.Config) string
-	mu       sync.Mutex
-	cur      map[string]*listener // kind -> serving listener
-	retired  []*listener          // closing after their grace
+	log  *zerolog.Logger
+	core core
+	// haDir is --haproxy-dir: where the default path's SPOE socket lives
+	// ("" = the config's haproxy.dir).
+	haDir   string
+	mu      sync.Mutex
+	cur     map[string]*listener // kind -> serving listener
+	retired []*listener          // closing after their grace
 }
 
 // Listener kinds, named by the config field that sets their address.
@@ -69,8 +66,23 @@ type listener struct {
 	timer *time.Timer
 }
 
-func newListeners(srv *route.Server, log *zerolog.Logger) *listeners {
-	return &listeners{log: log, srv: srv, cur: map[string]*listener{}}
+func newListeners(c core, haDir string, log *zerolog.Logger) *listeners {
+	return &listeners{log: log, core: c, haDir: haDir, cur: map[string]*listener{}}
+}
+
+// spoeAddr gives the SPOE agent's address for a config: haproxy.spoe, else
+// with haproxy.path spoe (the default) the socket next to the rendered
+// HAProxy files, in --haproxy-dir or haproxy.dir. "" means no agent.
+func (l *listeners) spoeAddr(c *config.Config) string {
+	return haproxy.SPOEAddr(c, l.spoeDir(c))
+}
+
+// spoeDir is the HAProxy directory the default SPOE socket goes in.
+func (l *listeners) spoeDir(c *config.Config) string {
+	if l.haDir != "" {
+		return l.haDir
+	}
+	return c.HAProxy.Dir
 }
 
 // change is the outcome of prepare: listeners to start and the ones they replace.
@@ -86,10 +98,7 @@ func (l *listeners) prepare(cfg *config.Config) (*change, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ch := &change{}
-	spoeAddr := cfg.HAProxy.SPOE
-	if l.spoeAddr != nil {
-		spoeAddr = l.spoeAddr(cfg)
-	}
+	spoeAddr := l.spoeAddr(cfg)
 	want := map[string]struct{ addr, key string }{
 		kindHTTP:     {cfg.Listen, httpKey(cfg)},
 		kindSPOE:     {spoeAddr, spoeAddr},
@@ -241,8 +250,8 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 		if err != nil {
 			return nil, err
 		}
-		ln = netlimit.Listener(ln, cfg.Limits.MaxConns, route.OverloadedAnswer())
-		hs := l.srv.NewHTTPServerFor(cfg)
+		ln = netlimit.Listener(ln, cfg.Limits.MaxConns, overloadedAnswer())
+		hs := l.core.httpServer(cfg)
 		nl.serve = func() {
 			go func() {
 				if err := hs.Serve(ln); err != nil {
@@ -252,6 +261,13 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 		}
 		nl.stop = func(ctx context.Context) { stopHTTP(ctx, hs, ln) }
 	case kindSPOE:
+		if dir := l.spoeDir(cfg); dir != "" && cfg.HAProxy.SPOE == "" {
+			// The default socket lives with the rendered HAProxy files;
+			// turnout may start before anything wrote that directory.
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return nil, fmt.Errorf("haproxy dir: %w", err)
+			}
+		}
 		ln, err := listenSPOE(addr)
 		if err != nil {
 			return nil, err
@@ -259,10 +275,9 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 		actx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		nl.serve = func() {
-			agent := spoe.New(l.srv, spoe.Options{Log: l.log})
 			go func() {
 				defer close(done)
-				if err := agent.Serve(actx, ln); err != nil {
+				if err := l.core.serveSPOE(actx, ln, l.log); err != nil {
 					l.log.Error().Err(err).Str("spoe_listen", addr).Msg("SPOE agent stopped")
 				}
 			}()
@@ -284,7 +299,7 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 		fctx, cancel := context.WithCancel(context.Background())
 		nl.serve = func() {
 			go func() {
-				if err := l.srv.ServeFeedback(fctx, pc); err != nil {
+				if err := l.core.serveFeedback(fctx, pc); err != nil {
 					l.log.Error().Err(err).Str("feedback", addr).Msg("feedback listener stopped")
 				}
 			}()
@@ -331,9 +346,9 @@ func stopHTTP(ctx context.Context, hs *fasthttp.Server, ln net.Listener) {
 	_ = ln.Close() // in case Serve never ran
 }
 
-// httpKey encodes route.HTTPServerKey in a stable order.
+// httpKey encodes httpServerKey in a stable order.
 func httpKey(cfg *config.Config) string {
-	m := route.HTTPServerKey(cfg)
+	m := httpServerKey(cfg)
 	ks := make([]string, 0, len(m))
 	for k := range m {
 		ks = append(ks, k)

@@ -28,11 +28,11 @@ import (
 	"k8s.io/client-go/restmapper"
 
 	"github.com/turnout/turnout/internal/discovery/kube"
-	"github.com/turnout/turnout/internal/kubetest"
+	"github.com/turnout/turnout/internal/testenv/kubetest"
 	"github.com/turnout/turnout/route"
 )
 
-const repoRoot = "../.."
+const repoRoot = "../../.."
 
 // applier server-side applies manifests with strict field validation, so a
 // misspelt or misplaced field is an error, as `kubectl apply --server-side`

@@ -1,0 +1,35 @@
+package main
+
+import "github.com/turnout/turnout/internal/cli"
+
+// The commands' help texts (one example each; TestHelp checks them).
+const prog = "turnout-lab"
+
+var (
+	mockCmd = cli.Command{
+		Prog:     prog,
+		Synopsis: "turnout-lab mock [--listen ADDR] [--name NAME] [--model NAMES] [flags]",
+		About: `Runs one OpenAI-compatible mock vLLM replica (chat, completions, SSE, /health,
+/metrics with vLLM's prefix-cache counters, /tokenize, optional KV-cache events)
+for demos and tests.`,
+		Example: "turnout-lab mock --listen 127.0.0.1:8001 --name llama-0 --model meta-llama/Llama-3.1-8B-Instruct,llama --time-scale 0.05",
+	}
+	benchReplayCmd = cli.Command{
+		Prog:     prog,
+		Synopsis: "turnout-lab bench replay|azure --trace FILE [--mode sim|e2e] [--policies SPECS] [flags]",
+		About:    `Replays a request trace against every policy and reports prefix-cache hit ratios, load balance and latency (BENCHMARKS.md).`,
+		Example:  "turnout-lab bench replay --trace synthetic --limit 200",
+	}
+	benchCostCmd = cli.Command{
+		Prog:     prog,
+		Synopsis: "turnout-lab bench cost [--duration D] [--rounds N] [flags]",
+		About:    `Measures what a decision costs: /internal/route against a trivial handler, HAProxy and nginx alone against with turnout.`,
+		Example:  "turnout-lab bench cost --duration 2s --rounds 3 --nginx ''",
+	}
+	benchTrivialCmd = cli.Command{
+		Prog:     prog,
+		Synopsis: "turnout-lab bench trivial [--listen ADDR]",
+		About:    `Serves the trivial fasthttp handler that bench cost compares /internal/route with.`,
+		Example:  "turnout-lab bench trivial --listen 127.0.0.1:9099",
+	}
+)

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// Every command and subcommand answers --help on stdout with exit 0, its own
+// flags (and not another command's) and one example.
+func TestHelp(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		want    []string
+		notWant []string
+	}{
+		{[]string{"--help"}, []string{"turnout-lab mock", "turnout-lab bench"}, []string{"turnout serve"}},
+		{[]string{"help"}, []string{"turnout-lab mock"}, nil},
+		{[]string{"mock", "--help"}, []string{"-listen", "-model", "-time-scale", "-kv-events"}, []string{"-config"}},
+		{[]string{"bench", "--help"}, []string{"replay", "cost"}, nil},
+		{[]string{"bench", "replay", "--help"}, []string{"-trace", "-policies", "-mode", "-turnout-bin"}, []string{"-rounds"}},
+		{[]string{"bench", "azure", "--help"}, []string{"-trace"}, nil},
+		{[]string{"bench", "cost", "--help"}, []string{"-duration", "-rounds", "-conns", "-turnout-bin"}, []string{"-trace"}},
+		{[]string{"bench", "trivial", "--help"}, []string{"-listen"}, nil},
+		{[]string{"bench", "policies", "--help"}, []string{"bench policies"}, nil},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var out, errb bytes.Buffer
+			if code := run(tc.args, &out, &errb); code != 0 {
+				t.Fatalf("exit %d, stderr:\n%s", code, errb.String())
+			}
+			if errb.Len() > 0 {
+				t.Errorf("help wrote to stderr: %s", errb.String())
+			}
+			got := out.String()
+			if !strings.Contains(got, "Example:") {
+				t.Errorf("no example in:\n%s", got)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("help lacks %q:\n%s", w, got)
+				}
+			}
+			for _, w := range tc.notWant {
+				if strings.Contains(got, w) {
+					t.Errorf("help has %q, which is not this command's:\n%s", w, got)
+				}
+			}
+		})
+	}
+}
+
+// A bad flag is an error (exit 1) naming the flag and pointing at this
+// binary's --help; an unknown command exits 2.
+func TestBadFlag(t *testing.T) {
+	for _, args := range [][]string{{"mock", "--nope"}, {"bench", "cost", "--nope"}} {
+		var out, errb bytes.Buffer
+		if code := run(args, &out, &errb); code != 1 {
+			t.Fatalf("%v: exit %d", args, code)
+		}
+		if !strings.Contains(errb.String(), "see turnout-lab ") || !strings.Contains(errb.String(), "flag provided but not defined") {
+			t.Errorf("%v: stderr %s", args, errb.String())
+		}
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"serve"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), `unknown command "serve"`) {
+		t.Errorf("serve in the lab: exit %d, stderr %s", code, errb.String())
+	}
+}

@@ -1,0 +1,62 @@
+// Command turnout-lab is turnout's lab: the mock vLLM replica the demo, the
+// e2e tests and the benchmarks run in place of GPUs, and the benchmark
+// harness. It is a binary of its own so that the serving binary, turnout,
+// links neither (cmd/turnout/deps_test.go). Subcommands: mock, bench.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/turnout/turnout/internal/cli"
+)
+
+const usage = `turnout-lab: the mock replica and the benchmarks of turnout
+
+Usage:
+  turnout-lab mock   --listen ADDR --name NAME [...]   (OpenAI-compatible mock replica)
+  turnout-lab bench  replay|azure|cost|trivial|policies [...]
+
+Run "turnout-lab <command> --help" for a command's flags.
+
+Example:
+  turnout-lab mock --listen 127.0.0.1:8001 --name llama-0 --time-scale 0.05
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	human := cli.HumanOutput(stderr, os.Getenv("TURNOUT_LOG_FORMAT"))
+	log := cli.NewLogger(stderr, os.Getenv("TURNOUT_LOG_LEVEL"), human)
+	var err error
+	switch args[0] {
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	case "mock":
+		err = runMock(args[1:], log)
+	case "bench":
+		err = runBench(args[1:], log)
+	default:
+		fmt.Fprintf(stderr, "turnout-lab: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	if err != nil {
+		var h *cli.HelpShown
+		if errors.As(err, &h) {
+			fmt.Fprint(stdout, h.Text)
+			return 0
+		}
+		cli.ReportError(stderr, log, human, "turnout-lab "+args[0], err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,249 @@
+package control
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/haproxy"
+	"github.com/turnout/turnout/internal/cli"
+	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/discovery"
+	"github.com/turnout/turnout/internal/filewatch"
+	"github.com/turnout/turnout/nginx"
+)
+
+// Options configure the loop: where configs come from and which proxies it
+// keeps in sync.
+type Options struct {
+	// ConfigPath is the config file; "" is the embedded default config.
+	ConfigPath string
+	// Listen overrides the config's listen address.
+	Listen string
+	// Watch polls the config file for changes this often (0 = SIGHUP only).
+	Watch time.Duration
+	// HAProxy syncs a rendered HAProxy when Socket or Dir is set; Dir also
+	// holds the SPOE agent's default socket, and is created when missing.
+	HAProxy haproxy.SyncOptions
+	// Nginx re-renders and reloads an nginx when set (Dir is required).
+	Nginx *nginx.RenderOptions
+	// Kubeconfig for pools with discovery.kubernetes ("" = $KUBECONFIG,
+	// else in-cluster).
+	Kubeconfig string
+	// Version is logged when turnout starts serving.
+	Version string
+	Log     *zerolog.Logger
+}
+
+// Load reads and validates a config the way every reload does: the file (or
+// the embedded default), the Listen override, then the served-model check.
+func (o *Options) Load(ctx context.Context) (*config.Config, error) {
+	var cfg *config.Config
+	var err error
+	if o.ConfigPath == "" {
+		cfg, err = config.ParseConfig(config.DefaultConfigYAML)
+	} else {
+		cfg, err = config.LoadConfigFile(o.ConfigPath)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if o.Listen != "" {
+		cfg.Listen = o.Listen
+	}
+	// A model alias a replica would answer 404 for is refused here, at
+	// start and on reload.
+	if err := verifyServedModels(ctx, cfg); err != nil {
+		return nil, cli.WithFile(err, o.ConfigPath)
+	}
+	return cfg, nil
+}
+
+// Grace before a replaced listener closes: with a managed proxy, the proxy
+// has been synced to the new address and its old workers finish what they
+// started; without one the operator moves it, so wait longer.
+const syncedGrace, unmanagedGrace = 5 * time.Second, 30 * time.Second
+
+// Loop is the control loop (see the package doc for its goroutines).
+type Loop struct {
+	opts  Options
+	log   *zerolog.Logger
+	core  core
+	lns   *listeners
+	px    *proxies
+	fleet *discovery.Fleet
+
+	// queued are listener changes of applied reloads waiting for the
+	// first proxy sync that carries their config (with discovery, the
+	// merge once the watches have listed). The loop adds, apply takes.
+	mu     sync.Mutex
+	queued []*change
+}
+
+// New prepares the loop around the decision core: it makes the proxy
+// syncers and the HAProxy directory, and opens nothing yet.
+func New(srv *Core, opts Options) (*Loop, error) {
+	log := opts.Log
+	if log == nil {
+		l := zerolog.Nop()
+		log = &l
+	}
+	c := core{srv: srv}
+	lns := newListeners(c, opts.HAProxy.Dir, log)
+	px := &proxies{log: log, lns: lns, ch: make(chan syncReq, 1)}
+	if opts.HAProxy.Dir != "" {
+		// The SPOE socket and the rendered files go there; turnout may be
+		// the first to start on a fresh machine.
+		if err := os.MkdirAll(opts.HAProxy.Dir, 0o755); err != nil {
+			return nil, fmt.Errorf("--haproxy-dir: %w", err)
+		}
+	}
+	if opts.HAProxy.Socket != "" || opts.HAProxy.Dir != "" {
+		hs, err := haproxy.NewSyncer(opts.HAProxy, log)
+		if err != nil {
+			return nil, err
+		}
+		px.syncers = append(px.syncers, hs)
+	}
+	if opts.Nginx != nil {
+		ns, err := nginx.NewSyncer(nginx.SyncOptions{Render: *opts.Nginx}, log)
+		if err != nil {
+			return nil, err
+		}
+		px.syncers = append(px.syncers, ns)
+	}
+	return &Loop{opts: opts, log: log, core: c, lns: lns, px: px}, nil
+}
+
+// Run serves cfg (the config the core was built with) until ctx ends: it
+// opens the listeners, hands cfg to the proxies, then takes reloads one at
+// a time. On return every listener is closed. An error means turnout could
+// not start.
+func (l *Loop) Run(ctx context.Context, cfg *config.Config) error {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go l.px.run(ctx)
+	l.fleet = newFleet(ctx, l.core, l.opts.Kubeconfig, l.log, l.apply)
+
+	ch, err := l.lns.prepare(cfg)
+	if err != nil {
+		return err
+	}
+	l.lns.start(ch)
+	if l.lns.spoeAddr(cfg) == "" && cfg.HAProxy.Path == config.HAProxyPathSPOE {
+		// An HAProxy rendered for this config would find no agent and fail open.
+		l.log.Info().Msg("no SPOE agent: give --haproxy-dir (or haproxy.dir, or haproxy.spoe) when HAProxy routes through turnout")
+	}
+	// Without discovery the core already runs cfg: the proxies get it at
+	// once. With discovery, the first merge goes to the proxies once the
+	// watches have listed.
+	if cfg.HasDiscovery() {
+		if err := cli.WithFile(l.fleet.SetBase(cfg), l.opts.ConfigPath); err != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			l.lns.shutdown(sctx)
+			return err
+		}
+	} else {
+		l.fleet.Adopt(cfg)
+		if l.px.managed() {
+			l.px.push(cfg, nil)
+		}
+	}
+	go l.fleet.Run(ctx)
+	changed := make(chan struct{}, 1)
+	if l.opts.ConfigPath != "" && l.opts.Watch > 0 {
+		go filewatch.Poll(ctx, l.opts.ConfigPath, l.opts.Watch, func() {
+			select { // a reload already pending reads the newest file
+			case changed <- struct{}{}:
+			default:
+			}
+		})
+	}
+	l.log.Info().Str("listen", cfg.Listen).Int("deployments", len(cfg.Deployments)).Str("version", l.opts.Version).Msg("turnout serving")
+	for {
+		select {
+		case <-ctx.Done():
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			l.lns.shutdown(sctx)
+			return nil
+		case <-hup:
+			l.reload(ctx, "SIGHUP")
+		case <-changed:
+			l.reload(ctx, "file changed")
+		}
+	}
+}
+
+// apply is the one way a config reaches the core (the fleet calls it with
+// each merge, reloads through SetBase). Once discovery has listed
+// everything (synced), the proxies get the config, with the listener
+// changes of the reloads it carries.
+func (l *Loop) apply(c *config.Config, synced bool) error {
+	if err := l.core.apply(c); err != nil {
+		return err
+	}
+	if synced && l.px.managed() {
+		l.mu.Lock()
+		queued := l.queued
+		l.queued = nil
+		l.mu.Unlock()
+		l.px.push(c, nil)
+		for _, ch := range queued {
+			l.px.push(c, ch)
+		}
+	}
+	return nil
+}
+
+// reload takes the config source's current config, or keeps the running
+// one and says why not. why is the trigger, logged with the outcome.
+func (l *Loop) reload(ctx context.Context, why string) {
+	reject := func(err error) {
+		l.core.rejected()
+		l.log.Error().Err(err).Str("trigger", why).Msg("config rejected; keeping the previous one")
+	}
+	c, err := l.opts.Load(ctx)
+	if err != nil {
+		reject(err)
+		return
+	}
+	// Listeners first: a config naming an address turnout cannot bind is
+	// rejected whole, and no proxy is pointed at it.
+	ch, err := l.lns.prepare(c)
+	if err != nil {
+		reject(err)
+		return
+	}
+	if l.px.managed() {
+		l.mu.Lock()
+		l.queued = append(l.queued, ch)
+		l.mu.Unlock()
+	}
+	if err := cli.WithFile(l.fleet.SetBase(c), l.opts.ConfigPath); err != nil {
+		l.mu.Lock()
+		if i := slices.Index(l.queued, ch); i >= 0 {
+			l.queued = slices.Delete(l.queued, i, i+1)
+		}
+		l.mu.Unlock()
+		l.lns.abort(ch)
+		l.log.Error().Err(err).Str("trigger", why).Msg("config rejected; keeping the previous one")
+		return
+	}
+	l.lns.start(ch)
+	l.log.Info().Str("trigger", why).Int("deployments", len(c.Deployments)).Strs("listeners_changed", ch.fields).Msg("config reloaded")
+	cli.LogWarnings(l.log, l.opts.ConfigPath, c)
+	if !l.px.managed() && len(ch.replace) > 0 {
+		l.log.Warn().Strs("fields", ch.fields).Dur("grace", unmanagedGrace).Msg("listener address changed and no proxy is managed: point the proxy at the new address; the old listener closes after the grace")
+		l.lns.retire(ch, unmanagedGrace, c.Proxy.StreamTimeout.D())
+	}
+}

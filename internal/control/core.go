@@ -1,0 +1,68 @@
+package control
+
+import (
+	"context"
+	"net"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/spoe"
+)
+
+// Core is the decision core the loop drives. Every call this package makes
+// into route/ is in this file, so a change of route's API is one edit.
+type Core = route.Server
+
+// core is the decision core as the loop sees it.
+type core struct{ srv *Core }
+
+// apply swaps the routing snapshot to cfg (surviving endpoints keep their state).
+func (c core) apply(cfg *config.Config) error { return c.srv.Apply(cfg) }
+
+// rejected counts a config that was refused (turnout_config_reloads_total{result="failure"}).
+func (c core) rejected() { c.srv.Rejected() }
+
+// inflight is an endpoint's open decisions, which a discovered endpoint
+// that disappeared drains before it is dropped.
+func (c core) inflight(pool, name string) int64 {
+	for _, p := range c.srv.Snapshot().Pools() {
+		if p.Name == pool {
+			for _, e := range p.Endpoints {
+				if e.Name == name {
+					return e.Inflight()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// httpServer is the HTTP API (decisions, health, metrics) with cfg's
+// connection settings.
+func (c core) httpServer(cfg *config.Config) *fasthttp.Server { return c.srv.NewHTTPServerFor(cfg) }
+
+// serveFeedback reads completion lines from pc until ctx ends.
+func (c core) serveFeedback(ctx context.Context, pc net.PacketConn) error {
+	return c.srv.ServeFeedback(ctx, pc)
+}
+
+// serveSPOE runs the SPOE agent on ln until ctx ends.
+func (c core) serveSPOE(ctx context.Context, ln net.Listener, log *zerolog.Logger) error {
+	return spoe.New(c.srv, spoe.Options{Log: log}).Serve(ctx, ln)
+}
+
+// verifyServedModels refuses a model alias a replica would answer 404 for
+// (route/modelverify.go).
+func verifyServedModels(ctx context.Context, cfg *config.Config) error {
+	return route.VerifyServedModels(ctx, cfg, nil)
+}
+
+// httpServerKey is the HTTP listener's connection-level settings, which a
+// reload cannot change on the same address.
+func httpServerKey(cfg *config.Config) map[string]string { return route.HTTPServerKey(cfg) }
+
+// overloadedAnswer is what a connection over limits.max_conns is told.
+func overloadedAnswer() []byte { return route.OverloadedAnswer() }
