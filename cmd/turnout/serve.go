@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/signal"
 	"slices"
@@ -43,6 +44,13 @@ func runServe(args []string, log *zerolog.Logger) error {
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for pools with discovery.kubernetes (default $KUBECONFIG, else in-cluster)")
 	if err := parseFlags(fs, serveCmd, args); err != nil {
 		return err
+	}
+	// The SPOE socket is bound in DIR before the first render creates it:
+	// a fresh temp dir or volume path may not exist yet.
+	if *haDir != "" {
+		if err := os.MkdirAll(*haDir, 0o755); err != nil {
+			return fmt.Errorf("--haproxy-dir: %w", err)
+		}
 	}
 	if *level != "" {
 		if lvl, err := zerolog.ParseLevel(*level); err == nil {
@@ -194,6 +202,8 @@ func runServe(args []string, log *zerolog.Logger) error {
 		}
 		return nil
 	})
+
+	srv.AddMetrics(fleet.WriteMetrics) // turnout_discovery_*
 
 	var reloadMu sync.Mutex // SIGHUP and the file watch may fire together
 	reload := func(why string) {
