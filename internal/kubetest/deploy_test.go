@@ -200,15 +200,17 @@ func TestDeployManifestsAccepted(t *testing.T) {
 		t.Errorf("haproxy does not run %s: %v %v", filepath.Join(dir, "haproxy.cfg"), ha.Command, ha.Args)
 	}
 
-	// The Service reaches HAProxy's listen port; probes reach turnout's.
+	// The Service reaches HAProxy's listen port.
 	_, hport, _ := net.SplitHostPort(cfg.HAProxy.Listen)
 	if len(svc.Spec.Ports) == 0 || port(ha, svc.Spec.Ports[0].TargetPort.String()) != hport {
 		t.Errorf("Service targets %v, HAProxy listens on %s", svc.Spec.Ports, cfg.HAProxy.Listen)
 	}
-	_, lport, _ := net.SplitHostPort(cfg.Listen)
+	// Probes reach the admin listener (the route API stays on loopback);
+	// deploy/chart_test.go checks every probe of every chart profile.
+	_, aport, _ := net.SplitHostPort(cfg.AdminListen)
 	if tu.ReadinessProbe == nil || tu.ReadinessProbe.HTTPGet == nil || tu.ReadinessProbe.HTTPGet.Path != route.PathReadyz ||
-		port(tu, tu.ReadinessProbe.HTTPGet.Port.String()) != lport {
-		t.Errorf("turnout readiness probe must GET %s on %s", route.PathReadyz, cfg.Listen)
+		tu.ReadinessProbe.HTTPGet.Host != "" || aport == "" || port(tu, tu.ReadinessProbe.HTTPGet.Port.String()) != aport {
+		t.Errorf("turnout readiness probe must GET %s on admin_listen %q, without host", route.PathReadyz, cfg.AdminListen)
 	}
 	if !maps.Equal(svc.Spec.Selector, dep.Spec.Selector.MatchLabels) {
 		t.Errorf("Service selector %v, Deployment %v", svc.Spec.Selector, dep.Spec.Selector.MatchLabels)

@@ -64,15 +64,21 @@ func APIServerPath() string {
 	if p := os.Getenv("KUBE_APISERVER"); p != "" {
 		return p
 	}
-	cache := os.Getenv("TURNOUT_KUBE_CACHE")
-	if cache == "" {
-		if x := os.Getenv("XDG_CACHE_HOME"); x != "" {
-			cache = filepath.Join(x, "turnout")
-		} else if h, err := os.UserHomeDir(); err == nil {
-			cache = filepath.Join(h, ".cache", "turnout")
-		}
+	return filepath.Join(cacheDir(), "kube-apiserver-"+Version)
+}
+
+// cacheDir is where scripts/kube-apiserver.sh and scripts/helm.sh cache
+// their builds: $TURNOUT_KUBE_CACHE, else $XDG_CACHE_HOME/turnout or
+// ~/.cache/turnout.
+func cacheDir() string {
+	if c := os.Getenv("TURNOUT_KUBE_CACHE"); c != "" {
+		return c
 	}
-	return filepath.Join(cache, "kube-apiserver-"+Version)
+	if x := os.Getenv("XDG_CACHE_HOME"); x != "" {
+		return filepath.Join(x, "turnout")
+	}
+	h, _ := os.UserHomeDir()
+	return filepath.Join(h, ".cache", "turnout")
 }
 
 // RequireEnv turns Skip into a failure: CI sets it, because .ci/run
