@@ -451,3 +451,42 @@ func podObject(t *testing.T, dep *appsv1.Deployment, ns string) *unstructured.Un
 	}
 	return &unstructured.Unstructured{Object: m}
 }
+
+// The values example of docs/kubernetes.md renders a pod that would start.
+func TestDocsValuesExample(t *testing.T) {
+	helm := kubetest.Helm(t)
+	b, err := os.ReadFile("../docs/kubernetes.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "```yaml\n# my-values.yaml\n")
+	values, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 {
+		t.Fatal("docs/kubernetes.md has no my-values.yaml example")
+	}
+	f := filepath.Join(t.TempDir(), "my-values.yaml")
+	if err := os.WriteFile(f, []byte(values), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := run(t, helm, "template", "turnout", chart, "--namespace", "llm", "-f", f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := decode(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := podOf(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkPod(p); err != nil {
+		t.Error(err)
+	}
+	if err := checkProbes(p); err != nil {
+		t.Error(err)
+	}
+	if len(p.cfg.Deployments) != 2 || p.cfg.Deployments[0].Pools[0].Discovery.Kubernetes.RoleLabel == "" {
+		t.Errorf("the example must show prefill/decode pools sorted by role_label, got %+v", p.cfg.Deployments)
+	}
+}
