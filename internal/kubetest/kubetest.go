@@ -145,6 +145,9 @@ func Start(t testing.TB, repoRoot, ns, advertise string) *Cluster {
 		"--cert-dir", certDir, "--token-auth-file", tokens, "--authorization-mode", "RBAC",
 		"--service-account-issuer", "https://kubernetes.default.svc", "--service-account-key-file", keyFile,
 		"--service-account-signing-key-file", keyFile, "--service-cluster-ip-range", "10.96.0.0/16",
+		// PodSecurity is on by default; named so the chart tests' restricted
+		// namespaces (deploy/chart_test.go) do not depend on that default.
+		"--enable-admission-plugins", "PodSecurity",
 		"--disable-admission-plugins", "ServiceAccount", "--enable-priority-and-fairness=false",
 		"--endpoint-reconciler-type", "none", "--v", "0",
 	}
