@@ -6,7 +6,7 @@ LAB     := bin/turnout-lab
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 export CGO_ENABLED := 0
 
-.PHONY: kube-apiserver bench-kube all build test test-unit test-e2e bench bench-smoke demo run fuzz vet clean soak
+.PHONY: kube-apiserver helm manifests bench-kube all build test test-unit test-e2e bench bench-smoke demo run fuzz vet clean soak
 
 all: build
 
@@ -31,6 +31,16 @@ test-e2e: build
 # Go module proxy once and cached under ~/.cache/turnout (.ci/run calls it).
 kube-apiserver:
 	@bash scripts/kube-apiserver.sh >/dev/null
+
+# The Helm CLI (helm.sh/helm/v3 from the Go module proxy, in its own
+# temporary module) for the chart tests, cached like kube-apiserver.
+helm:
+	@bash scripts/helm.sh >/dev/null
+
+# deploy/kubernetes/ rendered from the Helm chart (deploy/chart_test.go
+# fails when the committed files differ).
+manifests: helm
+	bash scripts/manifests.sh
 
 # Kubernetes discovery figures of BENCHMARKS.md: slice change -> HAProxy
 # runtime state (100 changes), sync time and RSS at 1,000 and 5,000 endpoints.

@@ -246,8 +246,7 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 	case PathDone:
 		s.done(ctx)
 	case PathHealthz:
-		ctx.SetStatusCode(fasthttp.StatusOK)
-		ctx.SetBodyString("ok\n")
+		healthz(ctx)
 	case PathReadyz:
 		s.ready(ctx)
 	case PathMetrics:

@@ -109,19 +109,19 @@ func (s *Server) WriteMetrics(b *strings.Builder) {
 		var cum uint64
 		for i, ub := range latencyBuckets {
 			cum += p.m.latency.counts[i].Load()
-			fmt.Fprintf(b, "turnout_decision_duration_seconds_bucket{pool=%q,le=%q} %d\n", p.Name, strconv.FormatFloat(ub, 'g', -1, 64), cum)
+			fmt.Fprintf(b, "turnout_decision_duration_seconds_bucket{deployment=%q,pool=%q,le=%q} %d\n", p.Deployment, p.Name, strconv.FormatFloat(ub, 'g', -1, 64), cum)
 		}
 		cum += p.m.latency.counts[len(latencyBuckets)].Load()
-		fmt.Fprintf(b, "turnout_decision_duration_seconds_bucket{pool=%q,le=\"+Inf\"} %d\n", p.Name, cum)
-		fmt.Fprintf(b, "turnout_decision_duration_seconds_sum{pool=%q} %g\n", p.Name, float64(p.m.latency.sumNs.Load())/1e9)
-		fmt.Fprintf(b, "turnout_decision_duration_seconds_count{pool=%q} %d\n", p.Name, cum)
+		fmt.Fprintf(b, "turnout_decision_duration_seconds_bucket{deployment=%q,pool=%q,le=\"+Inf\"} %d\n", p.Deployment, p.Name, cum)
+		fmt.Fprintf(b, "turnout_decision_duration_seconds_sum{deployment=%q,pool=%q} %g\n", p.Deployment, p.Name, float64(p.m.latency.sumNs.Load())/1e9)
+		fmt.Fprintf(b, "turnout_decision_duration_seconds_count{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, cum)
 	}
 	help("turnout_prefix_blocks_total", "counter", "Prompt blocks seen by prefix policies.")
 	help("turnout_prefix_matched_blocks_total", "counter", "Prompt blocks routed to a replica that was sent them before.")
 	for _, p := range snap.Pools() {
 		if p.blockBytes > 0 {
-			fmt.Fprintf(b, "turnout_prefix_blocks_total{pool=%q} %d\n", p.Name, p.m.totalBlocks.Load())
-			fmt.Fprintf(b, "turnout_prefix_matched_blocks_total{pool=%q} %d\n", p.Name, p.m.matchedBlocks.Load())
+			fmt.Fprintf(b, "turnout_prefix_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.m.totalBlocks.Load())
+			fmt.Fprintf(b, "turnout_prefix_matched_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.m.matchedBlocks.Load())
 		}
 	}
 	help("turnout_endpoint_inflight", "gauge", "Decisions sent to an endpoint and not yet completed.")
@@ -131,19 +131,23 @@ func (s *Server) WriteMetrics(b *strings.Builder) {
 		}
 	}
 	help("turnout_endpoint_up", "gauge", "1 when the endpoint is available.")
+	help("turnout_pool_ready_endpoints", "gauge", "Endpoints available in the pool (0 also for a pool with none: discovery found nothing).")
 	for _, p := range snap.Pools() {
+		ready := 0
 		for _, e := range p.Endpoints {
 			up := 0
 			if e.Available() {
 				up = 1
 			}
-			fmt.Fprintf(b, "turnout_endpoint_up{pool=%q,endpoint=%q} %d\n", p.Name, e.Name, up)
+			ready += up
+			fmt.Fprintf(b, "turnout_endpoint_up{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, up)
 		}
+		fmt.Fprintf(b, "turnout_pool_ready_endpoints{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, ready)
 	}
 	help("turnout_endpoint_decisions_total", "counter", "Decisions per endpoint.")
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {
-			fmt.Fprintf(b, "turnout_endpoint_decisions_total{pool=%q,endpoint=%q} %d\n", p.Name, e.Name, e.st.decisions.Load())
+			fmt.Fprintf(b, "turnout_endpoint_decisions_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, e.st.decisions.Load())
 		}
 	}
 	help("turnout_completions_total", "counter", "Completion signals by result.")

@@ -352,23 +352,23 @@ func (k *KVAware) requestKeys(r *Request, bs int, b *kvBuf) ([]uint64, error) {
 // WriteMetrics implements MetricsWriter.
 func (k *KVAware) WriteMetrics(p *Pool, b *strings.Builder) {
 	st := k.sh.idx.Stats()
-	fmt.Fprintf(b, "turnout_kv_index_blocks{pool=%q} %d\n", p.Name, st.Entries)
-	fmt.Fprintf(b, "turnout_kv_index_capacity_blocks{pool=%q} %d\n", p.Name, st.Capacity)
-	fmt.Fprintf(b, "turnout_kv_index_bytes{pool=%q} %d\n", p.Name, st.ApproxBytes)
-	fmt.Fprintf(b, "turnout_kv_index_evictions_total{pool=%q} %d\n", p.Name, st.Evictions)
-	fmt.Fprintf(b, "turnout_kv_index_stale_sources{pool=%q} %d\n", p.Name, st.Stale)
-	fmt.Fprintf(b, "turnout_kv_fallbacks_total{pool=%q} %d\n", p.Name, k.fallbacks.Load())
-	fmt.Fprintf(b, "turnout_kv_tokenize_total{pool=%q,result=\"ok\"} %d\n", p.Name, k.tokenized.Load())
-	fmt.Fprintf(b, "turnout_kv_tokenize_total{pool=%q,result=\"error\"} %d\n", p.Name, k.tokenizeErrs.Load())
-	fmt.Fprintf(b, "turnout_kv_token_id_prompts_total{pool=%q} %d\n", p.Name, k.tokenIDs.Load())
-	fmt.Fprintf(b, "turnout_kv_tokenizer_cache_hits_total{pool=%q} %d\n", p.Name, k.tok.Hits())
+	fmt.Fprintf(b, "turnout_kv_index_blocks{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, st.Entries)
+	fmt.Fprintf(b, "turnout_kv_index_capacity_blocks{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, st.Capacity)
+	fmt.Fprintf(b, "turnout_kv_index_bytes{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, st.ApproxBytes)
+	fmt.Fprintf(b, "turnout_kv_index_evictions_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, st.Evictions)
+	fmt.Fprintf(b, "turnout_kv_index_stale_sources{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, st.Stale)
+	fmt.Fprintf(b, "turnout_kv_fallbacks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, k.fallbacks.Load())
+	fmt.Fprintf(b, "turnout_kv_tokenize_total{deployment=%q,pool=%q,result=\"ok\"} %d\n", p.Deployment, p.Name, k.tokenized.Load())
+	fmt.Fprintf(b, "turnout_kv_tokenize_total{deployment=%q,pool=%q,result=\"error\"} %d\n", p.Deployment, p.Name, k.tokenizeErrs.Load())
+	fmt.Fprintf(b, "turnout_kv_token_id_prompts_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, k.tokenIDs.Load())
+	fmt.Fprintf(b, "turnout_kv_tokenizer_cache_hits_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, k.tok.Hits())
 	for name, s := range k.sh.mgr.Stats() {
-		fmt.Fprintf(b, "turnout_kv_events_total{pool=%q,endpoint=%q} %d\n", p.Name, name, s.Events)
-		fmt.Fprintf(b, "turnout_kv_event_gaps_total{pool=%q,endpoint=%q} %d\n", p.Name, name, s.Gaps)
-		fmt.Fprintf(b, "turnout_kv_event_malformed_total{pool=%q,endpoint=%q} %d\n", p.Name, name, s.Malformed)
-		fmt.Fprintf(b, "turnout_kv_event_reconnects_total{pool=%q,endpoint=%q} %d\n", p.Name, name, s.Reconnects)
+		fmt.Fprintf(b, "turnout_kv_events_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, name, s.Events)
+		fmt.Fprintf(b, "turnout_kv_event_gaps_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, name, s.Gaps)
+		fmt.Fprintf(b, "turnout_kv_event_malformed_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, name, s.Malformed)
+		fmt.Fprintf(b, "turnout_kv_event_reconnects_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, name, s.Reconnects)
 		for r, n := range s.Rejected {
-			fmt.Fprintf(b, "turnout_kv_events_rejected_total{pool=%q,endpoint=%q,reason=%q} %d\n", p.Name, name, kv.RejectReason(r), n)
+			fmt.Fprintf(b, "turnout_kv_events_rejected_total{deployment=%q,pool=%q,endpoint=%q,reason=%q} %d\n", p.Deployment, p.Name, name, kv.RejectReason(r), n)
 		}
 	}
 }

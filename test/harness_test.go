@@ -166,12 +166,19 @@ type Proc struct {
 // SIGKILL after 5 s) at cleanup, and its log is printed if the test failed.
 func StartProc(t testing.TB, name, bin string, args ...string) *Proc {
 	t.Helper()
+	return StartCmd(t, name, exec.Command(bin, args...))
+}
+
+// StartCmd is StartProc for a prepared command (its own user, environment
+// or directory); its output goes to the log.
+func StartCmd(t testing.TB, name string, cmd *exec.Cmd) *Proc {
+	t.Helper()
 	p := &Proc{Name: name, Log: filepath.Join(t.TempDir(), name+".log"), done: make(chan struct{})}
 	f, err := os.Create(p.Log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.Cmd = exec.Command(bin, args...)
+	p.Cmd = cmd
 	p.Cmd.Stdout, p.Cmd.Stderr = f, f
 	if err := p.Cmd.Start(); err != nil {
 		f.Close()

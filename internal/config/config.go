@@ -39,6 +39,11 @@ const (
 // Config is the whole turnout configuration file.
 type Config struct {
 	Listen string `yaml:"listen"`
+	// AdminListen, when set, is a second HTTP listener serving only
+	// /healthz, /readyz and /metrics (never /internal/*), so the kubelet
+	// and Prometheus reach them while Listen stays on loopback for a
+	// sidecar proxy (docs/kubernetes.md, threat model). Default: off.
+	AdminListen string `yaml:"admin_listen"`
 	// SessionHeaders are matched case-insensitively with '-' and '_' equivalent.
 	SessionHeaders []string `yaml:"session_headers"`
 	// ModelHeaders name headers that may carry the model when the body does not
@@ -584,6 +589,12 @@ func (c *Config) Validate() error {
 		}
 	}
 	checkAddr("listen", c.Listen)
+	if c.AdminListen != "" {
+		checkAddr("admin_listen", c.AdminListen)
+		if c.AdminListen == c.Listen {
+			bad("admin_listen", "%q is listen's address: the admin listener needs its own port", c.AdminListen)
+		}
+	}
 	for i, h := range c.SessionHeaders {
 		if !HeaderRe.MatchString(h) {
 			bad(fmt.Sprintf("session_headers[%d]", i), "%q is not a header name", h)

@@ -132,6 +132,7 @@ func (l *Loop) Run(ctx context.Context, cfg *config.Config) error {
 	defer signal.Stop(hup)
 	go l.px.run(ctx)
 	l.fleet = newFleet(ctx, l.core, l.opts.Kubeconfig, l.log, l.apply)
+	l.core.addMetrics(l.fleet.WriteMetrics) // turnout_discovery_*
 
 	ch, err := l.lns.prepare(cfg)
 	if err != nil {

@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"net"
+	"strings"
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
@@ -43,6 +44,12 @@ func (c core) inflight(pool, name string) int64 {
 // httpServer is the HTTP API (decisions, health, metrics) with cfg's
 // connection settings.
 func (c core) httpServer(cfg *config.Config) *fasthttp.Server { return c.srv.NewHTTPServerFor(cfg) }
+
+// addMetrics adds fn's lines to /metrics (the fleet's turnout_discovery_*).
+func (c core) addMetrics(fn func(*strings.Builder)) { c.srv.AddMetrics(fn) }
+
+// adminServer serves /healthz, /readyz and /metrics only (admin_listen).
+func (c core) adminServer() *fasthttp.Server { return c.srv.NewAdminHTTPServer() }
 
 // serveFeedback reads completion lines from pc until ctx ends.
 func (c core) serveFeedback(ctx context.Context, pc net.PacketConn) error {

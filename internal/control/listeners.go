@@ -20,8 +20,9 @@ import (
 	"github.com/turnout/turnout/internal/netlimit"
 )
 
-// listeners owns turnout's three listeners: the HTTP API (listen), the SPOE
-// agent (haproxy.spoe) and the feedback socket (feedback.syslog). A config
+// listeners owns turnout's listeners: the HTTP API (listen), the admin
+// endpoints (admin_listen), the SPOE agent (haproxy.spoe) and the feedback
+// socket (feedback.syslog). A config
 // change reopens the ones whose address changed, in an order that never
 // leaves a proxy pointing at an address nobody serves:
 //
@@ -49,6 +50,7 @@ type listeners struct {
 // Listener kinds, named by the config field that sets their address.
 const (
 	kindHTTP     = "listen"
+	kindAdmin    = "admin_listen"
 	kindSPOE     = "haproxy.spoe"
 	kindFeedback = "feedback.syslog"
 )
@@ -101,11 +103,12 @@ func (l *listeners) prepare(cfg *config.Config) (*change, error) {
 	spoeAddr := l.spoeAddr(cfg)
 	want := map[string]struct{ addr, key string }{
 		kindHTTP:     {cfg.Listen, httpKey(cfg)},
+		kindAdmin:    {cfg.AdminListen, cfg.AdminListen},
 		kindSPOE:     {spoeAddr, spoeAddr},
 		kindFeedback: {cfg.Feedback.Syslog, cfg.Feedback.Syslog},
 	}
 	var errs []error
-	for _, kind := range []string{kindHTTP, kindSPOE, kindFeedback} {
+	for _, kind := range []string{kindHTTP, kindAdmin, kindSPOE, kindFeedback} {
 		w := want[kind]
 		cur := l.cur[kind]
 		if (cur != nil && cur.key == w.key) || (cur == nil && w.addr == "") {
@@ -256,6 +259,20 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 			go func() {
 				if err := hs.Serve(ln); err != nil {
 					l.log.Error().Err(err).Str("listen", addr).Msg("HTTP listener stopped")
+				}
+			}()
+		}
+		nl.stop = func(ctx context.Context) { stopHTTP(ctx, hs, ln) }
+	case kindAdmin:
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		hs := l.core.adminServer()
+		nl.serve = func() {
+			go func() {
+				if err := hs.Serve(ln); err != nil {
+					l.log.Error().Err(err).Str("admin_listen", addr).Msg("admin listener stopped")
 				}
 			}()
 		}

@@ -2,6 +2,7 @@ package control
 
 import (
 	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -153,5 +154,70 @@ func TestListenersDefaultSPOESocket(t *testing.T) {
 	}
 	if a := withDir.spoeAddr(lnConfig(t, freeAddr(t), "")); a != "unix@"+sock {
 		t.Errorf("--haproxy-dir: agent address %q, want unix@%s", a, sock)
+	}
+}
+
+// admin_listen opens, serves only the admin paths, moves on reload (new
+// address first, old one after its grace), and closes when removed.
+func TestListenersAdmin(t *testing.T) {
+	listen, adm1, adm2 := freeAddr(t), freeAddr(t), freeAddr(t)
+	cfg := lnConfig(t, listen, "admin_listen: "+adm1+"\n")
+	srv, err := route.NewServer(cfg, route.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	log := zerolog.Nop()
+	l := newListeners(core{srv}, "", &log)
+	defer l.shutdown(t.Context())
+	ch, err := l.prepare(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.start(ch)
+	status := func(addr, path string) int {
+		res, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if s := status(adm1, route.PathHealthz); s != 200 {
+		t.Fatalf("admin /healthz: %d", s)
+	}
+	if s := status(adm1, route.PathRoute); s != 404 {
+		t.Fatalf("admin %s: %d, want 404", route.PathRoute, s)
+	}
+	ch, err = l.prepare(lnConfig(t, listen, "admin_listen: "+adm2+"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.start(ch)
+	l.retire(ch, 10*time.Millisecond, time.Second)
+	if s := status(adm2, route.PathMetrics); s != 200 {
+		t.Fatalf("new admin address /metrics: %d", s)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for dials(adm1) {
+		if time.Now().After(deadline) {
+			t.Fatal("old admin address still open after its grace")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ch, err = l.prepare(lnConfig(t, listen, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.start(ch)
+	l.retire(ch, 10*time.Millisecond, time.Second)
+	for dials(adm2) {
+		if time.Now().After(deadline) {
+			t.Fatal("admin listener still open after admin_listen was removed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !dials(listen) {
+		t.Fatal("the route API listener must stay")
 	}
 }

@@ -67,7 +67,14 @@ type Fleet struct {
 	wasOK bool
 	// appliedCfg is the last merged config Apply accepted.
 	appliedCfg *config.Config
+	// changes counts applied membership changes per pool; rejected the
+	// merged configs Apply refused (turnout_discovery_* metrics).
+	changes  map[poolKey]uint64
+	rejected uint64
 }
+
+// poolKey labels a discovered pool in metrics.
+type poolKey struct{ deployment, pool string }
 
 // New returns a Fleet; Run drives it.
 func New(opts Options) *Fleet {
@@ -199,6 +206,7 @@ func (f *Fleet) mergeLocked(force bool) error {
 	taken := staticNames(f.base)
 	next := map[string][]config.EndpointConfig{}
 	changed := force || synced != f.wasOK
+	var moved []poolKey
 	for i := range cfg.Deployments {
 		d := &cfg.Deployments[i]
 		d.Pools = slices.Clone(d.Pools)
@@ -218,6 +226,7 @@ func (f *Fleet) mergeLocked(force bool) error {
 			next[pool] = cur
 			if !reflect.DeepEqual(eps, f.applied(pool)) {
 				changed = true
+				moved = append(moved, poolKey{d.Name, pool})
 			}
 		}
 	}
@@ -226,7 +235,14 @@ func (f *Fleet) mergeLocked(force bool) error {
 		return nil
 	}
 	if err := f.opts.Apply(&cfg, synced); err != nil {
+		f.rejected++
 		return err
+	}
+	if f.changes == nil {
+		f.changes = map[poolKey]uint64{}
+	}
+	for _, k := range moved {
+		f.changes[k]++
 	}
 	f.wasOK = synced
 	f.appliedCfg = &cfg
@@ -335,4 +351,39 @@ func (f *Fleet) logPools(cfg *config.Config) {
 			ev.Msg("discovered pool")
 		}
 	}
+}
+
+// WriteMetrics renders the discovery metrics (nothing without discovery):
+// whether every watch has listed, how many watches are failing right now,
+// membership changes applied per pool, merged configs rejected.
+func (f *Fleet) WriteMetrics(b *strings.Builder) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.base == nil || !f.base.HasDiscovery() {
+		return
+	}
+	help := func(name, typ, text string) {
+		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
+	}
+	synced := 0
+	if f.wasOK {
+		synced = 1
+	}
+	help("turnout_discovery_synced", "gauge", "1 once every discovery watch has listed its objects (the proxies get discovered endpoints).")
+	fmt.Fprintf(b, "turnout_discovery_synced %d\n", synced)
+	if fs, ok := f.src.(interface{ Failing() int }); ok {
+		help("turnout_discovery_watches_failing", "gauge", "Discovery watches whose last list/watch failed (API unreachable, RBAC denied); the last known endpoints stay.")
+		fmt.Fprintf(b, "turnout_discovery_watches_failing %d\n", fs.Failing())
+	}
+	help("turnout_discovery_changes_total", "counter", "Membership changes of a discovered pool applied (scale, rollout, terminating pods).")
+	for _, d := range f.base.Deployments {
+		for _, p := range d.Pools {
+			if p.Discovery != nil {
+				k := poolKey{d.Name, config.PoolName(d.Name, p.Role)}
+				fmt.Fprintf(b, "turnout_discovery_changes_total{deployment=%q,pool=%q} %d\n", k.deployment, k.pool, f.changes[k])
+			}
+		}
+	}
+	help("turnout_discovery_rejected_total", "counter", "Merged configs with discovered endpoints that turnout refused (the previous snapshot stays).")
+	fmt.Fprintf(b, "turnout_discovery_rejected_total %d\n", f.rejected)
 }

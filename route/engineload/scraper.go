@@ -408,7 +408,7 @@ func (s *Scraper) WriteMetrics(b *strings.Builder) {
 		for _, e := range p.Endpoints {
 			if t := targets[e.Name]; t != nil {
 				for r := Result(0); r < numResults; r++ {
-					fmt.Fprintf(b, "turnout_engine_scrapes_total{endpoint=%q,result=%q} %d\n", e.Name, r.String(), t.results[r].Load())
+					fmt.Fprintf(b, "turnout_engine_scrapes_total{deployment=%q,pool=%q,endpoint=%q,result=%q} %d\n", p.Deployment, p.Name, e.Name, r.String(), t.results[r].Load())
 				}
 			}
 		}
@@ -418,23 +418,23 @@ func (s *Scraper) WriteMetrics(b *strings.Builder) {
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {
 			if t := targets[e.Name]; t != nil {
-				fmt.Fprintf(b, "turnout_engine_scrape_seconds_total{endpoint=%q} %g\n", e.Name, float64(t.durNs.Load())/1e9)
-				fmt.Fprintf(b, "turnout_engine_scrape_bytes_total{endpoint=%q} %d\n", e.Name, t.bytes.Load())
+				fmt.Fprintf(b, "turnout_engine_scrape_seconds_total{deployment=%q,pool=%q,endpoint=%q} %g\n", p.Deployment, p.Name, e.Name, float64(t.durNs.Load())/1e9)
+				fmt.Fprintf(b, "turnout_engine_scrape_bytes_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, t.bytes.Load())
 			}
 		}
 	}
 	help("turnout_endpoint_engine_requests", "gauge", "Running + waiting requests the engine reported at the last scrape (absent: no figure, in-flight counts are used).")
-	help("turnout_endpoint_engine_kv_usage", "gauge", "KV-cache usage the engine reported at the last scrape, 0..1.")
+	help("turnout_endpoint_engine_kv_usage_ratio", "gauge", "KV-cache usage the engine reported at the last scrape, 0..1.")
 	help("turnout_endpoint_load", "gauge", "The load figure policies balance on: engine requests + decisions since the scrape, or in-flight decisions.")
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {
 			if el := e.Engine(); el != nil {
-				fmt.Fprintf(b, "turnout_endpoint_engine_requests{pool=%q,endpoint=%q} %d\n", p.Name, e.Name, el.Requests)
+				fmt.Fprintf(b, "turnout_endpoint_engine_requests{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, el.Requests)
 				if el.KVUsage >= 0 {
-					fmt.Fprintf(b, "turnout_endpoint_engine_kv_usage{pool=%q,endpoint=%q} %g\n", p.Name, e.Name, el.KVUsage)
+					fmt.Fprintf(b, "turnout_endpoint_engine_kv_usage_ratio{deployment=%q,pool=%q,endpoint=%q} %g\n", p.Deployment, p.Name, e.Name, el.KVUsage)
 				}
 			}
-			fmt.Fprintf(b, "turnout_endpoint_load{pool=%q,endpoint=%q} %d\n", p.Name, e.Name, e.Load())
+			fmt.Fprintf(b, "turnout_endpoint_load{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, e.Load())
 		}
 	}
 }

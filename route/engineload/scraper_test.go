@@ -254,8 +254,8 @@ deployments:
 	var b strings.Builder
 	sc.WriteMetrics(&b)
 	for _, r := range []string{"ok", "parse_error", "too_large", "timeout", "http_status", "no_metrics"} {
-		if !strings.Contains(b.String(), fmt.Sprintf(`turnout_engine_scrapes_total{endpoint="m0",result=%q} `, r)) ||
-			strings.Contains(b.String(), fmt.Sprintf(`turnout_engine_scrapes_total{endpoint="m0",result=%q} 0`+"\n", r)) {
+		if !strings.Contains(b.String(), fmt.Sprintf(`,endpoint="m0",result=%q} `, r)) ||
+			strings.Contains(b.String(), fmt.Sprintf(`,endpoint="m0",result=%q} 0`+"\n", r)) {
 			t.Fatalf("result %s not counted:\n%s", r, b.String())
 		}
 	}

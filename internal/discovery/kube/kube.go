@@ -387,6 +387,20 @@ func (s *Source) Synced() bool {
 	return true
 }
 
+// Failing counts the watches whose last list/watch failed (API unreachable,
+// RBAC denied) with no event since: the turnout_discovery_watches_failing gauge.
+func (s *Source) Failing() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, w := range s.watches {
+		if w.failed.Load() {
+			n++
+		}
+	}
+	return n
+}
+
 // Close stops every watch.
 func (s *Source) Close() {
 	s.mu.Lock()

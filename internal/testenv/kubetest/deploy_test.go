@@ -3,9 +3,6 @@ package kubetest_test
 import (
 	"bytes"
 	"context"
-	"errors"
-	"fmt"
-	"io"
 	"maps"
 	"net"
 	"os"
@@ -19,13 +16,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/restmapper"
 
 	"github.com/turnout/turnout/internal/discovery/kube"
 	"github.com/turnout/turnout/internal/testenv/kubetest"
@@ -33,63 +23,6 @@ import (
 )
 
 const repoRoot = "../../.."
-
-// applier server-side applies manifests with strict field validation, so a
-// misspelt or misplaced field is an error, as `kubectl apply --server-side`
-// would report it.
-type applier struct {
-	dyn    dynamic.Interface
-	mapper *restmapper.DeferredDiscoveryRESTMapper
-}
-
-func newApplier(t *testing.T, c *kubetest.Cluster) *applier {
-	t.Helper()
-	rc := c.RESTConfig(kubetest.AdminToken)
-	dc, err := discovery.NewDiscoveryClientForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &applier{dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))}
-}
-
-// apply applies every document of r; it returns the objects' kinds/names.
-func (a *applier) apply(ctx context.Context, r io.Reader) ([]string, error) {
-	dec := yaml.NewYAMLOrJSONDecoder(r, 4096)
-	var done []string
-	for {
-		var o unstructured.Unstructured
-		if err := dec.Decode(&o.Object); err != nil {
-			if errors.Is(err, io.EOF) {
-				return done, nil
-			}
-			return done, fmt.Errorf("decode: %w", err)
-		}
-		if len(o.Object) == 0 {
-			continue
-		}
-		gvk := o.GroupVersionKind()
-		m, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if err != nil {
-			return done, fmt.Errorf("%s: %w", gvk, err)
-		}
-		body, err := o.MarshalJSON()
-		if err != nil {
-			return done, err
-		}
-		_, err = a.dyn.Resource(m.Resource).Namespace(o.GetNamespace()).Patch(ctx, o.GetName(), types.ApplyPatchType, body,
-			metav1.PatchOptions{FieldManager: "turnout-deploy-test", FieldValidation: "Strict", Force: ptr(true)})
-		if err != nil {
-			return done, fmt.Errorf("apply %s %s: %w", gvk.Kind, o.GetName(), err)
-		}
-		done = append(done, gvk.Kind+"/"+o.GetName())
-	}
-}
-
-func ptr[T any](v T) *T { return &v }
 
 // TestDeployManifestsAccepted applies every file in deploy/kubernetes to a
 // real API server (server-side apply, strict field validation) and checks
@@ -100,7 +33,10 @@ func ptr[T any](v T) *T { return &v }
 func TestDeployManifestsAccepted(t *testing.T) {
 	c := kubetest.Start(t, repoRoot, "llm", "")
 	ctx := context.Background()
-	a := newApplier(t, c)
+	a, err := kubetest.NewApplier(c, false)
+	if err != nil {
+		t.Fatal(err)
+	}
 	files, err := filepath.Glob(filepath.Join(repoRoot, "deploy", "kubernetes", "*.yaml"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no manifests: %v", err)
@@ -111,7 +47,7 @@ func TestDeployManifestsAccepted(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := a.apply(ctx, bytes.NewReader(b))
+		got, err := a.Apply(ctx, bytes.NewReader(b))
 		if err != nil {
 			t.Fatalf("%s rejected by the API server: %v", filepath.Base(f), err)
 		}
@@ -126,7 +62,7 @@ func TestDeployManifestsAccepted(t *testing.T) {
 
 	// The strict validation above is real: a misplaced field is refused.
 	bad := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","namespace":"llm"},"dta":{}}`
-	if _, err := a.apply(ctx, strings.NewReader(bad)); err == nil || !strings.Contains(err.Error(), "dta") {
+	if _, err := a.Apply(ctx, strings.NewReader(bad)); err == nil || !strings.Contains(err.Error(), "dta") {
 		t.Fatalf("an unknown field must be rejected, got %v", err)
 	}
 
@@ -200,15 +136,17 @@ func TestDeployManifestsAccepted(t *testing.T) {
 		t.Errorf("haproxy does not run %s: %v %v", filepath.Join(dir, "haproxy.cfg"), ha.Command, ha.Args)
 	}
 
-	// The Service reaches HAProxy's listen port; probes reach turnout's.
+	// The Service reaches HAProxy's listen port.
 	_, hport, _ := net.SplitHostPort(cfg.HAProxy.Listen)
 	if len(svc.Spec.Ports) == 0 || port(ha, svc.Spec.Ports[0].TargetPort.String()) != hport {
 		t.Errorf("Service targets %v, HAProxy listens on %s", svc.Spec.Ports, cfg.HAProxy.Listen)
 	}
-	_, lport, _ := net.SplitHostPort(cfg.Listen)
+	// Probes reach the admin listener (the route API stays on loopback);
+	// deploy/chart_test.go checks every probe of every chart profile.
+	_, aport, _ := net.SplitHostPort(cfg.AdminListen)
 	if tu.ReadinessProbe == nil || tu.ReadinessProbe.HTTPGet == nil || tu.ReadinessProbe.HTTPGet.Path != route.PathReadyz ||
-		port(tu, tu.ReadinessProbe.HTTPGet.Port.String()) != lport {
-		t.Errorf("turnout readiness probe must GET %s on %s", route.PathReadyz, cfg.Listen)
+		tu.ReadinessProbe.HTTPGet.Host != "" || aport == "" || port(tu, tu.ReadinessProbe.HTTPGet.Port.String()) != aport {
+		t.Errorf("turnout readiness probe must GET %s on admin_listen %q, without host", route.PathReadyz, cfg.AdminListen)
 	}
 	if !maps.Equal(svc.Spec.Selector, dep.Spec.Selector.MatchLabels) {
 		t.Errorf("Service selector %v, Deployment %v", svc.Spec.Selector, dep.Spec.Selector.MatchLabels)

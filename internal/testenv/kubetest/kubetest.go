@@ -64,15 +64,21 @@ func APIServerPath() string {
 	if p := os.Getenv("KUBE_APISERVER"); p != "" {
 		return p
 	}
-	cache := os.Getenv("TURNOUT_KUBE_CACHE")
-	if cache == "" {
-		if x := os.Getenv("XDG_CACHE_HOME"); x != "" {
-			cache = filepath.Join(x, "turnout")
-		} else if h, err := os.UserHomeDir(); err == nil {
-			cache = filepath.Join(h, ".cache", "turnout")
-		}
+	return filepath.Join(cacheDir(), "kube-apiserver-"+Version)
+}
+
+// cacheDir is where scripts/kube-apiserver.sh and scripts/helm.sh cache
+// their builds: $TURNOUT_KUBE_CACHE, else $XDG_CACHE_HOME/turnout or
+// ~/.cache/turnout.
+func cacheDir() string {
+	if c := os.Getenv("TURNOUT_KUBE_CACHE"); c != "" {
+		return c
 	}
-	return filepath.Join(cache, "kube-apiserver-"+Version)
+	if x := os.Getenv("XDG_CACHE_HOME"); x != "" {
+		return filepath.Join(x, "turnout")
+	}
+	h, _ := os.UserHomeDir()
+	return filepath.Join(h, ".cache", "turnout")
 }
 
 // RequireEnv turns Skip into a failure: CI sets it, because .ci/run
@@ -139,6 +145,9 @@ func Start(t testing.TB, repoRoot, ns, advertise string) *Cluster {
 		"--cert-dir", certDir, "--token-auth-file", tokens, "--authorization-mode", "RBAC",
 		"--service-account-issuer", "https://kubernetes.default.svc", "--service-account-key-file", keyFile,
 		"--service-account-signing-key-file", keyFile, "--service-cluster-ip-range", "10.96.0.0/16",
+		// PodSecurity is on by default; named so the chart tests' restricted
+		// namespaces (deploy/chart_test.go) do not depend on that default.
+		"--enable-admission-plugins", "PodSecurity",
 		"--disable-admission-plugins", "ServiceAccount", "--enable-priority-and-fairness=false",
 		"--endpoint-reconciler-type", "none", "--v", "0",
 	}

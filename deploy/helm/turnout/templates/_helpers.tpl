@@ -1,0 +1,102 @@
+{{/* Chart name, truncated to the 63 characters of a label value. */}}
+{{- define "turnout.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name: the release name when it already contains the chart's. */}}
+{{- define "turnout.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "turnout.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "turnout.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "turnout.labels" -}}
+{{ include "turnout.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: router
+app.kubernetes.io/part-of: turnout
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "turnout.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "turnout.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The directory turnout renders the proxy's files into, shared with it. */}}
+{{- define "turnout.proxyDir" -}}
+/run/turnout/{{ .Values.proxy }}
+{{- end -}}
+
+{{/* "true" when a pool sorts pods by role_label: turnout then reads pods too. */}}
+{{- define "turnout.needsPods" -}}
+{{- $need := false -}}
+{{- range .Values.deployments -}}
+{{- range .pools -}}
+{{- if and .discovery .discovery.kubernetes .discovery.kubernetes.role_label -}}
+{{- $need = true -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $need }}true{{ end -}}
+{{- end -}}
+
+{{/* Namespaces discovery reads: rbac.namespaces, else the release namespace
+plus every namespace a pool's discovery names. */}}
+{{- define "turnout.watchNamespaces" -}}
+{{- $ns := list -}}
+{{- if .Values.rbac.namespaces -}}
+{{- $ns = .Values.rbac.namespaces -}}
+{{- else -}}
+{{- $ns = list .Release.Namespace -}}
+{{- range .Values.deployments -}}
+{{- range .pools -}}
+{{- if and .discovery .discovery.kubernetes .discovery.kubernetes.namespace -}}
+{{- $ns = append $ns .discovery.kubernetes.namespace -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson (uniq $ns) -}}
+{{- end -}}
+
+{{/* turnout.yaml: the chart's listeners and proxy settings, the values'
+deployments, then .Values.config merged over them. */}}
+{{- define "turnout.config" -}}
+{{- $dir := include "turnout.proxyDir" . -}}
+{{- $drain := printf "%ds" (int .Values.drainTimeoutSeconds) -}}
+{{- $cfg := dict "listen" .Values.turnout.listen "admin_listen" (printf ":%d" (int .Values.turnout.adminPort)) -}}
+{{- $_ := set $cfg "feedback" (dict "syslog" "127.0.0.1:9514") -}}
+{{- if eq .Values.proxy "haproxy" -}}
+{{- $_ := set $cfg "haproxy" (dict "listen" (printf "0.0.0.0:%d" (int .Values.proxyPort)) "dir" $dir "drain_timeout" $drain) -}}
+{{- else if eq .Values.proxy "nginx" -}}
+{{- $_ := set $cfg "nginx" (dict "listen" (printf "0.0.0.0:%d" (int .Values.proxyPort)) "dir" $dir "mode" .Values.nginx.mode) -}}
+{{- $_ := set $cfg "haproxy" (dict "drain_timeout" $drain) -}}
+{{- else -}}
+{{- fail (printf "proxy must be haproxy or nginx, not %q" .Values.proxy) -}}
+{{- end -}}
+{{- $_ := set $cfg "deployments" .Values.deployments -}}
+{{- toYaml (mergeOverwrite $cfg (deepCopy .Values.config)) -}}
+{{- end -}}
+
+{{/* The securityContext every container gets: restricted Pod Security. */}}
+{{- define "turnout.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
