@@ -139,3 +139,12 @@ func FuzzRouteHandler(f *testing.F) {
 		}
 	})
 }
+
+// The guard keeps the decision path allocation-free.
+func TestDecisionAllocsBoundedLoad(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(fourEndpoints, "prefix-affinity, params: {bounded_load: 0.5}"))
+	for _, e := range s.Snapshot().Deployments[0].Serve.Endpoints {
+		e.StartWindow()
+	}
+	assertZeroAllocs(t, s, routeCtx(body4K(1), "user-1"))
+}

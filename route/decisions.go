@@ -1,6 +1,7 @@
 package route
 
 import (
+	"github.com/turnout/turnout/route/fleet"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -35,7 +36,7 @@ type decisions struct {
 type decisionSlot struct {
 	mu    sync.Mutex
 	id    uint64
-	st    *endpointState
+	st    *fleet.State
 	start int64 // unix nanos
 }
 
@@ -56,20 +57,20 @@ func (d *decisions) opened() uint64 { return d.next.Load() - d.first }
 // open records a decision for e and returns its id. The random part comes
 // from math/rand/v2's runtime source (ChaCha8 per thread, seeded by the OS):
 // unpredictable, lock-free and allocation-free.
-func (d *decisions) open(e *Endpoint, now int64) uint64 {
+func (d *decisions) open(e *fleet.Endpoint, now int64) uint64 {
 	seq := d.next.Add(1)
 	id := rand.Uint64()&^d.mask | seq&d.mask
 	s := &d.slots[seq&d.mask]
 	s.mu.Lock()
 	if s.st != nil {
-		s.st.inflight.Add(-1)
-		s.st.expired.Add(1)
+		s.st.Inflight.Add(-1)
+		s.st.Expired.Add(1)
 		d.overwritten.Add(1)
 	}
-	s.id, s.st, s.start = id, e.st, now
+	s.id, s.st, s.start = id, e.State, now
 	s.mu.Unlock()
-	e.st.inflight.Add(1)
-	e.st.decisions.Add(1)
+	e.State.Inflight.Add(1)
+	e.State.Decisions.Add(1)
 	return id
 }
 
@@ -80,7 +81,7 @@ func (d *decisions) close(id uint64) bool {
 
 // closeState completes a decision and returns the state of its endpoint (nil
 // when the id is unknown or already completed).
-func (d *decisions) closeState(id uint64) *endpointState {
+func (d *decisions) closeState(id uint64) *fleet.State {
 	s := &d.slots[id&d.mask]
 	s.mu.Lock()
 	switch {
@@ -96,7 +97,7 @@ func (d *decisions) closeState(id uint64) *endpointState {
 	st := s.st
 	s.st = nil
 	s.mu.Unlock()
-	st.inflight.Add(-1)
+	st.Inflight.Add(-1)
 	d.completed.Add(1)
 	d.openedAtClose.Store(d.opened())
 	return st
@@ -113,13 +114,13 @@ func (d *decisions) sweep(now time.Time, ttl time.Duration, markStale bool) {
 		s.mu.Lock()
 		if st := s.st; st != nil {
 			if s.start < cut {
-				st.inflight.Add(-1)
-				st.expired.Add(1)
+				st.Inflight.Add(-1)
+				st.Expired.Add(1)
 				s.st = nil
 				d.expired.Add(1)
 			} else if markStale {
-				if b := st.stall.budgetNs.Load(); b > 0 && nowNs-s.start > b/2 && st.stall.fastStart.Load() < s.start {
-					st.stall.suspect.Store(true)
+				if b := st.Stall.BudgetNs.Load(); b > 0 && nowNs-s.start > b/2 && st.Stall.FastStart.Load() < s.start {
+					st.Stall.Suspect.Store(true)
 				}
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // ListenFeedback reads proxy log lines over UDP syslog until ctx ends. Each
@@ -76,7 +77,7 @@ func (s *Server) FeedbackDatagram(src netip.Addr, b []byte) {
 	if !snap.fb.allowed(src) {
 		s.m.feedbackRejected.Add(1)
 		if s.fbRejectLog.allow(time.Now(), time.Minute) {
-			s.log.Warn().Str("source", src.String()).Str(fieldReason, "source not in feedback.sources").Msg("feedback datagram dropped")
+			s.log.Warn().Str("source", src.String()).Str(fleet.FieldReason, "source not in feedback.sources").Msg("feedback datagram dropped")
 		}
 		return
 	}
@@ -106,7 +107,7 @@ func (s *Server) FeedbackLine(line []byte) bool {
 	if tok := snap.fb.token; len(tok) > 0 && (!f.hasTok || subtle.ConstantTimeCompare(f.tok, tok) != 1) {
 		s.m.feedbackRejected.Add(1)
 		if s.fbRejectLog.allow(time.Now(), time.Minute) {
-			s.log.Warn().Str(fieldReason, "missing or wrong feedback token").Msg("feedback line dropped")
+			s.log.Warn().Str(fleet.FieldReason, "missing or wrong feedback token").Msg("feedback line dropped")
 		}
 		return false
 	}
@@ -115,7 +116,7 @@ func (s *Server) FeedbackLine(line []byte) bool {
 		return false
 	}
 	s.m.feedback.Add(1)
-	var st *endpointState
+	var st *fleet.State
 	if len(f.id) > 0 && f.id[0] != '-' { // "-" or "": the proxy routed without turnout
 		id, ok := parseID(f.id)
 		if !ok {
@@ -129,13 +130,13 @@ func (s *Server) FeedbackLine(line []byte) bool {
 	case f.hasSrv:
 		st = nil
 		if e := snap.byServer[string(f.srv)]; e != nil {
-			st = e.st
+			st = e.State
 		}
 	case !closed:
 		st = nil
 	}
 	if st != nil {
-		st.observe(f.status, f.ms, f.ttfb, time.Now().UnixNano())
+		st.Observe(f.status, f.ms, f.ttfb, time.Now().UnixNano())
 	}
 	return closed
 }

@@ -102,8 +102,8 @@ func (s *Server) readyFeedback(ctx *fasthttp.RequestCtx) {
 		for _, e := range p.Endpoints {
 			if e.Degraded() {
 				ctx.Response.AppendBodyString(fmt.Sprintf("endpoint %s (pool %s): degraded for %s: stalled past its %s budget\n",
-					e.Name, p.Name, time.Since(time.Unix(0, e.st.stall.since.Load())).Round(time.Second),
-					time.Duration(e.st.stall.budgetNs.Load())))
+					e.Name, p.Name, time.Since(time.Unix(0, e.State.Stall.Since.Load())).Round(time.Second),
+					time.Duration(e.State.Stall.BudgetNs.Load())))
 			}
 		}
 	}

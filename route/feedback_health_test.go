@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
@@ -250,7 +251,7 @@ func stallServer(t *testing.T, reps ...*replica) (*Server, *syncBuffer) {
 	return s, logs
 }
 
-func endpointByName(s *Server, name string) *Endpoint { return s.Snapshot().byServer[name] }
+func endpointByName(s *Server, name string) *fleet.Endpoint { return s.Snapshot().byServer[name] }
 
 // tickUntil runs the periodic work until cond holds.
 func tickUntil(t *testing.T, s *Server, what string, cond func() bool) {

@@ -18,17 +18,11 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/kv"
 	"github.com/turnout/turnout/route/payload"
 	"github.com/turnout/turnout/route/pd"
-)
-
-// Log field names.
-const (
-	fieldDeployment = "deployment"
-	fieldPool       = "pool"
-	fieldEndpoint   = "endpoint"
-	fieldReason     = "reason"
+	"github.com/turnout/turnout/route/policy"
 )
 
 // ErrNoEndpoint is returned when no endpoint is available.
@@ -36,7 +30,7 @@ var ErrNoEndpoint = errors.New("no available endpoint")
 
 // Options configure a Server.
 type Options struct {
-	Registry *Registry
+	Registry *policy.Registry
 	Log      *zerolog.Logger
 	// Seed drives policy randomness; 0 picks one at random. Decision ids
 	// are random whatever the seed (unguessable, see decisions.go).
@@ -48,12 +42,12 @@ type Options struct {
 // Server holds the live snapshot and answers /internal/route.
 type Server struct {
 	log   *zerolog.Logger
-	reg   *Registry
+	reg   *policy.Registry
 	seed  uint64
 	snap  atomic.Pointer[Snapshot]
 	mu    sync.Mutex // serializes Apply
 	store *stateStore
-	pols  []Policy
+	pols  []fleet.Policy
 	dec   *decisions
 	// budget counts request body bytes held across in-flight requests.
 	budget bodyBudget
@@ -73,7 +67,7 @@ type Server struct {
 	healthRound atomic.Bool
 	// observe, when set (tests), sees each request's Request as the handler
 	// returns: the proof that the body is scanned once.
-	observe func(*Request)
+	observe func(*fleet.Request)
 
 	feedbackHealth // feedback_health.go
 }
@@ -81,7 +75,7 @@ type Server struct {
 // NewServer builds a server from a validated config.
 func NewServer(cfg *config.Config, opts Options) (*Server, error) {
 	if opts.Registry == nil {
-		opts.Registry = DefaultRegistry()
+		opts.Registry = policy.DefaultRegistry()
 	}
 	if opts.Log == nil {
 		l := zerolog.Nop()
@@ -142,7 +136,7 @@ func (s *Server) Apply(cfg *config.Config) error {
 		s.m.reloadFailed.Add(1)
 		return err
 	}
-	snap, pols, err := buildSnapshot(cfg, s.reg, s.snap.Load(), s.store, PolicyEnv{Log: s.log, Ctx: s.ctx, KVHub: s.kvHub}, s.seed)
+	snap, pols, err := buildSnapshot(cfg, s.reg, s.snap.Load(), s.store, fleet.PolicyEnv{Log: s.log, Ctx: s.ctx, KVHub: s.kvHub}, s.seed)
 	if err != nil {
 		s.m.reloadFailed.Add(1)
 		return err
@@ -190,10 +184,10 @@ func (s *Server) Run(ctx context.Context) {
 type scratch struct {
 	in     Input
 	v      Verdict
-	req    Request
-	hasher prefixHasher
+	req    fleet.Request
+	hasher fleet.PrefixHasher
 	blocks []uint64
-	picks  [16]*Endpoint
+	picks  [16]*fleet.Endpoint
 	buf    []byte
 	// idx is the request body, indexed once (route/payload).
 	idx payload.Index
@@ -204,7 +198,7 @@ type scratch struct {
 
 	// serve and prefill are the policies' answers for the serving (decode)
 	// and the prefill pool; their Endpoints are views into picks.
-	serve, prefill Choice
+	serve, prefill fleet.Choice
 	// pdh is the prefill call's header source (pd.go).
 	pdh pdHeaders
 	// names remembers what the request header names are (headermemo.go).
@@ -340,24 +334,24 @@ func (s *Server) writeHTTP(ctx *fasthttp.RequestCtx, v *Verdict, sc *scratch) {
 
 // pick hashes the prompt when the pool's policy wants it and runs the
 // policy into c, whose Endpoints start as dst (len 0, cap = how many).
-func (s *Server) pick(snap *Snapshot, p *Pool, sc *scratch, c *Choice, dst []*Endpoint) {
+func (s *Server) pick(snap *Snapshot, p *fleet.Pool, sc *scratch, c *fleet.Choice, dst []*fleet.Endpoint) {
 	r := &sc.req
 	r.Blocks, r.PromptBytes = nil, 0
-	*c = Choice{Endpoints: dst}
-	if p.blockBytes > 0 {
-		sc.hasher.reset(p.blockBytes, sc.blocks)
+	*c = fleet.Choice{Endpoints: dst}
+	if p.BlockBytes > 0 {
+		sc.hasher.Reset(p.BlockBytes, sc.blocks)
 		r.Payload.Prompt(&sc.hasher)
-		r.Blocks = sc.hasher.out
-		r.PromptBytes = sc.hasher.total
-		p.m.totalBlocks.Add(uint64(len(r.Blocks)))
+		r.Blocks = sc.hasher.Out
+		r.PromptBytes = sc.hasher.Total
+		p.Metrics.TotalBlocks.Add(uint64(len(r.Blocks)))
 	}
 	p.Policy.Pick(r, p, c)
 	if len(c.Endpoints) == 0 {
-		p.m.outcomes[OutcomeNoEndpoint].Add(1)
+		p.Metrics.Outcomes[fleet.OutcomeNoEndpoint].Add(1)
 		return
 	}
-	p.m.outcomes[c.Outcome].Add(1)
-	p.m.matchedBlocks.Add(uint64(c.Matched))
+	p.Metrics.Outcomes[c.Outcome].Add(1)
+	p.Metrics.MatchedBlocks.Add(uint64(c.Matched))
 	s.sharePrefix(p, c.Endpoints[0], r.Blocks)
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
 )
 
 func TestSessionHeaderMatrix(t *testing.T) {
@@ -54,9 +55,9 @@ func testSessionHeaderMatrix(t *testing.T, pol string) {
 				}
 			}
 			snap := s.Snapshot()
-			aff := snap.Deployments[0].Serve.m.outcomes[OutcomeAffinity].Load()
+			aff := snap.Deployments[0].Serve.Metrics.Outcomes[fleet.OutcomeAffinity].Load()
 			ctx := do(s, chatBody("llama", "", "hi"), tc.hdrs...)
-			got := snap.Deployments[0].Serve.m.outcomes[OutcomeAffinity].Load() - aff
+			got := snap.Deployments[0].Serve.Metrics.Outcomes[fleet.OutcomeAffinity].Load() - aff
 			if tc.session != (got == 1) {
 				t.Fatalf("session treatment = %v, want %v", got == 1, tc.session)
 			}
@@ -238,7 +239,7 @@ func TestReloadKeepsState(t *testing.T) {
 	if err := s.Apply(mustConfig(t, y2)); err != nil {
 		t.Fatal(err)
 	}
-	var homeEp *Endpoint
+	var homeEp *fleet.Endpoint
 	for _, e := range s.Snapshot().Deployments[0].Serve.Endpoints {
 		if e.Name == drop {
 			t.Fatalf("%s still present", drop)

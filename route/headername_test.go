@@ -2,6 +2,7 @@ package route
 
 import (
 	"encoding/binary"
+	"github.com/turnout/turnout/route/fleet"
 	"math/rand/v2"
 	"testing"
 )
@@ -133,7 +134,7 @@ deployments:
 		}
 	}
 	var session, model string
-	s.observe = func(r *Request) { session, model = string(r.Session), string(r.Model) }
+	s.observe = func(r *fleet.Request) { session, model = string(r.Session), string(r.Model) }
 	body := `{"messages":[{"role":"user","content":"hi"}]}`
 	for _, tc := range []struct {
 		hdrs           []string

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // RunHealth actively checks every endpoint's health path until ctx ends, so
@@ -31,7 +32,7 @@ func (s *Server) RunHealth(ctx context.Context) {
 		for _, p := range snap.Pools() {
 			for _, e := range p.Endpoints {
 				wg.Add(1)
-				go func(e *Endpoint) {
+				go func(e *fleet.Endpoint) {
 					defer wg.Done()
 					s.checkOne(ctx, client, e, hc)
 				}(e)
@@ -49,7 +50,7 @@ func (s *Server) RunHealth(ctx context.Context) {
 	}
 }
 
-func (s *Server) checkOne(ctx context.Context, c *http.Client, e *Endpoint, hc config.HealthConfig) {
+func (s *Server) checkOne(ctx context.Context, c *http.Client, e *fleet.Endpoint, hc config.HealthConfig) {
 	cctx, cancel := context.WithTimeout(ctx, hc.Timeout.D())
 	defer cancel()
 	ok := false
@@ -63,18 +64,18 @@ func (s *Server) checkOne(ctx context.Context, c *http.Client, e *Endpoint, hc c
 	if ctx.Err() != nil {
 		return
 	}
-	defer e.st.checked.Store(true)
+	defer e.State.Checked.Store(true)
 	if ok {
 		s.m.health[0].Add(1)
-		e.st.seenUp.Store(true)
-		e.st.fails.Store(0)
-		if e.st.down.Swap(false) {
-			s.log.Info().Str(fieldEndpoint, e.Name).Msg("endpoint up")
+		e.State.SeenUp.Store(true)
+		e.State.Fails.Store(0)
+		if e.State.Down.Swap(false) {
+			s.log.Info().Str(fleet.FieldEndpoint, e.Name).Msg("endpoint up")
 		}
 		return
 	}
 	s.m.health[1].Add(1)
-	if (int(e.st.fails.Add(1)) >= hc.Fails || !e.st.seenUp.Load()) && !e.st.down.Swap(true) {
-		s.log.Warn().Str(fieldEndpoint, e.Name).Str(fieldReason, "health check failed").Msg("endpoint down")
+	if (int(e.State.Fails.Add(1)) >= hc.Fails || !e.State.SeenUp.Load()) && !e.State.Down.Swap(true) {
+		s.log.Warn().Str(fleet.FieldEndpoint, e.Name).Str(fleet.FieldReason, "health check failed").Msg("endpoint down")
 	}
 }

@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"github.com/turnout/turnout/route/fleet"
 	"testing"
 )
 
@@ -14,7 +15,7 @@ func TestEndpointLoad(t *testing.T) {
 	if e.Load() != 3 {
 		t.Fatalf("no engine figure: load %d, want in-flight 3", e.Load())
 	}
-	e.SetEngineLoad(&EngineLoad{Requests: 20, KVUsage: 0.5, Mark: e.DecisionMark()})
+	e.SetEngineLoad(&fleet.EngineLoad{Requests: 20, KVUsage: 0.5, Mark: e.DecisionMark()})
 	if e.Load() != 20 {
 		t.Fatalf("engine figure: load %d, want 20", e.Load())
 	}
@@ -50,10 +51,10 @@ func TestEngineLoadSteersEveryPolicy(t *testing.T) {
 			s := mustServer(t, fmt.Sprintf(fourEndpoints, pol))
 			eps := s.Snapshot().Deployments[0].Serve.Endpoints
 			for _, e := range eps {
-				e.SetEngineLoad(&EngineLoad{Requests: 2, Mark: e.DecisionMark()})
+				e.SetEngineLoad(&fleet.EngineLoad{Requests: 2, Mark: e.DecisionMark()})
 			}
 			busy := eps[1]
-			busy.SetEngineLoad(&EngineLoad{Requests: 20, Mark: busy.DecisionMark()})
+			busy.SetEngineLoad(&fleet.EngineLoad{Requests: 20, Mark: busy.DecisionMark()})
 			for i := 0; i < 40; i++ {
 				ctx := do(s, chatBody("llama", "", fmt.Sprintf("question %d", i)), "X-Session-ID", fmt.Sprintf("u%d", i))
 				if got := hdr(ctx, HdrServer); got == busy.Name {

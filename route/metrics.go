@@ -5,8 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"time"
 
+	"github.com/turnout/turnout/route/fleet"
 	"github.com/valyala/fasthttp"
 )
 
@@ -59,31 +59,6 @@ func (s *Server) AddMetrics(fn func(*strings.Builder)) {
 	}
 }
 
-// latencyBuckets are decision latency bounds in seconds.
-var latencyBuckets = [...]float64{5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 50e-3, 250e-3, 1}
-
-type histogram struct {
-	counts [len(latencyBuckets) + 1]atomic.Uint64
-	sumNs  atomic.Uint64
-}
-
-func (h *histogram) observe(d time.Duration) {
-	sec := d.Seconds()
-	i := 0
-	for i < len(latencyBuckets) && sec > latencyBuckets[i] {
-		i++
-	}
-	h.counts[i].Add(1)
-	h.sumNs.Add(uint64(d))
-}
-
-type poolMetrics struct {
-	outcomes      [numOutcomes]atomic.Uint64
-	matchedBlocks atomic.Uint64
-	totalBlocks   atomic.Uint64
-	latency       histogram
-}
-
 func (s *Server) metrics(ctx *fasthttp.RequestCtx) {
 	var b strings.Builder
 	s.WriteMetrics(&b)
@@ -99,29 +74,29 @@ func (s *Server) WriteMetrics(b *strings.Builder) {
 	}
 	help("turnout_decisions_total", "counter", "Routing decisions by deployment, pool, policy and outcome.")
 	for _, p := range snap.Pools() {
-		for o := Outcome(0); o < numOutcomes; o++ {
+		for o := fleet.Outcome(0); o < fleet.NumOutcomes; o++ {
 			fmt.Fprintf(b, "turnout_decisions_total{deployment=%q,pool=%q,policy=%q,outcome=%q} %d\n",
-				p.Deployment, p.Name, p.PolicyName, o.String(), p.m.outcomes[o].Load())
+				p.Deployment, p.Name, p.PolicyName, o.String(), p.Metrics.Outcomes[o].Load())
 		}
 	}
 	help("turnout_decision_duration_seconds", "histogram", "Time to decide, per pool (one decision in 8 is timed: an unbiased sample; count the decisions with turnout_decisions_total).")
 	for _, p := range snap.Pools() {
 		var cum uint64
-		for i, ub := range latencyBuckets {
-			cum += p.m.latency.counts[i].Load()
+		for i, ub := range fleet.LatencyBuckets {
+			cum += p.Metrics.Latency.Counts[i].Load()
 			fmt.Fprintf(b, "turnout_decision_duration_seconds_bucket{pool=%q,le=%q} %d\n", p.Name, strconv.FormatFloat(ub, 'g', -1, 64), cum)
 		}
-		cum += p.m.latency.counts[len(latencyBuckets)].Load()
+		cum += p.Metrics.Latency.Counts[len(fleet.LatencyBuckets)].Load()
 		fmt.Fprintf(b, "turnout_decision_duration_seconds_bucket{pool=%q,le=\"+Inf\"} %d\n", p.Name, cum)
-		fmt.Fprintf(b, "turnout_decision_duration_seconds_sum{pool=%q} %g\n", p.Name, float64(p.m.latency.sumNs.Load())/1e9)
+		fmt.Fprintf(b, "turnout_decision_duration_seconds_sum{pool=%q} %g\n", p.Name, float64(p.Metrics.Latency.SumNs.Load())/1e9)
 		fmt.Fprintf(b, "turnout_decision_duration_seconds_count{pool=%q} %d\n", p.Name, cum)
 	}
 	help("turnout_prefix_blocks_total", "counter", "Prompt blocks seen by prefix policies.")
 	help("turnout_prefix_matched_blocks_total", "counter", "Prompt blocks routed to a replica that was sent them before.")
 	for _, p := range snap.Pools() {
-		if p.blockBytes > 0 {
-			fmt.Fprintf(b, "turnout_prefix_blocks_total{pool=%q} %d\n", p.Name, p.m.totalBlocks.Load())
-			fmt.Fprintf(b, "turnout_prefix_matched_blocks_total{pool=%q} %d\n", p.Name, p.m.matchedBlocks.Load())
+		if p.BlockBytes > 0 {
+			fmt.Fprintf(b, "turnout_prefix_blocks_total{pool=%q} %d\n", p.Name, p.Metrics.TotalBlocks.Load())
+			fmt.Fprintf(b, "turnout_prefix_matched_blocks_total{pool=%q} %d\n", p.Name, p.Metrics.MatchedBlocks.Load())
 		}
 	}
 	help("turnout_endpoint_inflight", "gauge", "Decisions sent to an endpoint and not yet completed.")
@@ -143,7 +118,7 @@ func (s *Server) WriteMetrics(b *strings.Builder) {
 	help("turnout_endpoint_decisions_total", "counter", "Decisions per endpoint.")
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {
-			fmt.Fprintf(b, "turnout_endpoint_decisions_total{pool=%q,endpoint=%q} %d\n", p.Name, e.Name, e.st.decisions.Load())
+			fmt.Fprintf(b, "turnout_endpoint_decisions_total{pool=%q,endpoint=%q} %d\n", p.Name, e.Name, e.State.Decisions.Load())
 		}
 	}
 	help("turnout_completions_total", "counter", "Completion signals by result.")
@@ -179,7 +154,7 @@ func (s *Server) WriteMetrics(b *strings.Builder) {
 	s.writeEndpointFeedbackMetrics(b)
 	s.writeFeedbackHealthMetrics(b)
 	for _, p := range snap.Pools() {
-		if mw, ok := p.Policy.(MetricsWriter); ok {
+		if mw, ok := p.Policy.(fleet.MetricsWriter); ok {
 			mw.WriteMetrics(p, b)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/turnout/turnout/route/payload"
+	"github.com/turnout/turnout/route/policy"
 	"github.com/valyala/fasthttp"
 )
 
@@ -218,8 +219,8 @@ func TestPDIndexesIsolated(t *testing.T) {
 		t.Fatalf("%d", ctx.Response.StatusCode())
 	}
 	d := s.Snapshot().Deployments[0]
-	pre := d.Prefill.Policy.(*PrefixAffinity)
-	dec := d.Serve.Policy.(*PrefixAffinity)
+	pre := d.Prefill.Policy.(*policy.PrefixAffinity)
+	dec := d.Serve.Policy.(*policy.PrefixAffinity)
 	if pre == dec || pre.CachedBlocks(0) == 0 {
 		t.Fatal("prefill index empty or shared")
 	}
@@ -231,8 +232,8 @@ func TestPDIndexesIsolated(t *testing.T) {
 		t.Fatalf("decode index %d blocks, prefill %d: each pool records its own pick", total, pre.CachedBlocks(0))
 	}
 	// Drop the decode entries: prefill's must stay.
-	for i := range dec.lrus {
-		dec.lrus[i] = newBlockLRU(16)
+	for i := range d.Serve.Endpoints {
+		dec.Forget(i)
 	}
 	if pre.CachedBlocks(0) == 0 {
 		t.Fatal("prefill index shared with decode")

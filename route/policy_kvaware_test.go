@@ -11,9 +11,10 @@ import (
 
 	"github.com/turnout/turnout/route/kv"
 	"github.com/turnout/turnout/route/payload"
+	"github.com/turnout/turnout/route/policy"
 )
 
-func kvServer(t *testing.T, params string) (*Server, *KVAware) {
+func kvServer(t *testing.T, params string) (*Server, *policy.KVAware) {
 	t.Helper()
 	s := mustServer(t, fmt.Sprintf(`
 health: {disable: true}
@@ -29,7 +30,7 @@ deployments:
           - {name: c, address: 127.0.0.1:8003}
 `, params))
 	t.Cleanup(s.Close)
-	return s, s.Snapshot().Deployments[0].Serve.Policy.(*KVAware)
+	return s, s.Snapshot().Deployments[0].Serve.Policy.(*policy.KVAware)
 }
 
 func seqToks(n int, base uint32) []uint32 {
@@ -107,8 +108,8 @@ func TestKVAwareStrictAndLenient(t *testing.T) {
 	}
 	_ = k2
 	s3, k3 := kvServer(t, "block_size: 4, tokenizer: {mode: remote, address: '127.0.0.1:1', timeout: 100ms}")
-	if ctx := do(s3, chat); ctx.Response.StatusCode() != 200 || k3.fallbacks.Load() != 1 {
-		t.Fatalf("lenient: %d fallbacks %d", ctx.Response.StatusCode(), k3.fallbacks.Load())
+	if ctx := do(s3, chat); ctx.Response.StatusCode() != 200 || k3.Fallbacks() != 1 {
+		t.Fatalf("lenient: %d fallbacks %d", ctx.Response.StatusCode(), k3.Fallbacks())
 	}
 	_ = k
 }
@@ -181,7 +182,7 @@ func TestKVAwareCarry(t *testing.T) {
 	if err := s.Apply(&cfg); err != nil {
 		t.Fatal(err)
 	}
-	k2 := s.Snapshot().Deployments[0].Serve.Policy.(*KVAware)
+	k2 := s.Snapshot().Deployments[0].Serve.Policy.(*policy.KVAware)
 	if k2 == k || k2.Index() != k.Index() {
 		t.Fatal("index not carried over")
 	}
@@ -214,7 +215,7 @@ deployments:
 `)
 	defer s.Close()
 	toks := seqToks(1024, 7)
-	store(s.Snapshot().Deployments[0].Serve.Policy.(*KVAware).Index(), "b", toks, 16)
+	store(s.Snapshot().Deployments[0].Serve.Policy.(*policy.KVAware).Index(), "b", toks, 16)
 	ctx := routeCtx(tokBody(toks), "")
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/turnout/turnout/route/fleet"
 	"github.com/valyala/fasthttp"
 )
 
@@ -44,14 +45,14 @@ func (s *Server) WriteReadiness(b *strings.Builder, verbose bool) bool {
 		why = "first health round not finished"
 	}
 	type poolLine struct {
-		p          *Pool
+		p          *fleet.Pool
 		avail, min int
 	}
 	var pools []poolLine
 	for _, p := range snap.Pools() {
 		n := 0
 		for _, e := range p.Endpoints {
-			if e.Available() && (!checks || e.st.checked.Load()) {
+			if e.Available() && (!checks || e.State.Checked.Load()) {
 				n++
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/payload"
 )
 
@@ -45,7 +46,7 @@ func TestOneBodyScan(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			seen := 0
-			tc.s.observe = func(r *Request) {
+			tc.s.observe = func(r *fleet.Request) {
 				seen++
 				if n := r.Payload.Scans(); n != 1 {
 					t.Errorf("body scanned %d times, want 1", n)

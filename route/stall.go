@@ -5,10 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/turnout/turnout/route/fleet"
 	"net"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 )
 
@@ -30,54 +30,16 @@ import (
 // Worst case from the first stalled request to degraded: budget/2 + one
 // sweep (budget/4, 100ms..1s) + the probe's budget, ~1.75x the budget.
 
-// stallState is an endpoint's stall detection state (atomics: not copied).
-type stallState struct {
-	budgetNs atomic.Int64 // 0 = off; set by each snapshot
-	degraded atomic.Bool
-	suspect  atomic.Bool
-	probing  atomic.Bool
-	// lastProbe is when the last probe started (unix ns).
-	lastProbe atomic.Int64
-	// fastStart is the start (unix ns) of the latest request known to have
-	// been answered within the budget (feedback or probe).
-	fastStart atomic.Int64
-	// since is when the endpoint was degraded (unix ns).
-	since atomic.Int64
-}
-
 // setStallBudget applies a pool's budget to its endpoints; an endpoint whose
 // detection is turned off is no longer held degraded.
-func setStallBudget(p *Pool, budget time.Duration) {
+func setStallBudget(p *fleet.Pool, budget time.Duration) {
 	for _, e := range p.Endpoints {
-		e.st.stall.budgetNs.Store(int64(budget))
+		e.State.Stall.BudgetNs.Store(int64(budget))
 		if budget <= 0 {
-			e.st.stall.degraded.Store(false)
+			e.State.Stall.Degraded.Store(false)
 		}
 	}
 }
-
-// onFeedback takes one completion's times (ms, -1 = unknown).
-func (ss *stallState) onFeedback(ms, ttfb, now int64) {
-	b := ss.budgetNs.Load()
-	if b <= 0 {
-		return
-	}
-	budgetMs := b / int64(time.Millisecond)
-	if ttfb >= budgetMs {
-		ss.suspect.Store(true)
-		return
-	}
-	if ttfb < 0 && (ms < 0 || ms >= budgetMs) {
-		return // no first-byte time and a total too long to tell
-	}
-	start := now - max(ms, ttfb)*int64(time.Millisecond)
-	if start > ss.fastStart.Load() {
-		ss.fastStart.Store(start)
-	}
-}
-
-// Degraded reports whether stall detection took the endpoint out.
-func (e *Endpoint) Degraded() bool { return e.st.stall.degraded.Load() }
 
 // stallTick is how often decisions are swept: a quarter of the smallest
 // budget, within 100ms..1s (1s, the TTL sweep, when detection is off).
@@ -87,7 +49,7 @@ func stallTick(snap *Snapshot) time.Duration {
 		if len(p.Endpoints) == 0 {
 			continue
 		}
-		if b := time.Duration(p.Endpoints[0].st.stall.budgetNs.Load()); b > 0 {
+		if b := time.Duration(p.Endpoints[0].State.Stall.BudgetNs.Load()); b > 0 {
 			t = min(t, max(b/4, 100*time.Millisecond))
 		}
 	}
@@ -104,25 +66,25 @@ func (s *Server) checkStalls(ctx context.Context, snap *Snapshot, now time.Time)
 		}
 		for _, p := range d.Pools {
 			for _, e := range p.Endpoints {
-				ss := &e.st.stall
-				b := time.Duration(ss.budgetNs.Load())
-				suspect := ss.suspect.Swap(false)
+				ss := &e.State.Stall
+				b := time.Duration(ss.BudgetNs.Load())
+				suspect := ss.Suspect.Swap(false)
 				if b <= 0 {
 					continue
 				}
-				sinceProbe := time.Duration(now.UnixNano() - ss.lastProbe.Load())
+				sinceProbe := time.Duration(now.UnixNano() - ss.LastProbe.Load())
 				switch {
-				case ss.degraded.Load():
+				case ss.Degraded.Load():
 					if sinceProbe < sc.Readmit.D() {
 						continue
 					}
-				case !suspect || e.st.down.Load() || sinceProbe < b:
+				case !suspect || e.State.Down.Load() || sinceProbe < b:
 					continue
 				}
-				if !ss.probing.CompareAndSwap(false, true) {
+				if !ss.Probing.CompareAndSwap(false, true) {
 					continue
 				}
-				ss.lastProbe.Store(now.UnixNano())
+				ss.LastProbe.Store(now.UnixNano())
 				go s.probeStall(ctx, p, e, model, sc.ProbePath, b)
 			}
 		}
@@ -132,32 +94,32 @@ func (s *Server) checkStalls(ctx context.Context, snap *Snapshot, now time.Time)
 // errStalled is a probe that got no answer within the budget.
 var errStalled = errors.New("no answer within the stall budget")
 
-func (s *Server) probeStall(ctx context.Context, p *Pool, e *Endpoint, model, path string, budget time.Duration) {
-	ss := &e.st.stall
-	defer ss.probing.Store(false)
+func (s *Server) probeStall(ctx context.Context, p *fleet.Pool, e *fleet.Endpoint, model, path string, budget time.Duration) {
+	ss := &e.State.Stall
+	defer ss.Probing.Store(false)
 	start := time.Now()
 	err := s.probe(ctx, e, model, path, budget)
 	took := time.Since(start)
 	if ctx.Err() != nil {
 		return
 	}
-	log := s.log.With().Str(fieldPool, p.Name).Str(fieldEndpoint, e.Name).Dur("budget", budget).Dur("probe", took).Logger()
+	log := s.log.With().Str(fleet.FieldPool, p.Name).Str(fleet.FieldEndpoint, e.Name).Dur("budget", budget).Dur("probe", took).Logger()
 	if !errors.Is(err, errStalled) {
 		s.m.stallProbes[0].Add(1)
 		if err != nil {
 			// Refused, reset, 5xx: the health check's business, not a stall.
 			log.Debug().Err(err).Msg("stall probe inconclusive")
 		}
-		if start.UnixNano() > ss.fastStart.Load() {
-			ss.fastStart.Store(start.UnixNano())
+		if start.UnixNano() > ss.FastStart.Load() {
+			ss.FastStart.Store(start.UnixNano())
 		}
-		if ss.degraded.Swap(false) {
+		if ss.Degraded.Swap(false) {
 			log.Info().Msg("endpoint recovered: stall probe answered in time")
 		}
 		return
 	}
 	s.m.stallProbes[1].Add(1)
-	if ss.degraded.Load() {
+	if ss.Degraded.Load() {
 		return
 	}
 	s.stallMu.Lock()
@@ -172,13 +134,13 @@ func (s *Server) probeStall(ctx context.Context, p *Pool, e *Endpoint, model, pa
 		}
 		return
 	}
-	ss.since.Store(time.Now().UnixNano())
-	ss.degraded.Store(true)
-	log.Warn().Str(fieldReason, "stalled").Msg("endpoint degraded: no new decisions until a probe answers in time")
+	ss.Since.Store(time.Now().UnixNano())
+	ss.Degraded.Store(true)
+	log.Warn().Str(fleet.FieldReason, "stalled").Msg("endpoint degraded: no new decisions until a probe answers in time")
 }
 
 // probe sends a 1-token completion and waits for the response headers.
-func (s *Server) probe(ctx context.Context, e *Endpoint, model, path string, budget time.Duration) error {
+func (s *Server) probe(ctx context.Context, e *fleet.Endpoint, model, path string, budget time.Duration) error {
 	body, err := json.Marshal(map[string]any{"model": model, "prompt": "ping", "max_tokens": 1, "stream": false})
 	if err != nil {
 		return fmt.Errorf("probe body: %w", err)

@@ -2,46 +2,12 @@ package route
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fasthttp"
 )
-
-// testPool builds a pool of n endpoints named e0..e(n-1) with the policy.
-func testPool(t testing.TB, n int, build func(p *Pool) Policy) *Pool {
-	t.Helper()
-	p := &Pool{Name: "d_mixed", Deployment: "d", Role: config.RoleMixed, m: &poolMetrics{}}
-	for i := 0; i < n; i++ {
-		name := fmt.Sprintf("e%d", i)
-		p.Endpoints = append(p.Endpoints, &Endpoint{
-			Name: name, Address: fmt.Sprintf("127.0.0.1:%d", 8000+i), Index: i, Seed: xxhash.Sum64String(name),
-			name: []byte(name), addr: []byte(fmt.Sprintf("127.0.0.1:%d", 8000+i)), st: &endpointState{},
-		})
-	}
-	if build != nil {
-		p.Policy = build(p)
-	}
-	return p
-}
-
-// choose runs p's policy for r with room for n endpoints.
-func choose(p *Pool, r *Request, n int) *Choice {
-	c := &Choice{Endpoints: make([]*Endpoint, 0, n)}
-	p.Policy.Pick(r, p, c)
-	return c
-}
-
-func names(es []*Endpoint) string {
-	var s []string
-	for _, e := range es {
-		s = append(s, e.Name)
-	}
-	return strings.Join(s, ",")
-}
 
 func mustConfig(t testing.TB, y string) *config.Config {
 	t.Helper()

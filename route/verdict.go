@@ -2,6 +2,7 @@ package route
 
 import (
 	"encoding/json"
+	"github.com/turnout/turnout/route/fleet"
 	"time"
 )
 
@@ -123,7 +124,7 @@ func (s *Server) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *scratch,
 	v.reset()
 	cfg := snap.Config
 	r := &sc.req
-	*r = Request{Truncated: in.Truncated}
+	*r = fleet.Request{Truncated: in.Truncated}
 	body := in.Body
 	if len(body) > cfg.MaxBody {
 		body, r.Truncated = body[:cfg.MaxBody], true
@@ -175,7 +176,7 @@ func (s *Server) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *scratch,
 	}
 	if len(r.Session) > 0 {
 		r.HasSession = true
-		r.SessionHash = hashKey(r.Session)
+		r.SessionHash = fleet.HashKey(r.Session)
 	}
 	if d.Prefill != nil {
 		s.routePD(snap, d, in, v, sc, start)
@@ -185,7 +186,7 @@ func (s *Server) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *scratch,
 }
 
 // decide runs the pool's policy and fills the verdict.
-func (s *Server) decide(snap *Snapshot, p *Pool, v *Verdict, sc *scratch, start time.Time) *Endpoint {
+func (s *Server) decide(snap *Snapshot, p *fleet.Pool, v *Verdict, sc *scratch, start time.Time) *fleet.Endpoint {
 	c := &sc.serve
 	s.pick(snap, p, sc, c, sc.picks[:0:min(1+snap.Config.Fallbacks, len(sc.picks))])
 	if len(c.Endpoints) == 0 {
@@ -197,21 +198,21 @@ func (s *Server) decide(snap *Snapshot, p *Pool, v *Verdict, sc *scratch, start 
 }
 
 // route opens the decision for the policy's first pick and fills v with it.
-func (s *Server) route(v *Verdict, p *Pool, c *Choice, start time.Time) {
+func (s *Server) route(v *Verdict, p *fleet.Pool, c *fleet.Choice, start time.Time) {
 	picks := c.Endpoints
 	e := picks[0]
 	v.Status = 200
 	v.Decision = s.dec.open(e, start.UnixNano())
-	v.Server, v.Addr, v.Pool = e.name, e.addr, p.nameHdr
+	v.Server, v.Addr, v.Pool = e.NameHdr, e.AddrHdr, p.NameHdr
 	v.Fallbacks = v.fb[:0]
 	for _, f := range picks[1:] {
-		v.Fallbacks = append(v.Fallbacks, f.name)
+		v.Fallbacks = append(v.Fallbacks, f.NameHdr)
 	}
 	// One decision in latencySample is timed: a clock read costs about as
 	// much as a round-robin pick on some VMs, and ids are random, so the
 	// sample is unbiased.
 	if v.Decision%latencySample == 0 {
-		p.m.latency.observe(time.Since(start))
+		p.Metrics.Latency.Observe(time.Since(start))
 	}
 }
 
@@ -219,13 +220,13 @@ func (s *Server) route(v *Verdict, p *Pool, c *Choice, start time.Time) {
 const latencySample = 8
 
 // refuse answers a request no endpoint was picked for.
-func (s *Server) refuse(v *Verdict, p *Pool, why RejectReason) {
+func (s *Server) refuse(v *Verdict, p *fleet.Pool, why fleet.RejectReason) {
 	switch why {
-	case RejectBadBody:
+	case fleet.RejectBadBody:
 		s.m.errors[errBadBody].Add(1)
 		v.refuse(400, "invalid_request_error", "token_ids_required",
 			"pool "+p.Name+" routes on token ids (strict): send a prompt the tokenizer can read or token ids")
-	case RejectUnavailable:
+	case fleet.RejectUnavailable:
 		v.RetryAfter = true
 		v.refuse(503, "service_unavailable", "tokenizer_unavailable",
 			"pool "+p.Name+" routes on token ids (strict) and the tokenizer is unavailable")

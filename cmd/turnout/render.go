@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/policy"
 
 	"github.com/rs/zerolog"
 
@@ -69,7 +70,7 @@ func runRender(args []string, log *zerolog.Logger) error {
 		return err
 	}
 	// Policy names and params too, so nothing wrong reaches a proxy config.
-	if err := route.CheckPolicies(cfg, route.DefaultRegistry()); err != nil {
+	if err := route.CheckPolicies(cfg, policy.DefaultRegistry()); err != nil {
 		return withFile(err, *cfgPath)
 	}
 	logWarnings(log, *cfgPath, cfg)

@@ -20,6 +20,7 @@ import (
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/cluster"
 	"github.com/turnout/turnout/route/engineload"
+	"github.com/turnout/turnout/route/policy"
 )
 
 // syncer pushes accepted configs to a proxy (HAProxy runtime API).
@@ -76,7 +77,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 		return err
 	}
 	logWarnings(log, *cfgPath, cfg)
-	srv, err := route.NewServer(cfg, route.Options{Registry: route.DefaultRegistry(), Log: log})
+	srv, err := route.NewServer(cfg, route.Options{Registry: policy.DefaultRegistry(), Log: log})
 	if err != nil {
 		return withFile(err, *cfgPath)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/turnout/turnout/internal/mock"
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/kv"
+	"github.com/turnout/turnout/route/policy"
 )
 
 // SimOptions configure the in-process replay.
@@ -137,7 +138,7 @@ func NewRouter(spec PolicySpec, names []string, o SimOptions) (Router, error) {
 	}
 	t := &turnoutRouter{names: map[string]int{}, order: names, closeFn: func() error { return nil }}
 	var extra string
-	if spec.Policy == route.KVAwareType {
+	if spec.Policy == policy.KVAwareType {
 		var err error
 		if extra, t.closeFn, err = kvAwareExtras(spec, o, log); err != nil {
 			return nil, fmt.Errorf("policy %s: %w", spec, err)
@@ -148,7 +149,7 @@ func NewRouter(spec PolicySpec, names []string, o SimOptions) (Router, error) {
 	if err == nil {
 		t.srv, err = route.NewServer(cfg, route.Options{Seed: o.Seed, Log: log})
 	}
-	if err == nil && spec.Policy == route.KVAwareType {
+	if err == nil && spec.Policy == policy.KVAwareType {
 		err = t.attachKVIndex()
 	}
 	if err != nil {

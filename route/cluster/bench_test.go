@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
 
 	"github.com/valyala/fasthttp"
 
@@ -75,7 +76,7 @@ func BenchmarkDecisionSyncOn(b *testing.B)  { benchDecisions(b, true) }
 
 // handoffSync is a Sync whose NATS server is unreachable (nothing is
 // published), for the handoff benchmarks.
-func handoffSync(b *testing.B) (*Sync, *route.Pool, []uint64) {
+func handoffSync(b *testing.B) (*Sync, *fleet.Pool, []uint64) {
 	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(fourEndpoints, "nats://127.0.0.1:1", "bench-h")))
 	if err != nil {
 		b.Fatal(err)
@@ -180,4 +181,4 @@ func otherWork(x uint64) uint64 {
 	return x
 }
 
-func handoffSyncP(b *testing.B) (*Sync, *route.Pool, []uint64) { return handoffSync(b) }
+func handoffSyncP(b *testing.B) (*Sync, *fleet.Pool, []uint64) { return handoffSync(b) }

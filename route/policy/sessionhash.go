@@ -1,4 +1,4 @@
-package route
+package policy
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -55,7 +56,7 @@ type SessionHash struct {
 
 // NewSessionHashFactory returns the factory for session-hash.
 func NewSessionHashFactory() Factory {
-	return func(pc *config.PolicyConfig, env PolicyEnv) (Policy, error) {
+	return func(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
 		cfg := SessionHashConfig{VNodes: 160, LoadFactor: 1.25, MinInflight: 4}
 		if err := pc.DecodeParams(&cfg); err != nil {
 			return nil, err
@@ -68,7 +69,7 @@ func NewSessionHashFactory() Factory {
 }
 
 // NewSessionHash builds the ring for pool p.
-func NewSessionHash(cfg SessionHashConfig, p *Pool, rnd *Rand) *SessionHash {
+func NewSessionHash(cfg SessionHashConfig, p *fleet.Pool, rnd *fleet.Rand) *SessionHash {
 	s := &SessionHash{cfg: cfg, fallback: NewLeastRequest(rnd)}
 	for i, e := range p.Endpoints {
 		for v := 0; v < cfg.VNodes; v++ {
@@ -91,7 +92,7 @@ func NewSessionHash(cfg SessionHashConfig, p *Pool, rnd *Rand) *SessionHash {
 }
 
 // Pick implements Policy.
-func (s *SessionHash) Pick(r *Request, p *Pool, c *Choice) {
+func (s *SessionHash) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
 	if !r.HasSession || len(s.ring) == 0 {
 		s.fallback.Pick(r, p, c)
 		return
@@ -105,7 +106,7 @@ func (s *SessionHash) Pick(r *Request, p *Pool, c *Choice) {
 		}
 	}
 	if avail == 0 {
-		c.Outcome = OutcomeNoEndpoint
+		c.Outcome = fleet.OutcomeNoEndpoint
 		return
 	}
 	// Bound = ceil(c * (total+1) / avail): the +1 counts this request.
@@ -124,10 +125,10 @@ func (s *SessionHash) Pick(r *Request, p *Pool, c *Choice) {
 	first := true
 	dst := c.Endpoints
 	start := len(dst)
-	var skipped *Endpoint
+	var skipped *fleet.Endpoint
 	for i := 0; i < len(s.ring) && len(dst) < cap(dst); i++ {
 		e := p.Endpoints[s.ring[(lo+i)%len(s.ring)].ep]
-		if !e.Available() || contains(dst, e) || e == skipped {
+		if !e.Available() || fleet.Contains(dst, e) || e == skipped {
 			continue
 		}
 		if e.Load()+1 > bound {
@@ -143,14 +144,19 @@ func (s *SessionHash) Pick(r *Request, p *Pool, c *Choice) {
 	switch {
 	case len(dst) == start:
 		// Every endpoint is over the bound: least loaded still serves.
-		c.Outcome = OutcomeOverflow
-		dst = fillLeastLoaded(dst, p, nil)
+		c.Outcome = fleet.OutcomeOverflow
+		dst = fleet.FillLeastLoaded(dst, p, nil)
 	case skipped != nil:
-		c.Outcome = OutcomeOverflow
+		c.Outcome = fleet.OutcomeOverflow
 	default:
-		c.Outcome = OutcomeAffinity
+		c.Outcome = fleet.OutcomeAffinity
 	}
 	c.Endpoints = dst
 }
 
-var _ Policy = (*SessionHash)(nil)
+var _ fleet.Policy = (*SessionHash)(nil)
+
+// LoadAware implements LoadAware: the bound on loads moves sessions.
+func (*SessionHash) LoadAware() bool { return true }
+
+var _ fleet.LoadAware = (*SessionHash)(nil)

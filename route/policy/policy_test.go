@@ -1,4 +1,4 @@
-package route
+package policy
 
 import (
 	"fmt"
@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
+	"github.com/turnout/turnout/route/internal/routetest"
 
 	"gopkg.in/yaml.v3"
 )
@@ -24,12 +26,12 @@ func TestRoundRobin(t *testing.T) {
 		{"all down", []int{0, 1, 2}, 1, []string{"", ""}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := testPool(t, 3, func(*Pool) Policy { return &RoundRobin{} })
+			p := routetest.Pool(t, 3, func(*fleet.Pool) fleet.Policy { return &RoundRobin{} })
 			for _, i := range tc.down {
 				p.Endpoints[i].SetDown(true)
 			}
 			for i, want := range tc.want {
-				got := names(choose(p, &Request{}, tc.picks).Endpoints)
+				got := routetest.Names(routetest.Choose(p, &fleet.Request{}, tc.picks).Endpoints)
 				if got != want {
 					t.Fatalf("pick %d = %q, want %q", i, got, want)
 				}
@@ -52,7 +54,7 @@ func TestLeastRequest(t *testing.T) {
 		{"single", []int64{3}, nil, "e0", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := testPool(t, len(tc.loads), func(*Pool) Policy { return NewLeastRequest(NewRand(7)) })
+			p := routetest.Pool(t, len(tc.loads), func(*fleet.Pool) fleet.Policy { return NewLeastRequest(fleet.NewRand(7)) })
 			for i, l := range tc.loads {
 				p.Endpoints[i].AddInflight(l)
 			}
@@ -60,7 +62,7 @@ func TestLeastRequest(t *testing.T) {
 				p.Endpoints[i].SetDown(true)
 			}
 			for i := 0; i < 200; i++ {
-				got := choose(p, &Request{}, 1).Endpoints
+				got := routetest.Choose(p, &fleet.Request{}, 1).Endpoints
 				if len(got) != 1 {
 					t.Fatalf("no pick")
 				}
@@ -77,11 +79,11 @@ func TestLeastRequest(t *testing.T) {
 
 // Equal loads: the random tie-break spreads picks evenly (±10% over 10k).
 func TestLeastRequestTieSpread(t *testing.T) {
-	p := testPool(t, 4, func(*Pool) Policy { return NewLeastRequest(NewRand(3)) })
+	p := routetest.Pool(t, 4, func(*fleet.Pool) fleet.Policy { return NewLeastRequest(fleet.NewRand(3)) })
 	counts := map[string]int{}
 	const n = 10000
 	for i := 0; i < n; i++ {
-		counts[choose(p, &Request{}, 1).Endpoints[0].Name]++
+		counts[routetest.Choose(p, &fleet.Request{}, 1).Endpoints[0].Name]++
 	}
 	for name, c := range counts {
 		if math.Abs(float64(c)-n/4) > n/4*0.1 {
@@ -93,25 +95,25 @@ func TestLeastRequestTieSpread(t *testing.T) {
 	}
 }
 
-func sessionPick(p *Pool, key string) string {
-	r := &Request{Session: []byte(key), HasSession: true, SessionHash: hashKey([]byte(key))}
-	got := choose(p, r, 1).Endpoints
+func sessionPick(p *fleet.Pool, key string) string {
+	r := &fleet.Request{Session: []byte(key), HasSession: true, SessionHash: fleet.HashKey([]byte(key))}
+	got := routetest.Choose(p, r, 1).Endpoints
 	if len(got) == 0 {
 		return ""
 	}
 	return got[0].Name
 }
 
-func newSessionPool(t testing.TB, n int) *Pool {
-	return testPool(t, n, func(p *Pool) Policy {
-		return NewSessionHash(SessionHashConfig{VNodes: 160, LoadFactor: 1.25, MinInflight: 4}, p, NewRand(1))
+func newSessionPool(t testing.TB, n int) *fleet.Pool {
+	return routetest.Pool(t, n, func(p *fleet.Pool) fleet.Policy {
+		return NewSessionHash(SessionHashConfig{VNodes: 160, LoadFactor: 1.25, MinInflight: 4}, p, fleet.NewRand(1))
 	})
 }
 
 // Pinned: a change to hashing or ring layout that would reshuffle every
 // live session must fail here.
 func TestSessionHashPinned(t *testing.T) {
-	if got := hashKey([]byte("user-42")); got != 0x397e9d3a76af7c81 {
+	if got := fleet.HashKey([]byte("user-42")); got != 0x397e9d3a76af7c81 {
 		t.Fatalf("hashKey(user-42) = %#x", got)
 	}
 	p := newSessionPool(t, 4)
@@ -133,7 +135,7 @@ func TestSessionHashStability(t *testing.T) {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("session-%d", i)
 	}
-	assign := func(p *Pool) map[string]string {
+	assign := func(p *fleet.Pool) map[string]string {
 		m := map[string]string{}
 		for _, k := range keys {
 			m[k] = sessionPick(p, k)
@@ -178,13 +180,13 @@ func TestSessionHashBoundedLoad(t *testing.T) {
 		name    string
 		load    int64 // added to the session's home endpoint
 		others  int64
-		outcome Outcome
+		outcome fleet.Outcome
 		moved   bool
 	}{
-		{"home fine", 0, 0, OutcomeAffinity, false},
-		{"below min_inflight never spills", 3, 0, OutcomeAffinity, false},
-		{"over c x avg spills", 20, 2, OutcomeOverflow, true},
-		{"busy but balanced stays", 10, 10, OutcomeAffinity, false},
+		{"home fine", 0, 0, fleet.OutcomeAffinity, false},
+		{"below min_inflight never spills", 3, 0, fleet.OutcomeAffinity, false},
+		{"over c x avg spills", 20, 2, fleet.OutcomeOverflow, true},
+		{"busy but balanced stays", 10, 10, fleet.OutcomeAffinity, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newSessionPool(t, 4)
@@ -196,14 +198,14 @@ func TestSessionHashBoundedLoad(t *testing.T) {
 					e.AddInflight(tc.others)
 				}
 			}
-			r := &Request{Session: []byte("s1"), HasSession: true, SessionHash: hashKey([]byte("s1"))}
-			c := choose(p, r, 3)
+			r := &fleet.Request{Session: []byte("s1"), HasSession: true, SessionHash: fleet.HashKey([]byte("s1"))}
+			c := routetest.Choose(p, r, 3)
 			got := c.Endpoints
 			if (got[0].Name != home) != tc.moved || c.Outcome != tc.outcome {
-				t.Fatalf("pick %s (home %s) outcome %v", names(got), home, c.Outcome)
+				t.Fatalf("pick %s (home %s) outcome %v", routetest.Names(got), home, c.Outcome)
 			}
 			if len(got) != 3 {
-				t.Fatalf("want 3 distinct picks, got %s", names(got))
+				t.Fatalf("want 3 distinct picks, got %s", routetest.Names(got))
 			}
 		})
 	}
@@ -213,20 +215,20 @@ func TestSessionHashNoSessionFallsBack(t *testing.T) {
 	p := newSessionPool(t, 3)
 	p.Endpoints[0].AddInflight(50)
 	p.Endpoints[1].AddInflight(50)
-	r := &Request{}
-	if c := choose(p, r, 1); c.Endpoints[0].Name != "e2" || c.Outcome != OutcomeBalanced {
-		t.Fatalf("no-session pick %s outcome %v, want e2 balanced", names(c.Endpoints), c.Outcome)
+	r := &fleet.Request{}
+	if c := routetest.Choose(p, r, 1); c.Endpoints[0].Name != "e2" || c.Outcome != fleet.OutcomeBalanced {
+		t.Fatalf("no-session pick %s outcome %v, want e2 balanced", routetest.Names(c.Endpoints), c.Outcome)
 	}
 }
 
 func blocksOf(prefix string, n int) []uint64 {
-	var h prefixHasher
-	h.reset(64, make([]uint64, 0, 4096))
+	var h fleet.PrefixHasher
+	h.Reset(64, make([]uint64, 0, 4096))
 	h.Text([]byte(prefix))
 	for i := 0; i < n; i++ {
 		h.Text([]byte(fmt.Sprintf("%063d|", i)))
 	}
-	return h.out
+	return h.Out
 }
 
 func TestPrefixAffinity(t *testing.T) {
@@ -241,30 +243,30 @@ func TestPrefixAffinity(t *testing.T) {
 		loads    []int64 // then loads
 		req      []uint64
 		want     string
-		outcome  Outcome
+		outcome  fleet.Outcome
 		notWant  string
 		minMatch int
 	}{
-		{"hit goes home", 2, []int64{0, 0, 0, 0}, blocksOf(sys, 2), "e2", OutcomeAffinity, "", 20},
-		{"hit within balance", 2, []int64{1, 1, 4, 1}, blocksOf(sys, 2), "e2", OutcomeAffinity, "", 20},
-		{"home too loaded: least loaded instead", 2, []int64{1, 0, 9, 1}, blocksOf(sys, 2), "e1", OutcomeOverflow, "e2", 0},
-		{"miss goes least loaded, never overloaded", -1, []int64{3, 0, 5, 2}, blocksOf("other", 10), "e1", OutcomeBalanced, "", 0},
-		{"empty prompt balanced", -1, []int64{2, 1, 0, 3}, nil, "e2", OutcomeBalanced, "", 0},
+		{"hit goes home", 2, []int64{0, 0, 0, 0}, blocksOf(sys, 2), "e2", fleet.OutcomeAffinity, "", 20},
+		{"hit within balance", 2, []int64{1, 1, 4, 1}, blocksOf(sys, 2), "e2", fleet.OutcomeAffinity, "", 20},
+		{"home too loaded: least loaded instead", 2, []int64{1, 0, 9, 1}, blocksOf(sys, 2), "e1", fleet.OutcomeOverflow, "e2", 0},
+		{"miss goes least loaded, never overloaded", -1, []int64{3, 0, 5, 2}, blocksOf("other", 10), "e1", fleet.OutcomeBalanced, "", 0},
+		{"empty prompt balanced", -1, []int64{2, 1, 0, 3}, nil, "e2", fleet.OutcomeBalanced, "", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var pa *PrefixAffinity
-			p := testPool(t, 4, func(p *Pool) Policy { pa = NewPrefixAffinity(cfg, p, NewRand(5)); return pa })
+			p := routetest.Pool(t, 4, func(p *fleet.Pool) fleet.Policy { pa = NewPrefixAffinity(cfg, p, fleet.NewRand(5)); return pa })
 			if tc.warm >= 0 {
 				pa.lrus[tc.warm].insert(blocksOf(sys, 1))
 			}
 			for i, l := range tc.loads {
 				p.Endpoints[i].AddInflight(l)
 			}
-			r := &Request{Blocks: tc.req}
-			c := choose(p, r, 3)
+			r := &fleet.Request{Blocks: tc.req}
+			c := routetest.Choose(p, r, 3)
 			got := c.Endpoints
 			if got[0].Name != tc.want || c.Outcome != tc.outcome || c.Matched < tc.minMatch {
-				t.Fatalf("pick %s outcome %v matched %d; want %s %v >=%d", names(got), c.Outcome, c.Matched, tc.want, tc.outcome, tc.minMatch)
+				t.Fatalf("pick %s outcome %v matched %d; want %s %v >=%d", routetest.Names(got), c.Outcome, c.Matched, tc.want, tc.outcome, tc.minMatch)
 			}
 			if len(tc.req) > 0 && pa.lrus[got[0].Index].matchLen(tc.req) != len(tc.req) {
 				t.Fatal("prompt not recorded on the chosen endpoint")
@@ -300,14 +302,14 @@ func TestBlockLRUEviction(t *testing.T) {
 // prefix to match, and spreads sessions over replicas.
 func TestPrefixAffinitySession(t *testing.T) {
 	cfg := DefaultPrefixAffinityConfig()
-	p := testPool(t, 4, func(p *Pool) Policy { return NewPrefixAffinity(cfg, p, NewRand(9)) })
+	p := routetest.Pool(t, 4, func(p *fleet.Pool) fleet.Policy { return NewPrefixAffinity(cfg, p, fleet.NewRand(9)) })
 	homes := map[string]bool{}
 	for s := 0; s < 40; s++ {
 		key := []byte(fmt.Sprintf("sess-%d", s))
 		var home string
 		for i := 0; i < 5; i++ {
-			r := &Request{Session: key, HasSession: true, SessionHash: hashKey(key), Blocks: blocksOf(fmt.Sprintf("turn %d of %d", i, s), 0)}
-			got := choose(p, r, 1).Endpoints[0].Name
+			r := &fleet.Request{Session: key, HasSession: true, SessionHash: fleet.HashKey(key), Blocks: blocksOf(fmt.Sprintf("turn %d of %d", i, s), 0)}
+			got := routetest.Choose(p, r, 1).Endpoints[0].Name
 			if home == "" {
 				home = got
 			} else if got != home {
@@ -323,10 +325,10 @@ func TestPrefixAffinitySession(t *testing.T) {
 	// (the session only breaks ties): a request with a session id never
 	// waits where the same request without one would not.
 	key := []byte("sess-0")
-	r := &Request{Session: key, HasSession: true, SessionHash: hashKey(key)}
-	home := choose(p, r, 1).Endpoints[0]
+	r := &fleet.Request{Session: key, HasSession: true, SessionHash: fleet.HashKey(key)}
+	home := routetest.Choose(p, r, 1).Endpoints[0]
 	home.AddInflight(1)
-	if got := choose(p, r, 1).Endpoints[0]; got == home {
+	if got := routetest.Choose(p, r, 1).Endpoints[0]; got == home {
 		t.Fatal("session kept on a replica above the lowest load")
 	}
 }
@@ -338,28 +340,28 @@ func TestPrefixAffinitySession(t *testing.T) {
 // without one, which never picks the endpoint with the most recent decisions.
 func TestPrefixAffinitySessionStaysAtEvenLoad(t *testing.T) {
 	cfg := DefaultPrefixAffinityConfig()
-	p := testPool(t, 4, func(p *Pool) Policy { return NewPrefixAffinity(cfg, p, NewRand(5)) })
+	p := routetest.Pool(t, 4, func(p *fleet.Pool) fleet.Policy { return NewPrefixAffinity(cfg, p, fleet.NewRand(5)) })
 	for _, e := range p.Endpoints {
 		e.StartWindow()
 	}
 	key := []byte("user-7")
-	pick := func(session bool) *Endpoint {
-		r := &Request{Blocks: blocksOf("hi", 0)}
+	pick := func(session bool) *fleet.Endpoint {
+		r := &fleet.Request{Blocks: blocksOf("hi", 0)}
 		if session {
-			r.Session, r.HasSession, r.SessionHash = key, true, hashKey(key)
+			r.Session, r.HasSession, r.SessionHash = key, true, fleet.HashKey(key)
 		}
-		return choose(p, r, 1).Endpoints[0]
+		return routetest.Choose(p, r, 1).Endpoints[0]
 	}
 	home := pick(true)
 	for turn := 2; turn <= sessionRecentSlack+1; turn++ {
-		home.st.decisions.Add(1) // what opening a decision does (then closed: load stays 0)
+		home.State.Decisions.Add(1) // what opening a decision does (then closed: load stays 0)
 		if got := pick(true); got != home {
 			t.Fatalf("turn %d moved from %s to %s at even load", turn, home.Name, got.Name)
 		}
 	}
-	home.st.decisions.Add(1)
+	home.State.Decisions.Add(1)
 	if got := pick(true); got == home {
-		t.Fatalf("turn %d stayed on %s with %d more recent decisions than the others", sessionRecentSlack+2, home.Name, home.recent())
+		t.Fatalf("turn %d stayed on %s with %d more recent decisions than the others", sessionRecentSlack+2, home.Name, home.Recent())
 	}
 	if got := pick(false); got == home {
 		t.Fatalf("a request without a session went to %s, the endpoint with the most recent decisions", got.Name)
@@ -370,7 +372,7 @@ func TestPrefixAffinitySessionStaysAtEvenLoad(t *testing.T) {
 // source: engine-reported loads count like in-flight decisions.
 func TestPrefixAffinitySessionTiesOnly(t *testing.T) {
 	cfg := DefaultPrefixAffinityConfig()
-	p := testPool(t, 4, func(p *Pool) Policy { return NewPrefixAffinity(cfg, p, NewRand(3)) })
+	p := routetest.Pool(t, 4, func(p *fleet.Pool) fleet.Policy { return NewPrefixAffinity(cfg, p, fleet.NewRand(3)) })
 	for _, tc := range []struct {
 		name   string
 		loads  [4]int64
@@ -388,15 +390,15 @@ func TestPrefixAffinitySessionTiesOnly(t *testing.T) {
 				if tc.engine {
 					// Engine says otherwise than in-flight: the engine wins.
 					e.AddInflight(7 - tc.loads[i])
-					e.SetEngineLoad(&EngineLoad{Requests: tc.loads[i], Mark: e.DecisionMark()})
+					e.SetEngineLoad(&fleet.EngineLoad{Requests: tc.loads[i], Mark: e.DecisionMark()})
 				} else {
 					e.AddInflight(tc.loads[i])
 				}
 			}
 			for s := 0; s < 50; s++ {
 				key := []byte(fmt.Sprintf("s%d", s))
-				r := &Request{Session: key, HasSession: true, SessionHash: hashKey(key), Blocks: blocksOf("q", 0)}
-				got := choose(p, r, 1).Endpoints[0].Name
+				r := &fleet.Request{Session: key, HasSession: true, SessionHash: fleet.HashKey(key), Blocks: blocksOf("q", 0)}
+				got := routetest.Choose(p, r, 1).Endpoints[0].Name
 				if !slices.Contains(tc.allow, got) {
 					t.Fatalf("session %s went to %s, want one of %v", key, got, tc.allow)
 				}
@@ -412,10 +414,10 @@ func TestPrefixAffinitySessionTiesOnly(t *testing.T) {
 // silently invalidates every replica's learned prefix index and moves
 // prefix-affinity sessions, so it must be a deliberate, visible change.
 func TestPrefixHashPinned(t *testing.T) {
-	var h prefixHasher
-	h.reset(16, make([]uint64, 0, 4))
+	var h fleet.PrefixHasher
+	h.Reset(16, make([]uint64, 0, 4))
 	h.Text([]byte("0123456789abcdef0123456789ABCDEF"))
-	got := fmt.Sprintf("%#x,%#x mix=%#x", h.out[0], h.out[1], mix64(42))
+	got := fmt.Sprintf("%#x,%#x mix=%#x", h.Out[0], h.Out[1], fleet.Mix64(42))
 	if want := "0x3f955f4606c2a1bc,0x3e4bcc940fe9ba85 mix=0xa759ea27d4727622"; got != want {
 		t.Fatalf("pinned hashes changed: %s", got)
 	}
@@ -423,13 +425,13 @@ func TestPrefixHashPinned(t *testing.T) {
 
 // choices: 0 takes the global minimum (P2C may miss it); 2 is P2C.
 func TestLeastRequestChoices(t *testing.T) {
-	build := func(params string) *Pool {
+	build := func(params string) *fleet.Pool {
 		var pc config.PolicyConfig
 		if err := yaml.Unmarshal([]byte("name: least-request\nparams: "+params), &pc); err != nil {
 			t.Fatal(err)
 		}
-		return testPool(t, 8, func(p *Pool) Policy {
-			pol, err := NewLeastRequestFactory()(&pc, PolicyEnv{Pool: p, Rand: NewRand(11)})
+		return routetest.Pool(t, 8, func(p *fleet.Pool) fleet.Policy {
+			pol, err := NewLeastRequestFactory()(&pc, fleet.PolicyEnv{Pool: p, Rand: fleet.NewRand(11)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -446,7 +448,7 @@ func TestLeastRequestChoices(t *testing.T) {
 		}
 		hits := 0
 		for i := 0; i < 200; i++ {
-			if choose(p, &Request{}, 1).Endpoints[0].Name == "e0" {
+			if routetest.Choose(p, &fleet.Request{}, 1).Endpoints[0].Name == "e0" {
 				hits++
 			}
 		}
@@ -456,7 +458,7 @@ func TestLeastRequestChoices(t *testing.T) {
 	}
 	var pc config.PolicyConfig
 	_ = yaml.Unmarshal([]byte("name: least-request\nparams: {choices: 3}"), &pc)
-	if _, err := NewLeastRequestFactory()(&pc, PolicyEnv{Pool: &Pool{}}); err == nil {
+	if _, err := NewLeastRequestFactory()(&pc, fleet.PolicyEnv{Pool: &fleet.Pool{}}); err == nil {
 		t.Fatal("choices: 3 accepted")
 	}
 }

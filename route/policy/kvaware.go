@@ -1,4 +1,4 @@
-package route
+package policy
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/kv"
 	"github.com/turnout/turnout/route/tokenize"
 )
@@ -38,7 +39,7 @@ type KVAwareConfig struct {
 	BalanceAbs    int64   `yaml:"balance_abs"`
 	BalanceRel    float64 `yaml:"balance_rel"`
 	// Strict refuses requests without token ids (400) or with the tokenizer
-	// down (503), as Ray's KV router does; lenient falls back to prefix-affinity.
+	// Down (503), as Ray's KV router does; lenient falls back to prefix-affinity.
 	Strict    bool                 `yaml:"strict"`
 	Tokenizer TokenizerConfig      `yaml:"tokenizer"`
 	Fallback  PrefixAffinityConfig `yaml:"fallback"`
@@ -86,7 +87,7 @@ type KVAware struct {
 	eps      []kv.Endpoint
 	fallback *PrefixAffinity
 	tok      *tokenize.Client
-	rnd      *Rand
+	rnd      *fleet.Rand
 
 	// Shared with the policies of later snapshots (Carry).
 	sh *kvShared
@@ -113,12 +114,12 @@ type kvBuf struct {
 	out    []int
 	stale  []bool
 	blocks []uint64
-	hasher prefixHasher
+	hasher fleet.PrefixHasher
 }
 
 // NewKVAwareFactory returns the factory for kv-aware.
 func NewKVAwareFactory() Factory {
-	return func(pc *config.PolicyConfig, env PolicyEnv) (Policy, error) {
+	return func(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
 		cfg := KVAwareConfig{
 			MaxBlocks: 1 << 20, PrefillWeight: 1, LoadWeight: 1, BalanceAbs: 8, BalanceRel: 1.5,
 			Tokenizer: TokenizerConfig{Mode: "remote", Timeout: config.Duration(200 * time.Millisecond), CacheEntries: 4096},
@@ -135,7 +136,7 @@ func NewKVAwareFactory() Factory {
 }
 
 // NewKVAware builds the policy for env.Pool. Subscriptions start in Start.
-func NewKVAware(cfg KVAwareConfig, env PolicyEnv) *KVAware {
+func NewKVAware(cfg KVAwareConfig, env fleet.PolicyEnv) *KVAware {
 	log := env.Log
 	if log == nil {
 		l := zerolog.Nop()
@@ -170,7 +171,7 @@ func NewKVAware(cfg KVAwareConfig, env PolicyEnv) *KVAware {
 }
 
 // Carry implements Stater: keep the index and live subscriptions.
-func (k *KVAware) Carry(prev Policy) {
+func (k *KVAware) Carry(prev fleet.Policy) {
 	old, ok := prev.(*KVAware)
 	if !ok || old.sh == nil || old.cfg.BlockSize != k.cfg.BlockSize || old.cfg.MaxBlocks != k.cfg.MaxBlocks {
 		k.fallback.Carry(prevFallback(prev))
@@ -182,7 +183,7 @@ func (k *KVAware) Carry(prev Policy) {
 	k.fallback.Carry(old.fallback)
 }
 
-func prevFallback(p Policy) Policy {
+func prevFallback(p fleet.Policy) fleet.Policy {
 	if pa, ok := p.(*PrefixAffinity); ok {
 		return pa
 	}
@@ -190,7 +191,7 @@ func prevFallback(p Policy) Policy {
 }
 
 // Start implements Starter: create or resync the index subscriptions.
-func (k *KVAware) Start(p *Pool) {
+func (k *KVAware) Start(p *fleet.Pool) {
 	if k.sh == nil {
 		idx := kv.NewIndex(k.cfg.MaxBlocks)
 		if k.cfg.BlockSize > 0 {
@@ -199,7 +200,7 @@ func (k *KVAware) Start(p *Pool) {
 		k.sh = &kvShared{idx: idx, mgr: kv.NewManager(k.ctx, idx, kv.ManagerConfig{Hub: k.hub}, k.log)}
 	}
 	if err := k.sh.mgr.Sync(k.eps); err != nil {
-		k.log.Warn().Err(err).Str(fieldPool, k.pool).Msg("kv-event subscriptions")
+		k.log.Warn().Err(err).Str(fleet.FieldPool, k.pool).Msg("kv-event subscriptions")
 	}
 	k.ids = make([]int, len(p.Endpoints))
 	for i, e := range p.Endpoints {
@@ -214,11 +215,14 @@ func (k *KVAware) Close() {
 	}
 }
 
+// Fallbacks is how many requests went to the prefix-affinity fallback (tests, metrics).
+func (k *KVAware) Fallbacks() uint64 { return k.fallbacks.Load() }
+
 // Index exposes the KV index (tests, metrics).
 func (k *KVAware) Index() *kv.Index { return k.sh.idx }
 
 // Pick implements Policy.
-func (k *KVAware) Pick(r *Request, p *Pool, c *Choice) {
+func (k *KVAware) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
 	b, _ := k.bufs.Get().(*kvBuf)
 	if b == nil {
 		b = &kvBuf{}
@@ -230,9 +234,9 @@ func (k *KVAware) Pick(r *Request, p *Pool, c *Choice) {
 		if k.cfg.Strict {
 			switch {
 			case errors.Is(err, tokenize.ErrUnavailable):
-				c.Reject = RejectUnavailable
+				c.Reject = fleet.RejectUnavailable
 			default:
-				c.Reject = RejectBadBody
+				c.Reject = fleet.RejectBadBody
 			}
 			return
 		}
@@ -242,12 +246,12 @@ func (k *KVAware) Pick(r *Request, p *Pool, c *Choice) {
 		if n := len(r.Payload.Body())/k.cfg.Fallback.BlockBytes + 1; cap(b.blocks) < n {
 			b.blocks = make([]uint64, 0, n)
 		}
-		b.hasher.reset(k.cfg.Fallback.BlockBytes, b.blocks)
+		b.hasher.Reset(k.cfg.Fallback.BlockBytes, b.blocks)
 		r.Payload.Prompt(&b.hasher)
 		// The fallback reads its blocks from a copy: r stays the caller's,
 		// and the blocks (in b) do not outlive this call.
 		fr := *r
-		fr.Blocks, fr.PromptBytes = b.hasher.out, b.hasher.total
+		fr.Blocks, fr.PromptBytes = b.hasher.Out, b.hasher.Total
 		k.fallback.Pick(&fr, p, c)
 		return
 	}
@@ -264,9 +268,9 @@ func (k *KVAware) Pick(r *Request, p *Pool, c *Choice) {
 	for i, e := range p.Endpoints {
 		stale[i] = k.sh.idx.Stale(e.Name)
 	}
-	minLoad, ok := lowestLoad(p)
+	minLoad, ok := fleet.LowestLoad(p)
 	if !ok {
-		c.Outcome = OutcomeNoEndpoint
+		c.Outcome = fleet.OutcomeNoEndpoint
 		return
 	}
 	dst := c.Endpoints
@@ -277,16 +281,16 @@ func (k *KVAware) Pick(r *Request, p *Pool, c *Choice) {
 		off = k.rnd.Intn(n) // equal costs spread instead of piling on the first
 	}
 	for len(dst) < cap(dst) {
-		var best *Endpoint
+		var best *fleet.Endpoint
 		var bestCost float64
 		for j := 0; j < n; j++ {
 			i := (j + off) % n
 			e := p.Endpoints[i]
-			if !e.Available() || contains(dst, e) {
+			if !e.Available() || fleet.Contains(dst, e) {
 				continue
 			}
 			l := e.Load()
-			if tooLoaded(l, minLoad, k.cfg.BalanceAbs, k.cfg.BalanceRel) {
+			if fleet.TooLoaded(l, minLoad, k.cfg.BalanceAbs, k.cfg.BalanceRel) {
 				continue
 			}
 			m := out[i]
@@ -304,22 +308,22 @@ func (k *KVAware) Pick(r *Request, p *Pool, c *Choice) {
 		dst = append(dst, best)
 	}
 	if len(dst) == start {
-		c.Outcome = OutcomeOverflow
-		c.Endpoints = fillLeastLoaded(dst, p, nil)
+		c.Outcome = fleet.OutcomeOverflow
+		c.Endpoints = fleet.FillLeastLoaded(dst, p, nil)
 		return
 	}
 	c.Endpoints = dst
 	c.Matched = out[dst[start].Index]
 	if c.Matched > 0 {
-		c.Outcome = OutcomeAffinity
+		c.Outcome = fleet.OutcomeAffinity
 	} else {
-		c.Outcome = OutcomeBalanced
+		c.Outcome = fleet.OutcomeBalanced
 	}
 }
 
 // requestKeys returns the request's block keys: from token-id prompts
 // directly, else through the tokenizer (cached).
-func (k *KVAware) requestKeys(r *Request, bs int, b *kvBuf) ([]uint64, error) {
+func (k *KVAware) requestKeys(r *fleet.Request, bs int, b *kvBuf) ([]uint64, error) {
 	if bs <= 0 {
 		return nil, errors.New("block size not known yet")
 	}
@@ -350,7 +354,7 @@ func (k *KVAware) requestKeys(r *Request, bs int, b *kvBuf) ([]uint64, error) {
 }
 
 // WriteMetrics implements MetricsWriter.
-func (k *KVAware) WriteMetrics(p *Pool, b *strings.Builder) {
+func (k *KVAware) WriteMetrics(p *fleet.Pool, b *strings.Builder) {
 	st := k.sh.idx.Stats()
 	fmt.Fprintf(b, "turnout_kv_index_blocks{pool=%q} %d\n", p.Name, st.Entries)
 	fmt.Fprintf(b, "turnout_kv_index_capacity_blocks{pool=%q} %d\n", p.Name, st.Capacity)
@@ -374,9 +378,14 @@ func (k *KVAware) WriteMetrics(p *Pool, b *strings.Builder) {
 }
 
 var (
-	_ Policy        = (*KVAware)(nil)
-	_ Stater        = (*KVAware)(nil)
-	_ Starter       = (*KVAware)(nil)
-	_ Closer        = (*KVAware)(nil)
-	_ MetricsWriter = (*KVAware)(nil)
+	_ fleet.Policy        = (*KVAware)(nil)
+	_ fleet.Stater        = (*KVAware)(nil)
+	_ fleet.Starter       = (*KVAware)(nil)
+	_ fleet.Closer        = (*KVAware)(nil)
+	_ fleet.MetricsWriter = (*KVAware)(nil)
 )
+
+// LoadAware implements LoadAware: the cost adds in-flight counts.
+func (*KVAware) LoadAware() bool { return true }
+
+var _ fleet.LoadAware = (*KVAware)(nil)

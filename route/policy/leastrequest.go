@@ -1,9 +1,10 @@
-package route
+package policy
 
 import (
 	"fmt"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // LeastRequestType is the registry name of LeastRequest.
@@ -17,7 +18,7 @@ const LeastRequestType = "least-request"
 // in BENCHMARKS.md: p90 TTFT 495 ms with P2C, 278 ms with the minimum), so
 // choices: 0 selects it.
 type LeastRequest struct {
-	rnd *Rand
+	rnd *fleet.Rand
 	all bool
 }
 
@@ -29,7 +30,7 @@ type LeastRequestConfig struct {
 
 // NewLeastRequestFactory returns the factory for least-request.
 func NewLeastRequestFactory() Factory {
-	return func(pc *config.PolicyConfig, env PolicyEnv) (Policy, error) {
+	return func(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
 		cfg := LeastRequestConfig{Choices: 2}
 		if err := pc.DecodeParams(&cfg); err != nil {
 			return nil, err
@@ -44,25 +45,25 @@ func NewLeastRequestFactory() Factory {
 }
 
 // NewLeastRequest returns the policy with an injected random source.
-func NewLeastRequest(rnd *Rand) *LeastRequest {
+func NewLeastRequest(rnd *fleet.Rand) *LeastRequest {
 	if rnd == nil {
-		rnd = NewRand(1)
+		rnd = fleet.NewRand(1)
 	}
 	return &LeastRequest{rnd: rnd}
 }
 
 // Pick implements Policy.
-func (l *LeastRequest) Pick(_ *Request, p *Pool, c *Choice) {
-	c.Outcome = OutcomeBalanced
+func (l *LeastRequest) Pick(_ *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
+	c.Outcome = fleet.OutcomeBalanced
 	if l.all {
-		c.Endpoints = fillLeastLoaded(c.Endpoints, p, l.rnd)
+		c.Endpoints = fleet.FillLeastLoaded(c.Endpoints, p, l.rnd)
 		return
 	}
 	c.Endpoints = pickP2C(c.Endpoints, p, l.rnd)
 }
 
 // pickP2C appends the P2C winner, then the least loaded of the rest.
-func pickP2C(dst []*Endpoint, p *Pool, rnd *Rand) []*Endpoint {
+func pickP2C(dst []*fleet.Endpoint, p *fleet.Pool, rnd *fleet.Rand) []*fleet.Endpoint {
 	if len(dst) == cap(dst) {
 		return dst
 	}
@@ -72,12 +73,12 @@ func pickP2C(dst []*Endpoint, p *Pool, rnd *Rand) []*Endpoint {
 	}
 	// Draw two distinct available endpoints; bounded probing keeps this O(n)
 	// in the worst case when most endpoints are down.
-	var a, b *Endpoint
+	var a, b *fleet.Endpoint
 	start := rnd.Intn(n)
 	step := 1 + rnd.Intn(max(n-1, 1))
 	for i := 0; i < n; i++ {
 		e := p.Endpoints[(start+i*step)%n]
-		if !e.Available() || contains(dst, e) || e == a {
+		if !e.Available() || fleet.Contains(dst, e) || e == a {
 			continue
 		}
 		if a == nil {
@@ -89,14 +90,19 @@ func pickP2C(dst []*Endpoint, p *Pool, rnd *Rand) []*Endpoint {
 	}
 	if a == nil || b == nil {
 		// step may not be coprime with n: fall back to a scan.
-		return fillLeastLoaded(dst, p, rnd)
+		return fleet.FillLeastLoaded(dst, p, rnd)
 	}
 	la, lb := a.Load(), b.Load()
 	if lb < la || (la == lb && rnd.Uint64()&1 == 1) {
 		a = b
 	}
 	dst = append(dst, a)
-	return fillLeastLoaded(dst, p, rnd)
+	return fleet.FillLeastLoaded(dst, p, rnd)
 }
 
-var _ Policy = (*LeastRequest)(nil)
+var _ fleet.Policy = (*LeastRequest)(nil)
+
+// LoadAware implements LoadAware.
+func (*LeastRequest) LoadAware() bool { return true }
+
+var _ fleet.LoadAware = (*LeastRequest)(nil)

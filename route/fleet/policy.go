@@ -1,17 +1,27 @@
-package route
+package fleet
 
 import (
 	"context"
-	"sort"
 	"strings"
 	"sync/atomic"
 
-	"github.com/turnout/turnout/internal/config"
-
 	"github.com/rs/zerolog"
-
 	"github.com/turnout/turnout/route/kv"
 	"github.com/turnout/turnout/route/payload"
+)
+
+// LoadAware is implemented by policies whose choice reads endpoints'
+// in-flight counts, which fall only when completions are fed back.
+type LoadAware interface {
+	LoadAware() bool
+}
+
+// Log field names.
+const (
+	FieldDeployment = "deployment"
+	FieldPool       = "pool"
+	FieldEndpoint   = "endpoint"
+	FieldReason     = "reason"
 )
 
 // Request is what a policy sees of one request: its inputs only (what the
@@ -69,10 +79,10 @@ const (
 	OutcomeAffinity                  // session or prefix key honoured
 	OutcomeOverflow                  // key present but its replica was too loaded
 	OutcomeNoEndpoint                // nothing available
-	numOutcomes
+	NumOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"balanced", "affinity", "overflow", "no_endpoint"}
+var outcomeNames = [NumOutcomes]string{"balanced", "affinity", "overflow", "no_endpoint"}
 
 func (o Outcome) String() string { return outcomeNames[o] }
 
@@ -122,59 +132,6 @@ type PolicyEnv struct {
 	KVHub *kv.Hub
 }
 
-// Factory builds a policy for one pool from its config; params are validated here.
-type Factory func(cfg *config.PolicyConfig, env PolicyEnv) (Policy, error)
-
-// Registry maps policy names to factories. Registration is explicit (no init()).
-type Registry struct {
-	m map[string]Factory
-}
-
-// NewRegistry returns an empty registry.
-func NewRegistry() *Registry { return &Registry{m: map[string]Factory{}} }
-
-// Register adds a factory; a duplicate name is a programming error.
-func (r *Registry) Register(name string, f Factory) {
-	if _, dup := r.m[name]; dup {
-		panic("route: policy registered twice: " + name)
-	}
-	r.m[name] = f
-}
-
-// Names lists registered policies, sorted.
-func (r *Registry) Names() []string {
-	out := make([]string, 0, len(r.m))
-	for n := range r.m {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
-
-// Build builds the named policy.
-func (r *Registry) Build(cfg *config.PolicyConfig, env PolicyEnv) (Policy, error) {
-	f, ok := r.m[cfg.Name]
-	if !ok {
-		return nil, cfg.UnknownPolicy(r.Names())
-	}
-	p, err := f(cfg, env)
-	if err != nil {
-		return nil, cfg.ParamsError(err)
-	}
-	return p, nil
-}
-
-// DefaultRegistry registers the built-in policies.
-func DefaultRegistry() *Registry {
-	r := NewRegistry()
-	r.Register(RoundRobinType, NewRoundRobinFactory())
-	r.Register(LeastRequestType, NewLeastRequestFactory())
-	r.Register(SessionHashType, NewSessionHashFactory())
-	r.Register(PrefixAffinityType, NewPrefixAffinityFactory())
-	r.Register(KVAwareType, NewKVAwareFactory())
-	return r
-}
-
 // Rand is a concurrency-safe, seedable, allocation-free source (splitmix64
 // over an atomic counter): deterministic in single-threaded tests.
 type Rand struct{ state atomic.Uint64 }
@@ -187,91 +144,15 @@ func NewRand(seed uint64) *Rand {
 }
 
 // Uint64 returns the next value.
-func (r *Rand) Uint64() uint64 { return mix64(r.state.Add(0x9e3779b97f4a7c15)) }
+func (r *Rand) Uint64() uint64 { return Mix64(r.state.Add(0x9e3779b97f4a7c15)) }
 
 // Intn returns a value in [0, n).
 func (r *Rand) Intn(n int) int { return int(r.Uint64() % uint64(n)) }
 
-// contains reports whether e is already in dst (dst is tiny).
-func contains(dst []*Endpoint, e *Endpoint) bool {
-	for _, d := range dst {
-		if d == e {
-			return true
-		}
-	}
-	return false
-}
-
-// fillLeastLoaded appends the least-loaded available endpoints not yet in
-// dst until dst is full; ties go to the fewest decisions since the last
-// scrape, then to the earliest after a random rotation so equal loads spread.
-func fillLeastLoaded(dst []*Endpoint, p *Pool, rnd *Rand) []*Endpoint {
-	n := len(p.Endpoints)
-	if n == 0 {
-		return dst
-	}
-	off := 0
-	if rnd != nil {
-		off = rnd.Intn(n)
-	}
-	for len(dst) < cap(dst) {
-		var best *Endpoint
-		var bestLoad int64
-		var bestRecent uint64
-		for i := 0; i < n; i++ {
-			e := p.Endpoints[(i+off)%n]
-			if !e.Available() || contains(dst, e) {
-				continue
-			}
-			l := e.Load()
-			if best != nil && l > bestLoad {
-				continue
-			}
-			if r := e.recent(); best == nil || l < bestLoad || r < bestRecent {
-				best, bestLoad, bestRecent = e, l, r
-			}
-		}
-		if best == nil {
-			return dst
-		}
-		dst = append(dst, best)
-	}
-	return dst
-}
-
-// lowestLoad is the lowest Load among available endpoints; ok is false when
-// none is available.
-func lowestLoad(p *Pool) (minLoad int64, ok bool) {
-	for _, e := range p.Endpoints {
-		if e.Available() {
-			if l := e.Load(); !ok || l < minLoad {
-				minLoad, ok = l, true
-			}
-		}
-	}
-	return minLoad, ok
-}
-
-// loadSummary is the lowest Load and the summed recent decisions over the n
-// available endpoints (n == 0: none available), in one pass.
-func loadSummary(p *Pool, withServed bool) (minLoad int64, served uint64, n int) {
-	for _, e := range p.Endpoints {
-		if e.Available() {
-			l := e.Load()
-			if n == 0 || l < minLoad {
-				minLoad = l
-			}
-			if withServed { // only the bounded-load guard reads it
-				served += e.served()
-			}
-			n++
-		}
-	}
-	return minLoad, served, n
-}
-
-// tooLoaded is SGLang's imbalance test applied to one candidate: it is more
-// than abs requests above the least loaded and more than rel times it.
-func tooLoaded(load, minLoad, abs int64, rel float64) bool {
-	return load-minLoad > abs && float64(load) > rel*float64(minLoad)
+// PrefixRecorder is implemented by policies whose approximate prefix index
+// can learn what another turnout instance routed (cluster sync). kv-aware
+// does not implement it: every instance reads the engines' own events.
+type PrefixRecorder interface {
+	// RecordPrefix marks blocks as sent to the endpoint at index i.
+	RecordPrefix(i int, blocks []uint64)
 }

@@ -1,9 +1,10 @@
-package route
+package policy
 
 import (
 	"sync/atomic"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // RoundRobinType is the registry name of RoundRobin.
@@ -16,7 +17,7 @@ type RoundRobin struct {
 
 // NewRoundRobinFactory returns the factory for round-robin (no params).
 func NewRoundRobinFactory() Factory {
-	return func(cfg *config.PolicyConfig, _ PolicyEnv) (Policy, error) {
+	return func(cfg *config.PolicyConfig, _ fleet.PolicyEnv) (fleet.Policy, error) {
 		var none struct{}
 		if err := cfg.DecodeParams(&none); err != nil {
 			return nil, err
@@ -26,7 +27,7 @@ func NewRoundRobinFactory() Factory {
 }
 
 // Pick implements Policy.
-func (rr *RoundRobin) Pick(_ *Request, p *Pool, c *Choice) {
+func (rr *RoundRobin) Pick(_ *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
 	n := len(p.Endpoints)
 	if n == 0 {
 		return
@@ -38,7 +39,7 @@ func (rr *RoundRobin) Pick(_ *Request, p *Pool, c *Choice) {
 			dst = append(dst, e)
 		}
 	}
-	c.Endpoints, c.Outcome = dst, OutcomeBalanced
+	c.Endpoints, c.Outcome = dst, fleet.OutcomeBalanced
 }
 
-var _ Policy = (*RoundRobin)(nil)
+var _ fleet.Policy = (*RoundRobin)(nil)

@@ -1,10 +1,11 @@
-package route
+package policy
 
 import (
 	"fmt"
 	"math"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // PrefixAffinityType is the registry name of PrefixAffinity.
@@ -62,8 +63,8 @@ type PrefixAffinityConfig struct {
 // Validate checks the params.
 func (c *PrefixAffinityConfig) Validate() error {
 	switch {
-	case c.BlockBytes < 16 || c.BlockBytes > MaxBlockBytes:
-		return fmt.Errorf("prefix-affinity block_bytes %d out of range [16, %d]", c.BlockBytes, MaxBlockBytes)
+	case c.BlockBytes < 16 || c.BlockBytes > fleet.MaxBlockBytes:
+		return fmt.Errorf("prefix-affinity block_bytes %d out of range [16, %d]", c.BlockBytes, fleet.MaxBlockBytes)
 	case c.CapacityBlocks < 16 || c.CapacityBlocks > 1<<24:
 		return fmt.Errorf("prefix-affinity capacity_blocks %d out of range [16, 16M]", c.CapacityBlocks)
 	case c.MatchThreshold < 0 || c.MatchThreshold > 1:
@@ -92,14 +93,14 @@ func DefaultPrefixAffinityConfig() PrefixAffinityConfig {
 // was last sent that prefix, guarded by load.
 type PrefixAffinity struct {
 	cfg   PrefixAffinityConfig
-	rnd   *Rand
+	rnd   *fleet.Rand
 	lrus  []*blockLRU // by endpoint index
 	names []string
 }
 
 // NewPrefixAffinityFactory returns the factory for prefix-affinity.
 func NewPrefixAffinityFactory() Factory {
-	return func(pc *config.PolicyConfig, env PolicyEnv) (Policy, error) {
+	return func(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
 		cfg := DefaultPrefixAffinityConfig()
 		if err := pc.DecodeParams(&cfg); err != nil {
 			return nil, err
@@ -112,9 +113,9 @@ func NewPrefixAffinityFactory() Factory {
 }
 
 // NewPrefixAffinity builds the policy for pool p.
-func NewPrefixAffinity(cfg PrefixAffinityConfig, p *Pool, rnd *Rand) *PrefixAffinity {
+func NewPrefixAffinity(cfg PrefixAffinityConfig, p *fleet.Pool, rnd *fleet.Rand) *PrefixAffinity {
 	if rnd == nil {
-		rnd = NewRand(1)
+		rnd = fleet.NewRand(1)
 	}
 	pa := &PrefixAffinity{cfg: cfg, rnd: rnd}
 	for _, e := range p.Endpoints {
@@ -129,7 +130,7 @@ func (pa *PrefixAffinity) BlockBytes() int { return pa.cfg.BlockBytes }
 
 // Carry implements Stater: surviving endpoints keep their index when the
 // block size and capacity did not change (else the hashes mean other things).
-func (pa *PrefixAffinity) Carry(prev Policy) {
+func (pa *PrefixAffinity) Carry(prev fleet.Policy) {
 	old, ok := prev.(*PrefixAffinity)
 	if !ok || old.cfg.BlockBytes != pa.cfg.BlockBytes || old.cfg.CapacityBlocks != pa.cfg.CapacityBlocks {
 		return
@@ -143,22 +144,26 @@ func (pa *PrefixAffinity) Carry(prev Policy) {
 	}
 }
 
+// Forget empties the index of the endpoint at index i (tests: pools do not
+// share an index).
+func (pa *PrefixAffinity) Forget(i int) { pa.lrus[i] = newBlockLRU(pa.cfg.CapacityBlocks) }
+
 // CachedBlocks reports the index size of the endpoint at index i (metrics, tests).
 func (pa *PrefixAffinity) CachedBlocks(i int) int { return pa.lrus[i].Len() }
 
 // Pick implements Policy.
-func (pa *PrefixAffinity) Pick(r *Request, p *Pool, c *Choice) {
+func (pa *PrefixAffinity) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
 	start := len(c.Endpoints)
-	minLoad, served, n := loadSummary(p, pa.cfg.BoundedLoad > 0)
+	minLoad, served, n := fleet.LoadSummary(p, pa.cfg.BoundedLoad > 0)
 	if n == 0 {
-		c.Outcome = OutcomeNoEndpoint
+		c.Outcome = fleet.OutcomeNoEndpoint
 		return
 	}
 	if len(r.Blocks) < max(pa.cfg.MinBlocks, 1) {
 		pa.miss(r, p, c, minLoad, served, n, false)
 		return
 	}
-	var best *Endpoint
+	var best *fleet.Endpoint
 	bestMatch, bestLoad := 0, int64(0)
 	overloadedHit := false
 	for i, e := range p.Endpoints {
@@ -170,7 +175,7 @@ func (pa *PrefixAffinity) Pick(r *Request, p *Pool, c *Choice) {
 			continue
 		}
 		l := e.Load()
-		if pa.tooLoaded(l, minLoad) || (pa.cfg.BoundedLoad > 0 && pa.overBound(e.served(), served, n)) {
+		if pa.tooLoaded(l, minLoad) || (pa.cfg.BoundedLoad > 0 && pa.overBound(e.Served(), served, n)) {
 			overloadedHit = overloadedHit || m*2 >= len(r.Blocks)
 			continue
 		}
@@ -180,8 +185,8 @@ func (pa *PrefixAffinity) Pick(r *Request, p *Pool, c *Choice) {
 		}
 	}
 	if best != nil && float64(bestMatch) >= pa.cfg.MatchThreshold*float64(len(r.Blocks)) {
-		c.Matched, c.Outcome = bestMatch, OutcomeAffinity
-		c.Endpoints = fillLeastLoaded(append(c.Endpoints, best), p, pa.rnd)
+		c.Matched, c.Outcome = bestMatch, fleet.OutcomeAffinity
+		c.Endpoints = fleet.FillLeastLoaded(append(c.Endpoints, best), p, pa.rnd)
 	} else {
 		pa.miss(r, p, c, minLoad, served, n, overloadedHit)
 	}
@@ -192,10 +197,10 @@ func (pa *PrefixAffinity) Pick(r *Request, p *Pool, c *Choice) {
 
 // miss places a request without a usable prefix match on the least loaded
 // endpoint; a session id picks among the endpoints tied at that load.
-func (pa *PrefixAffinity) miss(r *Request, p *Pool, c *Choice, minLoad int64, served uint64, n int, overloadedHit bool) {
-	c.Outcome = OutcomeBalanced
+func (pa *PrefixAffinity) miss(r *fleet.Request, p *fleet.Pool, c *fleet.Choice, minLoad int64, served uint64, n int, overloadedHit bool) {
+	c.Outcome = fleet.OutcomeBalanced
 	if overloadedHit {
-		c.Outcome = OutcomeOverflow
+		c.Outcome = fleet.OutcomeOverflow
 	}
 	dst := c.Endpoints
 	if pa.cfg.BoundedLoad > 0 && len(dst) < cap(dst) {
@@ -204,14 +209,14 @@ func (pa *PrefixAffinity) miss(r *Request, p *Pool, c *Choice, minLoad int64, se
 		// lately, among those within the bound and at most missLoadSlack
 		// above the lowest load, so replicas that served more than their
 		// share get fewer new prefixes.
-		var best *Endpoint
+		var best *fleet.Endpoint
 		var bestLoad int64
 		var bestServed uint64
 		for _, e := range p.Endpoints {
-			if !e.Available() || contains(dst, e) {
+			if !e.Available() || fleet.Contains(dst, e) {
 				continue
 			}
-			l, sv := e.Load(), e.served()
+			l, sv := e.Load(), e.Served()
 			if l > minLoad+missLoadSlack || pa.overBound(sv, served, n) {
 				continue
 			}
@@ -220,7 +225,7 @@ func (pa *PrefixAffinity) miss(r *Request, p *Pool, c *Choice, minLoad int64, se
 			}
 		}
 		if best != nil {
-			c.Endpoints = fillLeastLoaded(append(dst, best), p, pa.rnd)
+			c.Endpoints = fleet.FillLeastLoaded(append(dst, best), p, pa.rnd)
 			return
 		}
 	}
@@ -232,14 +237,14 @@ func (pa *PrefixAffinity) miss(r *Request, p *Pool, c *Choice, minLoad int64, se
 		minRecent, found := uint64(0), false
 		for _, e := range p.Endpoints {
 			if e.Available() && e.Load() == minLoad {
-				if rc := e.recent(); !found || rc < minRecent {
+				if rc := e.Recent(); !found || rc < minRecent {
 					minRecent, found = rc, true
 				}
 			}
 		}
-		var best *Endpoint
+		var best *fleet.Endpoint
 		for _, e := range p.Endpoints {
-			if !e.Available() || contains(dst, e) || e.Load() != minLoad || e.recent() > minRecent+sessionRecentSlack {
+			if !e.Available() || fleet.Contains(dst, e) || e.Load() != minLoad || e.Recent() > minRecent+sessionRecentSlack {
 				continue
 			}
 			if best == nil || pa.sessionPrefers(r, e, best) {
@@ -249,11 +254,11 @@ func (pa *PrefixAffinity) miss(r *Request, p *Pool, c *Choice, minLoad int64, se
 		if best != nil {
 			dst = append(dst, best)
 			if !overloadedHit {
-				c.Outcome = OutcomeAffinity
+				c.Outcome = fleet.OutcomeAffinity
 			}
 		}
 	}
-	c.Endpoints = fillLeastLoaded(dst, p, pa.rnd)
+	c.Endpoints = fleet.FillLeastLoaded(dst, p, pa.rnd)
 }
 
 // missLoadSlack: with the bounded-load guard on, a miss goes to the replica
@@ -275,11 +280,11 @@ const sessionRecentSlack = 4
 
 // sessionPrefers reports whether the request's session ranks e above cur
 // (rendezvous hashing: the key is hashed once, mixed per endpoint).
-func (pa *PrefixAffinity) sessionPrefers(r *Request, e, cur *Endpoint) bool {
+func (pa *PrefixAffinity) sessionPrefers(r *fleet.Request, e, cur *fleet.Endpoint) bool {
 	if !pa.cfg.SessionAffinity || !r.HasSession || cur == nil {
 		return false
 	}
-	return mix64(r.SessionHash^e.Seed) > mix64(r.SessionHash^cur.Seed)
+	return fleet.Mix64(r.SessionHash^e.Seed) > fleet.Mix64(r.SessionHash^cur.Seed)
 }
 
 // overBound is the bounded-load test on the requests served lately (here
@@ -293,11 +298,25 @@ func (pa *PrefixAffinity) overBound(served, total uint64, n int) bool {
 }
 
 func (pa *PrefixAffinity) tooLoaded(load, minLoad int64) bool {
-	return tooLoaded(load, minLoad, pa.cfg.BalanceAbs, pa.cfg.BalanceRel)
+	return fleet.TooLoaded(load, minLoad, pa.cfg.BalanceAbs, pa.cfg.BalanceRel)
 }
 
 var (
-	_ Policy     = (*PrefixAffinity)(nil)
-	_ PromptUser = (*PrefixAffinity)(nil)
-	_ Stater     = (*PrefixAffinity)(nil)
+	_ fleet.Policy     = (*PrefixAffinity)(nil)
+	_ fleet.PromptUser = (*PrefixAffinity)(nil)
+	_ fleet.Stater     = (*PrefixAffinity)(nil)
 )
+
+// LoadAware implements LoadAware: the balance guard reads in-flight counts.
+func (*PrefixAffinity) LoadAware() bool { return true }
+
+// RecordPrefix implements PrefixRecorder.
+func (pa *PrefixAffinity) RecordPrefix(i int, blocks []uint64) {
+	if i >= 0 && i < len(pa.lrus) {
+		pa.lrus[i].insert(blocks)
+	}
+}
+
+var _ fleet.LoadAware = (*PrefixAffinity)(nil)
+
+var _ fleet.PrefixRecorder = (*PrefixAffinity)(nil)
