@@ -47,8 +47,8 @@ func TestConfigErrorLines(t *testing.T) {
 				}
 				// turnout render checks policies without starting them: same answer.
 				cerr := CheckPolicies(cfg, nil)
-				var s *Server
-				s, err = NewServer(cfg, Options{})
+				var s *Decider
+				s, err = New(cfg, Options{})
 				if err == nil {
 					s.Close()
 				}

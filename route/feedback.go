@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/fleet"
 )
 
@@ -19,7 +18,7 @@ import (
 // datagram may hold lines (any syslog header); the part from FeedbackTag on
 // is parsed as the line contract.go describes. Datagrams from a source not in
 // feedback.sources are dropped (counted, logged at most once a minute).
-func (s *Server) ListenFeedback(ctx context.Context, addr string) error {
+func (s *Decider) ListenFeedback(ctx context.Context, addr string) error {
 	pc, err := net.ListenPacket("udp", addr)
 	if err != nil {
 		return fmt.Errorf("feedback listen %s: %w", addr, err)
@@ -29,7 +28,7 @@ func (s *Server) ListenFeedback(ctx context.Context, addr string) error {
 
 // ServeFeedback reads proxy log lines from pc until ctx ends, then closes
 // it (cmd/turnout binds pc first, so a busy address rejects a reload).
-func (s *Server) ServeFeedback(ctx context.Context, pc net.PacketConn) error {
+func (s *Decider) ServeFeedback(ctx context.Context, pc net.PacketConn) error {
 	uc, ok := pc.(*net.UDPConn)
 	if !ok {
 		_ = pc.Close()
@@ -57,7 +56,7 @@ func (s *Server) ServeFeedback(ctx context.Context, pc net.PacketConn) error {
 
 // warnFeedbackExposure warns when the feedback socket is reachable from
 // beyond this host: UDP sources are easy to spoof, the token is the real guard.
-func (s *Server) warnFeedbackExposure(uc *net.UDPConn) {
+func (s *Decider) warnFeedbackExposure(uc *net.UDPConn) {
 	la, _ := uc.LocalAddr().(*net.UDPAddr)
 	if la == nil || la.IP.IsLoopback() {
 		return
@@ -72,7 +71,7 @@ func (s *Server) warnFeedbackExposure(uc *net.UDPConn) {
 }
 
 // FeedbackDatagram handles one datagram from src: every line in it.
-func (s *Server) FeedbackDatagram(src netip.Addr, b []byte) {
+func (s *Decider) FeedbackDatagram(src netip.Addr, b []byte) {
 	snap := s.snap.Load()
 	if !snap.fb.allowed(src) {
 		s.m.feedbackRejected.Add(1)
@@ -97,7 +96,7 @@ func (s *Server) FeedbackDatagram(src netip.Addr, b []byte) {
 // FeedbackLine handles one proxy log line; it reports whether a decision
 // closed. The line's status, ms and ttfb feed the metrics and stall
 // detection of the endpoint named by srv (else the decision's endpoint).
-func (s *Server) FeedbackLine(line []byte) bool {
+func (s *Decider) FeedbackLine(line []byte) bool {
 	f, ok := parseFeedbackLine(line)
 	if !ok {
 		s.m.feedbackBad.Add(1)
@@ -118,7 +117,7 @@ func (s *Server) FeedbackLine(line []byte) bool {
 	s.m.feedback.Add(1)
 	var st *fleet.State
 	if len(f.id) > 0 && f.id[0] != '-' { // "-" or "": the proxy routed without turnout
-		id, ok := parseID(f.id)
+		id, ok := ParseDecisionID(f.id)
 		if !ok {
 			s.m.feedbackBad.Add(1)
 			return false
@@ -139,35 +138,6 @@ func (s *Server) FeedbackLine(line []byte) bool {
 		st.Observe(f.status, f.ms, f.ttfb, time.Now().UnixNano())
 	}
 	return closed
-}
-
-// feedbackAuth is a snapshot's view of who may send feedback.
-type feedbackAuth struct {
-	sources []netip.Prefix
-	token   []byte
-}
-
-func newFeedbackAuth(cfg *config.Config) feedbackAuth {
-	a := feedbackAuth{}
-	if cfg.Feedback.Token != "" {
-		a.token = []byte(cfg.Feedback.Token)
-	}
-	for _, src := range cfg.Feedback.Sources {
-		if p, err := config.ParsePrefix(src); err == nil {
-			a.sources = append(a.sources, p)
-		}
-	}
-	return a
-}
-
-func (a *feedbackAuth) allowed(src netip.Addr) bool {
-	src = src.Unmap()
-	for _, p := range a.sources {
-		if p.Contains(src) {
-			return true
-		}
-	}
-	return false
 }
 
 // rateLog lets one message through per interval (lock-free).

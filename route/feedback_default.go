@@ -1,13 +1,14 @@
 package route
 
 import (
-	"github.com/turnout/turnout/route/fleet"
 	"strings"
+
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // warnFeedbackOff logs, for a config with feedback turned off, the pools
 // whose policy would drift for want of completions.
-func (s *Server) warnFeedbackOff(snap *Snapshot) {
+func (s *Decider) warnFeedbackOff(snap *Snapshot) {
 	if snap.Config.Feedback.Syslog != "" {
 		return
 	}

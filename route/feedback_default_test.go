@@ -41,7 +41,7 @@ deployments:
 			}
 			var buf bytes.Buffer
 			log := zerolog.New(&buf)
-			s, err := NewServer(cfg, Options{Log: &log, Seed: 1})
+			s, err := New(cfg, Options{Log: &log, Seed: 1})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -2,18 +2,14 @@ package route
 
 import (
 	"context"
-	"crypto/subtle"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
-
-	"github.com/valyala/fasthttp"
 )
 
 // feedbackHealth is the server's view of completion feedback and endpoint
@@ -49,7 +45,7 @@ type feedbackMonitor struct {
 }
 
 // tick runs the periodic work: TTL expiry, feedback and stall checks.
-func (s *Server) tick(ctx context.Context, snap *Snapshot, now time.Time) {
+func (s *Decider) tick(ctx context.Context, snap *Snapshot, now time.Time) {
 	healthy := !s.mon.stalled.Load() && s.dec.completed.Load() > 0
 	s.dec.sweep(now, snap.Config.DecisionTTL.D(), healthy)
 	s.checkFeedback(snap.Config, now)
@@ -58,7 +54,7 @@ func (s *Server) tick(ctx context.Context, snap *Snapshot, now time.Time) {
 
 // checkFeedback updates the monitor; it warns (at most every 5 minutes) when
 // completions stopped while decisions are made.
-func (s *Server) checkFeedback(cfg *config.Config, now time.Time) {
+func (s *Decider) checkFeedback(cfg *config.Config, now time.Time) {
 	m := &s.mon
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -88,29 +84,27 @@ func (s *Server) checkFeedback(cfg *config.Config, now time.Time) {
 
 // FeedbackStalled reports whether completions stopped arriving while
 // decisions are made.
-func (s *Server) FeedbackStalled() bool { return s.mon.stalled.Load() }
+func (s *Decider) FeedbackStalled() bool { return s.mon.stalled.Load() }
 
-// readyFeedback appends, for /readyz?verbose, one line on completion
-// feedback and one per degraded endpoint. It never changes the status.
-func (s *Server) readyFeedback(ctx *fasthttp.RequestCtx) {
-	if !ctx.QueryArgs().Has("verbose") {
-		return
-	}
-	ctx.Response.AppendBodyString(s.feedbackStatus())
+// WriteFeedbackReadiness appends, for /readyz?verbose, one line on
+// completion feedback and one per degraded endpoint; readiness does not
+// depend on them.
+func (s *Decider) WriteFeedbackReadiness(b *strings.Builder) {
+	b.WriteString(s.feedbackStatus())
 	snap := s.snap.Load()
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {
 			if e.Degraded() {
-				ctx.Response.AppendBodyString(fmt.Sprintf("endpoint %s (pool %s): degraded for %s: stalled past its %s budget\n",
+				fmt.Fprintf(b, "endpoint %s (pool %s): degraded for %s: stalled past its %s budget\n",
 					e.Name, p.Name, time.Since(time.Unix(0, e.State.Stall.Since.Load())).Round(time.Second),
-					time.Duration(e.State.Stall.BudgetNs.Load())))
+					time.Duration(e.State.Stall.BudgetNs.Load()))
 			}
 		}
 	}
 }
 
 // feedbackStatus is the feedback line of /readyz?verbose.
-func (s *Server) feedbackStatus() string {
+func (s *Decider) feedbackStatus() string {
 	cfg := s.snap.Load().Config
 	done := s.dec.completed.Load()
 	age := time.Duration(s.mon.ageNs.Load()).Round(time.Second)
@@ -125,19 +119,8 @@ func (s *Server) feedbackStatus() string {
 	return fmt.Sprintf("feedback: ok: %d completions, last within %s\n", done, max(age, time.Second))
 }
 
-// doneAllowed guards PathDone like the UDP listener: the caller's address
-// must be in feedback.sources and, with a token, carry it.
-func (s *Server) doneAllowed(ctx *fasthttp.RequestCtx) bool {
-	fb := &s.snap.Load().fb
-	a, ok := netip.AddrFromSlice(ctx.RemoteIP())
-	if !ok || !fb.allowed(a) {
-		return false
-	}
-	return len(fb.token) == 0 || subtle.ConstantTimeCompare(ctx.Request.Header.Peek(HdrToken), fb.token) == 1
-}
-
 // writeFeedbackHealthMetrics renders the feedback and stall gauges.
-func (s *Server) writeFeedbackHealthMetrics(b *strings.Builder) {
+func (s *Decider) writeFeedbackHealthMetrics(b *strings.Builder) {
 	help := func(name, typ, text string) {
 		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
 	}

@@ -18,10 +18,9 @@ import (
 	"github.com/turnout/turnout/route/fleet"
 
 	"github.com/rs/zerolog"
-	"github.com/valyala/fasthttp"
 )
 
-func metricsText(s *Server) string {
+func metricsText(s *Decider) string {
 	var b strings.Builder
 	s.WriteMetrics(&b)
 	return b.String()
@@ -94,7 +93,7 @@ func TestFeedbackAllocs(t *testing.T) {
 	line := make([]byte, 0, 128)
 	n := testing.AllocsPerRun(200, func() {
 		ctx.Response.Reset()
-		s.Handler(ctx)
+		handle(s, ctx)
 		line = append(line[:0], "turnout-done id="...)
 		line = append(line, ctx.Response.Header.Peek(HdrDecision)...)
 		line = append(line, " srv=a status=200 ms=5 ttfb=1 tok=s3cret-token-0123456789"...)
@@ -107,11 +106,19 @@ func TestFeedbackAllocs(t *testing.T) {
 	}
 }
 
-func verbose(s *Server) (int, string) {
-	var ctx fasthttp.RequestCtx
-	ctx.Request.SetRequestURI(PathReadyz + "?verbose")
-	s.Handler(&ctx)
-	return ctx.Response.StatusCode(), string(ctx.Response.Body())
+// verbose is /readyz?verbose as route/httpapi answers it.
+func verbose(s *Decider) (int, string) {
+	var b strings.Builder
+	ok := s.WriteReadiness(&b, true)
+	s.WriteFeedbackReadiness(&b)
+	return readyStatus(ok), b.String()
+}
+
+func readyStatus(ok bool) int {
+	if ok {
+		return 200
+	}
+	return 503
 }
 
 // Finding 5: decisions made, no completion for stalled_after: a warning, a
@@ -122,7 +129,7 @@ func TestFeedbackStalledNoticed(t *testing.T) {
 	cfg := mustConfig(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", "", "")+"\n")
 	cfg.Feedback.StalledAfter = config.Duration(30 * time.Second)
 	cfg.Feedback.StalledMinDecisions = 10
-	s, err := NewServer(cfg, Options{Log: &l})
+	s, err := New(cfg, Options{Log: &l})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,11 +174,11 @@ func TestFeedbackStalledNoticed(t *testing.T) {
 	wantMetric(t, metricsText(s), "turnout_feedback_stalled 0")
 }
 
-func verbose2(s *Server) (int, string) {
-	var ctx fasthttp.RequestCtx
-	ctx.Request.SetRequestURI(PathReadyz)
-	s.Handler(&ctx)
-	return ctx.Response.StatusCode(), string(ctx.Response.Body())
+// verbose2 is plain /readyz as route/httpapi answers it.
+func verbose2(s *Decider) (int, string) {
+	var b strings.Builder
+	ok := s.WriteReadiness(&b, false)
+	return readyStatus(ok), b.String()
 }
 
 // With feedback.disable nothing "stops": feedback is off.
@@ -235,7 +242,7 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
-func stallServer(t *testing.T, reps ...*replica) (*Server, *syncBuffer) {
+func stallServer(t *testing.T, reps ...*replica) (*Decider, *syncBuffer) {
 	t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, "health: {disable: true, stall: {budget: 300ms, readmit: 300ms}}\nfeedback: {syslog: 127.0.0.1:5140}\ndeployments:\n  - name: llama\n    pools:\n      - role: mixed\n        endpoints:\n")
@@ -244,17 +251,17 @@ func stallServer(t *testing.T, reps ...*replica) (*Server, *syncBuffer) {
 	}
 	logs := &syncBuffer{}
 	l := zerolog.New(logs)
-	s, err := NewServer(mustConfig(t, b.String()), Options{Log: &l})
+	s, err := New(mustConfig(t, b.String()), Options{Log: &l})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s, logs
 }
 
-func endpointByName(s *Server, name string) *fleet.Endpoint { return s.Snapshot().byServer[name] }
+func endpointByName(s *Decider, name string) *fleet.Endpoint { return s.Snapshot().byServer[name] }
 
 // tickUntil runs the periodic work until cond holds.
-func tickUntil(t *testing.T, s *Server, what string, cond func() bool) {
+func tickUntil(t *testing.T, s *Decider, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for !cond() {

@@ -2,9 +2,10 @@ package route
 
 import (
 	"fmt"
-	"github.com/turnout/turnout/route/fleet"
 	"strconv"
 	"strings"
+
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // Per-endpoint figures from completion feedback: status classes and request
@@ -12,7 +13,7 @@ import (
 // so the feedback path does not allocate.
 
 // writeEndpointFeedbackMetrics renders the per-endpoint feedback metrics.
-func (s *Server) writeEndpointFeedbackMetrics(b *strings.Builder) {
+func (s *Decider) writeEndpointFeedbackMetrics(b *strings.Builder) {
 	snap := s.snap.Load()
 	help := func(name, typ, text string) {
 		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)

@@ -11,13 +11,13 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/internal/routetest"
 
 	"github.com/rs/zerolog"
-	"github.com/valyala/fasthttp"
 )
 
 // openIDs routes n requests and returns their decision ids.
-func openIDs(t *testing.T, s *Server, n int) []string {
+func openIDs(t *testing.T, s *Decider, n int) []string {
 	t.Helper()
 	var ids []string
 	for i := 0; i < n; i++ {
@@ -30,7 +30,7 @@ func openIDs(t *testing.T, s *Server, n int) []string {
 	return ids
 }
 
-func totalInflight(s *Server) (n int64) {
+func totalInflight(s *Decider) (n int64) {
 	for _, p := range s.Snapshot().Pools() {
 		for _, e := range p.Endpoints {
 			n += e.Inflight()
@@ -44,7 +44,7 @@ func totalInflight(s *Server) (n int64) {
 func TestDecisionIDsUnguessable(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(fourEndpoints, "least-request"))
 	ids := openIDs(t, s, 64)
-	mine, _ := parseID([]byte(ids[0]))
+	mine, _ := ParseDecisionID([]byte(ids[0]))
 	live := totalInflight(s)
 	for k := uint64(1); k <= 4096; k++ {
 		for _, guess := range []uint64{mine + k, mine - k, mine ^ k, mine + k<<16, mine + k<<32} {
@@ -68,21 +68,10 @@ func TestDecisionIDsUnguessable(t *testing.T) {
 	}
 }
 
-const feedbackCfg = `
-health: {disable: true}
-feedback: {syslog: %q, sources: [%s], token: %q}
-deployments:
-  - name: llama
-    policy: {name: least-request}
-    pools:
-      - role: mixed
-        endpoints:
-          - {name: a, address: 127.0.0.1:8001}
-          - {name: b, address: 127.0.0.1:8002}
-`
+const feedbackCfg = routetest.FeedbackCfg
 
 // listen runs ListenFeedback and returns a connected UDP client.
-func listenFeedback(t *testing.T, s *Server, addr string) net.Conn {
+func listenFeedback(t *testing.T, s *Decider, addr string) net.Conn {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
@@ -182,51 +171,6 @@ func TestFeedbackToken(t *testing.T) {
 	}
 }
 
-func doneCtx(id, remote, token string) *fasthttp.RequestCtx {
-	var ctx fasthttp.RequestCtx
-	var req fasthttp.Request
-	req.SetRequestURI(PathDone + "?id=" + id)
-	req.Header.SetMethod("POST")
-	if token != "" {
-		req.Header.Set(HdrToken, token)
-	}
-	ctx.Init(&req, &net.TCPAddr{IP: net.ParseIP(remote), Port: 40000}, nil)
-	return &ctx
-}
-
-// Finding 6: /internal/done answers only feedback.sources, with the token if set.
-func TestDoneProtected(t *testing.T) {
-	const tok = "s3cret-token-0123456789"
-	for _, tc := range []struct {
-		name, token, remote, send string
-		status                    int
-	}{
-		{"foreign address", "", "192.0.2.7", "", 403},
-		{"loopback", "", "127.0.0.1", "", 204},
-		{"loopback without token", tok, "127.0.0.1", "", 403},
-		{"loopback wrong token", tok, "127.0.0.1", "nope-nope-nope-nope", 403},
-		{"loopback with token", tok, "127.0.0.1", tok, 204},
-		{"foreign with token", tok, "192.0.2.7", tok, 403},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", "", tc.token))
-			id := openIDs(t, s, 1)[0]
-			ctx := doneCtx(id, tc.remote, tc.send)
-			s.Handler(ctx)
-			if ctx.Response.StatusCode() != tc.status {
-				t.Fatalf("status %d, want %d: %s", ctx.Response.StatusCode(), tc.status, ctx.Response.Body())
-			}
-			if want := int64(0); tc.status != 204 {
-				want = 1
-				if totalInflight(s) != want {
-					t.Fatalf("refused call changed inflight to %d", totalInflight(s))
-				}
-			}
-		})
-	}
-}
-
-// Finding 6: feedback listening beyond loopback is worth a warning.
 func TestFeedbackExposureWarning(t *testing.T) {
 	for _, tc := range []struct {
 		host string
@@ -241,7 +185,7 @@ func TestFeedbackExposureWarning(t *testing.T) {
 		addr := pc.LocalAddr().String()
 		pc.Close()
 		cfg := mustConfig(t, fmt.Sprintf(feedbackCfg, addr, "", ""))
-		s, err := NewServer(cfg, Options{Log: &l})
+		s, err := New(cfg, Options{Log: &l})
 		if err != nil {
 			t.Fatal(err)
 		}

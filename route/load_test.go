@@ -2,8 +2,9 @@ package route
 
 import (
 	"fmt"
-	"github.com/turnout/turnout/route/fleet"
 	"testing"
+
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // Load = engine figure + this instance's in-flight change since the scrape;
@@ -60,7 +61,7 @@ func TestEngineLoadSteersEveryPolicy(t *testing.T) {
 				if got := hdr(ctx, HdrServer); got == busy.Name {
 					t.Fatalf("request %d sent to %s, whose engine reports 20 waiting", i, got)
 				}
-				if id, _ := parseID([]byte(hdr(ctx, HdrDecision))); !s.Complete(id) {
+				if id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision))); !s.Complete(id) {
 					t.Fatal("decision not completable")
 				}
 			}
@@ -81,7 +82,7 @@ func TestTieBreakRecentDecisions(t *testing.T) {
 	for i := 0; i < 40; i++ {
 		ctx := do(s, chatBody("llama", "", fmt.Sprintf("q%d", i)))
 		counts[hdr(ctx, HdrServer)]++
-		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+		id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
 		s.Complete(id) // load back to 0: only the recent count differs
 	}
 	for _, e := range eps {

@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 
 	"github.com/turnout/turnout/route/fleet"
-	"github.com/valyala/fasthttp"
 )
 
 // Metrics are hand-rolled atomic counters rendered in Prometheus text format:
@@ -44,8 +43,14 @@ type serverMetrics struct {
 
 func (m *serverMetrics) init() {}
 
+// NoteBadMethod counts a call to the route path that was not a POST.
+func (s *Decider) NoteBadMethod() { s.m.errors[errMethod].Add(1) }
+
+// NoteTooLarge counts a request refused for its body size.
+func (s *Decider) NoteTooLarge() { s.m.errors[errTooLarge].Add(1) }
+
 // AddMetrics registers an extra metrics writer (e.g. KV index stats).
-func (s *Server) AddMetrics(fn func(*strings.Builder)) {
+func (s *Decider) AddMetrics(fn func(*strings.Builder)) {
 	for {
 		old := s.m.extra.Load()
 		var next []func(*strings.Builder)
@@ -59,15 +64,8 @@ func (s *Server) AddMetrics(fn func(*strings.Builder)) {
 	}
 }
 
-func (s *Server) metrics(ctx *fasthttp.RequestCtx) {
-	var b strings.Builder
-	s.WriteMetrics(&b)
-	ctx.SetContentType("text/plain; version=0.0.4")
-	ctx.SetBodyString(b.String())
-}
-
 // WriteMetrics renders all metrics.
-func (s *Server) WriteMetrics(b *strings.Builder) {
+func (s *Decider) WriteMetrics(b *strings.Builder) {
 	snap := s.snap.Load()
 	help := func(name, typ, text string) {
 		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)

@@ -21,7 +21,7 @@ import (
 // which injects them into the request it streams to the decode replica.
 
 // routePD serves a prefill/decode deployment.
-func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *scratch, start time.Time) {
+func (s *Decider) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *Txn, start time.Time) {
 	r := &sc.req
 	cfg := &d.Config.PD
 	if r.Truncated {
@@ -101,7 +101,7 @@ func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, s
 
 // prefillWithRetry tries the first prefill replica, then one other; a
 // request the replica refuses (4xx) is not retried.
-func (s *Server) prefillWithRetry(in *Input, snap *Snapshot, eps []*fleet.Endpoint, body *payload.Index, timeout time.Duration, sc *scratch) ([]byte, *fleet.Endpoint, error) {
+func (s *Decider) prefillWithRetry(in *Input, snap *Snapshot, eps []*fleet.Endpoint, body *payload.Index, timeout time.Duration, sc *Txn) ([]byte, *fleet.Endpoint, error) {
 	pbody, err := payload.PrefillBody(body)
 	if err != nil {
 		return nil, nil, err

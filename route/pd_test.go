@@ -1,6 +1,8 @@
 package route
 
 import (
+	"github.com/turnout/turnout/route/internal/routetest"
+
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -10,9 +12,10 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/turnout/turnout/route/payload"
 	"github.com/turnout/turnout/route/policy"
-	"github.com/valyala/fasthttp"
 )
 
 // route.DecodeBody is the glue's reference; it must stay payload.DecodeBody.
@@ -70,7 +73,7 @@ func startFakePrefill(t *testing.T) *fakePrefill {
 	return f
 }
 
-func pdServer(t *testing.T, extra string, prefills ...*fakePrefill) *Server {
+func pdServer(t *testing.T, extra string, prefills ...*fakePrefill) *Decider {
 	var eps []string
 	for i, f := range prefills {
 		eps = append(eps, fmt.Sprintf("{name: p%d, address: %s}", i, f.addr))
@@ -138,7 +141,7 @@ func TestRoutePD(t *testing.T) {
 	if ctx.Response.StatusCode() != 502 || hdr(ctx, HdrServer) != "" {
 		t.Fatalf("both failing: %d %s", ctx.Response.StatusCode(), ctx.Response.Header.String())
 	}
-	if e := errBody(t, ctx.Response.Body()); e.Code != "prefill_failed" {
+	if e := routetest.ErrBody(t, ctx.Response.Body()); e.Code != "prefill_failed" {
 		t.Fatalf("code %s", e.Code)
 	}
 	// The replica rejects the request itself: relayed, not retried.
@@ -185,7 +188,7 @@ func TestRoutePDRefusals(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := do(s, tc.body, tc.hdrs...)
-			if ctx.Response.StatusCode() != tc.status || errBody(t, ctx.Response.Body()).Code != tc.code {
+			if ctx.Response.StatusCode() != tc.status || routetest.ErrBody(t, ctx.Response.Body()).Code != tc.code {
 				t.Fatalf("%d %s", ctx.Response.StatusCode(), ctx.Response.Body())
 			}
 		})

@@ -1,6 +1,8 @@
 package route
 
 import (
+	"github.com/turnout/turnout/route/internal/routetest"
+
 	"fmt"
 	"net"
 	"strings"
@@ -14,7 +16,7 @@ import (
 	"github.com/turnout/turnout/route/policy"
 )
 
-func kvServer(t *testing.T, params string) (*Server, *policy.KVAware) {
+func kvServer(t *testing.T, params string) (*Decider, *policy.KVAware) {
 	t.Helper()
 	s := mustServer(t, fmt.Sprintf(`
 health: {disable: true}
@@ -73,7 +75,7 @@ func TestKVAwareRouting(t *testing.T) {
 		if hdr(ctx, HdrServer) != "b" {
 			t.Fatalf("request %d went to %s, b holds the blocks", i, hdr(ctx, HdrServer))
 		}
-		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+		id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
 		s.Complete(id)
 	}
 	// b evicts the blocks: the request no longer sticks to b.
@@ -82,7 +84,7 @@ func TestKVAwareRouting(t *testing.T) {
 	for i := 0; i < 30; i++ {
 		ctx := do(s, tokBody(seqToks(64, uint32(5000+i*100))))
 		seen[hdr(ctx, HdrServer)] = true
-		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+		id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
 		s.Complete(id)
 	}
 	if len(seen) < 2 {
@@ -99,11 +101,11 @@ func TestKVAwareRouting(t *testing.T) {
 func TestKVAwareStrictAndLenient(t *testing.T) {
 	chat := chatBody("llama", "sys", "hello")
 	s, k := kvServer(t, "block_size: 4, strict: true, tokenizer: {mode: none}")
-	if ctx := do(s, chat); ctx.Response.StatusCode() != 400 || errBody(t, ctx.Response.Body()).Code != "token_ids_required" {
+	if ctx := do(s, chat); ctx.Response.StatusCode() != 400 || routetest.ErrBody(t, ctx.Response.Body()).Code != "token_ids_required" {
 		t.Fatalf("strict without token ids: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
 	}
 	s2, k2 := kvServer(t, "block_size: 4, strict: true, tokenizer: {mode: remote, address: '127.0.0.1:1', timeout: 100ms}")
-	if ctx := do(s2, chat); ctx.Response.StatusCode() != 503 || errBody(t, ctx.Response.Body()).Code != "tokenizer_unavailable" {
+	if ctx := do(s2, chat); ctx.Response.StatusCode() != 503 || routetest.ErrBody(t, ctx.Response.Body()).Code != "tokenizer_unavailable" {
 		t.Fatalf("strict with tokenizer down: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
 	}
 	_ = k2
@@ -221,8 +223,8 @@ deployments:
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		ctx.Response.Reset()
-		s.Handler(ctx)
-		id, _ := parseID(ctx.Response.Header.Peek(HdrDecision))
+		handle(s, ctx)
+		id, _ := ParseDecisionID(ctx.Response.Header.Peek(HdrDecision))
 		s.Complete(id)
 	}
 }
@@ -240,7 +242,7 @@ func TestKVAwareStaleDiscount(t *testing.T) {
 		if got := hdr(ctx, HdrServer); got != "b" {
 			t.Fatalf("request %d went to %s; a is stale", i, got)
 		}
-		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+		id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
 		s.Complete(id)
 	}
 }

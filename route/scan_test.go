@@ -20,10 +20,10 @@ func TestOneBodyScan(t *testing.T) {
 	chat := chatBody("llama", strings.Repeat("You are a helpful assistant. ", 40), "what is a turnout?")
 	toks := tokBody(seqToks(256, 5))
 
-	newKV := func(params string) *Server { s, _ := kvServer(t, params); return s }
+	newKV := func(params string) *Decider { s, _ := kvServer(t, params); return s }
 	for _, tc := range []struct {
 		name   string
-		s      *Server
+		s      *Decider
 		body   string
 		status int
 		// prompt: whether the handler had the prompt replayed for hashing

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/turnout/turnout/internal/config"
 
@@ -229,3 +230,98 @@ func normByte(c byte) byte {
 	}
 	return c
 }
+
+// CheckPolicies builds every pool's policy from cfg without starting any
+// (no KV-event subscriptions, no network), so `turnout render` reports bad
+// policy names and params, with their lines, before a proxy is configured.
+func CheckPolicies(cfg *config.Config, reg *policy.Registry) error {
+	if reg == nil {
+		reg = policy.DefaultRegistry()
+	}
+	var errs []error
+	for i := range cfg.Deployments {
+		dc := &cfg.Deployments[i]
+		for j := range dc.Pools {
+			pc := &dc.Pools[j]
+			p := &fleet.Pool{Name: config.PoolName(dc.Name, pc.Role), Deployment: dc.Name, Role: pc.Role}
+			for k, ec := range pc.Endpoints {
+				p.Endpoints = append(p.Endpoints, &fleet.Endpoint{Name: ec.Name, Address: ec.Address, KVEvents: ec.KVEvents, Index: k})
+			}
+			pol, err := reg.Build(dc.PoolPolicy(pc), fleet.PolicyEnv{Pool: p, Rand: fleet.NewRand(1)})
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			closeAll([]fleet.Policy{pol})
+		}
+	}
+	if ce := config.AsError(errs); ce != nil {
+		return ce
+	}
+	return nil
+}
+
+// feedbackAuth is a snapshot's view of who may send feedback.
+type feedbackAuth struct {
+	sources []netip.Prefix
+	token   []byte
+}
+
+func newFeedbackAuth(cfg *config.Config) feedbackAuth {
+	a := feedbackAuth{}
+	if cfg.Feedback.Token != "" {
+		a.token = []byte(cfg.Feedback.Token)
+	}
+	for _, src := range cfg.Feedback.Sources {
+		if p, err := config.ParsePrefix(src); err == nil {
+			a.sources = append(a.sources, p)
+		}
+	}
+	return a
+}
+
+// FeedbackAllowed reports whether src may send completion feedback
+// (feedback.sources).
+func (s *Snapshot) FeedbackAllowed(src netip.Addr) bool { return s.fb.allowed(src) }
+
+// FeedbackToken is feedback.token (nil: none required).
+func (s *Snapshot) FeedbackToken() []byte { return s.fb.token }
+
+func (a *feedbackAuth) allowed(src netip.Addr) bool {
+	src = src.Unmap()
+	for _, p := range a.sources {
+		if p.Contains(src) {
+			return true
+		}
+	}
+	return false
+}
+
+// PoolByName returns the snapshot's pool with that name, or nil.
+func (s *Snapshot) PoolByName(name string) *fleet.Pool {
+	for _, d := range s.Deployments {
+		for _, p := range d.Pools {
+			if p.Name == name {
+				return p
+			}
+		}
+	}
+	return nil
+}
+
+// forwarded reports whether the raw header name is one of ForwardedHeaders.
+func (s *Snapshot) forwarded(name []byte) bool { return s.forwardedRole(name) != 0 }
+
+// forwardedRole is the role of the raw header name when it is one of
+// ForwardedHeaders, else 0.
+func (s *Snapshot) forwardedRole(name []byte) hdrRole {
+	for i, f := range s.fwdHdrs {
+		if headerIs(name, f) {
+			return s.fwdRoles[i]
+		}
+	}
+	return 0
+}
+
+// Forwarded is forwarded for the transports outside this package (SPOE).
+func (s *Snapshot) Forwarded(name []byte) bool { return s.forwarded(name) }

@@ -5,11 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/turnout/turnout/route/fleet"
 	"net"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // Passive stall detection. A replica that accepts requests and then stalls
@@ -57,7 +58,7 @@ func stallTick(snap *Snapshot) time.Duration {
 }
 
 // checkStalls starts the probes that suspect and degraded endpoints need.
-func (s *Server) checkStalls(ctx context.Context, snap *Snapshot, now time.Time) {
+func (s *Decider) checkStalls(ctx context.Context, snap *Snapshot, now time.Time) {
 	sc := snap.Config.Health.Stall
 	for _, d := range snap.Deployments {
 		model := d.Name
@@ -94,7 +95,7 @@ func (s *Server) checkStalls(ctx context.Context, snap *Snapshot, now time.Time)
 // errStalled is a probe that got no answer within the budget.
 var errStalled = errors.New("no answer within the stall budget")
 
-func (s *Server) probeStall(ctx context.Context, p *fleet.Pool, e *fleet.Endpoint, model, path string, budget time.Duration) {
+func (s *Decider) probeStall(ctx context.Context, p *fleet.Pool, e *fleet.Endpoint, model, path string, budget time.Duration) {
 	ss := &e.State.Stall
 	defer ss.Probing.Store(false)
 	start := time.Now()
@@ -140,7 +141,7 @@ func (s *Server) probeStall(ctx context.Context, p *fleet.Pool, e *fleet.Endpoin
 }
 
 // probe sends a 1-token completion and waits for the response headers.
-func (s *Server) probe(ctx context.Context, e *fleet.Endpoint, model, path string, budget time.Duration) error {
+func (s *Decider) probe(ctx context.Context, e *fleet.Endpoint, model, path string, budget time.Duration) error {
 	body, err := json.Marshal(map[string]any{"model": model, "prompt": "ping", "max_tokens": 1, "stream": false})
 	if err != nil {
 		return fmt.Errorf("probe body: %w", err)

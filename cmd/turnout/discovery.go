@@ -17,7 +17,7 @@ import (
 // newFleet wires discovery to the server: the Kubernetes client is made
 // only when a pool asks for it, and a failed first list is logged at start
 // (RBAC, unreachable API) while the informers keep retrying.
-func newFleet(ctx context.Context, srv *route.Server, kubeconfig string, log *zerolog.Logger,
+func newFleet(ctx context.Context, srv *route.Decider, kubeconfig string, log *zerolog.Logger,
 	apply func(*config.Config, bool) error) *discovery.Fleet {
 	return discovery.New(discovery.Options{
 		Log:   log,

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/turnout/turnout/route/httpapi"
+
 	"context"
 	"errors"
 	"fmt"
@@ -39,7 +41,8 @@ import (
 // A listener whose address comes back while it is still draining is reused.
 type listeners struct {
 	log *zerolog.Logger
-	srv *route.Server
+	srv *route.Decider
+	api *httpapi.API
 	// spoeAddr gives the SPOE agent's address for a config: haproxy.spoe,
 	// or the default path's socket next to the rendered HAProxy files.
 	// nil means haproxy.spoe alone.
@@ -69,8 +72,8 @@ type listener struct {
 	timer *time.Timer
 }
 
-func newListeners(srv *route.Server, log *zerolog.Logger) *listeners {
-	return &listeners{log: log, srv: srv, cur: map[string]*listener{}}
+func newListeners(srv *route.Decider, log *zerolog.Logger) *listeners {
+	return &listeners{log: log, srv: srv, api: httpapi.New(srv), cur: map[string]*listener{}}
 }
 
 // change is the outcome of prepare: listeners to start and the ones they replace.
@@ -241,8 +244,8 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 		if err != nil {
 			return nil, err
 		}
-		ln = netlimit.Listener(ln, cfg.Limits.MaxConns, route.OverloadedAnswer())
-		hs := l.srv.NewHTTPServerFor(cfg)
+		ln = netlimit.Listener(ln, cfg.Limits.MaxConns, httpapi.OverloadedAnswer())
+		hs := l.api.NewHTTPServerFor(cfg)
 		nl.serve = func() {
 			go func() {
 				if err := hs.Serve(ln); err != nil {
@@ -331,9 +334,9 @@ func stopHTTP(ctx context.Context, hs *fasthttp.Server, ln net.Listener) {
 	_ = ln.Close() // in case Serve never ran
 }
 
-// httpKey encodes route.HTTPServerKey in a stable order.
+// httpKey encodes httpapi.HTTPServerKey in a stable order.
 func httpKey(cfg *config.Config) string {
-	m := route.HTTPServerKey(cfg)
+	m := httpapi.HTTPServerKey(cfg)
 	ks := make([]string, 0, len(m))
 	for k := range m {
 		ks = append(ks, k)

@@ -47,7 +47,7 @@ func dials(addr string) bool {
 func TestListenersLifecycle(t *testing.T) {
 	a1 := freeAddr(t)
 	cfg := lnConfig(t, a1, "")
-	srv, err := route.NewServer(cfg, route.Options{})
+	srv, err := route.New(cfg, route.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestListenersDefaultSPOESocket(t *testing.T) {
 		return err == nil
 	}
 	cfg := lnConfig(t, freeAddr(t), "haproxy: {dir: "+dir+"}\n")
-	srv, err := route.NewServer(cfg, route.Options{})
+	srv, err := route.New(cfg, route.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

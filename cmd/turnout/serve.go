@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/turnout/turnout/route/health"
+
 	"context"
 	"os"
 	"os/signal"
@@ -66,8 +68,8 @@ func runServe(args []string, log *zerolog.Logger) error {
 			cfg.Listen = *listen
 		}
 		// A model alias a replica would answer 404 for is refused here,
-		// at start and on reload (route/modelverify.go).
-		if err := route.VerifyServedModels(context.Background(), cfg, nil); err != nil {
+		// at start and on reload (route/health/modelverify.go).
+		if err := health.VerifyServedModels(context.Background(), cfg, nil); err != nil {
 			return nil, withFile(err, *cfgPath)
 		}
 		return cfg, nil
@@ -77,7 +79,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 		return err
 	}
 	logWarnings(log, *cfgPath, cfg)
-	srv, err := route.NewServer(cfg, route.Options{Registry: policy.DefaultRegistry(), Log: log})
+	srv, err := route.New(cfg, route.Options{Registry: policy.DefaultRegistry(), Log: log})
 	if err != nil {
 		return withFile(err, *cfgPath)
 	}
@@ -240,9 +242,10 @@ func runServe(args []string, log *zerolog.Logger) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	go srv.Run(ctx)
-	go srv.RunHealth(ctx)
-	// Warn about model aliases a replica would answer 404 for (route/modelcheck.go).
-	go srv.CheckServedModels(ctx, 30*time.Second)
+	hc := health.New(srv)
+	go hc.Run(ctx)
+	// Warn about model aliases a replica would answer 404 for (route/health/modelcheck.go).
+	go hc.CheckServedModels(ctx, 30*time.Second)
 	// Engine-reported load (issue 11): scrapes every endpoint's /metrics.
 	scraper := engineload.New(srv, log)
 	srv.AddMetrics(scraper.WriteMetrics)

@@ -41,7 +41,7 @@ func TestListenSPOE(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := route.NewServer(cfg, route.Options{})
+	srv, err := route.New(cfg, route.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

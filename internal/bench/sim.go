@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"github.com/turnout/turnout/route/httpapi"
+
 	"container/heap"
 	"errors"
 	"fmt"
@@ -147,7 +149,10 @@ func NewRouter(spec PolicySpec, names []string, o SimOptions) (Router, error) {
 	cfgText := TurnoutConfig(ConfigOptions{Listen: "127.0.0.1:1", Model: o.Model, Policy: spec, ExtraParams: extra, Endpoints: eps, DisableHealth: true})
 	cfg, err := config.ParseConfig(cfgText)
 	if err == nil {
-		t.srv, err = route.NewServer(cfg, route.Options{Seed: o.Seed, Log: log})
+		t.srv, err = route.New(cfg, route.Options{Seed: o.Seed, Log: log})
+		if err == nil {
+			t.api = httpapi.New(t.srv)
+		}
 	}
 	if err == nil && spec.Policy == policy.KVAwareType {
 		err = t.attachKVIndex()
@@ -187,7 +192,8 @@ func (t *turnoutRouter) StartWindow() {
 // turnoutRouter calls the real /internal/route handler in-process, so the sim
 // runs exactly the policy code the service runs.
 type turnoutRouter struct {
-	srv     *route.Server
+	srv     *route.Decider
+	api     *httpapi.API
 	names   map[string]int
 	order   []string
 	ctx     fasthttp.RequestCtx
@@ -226,7 +232,7 @@ func (t *turnoutRouter) Route(r *Request, body []byte) (int, uint64, error) {
 		ctx.Request.Header.Set("X-Session-Id", r.Session)
 	}
 	ctx.Request.SetBodyRaw(body)
-	t.srv.Handler(ctx)
+	t.api.Handler(ctx)
 	if sc := ctx.Response.StatusCode(); sc != fasthttp.StatusOK {
 		return 0, 0, fmt.Errorf("route status %d: %s", sc, ctx.Response.Body())
 	}

@@ -52,7 +52,7 @@ func blockBytes(p *fleet.Pool) int {
 type Sync struct {
 	cfg  config.ClusterConfig
 	name string
-	srv  *route.Server
+	srv  *route.Decider
 	log  *zerolog.Logger
 	nc   *nats.Conn
 	ring *ring // decisions waiting for the publisher
@@ -79,7 +79,7 @@ type Sync struct {
 
 // New connects to NATS (in the background: an unreachable server is
 // retried forever) and installs the decision sink on srv. Run publishes.
-func New(srv *route.Server, cfg config.ClusterConfig, log *zerolog.Logger) (*Sync, error) {
+func New(srv *route.Decider, cfg config.ClusterConfig, log *zerolog.Logger) (*Sync, error) {
 	if log == nil {
 		l := zerolog.Nop()
 		log = &l

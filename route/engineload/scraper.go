@@ -63,7 +63,7 @@ func (r Result) String() string {
 
 // Scraper scrapes every endpoint of the server's live snapshot.
 type Scraper struct {
-	srv *route.Server
+	srv *route.Decider
 	log *zerolog.Logger
 	// client is rebuilt when the timeout or body cap changes (fasthttp
 	// reads them when it builds host clients); clientMu guards the swap.
@@ -93,7 +93,7 @@ type target struct {
 const windowScrapes = 8
 
 // New returns a scraper for srv; Run starts it.
-func New(srv *route.Server, log *zerolog.Logger) *Scraper {
+func New(srv *route.Decider, log *zerolog.Logger) *Scraper {
 	if log == nil {
 		l := zerolog.Nop()
 		log = &l

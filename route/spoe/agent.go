@@ -90,7 +90,7 @@ type Stats struct {
 
 // Agent serves SPOP connections from HAProxy.
 type Agent struct {
-	srv      *route.Server
+	srv      *route.Decider
 	log      *zerolog.Logger
 	maxFrame int
 	nm       atomic.Pointer[names]
@@ -100,7 +100,7 @@ type Agent struct {
 }
 
 // New builds an agent that decides with srv.
-func New(srv *route.Server, opts Options) *Agent {
+func New(srv *route.Decider, opts Options) *Agent {
 	if opts.Log == nil {
 		l := zerolog.Nop()
 		opts.Log = &l

@@ -1,6 +1,10 @@
-package route
+package httpapi
 
 import (
+	"github.com/turnout/turnout/route"
+
+	"github.com/turnout/turnout/route/internal/routetest"
+
 	"bufio"
 	"fmt"
 	"io"
@@ -17,7 +21,7 @@ import (
 
 // serveHTTP runs s's real fasthttp server (the one `turnout serve` uses) on
 // a loopback port.
-func serveHTTP(t *testing.T, s *Server) string {
+func serveHTTP(t *testing.T, s *testServer) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -86,7 +90,7 @@ func TestSlowBodiesDoNotReserveMemory(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{\"model\":", PathRoute, announced)
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{\"model\":", route.PathRoute, announced)
 		cs = append(cs, c)
 	}
 	time.Sleep(200 * time.Millisecond) // the server has read every head
@@ -103,8 +107,8 @@ func TestSlowBodiesDoNotReserveMemory(t *testing.T) {
 		if err != nil {
 			t.Fatalf("conn %d: no answer to a stalled body: %v", i, err)
 		}
-		if res.StatusCode != 408 || res.Header.Get(HdrReason) != ReasonReadTimeout {
-			t.Fatalf("conn %d: %d %q, want 408 %s", i, res.StatusCode, res.Header.Get(HdrReason), ReasonReadTimeout)
+		if res.StatusCode != 408 || res.Header.Get(route.HdrReason) != route.ReasonReadTimeout {
+			t.Fatalf("conn %d: %d %q, want 408 %s", i, res.StatusCode, res.Header.Get(route.HdrReason), route.ReasonReadTimeout)
 		}
 	}
 }
@@ -122,7 +126,7 @@ func TestBodyChunkTimeout(t *testing.T) {
 	// More than fasthttp's 8 KiB pre-read, so turnout's own reader waits.
 	body := strings.Repeat(" ", 9000)
 	start := time.Now()
-	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: 60000\r\n\r\n%s", PathRoute, body)
+	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: 60000\r\n\r\n%s", route.PathRoute, body)
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	res, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
@@ -147,7 +151,7 @@ func TestBodyBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	fmt.Fprintf(a, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: 65536\r\n\r\n%s", PathRoute, strings.Repeat(" ", 20000))
+	fmt.Fprintf(a, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: 65536\r\n\r\n%s", route.PathRoute, strings.Repeat(" ", 20000))
 	deadline := time.Now().Add(2 * time.Second)
 	for s.budget.used.Load() < 32<<10 {
 		if time.Now().After(deadline) {
@@ -156,14 +160,14 @@ func TestBodyBudget(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	big := `{"model":"llama","x":"` + strings.Repeat("y", 60000) + `"}`
-	res := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", PathRoute, len(big)), []byte(big))
-	if res.StatusCode != 503 || res.Header.Get(HdrReason) != ReasonOverloaded {
-		t.Fatalf("over budget: %d %q %s, want 503 %s", res.StatusCode, res.Header.Get(HdrReason), readAll(res), ReasonOverloaded)
+	res := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", route.PathRoute, len(big)), []byte(big))
+	if res.StatusCode != 503 || res.Header.Get(route.HdrReason) != route.ReasonOverloaded {
+		t.Fatalf("over budget: %d %q %s, want 503 %s", res.StatusCode, res.Header.Get(route.HdrReason), readAll(res), route.ReasonOverloaded)
 	}
 	// A small body still fits.
 	small := `{"model":"llama"}`
-	res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", PathRoute, len(small)), []byte(small))
-	if res.StatusCode != 200 || res.Header.Get(HdrServer) == "" {
+	res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", route.PathRoute, len(small)), []byte(small))
+	if res.StatusCode != 200 || res.Header.Get(route.HdrServer) == "" {
 		t.Fatalf("small body: %d %s", res.StatusCode, readAll(res))
 	}
 	a.Close()
@@ -190,17 +194,17 @@ func TestStreamedBodies(t *testing.T) {
 	br := bufio.NewReader(c)
 	long := `{"model":"llama","pad":"` + strings.Repeat("p", 100000) + `"}`
 	for i := range 2 {
-		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: t\r\nX-Session-Id: s1\r\nContent-Length: %d\r\n\r\n%s", PathRoute, len(long), long)
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: t\r\nX-Session-Id: s1\r\nContent-Length: %d\r\n\r\n%s", route.PathRoute, len(long), long)
 		res, err := http.ReadResponse(br, nil)
 		if err != nil {
 			t.Fatalf("request %d on one connection: %v", i, err)
 		}
 		_, _ = io.Copy(io.Discard, res.Body)
-		if res.StatusCode != 200 || res.Header.Get(HdrServer) == "" {
+		if res.StatusCode != 200 || res.Header.Get(route.HdrServer) == "" {
 			t.Fatalf("request %d: %d", i, res.StatusCode)
 		}
 	}
-	chunked := "POST " + PathRoute + " HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n" +
+	chunked := "POST " + route.PathRoute + " HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n" +
 		"9\r\n{\"model\":\r\n8\r\n\"llama\"}\r\n0\r\n\r\n"
 	if _, err := io.WriteString(c, chunked); err != nil {
 		t.Fatal(err)
@@ -210,9 +214,9 @@ func TestStreamedBodies(t *testing.T) {
 		t.Fatalf("chunked: %v %v", res, err)
 	}
 	huge := hardBodyLimit(65536) + 1
-	res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", PathRoute, huge), make([]byte, 9000))
-	if res.StatusCode != 413 || res.Header.Get(HdrReason) != ReasonBodyTooLarge {
-		t.Fatalf("huge: %d %q", res.StatusCode, res.Header.Get(HdrReason))
+	res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", route.PathRoute, huge), make([]byte, 9000))
+	if res.StatusCode != 413 || res.Header.Get(route.HdrReason) != route.ReasonBodyTooLarge {
+		t.Fatalf("huge: %d %q", res.StatusCode, res.Header.Get(route.HdrReason))
 	}
 }
 
@@ -224,15 +228,15 @@ func TestLargeHeaders(t *testing.T) {
 	addr := serveHTTP(t, s)
 	body := `{"model":"llama"}`
 	session := strings.Repeat("s", 12<<10)
-	res := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nX-Session-Id: %s\r\nContent-Length: %d", PathRoute, session, len(body)), []byte(body))
-	if res.StatusCode != 200 || res.Header.Get(HdrServer) == "" {
+	res := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nX-Session-Id: %s\r\nContent-Length: %d", route.PathRoute, session, len(body)), []byte(body))
+	if res.StatusCode != 200 || res.Header.Get(route.HdrServer) == "" {
 		t.Fatalf("12 KiB session header: %d %s", res.StatusCode, readAll(res))
 	}
 	session = strings.Repeat("s", 20<<10)
-	res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nX-Session-Id: %s\r\nContent-Length: %d", PathRoute, session, len(body)), []byte(body))
+	res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nX-Session-Id: %s\r\nContent-Length: %d", route.PathRoute, session, len(body)), []byte(body))
 	b := readAll(res)
-	if res.StatusCode != StatusHeaderTooLarge || res.Header.Get(HdrReason) != ReasonHeaderTooLarge {
-		t.Fatalf("20 KiB header over a 16 KiB limit: %d %q %s", res.StatusCode, res.Header.Get(HdrReason), b)
+	if res.StatusCode != route.StatusHeaderTooLarge || res.Header.Get(route.HdrReason) != route.ReasonHeaderTooLarge {
+		t.Fatalf("20 KiB header over a 16 KiB limit: %d %q %s", res.StatusCode, res.Header.Get(route.HdrReason), b)
 	}
 	if strings.Contains(b, "fasthttp") || !strings.Contains(b, `"code":"header_too_large"`) {
 		t.Errorf("431 body %s: want turnout's JSON, not fasthttp's text", b)
@@ -261,12 +265,12 @@ func TestBudgetReturnsMemoryAfterSpike(t *testing.T) {
 }
 
 // Issue 16 finding 8 (turnout's side): a 404 echoing a huge model name
-// stays far under MaxAnswerBody, which sizes nginx's subrequest buffer.
+// stays far under route.MaxAnswerBody, which sizes nginx's subrequest buffer.
 func TestAnswerBounded(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(limitsConfig, 64<<20))
 	ctx := do(s, `{"model":"`+strings.Repeat("m", 20000)+`"}`)
-	if ctx.Response.StatusCode() != 404 || len(ctx.Response.Body()) > MaxAnswerBody {
-		t.Fatalf("%d, %d bytes: want 404 under %d bytes", ctx.Response.StatusCode(), len(ctx.Response.Body()), MaxAnswerBody)
+	if ctx.Response.StatusCode() != 404 || len(ctx.Response.Body()) > route.MaxAnswerBody {
+		t.Fatalf("%d, %d bytes: want 404 under %d bytes", ctx.Response.StatusCode(), len(ctx.Response.Body()), route.MaxAnswerBody)
 	}
 }
 
@@ -283,7 +287,7 @@ func TestLimitsValidate(t *testing.T) {
 			t.Errorf("%s: %v, want an error naming %s", c.yaml, err, c.field)
 		}
 	}
-	c := mustConfig(t, "deployments: [{name: d, pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]}]\n")
+	c := routetest.MustConfig(t, "deployments: [{name: d, pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]}]\n")
 	if l := c.Limits; l.MaxConns != 4096 || l.MaxBufferedBytes != 64<<20 || l.MaxHeaderBytes != 32<<10 || l.ReadTimeout.D() != 10*time.Second || l.BodyIdleTimeout.D() != 2*time.Second {
 		t.Errorf("defaults: %+v", l)
 	}
@@ -305,17 +309,17 @@ func TestMaxConns(t *testing.T) {
 	}
 	time.Sleep(50 * time.Millisecond)
 	body := `{"model":"llama"}`
-	res := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", PathRoute, len(body)), []byte(body))
-	if res.StatusCode != 503 || res.Header.Get(HdrReason) != ReasonOverloaded {
-		t.Fatalf("third connection: %d %q", res.StatusCode, res.Header.Get(HdrReason))
+	res := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", route.PathRoute, len(body)), []byte(body))
+	if res.StatusCode != 503 || res.Header.Get(route.HdrReason) != route.ReasonOverloaded {
+		t.Fatalf("third connection: %d %q", res.StatusCode, res.Header.Get(route.HdrReason))
 	}
-	if e := errBody(t, []byte(readAll(res))); e.Code != ReasonOverloaded || e.Type != "service_unavailable" {
+	if e := routetest.ErrBody(t, []byte(readAll(res))); e.Code != route.ReasonOverloaded || e.Type != "service_unavailable" {
 		t.Fatalf("third connection's body: %+v", e)
 	}
 	held[0].Close()
 	deadline := time.Now().Add(2 * time.Second)
 	for {
-		res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", PathRoute, len(body)), []byte(body))
+		res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", route.PathRoute, len(body)), []byte(body))
 		if res.StatusCode == 200 {
 			break
 		}

@@ -1,6 +1,9 @@
-package route
+package health
 
 import (
+	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/internal/routetest"
+
 	"bytes"
 	"context"
 	"fmt"
@@ -35,7 +38,7 @@ func TestServedModelsCheck(t *testing.T) {
 	const full = "meta-llama/Llama-3.1-8B-Instruct"
 	a := served(full)          // started without the alias
 	b := served(full, "llama") // --served-model-name meta-llama/Llama-3.1-8B-Instruct llama
-	cfg := mustConfig(t, fmt.Sprintf(`health: {disable: true}
+	cfg := routetest.MustConfig(t, fmt.Sprintf(`health: {disable: true}
 deployments:
   - name: llama
     models: [%s, llama]
@@ -46,14 +49,14 @@ deployments:
 `, full, strings.TrimPrefix(a.URL, "http://"), strings.TrimPrefix(b.URL, "http://")))
 	var logs bytes.Buffer
 	log := zerolog.New(&logs)
-	s, err := NewServer(cfg, Options{Log: &log})
+	s, err := route.New(cfg, route.Options{Log: &log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go s.CheckServedModels(ctx, 50*time.Millisecond)
+	go New(s).CheckServedModels(ctx, 50*time.Millisecond)
 	deadline := time.Now().Add(10 * time.Second)
 	var m strings.Builder
 	for {

@@ -1,4 +1,4 @@
-package route
+package health
 
 import (
 	"context"
@@ -32,12 +32,12 @@ const ServedModelsPath = "/v1/models"
 
 // CheckServedModels checks every endpoint once per config (retrying those
 // that did not answer every interval) until ctx ends.
-func (s *Server) CheckServedModels(ctx context.Context, interval time.Duration) {
+func (c *Checker) CheckServedModels(ctx context.Context, interval time.Duration) {
 	mc := &modelCheck{checked: map[string]bool{}, missing: map[string][]string{}}
-	s.AddMetrics(mc.writeMetrics)
+	c.d.AddMetrics(mc.writeMetrics)
 	client := &http.Client{Timeout: 3 * time.Second}
 	for {
-		s.checkModelsOnce(ctx, client, mc)
+		c.checkModelsOnce(ctx, client, mc)
 		select {
 		case <-ctx.Done():
 			return
@@ -46,8 +46,8 @@ func (s *Server) CheckServedModels(ctx context.Context, interval time.Duration) 
 	}
 }
 
-func (s *Server) checkModelsOnce(ctx context.Context, client *http.Client, mc *modelCheck) {
-	snap := s.snap.Load()
+func (c *Checker) checkModelsOnce(ctx context.Context, client *http.Client, mc *modelCheck) {
+	snap := c.d.Snapshot()
 	for _, d := range snap.Deployments {
 		want := d.Config.Models
 		for _, p := range d.Pools {
@@ -61,7 +61,7 @@ func (s *Server) checkModelsOnce(ctx context.Context, client *http.Client, mc *m
 				}
 				served, err := fetchServedModels(ctx, client, e.Address)
 				if err != nil {
-					s.log.Debug().Err(err).Str("endpoint", e.Name).Msg("served models: no answer yet")
+					c.log.Debug().Err(err).Str("endpoint", e.Name).Msg("served models: no answer yet")
 					continue
 				}
 				var miss []string
@@ -76,7 +76,7 @@ func (s *Server) checkModelsOnce(ctx context.Context, client *http.Client, mc *m
 				mc.missing[e.Name] = miss
 				mc.mu.Unlock()
 				if len(miss) > 0 {
-					s.log.Warn().Str("endpoint", e.Name).Str("address", e.Address).Strs("missing", miss).Strs("serves", served).
+					c.log.Warn().Str("endpoint", e.Name).Str("address", e.Address).Strs("missing", miss).Strs("serves", served).
 						Msgf("endpoint %s does not serve %s: requests with that model routed to it will get 404; start vLLM with --served-model-name %s (or drop the alias from deployment %s's models)",
 							e.Name, quoteAll(miss), strings.Join(want, " "), d.Name)
 				}

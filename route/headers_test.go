@@ -2,9 +2,10 @@ package route
 
 import (
 	"encoding/binary"
-	"github.com/turnout/turnout/route/fleet"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // headerIsBytes is the byte-by-byte definition headerIs must keep.

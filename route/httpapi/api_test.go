@@ -1,7 +1,10 @@
-package route
+package httpapi
 
 import (
-	"encoding/json"
+	"github.com/turnout/turnout/route"
+
+	"github.com/turnout/turnout/route/internal/routetest"
+
 	"fmt"
 	"strings"
 	"testing"
@@ -20,10 +23,10 @@ func TestSessionHeaderMatrix(t *testing.T) {
 func testSessionHeaderMatrix(t *testing.T, pol string) {
 	s := mustServer(t, fmt.Sprintf(fourEndpoints, pol))
 	first := do(s, chatBody("llama", "", "hi"), "X-Session-ID", "abc")
-	home := hdr(first, HdrServer)
+	home := hdr(first, route.HdrServer)
 	// Completed, so every replica is idle again: prefix-affinity's session
 	// only breaks load ties.
-	if id, _ := parseID([]byte(hdr(first, HdrDecision))); !s.Complete(id) {
+	if id, _ := route.ParseDecisionID([]byte(hdr(first, route.HdrDecision))); !s.Complete(id) {
 		t.Fatal("decision id not completable")
 	}
 	for _, tc := range []struct {
@@ -47,10 +50,10 @@ func testSessionHeaderMatrix(t *testing.T, pol string) {
 				if ctx.Response.StatusCode() != 200 {
 					t.Fatalf("status %d", ctx.Response.StatusCode())
 				}
-				if tc.sameAs && hdr(ctx, HdrServer) != home {
-					t.Fatalf("landed on %s, session home %s", hdr(ctx, HdrServer), home)
+				if tc.sameAs && hdr(ctx, route.HdrServer) != home {
+					t.Fatalf("landed on %s, session home %s", hdr(ctx, route.HdrServer), home)
 				}
-				if id, _ := parseID([]byte(hdr(ctx, HdrDecision))); !s.Complete(id) {
+				if id, _ := route.ParseDecisionID([]byte(hdr(ctx, route.HdrDecision))); !s.Complete(id) {
 					t.Fatal("decision id not completable")
 				}
 			}
@@ -61,19 +64,10 @@ func testSessionHeaderMatrix(t *testing.T, pol string) {
 			if tc.session != (got == 1) {
 				t.Fatalf("session treatment = %v, want %v", got == 1, tc.session)
 			}
-			id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+			id, _ := route.ParseDecisionID([]byte(hdr(ctx, route.HdrDecision)))
 			s.Complete(id)
 		})
 	}
-}
-
-func errBody(t *testing.T, b []byte) apiErrorBody {
-	t.Helper()
-	var e apiError
-	if err := json.Unmarshal(b, &e); err != nil || e.Error.Message == "" || e.Error.Type == "" || e.Error.Code == "" {
-		t.Fatalf("not an OpenAI error body: %s (%v)", b, err)
-	}
-	return e.Error
 }
 
 func TestRouteContract(t *testing.T) {
@@ -90,7 +84,7 @@ deployments:
 `)
 	for _, tc := range []struct {
 		name   string
-		s      *Server
+		s      *testServer
 		body   string
 		hdrs   []string
 		status int
@@ -108,7 +102,7 @@ deployments:
 		{"model header", multi, `{"prompt":"x"}`, []string{"X-Model", "model-b"}, 200, "", "b0"},
 		{"body model wins", multi, `{"model":"model-a"}`, []string{"x_model", "model-b"}, 200, "", "a0"},
 		{"model b", multi, `{"model":"model-b"}`, nil, 200, "", "b0"},
-		{"truncated body still routes", single, `{"model":"llama","messages":[{"role":"user","content":"abc`, []string{HdrBodyTruncated, "40/9000"}, 200, "", "*"},
+		{"truncated body still routes", single, `{"model":"llama","messages":[{"role":"user","content":"abc`, []string{route.HdrBodyTruncated, "40/9000"}, 200, "", "*"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := do(tc.s, tc.body, tc.hdrs...)
@@ -116,16 +110,16 @@ deployments:
 				t.Fatalf("status %d, want %d: %s", got, tc.status, ctx.Response.Body())
 			}
 			if tc.code != "" {
-				if e := errBody(t, ctx.Response.Body()); e.Code != tc.code {
+				if e := routetest.ErrBody(t, ctx.Response.Body()); e.Code != tc.code {
 					t.Fatalf("code %s, want %s", e.Code, tc.code)
 				}
 				return
 			}
-			srv := hdr(ctx, HdrServer)
+			srv := hdr(ctx, route.HdrServer)
 			if (tc.server == "*" && srv == "") || (tc.server != "*" && srv != tc.server) {
 				t.Fatalf("server %q, want %q", srv, tc.server)
 			}
-			if hdr(ctx, HdrBackend) == "" || !strings.HasSuffix(hdr(ctx, HdrPool), "_mixed") || len(hdr(ctx, HdrDecision)) != 16 {
+			if hdr(ctx, route.HdrBackend) == "" || !strings.HasSuffix(hdr(ctx, route.HdrPool), "_mixed") || len(hdr(ctx, route.HdrDecision)) != 16 {
 				t.Fatalf("incomplete verdict: %s", ctx.Response.Header.String())
 			}
 		})
@@ -135,11 +129,11 @@ deployments:
 func TestFallbacksDistinct(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(fourEndpoints, "least-request"))
 	ctx := do(s, chatBody("llama", "", "x"))
-	fb := strings.Split(hdr(ctx, HdrFallbacks), ",")
-	seen := map[string]bool{hdr(ctx, HdrServer): true}
+	fb := strings.Split(hdr(ctx, route.HdrFallbacks), ",")
+	seen := map[string]bool{hdr(ctx, route.HdrServer): true}
 	for _, f := range fb {
 		if seen[f] || f == "" {
-			t.Fatalf("fallbacks %v repeat or are empty (server %s)", fb, hdr(ctx, HdrServer))
+			t.Fatalf("fallbacks %v repeat or are empty (server %s)", fb, hdr(ctx, route.HdrServer))
 		}
 		seen[f] = true
 	}
@@ -157,7 +151,7 @@ func TestNoEndpoint503(t *testing.T) {
 	if ctx.Response.StatusCode() != 503 || hdr(ctx, "Retry-After") == "" {
 		t.Fatalf("status %d retry-after %q", ctx.Response.StatusCode(), hdr(ctx, "Retry-After"))
 	}
-	errBody(t, ctx.Response.Body())
+	routetest.ErrBody(t, ctx.Response.Body())
 }
 
 func TestMethodAndPath(t *testing.T) {
@@ -175,58 +169,14 @@ func TestMethodAndPath(t *testing.T) {
 	if ctx.Response.StatusCode() != 404 {
 		t.Fatalf("unknown path: %d", ctx.Response.StatusCode())
 	}
-	errBody(t, ctx.Response.Body())
-}
-
-func TestCompletionAccounting(t *testing.T) {
-	s := mustServer(t, fmt.Sprintf(fourEndpoints, "least-request"))
-	var ids []string
-	for i := 0; i < 40; i++ {
-		ids = append(ids, hdr(do(s, chatBody("llama", "", "x")), HdrDecision))
-	}
-	total := func() (n int64) {
-		for _, e := range s.Snapshot().Deployments[0].Serve.Endpoints {
-			n += e.Inflight()
-		}
-		return n
-	}
-	if total() != 40 {
-		t.Fatalf("inflight %d, want 40", total())
-	}
-	for i, id := range ids {
-		line := fmt.Sprintf("<134>Nov 21 10:00:00 haproxy[1]: turnout-done id=%s srv=a status=200 ms=12", id)
-		if i%2 == 0 {
-			line = fmt.Sprintf("<190>1 2026-11-21T10:00:00Z host nginx - - - turnout-done id=%s srv=b status=200 ms=3", id)
-		}
-		if !s.FeedbackLine([]byte(line)) {
-			t.Fatalf("line %q not accepted", line)
-		}
-	}
-	if total() != 0 {
-		t.Fatalf("inflight %d after completions", total())
-	}
-	if s.FeedbackLine([]byte("turnout-done id=" + ids[0] + " srv=a")) {
-		t.Fatal("duplicate completion accepted")
-	}
-	if s.FeedbackLine([]byte("turnout-done id=- srv=a status=200")) || s.FeedbackLine([]byte("some other log line")) {
-		t.Fatal("line without a decision accepted")
-	}
-	if s.dec.duplicate.Load() != 1 {
-		t.Fatalf("duplicates %d", s.dec.duplicate.Load())
-	}
-	// TTL expiry.
-	do(s, chatBody("llama", "", "x"))
-	s.dec.sweep(time.Now().Add(time.Hour), time.Minute, false)
-	if total() != 0 || s.dec.expired.Load() != 1 {
-		t.Fatalf("expiry: inflight %d expired %d", total(), s.dec.expired.Load())
-	}
+	routetest.ErrBody(t, ctx.Response.Body())
 }
 
 func TestReloadKeepsState(t *testing.T) {
 	y := fmt.Sprintf(fourEndpoints, "prefix-affinity")
 	s := mustServer(t, y)
 	sys := strings.Repeat("shared system prompt ", 100)
-	home := hdr(do(s, chatBody("llama", sys, "q1")), HdrServer)
+	home := hdr(do(s, chatBody("llama", sys, "q1")), route.HdrServer)
 	// Drop endpoint "d" unless it is home; keep home.
 	drop := "d"
 	if home == "d" {
@@ -236,7 +186,7 @@ func TestReloadKeepsState(t *testing.T) {
 	if y2 == y {
 		t.Fatal("test bug: endpoint not removed")
 	}
-	if err := s.Apply(mustConfig(t, y2)); err != nil {
+	if err := s.Apply(routetest.MustConfig(t, y2)); err != nil {
 		t.Fatal(err)
 	}
 	var homeEp *fleet.Endpoint
@@ -251,7 +201,7 @@ func TestReloadKeepsState(t *testing.T) {
 	if homeEp.Inflight() != 1 {
 		t.Fatalf("in-flight lost across reload: %d", homeEp.Inflight())
 	}
-	if got := hdr(do(s, chatBody("llama", sys, "q2")), HdrServer); got != home {
+	if got := hdr(do(s, chatBody("llama", sys, "q2")), route.HdrServer); got != home {
 		t.Fatalf("prefix index lost across reload: %s, want %s", got, home)
 	}
 	// A bad config is rejected and the old snapshot stays.
@@ -264,43 +214,6 @@ func TestReloadKeepsState(t *testing.T) {
 	}
 }
 
-func TestConfigErrorsNameField(t *testing.T) {
-	for _, tc := range []struct{ name, yaml, field string }{
-		{"no deployments", `listen: 127.0.0.1:1`, "deployments"},
-		{"bad listen", "listen: nope\ndeployments: [{name: a, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "listen"},
-		{"bad endpoint name", "deployments: [{name: a, pools: [{endpoints: [{name: 'a b', address: 1.2.3.4:5}]}]}]", "deployments[0].pools[0].endpoints[0].name"},
-		{"injection in name", "deployments: [{name: \"a\\nserver x\", pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "deployments[0].name"},
-		{"bad address", "deployments: [{name: a, pools: [{endpoints: [{name: a, address: '1.2.3.4'}]}]}]", "address"},
-		{"duplicate server", "deployments: [{name: a, pools: [{endpoints: [{name: x, address: 1.2.3.4:5}, {name: x, address: 1.2.3.4:6}]}]}]", "endpoints[1].name"},
-		{"unknown field", "deployments: [{name: a, polcy: {}}]", "polcy"},
-		{"bad role", "deployments: [{name: a, pools: [{role: gpu, endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "role"},
-		{"pd needs both", "deployments: [{name: a, pools: [{role: prefill, endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "prefill and decode"},
-		{"bad header", "session_headers: ['x session']\ndeployments: [{name: a, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "session_headers[0]"},
-		{"duplicate model", "deployments: [{name: a, models: [m], pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}, {name: b, models: [m], pools: [{endpoints: [{name: b, address: 1.2.3.4:6}]}]}]", "models[0]"},
-		{"bad spoe address", "haproxy: {spoe: nowhere}\ndeployments: [{name: a, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "haproxy.spoe"},
-		{"fail mode", "proxy: {fail_mode: maybe}\ndeployments: [{name: a, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]", "proxy.fail_mode"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := config.ParseConfig([]byte(tc.yaml))
-			if err == nil || !strings.Contains(err.Error(), tc.field) {
-				t.Fatalf("err = %v, want mention of %q", err, tc.field)
-			}
-		})
-	}
-	// Policy params are checked at load, naming the policy.
-	_, err := NewServer(mustConfig(t, "deployments: [{name: a, policy: {name: prefix-affinity, params: {block_bytes: 1}}, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]"), Options{})
-	if err == nil || !strings.Contains(err.Error(), "block_bytes") {
-		t.Fatalf("bad params: %v", err)
-	}
-	_, err = NewServer(mustConfig(t, "deployments: [{name: a, policy: {name: nope}, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]"), Options{})
-	if err == nil || !strings.Contains(err.Error(), "unknown policy") {
-		t.Fatalf("unknown policy: %v", err)
-	}
-	if _, err := config.ParseConfig(config.DefaultConfigYAML); err != nil {
-		t.Fatalf("embedded default: %v", err)
-	}
-}
-
 // Prefix routing end to end through the handler: a shared system prompt
 // sticks; distinct prompts spread.
 func TestHandlerPrefixRouting(t *testing.T) {
@@ -310,18 +223,18 @@ func TestHandlerPrefixRouting(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		ctx := do(s, chatBody("llama", sys, fmt.Sprintf("question %d", i)))
 		if home == "" {
-			home = hdr(ctx, HdrServer)
-		} else if hdr(ctx, HdrServer) != home {
-			t.Fatalf("request %d went to %s, prefix home %s", i, hdr(ctx, HdrServer), home)
+			home = hdr(ctx, route.HdrServer)
+		} else if hdr(ctx, route.HdrServer) != home {
+			t.Fatalf("request %d went to %s, prefix home %s", i, hdr(ctx, route.HdrServer), home)
 		}
-		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+		id, _ := route.ParseDecisionID([]byte(hdr(ctx, route.HdrDecision)))
 		s.Complete(id)
 	}
 	seen := map[string]bool{}
 	for i := 0; i < 40; i++ {
 		ctx := do(s, chatBody("llama", fmt.Sprintf("%d distinct system prompt %s", i, strings.Repeat("x", 300)), "q"))
-		seen[hdr(ctx, HdrServer)] = true
-		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+		seen[hdr(ctx, route.HdrServer)] = true
+		id, _ := route.ParseDecisionID([]byte(hdr(ctx, route.HdrDecision)))
 		s.Complete(id)
 	}
 	if len(seen) != 4 {
@@ -331,11 +244,11 @@ func TestHandlerPrefixRouting(t *testing.T) {
 
 // The proxy's call to turnout must outlast a PD decision (prefill + retry).
 func TestRouteCallTimeout(t *testing.T) {
-	plain := mustConfig(t, "proxy: {route_timeout: 300ms}\ndeployments: [{name: a, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]")
+	plain := routetest.MustConfig(t, "proxy: {route_timeout: 300ms}\ndeployments: [{name: a, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]")
 	if got := plain.RouteCallTimeout(); got != 300*time.Millisecond {
 		t.Fatalf("plain: %v", got)
 	}
-	pd := mustConfig(t, "proxy: {route_timeout: 300ms}\ndeployments: [{name: a, pd: {prefill_timeout: 10s}, pools: [{role: prefill, endpoints: [{name: p, address: 1.2.3.4:5}]}, {role: decode, endpoints: [{name: d, address: 1.2.3.4:6}]}]}]")
+	pd := routetest.MustConfig(t, "proxy: {route_timeout: 300ms}\ndeployments: [{name: a, pd: {prefill_timeout: 10s}, pools: [{role: prefill, endpoints: [{name: p, address: 1.2.3.4:5}]}, {role: decode, endpoints: [{name: d, address: 1.2.3.4:6}]}]}]")
 	if got := pd.RouteCallTimeout(); got != 21*time.Second {
 		t.Fatalf("pd: %v, want 2 x prefill_timeout + 1s", got)
 	}

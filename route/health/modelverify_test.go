@@ -1,6 +1,8 @@
-package route
+package health
 
 import (
+	"github.com/turnout/turnout/route/internal/routetest"
+
 	"context"
 	"errors"
 	"fmt"
@@ -37,14 +39,14 @@ func TestVerifyServedModels(t *testing.T) {
 	plain := servesModels(t, full)
 	both := servesModels(t, full, "llama")
 	other := servesModels(t, "qwen") // serves none of the names: warned later, not refused
-	dead := deadAddr(t)
+	dead := routetest.DeadAddr(t)
 	conf := func(addrs ...string) *config.Config {
 		var b strings.Builder
 		b.WriteString("health: {disable: true}\ndeployments:\n  - name: llama\n    models: [" + full + ", llama]\n    pools:\n      - endpoints:\n")
 		for i, a := range addrs {
 			fmt.Fprintf(&b, "          - {name: r%d, address: %s}\n", i, a)
 		}
-		return mustConfig(t, b.String())
+		return routetest.MustConfig(t, b.String())
 	}
 	for _, tc := range []struct {
 		name  string

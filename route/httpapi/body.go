@@ -1,6 +1,8 @@
-package route
+package httpapi
 
 import (
+	"github.com/turnout/turnout/route"
+
 	"errors"
 	"io"
 	"net"
@@ -73,7 +75,7 @@ var errBodyAnswered = errors.New("request body refused")
 // more followed. held is the budget to give back when the request is done.
 // Without a body stream (a fasthttp server that read the body itself, unit
 // tests) the body is used as it is.
-func (s *Server) readBody(ctx *fasthttp.RequestCtx, sc *scratch, cfg *config.Config) (body []byte, more bool, held int, err error) {
+func (a *API) readBody(ctx *fasthttp.RequestCtx, t *route.Txn, cfg *config.Config) (body []byte, more bool, held int, err error) {
 	stream := ctx.RequestBodyStream()
 	if stream == nil {
 		body = ctx.PostBody()
@@ -86,9 +88,9 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, sc *scratch, cfg *config.Con
 	hard := hardBodyLimit(cfg.MaxBody)
 	cl := ctx.Request.Header.ContentLength()
 	if cl > hard {
-		s.m.errors[errTooLarge].Add(1)
+		a.d.NoteTooLarge()
 		ctx.SetConnectionClose()
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", ReasonBodyTooLarge, "request body too large")
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", route.ReasonBodyTooLarge, "request body too large")
 		return nil, false, 0, errBodyAnswered
 	}
 	want := cfg.MaxBody
@@ -102,21 +104,21 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, sc *scratch, cfg *config.Con
 		var ne net.Error
 		switch {
 		case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
-			writeError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", ReasonReadTimeout, "the request body stalled")
+			writeError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", route.ReasonReadTimeout, "the request body stalled")
 		case errors.Is(err, errOverBudget):
-			ctx.Response.Header.Set(HdrRetryAfter, RetryAfterSeconds)
-			writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", ReasonOverloaded, "too many request bytes in flight")
+			ctx.Response.Header.Set(route.HdrRetryAfter, route.RetryAfterSeconds)
+			writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", route.ReasonOverloaded, "too many request bytes in flight")
 		default:
-			writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", ReasonBadRequest, "unreadable request body")
+			writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", route.ReasonBadRequest, "unreadable request body")
 		}
 		return nil, false, held, errBodyAnswered
 	}
-	buf := sc.body[:0]
+	buf := t.Buf.Body[:0]
 	for len(buf) < want {
 		if len(buf) == cap(buf) {
 			// Grow with the bytes that arrived, never to the announced length at once.
 			n := min(max(2*cap(buf), 16<<10), want)
-			if !s.budget.take(n-held, lim.MaxBufferedBytes) {
+			if !a.budget.take(n-held, lim.MaxBufferedBytes) {
 				return fail(errOverBudget)
 			}
 			held = n
@@ -127,7 +129,7 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, sc *scratch, cfg *config.Con
 			// A pooled buffer: charge what this request may fill of it.
 			n := min(cap(buf), want)
 			if n > held {
-				if !s.budget.take(n-held, lim.MaxBufferedBytes) {
+				if !a.budget.take(n-held, lim.MaxBufferedBytes) {
 					return fail(errOverBudget)
 				}
 				held = n
@@ -142,17 +144,17 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, sc *scratch, cfg *config.Con
 			break
 		}
 		if err != nil {
-			sc.body = buf[:0]
+			t.Buf.Body = buf[:0]
 			return fail(err)
 		}
 	}
-	sc.body = buf[:0]
+	t.Buf.Body = buf[:0]
 	if cl >= 0 && len(buf) >= cl {
 		return buf, false, held, nil
 	}
 	// The rest is read and dropped: the connection stays usable and the
 	// routing decision says the body was cut.
-	drop := sc.drop[:]
+	drop := t.Buf.Drop[:]
 	total := len(buf)
 	for {
 		if conn != nil {
@@ -161,9 +163,9 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, sc *scratch, cfg *config.Con
 		n, err := stream.Read(drop)
 		total += n
 		if total > hard {
-			s.m.errors[errTooLarge].Add(1)
+			a.d.NoteTooLarge()
 			ctx.SetConnectionClose()
-			writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", ReasonBodyTooLarge, "request body too large")
+			writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", route.ReasonBodyTooLarge, "request body too large")
 			return nil, false, held, errBodyAnswered
 		}
 		if errors.Is(err, io.EOF) {

@@ -1,11 +1,14 @@
-package route
+package httpapi
 
 import (
+	"github.com/turnout/turnout/route"
+
+	"github.com/turnout/turnout/route/internal/routetest"
+
+	"github.com/turnout/turnout/route/health"
+
 	"context"
 	"fmt"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -15,9 +18,9 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-func readyz(s *Server, verbose bool) (int, string) {
+func readyz(s *testServer, verbose bool) (int, string) {
 	var ctx fasthttp.RequestCtx
-	uri := PathReadyz
+	uri := route.PathReadyz
 	if verbose {
 		uri += "?verbose"
 	}
@@ -27,26 +30,8 @@ func readyz(s *Server, verbose bool) (int, string) {
 }
 
 // deadAddr is a loopback address nothing listens on.
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := l.Addr().String()
-	_ = l.Close()
-	return a
-}
-
-func liveAddr(t *testing.T) string {
-	t.Helper()
-	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
-	t.Cleanup(ts.Close)
-	return strings.TrimPrefix(ts.URL, "http://")
-}
-
 // readyServer builds a one-pool server over addrs with health checks on.
-func readyServer(t *testing.T, minReady int, addrs ...string) *Server {
+func readyServer(t *testing.T, minReady int, addrs ...string) *testServer {
 	t.Helper()
 	var eps strings.Builder
 	for i, a := range addrs {
@@ -64,18 +49,18 @@ deployments:
 	return s
 }
 
-func runHealth(t *testing.T, s *Server) {
+func runHealth(t *testing.T, s *testServer) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	go s.RunHealth(ctx)
+	go health.New(s.Decider).Run(ctx)
 }
 
 // waitRounds waits until at least n health rounds' worth of checks ran.
-func waitRounds(t *testing.T, s *Server, n int) {
+func waitRounds(t *testing.T, s *testServer, n int) {
 	t.Helper()
 	eps := uint64(len(s.Snapshot().Pools()[0].Endpoints))
 	deadline := time.Now().Add(10 * time.Second)
-	for s.m.health[0].Load()+s.m.health[1].Load() < uint64(n)*eps || !s.healthRound.Load() {
+	for ok, failed := s.HealthChecks(); ok+failed < uint64(n)*eps || !s.HealthRounded(); ok, failed = s.HealthChecks() {
 		if time.Now().After(deadline) {
 			t.Fatal("health rounds did not run")
 		}
@@ -85,7 +70,7 @@ func waitRounds(t *testing.T, s *Server, n int) {
 
 func TestReadyz(t *testing.T) {
 	t.Run("all endpoints down: 503 from t=0", func(t *testing.T) {
-		s := readyServer(t, 1, deadAddr(t), deadAddr(t), deadAddr(t), deadAddr(t))
+		s := readyServer(t, 1, routetest.DeadAddr(t), routetest.DeadAddr(t), routetest.DeadAddr(t), routetest.DeadAddr(t))
 		if code, body := readyz(s, false); code != 503 || !strings.Contains(body, "first health round") {
 			t.Fatalf("before any check: %d %q", code, body)
 		}
@@ -97,7 +82,7 @@ func TestReadyz(t *testing.T) {
 		}
 	})
 	t.Run("one of four up, min_ready 2: 503", func(t *testing.T) {
-		s := readyServer(t, 2, liveAddr(t), deadAddr(t), deadAddr(t), deadAddr(t))
+		s := readyServer(t, 2, routetest.LiveAddr(t), routetest.DeadAddr(t), routetest.DeadAddr(t), routetest.DeadAddr(t))
 		runHealth(t, s)
 		waitRounds(t, s, 2)
 		if code, body := readyz(s, true); code != 503 || !strings.Contains(body, "1/4 available, min_ready 2, short") {
@@ -105,7 +90,7 @@ func TestReadyz(t *testing.T) {
 		}
 	})
 	t.Run("two of four up, min_ready 2: 200", func(t *testing.T) {
-		s := readyServer(t, 2, liveAddr(t), deadAddr(t), liveAddr(t), deadAddr(t))
+		s := readyServer(t, 2, routetest.LiveAddr(t), routetest.DeadAddr(t), routetest.LiveAddr(t), routetest.DeadAddr(t))
 		if code, _ := readyz(s, false); code != 503 {
 			t.Fatalf("ready before the first round: %d", code)
 		}
