@@ -66,7 +66,7 @@ const (
 	// Fields are space-separated key=value pairs in any order; unknown keys
 	// are ignored. ttfb is the time to the replica's response headers
 	// (HAProxy %Tr, nginx $upstream_header_time); -1 or "-" when unknown.
-	// The reader is parseFeedbackLine (feedback_line.go).
+	// The reader is parseFeedbackLine (route/feedback/line.go).
 	FeedbackTag = "turnout-done"
 
 	FeedbackFieldID     = "id"

@@ -61,7 +61,12 @@ type Decider struct {
 	// returns: the proof that the body is scanned once.
 	observe func(*fleet.Request)
 
-	feedbackHealth // feedback_health.go
+	// fbStalled: route/feedback found completions stopped (SetFeedbackStalled).
+	fbStalled atomic.Bool
+	// onTick hooks run after each sweep (OnTick); readiness writes extra
+	// /readyz?verbose lines (AddReadiness).
+	onTick    atomic.Pointer[[]func(context.Context, *Snapshot, time.Time)]
+	readiness []func(*strings.Builder)
 }
 
 // NewServer builds a server from a validated config.
@@ -85,8 +90,6 @@ func New(cfg *config.Config, opts Options) (*Decider, error) {
 		seed:  opts.Seed,
 		store: newStateStore(),
 		dec:   newDecisions(opts.DecisionSlots, opts.Seed),
-
-		feedbackHealth: newFeedbackHealth(),
 	}
 	s.m.init()
 	s.pd = pd.New()
@@ -138,7 +141,6 @@ func (s *Decider) Apply(cfg *config.Config) error {
 	s.pols = pols
 	closeAll(old)
 	s.m.reloads.Add(1)
-	s.warnFeedbackOff(snap)
 	for _, fn := range s.onApply {
 		fn(snap)
 	}
@@ -268,4 +270,87 @@ func (s *Decider) WriteReadiness(b *strings.Builder, verbose bool) bool {
 		}
 	}
 	return why == ""
+}
+
+// stallTick is how often decisions are swept: a quarter of the smallest
+// budget, within 100ms..1s (1s, the TTL sweep, when detection is off).
+func stallTick(snap *Snapshot) time.Duration {
+	t := time.Second
+	for _, p := range snap.Pools() {
+		if len(p.Endpoints) == 0 {
+			continue
+		}
+		if b := time.Duration(p.Endpoints[0].State.Stall.BudgetNs.Load()); b > 0 {
+			t = min(t, max(b/4, 100*time.Millisecond))
+		}
+	}
+	return t
+}
+
+// tick runs the periodic work: the decision ledger's TTL sweep (which also
+// marks endpoints holding a decision past half their stall budget, while
+// completions arrive), then the hooks (route/feedback: feedback and stall
+// checks).
+func (s *Decider) tick(ctx context.Context, snap *Snapshot, now time.Time) {
+	healthy := !s.fbStalled.Load() && s.dec.completed.Load() > 0
+	s.dec.sweep(now, snap.Config.DecisionTTL.D(), healthy)
+	if hooks := s.onTick.Load(); hooks != nil {
+		for _, fn := range *hooks {
+			fn(ctx, snap, now)
+		}
+	}
+}
+
+// Sweep runs one tick of Run at now: the ledger's TTL sweep, then the
+// hooks (tests and simulations drive time with it).
+func (s *Decider) Sweep(ctx context.Context, now time.Time) { s.tick(ctx, s.snap.Load(), now) }
+
+// OnTick registers a hook run on every tick of Run, after the ledger's
+// sweep (route/feedback's checks).
+func (s *Decider) OnTick(fn func(ctx context.Context, snap *Snapshot, now time.Time)) {
+	for {
+		old := s.onTick.Load()
+		var next []func(context.Context, *Snapshot, time.Time)
+		if old != nil {
+			next = append(next, *old...)
+		}
+		next = append(next, fn)
+		if s.onTick.CompareAndSwap(old, &next) {
+			return
+		}
+	}
+}
+
+// SetFeedbackStalled tells the ledger whether completions stopped arriving
+// (route/feedback): a decision open for long then proves nothing about its
+// endpoint.
+func (s *Decider) SetFeedbackStalled(stalled bool) { s.fbStalled.Store(stalled) }
+
+// CloseDecision completes a decision by id and returns the state of its
+// endpoint (nil when the id is unknown or already completed).
+func (s *Decider) CloseDecision(id uint64) *fleet.State { return s.dec.closeState(id) }
+
+// LedgerCounts are the decisions opened and completed so far, and how many
+// had been opened at the last completion.
+func (s *Decider) LedgerCounts() (opened, completed, openedAtClose uint64) {
+	return s.dec.opened(), s.dec.completed.Load(), s.dec.openedAtClose.Load()
+}
+
+// AddReadiness registers a writer of extra /readyz?verbose lines (facts
+// that never change readiness itself: completion feedback, degraded
+// endpoints).
+func (s *Decider) AddReadiness(fn func(*strings.Builder)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.readiness = append(s.readiness, fn)
+}
+
+// WriteReadinessNotes writes the AddReadiness lines.
+func (s *Decider) WriteReadinessNotes(b *strings.Builder) {
+	s.mu.Lock()
+	fns := s.readiness
+	s.mu.Unlock()
+	for _, fn := range fns {
+		fn(b)
+	}
 }

@@ -30,15 +30,9 @@ type serverMetrics struct {
 	errors       [numErrKinds]atomic.Uint64
 	reloads      atomic.Uint64
 	reloadFailed atomic.Uint64
-	feedback     atomic.Uint64 // feedback lines received
-	feedbackBad  atomic.Uint64 // unparseable feedback lines
 	health       [2]atomic.Uint64
 	pdPrefill    [5]atomic.Uint64 // ok, retried, failed, skipped, aggregated
 	extra        atomic.Pointer[[]func(*strings.Builder)]
-
-	// feedbackRejected: wrong source or token; stallProbes: ok, stalled.
-	feedbackRejected atomic.Uint64
-	stallProbes      [2]atomic.Uint64
 }
 
 func (m *serverMetrics) init() {}
@@ -132,9 +126,6 @@ func (s *Decider) WriteMetrics(b *strings.Builder) {
 	} {
 		fmt.Fprintf(b, "turnout_completions_total{result=%q} %d\n", c.name, c.v)
 	}
-	help("turnout_feedback_lines_total", "counter", "Proxy log lines received on the feedback listener.")
-	fmt.Fprintf(b, "turnout_feedback_lines_total{result=\"ok\"} %d\n", s.m.feedback.Load())
-	fmt.Fprintf(b, "turnout_feedback_lines_total{result=\"malformed\"} %d\n", s.m.feedbackBad.Load())
 	help("turnout_request_errors_total", "counter", "Requests refused, by reason.")
 	for k := errKind(0); k < numErrKinds; k++ {
 		fmt.Fprintf(b, "turnout_request_errors_total{reason=%q} %d\n", errKindNames[k], s.m.errors[k].Load())
@@ -149,8 +140,6 @@ func (s *Decider) WriteMetrics(b *strings.Builder) {
 	for i, n := range []string{"ok", "retried", "failed", "skipped", "aggregated"} {
 		fmt.Fprintf(b, "turnout_pd_prefill_total{result=%q} %d\n", n, s.m.pdPrefill[i].Load())
 	}
-	s.writeEndpointFeedbackMetrics(b)
-	s.writeFeedbackHealthMetrics(b)
 	for _, p := range snap.Pools() {
 		if mw, ok := p.Policy.(fleet.MetricsWriter); ok {
 			mw.WriteMetrics(p, b)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/turnout/turnout/internal/config"
 
@@ -325,3 +326,18 @@ func (s *Snapshot) forwardedRole(name []byte) hdrRole {
 
 // Forwarded is forwarded for the transports outside this package (SPOE).
 func (s *Snapshot) Forwarded(name []byte) bool { return s.forwarded(name) }
+
+// setStallBudget applies a pool's budget to its endpoints; an endpoint whose
+// detection is turned off is no longer held degraded.
+func setStallBudget(p *fleet.Pool, budget time.Duration) {
+	for _, e := range p.Endpoints {
+		e.State.Stall.BudgetNs.Store(int64(budget))
+		if budget <= 0 {
+			e.State.Stall.Degraded.Store(false)
+		}
+	}
+}
+
+// EndpointByServer finds an endpoint by its (globally unique) server name,
+// as a feedback line names it; nil when none.
+func (s *Snapshot) EndpointByServer(name []byte) *fleet.Endpoint { return s.byServer[string(name)] }

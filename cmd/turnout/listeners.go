@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/turnout/turnout/route/feedback"
+
 	"github.com/turnout/turnout/route/httpapi"
 
 	"context"
@@ -43,6 +45,7 @@ type listeners struct {
 	log *zerolog.Logger
 	srv *route.Decider
 	api *httpapi.API
+	fb  *feedback.Loop
 	// spoeAddr gives the SPOE agent's address for a config: haproxy.spoe,
 	// or the default path's socket next to the rendered HAProxy files.
 	// nil means haproxy.spoe alone.
@@ -72,8 +75,8 @@ type listener struct {
 	timer *time.Timer
 }
 
-func newListeners(srv *route.Decider, log *zerolog.Logger) *listeners {
-	return &listeners{log: log, srv: srv, api: httpapi.New(srv), cur: map[string]*listener{}}
+func newListeners(srv *route.Decider, fb *feedback.Loop, log *zerolog.Logger) *listeners {
+	return &listeners{log: log, srv: srv, api: httpapi.New(srv), fb: fb, cur: map[string]*listener{}}
 }
 
 // change is the outcome of prepare: listeners to start and the ones they replace.
@@ -287,7 +290,7 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 		fctx, cancel := context.WithCancel(context.Background())
 		nl.serve = func() {
 			go func() {
-				if err := l.srv.ServeFeedback(fctx, pc); err != nil {
+				if err := l.fb.Serve(fctx, pc); err != nil {
 					l.log.Error().Err(err).Str("feedback", addr).Msg("feedback listener stopped")
 				}
 			}()

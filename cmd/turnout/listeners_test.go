@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/turnout/turnout/route/feedback"
+
 	"net"
 	"strings"
 	"testing"
@@ -53,7 +55,7 @@ func TestListenersLifecycle(t *testing.T) {
 	}
 	defer srv.Close()
 	log := zerolog.Nop()
-	l := newListeners(srv, &log)
+	l := newListeners(srv, feedback.New(srv), &log)
 	defer l.shutdown(t.Context())
 	ch, err := l.prepare(cfg)
 	if err != nil {
@@ -122,7 +124,7 @@ func TestListenersDefaultSPOESocket(t *testing.T) {
 	}
 	defer srv.Close()
 	log := zerolog.Nop()
-	l := newListeners(srv, &log)
+	l := newListeners(srv, feedback.New(srv), &log)
 	l.spoeAddr = spoeAddrFunc("")
 	defer l.shutdown(t.Context())
 	ch, err := l.prepare(cfg)

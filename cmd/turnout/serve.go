@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/turnout/turnout/route/feedback"
+
 	"github.com/turnout/turnout/route/health"
 
 	"context"
@@ -129,7 +131,9 @@ func runServe(args []string, log *zerolog.Logger) error {
 		}
 		syncCh <- req
 	}
-	lns := newListeners(srv, log)
+	// Completion feedback: read by the feedback listener, checked on every tick of srv.Run.
+	fb := feedback.New(srv)
+	lns := newListeners(srv, fb, log)
 	lns.spoeAddr = spoeAddrFunc(*haDir)
 	// Grace before an old listener closes: the proxies have been reloaded
 	// toward the new address; their old workers finish what they started.

@@ -268,7 +268,7 @@ func (a *API) ready(ctx *fasthttp.RequestCtx) {
 	ok := a.d.WriteReadiness(&b, verbose)
 	if verbose {
 		// Completion feedback and degraded endpoints: never the status.
-		a.d.WriteFeedbackReadiness(&b)
+		a.d.WriteReadinessNotes(&b)
 	}
 	ctx.SetContentType("text/plain; charset=utf-8")
 	if ok {

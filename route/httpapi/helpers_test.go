@@ -1,6 +1,8 @@
 package httpapi
 
 import (
+	"github.com/turnout/turnout/route/feedback"
+
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -9,7 +11,8 @@ import (
 	"github.com/turnout/turnout/route/internal/routetest"
 )
 
-// testServer is a Decider with its HTTP API, as cmd/turnout wires them.
+// testServer is a Decider with its HTTP API (and its feedback loop), as
+// cmd/turnout wires them.
 type testServer struct {
 	*route.Decider
 	*API
@@ -21,6 +24,7 @@ func mustServer(t testing.TB, y string) *testServer {
 	if err != nil {
 		t.Fatalf("server: %v", err)
 	}
+	feedback.New(d) // as cmd/turnout wires it: /readyz?verbose and /metrics include it
 	return &testServer{d, New(d)}
 }
 

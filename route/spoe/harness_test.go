@@ -1,6 +1,7 @@
 package spoe
 
 import (
+	"github.com/turnout/turnout/route/feedback"
 	"github.com/turnout/turnout/route/httpapi"
 
 	"bytes"
@@ -102,7 +103,8 @@ func startTurnout(t testing.TB, yaml, spoeAddr string, withAgent bool) *turnoutP
 	fctx, fcancel := context.WithCancel(context.Background())
 	p.feedback = fcancel
 	if cfg.Feedback.Syslog != "" {
-		go func() { _ = srv.ListenFeedback(fctx, cfg.Feedback.Syslog) }()
+		fb := feedback.New(srv)
+		go func() { _ = fb.Listen(fctx, cfg.Feedback.Syslog) }()
 	}
 	if withAgent {
 		p.startAgent(t)

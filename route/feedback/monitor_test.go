@@ -1,6 +1,8 @@
-package route
+package feedback
 
 import (
+	"github.com/turnout/turnout/route"
+
 	"bytes"
 	"context"
 	"fmt"
@@ -20,7 +22,7 @@ import (
 	"github.com/rs/zerolog"
 )
 
-func metricsText(s *Decider) string {
+func metricsText(s *testServer) string {
 	var b strings.Builder
 	s.WriteMetrics(&b)
 	return b.String()
@@ -45,9 +47,9 @@ func TestEndpointFeedbackMetrics(t *testing.T) {
 		"turnout-done id=%s srv=<NOSRV> status=413 ms=0 ttfb=-1", // no replica: no endpoint figures
 	}
 	for i, l := range lines {
-		s.FeedbackLine([]byte(fmt.Sprintf(l, ids[i])))
+		s.Line([]byte(fmt.Sprintf(l, ids[i])))
 	}
-	s.dec.sweep(time.Now().Add(time.Hour), time.Minute, false) // ids[4], ids[5] never complete
+	s.Sweep(context.Background(), time.Now().Add(time.Hour)) // ids[4], ids[5] never complete (decision_ttl)
 	m := metricsText(s)
 	lab := func(ep string) string { return `deployment="llama",pool="llama_mixed",endpoint="` + ep + `"` }
 	wantMetric(t, m, `turnout_endpoint_responses_total{`+lab("a")+`,class="2xx"} 1`)
@@ -85,7 +87,7 @@ func TestFeedbackAllocs(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", "", "s3cret-token-0123456789"))
 	dgram := []byte("<134>Nov 21 10:00:00 haproxy[1]: turnout-done id=0123456789abcdef srv=b status=200 ms=1234 ttfb=12 tok=s3cret-token-0123456789 be=x tw=0\n")
 	src := netip.MustParseAddr("127.0.0.1")
-	if n := testing.AllocsPerRun(500, func() { s.FeedbackDatagram(src, dgram) }); n != 0 {
+	if n := testing.AllocsPerRun(500, func() { s.Datagram(src, dgram) }); n != 0 {
 		t.Fatalf("%v allocations per feedback datagram", n)
 	}
 	// A closing line too: route, then complete through the feedback path.
@@ -93,11 +95,11 @@ func TestFeedbackAllocs(t *testing.T) {
 	line := make([]byte, 0, 128)
 	n := testing.AllocsPerRun(200, func() {
 		ctx.Response.Reset()
-		handle(s, ctx)
+		s.api.Handler(ctx)
 		line = append(line[:0], "turnout-done id="...)
-		line = append(line, ctx.Response.Header.Peek(HdrDecision)...)
+		line = append(line, ctx.Response.Header.Peek(route.HdrDecision)...)
 		line = append(line, " srv=a status=200 ms=5 ttfb=1 tok=s3cret-token-0123456789"...)
-		if !s.FeedbackLine(line) {
+		if !s.Line(line) {
 			t.Fatal("not closed")
 		}
 	})
@@ -107,10 +109,10 @@ func TestFeedbackAllocs(t *testing.T) {
 }
 
 // verbose is /readyz?verbose as route/httpapi answers it.
-func verbose(s *Decider) (int, string) {
+func verbose(s *testServer) (int, string) {
 	var b strings.Builder
 	ok := s.WriteReadiness(&b, true)
-	s.WriteFeedbackReadiness(&b)
+	s.WriteReadinessNotes(&b)
 	return readyStatus(ok), b.String()
 }
 
@@ -129,14 +131,14 @@ func TestFeedbackStalledNoticed(t *testing.T) {
 	cfg := mustConfig(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", "", "")+"\n")
 	cfg.Feedback.StalledAfter = config.Duration(30 * time.Second)
 	cfg.Feedback.StalledMinDecisions = 10
-	s, err := New(cfg, Options{Log: &l})
+	s, err := newServer(t, cfg, route.Options{Log: &l})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t0 := time.Now()
 	s.checkFeedback(cfg, t0)
 	ids := openIDs(t, s, 12)
-	s.FeedbackLine([]byte("turnout-done id=" + ids[0] + " srv=a status=200 ms=1"))
+	s.Line([]byte("turnout-done id=" + ids[0] + " srv=a status=200 ms=1"))
 	s.checkFeedback(cfg, t0.Add(time.Second))
 	if _, body := verbose(s); !strings.Contains(body, "feedback: ok") {
 		t.Fatalf("verbose with arriving feedback:\n%s", body)
@@ -144,11 +146,11 @@ func TestFeedbackStalledNoticed(t *testing.T) {
 	// Only 11 decisions left open but nothing arrives any more.
 	openIDs(t, s, 10)
 	s.checkFeedback(cfg, t0.Add(20*time.Second))
-	if s.FeedbackStalled() {
+	if s.Stalled() {
 		t.Fatal("stalled before stalled_after")
 	}
 	s.checkFeedback(cfg, t0.Add(40*time.Second))
-	if !s.FeedbackStalled() {
+	if !s.Stalled() {
 		t.Fatal("not stalled after 39s without completions and 10 decisions")
 	}
 	status, body := verbose(s)
@@ -166,16 +168,16 @@ func TestFeedbackStalledNoticed(t *testing.T) {
 	if n := strings.Count(logs.String(), "completion feedback stopped"); n != 1 {
 		t.Fatalf("warning not rate-limited: %d", n)
 	}
-	s.FeedbackLine([]byte("turnout-done id=" + ids[1] + " srv=a status=200 ms=1"))
+	s.Line([]byte("turnout-done id=" + ids[1] + " srv=a status=200 ms=1"))
 	s.checkFeedback(cfg, t0.Add(51*time.Second))
-	if s.FeedbackStalled() || !strings.Contains(logs.String(), "arriving again") {
+	if s.Stalled() || !strings.Contains(logs.String(), "arriving again") {
 		t.Fatal("not recovered after a completion")
 	}
 	wantMetric(t, metricsText(s), "turnout_feedback_stalled 0")
 }
 
 // verbose2 is plain /readyz as route/httpapi answers it.
-func verbose2(s *Decider) (int, string) {
+func verbose2(s *testServer) (int, string) {
 	var b strings.Builder
 	ok := s.WriteReadiness(&b, false)
 	return readyStatus(ok), b.String()
@@ -189,7 +191,7 @@ func TestFeedbackOffIsNotStalled(t *testing.T) {
 	s.checkFeedback(cfg, t0)
 	openIDs(t, s, 50)
 	s.checkFeedback(cfg, t0.Add(time.Hour))
-	if s.FeedbackStalled() {
+	if s.Stalled() {
 		t.Fatal("feedback off reported as stalled")
 	}
 	if _, body := verbose(s); !strings.Contains(body, "feedback: off") {
@@ -242,7 +244,7 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
-func stallServer(t *testing.T, reps ...*replica) (*Decider, *syncBuffer) {
+func stallServer(t *testing.T, reps ...*replica) (*testServer, *syncBuffer) {
 	t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, "health: {disable: true, stall: {budget: 300ms, readmit: 300ms}}\nfeedback: {syslog: 127.0.0.1:5140}\ndeployments:\n  - name: llama\n    pools:\n      - role: mixed\n        endpoints:\n")
@@ -251,24 +253,26 @@ func stallServer(t *testing.T, reps ...*replica) (*Decider, *syncBuffer) {
 	}
 	logs := &syncBuffer{}
 	l := zerolog.New(logs)
-	s, err := New(mustConfig(t, b.String()), Options{Log: &l})
+	s, err := newServer(t, mustConfig(t, b.String()), route.Options{Log: &l})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s, logs
 }
 
-func endpointByName(s *Decider, name string) *fleet.Endpoint { return s.Snapshot().byServer[name] }
+func endpointByName(s *testServer, name string) *fleet.Endpoint {
+	return s.Snapshot().EndpointByServer([]byte(name))
+}
 
 // tickUntil runs the periodic work until cond holds.
-func tickUntil(t *testing.T, s *Decider, what string, cond func() bool) {
+func tickUntil(t *testing.T, s *testServer, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		s.tick(context.Background(), s.Snapshot(), time.Now())
+		s.Sweep(context.Background(), time.Now()) // one tick of Run: the sweep, then the feedback checks
 		time.Sleep(20 * time.Millisecond)
 	}
 }
@@ -280,10 +284,10 @@ func TestStallDegradesFromFeedback(t *testing.T) {
 	r0, r1 := newReplica(t), newReplica(t)
 	s, logs := stallServer(t, r0, r1)
 	r0.stall.Store(int64(10 * time.Second))
-	s.FeedbackLine([]byte("turnout-done id=- srv=r0 status=200 ms=30000 ttfb=29990"))
+	s.Line([]byte("turnout-done id=- srv=r0 status=200 ms=30000 ttfb=29990"))
 	tickUntil(t, s, "r0 degraded", func() bool { return endpointByName(s, "r0").Degraded() })
 	for i := 0; i < 20; i++ {
-		if got := hdr(do(s, chatBody("llama", "", "x")), HdrServer); got != "r1" {
+		if got := hdr(do(s, chatBody("llama", "", "x")), route.HdrServer); got != "r1" {
 			t.Fatalf("decision went to %s while r0 is degraded", got)
 		}
 	}
@@ -305,13 +309,13 @@ func TestStallDegradesFromOpenDecisions(t *testing.T) {
 	r0.stall.Store(int64(10 * time.Second))
 	// Completions arrive (r1 answers), so open decisions mean something.
 	var onR0 bool
-	for i := 0; i < 40 && (!onR0 || s.dec.completed.Load() == 0); i++ {
+	for i := 0; i < 40 && (!onR0 || completed(s) == 0); i++ {
 		ctx := do(s, chatBody("llama", "", "x"))
-		if hdr(ctx, HdrServer) == "r0" {
+		if hdr(ctx, route.HdrServer) == "r0" {
 			onR0 = true
 			continue
 		}
-		s.FeedbackLine([]byte("turnout-done id=" + hdr(ctx, HdrDecision) + " srv=r1 status=200 ms=5 ttfb=2"))
+		s.Line([]byte("turnout-done id=" + hdr(ctx, route.HdrDecision) + " srv=r1 status=200 ms=5 ttfb=2"))
 	}
 	if !onR0 {
 		t.Fatal("no decision for r0")
@@ -329,14 +333,15 @@ func TestStallDegradesFromOpenDecisions(t *testing.T) {
 func TestLongStreamNotDegraded(t *testing.T) {
 	r0, r1 := newReplica(t), newReplica(t)
 	s, _ := stallServer(t, r0, r1)
-	s.FeedbackLine([]byte("turnout-done id=- srv=r1 status=200 ms=5 ttfb=2"))
+	s.Line([]byte("turnout-done id=- srv=r1 status=200 ms=5 ttfb=2"))
 	for i := 0; i < 10; i++ {
 		do(s, chatBody("llama", "", "x")) // never completed: long streams
 	}
-	s.dec.completed.Add(1) // completions "arrive"
+	// Completions "arrive": one decision closes, its figures go to r1.
+	s.Line([]byte("turnout-done id=" + hdr(do(s, chatBody("llama", "", "x")), route.HdrDecision) + " srv=r1 status=200 ms=5 ttfb=2"))
 	deadline := time.Now().Add(1500 * time.Millisecond)
 	for time.Now().Before(deadline) {
-		s.tick(context.Background(), s.Snapshot(), time.Now())
+		s.Sweep(context.Background(), time.Now()) // one tick of Run: the sweep, then the feedback checks
 		time.Sleep(20 * time.Millisecond)
 	}
 	if endpointByName(s, "r0").Degraded() || endpointByName(s, "r1").Degraded() {
@@ -353,7 +358,7 @@ func TestStallKeepsLastEndpoint(t *testing.T) {
 	s, logs := stallServer(t, r0, r1)
 	endpointByName(s, "r1").SetDown(true)
 	r0.stall.Store(int64(10 * time.Second))
-	s.FeedbackLine([]byte("turnout-done id=- srv=r0 status=200 ms=30000 ttfb=29990"))
+	s.Line([]byte("turnout-done id=- srv=r0 status=200 ms=30000 ttfb=29990"))
 	tickUntil(t, s, "the stalled probe to be logged", func() bool { return strings.Contains(logs.String(), "last available") })
 	if endpointByName(s, "r0").Degraded() {
 		t.Fatal("the last available endpoint was degraded")
@@ -381,4 +386,10 @@ deployments:
 	if c.StallBudget(pools[2]) != 0 {
 		t.Error("disable ignored")
 	}
+}
+
+// completed is how many decisions were completed.
+func completed(s *testServer) uint64 {
+	_, done, _ := s.LedgerCounts()
+	return done
 }

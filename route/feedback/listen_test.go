@@ -1,6 +1,8 @@
-package route
+package feedback
 
 import (
+	"github.com/turnout/turnout/route"
+
 	"bytes"
 	"context"
 	"fmt"
@@ -17,11 +19,11 @@ import (
 )
 
 // openIDs routes n requests and returns their decision ids.
-func openIDs(t *testing.T, s *Decider, n int) []string {
+func openIDs(t *testing.T, s *testServer, n int) []string {
 	t.Helper()
 	var ids []string
 	for i := 0; i < n; i++ {
-		id := hdr(do(s, chatBody("llama", "", "x")), HdrDecision)
+		id := hdr(do(s, chatBody("llama", "", "x")), route.HdrDecision)
 		if len(id) != 16 {
 			t.Fatalf("decision id %q is not 16 hex digits", id)
 		}
@@ -30,7 +32,7 @@ func openIDs(t *testing.T, s *Decider, n int) []string {
 	return ids
 }
 
-func totalInflight(s *Decider) (n int64) {
+func totalInflight(s *testServer) (n int64) {
 	for _, p := range s.Snapshot().Pools() {
 		for _, e := range p.Endpoints {
 			n += e.Inflight()
@@ -44,12 +46,12 @@ func totalInflight(s *Decider) (n int64) {
 func TestDecisionIDsUnguessable(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(fourEndpoints, "least-request"))
 	ids := openIDs(t, s, 64)
-	mine, _ := ParseDecisionID([]byte(ids[0]))
+	mine, _ := route.ParseDecisionID([]byte(ids[0]))
 	live := totalInflight(s)
 	for k := uint64(1); k <= 4096; k++ {
 		for _, guess := range []uint64{mine + k, mine - k, mine ^ k, mine + k<<16, mine + k<<32} {
 			line := fmt.Sprintf("turnout-done id=%016x srv=a status=200 ms=1", guess)
-			if s.FeedbackLine([]byte(line)) {
+			if s.Line([]byte(line)) {
 				t.Fatalf("guessed id %016x (own %016x + %d) closed a live decision", guess, mine, k)
 			}
 		}
@@ -59,7 +61,7 @@ func TestDecisionIDsUnguessable(t *testing.T) {
 	}
 	// The ids still close their own decisions, and only once.
 	for _, id := range ids {
-		if !s.FeedbackLine([]byte("turnout-done id=" + id + " srv=a status=200 ms=1")) {
+		if !s.Line([]byte("turnout-done id=" + id + " srv=a status=200 ms=1")) {
 			t.Fatalf("genuine id %s not accepted", id)
 		}
 	}
@@ -71,11 +73,11 @@ func TestDecisionIDsUnguessable(t *testing.T) {
 const feedbackCfg = routetest.FeedbackCfg
 
 // listen runs ListenFeedback and returns a connected UDP client.
-func listenFeedback(t *testing.T, s *Decider, addr string) net.Conn {
+func listenFeedback(t *testing.T, s *testServer, addr string) net.Conn {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
-	go func() { errc <- s.ListenFeedback(ctx, addr) }()
+	go func() { errc <- s.Listen(ctx, addr) }()
 	t.Cleanup(func() { cancel(); <-errc })
 	c, err := net.Dial("udp", addr)
 	if err != nil {
@@ -118,15 +120,15 @@ func TestFeedbackSourceChecked(t *testing.T) {
 			deadline := time.Now().Add(3 * time.Second)
 			for time.Now().Before(deadline) {
 				_, _ = c.Write(b.Bytes()) // refused until the listener is up
-				if totalInflight(s) == 0 || s.m.feedbackRejected.Load() > 0 {
+				if totalInflight(s) == 0 || s.rejected.Load() > 0 {
 					break
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
 			if got := totalInflight(s) == 0; got != tc.closes {
-				t.Fatalf("decisions closed=%v, want %v (rejected %d)", got, tc.closes, s.m.feedbackRejected.Load())
+				t.Fatalf("decisions closed=%v, want %v (rejected %d)", got, tc.closes, s.rejected.Load())
 			}
-			if !tc.closes && s.dec.completed.Load() != 0 {
+			if !tc.closes && completed(s) != 0 {
 				t.Fatal("a completion was counted from a rejected source")
 			}
 		})
@@ -136,11 +138,11 @@ func TestFeedbackSourceChecked(t *testing.T) {
 func TestFeedbackDatagramSource(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", "", ""))
 	ids := openIDs(t, s, 2)
-	s.FeedbackDatagram(netip.MustParseAddr("192.0.2.7"), []byte("turnout-done id="+ids[0]+" srv=a status=200 ms=1"))
-	if totalInflight(s) != 2 || s.m.feedbackRejected.Load() != 1 {
-		t.Fatalf("foreign source: inflight %d rejected %d", totalInflight(s), s.m.feedbackRejected.Load())
+	s.Datagram(netip.MustParseAddr("192.0.2.7"), []byte("turnout-done id="+ids[0]+" srv=a status=200 ms=1"))
+	if totalInflight(s) != 2 || s.rejected.Load() != 1 {
+		t.Fatalf("foreign source: inflight %d rejected %d", totalInflight(s), s.rejected.Load())
 	}
-	s.FeedbackDatagram(netip.MustParseAddr("::ffff:127.0.0.1"), []byte("turnout-done id="+ids[0]+" srv=a status=200 ms=1\nturnout-done id="+ids[1]+" srv=b status=200 ms=1\n"))
+	s.Datagram(netip.MustParseAddr("::ffff:127.0.0.1"), []byte("turnout-done id="+ids[0]+" srv=a status=200 ms=1\nturnout-done id="+ids[1]+" srv=b status=200 ms=1\n"))
 	if totalInflight(s) != 0 {
 		t.Fatalf("loopback (v4-mapped) source: inflight %d", totalInflight(s))
 	}
@@ -156,18 +158,18 @@ func TestFeedbackToken(t *testing.T) {
 		"turnout-done id=" + ids[0] + " srv=a status=200 ms=1 tok=wrong-token-0123456789",
 		"turnout-done id=" + ids[0] + " srv=a status=200 ms=1 tok=" + tok[:len(tok)-1],
 	} {
-		if s.FeedbackLine([]byte(line)) {
+		if s.Line([]byte(line)) {
 			t.Fatalf("line without the right token closed a decision: %q", line)
 		}
 	}
-	if !s.FeedbackLine([]byte("turnout-done id=" + ids[0] + " srv=a tok=" + tok + " status=200 ms=1")) {
+	if !s.Line([]byte("turnout-done id=" + ids[0] + " srv=a tok=" + tok + " status=200 ms=1")) {
 		t.Fatal("line with the token not accepted")
 	}
-	if s.m.feedbackRejected.Load() != 3 {
-		t.Fatalf("rejected %d, want 3", s.m.feedbackRejected.Load())
+	if s.rejected.Load() != 3 {
+		t.Fatalf("rejected %d, want 3", s.rejected.Load())
 	}
-	if FeedbackAuthField(s.Snapshot().Config) != "tok="+tok {
-		t.Fatalf("auth field %q", FeedbackAuthField(s.Snapshot().Config))
+	if route.FeedbackAuthField(s.Snapshot().Config) != "tok="+tok {
+		t.Fatalf("auth field %q", route.FeedbackAuthField(s.Snapshot().Config))
 	}
 }
 
@@ -185,13 +187,13 @@ func TestFeedbackExposureWarning(t *testing.T) {
 		addr := pc.LocalAddr().String()
 		pc.Close()
 		cfg := mustConfig(t, fmt.Sprintf(feedbackCfg, addr, "", ""))
-		s, err := New(cfg, Options{Log: &l})
+		s, err := newServer(t, cfg, route.Options{Log: &l})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- s.ListenFeedback(ctx, addr) }()
+		go func() { done <- s.Listen(ctx, addr) }()
 		time.Sleep(50 * time.Millisecond)
 		cancel()
 		if err := <-done; err != nil {
@@ -219,5 +221,42 @@ func TestFeedbackConfigValidation(t *testing.T) {
 	c := mustConfig(t, "feedback: {syslog: 10.0.0.5:5140}\ndeployments: [{name: x, pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]}]\n")
 	if strings.Join(c.Feedback.Sources, ",") != "127.0.0.0/8,::1,10.0.0.5" {
 		t.Fatalf("default sources %v", c.Feedback.Sources)
+	}
+}
+
+// Proxy log lines in both syslog forms (HAProxy RFC3164, nginx RFC5424)
+// close their decisions once; lines without a decision close nothing.
+func TestCompletionLines(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(fourEndpoints, "least-request"))
+	var ids []string
+	for i := 0; i < 40; i++ {
+		ids = append(ids, hdr(do(s, chatBody("llama", "", "x")), route.HdrDecision))
+	}
+	total := func() (n int64) {
+		for _, e := range s.Snapshot().Deployments[0].Serve.Endpoints {
+			n += e.Inflight()
+		}
+		return n
+	}
+	if total() != 40 {
+		t.Fatalf("inflight %d, want 40", total())
+	}
+	for i, id := range ids {
+		line := fmt.Sprintf("<134>Nov 21 10:00:00 haproxy[1]: turnout-done id=%s srv=a status=200 ms=12", id)
+		if i%2 == 0 {
+			line = fmt.Sprintf("<190>1 2026-11-21T10:00:00Z host nginx - - - turnout-done id=%s srv=b status=200 ms=3", id)
+		}
+		if !s.Line([]byte(line)) {
+			t.Fatalf("line %q not accepted", line)
+		}
+	}
+	if total() != 0 {
+		t.Fatalf("inflight %d after completions", total())
+	}
+	if s.Line([]byte("turnout-done id=" + ids[0] + " srv=a")) {
+		t.Fatal("duplicate completion accepted")
+	}
+	if s.Line([]byte("turnout-done id=- srv=a status=200")) || s.Line([]byte("some other log line")) {
+		t.Fatal("line without a decision accepted")
 	}
 }

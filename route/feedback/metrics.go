@@ -1,4 +1,4 @@
-package route
+package feedback
 
 import (
 	"fmt"
@@ -13,8 +13,8 @@ import (
 // so the feedback path does not allocate.
 
 // writeEndpointFeedbackMetrics renders the per-endpoint feedback metrics.
-func (s *Decider) writeEndpointFeedbackMetrics(b *strings.Builder) {
-	snap := s.snap.Load()
+func (l *Loop) writeEndpointMetrics(b *strings.Builder) {
+	snap := l.d.Snapshot()
 	help := func(name, typ, text string) {
 		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
 	}
@@ -56,4 +56,13 @@ func (s *Decider) writeEndpointFeedbackMetrics(b *strings.Builder) {
 			}
 		}
 	}
+}
+
+// writeMetrics renders the feedback loop's metrics (Decider.AddMetrics).
+func (l *Loop) writeMetrics(b *strings.Builder) {
+	fmt.Fprintf(b, "# HELP turnout_feedback_lines_total Proxy log lines received on the feedback listener.\n# TYPE turnout_feedback_lines_total counter\n")
+	fmt.Fprintf(b, "turnout_feedback_lines_total{result=\"ok\"} %d\n", l.lines.Load())
+	fmt.Fprintf(b, "turnout_feedback_lines_total{result=\"malformed\"} %d\n", l.bad.Load())
+	l.writeEndpointMetrics(b)
+	l.writeHealthMetrics(b)
 }

@@ -1,6 +1,8 @@
-package route
+package feedback
 
 import (
+	"github.com/turnout/turnout/route"
+
 	"strings"
 
 	"github.com/turnout/turnout/route/fleet"
@@ -8,7 +10,7 @@ import (
 
 // warnFeedbackOff logs, for a config with feedback turned off, the pools
 // whose policy would drift for want of completions.
-func (s *Decider) warnFeedbackOff(snap *Snapshot) {
+func (l *Loop) warnFeedbackOff(snap *route.Snapshot) {
 	if snap.Config.Feedback.Syslog != "" {
 		return
 	}
@@ -21,6 +23,6 @@ func (s *Decider) warnFeedbackOff(snap *Snapshot) {
 	if len(pools) == 0 {
 		return
 	}
-	s.log.Warn().Str("pools", strings.Join(pools, ", ")).Str(fleet.FieldReason, "feedback disabled").
+	l.log.Warn().Str("pools", strings.Join(pools, ", ")).Str(fleet.FieldReason, "feedback disabled").
 		Msg("completion feedback is off but these pools balance on in-flight counts: decisions never complete, counts only grow until decision_ttl and the policy drifts; remove feedback.disable")
 }

@@ -1,6 +1,10 @@
-package route
+package feedback
 
 import (
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/route"
+
 	"context"
 	"fmt"
 	"net/http"
@@ -12,18 +16,35 @@ import (
 	"github.com/turnout/turnout/internal/config"
 )
 
-// feedbackHealth is the server's view of completion feedback and endpoint
+// Loop is a Decider's view of completion feedback and endpoint
 // stalls: whether completions still arrive, and who may send them.
-type feedbackHealth struct {
+type Loop struct {
+	d   *route.Decider
+	log *zerolog.Logger
+
 	mon          feedbackMonitor
 	fbRejectLog  rateLog
 	stallMu      sync.Mutex // serializes degrading, so a pool keeps one endpoint
 	stallLastLog rateLog
 	probeClient  *http.Client
+
+	// lines and bad count feedback lines read and unparseable; rejected
+	// the ones from a wrong source or without the token; stallProbes the
+	// stall probes (ok, stalled).
+	lines, bad, rejected atomic.Uint64
+	stallProbes          [2]atomic.Uint64
 }
 
-func newFeedbackHealth() feedbackHealth {
-	return feedbackHealth{probeClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}}}
+// New returns the feedback loop of d and hooks it into d: its checks run
+// on every tick of d.Run, its metrics and readiness lines join d's, and
+// each config applied is checked for policies that need feedback.
+func New(d *route.Decider) *Loop {
+	l := &Loop{d: d, log: d.Log(), probeClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}}}
+	d.OnTick(l.tick)
+	d.AddMetrics(l.writeMetrics)
+	d.AddReadiness(l.writeReadiness)
+	d.OnApply(l.warnFeedbackOff)
+	return l
 }
 
 // feedbackMonitor notices when decisions are made but completions stop
@@ -45,25 +66,23 @@ type feedbackMonitor struct {
 }
 
 // tick runs the periodic work: TTL expiry, feedback and stall checks.
-func (s *Decider) tick(ctx context.Context, snap *Snapshot, now time.Time) {
-	healthy := !s.mon.stalled.Load() && s.dec.completed.Load() > 0
-	s.dec.sweep(now, snap.Config.DecisionTTL.D(), healthy)
-	s.checkFeedback(snap.Config, now)
-	s.checkStalls(ctx, snap, now)
+func (l *Loop) tick(ctx context.Context, snap *route.Snapshot, now time.Time) {
+	l.checkFeedback(snap.Config, now)
+	l.checkStalls(ctx, snap, now)
 }
 
 // checkFeedback updates the monitor; it warns (at most every 5 minutes) when
 // completions stopped while decisions are made.
-func (s *Decider) checkFeedback(cfg *config.Config, now time.Time) {
-	m := &s.mon
+func (l *Loop) checkFeedback(cfg *config.Config, now time.Time) {
+	m := &l.mon
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	done := s.dec.completed.Load()
+	opened, done, openedAtClose := l.d.LedgerCounts()
 	if m.lastCloseNs == 0 || done != m.lastDone {
 		m.lastDone, m.lastCloseNs = done, now.UnixNano()
 	}
 	age := max(time.Duration(now.UnixNano()-m.lastCloseNs), 0)
-	made := s.dec.opened() - min(s.dec.openedAtClose.Load(), s.dec.opened())
+	made := opened - min(openedAtClose, opened)
 	m.ageNs.Store(int64(age))
 	m.pending.Store(made)
 	// Without a feedback listener and before any completion, feedback is
@@ -71,27 +90,29 @@ func (s *Decider) checkFeedback(cfg *config.Config, now time.Time) {
 	off := cfg.Feedback.Syslog == "" && done == 0
 	if off || age < cfg.Feedback.StalledAfter.D() || made < uint64(cfg.Feedback.StalledMinDecisions) {
 		if m.stalled.Swap(false) {
-			s.log.Info().Msg("completion feedback arriving again")
+			l.d.SetFeedbackStalled(false)
+			l.log.Info().Msg("completion feedback arriving again")
 		}
 		return
 	}
 	m.stalled.Store(true)
+	l.d.SetFeedbackStalled(true)
 	if m.warn.allow(now, 5*time.Minute) {
-		s.log.Warn().Dur("since_last_completion", age).Uint64("decisions", made).Str("feedback", cfg.Feedback.Syslog).
+		l.log.Warn().Dur("since_last_completion", age).Uint64("decisions", made).Str("feedback", cfg.Feedback.Syslog).
 			Msg("completion feedback stopped while decisions are made: in-flight counts only fall at decision_ttl and balancing skews; check the proxy's log target, feedback.sources and feedback.token (turnout_feedback_lines_total)")
 	}
 }
 
-// FeedbackStalled reports whether completions stopped arriving while
+// Stalled reports whether completions stopped arriving while
 // decisions are made.
-func (s *Decider) FeedbackStalled() bool { return s.mon.stalled.Load() }
+func (l *Loop) Stalled() bool { return l.mon.stalled.Load() }
 
-// WriteFeedbackReadiness appends, for /readyz?verbose, one line on
+// writeReadiness appends, for /readyz?verbose, one line on
 // completion feedback and one per degraded endpoint; readiness does not
 // depend on them.
-func (s *Decider) WriteFeedbackReadiness(b *strings.Builder) {
-	b.WriteString(s.feedbackStatus())
-	snap := s.snap.Load()
+func (l *Loop) writeReadiness(b *strings.Builder) {
+	b.WriteString(l.feedbackStatus())
+	snap := l.d.Snapshot()
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {
 			if e.Degraded() {
@@ -104,13 +125,13 @@ func (s *Decider) WriteFeedbackReadiness(b *strings.Builder) {
 }
 
 // feedbackStatus is the feedback line of /readyz?verbose.
-func (s *Decider) feedbackStatus() string {
-	cfg := s.snap.Load().Config
-	done := s.dec.completed.Load()
-	age := time.Duration(s.mon.ageNs.Load()).Round(time.Second)
+func (l *Loop) feedbackStatus() string {
+	cfg := l.d.Snapshot().Config
+	_, done, _ := l.d.LedgerCounts()
+	age := time.Duration(l.mon.ageNs.Load()).Round(time.Second)
 	switch {
-	case s.mon.stalled.Load():
-		return fmt.Sprintf("feedback: STALLED: no completion for %s while %d decisions were made (check the proxy log target %s)\n", age, s.mon.pending.Load(), cfg.Feedback.Syslog)
+	case l.mon.stalled.Load():
+		return fmt.Sprintf("feedback: STALLED: no completion for %s while %d decisions were made (check the proxy log target %s)\n", age, l.mon.pending.Load(), cfg.Feedback.Syslog)
 	case cfg.Feedback.Syslog == "" && done == 0:
 		return "feedback: off (feedback.disable): in-flight counts fall only at decision_ttl\n"
 	case done == 0:
@@ -120,25 +141,25 @@ func (s *Decider) feedbackStatus() string {
 }
 
 // writeFeedbackHealthMetrics renders the feedback and stall gauges.
-func (s *Decider) writeFeedbackHealthMetrics(b *strings.Builder) {
+func (l *Loop) writeHealthMetrics(b *strings.Builder) {
 	help := func(name, typ, text string) {
 		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
 	}
 	stalled := 0
-	if s.mon.stalled.Load() {
+	if l.mon.stalled.Load() {
 		stalled = 1
 	}
 	help("turnout_feedback_stalled", "gauge", "1 when completions stopped arriving while decisions are made (feedback.stalled_after).")
 	fmt.Fprintf(b, "turnout_feedback_stalled %d\n", stalled)
 	help("turnout_feedback_last_completion_age_seconds", "gauge", "Time since a completion last arrived (0 while they arrive; counted from start).")
-	fmt.Fprintf(b, "turnout_feedback_last_completion_age_seconds %g\n", time.Duration(s.mon.ageNs.Load()).Seconds())
+	fmt.Fprintf(b, "turnout_feedback_last_completion_age_seconds %g\n", time.Duration(l.mon.ageNs.Load()).Seconds())
 	help("turnout_feedback_rejected_total", "counter", "Feedback datagrams or lines dropped: source not in feedback.sources, or missing/wrong token.")
-	fmt.Fprintf(b, "turnout_feedback_rejected_total %d\n", s.m.feedbackRejected.Load())
+	fmt.Fprintf(b, "turnout_feedback_rejected_total %d\n", l.rejected.Load())
 	help("turnout_stall_probes_total", "counter", "Stall probes by result (stalled: no answer within the budget).")
-	fmt.Fprintf(b, "turnout_stall_probes_total{result=\"ok\"} %d\n", s.m.stallProbes[0].Load())
-	fmt.Fprintf(b, "turnout_stall_probes_total{result=\"stalled\"} %d\n", s.m.stallProbes[1].Load())
+	fmt.Fprintf(b, "turnout_stall_probes_total{result=\"ok\"} %d\n", l.stallProbes[0].Load())
+	fmt.Fprintf(b, "turnout_stall_probes_total{result=\"stalled\"} %d\n", l.stallProbes[1].Load())
 	help("turnout_endpoint_degraded", "gauge", "1 when stall detection took the endpoint out of rotation.")
-	for _, p := range s.snap.Load().Pools() {
+	for _, p := range l.d.Snapshot().Pools() {
 		for _, e := range p.Endpoints {
 			v := 0
 			if e.Degraded() {

@@ -1,6 +1,8 @@
-package route
+package feedback
 
 import (
+	"github.com/turnout/turnout/route"
+
 	"bytes"
 	"context"
 	"crypto/subtle"
@@ -14,27 +16,27 @@ import (
 	"github.com/turnout/turnout/route/fleet"
 )
 
-// ListenFeedback reads proxy log lines over UDP syslog until ctx ends. Each
-// datagram may hold lines (any syslog header); the part from FeedbackTag on
+// Listen reads proxy log lines over UDP syslog until ctx ends. Each
+// datagram may hold lines (any syslog header); the part from route.FeedbackTag on
 // is parsed as the line contract.go describes. Datagrams from a source not in
 // feedback.sources are dropped (counted, logged at most once a minute).
-func (s *Decider) ListenFeedback(ctx context.Context, addr string) error {
+func (l *Loop) Listen(ctx context.Context, addr string) error {
 	pc, err := net.ListenPacket("udp", addr)
 	if err != nil {
 		return fmt.Errorf("feedback listen %s: %w", addr, err)
 	}
-	return s.ServeFeedback(ctx, pc)
+	return l.Serve(ctx, pc)
 }
 
-// ServeFeedback reads proxy log lines from pc until ctx ends, then closes
+// Serve reads proxy log lines from pc until ctx ends, then closes
 // it (cmd/turnout binds pc first, so a busy address rejects a reload).
-func (s *Decider) ServeFeedback(ctx context.Context, pc net.PacketConn) error {
+func (l *Loop) Serve(ctx context.Context, pc net.PacketConn) error {
 	uc, ok := pc.(*net.UDPConn)
 	if !ok {
 		_ = pc.Close()
 		return fmt.Errorf("feedback listen %s: not a UDP socket", pc.LocalAddr())
 	}
-	s.warnFeedbackExposure(uc)
+	l.warnFeedbackExposure(uc)
 	go func() {
 		<-ctx.Done()
 		_ = uc.Close()
@@ -47,22 +49,22 @@ func (s *Decider) ServeFeedback(ctx context.Context, pc net.PacketConn) error {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			s.log.Warn().Err(err).Msg("feedback read")
+			l.log.Warn().Err(err).Msg("feedback read")
 			continue
 		}
-		s.FeedbackDatagram(src.Addr(), buf[:n])
+		l.Datagram(src.Addr(), buf[:n])
 	}
 }
 
 // warnFeedbackExposure warns when the feedback socket is reachable from
 // beyond this host: UDP sources are easy to spoof, the token is the real guard.
-func (s *Decider) warnFeedbackExposure(uc *net.UDPConn) {
+func (l *Loop) warnFeedbackExposure(uc *net.UDPConn) {
 	la, _ := uc.LocalAddr().(*net.UDPAddr)
 	if la == nil || la.IP.IsLoopback() {
 		return
 	}
-	fc := s.snap.Load().Config.Feedback
-	ev := s.log.Warn().Str("feedback", la.String()).Strs("sources", fc.Sources)
+	fc := l.d.Snapshot().Config.Feedback
+	ev := l.log.Warn().Str("feedback", la.String()).Strs("sources", fc.Sources)
 	if fc.Token == "" {
 		ev.Msg("feedback listens beyond loopback without feedback.token: anyone able to spoof a listed source address can close decisions; set feedback.token or listen on 127.0.0.1")
 		return
@@ -70,13 +72,13 @@ func (s *Decider) warnFeedbackExposure(uc *net.UDPConn) {
 	ev.Msg("feedback listens beyond loopback: lines are accepted only from feedback.sources and with feedback.token")
 }
 
-// FeedbackDatagram handles one datagram from src: every line in it.
-func (s *Decider) FeedbackDatagram(src netip.Addr, b []byte) {
-	snap := s.snap.Load()
-	if !snap.fb.allowed(src) {
-		s.m.feedbackRejected.Add(1)
-		if s.fbRejectLog.allow(time.Now(), time.Minute) {
-			s.log.Warn().Str("source", src.String()).Str(fleet.FieldReason, "source not in feedback.sources").Msg("feedback datagram dropped")
+// Datagram handles one datagram from src: every line in it.
+func (l *Loop) Datagram(src netip.Addr, b []byte) {
+	snap := l.d.Snapshot()
+	if !snap.FeedbackAllowed(src) {
+		l.rejected.Add(1)
+		if l.fbRejectLog.allow(time.Now(), time.Minute) {
+			l.log.Warn().Str("source", src.String()).Str(fleet.FieldReason, "source not in feedback.sources").Msg("feedback datagram dropped")
 		}
 		return
 	}
@@ -88,47 +90,47 @@ func (s *Decider) FeedbackDatagram(src netip.Addr, b []byte) {
 			b = nil
 		}
 		if len(bytes.TrimSpace(line)) > 0 {
-			s.FeedbackLine(line)
+			l.Line(line)
 		}
 	}
 }
 
-// FeedbackLine handles one proxy log line; it reports whether a decision
+// Line handles one proxy log line; it reports whether a decision
 // closed. The line's status, ms and ttfb feed the metrics and stall
 // detection of the endpoint named by srv (else the decision's endpoint).
-func (s *Decider) FeedbackLine(line []byte) bool {
+func (l *Loop) Line(line []byte) bool {
 	f, ok := parseFeedbackLine(line)
 	if !ok {
-		s.m.feedbackBad.Add(1)
+		l.bad.Add(1)
 		return false
 	}
-	snap := s.snap.Load()
-	if tok := snap.fb.token; len(tok) > 0 && (!f.hasTok || subtle.ConstantTimeCompare(f.tok, tok) != 1) {
-		s.m.feedbackRejected.Add(1)
-		if s.fbRejectLog.allow(time.Now(), time.Minute) {
-			s.log.Warn().Str(fleet.FieldReason, "missing or wrong feedback token").Msg("feedback line dropped")
+	snap := l.d.Snapshot()
+	if tok := snap.FeedbackToken(); len(tok) > 0 && (!f.hasTok || subtle.ConstantTimeCompare(f.tok, tok) != 1) {
+		l.rejected.Add(1)
+		if l.fbRejectLog.allow(time.Now(), time.Minute) {
+			l.log.Warn().Str(fleet.FieldReason, "missing or wrong feedback token").Msg("feedback line dropped")
 		}
 		return false
 	}
 	if !f.hasID {
-		s.m.feedbackBad.Add(1)
+		l.bad.Add(1)
 		return false
 	}
-	s.m.feedback.Add(1)
+	l.lines.Add(1)
 	var st *fleet.State
 	if len(f.id) > 0 && f.id[0] != '-' { // "-" or "": the proxy routed without turnout
-		id, ok := ParseDecisionID(f.id)
+		id, ok := route.ParseDecisionID(f.id)
 		if !ok {
-			s.m.feedbackBad.Add(1)
+			l.bad.Add(1)
 			return false
 		}
-		st = s.dec.closeState(id)
+		st = l.d.CloseDecision(id)
 	}
 	closed := st != nil
 	switch {
 	case f.hasSrv:
 		st = nil
-		if e := snap.byServer[string(f.srv)]; e != nil {
+		if e := snap.EndpointByServer(f.srv); e != nil {
 			st = e.State
 		}
 	case !closed:

@@ -1,4 +1,4 @@
-package route
+package feedback
 
 import (
 	"fmt"
@@ -14,6 +14,6 @@ func BenchmarkFeedbackDatagram(b *testing.B) {
 	src := netip.MustParseAddr("127.0.0.1")
 	b.ReportAllocs()
 	for b.Loop() {
-		s.FeedbackDatagram(src, dgram)
+		s.Datagram(src, dgram)
 	}
 }

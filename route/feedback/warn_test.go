@@ -1,6 +1,8 @@
-package route
+package feedback
 
 import (
+	"github.com/turnout/turnout/route"
+
 	"bytes"
 	"strings"
 	"testing"
@@ -41,7 +43,7 @@ deployments:
 			}
 			var buf bytes.Buffer
 			log := zerolog.New(&buf)
-			s, err := New(cfg, Options{Log: &log, Seed: 1})
+			s, err := newServer(t, cfg, route.Options{Log: &log, Seed: 1})
 			if err != nil {
 				t.Fatal(err)
 			}

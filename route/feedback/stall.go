@@ -1,6 +1,8 @@
-package route
+package feedback
 
 import (
+	"github.com/turnout/turnout/route"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,34 +33,8 @@ import (
 // Worst case from the first stalled request to degraded: budget/2 + one
 // sweep (budget/4, 100ms..1s) + the probe's budget, ~1.75x the budget.
 
-// setStallBudget applies a pool's budget to its endpoints; an endpoint whose
-// detection is turned off is no longer held degraded.
-func setStallBudget(p *fleet.Pool, budget time.Duration) {
-	for _, e := range p.Endpoints {
-		e.State.Stall.BudgetNs.Store(int64(budget))
-		if budget <= 0 {
-			e.State.Stall.Degraded.Store(false)
-		}
-	}
-}
-
-// stallTick is how often decisions are swept: a quarter of the smallest
-// budget, within 100ms..1s (1s, the TTL sweep, when detection is off).
-func stallTick(snap *Snapshot) time.Duration {
-	t := time.Second
-	for _, p := range snap.Pools() {
-		if len(p.Endpoints) == 0 {
-			continue
-		}
-		if b := time.Duration(p.Endpoints[0].State.Stall.BudgetNs.Load()); b > 0 {
-			t = min(t, max(b/4, 100*time.Millisecond))
-		}
-	}
-	return t
-}
-
 // checkStalls starts the probes that suspect and degraded endpoints need.
-func (s *Decider) checkStalls(ctx context.Context, snap *Snapshot, now time.Time) {
+func (l *Loop) checkStalls(ctx context.Context, snap *route.Snapshot, now time.Time) {
 	sc := snap.Config.Health.Stall
 	for _, d := range snap.Deployments {
 		model := d.Name
@@ -86,7 +62,7 @@ func (s *Decider) checkStalls(ctx context.Context, snap *Snapshot, now time.Time
 					continue
 				}
 				ss.LastProbe.Store(now.UnixNano())
-				go s.probeStall(ctx, p, e, model, sc.ProbePath, b)
+				go l.probeStall(ctx, p, e, model, sc.ProbePath, b)
 			}
 		}
 	}
@@ -95,18 +71,18 @@ func (s *Decider) checkStalls(ctx context.Context, snap *Snapshot, now time.Time
 // errStalled is a probe that got no answer within the budget.
 var errStalled = errors.New("no answer within the stall budget")
 
-func (s *Decider) probeStall(ctx context.Context, p *fleet.Pool, e *fleet.Endpoint, model, path string, budget time.Duration) {
+func (l *Loop) probeStall(ctx context.Context, p *fleet.Pool, e *fleet.Endpoint, model, path string, budget time.Duration) {
 	ss := &e.State.Stall
 	defer ss.Probing.Store(false)
 	start := time.Now()
-	err := s.probe(ctx, e, model, path, budget)
+	err := l.probe(ctx, e, model, path, budget)
 	took := time.Since(start)
 	if ctx.Err() != nil {
 		return
 	}
-	log := s.log.With().Str(fleet.FieldPool, p.Name).Str(fleet.FieldEndpoint, e.Name).Dur("budget", budget).Dur("probe", took).Logger()
+	log := l.log.With().Str(fleet.FieldPool, p.Name).Str(fleet.FieldEndpoint, e.Name).Dur("budget", budget).Dur("probe", took).Logger()
 	if !errors.Is(err, errStalled) {
-		s.m.stallProbes[0].Add(1)
+		l.stallProbes[0].Add(1)
 		if err != nil {
 			// Refused, reset, 5xx: the health check's business, not a stall.
 			log.Debug().Err(err).Msg("stall probe inconclusive")
@@ -119,18 +95,18 @@ func (s *Decider) probeStall(ctx context.Context, p *fleet.Pool, e *fleet.Endpoi
 		}
 		return
 	}
-	s.m.stallProbes[1].Add(1)
+	l.stallProbes[1].Add(1)
 	if ss.Degraded.Load() {
 		return
 	}
-	s.stallMu.Lock()
-	defer s.stallMu.Unlock()
+	l.stallMu.Lock()
+	defer l.stallMu.Unlock()
 	others := false
 	for _, o := range p.Endpoints {
 		others = others || (o != e && o.Available())
 	}
 	if !others {
-		if s.stallLastLog.allow(time.Now(), time.Minute) {
+		if l.stallLastLog.allow(time.Now(), time.Minute) {
 			log.Warn().Msg("endpoint stalls but is the last available one in its pool: kept")
 		}
 		return
@@ -141,7 +117,7 @@ func (s *Decider) probeStall(ctx context.Context, p *fleet.Pool, e *fleet.Endpoi
 }
 
 // probe sends a 1-token completion and waits for the response headers.
-func (s *Decider) probe(ctx context.Context, e *fleet.Endpoint, model, path string, budget time.Duration) error {
+func (l *Loop) probe(ctx context.Context, e *fleet.Endpoint, model, path string, budget time.Duration) error {
 	body, err := json.Marshal(map[string]any{"model": model, "prompt": "ping", "max_tokens": 1, "stream": false})
 	if err != nil {
 		return fmt.Errorf("probe body: %w", err)
@@ -153,7 +129,7 @@ func (s *Decider) probe(ctx context.Context, e *fleet.Endpoint, model, path stri
 		return fmt.Errorf("probe request: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	res, err := s.probeClient.Do(req)
+	res, err := l.probeClient.Do(req)
 	if err != nil {
 		var ne net.Error
 		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {

@@ -1,6 +1,8 @@
-package route
+package feedback
 
 import (
+	"github.com/turnout/turnout/route"
+
 	"fmt"
 	"testing"
 )
@@ -44,7 +46,7 @@ func TestParseFeedbackLine(t *testing.T) {
 
 func TestParseFeedbackLineAllocs(t *testing.T) {
 	line := []byte(fmt.Sprintf("<134>haproxy[1]: %s %s=00ff %s=b %s=200 %s=1234 %s=12 %s=t0k be=x",
-		FeedbackTag, FeedbackFieldID, FeedbackFieldServer, FeedbackFieldStatus, FeedbackFieldMs, FeedbackFieldTTFB, FeedbackFieldToken))
+		route.FeedbackTag, route.FeedbackFieldID, route.FeedbackFieldServer, route.FeedbackFieldStatus, route.FeedbackFieldMs, route.FeedbackFieldTTFB, route.FeedbackFieldToken))
 	var f feedbackFields
 	if n := testing.AllocsPerRun(100, func() { f, _ = parseFeedbackLine(line) }); n != 0 || f.ms != 1234 {
 		t.Fatalf("%v allocations, ms %d", n, f.ms)

@@ -1,8 +1,12 @@
-package route
+package feedback
 
-import "bytes"
+import (
+	"bytes"
 
-// The feedback line (contract.go, FeedbackTag, documents it; the HAProxy
+	"github.com/turnout/turnout/route"
+)
+
+// The feedback line (contract.go, route.FeedbackTag, documents it; the HAProxy
 // and nginx log formats write it): parsed here as a pure function over the
 // line's bytes, without a Server, so the format's reader lives in one
 // place. FeedbackLine (feedback.go) acts on what it finds.
@@ -14,15 +18,15 @@ type feedbackFields struct {
 	status, ms, ttfb      int64 // -1 = absent or unknown
 }
 
-// parseFeedbackLine reads the key=value fields after FeedbackTag in line
+// parseFeedbackLine reads the key=value fields after route.FeedbackTag in line
 // (any syslog header before it); ok is false without the tag. It does not
 // allocate.
 func parseFeedbackLine(line []byte) (f feedbackFields, ok bool) {
-	i := bytes.Index(line, []byte(FeedbackTag+" "))
+	i := bytes.Index(line, []byte(route.FeedbackTag+" "))
 	if i < 0 {
 		return f, false
 	}
-	return parseFeedback(line[i+len(FeedbackTag)+1:]), true
+	return parseFeedback(line[i+len(route.FeedbackTag)+1:]), true
 }
 
 // parseFeedback reads space-separated key=value fields in any order;
@@ -42,17 +46,17 @@ func parseFeedback(rest []byte) (f feedbackFields) {
 		}
 		k, v := kv[:eq], bytes.Trim(kv[eq+1:], "\"")
 		switch string(k) { // no allocation: the compiler compares in place
-		case FeedbackFieldID:
+		case route.FeedbackFieldID:
 			f.id, f.hasID = v, true
-		case FeedbackFieldServer:
+		case route.FeedbackFieldServer:
 			f.srv, f.hasSrv = v, true
-		case FeedbackFieldStatus:
+		case route.FeedbackFieldStatus:
 			f.status = parseMs(v)
-		case FeedbackFieldMs:
+		case route.FeedbackFieldMs:
 			f.ms = parseMs(v)
-		case FeedbackFieldTTFB:
+		case route.FeedbackFieldTTFB:
 			f.ttfb = parseMs(v)
-		case FeedbackFieldToken:
+		case route.FeedbackFieldToken:
 			f.tok, f.hasTok = v, true
 		}
 	}
