@@ -53,7 +53,7 @@ func TestConfigErrorLines(t *testing.T) {
 					s.Close()
 				}
 				if cerr == nil || err == nil || cerr.Error() != err.Error() {
-					t.Errorf("CheckPolicies = %v, NewServer = %v: want the same error", cerr, err)
+					t.Errorf("CheckPolicies = %v, New = %v: want the same error", cerr, err)
 				}
 			}
 			var ce *config.ConfigError

@@ -22,7 +22,7 @@ import (
 // ErrNoEndpoint is returned when no endpoint is available.
 var ErrNoEndpoint = errors.New("no available endpoint")
 
-// Options configure a Server.
+// Options configure a Decider.
 type Options struct {
 	Registry *policy.Registry
 	Log      *zerolog.Logger
@@ -33,7 +33,9 @@ type Options struct {
 	DecisionSlots int
 }
 
-// Server holds the live snapshot and answers /internal/route.
+// Decider is the centre of turnout: it owns the routing snapshot, the
+// policy registry and the decision ledger, and decides (decide.go). The
+// transports and loops of route's top layer hold one (doc.go).
 type Decider struct {
 	log   *zerolog.Logger
 	reg   *policy.Registry
@@ -44,7 +46,7 @@ type Decider struct {
 	pols  []fleet.Policy
 	dec   *decisions
 	pool  sync.Pool
-	m     serverMetrics
+	m     deciderMetrics
 	pd    *pd.Client
 	// ctx ends background work owned by policies (KV subscriptions).
 	ctx    context.Context
@@ -69,7 +71,7 @@ type Decider struct {
 	readiness []func(*strings.Builder)
 }
 
-// NewServer builds a server from a validated config.
+// New builds a Decider from a validated config.
 func New(cfg *config.Config, opts Options) (*Decider, error) {
 	if opts.Registry == nil {
 		opts.Registry = policy.DefaultRegistry()

@@ -26,7 +26,7 @@ const (
 
 var errKindNames = [numErrKinds]string{"method", "unknown_model", "no_model", "too_large", "bad_body"}
 
-type serverMetrics struct {
+type deciderMetrics struct {
 	errors       [numErrKinds]atomic.Uint64
 	reloads      atomic.Uint64
 	reloadFailed atomic.Uint64
@@ -35,7 +35,7 @@ type serverMetrics struct {
 	extra        atomic.Pointer[[]func(*strings.Builder)]
 }
 
-func (m *serverMetrics) init() {}
+func (m *deciderMetrics) init() {}
 
 // NoteBadMethod counts a call to the route path that was not a POST.
 func (s *Decider) NoteBadMethod() { s.m.errors[errMethod].Add(1) }

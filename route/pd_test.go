@@ -1,8 +1,6 @@
 package route
 
 import (
-	"github.com/turnout/turnout/route/internal/routetest"
-
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/route/internal/routetest"
 	"github.com/turnout/turnout/route/payload"
 	"github.com/turnout/turnout/route/policy"
 )

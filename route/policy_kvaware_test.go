@@ -1,8 +1,6 @@
 package route
 
 import (
-	"github.com/turnout/turnout/route/internal/routetest"
-
 	"fmt"
 	"net"
 	"strings"
@@ -11,6 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/route/internal/routetest"
 	"github.com/turnout/turnout/route/kv"
 	"github.com/turnout/turnout/route/payload"
 	"github.com/turnout/turnout/route/policy"

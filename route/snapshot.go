@@ -37,7 +37,7 @@ type Snapshot struct {
 	// fwdRoles[i] is what fwdHdrs[i] is (headerRole), found once here.
 	fwdHdrs  [][]byte
 	fwdRoles []hdrRole
-	// gen numbers the snapshots of a Server (the header name memo of a
+	// gen numbers the snapshots of a Decider (the header name memo of a
 	// pooled scratch is valid for one).
 	gen uint64
 	// maxBlocks bounds prompt hashing (max_body / smallest block size).

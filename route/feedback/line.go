@@ -8,7 +8,7 @@ import (
 
 // The feedback line (contract.go, route.FeedbackTag, documents it; the HAProxy
 // and nginx log formats write it): parsed here as a pure function over the
-// line's bytes, without a Server, so the format's reader lives in one
+// line's bytes, without a Decider, so the format's reader lives in one
 // place. FeedbackLine (feedback.go) acts on what it finds.
 
 // feedbackFields are the parsed fields of one line (views into it).

@@ -1,10 +1,10 @@
 package feedback
 
 import (
-	"github.com/turnout/turnout/route"
-
 	"fmt"
 	"testing"
+
+	"github.com/turnout/turnout/route"
 )
 
 // The feedback line as the HAProxy and nginx log formats write it, and

@@ -1,8 +1,6 @@
 package feedback
 
 import (
-	"github.com/turnout/turnout/route"
-
 	"bytes"
 	"context"
 	"crypto/subtle"
@@ -13,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/fleet"
 )
 

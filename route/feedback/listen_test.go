@@ -1,8 +1,6 @@
 package feedback
 
 import (
-	"github.com/turnout/turnout/route"
-
 	"bytes"
 	"context"
 	"fmt"
@@ -12,10 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/route/internal/routetest"
-
 	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/internal/routetest"
 )
 
 // openIDs routes n requests and returns their decision ids.

@@ -1,10 +1,6 @@
 package feedback
 
 import (
-	"github.com/rs/zerolog"
-
-	"github.com/turnout/turnout/route"
-
 	"context"
 	"fmt"
 	"net/http"
@@ -13,7 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route"
 )
 
 // Loop is a Decider's view of completion feedback and endpoint

@@ -1,8 +1,6 @@
 package feedback
 
 import (
-	"github.com/turnout/turnout/route"
-
 	"bytes"
 	"context"
 	"fmt"
@@ -16,10 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/route/fleet"
-
 	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/fleet"
 )
 
 func metricsText(s *testServer) string {

@@ -1,8 +1,6 @@
 package feedback
 
 import (
-	"github.com/turnout/turnout/route"
-
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/fleet"
 )
 

@@ -1,10 +1,9 @@
 package feedback
 
 import (
-	"github.com/turnout/turnout/route"
-
 	"strings"
 
+	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/fleet"
 )
 

@@ -1,15 +1,14 @@
 package feedback
 
 import (
-	"github.com/turnout/turnout/route"
-
 	"bytes"
 	"strings"
 	"testing"
 
-	"github.com/turnout/turnout/internal/config"
-
 	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route"
 )
 
 // TestFeedbackDefault: a config without feedback gets it on loopback; one

@@ -25,7 +25,7 @@ type State struct {
 	peer atomic.Uint64
 	// Checked: a health check has judged it; seenUp: one has passed.
 	Checked, SeenUp atomic.Bool
-	// Completion feedback and stall detection (feedback_metrics.go, stall.go).
+	// Completion feedback and stall detection (route/feedback).
 	Expired  atomic.Uint64 // decisions closed by TTL or ring wrap, never completed
 	Feedback Feedback
 	Stall    StallState

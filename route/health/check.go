@@ -1,16 +1,15 @@
 package health
 
 import (
-	"github.com/rs/zerolog"
-
-	"github.com/turnout/turnout/route"
-
 	"context"
 	"net/http"
 	"sync"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/fleet"
 )
 

@@ -1,9 +1,6 @@
 package health
 
 import (
-	"github.com/turnout/turnout/route"
-	"github.com/turnout/turnout/route/internal/routetest"
-
 	"bytes"
 	"context"
 	"fmt"
@@ -14,6 +11,9 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/internal/routetest"
 )
 
 // A replica whose /v1/models lacks one of the deployment's model names is

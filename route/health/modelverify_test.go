@@ -1,8 +1,6 @@
 package health
 
 import (
-	"github.com/turnout/turnout/route/internal/routetest"
-
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/internal/routetest"
 )
 
 // servesModels is a replica whose GET /v1/models lists ids.

@@ -2,22 +2,20 @@ package httpapi
 
 import (
 	"crypto/subtle"
-	"net/netip"
-	"strings"
-
-	"github.com/turnout/turnout/route"
-
 	"encoding/base64"
 	"errors"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"time"
-
-	"github.com/turnout/turnout/internal/config"
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
+
+	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route"
 )
 
 // API serves turnout's HTTP endpoints for one Decider: POST

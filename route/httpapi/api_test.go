@@ -1,17 +1,15 @@
 package httpapi
 
 import (
-	"github.com/turnout/turnout/route"
-
-	"github.com/turnout/turnout/route/internal/routetest"
-
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/fleet"
+	"github.com/turnout/turnout/route/internal/routetest"
 )
 
 func TestSessionHeaderMatrix(t *testing.T) {

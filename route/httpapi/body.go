@@ -1,8 +1,6 @@
 package httpapi
 
 import (
-	"github.com/turnout/turnout/route"
-
 	"errors"
 	"io"
 	"net"
@@ -11,9 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/turnout/turnout/internal/config"
-
 	"github.com/valyala/fasthttp"
+
+	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route"
 )
 
 // Request bodies are read by turnout itself (fasthttp StreamRequestBody),

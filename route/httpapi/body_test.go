@@ -1,10 +1,6 @@
 package httpapi
 
 import (
-	"github.com/turnout/turnout/route"
-
-	"github.com/turnout/turnout/route/internal/routetest"
-
 	"bufio"
 	"fmt"
 	"io"
@@ -17,6 +13,8 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/internal/netlimit"
+	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/internal/routetest"
 )
 
 // serveHTTP runs s's real fasthttp server (the one `turnout serve` uses) on

@@ -1,13 +1,12 @@
 package httpapi
 
 import (
-	"github.com/turnout/turnout/route/feedback"
-
 	"testing"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/feedback"
 	"github.com/turnout/turnout/route/internal/routetest"
 )
 

@@ -1,21 +1,18 @@
 package httpapi
 
 import (
-	"github.com/turnout/turnout/route"
-
-	"github.com/turnout/turnout/route/internal/routetest"
-
-	"github.com/turnout/turnout/route/health"
-
 	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/config"
-
 	"github.com/valyala/fasthttp"
+
+	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/health"
+	"github.com/turnout/turnout/route/internal/routetest"
 )
 
 func readyz(s *testServer, verbose bool) (int, string) {

@@ -1,9 +1,10 @@
 package policy
 
 import (
+	"testing"
+
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/internal/routetest"
-	"testing"
 )
 
 // Served counts decisions here and by peers since the previous window
