@@ -358,7 +358,7 @@ func (s *Sync) Wait() { <-s.done }
 // Connected reports whether NATS is reachable now.
 func (s *Sync) Connected() bool { return s.connected.Load() }
 
-// WriteMetrics renders the cluster counters (register with route.Server.AddMetrics).
+// WriteMetrics renders the cluster counters (register with route.Decider.AddMetrics).
 func (s *Sync) WriteMetrics(b *strings.Builder) {
 	help := func(name, typ, text string) {
 		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)

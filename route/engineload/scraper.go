@@ -1,6 +1,6 @@
 // Package engineload scrapes each endpoint's own Prometheus page (vLLM
 // /metrics) on a short interval and publishes the engine-reported load on
-// the endpoint (route.Endpoint.SetEngineLoad), so that every turnout
+// the endpoint (fleet.Endpoint.SetEngineLoad), so that every turnout
 // instance in front of the same replicas balances on the same figure, one
 // that also counts requests other instances or other clients sent.
 package engineload
@@ -392,7 +392,7 @@ func maxOf(f *dto.MetricFamily) (float64, bool) {
 }
 
 // WriteMetrics renders the scraper's counters and each endpoint's load
-// figures (register with route.Server.AddMetrics).
+// figures (register with route.Decider.AddMetrics).
 func (s *Scraper) WriteMetrics(b *strings.Builder) {
 	snap := s.srv.Snapshot()
 	s.mu.Lock()

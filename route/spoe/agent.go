@@ -5,7 +5,7 @@
 // fallbacks, decision, or a refusal to relay). It replaces the Lua action's
 // per-request HTTP call to /internal/route.
 //
-// Every decision goes through route.Server.Decide, the entry point the HTTP
+// Every decision goes through route.Decider.Decide, the entry point the HTTP
 // handler uses too, so the two paths cannot drift apart: the agent reads the
 // message into a route.Input and writes the route.Verdict as variables
 // (route/contract_glue.go names them), with no HTTP round trip.

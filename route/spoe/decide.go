@@ -65,7 +65,7 @@ func newNames(snap *route.Snapshot) *names {
 }
 
 // decider turns messages into verdicts: SPOE arguments into a route.Input,
-// route.Server.Decide, the route.Verdict into set-var actions. It owns the
+// route.Decider.Decide, the route.Verdict into set-var actions. It owns the
 // Input and Verdict reused for every message, so one decider serves one
 // goroutine at a time.
 type decider struct {
