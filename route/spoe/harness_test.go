@@ -26,7 +26,7 @@ import (
 )
 
 // Live-test harness: tiny fasthttp replicas that answer with their name,
-// turnout (route.Server + this package's agent) in process, and a real
+// turnout (route.Decider + this package's agent) in process, and a real
 // HAProxy built from templates/haproxy-spoe.snippets.tmpl.
 
 // replica answers every request with its name (X-Replica and the body).
