@@ -159,8 +159,10 @@ func (s *Decider) Snapshot() *Snapshot { return s.snap.Load() }
 // Complete closes a decision by id (feedback from the proxy).
 func (s *Decider) Complete(id uint64) bool { return s.dec.close(id) }
 
-// Run expires stale decisions, watches completion feedback and detects
-// stalled endpoints until ctx ends (see tick).
+// Run ticks until ctx ends: each tick expires stale decisions (the
+// ledger's sweep), then runs the OnTick hooks (route/feedback watches
+// completion feedback and stalled endpoints there). Ticks come a quarter
+// of the smallest stall budget apart, within 100ms..1s.
 func (s *Decider) Run(ctx context.Context) {
 	t := time.NewTimer(stallTick(s.snap.Load()))
 	defer t.Stop()
