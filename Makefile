@@ -51,17 +51,20 @@ bench-kube: build kube-apiserver
 # Quick fuzzing pass over the payload parser and the handler.
 fuzz:
 	$(GO) test ./route/payload/ -run XXX -fuzz FuzzIndex -fuzztime 30s
-	$(GO) test ./route/ -run XXX -fuzz FuzzRouteHandler -fuzztime 30s
+	$(GO) test ./route/httpapi/ -run XXX -fuzz FuzzRouteHandler -fuzztime 30s
 
-# Micro benchmarks of the decision path (see BENCHMARKS.md).
+# Micro benchmarks of the decision path (see BENCHMARKS.md): through the HTTP
+# handler (route/httpapi), route's own (kv-aware) and the feedback path.
+DECISION_BENCH_PKGS = ./route/ ./route/httpapi ./route/feedback
+
 bench: build
-	$(GO) test ./route/ -run XXX -bench . -benchmem -benchtime 2s | tee bench-route.txt
+	$(GO) test $(DECISION_BENCH_PKGS) -run XXX -bench . -benchmem -benchtime 2s | tee bench-route.txt
 	@if [ -x scripts/bench.sh ]; then TURNOUT_BIN=$(BIN) TURNOUT_LAB_BIN=$(LAB) scripts/bench.sh; fi
 
 # The decision benchmarks warm up before timing, so even 100 iterations
 # report the steady state: any allocs/op above 0 fails the smoke.
 bench-smoke: build
-	@out=$$($(GO) test ./route/ -run XXX -bench . -benchtime 100x) || { echo "$$out"; exit 1; }; echo "$$out"; \
+	@out=$$($(GO) test $(DECISION_BENCH_PKGS) -run XXX -bench . -benchtime 100x) || { echo "$$out"; exit 1; }; echo "$$out"; \
 	echo "$$out" | awk '/allocs\/op/ && $$(NF-1) != 0 { print "bench smoke: " $$1 " allocates " $$(NF-1) " times per decision"; bad = 1 } END { exit bad }'
 	@if [ -x scripts/bench.sh ]; then BENCH_SMOKE=1 TURNOUT_BIN=$(BIN) TURNOUT_LAB_BIN=$(LAB) scripts/bench.sh; fi
 

@@ -27,6 +27,7 @@ import (
 	"github.com/turnout/turnout/internal/discovery/kube"
 	"github.com/turnout/turnout/internal/testenv/kubetest"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/policy"
 )
 
 const chart = "helm/turnout"
@@ -264,7 +265,7 @@ func checkPod(p *pod) error {
 	if err := kube.Check(p.cfg); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
-	srv, err := route.NewServer(p.cfg, route.Options{Registry: route.DefaultRegistry()})
+	srv, err := route.New(p.cfg, route.Options{Registry: policy.DefaultRegistry()})
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}

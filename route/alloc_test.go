@@ -2,18 +2,14 @@ package route
 
 import (
 	"fmt"
-	"runtime"
-	"strings"
 	"testing"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/turnout/turnout/route/internal/routetest"
 )
 
-// body4K is a realistic ~4 KiB chat body.
-func body4K(i int) string {
-	sys := strings.Repeat("You are a helpful assistant that answers precisely. ", 80)
-	return chatBody("llama", sys[:3500], fmt.Sprintf("What is the capital of country number %d?", i))
-}
+var body4K = routetest.Body4K
 
 func routeCtx(body string, session string) *fasthttp.RequestCtx {
 	var ctx fasthttp.RequestCtx
@@ -32,15 +28,15 @@ func routeCtx(body string, session string) *fasthttp.RequestCtx {
 // assertZeroAllocs routes ctx repeatedly (each decision completed, so
 // in-flight counts stay flat) and fails unless a warm decision allocates
 // nothing.
-func assertZeroAllocs(t *testing.T, s *Server, ctx *fasthttp.RequestCtx) {
+func assertZeroAllocs(t *testing.T, s *Decider, ctx *fasthttp.RequestCtx) {
 	t.Helper()
 	run := func() {
 		ctx.Response.Reset()
-		s.Handler(ctx)
+		handle(s, ctx)
 		if ctx.Response.StatusCode() != 200 {
 			t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
 		}
-		id, _ := parseID(ctx.Response.Header.Peek(HdrDecision))
+		id, _ := ParseDecisionID(ctx.Response.Header.Peek(HdrDecision))
 		s.Complete(id)
 	}
 	for i := 0; i < 100; i++ { // warm pools, the prefix index, caches
@@ -60,82 +56,11 @@ func TestDecisionAllocs(t *testing.T) {
 	}
 }
 
-func benchRoute(b *testing.B, pol string, bodies int) {
-	s := mustServer(b, fmt.Sprintf(fourEndpoints, pol))
-	ctxs := make([]*fasthttp.RequestCtx, bodies)
-	for i := range ctxs {
-		ctxs[i] = routeCtx(body4K(i), fmt.Sprintf("user-%d", i%97))
+// The guard keeps the decision path allocation-free.
+func TestDecisionAllocsBoundedLoad(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(fourEndpoints, "prefix-affinity, params: {bounded_load: 0.5}"))
+	for _, e := range s.Snapshot().Deployments[0].Serve.Endpoints {
+		e.StartWindow()
 	}
-	decide := func(ctx *fasthttp.RequestCtx) {
-		ctx.Response.Reset()
-		s.Handler(ctx)
-		id, _ := parseID(ctx.Response.Header.Peek(HdrDecision))
-		s.Complete(id)
-	}
-	// Warm every context (fasthttp's response buffers, the policy's state)
-	// so even a short run (make bench-smoke: -benchtime 100x) reports the
-	// steady state, 0 allocs/op, not first-use allocations spread over 100.
-	for _, ctx := range ctxs {
-		decide(ctx)
-	}
-	b.ReportAllocs()
-	b.SetBytes(int64(len(ctxs[0].Request.Body())))
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		decide(ctxs[i%bodies])
-	}
-}
-
-func BenchmarkRouteLeastRequest(b *testing.B)   { benchRoute(b, "least-request", 64) }
-func BenchmarkRouteSessionHash(b *testing.B)    { benchRoute(b, "session-hash", 64) }
-func BenchmarkRoutePrefixAffinity(b *testing.B) { benchRoute(b, "prefix-affinity", 64) }
-func BenchmarkRouteRoundRobin(b *testing.B)     { benchRoute(b, "round-robin", 64) }
-
-func BenchmarkRouteParallelPrefixAffinity(b *testing.B) {
-	s := mustServer(b, fmt.Sprintf(fourEndpoints, "prefix-affinity"))
-	// One warmed context per RunParallel goroutine, built before the timer.
-	ctxs := make(chan *fasthttp.RequestCtx, runtime.GOMAXPROCS(0))
-	for range cap(ctxs) {
-		ctx := routeCtx(body4K(7), "u")
-		s.Handler(ctx)
-		id, _ := parseID(ctx.Response.Header.Peek(HdrDecision))
-		s.Complete(id)
-		ctxs <- ctx
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		ctx := <-ctxs
-		for pb.Next() {
-			ctx.Response.Reset()
-			s.Handler(ctx)
-			id, _ := parseID(ctx.Response.Header.Peek(HdrDecision))
-			s.Complete(id)
-		}
-	})
-}
-
-func FuzzRouteHandler(f *testing.F) {
-	s := mustServer(f, fmt.Sprintf(fourEndpoints, "prefix-affinity"))
-	f.Add([]byte(body4K(1)), "sess", "llama", "")
-	f.Add([]byte(`{"model":"nope"}`), "", "", "")
-	f.Add([]byte(`{{{`), "", "x", "10/20")
-	f.Fuzz(func(t *testing.T, body []byte, session, modelHdr, trunc string) {
-		var ctx fasthttp.RequestCtx
-		ctx.Request.SetRequestURI(PathRoute)
-		ctx.Request.Header.SetMethod("POST")
-		ctx.Request.Header.Set("X-Session-Id", session)
-		ctx.Request.Header.Set("X-Model", modelHdr)
-		ctx.Request.Header.Set(HdrBodyTruncated, trunc)
-		ctx.Request.SetBody(body)
-		s.Handler(&ctx)
-		switch st := ctx.Response.StatusCode(); st {
-		case 200, 400, 404, 413, 503:
-		default:
-			t.Fatalf("status %d", st)
-		}
-		if id, ok := parseID(ctx.Response.Header.Peek(HdrDecision)); ok {
-			s.Complete(id)
-		}
-	})
+	assertZeroAllocs(t, s, routeCtx(body4K(1), "user-1"))
 }

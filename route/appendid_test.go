@@ -23,8 +23,8 @@ func TestAppendID(t *testing.T) {
 		if want := fmt.Sprintf("x%016x", id); string(got) != want {
 			t.Fatalf("appendID(%#x) = %q, want %q", id, got, want)
 		}
-		if back, ok := parseID(got[1:]); !ok || back != id {
-			t.Fatalf("parseID(%q) = %#x %v", got[1:], back, ok)
+		if back, ok := ParseDecisionID(got[1:]); !ok || back != id {
+			t.Fatalf("ParseDecisionID(%q) = %#x %v", got[1:], back, ok)
 		}
 	}
 }

@@ -47,13 +47,13 @@ func TestConfigErrorLines(t *testing.T) {
 				}
 				// turnout render checks policies without starting them: same answer.
 				cerr := CheckPolicies(cfg, nil)
-				var s *Server
-				s, err = NewServer(cfg, Options{})
+				var s *Decider
+				s, err = New(cfg, Options{})
 				if err == nil {
 					s.Close()
 				}
 				if cerr == nil || err == nil || cerr.Error() != err.Error() {
-					t.Errorf("CheckPolicies = %v, NewServer = %v: want the same error", cerr, err)
+					t.Errorf("CheckPolicies = %v, New = %v: want the same error", cerr, err)
 				}
 			}
 			var ce *config.ConfigError

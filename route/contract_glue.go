@@ -30,7 +30,7 @@ const (
 // names it; "" where a transport or glue does not carry it.
 type VerdictField struct {
 	Name string
-	// Header is the HTTP answer's header (handler.go writes it).
+	// Header is the HTTP answer's header (route/httpapi writes it).
 	Header string
 	// SPOEVar is the agent's variable (txn.turnout.<SPOEVar>); a list's
 	// items go to SPOEVar1..N.

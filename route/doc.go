@@ -1,38 +1,65 @@
-// Package route is turnout's decision core: it holds the live config as an
-// atomic Snapshot (deployments, pools, endpoints with their state, one
-// Policy per pool) and turns what a proxy sent about one request (an Input)
-// into a Verdict, the replica it should go to, through one entry point,
-// Server.Decide (verdict.go). Two transports read Inputs and write
-// Verdicts: POST /internal/route (handler.go, X-Turnout-* headers) and the
-// SPOE agent (route/spoe, txn variables). What the proxy glue does with a
-// Verdict is one table, rendered into every glue (contract_glue.go).
+// Package route is turnout's decision core: the Decider holds the live
+// config as an atomic Snapshot (deployments, pools, endpoints with their
+// state, one Policy per pool), the policy registry and the decision ledger,
+// and turns what a proxy sent about one request (an Input) into a Verdict,
+// the replica it should go to (Decider.Decide; decide.go reads top to
+// bottom). Transports read Inputs and write Verdicts: route/httpapi (POST
+// /internal/route, X-Turnout-* headers) and route/spoe (the SPOE agent, txn
+// variables). What the proxy glue does with a Verdict is one table,
+// rendered into every glue (contract_glue.go).
+//
+// # Layers
+//
+// Bottom to top; a package imports only packages of lower layers, never
+// one of its own layer or above (TestLayers reads this table and checks
+// every route package's imports against it; a new package needs a row):
+//
+//	0 route/payload            reads a request body once into an index (model, prompt, token ids)
+//	0 route/kv                 vLLM KV-cache events and the index of which replica holds which blocks
+//	1 route/tokenize           prompt text to KV block keys through vLLM's /tokenize, cached
+//	1 route/pd                 the prefill call of prefill/decode
+//	1 internal/config          the config schema, defaults, validation, errors with line numbers
+//	2 route/fleet              the routing model policies read: Endpoint and its state, Pool, Request, Choice, Policy
+//	3 route/policy             the policies and the registry that builds them by name
+//	3 route/internal/routetest helpers shared by the route packages' tests (tests only)
+//	4 route                    the Decider: snapshot, decision pipeline, ledger, verdict, the proxy contract
+//	5 route/httpapi            the HTTP transport and its server (/internal/route, /internal/done, /readyz, /metrics)
+//	5 route/spoe               the SPOE agent (HAProxy's Stream Processing Offload)
+//	5 route/feedback           completion feedback (syslog lines), feedback health, stall detection
+//	5 route/health             active health checks and the served-model checks
+//	5 route/engineload         engine load scraped from each replica's /metrics
+//	5 route/cluster            prefix decisions shared between turnout instances over NATS
+//
+// Layer 5 packages hold a *Decider and use its exported API (Begin,
+// ProxyHeader, DecideTxn, End, Decide, Complete, CloseDecision, OnApply,
+// OnTick, AddMetrics, AddReadiness); cmd/turnout wires them together.
+//
+// # A decision
 //
 // A decision runs these stages, without allocating:
 //  1. read (the transport): the forwarded headers (ForwardedHeaders), the
 //     original method and URI, the body up to max_body within the
-//     buffered-bytes budget and whether it was cut, into an Input, the body indexed in one pass (route/payload)
-//     that every later stage reads;
+//     buffered-bytes budget and whether it was cut, into an Input; the body
+//     is indexed in one pass (route/payload) that every later stage reads;
 //  2. deployment: the model from the body (or a model header) selects it;
 //     unknown model 404, none with several deployments 400;
-//  3. pick: the pool's Policy (round-robin, least-request, session-hash,
-//     prefix-affinity, kv-aware; policy_*.go) reads the Request (inputs
-//     only: model, session, the prompt hashed into blocks when the policy
-//     wants it, the payload index) and fills a Choice (outputs: an endpoint
-//     and fallbacks among the healthy ones, best first, the Outcome for
-//     metrics, the matched prefix, or a strict policy's Reject reason);
-//     a prefill/decode deployment picks the decode endpoint, runs the
-//     prefill itself on a prefill endpoint (pd.go picks and retries,
-//     route/pd makes the call) and computes the body edit that hands on
-//     kv_transfer_params (contract_body.go);
+//  3. pick: the pool's Policy (route/policy) reads the fleet.Request
+//     (inputs only: model, session, the prompt hashed into blocks when the
+//     policy wants it, the payload index) and fills a fleet.Choice
+//     (outputs: an endpoint and fallbacks among the healthy ones, best
+//     first, the Outcome for metrics, the matched prefix, or a strict
+//     policy's Reject reason); a prefill/decode deployment picks the decode
+//     endpoint, runs the prefill itself on a prefill endpoint (pd.go picks
+//     and retries, route/pd makes the call) and computes the body edit that
+//     hands on kv_transfer_params (contract_body.go);
 //  4. verdict: the Verdict (server, fallbacks, decision id, PD edit), or a
 //     refusal with a status, an OpenAI-style JSON error and a reason the
 //     glue acts on (GlueActionFor); the transport writes it. The decision
-//     stays open until the proxy's feedback (/internal/done, or the syslog
-//     line of contract.go read by feedback_line.go) closes it, which keeps
-//     the load counters honest.
+//     stays open in the ledger (decisions.go) until the proxy's feedback
+//     (/internal/done, or the syslog line of contract.go read by
+//     route/feedback) closes it, which keeps the load counters honest.
 //
 // What serves the decision without being part of it lives beside route:
 // the config file poller (internal/filewatch), the connection limit whose
-// refusal the glue reads (internal/netlimit, OverloadedAnswer), the config
-// schema (internal/config).
+// refusal the glue reads (internal/netlimit, httpapi.OverloadedAnswer).
 package route

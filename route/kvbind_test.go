@@ -10,7 +10,9 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 
+	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/kv"
+	"github.com/turnout/turnout/route/payload"
 	"github.com/turnout/turnout/route/tokenize"
 )
 
@@ -42,7 +44,7 @@ deployments:
           - {name: d, address: 127.0.0.1:8004}
 `)
 	defer s.Close()
-	eps := map[string]*Endpoint{}
+	eps := map[string]*fleet.Endpoint{}
 	for _, p := range s.Snapshot().Pools() {
 		for _, e := range p.Endpoints {
 			eps[e.Name] = e
@@ -94,7 +96,7 @@ func TestTokenIDsOnePath(t *testing.T) {
 		if !ok || !slices.Equal(got, big) {
 			t.Fatalf("TokenList(%s) = %v %v", raw, got, ok)
 		}
-		got, ok = indexOf(`{"prompt":` + raw + `}`).TokenIDs()
+		got, ok = bodyIndex(`{"prompt":` + raw + `}`).TokenIDs()
 		if !ok || !slices.Equal(got, big) {
 			t.Fatalf("TokenIDs(%s) = %v %v", raw, got, ok)
 		}
@@ -103,7 +105,7 @@ func TestTokenIDsOnePath(t *testing.T) {
 		if got, ok := tokenize.TokenList([]byte(raw), nil); ok {
 			t.Fatalf("TokenList(%s) accepted %v", raw, got)
 		}
-		if got, ok := indexOf(`{"prompt":` + raw + `}`).TokenIDs(); ok {
+		if got, ok := bodyIndex(`{"prompt":` + raw + `}`).TokenIDs(); ok {
 			t.Fatalf("TokenIDs(%s) accepted %v", raw, got)
 		}
 	}
@@ -116,4 +118,11 @@ func TestTokenIDsOnePath(t *testing.T) {
 	if err != nil || !slices.Equal(kv.BlockKeys(dec.Events[0].TokenIDs, 2, nil), kv.BlockKeys(big, 2, nil)) {
 		t.Fatalf("event path disagrees: %v %+v", err, dec)
 	}
+}
+
+// bodyIndex indexes a request body as a decision does.
+func bodyIndex(body string) *payload.Index {
+	var x payload.Index
+	x.Build([]byte(body), false)
+	return &x
 }

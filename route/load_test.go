@@ -3,6 +3,8 @@ package route
 import (
 	"fmt"
 	"testing"
+
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // Load = engine figure + this instance's in-flight change since the scrape;
@@ -14,7 +16,7 @@ func TestEndpointLoad(t *testing.T) {
 	if e.Load() != 3 {
 		t.Fatalf("no engine figure: load %d, want in-flight 3", e.Load())
 	}
-	e.SetEngineLoad(&EngineLoad{Requests: 20, KVUsage: 0.5, Mark: e.DecisionMark()})
+	e.SetEngineLoad(&fleet.EngineLoad{Requests: 20, KVUsage: 0.5, Mark: e.DecisionMark()})
 	if e.Load() != 20 {
 		t.Fatalf("engine figure: load %d, want 20", e.Load())
 	}
@@ -50,16 +52,16 @@ func TestEngineLoadSteersEveryPolicy(t *testing.T) {
 			s := mustServer(t, fmt.Sprintf(fourEndpoints, pol))
 			eps := s.Snapshot().Deployments[0].Serve.Endpoints
 			for _, e := range eps {
-				e.SetEngineLoad(&EngineLoad{Requests: 2, Mark: e.DecisionMark()})
+				e.SetEngineLoad(&fleet.EngineLoad{Requests: 2, Mark: e.DecisionMark()})
 			}
 			busy := eps[1]
-			busy.SetEngineLoad(&EngineLoad{Requests: 20, Mark: busy.DecisionMark()})
+			busy.SetEngineLoad(&fleet.EngineLoad{Requests: 20, Mark: busy.DecisionMark()})
 			for i := 0; i < 40; i++ {
 				ctx := do(s, chatBody("llama", "", fmt.Sprintf("question %d", i)), "X-Session-ID", fmt.Sprintf("u%d", i))
 				if got := hdr(ctx, HdrServer); got == busy.Name {
 					t.Fatalf("request %d sent to %s, whose engine reports 20 waiting", i, got)
 				}
-				if id, _ := parseID([]byte(hdr(ctx, HdrDecision))); !s.Complete(id) {
+				if id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision))); !s.Complete(id) {
 					t.Fatal("decision not completable")
 				}
 			}
@@ -80,7 +82,7 @@ func TestTieBreakRecentDecisions(t *testing.T) {
 	for i := 0; i < 40; i++ {
 		ctx := do(s, chatBody("llama", "", fmt.Sprintf("q%d", i)))
 		counts[hdr(ctx, HdrServer)]++
-		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+		id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
 		s.Complete(id) // load back to 0: only the recent count differs
 	}
 	for _, e := range eps {

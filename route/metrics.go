@@ -5,9 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"time"
 
-	"github.com/valyala/fasthttp"
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // Metrics are hand-rolled atomic counters rendered in Prometheus text format:
@@ -27,25 +26,25 @@ const (
 
 var errKindNames = [numErrKinds]string{"method", "unknown_model", "no_model", "too_large", "bad_body"}
 
-type serverMetrics struct {
+type deciderMetrics struct {
 	errors       [numErrKinds]atomic.Uint64
 	reloads      atomic.Uint64
 	reloadFailed atomic.Uint64
-	feedback     atomic.Uint64 // feedback lines received
-	feedbackBad  atomic.Uint64 // unparseable feedback lines
 	health       [2]atomic.Uint64
 	pdPrefill    [5]atomic.Uint64 // ok, retried, failed, skipped, aggregated
 	extra        atomic.Pointer[[]func(*strings.Builder)]
-
-	// feedbackRejected: wrong source or token; stallProbes: ok, stalled.
-	feedbackRejected atomic.Uint64
-	stallProbes      [2]atomic.Uint64
 }
 
-func (m *serverMetrics) init() {}
+func (m *deciderMetrics) init() {}
+
+// NoteBadMethod counts a call to the route path that was not a POST.
+func (s *Decider) NoteBadMethod() { s.m.errors[errMethod].Add(1) }
+
+// NoteTooLarge counts a request refused for its body size.
+func (s *Decider) NoteTooLarge() { s.m.errors[errTooLarge].Add(1) }
 
 // AddMetrics registers an extra metrics writer (e.g. KV index stats).
-func (s *Server) AddMetrics(fn func(*strings.Builder)) {
+func (s *Decider) AddMetrics(fn func(*strings.Builder)) {
 	for {
 		old := s.m.extra.Load()
 		var next []func(*strings.Builder)
@@ -59,69 +58,37 @@ func (s *Server) AddMetrics(fn func(*strings.Builder)) {
 	}
 }
 
-// latencyBuckets are decision latency bounds in seconds.
-var latencyBuckets = [...]float64{5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 50e-3, 250e-3, 1}
-
-type histogram struct {
-	counts [len(latencyBuckets) + 1]atomic.Uint64
-	sumNs  atomic.Uint64
-}
-
-func (h *histogram) observe(d time.Duration) {
-	sec := d.Seconds()
-	i := 0
-	for i < len(latencyBuckets) && sec > latencyBuckets[i] {
-		i++
-	}
-	h.counts[i].Add(1)
-	h.sumNs.Add(uint64(d))
-}
-
-type poolMetrics struct {
-	outcomes      [numOutcomes]atomic.Uint64
-	matchedBlocks atomic.Uint64
-	totalBlocks   atomic.Uint64
-	latency       histogram
-}
-
-func (s *Server) metrics(ctx *fasthttp.RequestCtx) {
-	var b strings.Builder
-	s.WriteMetrics(&b)
-	ctx.SetContentType("text/plain; version=0.0.4")
-	ctx.SetBodyString(b.String())
-}
-
 // WriteMetrics renders all metrics.
-func (s *Server) WriteMetrics(b *strings.Builder) {
+func (s *Decider) WriteMetrics(b *strings.Builder) {
 	snap := s.snap.Load()
 	help := func(name, typ, text string) {
 		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
 	}
 	help("turnout_decisions_total", "counter", "Routing decisions by deployment, pool, policy and outcome.")
 	for _, p := range snap.Pools() {
-		for o := Outcome(0); o < numOutcomes; o++ {
+		for o := fleet.Outcome(0); o < fleet.NumOutcomes; o++ {
 			fmt.Fprintf(b, "turnout_decisions_total{deployment=%q,pool=%q,policy=%q,outcome=%q} %d\n",
-				p.Deployment, p.Name, p.PolicyName, o.String(), p.m.outcomes[o].Load())
+				p.Deployment, p.Name, p.PolicyName, o.String(), p.Metrics.Outcomes[o].Load())
 		}
 	}
 	help("turnout_decision_duration_seconds", "histogram", "Time to decide, per pool (one decision in 8 is timed: an unbiased sample; count the decisions with turnout_decisions_total).")
 	for _, p := range snap.Pools() {
 		var cum uint64
-		for i, ub := range latencyBuckets {
-			cum += p.m.latency.counts[i].Load()
+		for i, ub := range fleet.LatencyBuckets {
+			cum += p.Metrics.Latency.Counts[i].Load()
 			fmt.Fprintf(b, "turnout_decision_duration_seconds_bucket{deployment=%q,pool=%q,le=%q} %d\n", p.Deployment, p.Name, strconv.FormatFloat(ub, 'g', -1, 64), cum)
 		}
-		cum += p.m.latency.counts[len(latencyBuckets)].Load()
+		cum += p.Metrics.Latency.Counts[len(fleet.LatencyBuckets)].Load()
 		fmt.Fprintf(b, "turnout_decision_duration_seconds_bucket{deployment=%q,pool=%q,le=\"+Inf\"} %d\n", p.Deployment, p.Name, cum)
-		fmt.Fprintf(b, "turnout_decision_duration_seconds_sum{deployment=%q,pool=%q} %g\n", p.Deployment, p.Name, float64(p.m.latency.sumNs.Load())/1e9)
+		fmt.Fprintf(b, "turnout_decision_duration_seconds_sum{deployment=%q,pool=%q} %g\n", p.Deployment, p.Name, float64(p.Metrics.Latency.SumNs.Load())/1e9)
 		fmt.Fprintf(b, "turnout_decision_duration_seconds_count{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, cum)
 	}
 	help("turnout_prefix_blocks_total", "counter", "Prompt blocks seen by prefix policies.")
 	help("turnout_prefix_matched_blocks_total", "counter", "Prompt blocks routed to a replica that was sent them before.")
 	for _, p := range snap.Pools() {
-		if p.blockBytes > 0 {
-			fmt.Fprintf(b, "turnout_prefix_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.m.totalBlocks.Load())
-			fmt.Fprintf(b, "turnout_prefix_matched_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.m.matchedBlocks.Load())
+		if p.BlockBytes > 0 {
+			fmt.Fprintf(b, "turnout_prefix_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.TotalBlocks.Load())
+			fmt.Fprintf(b, "turnout_prefix_matched_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.MatchedBlocks.Load())
 		}
 	}
 	help("turnout_endpoint_inflight", "gauge", "Decisions sent to an endpoint and not yet completed.")
@@ -147,7 +114,7 @@ func (s *Server) WriteMetrics(b *strings.Builder) {
 	help("turnout_endpoint_decisions_total", "counter", "Decisions per endpoint.")
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {
-			fmt.Fprintf(b, "turnout_endpoint_decisions_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, e.st.decisions.Load())
+			fmt.Fprintf(b, "turnout_endpoint_decisions_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, e.State.Decisions.Load())
 		}
 	}
 	help("turnout_completions_total", "counter", "Completion signals by result.")
@@ -163,9 +130,6 @@ func (s *Server) WriteMetrics(b *strings.Builder) {
 	} {
 		fmt.Fprintf(b, "turnout_completions_total{result=%q} %d\n", c.name, c.v)
 	}
-	help("turnout_feedback_lines_total", "counter", "Proxy log lines received on the feedback listener.")
-	fmt.Fprintf(b, "turnout_feedback_lines_total{result=\"ok\"} %d\n", s.m.feedback.Load())
-	fmt.Fprintf(b, "turnout_feedback_lines_total{result=\"malformed\"} %d\n", s.m.feedbackBad.Load())
 	help("turnout_request_errors_total", "counter", "Requests refused, by reason.")
 	for k := errKind(0); k < numErrKinds; k++ {
 		fmt.Fprintf(b, "turnout_request_errors_total{reason=%q} %d\n", errKindNames[k], s.m.errors[k].Load())
@@ -180,10 +144,8 @@ func (s *Server) WriteMetrics(b *strings.Builder) {
 	for i, n := range []string{"ok", "retried", "failed", "skipped", "aggregated"} {
 		fmt.Fprintf(b, "turnout_pd_prefill_total{result=%q} %d\n", n, s.m.pdPrefill[i].Load())
 	}
-	s.writeEndpointFeedbackMetrics(b)
-	s.writeFeedbackHealthMetrics(b)
 	for _, p := range snap.Pools() {
-		if mw, ok := p.Policy.(MetricsWriter); ok {
+		if mw, ok := p.Policy.(fleet.MetricsWriter); ok {
 			mw.WriteMetrics(p, b)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/payload"
 	"github.com/turnout/turnout/route/pd"
 )
@@ -20,7 +21,7 @@ import (
 // which injects them into the request it streams to the decode replica.
 
 // routePD serves a prefill/decode deployment.
-func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *scratch, start time.Time) {
+func (s *Decider) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *Txn, start time.Time) {
 	r := &sc.req
 	cfg := &d.Config.PD
 	if r.Truncated {
@@ -50,8 +51,8 @@ func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, s
 	}
 	// Skip the prefill hop when the decode replica already holds most of the
 	// prompt (llm-d's heuristic): moving KV would cost more than recomputing.
-	if m := sc.serve.Matched; cfg.SkipPrefillBelow > 0 && d.Serve.blockBytes > 0 && m > 0 {
-		if uncached := r.PromptBytes - m*d.Serve.blockBytes; uncached < cfg.SkipPrefillBelow {
+	if m := sc.serve.Matched; cfg.SkipPrefillBelow > 0 && d.Serve.BlockBytes > 0 && m > 0 {
+		if uncached := r.PromptBytes - m*d.Serve.BlockBytes; uncached < cfg.SkipPrefillBelow {
 			s.m.pdPrefill[3].Add(1)
 			s.route(v, d.Serve, &sc.serve, start)
 			return
@@ -61,7 +62,7 @@ func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, s
 	prefill := sc.prefill.Endpoints
 	if len(prefill) == 0 {
 		if cfg.NoPrefill == "aggregate" {
-			s.log.Debug().Str(fieldDeployment, d.Name).Str(fieldReason, "no prefill replica").Msg("serving aggregated on decode")
+			s.log.Debug().Str(fleet.FieldDeployment, d.Name).Str(fleet.FieldReason, "no prefill replica").Msg("serving aggregated on decode")
 			s.m.pdPrefill[4].Add(1)
 			s.route(v, d.Serve, &sc.serve, start)
 			return
@@ -85,7 +86,7 @@ func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, s
 			v.Status, v.Reason, v.Body = st.Status, ReasonPrefillRejected, st.Body
 			return
 		}
-		s.log.Warn().Err(err).Str(fieldDeployment, d.Name).Msg("prefill failed")
+		s.log.Warn().Err(err).Str(fleet.FieldDeployment, d.Name).Msg("prefill failed")
 		v.refuse(fasthttp.StatusBadGateway, "server_error", ReasonPrefillFailed,
 			"prefill failed on every tried replica: "+err.Error())
 		return
@@ -93,14 +94,14 @@ func (s *Server) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, s
 	s.route(v, d.Serve, &sc.serve, start)
 	v.KVTransfer = make([]byte, base64.StdEncoding.EncodedLen(len(kv)))
 	base64.StdEncoding.Encode(v.KVTransfer, kv)
-	v.Prefill = used.name
+	v.Prefill = used.NameHdr
 	v.KVInsert, v.KVAt = payload.Edit(r.Payload, kv, nil)
 	v.KVLen = len(r.Payload.Body()) + len(v.KVInsert)
 }
 
 // prefillWithRetry tries the first prefill replica, then one other; a
 // request the replica refuses (4xx) is not retried.
-func (s *Server) prefillWithRetry(in *Input, snap *Snapshot, eps []*Endpoint, body *payload.Index, timeout time.Duration, sc *scratch) ([]byte, *Endpoint, error) {
+func (s *Decider) prefillWithRetry(in *Input, snap *Snapshot, eps []*fleet.Endpoint, body *payload.Index, timeout time.Duration, sc *Txn) ([]byte, *fleet.Endpoint, error) {
 	pbody, err := payload.PrefillBody(body)
 	if err != nil {
 		return nil, nil, err
@@ -115,9 +116,9 @@ func (s *Server) prefillWithRetry(in *Input, snap *Snapshot, eps []*Endpoint, bo
 			break
 		}
 		call.Address = e.Address
-		e.st.inflight.Add(1)
+		e.State.Inflight.Add(1)
 		kv, err := s.pd.Prefill(&call)
-		e.st.inflight.Add(-1)
+		e.State.Inflight.Add(-1)
 		if err == nil {
 			if i > 0 {
 				s.m.pdPrefill[1].Add(1)

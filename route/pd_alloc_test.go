@@ -19,11 +19,11 @@ func TestPDDecisionAllocs(t *testing.T) {
 	ctx.Request.Header.Set("X-Request-Id", "r1")
 	run := func() {
 		ctx.Response.Reset()
-		s.Handler(ctx)
+		handle(s, ctx)
 		if ctx.Response.StatusCode() != 200 || len(ctx.Response.Header.Peek(HdrKVInsert)) == 0 {
 			t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
 		}
-		id, _ := parseID(ctx.Response.Header.Peek(HdrDecision))
+		id, _ := ParseDecisionID(ctx.Response.Header.Peek(HdrDecision))
 		s.Complete(id)
 	}
 	for i := 0; i < 100; i++ {

@@ -10,8 +10,11 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/turnout/turnout/route/payload"
 	"github.com/valyala/fasthttp"
+
+	"github.com/turnout/turnout/route/internal/routetest"
+	"github.com/turnout/turnout/route/payload"
+	"github.com/turnout/turnout/route/policy"
 )
 
 // route.DecodeBody is the glue's reference; it must stay payload.DecodeBody.
@@ -69,7 +72,7 @@ func startFakePrefill(t *testing.T) *fakePrefill {
 	return f
 }
 
-func pdServer(t *testing.T, extra string, prefills ...*fakePrefill) *Server {
+func pdServer(t *testing.T, extra string, prefills ...*fakePrefill) *Decider {
 	var eps []string
 	for i, f := range prefills {
 		eps = append(eps, fmt.Sprintf("{name: p%d, address: %s}", i, f.addr))
@@ -137,7 +140,7 @@ func TestRoutePD(t *testing.T) {
 	if ctx.Response.StatusCode() != 502 || hdr(ctx, HdrServer) != "" {
 		t.Fatalf("both failing: %d %s", ctx.Response.StatusCode(), ctx.Response.Header.String())
 	}
-	if e := errBody(t, ctx.Response.Body()); e.Code != "prefill_failed" {
+	if e := routetest.ErrBody(t, ctx.Response.Body()); e.Code != "prefill_failed" {
 		t.Fatalf("code %s", e.Code)
 	}
 	// The replica rejects the request itself: relayed, not retried.
@@ -184,7 +187,7 @@ func TestRoutePDRefusals(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := do(s, tc.body, tc.hdrs...)
-			if ctx.Response.StatusCode() != tc.status || errBody(t, ctx.Response.Body()).Code != tc.code {
+			if ctx.Response.StatusCode() != tc.status || routetest.ErrBody(t, ctx.Response.Body()).Code != tc.code {
 				t.Fatalf("%d %s", ctx.Response.StatusCode(), ctx.Response.Body())
 			}
 		})
@@ -218,8 +221,8 @@ func TestPDIndexesIsolated(t *testing.T) {
 		t.Fatalf("%d", ctx.Response.StatusCode())
 	}
 	d := s.Snapshot().Deployments[0]
-	pre := d.Prefill.Policy.(*PrefixAffinity)
-	dec := d.Serve.Policy.(*PrefixAffinity)
+	pre := d.Prefill.Policy.(*policy.PrefixAffinity)
+	dec := d.Serve.Policy.(*policy.PrefixAffinity)
 	if pre == dec || pre.CachedBlocks(0) == 0 {
 		t.Fatal("prefill index empty or shared")
 	}
@@ -231,8 +234,8 @@ func TestPDIndexesIsolated(t *testing.T) {
 		t.Fatalf("decode index %d blocks, prefill %d: each pool records its own pick", total, pre.CachedBlocks(0))
 	}
 	// Drop the decode entries: prefill's must stay.
-	for i := range dec.lrus {
-		dec.lrus[i] = newBlockLRU(16)
+	for i := range d.Serve.Endpoints {
+		dec.Forget(i)
 	}
 	if pre.CachedBlocks(0) == 0 {
 		t.Fatal("prefill index shared with decode")

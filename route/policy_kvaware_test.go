@@ -9,11 +9,13 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/route/internal/routetest"
 	"github.com/turnout/turnout/route/kv"
 	"github.com/turnout/turnout/route/payload"
+	"github.com/turnout/turnout/route/policy"
 )
 
-func kvServer(t *testing.T, params string) (*Server, *KVAware) {
+func kvServer(t *testing.T, params string) (*Decider, *policy.KVAware) {
 	t.Helper()
 	s := mustServer(t, fmt.Sprintf(`
 health: {disable: true}
@@ -29,7 +31,7 @@ deployments:
           - {name: c, address: 127.0.0.1:8003}
 `, params))
 	t.Cleanup(s.Close)
-	return s, s.Snapshot().Deployments[0].Serve.Policy.(*KVAware)
+	return s, s.Snapshot().Deployments[0].Serve.Policy.(*policy.KVAware)
 }
 
 func seqToks(n int, base uint32) []uint32 {
@@ -72,7 +74,7 @@ func TestKVAwareRouting(t *testing.T) {
 		if hdr(ctx, HdrServer) != "b" {
 			t.Fatalf("request %d went to %s, b holds the blocks", i, hdr(ctx, HdrServer))
 		}
-		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+		id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
 		s.Complete(id)
 	}
 	// b evicts the blocks: the request no longer sticks to b.
@@ -81,7 +83,7 @@ func TestKVAwareRouting(t *testing.T) {
 	for i := 0; i < 30; i++ {
 		ctx := do(s, tokBody(seqToks(64, uint32(5000+i*100))))
 		seen[hdr(ctx, HdrServer)] = true
-		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+		id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
 		s.Complete(id)
 	}
 	if len(seen) < 2 {
@@ -98,17 +100,17 @@ func TestKVAwareRouting(t *testing.T) {
 func TestKVAwareStrictAndLenient(t *testing.T) {
 	chat := chatBody("llama", "sys", "hello")
 	s, k := kvServer(t, "block_size: 4, strict: true, tokenizer: {mode: none}")
-	if ctx := do(s, chat); ctx.Response.StatusCode() != 400 || errBody(t, ctx.Response.Body()).Code != "token_ids_required" {
+	if ctx := do(s, chat); ctx.Response.StatusCode() != 400 || routetest.ErrBody(t, ctx.Response.Body()).Code != "token_ids_required" {
 		t.Fatalf("strict without token ids: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
 	}
 	s2, k2 := kvServer(t, "block_size: 4, strict: true, tokenizer: {mode: remote, address: '127.0.0.1:1', timeout: 100ms}")
-	if ctx := do(s2, chat); ctx.Response.StatusCode() != 503 || errBody(t, ctx.Response.Body()).Code != "tokenizer_unavailable" {
+	if ctx := do(s2, chat); ctx.Response.StatusCode() != 503 || routetest.ErrBody(t, ctx.Response.Body()).Code != "tokenizer_unavailable" {
 		t.Fatalf("strict with tokenizer down: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
 	}
 	_ = k2
 	s3, k3 := kvServer(t, "block_size: 4, tokenizer: {mode: remote, address: '127.0.0.1:1', timeout: 100ms}")
-	if ctx := do(s3, chat); ctx.Response.StatusCode() != 200 || k3.fallbacks.Load() != 1 {
-		t.Fatalf("lenient: %d fallbacks %d", ctx.Response.StatusCode(), k3.fallbacks.Load())
+	if ctx := do(s3, chat); ctx.Response.StatusCode() != 200 || k3.Fallbacks() != 1 {
+		t.Fatalf("lenient: %d fallbacks %d", ctx.Response.StatusCode(), k3.Fallbacks())
 	}
 	_ = k
 }
@@ -181,7 +183,7 @@ func TestKVAwareCarry(t *testing.T) {
 	if err := s.Apply(&cfg); err != nil {
 		t.Fatal(err)
 	}
-	k2 := s.Snapshot().Deployments[0].Serve.Policy.(*KVAware)
+	k2 := s.Snapshot().Deployments[0].Serve.Policy.(*policy.KVAware)
 	if k2 == k || k2.Index() != k.Index() {
 		t.Fatal("index not carried over")
 	}
@@ -214,14 +216,14 @@ deployments:
 `)
 	defer s.Close()
 	toks := seqToks(1024, 7)
-	store(s.Snapshot().Deployments[0].Serve.Policy.(*KVAware).Index(), "b", toks, 16)
+	store(s.Snapshot().Deployments[0].Serve.Policy.(*policy.KVAware).Index(), "b", toks, 16)
 	ctx := routeCtx(tokBody(toks), "")
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		ctx.Response.Reset()
-		s.Handler(ctx)
-		id, _ := parseID(ctx.Response.Header.Peek(HdrDecision))
+		handle(s, ctx)
+		id, _ := ParseDecisionID(ctx.Response.Header.Peek(HdrDecision))
 		s.Complete(id)
 	}
 }
@@ -239,7 +241,7 @@ func TestKVAwareStaleDiscount(t *testing.T) {
 		if got := hdr(ctx, HdrServer); got != "b" {
 			t.Fatalf("request %d went to %s; a is stale", i, got)
 		}
-		id, _ := parseID([]byte(hdr(ctx, HdrDecision)))
+		id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
 		s.Complete(id)
 	}
 }

@@ -35,7 +35,7 @@ func TestREADMEConfigExamples(t *testing.T) {
 			t.Errorf("README YAML example %d: %v", i+1, err)
 			continue
 		}
-		s, err := NewServer(cfg, Options{})
+		s, err := New(cfg, Options{})
 		if err != nil {
 			t.Errorf("README YAML example %d: %v", i+1, err)
 			continue

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/payload"
 )
 
@@ -19,10 +20,10 @@ func TestOneBodyScan(t *testing.T) {
 	chat := chatBody("llama", strings.Repeat("You are a helpful assistant. ", 40), "what is a turnout?")
 	toks := tokBody(seqToks(256, 5))
 
-	newKV := func(params string) *Server { s, _ := kvServer(t, params); return s }
+	newKV := func(params string) *Decider { s, _ := kvServer(t, params); return s }
 	for _, tc := range []struct {
 		name   string
-		s      *Server
+		s      *Decider
 		body   string
 		status int
 		// prompt: whether the handler had the prompt replayed for hashing
@@ -45,7 +46,7 @@ func TestOneBodyScan(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			seen := 0
-			tc.s.observe = func(r *Request) {
+			tc.s.observe = func(r *fleet.Request) {
 				seen++
 				if n := r.Payload.Scans(); n != 1 {
 					t.Errorf("body scanned %d times, want 1", n)

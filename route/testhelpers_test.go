@@ -1,47 +1,15 @@
 package route
 
 import (
-	"fmt"
-	"strings"
+	"encoding/base64"
+	"strconv"
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/internal/routetest"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fasthttp"
 )
-
-// testPool builds a pool of n endpoints named e0..e(n-1) with the policy.
-func testPool(t testing.TB, n int, build func(p *Pool) Policy) *Pool {
-	t.Helper()
-	p := &Pool{Name: "d_mixed", Deployment: "d", Role: config.RoleMixed, m: &poolMetrics{}}
-	for i := 0; i < n; i++ {
-		name := fmt.Sprintf("e%d", i)
-		p.Endpoints = append(p.Endpoints, &Endpoint{
-			Name: name, Address: fmt.Sprintf("127.0.0.1:%d", 8000+i), Index: i, Seed: xxhash.Sum64String(name),
-			name: []byte(name), addr: []byte(fmt.Sprintf("127.0.0.1:%d", 8000+i)), st: &endpointState{},
-		})
-	}
-	if build != nil {
-		p.Policy = build(p)
-	}
-	return p
-}
-
-// choose runs p's policy for r with room for n endpoints.
-func choose(p *Pool, r *Request, n int) *Choice {
-	c := &Choice{Endpoints: make([]*Endpoint, 0, n)}
-	p.Policy.Pick(r, p, c)
-	return c
-}
-
-func names(es []*Endpoint) string {
-	var s []string
-	for _, e := range es {
-		s = append(s, e.Name)
-	}
-	return strings.Join(s, ",")
-}
 
 func mustConfig(t testing.TB, y string) *config.Config {
 	t.Helper()
@@ -52,17 +20,17 @@ func mustConfig(t testing.TB, y string) *config.Config {
 	return c
 }
 
-func mustServer(t testing.TB, y string) *Server {
+func mustServer(t testing.TB, y string) *Decider {
 	t.Helper()
-	s, err := NewServer(mustConfig(t, y), Options{Seed: 42})
+	s, err := New(mustConfig(t, y), Options{Seed: 42})
 	if err != nil {
 		t.Fatalf("server: %v", err)
 	}
 	return s
 }
 
-// do sends one /internal/route request through the handler.
-func do(s *Server, body string, hdrs ...string) *fasthttp.RequestCtx {
+// do decides one request through handle.
+func do(s *Decider, body string, hdrs ...string) *fasthttp.RequestCtx {
 	var ctx fasthttp.RequestCtx
 	ctx.Request.SetRequestURI(PathRoute)
 	ctx.Request.Header.SetMethod("POST")
@@ -71,29 +39,62 @@ func do(s *Server, body string, hdrs ...string) *fasthttp.RequestCtx {
 		ctx.Request.Header.Set(hdrs[i], hdrs[i+1])
 	}
 	ctx.Request.SetBodyString(body)
-	s.Handler(&ctx)
+	handle(s, &ctx)
 	return &ctx
+}
+
+// handle decides the POST /internal/route call in ctx as the HTTP transport
+// does (route/httpapi reads it the same way: ProxyHeader for each header,
+// the body cut at max_body) and writes the Verdict into ctx's response
+// like it: status, X-Turnout-* headers or the error answer. route cannot
+// import httpapi; httpapi's tests check its own reading and encoding.
+// Allocation-free like the transport (the PD body edit aside).
+func handle(s *Decider, ctx *fasthttp.RequestCtx) {
+	t := s.Begin()
+	defer s.End(t)
+	for k, v := range ctx.Request.Header.All() {
+		t.ProxyHeader(k, v)
+	}
+	in := t.Input()
+	in.Body = ctx.PostBody()
+	if max := t.Config().MaxBody; len(in.Body) > max {
+		in.Body, in.Truncated = in.Body[:max], true
+	}
+	v := s.DecideTxn(t)
+	h := &ctx.Response.Header
+	ctx.SetStatusCode(v.Status)
+	if !v.Routed() {
+		if v.RetryAfter {
+			h.Set(HdrRetryAfter, RetryAfterSeconds)
+		}
+		h.Set(HdrReason, v.Reason)
+		ctx.SetContentType("application/json")
+		ctx.SetBody(v.Body)
+		return
+	}
+	fields := RoutedFields()
+	for i := range fields {
+		if b := fields[i].Value(v); fields[i].Header != "" && len(b) > 0 {
+			h.SetBytesV(fields[i].Header, b)
+		}
+	}
+	buf := t.Buf.Out[:0]
+	for i, f := range v.Fallbacks {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, f...)
+	}
+	h.SetBytesV(HdrFallbacks, buf)
+	t.Buf.Out = buf
+	if len(v.KVInsert) > 0 && v.KVAt >= 0 {
+		h.Set(HdrKVInsert, base64.StdEncoding.EncodeToString(v.KVInsert))
+		h.Set(HdrKVAt, strconv.Itoa(v.KVAt))
+	}
 }
 
 func hdr(ctx *fasthttp.RequestCtx, k string) string { return string(ctx.Response.Header.Peek(k)) }
 
-// chatBody builds a chat request with a system prompt and a user message.
-func chatBody(model, system, user string) string {
-	return fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":%q},{"role":"user","content":%q}],"stream":true}`, model, system, user)
-}
+var chatBody = routetest.ChatBody
 
-const fourEndpoints = `
-session_headers: [x-session-id, x-user]
-health: {disable: true}
-deployments:
-  - name: llama
-    models: [llama, meta-llama/Llama-3.1-8B-Instruct]
-    policy: {name: %s}
-    pools:
-      - role: mixed
-        endpoints:
-          - {name: a, address: 127.0.0.1:8001}
-          - {name: b, address: 127.0.0.1:8002}
-          - {name: c, address: 127.0.0.1:8003}
-          - {name: d, address: 127.0.0.1:8004}
-`
+const fourEndpoints = routetest.FourEndpoints

@@ -2,7 +2,6 @@ package route
 
 import (
 	"encoding/json"
-	"time"
 )
 
 // Header is one forwarded request header, as views.
@@ -14,7 +13,7 @@ type Header struct {
 }
 
 // Input is what the proxy sent turnout about one request, whatever the
-// transport (the HTTP call of handler.go, an SPOE message of route/spoe).
+// transport (the HTTP call read by route/httpapi, an SPOE message of route/spoe).
 // Every slice is a view into the transport's buffers, valid during Decide.
 type Input struct {
 	// Method and URI are the client's (X-Original-Method, X-Original-URI).
@@ -97,11 +96,11 @@ func (v *Verdict) reset() {
 // encoding/json's allocations are fine here.
 func (v *Verdict) refuse(status int, typ, code, msg string) {
 	v.Status, v.Reason = status, code
-	v.Body = errorBody(typ, code, msg)
+	v.Body = ErrorBody(typ, code, msg)
 }
 
-// errorBody is the OpenAI error envelope, bounded by MaxAnswerBody.
-func errorBody(typ, code, msg string) []byte {
+// ErrorBody is the OpenAI error envelope, bounded by MaxAnswerBody.
+func ErrorBody(typ, code, msg string) []byte {
 	if len(msg) > MaxAnswerBody/2 { // JSON escaping may double it
 		msg = msg[:MaxAnswerBody/2-3] + "..."
 	}
@@ -109,145 +108,13 @@ func errorBody(typ, code, msg string) []byte {
 	return b
 }
 
-// Decide is the one decision entry point: it routes in and fills v.
-func (s *Server) Decide(in *Input, v *Verdict) {
-	snap := s.snap.Load()
-	sc := s.getScratch(snap.maxBlocks)
-	s.decideInput(snap, in, v, sc, time.Now())
-	s.release(sc)
+// apiError is the OpenAI error envelope.
+type apiError struct {
+	Error apiErrorBody `json:"error"`
 }
 
-// decideInput runs the stages of doc.go after the read: deployment, pick,
-// verdict. start is when the request reached turnout.
-func (s *Server) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *scratch, start time.Time) {
-	v.reset()
-	cfg := snap.Config
-	r := &sc.req
-	*r = Request{Truncated: in.Truncated}
-	body := in.Body
-	if len(body) > cfg.MaxBody {
-		body, r.Truncated = body[:cfg.MaxBody], true
-	}
-	var modelHdr []byte
-	for i := range in.Headers {
-		h := &in.Headers[i]
-		if len(h.Value) == 0 {
-			continue
-		}
-		role := h.role
-		if role == 0 {
-			role = snap.headerRole(h.Name)
-		}
-		if role&hdrSession != 0 {
-			r.Session = h.Value
-		}
-		if role&hdrModel != 0 {
-			modelHdr = h.Value
-		}
-	}
-
-	// The one pass over the body (route/payload): later stages read the index.
-	sc.idx.Reset() // a new request: its scan count starts at zero
-	sc.idx.Build(body, r.Truncated)
-	r.Payload = &sc.idx
-	model := sc.idx.Model()
-	if len(model) == 0 {
-		model = modelHdr
-	}
-	r.Model = model
-	var d *Deployment
-	switch {
-	case len(model) > 0:
-		d = snap.byModel[string(model)]
-		if d == nil {
-			s.m.errors[errUnknownModel].Add(1)
-			v.refuse(404, "invalid_request_error", "model_not_found",
-				"The model `"+string(cut(model, maxEchoModel))+"` does not exist.")
-			return
-		}
-	case len(snap.Deployments) == 1:
-		d = snap.Deployments[0]
-	default:
-		s.m.errors[errNoModel].Add(1)
-		v.refuse(400, "invalid_request_error", "model_required",
-			"a \"model\" is required: several deployments are served")
-		return
-	}
-	if len(r.Session) > 0 {
-		r.HasSession = true
-		r.SessionHash = hashKey(r.Session)
-	}
-	if d.Prefill != nil {
-		s.routePD(snap, d, in, v, sc, start)
-		return
-	}
-	s.decide(snap, d.Serve, v, sc, start)
+type apiErrorBody struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
+	Code    string `json:"code"`
 }
-
-// decide runs the pool's policy and fills the verdict.
-func (s *Server) decide(snap *Snapshot, p *Pool, v *Verdict, sc *scratch, start time.Time) *Endpoint {
-	c := &sc.serve
-	s.pick(snap, p, sc, c, sc.picks[:0:min(1+snap.Config.Fallbacks, len(sc.picks))])
-	if len(c.Endpoints) == 0 {
-		s.refuse(v, p, c.Reject)
-		return nil
-	}
-	s.route(v, p, c, start)
-	return c.Endpoints[0]
-}
-
-// route opens the decision for the policy's first pick and fills v with it.
-func (s *Server) route(v *Verdict, p *Pool, c *Choice, start time.Time) {
-	picks := c.Endpoints
-	e := picks[0]
-	v.Status = 200
-	v.Decision = s.dec.open(e, start.UnixNano())
-	v.Server, v.Addr, v.Pool = e.name, e.addr, p.nameHdr
-	v.Fallbacks = v.fb[:0]
-	for _, f := range picks[1:] {
-		v.Fallbacks = append(v.Fallbacks, f.name)
-	}
-	// One decision in latencySample is timed: a clock read costs about as
-	// much as a round-robin pick on some VMs, and ids are random, so the
-	// sample is unbiased.
-	if v.Decision%latencySample == 0 {
-		p.m.latency.observe(time.Since(start))
-	}
-}
-
-// latencySample: the decision latency histogram times one decision in this many.
-const latencySample = 8
-
-// refuse answers a request no endpoint was picked for.
-func (s *Server) refuse(v *Verdict, p *Pool, why RejectReason) {
-	switch why {
-	case RejectBadBody:
-		s.m.errors[errBadBody].Add(1)
-		v.refuse(400, "invalid_request_error", "token_ids_required",
-			"pool "+p.Name+" routes on token ids (strict): send a prompt the tokenizer can read or token ids")
-	case RejectUnavailable:
-		v.RetryAfter = true
-		v.refuse(503, "service_unavailable", "tokenizer_unavailable",
-			"pool "+p.Name+" routes on token ids (strict) and the tokenizer is unavailable")
-	default:
-		v.RetryAfter = true
-		v.refuse(503, "service_unavailable", ReasonNoEndpoint, "no available endpoint in pool "+p.Name)
-	}
-}
-
-// forwarded reports whether the raw header name is one of ForwardedHeaders.
-func (s *Snapshot) forwarded(name []byte) bool { return s.forwardedRole(name) != 0 }
-
-// forwardedRole is the role of the raw header name when it is one of
-// ForwardedHeaders, else 0.
-func (s *Snapshot) forwardedRole(name []byte) hdrRole {
-	for i, f := range s.fwdHdrs {
-		if headerIs(name, f) {
-			return s.fwdRoles[i]
-		}
-	}
-	return 0
-}
-
-// Forwarded is forwarded for the transports outside this package (SPOE).
-func (s *Snapshot) Forwarded(name []byte) bool { return s.forwarded(name) }

@@ -161,7 +161,7 @@ run "$BIN" bench cost --turnout-bin "$TURNOUT" --nginx-js-module "$NJS" --out "$
   echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) (throughput figures are only comparable on a quiet box)"
   if [ -f bench-route.txt ]; then
     echo
-    echo "## Decision micro benchmarks (go test ./route -bench)"
+    echo "## Decision micro benchmarks (go test ./route/ ./route/httpapi ./route/feedback -bench)"
     echo '```'
     grep -E '^(Benchmark|ok|PASS)' bench-route.txt || true
     echo '```'

@@ -15,6 +15,7 @@ import (
 
 	"github.com/turnout/turnout/haproxy"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/policy"
 )
 
 // runRender implements `turnout render haproxy|nginx --config FILE --out DIR`.
@@ -70,7 +71,7 @@ func runRender(args []string, log *zerolog.Logger) error {
 		return err
 	}
 	// Policy names and params too, so nothing wrong reaches a proxy config.
-	if err := route.CheckPolicies(cfg, route.DefaultRegistry()); err != nil {
+	if err := route.CheckPolicies(cfg, policy.DefaultRegistry()); err != nil {
 		return cli.WithFile(err, *cfgPath)
 	}
 	cli.LogWarnings(log, *cfgPath, cfg)

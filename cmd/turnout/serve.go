@@ -16,6 +16,8 @@ import (
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/cluster"
 	"github.com/turnout/turnout/route/engineload"
+	"github.com/turnout/turnout/route/health"
+	"github.com/turnout/turnout/route/policy"
 )
 
 // runServe wires turnout serve: flags, the decision core and what feeds it,
@@ -52,7 +54,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 		return err
 	}
 	cli.LogWarnings(log, *cfgPath, cfg)
-	srv, err := route.NewServer(cfg, route.Options{Registry: route.DefaultRegistry(), Log: log})
+	srv, err := route.New(cfg, route.Options{Registry: policy.DefaultRegistry(), Log: log})
 	if err != nil {
 		return cli.WithFile(err, *cfgPath)
 	}
@@ -74,9 +76,10 @@ func runServe(args []string, log *zerolog.Logger) error {
 	}
 
 	go srv.Run(ctx)
-	go srv.RunHealth(ctx)
-	// Warn about model aliases a replica would answer 404 for (route/modelcheck.go).
-	go srv.CheckServedModels(ctx, 30*time.Second)
+	hc := health.New(srv)
+	go hc.Run(ctx)
+	// Warn about model aliases a replica would answer 404 for (route/health/modelcheck.go).
+	go hc.CheckServedModels(ctx, 30*time.Second)
 	// Engine-reported load (issue 11): scrapes every endpoint's /metrics.
 	scraper := engineload.New(srv, log)
 	srv.AddMetrics(scraper.WriteMetrics)

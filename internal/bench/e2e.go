@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/policy"
 
 	"github.com/rs/zerolog"
 
@@ -268,7 +269,7 @@ func StartStack(ctx context.Context, o StackOptions) (st *Stack, err error) {
 			st = nil
 		}
 	}()
-	kvAware := o.Spec.Policy == route.KVAwareType
+	kvAware := o.Spec.Policy == policy.KVAwareType
 	st.Mocks = o.Mocks
 	if len(st.Mocks) == 0 {
 		for i, name := range ReplicaNames(o.Replicas) {

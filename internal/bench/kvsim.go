@@ -8,8 +8,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/internal/mock"
-	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/kv"
+	"github.com/turnout/turnout/route/policy"
 )
 
 // CacheWatcher is implemented by routers that learn from the replicas' KV
@@ -92,7 +92,7 @@ func (t *turnoutRouter) attachKVIndex() error {
 	if len(pools) != 1 {
 		return fmt.Errorf("kv-aware: %d pools, want 1", len(pools))
 	}
-	k, ok := pools[0].Policy.(*route.KVAware)
+	k, ok := pools[0].Policy.(*policy.KVAware)
 	if !ok {
 		return fmt.Errorf("kv-aware: pool policy is %T", pools[0].Policy)
 	}

@@ -9,11 +9,11 @@ import (
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/policy"
 
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/nginx"
-	"github.com/turnout/turnout/route"
 )
 
 func plainNginxOpts(dir string) PlainNginxOptions {
@@ -85,7 +85,7 @@ func TestPlainNginxConfigNginxT(t *testing.T) {
 func TestTurnoutConfigNginx(t *testing.T) {
 	for mode, want := range map[string]string{config.NginxModeHeader: "auth_request /_turnout/ask_headers;", config.NginxModeBody: "js_content turnout.route;"} {
 		cfgText := TurnoutConfig(ConfigOptions{
-			Listen: "127.0.0.1:9", Model: "llama", Policy: PolicySpec{Policy: route.SessionHashType}, DisableHealth: true,
+			Listen: "127.0.0.1:9", Model: "llama", Policy: PolicySpec{Policy: policy.SessionHashType}, DisableHealth: true,
 			Syslog: "127.0.0.1:9514", NginxListen: "127.0.0.1:8081", NginxDir: "/tmp/ng", NginxMode: mode,
 			Endpoints: []Endpoint{{Name: "r0", Address: "127.0.0.1:1"}, {Name: "r1", Address: "127.0.0.1:2"}},
 		})

@@ -5,7 +5,7 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/policy"
 )
 
 // Routers that model a proxy balancing on its own, without turnout. In the
@@ -133,16 +133,16 @@ func (p PolicySpec) Proxy(def string) string {
 func DefaultPolicies() []PolicySpec {
 	out := []PolicySpec{{Policy: HAProxyRoundRobin}, {Policy: HAProxyLeastConn}}
 	known := map[string]bool{}
-	for _, n := range route.DefaultRegistry().Names() {
+	for _, n := range policy.DefaultRegistry().Names() {
 		known[n] = true
 	}
-	for _, n := range []string{route.RoundRobinType, route.LeastRequestType, route.SessionHashType, route.PrefixAffinityType, "kv-aware"} {
+	for _, n := range []string{policy.RoundRobinType, policy.LeastRequestType, policy.SessionHashType, policy.PrefixAffinityType, "kv-aware"} {
 		if known[n] {
 			out = append(out, PolicySpec{Policy: n})
 			delete(known, n)
 		}
 	}
-	for _, n := range route.DefaultRegistry().Names() {
+	for _, n := range policy.DefaultRegistry().Names() {
 		if known[n] { // policies added later than this list
 			out = append(out, PolicySpec{Policy: n})
 		}

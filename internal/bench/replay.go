@@ -10,10 +10,9 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/policy"
 
 	"github.com/rs/zerolog"
-
-	"github.com/turnout/turnout/route"
 )
 
 // RunSim replays reqs once per spec in the simulator and returns one row per
@@ -90,7 +89,7 @@ func simRow(reqs []Request, trace string, spec PolicySpec, names []string, o Sim
 // isCorePolicy reports whether a policy must always work in the sim.
 func isCorePolicy(name string) bool {
 	switch name {
-	case route.RoundRobinType, route.LeastRequestType, route.SessionHashType, route.PrefixAffinityType, HAProxyRoundRobin, HAProxyLeastConn, NginxRoundRobin, NginxLeastConn:
+	case policy.RoundRobinType, policy.LeastRequestType, policy.SessionHashType, policy.PrefixAffinityType, HAProxyRoundRobin, HAProxyLeastConn, NginxRoundRobin, NginxLeastConn:
 		return true
 	}
 	return false
@@ -102,7 +101,7 @@ func isCorePolicy(name string) bool {
 // a large index, the balance guard and match threshold that trade hit ratio
 // against balance; plus session-hash's load factor. About 15 runs.
 func QuickSweep() []PolicySpec {
-	pa := route.PrefixAffinityType
+	pa := policy.PrefixAffinityType
 	var out []PolicySpec
 	add := func(policy string, kv ...string) {
 		ps := PolicySpec{Policy: policy}
@@ -131,7 +130,7 @@ func QuickSweep() []PolicySpec {
 	add(pa, "capacity_blocks", big, "session_affinity", "false")
 	add(pa, "capacity_blocks", big, "balance_abs", "2", "session_affinity", "false")
 	for _, v := range []string{"1.1", "1.25", "2"} {
-		add(route.SessionHashType, "load_factor", v)
+		add(policy.SessionHashType, "load_factor", v)
 	}
 	return out
 }
@@ -143,7 +142,7 @@ func FullSweep() []PolicySpec {
 		for _, th := range []string{"0.1", "0.3", "0.6"} {
 			for _, ab := range []string{"2", "4", "8", "16"} {
 				for _, rel := range []string{"1.1", "1.25", "1.5", "2"} {
-					out = append(out, PolicySpec{Policy: route.PrefixAffinityType, Params: []Param{
+					out = append(out, PolicySpec{Policy: policy.PrefixAffinityType, Params: []Param{
 						{"capacity_blocks", capb}, {"match_threshold", th}, {"balance_abs", ab}, {"balance_rel", rel},
 					}})
 				}

@@ -150,7 +150,7 @@ func TestPolicySpecs(t *testing.T) {
 	if len(c.Deployments[0].Pools[0].Endpoints) != 2 || c.Feedback.Syslog != "127.0.0.1:9514" {
 		t.Fatalf("config %+v", c)
 	}
-	if _, err := route.NewServer(c, route.Options{Seed: 1}); err != nil {
+	if _, err := route.New(c, route.Options{Seed: 1}); err != nil {
 		t.Fatal(err)
 	}
 	def := DefaultPolicies()

@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"github.com/turnout/turnout/route/httpapi"
+
 	"container/heap"
 	"errors"
 	"fmt"
@@ -16,6 +18,7 @@ import (
 	"github.com/turnout/turnout/internal/mock"
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/kv"
+	"github.com/turnout/turnout/route/policy"
 )
 
 // SimOptions configure the in-process replay.
@@ -137,7 +140,7 @@ func NewRouter(spec PolicySpec, names []string, o SimOptions) (Router, error) {
 	}
 	t := &turnoutRouter{names: map[string]int{}, order: names, closeFn: func() error { return nil }}
 	var extra string
-	if spec.Policy == route.KVAwareType {
+	if spec.Policy == policy.KVAwareType {
 		var err error
 		if extra, t.closeFn, err = kvAwareExtras(spec, o, log); err != nil {
 			return nil, fmt.Errorf("policy %s: %w", spec, err)
@@ -146,9 +149,12 @@ func NewRouter(spec PolicySpec, names []string, o SimOptions) (Router, error) {
 	cfgText := TurnoutConfig(ConfigOptions{Listen: "127.0.0.1:1", Model: o.Model, Policy: spec, ExtraParams: extra, Endpoints: eps, DisableHealth: true})
 	cfg, err := config.ParseConfig(cfgText)
 	if err == nil {
-		t.srv, err = route.NewServer(cfg, route.Options{Seed: o.Seed, Log: log})
+		t.srv, err = route.New(cfg, route.Options{Seed: o.Seed, Log: log})
+		if err == nil {
+			t.api = httpapi.New(t.srv)
+		}
 	}
-	if err == nil && spec.Policy == route.KVAwareType {
+	if err == nil && spec.Policy == policy.KVAwareType {
 		err = t.attachKVIndex()
 	}
 	if err != nil {
@@ -186,7 +192,8 @@ func (t *turnoutRouter) StartWindow() {
 // turnoutRouter calls the real /internal/route handler in-process, so the sim
 // runs exactly the policy code the service runs.
 type turnoutRouter struct {
-	srv     *route.Server
+	srv     *route.Decider
+	api     *httpapi.API
 	names   map[string]int
 	order   []string
 	ctx     fasthttp.RequestCtx
@@ -225,7 +232,7 @@ func (t *turnoutRouter) Route(r *Request, body []byte) (int, uint64, error) {
 		ctx.Request.Header.Set("X-Session-Id", r.Session)
 	}
 	ctx.Request.SetBodyRaw(body)
-	t.srv.Handler(ctx)
+	t.api.Handler(ctx)
 	if sc := ctx.Response.StatusCode(); sc != fasthttp.StatusOK {
 		return 0, 0, fmt.Errorf("route status %d: %s", sc, ctx.Response.Body())
 	}

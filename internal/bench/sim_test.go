@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/mock"
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/policy"
 )
 
 // tinySim: block size 4 tokens, 10 ms overhead, 1 ms per uncached token,
@@ -95,7 +95,7 @@ func TestSimulateTurnoutCompletes(t *testing.T) {
 	o := tinySim(3, 2)
 	o.BlockSize = 16
 	o.CacheBlocks = 4096
-	for _, pol := range []string{route.LeastRequestType, route.PrefixAffinityType, route.SessionHashType, route.RoundRobinType, route.KVAwareType} {
+	for _, pol := range []string{policy.LeastRequestType, policy.PrefixAffinityType, policy.SessionHashType, policy.RoundRobinType, policy.KVAwareType} {
 		t.Run(pol, func(t *testing.T) {
 			r, err := NewRouter(PolicySpec{Policy: pol}, ReplicaNames(3), o)
 			if err != nil {

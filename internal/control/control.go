@@ -95,7 +95,7 @@ func New(srv *Core, opts Options) (*Loop, error) {
 		l := zerolog.Nop()
 		log = &l
 	}
-	c := core{srv: srv}
+	c := newCore(srv)
 	lns := newListeners(c, opts.HAProxy.Dir, log)
 	px := &proxies{log: log, lns: lns, ch: make(chan syncReq, 1)}
 	if opts.HAProxy.Dir != "" {

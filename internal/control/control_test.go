@@ -19,7 +19,7 @@ import (
 // test if Run returned an error.
 func runLoop(t *testing.T, cfg *config.Config, opts Options) {
 	t.Helper()
-	srv, err := route.NewServer(cfg, route.Options{})
+	srv, err := route.New(cfg, route.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,15 +10,28 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/feedback"
+	"github.com/turnout/turnout/route/health"
+	"github.com/turnout/turnout/route/httpapi"
 	"github.com/turnout/turnout/route/spoe"
 )
 
 // Core is the decision core the loop drives. Every call this package makes
 // into route/ is in this file, so a change of route's API is one edit.
-type Core = route.Server
+type Core = route.Decider
 
-// core is the decision core as the loop sees it.
-type core struct{ srv *Core }
+// core is the decision core as the loop sees it: the Decider, its HTTP API
+// and its completion-feedback loop (made once per Decider: feedback.New
+// hooks its checks, metrics and readiness lines into it).
+type core struct {
+	srv *Core
+	api *httpapi.API
+	fb  *feedback.Loop
+}
+
+func newCore(srv *Core) core {
+	return core{srv: srv, api: httpapi.New(srv), fb: feedback.New(srv)}
+}
 
 // apply swaps the routing snapshot to cfg (surviving endpoints keep their state).
 func (c core) apply(cfg *config.Config) error { return c.srv.Apply(cfg) }
@@ -43,17 +56,17 @@ func (c core) inflight(pool, name string) int64 {
 
 // httpServer is the HTTP API (decisions, health, metrics) with cfg's
 // connection settings.
-func (c core) httpServer(cfg *config.Config) *fasthttp.Server { return c.srv.NewHTTPServerFor(cfg) }
+func (c core) httpServer(cfg *config.Config) *fasthttp.Server { return c.api.NewHTTPServerFor(cfg) }
 
 // addMetrics adds fn's lines to /metrics (the fleet's turnout_discovery_*).
 func (c core) addMetrics(fn func(*strings.Builder)) { c.srv.AddMetrics(fn) }
 
 // adminServer serves /healthz, /readyz and /metrics only (admin_listen).
-func (c core) adminServer() *fasthttp.Server { return c.srv.NewAdminHTTPServer() }
+func (c core) adminServer() *fasthttp.Server { return c.api.NewAdminHTTPServer() }
 
 // serveFeedback reads completion lines from pc until ctx ends.
 func (c core) serveFeedback(ctx context.Context, pc net.PacketConn) error {
-	return c.srv.ServeFeedback(ctx, pc)
+	return c.fb.Serve(ctx, pc)
 }
 
 // serveSPOE runs the SPOE agent on ln until ctx ends.
@@ -62,14 +75,14 @@ func (c core) serveSPOE(ctx context.Context, ln net.Listener, log *zerolog.Logge
 }
 
 // verifyServedModels refuses a model alias a replica would answer 404 for
-// (route/modelverify.go).
+// (route/health/modelverify.go).
 func verifyServedModels(ctx context.Context, cfg *config.Config) error {
-	return route.VerifyServedModels(ctx, cfg, nil)
+	return health.VerifyServedModels(ctx, cfg, nil)
 }
 
 // httpServerKey is the HTTP listener's connection-level settings, which a
 // reload cannot change on the same address.
-func httpServerKey(cfg *config.Config) map[string]string { return route.HTTPServerKey(cfg) }
+func httpServerKey(cfg *config.Config) map[string]string { return httpapi.HTTPServerKey(cfg) }
 
 // overloadedAnswer is what a connection over limits.max_conns is told.
-func overloadedAnswer() []byte { return route.OverloadedAnswer() }
+func overloadedAnswer() []byte { return httpapi.OverloadedAnswer() }

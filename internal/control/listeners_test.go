@@ -41,13 +41,13 @@ func dials(addr string) bool {
 func TestListenersLifecycle(t *testing.T) {
 	a1 := freeAddr(t)
 	cfg := lnConfig(t, a1, "")
-	srv, err := route.NewServer(cfg, route.Options{})
+	srv, err := route.New(cfg, route.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Close()
 	log := zerolog.Nop()
-	l := newListeners(core{srv}, "", &log)
+	l := newListeners(newCore(srv), "", &log)
 	defer l.shutdown(t.Context())
 	ch, err := l.prepare(cfg)
 	if err != nil {
@@ -110,13 +110,13 @@ func TestListenersDefaultSPOESocket(t *testing.T) {
 		return err == nil
 	}
 	cfg := lnConfig(t, freeAddr(t), "haproxy: {dir: "+dir+"}\n")
-	srv, err := route.NewServer(cfg, route.Options{})
+	srv, err := route.New(cfg, route.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Close()
 	log := zerolog.Nop()
-	l := newListeners(core{srv}, "", &log)
+	l := newListeners(newCore(srv), "", &log)
 	defer l.shutdown(t.Context())
 	ch, err := l.prepare(cfg)
 	if err != nil {
@@ -148,7 +148,7 @@ func TestListenersDefaultSPOESocket(t *testing.T) {
 
 	// haproxy.path lua with a --haproxy-dir: no agent at all.
 	lua := lnConfig(t, freeAddr(t), "haproxy: {path: lua}\n")
-	withDir := newListeners(core{srv}, dir, &log)
+	withDir := newListeners(l.core, dir, &log)
 	if a := withDir.spoeAddr(lua); a != "" {
 		t.Errorf("haproxy.path lua: agent address %q, want none", a)
 	}
@@ -162,13 +162,13 @@ func TestListenersDefaultSPOESocket(t *testing.T) {
 func TestListenersAdmin(t *testing.T) {
 	listen, adm1, adm2 := freeAddr(t), freeAddr(t), freeAddr(t)
 	cfg := lnConfig(t, listen, "admin_listen: "+adm1+"\n")
-	srv, err := route.NewServer(cfg, route.Options{})
+	srv, err := route.New(cfg, route.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Close()
 	log := zerolog.Nop()
-	l := newListeners(core{srv}, "", &log)
+	l := newListeners(newCore(srv), "", &log)
 	defer l.shutdown(t.Context())
 	ch, err := l.prepare(cfg)
 	if err != nil {

@@ -39,7 +39,7 @@ func TestListenSPOE(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := route.NewServer(cfg, route.Options{})
+	srv, err := route.New(cfg, route.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,13 +47,14 @@ func TestListenSPOE(t *testing.T) {
 	log := zerolog.Nop()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	cc := newCore(srv)
 	serve := func(addr string) {
 		t.Helper()
 		ln, err := listenSPOE(addr)
 		if err != nil {
 			t.Fatalf("%s: %v", addr, err)
 		}
-		go func() { _ = core{srv}.serveSPOE(ctx, ln, &log) }()
+		go func() { _ = cc.serveSPOE(ctx, ln, &log) }()
 	}
 	sock := filepath.Join(t.TempDir(), "spoe.sock")
 	for _, addr := range []string{"127.0.0.1:0", "unix@" + sock} {

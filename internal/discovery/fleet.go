@@ -1,7 +1,7 @@
 // Package discovery merges endpoints found at run time (Kubernetes, see
 // discovery/kube) into turnout's file config: a burst of changes becomes one
 // merged config within a short window, applied through the same path as a
-// config reload (route.Server.Apply keeps surviving endpoints' state); an
+// config reload (route.Decider.Apply keeps surviving endpoints' state); an
 // endpoint that disappears stays, draining, until its in-flight decisions
 // complete or haproxy.drain_timeout passes.
 package discovery
@@ -36,7 +36,7 @@ type Source interface {
 // Options configure a Fleet.
 type Options struct {
 	Log *zerolog.Logger
-	// Apply takes each merged config (route.Server.Apply plus proxy sync);
+	// Apply takes each merged config (route.Decider.Apply plus proxy sync);
 	// synced is false until every source listed its objects once, so
 	// proxies are not emptied by a turnout that cannot see the cluster yet.
 	Apply func(cfg *config.Config, synced bool) error

@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/turnout/turnout/route/httpapi"
+
 	"fmt"
 	"runtime"
 	"strconv"
@@ -8,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
 
 	"github.com/valyala/fasthttp"
 
@@ -37,7 +40,7 @@ func benchDecisions(b *testing.B, sync bool) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		srv, err := route.NewServer(cfg, route.Options{Seed: 42})
+		srv, err := route.New(cfg, route.Options{Seed: 42})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -48,13 +51,14 @@ func benchDecisions(b *testing.B, sync bool) {
 	for i := range ctxs {
 		ctxs[i] = routeCtx(body4K(i), "user-"+strconv.Itoa(i%97))
 	}
+	api := httpapi.New(n.srv)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(ctxs[0].Request.Body())))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		ctx := ctxs[i%len(ctxs)]
 		ctx.Response.Reset()
-		n.srv.Handler(ctx)
+		api.Handler(ctx)
 		id, _ := strconv.ParseUint(b2s(ctx.Response.Header.Peek(route.HdrDecision)), 16, 64)
 		n.srv.Complete(id)
 	}
@@ -75,12 +79,12 @@ func BenchmarkDecisionSyncOn(b *testing.B)  { benchDecisions(b, true) }
 
 // handoffSync is a Sync whose NATS server is unreachable (nothing is
 // published), for the handoff benchmarks.
-func handoffSync(b *testing.B) (*Sync, *route.Pool, []uint64) {
+func handoffSync(b *testing.B) (*Sync, *fleet.Pool, []uint64) {
 	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(fourEndpoints, "nats://127.0.0.1:1", "bench-h")))
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := route.NewServer(cfg, route.Options{Seed: 1})
+	srv, err := route.New(cfg, route.Options{Seed: 1})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -180,4 +184,4 @@ func otherWork(x uint64) uint64 {
 	return x
 }
 
-func handoffSyncP(b *testing.B) (*Sync, *route.Pool, []uint64) { return handoffSync(b) }
+func handoffSyncP(b *testing.B) (*Sync, *fleet.Pool, []uint64) { return handoffSync(b) }

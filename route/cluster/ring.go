@@ -3,7 +3,7 @@ package cluster
 import (
 	"sync/atomic"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // ring hands decisions from the decision path (many producers) to the
@@ -35,8 +35,8 @@ type ring struct {
 // and ready for the consumer, pos+len = released for the next lap.
 type slot struct {
 	seq    atomic.Uint64
-	pool   *route.Pool
-	ep     *route.Endpoint
+	pool   *fleet.Pool
+	ep     *fleet.Endpoint
 	blocks []uint64
 	_      [16]byte // one slot per cache line: producers filling neighbours do not share one
 }
@@ -59,7 +59,7 @@ func newRing(n, blockCap int) *ring {
 // put copies one decision into a free slot; false when the ring is full.
 // Never blocks; allocates only when blocks is longer than any decision the
 // slot held before.
-func (r *ring) put(p *route.Pool, e *route.Endpoint, blocks []uint64) bool {
+func (r *ring) put(p *fleet.Pool, e *fleet.Endpoint, blocks []uint64) bool {
 	pos := r.tail.Load()
 	for {
 		s := &r.slots[pos&r.mask]

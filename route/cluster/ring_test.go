@@ -4,7 +4,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // Producers on every P against one consumer: every decision handed over
@@ -60,7 +60,7 @@ func TestRingConcurrent(t *testing.T) {
 // consumer releases a slot; the size rounds up to a power of two.
 func TestRingFull(t *testing.T) {
 	r := newRing(3, 1)
-	p := &route.Pool{Name: "p"}
+	p := &fleet.Pool{Name: "p"}
 	for i := 0; i < 4; i++ {
 		if !r.put(p, nil, []uint64{uint64(i)}) {
 			t.Fatalf("put %d refused in a ring of 4", i)

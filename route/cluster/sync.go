@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
 
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
@@ -40,8 +41,8 @@ const (
 var recvNames = [numRecv]string{"applied", "malformed", "oversized", "unknown_pool", "unknown_endpoint", "own", "block_size_mismatch"}
 
 // blockBytes is the pool's prefix block size (0 when its policy has none).
-func blockBytes(p *route.Pool) int {
-	if pu, ok := p.Policy.(route.PromptUser); ok {
+func blockBytes(p *fleet.Pool) int {
+	if pu, ok := p.Policy.(fleet.PromptUser); ok {
 		return pu.BlockBytes()
 	}
 	return 0
@@ -51,7 +52,7 @@ func blockBytes(p *route.Pool) int {
 type Sync struct {
 	cfg  config.ClusterConfig
 	name string
-	srv  *route.Server
+	srv  *route.Decider
 	log  *zerolog.Logger
 	nc   *nats.Conn
 	ring *ring // decisions waiting for the publisher
@@ -78,7 +79,7 @@ type Sync struct {
 
 // New connects to NATS (in the background: an unreachable server is
 // retried forever) and installs the decision sink on srv. Run publishes.
-func New(srv *route.Server, cfg config.ClusterConfig, log *zerolog.Logger) (*Sync, error) {
+func New(srv *route.Decider, cfg config.ClusterConfig, log *zerolog.Logger) (*Sync, error) {
 	if log == nil {
 		l := zerolog.Nop()
 		log = &l
@@ -168,7 +169,7 @@ func (s *Sync) resubscribe(snap *route.Snapshot) {
 	defer s.subMu.Unlock()
 	want := map[string]bool{}
 	for _, p := range snap.Pools() {
-		if _, ok := p.Policy.(route.PrefixRecorder); !ok {
+		if _, ok := p.Policy.(fleet.PrefixRecorder); !ok {
 			continue
 		}
 		want[p.Name] = true
@@ -195,7 +196,7 @@ func (s *Sync) resubscribe(snap *route.Snapshot) {
 
 // RoutedPrefix implements route.PrefixSink: the hot path. It never blocks
 // and does not allocate once slots have grown to the prompts' size.
-func (s *Sync) RoutedPrefix(p *route.Pool, e *route.Endpoint, blocks []uint64) {
+func (s *Sync) RoutedPrefix(p *fleet.Pool, e *fleet.Endpoint, blocks []uint64) {
 	if len(blocks) > maxBlocks {
 		// Peers refuse longer records; the leading blocks carry the
 		// shared prefix, the tail is unique to this prompt anyway.
@@ -225,8 +226,8 @@ func (s *Sync) Run(ctx context.Context) {
 	defer close(s.done)
 	defer s.nc.Close()
 	defer s.srv.SetPrefixSink(nil)
-	batches := map[*route.Pool]*batch{}
-	flush := func(p *route.Pool, b *batch) {
+	batches := map[*fleet.Pool]*batch{}
+	flush := func(p *fleet.Pool, b *batch) {
 		if b.count == 0 {
 			return
 		}
@@ -308,9 +309,9 @@ func (s *Sync) apply(data []byte, buf []uint64) []uint64 {
 		return buf
 	}
 	p := s.srv.Snapshot().PoolByName(string(h.pool))
-	rec, ok := route.PrefixRecorder(nil), false
+	rec, ok := fleet.PrefixRecorder(nil), false
 	if p != nil {
-		rec, ok = p.Policy.(route.PrefixRecorder)
+		rec, ok = p.Policy.(fleet.PrefixRecorder)
 	}
 	if !ok {
 		s.recv[recvUnknownPool].Add(1)
@@ -357,7 +358,7 @@ func (s *Sync) Wait() { <-s.done }
 // Connected reports whether NATS is reachable now.
 func (s *Sync) Connected() bool { return s.connected.Load() }
 
-// WriteMetrics renders the cluster counters (register with route.Server.AddMetrics).
+// WriteMetrics renders the cluster counters (register with route.Decider.AddMetrics).
 func (s *Sync) WriteMetrics(b *strings.Builder) {
 	help := func(name, typ, text string) {
 		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)

@@ -13,6 +13,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/turnout/turnout/route/httpapi"
+
 	"github.com/turnout/turnout/internal/config"
 
 	"github.com/nats-io/nats.go"
@@ -40,7 +42,8 @@ deployments:
 `
 
 type node struct {
-	srv  *route.Server
+	srv  *route.Decider
+	api  *httpapi.API
 	sync *Sync
 	stop context.CancelFunc
 }
@@ -56,7 +59,7 @@ func startNodeLog(t testing.TB, url, name string, log *zerolog.Logger) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := route.NewServer(cfg, route.Options{Seed: uint64(len(name)) + 7})
+	srv, err := route.New(cfg, route.Options{Seed: uint64(len(name)) + 7})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +69,7 @@ func startNodeLog(t testing.TB, url, name string, log *zerolog.Logger) *node {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	go s.Run(ctx)
-	n := &node{srv: srv, sync: s, stop: func() { cancel(); s.Wait(); srv.Close() }}
+	n := &node{srv: srv, api: httpapi.New(srv), sync: s, stop: func() { cancel(); s.Wait(); srv.Close() }}
 	t.Cleanup(n.stop)
 	return n
 }
@@ -90,7 +93,7 @@ func routeCtx(body, session string) *fasthttp.RequestCtx {
 // decide routes one request and completes it; it returns the endpoint.
 func decide(t testing.TB, n *node, ctx *fasthttp.RequestCtx) string {
 	ctx.Response.Reset()
-	n.srv.Handler(ctx)
+	n.api.Handler(ctx)
 	if ctx.Response.StatusCode() != 200 {
 		t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
 	}
@@ -277,7 +280,7 @@ func TestSyncDecisionAllocs(t *testing.T) {
 	}
 	run := func() {
 		ctx.Response.Reset()
-		a.srv.Handler(ctx)
+		a.api.Handler(ctx)
 		id, _ := strconv.ParseUint(b2s(ctx.Response.Header.Peek(route.HdrDecision)), 16, 64)
 		a.srv.Complete(id)
 	}
@@ -293,7 +296,7 @@ func TestSyncQueueFullDrops(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.Cluster.Queue = 16
-	srv, err := route.NewServer(cfg, route.Options{Seed: 1})
+	srv, err := route.New(cfg, route.Options{Seed: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,7 +307,7 @@ func TestSyncQueueFullDrops(t *testing.T) {
 	}
 	defer s.nc.Close()
 	// Run is not started: nothing drains the queue.
-	n := &node{srv: srv, sync: s}
+	n := &node{srv: srv, api: httpapi.New(srv), sync: s}
 	for i := 0; i < 40; i++ {
 		decide(t, n, routeCtx(prompt(i), ""))
 	}

@@ -73,7 +73,7 @@ deployments:
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := route.NewServer(cfg, route.Options{Seed: 1})
+	srv, err := route.New(cfg, route.Options{Seed: 1})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,6 +1,6 @@
 // Package engineload scrapes each endpoint's own Prometheus page (vLLM
 // /metrics) on a short interval and publishes the engine-reported load on
-// the endpoint (route.Endpoint.SetEngineLoad), so that every turnout
+// the endpoint (fleet.Endpoint.SetEngineLoad), so that every turnout
 // instance in front of the same replicas balances on the same figure, one
 // that also counts requests other instances or other clients sent.
 package engineload
@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -62,7 +63,7 @@ func (r Result) String() string {
 
 // Scraper scrapes every endpoint of the server's live snapshot.
 type Scraper struct {
-	srv *route.Server
+	srv *route.Decider
 	log *zerolog.Logger
 	// client is rebuilt when the timeout or body cap changes (fasthttp
 	// reads them when it builds host clients); clientMu guards the swap.
@@ -92,7 +93,7 @@ type target struct {
 const windowScrapes = 8
 
 // New returns a scraper for srv; Run starts it.
-func New(srv *route.Server, log *zerolog.Logger) *Scraper {
+func New(srv *route.Decider, log *zerolog.Logger) *Scraper {
 	if log == nil {
 		l := zerolog.Nop()
 		log = &l
@@ -130,7 +131,7 @@ func (s *Scraper) Run(ctx context.Context) {
 func (s *Scraper) Round(ctx context.Context) {
 	snap := s.srv.Snapshot()
 	cfg := snap.Config.EngineMetrics
-	byName := map[string][]*route.Endpoint{}
+	byName := map[string][]*fleet.Endpoint{}
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {
 			byName[e.Name] = append(byName[e.Name], e)
@@ -183,7 +184,7 @@ func (s *Scraper) clearAll() {
 
 // scrapeOne scrapes one endpoint and publishes the result on every pool
 // entry with that name.
-func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*route.Endpoint, cfg *config.EngineMetricsConfig) {
+func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*fleet.Endpoint, cfg *config.EngineMetricsConfig) {
 	if ctx.Err() != nil {
 		return
 	}
@@ -227,7 +228,7 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*route.Endpoin
 }
 
 // fetch GETs and parses one page; n is the number of body bytes read.
-func (s *Scraper) fetch(addr string, cfg *config.EngineMetricsConfig) (route.EngineLoad, int, Result, error) {
+func (s *Scraper) fetch(addr string, cfg *config.EngineMetricsConfig) (fleet.EngineLoad, int, Result, error) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -237,7 +238,7 @@ func (s *Scraper) fetch(addr string, cfg *config.EngineMetricsConfig) (route.Eng
 	// The body cap is enforced while reading: a 10 MB page is refused
 	// after max_bytes, never buffered whole.
 	err := s.httpClient(cfg.Timeout.D(), cfg.MaxBytes).DoTimeout(req, resp, cfg.Timeout.D())
-	var zero route.EngineLoad
+	var zero fleet.EngineLoad
 	switch {
 	case err == nil:
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
@@ -293,7 +294,7 @@ func isTimeout(err error) bool {
 // ~1.7 ms and 12k allocations, against ~20 us for the lines kept
 // (BENCHMARKS.md). A page without any of them is parsed whole, to tell
 // garbage (parse_error) from another exporter (no_metrics).
-func Parse(body []byte) (route.EngineLoad, Result, error) {
+func Parse(body []byte) (fleet.EngineLoad, Result, error) {
 	if kept := keepLoadLines(body); len(kept) > 0 {
 		return parse(kept)
 	}
@@ -330,16 +331,16 @@ func keepLoadLines(body []byte) []byte {
 	return out
 }
 
-func parse(body []byte) (route.EngineLoad, Result, error) {
+func parse(body []byte) (fleet.EngineLoad, Result, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
 	if err != nil {
-		return route.EngineLoad{}, ResultParse, fmt.Errorf("parse metrics: %w", err)
+		return fleet.EngineLoad{}, ResultParse, fmt.Errorf("parse metrics: %w", err)
 	}
 	running, okR := sum(fams[MetricRunning])
 	waiting, okW := sum(fams[MetricWaiting])
 	if !okR && !okW {
-		return route.EngineLoad{}, ResultNoMetrics, fmt.Errorf("no %s or %s on the page", MetricRunning, MetricWaiting)
+		return fleet.EngineLoad{}, ResultNoMetrics, fmt.Errorf("no %s or %s on the page", MetricRunning, MetricWaiting)
 	}
 	kv, ok := maxOf(fams[MetricKV])
 	if !ok {
@@ -347,7 +348,7 @@ func parse(body []byte) (route.EngineLoad, Result, error) {
 			kv = -1
 		}
 	}
-	return route.EngineLoad{Requests: int64(running + waiting + 0.5), KVUsage: kv}, ResultOK, nil
+	return fleet.EngineLoad{Requests: int64(running + waiting + 0.5), KVUsage: kv}, ResultOK, nil
 }
 
 func value(m *dto.Metric) (float64, bool) {
@@ -391,7 +392,7 @@ func maxOf(f *dto.MetricFamily) (float64, bool) {
 }
 
 // WriteMetrics renders the scraper's counters and each endpoint's load
-// figures (register with route.Server.AddMetrics).
+// figures (register with route.Decider.AddMetrics).
 func (s *Scraper) WriteMetrics(b *strings.Builder) {
 	snap := s.srv.Snapshot()
 	s.mu.Lock()

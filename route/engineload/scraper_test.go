@@ -1,6 +1,8 @@
 package engineload
 
 import (
+	"github.com/turnout/turnout/route/httpapi"
+
 	"bytes"
 	"context"
 	"fmt"
@@ -152,14 +154,14 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func routeOnce(t *testing.T, srv *route.Server) (string, time.Duration) {
+func routeOnce(t *testing.T, srv *route.Decider) (string, time.Duration) {
 	t.Helper()
 	var ctx fasthttp.RequestCtx
 	ctx.Request.SetRequestURI(route.PathRoute)
 	ctx.Request.Header.SetMethod("POST")
 	ctx.Request.SetBodyString(`{"model":"llama","messages":[{"role":"user","content":"hi"}]}`)
 	start := time.Now()
-	srv.Handler(&ctx)
+	httpapi.New(srv).Handler(&ctx)
 	took := time.Since(start)
 	if ctx.Response.StatusCode() != 200 {
 		t.Fatalf("route status %d", ctx.Response.StatusCode())
@@ -189,7 +191,7 @@ deployments:
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := route.NewServer(cfg, route.Options{Seed: 1})
+	srv, err := route.New(cfg, route.Options{Seed: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +276,7 @@ deployments:
     pools: [{role: mixed, endpoints: [{name: m0, address: %s}]}]
 `
 	cfg, _ := config.ParseConfig([]byte(fmt.Sprintf(y, false, addr)))
-	srv, err := route.NewServer(cfg, route.Options{Seed: 1})
+	srv, err := route.New(cfg, route.Options{Seed: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

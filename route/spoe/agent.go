@@ -5,7 +5,7 @@
 // fallbacks, decision, or a refusal to relay). It replaces the Lua action's
 // per-request HTTP call to /internal/route.
 //
-// Every decision goes through route.Server.Decide, the entry point the HTTP
+// Every decision goes through route.Decider.Decide, the entry point the HTTP
 // handler uses too, so the two paths cannot drift apart: the agent reads the
 // message into a route.Input and writes the route.Verdict as variables
 // (route/contract_glue.go names them), with no HTTP round trip.
@@ -90,7 +90,7 @@ type Stats struct {
 
 // Agent serves SPOP connections from HAProxy.
 type Agent struct {
-	srv      *route.Server
+	srv      *route.Decider
 	log      *zerolog.Logger
 	maxFrame int
 	nm       atomic.Pointer[names]
@@ -100,7 +100,7 @@ type Agent struct {
 }
 
 // New builds an agent that decides with srv.
-func New(srv *route.Server, opts Options) *Agent {
+func New(srv *route.Decider, opts Options) *Agent {
 	if opts.Log == nil {
 		l := zerolog.Nop()
 		opts.Log = &l

@@ -65,11 +65,11 @@ func newNames(snap *route.Snapshot) *names {
 }
 
 // decider turns messages into verdicts: SPOE arguments into a route.Input,
-// route.Server.Decide, the route.Verdict into set-var actions. It owns the
+// route.Decider.Decide, the route.Verdict into set-var actions. It owns the
 // Input and Verdict reused for every message, so one decider serves one
 // goroutine at a time.
 type decider struct {
-	srv   *route.Server
+	srv   *route.Decider
 	names func(*route.Snapshot) *names
 	in    route.Input
 	v     route.Verdict
@@ -77,7 +77,7 @@ type decider struct {
 	tmp   []byte
 }
 
-func newDecider(srv *route.Server, names func(*route.Snapshot) *names) *decider {
+func newDecider(srv *route.Decider, names func(*route.Snapshot) *names) *decider {
 	return &decider{srv: srv, names: names, args: make([]arg, 0, 8), tmp: make([]byte, 0, 64)}
 }
 

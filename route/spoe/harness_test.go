@@ -1,6 +1,9 @@
 package spoe
 
 import (
+	"github.com/turnout/turnout/route/feedback"
+	"github.com/turnout/turnout/route/httpapi"
+
 	"bytes"
 	"context"
 	"fmt"
@@ -23,7 +26,7 @@ import (
 )
 
 // Live-test harness: tiny fasthttp replicas that answer with their name,
-// turnout (route.Server + this package's agent) in process, and a real
+// turnout (route.Decider + this package's agent) in process, and a real
 // HAProxy built from templates/haproxy-spoe.snippets.tmpl.
 
 // replica answers every request with its name (X-Replica and the body).
@@ -75,7 +78,7 @@ func (r *replica) stop() {
 
 // turnoutProc is turnout in process: the decision server and its agent.
 type turnoutProc struct {
-	srv       *route.Server
+	srv       *route.Decider
 	agent     *Agent
 	spoeAddr  string
 	cancel    context.CancelFunc
@@ -92,7 +95,7 @@ func startTurnout(t testing.TB, yaml, spoeAddr string, withAgent bool) *turnoutP
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}
-	srv, err := route.NewServer(cfg, route.Options{})
+	srv, err := route.New(cfg, route.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +103,8 @@ func startTurnout(t testing.TB, yaml, spoeAddr string, withAgent bool) *turnoutP
 	fctx, fcancel := context.WithCancel(context.Background())
 	p.feedback = fcancel
 	if cfg.Feedback.Syslog != "" {
-		go func() { _ = srv.ListenFeedback(fctx, cfg.Feedback.Syslog) }()
+		fb := feedback.New(srv)
+		go func() { _ = fb.Listen(fctx, cfg.Feedback.Syslog) }()
 	}
 	if withAgent {
 		p.startAgent(t)
@@ -164,7 +168,7 @@ func (p *turnoutProc) serveHTTP(t testing.TB, addr string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := p.srv.NewHTTPServer()
+	hs := httpapi.New(p.srv).NewHTTPServer()
 	go hs.Serve(ln) //nolint:errcheck // ends at Shutdown
 	p.httpAddr, p.httpClose = addr, func() { _ = hs.Shutdown() }
 }
@@ -371,7 +375,7 @@ func post(t testing.TB, addr, path, body string, hdrs ...string) answer {
 }
 
 // direct asks turnout itself (the HTTP handler), closing the decision.
-func direct(t testing.TB, srv *route.Server, body string, hdrs ...string) *fasthttp.RequestCtx {
+func direct(t testing.TB, srv *route.Decider, body string, hdrs ...string) *fasthttp.RequestCtx {
 	t.Helper()
 	var ctx fasthttp.RequestCtx
 	ctx.Request.SetRequestURI(route.PathRoute)
@@ -380,7 +384,7 @@ func direct(t testing.TB, srv *route.Server, body string, hdrs ...string) *fasth
 		ctx.Request.Header.Set(hdrs[i], hdrs[i+1])
 	}
 	ctx.Request.SetBodyString(body)
-	srv.Handler(&ctx)
+	httpapi.New(srv).Handler(&ctx)
 	var id uint64
 	if _, err := fmt.Sscanf(string(ctx.Response.Header.Peek(route.HdrDecision)), "%x", &id); err == nil {
 		srv.Complete(id)
@@ -405,10 +409,10 @@ func eventually(t testing.TB, d time.Duration, f func() error) {
 }
 
 // metric reads one line of turnout's /metrics.
-func metric(srv *route.Server, prefix string) string {
+func metric(srv *route.Decider, prefix string) string {
 	var ctx fasthttp.RequestCtx
 	ctx.Request.SetRequestURI(route.PathMetrics)
-	srv.Handler(&ctx)
+	httpapi.New(srv).Handler(&ctx)
 	for line := range strings.SplitSeq(string(ctx.Response.Body()), "\n") {
 		if strings.HasPrefix(line, prefix) {
 			return strings.TrimSpace(strings.TrimPrefix(line, prefix))

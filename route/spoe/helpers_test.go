@@ -144,7 +144,7 @@ func mustAgent(t testing.TB, yaml string) *Agent {
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}
-	srv, err := route.NewServer(cfg, route.Options{Seed: 42})
+	srv, err := route.New(cfg, route.Options{Seed: 42})
 	if err != nil {
 		t.Fatalf("server: %v", err)
 	}

@@ -9,7 +9,7 @@ import (
 )
 
 // liveEnv is HAProxy with the SPOE snippets in front of four replicas, with
-// turnout (route.Server + Agent) in process.
+// turnout (route.Decider + Agent) in process.
 type liveEnv struct {
 	dir, listen string
 	reps        map[string]*replica

@@ -1,0 +1,68 @@
+package feedback
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/turnout/turnout/route/fleet"
+)
+
+// Per-endpoint figures from completion feedback: status classes and request
+// durations (ms=) and times to first byte (ttfb=). Fixed arrays of atomics,
+// so the feedback path does not allocate.
+
+// writeEndpointFeedbackMetrics renders the per-endpoint feedback metrics.
+func (l *Loop) writeEndpointMetrics(b *strings.Builder) {
+	snap := l.d.Snapshot()
+	help := func(name, typ, text string) {
+		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
+	}
+	help("turnout_endpoint_decisions_expired_total", "counter", "Decisions closed without a completion (decision_ttl or slot reuse): lost feedback.")
+	for _, p := range snap.Pools() {
+		for _, e := range p.Endpoints {
+			fmt.Fprintf(b, "turnout_endpoint_decisions_expired_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, e.State.Expired.Load())
+		}
+	}
+	help("turnout_endpoint_responses_total", "counter", "Responses per endpoint by status class, from completion feedback (other: no response).")
+	for _, p := range snap.Pools() {
+		for _, e := range p.Endpoints {
+			for c, name := range fleet.StatusClasses {
+				fmt.Fprintf(b, "turnout_endpoint_responses_total{deployment=%q,pool=%q,endpoint=%q,class=%q} %d\n", p.Deployment, p.Name, e.Name, name, e.State.Feedback.Classes[c].Load())
+			}
+		}
+	}
+	for _, h := range []struct {
+		name, text string
+		get        func(*fleet.State) *fleet.MsHistogram
+	}{
+		{"turnout_endpoint_request_duration_seconds", "Request duration per endpoint as the proxy saw it (feedback ms=).", func(st *fleet.State) *fleet.MsHistogram { return &st.Feedback.Duration }},
+		{"turnout_endpoint_ttfb_seconds", "Time to the replica's response headers per endpoint (feedback ttfb=).", func(st *fleet.State) *fleet.MsHistogram { return &st.Feedback.TTFB }},
+	} {
+		help(h.name, "histogram", h.text)
+		for _, p := range snap.Pools() {
+			for _, e := range p.Endpoints {
+				hist := h.get(e.State)
+				labels := fmt.Sprintf("deployment=%q,pool=%q,endpoint=%q", p.Deployment, p.Name, e.Name)
+				var cum uint64
+				for i, ub := range fleet.RequestBuckets {
+					cum += hist.Counts[i].Load()
+					fmt.Fprintf(b, "%s_bucket{%s,le=%q} %d\n", h.name, labels, strconv.FormatFloat(ub, 'g', -1, 64), cum)
+				}
+				cum += hist.Counts[len(fleet.RequestBuckets)].Load()
+				fmt.Fprintf(b, "%s_bucket{%s,le=\"+Inf\"} %d\n", h.name, labels, cum)
+				fmt.Fprintf(b, "%s_sum{%s} %g\n", h.name, labels, float64(hist.SumMs.Load())/1e3)
+				fmt.Fprintf(b, "%s_count{%s} %d\n", h.name, labels, cum)
+			}
+		}
+	}
+}
+
+// writeMetrics renders the feedback loop's metrics (Decider.AddMetrics).
+func (l *Loop) writeMetrics(b *strings.Builder) {
+	fmt.Fprintf(b, "# HELP turnout_feedback_lines_total Proxy log lines received on the feedback listener.\n# TYPE turnout_feedback_lines_total counter\n")
+	fmt.Fprintf(b, "turnout_feedback_lines_total{result=\"ok\"} %d\n", l.lines.Load())
+	fmt.Fprintf(b, "turnout_feedback_lines_total{result=\"malformed\"} %d\n", l.bad.Load())
+	l.writeEndpointMetrics(b)
+	l.writeHealthMetrics(b)
+}

@@ -1,0 +1,115 @@
+package fleet
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// RequestBuckets are request duration bounds in seconds: LLM requests run
+// from tens of milliseconds (cached, short) to minutes (long streams).
+var RequestBuckets = [...]float64{0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+
+// StatusClasses are the class label values, indexed by classOf.
+var StatusClasses = [...]string{"2xx", "3xx", "4xx", "5xx", "other"}
+
+func classOf(status int64) int {
+	if status >= 200 && status < 600 {
+		return int(status/100) - 2
+	}
+	return len(StatusClasses) - 1 // 1xx, or -1 when the proxy had no response
+}
+
+type MsHistogram struct {
+	Counts [len(RequestBuckets) + 1]atomic.Uint64
+	SumMs  atomic.Uint64
+}
+
+func (h *MsHistogram) observe(ms int64) {
+	sec := float64(ms) / 1e3
+	i := 0
+	for i < len(RequestBuckets) && sec > RequestBuckets[i] {
+		i++
+	}
+	h.Counts[i].Add(1)
+	h.SumMs.Add(uint64(ms))
+}
+
+type Feedback struct {
+	Classes  [len(StatusClasses)]atomic.Uint64
+	Duration MsHistogram
+	TTFB     MsHistogram
+}
+
+// Observe records one feedback line for the endpoint (values < 0 are unknown).
+func (st *State) Observe(status, ms, ttfb, now int64) {
+	if status >= 0 {
+		st.Feedback.Classes[classOf(status)].Add(1)
+	}
+	if ms >= 0 {
+		st.Feedback.Duration.observe(ms)
+	}
+	if ttfb >= 0 {
+		st.Feedback.TTFB.observe(ttfb)
+	}
+	st.Stall.onFeedback(ms, ttfb, now)
+}
+
+// LatencyBuckets are decision latency bounds in seconds.
+var LatencyBuckets = [...]float64{5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 50e-3, 250e-3, 1}
+
+type histogram struct {
+	Counts [len(LatencyBuckets) + 1]atomic.Uint64
+	SumNs  atomic.Uint64
+}
+
+func (h *histogram) Observe(d time.Duration) {
+	sec := d.Seconds()
+	i := 0
+	for i < len(LatencyBuckets) && sec > LatencyBuckets[i] {
+		i++
+	}
+	h.Counts[i].Add(1)
+	h.SumNs.Add(uint64(d))
+}
+
+type PoolMetrics struct {
+	Outcomes      [NumOutcomes]atomic.Uint64
+	MatchedBlocks atomic.Uint64
+	TotalBlocks   atomic.Uint64
+	Latency       histogram
+}
+
+// StallState is an endpoint's stall detection state (atomics: not copied).
+type StallState struct {
+	BudgetNs atomic.Int64 // 0 = off; set by each snapshot
+	Degraded atomic.Bool
+	Suspect  atomic.Bool
+	Probing  atomic.Bool
+	// LastProbe is when the last probe started (unix ns).
+	LastProbe atomic.Int64
+	// FastStart is the start (unix ns) of the latest request known to have
+	// been answered within the budget (feedback or probe).
+	FastStart atomic.Int64
+	// Since is when the endpoint was degraded (unix ns).
+	Since atomic.Int64
+}
+
+// onFeedback takes one completion's times (ms, -1 = unknown).
+func (ss *StallState) onFeedback(ms, ttfb, now int64) {
+	b := ss.BudgetNs.Load()
+	if b <= 0 {
+		return
+	}
+	budgetMs := b / int64(time.Millisecond)
+	if ttfb >= budgetMs {
+		ss.Suspect.Store(true)
+		return
+	}
+	if ttfb < 0 && (ms < 0 || ms >= budgetMs) {
+		return // no first-byte time and a total too long to tell
+	}
+	start := now - max(ms, ttfb)*int64(time.Millisecond)
+	if start > ss.FastStart.Load() {
+		ss.FastStart.Store(start)
+	}
+}

@@ -1,0 +1,391 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
+	"github.com/turnout/turnout/route/kv"
+	"github.com/turnout/turnout/route/tokenize"
+)
+
+// KVAwareType is the registry name of KVAware.
+const KVAwareType = "kv-aware"
+
+// KVAwareConfig are the params of kv-aware.
+//
+// Scoring (Dynamo's cost, lower is better), over available endpoints that are
+// not too loaded (same guard as prefix-affinity):
+//
+//	cost(e) = PrefillWeight * uncachedBlocks(e) + LoadWeight * inflight(e)
+//
+// where uncachedBlocks counts the request's blocks beyond the longest prefix
+// e really holds according to its KV events. Ties go to the lower in-flight
+// count; the fallback list is the next lowest costs.
+type KVAwareConfig struct {
+	// BlockSize is vLLM's --block-size in tokens (0: learn it from events).
+	BlockSize     int     `yaml:"block_size"`
+	MaxBlocks     int     `yaml:"max_blocks"`
+	PrefillWeight float64 `yaml:"prefill_weight"`
+	LoadWeight    float64 `yaml:"load_weight"`
+	BalanceAbs    int64   `yaml:"balance_abs"`
+	BalanceRel    float64 `yaml:"balance_rel"`
+	// Strict refuses requests without token ids (400) or with the tokenizer
+	// Down (503), as Ray's KV router does; lenient falls back to prefix-affinity.
+	Strict    bool                 `yaml:"strict"`
+	Tokenizer TokenizerConfig      `yaml:"tokenizer"`
+	Fallback  PrefixAffinityConfig `yaml:"fallback"`
+}
+
+// TokenizerConfig configures how request text becomes token ids.
+type TokenizerConfig struct {
+	// Mode: "remote" calls vLLM's POST /tokenize; "none" uses only token-id prompts.
+	Mode string `yaml:"mode"`
+	// Address of a vLLM server for /tokenize ("" = the pool's own endpoints).
+	Address      string          `yaml:"address"`
+	Timeout      config.Duration `yaml:"timeout"`
+	CacheEntries int             `yaml:"cache_entries"`
+}
+
+// Validate checks the params.
+func (c *KVAwareConfig) Validate() error {
+	switch {
+	case c.BlockSize < 0 || c.BlockSize > 4096:
+		return fmt.Errorf("kv-aware block_size %d out of range [0, 4096]", c.BlockSize)
+	case c.MaxBlocks < 1024:
+		return fmt.Errorf("kv-aware max_blocks %d must be >= 1024", c.MaxBlocks)
+	case c.PrefillWeight < 0 || c.LoadWeight < 0:
+		return errors.New("kv-aware weights must be >= 0")
+	case c.BalanceRel < 1 || c.BalanceAbs < 0:
+		return errors.New("kv-aware balance_rel must be >= 1 and balance_abs >= 0")
+	case c.Tokenizer.Mode != "remote" && c.Tokenizer.Mode != "none":
+		return fmt.Errorf("kv-aware tokenizer.mode %q must be remote or none", c.Tokenizer.Mode)
+	case c.Tokenizer.Timeout.D() <= 0:
+		return errors.New("kv-aware tokenizer.timeout must be > 0")
+	case c.Tokenizer.CacheEntries < 0:
+		return errors.New("kv-aware tokenizer.cache_entries must be >= 0")
+	}
+	return c.Fallback.Validate()
+}
+
+// KVAware routes on the blocks each replica really holds, learned from vLLM
+// KV-cache events, and falls back to prefix-affinity when it has no tokens.
+type KVAware struct {
+	cfg      KVAwareConfig
+	log      *zerolog.Logger
+	ctx      context.Context
+	hub      *kv.Hub
+	pool     string
+	eps      []kv.Endpoint
+	fallback *PrefixAffinity
+	tok      *tokenize.Client
+	rnd      *fleet.Rand
+
+	// Shared with the policies of later snapshots (Carry).
+	sh *kvShared
+
+	ids  []int // index source id per endpoint index
+	bufs sync.Pool
+	// counters
+	fallbacks    atomic.Uint64
+	tokenized    atomic.Uint64
+	tokenizeErrs atomic.Uint64
+	tokenIDs     atomic.Uint64
+}
+
+// kvShared is what survives reloads: the index, the subscriptions and the
+// tokenizer cache.
+type kvShared struct {
+	idx     *kv.Index
+	mgr     *kv.Manager
+	adopted atomic.Bool
+}
+
+type kvBuf struct {
+	keys   []uint64
+	out    []int
+	stale  []bool
+	blocks []uint64
+	hasher fleet.PrefixHasher
+}
+
+// NewKVAwareFactory returns the factory for kv-aware.
+func NewKVAwareFactory() Factory {
+	return func(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
+		cfg := KVAwareConfig{
+			MaxBlocks: 1 << 20, PrefillWeight: 1, LoadWeight: 1, BalanceAbs: 8, BalanceRel: 1.5,
+			Tokenizer: TokenizerConfig{Mode: "remote", Timeout: config.Duration(200 * time.Millisecond), CacheEntries: 4096},
+			Fallback:  DefaultPrefixAffinityConfig(),
+		}
+		if err := pc.DecodeParams(&cfg); err != nil {
+			return nil, err
+		}
+		if err := cfg.Validate(); err != nil {
+			return nil, err
+		}
+		return NewKVAware(cfg, env), nil
+	}
+}
+
+// NewKVAware builds the policy for env.Pool. Subscriptions start in Start.
+func NewKVAware(cfg KVAwareConfig, env fleet.PolicyEnv) *KVAware {
+	log := env.Log
+	if log == nil {
+		l := zerolog.Nop()
+		log = &l
+	}
+	ctx := env.Ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	k := &KVAware{
+		cfg: cfg, log: log, ctx: ctx, pool: env.Pool.Name, rnd: env.Rand,
+		fallback: NewPrefixAffinity(cfg.Fallback, env.Pool, env.Rand),
+	}
+	k.hub = env.KVHub
+	for _, e := range env.Pool.Endpoints {
+		switch {
+		case e.KVEvents != "":
+			k.eps = append(k.eps, kv.Endpoint{Name: e.Name, Address: e.KVEvents, Topic: e.KVTopic, ReplayAddress: e.KVReplay})
+		case e.KVBind != "":
+			k.eps = append(k.eps, kv.Endpoint{Name: e.Name, Bind: e.KVBind, Pattern: e.KVPattern, ReplayAddress: e.KVReplay})
+		}
+	}
+	addrs := []string{cfg.Tokenizer.Address}
+	if cfg.Tokenizer.Address == "" {
+		addrs = addrs[:0]
+		for _, e := range env.Pool.Endpoints {
+			addrs = append(addrs, e.Address)
+		}
+	}
+	k.tok = tokenize.New(tokenize.Options{Timeout: cfg.Tokenizer.Timeout.D(), CacheEntries: cfg.Tokenizer.CacheEntries}, addrs)
+	return k
+}
+
+// Carry implements Stater: keep the index and live subscriptions.
+func (k *KVAware) Carry(prev fleet.Policy) {
+	old, ok := prev.(*KVAware)
+	if !ok || old.sh == nil || old.cfg.BlockSize != k.cfg.BlockSize || old.cfg.MaxBlocks != k.cfg.MaxBlocks {
+		k.fallback.Carry(prevFallback(prev))
+		return
+	}
+	old.sh.adopted.Store(true)
+	k.sh = &kvShared{idx: old.sh.idx, mgr: old.sh.mgr}
+	k.tok.Adopt(old.tok)
+	k.fallback.Carry(old.fallback)
+}
+
+func prevFallback(p fleet.Policy) fleet.Policy {
+	if pa, ok := p.(*PrefixAffinity); ok {
+		return pa
+	}
+	return nil
+}
+
+// Start implements Starter: create or resync the index subscriptions.
+func (k *KVAware) Start(p *fleet.Pool) {
+	if k.sh == nil {
+		idx := kv.NewIndex(k.cfg.MaxBlocks)
+		if k.cfg.BlockSize > 0 {
+			idx.SetBlockSize(k.cfg.BlockSize)
+		}
+		k.sh = &kvShared{idx: idx, mgr: kv.NewManager(k.ctx, idx, kv.ManagerConfig{Hub: k.hub}, k.log)}
+	}
+	if err := k.sh.mgr.Sync(k.eps); err != nil {
+		k.log.Warn().Err(err).Str(fleet.FieldPool, k.pool).Msg("kv-event subscriptions")
+	}
+	k.ids = make([]int, len(p.Endpoints))
+	for i, e := range p.Endpoints {
+		k.ids[i] = k.sh.idx.SourceID(e.Name)
+	}
+}
+
+// Close implements Closer: stop subscriptions unless a newer policy took them.
+func (k *KVAware) Close() {
+	if k.sh != nil && !k.sh.adopted.Load() {
+		k.sh.mgr.Close()
+	}
+}
+
+// Fallbacks is how many requests went to the prefix-affinity fallback (tests, metrics).
+func (k *KVAware) Fallbacks() uint64 { return k.fallbacks.Load() }
+
+// Index exposes the KV index (tests, metrics).
+func (k *KVAware) Index() *kv.Index { return k.sh.idx }
+
+// Pick implements Policy.
+func (k *KVAware) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
+	b, _ := k.bufs.Get().(*kvBuf)
+	if b == nil {
+		b = &kvBuf{}
+	}
+	defer k.bufs.Put(b)
+	bs := k.sh.idx.BlockSize()
+	keys, err := k.requestKeys(r, bs, b)
+	if err != nil || len(keys) == 0 {
+		if k.cfg.Strict {
+			switch {
+			case errors.Is(err, tokenize.ErrUnavailable):
+				c.Reject = fleet.RejectUnavailable
+			default:
+				c.Reject = fleet.RejectBadBody
+			}
+			return
+		}
+		k.fallbacks.Add(1)
+		// The fallback's prompt hashes are computed only here (from the
+		// payload index), so the token path does not pay for hashing.
+		if n := len(r.Payload.Body())/k.cfg.Fallback.BlockBytes + 1; cap(b.blocks) < n {
+			b.blocks = make([]uint64, 0, n)
+		}
+		b.hasher.Reset(k.cfg.Fallback.BlockBytes, b.blocks)
+		r.Payload.Prompt(&b.hasher)
+		// The fallback reads its blocks from a copy: r stays the caller's,
+		// and the blocks (in b) do not outlive this call.
+		fr := *r
+		fr.Blocks, fr.PromptBytes = b.hasher.Out, b.hasher.Total
+		k.fallback.Pick(&fr, p, c)
+		return
+	}
+	if cap(b.out) < len(p.Endpoints) {
+		b.out = make([]int, len(p.Endpoints))
+	}
+	out := b.out[:len(p.Endpoints)]
+	k.sh.idx.MatchIDs(keys, k.ids, out)
+	// Staleness is looked up once per endpoint, not once per fallback slot.
+	if cap(b.stale) < len(p.Endpoints) {
+		b.stale = make([]bool, len(p.Endpoints))
+	}
+	stale := b.stale[:len(p.Endpoints)]
+	for i, e := range p.Endpoints {
+		stale[i] = k.sh.idx.Stale(e.Name)
+	}
+	minLoad, ok := fleet.LowestLoad(p)
+	if !ok {
+		c.Outcome = fleet.OutcomeNoEndpoint
+		return
+	}
+	dst := c.Endpoints
+	start := len(dst)
+	n := len(p.Endpoints)
+	off := 0
+	if k.rnd != nil {
+		off = k.rnd.Intn(n) // equal costs spread instead of piling on the first
+	}
+	for len(dst) < cap(dst) {
+		var best *fleet.Endpoint
+		var bestCost float64
+		for j := 0; j < n; j++ {
+			i := (j + off) % n
+			e := p.Endpoints[i]
+			if !e.Available() || fleet.Contains(dst, e) {
+				continue
+			}
+			l := e.Load()
+			if fleet.TooLoaded(l, minLoad, k.cfg.BalanceAbs, k.cfg.BalanceRel) {
+				continue
+			}
+			m := out[i]
+			if stale[i] {
+				m /= 2 // a sequence gap: trust half of what we think it holds
+			}
+			c := k.cfg.PrefillWeight*float64(len(keys)-m) + k.cfg.LoadWeight*float64(l)
+			if best == nil || c < bestCost || (c == bestCost && l < best.Load()) {
+				best, bestCost = e, c
+			}
+		}
+		if best == nil {
+			break
+		}
+		dst = append(dst, best)
+	}
+	if len(dst) == start {
+		c.Outcome = fleet.OutcomeOverflow
+		c.Endpoints = fleet.FillLeastLoaded(dst, p, nil)
+		return
+	}
+	c.Endpoints = dst
+	c.Matched = out[dst[start].Index]
+	if c.Matched > 0 {
+		c.Outcome = fleet.OutcomeAffinity
+	} else {
+		c.Outcome = fleet.OutcomeBalanced
+	}
+}
+
+// requestKeys returns the request's block keys: from token-id prompts
+// directly, else through the tokenizer (cached).
+func (k *KVAware) requestKeys(r *fleet.Request, bs int, b *kvBuf) ([]uint64, error) {
+	if bs <= 0 {
+		return nil, errors.New("block size not known yet")
+	}
+	if toks, ok := r.Payload.TokenIDs(); ok {
+		k.tokenIDs.Add(1)
+		if cap(b.keys) < len(toks)/bs+1 {
+			b.keys = make([]uint64, 0, len(toks)/bs+1)
+		}
+		b.keys = kv.BlockKeys(toks, bs, b.keys[:0])
+		return b.keys, nil
+	}
+	if k.cfg.Tokenizer.Mode != "remote" || r.Truncated {
+		return nil, errors.New("no token ids")
+	}
+	// The tokenizer gets the request's own JSON for the prompt, as vLLM's
+	// /tokenize takes it (messages, else prompt).
+	field, raw := "messages", r.Payload.Value("messages")
+	if len(raw) == 0 {
+		field, raw = "prompt", r.Payload.Value("prompt")
+	}
+	keys, err := k.tok.Keys(field, raw, r.Model, bs)
+	if err != nil {
+		k.tokenizeErrs.Add(1)
+		return nil, err
+	}
+	k.tokenized.Add(1)
+	return keys, nil
+}
+
+// WriteMetrics implements MetricsWriter.
+func (k *KVAware) WriteMetrics(p *fleet.Pool, b *strings.Builder) {
+	st := k.sh.idx.Stats()
+	fmt.Fprintf(b, "turnout_kv_index_blocks{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, st.Entries)
+	fmt.Fprintf(b, "turnout_kv_index_capacity_blocks{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, st.Capacity)
+	fmt.Fprintf(b, "turnout_kv_index_bytes{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, st.ApproxBytes)
+	fmt.Fprintf(b, "turnout_kv_index_evictions_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, st.Evictions)
+	fmt.Fprintf(b, "turnout_kv_index_stale_sources{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, st.Stale)
+	fmt.Fprintf(b, "turnout_kv_fallbacks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, k.fallbacks.Load())
+	fmt.Fprintf(b, "turnout_kv_tokenize_total{deployment=%q,pool=%q,result=\"ok\"} %d\n", p.Deployment, p.Name, k.tokenized.Load())
+	fmt.Fprintf(b, "turnout_kv_tokenize_total{deployment=%q,pool=%q,result=\"error\"} %d\n", p.Deployment, p.Name, k.tokenizeErrs.Load())
+	fmt.Fprintf(b, "turnout_kv_token_id_prompts_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, k.tokenIDs.Load())
+	fmt.Fprintf(b, "turnout_kv_tokenizer_cache_hits_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, k.tok.Hits())
+	for name, s := range k.sh.mgr.Stats() {
+		fmt.Fprintf(b, "turnout_kv_events_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, name, s.Events)
+		fmt.Fprintf(b, "turnout_kv_event_gaps_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, name, s.Gaps)
+		fmt.Fprintf(b, "turnout_kv_event_malformed_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, name, s.Malformed)
+		fmt.Fprintf(b, "turnout_kv_event_reconnects_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, name, s.Reconnects)
+		for r, n := range s.Rejected {
+			fmt.Fprintf(b, "turnout_kv_events_rejected_total{deployment=%q,pool=%q,endpoint=%q,reason=%q} %d\n", p.Deployment, p.Name, name, kv.RejectReason(r), n)
+		}
+	}
+}
+
+var (
+	_ fleet.Policy        = (*KVAware)(nil)
+	_ fleet.Stater        = (*KVAware)(nil)
+	_ fleet.Starter       = (*KVAware)(nil)
+	_ fleet.Closer        = (*KVAware)(nil)
+	_ fleet.MetricsWriter = (*KVAware)(nil)
+)
+
+// LoadAware implements LoadAware: the cost adds in-flight counts.
+func (*KVAware) LoadAware() bool { return true }
+
+var _ fleet.LoadAware = (*KVAware)(nil)
