@@ -1,0 +1,144 @@
+package policy
+
+import (
+	"github.com/turnout/turnout/route/fleet"
+	"github.com/turnout/turnout/route/internal/routetest"
+	"strings"
+	"testing"
+
+	"github.com/turnout/turnout/internal/config"
+)
+
+func TestLoadGuard(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		g       LoadGuard
+		load    int64
+		minLoad int64
+		served  uint64 // the endpoint's; the pool's total is 8 over 4
+		want    bool
+	}{
+		{"at the minimum", LoadGuard{Abs: 4, Rel: 1.5}, 3, 3, 0, true},
+		{"within abs", LoadGuard{Abs: 4, Rel: 1.5}, 7, 3, 0, true},
+		{"above abs and rel", LoadGuard{Abs: 4, Rel: 1.5}, 8, 3, 0, false},
+		{"above abs, within rel", LoadGuard{Abs: 4, Rel: 3}, 8, 3, 0, true},
+		{"bounded: within", LoadGuard{Abs: 4, Rel: 1.5, Bounded: 0.25}, 3, 3, 1, true},
+		{"bounded: over ceil(1.25*9/4)=3", LoadGuard{Abs: 4, Rel: 1.5, Bounded: 0.25}, 3, 3, 3, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := goldenPool(4)
+			e := p.Endpoints[0]
+			e.AddInflight(tc.load)
+			e.StartWindow()
+			for range tc.served {
+				goldenOpen(e)
+			}
+			e.AddInflight(-int64(tc.served))
+			c := &Cycle{Pool: p, MinLoad: tc.minLoad, Served: 8, N: 4}
+			if got := tc.g.Keep(c, e); got != tc.want {
+				t.Fatalf("keep %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// MaxScore: the weighted sum ranks, ties go through Ties in order, then
+// to the first in scan order; filters drop candidates; a keyed picker
+// needs a match and its Accept fraction.
+func TestMaxScore(t *testing.T) {
+	loads := []int64{2, 0, 0, 5}
+	for _, tc := range []struct {
+		name string
+		m    MaxScore
+		want string
+	}{
+		{"least loaded fill, first of the tied", MaxScore{Scorers: []Weighted{{LoadScore{}, 1}}}, "e1,e2,e0"},
+		{"one slot", MaxScore{Scorers: []Weighted{{LoadScore{}, 1}}, Slots: 1}, "e1"},
+		{"weight 0: every score ties, scan order", MaxScore{Scorers: []Weighted{{LoadScore{}, 0}}}, "e0,e1,e2"},
+		{"tie on lower load", MaxScore{Ties: []Tie{LowerLoad{}}}, "e1,e2,e0"},
+		{"filter", MaxScore{Scorers: []Weighted{{LoadScore{}, 1}}, Filters: []Filter{&LoadGuard{Abs: 1, Rel: 1.5}}}, "e1,e2"},
+		{"keyed: only matches, best first", MaxScore{Key: fixedKey{0, 1, 3, 3}, Slots: 1}, "e2"},
+		{"keyed: under Accept", MaxScore{Key: fixedKey{0, 1, 3, 3}, Accept: 0.9, Slots: 1}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := goldenPool(4)
+			for i, l := range loads {
+				p.Endpoints[i].AddInflight(l)
+			}
+			ch := &fleet.Choice{Endpoints: make([]*fleet.Endpoint, 0, 3)}
+			c := &Cycle{Req: &fleet.Request{}, Pool: p, Choice: ch, MinLoad: 0, N: 4}
+			tc.m.Pick(c)
+			if got := routetest.Names(ch.Endpoints); got != tc.want {
+				t.Fatalf("picked %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// fixedKey is a Keyer with set matches out of 4 blocks.
+type fixedKey []int
+
+func (k fixedKey) Match(_ *Cycle, e *fleet.Endpoint) int { return k[e.Index] }
+func (k fixedKey) Of(*Cycle) int                         { return 4 }
+
+func TestPresetConfigErrors(t *testing.T) {
+	base := func(policy string) string {
+		return `
+presets:
+  - name: p
+    stages:
+      scorers: [{name: load}]
+deployments:
+  - name: d
+    policy: ` + policy + `
+    pools:
+      - endpoints: [{name: e0, address: 127.0.0.1:8000}]
+`
+	}
+	for _, tc := range []struct {
+		name, policy, want string
+		parse              bool // the config itself is invalid
+	}{
+		{"unknown scorer", "{stages: {scorers: [{name: lod}]}}", `line 8: deployments[0].policy.stages.scorers[0].name: unknown scorer "lod"; did you mean "load"? (known: load, prefix)`, false},
+		{"unknown filter", "{stages: {filters: [{name: guard}], scorers: [{name: load}]}}", `unknown filter "guard"`, false},
+		{"bad stage param", "{stages: {scorers: [{name: prefix, params: {block_bytes: 1}}]}}", "prefix-affinity block_bytes 1 out of range", false},
+		{"unknown stage param", "{stages: {scorers: [{name: load, params: {x: 1}}]}}", `unknown field "x"`, false},
+		{"negative weight", "{stages: {scorers: [{name: load, weight: -1}]}}", "line 8: deployments[0].policy.stages.scorers[0].weight: -1 out of range", true},
+		{"no scorer", "{stages: {filters: [{name: load-guard}]}}", "stages.scorers: at least one scorer is required", true},
+		{"preset with params", "{name: p, params: {x: 1}}", "is a preset: its params are in its stages", true},
+		{"stages with params", "{stages: {scorers: [{name: load}]}, params: {choices: 0}}", "takes its params per stage", true},
+		{"bad fallbacks", "{stages: {scorers: [{name: load}], fallbacks: random}}", `"random" must be least-loaded or score`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := config.ParseConfig([]byte(base(tc.policy)))
+			if tc.parse {
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("parse error %v, want %q", err, tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = DefaultRegistry().Build(&cfg.Deployments[0].Policy, fleet.PolicyEnv{Pool: goldenPool(1)})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("build error %v, want %q", err, tc.want)
+			}
+		})
+	}
+	// A preset may not take a built-in policy's name.
+	cfg := mustConfig(t, strings.Replace(base("{name: round-robin}"), "name: p", "name: round-robin", 1))
+	_, err := DefaultRegistry().Build(&cfg.Deployments[0].Policy, fleet.PolicyEnv{Pool: goldenPool(1)})
+	if err == nil || !strings.Contains(err.Error(), `preset "round-robin" has the name of a built-in policy`) {
+		t.Fatalf("shadowing preset: %v", err)
+	}
+}
+
+func mustConfig(t testing.TB, y string) *config.Config {
+	t.Helper()
+	c, err := config.ParseConfig([]byte(y))
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	return c
+}
