@@ -68,5 +68,6 @@ func DefaultStages() *Stages {
 	s.Filter(LoadGuardStage, NewLoadGuardFilter)
 	s.Scorer(PrefixStage, NewPrefixScorer)
 	s.Scorer(LoadStage, NewLoadScorer)
+	s.Scorer(EngineQueueStage, NewEngineQueueScorer)
 	return s
 }

@@ -3,6 +3,7 @@ package policy
 import (
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/internal/routetest"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -81,6 +82,52 @@ type fixedKey []int
 func (k fixedKey) Match(_ *Cycle, e *fleet.Endpoint) int { return k[e.Index] }
 func (k fixedKey) Of(*Cycle) int                         { return 4 }
 
+// A preset defined in the config alone (testdata/preset_prefix_queue.yaml,
+// shown in docs/policies.md), loaded through internal/config.
+func TestPresetFromConfig(t *testing.T) {
+	cfg, err := config.LoadConfigFile(filepath.Join("testdata", "preset_prefix_queue.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := &cfg.Deployments[0].Policy
+	if pc.Name != "prefix-queue" || pc.Stages == nil || len(pc.Stages.Scorers) != 2 {
+		t.Fatalf("policy not resolved to the preset: %+v", pc)
+	}
+	pool := goldenPool(3)
+	pol, err := DefaultRegistry().Build(pc, fleet.PolicyEnv{Pool: pool, Rand: fleet.NewRand(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pu, ok := pol.(fleet.PromptUser); !ok || pu.BlockBytes() != 64 {
+		t.Fatalf("a prefix scorer wants the prompt's 64-byte blocks: %T", pol)
+	}
+	for i, q := range []int64{1, 3, 0} {
+		pool.Endpoints[i].SetEngineLoad(&fleet.EngineLoad{Requests: q, KVUsage: -1})
+	}
+	blocks := []uint64{11, 12, 13, 14}
+	pick := func(blocks []uint64) *fleet.Choice {
+		c := &fleet.Choice{Endpoints: make([]*fleet.Endpoint, 0, 2)}
+		pol.Pick(&fleet.Request{Blocks: blocks}, pool, c)
+		return c
+	}
+	// Nothing cached: the shortest engine queue wins.
+	if c := pick(blocks); routetest.Names(c.Endpoints) != "e2,e0" || c.Outcome != fleet.OutcomeBalanced || c.Matched != 0 {
+		t.Fatalf("first: %s %s matched %d, want e2,e0 balanced 0", routetest.Names(c.Endpoints), c.Outcome, c.Matched)
+	}
+	// e2 now holds the prefix: it stays there although e0's queue is as
+	// short now (a full match is worth 20 queued requests).
+	pool.Endpoints[0].SetEngineLoad(&fleet.EngineLoad{Requests: 0, KVUsage: -1})
+	pool.Endpoints[2].SetEngineLoad(&fleet.EngineLoad{Requests: 5, KVUsage: -1})
+	if c := pick(blocks); routetest.Names(c.Endpoints)[:2] != "e2" || c.Outcome != fleet.OutcomeAffinity || c.Matched != 4 {
+		t.Fatalf("second: %s %s matched %d, want e2 first, affinity, 4", routetest.Names(c.Endpoints), c.Outcome, c.Matched)
+	}
+	// The load guard: e2 far above the least loaded is not a candidate.
+	pool.Endpoints[2].AddInflight(20)
+	if c := pick(blocks); routetest.Names(c.Endpoints)[:2] == "e2" {
+		t.Fatalf("routed to a replica 20 requests above the others: %s", routetest.Names(c.Endpoints))
+	}
+}
+
 func TestPresetConfigErrors(t *testing.T) {
 	base := func(policy string) string {
 		return `
@@ -99,7 +146,7 @@ deployments:
 		name, policy, want string
 		parse              bool // the config itself is invalid
 	}{
-		{"unknown scorer", "{stages: {scorers: [{name: lod}]}}", `line 8: deployments[0].policy.stages.scorers[0].name: unknown scorer "lod"; did you mean "load"? (known: load, prefix)`, false},
+		{"unknown scorer", "{stages: {scorers: [{name: lod}]}}", `line 8: deployments[0].policy.stages.scorers[0].name: unknown scorer "lod"; did you mean "load"? (known: engine-queue, load, prefix)`, false},
 		{"unknown filter", "{stages: {filters: [{name: guard}], scorers: [{name: load}]}}", `unknown filter "guard"`, false},
 		{"bad stage param", "{stages: {scorers: [{name: prefix, params: {block_bytes: 1}}]}}", "prefix-affinity block_bytes 1 out of range", false},
 		{"unknown stage param", "{stages: {scorers: [{name: load, params: {x: 1}}]}}", `unknown field "x"`, false},
