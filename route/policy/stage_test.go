@@ -3,6 +3,7 @@ package policy
 import (
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/internal/routetest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -188,4 +189,31 @@ func mustConfig(t testing.TB, y string) *config.Config {
 		t.Fatalf("config: %v", err)
 	}
 	return c
+}
+
+// docs/policies.md shows the worked examples as they are: the config-only
+// preset verbatim and the scorer's registration line.
+func TestPoliciesDocExamples(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "policies.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	preset, err := os.ReadFile(filepath.Join("testdata", "preset_prefix_queue.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := os.ReadFile("stage_registry.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const line = "\ts.Scorer(EngineQueueStage, NewEngineQueueScorer)\n"
+	for what, ok := range map[string]bool{
+		"the preset YAML":                 strings.Contains(string(doc), "```yaml\n"+string(preset)+"```"),
+		"the registration line":           strings.Contains(string(doc), line),
+		"the registration line (in code)": strings.Contains(string(reg), line),
+	} {
+		if !ok {
+			t.Errorf("docs/policies.md and the code disagree on %s", what)
+		}
+	}
 }
