@@ -51,6 +51,9 @@ deployments:
 	if err != nil {
 		t.Fatal(err)
 	}
+	if la, ok := pol.(fleet.LoadAware); !ok || !la.LoadAware() {
+		t.Fatal("a composed policy balances on in-flight counts: it must say so (feedback warnings)")
+	}
 	for i, q := range []int64{9, 1, 4} {
 		pool.Endpoints[i].SetEngineLoad(&fleet.EngineLoad{Requests: q, KVUsage: -1})
 	}

@@ -91,6 +91,10 @@ type Composed struct {
 	prefix *PrefixIndex // nil without a prefix scorer
 }
 
+// LoadAware implements LoadAware: the last-resort and least-loaded fills
+// read in-flight counts.
+func (*Composed) LoadAware() bool { return true }
+
 // ComposedPrefix is a Composed policy with a prefix scorer: it wants the
 // prompt's block hashes, keeps its index across reloads and learns what
 // other instances routed.
@@ -197,6 +201,7 @@ func (p *prefixMatched) Pick(c *Cycle) {
 
 var (
 	_ fleet.Policy         = (*Composed)(nil)
+	_ fleet.LoadAware      = (*Composed)(nil)
 	_ fleet.PromptUser     = (*ComposedPrefix)(nil)
 	_ fleet.Stater         = (*ComposedPrefix)(nil)
 	_ fleet.PrefixRecorder = (*ComposedPrefix)(nil)
