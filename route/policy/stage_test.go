@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
@@ -215,5 +216,36 @@ func TestPoliciesDocExamples(t *testing.T) {
 		if !ok {
 			t.Errorf("docs/policies.md and the code disagree on %s", what)
 		}
+	}
+}
+
+// Stages are shared by a pool's concurrent decisions; each decision's
+// state is its own Cycle (run with -race).
+func TestProfileConcurrent(t *testing.T) {
+	pool := goldenPool(4)
+	pol := NewPrefixAffinity(DefaultPrefixAffinityConfig(), pool, fleet.NewRand(1))
+	var wg sync.WaitGroup
+	errs := make(chan string, 4)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 300 {
+				r := &fleet.Request{Blocks: []uint64{uint64(i % 7), uint64(g)}, HasSession: i%2 == 0, SessionHash: uint64(i)}
+				c := &fleet.Choice{Endpoints: make([]*fleet.Endpoint, 0, 3)}
+				pol.Pick(r, pool, c)
+				if len(c.Endpoints) != 3 || c.Endpoints[0] == c.Endpoints[1] || c.Endpoints[1] == c.Endpoints[2] || c.Endpoints[0] == c.Endpoints[2] {
+					errs <- routetest.Names(c.Endpoints)
+					return
+				}
+				goldenOpen(c.Endpoints[0])
+				c.Endpoints[0].AddInflight(-1)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Errorf("want 3 distinct endpoints, got %q", e)
 	}
 }
