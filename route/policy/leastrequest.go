@@ -52,7 +52,7 @@ func NewLeastRequest(rnd *fleet.Rand) *LeastRequest {
 	if rnd == nil {
 		rnd = fleet.NewRand(1)
 	}
-	return &LeastRequest{Profile{Name: LeastRequestType, Pickers: []Picker{&P2C{Rand: rnd}, LeastLoaded(rnd)}}}
+	return &LeastRequest{Profile{Name: LeastRequestType, Pickers: []Picker{&P2C{Rand: rnd}, NewLeastLoaded(rnd)}}}
 }
 
 var _ fleet.Policy = (*LeastRequest)(nil)

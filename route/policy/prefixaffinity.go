@@ -165,7 +165,7 @@ func NewPrefixAffinity(cfg PrefixAffinityConfig, p *fleet.Pool, rnd *fleet.Rand)
 			Slots: 1, WhenEmpty: true, SetsOutcome: true, OnPick: true, Upgrade: true, Outcome: fleet.OutcomeAffinity,
 		})
 	}
-	pa.Pickers = append(pa.Pickers, LeastLoaded(rnd))
+	pa.Pickers = append(pa.Pickers, NewLeastLoaded(rnd))
 	return pa
 }
 

@@ -113,7 +113,7 @@ func (pr *Profile) Pick(r *fleet.Request, p *fleet.Pool, ch *fleet.Choice) {
 	}
 	*c = Cycle{Req: r, Pool: p, Choice: ch, start: len(ch.Endpoints)}
 	pr.Run(c)
-	*c = Cycle{} // hold no request memory while pooled
+	c.Req, c.Pool, c.Choice = nil, nil, nil // hold no request memory while pooled
 	pr.cycles.Put(c)
 }
 

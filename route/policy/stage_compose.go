@@ -165,7 +165,7 @@ func (s *Stages) compose(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Po
 		main.Slots = 0
 		pickers = append(pickers, LastResort())
 	} else {
-		pickers = append(pickers, LastResort(), LeastLoaded(senv.Rand))
+		pickers = append(pickers, LastResort(), NewLeastLoaded(senv.Rand))
 	}
 	fill := func(c *Composed) {
 		c.prefix = prefix

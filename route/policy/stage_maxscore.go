@@ -77,9 +77,10 @@ func (m *MaxScore) Pick(c *Cycle) {
 		c.Choice.Outcome = m.Outcome
 	}
 	dst := c.Choice.Endpoints
+	key, filters, scorers, ties := m.Key, m.Filters, m.Scorers, m.Ties
 	of := 0
-	if m.Key != nil {
-		of = m.Key.Of(c)
+	if key != nil {
+		of = key.Of(c)
 	}
 	for picked := 0; len(dst) < cap(dst) && (m.Slots == 0 || picked < m.Slots); picked++ {
 		var best *fleet.Endpoint
@@ -97,13 +98,13 @@ func (m *MaxScore) Pick(c *Cycle) {
 				continue
 			}
 			match := 0
-			if m.Key != nil {
-				if match = m.Key.Match(c, e); match == 0 {
+			if key != nil {
+				if match = key.Match(c, e); match == 0 {
 					continue
 				}
 			}
-			if !m.keep(c, e) {
-				if m.Key != nil && match*2 >= of {
+			if len(filters) > 0 && !keepAll(filters, c, e) {
+				if key != nil && match*2 >= of {
 					// The replica holding most of the prompt is refused
 					// by a guard: the request overflows unless another
 					// replica honours its key.
@@ -111,17 +112,27 @@ func (m *MaxScore) Pick(c *Cycle) {
 				}
 				continue
 			}
-			s := m.score(c, e, match, of)
+			// The weighted sum, in order from zero (the sum of negated
+			// costs is then exactly the negated sum: presets rank as the
+			// costs did). A keyed picker's key counts its matched blocks
+			// (one request: the same ranking as the fraction held).
+			var s float64
+			if key != nil {
+				s = float64(match)
+			}
+			for k := range scorers {
+				s += scorers[k].Weight * score(scorers[k].Scorer, c, e)
+			}
 			if best != nil {
 				if s < bestScore {
 					continue
 				}
 				if s == bestScore {
 					win := false
-					for k, t := range m.Ties {
-						ke := t.Key(c, e)
+					for k, t := range ties {
+						ke := tieKey(t, c, e)
 						if k >= known {
-							bestKeys[k] = t.Key(c, best)
+							bestKeys[k] = tieKey(t, c, best)
 							known = k + 1
 						}
 						if ke != bestKeys[k] {
@@ -146,7 +157,7 @@ func (m *MaxScore) Pick(c *Cycle) {
 		if best == nil {
 			break
 		}
-		if m.Key != nil && float64(bestMatch) < m.Accept*float64(of) {
+		if key != nil && float64(bestMatch) < m.Accept*float64(of) {
 			break
 		}
 		first := len(dst) == c.start
@@ -163,8 +174,8 @@ func (m *MaxScore) Pick(c *Cycle) {
 	c.Choice.Endpoints = dst
 }
 
-func (m *MaxScore) keep(c *Cycle, e *fleet.Endpoint) bool {
-	for _, f := range m.Filters {
+func keepAll(filters []Filter, c *Cycle, e *fleet.Endpoint) bool {
+	for _, f := range filters {
 		if !f.Keep(c, e) {
 			return false
 		}
@@ -172,18 +183,24 @@ func (m *MaxScore) keep(c *Cycle, e *fleet.Endpoint) bool {
 	return true
 }
 
-// score is the weighted sum, in order from zero (the sum of negated costs
-// is then exactly the negated sum: presets rank as the costs did). A
-// keyed picker's key counts as the fraction of the request's blocks held.
-func (m *MaxScore) score(c *Cycle, e *fleet.Endpoint, match, of int) float64 {
-	var s float64
-	if m.Key != nil {
-		s = float64(match) / float64(of)
+// score and tieKey call the built-in stages directly (a static, inlined
+// call instead of an indirect one: the ranking loop runs per endpoint and
+// per slot) and any other through its interface.
+func score(sc Scorer, c *Cycle, e *fleet.Endpoint) float64 {
+	if ls, ok := sc.(LoadScore); ok {
+		return ls.Score(c, e)
 	}
-	for _, w := range m.Scorers {
-		s += w.Weight * w.Scorer.Score(c, e)
+	return sc.Score(c, e)
+}
+
+func tieKey(t Tie, c *Cycle, e *fleet.Endpoint) uint64 {
+	switch t := t.(type) {
+	case LowerLoad:
+		return t.Key(c, e)
+	case FewerRecent:
+		return t.Key(c, e)
 	}
-	return s
+	return t.Key(c, e)
 }
 
 var _ Picker = (*MaxScore)(nil)

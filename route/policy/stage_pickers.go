@@ -77,21 +77,71 @@ func (p2 *P2C) Pick(c *Cycle) {
 }
 
 // LeastLoaded is the fill every preset ends with: the least loaded
-// available endpoints (ties: fewer recent decisions, then a random
-// rotation so equal loads spread) until the choice is full.
-func LeastLoaded(rnd *fleet.Rand) *MaxScore {
-	return &MaxScore{Name: "least-loaded", Scorers: []Weighted{{LoadScore{}, 1}}, Ties: []Tie{FewerRecent{}}, Rand: rnd}
+// available endpoints not yet chosen, until the choice is full; ties go to
+// the fewest decisions since the last scrape (FewerRecent), then to the
+// earliest after a random rotation so equal loads spread (Rand nil: no
+// rotation). It is MaxScore with LoadScore and FewerRecent, written out:
+// it runs on every decision, so it skips the generic loop's indirect calls.
+type LeastLoaded struct {
+	Rand *fleet.Rand
+	// WhenEmpty: it runs only when nothing has been picked yet, and then
+	// sets OutcomeOverflow (LastResort).
+	WhenEmpty bool
 }
 
-// LastResort is LeastLoaded without rotation, run only when nothing was
-// picked, with OutcomeOverflow: every replica the request's key allowed
-// was over its bound, and the least loaded still serves.
-func LastResort() *MaxScore {
-	return &MaxScore{Name: "last-resort", Scorers: []Weighted{{LoadScore{}, 1}}, Ties: []Tie{FewerRecent{}},
-		WhenEmpty: true, SetsOutcome: true, Outcome: fleet.OutcomeOverflow}
+// NewLeastLoaded returns the least-loaded fill.
+func NewLeastLoaded(rnd *fleet.Rand) *LeastLoaded { return &LeastLoaded{Rand: rnd} }
+
+// LastResort is the least-loaded fill without rotation, run only when
+// nothing was picked, with OutcomeOverflow: every replica the request's key
+// allowed was over its bound, and the least loaded still serves.
+func LastResort() *LeastLoaded { return &LeastLoaded{WhenEmpty: true} }
+
+// Pick implements Picker.
+func (ll *LeastLoaded) Pick(c *Cycle) {
+	if ll.WhenEmpty {
+		if c.Picked() > 0 {
+			return
+		}
+		c.Choice.Outcome = fleet.OutcomeOverflow
+	}
+	p := c.Pool
+	n := len(p.Endpoints)
+	if n == 0 {
+		return
+	}
+	off := 0
+	if ll.Rand != nil {
+		off = ll.Rand.Intn(n) // drawn even when the choice is full, as always
+	}
+	dst := c.Choice.Endpoints
+	for len(dst) < cap(dst) {
+		var best *fleet.Endpoint
+		var bestLoad int64
+		var bestRecent uint64
+		for i := 0; i < n; i++ {
+			e := p.Endpoints[(i+off)%n]
+			if !e.Available() || fleet.Contains(dst, e) {
+				continue
+			}
+			l := e.Load()
+			if best != nil && l > bestLoad {
+				continue
+			}
+			if r := e.Recent(); best == nil || l < bestLoad || r < bestRecent {
+				best, bestLoad, bestRecent = e, l, r
+			}
+		}
+		if best == nil {
+			break
+		}
+		dst = append(dst, best)
+	}
+	c.Choice.Endpoints = dst
 }
 
 var (
+	_ Picker = (*LeastLoaded)(nil)
 	_ Picker = (*Rotation)(nil)
 	_ Picker = (*P2C)(nil)
 )

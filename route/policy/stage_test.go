@@ -249,3 +249,33 @@ func TestProfileConcurrent(t *testing.T) {
 		t.Errorf("want 3 distinct endpoints, got %q", e)
 	}
 }
+
+// LeastLoaded is MaxScore of LoadScore with FewerRecent ties, written out
+// for speed: on random pools both pick the same endpoints, drawing the
+// same random numbers.
+func TestLeastLoadedIsMaxScore(t *testing.T) {
+	src := fleet.NewRand(99)
+	for round := range 500 {
+		p := goldenPool(1 + src.Intn(6))
+		for _, e := range p.Endpoints {
+			e.AddInflight(int64(src.Intn(3)))
+			e.StartWindow()
+			for range src.Intn(3) {
+				goldenOpen(e)
+			}
+			e.SetDown(src.Intn(5) == 0)
+		}
+		slots := 1 + src.Intn(3)
+		run := func(pk Picker) string {
+			ch := &fleet.Choice{Endpoints: make([]*fleet.Endpoint, 0, slots)}
+			pk.Pick(&Cycle{Req: &fleet.Request{}, Pool: p, Choice: ch})
+			return routetest.Names(ch.Endpoints)
+		}
+		seed := uint64(round)
+		got := run(NewLeastLoaded(fleet.NewRand(seed)))
+		want := run(&MaxScore{Scorers: []Weighted{{LoadScore{}, 1}}, Ties: []Tie{FewerRecent{}}, Rand: fleet.NewRand(seed)})
+		if got != want {
+			t.Fatalf("round %d: LeastLoaded %q, MaxScore %q", round, got, want)
+		}
+	}
+}
