@@ -279,3 +279,40 @@ func TestLeastLoadedIsMaxScore(t *testing.T) {
 		}
 	}
 }
+
+// Zero allocations per decision, for every preset and a composed policy
+// (the handler-level test in route covers the built-ins end to end).
+func TestPickAllocs(t *testing.T) {
+	cfg, err := config.LoadConfigFile(filepath.Join("testdata", "preset_prefix_queue.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{RoundRobinType, LeastRequestType, SessionHashType, PrefixAffinityType, "prefix-queue"} {
+		t.Run(name, func(t *testing.T) {
+			pool := goldenPool(4)
+			pc := &cfg.Deployments[0].Policy
+			if name != "prefix-queue" {
+				pc = &config.PolicyConfig{Name: name}
+			}
+			pol, err := DefaultRegistry().Build(pc, fleet.PolicyEnv{Pool: pool, Rand: fleet.NewRand(1)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := &fleet.Request{Blocks: []uint64{1, 2, 3, 4}, HasSession: true, SessionHash: 42}
+			c := &fleet.Choice{}
+			dst := make([]*fleet.Endpoint, 0, 3)
+			run := func() {
+				*c = fleet.Choice{Endpoints: dst}
+				pol.Pick(r, pool, c)
+				goldenOpen(c.Endpoints[0])
+				c.Endpoints[0].AddInflight(-1)
+			}
+			for range 50 {
+				run()
+			}
+			if n := testing.AllocsPerRun(200, run); n != 0 {
+				t.Fatalf("%v allocations per decision", n)
+			}
+		})
+	}
+}
