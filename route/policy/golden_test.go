@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/internal/routetest"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -43,7 +44,7 @@ func goldenTrace(t *testing.T) []traceLine {
 	t.Helper()
 	dir := os.Getenv("TRACES")
 	if dir == "" {
-		dir = filepath.Join("..", "..", "shared", "traces")
+		dir = filepath.Join("..", "..", "..", "shared", "traces") // ../shared/traces from the repository root
 	}
 	path := filepath.Join(dir, "mooncake_synthetic_trace.jsonl")
 	f, err := os.Open(path)
@@ -146,11 +147,39 @@ func (h *completions) Pop() any {
 const goldenTokensPerID = 8
 
 func TestDecisionGoldens(t *testing.T) {
-	trace := goldenTrace(t)
+	t.Run("mooncake", func(t *testing.T) { testGoldens(t, goldenTrace(t), "") })
+	// The generated trace always runs (CI has no shared traces).
+	t.Run("synthetic", func(t *testing.T) { testGoldens(t, syntheticTrace(600), "_synthetic") })
+}
+
+// syntheticTrace is a Mooncake-like trace generated here: Poisson
+// arrivals (about 4 a second), prompts that share one of 24 root documents
+// (2 to 20 blocks) and add 1 to 8 blocks of their own.
+func syntheticTrace(n int) []traceLine {
+	rnd := fleet.NewRand(2026)
+	out := make([]traceLine, 0, n)
+	ms, next := 0.0, uint64(1_000_000)
+	for range n {
+		ms += -math.Log(1-float64(rnd.Intn(1<<20))/(1<<20)) * 250
+		root := uint64(rnd.Intn(24))
+		var ids []uint64
+		for k := range 2 + root%19 {
+			ids = append(ids, root*1000+k)
+		}
+		for range 1 + rnd.Intn(8) {
+			ids = append(ids, next)
+			next++
+		}
+		out = append(out, traceLine{Timestamp: ms, Input: len(ids)*512 - rnd.Intn(512), Output: 10 + rnd.Intn(300), HashIDs: ids})
+	}
+	return out
+}
+
+func testGoldens(t *testing.T, trace []traceLine, suffix string) {
 	for _, gc := range goldenCases {
 		t.Run(gc.policy+"/"+gc.name, func(t *testing.T) {
 			got := replayGolden(t, gc, trace)
-			path := filepath.Join("testdata", fmt.Sprintf("choices_%s_%s.golden", gc.policy, gc.name))
+			path := filepath.Join("testdata", fmt.Sprintf("choices_%s_%s%s.golden", gc.policy, gc.name, suffix))
 			if *updateGolden {
 				if err := os.MkdirAll("testdata", 0o755); err != nil {
 					t.Fatal(err)
