@@ -75,6 +75,10 @@ type Config struct {
 	// Limits bound what clients of turnout's HTTP listener can hold.
 	Limits LimitsConfig `yaml:"limits"`
 
+	// Presets are named policies composed from stages (stages.go), chosen
+	// by name like the built-in ones.
+	Presets []PresetConfig `yaml:"presets"`
+
 	Deployments []DeploymentConfig `yaml:"deployments"`
 
 	// warnings found at load (accepted, but probably not what was meant).
@@ -255,6 +259,11 @@ type PDConfig struct {
 type PolicyConfig struct {
 	Name   string    `yaml:"name"`
 	Params yaml.Node `yaml:"params"`
+	// Stages composes the policy from stages instead (stages.go): given
+	// inline, or the stages of the preset Name names.
+	Stages *StagesConfig `yaml:"stages"`
+	// preset: Stages are a preset's (resolved by name).
+	preset bool
 	// Where it sits in the file, for the policy factory's errors.
 	path string
 	line int
@@ -557,6 +566,9 @@ func (c *Config) ApplyDefaults() {
 	c.applyLoadDefaults()
 	for i := range c.Deployments {
 		d := &c.Deployments[i]
+		if d.Policy.Name == "" && d.Policy.Stages != nil {
+			d.Policy.Name = CustomPolicy
+		}
 		if d.Policy.Name == "" {
 			d.Policy.Name = "least-request"
 		}
@@ -572,6 +584,9 @@ func (c *Config) ApplyDefaults() {
 		for j := range d.Pools {
 			if d.Pools[j].Role == "" {
 				d.Pools[j].Role = RoleMixed
+			}
+			if p := d.Pools[j].Policy; p != nil && p.Name == "" && p.Stages != nil {
+				p.Name = CustomPolicy
 			}
 		}
 	}
@@ -676,6 +691,7 @@ func (c *Config) Validate() error {
 	if len(c.Deployments) == 0 {
 		bad("deployments", "at least one deployment is required")
 	}
+	c.validatePresets(bad)
 	checkZMQ := func(field, a string) {
 		if a != "" && !strings.HasPrefix(a, "tcp://") && !strings.HasPrefix(a, "ipc://") {
 			bad(field, "%q must be tcp:// or ipc://", a)

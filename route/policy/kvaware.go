@@ -87,7 +87,8 @@ type KVAware struct {
 	eps      []kv.Endpoint
 	fallback *PrefixAffinity
 	tok      *tokenize.Client
-	rnd      *fleet.Rand
+	// profile ranks by KV cost once the request's blocks are matched.
+	profile Profile
 
 	// Shared with the policies of later snapshots (Carry).
 	sh *kvShared
@@ -110,6 +111,8 @@ type kvShared struct {
 }
 
 type kvBuf struct {
+	cy     Cycle
+	req    fleet.Request // the fallback's copy of the request
 	keys   []uint64
 	out    []int
 	stale  []bool
@@ -147,8 +150,23 @@ func NewKVAware(cfg KVAwareConfig, env fleet.PolicyEnv) *KVAware {
 		ctx = context.Background()
 	}
 	k := &KVAware{
-		cfg: cfg, log: log, ctx: ctx, pool: env.Pool.Name, rnd: env.Rand,
+		cfg: cfg, log: log, ctx: ctx, pool: env.Pool.Name,
 		fallback: NewPrefixAffinity(cfg.Fallback, env.Pool, env.Rand),
+	}
+	// Preset: the KV-cost ranking over every slot (LoadGuard; cost =
+	// PrefillWeight·uncached + LoadWeight·load, so the scores are the
+	// negated costs; ties: lower load, then a random rotation so equal
+	// costs spread), then the last-resort fill.
+	k.profile = Profile{
+		Name:    KVAwareType,
+		Summary: Summary{Load: true, RequireAvailable: true},
+		Pickers: []Picker{&kvRank{MaxScore{
+			Name:    "kv-cost",
+			Filters: []Filter{&LoadGuard{Abs: cfg.BalanceAbs, Rel: cfg.BalanceRel}},
+			Scorers: []Weighted{{kvUncached{}, cfg.PrefillWeight}, {LoadScore{}, cfg.LoadWeight}},
+			Ties:    []Tie{LowerLoad{}},
+			Rand:    env.Rand,
+		}}, LastResort()},
 	}
 	k.hub = env.KVHub
 	for _, e := range env.Pool.Endpoints {
@@ -248,11 +266,13 @@ func (k *KVAware) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
 		}
 		b.hasher.Reset(k.cfg.Fallback.BlockBytes, b.blocks)
 		r.Payload.Prompt(&b.hasher)
-		// The fallback reads its blocks from a copy: r stays the caller's,
-		// and the blocks (in b) do not outlive this call.
-		fr := *r
-		fr.Blocks, fr.PromptBytes = b.hasher.Out, b.hasher.Total
-		k.fallback.Pick(&fr, p, c)
+		// The fallback reads its blocks from a copy (in b, not on the
+		// stack: a profile's stages hold it): r stays the caller's, and
+		// the blocks (in b) do not outlive this call.
+		b.req = *r
+		b.req.Blocks, b.req.PromptBytes = b.hasher.Out, b.hasher.Total
+		k.fallback.Pick(&b.req, p, c)
+		b.req = fleet.Request{}
 		return
 	}
 	if cap(b.out) < len(p.Endpoints) {
@@ -268,57 +288,39 @@ func (k *KVAware) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
 	for i, e := range p.Endpoints {
 		stale[i] = k.sh.idx.Stale(e.Name)
 	}
-	minLoad, ok := fleet.LowestLoad(p)
-	if !ok {
-		c.Outcome = fleet.OutcomeNoEndpoint
-		return
-	}
-	dst := c.Endpoints
-	start := len(dst)
-	n := len(p.Endpoints)
-	off := 0
-	if k.rnd != nil {
-		off = k.rnd.Intn(n) // equal costs spread instead of piling on the first
-	}
-	for len(dst) < cap(dst) {
-		var best *fleet.Endpoint
-		var bestCost float64
-		for j := 0; j < n; j++ {
-			i := (j + off) % n
-			e := p.Endpoints[i]
-			if !e.Available() || fleet.Contains(dst, e) {
-				continue
-			}
-			l := e.Load()
-			if fleet.TooLoaded(l, minLoad, k.cfg.BalanceAbs, k.cfg.BalanceRel) {
-				continue
-			}
-			m := out[i]
-			if stale[i] {
-				m /= 2 // a sequence gap: trust half of what we think it holds
-			}
-			c := k.cfg.PrefillWeight*float64(len(keys)-m) + k.cfg.LoadWeight*float64(l)
-			if best == nil || c < bestCost || (c == bestCost && l < best.Load()) {
-				best, bestCost = e, c
-			}
+	b.cy = Cycle{Req: r, Pool: p, Choice: c, start: len(c.Endpoints), Match: out, Stale: stale, Of: len(keys)}
+	k.profile.Run(&b.cy)
+	b.cy = Cycle{}
+}
+
+// kvRank is the KV-cost ranking; its first choice's matched blocks (as
+// the index holds them, stale or not) are the choice's Matched, and make
+// the outcome affinity.
+type kvRank struct{ MaxScore }
+
+// Pick implements Picker.
+func (r *kvRank) Pick(c *Cycle) {
+	r.MaxScore.Pick(c)
+	if f := c.First(); f != nil {
+		c.Choice.Matched = c.Match[f.Index]
+		if c.Choice.Matched > 0 {
+			c.Choice.Outcome = fleet.OutcomeAffinity
 		}
-		if best == nil {
-			break
-		}
-		dst = append(dst, best)
 	}
-	if len(dst) == start {
-		c.Outcome = fleet.OutcomeOverflow
-		c.Endpoints = fleet.FillLeastLoaded(dst, p, nil)
-		return
+}
+
+// kvUncached scores minus the request's blocks e does not hold according
+// to its KV events (unit: blocks); after a sequence gap (stale) only half
+// of what it is thought to hold is trusted.
+type kvUncached struct{}
+
+// Score implements Scorer.
+func (kvUncached) Score(c *Cycle, e *fleet.Endpoint) float64 {
+	m := c.Match[e.Index]
+	if c.Stale[e.Index] {
+		m /= 2
 	}
-	c.Endpoints = dst
-	c.Matched = out[dst[start].Index]
-	if c.Matched > 0 {
-		c.Outcome = fleet.OutcomeAffinity
-	} else {
-		c.Outcome = fleet.OutcomeBalanced
-	}
+	return -float64(c.Of - m)
 }
 
 // requestKeys returns the request's block keys: from token-id prompts
@@ -378,6 +380,8 @@ func (k *KVAware) WriteMetrics(p *fleet.Pool, b *strings.Builder) {
 }
 
 var (
+	_ Picker              = (*kvRank)(nil)
+	_ Scorer              = kvUncached{}
 	_ fleet.Policy        = (*KVAware)(nil)
 	_ fleet.Stater        = (*KVAware)(nil)
 	_ fleet.Starter       = (*KVAware)(nil)

@@ -17,9 +17,10 @@ const LeastRequestType = "least-request"
 // in front of a small pool a global minimum queues better (the Azure replay
 // in BENCHMARKS.md: p90 TTFT 495 ms with P2C, 278 ms with the minimum), so
 // choices: 0 selects it.
+//
+// Preset: P2C then the least-loaded fill; choices 0 is the fill alone.
 type LeastRequest struct {
-	rnd *fleet.Rand
-	all bool
+	Profile
 }
 
 // LeastRequestConfig are the params of least-request.
@@ -39,7 +40,9 @@ func NewLeastRequestFactory() Factory {
 			return nil, fmt.Errorf("least-request choices %d must be 2 (power of two choices) or 0 (global minimum)", cfg.Choices)
 		}
 		l := NewLeastRequest(env.Rand)
-		l.all = cfg.Choices == 0
+		if cfg.Choices == 0 {
+			l.Pickers = l.Pickers[1:]
+		}
 		return l, nil
 	}
 }
@@ -49,55 +52,7 @@ func NewLeastRequest(rnd *fleet.Rand) *LeastRequest {
 	if rnd == nil {
 		rnd = fleet.NewRand(1)
 	}
-	return &LeastRequest{rnd: rnd}
-}
-
-// Pick implements Policy.
-func (l *LeastRequest) Pick(_ *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
-	c.Outcome = fleet.OutcomeBalanced
-	if l.all {
-		c.Endpoints = fleet.FillLeastLoaded(c.Endpoints, p, l.rnd)
-		return
-	}
-	c.Endpoints = pickP2C(c.Endpoints, p, l.rnd)
-}
-
-// pickP2C appends the P2C winner, then the least loaded of the rest.
-func pickP2C(dst []*fleet.Endpoint, p *fleet.Pool, rnd *fleet.Rand) []*fleet.Endpoint {
-	if len(dst) == cap(dst) {
-		return dst
-	}
-	n := len(p.Endpoints)
-	if n == 0 {
-		return dst
-	}
-	// Draw two distinct available endpoints; bounded probing keeps this O(n)
-	// in the worst case when most endpoints are down.
-	var a, b *fleet.Endpoint
-	start := rnd.Intn(n)
-	step := 1 + rnd.Intn(max(n-1, 1))
-	for i := 0; i < n; i++ {
-		e := p.Endpoints[(start+i*step)%n]
-		if !e.Available() || fleet.Contains(dst, e) || e == a {
-			continue
-		}
-		if a == nil {
-			a = e
-			continue
-		}
-		b = e
-		break
-	}
-	if a == nil || b == nil {
-		// step may not be coprime with n: fall back to a scan.
-		return fleet.FillLeastLoaded(dst, p, rnd)
-	}
-	la, lb := a.Load(), b.Load()
-	if lb < la || (la == lb && rnd.Uint64()&1 == 1) {
-		a = b
-	}
-	dst = append(dst, a)
-	return fleet.FillLeastLoaded(dst, p, rnd)
+	return &LeastRequest{Profile{Name: LeastRequestType, Pickers: []Picker{&P2C{Rand: rnd}, NewLeastLoaded(rnd)}}}
 }
 
 var _ fleet.Policy = (*LeastRequest)(nil)

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/fleet"
@@ -91,10 +90,16 @@ func DefaultPrefixAffinityConfig() PrefixAffinityConfig {
 
 // PrefixAffinity routes requests sharing a prompt prefix to the replica that
 // was last sent that prefix, guarded by load.
+//
+// Preset, pickers in order: the prefix hit (keyed on the prefix index,
+// LoadGuard, ties: lower load then the session's replica), the bounded
+// miss (bounded_load > 0), the session tie-break (session_affinity), the
+// least-loaded fill; the prefix index records the first choice.
 type PrefixAffinity struct {
+	Profile
 	cfg   PrefixAffinityConfig
-	rnd   *fleet.Rand
-	lrus  []*blockLRU // by endpoint index
+	idx   *PrefixIndex
+	lrus  []*blockLRU // by endpoint index, shared with idx
 	names []string
 }
 
@@ -117,11 +122,50 @@ func NewPrefixAffinity(cfg PrefixAffinityConfig, p *fleet.Pool, rnd *fleet.Rand)
 	if rnd == nil {
 		rnd = fleet.NewRand(1)
 	}
-	pa := &PrefixAffinity{cfg: cfg, rnd: rnd}
+	pa := &PrefixAffinity{cfg: cfg}
 	for _, e := range p.Endpoints {
 		pa.lrus = append(pa.lrus, newBlockLRU(cfg.CapacityBlocks))
 		pa.names = append(pa.names, e.Name)
 	}
+	pa.idx = &PrefixIndex{blockBytes: cfg.BlockBytes, capacity: cfg.CapacityBlocks, lrus: pa.lrus, names: pa.names}
+	var session []Tie
+	if cfg.SessionAffinity {
+		session = []Tie{SessionRank{}}
+	}
+	pa.Profile = Profile{
+		Name:    PrefixAffinityType,
+		Summary: Summary{Load: true, Served: cfg.BoundedLoad > 0, RequireAvailable: true},
+		Pickers: []Picker{&MaxScore{
+			Name: "prefix-hit", Gate: &MinBlocks{N: cfg.MinBlocks}, Key: pa.idx, Accept: cfg.MatchThreshold,
+			Filters: []Filter{&LoadGuard{Abs: cfg.BalanceAbs, Rel: cfg.BalanceRel, Bounded: cfg.BoundedLoad}},
+			Ties:    append([]Tie{LowerLoad{}}, session...),
+			Slots:   1, SetsOutcome: true, OnPick: true, Outcome: fleet.OutcomeAffinity,
+		}},
+		Recorders: []Recorder{pa.idx},
+	}
+	if cfg.BoundedLoad > 0 {
+		// A miss starts a prefix that draws its later turns to the same
+		// replica: place it on the replica that served the fewest requests
+		// lately, among those within the bound and at most missLoadSlack
+		// above the lowest load, so replicas that served more than their
+		// share get fewer new prefixes.
+		pa.Pickers = append(pa.Pickers, &MaxScore{
+			Name: "bounded-miss", Filters: []Filter{&BoundedServed{Eps: cfg.BoundedLoad, Slack: missLoadSlack}},
+			Ties:  append([]Tie{FewerServed{}, LowerLoad{}}, session...),
+			Slots: 1, WhenEmpty: true,
+		})
+	}
+	if cfg.SessionAffinity {
+		// Among the endpoints tied at the lowest load whose recent
+		// decisions are within sessionRecentSlack of the fewest: a
+		// conversation's first turns stay together while the load is even.
+		pa.Pickers = append(pa.Pickers, &MaxScore{
+			Name: "session-tie", Gate: SessionGate{}, Filters: []Filter{&LeastLoadedRecent{Slack: sessionRecentSlack}},
+			Ties:  session,
+			Slots: 1, WhenEmpty: true, SetsOutcome: true, OnPick: true, Upgrade: true, Outcome: fleet.OutcomeAffinity,
+		})
+	}
+	pa.Pickers = append(pa.Pickers, NewLeastLoaded(rnd))
 	return pa
 }
 
@@ -129,18 +173,10 @@ func NewPrefixAffinity(cfg PrefixAffinityConfig, p *fleet.Pool, rnd *fleet.Rand)
 func (pa *PrefixAffinity) BlockBytes() int { return pa.cfg.BlockBytes }
 
 // Carry implements Stater: surviving endpoints keep their index when the
-// block size and capacity did not change (else the hashes mean other things).
+// block size and capacity did not change.
 func (pa *PrefixAffinity) Carry(prev fleet.Policy) {
-	old, ok := prev.(*PrefixAffinity)
-	if !ok || old.cfg.BlockBytes != pa.cfg.BlockBytes || old.cfg.CapacityBlocks != pa.cfg.CapacityBlocks {
-		return
-	}
-	for i, n := range pa.names {
-		for j, on := range old.names {
-			if on == n {
-				pa.lrus[i] = old.lrus[j]
-			}
-		}
+	if old, ok := prev.(*PrefixAffinity); ok {
+		pa.idx.carry(old.idx)
 	}
 }
 
@@ -150,116 +186,6 @@ func (pa *PrefixAffinity) Forget(i int) { pa.lrus[i] = newBlockLRU(pa.cfg.Capaci
 
 // CachedBlocks reports the index size of the endpoint at index i (metrics, tests).
 func (pa *PrefixAffinity) CachedBlocks(i int) int { return pa.lrus[i].Len() }
-
-// Pick implements Policy.
-func (pa *PrefixAffinity) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
-	start := len(c.Endpoints)
-	minLoad, served, n := fleet.LoadSummary(p, pa.cfg.BoundedLoad > 0)
-	if n == 0 {
-		c.Outcome = fleet.OutcomeNoEndpoint
-		return
-	}
-	if len(r.Blocks) < max(pa.cfg.MinBlocks, 1) {
-		pa.miss(r, p, c, minLoad, served, n, false)
-		return
-	}
-	var best *fleet.Endpoint
-	bestMatch, bestLoad := 0, int64(0)
-	overloadedHit := false
-	for i, e := range p.Endpoints {
-		if !e.Available() {
-			continue
-		}
-		m := pa.lrus[i].matchLen(r.Blocks)
-		if m == 0 {
-			continue
-		}
-		l := e.Load()
-		if pa.tooLoaded(l, minLoad) || (pa.cfg.BoundedLoad > 0 && pa.overBound(e.Served(), served, n)) {
-			overloadedHit = overloadedHit || m*2 >= len(r.Blocks)
-			continue
-		}
-		if m > bestMatch || (m == bestMatch && l < bestLoad) ||
-			(m == bestMatch && l == bestLoad && pa.sessionPrefers(r, e, best)) {
-			best, bestMatch, bestLoad = e, m, l
-		}
-	}
-	if best != nil && float64(bestMatch) >= pa.cfg.MatchThreshold*float64(len(r.Blocks)) {
-		c.Matched, c.Outcome = bestMatch, fleet.OutcomeAffinity
-		c.Endpoints = fleet.FillLeastLoaded(append(c.Endpoints, best), p, pa.rnd)
-	} else {
-		pa.miss(r, p, c, minLoad, served, n, overloadedHit)
-	}
-	if len(c.Endpoints) > start {
-		pa.lrus[c.Endpoints[start].Index].insert(r.Blocks)
-	}
-}
-
-// miss places a request without a usable prefix match on the least loaded
-// endpoint; a session id picks among the endpoints tied at that load.
-func (pa *PrefixAffinity) miss(r *fleet.Request, p *fleet.Pool, c *fleet.Choice, minLoad int64, served uint64, n int, overloadedHit bool) {
-	c.Outcome = fleet.OutcomeBalanced
-	if overloadedHit {
-		c.Outcome = fleet.OutcomeOverflow
-	}
-	dst := c.Endpoints
-	if pa.cfg.BoundedLoad > 0 && len(dst) < cap(dst) {
-		// A miss starts a prefix that draws its later turns to the same
-		// replica: place it on the replica that served the fewest requests
-		// lately, among those within the bound and at most missLoadSlack
-		// above the lowest load, so replicas that served more than their
-		// share get fewer new prefixes.
-		var best *fleet.Endpoint
-		var bestLoad int64
-		var bestServed uint64
-		for _, e := range p.Endpoints {
-			if !e.Available() || fleet.Contains(dst, e) {
-				continue
-			}
-			l, sv := e.Load(), e.Served()
-			if l > minLoad+missLoadSlack || pa.overBound(sv, served, n) {
-				continue
-			}
-			if best == nil || sv < bestServed || (sv == bestServed && (l < bestLoad || (l == bestLoad && pa.sessionPrefers(r, e, best)))) {
-				best, bestLoad, bestServed = e, l, sv
-			}
-		}
-		if best != nil {
-			c.Endpoints = fleet.FillLeastLoaded(append(dst, best), p, pa.rnd)
-			return
-		}
-	}
-	if pa.cfg.SessionAffinity && r.HasSession && len(dst) < cap(dst) {
-		// Among the endpoints tied at the lowest load (dst holds none yet on
-		// a miss) whose recent decisions are within sessionRecentSlack of
-		// the fewest: a conversation's first turns stay together while the
-		// load is even, and a busy session still spreads.
-		minRecent, found := uint64(0), false
-		for _, e := range p.Endpoints {
-			if e.Available() && e.Load() == minLoad {
-				if rc := e.Recent(); !found || rc < minRecent {
-					minRecent, found = rc, true
-				}
-			}
-		}
-		var best *fleet.Endpoint
-		for _, e := range p.Endpoints {
-			if !e.Available() || fleet.Contains(dst, e) || e.Load() != minLoad || e.Recent() > minRecent+sessionRecentSlack {
-				continue
-			}
-			if best == nil || pa.sessionPrefers(r, e, best) {
-				best = e
-			}
-		}
-		if best != nil {
-			dst = append(dst, best)
-			if !overloadedHit {
-				c.Outcome = fleet.OutcomeAffinity
-			}
-		}
-	}
-	c.Endpoints = fleet.FillLeastLoaded(dst, p, pa.rnd)
-}
 
 // missLoadSlack: with the bounded-load guard on, a miss goes to the replica
 // that served the fewest requests lately among those at most this far above
@@ -278,30 +204,52 @@ const missLoadSlack = 1
 // the trace's rate; 4 stays inside the no-session spread at both rates.
 const sessionRecentSlack = 4
 
-// sessionPrefers reports whether the request's session ranks e above cur
-// (rendezvous hashing: the key is hashed once, mixed per endpoint).
-func (pa *PrefixAffinity) sessionPrefers(r *fleet.Request, e, cur *fleet.Endpoint) bool {
-	if !pa.cfg.SessionAffinity || !r.HasSession || cur == nil {
-		return false
-	}
-	return fleet.Mix64(r.SessionHash^e.Seed) > fleet.Mix64(r.SessionHash^cur.Seed)
+// PrefixIndex is the approximate prefix index of prefix-affinity: per
+// endpoint, an LRU of the block hashes it was sent. As a Keyer it gives the
+// cached prefix length; as a Recorder it inserts the prompt's blocks into
+// the first choice's LRU.
+type PrefixIndex struct {
+	blockBytes, capacity int
+	lrus                 []*blockLRU // by endpoint index
+	names                []string    // by endpoint index
 }
 
-// overBound is the bounded-load test on the requests served lately (here
-// and by peers, Endpoint.recent): would one more put e above
-// ceil((1+ε)·(total+1)/n)?
-func (pa *PrefixAffinity) overBound(served, total uint64, n int) bool {
-	if pa.cfg.BoundedLoad <= 0 {
-		return false
+// carry keeps the LRUs of surviving endpoints when the block size and
+// capacity did not change (else the hashes mean other things).
+func (x *PrefixIndex) carry(old *PrefixIndex) {
+	if old == nil || old.blockBytes != x.blockBytes || old.capacity != x.capacity {
+		return
 	}
-	return float64(served+1) > math.Ceil((1+pa.cfg.BoundedLoad)*float64(total+1)/float64(n))
+	for i, n := range x.names {
+		for j, on := range old.names {
+			if on == n {
+				x.lrus[i] = old.lrus[j]
+			}
+		}
+	}
 }
 
-func (pa *PrefixAffinity) tooLoaded(load, minLoad int64) bool {
-	return fleet.TooLoaded(load, minLoad, pa.cfg.BalanceAbs, pa.cfg.BalanceRel)
+// recordAt marks blocks as sent to the endpoint at index i.
+func (x *PrefixIndex) recordAt(i int, blocks []uint64) {
+	if i >= 0 && i < len(x.lrus) {
+		x.lrus[i].insert(blocks)
+	}
 }
+
+// Match implements Keyer.
+func (x *PrefixIndex) Match(c *Cycle, e *fleet.Endpoint) int {
+	return x.lrus[e.Index].matchLen(c.Req.Blocks)
+}
+
+// Of implements Keyer.
+func (x *PrefixIndex) Of(c *Cycle) int { return len(c.Req.Blocks) }
+
+// Record implements Recorder.
+func (x *PrefixIndex) Record(c *Cycle) { x.lrus[c.First().Index].insert(c.Req.Blocks) }
 
 var (
+	_ Keyer            = (*PrefixIndex)(nil)
+	_ Recorder         = (*PrefixIndex)(nil)
 	_ fleet.Policy     = (*PrefixAffinity)(nil)
 	_ fleet.PromptUser = (*PrefixAffinity)(nil)
 	_ fleet.Stater     = (*PrefixAffinity)(nil)
@@ -311,12 +259,9 @@ var (
 func (*PrefixAffinity) LoadAware() bool { return true }
 
 // RecordPrefix implements PrefixRecorder.
-func (pa *PrefixAffinity) RecordPrefix(i int, blocks []uint64) {
-	if i >= 0 && i < len(pa.lrus) {
-		pa.lrus[i].insert(blocks)
-	}
-}
+func (pa *PrefixAffinity) RecordPrefix(i int, blocks []uint64) { pa.idx.recordAt(i, blocks) }
 
-var _ fleet.LoadAware = (*PrefixAffinity)(nil)
-
-var _ fleet.PrefixRecorder = (*PrefixAffinity)(nil)
+var (
+	_ fleet.LoadAware      = (*PrefixAffinity)(nil)
+	_ fleet.PrefixRecorder = (*PrefixAffinity)(nil)
+)

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"sort"
 
 	"github.com/turnout/turnout/internal/config"
@@ -13,10 +14,12 @@ type Factory func(cfg *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, 
 // Registry maps policy names to factories. Registration is explicit (no init()).
 type Registry struct {
 	m map[string]Factory
+	// stages build the policies a config composes (presets, inline stages).
+	stages *Stages
 }
 
-// NewRegistry returns an empty registry.
-func NewRegistry() *Registry { return &Registry{m: map[string]Factory{}} }
+// NewRegistry returns an empty registry composing from stages.
+func NewRegistry(stages *Stages) *Registry { return &Registry{m: map[string]Factory{}, stages: stages} }
 
 // Register adds a factory; a duplicate name is a programming error.
 func (r *Registry) Register(name string, f Factory) {
@@ -39,6 +42,12 @@ func (r *Registry) Names() []string {
 // Build builds the named policy.
 func (r *Registry) Build(cfg *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
 	f, ok := r.m[cfg.Name]
+	if cfg.Stages != nil {
+		if ok {
+			return nil, cfg.NameError(fmt.Errorf("preset %q has the name of a built-in policy", cfg.Name))
+		}
+		return r.stages.compose(cfg, env)
+	}
 	if !ok {
 		return nil, cfg.UnknownPolicy(r.Names())
 	}
@@ -51,7 +60,7 @@ func (r *Registry) Build(cfg *config.PolicyConfig, env fleet.PolicyEnv) (fleet.P
 
 // DefaultRegistry registers the built-in policies.
 func DefaultRegistry() *Registry {
-	r := NewRegistry()
+	r := NewRegistry(DefaultStages())
 	r.Register(RoundRobinType, NewRoundRobinFactory())
 	r.Register(LeastRequestType, NewLeastRequestFactory())
 	r.Register(SessionHashType, NewSessionHashFactory())

@@ -1,8 +1,6 @@
 package policy
 
 import (
-	"sync/atomic"
-
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/fleet"
 )
@@ -10,9 +8,19 @@ import (
 // RoundRobinType is the registry name of RoundRobin.
 const RoundRobinType = "round-robin"
 
-// RoundRobin rotates through available endpoints; fallbacks continue the rotation.
+// RoundRobin rotates through available endpoints; fallbacks continue the
+// rotation. Preset: the Rotation picker alone, which needs no cycle, so it
+// runs without one (and the zero value works).
 type RoundRobin struct {
-	next atomic.Uint64
+	rot Rotation
+}
+
+// NewRoundRobin returns the preset.
+func NewRoundRobin() *RoundRobin { return &RoundRobin{} }
+
+// Pick implements Policy.
+func (rr *RoundRobin) Pick(_ *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
+	c.Endpoints, c.Outcome = rr.rot.pick(p, c.Endpoints), fleet.OutcomeBalanced
 }
 
 // NewRoundRobinFactory returns the factory for round-robin (no params).
@@ -22,24 +30,8 @@ func NewRoundRobinFactory() Factory {
 		if err := cfg.DecodeParams(&none); err != nil {
 			return nil, err
 		}
-		return &RoundRobin{}, nil
+		return NewRoundRobin(), nil
 	}
-}
-
-// Pick implements Policy.
-func (rr *RoundRobin) Pick(_ *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
-	n := len(p.Endpoints)
-	if n == 0 {
-		return
-	}
-	start := int((rr.next.Add(1) - 1) % uint64(n))
-	dst := c.Endpoints
-	for i := 0; i < n && len(dst) < cap(dst); i++ {
-		if e := p.Endpoints[(start+i)%n]; e.Available() {
-			dst = append(dst, e)
-		}
-	}
-	c.Endpoints, c.Outcome = dst, fleet.OutcomeBalanced
 }
 
 var _ fleet.Policy = (*RoundRobin)(nil)

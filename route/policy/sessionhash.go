@@ -48,9 +48,13 @@ type ringPoint struct {
 // SessionHash keeps a session on one replica with a hash ring; requests
 // without a session go to least-request. Adding one of N endpoints moves
 // about 1/N of sessions, removing one moves only its sessions.
+//
+// Preset: two profiles, chosen per request (llm-d's profile handler): with
+// a session, the Ring picker then the LastResort fill; without one,
+// least-request.
 type SessionHash struct {
-	cfg      SessionHashConfig
-	ring     []ringPoint
+	session  Profile
+	ring     *Ring
 	fallback *LeastRequest
 }
 
@@ -70,16 +74,44 @@ func NewSessionHashFactory() Factory {
 
 // NewSessionHash builds the ring for pool p.
 func NewSessionHash(cfg SessionHashConfig, p *fleet.Pool, rnd *fleet.Rand) *SessionHash {
-	s := &SessionHash{cfg: cfg, fallback: NewLeastRequest(rnd)}
+	r := NewRing(cfg, p)
+	return &SessionHash{
+		ring:     r,
+		session:  Profile{Name: SessionHashType, Summary: Summary{Load: true, RequireAvailable: true}, Pickers: []Picker{r, LastResort()}},
+		fallback: NewLeastRequest(rnd),
+	}
+}
+
+// Pick implements Policy.
+func (s *SessionHash) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
+	if !r.HasSession || len(s.ring.points) == 0 {
+		s.fallback.Pick(r, p, c)
+		return
+	}
+	s.session.Pick(r, p, c)
+}
+
+// Ring is consistent hashing with bounded loads (Mirrokni et al. 2018) on
+// the request's session: endpoints in ring order from the session's point,
+// skipping any that one more request would put above
+// max(ceil(LoadFactor·(total+1)/available), MinInflight).
+type Ring struct {
+	cfg    SessionHashConfig
+	points []ringPoint
+}
+
+// NewRing builds the ring for pool p.
+func NewRing(cfg SessionHashConfig, p *fleet.Pool) *Ring {
+	s := &Ring{cfg: cfg}
 	for i, e := range p.Endpoints {
 		for v := 0; v < cfg.VNodes; v++ {
 			// Ring points depend only on the endpoint name, so membership
 			// changes move only the sessions of the changed endpoints.
 			h := xxhash.Sum64String(e.Name + "#" + strconv.Itoa(v))
-			s.ring = append(s.ring, ringPoint{hash: h, ep: int32(i)})
+			s.points = append(s.points, ringPoint{hash: h, ep: int32(i)})
 		}
 	}
-	slices.SortFunc(s.ring, func(a, b ringPoint) int {
+	slices.SortFunc(s.points, func(a, b ringPoint) int {
 		switch {
 		case a.hash < b.hash:
 			return -1
@@ -91,43 +123,30 @@ func NewSessionHash(cfg SessionHashConfig, p *fleet.Pool, rnd *fleet.Rand) *Sess
 	return s
 }
 
-// Pick implements Policy.
-func (s *SessionHash) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
-	if !r.HasSession || len(s.ring) == 0 {
-		s.fallback.Pick(r, p, c)
-		return
-	}
-	var total int64
-	avail := 0
-	for _, e := range p.Endpoints {
-		if e.Available() {
-			total += e.Load()
-			avail++
-		}
-	}
-	if avail == 0 {
-		c.Outcome = fleet.OutcomeNoEndpoint
-		return
-	}
+// Pick implements Picker: affinity when the session's own replica is
+// within the bound, overflow when it was skipped; nothing when every
+// replica is over it (the LastResort fill follows).
+func (s *Ring) Pick(c *Cycle) {
+	r, p := c.Req, c.Pool
 	// Bound = ceil(c * (total+1) / avail): the +1 counts this request.
-	bound := int64(s.cfg.LoadFactor*float64(total+1)/float64(avail) + 0.999999)
+	bound := int64(s.cfg.LoadFactor*float64(c.TotalLoad+1)/float64(c.N) + 0.999999)
 	bound = max(bound, s.cfg.MinInflight)
 	// Binary search the first ring point >= hash.
-	lo, hi := 0, len(s.ring)
+	lo, hi := 0, len(s.points)
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
-		if s.ring[m].hash < r.SessionHash {
+		if s.points[m].hash < r.SessionHash {
 			lo = m + 1
 		} else {
 			hi = m
 		}
 	}
 	first := true
-	dst := c.Endpoints
+	dst := c.Choice.Endpoints
 	start := len(dst)
 	var skipped *fleet.Endpoint
-	for i := 0; i < len(s.ring) && len(dst) < cap(dst); i++ {
-		e := p.Endpoints[s.ring[(lo+i)%len(s.ring)].ep]
+	for i := 0; i < len(s.points) && len(dst) < cap(dst); i++ {
+		e := p.Endpoints[s.points[(lo+i)%len(s.points)].ep]
 		if !e.Available() || fleet.Contains(dst, e) || e == skipped {
 			continue
 		}
@@ -141,20 +160,19 @@ func (s *SessionHash) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
 		first = false
 		dst = append(dst, e)
 	}
-	switch {
-	case len(dst) == start:
-		// Every endpoint is over the bound: least loaded still serves.
-		c.Outcome = fleet.OutcomeOverflow
-		dst = fleet.FillLeastLoaded(dst, p, nil)
-	case skipped != nil:
-		c.Outcome = fleet.OutcomeOverflow
-	default:
-		c.Outcome = fleet.OutcomeAffinity
+	if len(dst) > start {
+		c.Choice.Outcome = fleet.OutcomeAffinity
+		if skipped != nil {
+			c.Choice.Outcome = fleet.OutcomeOverflow
+		}
 	}
-	c.Endpoints = dst
+	c.Choice.Endpoints = dst
 }
 
-var _ fleet.Policy = (*SessionHash)(nil)
+var (
+	_ fleet.Policy = (*SessionHash)(nil)
+	_ Picker       = (*Ring)(nil)
+)
 
 // LoadAware implements LoadAware: the bound on loads moves sessions.
 func (*SessionHash) LoadAware() bool { return true }

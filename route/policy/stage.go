@@ -1,0 +1,159 @@
+package policy
+
+import (
+	"github.com/turnout/turnout/route/fleet"
+	"sync"
+)
+
+// A policy is a Profile: stages run in order over one pool for one request
+// (llm-d's endpoint picker: filters, scorers, a picker per profile). Every
+// stage is a small interface, shared by the requests of its pool and safe
+// for concurrent use; what one decision needs between stages lives in a
+// Cycle, taken from a pool, so a decision allocates nothing.
+
+// Cycle is one decision's working state, handed to each stage.
+type Cycle struct {
+	Req    *fleet.Request
+	Pool   *fleet.Pool
+	Choice *fleet.Choice
+	// Summary of the pool's available endpoints, taken once per decision
+	// before the pickers run (see Profile.Summary).
+	MinLoad   int64
+	TotalLoad int64
+	Served    uint64 // summed Endpoint.served, only with Summary.Served
+	N         int    // available endpoints
+	// Match is, by endpoint index, how many of the request's Of blocks the
+	// endpoint holds, and Stale whether that figure is in doubt: set by a
+	// policy that looks the request up in an index once (kv-aware).
+	Match []int
+	Stale []bool
+	Of    int
+	// MinRecent is the fewest recent decisions among the least loaded
+	// (SessionGate, for LeastLoadedRecent).
+	MinRecent uint64
+	// start is len(Choice.Endpoints) when the decision began.
+	start int
+}
+
+// Picked is how many endpoints this decision has chosen so far.
+func (c *Cycle) Picked() int { return len(c.Choice.Endpoints) - c.start }
+
+// First is the decision's first choice, or nil.
+func (c *Cycle) First() *fleet.Endpoint {
+	if c.Picked() == 0 {
+		return nil
+	}
+	return c.Choice.Endpoints[c.start]
+}
+
+// Room reports whether the choice has room for another endpoint.
+func (c *Cycle) Room() bool { return len(c.Choice.Endpoints) < cap(c.Choice.Endpoints) }
+
+// Filter keeps the endpoints a picker may choose. Endpoint.Available
+// (healthy, not draining, not stalled) is checked before any filter, by
+// every picker; filters add conditions of their own (a load guard).
+type Filter interface {
+	Keep(c *Cycle, e *fleet.Endpoint) bool
+}
+
+// Scorer rates an endpoint for the request: higher is better. A picker
+// sums its scorers' scores times their weights; each scorer states its
+// unit (blocks, requests) so that weights read as exchange rates.
+type Scorer interface {
+	Score(c *Cycle, e *fleet.Endpoint) float64
+}
+
+// Tie breaks equal scores: the higher key wins, and when every key is
+// equal the first endpoint in the picker's order does.
+type Tie interface {
+	Key(c *Cycle, e *fleet.Endpoint) uint64
+}
+
+// Picker appends endpoints to the choice (c.Choice.Endpoints, never past
+// its capacity), best first, and may set the outcome. A profile runs its
+// pickers in order: the first ones place the request, the last fill the
+// fallbacks.
+type Picker interface {
+	Pick(c *Cycle)
+}
+
+// Recorder learns from a decision once the pickers are done (what the
+// decision teaches an index: a prefix LRU insert).
+type Recorder interface {
+	Record(c *Cycle)
+}
+
+// Summary says what a profile summarizes of its pool before its pickers
+// run, and whether a pool with nothing available ends the decision there
+// with OutcomeNoEndpoint.
+type Summary struct {
+	// Load takes MinLoad, TotalLoad and N; Served also sums the recent
+	// decisions (the bounded-load guard).
+	Load, Served bool
+	// RequireAvailable: nothing available is OutcomeNoEndpoint, before any
+	// picker runs (and draws from a random source).
+	RequireAvailable bool
+}
+
+// Profile is a policy composed of stages: a summary of the pool, pickers
+// in order, then recorders.
+type Profile struct {
+	Name      string
+	Summary   Summary
+	Pickers   []Picker
+	Recorders []Recorder
+	cycles    sync.Pool
+}
+
+// Pick implements Policy.
+func (pr *Profile) Pick(r *fleet.Request, p *fleet.Pool, ch *fleet.Choice) {
+	c, _ := pr.cycles.Get().(*Cycle)
+	if c == nil {
+		c = &Cycle{}
+	}
+	*c = Cycle{Req: r, Pool: p, Choice: ch, start: len(ch.Endpoints)}
+	pr.Run(c)
+	c.Req, c.Pool, c.Choice = nil, nil, nil // hold no request memory while pooled
+	pr.cycles.Put(c)
+}
+
+// Run runs the profile on a cycle the caller filled (Req, Pool, Choice,
+// and Match when it has them).
+func (pr *Profile) Run(c *Cycle) {
+	c.Choice.Outcome = fleet.OutcomeBalanced
+	if s := pr.Summary; s.Load || s.RequireAvailable {
+		c.summarize(s.Served)
+		if s.RequireAvailable && c.N == 0 {
+			c.Choice.Outcome = fleet.OutcomeNoEndpoint
+			return
+		}
+	}
+	for _, pk := range pr.Pickers {
+		pk.Pick(c)
+	}
+	if c.Picked() > 0 {
+		for _, rec := range pr.Recorders {
+			rec.Record(c)
+		}
+	}
+}
+
+// summarize takes the load summary of the pool's available endpoints in
+// one pass.
+func (c *Cycle) summarize(withServed bool) {
+	for _, e := range c.Pool.Endpoints {
+		if e.Available() {
+			l := e.Load()
+			if c.N == 0 || l < c.MinLoad {
+				c.MinLoad = l
+			}
+			c.TotalLoad += l
+			if withServed { // only the bounded-load guard reads it
+				c.Served += e.Served()
+			}
+			c.N++
+		}
+	}
+}
+
+var _ fleet.Policy = (*Profile)(nil)
