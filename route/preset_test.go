@@ -34,7 +34,7 @@ deployments:
 	body := body4K(3)
 	decide := func() string { // one decision, completed
 		ctx := do(s, body)
-		id, _ := parseID(ctx.Response.Header.Peek(HdrDecision))
+		id, _ := ParseDecisionID(ctx.Response.Header.Peek(HdrDecision))
 		s.Complete(id)
 		return hdr(ctx, HdrServer)
 	}
