@@ -8,10 +8,9 @@ import (
 	"testing"
 )
 
-// pendingPages are linked from the docs but written on other branches of
-// issue 22 (policies: the stages; kubernetes: the Helm chart). Remove each
-// once it is merged: the test then checks it like any other page.
-var pendingPages = map[string]bool{"docs/policies.md": true, "docs/kubernetes.md": true}
+// pendingPages are linked from the docs but not written yet (none now):
+// the test skips a missing one instead of failing.
+var pendingPages = map[string]bool{}
 
 // Every relative link of README.md and docs/*.md reaches a file or folder
 // of the tree, and a link's #anchor a heading of the page it names.
