@@ -76,23 +76,74 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 		r.HasSession = true
 		r.SessionHash = fleet.HashKey(r.Session)
 	}
-	if d.Prefill != nil {
-		s.routePD(snap, d, in, v, sc, start)
-		return
-	}
-	s.decide(snap, d.Serve, v, sc, start)
+	s.runProfiles(snap, d, in, v, sc, start)
 }
 
-// decide runs the pool's policy and fills the verdict.
-func (s *Decider) decide(snap *Snapshot, p *fleet.Pool, v *Verdict, sc *Txn, start time.Time) *fleet.Endpoint {
-	c := &sc.serve
-	s.pick(snap, p, sc, c, sc.picks[:0:min(1+snap.Config.Fallbacks, len(sc.picks))])
-	if len(c.Endpoints) == 0 {
-		s.refuse(v, p, c.Reject)
-		return nil
+// A Profile is one pick of a decision: a pool, whose policy runs, and what
+// the pick is for. A mixed deployment runs one profile (ProfileServe); a
+// prefill/decode deployment runs two with the same pick, as llm-d's
+// two-profile run: the decode pool's, then the prefill pool's, which is
+// skipped when the decode replica already holds the prompt. The profiles'
+// picks become one verdict (finish).
+type Profile struct {
+	Pool *fleet.Pool
+	Role ProfileRole
+}
+
+// ProfileRole is what a profile's pick is for.
+type ProfileRole uint8
+
+// Profile roles.
+const (
+	// ProfileServe picks the replica the proxy sends the request to
+	// (and its fallbacks); without one the request is refused.
+	ProfileServe ProfileRole = iota
+	// ProfilePrefill picks the replica turnout runs the prefill on
+	// (pd.go); it needs the whole body as a JSON object.
+	ProfilePrefill
+)
+
+// runProfiles admits the request for every profile, runs each profile's
+// pick into its own part of the scratch, and turns the picks into the
+// verdict.
+func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *Txn, start time.Time) {
+	for i := range d.Profiles {
+		if !s.admit(snap, &d.Profiles[i], &sc.req, v) {
+			return
+		}
 	}
-	s.route(v, p, c, start)
-	return c.Endpoints[0]
+	n := min(1+snap.Config.Fallbacks, len(sc.picks)/len(d.Profiles))
+	for i := range d.Profiles {
+		pr := &d.Profiles[i]
+		c := &sc.choices[i]
+		if pr.Role == ProfilePrefill && s.skipPrefill(d, &sc.req, &sc.choices[0]) {
+			*c = fleet.Choice{Reject: rejectSkipped}
+			continue
+		}
+		s.pick(snap, pr.Pool, sc, c, sc.picks[i*n:i*n:(i+1)*n])
+		if len(c.Endpoints) == 0 && pr.Role == ProfileServe {
+			s.refuse(v, pr.Pool, c.Reject)
+			return
+		}
+	}
+	if len(d.Profiles) == 1 {
+		s.route(v, d.Serve, &sc.choices[0], start)
+		return
+	}
+	s.finishPD(snap, d, in, v, sc, start)
+}
+
+// rejectSkipped marks a profile's choice as not run (a prefill the decode
+// replica makes unnecessary); no policy sets it.
+const rejectSkipped fleet.RejectReason = 255
+
+// admit refuses a request a profile cannot serve: the prefill profile
+// needs the whole body, as a JSON object, without the router's own field.
+func (s *Decider) admit(snap *Snapshot, pr *Profile, r *fleet.Request, v *Verdict) bool {
+	if pr.Role != ProfilePrefill {
+		return true
+	}
+	return s.admitPD(snap, r, v)
 }
 
 // pick hashes the prompt when the pool's policy wants it and runs the
@@ -200,9 +251,9 @@ type Txn struct {
 	snap  *Snapshot
 	start time.Time
 
-	// serve and prefill are the policies' answers for the serving (decode)
-	// and the prefill pool; their Endpoints are views into picks.
-	serve, prefill fleet.Choice
+	// choices are the profiles' picks (Deployment.Profiles: the serving
+	// pool's, then the prefill pool's); their Endpoints are views into picks.
+	choices [2]fleet.Choice
 	// pdh is the prefill call's header source (pd.go).
 	pdh pdHeaders
 	// names remembers what the request header names are (headers.go).

@@ -48,10 +48,13 @@
 //     policy wants it, the payload index) and fills a fleet.Choice
 //     (outputs: an endpoint and fallbacks among the healthy ones, best
 //     first, the Outcome for metrics, the matched prefix, or a strict
-//     policy's Reject reason); a prefill/decode deployment picks the decode
-//     endpoint, runs the prefill itself on a prefill endpoint (pd.go picks
-//     and retries, route/pd makes the call) and computes the body edit that
-//     hands on kv_transfer_params (contract_body.go);
+//     policy's Reject reason), once per profile of the deployment
+//     (decide.go's runProfiles): a mixed deployment has one, a
+//     prefill/decode deployment two (the decode pool's pick, then the
+//     prefill pool's unless the decode replica holds the prompt), after
+//     which pd.go runs the prefill on the prefill pick (retried once,
+//     route/pd makes the call) and computes the body edit that hands on
+//     kv_transfer_params (contract_body.go);
 //  4. verdict: the Verdict (server, fallbacks, decision id, PD edit), or a
 //     refusal with a status, an OpenAI-style JSON error and a reason the
 //     glue acts on (GlueActionFor); the transport writes it. The decision

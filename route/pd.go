@@ -15,56 +15,66 @@ import (
 
 // Prefill/decode disaggregation (vLLM's kv_transfer_params protocol, as the
 // NIXL connector's toy proxy drives it): turnout picks a decode and a prefill
-// replica, sends the prefill itself (route/pd; payload.PrefillBody: max_tokens
-// 1, not streamed, with do_remote_decode), retrying once on another prefill
-// replica, and hands the prefill's kv_transfer_params to the proxy,
-// which injects them into the request it streams to the decode replica.
+// replica (the two profiles of decide.go's runProfiles), sends the prefill
+// itself (route/pd; payload.PrefillBody: max_tokens 1, not streamed, with
+// do_remote_decode), retrying once on another prefill replica, and hands the
+// prefill's kv_transfer_params to the proxy, which injects them into the
+// request it streams to the decode replica.
 
-// routePD serves a prefill/decode deployment.
-func (s *Decider) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *Txn, start time.Time) {
-	r := &sc.req
-	cfg := &d.Config.PD
-	if r.Truncated {
+// admitPD refuses what prefill/decode cannot route: the prefill needs the
+// whole body, a JSON object, and kv_transfer_params is the router's to set.
+func (s *Decider) admitPD(snap *Snapshot, r *fleet.Request, v *Verdict) bool {
+	switch {
+	case r.Truncated:
 		s.m.errors[errTooLarge].Add(1)
 		v.refuse(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", ReasonBodyTooLarge,
 			fmt.Sprintf("prefill/decode routing needs the whole request body; it is larger than max_body (%d bytes)", snap.Config.MaxBody))
-		return
-	}
-	if !r.Payload.Object() {
+	case !r.Payload.Object():
 		s.m.errors[errBadBody].Add(1)
 		v.refuse(fasthttp.StatusBadRequest, "invalid_request_error", "invalid_body",
 			"prefill/decode routing needs a JSON object body")
-		return
-	}
-	if r.Payload.Has(payload.KVTransferKey) {
+	case r.Payload.Has(payload.KVTransferKey):
 		s.m.errors[errBadBody].Add(1)
 		v.refuse(fasthttp.StatusBadRequest, "invalid_request_error", ReasonClientKVParams,
 			"kv_transfer_params is set by the router; clients must not send it")
+	default:
+		return true
+	}
+	return false
+}
+
+// skipPrefill reports whether the decode replica already holds most of the
+// prompt (llm-d's heuristic): moving KV would cost more than recomputing,
+// so the prefill profile does not run.
+func (s *Decider) skipPrefill(d *Deployment, r *fleet.Request, decode *fleet.Choice) bool {
+	cfg := &d.Config.PD
+	m := decode.Matched
+	if cfg.SkipPrefillBelow > 0 && d.Serve.BlockBytes > 0 && m > 0 && r.PromptBytes-m*d.Serve.BlockBytes < cfg.SkipPrefillBelow {
+		s.m.pdPrefill[3].Add(1)
+		return true
+	}
+	return false
+}
+
+// finishPD turns the two profiles' picks into the verdict: the decode
+// replica, after the prefill ran on the prefill pick (retried once on the
+// next), with the body edit that hands on its kv_transfer_params. A skipped
+// prefill serves on decode alone; an empty prefill pick serves aggregated
+// or refuses (pd.no_prefill).
+func (s *Decider) finishPD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *Txn, start time.Time) {
+	r := &sc.req
+	cfg := &d.Config.PD
+	serve, pre := &sc.choices[0], &sc.choices[1]
+	if pre.Reject == rejectSkipped {
+		s.route(v, d.Serve, serve, start)
 		return
 	}
-	n := min(1+snap.Config.Fallbacks, len(sc.picks)/2)
-	s.pick(snap, d.Serve, sc, &sc.serve, sc.picks[:0:n])
-	decode := sc.serve.Endpoints
-	if len(decode) == 0 {
-		s.refuse(v, d.Serve, sc.serve.Reject)
-		return
-	}
-	// Skip the prefill hop when the decode replica already holds most of the
-	// prompt (llm-d's heuristic): moving KV would cost more than recomputing.
-	if m := sc.serve.Matched; cfg.SkipPrefillBelow > 0 && d.Serve.BlockBytes > 0 && m > 0 {
-		if uncached := r.PromptBytes - m*d.Serve.BlockBytes; uncached < cfg.SkipPrefillBelow {
-			s.m.pdPrefill[3].Add(1)
-			s.route(v, d.Serve, &sc.serve, start)
-			return
-		}
-	}
-	s.pick(snap, d.Prefill, sc, &sc.prefill, sc.picks[n:n:min(2*n, len(sc.picks))])
-	prefill := sc.prefill.Endpoints
+	prefill := pre.Endpoints
 	if len(prefill) == 0 {
 		if cfg.NoPrefill == "aggregate" {
 			s.log.Debug().Str(fleet.FieldDeployment, d.Name).Str(fleet.FieldReason, "no prefill replica").Msg("serving aggregated on decode")
 			s.m.pdPrefill[4].Add(1)
-			s.route(v, d.Serve, &sc.serve, start)
+			s.route(v, d.Serve, serve, start)
 			return
 		}
 		v.RetryAfter = true
@@ -91,7 +101,7 @@ func (s *Decider) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, 
 			"prefill failed on every tried replica: "+err.Error())
 		return
 	}
-	s.route(v, d.Serve, &sc.serve, start)
+	s.route(v, d.Serve, serve, start)
 	v.KVTransfer = make([]byte, base64.StdEncoding.EncodedLen(len(kv)))
 	base64.StdEncoding.Encode(v.KVTransfer, kv)
 	v.Prefill = used.NameHdr

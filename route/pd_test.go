@@ -271,3 +271,34 @@ func TestPDHeaders(t *testing.T) {
 		t.Fatalf("prefill headers %v, want %v", got, want)
 	}
 }
+
+// A prefill/decode deployment is two profiles of the one pipeline (the
+// decode pool's pick, then the prefill pool's); a mixed deployment is one.
+// The prefill profile's skipped pick is marked, never routed to.
+func TestDeploymentProfiles(t *testing.T) {
+	a := startFakePrefill(t)
+	s := pdServer(t, ", skip_prefill_below: 256", a)
+	d := s.Snapshot().Deployments[0]
+	if len(d.Profiles) != 2 || d.Profiles[0].Pool != d.Serve || d.Profiles[0].Role != ProfileServe ||
+		d.Profiles[1].Pool != d.Prefill || d.Profiles[1].Role != ProfilePrefill {
+		t.Fatalf("PD profiles: %+v", d.Profiles)
+	}
+	m := mustServer(t, `
+health: {disable: true}
+deployments: [{name: m, models: [m], pools: [{endpoints: [{name: m0, address: "127.0.0.1:9103"}]}]}]
+`)
+	if md := m.Snapshot().Deployments[0]; len(md.Profiles) != 1 || md.Profiles[0].Pool != md.Serve || md.Profiles[0].Role != ProfileServe {
+		t.Fatalf("mixed profiles: %+v", md.Profiles)
+	}
+	// Served twice: the second time the decode replica holds the prompt and
+	// the prefill profile is skipped, counted as such.
+	body := `{"model":"llama","prompt":"` + strings.Repeat("cached prefix ", 60) + `"}`
+	do(s, body)
+	before := s.m.pdPrefill[3].Load()
+	if ctx := do(s, body); hdr(ctx, HdrPrefill) != "" {
+		t.Fatalf("skipped prefill still names a prefill replica: %q", hdr(ctx, HdrPrefill))
+	}
+	if s.m.pdPrefill[3].Load() != before+1 {
+		t.Fatalf("skipped prefills: %d -> %d", before, s.m.pdPrefill[3].Load())
+	}
+}

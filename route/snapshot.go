@@ -24,6 +24,9 @@ type Deployment struct {
 	Serve   *fleet.Pool
 	Prefill *fleet.Pool // PD only
 	Pools   []*fleet.Pool
+	// Profiles are the picks a decision makes, in order (decide.go): the
+	// serving pool's, then for prefill/decode the prefill pool's.
+	Profiles []Profile
 }
 
 // Snapshot is one immutable routing configuration, swapped atomically.
@@ -176,6 +179,10 @@ func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, sto
 			case config.RolePrefill:
 				d.Prefill = p
 			}
+		}
+		d.Profiles = append(d.Profiles, Profile{Pool: d.Serve, Role: ProfileServe})
+		if d.Prefill != nil {
+			d.Profiles = append(d.Profiles, Profile{Pool: d.Prefill, Role: ProfilePrefill})
 		}
 		s.Deployments = append(s.Deployments, d)
 		for _, m := range dc.Models {
