@@ -6,6 +6,7 @@ import (
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/payload"
+	"github.com/turnout/turnout/route/policy"
 )
 
 // Decide is the one decision entry point: it routes in and fills v.
@@ -103,21 +104,19 @@ const (
 	ProfilePrefill
 )
 
-// runProfiles admits the request for every profile, runs each profile's
-// pick into its own part of the scratch, and turns the picks into the
-// verdict.
+// runProfiles admits the request (the prefill profile needs the whole body,
+// pd.go), runs each profile's pick into its own part of the scratch, and
+// turns the picks into the verdict.
 func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *Txn, start time.Time) {
-	for i := range d.Profiles {
-		if !s.admit(snap, &d.Profiles[i], &sc.req, v) {
-			return
-		}
+	if d.Prefill != nil && !s.admitPD(snap, &sc.req, v) {
+		return // the prefill profile needs what this request lacks
 	}
-	n := min(1+snap.Config.Fallbacks, len(sc.picks)/len(d.Profiles))
+	n := d.pickN
 	for i := range d.Profiles {
 		pr := &d.Profiles[i]
 		c := &sc.choices[i]
 		if pr.Role == ProfilePrefill && s.skipPrefill(d, &sc.req, &sc.choices[0]) {
-			*c = fleet.Choice{Reject: rejectSkipped}
+			*c = fleet.Choice{Reject: rejectSkipped, Work: c.Work}
 			continue
 		}
 		s.pick(snap, pr.Pool, sc, c, sc.picks[i*n:i*n:(i+1)*n])
@@ -126,7 +125,7 @@ func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdi
 			return
 		}
 	}
-	if len(d.Profiles) == 1 {
+	if d.Prefill == nil {
 		s.route(v, d.Serve, &sc.choices[0], start)
 		return
 	}
@@ -137,21 +136,12 @@ func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdi
 // replica makes unnecessary); no policy sets it.
 const rejectSkipped fleet.RejectReason = 255
 
-// admit refuses a request a profile cannot serve: the prefill profile
-// needs the whole body, as a JSON object, without the router's own field.
-func (s *Decider) admit(snap *Snapshot, pr *Profile, r *fleet.Request, v *Verdict) bool {
-	if pr.Role != ProfilePrefill {
-		return true
-	}
-	return s.admitPD(snap, r, v)
-}
-
 // pick hashes the prompt when the pool's policy wants it and runs the
 // policy into c, whose Endpoints start as dst (len 0, cap = how many).
 func (s *Decider) pick(snap *Snapshot, p *fleet.Pool, sc *Txn, c *fleet.Choice, dst []*fleet.Endpoint) {
 	r := &sc.req
 	r.Blocks, r.PromptBytes = nil, 0
-	*c = fleet.Choice{Endpoints: dst}
+	*c = fleet.Choice{Endpoints: dst, Work: c.Work}
 	if p.BlockBytes > 0 {
 		sc.hasher.Reset(p.BlockBytes, sc.blocks)
 		r.Payload.Prompt(&sc.hasher)
@@ -198,6 +188,9 @@ func (s *Decider) route(v *Verdict, p *fleet.Pool, c *fleet.Choice, start time.T
 	}
 }
 
+// maxPicks bounds the endpoints one decision picks, over all its profiles.
+const maxPicks = 16
+
 // latencySample: the decision latency histogram times one decision in this many.
 const latencySample = 8
 
@@ -241,7 +234,7 @@ type Txn struct {
 	req    fleet.Request
 	hasher fleet.PrefixHasher
 	blocks []uint64
-	picks  [16]*fleet.Endpoint
+	picks  [maxPicks]*fleet.Endpoint
 	// idx is the request body, indexed once (route/payload).
 	idx payload.Index
 	// Buf is the transport's own memory, kept here so a request takes one
@@ -321,6 +314,9 @@ func (s *Decider) getScratch(maxBlocks int) *Txn {
 	sc, _ := s.pool.Get().(*Txn)
 	if sc == nil {
 		sc = &Txn{Buf: TxnBuffers{Out: make([]byte, 0, 512)}}
+		for i := range sc.choices {
+			sc.choices[i].Work = policy.NewWork()
+		}
 	}
 	if cap(sc.blocks) < maxBlocks {
 		sc.blocks = make([]uint64, 0, maxBlocks)

@@ -27,6 +27,9 @@ type Deployment struct {
 	// Profiles are the picks a decision makes, in order (decide.go): the
 	// serving pool's, then for prefill/decode the prefill pool's.
 	Profiles []Profile
+	// pickN is how many endpoints each profile picks (1 + fallbacks, within
+	// a Txn's picks shared by the profiles).
+	pickN int
 }
 
 // Snapshot is one immutable routing configuration, swapped atomically.
@@ -184,6 +187,7 @@ func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, sto
 		if d.Prefill != nil {
 			d.Profiles = append(d.Profiles, Profile{Pool: d.Prefill, Role: ProfilePrefill})
 		}
+		d.pickN = min(1+cfg.Fallbacks, maxPicks/len(d.Profiles))
 		s.Deployments = append(s.Deployments, d)
 		for _, m := range dc.Models {
 			s.byModel[m] = d

@@ -58,6 +58,11 @@ type Choice struct {
 	Matched int
 	// Reject is set by a strict policy that refuses the request.
 	Reject RejectReason
+	// Work is a policy's working memory for one decision, kept with the
+	// caller's pooled per-request scratch (the Decider's Txn) so that a
+	// policy takes none from a pool of its own; nil: the policy does.
+	// Callers keep it when they reset a Choice.
+	Work any
 }
 
 // RejectReason is why a strict policy refused a request.

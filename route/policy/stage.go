@@ -105,17 +105,28 @@ type Profile struct {
 	cycles    sync.Pool
 }
 
-// Pick implements Policy.
+// Pick implements Policy. The Cycle is the caller's (ch.Work, a *Cycle
+// from NewWork) when it keeps one, else one from the profile's pool.
 func (pr *Profile) Pick(r *fleet.Request, p *fleet.Pool, ch *fleet.Choice) {
-	c, _ := pr.cycles.Get().(*Cycle)
-	if c == nil {
-		c = &Cycle{}
+	c, _ := ch.Work.(*Cycle)
+	pooled := c == nil
+	if pooled {
+		c, _ = pr.cycles.Get().(*Cycle)
+		if c == nil {
+			c = &Cycle{}
+		}
 	}
 	*c = Cycle{Req: r, Pool: p, Choice: ch, start: len(ch.Endpoints)}
 	pr.Run(c)
-	c.Req, c.Pool, c.Choice = nil, nil, nil // hold no request memory while pooled
-	pr.cycles.Put(c)
+	c.Req, c.Pool, c.Choice = nil, nil, nil // hold no request memory while idle
+	if pooled {
+		pr.cycles.Put(c)
+	}
 }
+
+// NewWork is the working memory a caller keeps in a fleet.Choice's Work
+// for the composed policies (a pool Get and Put per decision saved).
+func NewWork() any { return &Cycle{} }
 
 // Run runs the profile on a cycle the caller filled (Req, Pool, Choice,
 // and Match when it has them).
