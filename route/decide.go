@@ -13,6 +13,7 @@ func (s *Decider) Decide(in *Input, v *Verdict) {
 	snap := s.snap.Load()
 	sc := s.getScratch(snap.maxBlocks)
 	s.decideInput(snap, in, v, sc, time.Now())
+	s.noteVerdict(v)
 	s.release(sc)
 }
 
@@ -263,6 +264,7 @@ func (t *Txn) ProxyHeader(name, value []byte) {
 // (valid until End).
 func (s *Decider) DecideTxn(t *Txn) *Verdict {
 	s.decideInput(t.snap, &t.in, &t.v, t, t.start)
+	s.noteVerdict(&t.v)
 	return &t.v
 }
 

@@ -47,6 +47,7 @@ type Decider struct {
 	dec   *decisions
 	pool  sync.Pool
 	m     deciderMetrics
+	ref   refusals
 	pd    *pd.Client
 	// ctx ends background work owned by policies (KV subscriptions).
 	ctx    context.Context

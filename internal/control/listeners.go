@@ -253,7 +253,7 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 		if err != nil {
 			return nil, err
 		}
-		ln = netlimit.Listener(ln, cfg.Limits.MaxConns, overloadedAnswer())
+		ln = netlimit.Listener(ln, cfg.Limits.MaxConns, overloadedAnswer(), l.core.noteOverloaded)
 		hs := l.core.httpServer(cfg)
 		nl.serve = func() {
 			go func() {

@@ -89,7 +89,7 @@ func (a *API) readBody(ctx *fasthttp.RequestCtx, t *route.Txn, cfg *config.Confi
 	if cl > hard {
 		a.d.NoteTooLarge()
 		ctx.SetConnectionClose()
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", route.ReasonBodyTooLarge, "request body too large")
+		a.refuse(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", route.ReasonBodyTooLarge, "request body too large")
 		return nil, false, 0, errBodyAnswered
 	}
 	want := cfg.MaxBody
@@ -103,12 +103,12 @@ func (a *API) readBody(ctx *fasthttp.RequestCtx, t *route.Txn, cfg *config.Confi
 		var ne net.Error
 		switch {
 		case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
-			writeError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", route.ReasonReadTimeout, "the request body stalled")
+			a.refuse(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", route.ReasonReadTimeout, "the request body stalled")
 		case errors.Is(err, errOverBudget):
 			ctx.Response.Header.Set(route.HdrRetryAfter, route.RetryAfterSeconds)
-			writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", route.ReasonOverloaded, "too many request bytes in flight")
+			a.refuse(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", route.ReasonOverloaded, "too many request bytes in flight")
 		default:
-			writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", route.ReasonBadRequest, "unreadable request body")
+			a.refuse(ctx, fasthttp.StatusBadRequest, "invalid_request_error", route.ReasonBadRequest, "unreadable request body")
 		}
 		return nil, false, held, errBodyAnswered
 	}
@@ -164,7 +164,7 @@ func (a *API) readBody(ctx *fasthttp.RequestCtx, t *route.Txn, cfg *config.Confi
 		if total > hard {
 			a.d.NoteTooLarge()
 			ctx.SetConnectionClose()
-			writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", route.ReasonBodyTooLarge, "request body too large")
+			a.refuse(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", route.ReasonBodyTooLarge, "request body too large")
 			return nil, false, held, errBodyAnswered
 		}
 		if errors.Is(err, io.EOF) {

@@ -26,7 +26,7 @@ func serveHTTP(t *testing.T, s *testServer) string {
 		t.Fatal(err)
 	}
 	hs := s.NewHTTPServer()
-	lln := netlimit.Listener(ln, s.Snapshot().Config.Limits.MaxConns, OverloadedAnswer())
+	lln := netlimit.Listener(ln, s.Snapshot().Config.Limits.MaxConns, OverloadedAnswer(), nil)
 	go func() { _ = hs.Serve(lln) }()
 	t.Cleanup(func() { _ = hs.Shutdown() })
 	return ln.Addr().String()
