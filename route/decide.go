@@ -92,8 +92,23 @@ func (s *Decider) decide(snap *Snapshot, p *fleet.Pool, v *Verdict, sc *Txn, sta
 		s.refuse(v, p, c.Reject)
 		return nil
 	}
+	if refuseDuplicateModel(v, &sc.idx) { // after the pick: its read of the body is reused
+		return nil
+	}
 	s.route(v, p, c, start)
 	return c.Endpoints[0]
+}
+
+// refuseDuplicateModel refuses a body with two "model" keys: Python's json
+// (vLLM) keeps the last, turnout routes on the first, so the pool and the
+// served model could differ (route/payload/modelkey.go).
+func refuseDuplicateModel(v *Verdict, idx *payload.Index) bool {
+	if !idx.DuplicateModel() {
+		return false
+	}
+	v.refuse(400, "invalid_request_error", ReasonDuplicateModel,
+		"the request body has more than one \"model\" key; send exactly one")
+	return true
 }
 
 // pick hashes the prompt when the pool's policy wants it and runs the

@@ -36,6 +36,9 @@ func (s *Decider) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, 
 			"prefill/decode routing needs a JSON object body")
 		return
 	}
+	if refuseDuplicateModel(v, &sc.idx) { // free: Object read the whole body
+		return
+	}
 	if r.Payload.Has(payload.KVTransferKey) {
 		s.m.errors[errBadBody].Add(1)
 		v.refuse(fasthttp.StatusBadRequest, "invalid_request_error", ReasonClientKVParams,
