@@ -129,6 +129,7 @@ func (s *Decider) WriteMetrics(b *strings.Builder) {
 		{"duplicate", s.dec.duplicate.Load()},
 		{"expired", s.dec.expired.Load()},
 		{"overwritten", s.dec.overwritten.Load()},
+		{"reconciled", s.dec.reconciled.Load()},
 	} {
 		fmt.Fprintf(b, "turnout_completions_total{result=%q} %d\n", c.name, c.v)
 	}
