@@ -111,9 +111,17 @@ func (d *decisions) closeState(id uint64) *fleet.State {
 // sweep closes decisions older than ttl and, with markStale, flags the
 // endpoints that hold a decision open past half their stall budget with no
 // request started since answered in time (see stall.go).
+//
+// An endpoint holding more such decisions than its engine last reported
+// running + waiting is flagged too, whatever answered in time since: the
+// engine cannot be serving them (issue 28: a replica that stalls but still
+// answers /health and /metrics reported 5-12 while turnout's open
+// decisions on it grew from 13 to 1,445, and its few fast answers kept it
+// in rotation for 124 s).
 func (d *decisions) sweep(now time.Time, ttl time.Duration, markStale bool) {
 	nowNs := now.UnixNano()
 	cut := nowNs - int64(ttl)
+	var old map[*fleet.State]int64 // decisions open past half the budget
 	for i := range d.slots {
 		s := &d.slots[i]
 		s.mu.Lock()
@@ -124,12 +132,23 @@ func (d *decisions) sweep(now time.Time, ttl time.Duration, markStale bool) {
 				s.st = nil
 				d.expired.Add(1)
 			} else if markStale {
-				if b := st.Stall.BudgetNs.Load(); b > 0 && nowNs-s.start > b/2 && st.Stall.FastStart.Load() < s.start {
-					st.Stall.Suspect.Store(true)
+				if b := st.Stall.BudgetNs.Load(); b > 0 && nowNs-s.start > b/2 {
+					if st.Stall.FastStart.Load() < s.start {
+						st.Stall.Suspect.Store(true)
+					}
+					if old == nil {
+						old = map[*fleet.State]int64{}
+					}
+					old[st]++
 				}
 			}
 		}
 		s.mu.Unlock()
+	}
+	for st, n := range old {
+		if running, ok := st.EngineRequests(); ok && n > running {
+			st.Stall.Suspect.Store(true)
+		}
 	}
 }
 
