@@ -64,7 +64,7 @@ func (l *Loop) warnFeedbackExposure(uc *net.UDPConn) {
 	}
 	fc := l.d.Snapshot().Config.Feedback
 	ev := l.log.Warn().Str("feedback", la.String()).Strs("sources", fc.Sources)
-	if fc.Token == "" {
+	if fc.LineToken() == "" {
 		ev.Msg("feedback listens beyond loopback without feedback.token: anyone able to spoof a listed source address can close decisions; set feedback.token or listen on 127.0.0.1")
 		return
 	}

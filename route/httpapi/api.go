@@ -151,7 +151,7 @@ func (a *API) doneAllowed(ctx *fasthttp.RequestCtx) bool {
 	if !ok || !snap.FeedbackAllowed(ip) {
 		return false
 	}
-	tok := snap.FeedbackToken()
+	tok := snap.DoneToken()
 	return len(tok) == 0 || subtle.ConstantTimeCompare(ctx.Request.Header.Peek(route.HdrToken), tok) == 1
 }
 
