@@ -304,12 +304,14 @@ func (s *Decider) release(sc *Txn) {
 	s.pool.Put(sc)
 }
 
-// keepBodyCap is the largest body buffer a pooled Txn keeps. A body buffer
-// is counted against limits.max_buffered_bytes only while its request
-// runs; kept in the pool, a burst of large bodies held up to max_body per
-// pooled Txn for minutes, uncounted (issue 28: RSS 4x idle after 3,000
-// connections of 250 KB). Ordinary chat bodies fit and keep their buffer.
-const keepBodyCap = 64 << 10
+// keepBodyCap is the largest body buffer a pooled Txn keeps: the default
+// max_body (256 KiB) and below stay pooled (a burst reuses them instead of
+// allocating ~2x each body as garbage, which ran RSS to 8-15x idle in the
+// 3,000-connection burst of issue 28; route/httpapi returns the pool's
+// memory after a burst). A larger max_body's buffers are not kept: a
+// pooled buffer is counted against limits.max_buffered_bytes only while
+// its request runs.
+const keepBodyCap = 256 << 10
 
 // trim drops buffers too large to keep in the pool.
 func (b *TxnBuffers) trim() {
