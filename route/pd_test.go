@@ -184,6 +184,8 @@ func TestRoutePDRefusals(t *testing.T) {
 		{"client kv params", `{"model":"llama","prompt":"x","kv_transfer_params":{"do_remote_prefill":true}}`, nil, 400, "kv_transfer_params_not_allowed"},
 		{"truncated", `{"model":"llama","prompt":"xxxx`, []string{HdrBodyTruncated, "16/100000"}, 413, "body_too_large"},
 		{"not json", `garbage`, nil, 400, "invalid_body"},
+		// Issue 28: refused before the prefill call, which would carry it.
+		{"duplicate model", `{"model":"llama","prompt":"x","model":"other"}`, nil, 400, ReasonDuplicateModel},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := do(s, tc.body, tc.hdrs...)
