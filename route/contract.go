@@ -47,6 +47,7 @@ const (
 	ReasonPrefillRejected   = "prefill_rejected"    // 4xx: the prefill replica refused the request
 	ReasonNoPrefillEndpoint = "no_prefill_endpoint" // 503: PD with no_prefill=reject
 	ReasonBodyTooLarge      = "body_too_large"      // 413
+	ReasonDuplicateModel    = "duplicate_model"     // 400: more than one "model" key in the body
 	ReasonClientKVParams    = "kv_transfer_params_not_allowed"
 	ReasonNoEndpoint        = "no_endpoint" // 503: the proxy may fail open
 	// ReasonHeaderTooLarge (431) and the others below say turnout could not

@@ -23,7 +23,8 @@ const (
 	FeedbackFieldStatus = "status"
 	FeedbackFieldMs     = "ms"
 	FeedbackFieldTTFB   = "ttfb"
-	// FeedbackFieldToken carries feedback.token when one is configured.
+	// FeedbackFieldToken carries the lines' token (feedback.token, or the
+	// one of feedback.token_file: config.FeedbackConfig.LineToken).
 	FeedbackFieldToken = "tok"
 )
 
@@ -71,7 +72,7 @@ func FeedbackFormat(cfg *config.Config, expr func(FeedbackField) string) string 
 	for _, f := range FeedbackLineFields() {
 		v := expr(f)
 		if f.Token {
-			v = cfg.Feedback.Token
+			v = cfg.Feedback.LineToken()
 		}
 		if v != "" {
 			b = append(b, f.Key+"="+v)
@@ -83,8 +84,9 @@ func FeedbackFormat(cfg *config.Config, expr func(FeedbackField) string) string 
 // FeedbackAuthField is the log-format text that carries the feedback token
 // ("" without a token).
 func FeedbackAuthField(cfg *config.Config) string {
-	if cfg.Feedback.Token == "" {
+	tok := cfg.Feedback.LineToken()
+	if tok == "" {
 		return ""
 	}
-	return FeedbackFieldToken + "=" + cfg.Feedback.Token
+	return FeedbackFieldToken + "=" + tok
 }

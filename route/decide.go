@@ -14,6 +14,7 @@ func (s *Decider) Decide(in *Input, v *Verdict) {
 	snap := s.snap.Load()
 	sc := s.getScratch(snap.maxBlocks)
 	s.decideInput(snap, in, v, sc, time.Now())
+	s.noteVerdict(v)
 	s.release(sc)
 }
 
@@ -126,6 +127,10 @@ func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdi
 		}
 	}
 	if d.Prefill == nil {
+		// After the pick: its read of the body is reused.
+		if len(snap.Deployments) > 1 && refuseDuplicateModel(v, &sc.idx) {
+			return
+		}
 		s.route(v, d.Serve, &sc.choices[0], start)
 		return
 	}
@@ -135,6 +140,21 @@ func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdi
 // rejectSkipped marks a profile's choice as not run (a prefill the decode
 // replica makes unnecessary); no policy sets it.
 const rejectSkipped fleet.RejectReason = 255
+
+// refuseDuplicateModel refuses a body with two "model" keys: Python's json
+// (vLLM) keeps the last, turnout routes on the first, so the pool and the
+// served model could differ (route/payload/modelkey.go). Only asked with
+// several deployments: with one, every model name goes to the same
+// replicas, which answer the body as vLLM reads it, and a model-only
+// decision is spared the sweep of the rest of the body.
+func refuseDuplicateModel(v *Verdict, idx *payload.Index) bool {
+	if !idx.DuplicateModel() {
+		return false
+	}
+	v.refuse(400, "invalid_request_error", ReasonDuplicateModel,
+		"the request body has more than one \"model\" key; send exactly one")
+	return true
+}
 
 // pick hashes the prompt when the pool's policy wants it and runs the
 // policy into c, whose Endpoints start as dst (len 0, cap = how many).
@@ -307,6 +327,7 @@ func (t *Txn) ProxyHeader(name, value []byte) {
 // (valid until End).
 func (s *Decider) DecideTxn(t *Txn) *Verdict {
 	s.decideInput(t.snap, &t.in, &t.v, t, t.start)
+	s.noteVerdict(&t.v)
 	return &t.v
 }
 
@@ -330,5 +351,22 @@ func (s *Decider) release(sc *Txn) {
 	if s.observe != nil {
 		s.observe(&sc.req)
 	}
+	sc.Buf.trim()
 	s.pool.Put(sc)
+}
+
+// keepBodyCap is the largest body buffer a pooled Txn keeps: the default
+// max_body (256 KiB) and below stay pooled (a burst reuses them instead of
+// allocating ~2x each body as garbage, which ran RSS to 8-15x idle in the
+// 3,000-connection burst of issue 28; route/httpapi returns the pool's
+// memory after a burst). A larger max_body's buffers are not kept: a
+// pooled buffer is counted against limits.max_buffered_bytes only while
+// its request runs.
+const keepBodyCap = 256 << 10
+
+// trim drops buffers too large to keep in the pool.
+func (b *TxnBuffers) trim() {
+	if cap(b.Body) > keepBodyCap {
+		b.Body = nil
+	}
 }

@@ -47,6 +47,7 @@ type Decider struct {
 	dec   *decisions
 	pool  sync.Pool
 	m     deciderMetrics
+	ref   refusals
 	pd    *pd.Client
 	// ctx ends background work owned by policies (KV subscriptions).
 	ctx    context.Context
@@ -333,6 +334,14 @@ func (s *Decider) SetFeedbackStalled(stalled bool) { s.fbStalled.Store(stalled) 
 // CloseDecision completes a decision by id and returns the state of its
 // endpoint (nil when the id is unknown or already completed).
 func (s *Decider) CloseDecision(id uint64) *fleet.State { return s.dec.closeState(id) }
+
+// ReconcileLedger closes the decisions opened before 'before' that a
+// feedback outage left open, keeping per endpoint as many as its engine
+// last reported (route/feedback calls it when completions arrive again);
+// it returns how many it closed.
+func (s *Decider) ReconcileLedger(before time.Time) uint64 {
+	return s.dec.reconcile(before.UnixNano())
+}
 
 // LedgerCounts are the decisions opened and completed so far, and how many
 // had been opened at the last completion.

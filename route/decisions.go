@@ -30,6 +30,8 @@ type decisions struct {
 	duplicate   atomic.Uint64
 	expired     atomic.Uint64
 	overwritten atomic.Uint64
+	// reconciled: closed when feedback came back after a gap (reconcile).
+	reconciled atomic.Uint64
 	// openedAtClose is how many decisions had been opened at the last
 	// completion (the feedback monitor's tick notes its time: no clock
 	// read per completion).
@@ -109,9 +111,17 @@ func (d *decisions) closeState(id uint64) *fleet.State {
 // sweep closes decisions older than ttl and, with markStale, flags the
 // endpoints that hold a decision open past half their stall budget with no
 // request started since answered in time (see stall.go).
+//
+// An endpoint holding more such decisions than its engine last reported
+// running + waiting is flagged too, whatever answered in time since: the
+// engine cannot be serving them (issue 28: a replica that stalls but still
+// answers /health and /metrics reported 5-12 while turnout's open
+// decisions on it grew from 13 to 1,445, and its few fast answers kept it
+// in rotation for 124 s).
 func (d *decisions) sweep(now time.Time, ttl time.Duration, markStale bool) {
 	nowNs := now.UnixNano()
 	cut := nowNs - int64(ttl)
+	var old map[*fleet.State]int64 // decisions open past half the budget
 	for i := range d.slots {
 		s := &d.slots[i]
 		s.mu.Lock()
@@ -122,12 +132,23 @@ func (d *decisions) sweep(now time.Time, ttl time.Duration, markStale bool) {
 				s.st = nil
 				d.expired.Add(1)
 			} else if markStale {
-				if b := st.Stall.BudgetNs.Load(); b > 0 && nowNs-s.start > b/2 && st.Stall.FastStart.Load() < s.start {
-					st.Stall.Suspect.Store(true)
+				if b := st.Stall.BudgetNs.Load(); b > 0 && nowNs-s.start > b/2 {
+					if st.Stall.FastStart.Load() < s.start {
+						st.Stall.Suspect.Store(true)
+					}
+					if old == nil {
+						old = map[*fleet.State]int64{}
+					}
+					old[st]++
 				}
 			}
 		}
 		s.mu.Unlock()
+	}
+	for st, n := range old {
+		if running, ok := st.EngineRequests(); ok && n > running {
+			st.Stall.Suspect.Store(true)
+		}
 	}
 }
 
@@ -162,4 +183,55 @@ func ParseDecisionID(b []byte) (uint64, bool) {
 	}
 	v, err := strconv.ParseUint(string(b), 16, 64)
 	return v, err == nil
+}
+
+// reconcile closes the decisions opened before beforeNs whose completions
+// a feedback outage lost (issue 28: ~6,150 in flight with ~50 real, until
+// decision_ttl). Per endpoint it keeps open the newest as many as the
+// engine last reported running + waiting (none when no scrape is known:
+// the requests still running then count again only as new ones come, and
+// their own completions are counted as unknown), closing the oldest first.
+// Load is kept as it was (fleet.State.Unmark). It returns how many closed.
+func (d *decisions) reconcile(beforeNs int64) uint64 {
+	open := map[*fleet.State]int64{}
+	for i := range d.slots {
+		s := &d.slots[i]
+		s.mu.Lock()
+		if s.st != nil && s.start < beforeNs {
+			open[s.st]++
+		}
+		s.mu.Unlock()
+	}
+	excess := map[*fleet.State]int64{}
+	for st, n := range open {
+		keep, _ := st.EngineRequests()
+		if n > keep {
+			excess[st] = n - keep
+		}
+	}
+	if len(excess) == 0 {
+		return 0
+	}
+	closed := map[*fleet.State]int64{}
+	var total uint64
+	// Ring order from the oldest sequence number: oldest decisions first.
+	first := d.next.Load() + 1
+	for j := range uint64(len(d.slots)) {
+		s := &d.slots[(first+j)&d.mask]
+		s.mu.Lock()
+		if st := s.st; st != nil && s.start < beforeNs && excess[st] > 0 {
+			excess[st]--
+			closed[st]++
+			s.st = nil
+			st.Inflight.Add(-1)
+			st.Expired.Add(1)
+			total++
+		}
+		s.mu.Unlock()
+	}
+	for st, n := range closed {
+		st.Unmark(n)
+	}
+	d.reconciled.Add(total)
+	return total
 }

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/turnout/turnout/route/fleet"
 )
@@ -127,9 +129,11 @@ func (s *Decider) WriteMetrics(b *strings.Builder) {
 		{"duplicate", s.dec.duplicate.Load()},
 		{"expired", s.dec.expired.Load()},
 		{"overwritten", s.dec.overwritten.Load()},
+		{"reconciled", s.dec.reconciled.Load()},
 	} {
 		fmt.Fprintf(b, "turnout_completions_total{result=%q} %d\n", c.name, c.v)
 	}
+	s.ref.write(b)
 	help("turnout_request_errors_total", "counter", "Requests refused, by reason.")
 	for k := errKind(0); k < numErrKinds; k++ {
 		fmt.Fprintf(b, "turnout_request_errors_total{reason=%q} %d\n", errKindNames[k], s.m.errors[k].Load())
@@ -162,4 +166,107 @@ func (s *Decider) WriteMetrics(b *strings.Builder) {
 			fn(b)
 		}
 	}
+}
+
+// Refusals: every 4xx/5xx answer turnout gives on its own (a Verdict's
+// refusal, or a transport's: unreadable or stalled body, over budget, a
+// wrong path), counted by status and reason for
+// turnout_refusals_total and logged at most once per refusalLogEvery with
+// how many were not logged. An operator then sees why the proxy's clients
+// got errors turnout produced, not only that they did.
+
+// refusalLogEvery is the log's rate limit.
+const refusalLogEvery = 10 * time.Second
+
+// maxRefusalKinds bounds the (status, reason) pairs counted apart; later
+// pairs share one "other" row (reasons are the contract's constants, so
+// the table fills only with a handful).
+const maxRefusalKinds = 48
+
+type refusalKind struct {
+	status int
+	reason string
+	n      atomic.Uint64
+}
+
+type refusals struct {
+	kinds [maxRefusalKinds]refusalKind
+	used  atomic.Int32 // kinds[:used] are filled
+	mu    sync.Mutex   // serializes adding a kind
+	other atomic.Uint64
+
+	lastLog    atomic.Int64 // unix ns
+	suppressed atomic.Uint64
+}
+
+// note counts one refusal; allocation-free once its kind was seen.
+func (r *refusals) note(status int, reason string) *refusalKind {
+	if k := r.find(status, reason, int(r.used.Load())); k != nil {
+		k.n.Add(1)
+		return k
+	}
+	r.mu.Lock()
+	n := int(r.used.Load())
+	k := r.find(status, reason, n)
+	if k == nil && n < maxRefusalKinds {
+		k = &r.kinds[n]
+		k.status, k.reason = status, reason
+		r.used.Store(int32(n + 1))
+	}
+	r.mu.Unlock()
+	if k == nil {
+		r.other.Add(1)
+		return nil
+	}
+	k.n.Add(1)
+	return k
+}
+
+func (r *refusals) find(status int, reason string, n int) *refusalKind {
+	for i := 0; i < n; i++ {
+		if k := &r.kinds[i]; k.status == status && k.reason == reason {
+			return k
+		}
+	}
+	return nil
+}
+
+// NoteRefusal counts an answer >= 400 that a transport wrote on its own
+// (a Verdict's refusals are counted by the Decider) and logs it,
+// rate-limited. msg says what was refused.
+func (s *Decider) NoteRefusal(status int, reason, msg string) {
+	if status < 400 {
+		return
+	}
+	s.ref.note(status, reason)
+	now := time.Now().UnixNano()
+	last := s.ref.lastLog.Load()
+	if now-last < int64(refusalLogEvery) || !s.ref.lastLog.CompareAndSwap(last, now) {
+		s.ref.suppressed.Add(1)
+		return
+	}
+	ev := s.log.Warn()
+	if status < 500 {
+		ev = s.log.Info()
+	}
+	ev.Int("status", status).Str("reason", reason).Str("detail", msg).
+		Uint64("not_logged_since_last", s.ref.suppressed.Swap(0)).
+		Msg("request refused by turnout (turnout_refusals_total counts every one; at most one logged per 10s)")
+}
+
+// noteVerdict counts a Verdict's refusal.
+func (s *Decider) noteVerdict(v *Verdict) {
+	if v.Status >= 400 {
+		s.NoteRefusal(v.Status, v.Reason, "decision refused")
+	}
+}
+
+// writeRefusals renders turnout_refusals_total.
+func (r *refusals) write(b *strings.Builder) {
+	fmt.Fprintf(b, "# HELP turnout_refusals_total Answers >= 400 turnout gave on its own (not the replicas'), by status and reason.\n# TYPE turnout_refusals_total counter\n")
+	for i := 0; i < int(r.used.Load()); i++ {
+		k := &r.kinds[i]
+		fmt.Fprintf(b, "turnout_refusals_total{status=\"%d\",reason=%q} %d\n", k.status, k.reason, k.n.Load())
+	}
+	fmt.Fprintf(b, "turnout_refusals_total{status=\"other\",reason=\"other\"} %d\n", r.other.Load())
 }

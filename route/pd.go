@@ -33,6 +33,8 @@ func (s *Decider) admitPD(snap *Snapshot, r *fleet.Request, v *Verdict) bool {
 		s.m.errors[errBadBody].Add(1)
 		v.refuse(fasthttp.StatusBadRequest, "invalid_request_error", "invalid_body",
 			"prefill/decode routing needs a JSON object body")
+	case len(snap.Deployments) > 1 && r.Payload.DuplicateModel(): // free: Object read the whole body
+		refuseDuplicateModel(v, r.Payload)
 	case r.Payload.Has(payload.KVTransferKey):
 		s.m.errors[errBadBody].Add(1)
 		v.refuse(fasthttp.StatusBadRequest, "invalid_request_error", ReasonClientKVParams,

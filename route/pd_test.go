@@ -192,6 +192,25 @@ func TestRoutePDRefusals(t *testing.T) {
 			}
 		})
 	}
+	// Issue 28: with a second deployment the model picks the pool, and two
+	// "model" keys are refused before the prefill call, which would carry them.
+	two := mustServer(t, fmt.Sprintf(`
+health: {disable: true}
+deployments:
+  - name: llama
+    models: [llama]
+    pd: {prefill_timeout: 2s}
+    pools:
+      - {role: prefill, endpoints: [{name: p0, address: %s}]}
+      - {role: decode, endpoints: [{name: d0, address: 127.0.0.1:9101}]}
+  - name: other
+    models: [other]
+    pools: [{endpoints: [{name: o, address: 127.0.0.1:9109}]}]
+`, a.addr))
+	ctx := do(two, `{"model":"llama","prompt":"x","model":"other"}`)
+	if ctx.Response.StatusCode() != 400 || routetest.ErrBody(t, ctx.Response.Body()).Code != ReasonDuplicateModel {
+		t.Fatalf("duplicate model: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
 	if a.calls.Load() != 0 {
 		t.Fatal("refused requests reached the prefill replica")
 	}

@@ -276,13 +276,18 @@ func CheckPolicies(cfg *config.Config, reg *policy.Registry) error {
 // feedbackAuth is a snapshot's view of who may send feedback.
 type feedbackAuth struct {
 	sources []netip.Prefix
-	token   []byte
+	// token guards the feedback lines, doneToken /internal/done (only an
+	// explicit feedback.token: config.FeedbackConfig.LineToken says why).
+	token, doneToken []byte
 }
 
 func newFeedbackAuth(cfg *config.Config) feedbackAuth {
 	a := feedbackAuth{}
+	if t := cfg.Feedback.LineToken(); t != "" {
+		a.token = []byte(t)
+	}
 	if cfg.Feedback.Token != "" {
-		a.token = []byte(cfg.Feedback.Token)
+		a.doneToken = []byte(cfg.Feedback.Token)
 	}
 	for _, src := range cfg.Feedback.Sources {
 		if p, err := config.ParsePrefix(src); err == nil {
@@ -296,8 +301,11 @@ func newFeedbackAuth(cfg *config.Config) feedbackAuth {
 // (feedback.sources).
 func (s *Snapshot) FeedbackAllowed(src netip.Addr) bool { return s.fb.allowed(src) }
 
-// FeedbackToken is feedback.token (nil: none required).
+// FeedbackToken is the token feedback lines must carry (nil: none).
 func (s *Snapshot) FeedbackToken() []byte { return s.fb.token }
+
+// DoneToken is the token /internal/done calls must carry (nil: none).
+func (s *Snapshot) DoneToken() []byte { return s.fb.doneToken }
 
 func (a *feedbackAuth) allowed(src netip.Addr) bool {
 	src = src.Unmap()

@@ -76,10 +76,15 @@ deployments:
     pools: [{role: mixed, endpoints: [{name: a, address: "127.0.0.1:9101"}, {name: b, address: "127.0.0.1:9102"}]}]
 `, addr, fb)
 	tu := StartTurnout(t, addr, cfg, "--watch", "0")
+	// Feedback is authenticated by default: the token turnout created.
+	tok := tu.FeedbackToken(t)
+	if tok == "" {
+		t.Fatal("no feedback token created beside the config")
+	}
 	// Feedback works at first...
 	id := routeOnce(t, tu.URL)
 	Eventually(t, 5*time.Second, "the first completion", func() bool {
-		sendUDP(t, fb, "<134>haproxy[1]: turnout-done id="+id+" srv=a status=200 ms=3 ttfb=1")
+		sendUDP(t, fb, "<134>haproxy[1]: turnout-done id="+id+" srv=a status=200 ms=3 ttfb=1 tok="+tok)
 		return metricOr0(t, tu.URL+"/metrics", "turnout_completions_total", `result="completed"`) == 1
 	})
 	Eventually(t, 5*time.Second, "feedback ok in /readyz?verbose", func() bool {
@@ -111,7 +116,7 @@ deployments:
 		l, _ := os.ReadFile(tu.Log)
 		return strings.Contains(string(l), "completion feedback stopped")
 	})
-	sendUDP(t, fb, "turnout-done id="+open[0]+" srv=b status=200 ms=3 ttfb=1")
+	sendUDP(t, fb, "turnout-done id="+open[0]+" srv=b status=200 ms=3 ttfb=1 tok="+tok)
 	Eventually(t, 5*time.Second, "turnout_feedback_stalled 0 after a completion", func() bool {
 		return metricOr0(t, tu.URL+"/metrics", "turnout_feedback_stalled") == 0
 	})

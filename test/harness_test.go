@@ -31,6 +31,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/internal/mock"
 	"github.com/turnout/turnout/internal/testenv/freeport"
 )
@@ -403,6 +404,17 @@ func StartTurnout(t testing.TB, listen, cfgYAML string, extra ...string) *Turnou
 	tu.Proc = StartProc(t, "turnout", TurnoutBin(t), args...)
 	WaitHTTP(t, tu.URL+"/healthz", 10*time.Second)
 	return tu
+}
+
+// FeedbackToken is the token turnout keeps beside its config when the
+// config sets none (feedback.token_file's default), "" when there is none.
+func (tu *Turnout) FeedbackToken(t testing.TB) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(tu.ConfigPath), config.DefaultFeedbackTokenFile))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // Rewrite replaces the config file atomically (turnout watches it).

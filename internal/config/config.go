@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"strconv"
@@ -110,6 +111,14 @@ type FeedbackConfig struct {
 	// Token, when set, must appear in every feedback line (the rendered log
 	// formats carry it) and in /internal/done calls (X-Turnout-Token).
 	Token string `yaml:"token"`
+	// TokenFile holds the feedback lines' token when Token is not set
+	// (feedbacktoken.go): read, or created with a random token on first use
+	// by `turnout serve` or `turnout render`, so both agree. Default
+	// "feedback.token" beside the config file; "off" leaves the lines
+	// unauthenticated.
+	TokenFile string `yaml:"token_file"`
+	// fileToken is the token read from TokenFile (LineToken).
+	fileToken string
 	// StalledAfter: no completion for this long while StalledMinDecisions
 	// or more decisions were made means feedback is lost (warning, gauge,
 	// /readyz?verbose). Default 60s and 20.
@@ -437,7 +446,13 @@ func LoadConfigFile(path string) (*Config, error) {
 	if errors.As(err, &ce) {
 		ce.File = path
 	}
-	return c, err
+	if err != nil {
+		return c, err
+	}
+	if err := c.resolveFeedbackToken(filepath.Dir(path)); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // ParseConfig parses YAML strictly, applies defaults and validates.

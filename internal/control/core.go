@@ -86,3 +86,9 @@ func httpServerKey(cfg *config.Config) map[string]string { return httpapi.HTTPSe
 
 // overloadedAnswer is what a connection over limits.max_conns is told.
 func overloadedAnswer() []byte { return httpapi.OverloadedAnswer() }
+
+// noteOverloaded counts a connection refused over limits.max_conns with
+// turnout's other refusals.
+func (c core) noteOverloaded() {
+	c.srv.NoteRefusal(503, route.ReasonOverloaded, "too many connections to turnout (limits.max_conns)")
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/turnout/turnout/haproxy"
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/internal/netlimit"
+	"github.com/turnout/turnout/internal/portholder"
 )
 
 // listeners owns turnout's listeners: the HTTP API (listen), the admin
@@ -251,9 +252,9 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 	case kindHTTP:
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
-			return nil, err
+			return nil, portholder.Wrap(err, "tcp", addr)
 		}
-		ln = netlimit.Listener(ln, cfg.Limits.MaxConns, overloadedAnswer())
+		ln = netlimit.Listener(ln, cfg.Limits.MaxConns, overloadedAnswer(), l.core.noteOverloaded)
 		hs := l.core.httpServer(cfg)
 		nl.serve = func() {
 			go func() {
@@ -266,7 +267,7 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 	case kindAdmin:
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
-			return nil, err
+			return nil, portholder.Wrap(err, "tcp", addr)
 		}
 		hs := l.core.adminServer()
 		nl.serve = func() {
@@ -310,7 +311,7 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 	case kindFeedback:
 		pc, err := net.ListenPacket("udp", addr)
 		if err != nil {
-			return nil, err
+			return nil, portholder.Wrap(err, "udp", addr)
 		}
 		growReadBuffer(pc, feedbackReadBuffer, l.log)
 		fctx, cancel := context.WithCancel(context.Background())

@@ -16,9 +16,10 @@ import (
 
 // Listener returns ln with at most max connections open at once; a
 // connection over it gets reply (raw bytes, e.g. a whole HTTP response) and
-// is closed.
-func Listener(ln net.Listener, max int, reply []byte) net.Listener {
-	return &limitListener{Listener: ln, max: int64(max), reply: reply}
+// is closed; onRefuse (if not nil) is told of each, so the refusal is
+// counted with turnout's others.
+func Listener(ln net.Listener, max int, reply []byte, onRefuse func()) net.Listener {
+	return &limitListener{Listener: ln, max: int64(max), reply: reply, onRefuse: onRefuse}
 }
 
 type limitListener struct {
@@ -26,6 +27,8 @@ type limitListener struct {
 	max   int64
 	reply []byte
 	open  atomic.Int64
+	// onRefuse is told of each connection refused.
+	onRefuse func()
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -37,6 +40,9 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		if l.open.Add(1) > l.max {
 			l.open.Add(-1)
 			go refuse(c, l.reply)
+			if l.onRefuse != nil {
+				l.onRefuse()
+			}
 			continue
 		}
 		return &limitConn{Conn: c, l: l}, nil

@@ -17,7 +17,7 @@ func serve(t *testing.T, max int) (addr string, accepted chan net.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lln := Listener(ln, max, []byte(reply))
+	lln := Listener(ln, max, []byte(reply), nil)
 	accepted = make(chan net.Conn, 16)
 	go func() {
 		for {

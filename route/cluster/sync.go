@@ -75,6 +75,9 @@ type Sync struct {
 	receivedBytes  atomic.Uint64
 	recv           [numRecv]atomic.Uint64
 	done           chan struct{}
+	// dropLogged and dropLogAt (unix ns): the drops last warned about (drops.go).
+	dropLogged atomic.Uint64
+	dropLogAt  atomic.Int64
 }
 
 // New connects to NATS (in the background: an unreachable server is
@@ -130,6 +133,7 @@ func New(srv *route.Decider, cfg config.ClusterConfig, log *zerolog.Logger) (*Sy
 		return nil, fmt.Errorf("cluster: connect %s: %w", cfg.NATS, err)
 	}
 	s.nc = nc
+	srv.AddReadiness(s.writeReadiness)
 	if nc.IsConnected() {
 		s.up("connected")
 	} else {
@@ -284,8 +288,9 @@ func (s *Sync) Run(ctx context.Context) {
 		case <-ctx.Done():
 			drain()
 			return
-		case <-tick.C:
+		case now := <-tick.C:
 			drain()
+			s.noteDrops(now)
 		}
 	}
 }

@@ -64,7 +64,7 @@ func (l *Loop) warnFeedbackExposure(uc *net.UDPConn) {
 	}
 	fc := l.d.Snapshot().Config.Feedback
 	ev := l.log.Warn().Str("feedback", la.String()).Strs("sources", fc.Sources)
-	if fc.Token == "" {
+	if fc.LineToken() == "" {
 		ev.Msg("feedback listens beyond loopback without feedback.token: anyone able to spoof a listed source address can close decisions; set feedback.token or listen on 127.0.0.1")
 		return
 	}
@@ -96,7 +96,9 @@ func (l *Loop) Datagram(src netip.Addr, b []byte) {
 
 // Line handles one proxy log line; it reports whether a decision
 // closed. The line's status, ms and ttfb feed the metrics and stall
-// detection of the endpoint named by srv (else the decision's endpoint).
+// detection of the endpoint named by srv (else the decision's endpoint);
+// a line that closed no decision (id=-, unknown ids) may make an endpoint
+// suspect but never clears it: forged lines cannot hide a stall.
 func (l *Loop) Line(line []byte) bool {
 	f, ok := parseFeedbackLine(line)
 	if !ok {
@@ -136,7 +138,7 @@ func (l *Loop) Line(line []byte) bool {
 		st = nil
 	}
 	if st != nil {
-		st.Observe(f.status, f.ms, f.ttfb, time.Now().UnixNano())
+		st.Observe(f.status, f.ms, f.ttfb, time.Now().UnixNano(), closed)
 	}
 	return closed
 }

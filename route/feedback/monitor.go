@@ -90,7 +90,14 @@ func (l *Loop) checkFeedback(cfg *config.Config, now time.Time) {
 	if off || age < cfg.Feedback.StalledAfter.D() || made < uint64(cfg.Feedback.StalledMinDecisions) {
 		if m.stalled.Swap(false) {
 			l.d.SetFeedbackStalled(false)
-			l.log.Info().Msg("completion feedback arriving again")
+			ev := l.log.Info()
+			if age < cfg.Feedback.StalledAfter.D() {
+				// Completions arrive again: the decisions the gap left open
+				// are closed now, not at decision_ttl, so in-flight is right
+				// from this tick on (each endpoint keeps its engine's count).
+				ev = ev.Uint64("reconciled", l.d.ReconcileLedger(now))
+			}
+			ev.Msg("completion feedback arriving again")
 		}
 		return
 	}

@@ -77,7 +77,7 @@ type EngineLoad struct {
 	Requests int64
 	// KVUsage is the engine's KV-cache usage in [0, 1] (-1: not reported).
 	KVUsage float64
-	// Mark is DecisionMark() taken just before the scrape was sent.
+	// Mark is DecisionMark() taken as the scrape's page arrived.
 	Mark int64
 }
 

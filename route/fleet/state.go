@@ -40,8 +40,12 @@ type Feedback struct {
 	TTFB     MsHistogram
 }
 
-// Observe records one feedback line for the endpoint (values < 0 are unknown).
-func (st *State) Observe(status, ms, ttfb, now int64) {
+// Observe records one feedback line for the endpoint (values < 0 are
+// unknown). verified: the line closed one of turnout's open decisions (it
+// carried an id only the proxy learned); only such a line may clear stall
+// suspicion, so lines anyone on a feedback source can send (id=-) cannot
+// keep a stalled endpoint in rotation. Any line may raise suspicion.
+func (st *State) Observe(status, ms, ttfb, now int64, verified bool) {
 	if status >= 0 {
 		st.Feedback.Classes[classOf(status)].Add(1)
 	}
@@ -51,7 +55,7 @@ func (st *State) Observe(status, ms, ttfb, now int64) {
 	if ttfb >= 0 {
 		st.Feedback.TTFB.observe(ttfb)
 	}
-	st.Stall.onFeedback(ms, ttfb, now)
+	st.Stall.onFeedback(ms, ttfb, now, verified)
 }
 
 // LatencyBuckets are decision latency bounds in seconds.
@@ -94,8 +98,9 @@ type StallState struct {
 	Since atomic.Int64
 }
 
-// onFeedback takes one completion's times (ms, -1 = unknown).
-func (ss *StallState) onFeedback(ms, ttfb, now int64) {
+// onFeedback takes one completion's times (ms, -1 = unknown); only a
+// verified one counts as an answer in time.
+func (ss *StallState) onFeedback(ms, ttfb, now int64, verified bool) {
 	b := ss.BudgetNs.Load()
 	if b <= 0 {
 		return
@@ -105,7 +110,7 @@ func (ss *StallState) onFeedback(ms, ttfb, now int64) {
 		ss.Suspect.Store(true)
 		return
 	}
-	if ttfb < 0 && (ms < 0 || ms >= budgetMs) {
+	if !verified || ttfb < 0 && (ms < 0 || ms >= budgetMs) {
 		return // no first-byte time and a total too long to tell
 	}
 	start := now - max(ms, ttfb)*int64(time.Millisecond)

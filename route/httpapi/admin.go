@@ -22,7 +22,7 @@ func (a *API) AdminHandler(ctx *fasthttp.RequestCtx) {
 	case route.PathMetrics:
 		a.metrics(ctx)
 	default:
-		writeError(ctx, fasthttp.StatusNotFound, "invalid_request_error", "not_found",
+		a.refuse(ctx, fasthttp.StatusNotFound, "invalid_request_error", "not_found",
 			"no such path; turnout's admin listener serves "+route.PathHealthz+", "+route.PathReadyz+" and "+route.PathMetrics)
 	}
 }
@@ -39,7 +39,7 @@ func healthz(ctx *fasthttp.RequestCtx) {
 func (a *API) NewAdminHTTPServer() *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler:               a.AdminHandler,
-		ErrorHandler:          ErrorHandler,
+		ErrorHandler:          a.errorHandler,
 		Name:                  "turnout",
 		NoDefaultServerHeader: true,
 		NoDefaultDate:         true,

@@ -54,7 +54,7 @@ func (a *API) Handler(ctx *fasthttp.RequestCtx) {
 	case route.PathMetrics:
 		a.metrics(ctx)
 	default:
-		writeError(ctx, fasthttp.StatusNotFound, "invalid_request_error", "not_found", "no such path; turnout serves "+route.PathRoute)
+		a.refuse(ctx, fasthttp.StatusNotFound, "invalid_request_error", "not_found", "no such path; turnout serves "+route.PathRoute)
 	}
 }
 
@@ -63,7 +63,7 @@ func (a *API) Handler(ctx *fasthttp.RequestCtx) {
 func (a *API) routeHTTP(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsPost() {
 		a.d.NoteBadMethod()
-		writeError(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use POST "+route.PathRoute)
+		a.refuse(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use POST "+route.PathRoute)
 		return
 	}
 	t := a.d.Begin()
@@ -127,17 +127,17 @@ func (a *API) writeHTTP(ctx *fasthttp.RequestCtx, v *route.Verdict, t *route.Txn
 // done closes a decision (GET/POST /internal/done?id=).
 func (a *API) done(ctx *fasthttp.RequestCtx) {
 	if !a.doneAllowed(ctx) {
-		writeError(ctx, fasthttp.StatusForbidden, "permission_error", "forbidden",
+		a.refuse(ctx, fasthttp.StatusForbidden, "permission_error", "forbidden",
 			"completions are accepted from feedback.sources only, with "+route.HdrToken+" when feedback.token is set")
 		return
 	}
 	id, ok := route.ParseDecisionID(ctx.QueryArgs().Peek("id"))
 	if !ok {
-		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_id", "id must be a decision id from "+route.HdrDecision)
+		a.refuse(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_id", "id must be a decision id from "+route.HdrDecision)
 		return
 	}
 	if !a.d.Complete(id) {
-		writeError(ctx, fasthttp.StatusNotFound, "invalid_request_error", "unknown_decision", "unknown or already completed decision")
+		a.refuse(ctx, fasthttp.StatusNotFound, "invalid_request_error", "unknown_decision", "unknown or already completed decision")
 		return
 	}
 	ctx.SetStatusCode(fasthttp.StatusNoContent)
@@ -151,7 +151,7 @@ func (a *API) doneAllowed(ctx *fasthttp.RequestCtx) bool {
 	if !ok || !snap.FeedbackAllowed(ip) {
 		return false
 	}
-	tok := snap.FeedbackToken()
+	tok := snap.DoneToken()
 	return len(tok) == 0 || subtle.ConstantTimeCompare(ctx.Request.Header.Peek(route.HdrToken), tok) == 1
 }
 
@@ -219,7 +219,7 @@ func (a *API) NewHTTPServerFor(cfg *config.Config) *fasthttp.Server {
 	lim := &cfg.Limits
 	return &fasthttp.Server{
 		Handler:               a.Handler,
-		ErrorHandler:          ErrorHandler,
+		ErrorHandler:          a.errorHandler,
 		Name:                  "turnout",
 		NoDefaultServerHeader: true,
 		NoDefaultDate:         true,
@@ -274,4 +274,17 @@ func (a *API) ready(ctx *fasthttp.RequestCtx) {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 	}
 	ctx.SetBodyString(b.String())
+}
+
+// refuse writes an error answer of turnout's own and counts it
+// (turnout_refusals_total, logged rate-limited).
+func (a *API) refuse(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
+	writeError(ctx, status, typ, code, msg)
+	a.d.NoteRefusal(status, code, msg)
+}
+
+// errorHandler is ErrorHandler, counted like every refusal.
+func (a *API) errorHandler(ctx *fasthttp.RequestCtx, err error) {
+	ErrorHandler(ctx, err)
+	a.d.NoteRefusal(ctx.Response.StatusCode(), string(ctx.Response.Header.Peek(route.HdrReason)), err.Error())
 }

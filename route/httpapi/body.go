@@ -36,6 +36,21 @@ type bodyBudget struct {
 	peak atomic.Int64
 	// freedAt (unix ns) rate-limits returning memory to the OS.
 	freedAt atomic.Int64
+	// later: a deferred return is armed (give).
+	later atomic.Bool
+	// grown is the body buffer bytes allocated since memory was last
+	// returned: pooled buffers (charged only while their request runs)
+	// outlive a burst whose bodies never held much of the budget at once.
+	grown atomic.Int64
+}
+
+// grow notes n bytes of new body buffer.
+func (b *bodyBudget) grow(n int) { b.grown.Add(int64(n)) }
+
+// spike reports whether memory is worth returning: a peak above a quarter
+// of the limit, or an eighth of it allocated as new (pooled) buffers.
+func (b *bodyBudget) spike(limit int) bool {
+	return b.peak.Load() >= int64(limit/4) || b.grown.Load() >= int64(limit/8)
 }
 
 func (b *bodyBudget) take(n, limit int) bool {
@@ -54,17 +69,53 @@ func (b *bodyBudget) take(n, limit int) bool {
 // (a peak above a quarter of the limit), the memory goes back to the OS at
 // once: the Go scavenger would otherwise keep it for minutes, and the next
 // spike is as likely to come from another tenant of the machine.
+//
+// A spike's end that falls within the rate limit is not forgotten: the
+// return is deferred to the limit's end, and done again once the burst's
+// connections are gone (fasthttp stops idle workers after 10 s; their
+// stacks and buffers are garbage only then). Without that, the memory of
+// the burst's last seconds stayed for minutes (issue 28: 2.4-2.7x idle).
 func (b *bodyBudget) give(n, limit int) {
-	if b.used.Add(-int64(n)) != 0 || b.peak.Load() < int64(limit/4) {
+	if b.used.Add(-int64(n)) != 0 || !b.spike(limit) {
 		return
 	}
 	now := time.Now().UnixNano()
 	last := b.freedAt.Load()
-	if now-last < int64(5*time.Second) || !b.freedAt.CompareAndSwap(last, now) {
+	if now-last < int64(freeEvery) || !b.freedAt.CompareAndSwap(last, now) {
+		b.freeLater(time.Duration(int64(freeEvery) - (now - last)))
 		return
 	}
 	b.peak.Store(0)
+	b.grown.Store(0)
 	go debug.FreeOSMemory()
+	b.freeLater(freeAfterConns)
+}
+
+// freeEvery rate-limits returning memory to the OS (a full GC each time);
+// freeAfterConns is when a burst's idle connection workers are gone.
+const (
+	freeEvery      = 5 * time.Second
+	freeAfterConns = 15 * time.Second
+)
+
+// freeLater returns memory to the OS after d, unless a body is in flight
+// then; one deferred return is armed at a time.
+func (b *bodyBudget) freeLater(d time.Duration) {
+	if !b.later.CompareAndSwap(false, true) {
+		return
+	}
+	time.AfterFunc(d, func() {
+		b.later.Store(false)
+		if b.used.Load() == 0 {
+			b.freedAt.Store(time.Now().UnixNano())
+			b.peak.Store(0)
+			b.grown.Store(0)
+			// Twice: a pooled buffer is released at the second collection
+			// (sync.Pool's victim cache), the first moves it there.
+			debug.FreeOSMemory()
+			debug.FreeOSMemory()
+		}
+	})
 }
 
 // errBodyAnswered means readBody already wrote the answer.
@@ -89,7 +140,7 @@ func (a *API) readBody(ctx *fasthttp.RequestCtx, t *route.Txn, cfg *config.Confi
 	if cl > hard {
 		a.d.NoteTooLarge()
 		ctx.SetConnectionClose()
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", route.ReasonBodyTooLarge, "request body too large")
+		a.refuse(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", route.ReasonBodyTooLarge, "request body too large")
 		return nil, false, 0, errBodyAnswered
 	}
 	want := cfg.MaxBody
@@ -103,12 +154,12 @@ func (a *API) readBody(ctx *fasthttp.RequestCtx, t *route.Txn, cfg *config.Confi
 		var ne net.Error
 		switch {
 		case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
-			writeError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", route.ReasonReadTimeout, "the request body stalled")
+			a.refuse(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", route.ReasonReadTimeout, "the request body stalled")
 		case errors.Is(err, errOverBudget):
 			ctx.Response.Header.Set(route.HdrRetryAfter, route.RetryAfterSeconds)
-			writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", route.ReasonOverloaded, "too many request bytes in flight")
+			a.refuse(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", route.ReasonOverloaded, "too many request bytes in flight")
 		default:
-			writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", route.ReasonBadRequest, "unreadable request body")
+			a.refuse(ctx, fasthttp.StatusBadRequest, "invalid_request_error", route.ReasonBadRequest, "unreadable request body")
 		}
 		return nil, false, held, errBodyAnswered
 	}
@@ -121,6 +172,7 @@ func (a *API) readBody(ctx *fasthttp.RequestCtx, t *route.Txn, cfg *config.Confi
 				return fail(errOverBudget)
 			}
 			held = n
+			a.budget.grow(n)
 			nb := make([]byte, len(buf), n)
 			copy(nb, buf)
 			buf = nb
@@ -164,7 +216,7 @@ func (a *API) readBody(ctx *fasthttp.RequestCtx, t *route.Txn, cfg *config.Confi
 		if total > hard {
 			a.d.NoteTooLarge()
 			ctx.SetConnectionClose()
-			writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", route.ReasonBodyTooLarge, "request body too large")
+			a.refuse(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", route.ReasonBodyTooLarge, "request body too large")
 			return nil, false, held, errBodyAnswered
 		}
 		if errors.Is(err, io.EOF) {

@@ -26,7 +26,7 @@ func serveHTTP(t *testing.T, s *testServer) string {
 		t.Fatal(err)
 	}
 	hs := s.NewHTTPServer()
-	lln := netlimit.Listener(ln, s.Snapshot().Config.Limits.MaxConns, OverloadedAnswer())
+	lln := netlimit.Listener(ln, s.Snapshot().Config.Limits.MaxConns, OverloadedAnswer(), nil)
 	go func() { _ = hs.Serve(lln) }()
 	t.Cleanup(func() { _ = hs.Shutdown() })
 	return ln.Addr().String()
@@ -327,4 +327,31 @@ func TestMaxConns(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	held[1].Close()
+}
+
+// Issue 28 item 3: a burst of bodies that each held little of the budget
+// at once but left pooled buffers behind (new buffers worth an eighth of
+// the limit) still returns memory once the last body is done; a quiet
+// server does not.
+func TestBudgetReturnsPooledBuffers(t *testing.T) {
+	const limit = 64 << 20
+	var b bodyBudget
+	for range 40 { // 40 requests of 256 KiB, one at a time: peak 256 KiB
+		if !b.take(256<<10, limit) {
+			t.Fatal("budget refused")
+		}
+		b.grow(256 << 10)
+		b.give(256<<10, limit)
+	}
+	if b.freedAt.Load() == 0 {
+		t.Fatal("memory not returned after 10 MiB of new body buffers")
+	}
+	var quiet bodyBudget
+	for range 40 {
+		quiet.take(4<<10, limit)
+		quiet.give(4<<10, limit)
+	}
+	if quiet.freedAt.Load() != 0 {
+		t.Fatal("memory returned without a spike")
+	}
 }

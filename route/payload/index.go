@@ -40,9 +40,11 @@ type Index struct {
 	members []Member
 
 	modelSeen bool
-	modelRaw  []byte
-	model     []byte
-	modelBuf  [256]byte
+	// dupModel: a second top-level "model" key (modelkey.go).
+	dupModel bool
+	modelRaw []byte
+	model    []byte
+	modelBuf [256]byte
 
 	// The prompt ("messages", "prompt", "input") as the hasher consumes it.
 	pieces []piece
@@ -130,8 +132,13 @@ loop:
 		s.ws()
 		start := s.i
 		ok := true
-		switch string(key) {
-		case "model":
+		name := key
+		if len(key) > len(modelKey) && len(key) <= maxEscapedModelKey && bytes.IndexByte(key, '\\') >= 0 && escapedModelKey(key) {
+			name = []byte(modelKey)
+		}
+		switch string(name) {
+		case modelKey:
+			x.dupModel = x.dupModel || x.modelSeen
 			if !x.modelSeen && s.i < len(s.b) && s.b[s.i] == '"' {
 				x.modelSeen = true
 				v, complete, _ := s.str()
@@ -194,7 +201,7 @@ func (x *Index) reset(body []byte, cut bool) {
 	x.s, x.done, x.live = scanner{}, false, nil
 	x.object, x.open, x.empty = false, -1, false
 	x.members = keep(x.members)
-	x.modelSeen, x.modelRaw, x.model = false, nil, nil
+	x.modelSeen, x.dupModel, x.modelRaw, x.model = false, false, nil, nil
 	x.pieces, x.promptFound, x.promptStop = keep(x.pieces), false, false
 	x.ids, x.toksFrom, x.toksTo = keep(x.ids), 0, 0
 	x.toksTry, x.toksOn, x.toksAt, x.toksBad, x.toksRange, x.toksDone = false, false, 0, false, false, false
