@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -292,7 +293,9 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 		}
 		actx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
+		var served atomic.Bool // a listener aborted by prepare is never served
 		nl.serve = func() {
+			served.Store(true)
 			go func() {
 				defer close(done)
 				if err := l.core.serveSPOE(actx, ln, l.log); err != nil {
@@ -302,11 +305,13 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 		}
 		nl.stop = func(ctx context.Context) {
 			cancel()
-			select {
-			case <-done:
-			case <-ctx.Done():
+			if served.Load() {
+				select {
+				case <-done:
+				case <-ctx.Done():
+				}
 			}
-			_ = ln.Close() // never served
+			_ = ln.Close() // closed by the agent when served; never served: closed here
 		}
 	case kindFeedback:
 		pc, err := net.ListenPacket("udp", addr)

@@ -17,6 +17,10 @@ import (
 
 func lnConfig(t *testing.T, listen, extra string) *config.Config {
 	t.Helper()
+	if !strings.Contains(extra, "feedback") {
+		// Not the default port: tests of other packages run at the same time.
+		extra += "feedback: {syslog: " + freeAddr(t) + "}\n"
+	}
 	c, err := config.ParseConfig([]byte("listen: " + listen + "\nhealth: {disable: true}\n" + extra +
 		"deployments: [{name: d, pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]}]\n"))
 	if err != nil {
@@ -109,7 +113,8 @@ func TestListenersDefaultSPOESocket(t *testing.T) {
 		}
 		return err == nil
 	}
-	cfg := lnConfig(t, freeAddr(t), "haproxy: {dir: "+dir+"}\n")
+	fb := "feedback: {syslog: " + freeAddr(t) + "}\n"
+	cfg := lnConfig(t, freeAddr(t), "haproxy: {dir: "+dir+"}\n"+fb)
 	srv, err := route.New(cfg, route.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +133,7 @@ func TestListenersDefaultSPOESocket(t *testing.T) {
 	}
 
 	tcp := freeAddr(t)
-	ch, err = l.prepare(lnConfig(t, cfg.Listen, "haproxy: {dir: "+dir+", spoe: "+tcp+"}\n"))
+	ch, err = l.prepare(lnConfig(t, cfg.Listen, "haproxy: {dir: "+dir+", spoe: "+tcp+"}\n"+fb))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,5 +224,40 @@ func TestListenersAdmin(t *testing.T) {
 	}
 	if !dials(listen) {
 		t.Fatal("the route API listener must stay")
+	}
+}
+
+// A prepare that fails on one listener (here a feedback port already held)
+// closes the ones it had bound, the SPOE agent's too, without waiting for
+// an agent that was never started (it used to block forever).
+func TestListenersPrepareAbortClosesSPOE(t *testing.T) {
+	held, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	dir := t.TempDir()
+	cfg := lnConfig(t, freeAddr(t), "haproxy: {dir: "+dir+"}\nfeedback: {syslog: "+held.LocalAddr().String()+"}\n")
+	srv, err := route.New(cfg, route.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	log := zerolog.Nop()
+	l := newListeners(newCore(srv), "", &log)
+	defer l.shutdown(t.Context())
+	errc := make(chan error, 1)
+	go func() { _, err := l.prepare(cfg); errc <- err }()
+	select {
+	case err := <-errc:
+		if err == nil || !strings.Contains(err.Error(), "feedback") {
+			t.Fatalf("prepare: %v, want the feedback port's error", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("prepare hung closing the SPOE listener it had bound")
+	}
+	if c, err := net.DialTimeout("unix", dir+"/spoe.sock", 200*time.Millisecond); err == nil {
+		c.Close()
+		t.Fatal("the aborted SPOE socket still accepts")
 	}
 }
