@@ -62,17 +62,14 @@ func runRender(args []string, log *zerolog.Logger) error {
 		cfg *config.Config
 		err error
 	)
+	// Policy names and params too, so nothing wrong reaches a proxy config.
 	if *cfgPath == "" {
-		cfg, err = config.ParseConfig(config.DefaultConfigYAML)
+		cfg, err = config.ParseConfig(config.DefaultConfigYAML, checkPolicies)
 	} else {
-		cfg, err = config.LoadConfigFile(*cfgPath)
+		cfg, err = config.LoadConfigFile(*cfgPath, checkPolicies)
 	}
 	if err != nil {
 		return err
-	}
-	// Policy names and params too, so nothing wrong reaches a proxy config.
-	if err := route.CheckPolicies(cfg, policy.DefaultRegistry()); err != nil {
-		return cli.WithFile(err, *cfgPath)
 	}
 	cli.LogWarnings(log, *cfgPath, cfg)
 	if target == "haproxy" {
@@ -116,4 +113,10 @@ func renderHAProxy(cfg *config.Config, out, socket string, check bool, log *zero
 	}
 	log.Info().Str("dir", dir).Str("structure", files.State.Structure).Msg("rendered HAProxy config")
 	return nil
+}
+
+// checkPolicies builds every pool's policy once, so a bad policy name or
+// parameter is reported with the config's other problems.
+func checkPolicies(cfg *config.Config) error {
+	return route.CheckPolicies(cfg, policy.DefaultRegistry())
 }

@@ -48,6 +48,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 	opts := control.Options{
 		ConfigPath: *cfgPath, Listen: *listen, Watch: *watch, Kubeconfig: *kubeconfig, Version: version, Log: log,
 		HAProxy: haproxy.SyncOptions{Socket: *haSocket, Dir: *haDir, PIDFile: *haPID},
+		Check:   checkPolicies,
 	}
 	cfg, err := opts.Load(context.Background())
 	if err != nil {

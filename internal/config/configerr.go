@@ -379,4 +379,4 @@ func editDistance(a, b string) int {
 }
 
 // durationHelp is the accepted duration syntax, for error messages.
-const durationHelp = "a duration such as 500ms, 2s or 10m, or integer milliseconds"
+const durationHelp = "a duration such as 500ms, 2s or 10m (the unit is required)"

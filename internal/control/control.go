@@ -40,6 +40,9 @@ type Options struct {
 	// Version is logged when turnout starts serving.
 	Version string
 	Log     *zerolog.Logger
+	// Check runs on every loaded config (serve: the policy factories), its
+	// problems reported with the config's own, all at once.
+	Check func(*config.Config) error
 }
 
 // Load reads and validates a config the way every reload does: the file (or
@@ -47,10 +50,14 @@ type Options struct {
 func (o *Options) Load(ctx context.Context) (*config.Config, error) {
 	var cfg *config.Config
 	var err error
+	var checks []func(*config.Config) error
+	if o.Check != nil {
+		checks = append(checks, o.Check)
+	}
 	if o.ConfigPath == "" {
-		cfg, err = config.ParseConfig(config.DefaultConfigYAML)
+		cfg, err = config.ParseConfig(config.DefaultConfigYAML, checks...)
 	} else {
-		cfg, err = config.LoadConfigFile(o.ConfigPath)
+		cfg, err = config.LoadConfigFile(o.ConfigPath, checks...)
 	}
 	if err != nil {
 		return nil, err
