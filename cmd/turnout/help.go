@@ -4,6 +4,11 @@ import "github.com/turnout/turnout/internal/cli"
 
 // The commands' help texts (one example each; TestHelp checks them).
 var (
+	versionCmd = cli.Command{
+		Synopsis: "turnout version",
+		About:    "Prints the version turnout was built as (set with -ldflags \"-X main.version=...\" by make build).",
+		Example:  "turnout version",
+	}
 	serveCmd = cli.Command{
 		Synopsis: "turnout serve [--config FILE] [--listen ADDR] [--haproxy-dir DIR | --nginx-dir DIR] [flags]",
 		About: `Serves route decisions (POST /internal/route), /healthz, /readyz, /metrics and
@@ -12,6 +17,17 @@ With --haproxy-dir or --nginx-dir it also keeps the rendered proxy's pools in
 sync. Without --config it uses the embedded default (four loopback replicas on
 127.0.0.1:8001-8004, listening on 127.0.0.1:9090).`,
 		Example: "turnout serve --config /etc/turnout/turnout.yaml --haproxy-dir /etc/haproxy/turnout",
+	}
+	checkCmd = cli.Command{
+		Synopsis: "turnout check [--config FILE] [--proxy auto|haproxy|nginx|both|none] [--require-endpoints] [flags]",
+		About: `Checks a config before a reload, and exits 0 when it is safe, 1 on any problem:
+every config problem at once (fields, values, policies and their parameters,
+model names a replica would answer 404 for), GET /v1/models of every static
+endpoint (an unreachable one is a warning unless --require-endpoints), and the
+proxy configs rendered into a temporary directory and checked by haproxy -c
+and nginx -t (skipped with a note when the binary is not installed). Nothing
+is written and nothing running is touched.`,
+		Example: "turnout check --config /etc/turnout/turnout.yaml && systemctl reload turnout",
 	}
 	renderCmd = cli.Command{
 		Synopsis: "turnout render haproxy|nginx [--config FILE] --out DIR [flags]",

@@ -10,6 +10,7 @@ import (
 
 	"github.com/turnout/turnout/internal/cli"
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/suggest"
 
 	"github.com/rs/zerolog"
 
@@ -49,7 +50,11 @@ func runRender(args []string, log *zerolog.Logger) error {
 		ngx = addNginxFlags(fs, "")
 		check = fs.Bool("check", true, "run nginx -t on the result when nginx is installed")
 	default:
-		return fmt.Errorf("render: unknown target %q (supported: haproxy, nginx)", target)
+		hint := ""
+		if best := suggest.Nearest(target, []string{"haproxy", "nginx"}); best != "" {
+			hint = fmt.Sprintf("; did you mean %q?", best)
+		}
+		return fmt.Errorf("render: unknown target %q%s (supported: haproxy, nginx)", target, hint)
 	}
 	if err := cli.ParseFlags(fs, cmd, args[1:]); err != nil {
 		return err
