@@ -37,15 +37,18 @@ Run "turnout render haproxy --help" or "turnout render nginx --help" for a targe
 		Example: "turnout render haproxy --config turnout.yaml --out /etc/haproxy/turnout",
 	}
 	renderHAProxyCmd = cli.Command{
-		Synopsis: "turnout render haproxy [--config FILE] --out DIR [--socket PATH] [--check=false]",
+		Synopsis: "turnout render haproxy [--config FILE] --out DIR [--path-prefix DIR] [--socket PATH] [--check=false]",
 		About: `Writes haproxy.cfg, turnout-spoe.conf, turnout.lua (and models.map) into DIR;
-files refer to each other by DIR's absolute path. Start HAProxy with:
+files refer to each other by DIR's absolute path, or by --path-prefix's when
+they are used from another path than they are written to (a container
+writing to /out for the host's /etc/haproxy/turnout). Start HAProxy with:
 haproxy -f DIR/haproxy.cfg (turnout serve --haproxy-dir DIR serves its SPOE agent)`,
 		Example: "turnout render haproxy --config turnout.yaml --out /etc/haproxy/turnout",
 	}
 	renderNginxCmd = cli.Command{
-		Synopsis: "turnout render nginx [--config FILE] --out DIR [--nginx-user USER] [--check=false]",
-		About: `Writes nginx.conf and the njs module into DIR. Start nginx with:
+		Synopsis: "turnout render nginx [--config FILE] --out DIR [--path-prefix DIR] [--nginx-user USER] [--check=false]",
+		About: `Writes nginx.conf and the njs module into DIR (paths inside under
+--path-prefix when set, as for haproxy). Start nginx with:
 nginx -p DIR -c DIR/nginx.conf`,
 		Example: "turnout render nginx --config turnout.yaml --out /etc/nginx/turnout --nginx-user www-data",
 	}

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 
@@ -71,14 +73,19 @@ func (f *nginxFlags) syncOptions() (*nginx.RenderOptions, error) {
 }
 
 // renderNginx implements `turnout render nginx --config FILE --out DIR`.
-func renderNginx(cfg *config.Config, out string, check bool, f *nginxFlags, log *zerolog.Logger) error {
+func renderNginx(cfg *config.Config, out, prefix string, check bool, f *nginxFlags, log *zerolog.Logger) error {
 	if out == "" {
 		out = cfg.Nginx.Dir
 	}
 	if out == "" {
 		return errors.New("render nginx: --out DIR is required (or set nginx.dir)")
 	}
-	o, err := f.options(out)
+	dir, err := filepath.Abs(out)
+	if err != nil {
+		return fmt.Errorf("render nginx: %w", err)
+	}
+	// Paths inside the files: under prefix when set (used from there), else out.
+	o, err := f.options(cmp.Or(prefix, out))
 	if err != nil {
 		return err
 	}
@@ -95,9 +102,12 @@ func renderNginx(cfg *config.Config, out string, check bool, f *nginxFlags, log 
 			return err
 		}
 	}
-	if err := nginx.WriteFiles(o.Dir, files.Files()); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("render nginx: %w", err)
+	}
+	if err := nginx.WriteFiles(dir, files.Files()); err != nil {
 		return err
 	}
-	log.Info().Str("dir", o.Dir).Msg("rendered nginx config; start it with: nginx -p " + o.Dir + " -c " + filepath.Join(o.Dir, nginx.ConfigFile))
+	log.Info().Str("dir", dir).Str("path_prefix", o.Dir).Msg("rendered nginx config; start it with: nginx -p " + o.Dir + " -c " + filepath.Join(o.Dir, nginx.ConfigFile))
 	return nil
 }

@@ -32,6 +32,7 @@ func runRender(args []string, log *zerolog.Logger) error {
 	target := args[0]
 	fs := cli.NewFlags("render " + target)
 	cfgPath := fs.String("config", "", "config file (default: embedded default config)")
+	prefix := fs.String("path-prefix", "", "absolute directory the files will be used from, written into them instead of --out's (a render in a container to --out /out for the host's /etc/haproxy/turnout)")
 	var (
 		cmd    cli.Command
 		socket *string
@@ -77,13 +78,19 @@ func runRender(args []string, log *zerolog.Logger) error {
 		return err
 	}
 	cli.LogWarnings(log, *cfgPath, cfg)
-	if target == "haproxy" {
-		return renderHAProxy(cfg, out, *socket, *check, log)
+	if *prefix != "" && !filepath.IsAbs(*prefix) {
+		return fmt.Errorf("render %s: --path-prefix %q must be an absolute path (the directory the proxy reads the files from)", target, *prefix)
 	}
-	return renderNginx(cfg, out, *check, ngx, log)
+	if target == "haproxy" {
+		return renderHAProxy(cfg, out, *prefix, *socket, *check, log)
+	}
+	return renderNginx(cfg, out, *prefix, *check, ngx, log)
 }
 
-func renderHAProxy(cfg *config.Config, out, socket string, check bool, log *zerolog.Logger) error {
+// renderHAProxy writes the files into out; inside them every path is under
+// prefix when set (the files are used from another path than they are
+// written to), else under out.
+func renderHAProxy(cfg *config.Config, out, prefix, socket string, check bool, log *zerolog.Logger) error {
 	if out == "" {
 		out = cfg.HAProxy.Dir
 	}
@@ -95,6 +102,9 @@ func renderHAProxy(cfg *config.Config, out, socket string, check bool, log *zero
 		return fmt.Errorf("render haproxy: %w", err)
 	}
 	opts := haproxy.RenderOptions{Dir: dir, Socket: socket}
+	if prefix != "" {
+		opts.Dir = filepath.Clean(prefix)
+	}
 	r, err := haproxy.NewRenderer(nil)
 	if err != nil {
 		return err
@@ -116,7 +126,7 @@ func renderHAProxy(cfg *config.Config, out, socket string, check bool, log *zero
 			return err
 		}
 	}
-	log.Info().Str("dir", dir).Str("structure", files.State.Structure).Msg("rendered HAProxy config")
+	log.Info().Str("dir", dir).Str("path_prefix", opts.Dir).Str("structure", files.State.Structure).Msg("rendered HAProxy config")
 	return nil
 }
 
