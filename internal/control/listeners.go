@@ -18,6 +18,7 @@ import (
 	"github.com/turnout/turnout/haproxy"
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/internal/netlimit"
+	"github.com/turnout/turnout/internal/portholder"
 )
 
 // listeners owns turnout's listeners: the HTTP API (listen), the admin
@@ -134,7 +135,8 @@ func (l *listeners) prepare(cfg *config.Config) (*change, error) {
 		}
 		nl, err := l.bind(kind, w.addr, w.key, cfg)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%w: %s: %w", config.ErrConfig, kind, err))
+			// A port in use names its holder (internal/portholder).
+			errs = append(errs, fmt.Errorf("%w: %s: %w%s", config.ErrConfig, kind, err, portholder.Explain(err)))
 			continue
 		}
 		ch.open = append(ch.open, nl)
