@@ -97,6 +97,10 @@ func renderNginx(cfg *config.Config, out, prefix string, check bool, f *nginxFla
 	if err != nil {
 		return err
 	}
+	// --check=false: the files may live on another host (a container render).
+	if err := nginx.CheckFiles(cfg); check && err != nil {
+		return err
+	}
 	if bin, lerr := exec.LookPath("nginx"); check && lerr == nil {
 		if err := r.Check(context.Background(), bin, cfg, o); err != nil {
 			return err

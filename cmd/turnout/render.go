@@ -44,12 +44,12 @@ func runRender(args []string, log *zerolog.Logger) error {
 		cmd = renderHAProxyCmd
 		fs.String("out", "", "output directory (default: the config's haproxy.dir); files refer to each other by this absolute path")
 		socket = fs.String("socket", "", "admin stats socket path (default: haproxy.stats_socket, else OUT/admin.sock)")
-		check = fs.Bool("check", true, "run haproxy -c on the result when haproxy is installed")
+		check = fs.Bool("check", true, "check the TLS files and run haproxy -c on the result (when haproxy is installed)")
 	case "nginx":
 		cmd = renderNginxCmd
 		fs.String("out", "", "output directory (default: the config's nginx.dir)")
 		ngx = addNginxFlags(fs, "")
-		check = fs.Bool("check", true, "run nginx -t on the result when nginx is installed")
+		check = fs.Bool("check", true, "check the TLS files and run nginx -t on the result (when nginx is installed)")
 	default:
 		hint := ""
 		if best := suggest.Nearest(target, []string{"haproxy", "nginx"}); best != "" {
@@ -111,6 +111,10 @@ func renderHAProxy(cfg *config.Config, out, prefix, socket string, check bool, l
 	}
 	files, err := r.Render(cfg, opts)
 	if err != nil {
+		return err
+	}
+	// --check=false: the files may live on another host (a container render).
+	if err := haproxy.CheckFiles(cfg); check && err != nil {
 		return err
 	}
 	if bin, lerr := exec.LookPath("haproxy"); check && lerr == nil {

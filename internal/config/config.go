@@ -205,6 +205,16 @@ type HAProxyConfig struct {
 	// unless proxy.route_addrs is set without haproxy.spoe) or lua (the Lua
 	// action's HTTP call through the turnout_route hop to route_addrs).
 	Path string `yaml:"path"`
+	// TLS terminates TLS on the frontend (proxy_front.go).
+	TLS TLSConfig `yaml:"tls"`
+	// User and Group run HAProxy's workers (global user/group); Chroot
+	// confines them (needs User). Default: HAProxy's own (root when
+	// started as root).
+	User   string `yaml:"user"`
+	Group  string `yaml:"group"`
+	Chroot string `yaml:"chroot"`
+	// Extra is verbatim lines per section (proxy_front.go).
+	Extra HAProxyExtra `yaml:"extra"`
 }
 
 // How the rendered HAProxy asks turnout (haproxy.path).
@@ -224,6 +234,10 @@ type NginxConfig struct {
 	Dir    string `yaml:"dir"`
 	// Mode is the default per-deployment mode (header or body).
 	Mode string `yaml:"mode"`
+	// TLS terminates TLS on the front server (proxy_front.go).
+	TLS TLSConfig `yaml:"tls"`
+	// Extra is verbatim lines for the http and server blocks.
+	Extra NginxExtra `yaml:"extra"`
 }
 
 // DeploymentConfig is one model deployment with its pools.
@@ -504,6 +518,8 @@ func withoutRepeats(ps []*FieldError, decoded *ConfigError) []*FieldError {
 
 // ApplyDefaults fills unset fields.
 func (c *Config) ApplyDefaults() {
+	c.HAProxy.TLS.applyDefaults()
+	c.Nginx.TLS.applyDefaults()
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:9090"
 	}
@@ -725,6 +741,7 @@ func (c *Config) Validate() error {
 		bad("nginx.mode", "%q must be header or body", c.Nginx.Mode)
 	}
 	c.validateLoad(bad)
+	c.validateFront(bad)
 	if len(c.Deployments) == 0 {
 		bad("deployments", "at least one deployment is required")
 	}

@@ -291,6 +291,7 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 		if err != nil {
 			return nil, err
 		}
+		shareSPOESocket(addr, cfg, l.log)
 		actx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		nl.serve = func() {
