@@ -205,6 +205,13 @@ func (r *Renderer) Check(ctx context.Context, haproxyBin string, cfg *config.Con
 	}
 	return proxyconf.CheckRender("turnout-haproxy-check-", func(tmp string) (*Rendered, error) {
 		opts.Dir, opts.Socket, opts.PIDFile = tmp, filepath.Join(tmp, DefaultSocketName), filepath.Join(tmp, DefaultPIDFileName)
+		if cfg.HAProxy.Chroot != "" {
+			// The scratch directory is the chroot of the scratch render,
+			// so its sockets are inside it as the real ones are.
+			c := *cfg
+			c.HAProxy.Chroot = tmp
+			return r.Render(&c, opts)
+		}
 		return r.Render(cfg, opts)
 	}, func(tmp string) error { return CheckFile(ctx, haproxyBin, filepath.Join(tmp, ConfigFile)) })
 }

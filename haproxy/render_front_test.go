@@ -101,7 +101,9 @@ func TestRenderFrontHAProxyCheck(t *testing.T) {
 	}
 	tls := tlstest.Write(t, t.TempDir())
 	y := strings.Replace(frontYAML, "/etc/turnout/tls/server.pem", tls.Cert, 1)
-	y = strings.Replace(y, "chroot: /etc/turnout", "chroot: "+os.TempDir(), 1)
+	// A chroot the scratch directory of the check is not in: the check
+	// renders with the scratch directory as the chroot.
+	y = strings.Replace(y, "chroot: /etc/turnout", "chroot: /var/empty-turnout-chroot", 1)
 	y = strings.Replace(y, "user: haproxy\n  group: haproxy", "user: nobody\n  group: nogroup", 1)
 	cfg := mustParse(t, []byte(y))
 	r, err := NewRenderer(nil)
