@@ -87,3 +87,33 @@ func TestRenderFrontNginxT(t *testing.T) {
 		t.Fatalf("check without the key: %v", err)
 	}
 }
+
+// Sync keeps the extra lines: a second sync of the same config finds the
+// files unchanged (no rewrite, hence no reload), with the lines in place.
+func TestSyncKeepsExtra(t *testing.T) {
+	dir := t.TempDir()
+	s, err := NewSyncer(SyncOptions{Render: RenderOptions{Dir: dir}, NginxBin: "-"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y := strings.Replace(frontYAML, "  tls: {cert: /etc/turnout/tls/server.pem, key: /etc/turnout/tls/server.key}\n", "", 1)
+	ctx := context.Background()
+	if err := s.Sync(ctx, mustParse(t, []byte(y))); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, ConfigFile)
+	st1, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(ctx, mustParse(t, []byte(y))); err != nil {
+		t.Fatal(err)
+	}
+	st2, _ := os.Stat(path)
+	if !os.SameFile(st1, st2) {
+		t.Error("a second sync of the same config with extra lines rewrote nginx.conf")
+	}
+	if b, _ := os.ReadFile(path); !strings.Contains(string(b), "add_header Strict-Transport-Security max-age=31536000 always;") {
+		t.Error("the extra server line is not in the synced nginx.conf")
+	}
+}
