@@ -68,7 +68,11 @@ func runCheck(args []string, log *zerolog.Logger) error {
 	}
 	cli.LogWarnings(log, *cfgPath, cfg)
 	problems := 0
-	log.Info().Str("check", "config").Str("file", *cfgPath).Int("deployments", len(cfg.Deployments)).Msg("config ok")
+	file := *cfgPath
+	if file == "" {
+		file = "(embedded default)"
+	}
+	log.Info().Str("check", "config").Str("file", file).Int("deployments", len(cfg.Deployments)).Msg("config ok")
 
 	// 2. Every static endpoint's served models.
 	for _, p := range health.ProbeEndpoints(ctx, cfg, newProbeClient(*timeout)) {
