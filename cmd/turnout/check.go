@@ -29,7 +29,7 @@ var errCheckFailed = errors.New("problems found (see above)")
 // scratch directory. Exit 0 when all is well, 1 on any problem.
 func runCheck(args []string, log *zerolog.Logger) error {
 	fs := cli.NewFlags("check")
-	cfgPath := fs.String("config", "", "config file to check (default: the embedded default config)")
+	cfgPath := fs.String("config", "", "config `FILE` to check (default: the embedded default config)")
 	proxies := fs.String("proxy", "auto", "which rendered proxy configs to check: auto (each whose binary is installed), haproxy, nginx, both or none")
 	requireEP := fs.Bool("require-endpoints", false, "an endpoint that does not answer GET /v1/models is a problem (default: a warning)")
 	timeout := fs.Duration("timeout", health.ServedModelsTimeout, "how long one endpoint may take to answer /v1/models")

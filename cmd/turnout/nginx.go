@@ -28,7 +28,7 @@ type nginxFlags struct {
 func addNginxFlags(fs *flag.FlagSet, dirUsage string) *nginxFlags {
 	f := &nginxFlags{
 		dir:     new(string),
-		pidfile: fs.String("nginx-pidfile", "", "nginx master pidfile, for reloads (default DIR/nginx.pid)"),
+		pidfile: fs.String("nginx-pidfile", "", "nginx master pidfile `PATH`, for reloads (default DIR/nginx.pid)"),
 		module:  fs.String("nginx-js-module", "", "njs module for load_module (default "+nginx.DefaultModulePath+"; - = built in)"),
 		user:    fs.String("nginx-user", "", "user directive for nginx workers (default: nginx's own)"),
 		headersMore: fs.String("nginx-headers-more", "", "headers-more module for load_module, to strip every client X-Turnout-*/X-Original-* header (default "+

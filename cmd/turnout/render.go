@@ -31,8 +31,8 @@ func runRender(args []string, log *zerolog.Logger) error {
 	}
 	target := args[0]
 	fs := cli.NewFlags("render " + target)
-	cfgPath := fs.String("config", "", "config file (default: embedded default config)")
-	prefix := fs.String("path-prefix", "", "absolute directory the files will be used from, written into them instead of --out's (a render in a container to --out /out for the host's /etc/haproxy/turnout)")
+	cfgPath := fs.String("config", "", "config `FILE` (default: embedded default config)")
+	prefix := fs.String("path-prefix", "", "absolute `DIR` the files will be used from, written into them instead of --out's (a render in a container to --out /out for the host's /etc/haproxy/turnout)")
 	var (
 		cmd    cli.Command
 		socket *string
@@ -42,12 +42,12 @@ func runRender(args []string, log *zerolog.Logger) error {
 	switch target {
 	case "haproxy":
 		cmd = renderHAProxyCmd
-		fs.String("out", "", "output directory (default: the config's haproxy.dir); files refer to each other by this absolute path")
-		socket = fs.String("socket", "", "admin stats socket path (default: haproxy.stats_socket, else OUT/admin.sock)")
+		fs.String("out", "", "output `DIR` (default: the config's haproxy.dir); files refer to each other by this absolute path")
+		socket = fs.String("socket", "", "admin stats socket `PATH` (default: haproxy.stats_socket, else OUT/admin.sock)")
 		check = fs.Bool("check", true, "check the TLS files and run haproxy -c on the result (when haproxy is installed)")
 	case "nginx":
 		cmd = renderNginxCmd
-		fs.String("out", "", "output directory (default: the config's nginx.dir)")
+		fs.String("out", "", "output `DIR` (default: the config's nginx.dir)")
 		ngx = addNginxFlags(fs, "")
 		check = fs.Bool("check", true, "check the TLS files and run nginx -t on the result (when nginx is installed)")
 	default:
