@@ -153,3 +153,26 @@ deployments: [{name: a, pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]}
 		}
 	}
 }
+
+// On the Lua path the hop's socket belongs to the workers' user (mode 600
+// would lock them out once they drop root), and the Lua reaches it at its
+// in-chroot path.
+func TestRenderFrontLuaPath(t *testing.T) {
+	y := strings.Replace(frontYAML, "haproxy:\n", "haproxy:\n  path: lua\n", 1)
+	y = strings.Replace(y, "deployments:", "proxy: {route_addrs: [127.0.0.1:9090]}\ndeployments:", 1)
+	out, err := Render(mustParse(t, []byte(y)), RenderOptions{Dir: goldenDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "    bind unix@" + goldenDir + "/route.sock mode 600 user haproxy group haproxy\n"; !strings.Contains(string(out.Config), want) {
+		t.Errorf("render lacks %q", want)
+	}
+	if want := `"unix@/haproxy/route.sock"`; !strings.Contains(string(out.Lua), want) {
+		t.Errorf("Lua lacks %s", want)
+	}
+	// Outside the chroot: refused with the field.
+	y = strings.Replace(y, "chroot: /etc/turnout", "chroot: /srv/elsewhere", 1)
+	if _, err := Render(mustParse(t, []byte(y)), RenderOptions{Dir: goldenDir}); err == nil || !strings.Contains(err.Error(), "haproxy.chroot") {
+		t.Errorf("socket outside the chroot: %v", err)
+	}
+}

@@ -104,7 +104,13 @@ func checkTLSFront(t *testing.T, certs tlsFiles, url string) {
 // HAProxy terminates TLS (h2 and http/1.1, TLSv1.2+) on the SPOE path, its
 // workers running as nobody in a chroot that holds the rendered directory:
 // the SPOE socket turnout hands them is reached at its in-chroot path.
-func TestTLSHAProxy(t *testing.T) {
+func TestTLSHAProxy(t *testing.T) { testTLSHAProxy(t, "spoe") }
+
+// The same on the Lua path: the Lua file is read before the chroot, the
+// turnout_route hop's socket is reached at its in-chroot path.
+func TestTLSHAProxyLua(t *testing.T) { testTLSHAProxy(t, "lua") }
+
+func testTLSHAProxy(t *testing.T, path string) {
 	NeedHAProxy(t)
 	certs := makeCerts(t)
 	root := t.TempDir()
@@ -129,7 +135,7 @@ health: {interval: 300ms, timeout: 300ms}
 haproxy:
   listen: %s
   dir: %s
-  path: spoe
+  path: %s
   %s
   extra:
     frontend: ["http-response set-header X-TLS-Front yes"]
@@ -142,7 +148,7 @@ deployments:
         endpoints:
           - {name: %s, address: %q}
           - {name: %s, address: %q}
-`, turnoutAddr, FreeUDPAddr(t), haAddr, dir, strings.ReplaceAll(front, ", ", "\n  "), ms[0].Name, ms[0].Addr, ms[1].Name, ms[1].Addr)
+`, turnoutAddr, FreeUDPAddr(t), haAddr, dir, path, strings.ReplaceAll(front, ", ", "\n  "), ms[0].Name, ms[0].Addr, ms[1].Name, ms[1].Addr)
 	tu := StartTurnout(t, turnoutAddr, y, "--haproxy-dir", dir, "--watch", "100ms")
 	Eventually(t, 20*time.Second, "turnout to write haproxy.cfg", func() bool {
 		_, err := os.Stat(filepath.Join(dir, "haproxy.cfg"))
