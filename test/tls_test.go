@@ -162,6 +162,17 @@ deployments:
 	if n, err := Metric(t, tu.URL+"/metrics", "turnout_decisions_total"); err != nil || n < 3 {
 		t.Errorf("turnout_decisions_total = %v (%v): HAProxy did not ask turnout", n, err)
 	}
+	// Sync keeps the extra lines and TLS settings: a reload of turnout's
+	// config syncs HAProxy without reloading it.
+	tu.Rewrite(t, strings.Replace(y, "health: {", "decision_ttl: 9m\nhealth: {", 1))
+	Eventually(t, 10*time.Second, "turnout to apply the rewritten config", func() bool {
+		b, _ := os.ReadFile(tu.Log)
+		return strings.Contains(string(b), "config reloaded")
+	})
+	time.Sleep(500 * time.Millisecond) // the proxy sync that follows
+	if b, _ := os.ReadFile(tu.Log); strings.Contains(string(b), "reloading HAProxy") {
+		t.Errorf("the same HAProxy render reloaded HAProxy:\n%s", b)
+	}
 	// turnout check agrees: the config, the replicas, haproxy -c.
 	out, err := exec.Command(TurnoutBin(t), "check", "--config", tu.ConfigPath, "--proxy", "haproxy").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "check passed") {
