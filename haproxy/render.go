@@ -200,8 +200,18 @@ func (r *Renderer) Render(cfg *config.Config, opts RenderOptions) (*Rendered, er
 // Check renders cfg into a scratch directory (so paths inside point there)
 // and runs "haproxy -c" on it. The real files are untouched.
 func (r *Renderer) Check(ctx context.Context, haproxyBin string, cfg *config.Config, opts RenderOptions) error {
+	if err := CheckFiles(cfg); err != nil {
+		return err
+	}
 	return proxyconf.CheckRender("turnout-haproxy-check-", func(tmp string) (*Rendered, error) {
 		opts.Dir, opts.Socket, opts.PIDFile = tmp, filepath.Join(tmp, DefaultSocketName), filepath.Join(tmp, DefaultPIDFileName)
+		if cfg.HAProxy.Chroot != "" {
+			// The scratch directory is the chroot of the scratch render,
+			// so its sockets are inside it as the real ones are.
+			c := *cfg
+			c.HAProxy.Chroot = tmp
+			return r.Render(&c, opts)
+		}
 		return r.Render(cfg, opts)
 	}, func(tmp string) error { return CheckFile(ctx, haproxyBin, filepath.Join(tmp, ConfigFile)) })
 }
@@ -275,6 +285,9 @@ type tmplData struct {
 	PD                                  bool // a deployment disaggregates prefill and decode
 	ServerVars                          []string
 	Backends                            []backendData
+
+	// Front is TLS, worker user/chroot and the extra lines (render_front.go).
+	Front frontData
 
 	lua      luaData
 	modelMap []byte
@@ -395,6 +408,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		ServerParams:   ServerParams(cfg),
 	}
 	d.Listen, _, _ = addr("haproxy.listen", cfg.HAProxy.Listen)
+	d.Front = buildFront(cfg, c)
 	if cfg.Feedback.Syslog != "" {
 		d.Syslog, _, _ = addr("feedback.syslog", cfg.Feedback.Syslog)
 	}
@@ -489,7 +503,13 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	l.Contract = newLuaContract()
 	// The Lua calls the turnout_route hop; its servers are the route addresses.
 	l.RouteURL = luaQuote("http://turnout" + route.PathRoute)
-	l.RouteDst = luaQuote("unix@" + filepath.Join(d.Dir, RouteSocketName))
+	// The worker connects to these sockets after any chroot: the paths are
+	// the ones it sees there (the master binds them before).
+	routeSock, ok := inChroot(d.Front.Chroot, filepath.Join(d.Dir, RouteSocketName))
+	if !ok && cfg.HAProxy.Path == config.HAProxyPathLua {
+		bad("haproxy.chroot", "the Lua action's socket %s is outside the chroot %s: render into a directory inside it", routeSock, d.Front.Chroot)
+	}
+	l.RouteDst = luaQuote("unix@" + routeSock)
 	d.RouteHealthPath = route.PathHealthz
 	d.RouteTimeoutMs = l.TimeoutMs
 	d.RouteConnectMs = max(p.RouteTimeout.Ms(), 1)
@@ -505,7 +525,11 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	if cfg.HAProxy.Path == config.HAProxyPathSPOE {
 		var a string
 		if sock, ok := strings.CutPrefix(SPOEAddr(cfg, d.Dir), "unix@"); ok {
-			a = "unix@" + path("haproxy.spoe", sock)
+			seen, inside := inChroot(d.Front.Chroot, path("haproxy.spoe", sock))
+			if !inside {
+				bad("haproxy.chroot", "the SPOE agent's socket %s is outside the chroot %s: render into a directory inside it, or set haproxy.spoe to host:port", sock, d.Front.Chroot)
+			}
+			a = "unix@" + seen
 			if len(sock) > maxUnixPath {
 				bad("haproxy.spoe", "the agent socket %q is longer than a unix socket path may be (%d bytes): set haproxy.spoe to host:port or render to a shorter directory", sock, maxUnixPath)
 			}

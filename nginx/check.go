@@ -14,6 +14,9 @@ import (
 // Check renders cfg into a scratch directory (so every path inside points
 // there) and runs "nginx -t" on it. The real files are untouched.
 func (r *Renderer) Check(ctx context.Context, nginxBin string, cfg *config.Config, opts RenderOptions) error {
+	if err := CheckFiles(cfg); err != nil {
+		return err
+	}
 	return proxyconf.CheckRender("turnout-nginx-check-", func(tmp string) (*Rendered, error) {
 		opts.Dir, opts.PIDFile, opts.ErrorLog = tmp, filepath.Join(tmp, PIDFileName), filepath.Join(tmp, ErrorLogName)
 		return r.Render(cfg, opts)

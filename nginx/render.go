@@ -269,11 +269,13 @@ type tmplData struct {
 	BreakerFails, RouteTries              int
 	FailClosed, HasHeader, HasBody, HasPD bool
 	DefaultMode, DefaultPool              string
-	RouteServers                          []routeServer
-	RouteHeaders                          []headerData
-	ModelHeaders                          []headerData
-	ModelVars                             []modelVar
-	ClearHeaders                          []string
+	// Front is TLS and the extra lines (render_front.go).
+	Front        frontData
+	RouteServers []routeServer
+	RouteHeaders []headerData
+	ModelHeaders []headerData
+	ModelVars    []modelVar
+	ClearHeaders []string
 	// ClearPatterns are headers-more wildcards (empty without the module);
 	// HeadersMorePath is its load_module path ("" = built in or unused).
 	ClearPatterns   []string
@@ -396,6 +398,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		}
 	}
 	d.Listen = addr("nginx.listen", cfg.Nginx.Listen)
+	d.Front = buildFront(cfg, c)
 	if cfg.Feedback.Syslog != "" {
 		d.Syslog = addr("feedback.syslog", cfg.Feedback.Syslog)
 		d.SyslogTarget = "syslog:server=" + d.Syslog + ",facility=local0,severity=info,tag=turnout,nohostname"

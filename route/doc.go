@@ -16,6 +16,7 @@
 //
 //	0 route/payload            reads a request body once into an index (model, prompt, token ids)
 //	0 route/kv                 vLLM KV-cache events and the index of which replica holds which blocks
+//	0 internal/suggest         the known name nearest a misspelt one ("did you mean")
 //	1 route/tokenize           prompt text to KV block keys through vLLM's /tokenize, cached
 //	1 route/pd                 the prefill call of prefill/decode
 //	1 internal/config          the config schema, defaults, validation, errors with line numbers

@@ -76,7 +76,7 @@ func runBench(args []string, log *zerolog.Logger) error {
 	case "-h", "--help", "help":
 		return &cli.HelpShown{Text: benchUsage}
 	}
-	return fmt.Errorf("bench: unknown subcommand %q (want replay, azure, cost, trivial or policies)", args[0])
+	return fmt.Errorf("%s (want replay, azure, cost, trivial or policies)", cli.UnknownCommand("bench", args[0], []string{"replay", "azure", "cost", "trivial", "policies"}))
 }
 
 // errTraceMissing makes a missing trace a clean skip, not a failure.

@@ -67,3 +67,22 @@ func TestBadFlag(t *testing.T) {
 		t.Errorf("serve in the lab: exit %d, stderr %s", code, errb.String())
 	}
 }
+
+// A misspelt command or bench subcommand gets the nearest real one.
+func TestLabDidYouMean(t *testing.T) {
+	t.Setenv("TURNOUT_LOG_FORMAT", "text")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"mokc"}, `did you mean "mock"?`},
+		{[]string{"bench", "replai"}, `did you mean "replay"?`},
+		{[]string{"mock", "--time-scal", "1"}, "did you mean --time-scale?"},
+	} {
+		var out, errb bytes.Buffer
+		run(tc.args, &out, &errb)
+		if !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("%v: stderr lacks %q:\n%s", tc.args, tc.want, errb.String())
+		}
+	}
+}

@@ -46,7 +46,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "bench":
 		err = runBench(args[1:], log)
 	default:
-		fmt.Fprintf(stderr, "turnout-lab: unknown command %q\n\n%s", args[0], usage)
+		fmt.Fprintf(stderr, "%s\n\n%s", cli.UnknownCommand("turnout-lab", args[0], []string{"mock", "bench", "help"}), usage)
 		return 2
 	}
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -72,5 +73,60 @@ func TestLabCommandsElsewhere(t *testing.T) {
 		if !strings.Contains(errb.String(), "turnout-lab") {
 			t.Errorf("turnout %s: stderr does not point at turnout-lab:\n%s", cmd, errb.String())
 		}
+	}
+}
+
+// Flag lists spell flags as the synopses do (--config), never Go's -config.
+func TestHelpFlagSpelling(t *testing.T) {
+	for _, args := range [][]string{{"serve", "--help"}, {"render", "haproxy", "--help"}, {"render", "nginx", "--help"}, {"check", "--help"}} {
+		var out, errb bytes.Buffer
+		if code := run(args, &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errb.String())
+		}
+		if !strings.Contains(out.String(), "\n  --config FILE") && !strings.Contains(out.String(), "\n  --config string") {
+			t.Errorf("%v: no --config in the flag list:\n%s", args, out.String())
+		}
+		if regexp.MustCompile(`\n  -[a-z]`).MatchString(out.String()) {
+			t.Errorf("%v: a flag listed with one dash:\n%s", args, out.String())
+		}
+	}
+}
+
+// A misspelt flag, command or render target gets the nearest real one.
+func TestDidYouMean(t *testing.T) {
+	t.Setenv("TURNOUT_LOG_FORMAT", "text")
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"serve", "--confg", "x.yaml"}, 1, "did you mean --config?"},
+		{[]string{"render", "haproxy", "--sockt", "x"}, 1, "did you mean --socket?"},
+		{[]string{"serv"}, 2, `did you mean "serve"?`},
+		{[]string{"rendr"}, 2, `did you mean "render"?`},
+		{[]string{"render", "ngnix"}, 1, `did you mean "nginx"?`},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(tc.args, &out, &errb); code != tc.code {
+			t.Errorf("%v: exit %d, want %d", tc.args, code, tc.code)
+		}
+		if !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("%v: stderr lacks %q:\n%s", tc.args, tc.want, errb.String())
+		}
+	}
+}
+
+// version --help is help, not the version.
+func TestVersionHelp(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"version", "--help"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if !strings.HasPrefix(out.String(), "Usage: turnout version") {
+		t.Errorf("version --help printed:\n%s", out.String())
+	}
+	out.Reset()
+	if code := run([]string{"version"}, &out, &errb); code != 0 || out.String() != "turnout "+version+"\n" {
+		t.Errorf("version: exit %d, %q", code, out.String())
 	}
 }

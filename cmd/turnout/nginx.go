@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 
@@ -26,7 +28,7 @@ type nginxFlags struct {
 func addNginxFlags(fs *flag.FlagSet, dirUsage string) *nginxFlags {
 	f := &nginxFlags{
 		dir:     new(string),
-		pidfile: fs.String("nginx-pidfile", "", "nginx master pidfile, for reloads (default DIR/nginx.pid)"),
+		pidfile: fs.String("nginx-pidfile", "", "nginx master pidfile `PATH`, for reloads (default DIR/nginx.pid)"),
 		module:  fs.String("nginx-js-module", "", "njs module for load_module (default "+nginx.DefaultModulePath+"; - = built in)"),
 		user:    fs.String("nginx-user", "", "user directive for nginx workers (default: nginx's own)"),
 		headersMore: fs.String("nginx-headers-more", "", "headers-more module for load_module, to strip every client X-Turnout-*/X-Original-* header (default "+
@@ -71,14 +73,19 @@ func (f *nginxFlags) syncOptions() (*nginx.RenderOptions, error) {
 }
 
 // renderNginx implements `turnout render nginx --config FILE --out DIR`.
-func renderNginx(cfg *config.Config, out string, check bool, f *nginxFlags, log *zerolog.Logger) error {
+func renderNginx(cfg *config.Config, out, prefix string, check bool, f *nginxFlags, log *zerolog.Logger) error {
 	if out == "" {
 		out = cfg.Nginx.Dir
 	}
 	if out == "" {
 		return errors.New("render nginx: --out DIR is required (or set nginx.dir)")
 	}
-	o, err := f.options(out)
+	dir, err := filepath.Abs(out)
+	if err != nil {
+		return fmt.Errorf("render nginx: %w", err)
+	}
+	// Paths inside the files: under prefix when set (used from there), else out.
+	o, err := f.options(cmp.Or(prefix, out))
 	if err != nil {
 		return err
 	}
@@ -90,14 +97,21 @@ func renderNginx(cfg *config.Config, out string, check bool, f *nginxFlags, log 
 	if err != nil {
 		return err
 	}
+	// --check=false: the files may live on another host (a container render).
+	if err := nginx.CheckFiles(cfg); check && err != nil {
+		return err
+	}
 	if bin, lerr := exec.LookPath("nginx"); check && lerr == nil {
 		if err := r.Check(context.Background(), bin, cfg, o); err != nil {
 			return err
 		}
 	}
-	if err := nginx.WriteFiles(o.Dir, files.Files()); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("render nginx: %w", err)
+	}
+	if err := nginx.WriteFiles(dir, files.Files()); err != nil {
 		return err
 	}
-	log.Info().Str("dir", o.Dir).Msg("rendered nginx config; start it with: nginx -p " + o.Dir + " -c " + filepath.Join(o.Dir, nginx.ConfigFile))
+	log.Info().Str("dir", dir).Str("path_prefix", o.Dir).Msg("rendered nginx config; start it with: nginx -p " + o.Dir + " -c " + filepath.Join(o.Dir, nginx.ConfigFile))
 	return nil
 }

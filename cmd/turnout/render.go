@@ -10,6 +10,7 @@ import (
 
 	"github.com/turnout/turnout/internal/cli"
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/suggest"
 
 	"github.com/rs/zerolog"
 
@@ -30,7 +31,8 @@ func runRender(args []string, log *zerolog.Logger) error {
 	}
 	target := args[0]
 	fs := cli.NewFlags("render " + target)
-	cfgPath := fs.String("config", "", "config file (default: embedded default config)")
+	cfgPath := fs.String("config", "", "config `FILE` (default: embedded default config)")
+	prefix := fs.String("path-prefix", "", "absolute `DIR` the files will be used from, written into them instead of --out's (a render in a container to --out /out for the host's /etc/haproxy/turnout)")
 	var (
 		cmd    cli.Command
 		socket *string
@@ -40,16 +42,20 @@ func runRender(args []string, log *zerolog.Logger) error {
 	switch target {
 	case "haproxy":
 		cmd = renderHAProxyCmd
-		fs.String("out", "", "output directory (default: the config's haproxy.dir); files refer to each other by this absolute path")
-		socket = fs.String("socket", "", "admin stats socket path (default: haproxy.stats_socket, else OUT/admin.sock)")
-		check = fs.Bool("check", true, "run haproxy -c on the result when haproxy is installed")
+		fs.String("out", "", "output `DIR` (default: the config's haproxy.dir); files refer to each other by this absolute path")
+		socket = fs.String("socket", "", "admin stats socket `PATH` (default: haproxy.stats_socket, else OUT/admin.sock)")
+		check = fs.Bool("check", true, "check the TLS files and run haproxy -c on the result (when haproxy is installed)")
 	case "nginx":
 		cmd = renderNginxCmd
-		fs.String("out", "", "output directory (default: the config's nginx.dir)")
+		fs.String("out", "", "output `DIR` (default: the config's nginx.dir)")
 		ngx = addNginxFlags(fs, "")
-		check = fs.Bool("check", true, "run nginx -t on the result when nginx is installed")
+		check = fs.Bool("check", true, "check the TLS files and run nginx -t on the result (when nginx is installed)")
 	default:
-		return fmt.Errorf("render: unknown target %q (supported: haproxy, nginx)", target)
+		hint := ""
+		if best := suggest.Nearest(target, []string{"haproxy", "nginx"}); best != "" {
+			hint = fmt.Sprintf("; did you mean %q?", best)
+		}
+		return fmt.Errorf("render: unknown target %q%s (supported: haproxy, nginx)", target, hint)
 	}
 	if err := cli.ParseFlags(fs, cmd, args[1:]); err != nil {
 		return err
@@ -62,26 +68,29 @@ func runRender(args []string, log *zerolog.Logger) error {
 		cfg *config.Config
 		err error
 	)
+	// Policy names and params too, so nothing wrong reaches a proxy config.
 	if *cfgPath == "" {
-		cfg, err = config.ParseConfig(config.DefaultConfigYAML)
+		cfg, err = config.ParseConfig(config.DefaultConfigYAML, checkPolicies)
 	} else {
-		cfg, err = config.LoadConfigFile(*cfgPath)
+		cfg, err = config.LoadConfigFile(*cfgPath, checkPolicies)
 	}
 	if err != nil {
 		return err
 	}
-	// Policy names and params too, so nothing wrong reaches a proxy config.
-	if err := route.CheckPolicies(cfg, policy.DefaultRegistry()); err != nil {
-		return cli.WithFile(err, *cfgPath)
-	}
 	cli.LogWarnings(log, *cfgPath, cfg)
-	if target == "haproxy" {
-		return renderHAProxy(cfg, out, *socket, *check, log)
+	if *prefix != "" && !filepath.IsAbs(*prefix) {
+		return fmt.Errorf("render %s: --path-prefix %q must be an absolute path (the directory the proxy reads the files from)", target, *prefix)
 	}
-	return renderNginx(cfg, out, *check, ngx, log)
+	if target == "haproxy" {
+		return renderHAProxy(cfg, out, *prefix, *socket, *check, log)
+	}
+	return renderNginx(cfg, out, *prefix, *check, ngx, log)
 }
 
-func renderHAProxy(cfg *config.Config, out, socket string, check bool, log *zerolog.Logger) error {
+// renderHAProxy writes the files into out; inside them every path is under
+// prefix when set (the files are used from another path than they are
+// written to), else under out.
+func renderHAProxy(cfg *config.Config, out, prefix, socket string, check bool, log *zerolog.Logger) error {
 	if out == "" {
 		out = cfg.HAProxy.Dir
 	}
@@ -93,12 +102,19 @@ func renderHAProxy(cfg *config.Config, out, socket string, check bool, log *zero
 		return fmt.Errorf("render haproxy: %w", err)
 	}
 	opts := haproxy.RenderOptions{Dir: dir, Socket: socket}
+	if prefix != "" {
+		opts.Dir = filepath.Clean(prefix)
+	}
 	r, err := haproxy.NewRenderer(nil)
 	if err != nil {
 		return err
 	}
 	files, err := r.Render(cfg, opts)
 	if err != nil {
+		return err
+	}
+	// --check=false: the files may live on another host (a container render).
+	if err := haproxy.CheckFiles(cfg); check && err != nil {
 		return err
 	}
 	if bin, lerr := exec.LookPath("haproxy"); check && lerr == nil {
@@ -114,6 +130,12 @@ func renderHAProxy(cfg *config.Config, out, socket string, check bool, log *zero
 			return err
 		}
 	}
-	log.Info().Str("dir", dir).Str("structure", files.State.Structure).Msg("rendered HAProxy config")
+	log.Info().Str("dir", dir).Str("path_prefix", opts.Dir).Str("structure", files.State.Structure).Msg("rendered HAProxy config")
 	return nil
+}
+
+// checkPolicies builds every pool's policy once, so a bad policy name or
+// parameter is reported with the config's other problems.
+func checkPolicies(cfg *config.Config) error {
+	return route.CheckPolicies(cfg, policy.DefaultRegistry())
 }

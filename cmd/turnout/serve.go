@@ -24,16 +24,16 @@ import (
 // and the control loop (internal/control), which runs until SIGINT/SIGTERM.
 func runServe(args []string, log *zerolog.Logger) error {
 	fs := cli.NewFlags("serve")
-	cfgPath := fs.String("config", "", "config file (default: embedded default config)")
-	listen := fs.String("listen", "", "override the config's listen address")
+	cfgPath := fs.String("config", "", "config `FILE` (default: embedded default config)")
+	listen := fs.String("listen", "", "override the config's listen address (`ADDR`)")
 	level := fs.String("log-level", "", "log level (debug, info, warn, error)")
 	watch := fs.Duration("watch", time.Second, "poll the config file for changes this often (0 = only SIGHUP)")
 	// HAProxy sync (issue 3)
-	haSocket := fs.String("haproxy-socket", "", "HAProxy admin socket; enables pool sync (default haproxy.stats_socket, else DIR/admin.sock)")
-	haDir := fs.String("haproxy-dir", "", "directory of the rendered HAProxy files; enables pool sync and the SPOE agent on DIR/spoe.sock (default haproxy.dir)")
-	haPID := fs.String("haproxy-pidfile", "", "HAProxy master pidfile, for reloads (default DIR/haproxy.pid)")
+	haSocket := fs.String("haproxy-socket", "", "HAProxy admin socket `PATH`; enables pool sync (default haproxy.stats_socket, else DIR/admin.sock)")
+	haDir := fs.String("haproxy-dir", "", "`DIR` of the rendered HAProxy files; enables pool sync and the SPOE agent on DIR/spoe.sock (default haproxy.dir)")
+	haPID := fs.String("haproxy-pidfile", "", "HAProxy master pidfile `PATH`, for reloads (default DIR/haproxy.pid)")
 	// nginx sync (issue 5)
-	ngx := addNginxFlags(fs, "directory of the rendered nginx files; enables nginx sync (re-render + reload)")
+	ngx := addNginxFlags(fs, "`DIR` of the rendered nginx files; enables nginx sync (re-render + reload)")
 	// Kubernetes discovery (issue 10)
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for pools with discovery.kubernetes (default $KUBECONFIG, else in-cluster)")
 	if err := cli.ParseFlags(fs, serveCmd, args); err != nil {
@@ -48,6 +48,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 	opts := control.Options{
 		ConfigPath: *cfgPath, Listen: *listen, Watch: *watch, Kubeconfig: *kubeconfig, Version: version, Log: log,
 		HAProxy: haproxy.SyncOptions{Socket: *haSocket, Dir: *haDir, PIDFile: *haPID},
+		Check:   checkPolicies,
 	}
 	cfg, err := opts.Load(context.Background())
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/turnout/turnout/internal/suggest"
 )
 
 // HelpShown carries a command's help text up to the binary's run(), which
@@ -35,7 +37,8 @@ func NewFlags(name string) *flag.FlagSet {
 }
 
 // ParseFlags parses args; -h/--help returns *HelpShown with the full help, a
-// bad flag an error that names it and points at --help.
+// bad flag an error that names it, suggests the nearest flag and points at
+// --help.
 func ParseFlags(fs *flag.FlagSet, c Command, args []string) error {
 	err := fs.Parse(args)
 	if errors.Is(err, flag.ErrHelp) {
@@ -46,23 +49,57 @@ func ParseFlags(fs *flag.FlagSet, c Command, args []string) error {
 		if prog == "" {
 			prog = "turnout"
 		}
-		return fmt.Errorf("%s: %w (see %s %s --help)", fs.Name(), err, prog, fs.Name())
+		hint := ""
+		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
+			var names []string
+			fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+			if best := suggest.Nearest(name, names); best != "" {
+				hint = "; did you mean --" + best + "?"
+			}
+		}
+		return fmt.Errorf("%s: %w%s (see %s %s --help)", fs.Name(), err, hint, prog, fs.Name())
 	}
 	return nil
 }
 
-// Help renders the synopsis, description, example and flag defaults.
+// UnknownCommand is the message for a command that does not exist, with the
+// nearest known one when there is a likely one.
+func UnknownCommand(prog, got string, known []string) string {
+	msg := fmt.Sprintf("%s: unknown command %q", prog, got)
+	if best := suggest.Nearest(got, known); best != "" {
+		msg += fmt.Sprintf("; did you mean %q?", best)
+	}
+	return msg
+}
+
+// Help renders the synopsis, description, example and flags. Flags are
+// listed as --name, the spelling the synopses and docs use (Go's flag
+// package accepts both and would print -name).
 func (c Command) Help(fs *flag.FlagSet) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Usage: %s\n\n%s\n\nExample:\n  %s\n", c.Synopsis, strings.TrimSpace(c.About), c.Example)
-	n := 0
-	fs.VisitAll(func(*flag.Flag) { n++ })
-	if n > 0 {
-		b.WriteString("\nFlags:\n")
-		fs.SetOutput(&b)
-		fs.PrintDefaults()
-		fs.SetOutput(io.Discard)
-	}
+	first := true
+	fs.VisitAll(func(f *flag.Flag) {
+		if first {
+			b.WriteString("\nFlags:\n")
+			first = false
+		}
+		name, usage := flag.UnquoteUsage(f)
+		fmt.Fprintf(&b, "  --%s", f.Name)
+		if name != "" {
+			fmt.Fprintf(&b, " %s", name)
+		}
+		b.WriteString("\n    \t")
+		b.WriteString(strings.ReplaceAll(usage, "\n", "\n    \t"))
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "0s" {
+			if name == "string" {
+				fmt.Fprintf(&b, " (default %q)", f.DefValue)
+			} else {
+				fmt.Fprintf(&b, " (default %v)", f.DefValue)
+			}
+		}
+		b.WriteString("\n")
+	})
 	return b.String()
 }
 

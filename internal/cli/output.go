@@ -51,7 +51,8 @@ func ReportError(stderr io.Writer, log *zerolog.Logger, human bool, what string,
 		return
 	}
 	var ce *config.ConfigError
-	if errors.As(err, &ce) && len(ce.Problems) > 1 {
+	// One problem or several: the same events, so a collector parses one shape.
+	if errors.As(err, &ce) && len(ce.Problems) > 0 {
 		for _, p := range ce.Problems {
 			logProblem(log.Error(), ce.File, p).Msg("config problem")
 		}

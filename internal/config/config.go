@@ -218,6 +218,16 @@ type HAProxyConfig struct {
 	// unless proxy.route_addrs is set without haproxy.spoe) or lua (the Lua
 	// action's HTTP call through the turnout_route hop to route_addrs).
 	Path string `yaml:"path"`
+	// TLS terminates TLS on the frontend (proxy_front.go).
+	TLS TLSConfig `yaml:"tls"`
+	// User and Group run HAProxy's workers (global user/group); Chroot
+	// confines them (needs User). Default: HAProxy's own (root when
+	// started as root).
+	User   string `yaml:"user"`
+	Group  string `yaml:"group"`
+	Chroot string `yaml:"chroot"`
+	// Extra is verbatim lines per section (proxy_front.go).
+	Extra HAProxyExtra `yaml:"extra"`
 }
 
 // How the rendered HAProxy asks turnout (haproxy.path).
@@ -237,6 +247,10 @@ type NginxConfig struct {
 	Dir    string `yaml:"dir"`
 	// Mode is the default per-deployment mode (header or body).
 	Mode string `yaml:"mode"`
+	// TLS terminates TLS on the front server (proxy_front.go).
+	TLS TLSConfig `yaml:"tls"`
+	// Extra is verbatim lines for the http and server blocks.
+	Extra NginxExtra `yaml:"extra"`
 }
 
 // DeploymentConfig is one model deployment with its pools.
@@ -399,15 +413,21 @@ func PoolName(deployment, role string) string { return deployment + "_" + role }
 // Duration is a time.Duration that reads "250ms" style strings in YAML.
 type Duration time.Duration
 
-// UnmarshalYAML accepts Go duration strings or integer milliseconds.
+// UnmarshalYAML accepts Go duration strings with a unit. A bare number
+// other than 0 is refused: "interval: 5" once meant 5 ms where the operator
+// meant 5 s (1,240 health checks in 3.5 s), so the unit must be written.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	var s string
 	if n.Kind != yaml.ScalarNode || n.Decode(&s) != nil {
 		return fmt.Errorf("want %s", durationHelp)
 	}
-	if ms, err := strconv.ParseInt(s, 10, 64); err == nil {
-		*d = Duration(time.Duration(ms) * time.Millisecond)
-		return nil
+	s = strings.TrimSpace(s)
+	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		if f == 0 {
+			*d = 0
+			return nil
+		}
+		return fmt.Errorf("%q has no unit: write %ss (seconds) or %sms (milliseconds)", s, s, s)
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
@@ -435,13 +455,14 @@ var (
 // ErrConfig marks configuration errors.
 var ErrConfig = errors.New("invalid config")
 
-// LoadConfigFile reads, defaults and validates a config file.
-func LoadConfigFile(path string) (*Config, error) {
+// LoadConfigFile reads, defaults and validates a config file; checks (the
+// policy factories, say) run on it too and their problems join the others.
+func LoadConfigFile(path string, checks ...func(*Config) error) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
-	c, err := ParseConfig(b)
+	c, err := ParseConfig(b, checks...)
 	var ce *ConfigError
 	if errors.As(err, &ce) {
 		ce.File = path
@@ -455,16 +476,33 @@ func LoadConfigFile(path string) (*Config, error) {
 	return c, nil
 }
 
-// ParseConfig parses YAML strictly, applies defaults and validates.
-func ParseConfig(b []byte) (*Config, error) {
+// ParseConfig parses YAML strictly, applies defaults, validates and runs
+// checks. Every problem comes back at once: a field that failed to decode
+// keeps its default and the rest is still validated and checked (problems
+// about a field that already failed to decode are not repeated).
+func ParseConfig(b []byte, checks ...func(*Config) error) (*Config, error) {
 	var c Config
 	pos, err := decodeConfigYAML(b, &c)
-	if err != nil {
-		return nil, err
+	if pos == nil {
+		return nil, err // not YAML, or empty: nothing to validate
 	}
+	var decodeErr *ConfigError
+	errors.As(err, &decodeErr)
 	c.ApplyDefaults()
+	errs := []error{}
+	if decodeErr != nil {
+		errs = append(errs, decodeErr)
+	}
 	if err := c.Validate(); err != nil {
-		ce := AsError([]error{err})
+		errs = append(errs, err)
+	}
+	for _, check := range checks {
+		if err := check(&c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if ce := AsError(errs); ce != nil {
+		ce.Problems = withoutRepeats(ce.Problems, decodeErr)
 		pos.annotate(ce)
 		return nil, ce
 	}
@@ -474,8 +512,38 @@ func ParseConfig(b []byte) (*Config, error) {
 	return &c, nil
 }
 
+// withoutRepeats drops later problems about a field (or a field inside one)
+// that already failed to decode: its default is what was validated.
+func withoutRepeats(ps []*FieldError, decoded *ConfigError) []*FieldError {
+	if decoded == nil {
+		return ps
+	}
+	failed := map[*FieldError]bool{}
+	for _, p := range decoded.Problems {
+		failed[p] = true
+	}
+	out := ps[:0:0]
+	for _, p := range ps {
+		repeat := false
+		if !failed[p] {
+			for _, d := range decoded.Problems {
+				if d.Path != "" && (p.Path == d.Path || strings.HasPrefix(p.Path, d.Path+".") || strings.HasPrefix(p.Path, d.Path+"[")) {
+					repeat = true
+					break
+				}
+			}
+		}
+		if !repeat {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // ApplyDefaults fills unset fields.
 func (c *Config) ApplyDefaults() {
+	c.HAProxy.TLS.applyDefaults()
+	c.Nginx.TLS.applyDefaults()
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:9090"
 	}
@@ -703,6 +771,7 @@ func (c *Config) Validate() error {
 		bad("nginx.mode", "%q must be header or body", c.Nginx.Mode)
 	}
 	c.validateLoad(bad)
+	c.validateFront(bad)
 	if len(c.Deployments) == 0 {
 		bad("deployments", "at least one deployment is required")
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	didyoumean "github.com/turnout/turnout/internal/suggest"
 )
 
 // Config errors name the field path and the line of the file, in words an
@@ -344,39 +346,11 @@ func cleanYAMLError(err error) string {
 
 // suggest offers the known field nearest to a misspelt one.
 func suggest(got string, names []string) string {
-	best, bestD := "", 3
-	for _, n := range names {
-		if dd := editDistance(got, n); dd < bestD {
-			best, bestD = n, dd
-		}
+	if best := didyoumean.Nearest(got, names); best != "" {
+		return fmt.Sprintf("; did you mean %q?", best)
 	}
-	if best == "" {
-		return ""
-	}
-	return fmt.Sprintf("; did you mean %q?", best)
-}
-
-// editDistance is Levenshtein's distance; names are short and this runs only
-// on errors.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			c := prev[j-1]
-			if a[i-1] != b[j-1] {
-				c++
-			}
-			cur[j] = min(c, prev[j]+1, cur[j-1]+1)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
+	return ""
 }
 
 // durationHelp is the accepted duration syntax, for error messages.
-const durationHelp = "a duration such as 500ms, 2s or 10m, or integer milliseconds"
+const durationHelp = "a duration such as 500ms, 2s or 10m (the unit is required)"

@@ -40,28 +40,33 @@ type Options struct {
 	// Version is logged when turnout starts serving.
 	Version string
 	Log     *zerolog.Logger
+	// Check runs on every loaded config (serve: the policy factories), its
+	// problems reported with the config's own, all at once.
+	Check func(*config.Config) error
 }
 
 // Load reads and validates a config the way every reload does: the file (or
-// the embedded default), the Listen override, then the served-model check.
+// the embedded default) with Check and the served-model check, every
+// problem at once, then the Listen override.
 func (o *Options) Load(ctx context.Context) (*config.Config, error) {
 	var cfg *config.Config
 	var err error
+	// A model alias a replica would answer 404 for is refused here, at
+	// start and on reload, with the config's other problems.
+	checks := []func(*config.Config) error{func(c *config.Config) error { return verifyServedModels(ctx, c) }}
+	if o.Check != nil {
+		checks = append([]func(*config.Config) error{o.Check}, checks...)
+	}
 	if o.ConfigPath == "" {
-		cfg, err = config.ParseConfig(config.DefaultConfigYAML)
+		cfg, err = config.ParseConfig(config.DefaultConfigYAML, checks...)
 	} else {
-		cfg, err = config.LoadConfigFile(o.ConfigPath)
+		cfg, err = config.LoadConfigFile(o.ConfigPath, checks...)
 	}
 	if err != nil {
 		return nil, err
 	}
 	if o.Listen != "" {
 		cfg.Listen = o.Listen
-	}
-	// A model alias a replica would answer 404 for is refused here, at
-	// start and on reload.
-	if err := verifyServedModels(ctx, cfg); err != nil {
-		return nil, cli.WithFile(err, o.ConfigPath)
 	}
 	return cfg, nil
 }

@@ -136,6 +136,7 @@ func (l *listeners) prepare(cfg *config.Config) (*change, error) {
 		}
 		nl, err := l.bind(kind, w.addr, w.key, cfg)
 		if err != nil {
+			// A port in use names its holder (bind, internal/portholder).
 			errs = append(errs, fmt.Errorf("%w: %s: %w", config.ErrConfig, kind, err))
 			continue
 		}
@@ -289,8 +290,9 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 		}
 		ln, err := listenSPOE(addr)
 		if err != nil {
-			return nil, err
+			return nil, portholder.Wrap(err, "tcp", addr) // a unix@ path is returned as is
 		}
+		shareSPOESocket(addr, cfg, l.log)
 		actx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		var served atomic.Bool // a listener aborted by prepare is never served

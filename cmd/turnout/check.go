@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os/exec"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/haproxy"
+	"github.com/turnout/turnout/internal/cli"
+	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/nginx"
+	"github.com/turnout/turnout/route/health"
+)
+
+// errCheckFailed is check's final error when something was found: each
+// problem has been logged already, with its own fields.
+var errCheckFailed = errors.New("problems found (see above)")
+
+// runCheck implements `turnout check --config FILE`: everything a reload
+// would refuse, and what would break the proxies, before the reload. The
+// config's problems all at once (with the policy factories and the served
+// model names of answering replicas), every static endpoint's /v1/models,
+// and the rendered proxy configs checked by haproxy -c / nginx -t in a
+// scratch directory. Exit 0 when all is well, 1 on any problem.
+func runCheck(args []string, log *zerolog.Logger) error {
+	fs := cli.NewFlags("check")
+	cfgPath := fs.String("config", "", "config `FILE` to check (default: the embedded default config)")
+	proxies := fs.String("proxy", "auto", "which rendered proxy configs to check: auto (each whose binary is installed), haproxy, nginx, both or none")
+	requireEP := fs.Bool("require-endpoints", false, "an endpoint that does not answer GET /v1/models is a problem (default: a warning)")
+	timeout := fs.Duration("timeout", health.ServedModelsTimeout, "how long one endpoint may take to answer /v1/models")
+	ngx := addNginxFlags(fs, "")
+	if err := cli.ParseFlags(fs, checkCmd, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("check: unexpected arguments %q (see turnout check --help)", fs.Args())
+	}
+	var want []string
+	switch *proxies {
+	case "auto", "both":
+		want = []string{"haproxy", "nginx"}
+	case "haproxy", "nginx":
+		want = []string{*proxies}
+	case "none":
+	default:
+		return fmt.Errorf("check: --proxy %q must be auto, haproxy, nginx, both or none", *proxies)
+	}
+	ctx := context.Background()
+
+	// 1. The config: every problem at once, as serve would report them.
+	checks := []func(*config.Config) error{checkPolicies, func(c *config.Config) error { return health.VerifyServedModels(ctx, c, nil) }}
+	var (
+		cfg *config.Config
+		err error
+	)
+	if *cfgPath == "" {
+		cfg, err = config.ParseConfig(config.DefaultConfigYAML, checks...)
+	} else {
+		cfg, err = config.LoadConfigFile(*cfgPath, checks...)
+	}
+	if err != nil {
+		return err // every problem, reported by cli.ReportError
+	}
+	cli.LogWarnings(log, *cfgPath, cfg)
+	problems := 0
+	file := *cfgPath
+	if file == "" {
+		file = "(embedded default)"
+	}
+	log.Info().Str("check", "config").Str("file", file).Int("deployments", len(cfg.Deployments)).Msg("config ok")
+
+	// 2. Every static endpoint's served models.
+	for _, p := range health.ProbeEndpoints(ctx, cfg, newProbeClient(*timeout)) {
+		switch {
+		case p.Err == nil:
+			log.Info().Str("check", "endpoint").Str("field", p.Path).Str("endpoint", p.Name).Str("address", p.Address).
+				Strs("models", p.Models).Msg("endpoint answers")
+		case *requireEP:
+			problems++
+			log.Error().Str("check", "endpoint").Str("field", p.Path).Int("line", cfg.Line(p.Path)).Str("endpoint", p.Name).
+				Str("address", p.Address).Err(p.Err).Msg("endpoint unreachable")
+		default:
+			log.Warn().Str("check", "endpoint").Str("field", p.Path).Int("line", cfg.Line(p.Path)).Str("endpoint", p.Name).
+				Str("address", p.Address).Err(p.Err).Msg("endpoint unreachable (a warning; --require-endpoints makes it a problem)")
+		}
+	}
+
+	// 3. The rendered proxies, checked by their own binaries.
+	for _, proxy := range want {
+		bin, lerr := exec.LookPath(proxy)
+		if lerr != nil {
+			ev := log.Info()
+			if *proxies != "auto" {
+				ev = log.Warn()
+			}
+			ev.Str("check", proxy).Msg(proxy + " is not installed: its rendered config was not checked")
+			continue
+		}
+		if err := checkProxy(ctx, proxy, bin, cfg, ngx); err != nil {
+			problems++
+			log.Error().Str("check", proxy).Err(err).Msg("rendered " + proxy + " config refused")
+			continue
+		}
+		log.Info().Str("check", proxy).Str("binary", bin).Msg("rendered " + proxy + " config ok (" + proxyCheckCmd(proxy) + ")")
+	}
+	if problems > 0 {
+		return fmt.Errorf("%d %s: %w", problems, pluralWord(problems, "problem"), errCheckFailed)
+	}
+	log.Info().Msg("check passed: safe to reload")
+	return nil
+}
+
+// checkProxy renders cfg for proxy into a scratch directory and runs the
+// proxy's own check on it.
+func checkProxy(ctx context.Context, proxy, bin string, cfg *config.Config, ngx *nginxFlags) error {
+	if proxy == "haproxy" {
+		r, err := haproxy.NewRenderer(nil)
+		if err != nil {
+			return err
+		}
+		return r.Check(ctx, bin, cfg, haproxy.RenderOptions{})
+	}
+	r, err := nginx.NewRenderer(nil)
+	if err != nil {
+		return err
+	}
+	o, err := ngx.options("")
+	if err != nil {
+		return err
+	}
+	return r.Check(ctx, bin, cfg, o)
+}
+
+func proxyCheckCmd(proxy string) string {
+	if proxy == "haproxy" {
+		return "haproxy -c"
+	}
+	return "nginx -t"
+}
+
+func pluralWord(n int, w string) string {
+	if n == 1 {
+		return w
+	}
+	return w + "s"
+}
+
+// newProbeClient bounds one /v1/models call.
+func newProbeClient(timeout time.Duration) *http.Client {
+	return &http.Client{Timeout: timeout}
+}
