@@ -139,10 +139,8 @@ func (l *Loop) Run(ctx context.Context, cfg *config.Config) error {
 		return err
 	}
 	l.lns.start(ch)
-	if l.lns.spoeAddr(cfg) == "" && cfg.HAProxy.Path == config.HAProxyPathSPOE {
-		// An HAProxy rendered for this config would find no agent and fail open.
-		l.log.Info().Msg("no SPOE agent: give --haproxy-dir (or haproxy.dir, or haproxy.spoe) when HAProxy routes through turnout")
-	}
+	l.warnNoAgent(cfg) // spoecheck.go
+	l.addNoAgentReadiness()
 	// Without discovery the core already runs cfg: the proxies get it at
 	// once. With discovery, the first merge goes to the proxies once the
 	// watches have listed.
@@ -243,6 +241,7 @@ func (l *Loop) reload(ctx context.Context, why string) {
 	l.lns.start(ch)
 	l.log.Info().Str("trigger", why).Int("deployments", len(c.Deployments)).Strs("listeners_changed", ch.fields).Msg("config reloaded")
 	cli.LogWarnings(l.log, l.opts.ConfigPath, c)
+	l.warnNoAgent(c)
 	if !l.px.managed() && len(ch.replace) > 0 {
 		l.log.Warn().Strs("fields", ch.fields).Dur("grace", unmanagedGrace).Msg("listener address changed and no proxy is managed: point the proxy at the new address; the old listener closes after the grace")
 		l.lns.retire(ch, unmanagedGrace, c.Proxy.StreamTimeout.D())
