@@ -25,6 +25,9 @@ const (
 	FeedbackFieldTTFB   = "ttfb"
 	// FeedbackFieldToken carries feedback.token when one is configured.
 	FeedbackFieldToken = "tok"
+	// FeedbackFieldRetries is HAProxy's connection retries (%rc, "+N"
+	// after a redispatch to another server), for the request log.
+	FeedbackFieldRetries = "retries"
 )
 
 // FeedbackField is one key=value field of the feedback line and what each
@@ -58,7 +61,7 @@ func FeedbackLineFields() []FeedbackField {
 		{Key: "be", HAProxy: "%b"},
 		{Key: "tw", HAProxy: "%Tw"},
 		{Key: "tc", HAProxy: "%Tc"},
-		{Key: "retries", HAProxy: "%rc"},
+		{Key: FeedbackFieldRetries, HAProxy: "%rc", Nginx: "$turnout_retries", Read: true},
 		{Key: "pool", Nginx: "$" + pool.NginxVar},
 	}
 }

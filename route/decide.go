@@ -12,7 +12,11 @@ import (
 func (s *Decider) Decide(in *Input, v *Verdict) {
 	snap := s.snap.Load()
 	sc := s.getScratch(snap.maxBlocks)
-	s.decideInput(snap, in, v, sc, time.Now())
+	start := time.Now()
+	s.decideInput(snap, in, v, sc, start)
+	if v.Status != 200 {
+		s.logRefusal(sc, v, start)
+	}
 	s.release(sc)
 }
 
@@ -23,6 +27,7 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 	cfg := snap.Config
 	r := &sc.req
 	*r = fleet.Request{Truncated: in.Truncated}
+	sc.dsnap, sc.dep, sc.model, sc.refusedPool = snap, nil, -1, nil
 	body := in.Body
 	if len(body) > cfg.MaxBody {
 		body, r.Truncated = body[:cfg.MaxBody], true
@@ -57,7 +62,8 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 	var d *Deployment
 	switch {
 	case len(model) > 0:
-		d = snap.byModel[string(model)]
+		ref := snap.byModel[string(model)]
+		d, sc.model = ref.d, ref.idx
 		if d == nil {
 			s.m.errors[errUnknownModel].Add(1)
 			v.refuse(404, "invalid_request_error", "model_not_found",
@@ -72,6 +78,7 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 			"a \"model\" is required: several deployments are served")
 		return
 	}
+	sc.dep = d
 	if len(r.Session) > 0 {
 		r.HasSession = true
 		r.SessionHash = fleet.HashKey(r.Session)
@@ -88,10 +95,11 @@ func (s *Decider) decide(snap *Snapshot, p *fleet.Pool, v *Verdict, sc *Txn, sta
 	c := &sc.serve
 	s.pick(snap, p, sc, c, sc.picks[:0:min(1+snap.Config.Fallbacks, len(sc.picks))])
 	if len(c.Endpoints) == 0 {
+		sc.refusedPool = p
 		s.refuse(v, p, c.Reject)
 		return nil
 	}
-	s.route(v, p, c, start)
+	s.route(v, p, c, sc, start)
 	return c.Endpoints[0]
 }
 
@@ -129,11 +137,12 @@ func (s *Decider) sharePrefix(p *fleet.Pool, e *fleet.Endpoint, blocks []uint64)
 }
 
 // route opens the decision for the policy's first pick and fills v with it.
-func (s *Decider) route(v *Verdict, p *fleet.Pool, c *fleet.Choice, start time.Time) {
+func (s *Decider) route(v *Verdict, p *fleet.Pool, c *fleet.Choice, sc *Txn, start time.Time) {
 	picks := c.Endpoints
 	e := picks[0]
 	v.Status = 200
-	v.Decision = s.dec.open(e, start.UnixNano())
+	m := decisionMeta{pool: p, snap: sc.dsnap, model: sc.model, matched: int32(c.Matched), outcome: c.Outcome, session: sc.req.HasSession}
+	v.Decision = s.dec.open(e, start.UnixNano(), &m)
 	v.Server, v.Addr, v.Pool = e.NameHdr, e.AddrHdr, p.NameHdr
 	v.Fallbacks = v.fb[:0]
 	for _, f := range picks[1:] {
@@ -207,6 +216,13 @@ type Txn struct {
 	pdh pdHeaders
 	// names remembers what the request header names are (headers.go).
 	names nameMemo
+	// What the ledger and the request log keep of the decision
+	// (decisions.go): the snapshot deciding, the deployment, the model as an
+	// index into the snapshot's model names, the pool that had no endpoint.
+	dsnap       *Snapshot
+	dep         *Deployment
+	model       int32
+	refusedPool *fleet.Pool
 }
 
 // TxnBuffers are a transport's buffers: Body holds a streamed request
@@ -263,6 +279,9 @@ func (t *Txn) ProxyHeader(name, value []byte) {
 // (valid until End).
 func (s *Decider) DecideTxn(t *Txn) *Verdict {
 	s.decideInput(t.snap, &t.in, &t.v, t, t.start)
+	if t.v.Status != 200 {
+		s.logRefusal(t, &t.v, t.start)
+	}
 	return &t.v
 }
 

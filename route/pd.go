@@ -54,7 +54,7 @@ func (s *Decider) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, 
 	if m := sc.serve.Matched; cfg.SkipPrefillBelow > 0 && d.Serve.BlockBytes > 0 && m > 0 {
 		if uncached := r.PromptBytes - m*d.Serve.BlockBytes; uncached < cfg.SkipPrefillBelow {
 			s.m.pdPrefill[3].Add(1)
-			s.route(v, d.Serve, &sc.serve, start)
+			s.route(v, d.Serve, &sc.serve, sc, start)
 			return
 		}
 	}
@@ -64,7 +64,7 @@ func (s *Decider) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, 
 		if cfg.NoPrefill == "aggregate" {
 			s.log.Debug().Str(fleet.FieldDeployment, d.Name).Str(fleet.FieldReason, "no prefill replica").Msg("serving aggregated on decode")
 			s.m.pdPrefill[4].Add(1)
-			s.route(v, d.Serve, &sc.serve, start)
+			s.route(v, d.Serve, &sc.serve, sc, start)
 			return
 		}
 		v.RetryAfter = true
@@ -91,7 +91,7 @@ func (s *Decider) routePD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, 
 			"prefill failed on every tried replica: "+err.Error())
 		return
 	}
-	s.route(v, d.Serve, &sc.serve, start)
+	s.route(v, d.Serve, &sc.serve, sc, start)
 	v.KVTransfer = make([]byte, base64.StdEncoding.EncodedLen(len(kv)))
 	base64.StdEncoding.Encode(v.KVTransfer, kv)
 	v.Prefill = used.NameHdr

@@ -30,7 +30,10 @@ type Deployment struct {
 type Snapshot struct {
 	Config      *config.Config
 	Deployments []*Deployment
-	byModel     map[string]*Deployment
+	byModel     map[string]modelRef
+	// modelNames are the served model names (and aliases); the decision
+	// ledger keeps a decision's model as an index into them.
+	modelNames  []string
 	sessionHdrs [][]byte // normalized: lower-case, '_' mapped to '-'
 	modelHdrs   [][]byte
 	// fwdHdrs are ForwardedHeaders, normalized: what an Input keeps;
@@ -49,7 +52,13 @@ type Snapshot struct {
 }
 
 // Deployment returns the deployment serving model, or nil.
-func (s *Snapshot) Deployment(model string) *Deployment { return s.byModel[model] }
+func (s *Snapshot) Deployment(model string) *Deployment { return s.byModel[model].d }
+
+// modelRef is a served model name's deployment and its index in modelNames.
+type modelRef struct {
+	d   *Deployment
+	idx int32
+}
 
 // Pools lists every pool in config order.
 func (s *Snapshot) Pools() []*fleet.Pool {
@@ -73,7 +82,7 @@ func newStateStore() *stateStore {
 // buildSnapshot turns a validated config into a snapshot, reusing the state
 // of endpoints and policies that survive from prev (nil on first load).
 func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, store *stateStore, env fleet.PolicyEnv, seed uint64) (*Snapshot, []fleet.Policy, error) {
-	s := &Snapshot{Config: cfg, byModel: map[string]*Deployment{}, byServer: map[string]*fleet.Endpoint{}, fb: newFeedbackAuth(cfg), gen: 1}
+	s := &Snapshot{Config: cfg, byModel: map[string]modelRef{}, byServer: map[string]*fleet.Endpoint{}, fb: newFeedbackAuth(cfg), gen: 1}
 	if prev != nil {
 		s.gen = prev.gen + 1
 	}
@@ -179,7 +188,8 @@ func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, sto
 		}
 		s.Deployments = append(s.Deployments, d)
 		for _, m := range dc.Models {
-			s.byModel[m] = d
+			s.byModel[m] = modelRef{d, int32(len(s.modelNames))}
+			s.modelNames = append(s.modelNames, m)
 		}
 	}
 	s.maxBlocks = cfg.MaxBody/minBlock + 1

@@ -116,6 +116,10 @@ func (l *Loop) Line(line []byte) bool {
 		return false
 	}
 	l.lines.Add(1)
+	var served *fleet.Endpoint
+	if f.hasSrv {
+		served = snap.EndpointByServer(f.srv)
+	}
 	var st *fleet.State
 	if len(f.id) > 0 && f.id[0] != '-' { // "-" or "": the proxy routed without turnout
 		id, ok := route.ParseDecisionID(f.id)
@@ -123,14 +127,14 @@ func (l *Loop) Line(line []byte) bool {
 			l.bad.Add(1)
 			return false
 		}
-		st = l.d.CloseDecision(id)
+		st = l.d.CloseDecisionWith(id, route.Completion{Status: f.status, Ms: f.ms, TTFB: f.ttfb, Retries: f.retries, Served: served})
 	}
 	closed := st != nil
 	switch {
 	case f.hasSrv:
 		st = nil
-		if e := snap.EndpointByServer(f.srv); e != nil {
-			st = e.State
+		if served != nil {
+			st = served.State
 		}
 	case !closed:
 		st = nil
