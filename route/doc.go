@@ -29,6 +29,7 @@
 //	5 route/health             active health checks and the served-model checks
 //	5 route/engineload         engine load scraped from each replica's /metrics
 //	5 route/cluster            prefix decisions shared between turnout instances over NATS
+//	5 route/reqlog             the request log's destinations (stdout, rotated file, syslog)
 //
 // Layer 5 packages hold a *Decider and use its exported API (Begin,
 // ProxyHeader, DecideTxn, End, Decide, Complete, CloseDecision, OnApply,

@@ -79,6 +79,8 @@ type Loop struct {
 	lns   *listeners
 	px    *proxies
 	fleet *discovery.Fleet
+	// rl is the request log (reqlog.go), reopened when request_log changes.
+	rl *requestLogs
 
 	// queued are listener changes of applied reloads waiting for the
 	// first proxy sync that carries their config (with discovery, the
@@ -119,7 +121,9 @@ func New(srv *Core, opts Options) (*Loop, error) {
 		}
 		px.syncers = append(px.syncers, ns)
 	}
-	return &Loop{opts: opts, log: log, core: c, lns: lns, px: px}, nil
+	rl := &requestLogs{log: log, core: c, stdout: os.Stdout, stderr: os.Stderr}
+	c.onApply(rl.apply)
+	return &Loop{opts: opts, log: log, core: c, lns: lns, px: px, rl: rl}, nil
 }
 
 // Run serves cfg (the config the core was built with) until ctx ends: it
@@ -130,6 +134,7 @@ func (l *Loop) Run(ctx context.Context, cfg *config.Config) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	defer l.rl.close()
 	go l.px.run(ctx)
 	l.fleet = newFleet(ctx, l.core, l.opts.Kubeconfig, l.log, l.apply)
 	l.core.addMetrics(l.fleet.WriteMetrics) // turnout_discovery_*

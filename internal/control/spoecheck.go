@@ -38,8 +38,8 @@ func (l *Loop) warnNoAgent(cfg *config.Config) {
 // addNoAgentReadiness adds the verbose readiness line (it never changes
 // readiness itself: an nginx-only setup is valid).
 func (l *Loop) addNoAgentReadiness() {
-	l.core.srv.AddReadiness(func(b *strings.Builder) {
-		if why := l.noAgentWhy(l.core.srv.Snapshot().Config); why != "" {
+	l.core.addReadiness(func(b *strings.Builder) {
+		if why := l.noAgentWhy(l.core.config()); why != "" {
 			b.WriteString("spoe: " + why + "\n")
 		}
 	})
