@@ -46,27 +46,39 @@ type decisions struct {
 type decisionSlot struct {
 	mu    sync.Mutex
 	id    uint64
-	st    *fleet.State
 	start int64 // unix nanos
-	decisionMeta
-	// end is how the decision ended (endOpen while st is set).
-	end decisionEnd
-	// Completion, from the proxy's feedback line (-1: not sent).
-	status, retries int32
-	ms, ttfb        int64
-	served          *fleet.Endpoint // srv of the line: the fallback that answered, after a retry
+	// ep is the chosen endpoint; the decision holds one of its in-flight
+	// counts while end is endOpen (a zero slot has none).
+	ep     *fleet.Endpoint
+	pool   *fleet.Pool
+	snap   *Snapshot       // model indexes its modelNames
+	served *fleet.Endpoint // srv of the feedback line: the fallback that answered, after a retry
+	// model is an index into snap.modelNames (-1: none).
+	model, matched int32
+	// The proxy's completion (-1: not sent).
+	ms, ttfb        int32
+	status, retries int16
+	outcome         fleet.Outcome
+	session         bool
+	end             decisionEnd
 }
 
 // decisionMeta is what a decision was, for its log line and lookup.
 type decisionMeta struct {
-	ep   *fleet.Endpoint
-	pool *fleet.Pool
-	snap *Snapshot // model indexes its modelNames
-	// model is an index into snap.modelNames (-1: none).
+	pool    *fleet.Pool
+	snap    *Snapshot
 	model   int32
 	matched int32
 	outcome fleet.Outcome
 	session bool
+}
+
+// open reports the state the open decision counts in flight on, or nil.
+func (s *decisionSlot) openState() *fleet.State {
+	if s.end != endOpen || s.ep == nil {
+		return nil
+	}
+	return s.ep.State
 }
 
 // decisionEnd is how a decision left the open state.
@@ -100,15 +112,14 @@ func (d *decisions) open(e *fleet.Endpoint, now int64, m *decisionMeta) uint64 {
 	id := rand.Uint64()&^d.mask | seq&d.mask
 	s := &d.slots[seq&d.mask]
 	s.mu.Lock()
-	if s.st != nil {
-		s.st.Inflight.Add(-1)
-		s.st.Expired.Add(1)
+	if st := s.openState(); st != nil {
+		st.Inflight.Add(-1)
+		st.Expired.Add(1)
 		d.overwritten.Add(1)
 	}
-	s.id, s.st, s.start = id, e.State, now
-	s.decisionMeta = *m
-	s.decisionMeta.ep = e
-	s.end, s.status, s.retries, s.ms, s.ttfb, s.served = endOpen, -1, -1, -1, -1, nil
+	s.id, s.start, s.ep, s.pool, s.snap, s.served = id, now, e, m.pool, m.snap, nil
+	s.model, s.matched, s.outcome, s.session = m.model, m.matched, m.outcome, m.session
+	s.end, s.status, s.retries, s.ms, s.ttfb = endOpen, -1, -1, -1, -1
 	s.mu.Unlock()
 	e.State.Inflight.Add(1)
 	e.State.Decisions.Add(1)
@@ -136,15 +147,14 @@ func (d *decisions) closeWith(id uint64, c Completion, rec *DecisionRecord) *fle
 		s.mu.Unlock()
 		d.unknown.Add(1)
 		return nil
-	case s.st == nil:
+	case s.openState() == nil:
 		s.mu.Unlock()
 		d.duplicate.Add(1)
 		return nil
 	}
-	st := s.st
-	s.st = nil
+	st := s.ep.State
 	s.end = endClosed
-	s.status, s.retries, s.ms, s.ttfb, s.served = int32(c.Status), int32(c.Retries), c.Ms, c.TTFB, c.Served
+	s.status, s.retries, s.ms, s.ttfb, s.served = clamp16(c.Status), clamp16(c.Retries), clamp32(c.Ms), clamp32(c.TTFB), c.Served
 	if rec != nil {
 		s.record(rec)
 	}
@@ -164,11 +174,10 @@ func (d *decisions) sweep(now time.Time, ttl time.Duration, markStale bool) {
 	for i := range d.slots {
 		s := &d.slots[i]
 		s.mu.Lock()
-		if st := s.st; st != nil {
+		if st := s.openState(); st != nil {
 			if s.start < cut {
 				st.Inflight.Add(-1)
 				st.Expired.Add(1)
-				s.st = nil
 				s.end = endExpired
 				d.expired.Add(1)
 			} else if markStale {
@@ -180,6 +189,11 @@ func (d *decisions) sweep(now time.Time, ttl time.Duration, markStale bool) {
 		s.mu.Unlock()
 	}
 }
+
+// clamp16 and clamp32 fit a feedback figure into its slot field (-1 stays
+// unknown; a larger value saturates).
+func clamp16(v int64) int16 { return int16(max(-1, min(v, 1<<15-1))) }
+func clamp32(v int64) int32 { return int32(max(-1, min(v, 1<<31-1))) }
 
 // appendID writes a decision id as 16 hex digits, 8 at a time (hex8): a
 // loop over digits cost ~160 instructions per decision, an append per
@@ -261,7 +275,7 @@ func (s *decisionSlot) record(r *DecisionRecord) {
 	*r = DecisionRecord{
 		ID: s.id, MatchedBlocks: int(s.matched), Session: s.session,
 		Start: time.Unix(0, s.start), Outcome: s.outcome.String(),
-		Status: int64(s.status), TTFBMs: s.ttfb, DurationMs: s.ms, Retries: int64(s.retries),
+		Status: int64(s.status), TTFBMs: int64(s.ttfb), DurationMs: int64(s.ms), Retries: int64(s.retries),
 	}
 	if s.ep != nil {
 		r.Endpoint = s.ep.Name
@@ -371,7 +385,7 @@ func (s *Decider) LookupDecision(id uint64, now time.Time, r *DecisionRecord) bo
 	sl := &d.slots[id&d.mask]
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	if sl.id != id || sl.start == 0 || (sl.st == nil && now.UnixNano()-sl.start > int64(lookupWindow)) {
+	if sl.id != id || sl.ep == nil || (sl.end != endOpen && now.UnixNano()-sl.start > int64(lookupWindow)) {
 		return false
 	}
 	sl.record(r)
