@@ -28,6 +28,10 @@ const (
 	// FeedbackFieldRetries is HAProxy's connection retries (%rc, "+N"
 	// after a redispatch to another server), for the request log.
 	FeedbackFieldRetries = "retries"
+	// FeedbackFieldUpstream is the address of the replica that answered
+	// (the last one tried): nginx's srv is turnout's choice even after
+	// nginx retried the request on another replica of the pool.
+	FeedbackFieldUpstream = "up"
 )
 
 // FeedbackField is one key=value field of the feedback line and what each
@@ -62,6 +66,8 @@ func FeedbackLineFields() []FeedbackField {
 		{Key: "tw", HAProxy: "%Tw"},
 		{Key: "tc", HAProxy: "%Tc"},
 		{Key: FeedbackFieldRetries, HAProxy: "%rc", Nginx: "$turnout_retries", Read: true},
+		// The last address of nginx's $upstream_addr (a map).
+		{Key: FeedbackFieldUpstream, HAProxy: "%si:%sp", Nginx: "$turnout_up", Read: true},
 		{Key: "pool", Nginx: "$" + pool.NginxVar},
 	}
 }

@@ -48,6 +48,7 @@ type Snapshot struct {
 	// byServer finds an endpoint by its (globally unique) server name, for
 	// feedback lines; fb is the feedback listener's checks.
 	byServer map[string]*fleet.Endpoint
+	byAddr   map[string]*fleet.Endpoint
 	fb       feedbackAuth
 }
 
@@ -82,7 +83,7 @@ func newStateStore() *stateStore {
 // buildSnapshot turns a validated config into a snapshot, reusing the state
 // of endpoints and policies that survive from prev (nil on first load).
 func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, store *stateStore, env fleet.PolicyEnv, seed uint64) (*Snapshot, []fleet.Policy, error) {
-	s := &Snapshot{Config: cfg, byModel: map[string]modelRef{}, byServer: map[string]*fleet.Endpoint{}, fb: newFeedbackAuth(cfg), gen: 1}
+	s := &Snapshot{Config: cfg, byModel: map[string]modelRef{}, byServer: map[string]*fleet.Endpoint{}, byAddr: map[string]*fleet.Endpoint{}, fb: newFeedbackAuth(cfg), gen: 1}
 	if prev != nil {
 		s.gen = prev.gen + 1
 	}
@@ -146,6 +147,9 @@ func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, sto
 				}
 				p.Endpoints = append(p.Endpoints, ep)
 				s.byServer[ec.Name] = ep
+				if s.byAddr[ec.Address] == nil {
+					s.byAddr[ec.Address] = ep
+				}
 			}
 			setStallBudget(p, cfg.StallBudget(pc))
 			pol := dc.PoolPolicy(pc)
@@ -351,3 +355,8 @@ func setStallBudget(p *fleet.Pool, budget time.Duration) {
 // EndpointByServer finds an endpoint by its (globally unique) server name,
 // as a feedback line names it; nil when none.
 func (s *Snapshot) EndpointByServer(name []byte) *fleet.Endpoint { return s.byServer[string(name)] }
+
+// EndpointByAddr finds an endpoint by its address (the first in config
+// order when several pools share one), for a feedback line whose proxy
+// names the replica that answered only by address (nginx, after a retry).
+func (s *Snapshot) EndpointByAddr(addr []byte) *fleet.Endpoint { return s.byAddr[string(addr)] }

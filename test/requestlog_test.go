@@ -327,3 +327,56 @@ deployments:
 		}
 	})
 }
+
+// TestRequestLogNginx: the same request log through nginx (body mode): a
+// request routed to the good replica, one routed to a replica that refuses
+// connections (nginx retries a POST on its fallback only when nothing was
+// sent; turnout's health checks are off so it keeps picking it), and a
+// refused one, each with its fields.
+func TestRequestLogNginx(t *testing.T) {
+	good := StartMock(t, "good", nil)
+	logPath := filepath.Join(t.TempDir(), "requests.log")
+	s := (&nstack{failMode: "open", noHealth: true, extraYAML: fmt.Sprintf("request_log: {sample: 1, to: file, file: %q}\n", logPath),
+		deps: []ndep{{name: "llama", policy: "{name: round-robin}", mode: "body", mocks: []*Mock{good, {Name: "reset", Addr: FreeAddr(t)}}}}}).start(t)
+	for i := range 4 {
+		r := s.post(t, "/v1/chat/completions", chatBody("llama", "sys", "hello", false), map[string]string{"X-Session-Id": fmt.Sprint("s-", i)})
+		if r.Status != 200 {
+			t.Fatalf("request %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	if r := s.post(t, "/v1/chat/completions", chatBody("no-such-model", "sys", "hello", false), nil); r.Status != 404 {
+		t.Fatalf("unknown model: %d", r.Status)
+	}
+	var routed, failedOver, refused map[string]any
+	Eventually(t, 10*time.Second, "request log lines", func() bool {
+		routed, failedOver, refused = nil, nil, nil
+		for _, l := range readRequestLog(t, logPath) {
+			switch {
+			case l["status"] == 404.0:
+				refused = l
+			case l["endpoint"] == "good" && l["state"] == "closed":
+				routed = l
+			case l["endpoint"] == "reset" && l["state"] == "closed":
+				failedOver = l
+			}
+		}
+		return routed != nil && failedOver != nil && refused != nil
+	})
+	t.Logf("routed:      %v\nfailed over: %v\nrefused:     %v", routed, failedOver, refused)
+	for what, l := range map[string]map[string]any{"routed": routed, "failed over": failedOver} {
+		for k, v := range map[string]any{"deployment": "llama", "model": "llama", "pool": "llama_mixed", "session": true, "status": 200.0, "served_by": "good"} {
+			if l[k] != v {
+				t.Errorf("%s: %s = %v, want %v", what, k, l[k], v)
+			}
+		}
+	}
+	if routed["retries"] != 0.0 {
+		t.Errorf("routed: retries = %v, want 0", routed["retries"])
+	}
+	if r, _ := failedOver["retries"].(float64); r < 1 {
+		t.Errorf("failed over: retries = %v, want >= 1", failedOver["retries"])
+	}
+	if refused["reason"] != "model_not_found" || refused["outcome"] != "refused" {
+		t.Errorf("refused: %v", refused)
+	}
+}

@@ -13,7 +13,7 @@ import (
 
 // feedbackFields are the parsed fields of one line (views into it).
 type feedbackFields struct {
-	id, srv, tok          []byte
+	id, srv, tok, up      []byte
 	hasID, hasSrv, hasTok bool
 	status, ms, ttfb      int64 // -1 = absent or unknown
 	retries               int64
@@ -60,6 +60,8 @@ func parseFeedback(rest []byte) (f feedbackFields) {
 		case route.FeedbackFieldRetries:
 			// "+1": the retry redispatched to another server.
 			f.retries = parseMs(bytes.TrimPrefix(v, []byte("+")))
+		case route.FeedbackFieldUpstream:
+			f.up = v
 		case route.FeedbackFieldToken:
 			f.tok, f.hasTok = v, true
 		}

@@ -120,6 +120,13 @@ func (l *Loop) Line(line []byte) bool {
 	if f.hasSrv {
 		served = snap.EndpointByServer(f.srv)
 	}
+	// nginx names its choice in srv even after retrying elsewhere; the
+	// address that answered says who served.
+	if len(f.up) > 0 && (served == nil || string(served.AddrHdr) != string(f.up)) {
+		if e := snap.EndpointByAddr(f.up); e != nil {
+			served = e
+		}
+	}
 	var st *fleet.State
 	if len(f.id) > 0 && f.id[0] != '-' { // "-" or "": the proxy routed without turnout
 		id, ok := route.ParseDecisionID(f.id)

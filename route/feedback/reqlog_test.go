@@ -147,3 +147,36 @@ func BenchmarkDecideAndClose(b *testing.B) {
 		})
 	}
 }
+
+// TestServedByUpstreamAddr: nginx's srv is turnout's choice even after a
+// retry; the up= address of the replica that answered decides served_by
+// (and which endpoint the line's figures count for).
+func TestServedByUpstreamAddr(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", `"127.0.0.1"`, "s3cret-token-0123456789"))
+	var sink recSink
+	s.SetRequestSink(&sink, 1)
+	addr := map[string]string{"a": "127.0.0.1:8001", "b": "127.0.0.1:8002"}
+	for _, tc := range []struct{ up, want string }{{"", "chosen"}, {"chosen", "chosen"}, {"other", "other"}, {"127.0.0.1:9", "chosen"}} {
+		ctx := routeCtx(chatBody("llama", "sys", "hi"), "")
+		s.api.Handler(ctx)
+		chosen := hdr(ctx, route.HdrServer)
+		other := map[string]string{"a": "b", "b": "a"}[chosen]
+		names := map[string]string{"chosen": chosen, "other": other}
+		up := tc.up
+		if n, ok := names[up]; ok {
+			up = addr[n]
+		}
+		line := "turnout-done id=" + hdr(ctx, route.HdrDecision) + " srv=" + chosen + " status=200 ms=5 ttfb=1 tok=s3cret-token-0123456789"
+		if up != "" {
+			line += " up=" + up
+		}
+		n := len(sink.recs)
+		s.Line([]byte(line))
+		if len(sink.recs) != n+1 {
+			t.Fatalf("up=%q: no record", up)
+		}
+		if got := sink.recs[n].ServedBy; got != names[tc.want] {
+			t.Errorf("up=%q: served_by %q, want %q", up, got, names[tc.want])
+		}
+	}
+}
