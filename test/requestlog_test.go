@@ -118,6 +118,11 @@ deployments:
 	})
 	h := StartHAProxy(t, dir, haAddr)
 	h.WaitServersUp(t, "llama_mixed/good", "llama_mixed/reset")
+	// turnout started first ("HAProxy is not reachable"), then says when it answers.
+	Eventually(t, 10*time.Second, "the connected line", func() bool {
+		b, _ := os.ReadFile(tu.Log)
+		return bytes.Contains(b, []byte("HAProxy is not reachable")) && bytes.Contains(b, []byte("HAProxy connected"))
+	})
 
 	client := &http.Client{Timeout: 10 * time.Second}
 	post := func(model, session string) int {
@@ -363,6 +368,11 @@ func TestRequestLogNginx(t *testing.T) {
 		return routed != nil && failedOver != nil && refused != nil
 	})
 	t.Logf("routed:      %v\nfailed over: %v\nrefused:     %v", routed, failedOver, refused)
+	// turnout started first ("nginx is not running"), then says when it runs.
+	Eventually(t, 10*time.Second, "the running line", func() bool {
+		b, _ := os.ReadFile(s.T.Log)
+		return bytes.Contains(b, []byte("nginx is not running")) && bytes.Contains(b, []byte("nginx running"))
+	})
 	for what, l := range map[string]map[string]any{"routed": routed, "failed over": failedOver} {
 		for k, v := range map[string]any{"deployment": "llama", "model": "llama", "pool": "llama_mixed", "session": true, "status": 200.0, "served_by": "good"} {
 			if l[k] != v {
