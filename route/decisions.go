@@ -302,7 +302,9 @@ func (s *decisionSlot) record(r *DecisionRecord) {
 // Fields writes the record's fields (docs/request-log.md names each) to e.
 func (r *DecisionRecord) Fields(e *zerolog.Event) *zerolog.Event {
 	if r.ID != 0 {
-		e = e.Str("decision", string(appendID(nil, r.ID)))
+		var b [8]byte // the id's 16 hex digits, without a string
+		binary.BigEndian.PutUint64(b[:], r.ID)
+		e = e.Hex("decision", b[:])
 	}
 	e = e.Str("deployment", r.Deployment).Str("model", r.Model).
 		Str("endpoint", r.Endpoint).Str("pool", r.Pool).
