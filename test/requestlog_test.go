@@ -242,7 +242,7 @@ deployments:
 // leaves HAProxy's SPOE without an agent: serve says so at warn level and
 // in /readyz?verbose. With haproxy.spoe in the config, the config alone
 // decides: render writes that address and serve listens on it, no flag
-// needed, no warning.
+// needed, no warning. render warns in the first case, not in the second.
 func TestSPOETrap(t *testing.T) {
 	bin := TurnoutBin(t)
 	m := StartMock(t, "r0", nil)
@@ -259,23 +259,31 @@ deployments:
           - {name: r0, address: %q}
 `, listen, FreeUDPAddr(t), haproxyLine, m.Addr)
 	}
-	renderTo := func(cfg string) string {
+	// renderTo renders into a new directory and returns it, and whether
+	// render warned that the agent address came from --out.
+	renderTo := func(cfg string) (string, bool) {
 		t.Helper()
 		out := t.TempDir()
 		path := filepath.Join(t.TempDir(), "turnout.yaml")
 		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if b, err := exec.Command(bin, "render", "haproxy", "--config", path, "--out", out, "--check=false").CombinedOutput(); err != nil {
+		cmd := exec.Command(bin, "render", "haproxy", "--config", path, "--out", out, "--check=false")
+		cmd.Env = append(os.Environ(), "TURNOUT_LOG_FORMAT=json")
+		b, err := cmd.CombinedOutput()
+		if err != nil {
 			t.Fatalf("render: %v\n%s", err, b)
 		}
-		return out
+		return out, bytes.Contains(b, []byte(`"level":"warn"`)) && bytes.Contains(b, []byte("comes from --out"))
 	}
 
 	t.Run("trap", func(t *testing.T) {
 		listen := FreeAddr(t)
 		cfg := base(listen, "listen: "+FreeAddr(t))
-		out := renderTo(cfg)
+		out, warned := renderTo(cfg)
+		if !warned {
+			t.Error("render did not warn that the agent address came from --out")
+		}
 		spoe, err := os.ReadFile(filepath.Join(out, "haproxy.cfg"))
 		if err != nil || !strings.Contains(string(spoe), "unix@"+out) {
 			t.Fatalf("rendered haproxy.cfg does not name the agent socket in %s: %v\n%s", out, err, spoe)
@@ -305,7 +313,10 @@ deployments:
 	t.Run("config decides", func(t *testing.T) {
 		listen, agent := FreeAddr(t), FreeAddr(t)
 		cfg := base(listen, fmt.Sprintf("listen: %s, spoe: %q", FreeAddr(t), agent))
-		out := renderTo(cfg)
+		out, warned := renderTo(cfg)
+		if warned {
+			t.Error("render warned although haproxy.spoe decides")
+		}
 		spoe, err := os.ReadFile(filepath.Join(out, "haproxy.cfg"))
 		if err != nil || !strings.Contains(string(spoe), agent) {
 			t.Fatalf("rendered haproxy.cfg does not name %s: %v\n%s", agent, err, spoe)

@@ -115,5 +115,6 @@ func renderHAProxy(cfg *config.Config, out, socket string, check bool, log *zero
 		}
 	}
 	log.Info().Str("dir", dir).Str("structure", files.State.Structure).Msg("rendered HAProxy config")
+	warnSPOEFromFlag(cfg, dir, log) // spoewarn.go
 	return nil
 }
