@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -291,7 +292,9 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 		}
 		actx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
+		var served atomic.Bool // a listener prepare dropped was never served: nothing closes done
 		nl.serve = func() {
+			served.Store(true)
 			go func() {
 				defer close(done)
 				if err := l.core.serveSPOE(actx, ln, l.log); err != nil {
@@ -301,9 +304,11 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 		}
 		nl.stop = func(ctx context.Context) {
 			cancel()
-			select {
-			case <-done:
-			case <-ctx.Done():
+			if served.Load() {
+				select {
+				case <-done:
+				case <-ctx.Done():
+				}
 			}
 			_ = ln.Close() // never served
 		}
