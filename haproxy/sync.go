@@ -78,6 +78,8 @@ type Syncer struct {
 	log  *zerolog.Logger
 	r    *Renderer
 	mu   sync.Mutex // one Sync at a time
+	// reach logs when HAProxy answers after a sync found it unreachable.
+	reach reachWatch
 }
 
 // NewSyncer prepares a Syncer; it does not touch HAProxy yet.
@@ -174,6 +176,7 @@ func (s *Syncer) Sync(ctx context.Context, cfg *config.Config) error {
 			return werr
 		}
 		s.log.Warn().Err(err).Str(fieldDir, dir).Msg("HAProxy is not reachable; wrote its files for the next start")
+		s.watchReachable(ctx, res.render.Socket)
 		return nil
 	}
 	live, err := readLive(rt)

@@ -245,7 +245,7 @@ type tmplData struct {
 	FeedbackFormat string
 	// FeedbackVars are the variables the feedback line's ms= and ttfb=
 	// read (the table's nginx column), set by maps of the template.
-	FeedbackVars struct{ Ms, TTFB string }
+	FeedbackVars struct{ Ms, TTFB, Retries, Up string }
 	// Hdr names the contract's request headers the config writes; Served
 	// is route.PathServed.
 	Hdr struct {
@@ -410,6 +410,10 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 			d.FeedbackVars.Ms = f.Nginx
 		case route.FeedbackFieldTTFB:
 			d.FeedbackVars.TTFB = f.Nginx
+		case route.FeedbackFieldRetries:
+			d.FeedbackVars.Retries = f.Nginx
+		case route.FeedbackFieldUpstream:
+			d.FeedbackVars.Up = f.Nginx
 		}
 	}
 	d.Hdr.Truncated = route.HdrBodyTruncated

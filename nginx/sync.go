@@ -53,6 +53,8 @@ type Syncer struct {
 	mu   sync.Mutex // one Sync at a time
 	// last is the summary of the last render written, for reload reasons.
 	last *Summary
+	// run logs when nginx runs after a sync found it not running (reach.go).
+	run runWatch
 }
 
 // NewSyncer prepares a Syncer; it does not touch nginx yet.
@@ -110,6 +112,7 @@ func (s *Syncer) Sync(ctx context.Context, cfg *config.Config) error {
 	pid, err := proxyconf.ReadPID(ro.PIDFile, "nginx")
 	if err != nil {
 		s.log.Warn().Err(err).Str(fieldDir, ro.Dir).Str(fieldReason, reason).Msg("nginx is not running; wrote its files for the next start")
+		s.watchRunning(ctx, ro.PIDFile)
 		return nil
 	}
 	return s.reload(ctx, pid, reason)

@@ -26,6 +26,13 @@ const (
 	// FeedbackFieldToken carries the lines' token (feedback.token, or the
 	// one of feedback.token_file: config.FeedbackConfig.LineToken).
 	FeedbackFieldToken = "tok"
+	// FeedbackFieldRetries is HAProxy's connection retries (%rc, "+N"
+	// after a redispatch to another server), for the request log.
+	FeedbackFieldRetries = "retries"
+	// FeedbackFieldUpstream is the address of the replica that answered
+	// (the last one tried): nginx's srv is turnout's choice even after
+	// nginx retried the request on another replica of the pool.
+	FeedbackFieldUpstream = "up"
 )
 
 // FeedbackField is one key=value field of the feedback line and what each
@@ -59,7 +66,9 @@ func FeedbackLineFields() []FeedbackField {
 		{Key: "be", HAProxy: "%b"},
 		{Key: "tw", HAProxy: "%Tw"},
 		{Key: "tc", HAProxy: "%Tc"},
-		{Key: "retries", HAProxy: "%rc"},
+		{Key: FeedbackFieldRetries, HAProxy: "%rc", Nginx: "$turnout_retries", Read: true},
+		// The last address of nginx's $upstream_addr (a map).
+		{Key: FeedbackFieldUpstream, HAProxy: "%si:%sp", Nginx: "$turnout_up", Read: true},
 		{Key: "pool", Nginx: "$" + pool.NginxVar},
 	}
 }

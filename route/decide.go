@@ -13,8 +13,12 @@ import (
 func (s *Decider) Decide(in *Input, v *Verdict) {
 	snap := s.snap.Load()
 	sc := s.getScratch(snap.maxBlocks)
-	s.decideInput(snap, in, v, sc, time.Now())
+	start := time.Now()
+	s.decideInput(snap, in, v, sc, start)
 	s.noteVerdict(v)
+	if v.Status != 200 {
+		s.logRefusal(sc, v, start)
+	}
 	s.release(sc)
 }
 
@@ -25,6 +29,7 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 	cfg := snap.Config
 	r := &sc.req
 	*r = fleet.Request{Truncated: in.Truncated}
+	sc.dsnap, sc.dep, sc.model, sc.refusedPool = snap, nil, -1, nil
 	body := in.Body
 	if len(body) > cfg.MaxBody {
 		body, r.Truncated = body[:cfg.MaxBody], true
@@ -59,7 +64,8 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 	var d *Deployment
 	switch {
 	case len(model) > 0:
-		d = snap.byModel[string(model)]
+		ref := snap.byModel[string(model)]
+		d, sc.model = ref.d, ref.idx
 		if d == nil {
 			s.m.errors[errUnknownModel].Add(1)
 			v.refuse(404, "invalid_request_error", "model_not_found",
@@ -74,6 +80,7 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 			"a \"model\" is required: several deployments are served")
 		return
 	}
+	sc.dep = d
 	if len(r.Session) > 0 {
 		r.HasSession = true
 		r.SessionHash = fleet.HashKey(r.Session)
@@ -122,6 +129,7 @@ func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdi
 		}
 		s.pick(snap, pr.Pool, sc, c, sc.picks[i*n:i*n:(i+1)*n])
 		if len(c.Endpoints) == 0 && pr.Role == ProfileServe {
+			sc.refusedPool = pr.Pool
 			s.refuse(v, pr.Pool, c.Reject)
 			return
 		}
@@ -131,7 +139,7 @@ func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdi
 		if len(snap.Deployments) > 1 && refuseDuplicateModel(v, &sc.idx) {
 			return
 		}
-		s.route(v, d.Serve, &sc.choices[0], start)
+		s.route(v, d.Serve, &sc.choices[0], sc, start)
 		return
 	}
 	s.finishPD(snap, d, in, v, sc, start)
@@ -190,11 +198,12 @@ func (s *Decider) sharePrefix(p *fleet.Pool, e *fleet.Endpoint, blocks []uint64)
 }
 
 // route opens the decision for the policy's first pick and fills v with it.
-func (s *Decider) route(v *Verdict, p *fleet.Pool, c *fleet.Choice, start time.Time) {
+func (s *Decider) route(v *Verdict, p *fleet.Pool, c *fleet.Choice, sc *Txn, start time.Time) {
 	picks := c.Endpoints
 	e := picks[0]
 	v.Status = 200
-	v.Decision = s.dec.open(e, start.UnixNano())
+	m := decisionMeta{pool: p, snap: sc.dsnap, model: sc.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: sc.req.HasSession}
+	v.Decision = s.dec.open(e, start.UnixNano(), &m)
 	v.Server, v.Addr, v.Pool = e.NameHdr, e.AddrHdr, p.NameHdr
 	v.Fallbacks = v.fb[:0]
 	for _, f := range picks[1:] {
@@ -271,6 +280,13 @@ type Txn struct {
 	pdh pdHeaders
 	// names remembers what the request header names are (headers.go).
 	names nameMemo
+	// What the ledger and the request log keep of the decision
+	// (decisions.go): the snapshot deciding, the deployment, the model as an
+	// index into the snapshot's model names, the pool that had no endpoint.
+	dsnap       *Snapshot
+	dep         *Deployment
+	model       int32
+	refusedPool *fleet.Pool
 }
 
 // TxnBuffers are a transport's buffers: Body holds a streamed request
@@ -328,6 +344,9 @@ func (t *Txn) ProxyHeader(name, value []byte) {
 func (s *Decider) DecideTxn(t *Txn) *Verdict {
 	s.decideInput(t.snap, &t.in, &t.v, t, t.start)
 	s.noteVerdict(&t.v)
+	if t.v.Status != 200 {
+		s.logRefusal(t, &t.v, t.start)
+	}
 	return &t.v
 }
 

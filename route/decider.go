@@ -54,6 +54,8 @@ type Decider struct {
 	cancel context.CancelFunc
 	// onApply hooks run after every accepted snapshot (e.g. KV subscribers).
 	onApply []func(*Snapshot)
+	// reqlog is the request log's sink and sampling (decisions.go); nil: off.
+	reqlog atomic.Pointer[requestLog]
 	// sink receives prefix decisions for other instances (cluster sync).
 	sink atomic.Pointer[sinkBox]
 	// kvHub owns bound KV-event sockets, shared by every pool using them.
@@ -158,7 +160,8 @@ func (s *Decider) Rejected() { s.m.reloadFailed.Add(1) }
 func (s *Decider) Snapshot() *Snapshot { return s.snap.Load() }
 
 // Complete closes a decision by id (feedback from the proxy).
-func (s *Decider) Complete(id uint64) bool { return s.dec.close(id) }
+// A sampled one goes to the request log, without the proxy's figures.
+func (s *Decider) Complete(id uint64) bool { return s.CloseDecisionWith(id, NoCompletion()) != nil }
 
 // Run ticks until ctx ends: each tick expires stale decisions (the
 // ledger's sweep), then runs the OnTick hooks (route/feedback watches

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/turnout/turnout/route/fleet"
 )
 
@@ -38,12 +40,57 @@ type decisions struct {
 	openedAtClose atomic.Uint64
 }
 
+// decisionSlot is one decision: open while st is set, then kept (closed
+// or expired, with the proxy's completion) until the ring reuses the slot,
+// for the request log and GET /internal/decision/<id>. Every field is fixed
+// size (pointers into the snapshot, an index for the model), so opening
+// and closing copy words and never allocate.
 type decisionSlot struct {
 	mu    sync.Mutex
 	id    uint64
-	st    *fleet.State
 	start int64 // unix nanos
+	// ep is the chosen endpoint; the decision holds one of its in-flight
+	// counts while end is endOpen (a zero slot has none).
+	ep     *fleet.Endpoint
+	pool   *fleet.Pool
+	snap   *Snapshot       // model indexes its modelNames
+	served *fleet.Endpoint // srv of the feedback line: the fallback that answered, after a retry
+	// model is an index into snap.modelNames (-1: none).
+	model, matched int32
+	// The proxy's completion (-1: not sent).
+	ms, ttfb        int32
+	status, retries int16
+	outcome         fleet.Outcome
+	session         bool
+	end             decisionEnd
 }
+
+// decisionMeta is what a decision was, for its log line and lookup.
+type decisionMeta struct {
+	pool    *fleet.Pool
+	snap    *Snapshot
+	model   int32
+	matched int32
+	outcome fleet.Outcome
+	session bool
+}
+
+// open reports the state the open decision counts in flight on, or nil.
+func (s *decisionSlot) openState() *fleet.State {
+	if s.end != endOpen || s.ep == nil {
+		return nil
+	}
+	return s.ep.State
+}
+
+// decisionEnd is how a decision left the open state.
+type decisionEnd uint8
+
+const (
+	endOpen decisionEnd = iota
+	endClosed
+	endExpired
+)
 
 func newDecisions(size int, seed uint64) *decisions {
 	n := 1
@@ -62,17 +109,19 @@ func (d *decisions) opened() uint64 { return d.next.Load() - d.first }
 // open records a decision for e and returns its id. The random part comes
 // from math/rand/v2's runtime source (ChaCha8 per thread, seeded by the OS):
 // unpredictable, lock-free and allocation-free.
-func (d *decisions) open(e *fleet.Endpoint, now int64) uint64 {
+func (d *decisions) open(e *fleet.Endpoint, now int64, m *decisionMeta) uint64 {
 	seq := d.next.Add(1)
 	id := rand.Uint64()&^d.mask | seq&d.mask
 	s := &d.slots[seq&d.mask]
 	s.mu.Lock()
-	if s.st != nil {
-		s.st.Inflight.Add(-1)
-		s.st.Expired.Add(1)
+	if st := s.openState(); st != nil {
+		st.Inflight.Add(-1)
+		st.Expired.Add(1)
 		d.overwritten.Add(1)
 	}
-	s.id, s.st, s.start = id, e.State, now
+	s.id, s.start, s.ep, s.pool, s.snap, s.served = id, now, e, m.pool, m.snap, nil
+	s.model, s.matched, s.outcome, s.session = m.model, m.matched, m.outcome, m.session
+	s.end, s.status, s.retries, s.ms, s.ttfb = endOpen, -1, -1, -1, -1
 	s.mu.Unlock()
 	e.State.Inflight.Add(1)
 	e.State.Decisions.Add(1)
@@ -87,6 +136,12 @@ func (d *decisions) close(id uint64) bool {
 // closeState completes a decision and returns the state of its endpoint (nil
 // when the id is unknown or already completed).
 func (d *decisions) closeState(id uint64) *fleet.State {
+	return d.closeWith(id, NoCompletion(), nil)
+}
+
+// closeWith completes a decision with the proxy's figures c; when rec is
+// not nil it also receives the closed decision (the request log's line).
+func (d *decisions) closeWith(id uint64, c Completion, rec *DecisionRecord) *fleet.State {
 	s := &d.slots[id&d.mask]
 	s.mu.Lock()
 	switch {
@@ -94,13 +149,17 @@ func (d *decisions) closeState(id uint64) *fleet.State {
 		s.mu.Unlock()
 		d.unknown.Add(1)
 		return nil
-	case s.st == nil:
+	case s.openState() == nil:
 		s.mu.Unlock()
 		d.duplicate.Add(1)
 		return nil
 	}
-	st := s.st
-	s.st = nil
+	st := s.ep.State
+	s.end = endClosed
+	s.status, s.retries, s.ms, s.ttfb, s.served = clamp16(c.Status), clamp16(c.Retries), clamp32(c.Ms), clamp32(c.TTFB), c.Served
+	if rec != nil {
+		s.record(rec)
+	}
 	s.mu.Unlock()
 	st.Inflight.Add(-1)
 	d.completed.Add(1)
@@ -125,11 +184,11 @@ func (d *decisions) sweep(now time.Time, ttl time.Duration, markStale bool) {
 	for i := range d.slots {
 		s := &d.slots[i]
 		s.mu.Lock()
-		if st := s.st; st != nil {
+		if st := s.openState(); st != nil {
 			if s.start < cut {
 				st.Inflight.Add(-1)
 				st.Expired.Add(1)
-				s.st = nil
+				s.end = endExpired
 				d.expired.Add(1)
 			} else if markStale {
 				if b := st.Stall.BudgetNs.Load(); b > 0 && nowNs-s.start > b/2 {
@@ -151,6 +210,11 @@ func (d *decisions) sweep(now time.Time, ttl time.Duration, markStale bool) {
 		}
 	}
 }
+
+// clamp16 and clamp32 fit a feedback figure into its slot field (-1 stays
+// unknown; a larger value saturates).
+func clamp16(v int64) int16 { return int16(max(-1, min(v, 1<<15-1))) }
+func clamp32(v int64) int32 { return int32(max(-1, min(v, 1<<31-1))) }
 
 // appendID writes a decision id as 16 hex digits, 8 at a time (hex8): a
 // loop over digits cost ~160 instructions per decision, an append per
@@ -197,8 +261,8 @@ func (d *decisions) reconcile(beforeNs int64) uint64 {
 	for i := range d.slots {
 		s := &d.slots[i]
 		s.mu.Lock()
-		if s.st != nil && s.start < beforeNs {
-			open[s.st]++
+		if st := s.openState(); st != nil && s.start < beforeNs {
+			open[st]++
 		}
 		s.mu.Unlock()
 	}
@@ -219,10 +283,10 @@ func (d *decisions) reconcile(beforeNs int64) uint64 {
 	for j := range uint64(len(d.slots)) {
 		s := &d.slots[(first+j)&d.mask]
 		s.mu.Lock()
-		if st := s.st; st != nil && s.start < beforeNs && excess[st] > 0 {
+		if st := s.openState(); st != nil && s.start < beforeNs && excess[st] > 0 {
 			excess[st]--
 			closed[st]++
-			s.st = nil
+			s.end = endExpired
 			st.Inflight.Add(-1)
 			st.Expired.Add(1)
 			total++
@@ -234,4 +298,192 @@ func (d *decisions) reconcile(beforeNs int64) uint64 {
 	}
 	d.reconciled.Add(total)
 	return total
+}
+
+// The request log's record: what the ledger (decisions.go) keeps of one
+// decision, with the proxy's completion, and what a refusal was. One
+// writer of its fields (DecisionRecord.Fields) serves the log line and
+// GET /internal/decision/<id>, so both say the same thing.
+
+// Completion is what the proxy's feedback line says about a finished
+// request (-1: the line did not say).
+type Completion struct {
+	Status, Ms, TTFB int64
+	// Retries is how many times the proxy retried the connection (HAProxy's
+	// %rc, a redispatch to a fallback included).
+	Retries int64
+	// Served is the endpoint that answered (the line's srv), nil if unknown.
+	Served *fleet.Endpoint
+}
+
+// NoCompletion is a close without the proxy's figures (/internal/done).
+func NoCompletion() Completion {
+	return Completion{Status: -1, Ms: -1, TTFB: -1, Retries: -1}
+}
+
+// DecisionRecord is one request as the request log writes it. Its strings
+// are the snapshot's own (no copies), except a refused request's model.
+type DecisionRecord struct {
+	// ID is the decision id (0: a refusal, no decision opened).
+	ID                                uint64
+	Deployment, Model, Endpoint, Pool string
+	// Outcome is the policy's (balanced, affinity, overflow), or "refused".
+	Outcome string
+	// Reason is a refusal's reason code (X-Turnout-Reason).
+	Reason        string
+	MatchedBlocks int
+	Session       bool
+	Start         time.Time
+	// State is open, closed or expired (expired: no feedback line came
+	// within decision_ttl).
+	State string
+	// The completion (-1: unknown) and the endpoint that served it.
+	Status, TTFBMs, DurationMs, Retries int64
+	ServedBy                            string
+}
+
+// record copies the slot into r (the caller holds the slot's lock).
+func (s *decisionSlot) record(r *DecisionRecord) {
+	*r = DecisionRecord{
+		ID: s.id, MatchedBlocks: int(s.matched), Session: s.session,
+		Start: time.Unix(0, s.start), Outcome: s.outcome.String(),
+		Status: int64(s.status), TTFBMs: int64(s.ttfb), DurationMs: int64(s.ms), Retries: int64(s.retries),
+	}
+	if s.ep != nil {
+		r.Endpoint = s.ep.Name
+	}
+	if s.pool != nil {
+		r.Pool, r.Deployment = s.pool.Name, s.pool.Deployment
+	}
+	if s.snap != nil && s.model >= 0 && int(s.model) < len(s.snap.modelNames) {
+		r.Model = s.snap.modelNames[s.model]
+	}
+	if s.served != nil {
+		r.ServedBy = s.served.Name
+	}
+	switch s.end {
+	case endOpen:
+		r.State = "open"
+	case endClosed:
+		r.State = "closed"
+	default:
+		r.State = "expired"
+	}
+}
+
+// Fields writes the record's fields (docs/request-log.md names each) to e.
+func (r *DecisionRecord) Fields(e *zerolog.Event) *zerolog.Event {
+	if r.ID != 0 {
+		var b [8]byte // the id's 16 hex digits, without a string
+		binary.BigEndian.PutUint64(b[:], r.ID)
+		e = e.Hex("decision", b[:])
+	}
+	e = e.Str("deployment", r.Deployment).Str("model", r.Model).
+		Str("endpoint", r.Endpoint).Str("pool", r.Pool).
+		Str("outcome", r.Outcome)
+	if r.Reason != "" {
+		e = e.Str("reason", r.Reason)
+	}
+	e = e.Int("matched_blocks", r.MatchedBlocks).Bool("session", r.Session).
+		Int64("status", r.Status).Int64("ttfb_ms", r.TTFBMs).Int64("duration_ms", r.DurationMs).
+		Int64("retries", r.Retries).Str("served_by", r.ServedBy).Str("state", r.State)
+	if !r.Start.IsZero() {
+		e = e.Time("start", r.Start)
+	}
+	return e
+}
+
+// RequestSink receives the sampled records: completed requests (from the
+// feedback loop's goroutine) and refusals (from the decision's). It may
+// block briefly (a write); it must not keep r.
+type RequestSink interface {
+	Request(r *DecisionRecord)
+}
+
+// requestLog is the installed sink and its sample threshold.
+type requestLog struct {
+	sink RequestSink
+	// below: a decision is logged when mix(id) < below (rate * 2^64).
+	below uint64
+	all   bool
+}
+
+// sampled decides from the id alone (ids are random above the ring bits;
+// the multiply spreads them), so the choice costs a multiply.
+func (l *requestLog) sampled(id uint64) bool {
+	if l.all {
+		return true
+	}
+	return id*0x9e3779b97f4a7c15 < l.below
+}
+
+// SetRequestSink installs (nil: removes) the request log at sample rate
+// (0..1].
+func (s *Decider) SetRequestSink(sink RequestSink, rate float64) {
+	if sink == nil || rate <= 0 {
+		s.reqlog.Store(nil)
+		return
+	}
+	l := &requestLog{sink: sink, all: rate >= 1}
+	if !l.all {
+		l.below = uint64(rate * (1 << 63) * 2)
+	}
+	s.reqlog.Store(l)
+}
+
+// CloseDecisionWith completes a decision with the proxy's figures (the
+// feedback line) and returns the state of its endpoint (nil when the id is
+// unknown or already completed). A sampled decision goes to the request log.
+func (s *Decider) CloseDecisionWith(id uint64, c Completion) *fleet.State {
+	l := s.reqlog.Load()
+	if l == nil || !l.sampled(id) {
+		return s.dec.closeWith(id, c, nil)
+	}
+	var r DecisionRecord
+	st := s.dec.closeWith(id, c, &r)
+	if st != nil {
+		l.sink.Request(&r)
+	}
+	return st
+}
+
+// lookupWindow bounds how old a decision GET /internal/decision/<id> still
+// finds: recent enough to explain a slow request, short enough that an id
+// does not become a lasting handle (the ring bounds it by count too).
+const lookupWindow = 15 * time.Minute
+
+// LookupDecision fills r with a recent decision (open, or started within
+// the last 15 minutes and still in the ledger's ring); false when unknown.
+func (s *Decider) LookupDecision(id uint64, now time.Time, r *DecisionRecord) bool {
+	d := s.dec
+	sl := &d.slots[id&d.mask]
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	if sl.id != id || sl.ep == nil || (sl.end != endOpen && now.UnixNano()-sl.start > int64(lookupWindow)) {
+		return false
+	}
+	sl.record(r)
+	return true
+}
+
+// logRefusal writes a sampled refusal: the request had no decision, so
+// what it had is the deployment (if the model named one), the model as
+// sent, and the reason (a refusal allocates anyway: its error body).
+func (s *Decider) logRefusal(sc *Txn, v *Verdict, start time.Time) {
+	l := s.reqlog.Load()
+	if l == nil || !l.sampled(rand.Uint64()) {
+		return
+	}
+	r := DecisionRecord{
+		Model: string(cut(sc.req.Model, maxEchoModel)), Outcome: "refused", Reason: v.Reason,
+		Session: sc.req.HasSession || len(sc.req.Session) > 0, Status: int64(v.Status),
+		TTFBMs: -1, DurationMs: -1, Retries: -1, State: "refused", Start: start,
+	}
+	if sc.dep != nil {
+		r.Deployment = sc.dep.Name
+	}
+	if sc.refusedPool != nil {
+		r.Pool = sc.refusedPool.Name
+	}
+	l.sink.Request(&r)
 }

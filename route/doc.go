@@ -30,10 +30,12 @@
 //	5 route/health             active health checks and the served-model checks
 //	5 route/engineload         engine load scraped from each replica's /metrics
 //	5 route/cluster            prefix decisions shared between turnout instances over NATS
+//	5 route/reqlog             the request log's destinations (stdout, rotated file, syslog)
 //
 // Layer 5 packages hold a *Decider and use its exported API (Begin,
-// ProxyHeader, DecideTxn, End, Decide, Complete, CloseDecision, OnApply,
-// OnTick, AddMetrics, AddReadiness); cmd/turnout wires them together.
+// ProxyHeader, DecideTxn, End, Decide, Complete, CloseDecision,
+// CloseDecisionWith, LookupDecision, SetRequestSink, OnApply, OnTick,
+// AddMetrics, AddReadiness); cmd/turnout wires them together.
 //
 // # A decision
 //
@@ -61,7 +63,9 @@
 //     glue acts on (GlueActionFor); the transport writes it. The decision
 //     stays open in the ledger (decisions.go) until the proxy's feedback
 //     (/internal/done, or the syslog line of contract.go read by
-//     route/feedback) closes it, which keeps the load counters honest.
+//     route/feedback) closes it, which keeps the load counters honest;
+//     its slot keeps what the request log and GET /internal/decision/<id>
+//     show until the ring reuses it.
 //
 // What serves the decision without being part of it lives beside route:
 // the config file poller (internal/filewatch), the connection limit whose

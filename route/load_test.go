@@ -22,7 +22,7 @@ func TestEndpointLoad(t *testing.T) {
 	}
 	var ids []uint64
 	for i := 0; i < 2; i++ {
-		ids = append(ids, s.dec.open(e, 0))
+		ids = append(ids, s.dec.open(e, 0, &decisionMeta{model: -1}))
 	}
 	if e.Load() != 22 {
 		t.Fatalf("two decisions after the scrape: load %d, want 22", e.Load())

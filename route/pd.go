@@ -68,7 +68,7 @@ func (s *Decider) finishPD(snap *Snapshot, d *Deployment, in *Input, v *Verdict,
 	cfg := &d.Config.PD
 	serve, pre := &sc.choices[0], &sc.choices[1]
 	if pre.Reject == rejectSkipped {
-		s.route(v, d.Serve, serve, start)
+		s.route(v, d.Serve, serve, sc, start)
 		return
 	}
 	prefill := pre.Endpoints
@@ -76,7 +76,7 @@ func (s *Decider) finishPD(snap *Snapshot, d *Deployment, in *Input, v *Verdict,
 		if cfg.NoPrefill == "aggregate" {
 			s.log.Debug().Str(fleet.FieldDeployment, d.Name).Str(fleet.FieldReason, "no prefill replica").Msg("serving aggregated on decode")
 			s.m.pdPrefill[4].Add(1)
-			s.route(v, d.Serve, serve, start)
+			s.route(v, d.Serve, serve, sc, start)
 			return
 		}
 		v.RetryAfter = true
@@ -103,7 +103,7 @@ func (s *Decider) finishPD(snap *Snapshot, d *Deployment, in *Input, v *Verdict,
 			"prefill failed on every tried replica: "+err.Error())
 		return
 	}
-	s.route(v, d.Serve, serve, start)
+	s.route(v, d.Serve, serve, sc, start)
 	v.KVTransfer = make([]byte, base64.StdEncoding.EncodedLen(len(kv)))
 	base64.StdEncoding.Encode(v.KVTransfer, kv)
 	v.Prefill = used.NameHdr

@@ -36,7 +36,10 @@ type Deployment struct {
 type Snapshot struct {
 	Config      *config.Config
 	Deployments []*Deployment
-	byModel     map[string]*Deployment
+	byModel     map[string]modelRef
+	// modelNames are the served model names (and aliases); the decision
+	// ledger keeps a decision's model as an index into them.
+	modelNames  []string
 	sessionHdrs [][]byte // normalized: lower-case, '_' mapped to '-'
 	modelHdrs   [][]byte
 	// fwdHdrs are ForwardedHeaders, normalized: what an Input keeps;
@@ -51,11 +54,18 @@ type Snapshot struct {
 	// byServer finds an endpoint by its (globally unique) server name, for
 	// feedback lines; fb is the feedback listener's checks.
 	byServer map[string]*fleet.Endpoint
+	byAddr   map[string]*fleet.Endpoint
 	fb       feedbackAuth
 }
 
 // Deployment returns the deployment serving model, or nil.
-func (s *Snapshot) Deployment(model string) *Deployment { return s.byModel[model] }
+func (s *Snapshot) Deployment(model string) *Deployment { return s.byModel[model].d }
+
+// modelRef is a served model name's deployment and its index in modelNames.
+type modelRef struct {
+	d   *Deployment
+	idx int32
+}
 
 // Pools lists every pool in config order.
 func (s *Snapshot) Pools() []*fleet.Pool {
@@ -79,7 +89,7 @@ func newStateStore() *stateStore {
 // buildSnapshot turns a validated config into a snapshot, reusing the state
 // of endpoints and policies that survive from prev (nil on first load).
 func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, store *stateStore, env fleet.PolicyEnv, seed uint64) (*Snapshot, []fleet.Policy, error) {
-	s := &Snapshot{Config: cfg, byModel: map[string]*Deployment{}, byServer: map[string]*fleet.Endpoint{}, fb: newFeedbackAuth(cfg), gen: 1}
+	s := &Snapshot{Config: cfg, byModel: map[string]modelRef{}, byServer: map[string]*fleet.Endpoint{}, byAddr: map[string]*fleet.Endpoint{}, fb: newFeedbackAuth(cfg), gen: 1}
 	if prev != nil {
 		s.gen = prev.gen + 1
 	}
@@ -143,6 +153,9 @@ func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, sto
 				}
 				p.Endpoints = append(p.Endpoints, ep)
 				s.byServer[ec.Name] = ep
+				if s.byAddr[ec.Address] == nil {
+					s.byAddr[ec.Address] = ep
+				}
 			}
 			setStallBudget(p, cfg.StallBudget(pc))
 			pol := dc.PoolPolicy(pc)
@@ -190,7 +203,8 @@ func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, sto
 		d.pickN = min(1+cfg.Fallbacks, maxPicks/len(d.Profiles))
 		s.Deployments = append(s.Deployments, d)
 		for _, m := range dc.Models {
-			s.byModel[m] = d
+			s.byModel[m] = modelRef{d, int32(len(s.modelNames))}
+			s.modelNames = append(s.modelNames, m)
 		}
 	}
 	s.maxBlocks = cfg.MaxBody/minBlock + 1
@@ -360,3 +374,8 @@ func setStallBudget(p *fleet.Pool, budget time.Duration) {
 // EndpointByServer finds an endpoint by its (globally unique) server name,
 // as a feedback line names it; nil when none.
 func (s *Snapshot) EndpointByServer(name []byte) *fleet.Endpoint { return s.byServer[string(name)] }
+
+// EndpointByAddr finds an endpoint by its address (the first in config
+// order when several pools share one), for a feedback line whose proxy
+// names the replica that answered only by address (nginx, after a retry).
+func (s *Snapshot) EndpointByAddr(addr []byte) *fleet.Endpoint { return s.byAddr[string(addr)] }

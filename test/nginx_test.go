@@ -91,7 +91,8 @@ type nstack struct {
 	t                                *testing.T
 	dir, turnoutAddr, ngAddr, syslog string
 	failMode                         string
-	noHealth                         bool // turnout never marks a replica down
+	noHealth                         bool   // turnout never marks a replica down
+	extraYAML                        string // top-level config lines before deployments:
 	deps                             []ndep
 	T                                *Turnout
 	N                                *Nginx
@@ -113,8 +114,8 @@ proxy:
   breaker_failures: 3
   breaker_cooldown: 30s
 nginx: {listen: %q, dir: %q, mode: body}
-deployments:
-`, s.turnoutAddr, s.syslog, s.noHealth, s.failMode, s.ngAddr, s.dir)
+%sdeployments:
+`, s.turnoutAddr, s.syslog, s.noHealth, s.failMode, s.ngAddr, s.dir, s.extraYAML)
 	pool := func(role string, ms []*Mock) {
 		fmt.Fprintf(&b, "      - role: %s\n        endpoints:\n", role)
 		for _, m := range ms {

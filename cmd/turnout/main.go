@@ -45,8 +45,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
-	human := cli.HumanOutput(stderr, os.Getenv("TURNOUT_LOG_FORMAT"))
-	log := cli.NewLogger(stderr, os.Getenv("TURNOUT_LOG_LEVEL"), human)
+	format := os.Getenv("TURNOUT_LOG_FORMAT")
+	human := cli.HumanOutput(stderr, format)
+	log := cli.NewLogger(cli.LogWriter(stderr, format), os.Getenv("TURNOUT_LOG_LEVEL"), human)
 	var err error
 	switch args[0] {
 	case "-h", "--help", "help":

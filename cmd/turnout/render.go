@@ -131,6 +131,7 @@ func renderHAProxy(cfg *config.Config, out, prefix, socket string, check bool, l
 		}
 	}
 	log.Info().Str("dir", dir).Str("path_prefix", opts.Dir).Str("structure", files.State.Structure).Msg("rendered HAProxy config")
+	warnSPOEFromFlag(cfg, dir, log) // spoewarn.go
 	return nil
 }
 

@@ -45,6 +45,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 			log = &l
 		}
 	}
+	cli.RouteKlog(log) // client-go's informers log through klog
 	opts := control.Options{
 		ConfigPath: *cfgPath, Listen: *listen, Watch: *watch, Kubeconfig: *kubeconfig, Version: version, Log: log,
 		HAProxy: haproxy.SyncOptions{Socket: *haSocket, Dir: *haDir, PIDFile: *haPID},

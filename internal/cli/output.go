@@ -29,13 +29,13 @@ func NewLogger(w io.Writer, level string, human bool) *zerolog.Logger {
 }
 
 // HumanOutput decides between text for a person and JSON lines for a log
-// collector: TURNOUT_LOG_FORMAT=text|json when set, else text when stderr is
+// collector: TURNOUT_LOG_FORMAT=text|json|journald when set, else text when stderr is
 // a terminal.
 func HumanOutput(stderr io.Writer, format string) bool {
 	switch format {
 	case "text", "console":
 		return true
-	case "json":
+	case "json", "journald":
 		return false
 	}
 	f, ok := stderr.(*os.File)

@@ -75,6 +75,8 @@ type Config struct {
 	Cluster ClusterConfig `yaml:"cluster"`
 	// Limits bound what clients of turnout's HTTP listener can hold.
 	Limits LimitsConfig `yaml:"limits"`
+	// RequestLog writes one line per request (requestlog.go).
+	RequestLog RequestLogConfig `yaml:"request_log"`
 
 	// Presets are named policies composed from stages (stages.go), chosen
 	// by name like the built-in ones.
@@ -600,6 +602,7 @@ func (c *Config) ApplyDefaults() {
 		c.Health.MinReady = 1
 	}
 	c.applyFeedbackDefaults()
+	c.applyRequestLogDefaults()
 	p := &c.Proxy
 	if c.HAProxy.Path == "" {
 		// SPOE by default, on a local socket; a config that sends the proxy
@@ -737,6 +740,7 @@ func (c *Config) Validate() error {
 		bad("health.min_ready", "%d out of range [1, 10000]", c.Health.MinReady)
 	}
 	c.validateFeedback(bad)
+	c.validateRequestLog(bad)
 	if !strings.HasPrefix(c.Health.Path, "/") || strings.ContainsAny(c.Health.Path, " \t\r\n\"'") {
 		bad("health.path", "%q is not an absolute path", c.Health.Path)
 	}

@@ -84,6 +84,8 @@ type Loop struct {
 	lns   *listeners
 	px    *proxies
 	fleet *discovery.Fleet
+	// rl is the request log (reqlog.go), reopened when request_log changes.
+	rl *requestLogs
 
 	// queued are listener changes of applied reloads waiting for the
 	// first proxy sync that carries their config (with discovery, the
@@ -124,7 +126,9 @@ func New(srv *Core, opts Options) (*Loop, error) {
 		}
 		px.syncers = append(px.syncers, ns)
 	}
-	return &Loop{opts: opts, log: log, core: c, lns: lns, px: px}, nil
+	rl := &requestLogs{log: log, core: c, stdout: os.Stdout, stderr: os.Stderr}
+	c.onApply(rl.apply)
+	return &Loop{opts: opts, log: log, core: c, lns: lns, px: px, rl: rl}, nil
 }
 
 // Run serves cfg (the config the core was built with) until ctx ends: it
@@ -135,6 +139,7 @@ func (l *Loop) Run(ctx context.Context, cfg *config.Config) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	defer l.rl.close()
 	go l.px.run(ctx)
 	l.fleet = newFleet(ctx, l.core, l.opts.Kubeconfig, l.log, l.apply)
 	l.core.addMetrics(l.fleet.WriteMetrics) // turnout_discovery_*
@@ -144,10 +149,8 @@ func (l *Loop) Run(ctx context.Context, cfg *config.Config) error {
 		return err
 	}
 	l.lns.start(ch)
-	if l.lns.spoeAddr(cfg) == "" && cfg.HAProxy.Path == config.HAProxyPathSPOE {
-		// An HAProxy rendered for this config would find no agent and fail open.
-		l.log.Info().Msg("no SPOE agent: give --haproxy-dir (or haproxy.dir, or haproxy.spoe) when HAProxy routes through turnout")
-	}
+	l.warnNoAgent(cfg) // spoecheck.go
+	l.addNoAgentReadiness()
 	// Without discovery the core already runs cfg: the proxies get it at
 	// once. With discovery, the first merge goes to the proxies once the
 	// watches have listed.
@@ -248,6 +251,7 @@ func (l *Loop) reload(ctx context.Context, why string) {
 	l.lns.start(ch)
 	l.log.Info().Str("trigger", why).Int("deployments", len(c.Deployments)).Strs("listeners_changed", ch.fields).Msg("config reloaded")
 	cli.LogWarnings(l.log, l.opts.ConfigPath, c)
+	l.warnNoAgent(c)
 	if !l.px.managed() && len(ch.replace) > 0 {
 		l.log.Warn().Strs("fields", ch.fields).Dur("grace", unmanagedGrace).Msg("listener address changed and no proxy is managed: point the proxy at the new address; the old listener closes after the grace")
 		l.lns.retire(ch, unmanagedGrace, c.Proxy.StreamTimeout.D())

@@ -13,6 +13,7 @@ import (
 	"github.com/turnout/turnout/route/feedback"
 	"github.com/turnout/turnout/route/health"
 	"github.com/turnout/turnout/route/httpapi"
+	"github.com/turnout/turnout/route/reqlog"
 	"github.com/turnout/turnout/route/spoe"
 )
 
@@ -92,3 +93,23 @@ func overloadedAnswer() []byte { return httpapi.OverloadedAnswer() }
 func (c core) noteOverloaded() {
 	c.srv.NoteRefusal(503, route.ReasonOverloaded, "too many connections to turnout (limits.max_conns)")
 }
+
+// onApply runs fn with each config the core accepts (and the current one).
+func (c core) onApply(fn func(*config.Config)) {
+	c.srv.OnApply(func(s *route.Snapshot) { fn(s.Config) })
+}
+
+// setRequestLog installs the request log at a sample rate (nil: off).
+func (c core) setRequestLog(l *reqlog.Log, rate float64) {
+	if l == nil {
+		c.srv.SetRequestSink(nil, 0)
+		return
+	}
+	c.srv.SetRequestSink(l, rate)
+}
+
+// addReadiness adds a writer of /readyz?verbose lines.
+func (c core) addReadiness(fn func(*strings.Builder)) { c.srv.AddReadiness(fn) }
+
+// config is the config the core runs.
+func (c core) config() *config.Config { return c.srv.Snapshot().Config }

@@ -13,9 +13,10 @@ import (
 
 // feedbackFields are the parsed fields of one line (views into it).
 type feedbackFields struct {
-	id, srv, tok          []byte
+	id, srv, tok, up      []byte
 	hasID, hasSrv, hasTok bool
 	status, ms, ttfb      int64 // -1 = absent or unknown
+	retries               int64
 }
 
 // parseFeedbackLine reads the key=value fields after route.FeedbackTag in line
@@ -32,7 +33,7 @@ func parseFeedbackLine(line []byte) (f feedbackFields, ok bool) {
 // parseFeedback reads space-separated key=value fields in any order;
 // unknown keys and pieces without a key are skipped, values may be quoted.
 func parseFeedback(rest []byte) (f feedbackFields) {
-	f.status, f.ms, f.ttfb = -1, -1, -1
+	f.status, f.ms, f.ttfb, f.retries = -1, -1, -1, -1
 	for len(rest) > 0 {
 		var kv []byte
 		if j := bytes.IndexByte(rest, ' '); j >= 0 {
@@ -56,6 +57,11 @@ func parseFeedback(rest []byte) (f feedbackFields) {
 			f.ms = parseMs(v)
 		case route.FeedbackFieldTTFB:
 			f.ttfb = parseMs(v)
+		case route.FeedbackFieldRetries:
+			// "+1": the retry redispatched to another server.
+			f.retries = parseMs(bytes.TrimPrefix(v, []byte("+")))
+		case route.FeedbackFieldUpstream:
+			f.up = v
 		case route.FeedbackFieldToken:
 			f.tok, f.hasTok = v, true
 		}

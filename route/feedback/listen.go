@@ -118,6 +118,17 @@ func (l *Loop) Line(line []byte) bool {
 		return false
 	}
 	l.lines.Add(1)
+	var served *fleet.Endpoint
+	if f.hasSrv {
+		served = snap.EndpointByServer(f.srv)
+	}
+	// nginx names its choice in srv even after retrying elsewhere; the
+	// address that answered says who served.
+	if len(f.up) > 0 && (served == nil || string(served.AddrHdr) != string(f.up)) {
+		if e := snap.EndpointByAddr(f.up); e != nil {
+			served = e
+		}
+	}
 	var st *fleet.State
 	if len(f.id) > 0 && f.id[0] != '-' { // "-" or "": the proxy routed without turnout
 		id, ok := route.ParseDecisionID(f.id)
@@ -125,14 +136,14 @@ func (l *Loop) Line(line []byte) bool {
 			l.bad.Add(1)
 			return false
 		}
-		st = l.d.CloseDecision(id)
+		st = l.d.CloseDecisionWith(id, route.Completion{Status: f.status, Ms: f.ms, TTFB: f.ttfb, Retries: f.retries, Served: served})
 	}
 	closed := st != nil
 	switch {
 	case f.hasSrv:
 		st = nil
-		if e := snap.EndpointByServer(f.srv); e != nil {
-			st = e.State
+		if served != nil {
+			st = served.State
 		}
 	case !closed:
 		st = nil

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"crypto/subtle"
 	"encoding/base64"
 	"errors"
@@ -54,6 +55,10 @@ func (a *API) Handler(ctx *fasthttp.RequestCtx) {
 	case route.PathMetrics:
 		a.metrics(ctx)
 	default:
+		if bytes.HasPrefix(ctx.Path(), pathDecisionB) {
+			a.decision(ctx) // decision.go
+			return
+		}
 		a.refuse(ctx, fasthttp.StatusNotFound, "invalid_request_error", "not_found", "no such path; turnout serves "+route.PathRoute)
 	}
 }

@@ -1,0 +1,182 @@
+package feedback
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/route"
+)
+
+// recSink keeps the request log's records.
+type recSink struct {
+	mu   sync.Mutex
+	recs []route.DecisionRecord
+}
+
+func (s *recSink) Request(r *route.DecisionRecord) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.recs = append(s.recs, *r)
+}
+
+// TestRequestLogRecords: a routed request closed by a feedback line whose
+// srv is the fallback (a retry redispatched) gives one record with the
+// decision's fields and the line's figures; the lookup finds the same
+// decision closed; a refusal gives a record with its reason and status.
+func TestRequestLogRecords(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", `"127.0.0.1"`, "s3cret-token-0123456789"))
+	var sink recSink
+	s.SetRequestSink(&sink, 1)
+
+	ctx := routeCtx(chatBody("llama", "sys", "hi"), "user-7")
+	s.api.Handler(ctx)
+	if ctx.Response.StatusCode() != 200 {
+		t.Fatalf("route: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	id, srv := hdr(ctx, route.HdrDecision), hdr(ctx, route.HdrServer)
+	other := map[string]string{"a": "b", "b": "a"}[srv]
+	var dec uint64
+	fmt.Sscanf(id, "%x", &dec)
+	var open route.DecisionRecord
+	if !s.LookupDecision(dec, time.Now(), &open) || open.State != "open" || open.Endpoint != srv {
+		t.Fatalf("lookup of the open decision: %+v", open)
+	}
+	line := fmt.Sprintf("turnout-done id=%s srv=%s status=200 ms=1234 ttfb=56 tok=s3cret-token-0123456789 retries=+1", id, other)
+	s.Datagram(netip.MustParseAddr("127.0.0.1"), []byte(line))
+	if len(sink.recs) != 1 {
+		t.Fatalf("%d records, want 1", len(sink.recs))
+	}
+	r := sink.recs[0]
+	want := route.DecisionRecord{
+		ID: dec, Deployment: "llama", Model: "llama", Endpoint: srv, Pool: "llama_mixed", Outcome: "balanced",
+		Session: true, State: "closed", Status: 200, TTFBMs: 56, DurationMs: 1234, Retries: 1, ServedBy: other, Start: r.Start,
+	}
+	if r != want {
+		t.Errorf("record\n got %+v\nwant %+v", r, want)
+	}
+	var closed route.DecisionRecord
+	if !s.LookupDecision(dec, time.Now(), &closed) || closed != want {
+		t.Errorf("lookup after close: %+v", closed)
+	}
+	if s.LookupDecision(dec, time.Now().Add(time.Hour), &closed) {
+		t.Error("a decision an hour old is still found")
+	}
+	if s.LookupDecision(dec^1<<40, time.Now(), &closed) {
+		t.Error("an unknown id is found")
+	}
+
+	// The fields as the line and the lookup write them.
+	var b bytes.Buffer
+	zl := zerolog.New(&b)
+	r.Fields(zl.Log()).Send()
+	for _, f := range []string{`"decision":"` + id + `"`, `"deployment":"llama"`, `"model":"llama"`, `"endpoint":"` + srv + `"`,
+		`"pool":"llama_mixed"`, `"outcome":"balanced"`, `"matched_blocks":0`, `"session":true`, `"status":200`,
+		`"ttfb_ms":56`, `"duration_ms":1234`, `"retries":1`, `"served_by":"` + other + `"`, `"state":"closed"`, `"start":`} {
+		if !strings.Contains(b.String(), f) {
+			t.Errorf("line lacks %s: %s", f, b.String())
+		}
+	}
+
+	ctx = routeCtx(chatBody("gpt-unknown", "sys", "hi"), "")
+	s.api.Handler(ctx)
+	if ctx.Response.StatusCode() != 404 || len(sink.recs) != 2 {
+		t.Fatalf("unknown model: %d, %d records", ctx.Response.StatusCode(), len(sink.recs))
+	}
+	if r := sink.recs[1]; r.ID != 0 || r.Model != "gpt-unknown" || r.Status != 404 || r.Reason != "model_not_found" || r.Outcome != "refused" {
+		t.Errorf("refusal record: %+v", r)
+	}
+
+	// Off: nothing more is written.
+	s.SetRequestSink(nil, 0)
+	s.api.Handler(routeCtx(chatBody("gpt-unknown", "sys", "hi"), ""))
+	if len(sink.recs) != 2 {
+		t.Errorf("request log off wrote %d records", len(sink.recs)-2)
+	}
+}
+
+// TestRequestLogSampleRate: a rate logs about that fraction of decisions.
+func TestRequestLogSampleRate(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", `"127.0.0.1"`, "s3cret-token-0123456789"))
+	var sink recSink
+	s.SetRequestSink(&sink, 0.1)
+	const n = 4000
+	for range n {
+		ctx := routeCtx(chatBody("llama", "sys", "hi"), "")
+		s.api.Handler(ctx)
+		s.Line([]byte("turnout-done id=" + hdr(ctx, route.HdrDecision) + " status=200 ms=1 ttfb=1 tok=s3cret-token-0123456789"))
+	}
+	if got := len(sink.recs); got < n/10*7/10 || got > n/10*13/10 {
+		t.Errorf("sample 0.1 of %d logged %d", n, got)
+	}
+}
+
+// discardSink writes each record as the request log does, to nowhere.
+type discardSink struct{ l zerolog.Logger }
+
+func (d *discardSink) Request(r *route.DecisionRecord) { r.Fields(d.l.Log()).Msg("request") }
+
+// BenchmarkDecideAndClose: one decision (HTTP transport) and the feedback
+// line that closes it, with the request log off, at 1% and at 100% (to
+// io.Discard: the cost of building and encoding the line, not of a disk).
+func BenchmarkDecideAndClose(b *testing.B) {
+	for _, rate := range []float64{0, 0.01, 1} {
+		b.Run(fmt.Sprintf("sample=%g", rate), func(b *testing.B) {
+			s := mustServer(b, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", `"127.0.0.1"`, "s3cret-token-0123456789"))
+			if rate > 0 {
+				s.SetRequestSink(&discardSink{zerolog.New(io.Discard).With().Timestamp().Logger()}, rate)
+			}
+			ctx := routeCtx(chatBody("llama", "sys", "hi"), "user-1")
+			line := make([]byte, 0, 256)
+			b.ReportAllocs()
+			for b.Loop() {
+				ctx.Response.Reset()
+				s.api.Handler(ctx)
+				line = append(line[:0], "turnout-done id="...)
+				line = append(line, ctx.Response.Header.Peek(route.HdrDecision)...)
+				line = append(line, " srv=a status=200 ms=1234 ttfb=12 tok=s3cret-token-0123456789 retries=0"...)
+				s.Line(line)
+			}
+		})
+	}
+}
+
+// TestServedByUpstreamAddr: nginx's srv is turnout's choice even after a
+// retry; the up= address of the replica that answered decides served_by
+// (and which endpoint the line's figures count for).
+func TestServedByUpstreamAddr(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", `"127.0.0.1"`, "s3cret-token-0123456789"))
+	var sink recSink
+	s.SetRequestSink(&sink, 1)
+	addr := map[string]string{"a": "127.0.0.1:8001", "b": "127.0.0.1:8002"}
+	for _, tc := range []struct{ up, want string }{{"", "chosen"}, {"chosen", "chosen"}, {"other", "other"}, {"127.0.0.1:9", "chosen"}} {
+		ctx := routeCtx(chatBody("llama", "sys", "hi"), "")
+		s.api.Handler(ctx)
+		chosen := hdr(ctx, route.HdrServer)
+		other := map[string]string{"a": "b", "b": "a"}[chosen]
+		names := map[string]string{"chosen": chosen, "other": other}
+		up := tc.up
+		if n, ok := names[up]; ok {
+			up = addr[n]
+		}
+		line := "turnout-done id=" + hdr(ctx, route.HdrDecision) + " srv=" + chosen + " status=200 ms=5 ttfb=1 tok=s3cret-token-0123456789"
+		if up != "" {
+			line += " up=" + up
+		}
+		n := len(sink.recs)
+		s.Line([]byte(line))
+		if len(sink.recs) != n+1 {
+			t.Fatalf("up=%q: no record", up)
+		}
+		if got := sink.recs[n].ServedBy; got != names[tc.want] {
+			t.Errorf("up=%q: served_by %q, want %q", up, got, names[tc.want])
+		}
+	}
+}
