@@ -33,7 +33,7 @@
 //	5 route/reqlog             the request log's destinations (stdout, rotated file, syslog)
 //
 // Layer 5 packages hold a *Decider and use its exported API (Begin,
-// ProxyHeader, DecideTxn, End, Decide, Complete, CloseDecision,
+// ProxyHeaders, DecideTxn, End, Decide, Complete, CloseDecision,
 // CloseDecisionWith, LookupDecision, SetRequestSink, OnApply, OnTick,
 // AddMetrics, AddReadiness); cmd/turnout wires them together.
 //

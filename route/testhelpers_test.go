@@ -44,7 +44,7 @@ func do(s *Decider, body string, hdrs ...string) *fasthttp.RequestCtx {
 }
 
 // handle decides the POST /internal/route call in ctx as the HTTP transport
-// does (route/httpapi reads it the same way: ProxyHeader for each header,
+// does (route/httpapi reads it the same way: ProxyHeaders,
 // the body cut at max_body) and writes the Verdict into ctx's response
 // like it: status, X-Turnout-* headers or the error answer. route cannot
 // import httpapi; httpapi's tests check its own reading and encoding.
@@ -52,9 +52,7 @@ func do(s *Decider, body string, hdrs ...string) *fasthttp.RequestCtx {
 func handle(s *Decider, ctx *fasthttp.RequestCtx) {
 	t := s.Begin()
 	defer s.End(t)
-	for k, v := range ctx.Request.Header.All() {
-		t.ProxyHeader(k, v)
-	}
+	t.ProxyHeaders(&ctx.Request.Header)
 	in := t.Input()
 	in.Body = ctx.PostBody()
 	if max := t.Config().MaxBody; len(in.Body) > max {

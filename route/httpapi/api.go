@@ -74,9 +74,7 @@ func (a *API) routeHTTP(ctx *fasthttp.RequestCtx) {
 	t := a.d.Begin()
 	defer a.d.End(t)
 	cfg := t.Config()
-	for k, v := range ctx.Request.Header.All() {
-		t.ProxyHeader(k, v)
-	}
+	t.ProxyHeaders(&ctx.Request.Header)
 	body, more, held, err := a.readBody(ctx, t, cfg)
 	defer a.budget.give(held, cfg.Limits.MaxBufferedBytes)
 	if err != nil {
