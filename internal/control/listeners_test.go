@@ -226,38 +226,3 @@ func TestListenersAdmin(t *testing.T) {
 		t.Fatal("the route API listener must stay")
 	}
 }
-
-// A prepare that fails on one listener (here a feedback port already held)
-// closes the ones it had bound, the SPOE agent's too, without waiting for
-// an agent that was never started (it used to block forever).
-func TestListenersPrepareAbortClosesSPOE(t *testing.T) {
-	held, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
-	dir := t.TempDir()
-	cfg := lnConfig(t, freeAddr(t), "haproxy: {dir: "+dir+"}\nfeedback: {syslog: "+held.LocalAddr().String()+"}\n")
-	srv, err := route.New(cfg, route.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	log := zerolog.Nop()
-	l := newListeners(newCore(srv), "", &log)
-	defer l.shutdown(t.Context())
-	errc := make(chan error, 1)
-	go func() { _, err := l.prepare(cfg); errc <- err }()
-	select {
-	case err := <-errc:
-		if err == nil || !strings.Contains(err.Error(), "feedback") {
-			t.Fatalf("prepare: %v, want the feedback port's error", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("prepare hung closing the SPOE listener it had bound")
-	}
-	if c, err := net.DialTimeout("unix", dir+"/spoe.sock", 200*time.Millisecond); err == nil {
-		c.Close()
-		t.Fatal("the aborted SPOE socket still accepts")
-	}
-}
