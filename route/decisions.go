@@ -406,7 +406,21 @@ type requestLog struct {
 	// below: a decision is logged when mix(id) < below (rate * 2^64).
 	below uint64
 	all   bool
+	// recs holds records between lines: handed to the sink (an interface)
+	// a record escapes, so a fresh one per line was an allocation.
+	recs sync.Pool
 }
+
+// record takes a record for one line; put gives it back once the sink,
+// which must not keep it, has written it.
+func (l *requestLog) record() *DecisionRecord {
+	if r, _ := l.recs.Get().(*DecisionRecord); r != nil {
+		return r
+	}
+	return new(DecisionRecord)
+}
+
+func (l *requestLog) put(r *DecisionRecord) { l.recs.Put(r) }
 
 // sampled decides from the id alone (ids are random above the ring bits;
 // the multiply spreads them), so the choice costs a multiply.
@@ -439,11 +453,12 @@ func (s *Decider) CloseDecisionWith(id uint64, c Completion) *fleet.State {
 	if l == nil || !l.sampled(id) {
 		return s.dec.closeWith(id, c, nil)
 	}
-	var r DecisionRecord
-	st := s.dec.closeWith(id, c, &r)
+	r := l.record()
+	st := s.dec.closeWith(id, c, r)
 	if st != nil {
-		l.sink.Request(&r)
+		l.sink.Request(r)
 	}
+	l.put(r)
 	return st
 }
 
