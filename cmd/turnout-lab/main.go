@@ -5,7 +5,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -34,9 +33,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
-	format := os.Getenv("TURNOUT_LOG_FORMAT")
-	human := cli.HumanOutput(stderr, format)
-	log := cli.NewLogger(cli.LogWriter(stderr, format), os.Getenv("TURNOUT_LOG_LEVEL"), human)
+	out := cli.NewOutput(stdout, stderr)
+	log := out.Log
 	var err error
 	switch args[0] {
 	case "-h", "--help", "help":
@@ -50,14 +48,5 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s\n\n%s", cli.UnknownCommand("turnout-lab", args[0], []string{"mock", "bench", "help"}), usage)
 		return 2
 	}
-	if err != nil {
-		var h *cli.HelpShown
-		if errors.As(err, &h) {
-			fmt.Fprint(stdout, h.Text)
-			return 0
-		}
-		cli.ReportError(stderr, log, human, "turnout-lab "+args[0], err)
-		return 1
-	}
-	return 0
+	return out.Exit("turnout-lab "+args[0], err)
 }

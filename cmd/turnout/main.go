@@ -4,7 +4,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -45,9 +44,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
-	format := os.Getenv("TURNOUT_LOG_FORMAT")
-	human := cli.HumanOutput(stderr, format)
-	log := cli.NewLogger(cli.LogWriter(stderr, format), os.Getenv("TURNOUT_LOG_LEVEL"), human)
+	out := cli.NewOutput(stdout, stderr)
+	log := out.Log
 	var err error
 	switch args[0] {
 	case "-h", "--help", "help":
@@ -77,14 +75,5 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s\n\n%s", cli.UnknownCommand("turnout", args[0], commands), usage)
 		return 2
 	}
-	if err != nil {
-		var h *cli.HelpShown
-		if errors.As(err, &h) {
-			fmt.Fprint(stdout, h.Text)
-			return 0
-		}
-		cli.ReportError(stderr, log, human, "turnout "+args[0], err)
-		return 1
-	}
-	return 0
+	return out.Exit("turnout "+args[0], err)
 }

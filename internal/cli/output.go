@@ -90,3 +90,37 @@ func WithFile(err error, file string) error {
 	}
 	return err
 }
+
+// Output is how a binary reports: its logger (TURNOUT_LOG_FORMAT,
+// TURNOUT_LOG_LEVEL) and whether stderr gets text for a person.
+type Output struct {
+	Log    *zerolog.Logger
+	Human  bool
+	stdout io.Writer
+	stderr io.Writer
+}
+
+// NewOutput sets up a binary's reporting from the environment.
+func NewOutput(stdout, stderr io.Writer) *Output {
+	format := os.Getenv("TURNOUT_LOG_FORMAT")
+	human := HumanOutput(stderr, format)
+	return &Output{
+		Log:   NewLogger(LogWriter(stderr, format), os.Getenv("TURNOUT_LOG_LEVEL"), human),
+		Human: human, stdout: stdout, stderr: stderr,
+	}
+}
+
+// Exit turns a command's error into the exit status: 0 for none or a help
+// text (printed to stdout), 1 after reporting any other error as what.
+func (o *Output) Exit(what string, err error) int {
+	if err == nil {
+		return 0
+	}
+	var h *HelpShown
+	if errors.As(err, &h) {
+		fmt.Fprint(o.stdout, h.Text)
+		return 0
+	}
+	ReportError(o.stderr, o.Log, o.Human, what, err)
+	return 1
+}
