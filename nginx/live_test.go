@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -240,18 +241,37 @@ func TestSyncReloadsOnlyOnChange(t *testing.T) {
 		t.Fatalf("unchanged config reloaded nginx: workers %v -> %v, log %s", workers, w, logs.String())
 	}
 
+	// A replica more: requests go to the address turnout answers, so
+	// nothing is reloaded or written; the reason is logged.
+	conf, _ := os.ReadFile(filepath.Join(dir, ConfigFile))
 	cfg2 := mustParse(t, syncYAML(listen, "          - {name: b, address: 127.0.0.1:3}\n"))
 	if err := s.Sync(ctx, cfg2); err != nil {
+		t.Fatal(err)
+	}
+	if w := Workers(master); !slices.Equal(w, workers) || strings.Contains(logs.String(), "reloading") {
+		t.Fatalf("a replica added reloaded nginx: workers %v -> %v, log %s", workers, w, logs.String())
+	}
+	if !strings.Contains(logs.String(), `"reason":"server 127.0.0.1:3 added to pool llama_mixed"`) {
+		t.Errorf("membership change not logged: %s", logs.String())
+	}
+	if after, _ := os.ReadFile(filepath.Join(dir, ConfigFile)); !bytes.Equal(after, conf) {
+		t.Error("a membership change rewrote nginx.conf (it must stay what nginx runs)")
+	}
+
+	// A structural change reloads, with its reason.
+	logs.Reset()
+	cfg3 := mustParse(t, syncYAML(listen, "          - {name: b, address: 127.0.0.1:3}\nmax_body: 300000\n"))
+	if err := s.Sync(ctx, cfg3); err != nil {
 		t.Fatal(err)
 	}
 	w2 := Workers(master)
 	if !slices.ContainsFunc(w2, func(w int) bool { return !slices.Contains(workers, w) }) {
 		t.Fatalf("changed config did not reload: workers %v -> %v", workers, w2)
 	}
-	if !strings.Contains(logs.String(), `"reason":"server b=127.0.0.1:3 added to pool llama_mixed"`) {
+	if !strings.Contains(logs.String(), `"reason":"settings other than the replicas changed"`) {
 		t.Errorf("reload reason not logged: %s", logs.String())
 	}
-	conf, _ := os.ReadFile(filepath.Join(dir, ConfigFile))
+	conf, _ = os.ReadFile(filepath.Join(dir, ConfigFile))
 	if !strings.Contains(string(conf), "upstream turnout.ep.b {") {
 		t.Error("nginx.conf was not rewritten")
 	}
@@ -266,25 +286,112 @@ func TestSyncReloadsOnlyOnChange(t *testing.T) {
 	}
 }
 
-func TestReloadReason(t *testing.T) {
-	p := func(m map[string][]string) *Summary { return &Summary{Pools: m} }
+func TestPlanSync(t *testing.T) {
+	run := func(structure string, pools map[string][]string, known ...string) Running {
+		r := Running{Structure: structure, Pools: pools, Known: map[string]bool{}}
+		for _, k := range known {
+			r.Known[k] = true
+		}
+		return r
+	}
+	next := func(structure string, pools map[string][]string) *Summary {
+		return &Summary{Structure: structure, Pools: pools}
+	}
 	cases := []struct {
-		name       string
-		prev, next *Summary
-		want       string
+		name   string
+		run    Running
+		next   *Summary
+		reload bool
+		want   string
 	}{
-		{"unknown", nil, p(map[string][]string{"a": {"x=1"}}), "the rendered nginx.conf differs from the one on disk"},
-		{"added", p(map[string][]string{"a": {"x=1"}}), p(map[string][]string{"a": {"x=1", "y=2"}}), "server y=2 added to pool a"},
-		{"moved", p(map[string][]string{"a": {"x=1"}}), p(map[string][]string{"a": {"x=2"}}), "server x=2 added to pool a; server x=1 removed from pool a"},
-		{"pools", p(map[string][]string{"a": {"x=1"}}), p(map[string][]string{"b": {"x=1", "y=1"}}), "pool b added with 2 servers; pool a removed"},
-		{"settings", p(map[string][]string{"a": {"x=1"}}), p(map[string][]string{"a": {"x=1"}}), "settings other than the pools changed"},
+		{"added", run("s", map[string][]string{"a": {"10.0.0.1:1"}}), next("s", map[string][]string{"a": {"x=10.0.0.1:1", "y=10.0.0.2:1"}}),
+			false, "server 10.0.0.2:1 added to pool a"},
+		{"moved", run("s", map[string][]string{"a": {"10.0.0.1:1", "10.0.0.3:1"}}), next("s", map[string][]string{"a": {"x=10.0.0.2:1", "z=10.0.0.3:1"}}),
+			false, "server 10.0.0.2:1 added to pool a; server 10.0.0.1:1 removed from pool a"},
+		{"pool left without its servers", run("s", map[string][]string{"a": {"10.0.0.1:1"}}), next("s", map[string][]string{"a": {"x=10.0.0.2:1"}}),
+			true, "none of the servers nginx balances pool a over (fail-open, requests turnout is not asked about) is left"},
+		{"empty pool gets servers", run("s", map[string][]string{"a": {}}), next("s", map[string][]string{"a": {"x=10.0.0.2:1"}}),
+			true, "none of the servers nginx balances pool a over (fail-open, requests turnout is not asked about) is left"},
+		{"last server removed", run("s", map[string][]string{"a": {"10.0.0.1:1"}}), next("s", map[string][]string{"a": {}}),
+			false, "server 10.0.0.1:1 removed from pool a"},
+		{"host name", run("s", map[string][]string{"a": {"10.0.0.1:1"}}), next("s", map[string][]string{"a": {"x=10.0.0.1:1", "y=vllm-1.svc:80"}}),
+			true, "server vllm-1.svc:80 in pool a is a host name, which nginx resolves only when it loads its config"},
+		{"known host name", run("s", map[string][]string{"a": {"10.0.0.1:1"}}, "vllm-1.svc:80"), next("s", map[string][]string{"a": {"x=10.0.0.1:1", "y=vllm-1.svc:80"}}),
+			false, "server vllm-1.svc:80 added to pool a"},
+		{"ipv6", run("s", map[string][]string{"a": {"[fd00::1]:1"}}), next("s", map[string][]string{"a": {"x=[fd00::1]:1", "y=[fd00::2]:1"}}),
+			false, "server [fd00::2]:1 added to pool a"},
+		{"pools", run("s", map[string][]string{"a": {"10.0.0.1:1"}}), next("t", map[string][]string{"b": {"x=10.0.0.1:1", "y=10.0.0.2:1"}}),
+			true, "pool b added with 2 servers; pool a removed"},
+		{"settings", run("s", map[string][]string{"a": {"10.0.0.1:1"}}), next("t", map[string][]string{"a": {"x=10.0.0.1:1"}}),
+			true, "settings other than the replicas changed"},
+		{"no structure line", run("", map[string][]string{"a": {"10.0.0.1:1"}}), next("t", map[string][]string{"a": {"x=10.0.0.1:1"}}),
+			true, "the nginx.conf on disk has no turnout-structure line (not rendered by this version)"},
+		{"same members", run("s", map[string][]string{"a": {"10.0.0.1:1"}}), next("s", map[string][]string{"a": {"renamed=10.0.0.1:1"}}),
+			true, "the rendered nginx.conf differs from the one on disk"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := ReloadReason(tc.prev, tc.next); got != tc.want {
-				t.Errorf("got %q, want %q", got, tc.want)
+			p := PlanSync(tc.run, tc.next)
+			if p.Reload != tc.reload || p.Reason != tc.want {
+				t.Errorf("got reload=%v %q, want reload=%v %q", p.Reload, p.Reason, tc.reload, tc.want)
 			}
 		})
+	}
+}
+
+// ParseRunning reads back what Render wrote: the structure, the pools'
+// servers (not the placeholder of an empty pool) and the per-replica
+// upstreams' addresses.
+func TestParseRunning(t *testing.T) {
+	cfg := mustParse(t, []byte(`listen: 127.0.0.1:1
+nginx: {listen: 127.0.0.1:8080}
+deployments:
+  - name: llama
+    pools:
+      - role: mixed
+        endpoints:
+          - {name: a, address: 127.0.0.1:2}
+          - {name: b, address: "[fd00::1]:3"}
+  - name: empty
+    models: [e]
+    pools:
+      - role: mixed
+        endpoints: []
+`))
+	out, err := Render(cfg, RenderOptions{Dir: goldenDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := ParseRunning(out.Config)
+	if r.Structure == "" || r.Structure != out.Summary.Structure {
+		t.Errorf("structure %q, want %q", r.Structure, out.Summary.Structure)
+	}
+	want := map[string][]string{"llama_mixed": {"127.0.0.1:2", "[fd00::1]:3"}, "empty_mixed": {}}
+	if !reflect.DeepEqual(r.Pools, want) {
+		t.Errorf("pools %v, want %v", r.Pools, want)
+	}
+	if !reflect.DeepEqual(r.Known, map[string]bool{"127.0.0.1:2": true, "[fd00::1]:3": true}) {
+		t.Errorf("known %v", r.Known)
+	}
+	// Replicas change, the structure does not.
+	cfg.Deployments[0].Pools[0].Endpoints[1].Address = "127.0.0.1:4"
+	out2, err := Render(cfg, RenderOptions{Dir: goldenDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out2.Summary.Structure != out.Summary.Structure {
+		t.Error("a replica's address changed the structure")
+	}
+	if p := PlanSync(r, &out2.Summary); p.Reload || p.Reason != "server 127.0.0.1:4 added to pool llama_mixed; server [fd00::1]:3 removed from pool llama_mixed" {
+		t.Errorf("plan of a moved replica: %+v", p)
+	}
+	cfg.MaxBody++
+	out3, err := Render(cfg, RenderOptions{Dir: goldenDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out3.Summary.Structure == out.Summary.Structure {
+		t.Error("max_body did not change the structure")
 	}
 }
 

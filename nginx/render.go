@@ -1,11 +1,13 @@
 // Package nginx renders turnout's nginx setup (nginx.conf and the njs glue)
-// and keeps a running nginx in line with turnout's config. nginx OSS has no
-// runtime API, so membership changes are a re-render, an "nginx -t" and a
-// graceful reload, done only when the rendered files changed.
+// and keeps a running nginx in line with turnout's config. nginx sends each
+// request to the address turnout answered, so replicas coming and going need
+// no reload; nginx OSS has no runtime API, so any other change is a
+// re-render, an "nginx -t" and a graceful reload, with its reason logged.
 //
 //   - render.go: config -> files, from the embedded templates (no I/O).
 //   - check.go:  "nginx -t" on a scratch copy.
-//   - sync.go:   the Syncer: render, check, write, reload with a reason.
+//   - plan.go:   a new render against the running file: reload or not, why.
+//   - sync.go:   the Syncer: render, plan, check, write, reload.
 //
 // See docs/nginx.md for the two routing modes.
 package nginx
@@ -13,6 +15,8 @@ package nginx
 import (
 	"bytes"
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -147,11 +151,32 @@ func (r *Renderer) Render(cfg *config.Config, opts RenderOptions) (*Rendered, er
 	if err != nil {
 		return nil, err
 	}
+	// The structure is the render without replicas: what a change of
+	// membership alone leaves as it is (plan.go).
 	var conf bytes.Buffer
+	if err := r.cfg.Execute(&conf, d.withoutReplicas()); err != nil {
+		return nil, fmt.Errorf("render %s: %w", ConfigFile, err)
+	}
+	sum := sha256.Sum256(conf.Bytes())
+	d.Structure = hex.EncodeToString(sum[:8])
+	d.summary.Structure = d.Structure
+	conf.Reset()
 	if err := r.cfg.Execute(&conf, d); err != nil {
 		return nil, fmt.Errorf("render %s: %w", ConfigFile, err)
 	}
 	return &Rendered{Config: conf.Bytes(), JS: r.js, Summary: d.summary}, nil
+}
+
+// withoutReplicas is d with no replica anywhere: no per-replica upstream
+// or map entry, every pool empty.
+func (d *tmplData) withoutReplicas() *tmplData {
+	s := *d
+	s.Endpoints, s.Targets = nil, nil
+	s.Pools = make([]poolData, len(d.Pools))
+	for i, p := range d.Pools {
+		s.Pools[i] = poolData{Name: p.Name}
+	}
+	return &s
 }
 
 // Render renders the files for cfg with the embedded templates.
@@ -163,8 +188,11 @@ func Render(cfg *config.Config, opts RenderOptions) (*Rendered, error) {
 	return r.Render(cfg, opts)
 }
 
-// Summary is the part of a render that reload reasons talk about.
+// Summary is the part of a render that the sync plan and reload reasons
+// talk about (plan.go).
 type Summary struct {
+	// Structure identifies the render without its replicas (a hash).
+	Structure string
 	// Pools maps upstream name -> "server=addr" entries in config order.
 	Pools map[string][]string
 }
@@ -295,6 +323,11 @@ type tmplData struct {
 	AuthVars  []authVar
 	Models    []modelData
 	Endpoints []endpointData
+	// Targets are Endpoints with distinct addresses: the keys of the
+	// address -> keepalive upstream maps.
+	Targets []endpointData
+	// Structure is the hash of the render without replicas (Render).
+	Structure string
 	Pools     []poolData
 	summary   Summary
 }
@@ -471,6 +504,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	}
 	claim("turnout", "turnout_route")
 	modes := map[string]bool{}
+	targets := map[string]bool{} // addresses in d.Targets
 	for i := range cfg.Deployments {
 		dep := &cfg.Deployments[i]
 		f := fmt.Sprintf("deployments[%d]", i)
@@ -509,6 +543,10 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 				claim(ef, up)
 				pl.Servers = append(pl.Servers, a)
 				d.Endpoints = append(d.Endpoints, endpointData{Name: n, Upstream: up, Addr: a})
+				if !targets[a] {
+					targets[a] = true
+					d.Targets = append(d.Targets, d.Endpoints[len(d.Endpoints)-1])
+				}
 				d.summary.Pools[pname] = append(d.summary.Pools[pname], n+"="+a)
 			}
 			if _, ok := d.summary.Pools[pname]; !ok {

@@ -146,7 +146,7 @@ func TestRenderModes(t *testing.T) {
 			directives.WriteString(line)
 		}
 	}
-	for _, absent := range []string{DefaultModulePath, "js_import", "js_var", "@turnout_proxy"} {
+	for _, absent := range []string{DefaultModulePath, "js_import", "js_var", "@turnout_proxy_pd"} {
 		if strings.Contains(directives.String(), absent) {
 			t.Errorf("header-only config contains %q: njs must not be needed", absent)
 		}
@@ -179,7 +179,9 @@ func TestRenderModes(t *testing.T) {
 		"load_module " + DefaultModulePath + ";",
 		"js_content turnout.route;",
 		"proxy_set_body $turnout_body;",
-		`"\\qwen-d0" turnout.ep.qwen-d0;`,
+		// An address of the render has its keepalive upstream (twice: the
+		// target and the retry target).
+		`"\\10.0.2.2:8000" turnout.ep.qwen-d0;`,
 		`"\\Qwen/Qwen3-32B" body;`,
 		// Special words and regex-looking names stay literal keys.
 		`"\\default" header;`, `"\\include" header;`, `"\\~.*" header;`, `"\\quo\"te\\back" header;`,

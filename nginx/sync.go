@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -42,17 +41,16 @@ type SyncOptions struct {
 	PollInterval time.Duration
 }
 
-// Syncer keeps one nginx in line with turnout's config: nginx OSS has no
-// runtime API, so a changed render is checked, written and loaded with a
-// graceful reload (SIGHUP to the master: new workers take new requests, old
-// ones finish their streams).
+// Syncer keeps one nginx in line with turnout's config. Replicas coming
+// and going need nothing from nginx (plan.go); nginx OSS has no runtime
+// API, so any other change is checked, written and loaded with a graceful
+// reload (SIGHUP to the master: new workers take new requests, old ones
+// finish their streams).
 type Syncer struct {
 	opts SyncOptions
 	log  *zerolog.Logger
 	r    *Renderer
 	mu   sync.Mutex // one Sync at a time
-	// last is the summary of the last render written, for reload reasons.
-	last *Summary
 	// run logs when nginx runs after a sync found it not running (reach.go).
 	run runWatch
 }
@@ -73,11 +71,14 @@ func NewSyncer(opts SyncOptions, log *zerolog.Logger) (*Syncer, error) {
 	return &Syncer{opts: opts, log: proxyconf.Logger(log), r: r}, nil
 }
 
-// Sync renders cfg and, when the result differs from the files on disk,
-// checks it with "nginx -t", writes it and reloads a running nginx, logging
-// why. When nginx is not running it only writes the files, for nginx to load
-// when it starts. It returns once the new workers run (or ReloadTimeout).
-// Safe to call repeatedly and from several goroutines (calls are serialized).
+// Sync renders cfg and plans (plan.go) against the files on disk, which
+// are what nginx runs: nothing when they are the same; when only replicas
+// changed, nothing either, logged (requests go to the address turnout
+// answers); otherwise it checks the render with "nginx -t", writes it and
+// reloads a running nginx, logging why. When nginx is not running it only
+// writes the files, for nginx to load when it starts. It returns once the
+// new workers run (or ReloadTimeout). Safe to call repeatedly and from
+// several goroutines (calls are serialized).
 func (s *Syncer) Sync(ctx context.Context, cfg *config.Config) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -89,13 +90,19 @@ func (s *Syncer) Sync(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
-	same, err := sameOnDisk(ro.Dir, out.Files())
+	plan, same, err := planOnDisk(ro.Dir, out)
 	if err != nil {
 		return err
 	}
 	if same {
-		s.last = &out.Summary
 		s.log.Debug().Str(fieldDir, ro.Dir).Msg("nginx config unchanged; no reload")
+		return nil
+	}
+	pid, perr := proxyconf.ReadPID(ro.PIDFile, "nginx")
+	if perr == nil && !plan.Reload {
+		// The file stays what nginx runs, so the next plan compares with it.
+		s.log.Info().Int(fieldPID, pid).Str(fieldReason, plan.Reason).
+			Msg("replicas changed; nginx not reloaded (it sends requests to the address turnout answers)")
 		return nil
 	}
 	if s.opts.NginxBin != "" && s.opts.NginxBin != "-" {
@@ -106,16 +113,38 @@ func (s *Syncer) Sync(ctx context.Context, cfg *config.Config) error {
 	if err := WriteFiles(ro.Dir, out.Files()); err != nil {
 		return err
 	}
-	reason := ReloadReason(s.last, &out.Summary)
-	s.last = &out.Summary
-
-	pid, err := proxyconf.ReadPID(ro.PIDFile, "nginx")
-	if err != nil {
-		s.log.Warn().Err(err).Str(fieldDir, ro.Dir).Str(fieldReason, reason).Msg("nginx is not running; wrote its files for the next start")
+	if perr != nil {
+		s.log.Warn().Err(perr).Str(fieldDir, ro.Dir).Str(fieldReason, plan.Reason).Msg("nginx is not running; wrote its files for the next start")
 		s.watchRunning(ctx, ro.PIDFile)
 		return nil
 	}
-	return s.reload(ctx, pid, reason)
+	return s.reload(ctx, pid, plan.Reason)
+}
+
+// planOnDisk compares a render with the files in dir: same when every file
+// has exactly this content, else the plan.
+func planOnDisk(dir string, out *Rendered) (Plan, bool, error) {
+	var conf []byte
+	for _, f := range out.Files() {
+		b, err := os.ReadFile(filepath.Join(dir, f.Name))
+		if errors.Is(err, fs.ErrNotExist) {
+			return Plan{Reload: true, Reason: f.Name + " is not on disk yet"}, false, nil
+		}
+		if err != nil {
+			return Plan{}, false, fmt.Errorf("read %s: %w", f.Name, err)
+		}
+		if bytes.Equal(b, f.Data) {
+			continue
+		}
+		if f.Name != ConfigFile {
+			return Plan{Reload: true, Reason: f.Name + " changed"}, false, nil
+		}
+		conf = b
+	}
+	if conf == nil {
+		return Plan{}, true, nil
+	}
+	return PlanSync(ParseRunning(conf), &out.Summary), false, nil
 }
 
 // reload sends SIGHUP to the master and waits until a worker that was not
@@ -149,41 +178,6 @@ func (s *Syncer) reload(ctx context.Context, pid int, reason string) error {
 	}
 }
 
-// ReloadReason says in one sentence what changed between two renders
-// (prev nil: nothing known about the running config).
-func ReloadReason(prev, next *Summary) string {
-	if prev == nil {
-		return "the rendered nginx.conf differs from the one on disk"
-	}
-	var parts []string
-	for _, pool := range sortedKeys(next.Pools) {
-		old, ok := prev.Pools[pool]
-		if !ok {
-			parts = append(parts, fmt.Sprintf("pool %s added with %d servers", pool, len(next.Pools[pool])))
-			continue
-		}
-		for _, e := range next.Pools[pool] {
-			if !slices.Contains(old, e) {
-				parts = append(parts, fmt.Sprintf("server %s added to pool %s", e, pool))
-			}
-		}
-		for _, e := range old {
-			if !slices.Contains(next.Pools[pool], e) {
-				parts = append(parts, fmt.Sprintf("server %s removed from pool %s", e, pool))
-			}
-		}
-	}
-	for _, pool := range sortedKeys(prev.Pools) {
-		if _, ok := next.Pools[pool]; !ok {
-			parts = append(parts, fmt.Sprintf("pool %s removed", pool))
-		}
-	}
-	if len(parts) == 0 {
-		return "settings other than the pools changed"
-	}
-	return strings.Join(parts, "; ")
-}
-
 func sortedKeys(m map[string][]string) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
@@ -191,23 +185,6 @@ func sortedKeys(m map[string][]string) []string {
 	}
 	slices.Sort(keys)
 	return keys
-}
-
-// sameOnDisk reports whether every file already has exactly this content.
-func sameOnDisk(dir string, files []File) (bool, error) {
-	for _, f := range files {
-		b, err := os.ReadFile(filepath.Join(dir, f.Name))
-		if errors.Is(err, fs.ErrNotExist) {
-			return false, nil
-		}
-		if err != nil {
-			return false, fmt.Errorf("read %s: %w", f.Name, err)
-		}
-		if !bytes.Equal(b, f.Data) {
-			return false, nil
-		}
-	}
-	return true, nil
 }
 
 // Workers lists the worker pids of the nginx master pid (nil without /proc).

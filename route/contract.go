@@ -26,7 +26,10 @@ const (
 	HdrBackend   = "X-Turnout-Backend"
 	HdrPool      = "X-Turnout-Pool"
 	HdrFallbacks = "X-Turnout-Fallbacks"
-	HdrDecision  = "X-Turnout-Decision"
+	// HdrFallbackBackend is the first fallback's address: nginx routes to
+	// addresses, not names, so its retry needs it (docs/nginx.md).
+	HdrFallbackBackend = "X-Turnout-Fallback-Backend"
+	HdrDecision        = "X-Turnout-Decision"
 	// HdrKVInsert (base64) and HdrKVAt are the body edit of a PD verdict:
 	// the text to insert into the decode request's body (the prefill's
 	// kv_transfer_params under their key) and the byte offset (BodyEdit).

@@ -54,6 +54,10 @@ var verdictFields = [...]VerdictField{
 	{Name: "fallbacks", Header: HdrFallbacks, SPOEVar: SPOEVarFallbackPrefix, HAProxyVar: "txn.turnout_fb", Kind: KindList},
 	{Name: "addr", Header: HdrBackend, SPOEVar: SPOEVarAddr, NginxVar: "turnout_backend", Kind: KindString,
 		get: func(v *Verdict) []byte { return v.Addr }},
+	// The first fallback's address, for a glue that reaches replicas by
+	// address (nginx): where a request refused before any byte goes next.
+	{Name: "fallback_addr", Header: HdrFallbackBackend, NginxVar: "turnout_fallback", Kind: KindString,
+		get: func(v *Verdict) []byte { return v.FallbackAddr }},
 	{Name: "pool", Header: HdrPool, SPOEVar: SPOEVarPool, HAProxyVar: "txn.turnout_pool", NginxVar: "turnout_pool", Kind: KindString,
 		get: func(v *Verdict) []byte { return v.Pool }},
 	{Name: "decision", Header: HdrDecision, SPOEVar: SPOEVarDecision, HAProxyVar: "txn.turnout_decision", NginxVar: "turnout_decision", Kind: KindString,

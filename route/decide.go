@@ -211,6 +211,9 @@ func (s *Decider) route(v *Verdict, p *fleet.Pool, c *fleet.Choice, sc *Txn, sta
 	for _, f := range picks[1:] {
 		v.Fallbacks = append(v.Fallbacks, f.NameHdr)
 	}
+	if len(picks) > 1 {
+		v.FallbackAddr = picks[1].AddrHdr
+	}
 	// One decision in latencySample is timed: a clock read costs about as
 	// much as a round-robin pick on some VMs, and ids are random, so the
 	// sample is unbiased.

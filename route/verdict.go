@@ -54,8 +54,10 @@ type Verdict struct {
 	// Server, Addr and Pool name the chosen replica, its address and its
 	// pool (the proxy's backend).
 	Server, Addr, Pool []byte
-	// Fallbacks are the servers to try after Server, in order.
-	Fallbacks [][]byte
+	// Fallbacks are the servers to try after Server, in order;
+	// FallbackAddr is the first one's address (nil without fallbacks).
+	Fallbacks    [][]byte
+	FallbackAddr []byte
 	// Decision is the id the proxy's feedback closes (DecisionHex).
 	Decision uint64
 	// PD: KVTransfer is base64(kv_transfer_params), Prefill the prefill
@@ -87,7 +89,7 @@ func (v *Verdict) DecisionHex() []byte { return appendID(v.hex[:0], v.Decision) 
 // reset empties v field by field: the fallback and hex buffers are only
 // read through Fallbacks and DecisionHex, so they need no clearing.
 func (v *Verdict) reset() {
-	v.Status, v.Server, v.Addr, v.Pool, v.Fallbacks, v.Decision = 0, nil, nil, nil, nil, 0
+	v.Status, v.Server, v.Addr, v.Pool, v.Fallbacks, v.FallbackAddr, v.Decision = 0, nil, nil, nil, nil, nil, 0
 	v.KVTransfer, v.Prefill, v.KVInsert, v.KVAt, v.KVLen = nil, nil, nil, 0, 0
 	v.Reason, v.Body, v.RetryAfter = "", nil, false
 }
