@@ -9,9 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptrace"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -411,134 +408,8 @@ func ngInflight(t *testing.T, s *nstack) {
 	})
 }
 
-// 4. Add one replica and remove another through turnout's config under a
-// steady load, with a long stream in flight: nginx reloads once, no request
-// fails, the stream completes, traffic moves.
-func TestNginxMembershipUnderLoad(t *testing.T) {
-	ms := mocks(t, "n", 4, nil)
-	slow := StartMock(t, "n-slow", func(c *mock.Config) {
-		c.TimeScale = 1
-		c.TTFTOverhead = 10 * time.Millisecond
-		c.PerTokenPrefill = 0
-		c.InterTokenLatency = 50 * time.Millisecond
-	})
-	s := startNginxStack(t, "open",
-		ndep{name: "llama", policy: policyLeast, mode: "body", mocks: ms[:3]},
-		ndep{name: "slow", policy: policyLeast, mode: "header", mocks: []*Mock{slow}},
-	)
-	workers := s.N.Workers()
-
-	// A stream of 40 tokens (about 2 s) that spans the reload.
-	streamDone := make(chan string, 1)
-	go func() {
-		body, _ := json.Marshal(map[string]any{"model": "slow", "messages": []map[string]string{{"role": "user", "content": "long"}}, "max_tokens": 40, "stream": true})
-		req, _ := http.NewRequest(http.MethodPost, s.N.URL+"/v1/chat/completions", bytes.NewReader(body))
-		req.Header.Set("X-Model", "slow")
-		res, err := s.client.Do(req)
-		if err != nil {
-			streamDone <- err.Error()
-			return
-		}
-		defer res.Body.Close()
-		n, done := 0, false
-		sc := bufio.NewScanner(res.Body)
-		for sc.Scan() {
-			n += strings.Count(sc.Text(), `"delta":{"content"`)
-			done = done || sc.Text() == "data: [DONE]"
-		}
-		if n != 40 || !done {
-			streamDone <- fmt.Sprintf("stream across the reload: %d tokens, [DONE] %v, err %v", n, done, sc.Err())
-			return
-		}
-		streamDone <- ""
-	}()
-
-	stop := make(chan struct{})
-	var okN, failN, resent atomic.Int64
-	var errMu sync.Mutex
-	var errs []string
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				// An exiting worker closes its idle keep-alive connections;
-				// a request the client wrote into one at that moment was
-				// never read. The Idempotency-Key (which the openai SDKs send
-				// too) lets Go's transport resend exactly those requests.
-				var conns int
-				ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { conns++ }})
-				r, err := Post(ctx, s.client, s.N.URL+"/v1/chat/completions",
-					chatBody("llama", "load", fmt.Sprintf("w%d-%d", w, i), i%4 == 0), map[string]string{"Idempotency-Key": fmt.Sprintf("w%d-%d", w, i)})
-				if conns > 1 {
-					resent.Add(1)
-				}
-				if err != nil || r.Status != 200 {
-					failN.Add(1)
-					errMu.Lock()
-					if err != nil {
-						errs = append(errs, err.Error())
-					} else {
-						errs = append(errs, fmt.Sprintf("%d %s", r.Status, r.Body))
-					}
-					errMu.Unlock()
-					continue
-				}
-				okN.Add(1)
-			}
-		}()
-	}
-	deadline := time.AfterFunc(20*time.Second, func() { close(stop) }) // hard bound on the load
-	defer deadline.Stop()
-
-	time.Sleep(300 * time.Millisecond) // load before the change
-	s.dep("llama").mocks = []*Mock{ms[0], ms[2], ms[3]}
-	s.T.Rewrite(t, s.yaml())
-	var removedAt int64
-	Eventually(t, 15*time.Second, "nginx reloaded with n-3 and without n-1", func() bool {
-		b, err := os.ReadFile(filepath.Join(s.dir, "nginx.conf"))
-		if err != nil || !strings.Contains(string(b), "turnout.ep.n-3 ") || strings.Contains(string(b), "turnout.ep.n-1 ") {
-			return false
-		}
-		now := s.N.Workers()
-		if len(now) == 0 || slices.Equal(now, workers) {
-			return false
-		}
-		for _, p := range now {
-			if slices.Contains(workers, p) {
-				return false // old workers still draining
-			}
-		}
-		removedAt = ms[1].Stats().Requests
-		return true
-	})
-	time.Sleep(500 * time.Millisecond) // load after the change
-	if deadline.Stop() {
-		close(stop)
-	}
-	wg.Wait()
-
-	if failN.Load() != 0 || okN.Load() == 0 {
-		t.Errorf("load: %d ok, %d failed; want no failures: %v", okN.Load(), failN.Load(), errs)
-	}
-	if msg := <-streamDone; msg != "" {
-		t.Error(msg)
-	}
-	if ms[3].Stats().Requests == 0 {
-		t.Error("added replica n-3 got no traffic")
-	}
-	if n := ms[1].Stats().Requests; n != removedAt {
-		t.Errorf("removed replica n-1 got %d requests after the reload", n-removedAt)
-	}
-	t.Logf("load: %d requests, none failed (%d resent after an exiting worker closed their idle connection); workers %v -> %v",
-		okN.Load(), resent.Load(), workers, s.N.Workers())
-}
+// 4. Membership changes under load: TestNginxChurnNoReload
+// (nginx_churn_test.go).
 
 // 5. turnout stopped: fail-open keeps serving (header and body mode) with
 // little added latency; fail-closed answers 503 with a reason.
