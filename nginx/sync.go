@@ -51,6 +51,8 @@ type Syncer struct {
 	log  *zerolog.Logger
 	r    *Renderer
 	mu   sync.Mutex // one Sync at a time
+	// unloaded is the replica change last logged as needing no reload.
+	unloaded string
 	// run logs when nginx runs after a sync found it not running (reach.go).
 	run runWatch
 }
@@ -100,11 +102,19 @@ func (s *Syncer) Sync(ctx context.Context, cfg *config.Config) error {
 	}
 	pid, perr := proxyconf.ReadPID(ro.PIDFile, "nginx")
 	if perr == nil && !plan.Reload {
-		// The file stays what nginx runs, so the next plan compares with it.
-		s.log.Info().Int(fieldPID, pid).Str(fieldReason, plan.Reason).
+		// The file stays what nginx runs, so the next plan compares with
+		// it; the same difference comes back at every sync until the next
+		// reload: logged once.
+		ev := s.log.Debug()
+		if plan.Reason != s.unloaded {
+			s.unloaded = plan.Reason
+			ev = s.log.Info()
+		}
+		ev.Int(fieldPID, pid).Str(fieldReason, plan.Reason).
 			Msg("replicas changed; nginx not reloaded (it sends requests to the address turnout answers)")
 		return nil
 	}
+	s.unloaded = ""
 	if s.opts.NginxBin != "" && s.opts.NginxBin != "-" {
 		if err := s.r.Check(ctx, s.opts.NginxBin, cfg, ro); err != nil {
 			return err

@@ -473,8 +473,8 @@ func TestNginxTurnoutDown(t *testing.T) {
 }
 
 // The replica turnout picked refuses connections (and turnout does not know
-// yet): nginx resends the request through the pool, in both modes, and the
-// completion feedback still closes turnout's decision.
+// yet): nginx resends the request to the verdict's first fallback, in both
+// modes, and the completion feedback still closes turnout's decision.
 func TestNginxReplicaDown(t *testing.T) {
 	s := (&nstack{failMode: "open", noHealth: true, deps: []ndep{
 		{name: "hdr", policy: policySession, mode: "header", mocks: mocks(t, "dh", 3, nil)},
@@ -490,13 +490,28 @@ func TestNginxReplicaDown(t *testing.T) {
 		if dead == nil {
 			t.Fatalf("%s: no home replica", c.model)
 		}
+		// turnout's verdict for the session names the home replica and,
+		// first of its fallbacks, where nginx must resend.
+		v, err := Post(context.Background(), http.DefaultClient, s.T.URL+"/internal/route", chatBody(c.model, "s", "u", false), c.hdr)
+		if err != nil || v.Header.Get("X-Turnout-Server") != home || v.Header.Get("X-Turnout-Fallback-Backend") == "" {
+			t.Fatalf("%s: verdict %v %v", c.model, v, err)
+		}
+		fallback, _, _ := strings.Cut(v.Header.Get("X-Turnout-Fallbacks"), ",")
+		if m := s.mock(fallback); m == nil || m.Addr != v.Header.Get("X-Turnout-Fallback-Backend") {
+			t.Fatalf("%s: X-Turnout-Fallback-Backend %q is not the address of the first fallback %q", c.model, v.Header.Get("X-Turnout-Fallback-Backend"), fallback)
+		}
+		// That call opened a decision no request will close.
+		if r, err := Post(context.Background(), http.DefaultClient, s.T.URL+"/internal/done?id="+v.Header.Get("X-Turnout-Decision"), nil,
+			map[string]string{"X-Turnout-Token": s.T.FeedbackToken(t)}); err != nil || r.Status != 204 {
+			t.Fatalf("close the verdict's decision: %v %v", r, err)
+		}
 		if err := dead.Close(); err != nil {
 			t.Fatal(err)
 		}
 		for i := range 10 {
 			r := s.post(t, "/v1/chat/completions", chatBody(c.model, "s", fmt.Sprint(i), i%2 == 0), c.hdr)
-			if r.Status != 200 || r.Header.Get("X-Replica") == "" || r.Header.Get("X-Replica") == home {
-				t.Fatalf("%s, request %d with its replica %s down: %d %q %s", c.model, i, home, r.Status, r.Header.Get("X-Replica"), r.Body)
+			if r.Status != 200 || r.Header.Get("X-Replica") != fallback {
+				t.Fatalf("%s, request %d with its replica %s down: %d %q (want the verdict's first fallback %s) %s", c.model, i, home, r.Status, r.Header.Get("X-Replica"), fallback, r.Body)
 			}
 		}
 	}

@@ -178,6 +178,10 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, g *generation, req *apiReque
 	}
 
 	f := s.faults.Load()
+	if f.ShuttingDown {
+		s.writeError(ctx, fasthttp.StatusServiceUnavailable, "server shutting down", "ServiceUnavailableError")
+		return
+	}
 	if f.Stall > 0 && !s.sleep(f.Stall) {
 		s.writeError(ctx, fasthttp.StatusServiceUnavailable, "server shutting down", "ServiceUnavailableError")
 		return

@@ -133,6 +133,10 @@ type Faults struct {
 	Stall          time.Duration
 	DieAfterChunks int
 	Unhealthy      bool
+	// ShuttingDown answers every completion request 503 "server shutting
+	// down" at once, as a dying vLLM does to requests it just accepted
+	// (runtime only).
+	ShuttingDown bool
 }
 
 func (c *Config) normalize() error {

@@ -502,6 +502,7 @@ type faultsWire struct {
 	Stall          *string  `json:"stall,omitempty"` // Go duration, e.g. "250ms"
 	DieAfterChunks *int     `json:"die_after_chunks,omitempty"`
 	Unhealthy      *bool    `json:"unhealthy,omitempty"`
+	ShuttingDown   *bool    `json:"shutting_down,omitempty"`
 	Seed           *uint64  `json:"seed,omitempty"` // restarts the FailRate draws
 }
 
@@ -534,6 +535,9 @@ func (s *Server) handleFaults(ctx *fasthttp.RequestCtx) {
 		}
 		if w.Unhealthy != nil {
 			f.Unhealthy = *w.Unhealthy
+		}
+		if w.ShuttingDown != nil {
+			f.ShuttingDown = *w.ShuttingDown
 		}
 		if err := s.SetFaults(f); err != nil {
 			s.writeError(ctx, fasthttp.StatusBadRequest, err.Error(), "BadRequestError")
