@@ -192,6 +192,11 @@ func TestRenderModes(t *testing.T) {
 			t.Errorf("multi config lacks %q", want)
 		}
 	}
+	// The header-mode calls never run a prefill: route_timeout, not the
+	// prefill budget the body-mode call of a prefill/decode config gets.
+	if n, m := strings.Count(conf, "proxy_read_timeout 250ms;"), strings.Count(conf, "proxy_read_timeout 61000ms;"); n != 2 || m != 1 {
+		t.Errorf("route call read timeouts: %d at route_timeout (want 2: ask_headers, after_relay), %d at the prefill budget (want 1: ask_body)", n, m)
+	}
 	if strings.Contains(conf, "日本語") {
 		t.Error("a non-ASCII model name reached the map")
 	}
