@@ -20,8 +20,9 @@ import (
 // failOpenStreamTTFB kills turnout (SIGKILL) and returns, for n streamed
 // requests through the proxy after it (8 concurrent clients), the time to
 // the response headers, in start order; it fails the test on any stream not
-// served whole by a replica.
-func failOpenStreamTTFB(t *testing.T, tu *Turnout, base, model string, extra map[string]string, n int) []time.Duration {
+// served whole by a replica. With stop, turnout is stopped (SIGSTOP: its
+// connections accepted by the kernel, never answered) instead of killed.
+func failOpenStreamTTFB(t *testing.T, tu *Turnout, base, model string, extra map[string]string, n int, stop bool) []time.Duration {
 	t.Helper()
 	c := &http.Client{Timeout: 10 * time.Second}
 	stream := func(user string) (time.Duration, string) {
@@ -55,8 +56,13 @@ func failOpenStreamTTFB(t *testing.T, tu *Turnout, base, model string, extra map
 			t.Fatalf("turnout up: %s", msg)
 		}
 	}
-	_ = tu.Cmd.Process.Signal(syscall.SIGKILL)
-	<-tu.done
+	if stop {
+		_ = tu.Cmd.Process.Signal(syscall.SIGSTOP)
+		t.Cleanup(func() { _ = tu.Cmd.Process.Signal(syscall.SIGCONT) })
+	} else {
+		_ = tu.Cmd.Process.Signal(syscall.SIGKILL)
+		<-tu.done
+	}
 	killed := time.Now()
 	type res struct {
 		at, ttfb time.Duration
@@ -124,7 +130,7 @@ func TestFailOpenDelayNginxStream(t *testing.T) {
 	}
 	t.Run("NginxBody", func(t *testing.T) {
 		s := startNginxStack(t, "open", ndep{name: "llama", policy: policyLeast, mode: "body", mocks: mocks(t, "sb", 2, nil)})
-		check(t, "nginx body", failOpenStreamTTFB(t, s.T, s.N.URL, "llama", nil, n))
+		check(t, "nginx body", failOpenStreamTTFB(t, s.T, s.N.URL, "llama", nil, n, false))
 	})
 	// A prefill/decode deployment makes the body-mode route call's read
 	// timeout its prefill budget (RouteCallTimeout): a dead turnout must
@@ -133,10 +139,37 @@ func TestFailOpenDelayNginxStream(t *testing.T) {
 		s := startNginxStack(t, "open", ndep{name: "pd", policy: policyLeast, mode: "body",
 			prefill: mocks(t, "sp", 1, func(c *mock.Config) { c.Role = mock.RolePrefill }),
 			decode:  mocks(t, "sd", 2, func(c *mock.Config) { c.Role = mock.RoleDecode })})
-		check(t, "nginx body, prefill/decode", failOpenStreamTTFB(t, s.T, s.N.URL, "pd", nil, n))
+		check(t, "nginx body, prefill/decode", failOpenStreamTTFB(t, s.T, s.N.URL, "pd", nil, n, false))
 	})
 	t.Run("NginxHeader", func(t *testing.T) {
 		s := startNginxStack(t, "open", ndep{name: "llama", policy: policyLeast, mode: "header", mocks: mocks(t, "sh", 2, nil)})
-		check(t, "nginx header", failOpenStreamTTFB(t, s.T, s.N.URL, "llama", map[string]string{"X-Model": "llama"}, n))
+		check(t, "nginx header", failOpenStreamTTFB(t, s.T, s.N.URL, "llama", map[string]string{"X-Model": "llama"}, n, false))
 	})
+}
+
+// A turnout that hangs (SIGSTOP) instead of dying: the route call waits
+// route_timeout until the breaker (breaker_failures per turnout entry, per
+// worker) sends nginx straight to the fail mode for breaker_cooldown. A
+// stream waits one route_timeout at most, and only the first few do.
+func TestFailOpenDelayNginxStreamHung(t *testing.T) {
+	const n, routeTimeout = 400, 500 * time.Millisecond
+	for _, c := range []struct {
+		name, mode string
+		hdr        map[string]string
+	}{{"NginxBody", "body", nil}, {"NginxHeader", "header", map[string]string{"X-Model": "llama"}}} {
+		t.Run(c.name, func(t *testing.T) {
+			s := startNginxStack(t, "open", ndep{name: "llama", policy: policyLeast, mode: c.mode, mocks: mocks(t, "hs"+c.mode[:1], 2, nil)})
+			d := failOpenStreamTTFB(t, s.T, s.N.URL, "llama", c.hdr, n, true)
+			nSlow, p99, worst := summarize(d, 100*time.Millisecond)
+			t.Logf("fail-open nginx %s, turnout hung, streamed: %d/%d streams over 100ms to their headers; p99 %v, worst %v", c.mode, nSlow, len(d), p99, worst)
+			if worst > routeTimeout+400*time.Millisecond {
+				t.Errorf("a stream waited %v for its headers: more than one route_timeout (%v)", worst, routeTimeout)
+			}
+			// 2 workers x 2 turnout entries x breaker_failures 3, and the
+			// 8 clients' requests in flight while the breaker counts.
+			if nSlow > 40 {
+				t.Errorf("%d streams waited over 100ms: the breaker did not open", nSlow)
+			}
+		})
+	}
 }
