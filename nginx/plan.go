@@ -108,9 +108,10 @@ func PlanSync(run Running, next *Summary) Plan {
 		return Plan{Reload: true, Reason: strings.Join(reload, "; ")}
 	}
 	if len(changes) == 0 {
-		// Same structure and members, different text: the order of the
-		// servers, or a file edited by hand.
-		return Plan{Reload: true, Reason: "the rendered nginx.conf differs from the one on disk"}
+		// Same structure and addresses, different text: the replicas'
+		// order (discovery may list them in another) or names. The maps
+		// are keyed by address, so nginx routes the same either way.
+		return Plan{Reason: "the order or the names of the replicas changed"}
 	}
 	return Plan{Reason: strings.Join(changes, "; ")}
 }
