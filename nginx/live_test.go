@@ -257,6 +257,14 @@ func TestSyncReloadsOnlyOnChange(t *testing.T) {
 	if after, _ := os.ReadFile(filepath.Join(dir, ConfigFile)); !bytes.Equal(after, conf) {
 		t.Error("a membership change rewrote nginx.conf (it must stay what nginx runs)")
 	}
+	// The same difference at the next sync (until a reload) is not logged
+	// at info again.
+	if err := s.Sync(ctx, cfg2); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), `"level":"info"`); n != 1 {
+		t.Errorf("an unchanged replica difference was logged again at info (%d info lines): %s", n, logs.String())
+	}
 
 	// A structural change reloads, with its reason.
 	logs.Reset()
