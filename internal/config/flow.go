@@ -49,6 +49,11 @@ type FlowClass struct {
 	// Retry-After). Otherwise it is routed at once, into the engines' own
 	// queues: held no longer, never refused.
 	Shed bool `yaml:"shed"`
+	// Headroom is how far past saturation.max_load and max_waiting (per
+	// endpoint) this class may still be admitted: a reserve that lower
+	// classes never fill, so this class rarely waits for a completion.
+	// Not larger than the headroom of any class above.
+	Headroom int `yaml:"headroom"`
 }
 
 // FlowSaturation: an endpoint has room while under every set threshold;
@@ -168,6 +173,9 @@ func (f *FlowConfig) validate(p string, bad func(field, format string, a ...any)
 		}
 		if w := c.MaxWait.D(); w < 0 || w > MaxFlowWait {
 			bad(cf+".max_wait", "%v out of range (0, %v]", w, MaxFlowWait)
+		}
+		if c.Headroom < 0 || (i > 0 && c.Headroom > f.Classes[i-1].Headroom) {
+			bad(cf+".headroom", "%d: must be at least 0 and at most the headroom of the class above", c.Headroom)
 		}
 		if c.Shed && i == 0 {
 			// The highest class is the one flow control protects.

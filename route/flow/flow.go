@@ -151,8 +151,9 @@ func (c *Controller) Close() {
 // the sum over available endpoints of what each has left under the
 // thresholds, less the requests let through and not yet routed. Called
 // under mu.
-func (c *Controller) room() int64 {
+func (c *Controller) room(class int) int64 {
 	s := &c.cfg.Saturation
+	hr := int64(c.cfg.Classes[class].Headroom)
 	var r int64
 	for _, e := range c.pool.Endpoints {
 		if !e.Available() {
@@ -160,11 +161,11 @@ func (c *Controller) room() int64 {
 		}
 		er := int64(math.MaxInt32)
 		if s.MaxLoad > 0 {
-			er = min(er, int64(s.MaxLoad)-e.Load())
+			er = min(er, int64(s.MaxLoad)+hr-e.Load())
 		}
 		if s.MaxWaiting > 0 {
 			if w, ok := e.Waiting(); ok {
-				er = min(er, int64(s.MaxWaiting)-w)
+				er = min(er, int64(s.MaxWaiting)+hr-w)
 			}
 		}
 		if s.MaxKVUsage > 0 {
@@ -179,11 +180,21 @@ func (c *Controller) room() int64 {
 	return r - c.pending
 }
 
-// Saturated reports whether the pool has no room (for tests and readiness notes).
+// Saturated reports whether the pool has no room for the lowest class
+// (whose headroom is the smallest).
 func (c *Controller) Saturated() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.room() <= 0
+	return c.room(len(c.classes)-1) <= 0
+}
+
+// queuedUpTo is how many requests of class i and above are held. Under mu.
+func (c *Controller) queuedUpTo(i int) int {
+	n := 0
+	for j := 0; j <= i; j++ {
+		n += c.classes[j].n
+	}
+	return n
 }
 
 // Queued is the number of requests held.
@@ -199,7 +210,9 @@ func (c *Controller) Queued() int {
 func (c *Controller) Admit(r *Request, watch Watch) Outcome {
 	cl := &c.cfg.Classes[r.Class]
 	c.mu.Lock()
-	if c.closed || (c.queued == 0 && c.room() > 0) {
+	// Nothing of its class or above is held and it has room: it goes on
+	// (lower classes may be held: strict priority, and a class's headroom).
+	if c.closed || (c.queuedUpTo(r.Class) == 0 && c.room(r.Class) > 0) {
 		c.pending++
 		c.mu.Unlock()
 		c.m.count(r, Admitted)
@@ -313,17 +326,20 @@ func (c *Controller) loop() {
 }
 
 // release lets held requests go, highest class first, while there is room;
-// it returns how many stay held.
+// it returns how many stay held. A lower class never goes before a held
+// higher one: its headroom is no larger, so it has no room either.
 func (c *Controller) release() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for c.queued > 0 && c.room() > 0 {
-		for i := range c.classes {
-			if w := c.next(i); w != nil {
-				c.releaseLocked(w)
-				break
-			}
+	for c.queued > 0 {
+		i := 0
+		for c.classes[i].n == 0 {
+			i++
 		}
+		if c.room(i) <= 0 {
+			break
+		}
+		c.releaseLocked(c.next(i))
 	}
 	return c.queued
 }

@@ -398,3 +398,30 @@ func TestTenantLabelsBounded(t *testing.T) {
 		t.Error("a family's TYPE line must appear once")
 	}
 }
+
+// A class's headroom is a reserve lower classes never fill: with the pool
+// at max_load a critical request still goes on at once, while standard ones
+// are held; past the headroom critical is held too, and released first.
+func TestHeadroomReservesForHigherClass(t *testing.T) {
+	cfg := testConfig(1, func(f *config.FlowConfig) {
+		f.Classes = []config.FlowClass{{Name: "critical", Headroom: 1}, {Name: "standard"}, {Name: "sheddable", Shed: true}}
+	})
+	h := newHarness(t, cfg, 1)
+	h.p.Endpoints[0].AddInflight(1) // at max_load
+	h.admit("s1", "standard", "", nil)
+	h.none()
+	h.admit("c1", "critical", "", nil)
+	if r := h.next(); r.name != "c1" || r.o != Admitted {
+		t.Fatalf("got %s %v, want c1 admitted into the headroom", r.name, r.o)
+	}
+	h.admit("c2", "critical", "", nil) // load 2 = max_load + headroom
+	h.none()
+	if r := h.free(); r.name != "c2" || r.o != Released {
+		t.Fatalf("got %s %v, want c2 released first", r.name, r.o)
+	}
+	h.none() // load 2 again: no room for standard (max_load 1)
+	h.p.Endpoints[0].AddInflight(-1)
+	if r := h.free(); r.name != "s1" || r.o != Released {
+		t.Fatalf("got %s %v, want s1 released once under max_load", r.name, r.o)
+	}
+}
