@@ -250,3 +250,71 @@ func TestFlowControlNginx(t *testing.T) {
 	s := (&nstack{failMode: "open", deps: []ndep{{name: "fn", policy: policyLeast, mode: "body", mocks: ms, depYAML: flowYAML}}}).start(t)
 	checkFlowControl(t, s.N.URL, s.T.URL, "fn")
 }
+
+// A held request whose client goes away leaves the queue: in header mode
+// (auth_request) nginx closes its call to turnout, and turnout sees the
+// socket close while holding it; body mode (njs) is the exception below.
+func TestFlowControlNginxClientGone(t *testing.T) {
+	for _, mode := range []string{"header", "body"} {
+		t.Run(mode, func(t *testing.T) { testFlowNginxClientGone(t, mode) })
+	}
+}
+
+func testFlowNginxClientGone(t *testing.T, mode string) {
+	// Requests that run 3.5 s: nothing frees while the test looks.
+	ms := mocks(t, "fg", 2, func(c *mock.Config) {
+		c.TimeScale = 1
+		c.TTFTOverhead = 250 * time.Millisecond
+		c.InterTokenLatency = 200 * time.Millisecond
+		c.MaxRunning = 8
+	})
+	s := (&nstack{failMode: "open", deps: []ndep{{name: "fg", policy: policyLeast, mode: mode, mocks: ms, depYAML: flowYAML}}}).start(t)
+	c := &http.Client{Timeout: 30 * time.Second}
+	// Fill both replicas to max_load with requests that stream for a while.
+	var wg sync.WaitGroup
+	for range 14 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			flowPost(context.Background(), c, s.N.URL, "fg", "standard", "busy")
+		}()
+	}
+	Eventually(t, 5*time.Second, "replicas at max_load", func() bool {
+		v, err := Metric(t, s.T.URL+"/metrics", "turnout_endpoint_inflight")
+		return err == nil && v >= 14
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan flowResult, 1)
+	go func() { done <- flowPost(ctx, c, s.N.URL, "fg", "standard", "leaver") }()
+	Eventually(t, 5*time.Second, "the request held", func() bool {
+		v, err := Metric(t, s.T.URL+"/metrics", "turnout_flow_queued", `tenant="leaver"`)
+		return err == nil && v == 1
+	})
+	cancel()
+	<-done
+	if mode == "body" {
+		// njs cannot see the client leave during its subrequest (nginx
+		// 1.22 + njs 0.7.9 keep the call to turnout open): the request
+		// stays held until released, then nginx finds the client gone at
+		// once (499) and its feedback closes the decision. Nothing hangs
+		// and no replica keeps a phantom request.
+		wg.Wait()
+		Eventually(t, 10*time.Second, "the left request released and its decision closed", func() bool {
+			q, err1 := Metric(t, s.T.URL+"/metrics", "turnout_flow_queued")
+			in, err2 := Metric(t, s.T.URL+"/metrics", "turnout_endpoint_inflight")
+			return err1 == nil && err2 == nil && q == 0 && in == 0
+		})
+		return
+	}
+	Eventually(t, 2*time.Second, "the held request dropped as gone", func() bool {
+		v, err := Metric(t, s.T.URL+"/metrics", "turnout_flow_requests_total", `tenant="leaver"`, `outcome="gone"`)
+		return err == nil && v == 1
+	})
+	if q, _ := Metric(t, s.T.URL+"/metrics", "turnout_flow_queued"); q != 0 {
+		t.Fatalf("%v requests still held", q)
+	}
+	if v, _ := Metric(t, s.T.URL+"/metrics", "turnout_flow_requests_total", `tenant="leaver"`, `outcome="released"`); v != 0 {
+		t.Fatalf("the gone request was released %v times", v)
+	}
+	wg.Wait()
+}
