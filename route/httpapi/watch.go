@@ -36,7 +36,9 @@ func (w *connWatch) Gone() bool {
 	}
 	gone := false
 	var b [1]byte
-	_ = rc.Read(func(fd uintptr) bool {
+	// Control, not Read: Read would honour the connection's read deadline
+	// (limits.read_timeout), long past for a request held that long.
+	_ = rc.Control(func(fd uintptr) {
 		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		switch {
 		case err == nil:
@@ -45,7 +47,6 @@ func (w *connWatch) Gone() bool {
 		default:
 			gone = true
 		}
-		return true // never wait for readiness: one look
 	})
 	return gone
 }

@@ -12,6 +12,7 @@ import (
 )
 
 const flowYAML = `
+limits: {read_timeout: 200ms, body_idle_timeout: 50ms}
 deployments:
   - name: d
     models: [m]
@@ -22,7 +23,8 @@ deployments:
           - {name: a, address: 127.0.0.1:1}
 `
 
-// A held call whose caller hangs up leaves flow control's queue: the
+// A held call whose caller hangs up leaves flow control's queue, even
+// after the connection's read deadline: the
 // handler's watch sees the socket close (nginx closes its call to turnout
 // when the client goes away).
 func TestHeldCallerGone(t *testing.T) {
@@ -59,6 +61,9 @@ func TestHeldCallerGone(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	// Held past limits.read_timeout: the connection's read deadline has
+	// passed, and the watch must still see the close.
+	time.Sleep(300 * time.Millisecond)
 	held.Close()
 	gone := func() int { return flowSum(s, "turnout_flow_requests_total{", `outcome="gone"`) }
 	for gone() != 1 {
