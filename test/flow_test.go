@@ -261,60 +261,93 @@ func TestFlowControlNginxClientGone(t *testing.T) {
 }
 
 func testFlowNginxClientGone(t *testing.T, mode string) {
-	// Requests that run 3.5 s: nothing frees while the test looks.
-	ms := mocks(t, "fg", 2, func(c *mock.Config) {
+	ms := goneMocks(t, "fg")
+	s := (&nstack{failMode: "open", deps: []ndep{{name: "fg", policy: policyLeast, mode: mode, mocks: ms, depYAML: flowYAML}}}).start(t)
+	checkClientGone(t, s.N.URL, s.T.URL, "fg", mode == "header")
+}
+
+// Through HAProxy: the Lua action's httpclient call and the SPOE frame.
+// HAProxy 2.6 tells neither that the client left (see
+// docs/flow-control.md): the request is released in its turn and its
+// decision closes.
+func TestFlowControlHAProxyClientGone(t *testing.T) {
+	for _, path := range []string{"lua", "spoe"} {
+		t.Run(path, func(t *testing.T) {
+			spoe := ""
+			if path == "spoe" {
+				spoe = spoeDefault
+			}
+			ms := goneMocks(t, "fh")
+			s := startStackWith(t, "open", spoe, depSpec{name: "fh", policy: policyLeast, mocks: ms, depYAML: flowYAML})
+			checkClientGone(t, s.H.URL, s.T.URL, "fh", false)
+		})
+	}
+}
+
+// goneMocks run requests for 3.5 s: nothing frees while a test looks.
+func goneMocks(t *testing.T, prefix string) []*Mock {
+	return mocks(t, prefix, 2, func(c *mock.Config) {
 		c.TimeScale = 1
 		c.TTFTOverhead = 250 * time.Millisecond
 		c.InterTokenLatency = 200 * time.Millisecond
 		c.MaxRunning = 8
 	})
-	s := (&nstack{failMode: "open", deps: []ndep{{name: "fg", policy: policyLeast, mode: mode, mocks: ms, depYAML: flowYAML}}}).start(t)
+}
+
+// checkClientGone fills the replicas to max_load, holds one more request
+// and cancels it. dropped: turnout must see the client leave and drop the
+// request; otherwise it must release it once the replicas free and its
+// decision must close (nothing hangs, no phantom in-flight request).
+func checkClientGone(t *testing.T, frontURL, turnoutURL, model string, dropped bool) {
 	c := &http.Client{Timeout: 30 * time.Second}
-	// Fill both replicas to max_load with requests that stream for a while.
 	var wg sync.WaitGroup
 	for range 14 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			flowPost(context.Background(), c, s.N.URL, "fg", "standard", "busy")
+			flowPost(context.Background(), c, frontURL, model, "standard", "busy")
 		}()
 	}
 	Eventually(t, 5*time.Second, "replicas at max_load", func() bool {
-		v, err := Metric(t, s.T.URL+"/metrics", "turnout_endpoint_inflight")
+		v, err := Metric(t, turnoutURL+"/metrics", "turnout_endpoint_inflight")
 		return err == nil && v >= 14
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan flowResult, 1)
-	go func() { done <- flowPost(ctx, c, s.N.URL, "fg", "standard", "leaver") }()
+	go func() { done <- flowPost(ctx, c, frontURL, model, "standard", "leaver") }()
 	Eventually(t, 5*time.Second, "the request held", func() bool {
-		v, err := Metric(t, s.T.URL+"/metrics", "turnout_flow_queued", `tenant="leaver"`)
+		v, err := Metric(t, turnoutURL+"/metrics", "turnout_flow_queued", `tenant="leaver"`)
 		return err == nil && v == 1
 	})
 	cancel()
 	<-done
-	if mode == "body" {
-		// njs cannot see the client leave during its subrequest (nginx
-		// 1.22 + njs 0.7.9 keep the call to turnout open): the request
-		// stays held until released, then nginx finds the client gone at
-		// once (499) and its feedback closes the decision. Nothing hangs
-		// and no replica keeps a phantom request.
+	if !dropped {
 		wg.Wait()
 		Eventually(t, 10*time.Second, "the left request released and its decision closed", func() bool {
-			q, err1 := Metric(t, s.T.URL+"/metrics", "turnout_flow_queued")
-			in, err2 := Metric(t, s.T.URL+"/metrics", "turnout_endpoint_inflight")
+			q, err1 := Metric(t, turnoutURL+"/metrics", "turnout_flow_queued")
+			in, err2 := Metric(t, turnoutURL+"/metrics", "turnout_endpoint_inflight")
 			return err1 == nil && err2 == nil && q == 0 && in == 0
 		})
+		g, _ := Metric(t, turnoutURL+"/metrics", "turnout_flow_requests_total", `tenant="leaver"`, `outcome="gone"`)
+		t.Logf("gone seen by turnout: %v", g)
 		return
 	}
 	Eventually(t, 2*time.Second, "the held request dropped as gone", func() bool {
-		v, err := Metric(t, s.T.URL+"/metrics", "turnout_flow_requests_total", `tenant="leaver"`, `outcome="gone"`)
+		v, err := Metric(t, turnoutURL+"/metrics", "turnout_flow_requests_total", `tenant="leaver"`, `outcome="gone"`)
 		return err == nil && v == 1
 	})
-	if q, _ := Metric(t, s.T.URL+"/metrics", "turnout_flow_queued"); q != 0 {
+	if q, _ := Metric(t, turnoutURL+"/metrics", "turnout_flow_queued"); q != 0 {
 		t.Fatalf("%v requests still held", q)
 	}
-	if v, _ := Metric(t, s.T.URL+"/metrics", "turnout_flow_requests_total", `tenant="leaver"`, `outcome="released"`); v != 0 {
+	if v, _ := Metric(t, turnoutURL+"/metrics", "turnout_flow_requests_total", `tenant="leaver"`, `outcome="released"`); v != 0 {
 		t.Fatalf("the gone request was released %v times", v)
 	}
 	wg.Wait()
+}
+
+// The Lua action's path: the HTTP transport holds the call.
+func TestFlowControlHAProxyLua(t *testing.T) {
+	ms := flowMocks(t, "fu")
+	s := startStackWith(t, "open", "", depSpec{name: "fu", policy: policyLeast, mocks: ms, depYAML: flowYAML})
+	checkFlowControl(t, s.H.URL, s.T.URL, "fu")
 }
