@@ -488,7 +488,7 @@ func runFlow(args []string, log *zerolog.Logger) error {
 	log.Info().Str("trace", label).Int("requests", len(reqs)).Dur("mean_service", bench.MeanService(reqs, o)).Msg("bench: flow")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	rows, err := bench.RunFlow(ctx, reqs, bench.FlowSetups(o.MaxRunning), bench.FlowOptions{E2E: eo, Loads: ls, CriticalShare: *share, Tenants: *tenants})
+	rows, err := bench.RunFlow(ctx, reqs, bench.FlowSetups(o.MaxRunning, e2e.proxy), bench.FlowOptions{E2E: eo, Loads: ls, CriticalShare: *share, Tenants: *tenants})
 	if err != nil {
 		return fmt.Errorf("bench flow: %w", err)
 	}

@@ -263,12 +263,13 @@ const stackMaxBody = 256 << 10
 
 // StartStack starts the replicas (unless given), turnout when the spec is a
 // turnout policy, and the proxy, and waits until a request can pass.
-func StartStack(ctx context.Context, o StackOptions) (st *Stack, err error) {
-	st = &Stack{}
+func StartStack(ctx context.Context, o StackOptions) (_ *Stack, err error) {
+	// A local, not the named result: "return nil, err" would nil it before
+	// the deferred Stop ran (a panic that left every started process behind).
+	st := &Stack{}
 	defer func() {
 		if err != nil {
 			st.Stop()
-			st = nil
 		}
 	}()
 	kvAware := o.Spec.Policy == policy.KVAwareType

@@ -63,11 +63,11 @@ type FlowSetup struct {
 }
 
 // FlowSetups are the compared setups for replicas of maxRunning sequences:
-// HAProxy's plain leastconn, turnout's least-request without flow control
+// the proxy's plain leastconn (HAProxy, or nginx's least_conn), turnout's least-request without flow control
 // (today's behaviour: every request goes to an engine queue at once), and
 // with flow control holding at maxRunning per replica, and at maxRunning-1
 // with a headroom of 1 for critical.
-func FlowSetups(maxRunning int) []FlowSetup {
+func FlowSetups(maxRunning int, proxy string) []FlowSetup {
 	classes := func(headroom int) []string {
 		return []string{
 			"  classes:",
@@ -79,8 +79,12 @@ func FlowSetups(maxRunning int) []FlowSetup {
 		return append([]string{"flow_control:", "  saturation: {max_load: " + strconv.Itoa(maxLoad) + "}"}, classes(headroom)...)
 	}
 	lr := PolicySpec{Policy: policy.LeastRequestType}
+	plain := HAProxyLeastConn
+	if proxy == ProxyNginx {
+		plain = NginxLeastConn
+	}
 	out := []FlowSetup{
-		{Name: HAProxyLeastConn, Spec: PolicySpec{Policy: HAProxyLeastConn}},
+		{Name: plain, Spec: PolicySpec{Policy: plain}},
 		{Name: "least-request, no flow control", Spec: lr},
 		{Name: fmt.Sprintf("least-request + flow (max_load %d)", maxRunning), Spec: lr, Flow: flow(maxRunning, 0)},
 	}
@@ -147,6 +151,10 @@ func RunFlow(ctx context.Context, reqs []Request, setups []FlowSetup, o FlowOpti
 	}
 	if err := os.MkdirAll(o.E2E.WorkDir, 0o755); err != nil {
 		return nil, fmt.Errorf("flow work dir: %w", err)
+	}
+	if ng, _ := o.E2E.NeedsNginx(specs); ng && o.E2E.NginxMaxBody == 0 {
+		// nginx body mode holds the body: the replay's largest must pass.
+		o.E2E.NginxMaxBody = BodyLimit(reqs, o.E2E.Sim.Model)
 	}
 	var rows []FlowRow
 	for _, load := range o.Loads {
