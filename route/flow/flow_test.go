@@ -375,7 +375,7 @@ func TestClassify(t *testing.T) {
 func TestTenantLabelsBounded(t *testing.T) {
 	c := New(testConfig(100, func(f *config.FlowConfig) { f.MaxTenantLabels = 2 }), testPool(1))
 	defer c.Close()
-	for _, tn := range []string{"a", "b", "c", "d"} {
+	for _, tn := range []string{"a", "b\"\n\x00x", "c", "d"} {
 		r := &Request{Class: 1}
 		r.setTenant([]byte(tn), tenantHeader)
 		c.Admit(r, nil)
@@ -386,7 +386,7 @@ func TestTenantLabelsBounded(t *testing.T) {
 	s.byDep["dep"] = c
 	s.WriteMetrics(&b)
 	out := b.String()
-	for _, want := range []string{`tenant="a",outcome="admitted"} 1`, `tenant="b",outcome="admitted"} 1`, `class="standard",tenant="other",outcome="admitted"} 2`} {
+	for _, want := range []string{`tenant="a",outcome="admitted"} 1`, `tenant="b___x",outcome="admitted"} 1`, `class="standard",tenant="other",outcome="admitted"} 2`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("metrics lack %s", want)
 		}

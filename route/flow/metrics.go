@@ -75,7 +75,7 @@ func (m *metrics) stats(r *Request) *tenantStats {
 	case r.kind == tenantAPIKey:
 		label = "key-" + strconv.FormatUint(r.Tenant>>32, 16)
 	default:
-		label = string(r.TenantName)
+		label = cleanLabel(r.TenantName)
 	}
 	s := m.newStats(label)
 	m.byKey[r.Tenant] = s
@@ -164,4 +164,19 @@ func (c *Controller) writeMetrics(fam *[len(families)]strings.Builder, dep strin
 		sat = 1
 	}
 	fmt.Fprintf(&fam[3], "turnout_flow_saturated{deployment=%q} %d\n", dep, sat)
+}
+
+// cleanLabel keeps a client-chosen tenant name to characters a Prometheus
+// label value and a log line carry as they are; others become '_'.
+func cleanLabel(b []byte) string {
+	out := make([]byte, len(b))
+	for i, c := range b {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', strings.IndexByte("-_.:@/", c) >= 0:
+			out[i] = c
+		default:
+			out[i] = '_'
+		}
+	}
+	return string(out)
 }
