@@ -149,16 +149,18 @@ func (c *Controller) Close() {
 
 // room is how many more requests the pool takes before it is saturated:
 // the sum over available endpoints of what each has left under the
-// thresholds, less the requests let through and not yet routed. Called
-// under mu.
+// thresholds, less the requests let through and not yet routed; unbounded
+// when no endpoint is available. Called under mu.
 func (c *Controller) room(class int) int64 {
 	s := &c.cfg.Saturation
 	hr := int64(c.cfg.Classes[class].Headroom)
 	var r int64
+	avail := false
 	for _, e := range c.pool.Endpoints {
 		if !e.Available() {
 			continue
 		}
+		avail = true
 		er := int64(math.MaxInt32)
 		if s.MaxLoad > 0 {
 			er = min(er, int64(s.MaxLoad)+hr-e.Load())
@@ -176,6 +178,11 @@ func (c *Controller) room(class int) int64 {
 		if er > 0 {
 			r += er
 		}
+	}
+	if !avail {
+		// Nothing to wait for: the policy answers no_endpoint at once and
+		// the proxy applies its fail mode.
+		return math.MaxInt32
 	}
 	return r - c.pending
 }

@@ -313,6 +313,10 @@ func TestSaturationThresholds(t *testing.T) {
 	if !c.Saturated() {
 		t.Fatal("a down endpoint's room does not count")
 	}
+	p.Endpoints[0].SetDown(true)
+	if c.Saturated() {
+		t.Fatal("with no endpoint available nothing may be held: the request must get its no_endpoint answer at once")
+	}
 }
 
 func TestClassify(t *testing.T) {
