@@ -36,16 +36,18 @@ func flowMocks(t *testing.T, prefix string) []*Mock {
 	})
 }
 
-// flowYAML holds standard traffic at 7 per replica and lets critical use
-// the 8th (headroom 1), what the engines run: nothing waits in an engine,
-// critical requests overtake the held standard ones and rarely wait for a
-// completion. (Without the headroom, held at 8, critical TTFT p99 was
-// 1.6-1.7x its unloaded value here: it waited for the next completion.)
+// flowYAML holds standard traffic at 6 per replica and lets critical use
+// the 7th and 8th (headroom 2), what the engines run: nothing waits in an
+// engine, critical requests (1.6 running on average) overtake the held
+// standard ones and rarely wait for a completion. (Held at 8 without a
+// headroom, critical TTFT p99 was 1.6-1.7x its unloaded value here: it
+// waited for the next completion; with a headroom of 1, 1.2-1.8x on the
+// shared VM.)
 var flowYAML = []string{
 	"flow_control:",
-	"  saturation: {max_load: 7}",
+	"  saturation: {max_load: 6}",
 	"  classes:",
-	"    - {name: critical, max_wait: 20s, headroom: 1}",
+	"    - {name: critical, max_wait: 20s, headroom: 2}",
 	"    - {name: standard, max_wait: 20s}",
 	"    - {name: sheddable, max_wait: 200ms, shed: true}",
 }
@@ -155,7 +157,7 @@ func checkFlowControl(t *testing.T, frontURL, turnoutURL, model string) {
 	c := &http.Client{Timeout: 30 * time.Second}
 	// Unloaded: critical requests one at a time.
 	var idle []time.Duration
-	for range 10 {
+	for range 20 {
 		r := flowPost(context.Background(), c, frontURL, model, "critical", "ops")
 		if r.err != nil || r.status != 200 {
 			t.Fatalf("unloaded request: %d %v %s", r.status, r.err, r.body)
@@ -301,7 +303,7 @@ func goneMocks(t *testing.T, prefix string) []*Mock {
 func checkClientGone(t *testing.T, frontURL, turnoutURL, model string, dropped bool) {
 	c := &http.Client{Timeout: 30 * time.Second}
 	var wg sync.WaitGroup
-	for range 14 {
+	for range 12 { // 2 replicas x max_load 6
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -310,7 +312,7 @@ func checkClientGone(t *testing.T, frontURL, turnoutURL, model string, dropped b
 	}
 	Eventually(t, 5*time.Second, "replicas at max_load", func() bool {
 		v, err := Metric(t, turnoutURL+"/metrics", "turnout_endpoint_inflight")
-		return err == nil && v >= 14
+		return err == nil && v >= 12
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan flowResult, 1)
