@@ -118,8 +118,10 @@ func (s *Decider) runHeld(snap *Snapshot, d *Deployment, in *Input, v *Verdict, 
 	case flow.Released, flow.TimedOut:
 		start = time.Now() // the decision starts at release: its latency is the pick's
 	}
+	// Deferred: a panicking pick (recovered by the transport) must give
+	// its reserved room back.
+	defer d.flow.Done()
 	s.runProfiles(snap, d, in, v, sc, start)
-	d.flow.Done()
 }
 
 // bindFlow gives the snapshot's deployments with flow_control their
