@@ -102,6 +102,7 @@ func New(cfg *config.Config, opts Options) (*Decider, error) {
 	}
 	s.m.init()
 	s.AddMetrics(s.flows.WriteMetrics)
+	s.AddReadiness(s.flows.WriteReadiness)
 	s.pd = pd.New()
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.kvHub = kv.NewHub(s.ctx, s.log)

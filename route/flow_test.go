@@ -50,6 +50,11 @@ func TestFlowHoldsUntilCompletion(t *testing.T) {
 		t.Fatalf("decided (%d) while both replicas are at max_load", ctx.Response.StatusCode())
 	case <-time.After(50 * time.Millisecond):
 	}
+	var rb strings.Builder
+	s.WriteReadinessNotes(&rb)
+	if !strings.Contains(rb.String(), "flow d: 1 held (critical 0, standard 1, sheddable 0), saturated\n") {
+		t.Fatalf("readiness notes lack the held request:\n%s", rb.String())
+	}
 	id, ok := ParseDecisionID([]byte(ids[1]))
 	if !ok || !s.Complete(id) {
 		t.Fatalf("cannot complete %s", ids[1])

@@ -79,3 +79,35 @@ func (s *Set) WriteMetrics(b *strings.Builder) {
 		b.WriteString(fam[i].String())
 	}
 }
+
+// WriteReadiness writes one /readyz?verbose line per deployment with flow
+// control: what it holds by class, and whether its pool is saturated.
+func (s *Set) WriteReadiness(b *strings.Builder) {
+	s.mu.Lock()
+	deps := make([]string, 0, len(s.byDep))
+	for d := range s.byDep {
+		deps = append(deps, d)
+	}
+	slices.Sort(deps)
+	ctrls := make([]*Controller, len(deps))
+	for i, d := range deps {
+		ctrls[i] = s.byDep[d]
+	}
+	s.mu.Unlock()
+	for i, c := range ctrls {
+		c.mu.Lock()
+		fmt.Fprintf(b, "flow %s: %d held (", deps[i], c.queued)
+		for j := range c.classes {
+			if j > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(b, "%s %d", c.cfg.Classes[j].Name, c.classes[j].n)
+		}
+		state := "room"
+		if c.room(len(c.classes)-1) <= 0 {
+			state = "saturated"
+		}
+		c.mu.Unlock()
+		fmt.Fprintf(b, "), %s\n", state)
+	}
+}
