@@ -540,7 +540,9 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 			Backend: SPOEProxy,
 			Conf:    path("spoe conf", filepath.Join(d.Dir, SPOEFile)),
 			Servers: []routeServer{{Name: "agent0", Addr: a}},
-			HelloMs: 500, IdleMs: 30000, ServerMs: 60000,
+			// The agent connection idles while flow control holds
+			// its frames: it must outlast the longest hold.
+			HelloMs: 500, IdleMs: 30000, ServerMs: max(60000, l.TimeoutMs+1000),
 			TimeoutMs:  l.TimeoutMs,
 			FailClosed: p.FailMode == config.FailClosed,
 			Fallbacks:  route.SPOEFallbackVars(cfg.Fallbacks),

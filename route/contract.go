@@ -53,6 +53,11 @@ const (
 	ReasonDuplicateModel    = "duplicate_model"     // 400: more than one "model" key in the body
 	ReasonClientKVParams    = "kv_transfer_params_not_allowed"
 	ReasonNoEndpoint        = "no_endpoint" // 503: the proxy may fail open
+	// Flow control (route/flow): a sheddable request past its queue budget
+	// (429, relayed with Retry-After), and a held request whose client
+	// left (503; nobody reads it).
+	ReasonFlowShed = "flow_shed"
+	ReasonFlowGone = "client_gone"
 	// ReasonHeaderTooLarge (431) and the others below say turnout could not
 	// read the request, not that the request is wrong: the proxy applies its
 	// fail mode (fail-open serves it) instead of relaying the answer.

@@ -2,8 +2,10 @@ package route
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/flow"
 )
 
 // Request headers the HAProxy glue (the Lua action and the SPOE agent)
@@ -38,7 +40,27 @@ func ForwardedHeaders(cfg *config.Config) []ForwardedHeader {
 	out = append(out, ForwardedHeader{FwdContentType, FwdContentType}, ForwardedHeader{FwdRequestID, FwdRequestID})
 	for i := range cfg.Deployments {
 		if cfg.Deployments[i].IsPD() {
-			return append(out, ForwardedHeader{FwdAuthorization, FwdAuthorization})
+			out = append(out, ForwardedHeader{FwdAuthorization, FwdAuthorization})
+			break
+		}
+	}
+	return appendFlowHeaders(out, cfg)
+}
+
+// appendFlowHeaders adds the headers flow control reads (its priority and
+// tenant headers, Authorization for tenant_api_key) once each, for the
+// deployments with flow_control.
+func appendFlowHeaders(out []ForwardedHeader, cfg *config.Config) []ForwardedHeader {
+	for i := range cfg.Deployments {
+		d := &cfg.Deployments[i]
+		if d.FlowControl == nil {
+			continue
+		}
+		for _, h := range flow.Headers(d.FlowControl) {
+			n := normHeader([]byte(h))
+			if !slices.ContainsFunc(out, func(f ForwardedHeader) bool { return string(normHeader([]byte(f.Name))) == string(n) }) {
+				out = append(out, ForwardedHeader{h, fmt.Sprintf("deployments[%d].flow_control", i)})
+			}
 		}
 	}
 	return out

@@ -7,6 +7,7 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/fleet"
+	"github.com/turnout/turnout/route/flow"
 	"github.com/turnout/turnout/route/payload"
 	"github.com/turnout/turnout/route/policy"
 )
@@ -87,7 +88,56 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 		r.HasSession = true
 		r.SessionHash = fleet.HashKey(r.Session)
 	}
+	if d.flow != nil {
+		s.runHeld(snap, d, in, v, sc, start)
+		return
+	}
 	s.runProfiles(snap, d, in, v, sc, start)
+}
+
+// runHeld is runProfiles behind flow control (route/flow): while the
+// serving pool is saturated the request waits for its turn, by class and
+// tenant, and is then routed by the policy as the pool is at release
+// time; a sheddable one past its budget is refused with 429.
+func (s *Decider) runHeld(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *Txn, start time.Time) {
+	var fr flow.Request
+	k := d.flow.Begin(&fr, sc.req.Model, headerIs)
+	for i := range in.Headers {
+		k.Header(in.Headers[i].Name, in.Headers[i].Value)
+	}
+	k.Session(sc.req.Session)
+	switch o := d.flow.Admit(&fr, in.Watch); o {
+	case flow.Shed:
+		v.RetryAfter = true
+		v.refuse(429, "rate_limit_exceeded", ReasonFlowShed,
+			"deployment "+d.Name+" is saturated and this request's class ("+d.flow.Config().Classes[fr.Class].Name+") is shed past its queue budget; retry later")
+		return
+	case flow.Gone:
+		v.refuse(503, "service_unavailable", ReasonFlowGone, "the client went away while its request was held")
+		return
+	case flow.Released, flow.TimedOut:
+		start = time.Now() // the decision starts at release: its latency is the pick's
+	}
+	// Deferred: a panicking pick (recovered by the transport) must give
+	// its reserved room back.
+	defer d.flow.Done()
+	s.runProfiles(snap, d, in, v, sc, start)
+}
+
+// bindFlow gives the snapshot's deployments with flow_control their
+// controllers (kept across reloads while their config is unchanged) and
+// their serving pools the completion hook that releases held requests.
+func (s *Decider) bindFlow(snap *Snapshot) {
+	live := map[string]bool{}
+	for _, d := range snap.Deployments {
+		if d.Config.FlowControl == nil {
+			continue
+		}
+		live[d.Name] = true
+		d.flow = s.flows.Bind(d.Name, d.Config.FlowControl, d.Serve)
+		d.Serve.OnFree = d.flow.Kick
+	}
+	s.flows.Keep(live)
 }
 
 // A Profile is one pick of a decision: a pool, whose policy runs, and what

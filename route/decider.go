@@ -14,6 +14,7 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/fleet"
+	"github.com/turnout/turnout/route/flow"
 	"github.com/turnout/turnout/route/kv"
 	"github.com/turnout/turnout/route/pd"
 	"github.com/turnout/turnout/route/policy"
@@ -62,6 +63,8 @@ type Decider struct {
 	kvHub *kv.Hub
 	// healthRound is set once a full round of health checks has finished.
 	healthRound atomic.Bool
+	// flows are the flow controllers of the deployments with flow_control.
+	flows *flow.Set
 	// observe, when set (tests), sees each request's Request as the handler
 	// returns: the proof that the body is scanned once.
 	observe func(*fleet.Request)
@@ -95,8 +98,11 @@ func New(cfg *config.Config, opts Options) (*Decider, error) {
 		seed:  opts.Seed,
 		store: newStateStore(),
 		dec:   newDecisions(opts.DecisionSlots, opts.Seed),
+		flows: flow.NewSet(),
 	}
 	s.m.init()
+	s.AddMetrics(s.flows.WriteMetrics)
+	s.AddReadiness(s.flows.WriteReadiness)
 	s.pd = pd.New()
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.kvHub = kv.NewHub(s.ctx, s.log)
@@ -113,6 +119,7 @@ func (s *Decider) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	closeAll(s.pols)
+	s.flows.Close()
 	s.kvHub.Close()
 	s.cancel()
 }
@@ -142,6 +149,7 @@ func (s *Decider) Apply(cfg *config.Config) error {
 		return err
 	}
 	old := s.pols
+	s.bindFlow(snap)
 	s.snap.Store(snap)
 	s.pols = pols
 	closeAll(old)

@@ -154,7 +154,7 @@ func (d *decisions) closeWith(id uint64, c Completion, rec *DecisionRecord) *fle
 		d.duplicate.Add(1)
 		return nil
 	}
-	st := s.ep.State
+	st, pool := s.ep.State, s.pool
 	s.end = endClosed
 	s.status, s.retries, s.ms, s.ttfb, s.served = clamp16(c.Status), clamp16(c.Retries), clamp32(c.Ms), clamp32(c.TTFB), c.Served
 	if rec != nil {
@@ -164,6 +164,9 @@ func (d *decisions) closeWith(id uint64, c Completion, rec *DecisionRecord) *fle
 	st.Inflight.Add(-1)
 	d.completed.Add(1)
 	d.openedAtClose.Store(d.opened())
+	if pool != nil && pool.OnFree != nil {
+		pool.OnFree()
+	}
 	return st
 }
 

@@ -22,6 +22,7 @@
 //	1 internal/config          the config schema, defaults, validation, errors with line numbers
 //	2 route/fleet              the routing model policies read: Endpoint and its state, Pool, Request, Choice, Policy
 //	3 route/policy             the policies and the registry that builds them by name
+//	3 route/flow               flow control: hold decisions while a pool is saturated, release by class and tenant
 //	3 route/internal/routetest helpers shared by the route packages' tests (tests only)
 //	4 route                    the Decider: snapshot, decision pipeline, ledger, verdict, the proxy contract
 //	5 route/httpapi            the HTTP transport and its server (/internal/route, /internal/done, /readyz, /metrics)

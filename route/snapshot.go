@@ -12,6 +12,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/turnout/turnout/route/fleet"
+	"github.com/turnout/turnout/route/flow"
 	"github.com/turnout/turnout/route/kv"
 	"github.com/turnout/turnout/route/policy"
 )
@@ -27,6 +28,8 @@ type Deployment struct {
 	// Profiles are the picks a decision makes, in order (decide.go): the
 	// serving pool's, then for prefill/decode the prefill pool's.
 	Profiles []Profile
+	// flow holds decisions while Serve is saturated (route/flow); nil: off.
+	flow *flow.Controller
 	// pickN is how many endpoints each profile picks (1 + fallbacks, within
 	// a Txn's picks shared by the profiles).
 	pickN int

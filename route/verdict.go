@@ -2,6 +2,8 @@ package route
 
 import (
 	"encoding/json"
+
+	"github.com/turnout/turnout/route/flow"
 )
 
 // Header is one forwarded request header, as views.
@@ -24,6 +26,9 @@ type Input struct {
 	// Body is the request body, or its first bytes when Truncated.
 	Body      []byte
 	Truncated bool
+	// Watch tells flow control whether the client left while its request
+	// is held (nil: not known; only asked with flow control on).
+	Watch flow.Watch
 }
 
 // Reset empties in, keeping the header slice's room for the next request.

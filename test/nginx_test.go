@@ -84,6 +84,8 @@ type ndep struct {
 	name, policy, mode string
 	mocks              []*Mock
 	prefill, decode    []*Mock
+	// depYAML adds "key: value" lines to the deployment (e.g. flow_control).
+	depYAML []string
 }
 
 // nstack is mocks + turnout (syncing nginx) + nginx.
@@ -123,7 +125,11 @@ nginx: {listen: %q, dir: %q, mode: body}
 		}
 	}
 	for _, d := range s.deps {
-		fmt.Fprintf(&b, "  - name: %s\n    models: [%s]\n    policy: %s\n    nginx_mode: %s\n    pools:\n", d.name, d.name, d.policy, d.mode)
+		fmt.Fprintf(&b, "  - name: %s\n    models: [%s]\n    policy: %s\n    nginx_mode: %s\n", d.name, d.name, d.policy, d.mode)
+		for _, l := range d.depYAML {
+			fmt.Fprintf(&b, "    %s\n", l)
+		}
+		b.WriteString("    pools:\n")
 		if len(d.prefill) > 0 {
 			pool(config.RolePrefill, d.prefill)
 			pool(config.RoleDecode, d.decode)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -28,6 +30,7 @@ const benchUsage = `turnout-lab bench: routing quality and cost benchmarks
 
   turnout-lab bench replay --trace FILE [--mode sim|e2e] [--policies SPECS] [--sweep none|quick|full] ...
   turnout-lab bench azure  [--trace FILE] ...        (replay of the Azure CSV: lengths only)
+  turnout-lab bench flow   [--trace FILE] [--loads 1.2,1.5] ...  (flow control: TTFT per class, e2e)
   turnout-lab bench cost   [--duration D] ...        (/internal/route vs a trivial handler; HAProxy and nginx alone vs with turnout)
   turnout-lab bench trivial --listen ADDR            (the trivial fasthttp handler cost compares against)
   turnout-lab bench policies                         (the default comparison rows, one per line)
@@ -63,6 +66,8 @@ func runBench(args []string, log *zerolog.Logger) error {
 		return runReplay(args[1:], defaultAzure, log)
 	case "cost":
 		return runCost(args[1:], log)
+	case "flow":
+		return runFlow(args[1:], log)
 	case "trivial":
 		return runTrivial(args[1:], log)
 	case "policies":
@@ -76,7 +81,7 @@ func runBench(args []string, log *zerolog.Logger) error {
 	case "-h", "--help", "help":
 		return &cli.HelpShown{Text: benchUsage}
 	}
-	return fmt.Errorf("%s (want replay, azure, cost, trivial or policies)", cli.UnknownCommand("bench", args[0], []string{"replay", "azure", "cost", "trivial", "policies"}))
+	return fmt.Errorf("%s (want replay, azure, cost, flow, trivial or policies)", cli.UnknownCommand("bench", args[0], []string{"replay", "azure", "cost", "flow", "trivial", "policies"}))
 }
 
 // errTraceMissing makes a missing trace a clean skip, not a failure.
@@ -425,4 +430,81 @@ func binaries(turnoutFlag string) (turnout, lab string, err error) {
 func isExecutable(path string) bool {
 	fi, err := os.Stat(path)
 	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
+}
+
+// runFlow implements `turnout-lab bench flow`.
+func runFlow(args []string, log *zerolog.Logger) error {
+	d := bench.DefaultSimOptions()
+	fset := cli.NewFlags("bench flow")
+	trace := fset.String("trace", defaultMooncake, `trace file (.jsonl Mooncake, .csv Azure) or "synthetic"`)
+	limit := fset.Int("limit", 400, "replay only the first N requests (0 = all)")
+	loads := fset.String("loads", "1.2,1.5", "offered loads as multiples of the replicas' estimated capacity (replicas x max-running / mean service time)")
+	share := fset.Float64("critical-share", 0.1, "fraction of requests sent as critical (the rest standard)")
+	tenants := fset.Int("tenants", 4, "tenants the sessions are spread over (X-Tenant-Id)")
+	out := fset.String("out", "bench-out", "output directory")
+	name := fset.String("name", "", "output file name prefix (default: flow-TRACE)")
+	o := d
+	o.Replicas, o.MaxRunning = 4, 8
+	fset.IntVar(&o.Replicas, "replicas", o.Replicas, "number of replicas")
+	fset.IntVar(&o.MaxRunning, "max-running", o.MaxRunning, "running sequences per replica (the rest wait in the engine)")
+	fset.DurationVar(&o.Timing.TTFTOverhead, "ttft-overhead", d.Timing.TTFTOverhead, "replica TTFT overhead")
+	fset.DurationVar(&o.Timing.PerTokenPrefill, "per-token-prefill", d.Timing.PerTokenPrefill, "replica prefill time per uncached token")
+	fset.DurationVar(&o.Timing.InterTokenLatency, "itl", d.Timing.InterTokenLatency, "replica inter-token latency")
+	e2e := defaultE2EFlags(fset)
+	if err := cli.ParseFlags(fset, benchFlowCmd, args); err != nil {
+		return err
+	}
+	var ls []float64
+	for _, f := range strings.Split(*loads, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || v <= 0 {
+			return fmt.Errorf("bench flow: --loads %q: want positive numbers", *loads)
+		}
+		ls = append(ls, v)
+	}
+	reqs, label, err := loadTrace(*trace, bench.TraceOptions{Limit: *limit, SessionBlocks: 1})
+	if errors.Is(err, errTraceMissing) {
+		log.Warn().Str("trace", *trace).Msg("bench: trace not found, skipping (traces live in ../shared/traces; --trace synthetic runs a generated one)")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("bench flow: %w", err)
+	}
+	turnout, lab, err := binaries(e2e.bin)
+	if err != nil {
+		return fmt.Errorf("bench flow: %w", err)
+	}
+	work, err := os.MkdirTemp("", "turnout-bench-flow-")
+	if err != nil {
+		return fmt.Errorf("bench flow: %w", err)
+	}
+	if e2e.keep {
+		log.Info().Str("dir", work).Msg("bench: work directory kept")
+	} else {
+		defer os.RemoveAll(work)
+	}
+	eo := e2e.options(o)
+	eo.Turnout, eo.Lab, eo.WorkDir, eo.Log = turnout, lab, work, log
+	log.Info().Str("trace", label).Int("requests", len(reqs)).Dur("mean_service", bench.MeanService(reqs, o)).Msg("bench: flow")
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rows, err := bench.RunFlow(ctx, reqs, bench.FlowSetups(o.MaxRunning, e2e.proxy), bench.FlowOptions{E2E: eo, Loads: ls, CriticalShare: *share, Tenants: *tenants})
+	if err != nil {
+		return fmt.Errorf("bench flow: %w", err)
+	}
+	if *name == "" {
+		*name = "flow-" + label
+	}
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		return fmt.Errorf("bench flow: %w", err)
+	}
+	f, err := os.Create(filepath.Join(*out, *name+".md"))
+	if err != nil {
+		return fmt.Errorf("bench flow: %w", err)
+	}
+	defer f.Close()
+	if err := bench.WriteFlowMarkdown(io.MultiWriter(os.Stdout, f), rows); err != nil {
+		return fmt.Errorf("bench flow: %w", err)
+	}
+	return f.Close()
 }

@@ -20,6 +20,12 @@ for demos and tests.`,
 		About:    `Replays a request trace against every policy and reports prefix-cache hit ratios, load balance and latency (BENCHMARKS.md).`,
 		Example:  "turnout-lab bench replay --trace synthetic --limit 200",
 	}
+	benchFlowCmd = cli.Command{
+		Prog:     prog,
+		Synopsis: "turnout-lab bench flow [--trace FILE] [--loads 1.2,1.5] [--critical-share F] [flags]",
+		About:    `Replays a trace through HAProxy (or nginx) + turnout + mock replicas at multiples of their capacity with two classes and several tenants, and reports TTFT per class with and without flow control and for HAProxy's plain leastconn (BENCHMARKS.md).`,
+		Example:  "turnout-lab bench flow --trace synthetic --limit 200 --loads 1.5",
+	}
 	benchCostCmd = cli.Command{
 		Prog:     prog,
 		Synopsis: "turnout-lab bench cost [--duration D] [--rounds N] [flags]",

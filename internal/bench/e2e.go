@@ -240,7 +240,9 @@ type StackOptions struct {
 	MockArgs []string
 	// Mocks reuses running replicas instead of starting new ones.
 	Mocks []Endpoint
-	Log   *zerolog.Logger
+	// DeploymentYAML are extra lines of turnout's deployment (flow_control).
+	DeploymentYAML []string
+	Log            *zerolog.Logger
 }
 
 // Stack is a running proxy in front of mock replicas.
@@ -261,12 +263,13 @@ const stackMaxBody = 256 << 10
 
 // StartStack starts the replicas (unless given), turnout when the spec is a
 // turnout policy, and the proxy, and waits until a request can pass.
-func StartStack(ctx context.Context, o StackOptions) (st *Stack, err error) {
-	st = &Stack{}
+func StartStack(ctx context.Context, o StackOptions) (_ *Stack, err error) {
+	// A local, not the named result: "return nil, err" would nil it before
+	// the deferred Stop ran (a panic that left every started process behind).
+	st := &Stack{}
 	defer func() {
 		if err != nil {
 			st.Stop()
-			st = nil
 		}
 	}()
 	kvAware := o.Spec.Policy == policy.KVAwareType
@@ -396,6 +399,7 @@ func (st *Stack) startTurnout(ctx context.Context, o StackOptions, base ConfigOp
 		return err
 	}
 	base.Listen, base.Model, base.Policy, base.Endpoints = listen, o.Model, o.Spec, st.Mocks
+	base.DeploymentYAML = o.DeploymentYAML
 	base.Syslog = "127.0.0.1:" + strconv.Itoa(syslogPort)
 	// turnout's own checks would only add load; the proxy checks the replicas.
 	base.DisableHealth = true
@@ -542,6 +546,12 @@ func streamOne(ctx context.Context, c *http.Client, o DriveOptions, r *Request, 
 	req.Header.Set("Content-Type", "application/json")
 	if r.Session != "" {
 		req.Header.Set("X-Session-Id", r.Session)
+	}
+	if r.Class != "" {
+		req.Header.Set(FlowPriorityHeader, r.Class)
+	}
+	if r.Tenant != "" {
+		req.Header.Set(FlowTenantHeader, r.Tenant)
 	}
 	resp, err := c.Do(req)
 	if err != nil {

@@ -36,6 +36,9 @@ type Request struct {
 	HashIDs []uint64
 	// Session is a client session key ("" = none sent).
 	Session string
+	// Class and Tenant are sent as the flow control headers ("" = none;
+	// bench flow sets them).
+	Class, Tenant string
 }
 
 // ErrEmptyTrace is returned when a trace yields no request.

@@ -268,6 +268,8 @@ type DeploymentConfig struct {
 	// KVEventsBind and KVEventsTopic override the service-wide ones.
 	KVEventsBind  string `yaml:"kv_events_bind"`
 	KVEventsTopic string `yaml:"kv_events_topic"`
+	// FlowControl holds decisions while the pool is saturated (flow.go); nil: off.
+	FlowControl *FlowConfig `yaml:"flow_control"`
 }
 
 // PDConfig configures prefill/decode handling.
@@ -667,6 +669,9 @@ func (c *Config) ApplyDefaults() {
 		if d.PD.NoPrefill == "" {
 			d.PD.NoPrefill = "aggregate"
 		}
+		if d.FlowControl != nil {
+			d.FlowControl.ApplyDefaults()
+		}
 		for j := range d.Pools {
 			if d.Pools[j].Role == "" {
 				d.Pools[j].Role = RoleMixed
@@ -829,6 +834,9 @@ func (c *Config) Validate() error {
 		if len(d.Pools) == 0 {
 			bad(f+".pools", "at least one pool is required")
 		}
+		if d.FlowControl != nil {
+			d.FlowControl.validate(f+".flow_control", bad)
+		}
 		roles := map[string]bool{}
 		for j := range d.Pools {
 			p := &d.Pools[j]
@@ -961,6 +969,11 @@ func (c *Config) RouteCallTimeout() time.Duration {
 	for i := range c.Deployments {
 		if d := &c.Deployments[i]; d.IsPD() {
 			t = max(t, 2*d.PD.PrefillTimeout.D()+time.Second)
+		}
+		// A held decision (flow control) answers within its class's
+		// max_wait; the call must outlast it.
+		if h := c.Deployments[i].FlowControl.MaxHold(); h > 0 {
+			t = max(t, c.Proxy.RouteTimeout.D()+h+time.Second)
 		}
 	}
 	return t

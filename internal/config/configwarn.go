@@ -28,6 +28,9 @@ func (c *Config) checkWarnings() []*FieldError {
 	seen := map[string]string{} // address -> path of its first endpoint
 	for i := range c.Deployments {
 		d := &c.Deployments[i]
+		if d.FlowControl != nil && c.Feedback.Disable {
+			out = append(out, &FieldError{Path: fmt.Sprintf("deployments[%d].flow_control", i), Msg: "feedback is disabled: held requests are released only as engine scrapes show room, and turnout's in-flight counts fall only at decision_ttl"})
+		}
 		for j := range d.Pools {
 			p := &d.Pools[j]
 			pf := fmt.Sprintf("deployments[%d].pools[%d]", i, j)

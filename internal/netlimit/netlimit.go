@@ -69,6 +69,10 @@ type limitConn struct {
 	once sync.Once
 }
 
+// NetConn is the connection underneath (flow control peeks at its socket
+// to see whether a held request's caller left).
+func (c *limitConn) NetConn() net.Conn { return c.Conn }
+
 func (c *limitConn) Close() error {
 	c.once.Do(func() { c.l.open.Add(-1) })
 	return c.Conn.Close()

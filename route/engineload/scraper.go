@@ -358,7 +358,7 @@ func parse(body []byte) (fleet.EngineLoad, Result, error) {
 			kv = -1
 		}
 	}
-	return fleet.EngineLoad{Requests: int64(running + waiting + 0.5), KVUsage: kv}, ResultOK, nil
+	return fleet.EngineLoad{Requests: int64(running + waiting + 0.5), Waiting: int64(waiting + 0.5), KVUsage: kv}, ResultOK, nil
 }
 
 func value(m *dto.Metric) (float64, bool) {

@@ -71,10 +71,23 @@ func (e *Endpoint) Load() int64 {
 	return e.State.Inflight.Load()
 }
 
+// Waiting is the engine's waiting count at the last scrape moved by the
+// in-flight change since, as Load moves Requests (every new decision is
+// assumed to wait: an overestimate until the next scrape); ok is false
+// when no engine figure is known.
+func (e *Endpoint) Waiting() (n int64, ok bool) {
+	if el := e.State.engine.Load(); el != nil {
+		return max(0, el.Waiting+e.State.Inflight.Load()-el.Mark), true
+	}
+	return 0, false
+}
+
 // EngineLoad is one scrape of a replica's own metrics.
 type EngineLoad struct {
 	// Requests is running + waiting as the engine reported them.
 	Requests int64
+	// Waiting is the waiting part of Requests (flow control's max_waiting).
+	Waiting int64
 	// KVUsage is the engine's KV-cache usage in [0, 1] (-1: not reported).
 	KVUsage float64
 	// Mark is DecisionMark() taken as the scrape's page arrived.
@@ -162,6 +175,9 @@ type Pool struct {
 	Metrics *PoolMetrics
 	// MinReady is how many available endpoints /readyz needs in this pool.
 	MinReady int
+	// OnFree, when set, is told that a decision of this pool closed (flow
+	// control releases a held request).
+	OnFree func()
 }
 
 // EndpointByName returns the pool's endpoint with that name, or nil.

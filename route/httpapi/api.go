@@ -83,6 +83,7 @@ func (a *API) routeHTTP(ctx *fasthttp.RequestCtx) {
 	in := t.Input()
 	in.Truncated = in.Truncated || more
 	in.Body = body
+	in.Watch = (*connWatch)(ctx)
 	a.writeHTTP(ctx, a.d.DecideTxn(t), t)
 }
 

@@ -202,7 +202,14 @@ type conn struct {
 
 	d   *decider
 	out []byte
+	// ended is set when the connection's reader stops: what was decided
+	// for it can no longer be answered.
+	ended atomic.Bool
 }
+
+// Gone reports whether the connection ended (flow control drops what it
+// holds for it; HAProxy 2.6 sends no per-frame cancel).
+func (c *conn) Gone() bool { return c.ended.Load() }
 
 // errDisconnect carries the status sent in AGENT-DISCONNECT.
 type errDisconnect struct {
@@ -243,6 +250,7 @@ func (c *conn) goodbye() {
 func (a *Agent) serveConn(ctx context.Context, c *conn) {
 	nc := c.nc
 	defer nc.Close()
+	defer c.ended.Store(true)
 	log := a.log.With().Str(fieldRemote, nc.RemoteAddr().String()).Logger()
 	err := c.run(ctx)
 	var de *errDisconnect
@@ -573,7 +581,9 @@ func (a *Agent) runJob(d *decider, j job, out []byte) []byte {
 			c.nc.Close()
 		}
 	}()
+	d.watch = c
 	out, err := ack(d, j.h, j.payload, out[:0], c.maxFrame)
+	d.watch = nil
 	if err != nil {
 		a.errs.Add(1)
 		a.log.Warn().Err(err).Msg("spoe: bad NOTIFY; closing the connection")

@@ -59,7 +59,9 @@ type names struct {
 func newNames(snap *route.Snapshot) *names {
 	n := &names{cfg: snap.Config}
 	for _, d := range snap.Deployments {
-		n.blocking = n.blocking || d.Prefill != nil
+		// Flow control holds decisions: they must not hold up the
+		// connection's other frames either.
+		n.blocking = n.blocking || d.Prefill != nil || d.Config.FlowControl != nil
 	}
 	return n
 }
@@ -75,6 +77,9 @@ type decider struct {
 	v     route.Verdict
 	args  []arg
 	tmp   []byte
+	// watch is the connection of the frame being decided (worker mode):
+	// flow control drops a held request whose connection closed.
+	watch interface{ Gone() bool }
 }
 
 func newDecider(srv *route.Decider, names func(*route.Snapshot) *names) *decider {
@@ -127,6 +132,9 @@ func (d *decider) notify(payload, dst []byte, limit int) ([]byte, error) {
 func (d *decider) route(args []arg, w *actions) {
 	in := &d.in
 	in.Reset()
+	if d.watch != nil {
+		in.Watch = d.watch
+	}
 	var hdrs []byte
 	hasHdrs := false
 	for i := range args {
