@@ -50,6 +50,9 @@ const (
 	ReasonDuplicateModel    = "duplicate_model"     // 400: more than one "model" key in the body
 	ReasonClientKVParams    = "kv_transfer_params_not_allowed"
 	ReasonNoEndpoint        = "no_endpoint" // 503: the proxy may fail open
+	// ReasonModelUnavailable (503, Retry-After): endpoints served the model
+	// and none that does is available now (docs/models.md); relayed.
+	ReasonModelUnavailable = "model_unavailable"
 	// ReasonHeaderTooLarge (431) and the others below say turnout could not
 	// read the request, not that the request is wrong: the proxy applies its
 	// fail mode (fail-open serves it) instead of relaying the answer.

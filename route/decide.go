@@ -7,6 +7,7 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/fleet"
+	"github.com/turnout/turnout/route/models"
 	"github.com/turnout/turnout/route/payload"
 	"github.com/turnout/turnout/route/policy"
 )
@@ -31,7 +32,7 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 	cfg := snap.Config
 	r := &sc.req
 	*r = fleet.Request{Truncated: in.Truncated}
-	sc.dsnap, sc.dep, sc.model, sc.refusedPool = snap, nil, -1, nil
+	sc.dsnap, sc.dep, sc.model, sc.refusedPool, sc.only = snap, nil, -1, nil, nil
 	body := in.Body
 	if len(body) > cfg.MaxBody {
 		body, r.Truncated = body[:cfg.MaxBody], true
@@ -66,12 +67,16 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 	var d *Deployment
 	switch {
 	case len(model) > 0:
-		ref := snap.byModel[string(model)]
-		d, sc.model = ref.d, ref.idx
-		if d == nil {
+		me := snap.models.Load().Lookup(model)
+		if me == nil || me.Refuse == models.RefuseUnknown {
 			s.m.errors[errUnknownModel].Add(1)
 			v.refuse(404, "invalid_request_error", "model_not_found",
 				"The model `"+string(cut(model, maxEchoModel))+"` does not exist.")
+			return
+		}
+		d, sc.model, sc.only = snap.Deployments[me.Dep], me.Idx, me
+		if me.Refuse == models.RefuseGone {
+			s.refuseModel(v, d, model)
 			return
 		}
 	case len(snap.Deployments) == 1:
@@ -129,9 +134,16 @@ func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdi
 			*c = fleet.Choice{Reject: rejectSkipped, Work: c.Work}
 			continue
 		}
+		if sc.only != nil {
+			sc.req.Only = sc.only.Only[i]
+		}
 		s.pick(snap, pr.Pool, sc, c, sc.picks[i*n:i*n:(i+1)*n])
 		if len(c.Endpoints) == 0 && pr.Role == ProfileServe {
 			sc.refusedPool = pr.Pool
+			if sc.req.Only != nil && c.Reject == fleet.RejectNone {
+				s.refuseModel(v, d, sc.req.Model)
+				return
+			}
 			s.refuse(v, pr.Pool, c.Reject)
 			return
 		}
@@ -204,7 +216,7 @@ func (s *Decider) route(v *Verdict, p *fleet.Pool, c *fleet.Choice, sc *Txn, sta
 	picks := c.Endpoints
 	e := picks[0]
 	v.Status = 200
-	m := decisionMeta{pool: p, snap: sc.dsnap, model: sc.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: sc.req.HasSession}
+	m := decisionMeta{pool: p, names: sc.dsnap.models.Load(), model: sc.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: sc.req.HasSession}
 	v.Decision = s.dec.open(e, start.UnixNano(), &m)
 	v.Server, v.Addr, v.Pool = e.NameHdr, e.AddrHdr, p.NameHdr
 	v.Fallbacks = v.fb[:0]
@@ -240,6 +252,16 @@ func (s *Decider) refuse(v *Verdict, p *fleet.Pool, why fleet.RejectReason) {
 		v.RetryAfter = true
 		v.refuse(503, "service_unavailable", ReasonNoEndpoint, "no available endpoint in pool "+p.Name)
 	}
+}
+
+// refuseModel refuses a model whose endpoints all are down, or that the
+// endpoints that served it no longer list: 503, so that clients retry
+// (Retry-After), rather than a 404 that says it never existed.
+func (s *Decider) refuseModel(v *Verdict, d *Deployment, model []byte) {
+	s.m.errors[errModelUnavailable].Add(1)
+	v.RetryAfter = true
+	v.refuse(503, "service_unavailable", ReasonModelUnavailable,
+		"no available endpoint of deployment "+d.Name+" serves the model `"+string(cut(model, maxEchoModel))+"` now")
 }
 
 // maxEchoModel bounds the model name echoed in a 404: longer names are
@@ -285,8 +307,10 @@ type Txn struct {
 	// What the ledger and the request log keep of the decision
 	// (decisions.go): the snapshot deciding, the deployment, the model as an
 	// index into the snapshot's model names, the pool that had no endpoint.
-	dsnap       *Snapshot
-	dep         *Deployment
+	dsnap *Snapshot
+	dep   *Deployment
+	// only is the request's model's entry (nil: no model, or the one deployment).
+	only        *models.Entry
 	model       int32
 	refusedPool *fleet.Pool
 }

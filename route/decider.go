@@ -15,6 +15,7 @@ import (
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/kv"
+	"github.com/turnout/turnout/route/models"
 	"github.com/turnout/turnout/route/pd"
 	"github.com/turnout/turnout/route/policy"
 )
@@ -43,12 +44,14 @@ type Decider struct {
 	snap  atomic.Pointer[Snapshot]
 	mu    sync.Mutex // serializes Apply
 	store *stateStore
-	pols  []fleet.Policy
-	dec   *decisions
-	pool  sync.Pool
-	m     deciderMetrics
-	ref   refusals
-	pd    *pd.Client
+	// seen remembers the model names endpoints served (route/models), under mu.
+	seen *models.Seen
+	pols []fleet.Policy
+	dec  *decisions
+	pool sync.Pool
+	m    deciderMetrics
+	ref  refusals
+	pd   *pd.Client
 	// ctx ends background work owned by policies (KV subscriptions).
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -94,6 +97,7 @@ func New(cfg *config.Config, opts Options) (*Decider, error) {
 		reg:   opts.Registry,
 		seed:  opts.Seed,
 		store: newStateStore(),
+		seen:  models.NewSeen(),
 		dec:   newDecisions(opts.DecisionSlots, opts.Seed),
 	}
 	s.m.init()
@@ -141,6 +145,7 @@ func (s *Decider) Apply(cfg *config.Config) error {
 		s.m.reloadFailed.Add(1)
 		return err
 	}
+	snap.models.Store(models.Build(snap.deps, s.seen))
 	old := s.pols
 	s.snap.Store(snap)
 	s.pols = pols
@@ -150,6 +155,16 @@ func (s *Decider) Apply(cfg *config.Config) error {
 		fn(snap)
 	}
 	return nil
+}
+
+// RefreshModels rebuilds the model table after what an endpoint serves
+// changed (route/health's /v1/models poll, the engine scraper's LoRA
+// report, discovery's labels): decisions see it at once.
+func (s *Decider) RefreshModels() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	snap := s.snap.Load()
+	snap.models.Store(models.Build(snap.deps, s.seen))
 }
 
 // Rejected counts a config that failed before reaching Apply (unreadable or
@@ -276,6 +291,7 @@ func (s *Decider) WriteReadiness(b *strings.Builder, verbose bool) bool {
 			}
 			fmt.Fprintf(b, "pool %s: %d/%d available, min_ready %d, %s\n", l.p.Name, l.avail, len(l.p.Endpoints), l.min, verdict)
 		}
+		writeModelLines(b, snap)
 	}
 	return why == ""
 }
@@ -368,5 +384,37 @@ func (s *Decider) WriteReadinessNotes(b *strings.Builder) {
 	s.mu.Unlock()
 	for _, fn := range fns {
 		fn(b)
+	}
+}
+
+// writeModelLines writes one /readyz?verbose line per model name: which
+// endpoints of its serving pool serve it and how many of those are
+// available (a model can be short while its pool is ready).
+func writeModelLines(b *strings.Builder, snap *Snapshot) {
+	t := snap.models.Load()
+	for _, name := range t.Names {
+		e := t.Lookup([]byte(name))
+		pool := snap.Deployments[e.Dep].Serve
+		var on []string
+		avail := 0
+		for i, ep := range pool.Endpoints {
+			if e.Only[0].Has(i) {
+				on = append(on, ep.Name)
+				if ep.Available() {
+					avail++
+				}
+			}
+		}
+		kind, verdict := "model", "ok"
+		if e.Adapter {
+			kind = "adapter"
+		}
+		switch {
+		case e.Refuse == models.RefuseUnknown:
+			verdict = "not served (404)"
+		case avail == 0:
+			verdict = "unavailable (503)"
+		}
+		fmt.Fprintf(b, "%s %s: served by %d/%d of pool %s [%s], %d available, %s\n", kind, name, len(on), len(pool.Endpoints), pool.Name, strings.Join(on, " "), avail, verdict)
 	}
 }

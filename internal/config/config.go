@@ -158,6 +158,9 @@ type HealthConfig struct {
 	MinReady int `yaml:"min_ready"`
 	// Stall configures passive stall detection (stall.go).
 	Stall StallConfig `yaml:"stall"`
+	// ModelsInterval is how often every endpoint's GET /v1/models is asked
+	// (models.go; default 10s).
+	ModelsInterval Duration `yaml:"models_interval"`
 }
 
 // StallConfig configures passive stall detection: an endpoint whose
@@ -268,6 +271,8 @@ type DeploymentConfig struct {
 	// KVEventsBind and KVEventsTopic override the service-wide ones.
 	KVEventsBind  string `yaml:"kv_events_bind"`
 	KVEventsTopic string `yaml:"kv_events_topic"`
+	// LoRA names the adapters this deployment routes (models.go).
+	LoRA LoRAConfig `yaml:"lora"`
 }
 
 // PDConfig configures prefill/decode handling.
@@ -361,6 +366,8 @@ type PoolConfig struct {
 	// Discovery finds the endpoints at run time instead (a pool has one or
 	// the other); see internal/discovery.
 	Discovery *DiscoveryConfig `yaml:"discovery"`
+	// Models pins what every endpoint of the pool serves (models.go).
+	Models []string `yaml:"models"`
 }
 
 // DiscoveryConfig is a pool's source of endpoints other than the file.
@@ -407,6 +414,9 @@ type EndpointConfig struct {
 	Draining bool `yaml:"draining"`
 	// Discovered marks endpoints a discovery source added (never from YAML).
 	Discovered bool `yaml:"-"`
+	// Models pins what this endpoint serves (models.go); discovery sets it
+	// from pod labels.
+	Models []string `yaml:"models"`
 }
 
 // PoolName is the HAProxy backend / nginx upstream name for a deployment pool.
@@ -780,6 +790,7 @@ func (c *Config) Validate() error {
 		bad("deployments", "at least one deployment is required")
 	}
 	c.validatePresets(bad)
+	validateModelsInterval(c, bad)
 	checkZMQ := func(field, a string) {
 		if a != "" && !strings.HasPrefix(a, "tcp://") && !strings.HasPrefix(a, "ipc://") {
 			bad(field, "%q must be tcp:// or ipc://", a)
@@ -823,6 +834,7 @@ func (c *Config) Validate() error {
 		}
 		checkZMQ(f+".kv_events_bind", d.KVEventsBind)
 		checkTopic(f+".kv_events_topic", d.KVEventsTopic)
+		validateModels(f, d, bad)
 		if d.PD.NoPrefill != "aggregate" && d.PD.NoPrefill != "reject" {
 			bad(f+".pd.no_prefill", "%q must be aggregate or reject", d.PD.NoPrefill)
 		}

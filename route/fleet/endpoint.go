@@ -29,6 +29,8 @@ type State struct {
 	Expired  atomic.Uint64 // decisions closed by TTL or ring wrap, never completed
 	Feedback Feedback
 	Stall    StallState
+	// models: what the endpoint serves and its LoRA slots (models.go).
+	models modelState
 }
 
 // Endpoint is one replica inside an immutable pool snapshot.
