@@ -81,6 +81,8 @@ type EngineLoad struct {
 	KVUsage float64
 	// Mark is DecisionMark() taken as the scrape's page arrived.
 	Mark int64
+	// LoRA is the engine's vllm:lora_requests_info (nil: none).
+	LoRA *LoRAState
 }
 
 // StartWindow starts a new recent-decisions window; the scraper calls it at
