@@ -137,7 +137,9 @@ func checkLoRA(t *testing.T, tu *Turnout, ms []*Mock, post func([]byte) *Respons
 	}
 	// A model no replica serves: 404 model_not_found, OpenAI-style.
 	r := post(chatBody("a9", "sys", "q", false))
-	var e struct{ Error struct{ Type, Code, Message string } }
+	var e struct {
+		Error struct{ Type, Code, Message string }
+	}
 	if err := json.Unmarshal(r.Body, &e); r.Status != 404 || err != nil || e.Error.Code != "model_not_found" {
 		t.Fatalf("unserved model: %d %s", r.Status, r.Body)
 	}
