@@ -75,6 +75,9 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 			return
 		}
 		d, sc.model, sc.only = snap.Deployments[me.Dep], me.Idx, me
+		if me.Adapter {
+			r.Adapter, r.AdapterHash = true, fleet.HashKey(model)
+		}
 		if me.Refuse == models.RefuseGone {
 			s.refuseModel(v, d, model)
 			return

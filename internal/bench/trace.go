@@ -36,6 +36,8 @@ type Request struct {
 	HashIDs []uint64
 	// Session is a client session key ("" = none sent).
 	Session string
+	// Model is the request's LoRA adapter ("" = the base model; WithAdapters).
+	Model string
 }
 
 // ErrEmptyTrace is returned when a trace yields no request.
