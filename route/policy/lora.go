@@ -37,10 +37,15 @@ type LoRAParams struct {
 // LoRAAffinityConfig are the params of the lora-affinity policy.
 type LoRAAffinityConfig struct {
 	LoRAParams `yaml:",inline"`
-	// Weight is what a hot adapter is worth in requests of load: the
-	// adapter's replica wins while it has fewer than Weight more requests
-	// than the least loaded one that would have to load it. Default 8.
+	// Weight is what a hot adapter is worth in requests of load, among
+	// the endpoints the load guard keeps. Default 8.
 	Weight float64 `yaml:"weight"`
+	// BalanceAbs and BalanceRel are the load guard (prefix-affinity's): an
+	// endpoint more than BalanceAbs requests above the least loaded and
+	// more than BalanceRel times it is not a candidate, however hot.
+	// Defaults 8 and 1.5; balance_abs 0 turns the guard off.
+	BalanceAbs int64   `yaml:"balance_abs"`
+	BalanceRel float64 `yaml:"balance_rel"`
 }
 
 // LoRAIndex is the scorer: 1 where the request's adapter is hot, 0.5
@@ -188,7 +193,7 @@ func (*LoRAAffinity) LoadAware() bool { return true }
 // NewLoRAAffinityFactory returns the factory for lora-affinity.
 func NewLoRAAffinityFactory() Factory {
 	return func(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
-		cfg := LoRAAffinityConfig{LoRAParams: LoRAParams{MaxLoRAs: 4}, Weight: 8}
+		cfg := LoRAAffinityConfig{LoRAParams: LoRAParams{MaxLoRAs: 4}, Weight: 8, BalanceAbs: 8, BalanceRel: 1.5}
 		if err := pc.DecodeParams(&cfg); err != nil {
 			return nil, err
 		}
@@ -203,9 +208,15 @@ func NewLoRAAffinityFactory() Factory {
 		if err != nil {
 			return nil, err
 		}
+		if cfg.BalanceAbs < 0 || cfg.BalanceRel < 1 {
+			return nil, fmt.Errorf("lora-affinity balance_abs %d must be >= 0 and balance_rel %v >= 1", cfg.BalanceAbs, cfg.BalanceRel)
+		}
 		adapter := &MaxScore{Name: LoRAStage, Gate: AdapterGate{}, Rand: rnd, Slots: 1,
 			Scorers: []Weighted{{x, cfg.Weight}, {LoadScore{}, 1}}, Ties: []Tie{LowerLoad{}, FewerRecent{}}}
-		return &LoRAAffinity{Profile{Name: LoRAAffinityType, Summary: Summary{RequireAvailable: true},
+		if cfg.BalanceAbs > 0 {
+			adapter.Filters = []Filter{&LoadGuard{Abs: cfg.BalanceAbs, Rel: cfg.BalanceRel}}
+		}
+		return &LoRAAffinity{Profile{Name: LoRAAffinityType, Summary: Summary{Load: true, RequireAvailable: true},
 			Pickers:   []Picker{adapter, firstOnly{&P2C{Rand: rnd}}, NewLeastLoaded(rnd)},
 			Recorders: []Recorder{x}}}, nil
 	}
