@@ -400,11 +400,15 @@ func pinModels(ep *fleet.Endpoint, dc *config.DeploymentConfig, pc *config.PoolC
 		}
 		return
 	}
-	src := fleet.ModelsPinned
 	if ec.Discovered && ec.Models != nil {
-		src = fleet.ModelsLabels
+		// A pod label names its base model; the replica's own list, once
+		// polled, says more (its adapters) and stays.
+		if old := ep.ServedModels(); old == nil || old.Source != fleet.ModelsListed {
+			ep.SetServed(&fleet.ServedModels{Source: fleet.ModelsLabels, Models: []fleet.ServedModel{{ID: pin[0]}}})
+		}
+		return
 	}
-	sm := &fleet.ServedModels{Source: src}
+	sm := &fleet.ServedModels{Source: fleet.ModelsPinned}
 	for _, m := range pin {
 		parent := ""
 		if !slices.Contains(dc.Models, m) {

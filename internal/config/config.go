@@ -391,6 +391,13 @@ type KubernetesDiscovery struct {
 	RoleLabel string `yaml:"role_label"`
 	// RoleValues are the RoleLabel values of this pool's pods (default: the role).
 	RoleValues []string `yaml:"role_values"`
+	// ModelLabel names a pod label whose value is the model the pod serves
+	// (production-stack's model labels): only pods serving one of the
+	// deployment's models join the pool, each pinned to its model until
+	// its /v1/models answers (models.go). ModelValues maps label values to
+	// model names (label values cannot hold "/"); default: the value.
+	ModelLabel  string            `yaml:"model_label"`
+	ModelValues map[string]string `yaml:"model_values"`
 	// AddressType is the slice address family used: IPv4 (default) or IPv6;
 	// a dual-stack Service has one slice per family for the same pods.
 	AddressType string `yaml:"address_type"`
@@ -945,6 +952,9 @@ func validateDiscovery(f string, p *PoolConfig, bad func(field, format string, a
 	}
 	if k.RoleLabel == "" && len(k.RoleValues) > 0 {
 		bad(kf+".role_values", "needs role_label")
+	}
+	if k.ModelLabel == "" && len(k.ModelValues) > 0 {
+		bad(kf+".model_values", "needs model_label")
 	}
 	switch k.AddressType {
 	case "", "IPv4", "IPv6":

@@ -85,8 +85,8 @@ func (c *Checker) checkModelsOnce(ctx context.Context, client *http.Client, mc *
 					continue
 				}
 				done[e] = true
-				if sm := e.ServedModels(); sm != nil && sm.Source != fleet.ModelsListed {
-					continue // pinned in the config or by pod labels
+				if sm := e.ServedModels(); sm != nil && sm.Source == fleet.ModelsPinned {
+					continue // pinned in the config
 				}
 				wg.Add(1)
 				go func() {
