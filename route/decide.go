@@ -68,7 +68,15 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 	switch {
 	case len(model) > 0:
 		me := snap.models.Load().Lookup(model)
+		if me == nil || me.Refuse != models.RefuseNone {
+			if ld := s.loadOnDemand(snap, model, me, sc); ld != nil {
+				me = ld // lora.load_on_demand loaded it (models.go)
+			}
+		}
 		if me == nil || me.Refuse == models.RefuseUnknown {
+			if me != nil {
+				me.Stats.Refused.Add(1)
+			}
 			s.m.errors[errUnknownModel].Add(1)
 			v.refuse(404, "invalid_request_error", "model_not_found",
 				"The model `"+string(cut(model, maxEchoModel))+"` does not exist.")
@@ -79,6 +87,7 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 			r.Adapter, r.AdapterHash = true, fleet.HashKey(model)
 		}
 		if me.Refuse == models.RefuseGone {
+			me.Stats.Refused.Add(1)
 			s.refuseModel(v, d, model)
 			return
 		}
@@ -96,6 +105,13 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 		r.SessionHash = fleet.HashKey(r.Session)
 	}
 	s.runProfiles(snap, d, in, v, sc, start)
+	if me := sc.only; me != nil {
+		if v.Status == 200 {
+			me.Stats.Decisions.Add(1)
+		} else if v.Reason == ReasonModelUnavailable {
+			me.Stats.Refused.Add(1)
+		}
+	}
 }
 
 // A Profile is one pick of a decision: a pool, whose policy runs, and what
@@ -141,6 +157,15 @@ func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdi
 			sc.req.Only = sc.only.Only[i]
 		}
 		s.pick(snap, pr.Pool, sc, c, sc.picks[i*n:i*n:(i+1)*n])
+		if sc.req.Adapter && i == 0 && len(c.Endpoints) > 0 {
+			e := c.Endpoints[0]
+			if l := e.LoRA(); l != nil && !l.Hot(sc.req.Model) {
+				sc.only.Stats.Cold.Add(1)
+			}
+			if d.Config.LoRA.MaxLoaded > 0 {
+				s.loader.Touch(e.Address, sc.req.Model) // the unload order of load_on_demand
+			}
+		}
 		if len(c.Endpoints) == 0 && pr.Role == ProfileServe {
 			sc.refusedPool = pr.Pool
 			if sc.req.Only != nil && c.Reject == fleet.RejectNone {

@@ -46,12 +46,16 @@ type Decider struct {
 	store *stateStore
 	// seen remembers the model names endpoints served (route/models), under mu.
 	seen *models.Seen
-	pols []fleet.Policy
-	dec  *decisions
-	pool sync.Pool
-	m    deciderMetrics
-	ref  refusals
-	pd   *pd.Client
+	// loader loads adapters on demand (lora.load_on_demand, models.go);
+	// mstats are the per-model counters.
+	loader *models.Loader
+	mstats *models.Stats
+	pols   []fleet.Policy
+	dec    *decisions
+	pool   sync.Pool
+	m      deciderMetrics
+	ref    refusals
+	pd     *pd.Client
 	// ctx ends background work owned by policies (KV subscriptions).
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -93,14 +97,17 @@ func New(cfg *config.Config, opts Options) (*Decider, error) {
 		opts.DecisionSlots = 1 << 16
 	}
 	s := &Decider{
-		log:   opts.Log,
-		reg:   opts.Registry,
-		seed:  opts.Seed,
-		store: newStateStore(),
-		seen:  models.NewSeen(),
-		dec:   newDecisions(opts.DecisionSlots, opts.Seed),
+		log:    opts.Log,
+		reg:    opts.Registry,
+		seed:   opts.Seed,
+		store:  newStateStore(),
+		seen:   models.NewSeen(),
+		loader: models.NewLoader(),
+		mstats: models.NewStats(),
+		dec:    newDecisions(opts.DecisionSlots, opts.Seed),
 	}
 	s.m.init()
+	s.AddMetrics(s.mstats.WriteMetrics)
 	s.pd = pd.New()
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.kvHub = kv.NewHub(s.ctx, s.log)
@@ -145,7 +152,7 @@ func (s *Decider) Apply(cfg *config.Config) error {
 		s.m.reloadFailed.Add(1)
 		return err
 	}
-	snap.models.Store(models.Build(snap.deps, s.seen))
+	snap.models.Store(models.Build(snap.deps, s.seen, s.mstats))
 	old := s.pols
 	s.snap.Store(snap)
 	s.pols = pols
@@ -164,7 +171,7 @@ func (s *Decider) RefreshModels() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	snap := s.snap.Load()
-	snap.models.Store(models.Build(snap.deps, s.seen))
+	snap.models.Store(models.Build(snap.deps, s.seen, s.mstats))
 }
 
 // Rejected counts a config that failed before reaching Apply (unreadable or
@@ -418,3 +425,99 @@ func writeModelLines(b *strings.Builder, snap *Snapshot) {
 		fmt.Fprintf(b, "%s %s: served by %d/%d of pool %s [%s], %d available, %s\n", kind, name, len(on), len(pool.Endpoints), pool.Name, strings.Join(on, " "), avail, verdict)
 	}
 }
+
+// loadOnDemand loads an adapter no endpoint serves on the endpoint the
+// deployment's policy picks, when the deployment has lora.load_on_demand
+// and claims the name (route/models/load.go), and returns the model entry
+// after the load; nil when it does not apply or the load failed (the
+// caller refuses as before). It blocks this request for at most
+// lora.load_timeout; every load is counted and logged.
+func (s *Decider) loadOnDemand(snap *Snapshot, model []byte, me *models.Entry, sc *Txn) *models.Entry {
+	var d *Deployment
+	name := string(model)
+	if me != nil {
+		d = snap.Deployments[me.Dep]
+		if !models.Loadable(d.Config, name) && !(d.Config.LoRA.LoadOnDemand && me.Adapter) {
+			return nil
+		}
+	} else {
+		for _, cand := range snap.Deployments {
+			if models.Loadable(cand.Config, name) {
+				d = cand
+				break
+			}
+		}
+	}
+	if d == nil || d.Serve == nil {
+		return nil
+	}
+	dc := d.Config
+	r := &sc.req
+	r.Only, r.Adapter, r.AdapterHash = nil, true, fleet.HashKey(model)
+	c := &sc.choices[0]
+	*c = fleet.Choice{Endpoints: sc.picks[0:0:1], Work: c.Work}
+	d.Serve.Policy.Pick(r, d.Serve, c)
+	if len(c.Endpoints) == 0 {
+		return nil
+	}
+	e := c.Endpoints[0]
+	timeout := dc.LoRA.LoadTimeout.D()
+	if timeout <= 0 {
+		timeout = models.DefaultLoadTimeout
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, timeout)
+	defer cancel()
+	start := time.Now()
+	evict, err := s.loader.Load(ctx, dc, e, name)
+	s.noteLoad(d.Name, name, err == nil)
+	if err != nil {
+		s.log.Warn().Err(err).Str(fleet.FieldDeployment, d.Name).Str(fleet.FieldEndpoint, e.Name).Str("adapter", name).
+			Msg("lora: load on demand failed; the request is refused as if nothing served the adapter")
+		return nil
+	}
+	s.log.Info().Str(fleet.FieldDeployment, d.Name).Str(fleet.FieldEndpoint, e.Name).Str("adapter", name).
+		Dur("took", time.Since(start)).Str("unloads", evict).Msg("lora: adapter loaded on demand")
+	addServed(e, fleet.ServedModel{ID: name, Parent: dc.Models[0]}, evict)
+	if evict != "" {
+		go func() {
+			ctx, cancel := context.WithTimeout(s.ctx, timeout)
+			defer cancel()
+			if err := s.loader.Unload(ctx, e.Address, evict); err != nil {
+				s.log.Warn().Err(err).Str(fleet.FieldEndpoint, e.Name).Str("adapter", evict).Msg("lora: unload of a cold adapter failed")
+				return
+			}
+			s.noteUnload(d.Name, evict)
+		}()
+	}
+	s.RefreshModels()
+	*c = fleet.Choice{Work: c.Work}
+	return s.snap.Load().models.Load().Lookup(model)
+}
+
+// addServed adds m to e's model list (and drops evict), as the next
+// /v1/models poll will find it.
+func addServed(e *fleet.Endpoint, m fleet.ServedModel, evict string) {
+	next := &fleet.ServedModels{Source: fleet.ModelsListed}
+	if old := e.ServedModels(); old != nil {
+		next.Source = old.Source
+		for _, o := range old.Models {
+			if o.ID != m.ID && o.ID != evict {
+				next.Models = append(next.Models, o)
+			}
+		}
+	}
+	next.Models = append(next.Models, m)
+	e.SetServed(next)
+}
+
+// noteLoad and noteUnload count lora.load_on_demand's calls.
+func (s *Decider) noteLoad(dep, adapter string, ok bool) {
+	ms := s.mstats.For(adapter, dep, true)
+	if ok {
+		ms.Loads.Add(1)
+	} else {
+		ms.LoadFailures.Add(1)
+	}
+}
+
+func (s *Decider) noteUnload(dep, adapter string) { s.mstats.For(adapter, dep, true).Unloads.Add(1) }

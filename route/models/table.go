@@ -36,6 +36,8 @@ type Entry struct {
 	Only    [MaxProfiles]fleet.Mask
 	Adapter bool
 	Refuse  Refusal
+	// Stats are the name's counters (never nil from Build).
+	Stats *ModelStats
 }
 
 // Table is the model routing of one snapshot.
@@ -94,8 +96,12 @@ func related(sm *fleet.ServedModels, dc *config.DeploymentConfig) bool {
 }
 
 // Build makes the table of deps from their endpoints' current knowledge,
-// noting in seen what is served now (seen may be nil).
-func Build(deps []Dep, seen *Seen) *Table {
+// noting in seen what is served now (seen may be nil) and taking each
+// name's counters from stats (nil: counters of their own).
+func Build(deps []Dep, seen *Seen, stats *Stats) *Table {
+	if stats == nil {
+		stats = NewStats()
+	}
 	t := &Table{byName: map[string]*Entry{}}
 	add := func(name string, di int, adapter bool) *Entry {
 		e := &Entry{Dep: int32(di), Idx: -1, Adapter: adapter}
@@ -188,6 +194,7 @@ func Build(deps []Dep, seen *Seen) *Table {
 	// that holds none refuses before any pick.
 	for i, name := range t.Names {
 		e := t.byName[name]
+		e.Stats = stats.For(name, deps[e.Dep].Config.Name, e.Adapter)
 		pools := deps[e.Dep].Pools
 		served := false
 		for pi := range e.Only {
