@@ -328,6 +328,8 @@ type DecisionRecord struct {
 	// ID is the decision id (0: a refusal, no decision opened).
 	ID                                uint64
 	Deployment, Model, Endpoint, Pool string
+	// Adapter: Model is a LoRA adapter (route/models).
+	Adapter bool
 	// Outcome is the policy's (balanced, affinity, overflow), or "refused".
 	Outcome string
 	// Reason is a refusal's reason code (X-Turnout-Reason).
@@ -357,7 +359,7 @@ func (s *decisionSlot) record(r *DecisionRecord) {
 		r.Pool, r.Deployment = s.pool.Name, s.pool.Deployment
 	}
 	if s.names != nil && s.model >= 0 && int(s.model) < len(s.names.Names) {
-		r.Model = s.names.Names[s.model]
+		r.Model, r.Adapter = s.names.Names[s.model], s.names.IsAdapter(s.model)
 	}
 	if s.served != nil {
 		r.ServedBy = s.served.Name
@@ -384,6 +386,9 @@ func (r *DecisionRecord) Fields(e *zerolog.Event) *zerolog.Event {
 		Str("outcome", r.Outcome)
 	if r.Reason != "" {
 		e = e.Str("reason", r.Reason)
+	}
+	if r.Adapter {
+		e = e.Bool("adapter", true)
 	}
 	e = e.Int("matched_blocks", r.MatchedBlocks).Bool("session", r.Session).
 		Int64("status", r.Status).Int64("ttfb_ms", r.TTFBMs).Int64("duration_ms", r.DurationMs).

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/turnout/turnout/route/fleet"
 )
@@ -147,5 +148,27 @@ deployments:
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("readyz lacks %q:\n%s", want, b.String())
 		}
+	}
+}
+
+// The request log and GET /internal/decision name the adapter a request
+// asked for, and say it is one.
+func TestDecisionRecordNamesAdapter(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(fourEndpoints, "least-request"))
+	defer s.Close()
+	setServed(s, "a", base("llama"), lora("sql"))
+	ctx := do(s, `{"model":"sql","prompt":"x"}`)
+	id, ok := ParseDecisionID(ctx.Response.Header.Peek(HdrDecision))
+	if !ok {
+		t.Fatalf("no decision id: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	var r DecisionRecord
+	if !s.LookupDecision(id, time.Now(), &r) || r.Model != "sql" || !r.Adapter || r.Endpoint != "a" {
+		t.Fatalf("record %+v", r)
+	}
+	ctx = do(s, `{"model":"llama","prompt":"x"}`)
+	id, _ = ParseDecisionID(ctx.Response.Header.Peek(HdrDecision))
+	if !s.LookupDecision(id, time.Now(), &r) || r.Model != "llama" || r.Adapter {
+		t.Fatalf("base model record %+v", r)
 	}
 }

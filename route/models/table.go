@@ -44,9 +44,13 @@ type Entry struct {
 type Table struct {
 	byName map[string]*Entry
 	// Names are every name, the deployments' models first in config order
-	// (the snapshot's model indices), then adapters sorted.
+	// (the snapshot's model indices), then adapters sorted (from nBase).
 	Names []string
+	nBase int
 }
+
+// IsAdapter reports whether Names[idx] is a LoRA adapter.
+func (t *Table) IsAdapter(idx int32) bool { return int(idx) >= t.nBase && int(idx) < len(t.Names) }
 
 // Lookup returns the name's entry, nil when no deployment routes it. It
 // does not allocate.
@@ -117,6 +121,7 @@ func Build(deps []Dep, seen *Seen, stats *Stats) *Table {
 		}
 	}
 	nBase := len(t.Names)
+	t.nBase = nBase
 	var adapters []string
 	// set marks endpoint i of profile pi as serving name, for deployment di.
 	set := func(name string, di, pi, i, n int, adapter bool) {
