@@ -437,8 +437,8 @@ func (s *Decider) loadOnDemand(snap *Snapshot, model []byte, me *models.Entry, s
 	name := string(model)
 	if me != nil {
 		d = snap.Deployments[me.Dep]
-		if !models.Loadable(d.Config, name) && !(d.Config.LoRA.LoadOnDemand && me.Adapter) {
-			return nil
+		if !models.Loadable(d.Config, name) {
+			return nil // only the names it claims for loading: their lora_path is known
 		}
 	} else {
 		for _, cand := range snap.Deployments {

@@ -46,8 +46,10 @@ func loraMocks(t *testing.T, prefix string) []*Mock {
 	return out
 }
 
-// withModelsInterval sets health.models_interval in a stack's config.
+// withModelsInterval sets health.models_interval in a stack's config and
+// lets the deployment load od-* adapters on demand.
 func withModelsInterval(y string) string {
+	y = strings.Replace(y, "    policy: {name: least-request}\n", "    policy: {name: least-request}\n    lora: {load_on_demand: true, adapters: [\"od-*\"], load_timeout: 2s}\n", 1)
 	return strings.Replace(y, "health: {interval: 300ms, timeout: 300ms", fmt.Sprintf("health: {models_interval: %s, interval: 300ms, timeout: 300ms", loraRefresh), 1)
 }
 
@@ -195,6 +197,21 @@ func checkLoRA(t *testing.T, tu *Turnout, ms []*Mock, post func([]byte) *Respons
 		}
 		return true
 	})
+	// Loaded on demand: od-1 is no replica's; turnout loads it on the one
+	// its policy picks before answering, and routes it there afterwards.
+	r = post(chatBody("od-1", "sys", "q", false))
+	if r.Status != 200 {
+		t.Fatalf("od-1 (load on demand): %d %s", r.Status, r.Body)
+	}
+	home := r.Header.Get("X-Replica")
+	for range 5 {
+		if r := post(chatBody("od-1", "sys", "q", false)); r.Status != 200 || r.Header.Get("X-Replica") != home {
+			t.Fatalf("od-1 after its load: %d from %s, loaded on %s", r.Status, r.Header.Get("X-Replica"), home)
+		}
+	}
+	if !strings.Contains(readyzVerbose(t, tu), "adapter od-1: served by 1/4") {
+		t.Errorf("readyz does not show od-1 on one replica:\n%s", readyzVerbose(t, tu))
+	}
 	// No replica answered a request 404 (the mocks are strict).
 	for _, m := range ms {
 		if st := m.Stats(); st.Requests == 0 {
