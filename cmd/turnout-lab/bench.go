@@ -164,6 +164,9 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 		if len(sweepSpecs) > 0 {
 			return errors.New("bench replay: --sweep is for --mode sim (e2e runs take real time)")
 		}
+		if o.LoRA.Adapters > 0 {
+			return errors.New("bench replay: --adapters is for --mode sim (the e2e replay does not name adapters yet)")
+		}
 		eo := e2e.options(o)
 		if ng, njs := eo.NeedsNginx(specs); ng {
 			// Like a missing trace: nginx is optional on a bench box.
