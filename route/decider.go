@@ -394,12 +394,20 @@ func (s *Decider) WriteReadinessNotes(b *strings.Builder) {
 	}
 }
 
+// maxModelLines bounds /readyz?verbose's model lines (a fleet may have
+// thousands of adapters).
+const maxModelLines = 500
+
 // writeModelLines writes one /readyz?verbose line per model name: which
 // endpoints of its serving pool serve it and how many of those are
 // available (a model can be short while its pool is ready).
 func writeModelLines(b *strings.Builder, snap *Snapshot) {
 	t := snap.models.Load()
-	for _, name := range t.Names {
+	for i, name := range t.Names {
+		if i == maxModelLines {
+			fmt.Fprintf(b, "models: %d more (turnout_model_decisions_total lists every one)\n", len(t.Names)-i)
+			break
+		}
 		e := t.Lookup([]byte(name))
 		pool := snap.Deployments[e.Dep].Serve
 		var on []string
