@@ -171,7 +171,8 @@ func checkLoRA(t *testing.T, tu *Turnout, ms []*Mock, post func([]byte) *Respons
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Logf("adapter loaded at run time routed after %v (models_interval %v)", took, loraRefresh)
-	if took > loraRefresh+200*time.Millisecond {
+	// One interval, plus slack for the poll itself and a busy 2-core box.
+	if took > loraRefresh+400*time.Millisecond {
 		t.Errorf("a9 routed %v after its load, beyond one refresh interval (%v)", took, loraRefresh)
 	}
 	for range 10 {
@@ -189,7 +190,7 @@ func checkLoRA(t *testing.T, tu *Turnout, ms []*Mock, post func([]byte) *Respons
 	}
 	Eventually(t, 5*time.Second, "a9 to be refused after its unload", func() bool {
 		r := post(chatBody("a9", "sys", "q", false))
-		if r.Status == 404 && r.Header.Get("X-Replica") == target.Name && time.Since(unload) < loraRefresh+200*time.Millisecond {
+		if r.Status == 404 && r.Header.Get("X-Replica") == target.Name && time.Since(unload) < loraRefresh+400*time.Millisecond {
 			return false
 		}
 		if r.Status != 503 || !strings.Contains(string(r.Body), "model_unavailable") || r.Header.Get("Retry-After") == "" {
