@@ -58,6 +58,9 @@ const (
 	// left (503; nobody reads it).
 	ReasonFlowShed = "flow_shed"
 	ReasonFlowGone = "client_gone"
+	// ReasonModelUnavailable (503, Retry-After): endpoints served the model
+	// and none that does is available now (docs/models.md); relayed.
+	ReasonModelUnavailable = "model_unavailable"
 	// ReasonHeaderTooLarge (431) and the others below say turnout could not
 	// read the request, not that the request is wrong: the proxy applies its
 	// fail mode (fail-open serves it) instead of relaying the answer.

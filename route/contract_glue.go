@@ -184,6 +184,8 @@ var reasonRules = [...]ReasonRule{
 	{ReasonBadRequest, 400, GlueFailMode},
 	{ReasonPrefillFailed, 502, GlueRelay},
 	{ReasonNoPrefillEndpoint, 503, GlueRelay},
+	// Failing open would send the model to a replica that answers 404.
+	{ReasonModelUnavailable, 503, GlueRelay},
 }
 
 // ReasonRules returns (a copy of) the reason table.

@@ -8,6 +8,7 @@ import (
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/flow"
+	"github.com/turnout/turnout/route/models"
 	"github.com/turnout/turnout/route/payload"
 	"github.com/turnout/turnout/route/policy"
 )
@@ -32,7 +33,7 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 	cfg := snap.Config
 	r := &sc.req
 	*r = fleet.Request{Truncated: in.Truncated}
-	sc.dsnap, sc.dep, sc.model, sc.refusedPool = snap, nil, -1, nil
+	sc.dsnap, sc.dep, sc.model, sc.refusedPool, sc.only = snap, nil, -1, nil, nil
 	body := in.Body
 	if len(body) > cfg.MaxBody {
 		body, r.Truncated = body[:cfg.MaxBody], true
@@ -67,12 +68,28 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 	var d *Deployment
 	switch {
 	case len(model) > 0:
-		ref := snap.byModel[string(model)]
-		d, sc.model = ref.d, ref.idx
-		if d == nil {
+		me := snap.models.Load().Lookup(model)
+		if me == nil || me.Refuse != models.RefuseNone {
+			if ld := s.loadOnDemand(snap, model, me, sc); ld != nil {
+				me = ld // lora.load_on_demand loaded it (models.go)
+			}
+		}
+		if me == nil || me.Refuse == models.RefuseUnknown {
+			if me != nil {
+				me.Stats.Refused.Add(1)
+			}
 			s.m.errors[errUnknownModel].Add(1)
 			v.refuse(404, "invalid_request_error", "model_not_found",
 				"The model `"+string(cut(model, maxEchoModel))+"` does not exist.")
+			return
+		}
+		d, sc.model, sc.only = snap.Deployments[me.Dep], me.Idx, me
+		if me.Adapter {
+			r.Adapter, r.AdapterHash = true, fleet.HashKey(model)
+		}
+		if me.Refuse == models.RefuseGone {
+			me.Stats.Refused.Add(1)
+			s.refuseModel(v, d, model)
 			return
 		}
 	case len(snap.Deployments) == 1:
@@ -93,6 +110,13 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 		return
 	}
 	s.runProfiles(snap, d, in, v, sc, start)
+	if me := sc.only; me != nil {
+		if v.Status == 200 {
+			me.Stats.Decisions.Add(1)
+		} else if v.Reason == ReasonModelUnavailable {
+			me.Stats.Refused.Add(1)
+		}
+	}
 }
 
 // runHeld is runProfiles behind flow control (route/flow): while the
@@ -179,9 +203,25 @@ func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdi
 			*c = fleet.Choice{Reject: rejectSkipped, Work: c.Work}
 			continue
 		}
+		if sc.only != nil {
+			sc.req.Only = sc.only.Only[i]
+		}
 		s.pick(snap, pr.Pool, sc, c, sc.picks[i*n:i*n:(i+1)*n])
+		if sc.req.Adapter && i == 0 && len(c.Endpoints) > 0 {
+			e := c.Endpoints[0]
+			if l := e.LoRA(); l != nil && !l.Hot(sc.req.Model) {
+				sc.only.Stats.Cold.Add(1)
+			}
+			if d.Config.LoRA.MaxLoaded > 0 {
+				s.loader.Touch(e.Address, sc.req.Model) // the unload order of load_on_demand
+			}
+		}
 		if len(c.Endpoints) == 0 && pr.Role == ProfileServe {
 			sc.refusedPool = pr.Pool
+			if sc.req.Only != nil && c.Reject == fleet.RejectNone {
+				s.refuseModel(v, d, sc.req.Model)
+				return
+			}
 			s.refuse(v, pr.Pool, c.Reject)
 			return
 		}
@@ -254,7 +294,7 @@ func (s *Decider) route(v *Verdict, p *fleet.Pool, c *fleet.Choice, sc *Txn, sta
 	picks := c.Endpoints
 	e := picks[0]
 	v.Status = 200
-	m := decisionMeta{pool: p, snap: sc.dsnap, model: sc.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: sc.req.HasSession}
+	m := decisionMeta{pool: p, names: sc.dsnap.models.Load(), model: sc.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: sc.req.HasSession}
 	v.Decision = s.dec.open(e, start.UnixNano(), &m)
 	v.Server, v.Addr, v.Pool = e.NameHdr, e.AddrHdr, p.NameHdr
 	v.Fallbacks = v.fb[:0]
@@ -293,6 +333,16 @@ func (s *Decider) refuse(v *Verdict, p *fleet.Pool, why fleet.RejectReason) {
 		v.RetryAfter = true
 		v.refuse(503, "service_unavailable", ReasonNoEndpoint, "no available endpoint in pool "+p.Name)
 	}
+}
+
+// refuseModel refuses a model whose endpoints all are down, or that the
+// endpoints that served it no longer list: 503, so that clients retry
+// (Retry-After), rather than a 404 that says it never existed.
+func (s *Decider) refuseModel(v *Verdict, d *Deployment, model []byte) {
+	s.m.errors[errModelUnavailable].Add(1)
+	v.RetryAfter = true
+	v.refuse(503, "service_unavailable", ReasonModelUnavailable,
+		"no available endpoint of deployment "+d.Name+" serves the model `"+string(cut(model, maxEchoModel))+"` now")
 }
 
 // maxEchoModel bounds the model name echoed in a 404: longer names are
@@ -338,8 +388,10 @@ type Txn struct {
 	// What the ledger and the request log keep of the decision
 	// (decisions.go): the snapshot deciding, the deployment, the model as an
 	// index into the snapshot's model names, the pool that had no endpoint.
-	dsnap       *Snapshot
-	dep         *Deployment
+	dsnap *Snapshot
+	dep   *Deployment
+	// only is the request's model's entry (nil: no model, or the one deployment).
+	only        *models.Entry
 	model       int32
 	refusedPool *fleet.Pool
 }

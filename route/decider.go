@@ -16,6 +16,7 @@ import (
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/flow"
 	"github.com/turnout/turnout/route/kv"
+	"github.com/turnout/turnout/route/models"
 	"github.com/turnout/turnout/route/pd"
 	"github.com/turnout/turnout/route/policy"
 )
@@ -44,12 +45,18 @@ type Decider struct {
 	snap  atomic.Pointer[Snapshot]
 	mu    sync.Mutex // serializes Apply
 	store *stateStore
-	pols  []fleet.Policy
-	dec   *decisions
-	pool  sync.Pool
-	m     deciderMetrics
-	ref   refusals
-	pd    *pd.Client
+	// seen remembers the model names endpoints served (route/models), under mu.
+	seen *models.Seen
+	// loader loads adapters on demand (lora.load_on_demand, models.go);
+	// mstats are the per-model counters.
+	loader *models.Loader
+	mstats *models.Stats
+	pols   []fleet.Policy
+	dec    *decisions
+	pool   sync.Pool
+	m      deciderMetrics
+	ref    refusals
+	pd     *pd.Client
 	// ctx ends background work owned by policies (KV subscriptions).
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -93,14 +100,18 @@ func New(cfg *config.Config, opts Options) (*Decider, error) {
 		opts.DecisionSlots = 1 << 16
 	}
 	s := &Decider{
-		log:   opts.Log,
-		reg:   opts.Registry,
-		seed:  opts.Seed,
-		store: newStateStore(),
-		dec:   newDecisions(opts.DecisionSlots, opts.Seed),
-		flows: flow.NewSet(),
+		log:    opts.Log,
+		reg:    opts.Registry,
+		seed:   opts.Seed,
+		store:  newStateStore(),
+		seen:   models.NewSeen(),
+		loader: models.NewLoader(),
+		mstats: models.NewStats(),
+		dec:    newDecisions(opts.DecisionSlots, opts.Seed),
+		flows:  flow.NewSet(),
 	}
 	s.m.init()
+	s.AddMetrics(s.mstats.WriteMetrics)
 	s.AddMetrics(s.flows.WriteMetrics)
 	s.AddReadiness(s.flows.WriteReadiness)
 	s.pd = pd.New()
@@ -148,6 +159,7 @@ func (s *Decider) Apply(cfg *config.Config) error {
 		s.m.reloadFailed.Add(1)
 		return err
 	}
+	snap.models.Store(models.Build(snap.deps, s.seen, s.mstats))
 	old := s.pols
 	s.bindFlow(snap)
 	s.snap.Store(snap)
@@ -158,6 +170,16 @@ func (s *Decider) Apply(cfg *config.Config) error {
 		fn(snap)
 	}
 	return nil
+}
+
+// RefreshModels rebuilds the model table after what an endpoint serves
+// changed (route/health's /v1/models poll, the engine scraper's LoRA
+// report, discovery's labels): decisions see it at once.
+func (s *Decider) RefreshModels() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	snap := s.snap.Load()
+	snap.models.Store(models.Build(snap.deps, s.seen, s.mstats))
 }
 
 // Rejected counts a config that failed before reaching Apply (unreadable or
@@ -284,6 +306,7 @@ func (s *Decider) WriteReadiness(b *strings.Builder, verbose bool) bool {
 			}
 			fmt.Fprintf(b, "pool %s: %d/%d available, min_ready %d, %s\n", l.p.Name, l.avail, len(l.p.Endpoints), l.min, verdict)
 		}
+		writeModelLines(b, snap)
 	}
 	return why == ""
 }
@@ -378,3 +401,139 @@ func (s *Decider) WriteReadinessNotes(b *strings.Builder) {
 		fn(b)
 	}
 }
+
+// maxModelLines bounds /readyz?verbose's model lines (a fleet may have
+// thousands of adapters).
+const maxModelLines = 500
+
+// writeModelLines writes one /readyz?verbose line per model name: which
+// endpoints of its serving pool serve it and how many of those are
+// available (a model can be short while its pool is ready).
+func writeModelLines(b *strings.Builder, snap *Snapshot) {
+	t := snap.models.Load()
+	for i, name := range t.Names {
+		if i == maxModelLines {
+			fmt.Fprintf(b, "models: %d more (turnout_model_decisions_total lists every one)\n", len(t.Names)-i)
+			break
+		}
+		e := t.Lookup([]byte(name))
+		pool := snap.Deployments[e.Dep].Serve
+		var on []string
+		avail := 0
+		for i, ep := range pool.Endpoints {
+			if e.Only[0].Has(i) {
+				on = append(on, ep.Name)
+				if ep.Available() {
+					avail++
+				}
+			}
+		}
+		kind, verdict := "model", "ok"
+		if e.Adapter {
+			kind = "adapter"
+		}
+		switch {
+		case e.Refuse == models.RefuseUnknown:
+			verdict = "not served (404)"
+		case avail == 0:
+			verdict = "unavailable (503)"
+		}
+		fmt.Fprintf(b, "%s %s: served by %d/%d of pool %s [%s], %d available, %s\n", kind, name, len(on), len(pool.Endpoints), pool.Name, strings.Join(on, " "), avail, verdict)
+	}
+}
+
+// loadOnDemand loads an adapter no endpoint serves on the endpoint the
+// deployment's policy picks, when the deployment has lora.load_on_demand
+// and claims the name (route/models/load.go), and returns the model entry
+// after the load; nil when it does not apply or the load failed (the
+// caller refuses as before). It blocks this request for at most
+// lora.load_timeout; every load is counted and logged.
+func (s *Decider) loadOnDemand(snap *Snapshot, model []byte, me *models.Entry, sc *Txn) *models.Entry {
+	var d *Deployment
+	name := string(model)
+	if me != nil {
+		d = snap.Deployments[me.Dep]
+		if !models.Loadable(d.Config, name) {
+			return nil // only the names it claims for loading: their lora_path is known
+		}
+	} else {
+		for _, cand := range snap.Deployments {
+			if models.Loadable(cand.Config, name) {
+				d = cand
+				break
+			}
+		}
+	}
+	if d == nil || d.Serve == nil {
+		return nil
+	}
+	dc := d.Config
+	r := &sc.req
+	r.Only, r.Adapter, r.AdapterHash = nil, true, fleet.HashKey(model)
+	c := &sc.choices[0]
+	*c = fleet.Choice{Endpoints: sc.picks[0:0:1], Work: c.Work}
+	d.Serve.Policy.Pick(r, d.Serve, c)
+	if len(c.Endpoints) == 0 {
+		return nil
+	}
+	e := c.Endpoints[0]
+	timeout := dc.LoRA.LoadTimeout.D()
+	if timeout <= 0 {
+		timeout = models.DefaultLoadTimeout
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, timeout)
+	defer cancel()
+	start := time.Now()
+	evict, err := s.loader.Load(ctx, dc, e, name)
+	s.noteLoad(d.Name, name, err == nil)
+	if err != nil {
+		s.log.Warn().Err(err).Str(fleet.FieldDeployment, d.Name).Str(fleet.FieldEndpoint, e.Name).Str("adapter", name).
+			Msg("lora: load on demand failed; the request is refused as if nothing served the adapter")
+		return nil
+	}
+	s.log.Info().Str(fleet.FieldDeployment, d.Name).Str(fleet.FieldEndpoint, e.Name).Str("adapter", name).
+		Dur("took", time.Since(start)).Str("unloads", evict).Msg("lora: adapter loaded on demand")
+	addServed(e, fleet.ServedModel{ID: name, Parent: dc.Models[0]}, evict)
+	if evict != "" {
+		go func() {
+			ctx, cancel := context.WithTimeout(s.ctx, timeout)
+			defer cancel()
+			if err := s.loader.Unload(ctx, e.Address, evict); err != nil {
+				s.log.Warn().Err(err).Str(fleet.FieldEndpoint, e.Name).Str("adapter", evict).Msg("lora: unload of a cold adapter failed")
+				return
+			}
+			s.noteUnload(d.Name, evict)
+		}()
+	}
+	s.RefreshModels()
+	*c = fleet.Choice{Work: c.Work}
+	return s.snap.Load().models.Load().Lookup(model)
+}
+
+// addServed adds m to e's model list (and drops evict), as the next
+// /v1/models poll will find it.
+func addServed(e *fleet.Endpoint, m fleet.ServedModel, evict string) {
+	next := &fleet.ServedModels{Source: fleet.ModelsListed}
+	if old := e.ServedModels(); old != nil {
+		next.Source = old.Source
+		for _, o := range old.Models {
+			if o.ID != m.ID && o.ID != evict {
+				next.Models = append(next.Models, o)
+			}
+		}
+	}
+	next.Models = append(next.Models, m)
+	e.SetServed(next)
+}
+
+// noteLoad and noteUnload count lora.load_on_demand's calls.
+func (s *Decider) noteLoad(dep, adapter string, ok bool) {
+	ms := s.mstats.For(adapter, dep, true)
+	if ok {
+		ms.Loads.Add(1)
+	} else {
+		ms.LoadFailures.Add(1)
+	}
+}
+
+func (s *Decider) noteUnload(dep, adapter string) { s.mstats.For(adapter, dep, true).Unloads.Add(1) }

@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/route/fleet"
+	"github.com/turnout/turnout/route/models"
 )
 
 // decisions tracks in-flight decisions until the proxy reports completion or
@@ -53,9 +54,9 @@ type decisionSlot struct {
 	// counts while end is endOpen (a zero slot has none).
 	ep     *fleet.Endpoint
 	pool   *fleet.Pool
-	snap   *Snapshot       // model indexes its modelNames
+	names  *models.Table   // model indexes its Names
 	served *fleet.Endpoint // srv of the feedback line: the fallback that answered, after a retry
-	// model is an index into snap.modelNames (-1: none).
+	// model is an index into names.Names (-1: none).
 	model, matched int32
 	// The proxy's completion (-1: not sent).
 	ms, ttfb        int32
@@ -68,7 +69,7 @@ type decisionSlot struct {
 // decisionMeta is what a decision was, for its log line and lookup.
 type decisionMeta struct {
 	pool    *fleet.Pool
-	snap    *Snapshot
+	names   *models.Table
 	model   int32
 	matched int32
 	outcome fleet.Outcome
@@ -119,7 +120,7 @@ func (d *decisions) open(e *fleet.Endpoint, now int64, m *decisionMeta) uint64 {
 		st.Expired.Add(1)
 		d.overwritten.Add(1)
 	}
-	s.id, s.start, s.ep, s.pool, s.snap, s.served = id, now, e, m.pool, m.snap, nil
+	s.id, s.start, s.ep, s.pool, s.names, s.served = id, now, e, m.pool, m.names, nil
 	s.model, s.matched, s.outcome, s.session = m.model, m.matched, m.outcome, m.session
 	s.end, s.status, s.retries, s.ms, s.ttfb = endOpen, -1, -1, -1, -1
 	s.mu.Unlock()
@@ -330,6 +331,8 @@ type DecisionRecord struct {
 	// ID is the decision id (0: a refusal, no decision opened).
 	ID                                uint64
 	Deployment, Model, Endpoint, Pool string
+	// Adapter: Model is a LoRA adapter (route/models).
+	Adapter bool
 	// Outcome is the policy's (balanced, affinity, overflow), or "refused".
 	Outcome string
 	// Reason is a refusal's reason code (X-Turnout-Reason).
@@ -358,8 +361,8 @@ func (s *decisionSlot) record(r *DecisionRecord) {
 	if s.pool != nil {
 		r.Pool, r.Deployment = s.pool.Name, s.pool.Deployment
 	}
-	if s.snap != nil && s.model >= 0 && int(s.model) < len(s.snap.modelNames) {
-		r.Model = s.snap.modelNames[s.model]
+	if s.names != nil && s.model >= 0 && int(s.model) < len(s.names.Names) {
+		r.Model, r.Adapter = s.names.Names[s.model], s.names.IsAdapter(s.model)
 	}
 	if s.served != nil {
 		r.ServedBy = s.served.Name
@@ -386,6 +389,9 @@ func (r *DecisionRecord) Fields(e *zerolog.Event) *zerolog.Event {
 		Str("outcome", r.Outcome)
 	if r.Reason != "" {
 		e = e.Str("reason", r.Reason)
+	}
+	if r.Adapter {
+		e = e.Bool("adapter", true)
 	}
 	e = e.Int("matched_blocks", r.MatchedBlocks).Bool("session", r.Session).
 		Int64("status", r.Status).Int64("ttfb_ms", r.TTFBMs).Int64("duration_ms", r.DurationMs).

@@ -23,6 +23,7 @@
 //	2 route/fleet              the routing model policies read: Endpoint and its state, Pool, Request, Choice, Policy
 //	3 route/policy             the policies and the registry that builds them by name
 //	3 route/flow               flow control: hold decisions while a pool is saturated, release by class and tenant
+//	3 route/models             which endpoints serve each model name and LoRA adapter (the model table)
 //	3 route/internal/routetest helpers shared by the route packages' tests (tests only)
 //	4 route                    the Decider: snapshot, decision pipeline, ledger, verdict, the proxy contract
 //	5 route/httpapi            the HTTP transport and its server (/internal/route, /internal/done, /readyz, /metrics)
@@ -45,8 +46,10 @@
 //     original method and URI, the body up to max_body within the
 //     buffered-bytes budget and whether it was cut, into an Input; the body
 //     is indexed in one pass (route/payload) that every later stage reads;
-//  2. deployment: the model from the body (or a model header) selects it;
-//     unknown model 404, none with several deployments 400;
+//  2. deployment: the model from the body (or a model header) selects it
+//     and the endpoints that serve it (route/models: base models and LoRA
+//     adapters); unknown model 404, none with several deployments 400,
+//     a model whose serving endpoints are all gone 503;
 //  3. pick: the pool's Policy (route/policy) reads the fleet.Request
 //     (inputs only: model, session, the prompt hashed into blocks when the
 //     policy wants it, the payload index) and fills a fleet.Choice

@@ -23,10 +23,11 @@ const (
 	errNoModel
 	errTooLarge
 	errBadBody
+	errModelUnavailable
 	numErrKinds
 )
 
-var errKindNames = [numErrKinds]string{"method", "unknown_model", "no_model", "too_large", "bad_body"}
+var errKindNames = [numErrKinds]string{"method", "unknown_model", "no_model", "too_large", "bad_body", "model_unavailable"}
 
 type deciderMetrics struct {
 	errors       [numErrKinds]atomic.Uint64

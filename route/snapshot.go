@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
@@ -14,6 +16,7 @@ import (
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/flow"
 	"github.com/turnout/turnout/route/kv"
+	"github.com/turnout/turnout/route/models"
 	"github.com/turnout/turnout/route/policy"
 )
 
@@ -40,9 +43,11 @@ type Snapshot struct {
 	Config      *config.Config
 	Deployments []*Deployment
 	byModel     map[string]modelRef
-	// modelNames are the served model names (and aliases); the decision
-	// ledger keeps a decision's model as an index into them.
-	modelNames  []string
+	// models routes every model name, adapters included, to its endpoints
+	// (route/models); rebuilt when what endpoints serve changes. deps are
+	// its view of the deployments, parallel to Deployments.
+	models      atomic.Pointer[models.Table]
+	deps        []models.Dep
 	sessionHdrs [][]byte // normalized: lower-case, '_' mapped to '-'
 	modelHdrs   [][]byte
 	// fwdHdrs are ForwardedHeaders, normalized: what an Input keeps;
@@ -64,10 +69,9 @@ type Snapshot struct {
 // Deployment returns the deployment serving model, or nil.
 func (s *Snapshot) Deployment(model string) *Deployment { return s.byModel[model].d }
 
-// modelRef is a served model name's deployment and its index in modelNames.
+// modelRef is a configured model name's deployment.
 type modelRef struct {
-	d   *Deployment
-	idx int32
+	d *Deployment
 }
 
 // Pools lists every pool in config order.
@@ -154,6 +158,7 @@ func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, sto
 					}
 					ep.KVBind, ep.KVPattern = bind, pat
 				}
+				pinModels(ep, dc, pc, &pc.Endpoints[k])
 				p.Endpoints = append(p.Endpoints, ep)
 				s.byServer[ec.Name] = ep
 				if s.byAddr[ec.Address] == nil {
@@ -206,9 +211,13 @@ func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, sto
 		d.pickN = min(1+cfg.Fallbacks, maxPicks/len(d.Profiles))
 		s.Deployments = append(s.Deployments, d)
 		for _, m := range dc.Models {
-			s.byModel[m] = modelRef{d, int32(len(s.modelNames))}
-			s.modelNames = append(s.modelNames, m)
+			s.byModel[m] = modelRef{d}
 		}
+		md := models.Dep{Config: dc}
+		for _, pr := range d.Profiles {
+			md.Pools = append(md.Pools, pr.Pool)
+		}
+		s.deps = append(s.deps, md)
 	}
 	s.maxBlocks = cfg.MaxBody/minBlock + 1
 	// Removed endpoints lose their state; in-flight decisions still hold a
@@ -382,3 +391,39 @@ func (s *Snapshot) EndpointByServer(name []byte) *fleet.Endpoint { return s.bySe
 // order when several pools share one), for a feedback line whose proxy
 // names the replica that answered only by address (nginx, after a retry).
 func (s *Snapshot) EndpointByAddr(addr []byte) *fleet.Endpoint { return s.byAddr[string(addr)] }
+
+// pinModels publishes what the config pins for an endpoint (its own or its
+// pool's models:), and forgets an earlier pin the config dropped, so that
+// the endpoint's list is learned again.
+func pinModels(ep *fleet.Endpoint, dc *config.DeploymentConfig, pc *config.PoolConfig, ec *config.EndpointConfig) {
+	pin := config.PinnedModels(pc, ec)
+	if pin == nil {
+		if old := ep.ServedModels(); old != nil && old.Source != fleet.ModelsListed {
+			ep.SetServed(nil)
+		}
+		return
+	}
+	if ec.Discovered && ec.Models != nil {
+		// A pod label names its base model; the replica's own list, once
+		// polled, says more (its adapters) and stays.
+		if old := ep.ServedModels(); old == nil || old.Source != fleet.ModelsListed {
+			ep.SetServed(&fleet.ServedModels{Source: fleet.ModelsLabels, Models: []fleet.ServedModel{{ID: pin[0]}}})
+		}
+		return
+	}
+	sm := &fleet.ServedModels{Source: fleet.ModelsPinned}
+	for _, m := range pin {
+		parent := ""
+		if !slices.Contains(dc.Models, m) {
+			parent = dc.Models[0] // a pinned name beyond the deployment's models is its adapter
+		}
+		sm.Models = append(sm.Models, fleet.ServedModel{ID: m, Parent: parent})
+	}
+	ep.SetServed(sm)
+}
+
+// Models is the snapshot's model table (route/models).
+func (s *Snapshot) Models() *models.Table { return s.models.Load() }
+
+// ModelDeps is the table's view of the deployments, parallel to Deployments.
+func (s *Snapshot) ModelDeps() []models.Dep { return s.deps }

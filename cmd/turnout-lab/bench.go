@@ -111,6 +111,10 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	fset.IntVar(&o.Concurrency, "concurrency", d.Concurrency, "client-side bound on requests in flight (0 = unlimited)")
 	fset.Uint64Var(&o.Seed, "seed", d.Seed, "seed for turnout's policies")
 	fset.IntVar(&o.Parallel, "parallel", runtime.GOMAXPROCS(0), "sim: policies replayed at once")
+	fset.IntVar(&o.LoRA.Adapters, "adapters", 0, "sim: every request names one of N LoRA adapters (Zipf popularity; 0 = the base model)")
+	fset.Float64Var(&o.LoRA.Zipf, "adapter-zipf", d.LoRA.Zipf, "sim: adapter popularity exponent s > 1 (weight 1/(k+1)^s)")
+	fset.IntVar(&o.LoRA.MaxLoRAs, "max-loras", d.LoRA.MaxLoRAs, "sim: adapters each replica holds at once (an LRU)")
+	fset.DurationVar(&o.LoRA.LoRALoadCost, "lora-load-cost", d.LoRA.LoRALoadCost, "sim: time to load an adapter that is not held, before the prefill")
 	e2e := defaultE2EFlags(fset)
 	if err := cli.ParseFlags(fset, benchReplayCmd, args); err != nil {
 		return err
@@ -164,6 +168,9 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	case "e2e":
 		if len(sweepSpecs) > 0 {
 			return errors.New("bench replay: --sweep is for --mode sim (e2e runs take real time)")
+		}
+		if o.LoRA.Adapters > 0 {
+			return errors.New("bench replay: --adapters is for --mode sim (the e2e replay does not name adapters yet)")
 		}
 		eo := e2e.options(o)
 		if ng, njs := eo.NeedsNginx(specs); ng {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -73,6 +74,10 @@ func runMock(args []string, log *zerolog.Logger) error {
 	kvReplay := fs.String("kv-replay", "", "serve vLLM's replay ROUTER socket on this address")
 	kvBytes := fs.Bool("kv-hash-bytes", false, "encode block hashes as 32-byte strings (newer vLLM) instead of ints")
 	kvMap := fs.Bool("kv-map-events", false, "encode events as maps (vLLM after array_like was dropped)")
+	loraMods := fs.String("lora-modules", "", "LoRA adapters served from the start, name=path,... (vLLM's --lora-modules); listed in /v1/models with the first --model as parent")
+	fs.BoolVar(&cfg.EnableLoRA, "enable-lora", false, "serve LoRA adapters (implied by --lora-modules): POST /v1/load_lora_adapter and /v1/unload_lora_adapter, vllm:lora_requests_info")
+	fs.IntVar(&cfg.MaxLoRAs, "max-loras", 1, "adapters hot at once (an LRU); a request for another waits --lora-load-cost")
+	fs.DurationVar(&cfg.LoRALoadCost, "lora-load-cost", 200*time.Millisecond, "time to load an adapter that is not hot, before the first token (scaled by --time-scale)")
 	if err := cli.ParseFlags(fs, mockCmd, args); err != nil {
 		return err
 	}
@@ -84,6 +89,9 @@ func runMock(args []string, log *zerolog.Logger) error {
 		return fmt.Errorf("mock: %w", err)
 	}
 	cfg.Role = r
+	if cfg.LoRAModules, err = mock.ParseLoRAModules(*loraMods); err != nil {
+		return fmt.Errorf("mock: --lora-modules: %w", err)
+	}
 	cfg.Models = models
 	if len(cfg.Models) == 0 {
 		cfg.Models = d.Models

@@ -80,8 +80,9 @@ func runServe(args []string, log *zerolog.Logger) error {
 	go srv.Run(ctx)
 	hc := health.New(srv)
 	go hc.Run(ctx)
-	// Warn about model aliases a replica would answer 404 for (route/health/modelcheck.go).
-	go hc.CheckServedModels(ctx, 30*time.Second)
+	// Learn what every replica serves (route/health/modelcheck.go): a model
+	// goes only where it is served, and a missing alias is logged.
+	go hc.CheckServedModels(ctx, 0)
 	// Engine-reported load (issue 11): scrapes every endpoint's /metrics.
 	scraper := engineload.New(srv, log)
 	srv.AddMetrics(scraper.WriteMetrics)

@@ -27,6 +27,9 @@ func RunSim(reqs []Request, trace string, specs []PolicySpec, o SimOptions) ([]R
 		l := zerolog.Nop()
 		log = &l
 	}
+	if o.LoRA.Adapters > 0 {
+		reqs = WithAdapters(reqs, o.LoRA, o.Seed)
+	}
 	inf, pooled := CacheBounds(reqs, o.BlockSize, o.Replicas*o.CacheBlocks)
 	names := ReplicaNames(o.Replicas)
 	rows := make([]Row, len(specs))
@@ -77,6 +80,9 @@ func simRow(reqs []Request, trace string, spec PolicySpec, names []string, o Sim
 		return Row{}, fmt.Errorf("sim %s: %w", spec, err)
 	}
 	row := MakeRow("sim", trace, spec, res, inf, pooled, 1)
+	if o.LoRA.Adapters > 0 {
+		row.Adapters, row.AdapterLoads = true, res.AdapterLoads
+	}
 	row.Wall = time.Since(start)
 	if d, ok := router.(interface{ Detail() string }); ok {
 		row.Detail = d.Detail()

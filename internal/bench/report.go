@@ -40,6 +40,10 @@ type Row struct {
 	Detail string
 	// Note carries a skip or failure reason.
 	Note string
+	// AdapterLoads counts adapter switches, in replays with LoRA adapters
+	// (Adapters set).
+	Adapters     bool
+	AdapterLoads int64
 }
 
 // MakeRow condenses a run. scale converts measured durations to model time
@@ -152,6 +156,19 @@ func WriteTable(w io.Writer, rows []Row) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("table: %w", err)
+	}
+	return writeAdapterLoads(w, rows)
+}
+
+// writeAdapterLoads lists the adapter switches of LoRA replays (lora.go).
+func writeAdapterLoads(w io.Writer, rows []Row) error {
+	for i := range rows {
+		if r := &rows[i]; r.Adapters && r.Note == "" {
+			if _, err := fmt.Fprintf(w, "adapter switches %s: %d of %d requests (TTFT p50 %.0f p90 %.0f p99 %.0f ms)\n",
+				r.Policy, r.AdapterLoads, r.Requests, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99); err != nil {
+				return fmt.Errorf("table: %w", err)
+			}
+		}
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -44,6 +45,8 @@ type SimOptions struct {
 	// decision is then inflated by CPU sharing.
 	Parallel int
 	Log      *zerolog.Logger
+	// LoRA is the adapter mix (lora.go; Adapters 0: none).
+	LoRA LoRAOptions
 }
 
 // DefaultSimOptions are the replay defaults: four replicas with the mock's
@@ -66,6 +69,7 @@ func DefaultSimOptions() SimOptions {
 		Model:       "llama",
 		Seed:        1,
 		Parallel:    1,
+		LoRA:        DefaultLoRAOptions(),
 	}
 }
 
@@ -83,7 +87,7 @@ func (o *SimOptions) Validate() error {
 	case o.Timing.TimeScale <= 0:
 		return errors.New("sim timing needs a positive time scale")
 	}
-	return nil
+	return o.LoRA.Validate()
 }
 
 // ReplicaLoad is what one replica served.
@@ -108,6 +112,8 @@ type RunResult struct {
 	Span time.Duration
 	// RouteTime is the wall time spent in routing decisions (sim only).
 	RouteTime time.Duration
+	// AdapterLoads counts requests whose adapter was not hot (lora.go).
+	AdapterLoads int64
 }
 
 // Router chooses a replica per request inside the simulation.
@@ -163,6 +169,9 @@ func NewRouter(spec PolicySpec, names []string, o SimOptions) (Router, error) {
 	}
 	for i, n := range names {
 		t.names[n] = i
+	}
+	if o.LoRA.Adapters > 0 {
+		t.serveAdapters(o.Model, o.LoRA.Adapters)
 	}
 	return t, nil
 }
@@ -409,6 +418,7 @@ type simReq struct {
 }
 
 type simReplica struct {
+	lora    loraSlots
 	cache   *mock.Cache
 	running int
 	waiting []*simReq
@@ -451,11 +461,20 @@ func (s *sim) send(r *simReq) error {
 	s.sent++
 	var body []byte
 	if s.router.NeedsBody() {
-		s.body = AppendChatBody(s.body[:0], r.req, BodyOptions{Model: s.o.Model, Stream: true})
+		model := s.o.Model
+		if r.req.Model != "" {
+			model = r.req.Model
+		}
+		s.body = AppendChatBody(s.body[:0], r.req, BodyOptions{Model: model, Stream: true})
 		body = s.body
 	}
-	if w, ok := s.router.(Windower); ok && (s.nextScrape == 0 || s.now >= s.nextScrape) {
-		w.StartWindow()
+	if s.nextScrape == 0 || s.now >= s.nextScrape {
+		if w, ok := s.router.(Windower); ok {
+			w.StartWindow()
+		}
+		if lr, ok := s.router.(LoRAReporter); ok && s.o.LoRA.Adapters > 0 {
+			s.reportLoRA(lr)
+		}
 		s.nextScrape = s.now + ScrapeInterval
 	}
 	t0 := time.Now()
@@ -489,13 +508,43 @@ func (s *sim) admit(rep *simReplica, r *simReq) {
 	rep.load.PromptTokens += int64(prompt)
 	rep.load.CachedTokens += int64(cached)
 	rep.load.OutputTokens += int64(r.req.OutputTokens)
-	r.firstToken = s.now + s.o.Timing.TTFT(uncached)
-	s.push(event{t: s.now + s.o.Timing.Total(uncached, r.req.OutputTokens), kind: evFinish, r: r})
+	var load time.Duration
+	if r.req.Model != "" && rep.lora.use(r.req.Model, s.o.LoRA.MaxLoRAs) {
+		load = s.o.LoRA.LoRALoadCost
+		s.res.AdapterLoads++
+	}
+	r.firstToken = s.now + load + s.o.Timing.TTFT(uncached)
+	s.push(event{t: s.now + load + s.o.Timing.Total(uncached, r.req.OutputTokens), kind: evFinish, r: r})
+}
+
+// reportLoRA hands the router each replica's adapters with running and
+// waiting requests, as vllm:lora_requests_info reports them.
+func (s *sim) reportLoRA(lr LoRAReporter) {
+	for i := range s.reps {
+		rep := &s.reps[i]
+		var running, waiting []string
+		for a := range rep.lora.running {
+			running = append(running, a)
+		}
+		seen := map[string]bool{}
+		for _, w := range rep.waiting {
+			if a := w.req.Model; a != "" && !seen[a] {
+				seen[a] = true
+				waiting = append(waiting, a)
+			}
+		}
+		slices.Sort(running)
+		slices.Sort(waiting)
+		lr.ReportLoRA(i, running, waiting, s.o.LoRA.MaxLoRAs)
+	}
 }
 
 func (s *sim) finish(r *simReq) error {
 	rep := &s.reps[r.replica]
 	rep.running--
+	if r.req.Model != "" {
+		rep.lora.done(r.req.Model)
+	}
 	if err := s.router.Done(r.token); err != nil {
 		return fmt.Errorf("request %d: %w", r.req.Index, err)
 	}

@@ -39,6 +39,8 @@ type Request struct {
 	// Class and Tenant are sent as the flow control headers ("" = none;
 	// bench flow sets them).
 	Class, Tenant string
+	// Model is the request's LoRA adapter ("" = the base model; WithAdapters).
+	Model string
 }
 
 // ErrEmptyTrace is returned when a trace yields no request.

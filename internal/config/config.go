@@ -158,6 +158,9 @@ type HealthConfig struct {
 	MinReady int `yaml:"min_ready"`
 	// Stall configures passive stall detection (stall.go).
 	Stall StallConfig `yaml:"stall"`
+	// ModelsInterval is how often every endpoint's GET /v1/models is asked
+	// (models.go; default 10s).
+	ModelsInterval Duration `yaml:"models_interval"`
 }
 
 // StallConfig configures passive stall detection: an endpoint whose
@@ -270,6 +273,8 @@ type DeploymentConfig struct {
 	KVEventsTopic string `yaml:"kv_events_topic"`
 	// FlowControl holds decisions while the pool is saturated (flow.go); nil: off.
 	FlowControl *FlowConfig `yaml:"flow_control"`
+	// LoRA names the adapters this deployment routes (models.go).
+	LoRA LoRAConfig `yaml:"lora"`
 }
 
 // PDConfig configures prefill/decode handling.
@@ -363,6 +368,8 @@ type PoolConfig struct {
 	// Discovery finds the endpoints at run time instead (a pool has one or
 	// the other); see internal/discovery.
 	Discovery *DiscoveryConfig `yaml:"discovery"`
+	// Models pins what every endpoint of the pool serves (models.go).
+	Models []string `yaml:"models"`
 }
 
 // DiscoveryConfig is a pool's source of endpoints other than the file.
@@ -386,6 +393,13 @@ type KubernetesDiscovery struct {
 	RoleLabel string `yaml:"role_label"`
 	// RoleValues are the RoleLabel values of this pool's pods (default: the role).
 	RoleValues []string `yaml:"role_values"`
+	// ModelLabel names a pod label whose value is the model the pod serves
+	// (production-stack's model labels): only pods serving one of the
+	// deployment's models join the pool, each pinned to its model until
+	// its /v1/models answers (models.go). ModelValues maps label values to
+	// model names (label values cannot hold "/"); default: the value.
+	ModelLabel  string            `yaml:"model_label"`
+	ModelValues map[string]string `yaml:"model_values"`
 	// AddressType is the slice address family used: IPv4 (default) or IPv6;
 	// a dual-stack Service has one slice per family for the same pods.
 	AddressType string `yaml:"address_type"`
@@ -409,6 +423,9 @@ type EndpointConfig struct {
 	Draining bool `yaml:"draining"`
 	// Discovered marks endpoints a discovery source added (never from YAML).
 	Discovered bool `yaml:"-"`
+	// Models pins what this endpoint serves (models.go); discovery sets it
+	// from pod labels.
+	Models []string `yaml:"models"`
 }
 
 // PoolName is the HAProxy backend / nginx upstream name for a deployment pool.
@@ -785,6 +802,7 @@ func (c *Config) Validate() error {
 		bad("deployments", "at least one deployment is required")
 	}
 	c.validatePresets(bad)
+	validateModelsInterval(c, bad)
 	checkZMQ := func(field, a string) {
 		if a != "" && !strings.HasPrefix(a, "tcp://") && !strings.HasPrefix(a, "ipc://") {
 			bad(field, "%q must be tcp:// or ipc://", a)
@@ -828,6 +846,7 @@ func (c *Config) Validate() error {
 		}
 		checkZMQ(f+".kv_events_bind", d.KVEventsBind)
 		checkTopic(f+".kv_events_topic", d.KVEventsTopic)
+		validateModels(f, d, bad)
 		if d.PD.NoPrefill != "aggregate" && d.PD.NoPrefill != "reject" {
 			bad(f+".pd.no_prefill", "%q must be aggregate or reject", d.PD.NoPrefill)
 		}
@@ -941,6 +960,9 @@ func validateDiscovery(f string, p *PoolConfig, bad func(field, format string, a
 	}
 	if k.RoleLabel == "" && len(k.RoleValues) > 0 {
 		bad(kf+".role_values", "needs role_label")
+	}
+	if k.ModelLabel == "" && len(k.ModelValues) > 0 {
+		bad(kf+".model_values", "needs model_label")
 	}
 	switch k.AddressType {
 	case "", "IPv4", "IPv6":

@@ -91,6 +91,8 @@ type generation struct {
 	includeUsage bool
 	dieAfter     int
 
+	// lora is the request's adapter ("" = a base model).
+	lora   string
 	cached int            // set by admit
 	pr     *io.PipeReader // only if fasthttp falls back to Read
 	pooled *[]int32       // chat token buffer to recycle when done
@@ -216,6 +218,9 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, g *generation, req *apiReque
 		g.transferred = st == KVTransferValid
 	}
 	g.id = g.makeID(ctx)
+	if s.cfg.EnableLoRA && s.lora.has(model) {
+		g.lora = model
+	}
 
 	s.log.Debug().Str("path", string(ctx.Path())).Int("prompt_tokens", g.promptTokens).
 		Int("max_tokens", g.nOut).Bool("stream", req.Stream).Msg("generate")
@@ -231,13 +236,15 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, g *generation, req *apiReque
 		return
 	}
 
+	g.arrive()
 	if err := s.sched.Acquire(s.ctx); err != nil {
 		s.writeError(ctx, fasthttp.StatusServiceUnavailable, "server shutting down", "ServiceUnavailableError")
 		return
 	}
-	g.admit()
-	ok := s.sleep(s.timing.Total(g.uncached(), g.nOut))
+	load := g.admit()
+	ok := s.sleep(load + s.timing.Total(g.uncached(), g.nOut))
 	s.sched.Release()
+	g.finish()
 	if !ok {
 		s.writeError(ctx, fasthttp.StatusServiceUnavailable, "server shutting down", "ServiceUnavailableError")
 		return
@@ -266,8 +273,28 @@ func (g *generation) makeID(ctx *fasthttp.RequestCtx) string {
 // admission (not arrival) matches vLLM, whose scheduler checks the cache when
 // it schedules a waiting request, so a queued request can hit blocks stored
 // by the ones that ran before it.
-func (g *generation) admit() {
+// arrive counts the request's adapter as waiting (vllm:lora_requests_info).
+func (g *generation) arrive() {
+	if g.lora != "" {
+		g.s.lora.arrive(g.lora)
+	}
+}
+
+// finish ends the adapter's running request.
+func (g *generation) finish() {
+	if g.lora != "" {
+		g.s.lora.done(g.lora)
+	}
+}
+
+// admit serves the prompt from the prefix cache and returns how long the
+// request's adapter takes to load (0: hot or none).
+func (g *generation) admit() time.Duration {
 	s := g.s
+	var load time.Duration
+	if g.lora != "" && s.lora.admit(g.lora) {
+		load = s.timing.Scale(s.cfg.LoRALoadCost)
+	}
 	bs := s.cfg.BlockSize
 	for _, p := range g.prompts {
 		if g.transferred {
@@ -280,6 +307,7 @@ func (g *generation) admit() {
 	}
 	s.promptTokens.Add(int64(g.promptTokens))
 	s.cachedTokens.Add(int64(g.cached))
+	return load
 }
 
 func (g *generation) uncached() int {
@@ -443,13 +471,15 @@ func (sw *sseWriter) end() { sw.buf = append(sw.buf, "\n\n"...) }
 // WriteTo runs the request (queue, prefill, decode) while streaming SSE.
 func (g *generation) WriteTo(w io.Writer) (int64, error) {
 	s := g.s
+	g.arrive()
 	if err := s.sched.Acquire(s.ctx); err != nil {
 		return 0, errClosing
 	}
 	defer s.sched.Release()
 	start := time.Now()
-	g.admit()
-	ttft := s.timing.TTFT(g.uncached())
+	load := g.admit()
+	defer g.finish()
+	ttft := load + s.timing.TTFT(g.uncached())
 	itl := s.timing.ITL()
 
 	bufp := ssePool.Get().(*[]byte)

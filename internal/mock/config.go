@@ -92,6 +92,16 @@ type Config struct {
 	// TokenIDOffset is added (mod 2^32) to every token id /tokenize answers
 	// and KV events carry; 1<<31 emulates ids that do not fit in int32.
 	TokenIDOffset uint32
+
+	// LoRA adapters (lora.go): LoRAModules are registered at start;
+	// EnableLoRA (implied by LoRAModules) also allows runtime loading and
+	// exports vllm:lora_requests_info. MaxLoRAs adapters are hot at once
+	// (default 1, vLLM's); a request whose adapter is not hot waits
+	// LoRALoadCost (scaled by TimeScale) before its first token.
+	LoRAModules  []LoRAModule
+	EnableLoRA   bool
+	MaxLoRAs     int
+	LoRALoadCost time.Duration
 }
 
 // DefaultConfig returns realistic single-GPU-ish timings at full scale:
@@ -168,6 +178,12 @@ func (c *Config) normalize() error {
 	}
 	if c.MaxModelLen <= 0 {
 		c.MaxModelLen = d.MaxModelLen
+	}
+	if len(c.LoRAModules) > 0 {
+		c.EnableLoRA = true
+	}
+	if c.MaxLoRAs <= 0 {
+		c.MaxLoRAs = 1
 	}
 	if c.MaxTokensDefault <= 0 {
 		c.MaxTokensDefault = d.MaxTokensDefault

@@ -36,5 +36,8 @@ func (s *Server) appendMetrics(b []byte) []byte {
 	metric("mock_requests_total", "counter", "Completion requests received by the mock, including injected failures.", float64(st.Requests))
 	metric("mock_prompt_tokens_total", "counter", "Prompt tokens of requests admitted by the mock.", float64(st.PromptTokens))
 	metric("mock_failed_requests_total", "counter", "Requests answered 500 by the fail_rate fault.", float64(st.Failed))
+	if s.cfg.EnableLoRA {
+		b = s.lora.appendInfo(b)
+	}
 	return b
 }

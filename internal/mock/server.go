@@ -78,7 +78,8 @@ type Server struct {
 
 	requests, failed, promptTokens, cachedTokens, completionTokens atomic.Int64
 
-	modelsJSON []byte
+	modelsJSON atomic.Pointer[[]byte]
+	lora       *loraState
 }
 
 // New builds a replica from cfg (zero fields get defaults, see Config). A nil
@@ -113,7 +114,8 @@ func New(cfg Config, log *zerolog.Logger) (*Server, error) {
 		s.reqlog = newRequestLog(cfg.RequestLogSize)
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.modelsJSON = s.buildModelsJSON()
+	s.lora = newLoRAState(cfg.LoRAModules, cfg.MaxLoRAs, nil)
+	s.refreshModels()
 	s.srv = &fasthttp.Server{
 		Handler:                      s.handle,
 		NoDefaultServerHeader:        true,
@@ -392,7 +394,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case PathModels:
 		if s.allow(ctx, fasthttp.MethodGet, "") {
 			ctx.SetContentType("application/json")
-			ctx.SetBody(s.modelsJSON)
+			ctx.SetBody(*s.modelsJSON.Load())
+		}
+	case PathLoadLoRA, PathUnloadLoRA:
+		if !s.cfg.EnableLoRA {
+			s.writeError(ctx, fasthttp.StatusNotFound, "Not Found: "+string(ctx.Path()), "NotFoundError")
+		} else if s.allow(ctx, fasthttp.MethodPost, "") {
+			s.handleLoad(ctx, string(ctx.Path()) == PathLoadLoRA)
 		}
 	case PathTokenize:
 		if s.allow(ctx, fasthttp.MethodPost, "") {
@@ -423,22 +431,42 @@ func (s *Server) writeError(ctx *fasthttp.RequestCtx, status int, msg, typ strin
 	ctx.Response.SetBodyRaw(appendErrorJSON(make([]byte, 0, 128+len(msg)), msg, typ, status))
 }
 
+// refreshModels rebuilds the /v1/models answer (adapters loaded or unloaded).
+func (s *Server) refreshModels() {
+	b := s.buildModelsJSON()
+	s.modelsJSON.Store(&b)
+}
+
+// buildModelsJSON lists the base models, then the adapters as vLLM does:
+// root is the adapter's path, parent the first served model name.
 func (s *Server) buildModelsJSON() []byte {
 	created := time.Now().Unix()
 	b := []byte(`{"object":"list","data":[`)
-	for i, m := range s.cfg.Models {
-		if i > 0 {
+	entry := func(id, root, parent string) {
+		if b[len(b)-1] != '[' {
 			b = append(b, ',')
 		}
 		b = append(b, `{"id":`...)
-		b = appendJSONString(b, m)
+		b = appendJSONString(b, id)
 		b = append(b, `,"object":"model","created":`...)
 		b = appendInt(b, created)
 		b = append(b, `,"owned_by":"vllm","root":`...)
-		b = appendJSONString(b, m)
-		b = append(b, `,"parent":null,"max_model_len":`...)
+		b = appendJSONString(b, root)
+		b = append(b, `,"parent":`...)
+		if parent == "" {
+			b = append(b, "null"...)
+		} else {
+			b = appendJSONString(b, parent)
+		}
+		b = append(b, `,"max_model_len":`...)
 		b = appendInt(b, int64(s.cfg.MaxModelLen))
 		b = append(b, '}')
+	}
+	for _, m := range s.cfg.Models {
+		entry(m, m, "")
+	}
+	for _, a := range s.lora.list() {
+		entry(a.Name, a.Path, s.cfg.Models[0])
 	}
 	return append(b, "]}"...)
 }
@@ -449,7 +477,7 @@ func (s *Server) hasModel(m string) bool {
 			return true
 		}
 	}
-	return false
+	return s.lora.has(m)
 }
 
 // handleTokenize mirrors vLLM's /tokenize using the cache's own tokenizer and

@@ -10,6 +10,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +36,11 @@ const (
 	MetricWaiting = "vllm:num_requests_waiting"
 	MetricKV      = "vllm:kv_cache_usage_perc"
 	MetricKVOld   = "vllm:gpu_cache_usage_perc"
+	// MetricLoRA is a gauge whose value is the time of the report and whose
+	// labels name the adapters: running_lora_adapters and
+	// waiting_lora_adapters (comma-separated), max_lora. Old label sets stay
+	// on the page, so the newest (highest value) is the report.
+	MetricLoRA = "vllm:lora_requests_info"
 )
 
 // Result classifies one scrape; keep resultNames in sync.
@@ -215,14 +222,23 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*fleet.Endpoin
 	t.durNs.Add(uint64(s.now().Sub(start)))
 	t.bytes.Add(uint64(n))
 	t.results[res].Add(1)
+	newAdapter := false
 	for i, e := range eps {
 		if res == ResultOK {
 			l := load
 			l.Mark = marks[i]
 			e.SetEngineLoad(&l)
+			if load.LoRA != nil {
+				old := e.LoRA()
+				e.SetLoRA(load.LoRA)
+				newAdapter = newAdapter || unlisted(e, load.LoRA) && !sameAdapters(old, load.LoRA)
+			}
 		} else {
 			e.SetEngineLoad(nil)
 		}
+	}
+	if newAdapter {
+		s.srv.RefreshModels() // an adapter /v1/models did not list (yet)
 	}
 	if prev := Result(t.last.Swap(int32(res))); prev != res {
 		// Logged once per state change, not once per scrape.
@@ -312,7 +328,7 @@ func Parse(body []byte) (fleet.EngineLoad, Result, error) {
 }
 
 // loadFamilies are the metric names Parse reads.
-var loadFamilies = [...][]byte{[]byte(MetricRunning), []byte(MetricWaiting), []byte(MetricKV), []byte(MetricKVOld)}
+var loadFamilies = [...][]byte{[]byte(MetricRunning), []byte(MetricWaiting), []byte(MetricKV), []byte(MetricKVOld), []byte(MetricLoRA)}
 
 // keepLoadLines returns the sample, HELP and TYPE lines of loadFamilies.
 func keepLoadLines(body []byte) []byte {
@@ -358,7 +374,44 @@ func parse(body []byte) (fleet.EngineLoad, Result, error) {
 			kv = -1
 		}
 	}
-	return fleet.EngineLoad{Requests: int64(running + waiting + 0.5), Waiting: int64(waiting + 0.5), KVUsage: kv}, ResultOK, nil
+	return fleet.EngineLoad{Requests: int64(running + waiting + 0.5), Waiting: int64(waiting + 0.5), KVUsage: kv, LoRA: loraInfo(fams[MetricLoRA])}, ResultOK, nil
+}
+
+// loraInfo reads the newest vllm:lora_requests_info series (nil: none).
+func loraInfo(f *dto.MetricFamily) *fleet.LoRAState {
+	var newest *dto.Metric
+	best := 0.0
+	for _, m := range f.GetMetric() {
+		if v, ok := value(m); ok && (newest == nil || v > best) {
+			newest, best = m, v
+		}
+	}
+	if newest == nil {
+		return nil
+	}
+	l := &fleet.LoRAState{}
+	for _, lp := range newest.GetLabel() {
+		switch lp.GetName() {
+		case "running_lora_adapters":
+			l.Running = splitAdapters(lp.GetValue())
+		case "waiting_lora_adapters":
+			l.Waiting = splitAdapters(lp.GetValue())
+		case "max_lora", "max_loras":
+			l.MaxLoRA, _ = strconv.Atoi(lp.GetValue())
+		}
+	}
+	return l
+}
+
+// splitAdapters splits "a, b,c" into names.
+func splitAdapters(s string) []string {
+	var out []string
+	for _, a := range strings.Split(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 func value(m *dto.Metric) (float64, bool) {
@@ -460,4 +513,24 @@ func (s *Scraper) LastResult(name string) string {
 		return resultNone.String()
 	}
 	return Result(t.last.Load()).String()
+}
+
+// sameAdapters reports whether two reports name the same adapters.
+func sameAdapters(a, b *fleet.LoRAState) bool {
+	return a != nil && slices.Equal(a.Running, b.Running) && slices.Equal(a.Waiting, b.Waiting)
+}
+
+// unlisted reports whether the engine runs an adapter the endpoint's model
+// list lacks: the model table must learn it (rare: /v1/models lists every
+// adapter vLLM can run).
+func unlisted(e *fleet.Endpoint, l *fleet.LoRAState) bool {
+	sm := e.ServedModels()
+	for _, set := range [2][]string{l.Running, l.Waiting} {
+		for _, a := range set {
+			if sm == nil || !sm.Serves(a) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -29,6 +29,8 @@ type State struct {
 	Expired  atomic.Uint64 // decisions closed by TTL or ring wrap, never completed
 	Feedback Feedback
 	Stall    StallState
+	// models: what the endpoint serves and its LoRA slots (models.go).
+	models modelState
 }
 
 // Endpoint is one replica inside an immutable pool snapshot.
@@ -92,6 +94,8 @@ type EngineLoad struct {
 	KVUsage float64
 	// Mark is DecisionMark() taken as the scrape's page arrived.
 	Mark int64
+	// LoRA is the engine's vllm:lora_requests_info (nil: none).
+	LoRA *LoRAState
 }
 
 // StartWindow starts a new recent-decisions window; the scraper calls it at

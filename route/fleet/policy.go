@@ -42,6 +42,13 @@ type Request struct {
 	// Payload is the request body, indexed once (model, prompt pieces, token
 	// ids, top-level members); policies read it instead of the body.
 	Payload *payload.Index
+	// Only are the endpoints of the pool that serve Model (nil: every one);
+	// policies consider no other (Cycle.Usable).
+	Only Mask
+	// Adapter: Model is a LoRA adapter (route/models), AdapterHash its
+	// HashKey (set only then).
+	Adapter     bool
+	AdapterHash uint64
 }
 
 // Choice is a policy's answer for one request, kept apart from the Request

@@ -10,83 +10,165 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/fleet"
 )
 
-// The background half of the model-name check (modelverify.go refuses at
-// load what answering replicas lack): replicas that were not up at load,
-// discovered ones and replicas serving none of a deployment's names are
-// asked here (GET /v1/models), and each name a replica would answer 404 for
-// is logged with the vLLM flag that fixes it and counted in
-// turnout_endpoint_model_missing. Never on the decision path.
+// The served-model poll (modelverify.go refuses at load what answering
+// replicas lack): every endpoint whose models are not pinned is asked GET
+// /v1/models each health.models_interval, and at once after a reload. What
+// it lists (base models and LoRA adapters with their parent) becomes the
+// endpoint's fleet.ServedModels; a change rebuilds the model table
+// (route/models), so a request goes only where its model is served. A
+// deployment name a replica lacks is also logged, once per change, with
+// the vLLM flag that fixes it, and counted in
+// turnout_endpoint_model_missing. Never on the decision path: one small
+// GET per endpoint per interval, at most modelPollers at once.
 
-// modelCheck remembers, per endpoint and model list, what was found.
+// modelCheck remembers, per endpoint, what was found.
 type modelCheck struct {
 	mu      sync.Mutex
-	checked map[string]bool     // endpoint|address|models -> answered
+	listed  map[string]string   // endpoint|address -> the last list, joined (warn on change)
 	missing map[string][]string // endpoint -> missing names (sorted)
+	polls   [2]uint64           // answered, failed
+	changes uint64
 }
 
 // ServedModelsPath is where replicas list the model names they accept.
 const ServedModelsPath = "/v1/models"
 
-// CheckServedModels checks every endpoint once per config (retrying those
-// that did not answer every interval) until ctx ends.
+// modelPollers bounds the concurrent /v1/models calls.
+const modelPollers = 8
+
+// CheckServedModels polls every endpoint's served models each interval (0:
+// the config's health.models_interval) and after each reload until ctx ends.
 func (c *Checker) CheckServedModels(ctx context.Context, interval time.Duration) {
-	mc := &modelCheck{checked: map[string]bool{}, missing: map[string][]string{}}
+	mc := &modelCheck{listed: map[string]string{}, missing: map[string][]string{}}
 	c.d.AddMetrics(mc.writeMetrics)
-	client := &http.Client{Timeout: 3 * time.Second}
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}}
+	wake := make(chan struct{}, 1)
+	c.d.OnApply(func(_ *route.Snapshot) {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	})
 	for {
 		c.checkModelsOnce(ctx, client, mc)
+		every := interval
+		if every <= 0 {
+			every = c.d.Snapshot().Config.Health.ModelsEvery()
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(interval):
+		case <-wake:
+		case <-time.After(every):
 		}
 	}
 }
 
 func (c *Checker) checkModelsOnce(ctx context.Context, client *http.Client, mc *modelCheck) {
 	snap := c.d.Snapshot()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, modelPollers)
+	var changed atomic.Bool
+	done := map[*fleet.Endpoint]bool{}
 	for _, d := range snap.Deployments {
 		want := d.Config.Models
 		for _, p := range d.Pools {
 			for _, e := range p.Endpoints {
-				key := e.Name + "|" + e.Address + "|" + strings.Join(want, ",")
-				mc.mu.Lock()
-				done := mc.checked[key]
-				mc.mu.Unlock()
-				if done {
+				if done[e] {
 					continue
 				}
-				served, err := fetchServedModels(ctx, client, e.Address)
-				if err != nil {
-					c.log.Debug().Err(err).Str("endpoint", e.Name).Msg("served models: no answer yet")
-					continue
+				done[e] = true
+				if sm := e.ServedModels(); sm != nil && sm.Source == fleet.ModelsPinned {
+					continue // pinned in the config
 				}
-				var miss []string
-				for _, m := range want {
-					if !slices.Contains(served, m) {
-						miss = append(miss, m)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					sem <- struct{}{}
+					defer func() { <-sem }()
+					if c.pollEndpoint(ctx, client, mc, d.Name, want, e) {
+						changed.Store(true)
 					}
-				}
-				sort.Strings(miss)
-				mc.mu.Lock()
-				mc.checked[key] = true
-				mc.missing[e.Name] = miss
-				mc.mu.Unlock()
-				if len(miss) > 0 {
-					c.log.Warn().Str("endpoint", e.Name).Str("address", e.Address).Strs("missing", miss).Strs("serves", served).
-						Msgf("endpoint %s does not serve %s: requests with that model routed to it will get 404; start vLLM with --served-model-name %s (or drop the alias from deployment %s's models)",
-							e.Name, quoteAll(miss), strings.Join(want, " "), d.Name)
-				}
+				}()
 			}
 		}
 	}
+	wg.Wait()
+	if changed.Load() {
+		c.d.RefreshModels()
+	}
+}
+
+// pollEndpoint asks one endpoint and publishes its list; it reports
+// whether the list changed.
+func (c *Checker) pollEndpoint(ctx context.Context, client *http.Client, mc *modelCheck, dep string, want []string, e *fleet.Endpoint) bool {
+	list, err := fetchServedList(ctx, client, e.Address)
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	if err != nil {
+		mc.polls[1]++
+		c.log.Debug().Err(err).Str("endpoint", e.Name).Msg("served models: no answer")
+		return false // keep what it served: a replica restarting still serves it
+	}
+	mc.polls[0]++
+	sort.Slice(list, func(i, j int) bool { return list[i].ID < list[j].ID })
+	old := e.ServedModels()
+	if old != nil && old.Source == fleet.ModelsListed && slices.Equal(old.Models, list) {
+		return false
+	}
+	e.SetServed(&fleet.ServedModels{Models: list, Source: fleet.ModelsListed})
+	mc.changes++
+	var served []string
+	var miss []string
+	for _, m := range list {
+		served = append(served, m.ID)
+	}
+	for _, m := range want {
+		if !slices.Contains(served, m) {
+			miss = append(miss, m)
+		}
+	}
+	sort.Strings(miss)
+	mc.missing[e.Name] = miss
+	key := e.Name + "|" + e.Address
+	joined := strings.Join(served, ",")
+	if mc.listed[key] == joined {
+		return true
+	}
+	mc.listed[key] = joined
+	if len(miss) > 0 {
+		c.log.Warn().Str("endpoint", e.Name).Str("address", e.Address).Strs("missing", miss).Strs("serves", served).
+			Msgf("endpoint %s does not serve %s: requests with that model go to the deployment's other endpoints (none: 404); start vLLM with --served-model-name %s (or drop the alias from deployment %s's models)",
+				e.Name, quoteAll(miss), strings.Join(want, " "), dep)
+	} else {
+		c.log.Info().Str("endpoint", e.Name).Strs("serves", served).Msg("served models")
+	}
+	return true
 }
 
 // fetchServedModels returns the ids of GET http://addr/v1/models.
 func fetchServedModels(ctx context.Context, client *http.Client, addr string) ([]string, error) {
+	list, err := fetchServedList(ctx, client, addr)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(list))
+	for _, m := range list {
+		out = append(out, m.ID)
+	}
+	return out, nil
+}
+
+// fetchServedList returns the models of GET http://addr/v1/models with
+// their parents (vLLM lists a LoRA adapter with "parent": its base model).
+func fetchServedList(ctx context.Context, client *http.Client, addr string) ([]fleet.ServedModel, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+ServedModelsPath, nil)
 	if err != nil {
 		return nil, fmt.Errorf("served models: %w", err)
@@ -97,19 +179,25 @@ func fetchServedModels(ctx context.Context, client *http.Client, addr string) ([
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
 		return nil, fmt.Errorf("served models: %s answered %d", addr, res.StatusCode)
 	}
 	var list struct {
 		Data []struct {
-			ID string `json:"id"`
+			ID     string  `json:"id"`
+			Parent *string `json:"parent"`
 		} `json:"data"`
 	}
 	if err := json.NewDecoder(io.LimitReader(res.Body, 1<<20)).Decode(&list); err != nil {
 		return nil, fmt.Errorf("served models: %s: %w", addr, err)
 	}
-	out := make([]string, 0, len(list.Data))
+	out := make([]fleet.ServedModel, 0, len(list.Data))
 	for _, m := range list.Data {
-		out = append(out, m.ID)
+		sm := fleet.ServedModel{ID: m.ID}
+		if m.Parent != nil {
+			sm.Parent = *m.Parent
+		}
+		out = append(out, sm)
 	}
 	return out, nil
 }
@@ -117,7 +205,7 @@ func fetchServedModels(ctx context.Context, client *http.Client, addr string) ([
 func (mc *modelCheck) writeMetrics(b *strings.Builder) {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
-	b.WriteString("# HELP turnout_endpoint_model_missing 1 for each model name a deployment accepts that the endpoint does not serve (GET /v1/models): requests with it routed there get 404.\n# TYPE turnout_endpoint_model_missing gauge\n")
+	b.WriteString("# HELP turnout_endpoint_model_missing 1 for each model name a deployment accepts that the endpoint does not serve (GET /v1/models): requests with it go to the deployment's other endpoints.\n# TYPE turnout_endpoint_model_missing gauge\n")
 	names := make([]string, 0, len(mc.missing))
 	for n := range mc.missing {
 		names = append(names, n)
@@ -128,6 +216,10 @@ func (mc *modelCheck) writeMetrics(b *strings.Builder) {
 			fmt.Fprintf(b, "turnout_endpoint_model_missing{endpoint=%q,model=%q} 1\n", n, m)
 		}
 	}
+	b.WriteString("# HELP turnout_served_models_polls_total GET /v1/models calls by result.\n# TYPE turnout_served_models_polls_total counter\n")
+	fmt.Fprintf(b, "turnout_served_models_polls_total{result=\"ok\"} %d\nturnout_served_models_polls_total{result=\"failed\"} %d\n", mc.polls[0], mc.polls[1])
+	b.WriteString("# HELP turnout_served_models_changes_total Endpoint model lists that changed (each rebuilds the model table).\n# TYPE turnout_served_models_changes_total counter\n")
+	fmt.Fprintf(b, "turnout_served_models_changes_total %d\n", mc.changes)
 }
 
 func quoteAll(s []string) string {

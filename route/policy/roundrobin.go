@@ -19,8 +19,8 @@ type RoundRobin struct {
 func NewRoundRobin() *RoundRobin { return &RoundRobin{} }
 
 // Pick implements Policy.
-func (rr *RoundRobin) Pick(_ *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
-	c.Endpoints, c.Outcome = rr.rot.pick(p, c.Endpoints), fleet.OutcomeBalanced
+func (rr *RoundRobin) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
+	c.Endpoints, c.Outcome = rr.rot.pick(p, r.Only, c.Endpoints), fleet.OutcomeBalanced
 }
 
 // NewRoundRobinFactory returns the factory for round-robin (no params).

@@ -147,7 +147,7 @@ func (s *Ring) Pick(c *Cycle) {
 	var skipped *fleet.Endpoint
 	for i := 0; i < len(s.points) && len(dst) < cap(dst); i++ {
 		e := p.Endpoints[s.points[(lo+i)%len(s.points)].ep]
-		if !e.Available() || fleet.Contains(dst, e) || e == skipped {
+		if !c.Usable(e) || fleet.Contains(dst, e) || e == skipped {
 			continue
 		}
 		if e.Load()+1 > bound {

@@ -46,6 +46,11 @@ func (c *Cycle) First() *fleet.Endpoint {
 	return c.Choice.Endpoints[c.start]
 }
 
+// Usable reports whether a stage may choose e for this request: available
+// (healthy, not draining, not stalled) and serving the request's model.
+// Every picker asks it, so no policy sends a model where it would 404.
+func (c *Cycle) Usable(e *fleet.Endpoint) bool { return e.Available() && c.Req.Only.Has(e.Index) }
+
 // Room reports whether the choice has room for another endpoint.
 func (c *Cycle) Room() bool { return len(c.Choice.Endpoints) < cap(c.Choice.Endpoints) }
 
@@ -153,7 +158,7 @@ func (pr *Profile) Run(c *Cycle) {
 // one pass.
 func (c *Cycle) summarize(withServed bool) {
 	for _, e := range c.Pool.Endpoints {
-		if e.Available() {
+		if c.Usable(e) {
 			l := e.Load()
 			if c.N == 0 || l < c.MinLoad {
 				c.MinLoad = l

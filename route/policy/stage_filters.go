@@ -114,7 +114,7 @@ func (SessionGate) Open(c *Cycle) bool {
 	}
 	found := false
 	for _, e := range c.Pool.Endpoints {
-		if e.Available() && e.Load() == c.MinLoad {
+		if c.Usable(e) && e.Load() == c.MinLoad {
 			if rc := e.Recent(); !found || rc < c.MinRecent {
 				c.MinRecent, found = rc, true
 			}

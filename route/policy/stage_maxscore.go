@@ -94,7 +94,7 @@ func (m *MaxScore) Pick(c *Cycle) {
 				i -= n
 			}
 			e := eps[i]
-			if !e.Available() || fleet.Contains(dst, e) {
+			if !c.Usable(e) || fleet.Contains(dst, e) {
 				continue
 			}
 			match := 0

@@ -12,16 +12,18 @@ type Rotation struct {
 }
 
 // Pick implements Picker.
-func (rr *Rotation) Pick(c *Cycle) { c.Choice.Endpoints = rr.pick(c.Pool, c.Choice.Endpoints) }
+func (rr *Rotation) Pick(c *Cycle) {
+	c.Choice.Endpoints = rr.pick(c.Pool, c.Req.Only, c.Choice.Endpoints)
+}
 
-func (rr *Rotation) pick(p *fleet.Pool, dst []*fleet.Endpoint) []*fleet.Endpoint {
+func (rr *Rotation) pick(p *fleet.Pool, only fleet.Mask, dst []*fleet.Endpoint) []*fleet.Endpoint {
 	n := len(p.Endpoints)
 	if n == 0 {
 		return dst
 	}
 	start := int((rr.next.Add(1) - 1) % uint64(n))
 	for i := 0; i < n && len(dst) < cap(dst); i++ {
-		if e := p.Endpoints[(start+i)%n]; e.Available() {
+		if e := p.Endpoints[(start+i)%n]; e.Available() && only.Has(e.Index) {
 			dst = append(dst, e)
 		}
 	}
@@ -56,7 +58,7 @@ func (p2 *P2C) Pick(c *Cycle) {
 	step := 1 + p2.Rand.Intn(max(n-1, 1))
 	for i := 0; i < n; i++ {
 		e := eps[(start+i*step)%n]
-		if !e.Available() || fleet.Contains(dst, e) || e == a {
+		if !c.Usable(e) || fleet.Contains(dst, e) || e == a {
 			continue
 		}
 		if a == nil {
@@ -121,7 +123,7 @@ func (ll *LeastLoaded) Pick(c *Cycle) {
 		var bestRecent uint64
 		for i := 0; i < n; i++ {
 			e := p.Endpoints[(i+off)%n]
-			if !e.Available() || fleet.Contains(dst, e) {
+			if !c.Usable(e) || fleet.Contains(dst, e) {
 				continue
 			}
 			l := e.Load()

@@ -69,5 +69,6 @@ func DefaultStages() *Stages {
 	s.Scorer(PrefixStage, NewPrefixScorer)
 	s.Scorer(LoadStage, NewLoadScorer)
 	s.Scorer(EngineQueueStage, NewEngineQueueScorer)
+	s.Scorer(LoRAStage, NewLoRAScorer)
 	return s
 }

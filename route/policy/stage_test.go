@@ -148,7 +148,7 @@ deployments:
 		name, policy, want string
 		parse              bool // the config itself is invalid
 	}{
-		{"unknown scorer", "{stages: {scorers: [{name: lod}]}}", `line 8: deployments[0].policy.stages.scorers[0].name: unknown scorer "lod"; did you mean "load"? (known: engine-queue, load, prefix)`, false},
+		{"unknown scorer", "{stages: {scorers: [{name: lod}]}}", `line 8: deployments[0].policy.stages.scorers[0].name: unknown scorer "lod"; did you mean "load"? (known: engine-queue, load, lora-affinity, prefix)`, false},
 		{"unknown filter", "{stages: {filters: [{name: guard}], scorers: [{name: load}]}}", `unknown filter "guard"`, false},
 		{"bad stage param", "{stages: {scorers: [{name: prefix, params: {block_bytes: 1}}]}}", "prefix-affinity block_bytes 1 out of range", false},
 		{"unknown stage param", "{stages: {scorers: [{name: load, params: {x: 1}}]}}", `unknown field "x"`, false},

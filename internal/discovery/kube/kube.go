@@ -114,13 +114,15 @@ type Source struct {
 
 // poolWatch is one pool's view: which slices and (optionally) which pods.
 type poolWatch struct {
-	field   string // config path, for messages
-	pool    string // route.PoolName
-	k       config.KubernetesDiscovery
-	ns      string
-	slices  *watch
-	pods    *watch // nil without role_label
-	roles   map[string]bool
+	field  string // config path, for messages
+	pool   string // route.PoolName
+	k      config.KubernetesDiscovery
+	ns     string
+	slices *watch
+	pods   *watch // nil without role_label and model_label
+	roles  map[string]bool
+	// models are the deployment's model names (model_label).
+	models  map[string]bool
 	addrTyp discoveryv1.AddressType
 }
 
@@ -173,9 +175,11 @@ func Check(cfg *config.Config) error {
 					errs = append(errs, fmt.Errorf("%w: %s.label_selector: %q does not parse: %w", config.ErrConfig, f, k.LabelSelector, err))
 				}
 			}
-			if k.RoleLabel != "" {
-				if _, err := labels.Parse(k.RoleLabel); err != nil || strings.ContainsAny(k.RoleLabel, "=!(), ") {
-					errs = append(errs, fmt.Errorf("%w: %s.role_label: %q is not a label key", config.ErrConfig, f, k.RoleLabel))
+			for _, l := range [][2]string{{"role_label", k.RoleLabel}, {"model_label", k.ModelLabel}} {
+				if l[1] != "" {
+					if _, err := labels.Parse(l[1]); err != nil || strings.ContainsAny(l[1], "=!(), ") {
+						errs = append(errs, fmt.Errorf("%w: %s.%s: %q is not a label key", config.ErrConfig, f, l[0], l[1]))
+					}
 				}
 			}
 		}
@@ -220,10 +224,19 @@ func (s *Source) Configure(cfg *config.Config) error {
 			key := watchKey{kind: kindSlices, ns: pw.ns, selector: sel}
 			need[key] = true
 			pw.slices = s.watchFor(key)
-			if k.RoleLabel != "" {
-				pkey := watchKey{kind: kindPods, ns: pw.ns, selector: k.RoleLabel}
+			if k.RoleLabel != "" || k.ModelLabel != "" {
+				// Pods carrying every label the pool sorts by.
+				var keys []string
+				for _, l := range []string{k.RoleLabel, k.ModelLabel} {
+					if l != "" && !slices.Contains(keys, l) {
+						keys = append(keys, l)
+					}
+				}
+				pkey := watchKey{kind: kindPods, ns: pw.ns, selector: strings.Join(keys, ",")}
 				need[pkey] = true
 				pw.pods = s.watchFor(pkey)
+			}
+			if k.RoleLabel != "" {
 				pw.roles = map[string]bool{}
 				vals := k.RoleValues
 				if len(vals) == 0 {
@@ -231,6 +244,15 @@ func (s *Source) Configure(cfg *config.Config) error {
 				}
 				for _, v := range vals {
 					pw.roles[v] = true
+				}
+			}
+			if k.ModelLabel != "" {
+				pw.models = map[string]bool{}
+				for _, m := range d.Models {
+					pw.models[m] = true
+				}
+				if len(d.Models) == 0 {
+					pw.models[d.Name] = true // Validate's default
 				}
 			}
 			pools = append(pools, pw)
@@ -474,14 +496,22 @@ func (s *Source) poolEndpoints(pw *poolWatch) []config.EndpointConfig {
 				})
 				continue
 			}
-			if pw.pods != nil && !s.roleMatches(pw, es.Namespace, e.TargetRef) {
-				continue
+			var model string
+			if pw.pods != nil {
+				var ok bool
+				if model, ok = s.podMatches(pw, es.Namespace, e.TargetRef); !ok {
+					continue
+				}
 			}
 			name := endpointName(es.Namespace, e.TargetRef, ip, port)
-			cands = append(cands, candidate{slice: sl, EndpointConfig: config.EndpointConfig{
+			ec := config.EndpointConfig{
 				Name: name, Address: net.JoinHostPort(ip.String(), strconv.Itoa(port)),
 				Draining: c == stateDraining, Discovered: true,
-			}})
+			}
+			if model != "" {
+				ec.Models = []string{model}
+			}
+			cands = append(cands, candidate{slice: sl, EndpointConfig: ec})
 		}
 	}
 	return s.dedupe(pw, cands)
@@ -533,22 +563,33 @@ func (s *Source) dedupe(pw *poolWatch, cands []candidate) []config.EndpointConfi
 	return out
 }
 
-// roleMatches reports whether the endpoint's pod carries one of the pool's
-// role label values. An endpoint whose pod is not known (yet) is left out:
-// nothing is routed to a half-known endpoint.
-func (s *Source) roleMatches(pw *poolWatch, ns string, ref *corev1.ObjectReference) bool {
+// podMatches reports whether the endpoint's pod carries one of the pool's
+// role label values (role_label) and serves one of the deployment's models
+// (model_label), and which model. An endpoint whose pod is not known (yet)
+// is left out: nothing is routed to a half-known endpoint.
+func (s *Source) podMatches(pw *poolWatch, ns string, ref *corev1.ObjectReference) (model string, ok bool) {
 	if ref == nil || ref.Kind != "Pod" {
-		return false
+		return "", false
 	}
 	if ref.Namespace != "" {
 		ns = ref.Namespace
 	}
 	o, ok, err := pw.pods.inf.GetStore().GetByKey(ns + "/" + ref.Name)
 	if err != nil || !ok {
-		return false
+		return "", false
 	}
 	p, ok := o.(*corev1.Pod)
-	return ok && pw.roles[p.Labels[pw.k.RoleLabel]]
+	if !ok || pw.roles != nil && !pw.roles[p.Labels[pw.k.RoleLabel]] {
+		return "", false
+	}
+	if pw.models == nil {
+		return "", true
+	}
+	v, has := p.Labels[pw.k.ModelLabel]
+	if m, mapped := pw.k.ModelValues[v]; mapped {
+		v = m
+	}
+	return v, has && pw.models[v]
 }
 
 func (s *Source) warnOnce(key string, msg func(*zerolog.Event)) {

@@ -1,0 +1,231 @@
+package policy
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
+)
+
+// LoRA affinity (llm-d's lora-affinity scorer, production-stack's LoRA
+// routing): a request for an adapter goes where the adapter is hot, so
+// replicas do not swap adapters in and out of their max_lora GPU slots.
+// An endpoint's hot set is what its engine last reported
+// (vllm:lora_requests_info: adapters with running or waiting requests) and
+// what this policy sent it lately (an LRU of max_lora adapters per
+// endpoint, recorded at each decision: scrapes are 250 ms apart, decisions
+// microseconds).
+
+// LoRAStage is the registry name of the LoRA affinity scorer;
+// LoRAAffinityType the built-in policy around it.
+const (
+	LoRAStage        = "lora-affinity"
+	LoRAAffinityType = "lora-affinity"
+)
+
+// maxLoRASlots bounds the per-endpoint LRU (vLLM's max_loras is small).
+const maxLoRASlots = 64
+
+// LoRAParams are the params of the lora-affinity scorer.
+type LoRAParams struct {
+	// MaxLoRAs is the hot-set size assumed until an engine reports its
+	// max_lora (vLLM's --max-loras). Default 4.
+	MaxLoRAs int `yaml:"max_loras"`
+}
+
+// LoRAAffinityConfig are the params of the lora-affinity policy.
+type LoRAAffinityConfig struct {
+	LoRAParams `yaml:",inline"`
+	// Weight is what a hot adapter is worth in requests of load, among
+	// the endpoints the load guard keeps. Default 8.
+	Weight float64 `yaml:"weight"`
+	// BalanceAbs and BalanceRel are the load guard (prefix-affinity's): an
+	// endpoint more than BalanceAbs requests above the least loaded and
+	// more than BalanceRel times it is not a candidate, however hot.
+	// Defaults 8 and 1.5; balance_abs 0 turns the guard off.
+	BalanceAbs int64   `yaml:"balance_abs"`
+	BalanceRel float64 `yaml:"balance_rel"`
+}
+
+// LoRAIndex is the scorer: 1 where the request's adapter is hot, 0.5
+// where it is not but the endpoint has a free slot (spreading adapters
+// before any replica must evict one), 0 where loading it evicts another;
+// requests for a base model score 0 everywhere (unit: hot sets).
+type LoRAIndex struct {
+	maxLoRAs int
+	eps      []loraLRU // by endpoint index
+}
+
+// loraLRU is one endpoint's recently routed adapters.
+type loraLRU struct {
+	mu   sync.Mutex
+	n    int
+	tick uint64
+	keys [maxLoRASlots]uint64
+	used [maxLoRASlots]uint64
+}
+
+func (l *loraLRU) find(h uint64) int {
+	for i := 0; i < l.n; i++ {
+		if l.keys[i] == h {
+			return i
+		}
+	}
+	return -1
+}
+
+// touch records h as just used, evicting the least recently used past capacity.
+func (l *loraLRU) touch(h uint64, capacity int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.tick++
+	if i := l.find(h); i >= 0 {
+		l.used[i] = l.tick
+		return
+	}
+	capacity = min(max(capacity, 1), maxLoRASlots)
+	for l.n > capacity { // the engine reported a smaller max_lora
+		l.evict()
+	}
+	if l.n == capacity {
+		l.evict()
+	}
+	l.keys[l.n], l.used[l.n] = h, l.tick
+	l.n++
+}
+
+func (l *loraLRU) evict() {
+	old := 0
+	for i := 1; i < l.n; i++ {
+		if l.used[i] < l.used[old] {
+			old = i
+		}
+	}
+	l.n--
+	l.keys[old], l.used[old] = l.keys[l.n], l.used[l.n]
+}
+
+// state reports whether h is in the LRU and how many adapters it holds.
+func (l *loraLRU) state(h uint64) (hot bool, n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.find(h) >= 0, l.n
+}
+
+// NewLoRAScorer builds the lora-affinity scorer.
+func NewLoRAScorer(cfg *config.StageConfig, env StageEnv) (Scorer, error) {
+	p := LoRAParams{MaxLoRAs: 4}
+	if err := cfg.DecodeParams(&p); err != nil {
+		return nil, err
+	}
+	return newLoRAIndex(p, env.Pool)
+}
+
+func newLoRAIndex(p LoRAParams, pool *fleet.Pool) (*LoRAIndex, error) {
+	if p.MaxLoRAs < 1 || p.MaxLoRAs > maxLoRASlots {
+		return nil, fmt.Errorf("lora-affinity max_loras %d out of range [1, %d]", p.MaxLoRAs, maxLoRASlots)
+	}
+	return &LoRAIndex{maxLoRAs: p.MaxLoRAs, eps: make([]loraLRU, len(pool.Endpoints))}, nil
+}
+
+// capacity is e's hot-set size: its engine's max_lora, else the param.
+func (x *LoRAIndex) capacity(l *fleet.LoRAState) int {
+	if l != nil && l.MaxLoRA > 0 {
+		return l.MaxLoRA
+	}
+	return x.maxLoRAs
+}
+
+// Score implements Scorer.
+func (x *LoRAIndex) Score(c *Cycle, e *fleet.Endpoint) float64 {
+	if !c.Req.Adapter || e.Index >= len(x.eps) {
+		return 0
+	}
+	l := e.LoRA()
+	hot, n := x.eps[e.Index].state(c.Req.AdapterHash)
+	if hot || l != nil && l.Hot(c.Req.Model) {
+		return 1
+	}
+	if l != nil {
+		n = max(n, l.Slots())
+	}
+	if n < x.capacity(l) {
+		return 0.5
+	}
+	return 0
+}
+
+// Record implements Recorder: the first choice now holds the adapter.
+func (x *LoRAIndex) Record(c *Cycle) {
+	if f := c.First(); c.Req.Adapter && f != nil && f.Index < len(x.eps) {
+		x.eps[f.Index].touch(c.Req.AdapterHash, x.capacity(f.LoRA()))
+	}
+}
+
+// AdapterGate opens a picker for requests for a LoRA adapter.
+type AdapterGate struct{}
+
+// Open implements Gate.
+func (AdapterGate) Open(c *Cycle) bool { return c.Req.Adapter }
+
+// firstOnly runs a picker only when nothing is picked yet.
+type firstOnly struct{ Picker }
+
+// Pick implements Picker.
+func (f firstOnly) Pick(c *Cycle) {
+	if c.Picked() == 0 {
+		f.Picker.Pick(c)
+	}
+}
+
+// LoRAAffinity is the lora-affinity policy: an adapter request goes to the
+// best of weight × LoRAIndex − load (ties: lower load, fewer recent
+// decisions, a random rotation); a base-model request is least-request's
+// (power of two choices); the fallbacks are the least loaded.
+type LoRAAffinity struct {
+	Profile
+}
+
+// LoadAware implements LoadAware.
+func (*LoRAAffinity) LoadAware() bool { return true }
+
+// NewLoRAAffinityFactory returns the factory for lora-affinity.
+func NewLoRAAffinityFactory() Factory {
+	return func(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
+		cfg := LoRAAffinityConfig{LoRAParams: LoRAParams{MaxLoRAs: 4}, Weight: 8, BalanceAbs: 8, BalanceRel: 1.5}
+		if err := pc.DecodeParams(&cfg); err != nil {
+			return nil, err
+		}
+		if cfg.Weight < 0 || cfg.Weight > 1e6 {
+			return nil, fmt.Errorf("lora-affinity weight %v out of range [0, 1e6]", cfg.Weight)
+		}
+		rnd := env.Rand
+		if rnd == nil {
+			rnd = fleet.NewRand(1)
+		}
+		x, err := newLoRAIndex(cfg.LoRAParams, env.Pool)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.BalanceAbs < 0 || cfg.BalanceRel < 1 {
+			return nil, fmt.Errorf("lora-affinity balance_abs %d must be >= 0 and balance_rel %v >= 1", cfg.BalanceAbs, cfg.BalanceRel)
+		}
+		adapter := &MaxScore{Name: LoRAStage, Gate: AdapterGate{}, Rand: rnd, Slots: 1,
+			Scorers: []Weighted{{x, cfg.Weight}, {LoadScore{}, 1}}, Ties: []Tie{LowerLoad{}, FewerRecent{}}}
+		if cfg.BalanceAbs > 0 {
+			adapter.Filters = []Filter{&LoadGuard{Abs: cfg.BalanceAbs, Rel: cfg.BalanceRel}}
+		}
+		return &LoRAAffinity{Profile{Name: LoRAAffinityType, Summary: Summary{Load: true, RequireAvailable: true},
+			Pickers:   []Picker{adapter, firstOnly{&P2C{Rand: rnd}}, NewLeastLoaded(rnd)},
+			Recorders: []Recorder{x}}}, nil
+	}
+}
+
+var (
+	_ Scorer          = (*LoRAIndex)(nil)
+	_ Recorder        = (*LoRAIndex)(nil)
+	_ Gate            = AdapterGate{}
+	_ fleet.Policy    = (*LoRAAffinity)(nil)
+	_ fleet.LoadAware = (*LoRAAffinity)(nil)
+)
