@@ -299,6 +299,8 @@ type spoeData struct {
 	Conf                                 string
 	Servers                              []routeServer
 	HelloMs, IdleMs, ServerMs, TimeoutMs int64
+	PDTimeoutMs                          int64
+	PDVar                                string
 	FailClosed                           bool
 	Fallbacks, Vars                      []string
 	Contract                             route.SPOEConfig
@@ -541,11 +543,15 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 			Conf:    path("spoe conf", filepath.Join(d.Dir, SPOEFile)),
 			Servers: []routeServer{{Name: "agent0", Addr: a}},
 			HelloMs: 500, IdleMs: 30000, ServerMs: 60000,
-			TimeoutMs:  l.TimeoutMs,
-			FailClosed: p.FailMode == config.FailClosed,
-			Fallbacks:  route.SPOEFallbackVars(cfg.Fallbacks),
-			Vars:       route.SPOEVarNames(cfg.Fallbacks),
-			BodyRoom:   l.BodyRoom,
+			// The first call never waits on a prefill (route/spoe): it
+			// is bounded by route_timeout; the second agent's by the prefill.
+			TimeoutMs:   max(p.RouteTimeout.Ms(), 1),
+			PDTimeoutMs: l.TimeoutMs,
+			PDVar:       route.SPOEVarPD,
+			FailClosed:  p.FailMode == config.FailClosed,
+			Fallbacks:   route.SPOEFallbackVars(cfg.Fallbacks),
+			Vars:        route.SPOEVarNames(cfg.Fallbacks),
+			BodyRoom:    l.BodyRoom,
 		}
 		sc, err := route.NewSPOEConfig(len(d.SPOE.Fallbacks))
 		if err != nil {

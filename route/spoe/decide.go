@@ -12,7 +12,8 @@ import (
 // is defined in route/contract_spoe.go, shared with the renderer; the short
 // names below are the agent's spellings of it.
 const (
-	MessageRoute = route.SPOEMessageRoute
+	MessageRoute   = route.SPOEMessageRoute
+	MessageRoutePD = route.SPOEMessageRoutePD
 
 	ArgMethod  = route.SPOEArgMethod
 	ArgURI     = route.SPOEArgURI
@@ -29,6 +30,7 @@ const (
 	VarReason         = route.SPOEVarReason
 	VarBody           = route.SPOEVarBody
 	VarRetryAfter     = route.SPOEVarRetryAfter
+	VarPD             = route.SPOEVarPD
 	VarKV             = route.SPOEVarKV
 	VarKVAt           = route.SPOEVarKVAt
 	VarKVLen          = route.SPOEVarKVLen
@@ -115,16 +117,21 @@ func (d *decider) notify(payload, dst []byte, limit int) ([]byte, error) {
 			break
 		}
 		d.args = args[:0]
-		if string(name) == MessageRoute {
-			d.route(args, &w)
+		switch string(name) {
+		case MessageRoute:
+			d.route(args, &w, false)
+		case MessageRoutePD:
+			d.route(args, &w, true)
 		}
 	}
 	return w.dst, it.err
 }
 
 // route reads one message's arguments into an Input, decides, and writes
-// the verdict as set-var actions.
-func (d *decider) route(args []arg, w *actions) {
+// the verdict as set-var actions. Unless pd (the second agent's message),
+// a prefill/decode request is not decided: it is marked (VarPD) for the
+// second agent, so this call never waits on a prefill.
+func (d *decider) route(args []arg, w *actions, pd bool) {
 	in := &d.in
 	in.Reset()
 	var hdrs []byte
@@ -167,6 +174,11 @@ func (d *decider) route(args []arg, w *actions) {
 	}
 	// HAProxy's req.body stops at one buffer (or route_body bytes).
 	in.Truncated = fullLen > len(in.Body)
+	if !pd && d.names(snap).blocking && d.srv.Prefills(in) {
+		w.setInt(VarPD, 1)
+		in.Reset()
+		return
+	}
 	d.srv.Decide(in, &d.v)
 	d.verdict(w)
 	// Drop the views into the frame: it is reused once the ACK is out.

@@ -117,8 +117,15 @@ func vars(t testing.TB, payload []byte) map[string]string {
 // decideOnce runs one message through a fresh decider.
 func decideOnce(t testing.TB, a *Agent, args []targ) map[string]string {
 	t.Helper()
+	return decideMsg(t, a, MessageRoute, args)
+}
+
+// decideMsg is decideOnce with the message name (MessageRoutePD: the
+// second call of a prefill/decode request).
+func decideMsg(t testing.TB, a *Agent, msg string, args []targ) map[string]string {
+	t.Helper()
 	d := newDecider(a.srv, a.names)
-	out, err := ack(d, header{StreamID: 7, FrameID: 1}, messagesPayload(MessageRoute, args), nil, 1<<20)
+	out, err := ack(d, header{StreamID: 7, FrameID: 1}, messagesPayload(msg, args), nil, 1<<20)
 	if err != nil {
 		t.Fatalf("ack: %v", err)
 	}
