@@ -403,7 +403,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		RouteBody:      cfg.RouteBody,
 		BufSize:        bufSize(cfg.RouteBody),
 		Retries:        max(cfg.Fallbacks, 1),
-		L7Retries:      cfg.HAProxy.L7Retries,
+		L7Retries:      cfg.HAProxy.RetryBeforeBytes(),
 		ConnectMs:      max(p.ConnectTimeout.Ms(), 1),
 		StreamMs:       max(p.StreamTimeout.Ms(), 1),
 		CheckTimeoutMs: max(cfg.Health.Timeout.Ms(), 1),

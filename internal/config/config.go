@@ -204,11 +204,13 @@ type HAProxyConfig struct {
 	DrainTimeout Duration `yaml:"drain_timeout"`
 	MaxConn      int      `yaml:"maxconn"`
 	Nbthread     int      `yaml:"nbthread"`
-	// L7Retries adds "retry-on conn-failure empty-response" so a replica that
-	// accepts and then drops a request is retried on another. Off by default:
-	// HAProxy then keeps a tune.bufsize copy of every request, which cost
-	// 5-8x in requests/s with max_body-sized buffers (glibc malloc churn).
-	L7Retries bool `yaml:"l7_retries"`
+	// L7Retries renders "retry-on conn-failure empty-response 503": a
+	// request refused, reset or answered 503 (a replica shutting down)
+	// before any byte reached the client goes to another replica (issue 28,
+	// retry before bytes). Default on (nil); false leaves connection
+	// failures only, and HAProxy keeps no copy of each request (its cost:
+	// BENCHMARKS.md, docs/haproxy.md).
+	L7Retries *bool `yaml:"l7_retries"`
 	// SPOE is the address of turnout's SPOE agent (host:port) that HAProxy
 	// asks with haproxy.path spoe: persistent pipelined connections instead
 	// of the Lua action's HTTP call, about 2x the Lua path's requests/s.
@@ -997,3 +999,8 @@ func (d *DeploymentConfig) PoolPolicy(p *PoolConfig) *PolicyConfig {
 	}
 	return &d.Policy
 }
+
+// RetryBeforeBytes reports whether the rendered HAProxy retries a request
+// on another replica when it was refused, reset or answered 503 before any
+// byte (haproxy.l7_retries, default on).
+func (h *HAProxyConfig) RetryBeforeBytes() bool { return h.L7Retries == nil || *h.L7Retries }
