@@ -209,6 +209,9 @@ func TestSPOECarriesContract(t *testing.T) {
 	if !strings.Contains(spoe, "\nspoe-message "+route.SPOEMessageRoutePD+"\n") || !strings.Contains(conf, "send-spoe-group turnout-pd "+route.SPOEMessageRoutePD+" if { var(txn.turnout."+route.SPOEVarPD+") -m found }") {
 		t.Errorf("no second call for prefill/decode (%s)", route.SPOEMessageRoutePD)
 	}
+	if !strings.Contains(spoe, " "+route.SPOEArgDeferPD+"=bool(true)\n") {
+		t.Errorf("the first message does not ask to defer prefill/decode decisions (%s)", route.SPOEArgDeferPD)
+	}
 
 	fc := route.FailClosedError
 	pre, post, _ := strings.Cut(fc.JSON(), route.ReasonToken)

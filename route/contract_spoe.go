@@ -15,9 +15,10 @@ const (
 	SPOEMessageRoute = "turnout-route"
 	// SPOEMessageRoutePD carries the same arguments on the second agent of
 	// a config with prefill/decode deployments: turnout answers
-	// SPOEMessageRoute for a prefill/decode request with SPOEVarPD only, so
-	// that call stays within route_timeout, and decides (running the
-	// prefill) on this one, whose timeout processing covers the prefill.
+	// SPOEMessageRoute with SPOEArgDeferPD for a prefill/decode request
+	// with SPOEVarPD only, so that call stays within route_timeout, and
+	// decides (running the prefill) on this one, whose timeout processing
+	// covers the prefill.
 	SPOEMessageRoutePD = "turnout-route-pd"
 
 	// Arguments of SPOEMessageRoute.
@@ -25,6 +26,10 @@ const (
 	SPOEArgURI     = "uri"    // pathq
 	SPOEArgHeaders = "hdrs"   // req.hdrs_bin
 	SPOEArgBody    = "body"   // req.body
+	// SPOEArgDeferPD (bool(true)) on SPOEMessageRoute: answer a
+	// prefill/decode request with SPOEVarPD instead of deciding it. A
+	// config without it (rendered before) gets whole decisions.
+	SPOEArgDeferPD = "defer_pd"
 
 	// Variables set in the txn scope; HAProxy prefixes them with the agent's
 	// var-prefix (txn.turnout.server with "option var-prefix turnout").

@@ -290,7 +290,7 @@ func TestFirstCallMarksPrefillDecode(t *testing.T) {
 		model, want string
 	}{{"pd", "pd"}, {"qwen", "server"}, {"nope", "status"}} {
 		start := time.Now()
-		_, _ = c.Write(rawFrame(frameNotify, flagFin, uint64(i+1), 1, messagesPayload(MessageRoute, routeArgs("POST", "/v1/chat/completions", chatBody(tc.model, "hi")))))
+		_, _ = c.Write(rawFrame(frameNotify, flagFin, uint64(i+1), 1, messagesPayload(MessageRoute, deferPD(routeArgs("POST", "/v1/chat/completions", chatBody(tc.model, "hi"))))))
 		h, p := readFrame(t, br)
 		v := vars(t, p)
 		if took := time.Since(start); h.StreamID != uint64(i+1) || took > 200*time.Millisecond {

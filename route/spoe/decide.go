@@ -19,6 +19,7 @@ const (
 	ArgURI     = route.SPOEArgURI
 	ArgHeaders = route.SPOEArgHeaders
 	ArgBody    = route.SPOEArgBody
+	ArgDeferPD = route.SPOEArgDeferPD
 
 	VarServer         = route.SPOEVarServer
 	VarAddr           = route.SPOEVarAddr
@@ -118,24 +119,22 @@ func (d *decider) notify(payload, dst []byte, limit int) ([]byte, error) {
 		}
 		d.args = args[:0]
 		switch string(name) {
-		case MessageRoute:
-			d.route(args, &w, false)
-		case MessageRoutePD:
-			d.route(args, &w, true)
+		case MessageRoute, MessageRoutePD:
+			d.route(args, &w)
 		}
 	}
 	return w.dst, it.err
 }
 
 // route reads one message's arguments into an Input, decides, and writes
-// the verdict as set-var actions. Unless pd (the second agent's message),
-// a prefill/decode request is not decided: it is marked (VarPD) for the
-// second agent, so this call never waits on a prefill.
-func (d *decider) route(args []arg, w *actions, pd bool) {
+// the verdict as set-var actions. With ArgDeferPD (the first agent's
+// message), a prefill/decode request is not decided but marked (VarPD) for
+// the second agent, so that call never waits on a prefill.
+func (d *decider) route(args []arg, w *actions) {
 	in := &d.in
 	in.Reset()
 	var hdrs []byte
-	hasHdrs := false
+	hasHdrs, deferPD := false, false
 	for i := range args {
 		a := &args[i]
 		switch string(a.Name) {
@@ -147,6 +146,8 @@ func (d *decider) route(args []arg, w *actions, pd bool) {
 			hdrs, hasHdrs = a.Value.Bytes, a.Value.Type == typeBinary || a.Value.Type == typeString
 		case ArgBody:
 			in.Body = a.Value.Bytes
+		case ArgDeferPD:
+			deferPD = a.Value.Type == typeBool && a.Value.Bool
 		}
 	}
 	if !hasHdrs {
@@ -174,7 +175,7 @@ func (d *decider) route(args []arg, w *actions, pd bool) {
 	}
 	// HAProxy's req.body stops at one buffer (or route_body bytes).
 	in.Truncated = fullLen > len(in.Body)
-	if !pd && d.names(snap).blocking && d.srv.Prefills(in) {
+	if deferPD && d.names(snap).blocking && d.srv.Prefills(in) {
 		w.setInt(VarPD, 1)
 		in.Reset()
 		return

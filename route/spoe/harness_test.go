@@ -203,7 +203,7 @@ type spoeData struct {
 	Servers                              []cfgServer
 	HelloMs, IdleMs, ServerMs, TimeoutMs int64
 	PDTimeoutMs                          int64
-	PDVar                                string
+	PDVar, DeferArg                      string
 	MaxFrameSize                         int
 	FailClosed                           bool
 	Fallbacks, Vars                      []string
@@ -215,7 +215,7 @@ func newSPOEData(dir, agentAddr string, fallbacks int, failClosed bool) *spoeDat
 		Backend: "turnout_spoe",
 		Conf:    filepath.Join(dir, "turnout-spoe.conf"),
 		Servers: []cfgServer{{Name: "spoe0", Addr: agentAddr}},
-		HelloMs: 500, IdleMs: 30000, ServerMs: 60000, TimeoutMs: 500, PDTimeoutMs: 11000, PDVar: route.SPOEVarPD,
+		HelloMs: 500, IdleMs: 30000, ServerMs: 60000, TimeoutMs: 500, PDTimeoutMs: 11000, PDVar: route.SPOEVarPD, DeferArg: route.SPOEArgDeferPD,
 		FailClosed: failClosed,
 		Fallbacks:  route.SPOEFallbackVars(fallbacks),
 		Vars:       route.SPOEVarNames(fallbacks),

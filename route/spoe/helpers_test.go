@@ -22,6 +22,9 @@ type targ struct {
 }
 
 func strArg(name, v string) targ { return targ{name, typeString, []byte(v)} }
+
+// deferPD is the first agent's bool(true) that defers prefill/decode decisions.
+func deferPD(args []targ) []targ { return append(args, targ{ArgDeferPD, typeBool, []byte{1}}) }
 func binArg(name string, v []byte) targ {
 	return targ{name, typeBinary, v}
 }
@@ -55,6 +58,12 @@ func messagesPayload(name string, args []targ) []byte {
 		switch a.typ {
 		case typeNull:
 			b = append(b, typeNull)
+		case typeBool:
+			t := typeBool
+			if len(a.val) > 0 && a.val[0] != 0 {
+				t |= flagTrue
+			}
+			b = append(b, t)
 		default:
 			b = appendBytes(append(b, a.typ), a.val)
 		}
