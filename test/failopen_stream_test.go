@@ -31,11 +31,11 @@ type foStream struct {
 // timeout processing for the whole outage, while a closed loop of short
 // requests recovered within a second.
 const (
-	foRate             = 40 // requests per second
-	foBefore, foAfter  = time.Second, 5 * time.Second
-	foTokens           = 15
-	foRouteTimeout     = 500 * time.Millisecond // the stacks' proxy.route_timeout
-	foSettle           = time.Second            // the proxy finds out a dead turnout within this
+	foRate            = 40 // requests per second
+	foBefore, foAfter = time.Second, 5 * time.Second
+	foTokens          = 15
+	foRouteTimeout    = 500 * time.Millisecond // the stacks' proxy.route_timeout
+	foSettle          = time.Second            // the proxy finds out a dead turnout within this
 	// A hung turnout (SIGSTOP) is found by the health checks of the agent
 	// backend or the route hop: 2 failed checks 1 s apart, each given
 	// health.timeout (300 ms in these stacks).
@@ -44,7 +44,7 @@ const (
 	// connect and its timeout server, both route_timeout (seen once: 852 ms
 	// for two requests released together when the check marked turnout
 	// down); never the prefill's 11 s.
-	foHungMost = 2*foRouteTimeout + 300*time.Millisecond
+	foHungMost         = 2*foRouteTimeout + 300*time.Millisecond
 	foLate             = 400 * time.Millisecond // no request after foSettle waits this long
 	foOneRouteTimeout  = foRouteTimeout + 300*time.Millisecond
 	foStreamingReplica = 1.0 // mock TimeScale: real token timing
