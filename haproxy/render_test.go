@@ -119,7 +119,7 @@ func TestRenderDetails(t *testing.T) {
 	conf := string(out.Config)
 	for _, want := range []string{
 		"server route0 10.0.0.1:9090 check",
-		"server route1 [fd00::2]:9090 check inter 1s fall 2 rise 1 backup",
+		"server route1 [fd00::2]:9090 check inter 1s fall 2 rise 1 on-marked-down shutdown-sessions backup",
 		"server llama-1 [fd00::11]:8000 check inter 5000ms fall 3 rise 1",
 		"use_backend %[req.body,json_query('$.model'),map_str(/etc/turnout/haproxy/models.map)]",
 		"default_backend llama_mixed",

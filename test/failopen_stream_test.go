@@ -68,7 +68,6 @@ func failOpenStreamed(t *testing.T, tu *Turnout, base, model string, sig syscall
 		mu     sync.Mutex
 		out    []foStream
 		failed []string
-		stuck  []string // hung turnout: decisions under way at the stop
 		wg     sync.WaitGroup
 		killed time.Time
 	)
@@ -92,20 +91,15 @@ func failOpenStreamed(t *testing.T, tu *Turnout, base, model string, sig syscall
 		mu.Lock()
 		defer mu.Unlock()
 		if s.err != "" {
-			after := !killed.IsZero() && start.After(killed)
 			at := "before the kill"
-			if after {
+			if !killed.IsZero() && start.After(killed) {
 				at = fmt.Sprintf("%v after the kill", start.Sub(killed).Round(time.Millisecond))
 			}
-			msg := fmt.Sprintf("started %s, %v later: %s", at, time.Since(start).Round(time.Millisecond), s.err)
-			if sig == syscall.SIGSTOP && !after {
-				// HAProxy 2.6 may leave a frame already sent to an agent
-				// that then hangs waiting past timeout processing (seen:
-				// over 30 s, one run in three; docs/reliability.md).
-				stuck = append(stuck, msg)
-				return
-			}
-			failed = append(failed, msg)
+			// Hung turnout: HAProxy 2.6 left a SPOE frame already sent to
+			// it waiting past timeout processing (over 30 s, 2 runs in 4)
+			// until on-marked-down shutdown-sessions cut the agent's
+			// connections when the checks mark it down.
+			failed = append(failed, fmt.Sprintf("started %s, %v later: %s", at, time.Since(start).Round(time.Millisecond), s.err))
 			return
 		}
 		if !killed.IsZero() && start.After(killed) {
@@ -139,9 +133,6 @@ func failOpenStreamed(t *testing.T, tu *Turnout, base, model string, sig syscall
 	wg.Wait()
 	if len(failed) > 0 {
 		t.Fatalf("%d streamed requests failed around the kill, e.g. %s", len(failed), failed[0])
-	}
-	if len(stuck) > 0 {
-		t.Logf("%d requests whose decision was under way when turnout hung never got an answer: %s", len(stuck), strings.Join(stuck, "; "))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].at < out[j].at })
 	return out
