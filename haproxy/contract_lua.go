@@ -14,6 +14,7 @@ type luaContract struct {
 	Vars                           []luaVar
 	Required, Fallbacks, Reason    string
 	RetryAfter                     string
+	DeferPD, PD                    string
 	ReasonVar                      string
 	EditInsert, EditAt             string
 	EditVar, EditAtVar             string
@@ -59,6 +60,7 @@ func newLuaContract() luaContract {
 	c.Required, c.Fallbacks = lowerQuote(g.Required.Header), lowerQuote(g.Fallbacks.Header)
 	c.Reason, c.ReasonVar = lowerQuote(g.Reason.Header), luaQuote(g.Reason.HAProxyVar)
 	c.RetryAfter = lowerQuote(g.RetryAfter.Header)
+	c.DeferPD, c.PD = lowerQuote(route.HdrDeferPD), lowerQuote(route.HdrPD)
 	c.EditInsert, c.EditVar = lowerQuote(g.EditInsert.Header), luaQuote(g.EditInsert.HAProxyVar)
 	c.EditAt, c.EditAtVar = lowerQuote(g.EditAt.Header), luaQuote(g.EditAt.HAProxyVar)
 	for _, f := range g.Copied {

@@ -201,6 +201,18 @@ func TestSPOECarriesContract(t *testing.T) {
 		}
 	}
 
+	// Prefill/decode: the first agent registers the mark that sends a
+	// request to the second, which carries the agent's second message.
+	if !slices.Contains(names, route.SPOEVarPD) {
+		t.Errorf("the first agent does not register %s: %v", route.SPOEVarPD, names)
+	}
+	if !strings.Contains(spoe, "\nspoe-message "+route.SPOEMessageRoutePD+"\n") || !strings.Contains(conf, "send-spoe-group turnout-pd "+route.SPOEMessageRoutePD+" if { var(txn.turnout."+route.SPOEVarPD+") -m found }") {
+		t.Errorf("no second call for prefill/decode (%s)", route.SPOEMessageRoutePD)
+	}
+	if !strings.Contains(spoe, " "+route.SPOEArgDeferPD+"=bool(true)\n") {
+		t.Errorf("the first message does not ask to defer prefill/decode decisions (%s)", route.SPOEArgDeferPD)
+	}
+
 	fc := route.FailClosedError
 	pre, post, _ := strings.Cut(fc.JSON(), route.ReasonToken)
 	if cfg.Proxy.FailMode == config.FailClosed {

@@ -207,7 +207,7 @@ func startLive(t *testing.T, o liveOpts) *liveEnv {
 	dir := t.TempDir()
 	port := freeport.Port(t)
 	cfg := liveConfig(t, o, dir, port)
-	cfg.HAProxy.L7Retries = o.l7Retries
+	cfg.HAProxy.L7Retries = &o.l7Retries
 	out, err := Render(cfg, RenderOptions{Dir: dir})
 	if err != nil {
 		t.Fatal(err)
@@ -267,7 +267,7 @@ func upCount(t *testing.T, rt RuntimeClient) int {
 	for _, o := range out {
 		for line := range strings.Lines(o) {
 			f := strings.Split(line, ",")
-			if len(f) > 18 && f[0] != "turnout_route" && f[1] != "FRONTEND" && f[1] != "BACKEND" && f[17] == "UP" {
+			if len(f) > 18 && f[0] != RouteProxy && f[0] != RoutePDProxy && f[1] != "FRONTEND" && f[1] != "BACKEND" && f[17] == "UP" {
 				n++
 			}
 		}

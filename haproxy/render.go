@@ -57,6 +57,10 @@ const (
 	RouteSocketName = "route.sock"
 	// RouteProxy is the listen section of that hop.
 	RouteProxy = "turnout_route"
+	// RoutePDSocketName and RoutePDProxy are the hop of the Lua's second
+	// call for a prefill/decode request, whose timeout covers the prefill.
+	RoutePDSocketName = "route-pd.sock"
+	RoutePDProxy      = "turnout_route_pd"
 	// SPOEProxy is the SPOE agent's backend (haproxy.spoe).
 	SPOEProxy = "turnout_spoe"
 	// SPOESocketName is the agent's default unix socket in the rendered
@@ -267,11 +271,15 @@ type tmplData struct {
 	// headers deleted first (route.ClientStrip).
 	StripPrefixes, StripNames []string
 	// NotFound is the answer to a path that is not served.
-	NotFound                                     errorData
-	Dir, Socket, PIDFile, Listen, Syslog         string
-	HealthPath, DefaultBackend, ServerParams     string
-	RouteHealthPath                              string
-	RouteTimeoutMs                               int64
+	NotFound                                 errorData
+	Dir, Socket, PIDFile, Listen, Syslog     string
+	HealthPath, DefaultBackend, ServerParams string
+	RouteHealthPath                          string
+	RoutePDProxy, RoutePDSocket              string
+	RouteTimeoutMs                           int64
+	// RoutePDTimeoutMs bounds the Lua's second call of a prefill/decode
+	// request (turnout_route_pd): the decision runs the prefill.
+	RoutePDTimeoutMs                             int64
 	RouteConnectMs                               int64
 	RouteRetries                                 int
 	RouteServers                                 []routeServer
@@ -299,6 +307,8 @@ type spoeData struct {
 	Conf                                 string
 	Servers                              []routeServer
 	HelloMs, IdleMs, ServerMs, TimeoutMs int64
+	PDTimeoutMs                          int64
+	PDVar, DeferArg                      string
 	FailClosed                           bool
 	Fallbacks, Vars                      []string
 	Contract                             route.SPOEConfig
@@ -347,8 +357,10 @@ type serverData struct {
 
 // luaData holds ready-made Lua literals (already quoted).
 type luaData struct {
-	Generator, RoutePath                string
-	RouteURL, RouteDst                  string
+	Generator, RoutePath string
+	RouteURL, RouteDst   string
+	// RouteDstPD is the prefill/decode hop's socket (quoted), or nil.
+	RouteDstPD                          string
 	TimeoutMs, BreakerFails, CooldownMs int64
 	FailClosed                          bool
 	Headers                             []luaHeader
@@ -401,7 +413,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		RouteBody:      cfg.RouteBody,
 		BufSize:        bufSize(cfg.RouteBody),
 		Retries:        max(cfg.Fallbacks, 1),
-		L7Retries:      cfg.HAProxy.L7Retries,
+		L7Retries:      cfg.HAProxy.RetryBeforeBytes(),
 		ConnectMs:      max(p.ConnectTimeout.Ms(), 1),
 		StreamMs:       max(p.StreamTimeout.Ms(), 1),
 		CheckTimeoutMs: max(cfg.Health.Timeout.Ms(), 1),
@@ -510,8 +522,17 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		bad("haproxy.chroot", "the Lua action's socket %s is outside the chroot %s: render into a directory inside it", routeSock, d.Front.Chroot)
 	}
 	l.RouteDst = luaQuote("unix@" + routeSock)
+	l.RouteDstPD = "nil"
+	if d.PD {
+		pdSock, _ := inChroot(d.Front.Chroot, filepath.Join(d.Dir, RoutePDSocketName))
+		l.RouteDstPD = luaQuote("unix@" + pdSock)
+	}
 	d.RouteHealthPath = route.PathHealthz
-	d.RouteTimeoutMs = l.TimeoutMs
+	d.RoutePDProxy, d.RoutePDSocket = RoutePDProxy, RoutePDSocketName
+	// The first call never runs a prefill (route.HdrDeferPD): route_timeout
+	// bounds it; the prefill/decode hop waits as long as the prefill may.
+	d.RouteTimeoutMs = max(cfg.RouteAskTimeout().Milliseconds(), 1)
+	d.RoutePDTimeoutMs = l.TimeoutMs
 	d.RouteConnectMs = max(p.RouteTimeout.Ms(), 1)
 	for i, ra := range p.RouteAddrs {
 		a, _, _ := addr(fmt.Sprintf("proxy.route_addrs[%d]", i), ra)
@@ -543,11 +564,17 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 			// The agent connection idles while flow control holds
 			// its frames: it must outlast the longest hold.
 			HelloMs: 500, IdleMs: 30000, ServerMs: max(60000, l.TimeoutMs+1000),
-			TimeoutMs:  l.TimeoutMs,
-			FailClosed: p.FailMode == config.FailClosed,
-			Fallbacks:  route.SPOEFallbackVars(cfg.Fallbacks),
-			Vars:       route.SPOEVarNames(cfg.Fallbacks),
-			BodyRoom:   l.BodyRoom,
+			// The first call never waits on a prefill (route/spoe): it
+			// is bounded by route_timeout (and a flow-control hold); the
+			// second agent's by the prefill.
+			TimeoutMs:   max(cfg.RouteAskTimeout().Milliseconds(), 1),
+			PDTimeoutMs: l.TimeoutMs,
+			PDVar:       route.SPOEVarPD,
+			DeferArg:    route.SPOEArgDeferPD,
+			FailClosed:  p.FailMode == config.FailClosed,
+			Fallbacks:   route.SPOEFallbackVars(cfg.Fallbacks),
+			Vars:        route.SPOEVarNames(cfg.Fallbacks),
+			BodyRoom:    l.BodyRoom,
 		}
 		sc, err := route.NewSPOEConfig(len(d.SPOE.Fallbacks))
 		if err != nil {

@@ -119,7 +119,7 @@ func TestRenderDetails(t *testing.T) {
 	conf := string(out.Config)
 	for _, want := range []string{
 		"server route0 10.0.0.1:9090 check",
-		"server route1 [fd00::2]:9090 check inter 1s fall 2 rise 1 backup",
+		"server route1 [fd00::2]:9090 check inter 1s fall 2 rise 1 on-marked-down shutdown-sessions backup",
 		"server llama-1 [fd00::11]:8000 check inter 5000ms fall 3 rise 1",
 		"use_backend %[req.body,json_query('$.model'),map_str(/etc/turnout/haproxy/models.map)]",
 		"default_backend llama_mixed",
@@ -314,21 +314,27 @@ func FuzzRender(f *testing.F) {
 	})
 }
 
-// L7 retries are opt-in: they make HAProxy copy every request buffer.
+// Retry before bytes is on by default (issue 28) and never retries a
+// response timeout (a slow stream: re-sending it would run the generation
+// twice); haproxy.l7_retries: false turns it off.
 func TestRenderL7Retries(t *testing.T) {
-	for _, on := range []bool{false, true} {
+	off := false
+	for _, tc := range []struct {
+		set  *bool
+		want bool
+	}{{nil, true}, {&off, false}} {
 		cfg, err := config.ParseConfig(config.DefaultConfigYAML)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg.HAProxy.L7Retries = on
+		cfg.HAProxy.L7Retries = tc.set
 		out, err := Render(cfg, RenderOptions{Dir: t.TempDir()})
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := strings.Contains(string(out.Config), "retry-on conn-failure empty-response")
-		if got != on || strings.Contains(string(out.Config), "response-timeout") {
-			t.Fatalf("l7_retries=%v: retry-on rendered=%v\n%s", on, got, out.Config)
+		got := strings.Contains(string(out.Config), "\n    retry-on conn-failure empty-response 503\n")
+		if got != tc.want || strings.Contains(string(out.Config), "response-timeout") {
+			t.Fatalf("l7_retries=%v: retry-on rendered=%v\n%s", tc.set, got, out.Config)
 		}
 	}
 }

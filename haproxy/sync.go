@@ -411,7 +411,7 @@ func readLive(rt RuntimeClient) (State, error) {
 			name := strings.TrimSpace(line)
 			// Internal proxies (<HTTPCLIENT>, ...) are HAProxy's; the route
 			// hop and the SPOE agent's backend are covered by the structure hash.
-			if name == "" || name[0] == '#' || name[0] == '<' || name == RouteProxy || name == SPOEProxy {
+			if name == "" || name[0] == '#' || name[0] == '<' || name == RouteProxy || name == RoutePDProxy || name == SPOEProxy {
 				continue
 			}
 			st.Backends[name] = nil

@@ -293,7 +293,7 @@ type tmplData struct {
 	RouteBody                 int
 	ConnectMs, StreamMs       int64
 	RouteTimeoutMs, CooldownS int64
-	// HeaderAskMs is route_timeout: the header-mode call never runs a
+	// HeaderAskMs is RouteAskTimeout: the header-mode call never runs a
 	// prefill, so it does not wait RouteCallTimeout's prefill budget.
 	HeaderAskMs                           int64
 	RouteConnectMs                        int64
@@ -391,7 +391,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		ConnectMs:         max(p.ConnectTimeout.Ms(), 1),
 		StreamMs:          max(p.StreamTimeout.Ms(), 1),
 		RouteTimeoutMs:    max(cfg.RouteCallTimeout().Milliseconds(), 1),
-		HeaderAskMs:       max(p.RouteTimeout.Ms(), 1),
+		HeaderAskMs:       max(cfg.RouteAskTimeout().Milliseconds(), 1),
 		RouteConnectMs:    max(p.RouteTimeout.Ms(), 1),
 		CooldownS:         max((p.BreakerCooldown.Ms()+999)/1000, 1),
 		BreakerFails:      max(p.BreakerFailures, 1),

@@ -20,6 +20,14 @@ const (
 	HdrOriginalMethod = "X-Original-Method"
 	// HdrBodyTruncated is "<have>/<full>" when the proxy could only forward a prefix of the body.
 	HdrBodyTruncated = "X-Body-Truncated"
+	// HdrDeferPD on a call asks turnout to answer a prefill/decode request
+	// with HdrPD only, not deciding it: the call stays within
+	// route_timeout, and the glue asks again (without HdrDeferPD) where the
+	// timeout covers the prefill. A glue that never sends it gets whole
+	// decisions.
+	HdrDeferPD = "X-Turnout-Defer-Pd"
+	// HdrPD ("1") answers HdrDeferPD for a prefill/decode request.
+	HdrPD = "X-Turnout-Pd"
 
 	// Response headers of a decision.
 	HdrServer    = "X-Turnout-Server"

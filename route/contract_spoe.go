@@ -13,12 +13,23 @@ import (
 const (
 	// SPOEMessageRoute is the spoe-message turnout answers; others get an empty ACK.
 	SPOEMessageRoute = "turnout-route"
+	// SPOEMessageRoutePD carries the same arguments on the second agent of
+	// a config with prefill/decode deployments: turnout answers
+	// SPOEMessageRoute with SPOEArgDeferPD for a prefill/decode request
+	// with SPOEVarPD only, so that call stays within route_timeout, and
+	// decides (running the prefill) on this one, whose timeout processing
+	// covers the prefill.
+	SPOEMessageRoutePD = "turnout-route-pd"
 
 	// Arguments of SPOEMessageRoute.
 	SPOEArgMethod  = "method" // method
 	SPOEArgURI     = "uri"    // pathq
 	SPOEArgHeaders = "hdrs"   // req.hdrs_bin
 	SPOEArgBody    = "body"   // req.body
+	// SPOEArgDeferPD (bool(true)) on SPOEMessageRoute: answer a
+	// prefill/decode request with SPOEVarPD instead of deciding it. A
+	// config without it (rendered before) gets whole decisions.
+	SPOEArgDeferPD = "defer_pd"
 
 	// Variables set in the txn scope; HAProxy prefixes them with the agent's
 	// var-prefix (txn.turnout.server with "option var-prefix turnout").
@@ -32,6 +43,7 @@ const (
 	SPOEVarReason     = "reason"      // X-Turnout-Reason (a plain token)
 	SPOEVarBody       = "body"        // JSON body of a 4xx or PD failure, to relay (always application/json)
 	SPOEVarRetryAfter = "retry_after" // Retry-After of a relayed refusal (RetryAfterSeconds)
+	SPOEVarPD         = "pd"          // 1: ask again with SPOEMessageRoutePD (int)
 	// PD: what the decode backend's Lua filter inserts into the body, where
 	// (0-based offset just after the body's opening brace), and the body's
 	// new Content-Length -- exactly what the Lua action computes.

@@ -182,3 +182,44 @@ func DecodeBody(body, kv []byte) ([]byte, error) {
 	x.Build(body, false)
 	return payload.DecodeBody(&x, kv)
 }
+
+// Prefills reports whether in goes to a prefill/decode deployment, whose
+// decision runs a prefill and may take up to twice its prefill_timeout. The
+// SPOE agent answers such a request's first call (bounded by route_timeout,
+// so a dead turnout costs no more) with a mark, and HAProxy asks again on
+// a second agent whose timeout covers the prefill (route/spoe). It reads
+// the deployment as decideInput does: the body's model, else the model
+// header, else the only deployment.
+func (s *Decider) Prefills(in *Input) bool {
+	snap := s.snap.Load()
+	pd := false
+	for _, d := range snap.Deployments {
+		pd = pd || d.Prefill != nil
+	}
+	if !pd {
+		return false
+	}
+	if len(snap.Deployments) == 1 {
+		return true
+	}
+	sc := s.getScratch(snap.maxBlocks)
+	defer s.pool.Put(sc)
+	body := in.Body
+	trunc := in.Truncated
+	if len(body) > snap.Config.MaxBody {
+		body, trunc = body[:snap.Config.MaxBody], true
+	}
+	sc.idx.Reset()
+	sc.idx.Build(body, trunc)
+	model := sc.idx.Model()
+	if len(model) == 0 {
+		for i := range in.Headers {
+			h := &in.Headers[i]
+			if len(h.Value) > 0 && snap.headerRole(h.Name)&hdrModel != 0 {
+				model = h.Value
+			}
+		}
+	}
+	d := snap.byModel[string(model)].d
+	return d != nil && d.Prefill != nil
+}

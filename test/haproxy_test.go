@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/internal/mock"
 )
 
@@ -25,6 +26,16 @@ type depSpec struct {
 	extra func(m *Mock) string
 	// depYAML adds "key: value" lines to the deployment (e.g. kv_events_bind).
 	depYAML []string
+	// prefill set: a prefill/decode deployment, mocks its decode pool.
+	prefill []*Mock
+}
+
+// pools is the deployment's pools as backend name -> replicas.
+func (d depSpec) pools() map[string][]*Mock {
+	if d.prefill == nil {
+		return map[string][]*Mock{config.PoolName(d.name, config.RoleMixed): d.mocks}
+	}
+	return map[string][]*Mock{config.PoolName(d.name, config.RolePrefill): d.prefill, config.PoolName(d.name, config.RoleDecode): d.mocks}
 }
 
 // hstack is mocks + turnout + HAProxy wired together.
@@ -60,14 +71,23 @@ deployments:
 		for _, l := range d.depYAML {
 			fmt.Fprintf(&b, "    %s\n", l)
 		}
-		b.WriteString("    pools:\n      - role: mixed\n        endpoints:\n")
-		for _, m := range d.mocks {
-			more := ""
-			if d.extra != nil {
-				more = ", " + d.extra(m)
+		b.WriteString("    pools:\n")
+		pool := func(role string, ms []*Mock) {
+			fmt.Fprintf(&b, "      - role: %s\n        endpoints:\n", role)
+			for _, m := range ms {
+				more := ""
+				if d.extra != nil {
+					more = ", " + d.extra(m)
+				}
+				fmt.Fprintf(&b, "          - {name: %s, address: %q%s}\n", m.Name, m.Addr, more)
 			}
-			fmt.Fprintf(&b, "          - {name: %s, address: %q%s}\n", m.Name, m.Addr, more)
 		}
+		if d.prefill == nil {
+			pool(config.RoleMixed, d.mocks)
+			continue
+		}
+		pool(config.RolePrefill, d.prefill)
+		pool(config.RoleDecode, d.mocks)
 	}
 	return b.String()
 }
@@ -113,8 +133,10 @@ func startStackWith(t *testing.T, failMode, spoeAddr string, deps ...depSpec) *h
 	s.H = StartHAProxy(t, s.dir, s.haAddr)
 	var ids []string
 	for _, d := range deps {
-		for _, m := range d.mocks {
-			ids = append(ids, d.name+"_mixed/"+m.Name)
+		for be, ms := range d.pools() {
+			for _, m := range ms {
+				ids = append(ids, be+"/"+m.Name)
+			}
 		}
 	}
 	s.H.WaitServersUp(t, ids...)

@@ -229,6 +229,9 @@ type StackOptions struct {
 	// HAProxyPath is turnout's haproxy.path: "" (the rendered default,
 	// SPOE on a unix socket), spoe or lua.
 	HAProxyPath string
+	// NoL7Retries renders turnout's HAProxy without retry before bytes
+	// (haproxy.l7_retries: false): the cost row of that retry.
+	NoL7Retries bool
 	// PlainBufSize is tune.bufsize of a plain HAProxy (0: HAProxy's
 	// default, what an operator runs without turnout).
 	PlainBufSize int
@@ -335,7 +338,7 @@ func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions, front st
 			return fmt.Errorf("haproxy config: %w", err)
 		}
 	} else {
-		cfg := ConfigOptions{HAProxyListen: front, HAProxyDir: hapDir, HAProxyPath: o.HAProxyPath}
+		cfg := ConfigOptions{HAProxyListen: front, HAProxyDir: hapDir, HAProxyPath: o.HAProxyPath, NoL7Retries: o.NoL7Retries}
 		if err := st.startTurnout(ctx, o, cfg, ProxyHAProxy, "--out", hapDir); err != nil {
 			return err
 		}

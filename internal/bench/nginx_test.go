@@ -237,13 +237,14 @@ func TestProxyStacks(t *testing.T) {
 		t.Fatalf("disabled: err %v stacks %v notes %v", err, stacks, notes)
 	}
 	// HAProxy rows come first, with their own baseline: HAProxy's default
-	// buffers, then whole-body buffers, then the default render (SPOE), then
-	// the Lua path.
+	// buffers, then whole-body buffers, then the default render (SPOE), the
+	// same without retry before bytes, then the Lua path.
 	o.HAProxy, o.Nginx, o.NginxModule = bin, bin, mod
 	stacks, _, err = proxyStacks(o)
-	if err != nil || len(stacks) != 8 || stacks[0].name != "haproxy roundrobin" || stacks[0].opts.PlainBufSize != 0 ||
+	if err != nil || len(stacks) != 9 || stacks[0].name != "haproxy roundrobin" || stacks[0].opts.PlainBufSize != 0 ||
 		stacks[1].opts.PlainBufSize <= 256<<10 || stacks[2].opts.Spec.Proxy(stacks[2].opts.Proxy) != ProxyHAProxy ||
-		stacks[2].opts.HAProxyPath != "" || stacks[3].opts.HAProxyPath != config.HAProxyPathLua || stacks[4].name != "nginx roundrobin" {
+		stacks[2].opts.HAProxyPath != "" || stacks[2].opts.NoL7Retries || !stacks[3].opts.NoL7Retries ||
+		stacks[4].opts.HAProxyPath != config.HAProxyPathLua || stacks[5].name != "nginx roundrobin" {
 		t.Fatalf("both: err %v stacks %+v", err, stacks)
 	}
 	o.ProxyPolicy = "nginx-roundrobin"

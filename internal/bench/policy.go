@@ -193,6 +193,8 @@ type ConfigOptions struct {
 	HAProxySPOE string
 	// HAProxyPath is haproxy.path ("" = turnout's default).
 	HAProxyPath string
+	// NoL7Retries sets haproxy.l7_retries: false (no retry before bytes).
+	NoL7Retries bool
 	// NginxListen, NginxDir and NginxMode fill the nginx section that
 	// `turnout render nginx` reads ("" = no section).
 	NginxListen    string
@@ -240,6 +242,9 @@ func TurnoutConfig(o ConfigOptions) []byte {
 		}
 		if o.HAProxyPath != "" {
 			fmt.Fprintf(&b, "  path: %s\n", o.HAProxyPath)
+		}
+		if o.NoL7Retries {
+			b.WriteString("  l7_retries: false\n")
 		}
 	}
 	if o.NginxListen != "" {

@@ -207,11 +207,13 @@ type HAProxyConfig struct {
 	DrainTimeout Duration `yaml:"drain_timeout"`
 	MaxConn      int      `yaml:"maxconn"`
 	Nbthread     int      `yaml:"nbthread"`
-	// L7Retries adds "retry-on conn-failure empty-response" so a replica that
-	// accepts and then drops a request is retried on another. Off by default:
-	// HAProxy then keeps a tune.bufsize copy of every request, which cost
-	// 5-8x in requests/s with max_body-sized buffers (glibc malloc churn).
-	L7Retries bool `yaml:"l7_retries"`
+	// L7Retries renders "retry-on conn-failure empty-response 503": a
+	// request refused, reset or answered 503 (a replica shutting down)
+	// before any byte reached the client goes to another replica (issue 28,
+	// retry before bytes). Default on (nil); false leaves connection
+	// failures only, and HAProxy keeps no copy of each request (its cost:
+	// BENCHMARKS.md, docs/haproxy.md).
+	L7Retries *bool `yaml:"l7_retries"`
 	// SPOE is the address of turnout's SPOE agent (host:port) that HAProxy
 	// asks with haproxy.path spoe: persistent pipelined connections instead
 	// of the Lua action's HTTP call, about 2x the Lua path's requests/s.
@@ -987,13 +989,24 @@ func (c *Config) HasDiscovery() bool {
 // sets it: proxy.route_timeout, but long enough for a prefill/decode
 // decision, which runs the prefill (and one retry) inside the call.
 func (c *Config) RouteCallTimeout() time.Duration {
-	t := c.Proxy.RouteTimeout.D()
+	t := c.RouteAskTimeout()
 	for i := range c.Deployments {
 		if d := &c.Deployments[i]; d.IsPD() {
-			t = max(t, 2*d.PD.PrefillTimeout.D()+time.Second)
+			// A held prefill/decode decision runs its prefill after the hold.
+			t = max(t, 2*d.PD.PrefillTimeout.D()+time.Second+d.FlowControl.MaxHold())
 		}
-		// A held decision (flow control) answers within its class's
-		// max_wait; the call must outlast it.
+	}
+	return t
+}
+
+// RouteAskTimeout bounds a route call that never runs a prefill (the
+// first call of the split prefill/decode decision, nginx header mode):
+// route_timeout, or longer when flow control may hold the answer, since
+// a held decision answers within its class's max_wait. A dead turnout is
+// noticed by the proxies' agent checks, not by this timeout.
+func (c *Config) RouteAskTimeout() time.Duration {
+	t := c.Proxy.RouteTimeout.D()
+	for i := range c.Deployments {
 		if h := c.Deployments[i].FlowControl.MaxHold(); h > 0 {
 			t = max(t, c.Proxy.RouteTimeout.D()+h+time.Second)
 		}
@@ -1032,3 +1045,8 @@ func (d *DeploymentConfig) PoolPolicy(p *PoolConfig) *PolicyConfig {
 	}
 	return &d.Policy
 }
+
+// RetryBeforeBytes reports whether the rendered HAProxy retries a request
+// on another replica when it was refused, reset or answered 503 before any
+// byte (haproxy.l7_retries, default on).
+func (h *HAProxyConfig) RetryBeforeBytes() bool { return h.L7Retries == nil || *h.L7Retries }

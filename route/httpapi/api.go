@@ -84,6 +84,14 @@ func (a *API) routeHTTP(ctx *fasthttp.RequestCtx) {
 	in.Truncated = in.Truncated || more
 	in.Body = body
 	in.Watch = (*connWatch)(ctx)
+	// The Lua's first call (route.HdrDeferPD): a prefill/decode request is
+	// decided on its second call, through the hop whose timeout covers
+	// the prefill, so this one never waits on a prefill.
+	if a.d.Prefills(in) && len(ctx.Request.Header.Peek(route.HdrDeferPD)) > 0 {
+		ctx.Response.Header.Set(route.HdrPD, "1")
+		ctx.SetStatusCode(fasthttp.StatusOK)
+		return
+	}
 	a.writeHTTP(ctx, a.d.DecideTxn(t), t)
 }
 

@@ -251,3 +251,33 @@ func TestRouteCallTimeout(t *testing.T) {
 		t.Fatalf("pd: %v, want 2 x prefill_timeout + 1s", got)
 	}
 }
+
+// The Lua's first call (route.HdrDeferPD) is answered at once for a
+// prefill/decode request, with route.HdrPD and no verdict, whatever the
+// prefill would take; other requests are decided on it; a call without the
+// header (the second, or an older glue) gets the whole decision.
+func TestDeferPrefillDecode(t *testing.T) {
+	s := mustServer(t, `
+proxy: {route_timeout: 300ms}
+deployments:
+  - {name: pd, models: [pd], pd: {prefill_timeout: 200ms}, pools: [{role: prefill, endpoints: [{name: p, address: "127.0.0.1:9"}]}, {role: decode, endpoints: [{name: d, address: "127.0.0.1:10"}]}]}
+  - {name: mx, models: [mx], pools: [{endpoints: [{name: m, address: "127.0.0.1:11"}]}]}
+`)
+	start := time.Now()
+	ctx := do(s, chatBody("pd", "s", "hi"), route.HdrDeferPD, "1")
+	if ctx.Response.StatusCode() != 200 || hdr(ctx, route.HdrPD) != "1" || hdr(ctx, route.HdrServer) != "" || hdr(ctx, route.HdrDecision) != "" {
+		t.Fatalf("deferred PD call: %d pd=%q server=%q", ctx.Response.StatusCode(), hdr(ctx, route.HdrPD), hdr(ctx, route.HdrServer))
+	}
+	if took := time.Since(start); took > 100*time.Millisecond {
+		t.Errorf("the deferred call took %v: it ran the prefill", took)
+	}
+	ctx = do(s, chatBody("mx", "s", "hi"), route.HdrDeferPD, "1")
+	if hdr(ctx, route.HdrServer) != "m" || hdr(ctx, route.HdrPD) != "" {
+		t.Fatalf("mixed request with the header: server %q pd %q", hdr(ctx, route.HdrServer), hdr(ctx, route.HdrPD))
+	}
+	// Nothing listens at the prefill address: the whole decision ran it.
+	ctx = do(s, chatBody("pd", "s", "hi"))
+	if hdr(ctx, route.HdrPD) != "" || hdr(ctx, route.HdrReason) != route.ReasonPrefillFailed {
+		t.Fatalf("second call: %d pd=%q reason %q, want the prefill tried", ctx.Response.StatusCode(), hdr(ctx, route.HdrPD), hdr(ctx, route.HdrReason))
+	}
+}

@@ -256,7 +256,7 @@ func TestBlockingDecisionsDoNotHoldTheConnection(t *testing.T) {
 `, slow))
 	c, br, _ := agentConn(t, a, 16380)
 	start := time.Now()
-	_, _ = c.Write(rawFrame(frameNotify, flagFin, 1, 1, messagesPayload(MessageRoute, routeArgs("POST", "/v1/chat/completions", chatBody("pd", "hi")))))
+	_, _ = c.Write(rawFrame(frameNotify, flagFin, 1, 1, messagesPayload(MessageRoutePD, routeArgs("POST", "/v1/chat/completions", chatBody("pd", "hi")))))
 	_, _ = c.Write(rawFrame(frameNotify, flagFin, 2, 1, messagesPayload(MessageRoute, routeArgs("POST", "/v1/chat/completions", chatBody("qwen", "hi")))))
 	h, _ := readFrame(t, br)
 	if h.StreamID != 2 || time.Since(start) > 200*time.Millisecond {
@@ -265,6 +265,46 @@ func TestBlockingDecisionsDoNotHoldTheConnection(t *testing.T) {
 	h, p := readFrame(t, br)
 	if v := vars(t, p); h.StreamID != 1 || v[VarPrefill] != "p0" {
 		t.Fatalf("second ACK stream %d vars %v", h.StreamID, v)
+	}
+}
+
+// The first call (MessageRoute, bounded by route_timeout in HAProxy) never
+// waits on a prefill: a prefill/decode request is only marked (VarPD) and
+// decided on the second call (MessageRoutePD); other requests are decided
+// on the first.
+func TestFirstCallMarksPrefillDecode(t *testing.T) {
+	slow := startSlowPrefill(t, 400*time.Millisecond)
+	a := mustAgent(t, twoDeployments+fmt.Sprintf(`
+  - name: pd
+    models: [pd]
+    policy: {name: round-robin}
+    pd: {prefill_timeout: 5s}
+    pools:
+      - role: prefill
+        endpoints: [{name: p0, address: %s}]
+      - role: decode
+        endpoints: [{name: d0, address: 127.0.0.1:9101}]
+`, slow))
+	c, br, _ := agentConn(t, a, 16380)
+	for i, tc := range []struct {
+		model, want string
+	}{{"pd", "pd"}, {"qwen", "server"}, {"nope", "status"}} {
+		start := time.Now()
+		_, _ = c.Write(rawFrame(frameNotify, flagFin, uint64(i+1), 1, messagesPayload(MessageRoute, deferPD(routeArgs("POST", "/v1/chat/completions", chatBody(tc.model, "hi"))))))
+		h, p := readFrame(t, br)
+		v := vars(t, p)
+		if took := time.Since(start); h.StreamID != uint64(i+1) || took > 200*time.Millisecond {
+			t.Fatalf("%s: ACK for stream %d after %v", tc.model, h.StreamID, took)
+		}
+		if _, ok := v[tc.want]; !ok {
+			t.Errorf("%s: vars %v, want %s set", tc.model, v, tc.want)
+		}
+		if _, ok := v[VarPD]; ok != (tc.model == "pd") {
+			t.Errorf("%s: vars %v: pd mark %v", tc.model, v, ok)
+		}
+		if v[VarPrefill] != "" {
+			t.Errorf("%s: the first call ran a prefill: %v", tc.model, v)
+		}
 	}
 }
 

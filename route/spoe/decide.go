@@ -12,12 +12,14 @@ import (
 // is defined in route/contract_spoe.go, shared with the renderer; the short
 // names below are the agent's spellings of it.
 const (
-	MessageRoute = route.SPOEMessageRoute
+	MessageRoute   = route.SPOEMessageRoute
+	MessageRoutePD = route.SPOEMessageRoutePD
 
 	ArgMethod  = route.SPOEArgMethod
 	ArgURI     = route.SPOEArgURI
 	ArgHeaders = route.SPOEArgHeaders
 	ArgBody    = route.SPOEArgBody
+	ArgDeferPD = route.SPOEArgDeferPD
 
 	VarServer         = route.SPOEVarServer
 	VarAddr           = route.SPOEVarAddr
@@ -29,6 +31,7 @@ const (
 	VarReason         = route.SPOEVarReason
 	VarBody           = route.SPOEVarBody
 	VarRetryAfter     = route.SPOEVarRetryAfter
+	VarPD             = route.SPOEVarPD
 	VarKV             = route.SPOEVarKV
 	VarKVAt           = route.SPOEVarKVAt
 	VarKVLen          = route.SPOEVarKVLen
@@ -120,7 +123,8 @@ func (d *decider) notify(payload, dst []byte, limit int) ([]byte, error) {
 			break
 		}
 		d.args = args[:0]
-		if string(name) == MessageRoute {
+		switch string(name) {
+		case MessageRoute, MessageRoutePD:
 			d.route(args, &w)
 		}
 	}
@@ -128,7 +132,9 @@ func (d *decider) notify(payload, dst []byte, limit int) ([]byte, error) {
 }
 
 // route reads one message's arguments into an Input, decides, and writes
-// the verdict as set-var actions.
+// the verdict as set-var actions. With ArgDeferPD (the first agent's
+// message), a prefill/decode request is not decided but marked (VarPD) for
+// the second agent, so that call never waits on a prefill.
 func (d *decider) route(args []arg, w *actions) {
 	in := &d.in
 	in.Reset()
@@ -136,7 +142,7 @@ func (d *decider) route(args []arg, w *actions) {
 		in.Watch = d.watch
 	}
 	var hdrs []byte
-	hasHdrs := false
+	hasHdrs, deferPD := false, false
 	for i := range args {
 		a := &args[i]
 		switch string(a.Name) {
@@ -148,6 +154,8 @@ func (d *decider) route(args []arg, w *actions) {
 			hdrs, hasHdrs = a.Value.Bytes, a.Value.Type == typeBinary || a.Value.Type == typeString
 		case ArgBody:
 			in.Body = a.Value.Bytes
+		case ArgDeferPD:
+			deferPD = a.Value.Type == typeBool && a.Value.Bool
 		}
 	}
 	if !hasHdrs {
@@ -175,6 +183,11 @@ func (d *decider) route(args []arg, w *actions) {
 	}
 	// HAProxy's req.body stops at one buffer (or route_body bytes).
 	in.Truncated = fullLen > len(in.Body)
+	if deferPD && d.names(snap).blocking && d.srv.Prefills(in) {
+		w.setInt(VarPD, 1)
+		in.Reset()
+		return
+	}
 	d.srv.Decide(in, &d.v)
 	d.verdict(w)
 	// Drop the views into the frame: it is reused once the ACK is out.

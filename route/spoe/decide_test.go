@@ -148,13 +148,23 @@ deployments:
         endpoints: [{name: d0, address: 127.0.0.1:9101}, {name: d1, address: 127.0.0.1:9102}]
 `, pf))
 	body := chatBody("pd", "hello")
-	v := decideOnce(t, a, routeArgs("POST", "/v1/chat/completions", body, "content-length", fmt.Sprint(len(body))))
+	args := routeArgs("POST", "/v1/chat/completions", body, "content-length", fmt.Sprint(len(body)))
+	// The first call only marks it for the second.
+	v := decideOnce(t, a, deferPD(args))
+	want(t, v, VarPD, "1")
+	absent(t, v, VarPool)
+	v = decideMsg(t, a, MessageRoutePD, args)
 	want(t, v, VarPool, "pd_decode")
+	// A config rendered before the second agent existed sends no
+	// defer_pd: its one call still gets the whole decision.
+	v = decideOnce(t, a, args)
+	want(t, v, VarPool, "pd_decode")
+	absent(t, v, VarPD)
 	want(t, v, VarPrefill, "p0")
 	if v[VarKVTransfer] == "" {
 		t.Fatalf("no kv_transfer var: %v", v)
 	}
-	v = decideOnce(t, a, routeArgs("POST", "/v1/chat/completions", body, "content-length", fmt.Sprint(len(body)+100000)))
+	v = decideMsg(t, a, MessageRoutePD, routeArgs("POST", "/v1/chat/completions", body, "content-length", fmt.Sprint(len(body)+100000)))
 	want(t, v, VarStatus, "413")
 	want(t, v, VarReason, "body_too_large")
 }

@@ -202,6 +202,8 @@ type spoeData struct {
 	Conf                                 string
 	Servers                              []cfgServer
 	HelloMs, IdleMs, ServerMs, TimeoutMs int64
+	PDTimeoutMs                          int64
+	PDVar, DeferArg                      string
 	MaxFrameSize                         int
 	FailClosed                           bool
 	Fallbacks, Vars                      []string
@@ -213,7 +215,7 @@ func newSPOEData(dir, agentAddr string, fallbacks int, failClosed bool) *spoeDat
 		Backend: "turnout_spoe",
 		Conf:    filepath.Join(dir, "turnout-spoe.conf"),
 		Servers: []cfgServer{{Name: "spoe0", Addr: agentAddr}},
-		HelloMs: 500, IdleMs: 30000, ServerMs: 60000, TimeoutMs: 500,
+		HelloMs: 500, IdleMs: 30000, ServerMs: 60000, TimeoutMs: 500, PDTimeoutMs: 11000, PDVar: route.SPOEVarPD, DeferArg: route.SPOEArgDeferPD,
 		FailClosed: failClosed,
 		Fallbacks:  route.SPOEFallbackVars(fallbacks),
 		Vars:       route.SPOEVarNames(fallbacks),

@@ -22,6 +22,9 @@ type targ struct {
 }
 
 func strArg(name, v string) targ { return targ{name, typeString, []byte(v)} }
+
+// deferPD is the first agent's bool(true) that defers prefill/decode decisions.
+func deferPD(args []targ) []targ { return append(args, targ{ArgDeferPD, typeBool, []byte{1}}) }
 func binArg(name string, v []byte) targ {
 	return targ{name, typeBinary, v}
 }
@@ -55,6 +58,12 @@ func messagesPayload(name string, args []targ) []byte {
 		switch a.typ {
 		case typeNull:
 			b = append(b, typeNull)
+		case typeBool:
+			t := typeBool
+			if len(a.val) > 0 && a.val[0] != 0 {
+				t |= flagTrue
+			}
+			b = append(b, t)
 		default:
 			b = appendBytes(append(b, a.typ), a.val)
 		}
@@ -117,8 +126,15 @@ func vars(t testing.TB, payload []byte) map[string]string {
 // decideOnce runs one message through a fresh decider.
 func decideOnce(t testing.TB, a *Agent, args []targ) map[string]string {
 	t.Helper()
+	return decideMsg(t, a, MessageRoute, args)
+}
+
+// decideMsg is decideOnce with the message name (MessageRoutePD: the
+// second call of a prefill/decode request).
+func decideMsg(t testing.TB, a *Agent, msg string, args []targ) map[string]string {
+	t.Helper()
 	d := newDecider(a.srv, a.names)
-	out, err := ack(d, header{StreamID: 7, FrameID: 1}, messagesPayload(MessageRoute, args), nil, 1<<20)
+	out, err := ack(d, header{StreamID: 7, FrameID: 1}, messagesPayload(msg, args), nil, 1<<20)
 	if err != nil {
 		t.Fatalf("ack: %v", err)
 	}
