@@ -186,6 +186,7 @@ func putSlice(t *testing.T, c *kubetest.Cluster, es *discoveryv1.EndpointSlice) 
 // one proxy, checking every answer to its last event.
 type kubeLoad struct {
 	name     string
+	model    string // "" = PD, every fourth request chat
 	ok, fail atomic.Int64
 	mu       sync.Mutex
 	failures []string
@@ -212,6 +213,9 @@ func (l *kubeLoad) run(ctx context.Context, c *http.Client, url string, workers 
 				model := "pd"
 				if i%4 == 3 {
 					model = "chat"
+				}
+				if l.model != "" {
+					model = l.model
 				}
 				got, err := kubeStream(context.Background(), c, url, kubeChat(model, fmt.Sprintf("%s w%d-%d", l.name, w, i), kubeLoadTokens), func(r string) {
 					now := time.Now()
