@@ -62,6 +62,7 @@ func TestSoak(t *testing.T) {
 			rewrite:     func() { s.T.Rewrite(t, s.yaml()+soakTTL) },
 			reloadProxy: func() { _ = s.N.Cmd.Process.Signal(syscall.SIGHUP) },
 			newMock:     func(name string) *Mock { return StartMock(t, name, stream) },
+			restartMock: func(old *Mock) *Mock { return StartMockAt(t, old.Name, old.Addr, stream) },
 		})
 	})
 }
@@ -76,6 +77,8 @@ type soakTarget struct {
 	rewrite     func()
 	reloadProxy func()
 	newMock     func(name string) *Mock
+	// restartMock starts a replica again on old's name and address.
+	restartMock func(old *Mock) *Mock
 }
 
 // restartTurnout stops turnout (SIGKILL when kill, else SIGTERM: it closes
@@ -132,6 +135,7 @@ func haproxyTarget(t *testing.T, s *hstack, edit func(*mock.Config)) soakTarget 
 		rewrite:     func() { s.T.Rewrite(t, s.yaml()+soakTTL) },
 		reloadProxy: func() { _ = s.H.Cmd.Process.Signal(syscall.SIGUSR2) },
 		newMock:     func(name string) *Mock { return StartMock(t, name, edit) },
+		restartMock: func(old *Mock) *Mock { return StartMockAt(t, old.Name, old.Addr, edit) },
 	}
 }
 
@@ -211,18 +215,27 @@ func soak(t *testing.T, d time.Duration, st soakTarget) {
 			st.rewrite()
 			go func() { time.Sleep(5 * time.Second); _ = old.Close() }()
 			events = append(events, "churn")
-		case 2: // replica restart: it dies with its streams and is replaced (a pod restarted elsewhere)
+		case 2: // replica restart: it dies with its streams, and comes back
 			counter++
 			i := rand.IntN(len(ms))
 			mu.Lock()
 			killed[ms[i].Name] = true
 			mu.Unlock()
 			_ = ms[i].Close()
+			if counter%2 == 0 {
+				// In place, a second later (a container restarted in its
+				// pod): the config does not change, health checks see it.
+				time.Sleep(time.Second)
+				(*st.mocks)[i] = st.restartMock(ms[i])
+				events = append(events, "replica restart (same address)")
+				break
+			}
+			// Replaced (a pod restarted elsewhere): it leaves the config.
 			nm := st.newMock(fmt.Sprintf("kill-%d", counter))
 			next := append(append([]*Mock(nil), ms[:i]...), ms[i+1:]...)
 			*st.mocks = append(next, nm)
 			st.rewrite()
-			events = append(events, "replica restart")
+			events = append(events, "replica restart (replaced)")
 		case 3:
 			_ = st.T.Cmd.Process.Signal(syscall.SIGHUP)
 			events = append(events, "turnout reload")
@@ -333,7 +346,7 @@ func countEvents(ev []string) string {
 		m[e]++
 	}
 	var parts []string
-	for _, k := range []string{"proxy reload", "churn", "replica restart", "turnout reload", "turnout restart", "quiet"} {
+	for _, k := range []string{"proxy reload", "churn", "replica restart (replaced)", "replica restart (same address)", "turnout reload", "turnout restart", "quiet"} {
 		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
 	}
 	return strings.Join(parts, ", ")
