@@ -276,10 +276,11 @@ func (f *Fleet) mergeLocked(force bool) error {
 		return nil
 	}
 	// What the proxies still owe the servers this merge removes: a new base
-	// may remove static endpoints (the full drain); the fleet's own merges
-	// remove only endpoints it drained already.
+	// may remove static endpoints, and the first synced merge servers the
+	// proxies kept from before (a restarted turnout): the full drain; the
+	// fleet's other merges remove only endpoints it drained already.
 	owed := drain
-	if !force {
+	if !force && synced == f.wasOK {
 		owed = 0
 		if dropped.done {
 			owed = min(drainGrace, drain)

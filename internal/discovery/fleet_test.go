@@ -309,6 +309,9 @@ func TestFleetDrainOwed(t *testing.T) {
 	})
 	src.set(true, "pd_decode", ep("d-0", "10.0.0.1:8000", false), ep("d-1", "10.0.0.2:8000", false))
 	waitFor(t, "two endpoints", func() bool { return a.decode() == "d-0 d-1" })
+	if d := a.lastDrain(); d != 400*time.Millisecond {
+		t.Errorf("the first synced merge owes %v, want haproxy.drain_timeout (400ms): the proxies may hold servers from before", d)
+	}
 
 	busy.Store(3)
 	src.set(true, "pd_decode", ep("d-0", "10.0.0.1:8000", false))
