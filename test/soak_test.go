@@ -139,6 +139,16 @@ func haproxyTarget(t *testing.T, s *hstack, edit func(*mock.Config)) soakTarget 
 	}
 }
 
+func getMetrics(t *testing.T, url string) string {
+	res, err := http.Get(url + "/metrics")
+	if err != nil {
+		return err.Error()
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return string(b)
+}
+
 // soakKilledCut is the one failure the soak allows: a stream already open
 // on a replica that was killed (its bytes are gone with it).
 const soakKilledCut = "stream open on a killed replica, cut"
@@ -272,13 +282,24 @@ func soak(t *testing.T, d time.Duration, st soakTarget) {
 			t.Errorf("%d requests failed for another reason than a killed replica: %s (e.g. %s)", n, cause, samples[cause])
 		}
 	}
-	Eventually(t, 30*time.Second, "every decision to close (turnout_endpoint_inflight back to 0)", func() bool {
+	closed := func() bool {
 		v, err := Metric(t, st.T.URL+"/metrics", "turnout_endpoint_inflight")
-		if err == nil && v != 0 {
-			return false
+		return err == nil && v == 0
+	}
+	for deadline := time.Now().Add(30 * time.Second); !closed(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			var lines []string
+			for _, l := range strings.Split(getMetrics(t, st.T.URL), "\n") {
+				if (strings.HasPrefix(l, "turnout_endpoint_inflight") && !strings.HasSuffix(l, " 0")) ||
+					strings.HasPrefix(l, "turnout_completions_total") || strings.HasPrefix(l, "turnout_feedback_") {
+					lines = append(lines, l)
+				}
+			}
+			t.Errorf("decisions still open 30s after the load stopped (turnout restarted %v ago; kernel UDP receive drops during the run: %d):\n%s",
+				time.Since(lastRestart).Round(time.Second), udpRcvbufErrors()-rcvErrs0, strings.Join(lines, "\n"))
+			break
 		}
-		return err == nil
-	})
+	}
 	cur.last = readProcFigures(t, st.T.URL)
 	if cur.last.at.Sub(cur.first.at) > longest.last.at.Sub(longest.first.at) {
 		longest = cur
