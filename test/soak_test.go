@@ -59,7 +59,7 @@ func TestSoak(t *testing.T) {
 		s := startNginxStack(t, "open", ndep{name: "llama", policy: policyLeast, mode: "body", mocks: mocks(t, "sn", 4, stream)})
 		soak(t, d, soakTarget{
 			url: s.N.URL, T: s.T, mocks: &s.deps[0].mocks,
-			rewrite:     func() { s.T.Rewrite(t, s.yaml()+soakTTL) },
+			rewrite:     func() { s.T.Rewrite(t, soakYAML(t, s.yaml())) },
 			reloadProxy: func() { _ = s.N.Cmd.Process.Signal(syscall.SIGHUP) },
 			newMock:     func(name string) *Mock { return StartMock(t, name, stream) },
 			restartMock: func(old *Mock) *Mock { return StartMockAt(t, old.Name, old.Addr, stream) },
@@ -67,8 +67,19 @@ func TestSoak(t *testing.T) {
 	})
 }
 
-// soakTTL keeps turnout from expiring a lost decision during the run.
-const soakTTL = "decision_ttl: 1h\n"
+// soakYAML is a stack's config for the soak: decision_ttl far away, so a
+// lost decision stays visible, and health checks that time out after 1 s
+// instead of the stacks' 300 ms: three stacks, 12 replicas and the
+// restarts on a shared 2-core box once starved every check of one backend
+// at once (82 HAProxy 503s "no server available"), which is not what the
+// soak is after.
+func soakYAML(t *testing.T, y string) string {
+	const fast, slow = "health: {interval: 300ms, timeout: 300ms", "health: {interval: 300ms, timeout: 1s"
+	if !strings.Contains(y, fast) {
+		t.Fatalf("soak: the stack's config has no %q to relax", fast)
+	}
+	return strings.Replace(y, fast, slow, 1) + "decision_ttl: 1h\n"
+}
 
 type soakTarget struct {
 	url         string
@@ -132,7 +143,7 @@ func (l lifetime) String() string {
 func haproxyTarget(t *testing.T, s *hstack, edit func(*mock.Config)) soakTarget {
 	return soakTarget{
 		url: s.H.URL, T: s.T, mocks: &s.deps[0].mocks,
-		rewrite:     func() { s.T.Rewrite(t, s.yaml()+soakTTL) },
+		rewrite:     func() { s.T.Rewrite(t, soakYAML(t, s.yaml())) },
 		reloadProxy: func() { _ = s.H.Cmd.Process.Signal(syscall.SIGUSR2) },
 		newMock:     func(name string) *Mock { return StartMock(t, name, edit) },
 		restartMock: func(old *Mock) *Mock { return StartMockAt(t, old.Name, old.Addr, edit) },
