@@ -237,7 +237,7 @@ func (f *Fleet) mergeLocked(force bool) error {
 	next := map[string][]config.EndpointConfig{}
 	changed := force || synced != f.wasOK
 	var moved []poolKey
-	var dropped dropKinds
+	dropped := false // an endpoint whose decisions all completed left
 	for i := range cfg.Deployments {
 		d := &cfg.Deployments[i]
 		d.Pools = slices.Clone(d.Pools)
@@ -282,7 +282,7 @@ func (f *Fleet) mergeLocked(force bool) error {
 	owed := drain
 	if !force && synced == f.wasOK {
 		owed = 0
-		if dropped.done {
+		if dropped {
 			owed = min(drainGrace, drain)
 		}
 	}
@@ -343,16 +343,11 @@ func (f *Fleet) release(pool string, n int) {
 	}
 }
 
-// dropKinds says how the endpoints a merge dropped finished draining.
-type dropKinds struct {
-	done    bool // decisions all completed
-	expired bool // drain timeout passed with decisions in flight
-}
-
 // withGone adds the pool's draining leftovers to cur: endpoints listed last
 // time but not now are kept as draining until their in-flight decisions
-// are done or the drain timeout passed.
-func (f *Fleet) withGone(pool string, cur []config.EndpointConfig, now time.Time, drain time.Duration, dropped *dropKinds) []config.EndpointConfig {
+// are done or the drain timeout passed. done is set when one left with its
+// decisions all completed (an expired one leaves it alone).
+func (f *Fleet) withGone(pool string, cur []config.EndpointConfig, now time.Time, drain time.Duration, done *bool) []config.EndpointConfig {
 	g := f.gone[pool]
 	if g == nil {
 		g = map[string]gone{}
@@ -377,9 +372,7 @@ func (f *Fleet) withGone(pool string, cur []config.EndpointConfig, now time.Time
 		if n <= 0 || now.Sub(ge.since) >= drain {
 			delete(g, name)
 			if n <= 0 {
-				dropped.done = true
-			} else {
-				dropped.expired = true
+				*done = true
 			}
 			f.log.Info().Str("pool", pool).Str("endpoint", name).Int64("inflight", n).
 				Dur("drained", now.Sub(ge.since)).Msg("discovered endpoint removed")
