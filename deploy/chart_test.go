@@ -329,6 +329,11 @@ func TestChartPods(t *testing.T) {
 		if err := checkPod(p); err != nil {
 			t.Errorf("profile %s: %v", prof, err)
 		}
+		if prof == "nginx" {
+			if g := p.cfg.Deployments[1].Pools[0].Discovery.Kubernetes.Grace(); g != 30*time.Second {
+				t.Errorf("profile nginx: vanish_grace %v in turnout's config, want the values' 30s", g)
+			}
+		}
 	}
 	// The probe check fails on what the issue found in the old manifests.
 	p, err := podOf(render(t, helm, "haproxy", "llm"))

@@ -266,6 +266,12 @@ type Mock struct {
 // adjusts its config (nil = defaults with fast timings).
 func StartMock(t testing.TB, name string, edit func(*mock.Config)) *Mock {
 	t.Helper()
+	return StartMockAt(t, name, "127.0.0.1:0", edit)
+}
+
+// StartMockAt is StartMock on addr (a replica restarted in place).
+func StartMockAt(t testing.TB, name, addr string, edit func(*mock.Config)) *Mock {
+	t.Helper()
 	cfg := mock.DefaultConfig()
 	cfg.Name = name
 	cfg.TimeScale = 0.01 // 20 ms TTFT -> 0.2 ms: tests should not wait on the model
@@ -277,7 +283,7 @@ func StartMock(t testing.TB, name string, edit func(*mock.Config)) *Mock {
 	if err != nil {
 		t.Fatal(err)
 	}
-	url, err := s.Start("127.0.0.1:0")
+	url, err := s.Start(addr)
 	if err != nil {
 		t.Fatal(err)
 	}

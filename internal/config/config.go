@@ -405,6 +405,25 @@ type KubernetesDiscovery struct {
 	// AddressType is the slice address family used: IPv4 (default) or IPv6;
 	// a dual-stack Service has one slice per family for the same pods.
 	AddressType string `yaml:"address_type"`
+	// VanishGrace keeps a pool's last known endpoints when every one of its
+	// EndpointSlices disappears (a Service deleted and re-created by a
+	// rollout or chart upgrade), until the slices return, the endpoints fail
+	// health, or the grace ends (default DefaultVanishGrace; 0s: off).
+	VanishGrace *Duration `yaml:"vanish_grace"`
+}
+
+// DefaultVanishGrace is discovery.kubernetes.vanish_grace's default: long
+// enough for a Service's slices to be re-created, short enough that
+// replicas really gone are not kept for long (health checks take them out
+// sooner).
+const DefaultVanishGrace = 10 * time.Second
+
+// Grace is VanishGrace with its default applied.
+func (k *KubernetesDiscovery) Grace() time.Duration {
+	if k.VanishGrace == nil {
+		return DefaultVanishGrace
+	}
+	return k.VanishGrace.D()
 }
 
 // EndpointConfig is one replica.
@@ -970,6 +989,9 @@ func validateDiscovery(f string, p *PoolConfig, bad func(field, format string, a
 	case "", "IPv4", "IPv6":
 	default:
 		bad(kf+".address_type", "%q must be IPv4 or IPv6", k.AddressType)
+	}
+	if k.VanishGrace != nil && k.VanishGrace.D() < 0 {
+		bad(kf+".vanish_grace", "must not be negative (0s turns it off)")
 	}
 }
 

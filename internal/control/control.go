@@ -143,6 +143,7 @@ func (l *Loop) Run(ctx context.Context, cfg *config.Config) error {
 	go l.px.run(ctx)
 	l.fleet = newFleet(ctx, l.core, l.opts.Kubeconfig, l.log, l.apply)
 	l.core.addMetrics(l.fleet.WriteMetrics) // turnout_discovery_*
+	l.core.addReadiness(l.fleet.WriteReadiness)
 
 	ch, err := l.lns.prepare(cfg)
 	if err != nil {
@@ -196,19 +197,27 @@ func (l *Loop) Run(ctx context.Context, cfg *config.Config) error {
 // apply is the one way a config reaches the core (the fleet calls it with
 // each merge, reloads through SetBase). Once discovery has listed
 // everything (synced), the proxies get the config, with the listener
-// changes of the reloads it carries.
-func (l *Loop) apply(c *config.Config, synced bool) error {
+// changes of the reloads it carries; drain is how long they may still wait
+// for the sessions of the servers it removes (the fleet drained discovered
+// endpoints already, so an expired drain does not hold the next sync).
+func (l *Loop) apply(c *config.Config, synced bool, drain time.Duration) error {
 	if err := l.core.apply(c); err != nil {
 		return err
 	}
 	if synced && l.px.managed() {
+		pc := c
+		if drain != c.HAProxy.DrainTimeout.D() {
+			cp := *c
+			cp.HAProxy.DrainTimeout = config.Duration(drain)
+			pc = &cp
+		}
 		l.mu.Lock()
 		queued := l.queued
 		l.queued = nil
 		l.mu.Unlock()
-		l.px.push(c, nil)
+		l.px.push(pc, nil)
 		for _, ch := range queued {
-			l.px.push(c, ch)
+			l.px.push(pc, ch)
 		}
 	}
 	return nil

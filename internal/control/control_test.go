@@ -106,3 +106,26 @@ func TestReloadOnFileChange(t *testing.T) {
 		t.Error("a broken config file took the listener down")
 	}
 }
+
+// A config that replaces one the proxy worker has not taken yet keeps the
+// longer drain: the servers the replaced config removed (static endpoints
+// of a file reload) are removed by the newer one, and still owed their drain.
+func TestPushKeepsLongerDrain(t *testing.T) {
+	p := &proxies{ch: make(chan syncReq, 1)}
+	full := &config.Config{HAProxy: config.HAProxyConfig{DrainTimeout: config.Duration(30 * time.Second)}}
+	none := &config.Config{}
+	p.push(full, nil)
+	p.push(none, nil)
+	req := <-p.ch
+	if req.cfg.HAProxy.DrainTimeout.D() != 30*time.Second {
+		t.Errorf("merged push drains %v, want the replaced config's 30s", req.cfg.HAProxy.DrainTimeout.D())
+	}
+	if none.HAProxy.DrainTimeout != 0 {
+		t.Error("push changed the caller's config")
+	}
+	p.push(none, nil)
+	p.push(full, nil)
+	if req := <-p.ch; req.cfg != full {
+		t.Error("a newer config with the longer drain was not taken as is")
+	}
+}

@@ -16,7 +16,7 @@ import (
 // is made only when a pool asks for it, and a failed first list is logged at
 // start (RBAC, unreachable API) while the informers keep retrying.
 func newFleet(ctx context.Context, c core, kubeconfig string, log *zerolog.Logger,
-	apply func(*config.Config, bool) error) *discovery.Fleet {
+	apply func(*config.Config, bool, time.Duration) error) *discovery.Fleet {
 	return discovery.New(discovery.Options{
 		Log:      log,
 		Apply:    apply,

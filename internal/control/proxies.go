@@ -40,7 +40,8 @@ type proxies struct {
 func (p *proxies) managed() bool { return len(p.syncers) > 0 }
 
 // push hands cfg to the worker, replacing a config it has not taken yet
-// (whose retired listeners ride along).
+// (whose retired listeners ride along, and whose drain, if longer, stays:
+// the servers that config removed are removed by this one too).
 func (p *proxies) push(c *config.Config, ch *change) {
 	p.pushMu.Lock()
 	defer p.pushMu.Unlock()
@@ -48,6 +49,11 @@ func (p *proxies) push(c *config.Config, ch *change) {
 	select {
 	case old := <-p.ch:
 		req.retired = old.retired
+		if d := old.cfg.HAProxy.DrainTimeout; d > c.HAProxy.DrainTimeout {
+			cp := *c
+			cp.HAProxy.DrainTimeout = d
+			req.cfg = &cp
+		}
 	default:
 	}
 	if ch != nil {

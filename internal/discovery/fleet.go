@@ -3,7 +3,8 @@
 // merged config within a short window, applied through the same path as a
 // config reload (route.Decider.Apply keeps surviving endpoints' state); an
 // endpoint that disappears stays, draining, until its in-flight decisions
-// complete or haproxy.drain_timeout passes.
+// complete or haproxy.drain_timeout passes; a pool whose slices all vanish
+// keeps its last endpoints for discovery.kubernetes.vanish_grace.
 package discovery
 
 import (
@@ -26,12 +27,19 @@ import (
 const DefaultWindow = 50 * time.Millisecond
 
 // Source reports discovered endpoints per pool (route.PoolName); a pool it
-// does not list is unknown (not synced yet), not empty.
+// does not list is unknown (not synced yet), not empty. Vanished lists the
+// pools that have no slice at all (deleted), not merely no ready endpoint.
 type Source interface {
 	Configure(cfg *config.Config) error
 	Endpoints() map[string][]config.EndpointConfig
+	Vanished() map[string]bool
 	Synced() bool
 }
+
+// drainGrace is what the proxies still wait, after the fleet dropped an
+// endpoint whose decisions all completed, for its last connections to close
+// (the completion line is written as the stream ends).
+const drainGrace = time.Second
 
 // Options configure a Fleet.
 type Options struct {
@@ -39,7 +47,11 @@ type Options struct {
 	// Apply takes each merged config (route.Decider.Apply plus proxy sync);
 	// synced is false until every source listed its objects once, so
 	// proxies are not emptied by a turnout that cannot see the cluster yet.
-	Apply func(cfg *config.Config, synced bool) error
+	// drain is how long the proxies may still wait for the sessions of the
+	// servers this merge removes: haproxy.drain_timeout after a file reload
+	// (a static endpoint may go), otherwise only what the fleet's own drain
+	// left (0 after an expired drain: the wait was spent already).
+	Apply func(cfg *config.Config, synced bool, drain time.Duration) error
 	// Inflight returns the open decisions of pool's endpoint name.
 	Inflight func(pool, name string) int64
 	// NewSource builds the Kubernetes source on first need (nil: none).
@@ -54,6 +66,16 @@ type gone struct {
 	since time.Time
 }
 
+// held is a pool whose EndpointSlices all vanished, kept at its last known
+// endpoints until they come back or the grace ends (then over, until the
+// slices return).
+type held struct {
+	eps   []config.EndpointConfig
+	since time.Time
+	grace time.Duration
+	over  bool
+}
+
 // Fleet owns the base config and the discovered endpoints.
 type Fleet struct {
 	opts  Options
@@ -64,6 +86,7 @@ type Fleet struct {
 	src   Source
 	last  map[string][]config.EndpointConfig // per pool, as last applied
 	gone  map[string]map[string]gone
+	held  map[string]*held // per pool whose slices vanished
 	wasOK bool
 	// appliedCfg is the last merged config Apply accepted.
 	appliedCfg *config.Config
@@ -90,7 +113,7 @@ func New(opts Options) *Fleet {
 		opts.Inflight = func(string, string) int64 { return 0 }
 	}
 	return &Fleet{opts: opts, log: opts.Log, kick: make(chan struct{}, 1),
-		last: map[string][]config.EndpointConfig{}, gone: map[string]map[string]gone{}}
+		last: map[string][]config.EndpointConfig{}, gone: map[string]map[string]gone{}, held: map[string]*held{}}
 }
 
 // Notify marks the discovered state changed; Run merges within the window.
@@ -168,6 +191,11 @@ func (f *Fleet) Run(ctx context.Context) {
 			for _, g := range f.gone {
 				n += len(g)
 			}
+			for _, h := range f.held {
+				if !h.over {
+					n++ // its grace may end
+				}
+			}
 			f.mu.Unlock()
 			if n == 0 && f.syncedSame() {
 				continue
@@ -191,13 +219,15 @@ func (f *Fleet) syncedSame() bool {
 }
 
 // mergeLocked builds the merged config and applies it when it changed (or
-// force). Called with f.mu held.
+// force: a new base). Called with f.mu held.
 func (f *Fleet) mergeLocked(force bool) error {
 	now := time.Now()
 	synced := true
 	var found map[string][]config.EndpointConfig
+	var vanished map[string]bool
 	if f.src != nil {
 		found = f.src.Endpoints()
+		vanished = f.src.Vanished()
 		synced = f.src.Synced()
 	}
 	cfg := *f.base
@@ -207,6 +237,7 @@ func (f *Fleet) mergeLocked(force bool) error {
 	next := map[string][]config.EndpointConfig{}
 	changed := force || synced != f.wasOK
 	var moved []poolKey
+	dropped := false // an endpoint whose decisions all completed left
 	for i := range cfg.Deployments {
 		d := &cfg.Deployments[i]
 		d.Pools = slices.Clone(d.Pools)
@@ -217,10 +248,15 @@ func (f *Fleet) mergeLocked(force bool) error {
 			}
 			pool := config.PoolName(d.Name, p.Role)
 			cur, known := found[pool]
-			if !known {
+			switch {
+			case !known:
 				cur = f.last[pool] // not synced (yet): keep what we had
+			case len(cur) == 0 && vanished[pool] && p.Discovery.Kubernetes != nil:
+				cur = f.hold(pool, p.Discovery.Kubernetes.Grace(), now)
+			default:
+				f.release(pool, len(cur))
 			}
-			eps := f.withGone(pool, cur, now, drain)
+			eps := f.withGone(pool, cur, now, drain, &dropped)
 			eps = uniqueNames(eps, pool, taken)
 			p.Endpoints = eps
 			next[pool] = cur
@@ -230,11 +266,27 @@ func (f *Fleet) mergeLocked(force bool) error {
 			}
 		}
 	}
+	for pool := range f.held {
+		if _, ok := next[pool]; !ok {
+			delete(f.held, pool) // the pool left the config
+		}
+	}
 	f.last = next
 	if !changed {
 		return nil
 	}
-	if err := f.opts.Apply(&cfg, synced); err != nil {
+	// What the proxies still owe the servers this merge removes: a new base
+	// may remove static endpoints, and the first synced merge servers the
+	// proxies kept from before (a restarted turnout): the full drain; the
+	// fleet's other merges remove only endpoints it drained already.
+	owed := drain
+	if !force && synced == f.wasOK {
+		owed = 0
+		if dropped {
+			owed = min(drainGrace, drain)
+		}
+	}
+	if err := f.opts.Apply(&cfg, synced, owed); err != nil {
 		f.rejected++
 		return err
 	}
@@ -250,10 +302,52 @@ func (f *Fleet) mergeLocked(force bool) error {
 	return nil
 }
 
+// hold returns what a pool whose slices all vanished keeps: its last
+// endpoints while the grace lasts (a Service deleted and re-created gives
+// no 503s), nothing once it ended. Endpoints kept stay under health checks,
+// which take a replica really gone out of rotation meanwhile.
+func (f *Fleet) hold(pool string, grace time.Duration, now time.Time) []config.EndpointConfig {
+	h := f.held[pool]
+	if h == nil {
+		last := f.last[pool]
+		if len(last) == 0 || grace <= 0 {
+			return nil
+		}
+		h = &held{eps: slices.Clone(last), since: now, grace: grace}
+		f.held[pool] = h
+		f.log.Warn().Str("pool", pool).Int("endpoints", len(h.eps)).Dur("grace", grace).
+			Msg("every EndpointSlice of the pool vanished; keeping its last known endpoints until they return or the grace ends (discovery.kubernetes.vanish_grace)")
+	}
+	if h.over {
+		return nil
+	}
+	if now.Sub(h.since) >= h.grace {
+		h.over = true
+		f.log.Warn().Str("pool", pool).Int("endpoints", len(h.eps)).Dur("grace", h.grace).
+			Msg("vanish grace over and no EndpointSlice came back; the pool's last known endpoints leave")
+		return nil
+	}
+	return h.eps
+}
+
+// release ends a pool's hold: its slices are back (n endpoints).
+func (f *Fleet) release(pool string, n int) {
+	h := f.held[pool]
+	if h == nil {
+		return
+	}
+	delete(f.held, pool)
+	if !h.over {
+		f.log.Info().Str("pool", pool).Int("endpoints", n).Dur("after", time.Since(h.since)).
+			Msg("EndpointSlices back; the kept endpoints are replaced by what they list")
+	}
+}
+
 // withGone adds the pool's draining leftovers to cur: endpoints listed last
 // time but not now are kept as draining until their in-flight decisions
-// are done or the drain timeout passed.
-func (f *Fleet) withGone(pool string, cur []config.EndpointConfig, now time.Time, drain time.Duration) []config.EndpointConfig {
+// are done or the drain timeout passed. done is set when one left with its
+// decisions all completed (an expired one leaves it alone).
+func (f *Fleet) withGone(pool string, cur []config.EndpointConfig, now time.Time, drain time.Duration, done *bool) []config.EndpointConfig {
 	g := f.gone[pool]
 	if g == nil {
 		g = map[string]gone{}
@@ -277,6 +371,9 @@ func (f *Fleet) withGone(pool string, cur []config.EndpointConfig, now time.Time
 		n := f.opts.Inflight(pool, name)
 		if n <= 0 || now.Sub(ge.since) >= drain {
 			delete(g, name)
+			if n <= 0 {
+				*done = true
+			}
 			f.log.Info().Str("pool", pool).Str("endpoint", name).Int64("inflight", n).
 				Dur("drained", now.Sub(ge.since)).Msg("discovered endpoint removed")
 			continue
@@ -386,4 +483,41 @@ func (f *Fleet) WriteMetrics(b *strings.Builder) {
 	}
 	help("turnout_discovery_rejected_total", "counter", "Merged configs with discovered endpoints that turnout refused (the previous snapshot stays).")
 	fmt.Fprintf(b, "turnout_discovery_rejected_total %d\n", f.rejected)
+	help("turnout_discovery_held_endpoints", "gauge", "Last known endpoints kept for a pool whose EndpointSlices all vanished, while discovery.kubernetes.vanish_grace lasts (0: the pool follows its slices).")
+	for _, d := range f.base.Deployments {
+		for _, p := range d.Pools {
+			if p.Discovery != nil {
+				pool := config.PoolName(d.Name, p.Role)
+				n := 0
+				if h := f.held[pool]; h != nil && !h.over {
+					n = len(h.eps)
+				}
+				fmt.Fprintf(b, "turnout_discovery_held_endpoints{deployment=%q,pool=%q} %d\n", d.Name, pool, n)
+			}
+		}
+	}
+}
+
+// WriteReadiness adds a /readyz?verbose line per pool kept at its last
+// known endpoints because its EndpointSlices vanished.
+func (f *Fleet) WriteReadiness(b *strings.Builder) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	pools := make([]string, 0, len(f.held))
+	for pool, h := range f.held {
+		if !h.over {
+			pools = append(pools, pool)
+		}
+	}
+	slices.Sort(pools)
+	now := time.Now()
+	for _, pool := range pools {
+		h := f.held[pool]
+		names := make([]string, len(h.eps))
+		for i, e := range h.eps {
+			names[i] = e.Name
+		}
+		fmt.Fprintf(b, "discovery: pool %s: every EndpointSlice vanished %v ago; kept at its %d last known endpoints (%s) for %v more (discovery.kubernetes.vanish_grace), unless they fail health\n",
+			pool, now.Sub(h.since).Round(time.Millisecond), len(h.eps), strings.Join(names, ","), max(0, h.grace-now.Sub(h.since)).Round(time.Millisecond))
+	}
 }

@@ -13,10 +13,11 @@ import (
 
 // fakeSource is a Source whose endpoints the test sets.
 type fakeSource struct {
-	mu     sync.Mutex
-	eps    map[string][]config.EndpointConfig
-	synced bool
-	notify func()
+	mu       sync.Mutex
+	eps      map[string][]config.EndpointConfig
+	vanished map[string]bool
+	synced   bool
+	notify   func()
 }
 
 func (f *fakeSource) Configure(*config.Config) error { return nil }
@@ -29,13 +30,32 @@ func (f *fakeSource) Endpoints() map[string][]config.EndpointConfig {
 	}
 	return out
 }
+func (f *fakeSource) Vanished() map[string]bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]bool{}
+	for k, v := range f.vanished {
+		out[k] = v
+	}
+	return out
+}
 func (f *fakeSource) Synced() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.synced }
 func (f *fakeSource) set(synced bool, pool string, eps ...config.EndpointConfig) {
 	f.mu.Lock()
 	f.synced = synced
 	if pool != "" {
 		f.eps[pool] = eps
+		delete(f.vanished, pool)
 	}
+	f.mu.Unlock()
+	f.notify()
+}
+
+// vanish deletes every slice of pool (as opposed to slices listing nothing).
+func (f *fakeSource) vanish(pool string) {
+	f.mu.Lock()
+	f.eps[pool] = []config.EndpointConfig{}
+	f.vanished[pool] = true
 	f.mu.Unlock()
 	f.notify()
 }
@@ -56,22 +76,30 @@ deployments:
       - role: prefill
         endpoints: [{name: p-0, address: 127.0.0.1:9002}]
       - role: decode
-        discovery: {kubernetes: {service: vllm, port: http}}
+        discovery: {kubernetes: {service: vllm, port: http, vanish_grace: 500ms}}
 `
 
 // applied records what the fleet applied.
 type applied struct {
-	mu    sync.Mutex
-	cfgs  []*config.Config
-	syncs []bool
+	mu     sync.Mutex
+	cfgs   []*config.Config
+	syncs  []bool
+	drains []time.Duration
 }
 
-func (a *applied) apply(c *config.Config, synced bool) error {
+func (a *applied) apply(c *config.Config, synced bool, drain time.Duration) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.cfgs = append(a.cfgs, c)
 	a.syncs = append(a.syncs, synced)
+	a.drains = append(a.drains, drain)
 	return nil
+}
+
+func (a *applied) lastDrain() time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.drains[len(a.drains)-1]
 }
 
 func (a *applied) n() int { a.mu.Lock(); defer a.mu.Unlock(); return len(a.cfgs) }
@@ -107,11 +135,17 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 func startFleet(t *testing.T, inflight func(pool, name string) int64) (*fakeSource, *applied) {
 	t.Helper()
+	src, a, _ := startFleetF(t, inflight)
+	return src, a
+}
+
+func startFleetF(t *testing.T, inflight func(pool, name string) int64) (*fakeSource, *applied, *Fleet) {
+	t.Helper()
 	cfg, err := config.ParseConfig([]byte(fleetYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := &fakeSource{eps: map[string][]config.EndpointConfig{}}
+	src := &fakeSource{eps: map[string][]config.EndpointConfig{}, vanished: map[string]bool{}}
 	a := &applied{}
 	f := New(Options{Apply: a.apply, Inflight: inflight, Window: 30 * time.Millisecond,
 		NewSource: func(notify func()) (Source, error) { src.notify = notify; return src, nil }})
@@ -121,7 +155,7 @@ func startFleet(t *testing.T, inflight func(pool, name string) int64) (*fakeSour
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go f.Run(ctx)
-	return src, a
+	return src, a, f
 }
 
 // Until the source has listed once, the pool is empty and applies say
@@ -201,5 +235,109 @@ func TestFleetDrainingAndNames(t *testing.T) {
 	waitFor(t, "p-0 ready", func() bool { return !strings.Contains(a.decode(), "*") })
 	if strings.TrimSuffix(first, "*") != a.decode() {
 		t.Errorf("renamed endpoint not stable: %q then %q", first, a.decode())
+	}
+}
+
+// A pool whose slices all vanish keeps its last endpoints (available, not
+// draining), says so in a metric and a readiness line, and follows the
+// slices again when they return; after the grace they leave. Slices that
+// list no ready endpoint empty the pool at once.
+func TestFleetVanishGrace(t *testing.T) {
+	src, a, f := startFleetF(t, nil)
+	held := func() string {
+		var b strings.Builder
+		f.WriteMetrics(&b)
+		for line := range strings.Lines(b.String()) {
+			if strings.HasPrefix(line, `turnout_discovery_held_endpoints{deployment="pd",pool="pd_decode"}`) {
+				return strings.TrimSpace(line[strings.LastIndexByte(line, ' ')+1:])
+			}
+		}
+		return "missing"
+	}
+	ready := func() string { var b strings.Builder; f.WriteReadiness(&b); return b.String() }
+	src.set(true, "pd_decode", ep("d-0", "10.0.0.1:8000", false), ep("d-1", "10.0.0.2:8000", false))
+	waitFor(t, "two endpoints", func() bool { return a.decode() == "d-0 d-1" })
+	if held() != "0" || ready() != "" {
+		t.Fatalf("before: held %s, readiness %q", held(), ready())
+	}
+
+	src.vanish("pd_decode")
+	time.Sleep(150 * time.Millisecond) // several windows and ticks
+	if got := a.decode(); got != "d-0 d-1" {
+		t.Fatalf("slices vanished: pool %q, want the last known d-0 d-1 kept", got)
+	}
+	if held() != "2" || !strings.Contains(ready(), "pool pd_decode: every EndpointSlice vanished") || !strings.Contains(ready(), "d-0,d-1") {
+		t.Errorf("while held: metric %s, readiness %q", held(), ready())
+	}
+	// Re-created with one pod renamed: the kept set is replaced.
+	src.set(true, "pd_decode", ep("d-0", "10.0.0.1:8000", false), ep("d-2", "10.0.0.3:8000", false))
+	waitFor(t, "the re-created slices followed", func() bool { return a.decode() == "d-0 d-2" })
+	if held() != "0" || ready() != "" {
+		t.Errorf("after: held %s, readiness %q", held(), ready())
+	}
+
+	// Gone for longer than the grace (500ms): the endpoints leave.
+	src.vanish("pd_decode")
+	start := time.Now()
+	waitFor(t, "the pool emptied after the grace", func() bool { return a.decode() == "" })
+	if d := time.Since(start); d < 400*time.Millisecond {
+		t.Errorf("kept endpoints left after %v, before the 500ms grace", d)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if a.decode() != "" || held() != "0" {
+		t.Errorf("after the grace: pool %q held %s, want empty (no second hold)", a.decode(), held())
+	}
+
+	// Slices that exist but list no ready endpoint: empty at once.
+	src.set(true, "pd_decode", ep("d-0", "10.0.0.1:8000", false))
+	waitFor(t, "d-0 back", func() bool { return a.decode() == "d-0" })
+	src.set(true, "pd_decode")
+	waitFor(t, "no ready endpoint: empty", func() bool { return a.decode() == "" })
+}
+
+// The fleet's own merges tell the proxies how long they may still wait for
+// a removed server: nothing after an expired drain (the fleet waited the
+// whole drain_timeout already), a short grace after the decisions all
+// completed, the full drain_timeout for a new base (static endpoints).
+func TestFleetDrainOwed(t *testing.T) {
+	var busy atomic.Int64
+	src, a, f := startFleetF(t, func(_, name string) int64 {
+		if name == "d-1" {
+			return busy.Load()
+		}
+		return 0
+	})
+	src.set(true, "pd_decode", ep("d-0", "10.0.0.1:8000", false), ep("d-1", "10.0.0.2:8000", false))
+	waitFor(t, "two endpoints", func() bool { return a.decode() == "d-0 d-1" })
+	if d := a.lastDrain(); d != 400*time.Millisecond {
+		t.Errorf("the first synced merge owes %v, want haproxy.drain_timeout (400ms): the proxies may hold servers from before", d)
+	}
+
+	busy.Store(3)
+	src.set(true, "pd_decode", ep("d-0", "10.0.0.1:8000", false))
+	waitFor(t, "d-1 draining", func() bool { return a.decode() == "d-0 d-1*" })
+	waitFor(t, "d-1 dropped at the drain timeout", func() bool { return a.decode() == "d-0" })
+	if d := a.lastDrain(); d != 0 {
+		t.Errorf("after an expired drain the proxies may wait %v more, want 0", d)
+	}
+
+	busy.Store(0)
+	src.set(true, "pd_decode", ep("d-0", "10.0.0.1:8000", false), ep("d-1", "10.0.0.2:8000", false))
+	waitFor(t, "d-1 back", func() bool { return a.decode() == "d-0 d-1" })
+	src.set(true, "pd_decode", ep("d-0", "10.0.0.1:8000", false))
+	waitFor(t, "d-1 dropped, decisions done", func() bool { return a.decode() == "d-0" })
+	if d := a.lastDrain(); d <= 0 || d > drainGrace {
+		t.Errorf("after a completed drain the proxies may wait %v, want (0, %v]", d, drainGrace)
+	}
+
+	cfg, err := config.ParseConfig([]byte(fleetYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.SetBase(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if d := a.lastDrain(); d != 400*time.Millisecond {
+		t.Errorf("a new base owes %v, want haproxy.drain_timeout (400ms)", d)
 	}
 }

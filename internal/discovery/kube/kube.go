@@ -451,6 +451,23 @@ func (s *Source) Endpoints() map[string][]config.EndpointConfig {
 	return out
 }
 
+// Vanished reports the synced pools whose watch lists no EndpointSlice at
+// all (the Service's slices were deleted, typically to be re-created), as
+// opposed to slices that list no ready endpoint: the fleet keeps the former's
+// last known endpoints for discovery.kubernetes.vanish_grace.
+func (s *Source) Vanished() map[string]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]bool{}
+	for i := range s.pools {
+		pw := &s.pools[i]
+		if pw.slices.inf.HasSynced() && len(pw.slices.inf.GetStore().ListKeys()) == 0 {
+			out[pw.pool] = true
+		}
+	}
+	return out
+}
+
 // candidate is one endpoint of one slice.
 type candidate struct {
 	config.EndpointConfig

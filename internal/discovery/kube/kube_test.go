@@ -157,6 +157,9 @@ func TestSourceRealAPIServer(t *testing.T) {
 	if notified.Load() == 0 {
 		t.Error("no notification")
 	}
+	if v := s.Vanished(); !v["mix_mixed"] || v["pd_decode"] || v["pd_prefill"] {
+		t.Errorf("vanished %v: want only mix_mixed (no tier=mixed slice yet)", v)
+	}
 
 	// A mixed slice selected by labels, with a duplicate address in a
 	// second slice and a numeric port.
@@ -194,6 +197,22 @@ func TestSourceRealAPIServer(t *testing.T) {
 		_, ok := m["pd_decode"]
 		return ok && len(m["pd_decode"]) == 0
 	})
+	// Empty, but slices remain (they list nothing usable): not vanished.
+	if v := s.Vanished(); v["pd_decode"] || v["mix_mixed"] {
+		t.Errorf("vanished %v with vllm-ipv6, vllm-noport and mix-a/b left", v)
+	}
+	for _, name := range []string{"vllm-ipv6", "vllm-noport"} {
+		if err := admin.DiscoveryV1().EndpointSlices(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for v := s.Vanished(); !v["pd_decode"] || !v["pd_prefill"]; v = s.Vanished() {
+		if time.Now().After(deadline) {
+			t.Fatalf("vanished %v after every vllm slice was deleted, want pd_decode and pd_prefill", v)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // TestSourceRBACDenied: a token without the Role gets a clear forbidden
