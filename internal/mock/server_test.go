@@ -436,6 +436,11 @@ func scrape(t *testing.T, base string) map[string]float64 {
 		}
 		name, rest, ok := strings.Cut(line, "{")
 		labels, val, ok2 := strings.Cut(rest, "} ")
+		if name == "vllm:cache_config_info" {
+			// vLLM's config as labels, without the model's: the block size is its figure here.
+			bs, _, _ := strings.Cut(strings.TrimPrefix(labels, `block_size="`), `"`)
+			labels, val = `model_name="llama"`, bs
+		}
 		if !ok || !ok2 || labels != `model_name="llama"` {
 			t.Fatalf("bad metric line %q", line)
 		}
@@ -463,6 +468,7 @@ func TestMetrics(t *testing.T) {
 		"vllm:prefix_cache_hits_total":    32,
 		"mock_requests_total":             3,
 		"mock_prompt_tokens_total":        82,
+		"vllm:cache_config_info":          16, // the block size
 	}
 	for k, v := range want {
 		got, ok := m[k]

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,10 @@ const (
 	MetricWaiting = "vllm:num_requests_waiting"
 	MetricKV      = "vllm:kv_cache_usage_perc"
 	MetricKVOld   = "vllm:gpu_cache_usage_perc"
+	// MetricCacheConfig is vLLM's cache config as labels (value 1); its
+	// block_size label lets kv-aware key requests before the first KV
+	// event arrives.
+	MetricCacheConfig = "vllm:cache_config_info"
 )
 
 // Result classifies one scrape; keep resultNames in sync.
@@ -312,7 +317,7 @@ func Parse(body []byte) (fleet.EngineLoad, Result, error) {
 }
 
 // loadFamilies are the metric names Parse reads.
-var loadFamilies = [...][]byte{[]byte(MetricRunning), []byte(MetricWaiting), []byte(MetricKV), []byte(MetricKVOld)}
+var loadFamilies = [...][]byte{[]byte(MetricRunning), []byte(MetricWaiting), []byte(MetricKV), []byte(MetricKVOld), []byte(MetricCacheConfig)}
 
 // keepLoadLines returns the sample, HELP and TYPE lines of loadFamilies.
 func keepLoadLines(body []byte) []byte {
@@ -358,7 +363,26 @@ func parse(body []byte) (fleet.EngineLoad, Result, error) {
 			kv = -1
 		}
 	}
-	return fleet.EngineLoad{Requests: int64(running + waiting + 0.5), KVUsage: kv}, ResultOK, nil
+	return fleet.EngineLoad{Requests: int64(running + waiting + 0.5), KVUsage: kv, BlockSize: blockSize(fams[MetricCacheConfig])}, ResultOK, nil
+}
+
+// blockSize is the block_size label of vLLM's cache_config_info (0: absent
+// or not a size).
+func blockSize(f *dto.MetricFamily) int {
+	if f == nil {
+		return 0
+	}
+	for _, m := range f.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() != "block_size" {
+				continue
+			}
+			if n, err := strconv.Atoi(l.GetValue()); err == nil && n > 0 && n <= 4096 {
+				return n
+			}
+		}
+	}
+	return 0
 }
 
 func value(m *dto.Metric) (float64, bool) {

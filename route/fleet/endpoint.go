@@ -79,6 +79,9 @@ type EngineLoad struct {
 	KVUsage float64
 	// Mark is DecisionMark() taken as the scrape's page arrived.
 	Mark int64
+	// BlockSize is the engine's KV block size in tokens (vLLM's
+	// cache_config_info; 0: not reported).
+	BlockSize int
 }
 
 // StartWindow starts a new recent-decisions window; the scraper calls it at
