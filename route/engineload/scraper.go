@@ -214,8 +214,9 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*fleet.Endpoin
 	// as until issue 28, over-counted the first and under-counted the
 	// second.)
 	marks := make([]int64, len(eps))
+	peers := make([]int64, len(eps))
 	for i, e := range eps {
-		marks[i] = e.DecisionMark()
+		marks[i], peers[i] = e.DecisionMark(), e.PeerMark()
 	}
 	t.durNs.Add(uint64(s.now().Sub(start)))
 	t.bytes.Add(uint64(n))
@@ -223,7 +224,7 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*fleet.Endpoin
 	for i, e := range eps {
 		if res == ResultOK {
 			l := load
-			l.Mark = marks[i]
+			l.Mark, l.PeerMark = marks[i], peers[i]
 			e.SetEngineLoad(&l)
 		} else {
 			e.SetEngineLoad(nil)
