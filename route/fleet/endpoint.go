@@ -12,7 +12,11 @@ import (
 // feedback Feedback and Stall. Policies read it through Endpoint's methods.
 // It must not be copied (atomics).
 type State struct {
-	Inflight  atomic.Int64
+	Inflight atomic.Int64
+	// Pending is the uncached prompt bytes of the open decisions that
+	// carry a prediction (fleet.Prediction.Uncached): prefill work queued
+	// at the endpoint by this instance.
+	Pending   atomic.Int64
 	Down      atomic.Bool
 	Fails     atomic.Int32
 	Decisions atomic.Uint64
@@ -54,6 +58,10 @@ type Endpoint struct {
 	// State survives reloads (the snapshot builder carries it over).
 	State *State
 }
+
+// PendingBytes is the uncached prompt bytes of this instance's open
+// predicted decisions on the endpoint (State.Pending).
+func (e *Endpoint) PendingBytes() int64 { return e.State.Pending.Load() }
 
 // Inflight is the number of decisions sent to this endpoint not yet completed.
 func (e *Endpoint) Inflight() int64 { return e.State.Inflight.Load() }

@@ -66,5 +66,6 @@ func DefaultRegistry() *Registry {
 	r.Register(SessionHashType, NewSessionHashFactory())
 	r.Register(PrefixAffinityType, NewPrefixAffinityFactory())
 	r.Register(KVAwareType, NewKVAwareFactory())
+	r.Register(PredictedTTFTType, NewPredictedTTFTFactory())
 	return r
 }
