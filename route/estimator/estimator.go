@@ -147,6 +147,12 @@ func (m *Model) Observe(x *Features, y float64, prior *Coef) {
 		b[i] = m.sxy[i] + r*prior[i]
 	}
 	if w, ok := solve(&A, &b); ok {
+		// More load, queued prefill or uncached prompt never makes the
+		// first token come sooner: a negative slope (collinear features
+		// trading off) would draw requests to the busiest replica.
+		for i := 1; i < N; i++ {
+			w[i] = max(w[i], 0)
+		}
 		m.publish(w)
 	}
 }
