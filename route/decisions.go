@@ -127,7 +127,9 @@ func (d *decisions) open(e *fleet.Endpoint, now int64, m *decisionMeta) uint64 {
 	s.end, s.status, s.retries, s.ms, s.ttfb = endOpen, -1, -1, -1, -1
 	s.mu.Unlock()
 	e.State.Inflight.Add(1)
-	e.State.Pending.Add(int64(m.pred.Uncached))
+	if m.pred.Uncached != 0 {
+		e.State.Pending.Add(int64(m.pred.Uncached))
+	}
 	e.State.Decisions.Add(1)
 	return id
 }
@@ -175,7 +177,9 @@ func (d *decisions) closeWith(id uint64, c Completion, rec *DecisionRecord) *fle
 		learn.LearnTTFT(ep, pred, c.TTFB)
 	}
 	st.Inflight.Add(-1)
-	st.Pending.Add(-int64(pred.Uncached))
+	if pred.Uncached != 0 {
+		st.Pending.Add(-int64(pred.Uncached))
+	}
 	d.completed.Add(1)
 	d.openedAtClose.Store(d.opened())
 	return st

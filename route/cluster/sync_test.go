@@ -363,7 +363,9 @@ func TestSyncSharesLoads(t *testing.T) {
 		}
 		return true
 	}
-	eventually(t, "B sees A's 6 open decisions", func() bool { return same() && bEps[0].PeerMark()+bEps[1].PeerMark()+bEps[2].PeerMark()+bEps[3].PeerMark() == 6 })
+	eventually(t, "B sees A's 6 open decisions", func() bool {
+		return same() && bEps[0].PeerMark()+bEps[1].PeerMark()+bEps[2].PeerMark()+bEps[3].PeerMark() == 6
+	})
 	for _, id := range ids {
 		a.srv.Complete(id)
 	}

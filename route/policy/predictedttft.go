@@ -147,7 +147,7 @@ func NewPredictedTTFT(cfg PredictedTTFTConfig, p *fleet.Pool, rnd *fleet.Rand) *
 		Pickers: []Picker{&ttftRank{pt: pt, MaxScore: MaxScore{
 			Name:    "predicted-ttft",
 			Scorers: []Weighted{{ttftScore{pt}, 1}},
-			Ties:    []Tie{LowerLoad{}},
+			Ties:    []Tie{LowerLoad{}, FewerRecent{}},
 			Rand:    rnd,
 			Slots:   1,
 		}}, NewLeastLoaded(rnd)},
@@ -188,13 +188,19 @@ func (pt *PredictedTTFT) features(c *Cycle, e *fleet.Endpoint) (x estimator.Feat
 	return estimator.Make(load, pending, uncached), load, pending, uncached, match
 }
 
-// ttftScore scores minus the predicted TTFT (unit: milliseconds).
+// ttftQuantum is the resolution of the ranking in milliseconds.
+const ttftQuantum = 50
+
+// ttftScore scores minus the predicted TTFT (unit: ttftQuantum ms).
 type ttftScore struct{ pt *PredictedTTFT }
 
 // Score implements Scorer.
 func (s ttftScore) Score(c *Cycle, e *fleet.Endpoint) float64 {
 	x, _, _, _, _ := s.pt.features(c, e)
-	return -s.pt.models[e.Index].Predict(&x)
+	// Predictions within ttftQuantum are a tie, broken by load and then
+	// by the fewest recent decisions, as the least-loaded fill does: a
+	// model's noise does not decide between equally good replicas.
+	return -math.Round(s.pt.models[e.Index].Predict(&x) / ttftQuantum)
 }
 
 // ttftRank is the ranking; its first choice's prediction goes with the
