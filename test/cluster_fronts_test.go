@@ -25,6 +25,9 @@ func TestClusterFronts(t *testing.T) {
 		hit, maxMean  float64
 		reqs          []int64
 		p50, p90, p99 time.Duration
+		// sync traffic per decision: bytes and messages out (decision
+		// batches and load messages together), load messages alone
+		bytesPer, msgsPer, loadMsgsPer float64
 	}
 	var rows []row
 	for _, n := range []int{1, 2, 4} {
@@ -44,13 +47,25 @@ func TestClusterFronts(t *testing.T) {
 		r := row{fronts: n}
 		r.hit, r.maxMean, r.reqs = hitAndBalance(ms)
 		r.p50, r.p90, r.p99 = pct(durs, 0.5), pct(durs, 0.9), pct(durs, 0.99)
+		var bytes, msgs, loads, decs float64
+		for _, f := range fronts {
+			u := f.T.URL + "/metrics"
+			b, _ := Metric(t, u, "turnout_cluster_bytes_total", `direction="out"`)
+			m, _ := Metric(t, u, "turnout_cluster_messages_total", `direction="out"`)
+			l, _ := Metric(t, u, "turnout_cluster_load_messages_total", `direction="out"`)
+			d, _ := Metric(t, u, "turnout_cluster_decisions_total", `result="published"`)
+			bytes, msgs, loads, decs = bytes+b, msgs+m, loads+l, decs+d
+		}
+		if decs > 0 {
+			r.bytesPer, r.msgsPer, r.loadMsgsPer = bytes/decs, msgs/decs, loads/decs
+		}
 		rows = append(rows, r)
 	}
 	t.Logf("%d requests (%d documents x %d), %d concurrent, 4 replicas, default prefix-affinity, sync on:", len(w.bodies), docs, reps, conc)
-	t.Logf("| fronts | hit ratio | vs 1 front | requests max/mean | latency p50/p90/p99 ms | per replica |")
+	t.Logf("| fronts | hit ratio | vs 1 front | requests max/mean | latency p50/p90/p99 ms | per replica | sync B/decision | msgs/decision (load msgs) |")
 	for _, r := range rows {
-		t.Logf("| %d | %.3f | %.2f | %.3f | %d/%d/%d | %v |", r.fronts, r.hit, r.hit/rows[0].hit, r.maxMean,
-			r.p50.Milliseconds(), r.p90.Milliseconds(), r.p99.Milliseconds(), r.reqs)
+		t.Logf("| %d | %.3f | %.2f | %.3f | %d/%d/%d | %v | %.0f | %.2f (%.2f) |", r.fronts, r.hit, r.hit/rows[0].hit, r.maxMean,
+			r.p50.Milliseconds(), r.p90.Milliseconds(), r.p99.Milliseconds(), r.reqs, r.bytesPer, r.msgsPer, r.loadMsgsPer)
 	}
 	for _, r := range rows[1:] {
 		if r.hit < 0.95*rows[0].hit {

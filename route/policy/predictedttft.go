@@ -142,15 +142,9 @@ func NewPredictedTTFT(cfg PredictedTTFTConfig, p *fleet.Pool, rnd *fleet.Rand) *
 	pt.sh = &ttftShared{prior: prior, ecfg: ecfg, pool: estimator.New(ecfg, prior), byName: map[string]*estimator.Model{}}
 	pt.bindModels(p)
 	pt.Profile = Profile{
-		Name:    PredictedTTFTType,
-		Summary: Summary{Load: true, RequireAvailable: true},
-		Pickers: []Picker{&ttftRank{pt: pt, MaxScore: MaxScore{
-			Name:    "predicted-ttft",
-			Scorers: []Weighted{{ttftScore{pt}, 1}},
-			Ties:    []Tie{LowerLoad{}, FewerRecent{}},
-			Rand:    rnd,
-			Slots:   1,
-		}}, NewLeastLoaded(rnd)},
+		Name:      PredictedTTFTType,
+		Summary:   Summary{Load: true, RequireAvailable: true},
+		Pickers:   []Picker{&ttftRank{pt: pt, Rand: rnd}, NewLeastLoaded(rnd)},
 		Recorders: []Recorder{pt.idx},
 	}
 	return pt
@@ -188,51 +182,94 @@ func (pt *PredictedTTFT) features(c *Cycle, e *fleet.Endpoint) (x estimator.Feat
 	return estimator.Make(load, pending, uncached), load, pending, uncached, match
 }
 
-// ttftQuantum is the resolution of the ranking in milliseconds.
-const ttftQuantum = 50
+// ttftSteps sets the resolution of the ranking: predictions are compared
+// as round(ln(1+ms)·ttftSteps), so those within about 1/ttftSteps of each
+// other (relative) tie. Relative rather than absolute, so the resolution
+// holds for fast and slow models alike. 5 (about 20 %): on the Mooncake
+// sim at the trace's rate, p90/p99 within 0.3 % of prefix-affinity's; 10
+// left p99 2 % behind, an absolute 10 ms step 1-7 %.
+var ttftSteps = 5.0
 
-// ttftScore scores minus the predicted TTFT (unit: ttftQuantum ms).
-type ttftScore struct{ pt *PredictedTTFT }
+// Predictions within ttftSteps' resolution are a tie, broken by load and then by
+// the fewest recent decisions, as the least-loaded fill does: a model's
+// noise does not decide between equally good replicas.
 
-// Score implements Scorer.
-func (s ttftScore) Score(c *Cycle, e *fleet.Endpoint) float64 {
-	x, _, _, _, _ := s.pt.features(c, e)
-	// Predictions within ttftQuantum are a tie, broken by load and then
-	// by the fewest recent decisions, as the least-loaded fill does: a
-	// model's noise does not decide between equally good replicas.
-	return -math.Round(s.pt.models[e.Index].Predict(&x) / ttftQuantum)
-}
-
-// ttftRank is the ranking; its first choice's prediction goes with the
-// decision (learned from at completion) and its match makes the outcome
-// affinity.
+// ttftRank is the ranking, written out rather than a MaxScore of
+// ttftScore (the same order: quantized prediction, then lower load, then
+// fewer recent decisions, then a random rotation) so each endpoint's
+// prefix match and prediction are computed once: its first choice's
+// prediction goes with the decision (learned from at completion) and its
+// match makes the outcome affinity.
 type ttftRank struct {
-	MaxScore
-	pt *PredictedTTFT
+	pt   *PredictedTTFT
+	Rand *fleet.Rand
 }
 
 // Pick implements Picker.
 func (r *ttftRank) Pick(c *Cycle) {
-	r.MaxScore.Pick(c)
-	f := c.First()
-	if f == nil {
+	eps := c.Pool.Endpoints
+	n := len(eps)
+	if n == 0 || !c.Room() {
 		return
 	}
-	x, load, pending, uncached, match := r.pt.features(c, f)
-	c.Choice.Matched = match
-	if match > 0 {
+	off := r.Rand.Intn(n)
+	var best *fleet.Endpoint
+	var bestScore, bestPred float64
+	var bestLoad, bestPending int64
+	var bestRecent uint64
+	recentKnown := false
+	var bestUncached, bestMatch int
+	for j := range n {
+		i := j + off
+		if i >= n {
+			i -= n
+		}
+		e := eps[i]
+		if !e.Available() || fleet.Contains(c.Choice.Endpoints, e) {
+			continue
+		}
+		x, load, pending, uncached, match := r.pt.features(c, e)
+		pred := r.pt.models[e.Index].Predict(&x)
+		score := math.Round(math.Log1p(pred) * ttftSteps)
+		if best != nil {
+			if score > bestScore || score == bestScore && load > bestLoad {
+				continue
+			}
+			if score == bestScore && load == bestLoad {
+				if !recentKnown {
+					bestRecent, recentKnown = best.Recent(), true
+				}
+				rec := e.Recent()
+				if rec >= bestRecent {
+					continue
+				}
+				bestRecent = rec
+			} else {
+				recentKnown = false
+			}
+		}
+		best, bestScore, bestPred, bestLoad, bestPending, bestUncached, bestMatch = e, score, pred, load, pending, uncached, match
+	}
+	if best == nil {
+		return
+	}
+	c.Choice.Endpoints = append(c.Choice.Endpoints, best)
+	c.Choice.Matched = bestMatch
+	if bestMatch > 0 {
 		c.Choice.Outcome = fleet.OutcomeAffinity
 	}
 	c.Choice.Predicted = fleet.Prediction{
-		TTFTMs: float32(max(r.pt.models[f.Index].Predict(&x), 1e-3)),
-		Load:   int32(min(load, math.MaxInt32)), Pending: int32(min(pending, math.MaxInt32)),
-		Uncached: int32(min(uncached, math.MaxInt32)),
+		TTFTMs: float32(max(bestPred, 1e-3)),
+		Load:   int32(min(bestLoad, math.MaxInt32)), Pending: int32(min(bestPending, math.MaxInt32)),
+		Uncached: int32(min(bestUncached, math.MaxInt32)),
 	}
 }
 
 // LearnTTFT implements fleet.TTFTLearner.
 func (pt *PredictedTTFT) LearnTTFT(e *fleet.Endpoint, p fleet.Prediction, ttfbMs int64) {
-	if e.Index < 0 || e.Index >= len(pt.models) {
+	if e.Index < 0 || e.Index >= len(pt.models) || ttfbMs <= 0 {
+		// 0 ms: the response headers came before any work (a streamed
+		// response behind a proxy that logs header time), no TTFT.
 		return
 	}
 	y := float64(ttfbMs)
@@ -294,5 +331,4 @@ var (
 	_ fleet.MetricsWriter  = (*PredictedTTFT)(nil)
 	_ fleet.TTFTLearner    = (*PredictedTTFT)(nil)
 	_ Picker               = (*ttftRank)(nil)
-	_ Scorer               = ttftScore{}
 )
