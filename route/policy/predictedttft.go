@@ -185,10 +185,11 @@ func (pt *PredictedTTFT) features(c *Cycle, e *fleet.Endpoint) (x estimator.Feat
 // ttftSteps sets the resolution of the ranking: predictions are compared
 // as round(ln(1+ms)·ttftSteps), so those within about 1/ttftSteps of each
 // other (relative) tie. Relative rather than absolute, so the resolution
-// holds for fast and slow models alike. 5 (about 20 %): on the Mooncake
-// sim at the trace's rate, p90/p99 within 0.3 % of prefix-affinity's; 10
-// left p99 2 % behind, an absolute 10 ms step 1-7 %.
-var ttftSteps = 5.0
+// holds for fast and slow models alike. 4 (about 25 %): on the Mooncake
+// sim, p90/p99 within 1 % of prefix-affinity's at the trace's rate and at
+// 1.6x; 5 was 0.3 % behind at 1x but 3-5 % at 1.6x, 10 and an absolute
+// 10 ms step 1-7 % (BENCHMARKS.md, issue 27).
+var ttftSteps = 4.0
 
 // Predictions within ttftSteps' resolution are a tie, broken by load and then by
 // the fewest recent decisions, as the least-loaded fill does: a model's
