@@ -1,10 +1,12 @@
 package route
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
 
+	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/policy"
 )
 
@@ -83,3 +85,40 @@ func TestPredictedTTFTInRequestLog(t *testing.T) {
 type captureSink struct{ recs []DecisionRecord }
 
 func (c *captureSink) Request(r *DecisionRecord) { c.recs = append(c.recs, *r) }
+
+// Behind a proxy the feedback's TTFB is the headers' time, so once the
+// engines report their time-to-first-token histogram the model learns
+// from it instead: per scrape interval, the engine's mean TTFT against
+// the mean features of the decisions sent in it.
+func TestPredictedTTFTLearnsFromEngineTTFT(t *testing.T) {
+	s, pt := predictedServer(t)
+	eps := s.Snapshot().Deployments[0].Serve.Endpoints
+	scrape := func(n uint64) {
+		for _, e := range eps {
+			e.SetEngineLoad(&fleet.EngineLoad{KVUsage: -1, TTFTCount: n, TTFTSeconds: float64(n) * 0.3, Mark: e.DecisionMark(), PeerMark: e.PeerMark()})
+		}
+	}
+	route := func(k int) {
+		for i := range k {
+			ctx := do(s, chatBody("llama", "sys", fmt.Sprintf("question %d", i)))
+			id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
+			s.CloseDecisionWith(id, Completion{Status: 200, Ms: 5, TTFB: 1, Retries: 0}) // header time
+		}
+	}
+	scrape(0)
+	route(12) // feedback learning: 12 lines of 1 ms
+	if got := pt.Learnt(); got != 12 {
+		t.Fatalf("learnt %d feedback lines before the engine reported, want 12", got)
+	}
+	scrape(10) // 10 first tokens at 300 ms each
+	route(12)  // each endpoint's next decision learns its interval
+	got := pt.Learnt()
+	if got < 13 || got > 12+uint64(len(eps)) {
+		t.Fatalf("learnt %d: want the 12 lines plus one interval per endpoint that had decisions, and no more feedback", got)
+	}
+	var m strings.Builder
+	s.WriteMetrics(&m)
+	if !strings.Contains(m.String(), `term="overhead_ms"`) {
+		t.Fatal("no coefficients in the metrics")
+	}
+}

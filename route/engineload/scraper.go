@@ -39,6 +39,11 @@ const (
 	// block_size label lets kv-aware key requests before the first KV
 	// event arrives.
 	MetricCacheConfig = "vllm:cache_config_info"
+	// MetricTTFT is vLLM's time-to-first-token histogram; its sum and
+	// count teach predicted-ttft what the proxies' feedback cannot (their
+	// TTFB is the response headers' time, sent before the first token of
+	// a stream).
+	MetricTTFT = "vllm:time_to_first_token_seconds"
 )
 
 // Result classifies one scrape; keep resultNames in sync.
@@ -318,7 +323,8 @@ func Parse(body []byte) (fleet.EngineLoad, Result, error) {
 }
 
 // loadFamilies are the metric names Parse reads.
-var loadFamilies = [...][]byte{[]byte(MetricRunning), []byte(MetricWaiting), []byte(MetricKV), []byte(MetricKVOld), []byte(MetricCacheConfig)}
+var loadFamilies = [...][]byte{[]byte(MetricRunning), []byte(MetricWaiting), []byte(MetricKV), []byte(MetricKVOld), []byte(MetricCacheConfig),
+	[]byte(MetricTTFT), []byte(MetricTTFT + "_sum"), []byte(MetricTTFT + "_count")}
 
 // keepLoadLines returns the sample, HELP and TYPE lines of loadFamilies.
 func keepLoadLines(body []byte) []byte {
@@ -364,7 +370,24 @@ func parse(body []byte) (fleet.EngineLoad, Result, error) {
 			kv = -1
 		}
 	}
-	return fleet.EngineLoad{Requests: int64(running + waiting + 0.5), KVUsage: kv, BlockSize: blockSize(fams[MetricCacheConfig])}, ResultOK, nil
+	el := fleet.EngineLoad{Requests: int64(running + waiting + 0.5), KVUsage: kv, BlockSize: blockSize(fams[MetricCacheConfig])}
+	el.TTFTSeconds, el.TTFTCount = histSumCount(fams[MetricTTFT])
+	return el, ResultOK, nil
+}
+
+// histSumCount sums a histogram's sample sums and counts over its series
+// (engines); 0, 0 when absent.
+func histSumCount(f *dto.MetricFamily) (sum float64, count uint64) {
+	if f == nil {
+		return 0, 0
+	}
+	for _, m := range f.GetMetric() {
+		if h := m.GetHistogram(); h != nil {
+			sum += h.GetSampleSum()
+			count += h.GetSampleCount()
+		}
+	}
+	return sum, count
 }
 
 // blockSize is the block_size label of vLLM's cache_config_info (0: absent

@@ -70,7 +70,15 @@ func TestParse(t *testing.T) {
 				t.Fatalf("result %v (%v), want %v", res, err, tc.res)
 			}
 			if res == ResultOK && (l.Requests != tc.want || l.KVUsage != tc.kv || l.BlockSize != tc.bs) {
-				t.Fatalf("load %+v, want requests %d kv %v", l, tc.want, tc.kv)
+				t.Fatalf("load %+v, want requests %d kv %v block size %d", l, tc.want, tc.kv, tc.bs)
+			}
+			// Pages with vLLM's TTFT histogram (vllmPage: sum 0.25 s, count 3).
+			wantN, wantSum := uint64(0), 0.0
+			if strings.Contains(tc.page, "time_to_first_token_seconds_count") {
+				wantN, wantSum = 3, 0.25
+			}
+			if res == ResultOK && (l.TTFTCount != wantN || l.TTFTSeconds != wantSum) {
+				t.Fatalf("ttft sum %v count %d, want %v and %d", l.TTFTSeconds, l.TTFTCount, wantSum, wantN)
 			}
 			if res != ResultOK && err == nil {
 				t.Fatal("failure without an error")

@@ -98,6 +98,10 @@ type EngineLoad struct {
 	// BlockSize is the engine's KV block size in tokens (vLLM's
 	// cache_config_info; 0: not reported).
 	BlockSize int
+	// TTFTSeconds and TTFTCount are the engine's time-to-first-token
+	// histogram's sum and count (cumulative; 0: not reported).
+	TTFTSeconds float64
+	TTFTCount   uint64
 }
 
 // StartWindow starts a new recent-decisions window; the scraper calls it at

@@ -86,6 +86,20 @@ type PredictedTTFT struct {
 	idx    *PrefixIndex
 	sh     *ttftShared
 	models []*estimator.Model // by endpoint index
+	accs   []*ttftAcc         // by endpoint index
+}
+
+// ttftAcc sums the features and predictions of the decisions sent to one
+// endpoint since its last engine scrape, to pair with the TTFT the engine
+// reports for that interval (vLLM's time_to_first_token_seconds: the
+// proxies' TTFB is the response headers' time, which comes before the
+// first token of a stream, so it cannot teach a TTFT).
+type ttftAcc struct {
+	mu   sync.Mutex
+	x    estimator.Features
+	pred float64
+	n    int
+	el   *fleet.EngineLoad // the scrape the sums started after
 }
 
 // ttftShared is what survives reloads: the models and the error counts.
@@ -95,19 +109,24 @@ type ttftShared struct {
 	pool   *estimator.Model
 	mu     sync.Mutex
 	byName map[string]*estimator.Model
+	accs   map[string]*ttftAcc
 	errs   estimator.ErrorHistogram
 	learnt atomic.Uint64
+	// fromEngine is set once an engine reported TTFTs: from then on the
+	// feedback's TTFB is not learned from.
+	fromEngine atomic.Bool
 }
 
-func (sh *ttftShared) model(name string) *estimator.Model {
+func (sh *ttftShared) model(name string) (*estimator.Model, *ttftAcc) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	m := sh.byName[name]
 	if m == nil {
 		m = estimator.New(sh.ecfg, sh.pool.Coef())
 		sh.byName[name] = m
+		sh.accs[name] = &ttftAcc{}
 	}
-	return m
+	return m, sh.accs[name]
 }
 
 // NewPredictedTTFTFactory returns the factory for predicted-ttft.
@@ -139,7 +158,7 @@ func NewPredictedTTFT(cfg PredictedTTFTConfig, p *fleet.Pool, rnd *fleet.Rand) *
 	copy(prior[4:], estimator.DefaultCoef[4:])
 	ecfg := estimator.DefaultConfig()
 	ecfg.Alpha = 1 / float64(cfg.Memory)
-	pt.sh = &ttftShared{prior: prior, ecfg: ecfg, pool: estimator.New(ecfg, prior), byName: map[string]*estimator.Model{}}
+	pt.sh = &ttftShared{prior: prior, ecfg: ecfg, pool: estimator.New(ecfg, prior), byName: map[string]*estimator.Model{}, accs: map[string]*ttftAcc{}}
 	pt.bindModels(p)
 	pt.Profile = Profile{
 		Name:      PredictedTTFTType,
@@ -151,9 +170,10 @@ func NewPredictedTTFT(cfg PredictedTTFTConfig, p *fleet.Pool, rnd *fleet.Rand) *
 }
 
 func (pt *PredictedTTFT) bindModels(p *fleet.Pool) {
-	pt.models = pt.models[:0]
+	pt.models, pt.accs = pt.models[:0], pt.accs[:0]
 	for _, e := range p.Endpoints {
-		pt.models = append(pt.models, pt.sh.model(e.Name))
+		m, a := pt.sh.model(e.Name)
+		pt.models, pt.accs = append(pt.models, m), append(pt.accs, a)
 	}
 }
 
@@ -167,9 +187,10 @@ func (pt *PredictedTTFT) Carry(prev fleet.Policy) {
 	pt.idx.carry(old.idx)
 	if old.sh.prior == pt.sh.prior && old.sh.ecfg == pt.sh.ecfg {
 		pt.sh = old.sh
-		pt.models = pt.models[:0]
+		pt.models, pt.accs = pt.models[:0], pt.accs[:0]
 		for _, n := range pt.idx.names {
-			pt.models = append(pt.models, pt.sh.model(n))
+			m, a := pt.sh.model(n)
+			pt.models, pt.accs = append(pt.models, m), append(pt.accs, a)
 		}
 	}
 }
@@ -220,6 +241,7 @@ func (r *ttftRank) Pick(c *Cycle) {
 	var bestRecent uint64
 	recentKnown := false
 	var bestUncached, bestMatch int
+	var bestX estimator.Features
 	for j := range n {
 		i := j + off
 		if i >= n {
@@ -250,6 +272,7 @@ func (r *ttftRank) Pick(c *Cycle) {
 			}
 		}
 		best, bestScore, bestPred, bestLoad, bestPending, bestUncached, bestMatch = e, score, pred, load, pending, uncached, match
+		bestX = x
 	}
 	if best == nil {
 		return
@@ -259,6 +282,7 @@ func (r *ttftRank) Pick(c *Cycle) {
 	if bestMatch > 0 {
 		c.Choice.Outcome = fleet.OutcomeAffinity
 	}
+	r.pt.noteDecision(best, &bestX, bestPred)
 	c.Choice.Predicted = fleet.Prediction{
 		TTFTMs: float32(max(bestPred, 1e-3)),
 		Load:   int32(min(bestLoad, math.MaxInt32)), Pending: int32(min(bestPending, math.MaxInt32)),
@@ -266,25 +290,65 @@ func (r *ttftRank) Pick(c *Cycle) {
 	}
 }
 
-// LearnTTFT implements fleet.TTFTLearner.
-func (pt *PredictedTTFT) LearnTTFT(e *fleet.Endpoint, p fleet.Prediction, ttfbMs int64) {
-	if e.Index < 0 || e.Index >= len(pt.models) || ttfbMs <= 0 {
-		// 0 ms: the response headers came before any work (a streamed
-		// response behind a proxy that logs header time), no TTFT.
+// noteDecision adds a decision to its endpoint's interval sums; the first
+// decision after a new engine scrape first learns the interval that ended:
+// the engine's mean TTFT over it against the mean features of the
+// decisions sent in it (a linear model's prediction of a mean is the
+// prediction at the mean features; the bends make it approximate).
+func (pt *PredictedTTFT) noteDecision(e *fleet.Endpoint, x *estimator.Features, pred float64) {
+	a := pt.accs[e.Index]
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if el := e.Engine(); el != a.el {
+		if prev := a.el; prev != nil && el != nil && a.n > 0 && el.TTFTCount > prev.TTFTCount {
+			k := float64(el.TTFTCount - prev.TTFTCount)
+			y := (el.TTFTSeconds - prev.TTFTSeconds) / k * 1000
+			var xm estimator.Features
+			for i := range xm {
+				xm[i] = a.x[i] / float64(a.n)
+			}
+			pt.learn(e.Index, &xm, a.pred/float64(a.n), y)
+			pt.sh.fromEngine.Store(true)
+		}
+		a.x, a.pred, a.n, a.el = estimator.Features{}, 0, 0, el
+	}
+	for i := range a.x {
+		a.x[i] += x[i]
+	}
+	a.pred += pred
+	a.n++
+}
+
+// learn teaches endpoint i's model (and the pool's) one observation.
+func (pt *PredictedTTFT) learn(i int, x *estimator.Features, predicted, observed float64) {
+	if observed <= 0 || math.IsNaN(observed) {
 		return
 	}
-	y := float64(ttfbMs)
-	pt.sh.errs.Observe(float64(p.TTFTMs), y)
+	pt.sh.errs.Observe(predicted, observed)
 	pt.sh.learnt.Add(1)
-	x := estimator.Make(int64(p.Load), int64(p.Pending), int(p.Uncached))
-	pt.sh.pool.Observe(&x, y, &pt.sh.prior)
+	pt.sh.pool.Observe(x, observed, &pt.sh.prior)
 	poolCoef := pt.sh.pool.Coef()
-	pt.models[e.Index].Observe(&x, y, &poolCoef)
+	pt.models[i].Observe(x, observed, &poolCoef)
+}
+
+// LearnTTFT implements fleet.TTFTLearner.
+func (pt *PredictedTTFT) LearnTTFT(e *fleet.Endpoint, p fleet.Prediction, ttfbMs int64) {
+	if e.Index < 0 || e.Index >= len(pt.models) || ttfbMs <= 0 || pt.sh.fromEngine.Load() {
+		// 0 ms: the response headers came before any work (a streamed
+		// response behind a proxy that logs header time), no TTFT. Once
+		// the engines report TTFTs, those teach instead.
+		return
+	}
+	x := estimator.Make(int64(p.Load), int64(p.Pending), int(p.Uncached))
+	pt.learn(e.Index, &x, float64(p.TTFTMs), float64(ttfbMs))
 }
 
 // PredictionErrorMedian is the median relative prediction error so far
 // (NaN before any completion; benchmarks, tests).
 func (pt *PredictedTTFT) PredictionErrorMedian() float64 { return pt.sh.errs.Median() }
+
+// Learnt is how many observations the models learned from (tests).
+func (pt *PredictedTTFT) Learnt() uint64 { return pt.sh.learnt.Load() }
 
 // BlockBytes implements PromptUser.
 func (pt *PredictedTTFT) BlockBytes() int { return pt.cfg.BlockBytes }
