@@ -64,6 +64,7 @@ type decisionSlot struct {
 	outcome         fleet.Outcome
 	session         bool
 	end             decisionEnd
+	pred            fleet.Prediction
 }
 
 // decisionMeta is what a decision was, for its log line and lookup.
@@ -74,6 +75,7 @@ type decisionMeta struct {
 	matched int32
 	outcome fleet.Outcome
 	session bool
+	pred    fleet.Prediction
 }
 
 // open reports the state the open decision counts in flight on, or nil.
@@ -117,14 +119,18 @@ func (d *decisions) open(e *fleet.Endpoint, now int64, m *decisionMeta) uint64 {
 	s.mu.Lock()
 	if st := s.openState(); st != nil {
 		st.Inflight.Add(-1)
+		st.Pending.Add(-int64(s.pred.Uncached))
 		st.Expired.Add(1)
 		d.overwritten.Add(1)
 	}
 	s.id, s.start, s.ep, s.pool, s.names, s.served = id, now, e, m.pool, m.names, nil
-	s.model, s.matched, s.outcome, s.session = m.model, m.matched, m.outcome, m.session
+	s.model, s.matched, s.outcome, s.session, s.pred = m.model, m.matched, m.outcome, m.session, m.pred
 	s.end, s.status, s.retries, s.ms, s.ttfb = endOpen, -1, -1, -1, -1
 	s.mu.Unlock()
 	e.State.Inflight.Add(1)
+	if m.pred.Uncached != 0 {
+		e.State.Pending.Add(int64(m.pred.Uncached))
+	}
 	e.State.Decisions.Add(1)
 	return id
 }
@@ -161,8 +167,20 @@ func (d *decisions) closeWith(id uint64, c Completion, rec *DecisionRecord) *fle
 	if rec != nil {
 		s.record(rec)
 	}
+	// A prediction is learned from when the chosen endpoint answered.
+	var learn fleet.TTFTLearner
+	ep, pred := s.ep, s.pred
+	if pred.TTFTMs > 0 && c.TTFB >= 0 && (c.Served == nil || c.Served == s.ep) && c.Retries <= 0 && s.pool != nil {
+		learn, _ = s.pool.Policy.(fleet.TTFTLearner)
+	}
 	s.mu.Unlock()
+	if learn != nil {
+		learn.LearnTTFT(ep, pred, c.TTFB)
+	}
 	st.Inflight.Add(-1)
+	if pred.Uncached != 0 {
+		st.Pending.Add(-int64(pred.Uncached))
+	}
 	d.completed.Add(1)
 	d.openedAtClose.Store(d.opened())
 	if pool != nil && pool.OnFree != nil {
@@ -191,6 +209,7 @@ func (d *decisions) sweep(now time.Time, ttl time.Duration, markStale bool) {
 		if st := s.openState(); st != nil {
 			if s.start < cut {
 				st.Inflight.Add(-1)
+				st.Pending.Add(-int64(s.pred.Uncached))
 				st.Expired.Add(1)
 				s.end = endExpired
 				d.expired.Add(1)
@@ -292,6 +311,7 @@ func (d *decisions) reconcile(beforeNs int64) uint64 {
 			closed[st]++
 			s.end = endExpired
 			st.Inflight.Add(-1)
+			st.Pending.Add(-int64(s.pred.Uncached))
 			st.Expired.Add(1)
 			total++
 		}
@@ -346,6 +366,8 @@ type DecisionRecord struct {
 	// The completion (-1: unknown) and the endpoint that served it.
 	Status, TTFBMs, DurationMs, Retries int64
 	ServedBy                            string
+	// PredictedTTFTMs is the policy's predicted TTFT (0: none).
+	PredictedTTFTMs float64
 }
 
 // record copies the slot into r (the caller holds the slot's lock).
@@ -354,6 +376,7 @@ func (s *decisionSlot) record(r *DecisionRecord) {
 		ID: s.id, MatchedBlocks: int(s.matched), Session: s.session,
 		Start: time.Unix(0, s.start), Outcome: s.outcome.String(),
 		Status: int64(s.status), TTFBMs: int64(s.ttfb), DurationMs: int64(s.ms), Retries: int64(s.retries),
+		PredictedTTFTMs: float64(s.pred.TTFTMs),
 	}
 	if s.ep != nil {
 		r.Endpoint = s.ep.Name
@@ -396,6 +419,9 @@ func (r *DecisionRecord) Fields(e *zerolog.Event) *zerolog.Event {
 	e = e.Int("matched_blocks", r.MatchedBlocks).Bool("session", r.Session).
 		Int64("status", r.Status).Int64("ttfb_ms", r.TTFBMs).Int64("duration_ms", r.DurationMs).
 		Int64("retries", r.Retries).Str("served_by", r.ServedBy).Str("state", r.State)
+	if r.PredictedTTFTMs > 0 {
+		e = e.Float64("predicted_ttft_ms", r.PredictedTTFTMs)
+	}
 	if !r.Start.IsZero() {
 		e = e.Time("start", r.Start)
 	}

@@ -16,6 +16,7 @@
 //
 //	0 route/payload            reads a request body once into an index (model, prompt, token ids)
 //	0 route/kv                 vLLM KV-cache events and the index of which replica holds which blocks
+//	0 route/estimator          online TTFT models per replica (predicted-ttft), learned from completions
 //	0 internal/suggest         the known name nearest a misspelt one ("did you mean")
 //	1 route/tokenize           prompt text to KV block keys through vLLM's /tokenize, cached
 //	1 route/pd                 the prefill call of prefill/decode
@@ -31,7 +32,7 @@
 //	5 route/feedback           completion feedback (syslog lines), feedback health, stall detection
 //	5 route/health             active health checks and the served-model checks
 //	5 route/engineload         engine load scraped from each replica's /metrics
-//	5 route/cluster            prefix decisions shared between turnout instances over NATS
+//	5 route/cluster            prefix decisions and in-flight counts shared between turnout instances over NATS
 //	5 route/reqlog             the request log's destinations (stdout, rotated file, syslog)
 //
 // Layer 5 packages hold a *Decider and use its exported API (Begin,

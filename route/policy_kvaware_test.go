@@ -9,6 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/internal/routetest"
 	"github.com/turnout/turnout/route/kv"
 	"github.com/turnout/turnout/route/payload"
@@ -243,5 +244,42 @@ func TestKVAwareStaleDiscount(t *testing.T) {
 		}
 		id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
 		s.Complete(id)
+	}
+}
+
+// Each lenient fallback is counted under its reason, and a block size the
+// engine reported (vLLM's cache_config_info, scraped with the load) keys
+// requests before any KV event arrived.
+func TestKVAwareFallbackReasons(t *testing.T) {
+	s, k := kvServer(t, "tokenizer: {mode: none}")
+	toks := seqToks(64, 100)
+	do(s, tokBody(toks))
+	if got := k.FallbacksFor(policy.KVFallbackBlockSize); got != 1 {
+		t.Fatalf("cold start without a block size: %d block_size_unknown fallbacks, want 1", got)
+	}
+	eps := s.Snapshot().Deployments[0].Serve.Endpoints
+	eps[2].SetEngineLoad(&fleet.EngineLoad{KVUsage: -1, BlockSize: 4})
+	store(k.Index(), "b", toks, 4)
+	if got := hdr(do(s, tokBody(toks)), HdrServer); got != "b" || k.Fallbacks() != 1 || k.Index().BlockSize() != 4 {
+		t.Fatalf("with the engine's block size: routed to %q (b holds the blocks), fallbacks %d, block size %d", got, k.Fallbacks(), k.Index().BlockSize())
+	}
+	do(s, tokBody(seqToks(3, 7)))
+	do(s, chatBody("llama", "sys", "hello"))
+	for r, want := range map[policy.KVFallback]uint64{policy.KVFallbackBlockSize: 1, policy.KVFallbackShort: 1, policy.KVFallbackNoTokens: 1, policy.KVFallbackTokenizer: 0} {
+		if got := k.FallbacksFor(r); got != want {
+			t.Errorf("%s fallbacks %d, want %d", r, got, want)
+		}
+	}
+	s2, k2 := kvServer(t, "block_size: 4, tokenizer: {mode: remote, address: '127.0.0.1:1', timeout: 100ms}")
+	do(s2, chatBody("llama", "sys", "hello"))
+	if k2.FallbacksFor(policy.KVFallbackTokenizer) != 1 {
+		t.Errorf("tokenizer down: %d tokenizer_error fallbacks, want 1", k2.FallbacksFor(policy.KVFallbackTokenizer))
+	}
+	var m strings.Builder
+	k.WriteMetrics(s.Snapshot().Deployments[0].Serve, &m)
+	for _, want := range []string{`reason="block_size_unknown"} 1`, `reason="short_prompt"} 1`, `turnout_kv_index_skipped_total{deployment="llama",pool="llama_mixed",reason="orphan"} 0`, `turnout_kv_index_block_size_tokens{deployment="llama",pool="llama_mixed"} 4`} {
+		if !strings.Contains(m.String(), want) {
+			t.Errorf("metrics lack %s:\n%s", want, m.String())
+		}
 	}
 }

@@ -36,10 +36,16 @@ func StartNATS(t testing.TB, port int) *natstest.Server { return natstest.Start(
 // top-level YAML (cluster:, engine_metrics:).
 func startFront(t *testing.T, name, extra string, ms []*Mock) *hstack {
 	t.Helper()
+	return startFrontPolicy(t, name, extra, clusterPolicy, ms)
+}
+
+// startFrontPolicy is startFront with another policy.
+func startFrontPolicy(t *testing.T, name, extra, policy string, ms []*Mock) *hstack {
+	t.Helper()
 	NeedHAProxy(t)
 	s := &hstack{
 		t: t, dir: t.TempDir(), turnoutAddr: FreeAddr(t), haAddr: FreeAddr(t), syslog: FreeUDPAddr(t),
-		failMode: "open", deps: []depSpec{{name: "llama", policy: clusterPolicy, mocks: ms}},
+		failMode: "open", deps: []depSpec{{name: "llama", policy: policy, mocks: ms}},
 		client: &http.Client{Timeout: 30 * time.Second},
 	}
 	y := strings.Replace(s.yaml(), "deployments:\n", extra+"deployments:\n", 1)

@@ -109,5 +109,10 @@ func DecisionDetail(metricsText string) string {
 	if fb := SumProm(samples, "turnout_kv_fallbacks_total"); fb > 0 {
 		parts = append(parts, "kv_fallbacks="+strconv.FormatFloat(fb, 'f', 0, 64))
 	}
+	for _, s := range samples {
+		if s.Name == "turnout_ttft_prediction_error_median_ratio" {
+			parts = append(parts, "ttft_pred_err_p50="+strconv.FormatFloat(s.Value, 'f', 3, 64))
+		}
+	}
 	return strings.Join(parts, " ")
 }

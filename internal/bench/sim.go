@@ -264,6 +264,23 @@ func (t *turnoutRouter) Done(id uint64) error {
 	return nil
 }
 
+// DoneTTFB implements TTFBReporter: the completion as the proxy's feedback
+// line reports it, with the time from the decision to the first token.
+func (t *turnoutRouter) DoneTTFB(id uint64, ttfb, total time.Duration) error {
+	c := route.Completion{Status: 200, Ms: total.Milliseconds(), TTFB: ttfb.Milliseconds(), Retries: 0}
+	if t.srv.CloseDecisionWith(id, c) == nil {
+		return fmt.Errorf("decision %016x was not open", id)
+	}
+	return nil
+}
+
+// TTFBReporter is implemented by routers that take the completion's times
+// (turnout: the feedback line's TTFB and duration, from the decision on),
+// which the sim then reports instead of calling Done.
+type TTFBReporter interface {
+	DoneTTFB(token uint64, ttfb, total time.Duration) error
+}
+
 // rrRouter models HAProxy "balance roundrobin" (and nginx's default round
 // robin) with equal weights.
 type rrRouter struct{ n, next int }
@@ -412,6 +429,7 @@ func (q *eventQueue) Pop() any {
 type simReq struct {
 	req        *Request
 	arrival    time.Duration
+	routed     time.Duration // when the router decided
 	firstToken time.Duration
 	replica    int
 	token      uint64
@@ -486,7 +504,7 @@ func (s *sim) send(r *simReq) error {
 	if i < 0 || i >= len(s.reps) {
 		return fmt.Errorf("request %d: router chose replica %d of %d", r.req.Index, i, len(s.reps))
 	}
-	r.replica, r.token = i, tok
+	r.replica, r.token, r.routed = i, tok, s.now
 	rep := &s.reps[i]
 	if s.o.MaxRunning > 0 && rep.running >= s.o.MaxRunning {
 		rep.waiting = append(rep.waiting, r)
@@ -545,7 +563,13 @@ func (s *sim) finish(r *simReq) error {
 	if r.req.Model != "" {
 		rep.lora.done(r.req.Model)
 	}
-	if err := s.router.Done(r.token); err != nil {
+	var err error
+	if tr, ok := s.router.(TTFBReporter); ok {
+		err = tr.DoneTTFB(r.token, r.firstToken-r.routed, s.now-r.routed)
+	} else {
+		err = s.router.Done(r.token)
+	}
+	if err != nil {
 		return fmt.Errorf("request %d: %w", r.req.Index, err)
 	}
 	s.res.TTFT = append(s.res.TTFT, r.firstToken-r.arrival)

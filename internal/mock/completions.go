@@ -78,6 +78,7 @@ func checkTransfer(raw []byte, wantBlocks int) string {
 // after the handler returns, so it must own everything it references.
 type generation struct {
 	s            *Server
+	arrived      time.Time // when the request came in (TTFT counts the queue)
 	api          apiKind
 	model        string
 	id           string
@@ -143,7 +144,7 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, api apiKind) {
 		s.writeError(ctx, fasthttp.StatusBadRequest, err.Error(), "BadRequestError")
 		return
 	}
-	g := &generation{s: s, api: api, prompts: prompts, pooled: pooled}
+	g := &generation{s: s, api: api, prompts: prompts, pooled: pooled, arrived: time.Now()}
 	s.generate(ctx, g, req)
 }
 
@@ -242,6 +243,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, g *generation, req *apiReque
 		return
 	}
 	load := g.admit()
+	s.firstToken(time.Since(g.arrived) + load + s.timing.TTFT(g.uncached()))
 	ok := s.sleep(load + s.timing.Total(g.uncached(), g.nOut))
 	s.sched.Release()
 	g.finish()
@@ -273,6 +275,13 @@ func (g *generation) makeID(ctx *fasthttp.RequestCtx) string {
 // admission (not arrival) matches vLLM, whose scheduler checks the cache when
 // it schedules a waiting request, so a queued request can hit blocks stored
 // by the ones that ran before it.
+// firstToken counts one request's time to first token (the metrics'
+// histogram sum and count).
+func (s *Server) firstToken(d time.Duration) {
+	s.ttftNs.Add(int64(d))
+	s.ttftCount.Add(1)
+}
+
 // arrive counts the request's adapter as waiting (vllm:lora_requests_info).
 func (g *generation) arrive() {
 	if g.lora != "" {
@@ -506,6 +515,9 @@ func (g *generation) WriteTo(w io.Writer) (int64, error) {
 			if !s.sleep(d) {
 				return sw.n, errClosing
 			}
+		}
+		if i == 0 {
+			s.firstToken(time.Since(g.arrived))
 		}
 		if i == 0 && g.api == apiChat {
 			if err := sw.begin(); err != nil {

@@ -77,6 +77,9 @@ type Server struct {
 	blockSeq atomic.Uint64 // fake remote_block_ids
 
 	requests, failed, promptTokens, cachedTokens, completionTokens atomic.Int64
+	// ttftNs and ttftCount are vLLM's time_to_first_token_seconds
+	// histogram's sum and count: from arrival to the first token.
+	ttftNs, ttftCount atomic.Int64
 
 	modelsJSON atomic.Pointer[[]byte]
 	lora       *loraState

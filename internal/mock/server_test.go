@@ -436,6 +436,14 @@ func scrape(t *testing.T, base string) map[string]float64 {
 		}
 		name, rest, ok := strings.Cut(line, "{")
 		labels, val, ok2 := strings.Cut(rest, "} ")
+		if strings.HasPrefix(name, "vllm:time_to_first_token_seconds") {
+			labels, _, _ = strings.Cut(labels, ",le=")
+		}
+		if name == "vllm:cache_config_info" {
+			// vLLM's config as labels, without the model's: the block size is its figure here.
+			bs, _, _ := strings.Cut(strings.TrimPrefix(labels, `block_size="`), `"`)
+			labels, val = `model_name="llama"`, bs
+		}
 		if !ok || !ok2 || labels != `model_name="llama"` {
 			t.Fatalf("bad metric line %q", line)
 		}
@@ -456,13 +464,15 @@ func TestMetrics(t *testing.T) {
 	post(t, base+PathChat, `{bad`) // counted as a request, no tokens
 	m := scrape(t, base)
 	want := map[string]float64{
-		"vllm:num_requests_running":       0,
-		"vllm:num_requests_waiting":       0,
-		"vllm:kv_cache_usage_perc":        0.02,
-		"vllm:prefix_cache_queries_total": 82,
-		"vllm:prefix_cache_hits_total":    32,
-		"mock_requests_total":             3,
-		"mock_prompt_tokens_total":        82,
+		"vllm:num_requests_running":              0,
+		"vllm:num_requests_waiting":              0,
+		"vllm:kv_cache_usage_perc":               0.02,
+		"vllm:prefix_cache_queries_total":        82,
+		"vllm:prefix_cache_hits_total":           32,
+		"mock_requests_total":                    3,
+		"mock_prompt_tokens_total":               82,
+		"vllm:cache_config_info":                 16, // the block size
+		"vllm:time_to_first_token_seconds_count": 2,
 	}
 	for k, v := range want {
 		got, ok := m[k]

@@ -56,6 +56,11 @@ type Sync struct {
 	log  *zerolog.Logger
 	nc   *nats.Conn
 	ring *ring // decisions waiting for the publisher
+	// parked is set while the publisher sleeps on an empty ring; the
+	// decision that finds it set wakes it through wake (capacity 1).
+	parked atomic.Bool
+	wake   chan struct{}
+	ticks  atomic.Uint64 // publisher wake-ups (ticks and wakes)
 
 	subMu sync.Mutex
 	subs  map[string]*nats.Subscription // by pool name
@@ -71,6 +76,8 @@ type Sync struct {
 	publishedDec   atomic.Uint64
 	publishedMsgs  atomic.Uint64
 	publishedBytes atomic.Uint64
+	loadMsgsOut    atomic.Uint64
+	loadMsgsIn     atomic.Uint64
 	receivedMsgs   atomic.Uint64
 	receivedBytes  atomic.Uint64
 	recv           [numRecv]atomic.Uint64
@@ -103,6 +110,7 @@ func New(srv *route.Decider, cfg config.ClusterConfig, log *zerolog.Logger) (*Sy
 		ring: newRing(cfg.Queue, 64),
 		subs: map[string]*nats.Subscription{},
 		done: make(chan struct{}),
+		wake: make(chan struct{}, 1),
 	}
 	s.downSince.Store(time.Now().UnixNano())
 	nc, err := nats.Connect(cfg.NATS,
@@ -180,8 +188,9 @@ func (s *Sync) resubscribe(snap *route.Snapshot) {
 		if s.subs[p.Name] != nil {
 			continue
 		}
-		var buf []uint64 // per subscription: nats.go runs one goroutine each
-		sub, err := s.nc.Subscribe(s.Subject(p.Name), func(m *nats.Msg) { buf = s.apply(m.Data, buf) })
+		// Per subscription: nats.go runs one goroutine each.
+		st := &subState{levels: peerLevels{}}
+		sub, err := s.nc.Subscribe(s.Subject(p.Name), func(m *nats.Msg) { s.apply(m.Data, st) })
 		if err != nil {
 			s.log.Error().Err(err).Str("pool", p.Name).Msg("cluster: subscribe failed")
 			continue
@@ -208,6 +217,15 @@ func (s *Sync) RoutedPrefix(p *fleet.Pool, e *fleet.Endpoint, blocks []uint64) {
 	}
 	if !s.ring.put(p, e, blocks) {
 		s.dropFull.Add(1)
+		return
+	}
+	// A busy publisher is not parked: one atomic load. Only the first
+	// decision after a quiet spell pays for the wake-up.
+	if s.parked.Load() && s.parked.CompareAndSwap(true, false) {
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -220,17 +238,37 @@ type batch struct {
 
 // Run publishes batches until ctx ends, then closes the connection.
 //
-// The publisher polls the ring every BatchDelay instead of blocking on it:
-// a parked goroutine must be woken by each decision, which would cost the
-// decision path a scheduler round trip. Polling keeps the hot path to one
-// compare-and-swap and a copy that never wake anyone;
-// a batch goes out when it reaches BatchSize during a drain, the rest at the
-// end of each tick (so a decision waits at most about BatchDelay).
+// While decisions flow, the publisher polls the ring every BatchDelay
+// instead of blocking on it: a parked goroutine must be woken by each
+// decision, which would cost the decision path a scheduler round trip.
+// Polling keeps the hot path to one compare-and-swap and a copy that never
+// wake anyone; a batch goes out when it reaches BatchSize during a drain,
+// the rest at the end of each tick (so a decision waits at most about
+// BatchDelay). A tick that finds nothing parks the publisher until the
+// next decision wakes it and is sent at once: an idle instance does not
+// wake every BatchDelay (issue 27: 1.1 CPU-s a minute idle, polling), and
+// the first decision after a quiet spell reaches peers without waiting for
+// a tick, which is when peers deciding at once would otherwise herd.
 func (s *Sync) Run(ctx context.Context) {
 	defer close(s.done)
 	defer s.nc.Close()
 	defer s.srv.SetPrefixSink(nil)
 	batches := map[*fleet.Pool]*batch{}
+	// touched: pools with decisions in this drain; active: since the
+	// publisher last parked. Their in-flight counts follow the decisions.
+	touched, active := map[*fleet.Pool]bool{}, map[*fleet.Pool]bool{}
+	var loadBuf []byte
+	publishLoads := func(pools map[*fleet.Pool]bool) {
+		for p := range pools {
+			loadBuf = appendLoads(loadBuf[:0], s.name, p)
+			if s.nc.Publish(s.Subject(p.Name), loadBuf) == nil {
+				s.publishedMsgs.Add(1)
+				s.publishedBytes.Add(uint64(len(loadBuf)))
+				s.loadMsgsOut.Add(1)
+			}
+		}
+		clear(pools)
+	}
 	flush := func(p *fleet.Pool, b *batch) {
 		if b.count == 0 {
 			return
@@ -251,6 +289,7 @@ func (s *Sync) Run(ctx context.Context) {
 	}
 	add := func(it *slot) {
 		p := it.pool
+		touched[p], active[p] = true, true
 		b := batches[p]
 		if b == nil {
 			if len(batches) > 256 {
@@ -272,16 +311,20 @@ func (s *Sync) Run(ctx context.Context) {
 			flush(p, b)
 		}
 	}
-	drain := func() {
+	drain := func() (n int) {
 		for it := s.ring.peek(); it != nil; it = s.ring.peek() {
 			add(it)
 			s.ring.release(it)
+			n++
 		}
 		for p, b := range batches {
 			flush(p, b)
 		}
+		publishLoads(touched)
+		return n
 	}
-	tick := time.NewTicker(max(s.cfg.BatchDelay.D(), 100*time.Microsecond))
+	delay := max(s.cfg.BatchDelay.D(), 100*time.Microsecond)
+	tick := time.NewTimer(delay)
 	defer tick.Stop()
 	for {
 		select {
@@ -289,29 +332,72 @@ func (s *Sync) Run(ctx context.Context) {
 			drain()
 			return
 		case now := <-tick.C:
-			drain()
+			s.ticks.Add(1)
+			n := drain()
 			s.noteDrops(now)
+			if n == 0 {
+				// Quiet: the levels after the last completions, then sleep.
+				publishLoads(active)
+			}
+			if n == 0 && !s.park(ctx) {
+				drain()
+				return
+			}
+			if n == 0 {
+				drain() // what woke it goes out now, not a tick later
+			}
+			tick.Reset(delay)
 		}
 	}
 }
 
-// apply decodes one peer message and records its decisions in the local
-// index; buf is reused across messages.
-func (s *Sync) apply(data []byte, buf []uint64) []uint64 {
+// park sleeps until a decision is queued (true) or ctx ends (false). The
+// flag is raised before the ring is checked again, and a producer checks
+// the flag after its slot is written (both sequentially consistent), so a
+// decision queued meanwhile is seen by one side or the other: never left
+// waiting.
+func (s *Sync) park(ctx context.Context) bool {
+	s.parked.Store(true)
+	if s.ring.peek() != nil {
+		s.parked.Store(false)
+		return true
+	}
+	select {
+	case <-ctx.Done():
+		s.parked.Store(false)
+		return false
+	case <-s.wake:
+		return true
+	}
+}
+
+// subState is one subscription's decoding state, reused across messages.
+type subState struct {
+	buf    []uint64
+	levels peerLevels
+}
+
+// apply decodes one peer message: a batch of decisions, recorded in the
+// local index, or a load message (loads.go).
+func (s *Sync) apply(data []byte, st *subState) {
 	s.receivedMsgs.Add(1)
 	s.receivedBytes.Add(uint64(len(data)))
 	if len(data) > MaxMessageBytes {
 		s.dropped(recvOversized, "", fmt.Errorf("%d bytes, limit %d", len(data), MaxMessageBytes))
-		return buf
+		return
+	}
+	if isLoads(data) {
+		s.applyLoads(data, st)
+		return
 	}
 	h, _, err := validate(data)
 	if err != nil {
 		s.dropped(recvMalformed, "", err)
-		return buf
+		return
 	}
 	if string(h.origin) == s.name {
 		s.recv[recvOwn].Add(1)
-		return buf
+		return
 	}
 	p := s.srv.Snapshot().PoolByName(string(h.pool))
 	rec, ok := fleet.PrefixRecorder(nil), false
@@ -320,30 +406,51 @@ func (s *Sync) apply(data []byte, buf []uint64) []uint64 {
 	}
 	if !ok {
 		s.recv[recvUnknownPool].Add(1)
-		return buf
+		return
 	}
 	if bb := blockBytes(p); h.blockBytes != bb {
 		s.dropped(recvBlockSize, string(h.origin), fmt.Errorf("peer block_bytes %d, ours %d", h.blockBytes, bb))
-		return buf
+		return
 	}
 	rest := h.rest
 	for len(rest) > 0 {
 		var ep []byte
-		ep, buf, rest, err = nextRecord(rest, buf)
+		ep, st.buf, rest, err = nextRecord(rest, st.buf)
 		if err != nil { // validated above; defensive
 			s.recv[recvMalformed].Add(1)
-			return buf
+			return
 		}
 		e := p.EndpointByName(ep)
 		if e == nil {
 			s.recv[recvUnknownEndpoint].Add(1)
 			continue
 		}
-		rec.RecordPrefix(e.Index, buf)
+		rec.RecordPrefix(e.Index, st.buf)
 		e.NotePeerDecision()
 		s.recv[recvApplied].Add(1)
 	}
-	return buf
+}
+
+// applyLoads applies a peer's in-flight levels to the local pool's endpoints.
+func (s *Sync) applyLoads(data []byte, st *subState) {
+	h, err := validateLoads(data)
+	if err != nil {
+		s.dropped(recvMalformed, "", err)
+		return
+	}
+	if string(h.origin) == s.name {
+		s.recv[recvOwn].Add(1)
+		return
+	}
+	p := s.srv.Snapshot().PoolByName(string(h.pool))
+	if p == nil {
+		s.recv[recvUnknownPool].Add(1)
+		return
+	}
+	s.loadMsgsIn.Add(1)
+	if _, unknown := st.levels.apply(h.origin, p, h.rest); unknown > 0 {
+		s.recv[recvUnknownEndpoint].Add(uint64(unknown))
+	}
 }
 
 // dropped counts a refused message; the first of each kind is logged at
@@ -399,9 +506,14 @@ func (s *Sync) WriteMetrics(b *strings.Builder) {
 	help("turnout_cluster_messages_total", "counter", "NATS messages of prefix decisions.")
 	fmt.Fprintf(b, "turnout_cluster_messages_total{direction=\"out\"} %d\n", s.publishedMsgs.Load())
 	fmt.Fprintf(b, "turnout_cluster_messages_total{direction=\"in\"} %d\n", s.receivedMsgs.Load())
+	help("turnout_cluster_load_messages_total", "counter", "NATS messages of in-flight counts (a front's load, shared with its decisions; included in turnout_cluster_messages_total).")
+	fmt.Fprintf(b, "turnout_cluster_load_messages_total{direction=\"out\"} %d\n", s.loadMsgsOut.Load())
+	fmt.Fprintf(b, "turnout_cluster_load_messages_total{direction=\"in\"} %d\n", s.loadMsgsIn.Load())
 	help("turnout_cluster_bytes_total", "counter", "Payload bytes of prefix decision messages.")
 	fmt.Fprintf(b, "turnout_cluster_bytes_total{direction=\"out\"} %d\n", s.publishedBytes.Load())
 	fmt.Fprintf(b, "turnout_cluster_bytes_total{direction=\"in\"} %d\n", s.receivedBytes.Load())
+	help("turnout_cluster_publisher_wakeups_total", "counter", "Times the publisher woke to drain its queue (none while idle).")
+	fmt.Fprintf(b, "turnout_cluster_publisher_wakeups_total %d\n", s.ticks.Load())
 	help("turnout_cluster_received_total", "counter", "Peer decisions (applied, unknown_*) and messages (malformed, oversized) received.")
 	for i := 0; i < numRecv; i++ {
 		fmt.Fprintf(b, "turnout_cluster_received_total{result=%q} %d\n", recvNames[i], s.recv[i].Load())

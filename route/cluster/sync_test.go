@@ -318,3 +318,67 @@ func TestSyncQueueFullDrops(t *testing.T) {
 
 // b2s views bytes as a string without copying (test helper).
 func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// Issue 27: an idle publisher sleeps (it polled every batch_delay before:
+// 1.1 CPU-s a minute) and the next decision wakes it and reaches the peer.
+func TestSyncIdlePublisherParks(t *testing.T) {
+	ns := natstest.Start(t, 0)
+	a, b := startNode(t, ns.URL, "node-a"), startNode(t, ns.URL, "node-b")
+	eventually(t, "both connected", func() bool { return a.sync.Connected() && b.sync.Connected() })
+	time.Sleep(50 * time.Millisecond) // subscriptions reach the server
+	for round := 1; round <= 3; round++ {
+		eventually(t, "A's publisher parked", func() bool { return a.sync.parked.Load() })
+		before := a.sync.ticks.Load()
+		time.Sleep(100 * time.Millisecond) // 50 ticks of batch_delay 2ms when polling
+		if woke := a.sync.ticks.Load() - before; woke != 0 {
+			t.Fatalf("round %d: idle publisher woke %d times in 100 ms", round, woke)
+		}
+		decide(t, a, routeCtx(prompt(round), ""))
+		eventually(t, "B applies A's decision", func() bool { return applied(b) >= uint64(round) })
+	}
+}
+
+// Issue 27: a front's in-flight counts reach its peers with its decisions,
+// as levels: B's peer load on each endpoint is what A holds open there.
+func TestSyncSharesLoads(t *testing.T) {
+	ns := natstest.Start(t, 0)
+	a, b := startNode(t, ns.URL, "node-a"), startNode(t, ns.URL, "node-b")
+	eventually(t, "both connected", func() bool { return a.sync.Connected() && b.sync.Connected() })
+	time.Sleep(50 * time.Millisecond) // subscriptions reach the server
+	var ids []uint64
+	for i := range 6 {
+		ctx := routeCtx(prompt(100+i), "")
+		a.api.Handler(ctx)
+		var id uint64
+		fmt.Sscanf(string(ctx.Response.Header.Peek(route.HdrDecision)), "%x", &id)
+		ids = append(ids, id)
+	}
+	aEps := a.srv.Snapshot().Deployments[0].Serve.Endpoints
+	bEps := b.srv.Snapshot().Deployments[0].Serve.Endpoints
+	same := func() bool {
+		for i := range aEps {
+			if bEps[i].PeerMark() != aEps[i].Inflight() {
+				return false
+			}
+		}
+		return true
+	}
+	eventually(t, "B sees A's 6 open decisions", func() bool {
+		return same() && bEps[0].PeerMark()+bEps[1].PeerMark()+bEps[2].PeerMark()+bEps[3].PeerMark() == 6
+	})
+	for _, id := range ids {
+		a.srv.Complete(id)
+	}
+	decide(t, a, routeCtx(prompt(200), "")) // completions travel with the next decisions
+	eventually(t, "B sees A's decisions closed", func() bool {
+		return same() && bEps[0].PeerMark()+bEps[1].PeerMark()+bEps[2].PeerMark()+bEps[3].PeerMark() == 0
+	})
+	if metric(b, `turnout_cluster_load_messages_total{direction="in"}`) == "0" {
+		t.Fatal("no load message counted in")
+	}
+	// A malformed load message is refused whole.
+	bad := appendLoads(nil, "node-c", a.srv.Snapshot().Deployments[0].Serve)
+	if _, err := validateLoads(bad[:len(bad)-1]); err == nil {
+		t.Fatal("truncated load message accepted")
+	}
+}

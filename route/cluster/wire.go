@@ -79,12 +79,18 @@ func readName(b []byte) (name, rest []byte, err error) {
 }
 
 func decodeHeader(b []byte) (header, error) {
-	var h header
 	if len(b) < len(magic) || string(b[:len(magic)]) != magic {
-		return h, errMagic
+		return header{}, errMagic
 	}
+	return decodeHeaderFields(b[len(magic):])
+}
+
+// decodeHeaderFields decodes the header after its magic (batches and load
+// messages share it).
+func decodeHeaderFields(b []byte) (header, error) {
+	var h header
 	var err error
-	if h.origin, b, err = readName(b[len(magic):]); err != nil {
+	if h.origin, b, err = readName(b); err != nil {
 		return h, fmt.Errorf("origin: %w", err)
 	}
 	if h.pool, b, err = readName(b); err != nil {

@@ -41,6 +41,15 @@ const (
 	// waiting_lora_adapters (comma-separated), max_lora. Old label sets stay
 	// on the page, so the newest (highest value) is the report.
 	MetricLoRA = "vllm:lora_requests_info"
+	// MetricCacheConfig is vLLM's cache config as labels (value 1); its
+	// block_size label lets kv-aware key requests before the first KV
+	// event arrives.
+	MetricCacheConfig = "vllm:cache_config_info"
+	// MetricTTFT is vLLM's time-to-first-token histogram; its sum and
+	// count teach predicted-ttft what the proxies' feedback cannot (their
+	// TTFB is the response headers' time, sent before the first token of
+	// a stream).
+	MetricTTFT = "vllm:time_to_first_token_seconds"
 )
 
 // Result classifies one scrape; keep resultNames in sync.
@@ -216,8 +225,9 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*fleet.Endpoin
 	// as until issue 28, over-counted the first and under-counted the
 	// second.)
 	marks := make([]int64, len(eps))
+	peers := make([]int64, len(eps))
 	for i, e := range eps {
-		marks[i] = e.DecisionMark()
+		marks[i], peers[i] = e.DecisionMark(), e.PeerMark()
 	}
 	t.durNs.Add(uint64(s.now().Sub(start)))
 	t.bytes.Add(uint64(n))
@@ -226,7 +236,7 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*fleet.Endpoin
 	for i, e := range eps {
 		if res == ResultOK {
 			l := load
-			l.Mark = marks[i]
+			l.Mark, l.PeerMark = marks[i], peers[i]
 			e.SetEngineLoad(&l)
 			if load.LoRA != nil {
 				old := e.LoRA()
@@ -328,7 +338,8 @@ func Parse(body []byte) (fleet.EngineLoad, Result, error) {
 }
 
 // loadFamilies are the metric names Parse reads.
-var loadFamilies = [...][]byte{[]byte(MetricRunning), []byte(MetricWaiting), []byte(MetricKV), []byte(MetricKVOld), []byte(MetricLoRA)}
+var loadFamilies = [...][]byte{[]byte(MetricRunning), []byte(MetricWaiting), []byte(MetricKV), []byte(MetricKVOld), []byte(MetricLoRA), []byte(MetricCacheConfig),
+	[]byte(MetricTTFT), []byte(MetricTTFT + "_sum"), []byte(MetricTTFT + "_count")}
 
 // keepLoadLines returns the sample, HELP and TYPE lines of loadFamilies.
 func keepLoadLines(body []byte) []byte {
@@ -374,7 +385,43 @@ func parse(body []byte) (fleet.EngineLoad, Result, error) {
 			kv = -1
 		}
 	}
-	return fleet.EngineLoad{Requests: int64(running + waiting + 0.5), Waiting: int64(waiting + 0.5), KVUsage: kv, LoRA: loraInfo(fams[MetricLoRA])}, ResultOK, nil
+	el := fleet.EngineLoad{Requests: int64(running + waiting + 0.5), Waiting: int64(waiting + 0.5), KVUsage: kv, LoRA: loraInfo(fams[MetricLoRA]), BlockSize: blockSize(fams[MetricCacheConfig])}
+	el.TTFTSeconds, el.TTFTCount = histSumCount(fams[MetricTTFT])
+	return el, ResultOK, nil
+}
+
+// histSumCount sums a histogram's sample sums and counts over its series
+// (engines); 0, 0 when absent.
+func histSumCount(f *dto.MetricFamily) (sum float64, count uint64) {
+	if f == nil {
+		return 0, 0
+	}
+	for _, m := range f.GetMetric() {
+		if h := m.GetHistogram(); h != nil {
+			sum += h.GetSampleSum()
+			count += h.GetSampleCount()
+		}
+	}
+	return sum, count
+}
+
+// blockSize is the block_size label of vLLM's cache_config_info (0: absent
+// or not a size).
+func blockSize(f *dto.MetricFamily) int {
+	if f == nil {
+		return 0
+	}
+	for _, m := range f.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() != "block_size" {
+				continue
+			}
+			if n, err := strconv.Atoi(l.GetValue()); err == nil && n > 0 && n <= 4096 {
+				return n
+			}
+		}
+	}
+	return 0
 }
 
 // loraInfo reads the newest vllm:lora_requests_info series (nil: none).

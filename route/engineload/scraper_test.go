@@ -49,25 +49,36 @@ func TestParse(t *testing.T) {
 		want int64
 		kv   float64
 		res  Result
+		bs   int
 	}{
-		{"vllm v1", vllmPage(3, 20, 0.25), 23, 0.25, ResultOK},
-		{"two engines summed, kv max", vllmPage(1, 1, 0.5) + "vllm:num_requests_running{engine=\"1\",model_name=\"llama\"} 4\nvllm:kv_cache_usage_perc{engine=\"1\",model_name=\"llama\"} 0.75\n", 6, 0.75, ResultOK},
-		{"old kv name", "vllm:num_requests_running 2\nvllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.1\n", 2, 0.1, ResultOK},
-		{"no kv", "vllm:num_requests_waiting 7\n", 7, -1, ResultOK},
-		{"other exporter", "# TYPE up gauge\nup 1\n", 0, 0, ResultNoMetrics},
-		{"garbage", "\x00\x01{{{ not prometheus at all\n", 0, 0, ResultParse},
-		{"realistic page, filtered", string(realisticPage()), 10, 0.42, ResultOK},
-		{"longer names ignored", "vllm:num_requests_running_total 99\nvllm:num_requests_waiting 1\n", 1, -1, ResultOK},
-		{"bad line among kept ones", "vllm:num_requests_running{a=\"1\"} 2\nvllm:num_requests_waiting{ 3\n", 0, 0, ResultParse},
-		{"bad value", "vllm:num_requests_running abc\n", 0, 0, ResultParse},
+		{"cache config block size", vllmPage(1, 0, 0.5) + "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"32\",cache_dtype=\"auto\"} 1.0\n", 1, 0.5, ResultOK, 32},
+		{"cache config without a size", vllmPage(1, 0, 0.5) + "vllm:cache_config_info{block_size=\"None\"} 1.0\n", 1, 0.5, ResultOK, 0},
+		{"vllm v1", vllmPage(3, 20, 0.25), 23, 0.25, ResultOK, 0},
+		{"two engines summed, kv max", vllmPage(1, 1, 0.5) + "vllm:num_requests_running{engine=\"1\",model_name=\"llama\"} 4\nvllm:kv_cache_usage_perc{engine=\"1\",model_name=\"llama\"} 0.75\n", 6, 0.75, ResultOK, 0},
+		{"old kv name", "vllm:num_requests_running 2\nvllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.1\n", 2, 0.1, ResultOK, 0},
+		{"no kv", "vllm:num_requests_waiting 7\n", 7, -1, ResultOK, 0},
+		{"other exporter", "# TYPE up gauge\nup 1\n", 0, 0, ResultNoMetrics, 0},
+		{"garbage", "\x00\x01{{{ not prometheus at all\n", 0, 0, ResultParse, 0},
+		{"realistic page, filtered", string(realisticPage()), 10, 0.42, ResultOK, 0},
+		{"longer names ignored", "vllm:num_requests_running_total 99\nvllm:num_requests_waiting 1\n", 1, -1, ResultOK, 0},
+		{"bad line among kept ones", "vllm:num_requests_running{a=\"1\"} 2\nvllm:num_requests_waiting{ 3\n", 0, 0, ResultParse, 0},
+		{"bad value", "vllm:num_requests_running abc\n", 0, 0, ResultParse, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l, res, err := Parse([]byte(tc.page))
 			if res != tc.res {
 				t.Fatalf("result %v (%v), want %v", res, err, tc.res)
 			}
-			if res == ResultOK && (l.Requests != tc.want || l.KVUsage != tc.kv) {
-				t.Fatalf("load %+v, want requests %d kv %v", l, tc.want, tc.kv)
+			if res == ResultOK && (l.Requests != tc.want || l.KVUsage != tc.kv || l.BlockSize != tc.bs) {
+				t.Fatalf("load %+v, want requests %d kv %v block size %d", l, tc.want, tc.kv, tc.bs)
+			}
+			// Pages with vLLM's TTFT histogram (vllmPage: sum 0.25 s, count 3).
+			wantN, wantSum := uint64(0), 0.0
+			if strings.Contains(tc.page, "time_to_first_token_seconds_count") {
+				wantN, wantSum = 3, 0.25
+			}
+			if res == ResultOK && (l.TTFTCount != wantN || l.TTFTSeconds != wantSum) {
+				t.Fatalf("ttft sum %v count %d, want %v and %d", l.TTFTSeconds, l.TTFTCount, wantSum, wantN)
 			}
 			if res != ResultOK && err == nil {
 				t.Fatal("failure without an error")

@@ -12,7 +12,11 @@ import (
 // feedback Feedback and Stall. Policies read it through Endpoint's methods.
 // It must not be copied (atomics).
 type State struct {
-	Inflight  atomic.Int64
+	Inflight atomic.Int64
+	// Pending is the uncached prompt bytes of the open decisions that
+	// carry a prediction (fleet.Prediction.Uncached): prefill work queued
+	// at the endpoint by this instance.
+	Pending   atomic.Int64
 	Down      atomic.Bool
 	Fails     atomic.Int32
 	Decisions atomic.Uint64
@@ -21,8 +25,10 @@ type State struct {
 	// window is 1 + decisions + peer at the last window start (0: none),
 	// prevWindow the same at the window start before it.
 	window, prevWindow atomic.Uint64
-	// peer counts other instances' decisions for this endpoint (cluster sync).
-	peer atomic.Uint64
+	// peer counts other instances' decisions for this endpoint (cluster
+	// sync); peerLoad is the sum of their last reported in-flight counts.
+	peer     atomic.Uint64
+	peerLoad atomic.Int64
 	// Checked: a health check has judged it; seenUp: one has passed.
 	Checked, SeenUp atomic.Bool
 	// Completion feedback and stall detection (route/feedback).
@@ -55,6 +61,10 @@ type Endpoint struct {
 	State *State
 }
 
+// PendingBytes is the uncached prompt bytes of this instance's open
+// predicted decisions on the endpoint (State.Pending).
+func (e *Endpoint) PendingBytes() int64 { return e.State.Pending.Load() }
+
 // Inflight is the number of decisions sent to this endpoint not yet completed.
 func (e *Endpoint) Inflight() int64 { return e.State.Inflight.Load() }
 
@@ -62,13 +72,17 @@ func (e *Endpoint) Inflight() int64 { return e.State.Inflight.Load() }
 // running + waiting requests at the last scrape, moved by this instance's
 // in-flight change since that scrape (decisions opened minus completed: a
 // burst between scrapes is seen at once, and a finished request stops
-// counting), or the in-flight count when no engine figure is known
-// (scraping off or failing). Counting the change rather than the level
-// keeps a lost completion from inflating the figure beyond one scrape.
-// Allocation-free: two atomic loads.
+// counting) and by its peers' (cluster sync: each front publishes its
+// in-flight counts with its decisions, so every front sees the others'
+// burst too rather than herding onto the replica that looks least loaded
+// to each alone until the next scrape), or the in-flight count when no
+// engine figure is known (scraping off or failing). Counting the change
+// rather than the level keeps a lost completion, or a peer gone silent,
+// from skewing the figure beyond one scrape. Allocation-free: three atomic
+// loads.
 func (e *Endpoint) Load() int64 {
 	if el := e.State.engine.Load(); el != nil {
-		return max(0, el.Requests+e.State.Inflight.Load()-el.Mark)
+		return max(0, el.Requests+e.State.Inflight.Load()-el.Mark+e.State.peerLoad.Load()-el.PeerMark)
 	}
 	return e.State.Inflight.Load()
 }
@@ -92,8 +106,17 @@ type EngineLoad struct {
 	Waiting int64
 	// KVUsage is the engine's KV-cache usage in [0, 1] (-1: not reported).
 	KVUsage float64
-	// Mark is DecisionMark() taken as the scrape's page arrived.
-	Mark int64
+	// Mark is DecisionMark() taken as the scrape's page arrived, PeerMark
+	// PeerMark() then.
+	Mark     int64
+	PeerMark int64
+	// BlockSize is the engine's KV block size in tokens (vLLM's
+	// cache_config_info; 0: not reported).
+	BlockSize int
+	// TTFTSeconds and TTFTCount are the engine's time-to-first-token
+	// histogram's sum and count (cumulative; 0: not reported).
+	TTFTSeconds float64
+	TTFTCount   uint64
 	// LoRA is the engine's vllm:lora_requests_info (nil: none).
 	LoRA *LoRAState
 }
@@ -142,6 +165,14 @@ func (e *Endpoint) Served() uint64 {
 // DecisionMark is this endpoint's in-flight count, to pair with a scrape:
 // Load adds the change since.
 func (e *Endpoint) DecisionMark() int64 { return e.State.Inflight.Load() }
+
+// PeerMark is the peers' in-flight count for this endpoint, to pair with a
+// scrape: Load adds the change since.
+func (e *Endpoint) PeerMark() int64 { return e.State.peerLoad.Load() }
+
+// AddPeerLoad moves the peers' in-flight count (cluster sync: a peer
+// reported a new level).
+func (e *Endpoint) AddPeerLoad(d int64) { e.State.peerLoad.Add(d) }
 
 // SetEngineLoad publishes a scrape; nil goes back to in-flight counts.
 func (e *Endpoint) SetEngineLoad(l *EngineLoad) { e.State.engine.Store(l) }

@@ -10,6 +10,23 @@ import (
 	"github.com/turnout/turnout/route/payload"
 )
 
+// Prediction is one decision's predicted time to first token and the
+// figures it was predicted from, so the completion can be learned from.
+type Prediction struct {
+	TTFTMs float32 // 0: no prediction
+	// Load is the chosen endpoint's load, Pending its queued prefill
+	// bytes (State.Pending) and Uncached the prompt bytes it was not
+	// thought to hold, at decision time.
+	Load, Pending, Uncached int32
+}
+
+// TTFTLearner is implemented by policies that learn from completions'
+// first-byte times: the ledger calls it when a decision with a prediction
+// closes with a TTFB, the endpoint that answered being the one chosen.
+type TTFTLearner interface {
+	LearnTTFT(e *Endpoint, p Prediction, ttfbMs int64)
+}
+
 // LoadAware is implemented by policies whose choice reads endpoints'
 // in-flight counts, which fall only when completions are fed back.
 type LoadAware interface {
@@ -65,6 +82,10 @@ type Choice struct {
 	Matched int
 	// Reject is set by a strict policy that refuses the request.
 	Reject RejectReason
+	// Predicted is what a TTFT-predicting policy expected of its first
+	// choice (zero: no prediction); the ledger keeps it until the
+	// completion's TTFB teaches the policy (TTFTLearner).
+	Predicted Prediction
 	// Work is a policy's working memory for one decision, kept with the
 	// caller's pooled per-request scratch (the Decider's Txn) so that a
 	// policy takes none from a pool of its own; nil: the policy does.

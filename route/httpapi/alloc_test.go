@@ -51,7 +51,7 @@ func assertZeroAllocs(t *testing.T, s *testServer, ctx *fasthttp.RequestCtx) {
 
 // Zero allocations per decision is a contract, not a hope.
 func TestDecisionAllocs(t *testing.T) {
-	for _, pol := range []string{"least-request", "session-hash", "prefix-affinity", "round-robin"} {
+	for _, pol := range []string{"least-request", "session-hash", "prefix-affinity", "round-robin", "predicted-ttft"} {
 		t.Run(pol, func(t *testing.T) {
 			assertZeroAllocs(t, mustServer(t, fmt.Sprintf(fourEndpoints, pol)), routeCtx(body4K(1), "user-1"))
 		})
@@ -88,6 +88,7 @@ func BenchmarkRouteLeastRequest(b *testing.B)   { benchRoute(b, "least-request",
 func BenchmarkRouteSessionHash(b *testing.B)    { benchRoute(b, "session-hash", 64) }
 func BenchmarkRoutePrefixAffinity(b *testing.B) { benchRoute(b, "prefix-affinity", 64) }
 func BenchmarkRouteRoundRobin(b *testing.B)     { benchRoute(b, "round-robin", 64) }
+func BenchmarkRoutePredictedTTFT(b *testing.B)  { benchRoute(b, "predicted-ttft", 64) }
 
 func BenchmarkRouteParallelPrefixAffinity(b *testing.B) {
 	s := mustServer(b, fmt.Sprintf(fourEndpoints, "prefix-affinity"))

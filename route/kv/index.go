@@ -138,6 +138,16 @@ func (ix *Index) SetBlockSize(n int) {
 	}
 }
 
+// LearnBlockSize sets the block size when none is known yet (from the
+// engine's own config, before its first event); a known size is kept.
+func (ix *Index) LearnBlockSize(n int) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if ix.blockSize == 0 && n > 0 {
+		ix.blockSize = n
+	}
+}
+
 // SourceID registers name if needed and returns its id for MatchIDs. The id
 // stays valid until RemoveSource(name); a later re-add gets a new id.
 func (ix *Index) SourceID(name string) int {

@@ -96,7 +96,7 @@ type KVAware struct {
 	ids  []int // index source id per endpoint index
 	bufs sync.Pool
 	// counters
-	fallbacks    atomic.Uint64
+	fallbacks    [numKVFallbacks]atomic.Uint64
 	tokenized    atomic.Uint64
 	tokenizeErrs atomic.Uint64
 	tokenIDs     atomic.Uint64
@@ -234,7 +234,49 @@ func (k *KVAware) Close() {
 }
 
 // Fallbacks is how many requests went to the prefix-affinity fallback (tests, metrics).
-func (k *KVAware) Fallbacks() uint64 { return k.fallbacks.Load() }
+func (k *KVAware) Fallbacks() uint64 {
+	var n uint64
+	for i := range k.fallbacks {
+		n += k.fallbacks[i].Load()
+	}
+	return n
+}
+
+// FallbacksFor is how many requests fell back for one reason (tests).
+func (k *KVAware) FallbacksFor(r KVFallback) uint64 { return k.fallbacks[r].Load() }
+
+// KVFallback is why kv-aware could not key a request on token blocks;
+// keep kvFallbackNames in sync.
+type KVFallback int
+
+// Fallback reasons.
+const (
+	// KVFallbackBlockSize: no block size yet (no KV event, no engine
+	// cache_config_info, no block_size in config).
+	KVFallbackBlockSize KVFallback = iota
+	// KVFallbackTruncated: the body was cut at route_body, so the prompt
+	// cannot be tokenized whole.
+	KVFallbackTruncated
+	// KVFallbackTokenizer: the tokenizer failed or is unreachable.
+	KVFallbackTokenizer
+	// KVFallbackNoTokens: no token-id prompt and tokenizer.mode none, or
+	// nothing to tokenize.
+	KVFallbackNoTokens
+	// KVFallbackShort: the prompt is shorter than one block (no key to match).
+	KVFallbackShort
+	numKVFallbacks
+)
+
+var kvFallbackNames = [numKVFallbacks]string{"block_size_unknown", "body_truncated", "tokenizer_error", "no_token_ids", "short_prompt"}
+
+func (r KVFallback) String() string { return kvFallbackNames[r] }
+
+// Sentinel errors of requestKeys: a fallback must not allocate.
+var (
+	errBlockSize = errors.New("block size not known yet")
+	errTruncated = errors.New("body truncated at route_body")
+	errNoTokens  = errors.New("no token ids")
+)
 
 // Index exposes the KV index (tests, metrics).
 func (k *KVAware) Index() *kv.Index { return k.sh.idx }
@@ -247,7 +289,10 @@ func (k *KVAware) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
 	}
 	defer k.bufs.Put(b)
 	bs := k.sh.idx.BlockSize()
-	keys, err := k.requestKeys(r, bs, b)
+	if bs == 0 {
+		bs = k.learnBlockSize(p)
+	}
+	keys, why, err := k.requestKeys(r, bs, b)
 	if err != nil || len(keys) == 0 {
 		if k.cfg.Strict {
 			switch {
@@ -258,7 +303,10 @@ func (k *KVAware) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
 			}
 			return
 		}
-		k.fallbacks.Add(1)
+		if err == nil {
+			why = KVFallbackShort
+		}
+		k.fallbacks[why].Add(1)
 		// The fallback's prompt hashes are computed only here (from the
 		// payload index), so the token path does not pay for hashing.
 		if n := len(r.Payload.Body())/k.cfg.Fallback.BlockBytes + 1; cap(b.blocks) < n {
@@ -323,11 +371,25 @@ func (kvUncached) Score(c *Cycle, e *fleet.Endpoint) float64 {
 	return -float64(c.Of - m)
 }
 
+// learnBlockSize takes the block size an endpoint's engine reported
+// (vLLM's cache_config_info, scraped with the load) while no KV event has
+// taught the index one: a cold start keys requests from the first one.
+func (k *KVAware) learnBlockSize(p *fleet.Pool) int {
+	for _, e := range p.Endpoints {
+		if el := e.Engine(); el != nil && el.BlockSize > 0 {
+			k.sh.idx.LearnBlockSize(el.BlockSize)
+			return k.sh.idx.BlockSize()
+		}
+	}
+	return 0
+}
+
 // requestKeys returns the request's block keys: from token-id prompts
-// directly, else through the tokenizer (cached).
-func (k *KVAware) requestKeys(r *fleet.Request, bs int, b *kvBuf) ([]uint64, error) {
+// directly, else through the tokenizer (cached). Without keys, why says
+// what was missing.
+func (k *KVAware) requestKeys(r *fleet.Request, bs int, b *kvBuf) (keys []uint64, why KVFallback, err error) {
 	if bs <= 0 {
-		return nil, errors.New("block size not known yet")
+		return nil, KVFallbackBlockSize, errBlockSize
 	}
 	if toks, ok := r.Payload.TokenIDs(); ok {
 		k.tokenIDs.Add(1)
@@ -335,10 +397,13 @@ func (k *KVAware) requestKeys(r *fleet.Request, bs int, b *kvBuf) ([]uint64, err
 			b.keys = make([]uint64, 0, len(toks)/bs+1)
 		}
 		b.keys = kv.BlockKeys(toks, bs, b.keys[:0])
-		return b.keys, nil
+		return b.keys, KVFallbackShort, nil
 	}
-	if k.cfg.Tokenizer.Mode != "remote" || r.Truncated {
-		return nil, errors.New("no token ids")
+	if r.Truncated {
+		return nil, KVFallbackTruncated, errTruncated
+	}
+	if k.cfg.Tokenizer.Mode != "remote" {
+		return nil, KVFallbackNoTokens, errNoTokens
 	}
 	// The tokenizer gets the request's own JSON for the prompt, as vLLM's
 	// /tokenize takes it (messages, else prompt).
@@ -346,13 +411,16 @@ func (k *KVAware) requestKeys(r *fleet.Request, bs int, b *kvBuf) ([]uint64, err
 	if len(raw) == 0 {
 		field, raw = "prompt", r.Payload.Value("prompt")
 	}
-	keys, err := k.tok.Keys(field, raw, r.Model, bs)
+	if len(raw) == 0 {
+		return nil, KVFallbackNoTokens, errNoTokens
+	}
+	keys, err = k.tok.Keys(field, raw, r.Model, bs)
 	if err != nil {
 		k.tokenizeErrs.Add(1)
-		return nil, err
+		return nil, KVFallbackTokenizer, err
 	}
 	k.tokenized.Add(1)
-	return keys, nil
+	return keys, KVFallbackShort, nil
 }
 
 // WriteMetrics implements MetricsWriter.
@@ -363,7 +431,18 @@ func (k *KVAware) WriteMetrics(p *fleet.Pool, b *strings.Builder) {
 	fmt.Fprintf(b, "turnout_kv_index_bytes{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, st.ApproxBytes)
 	fmt.Fprintf(b, "turnout_kv_index_evictions_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, st.Evictions)
 	fmt.Fprintf(b, "turnout_kv_index_stale_sources{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, st.Stale)
-	fmt.Fprintf(b, "turnout_kv_fallbacks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, k.fallbacks.Load())
+	fmt.Fprintf(b, "turnout_kv_index_block_size_tokens{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, st.BlockSize)
+	// Events the index could not use, by why (kv/index.go): a high
+	// orphan or misaligned count explains matches that never come.
+	for _, r := range [...]struct {
+		n string
+		v uint64
+	}{{"orphan", st.Orphans}, {"misaligned", st.Misaligned}, {"filtered", st.Filtered}, {"unknown_remove", st.UnknownRemoves}} {
+		fmt.Fprintf(b, "turnout_kv_index_skipped_total{deployment=%q,pool=%q,reason=%q} %d\n", p.Deployment, p.Name, r.n, r.v)
+	}
+	for i := range k.fallbacks {
+		fmt.Fprintf(b, "turnout_kv_fallbacks_total{deployment=%q,pool=%q,reason=%q} %d\n", p.Deployment, p.Name, KVFallback(i), k.fallbacks[i].Load())
+	}
 	fmt.Fprintf(b, "turnout_kv_tokenize_total{deployment=%q,pool=%q,result=\"ok\"} %d\n", p.Deployment, p.Name, k.tokenized.Load())
 	fmt.Fprintf(b, "turnout_kv_tokenize_total{deployment=%q,pool=%q,result=\"error\"} %d\n", p.Deployment, p.Name, k.tokenizeErrs.Load())
 	fmt.Fprintf(b, "turnout_kv_token_id_prompts_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, k.tokenIDs.Load())

@@ -67,5 +67,6 @@ func DefaultRegistry() *Registry {
 	r.Register(PrefixAffinityType, NewPrefixAffinityFactory())
 	r.Register(KVAwareType, NewKVAwareFactory())
 	r.Register(LoRAAffinityType, NewLoRAAffinityFactory())
+	r.Register(PredictedTTFTType, NewPredictedTTFTFactory())
 	return r
 }
