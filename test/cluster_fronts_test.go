@@ -71,11 +71,13 @@ func TestClusterFronts(t *testing.T) {
 		if r.hit < 0.95*rows[0].hit {
 			t.Errorf("%d fronts: hit ratio %.3f < 95%% of one front's %.3f", r.fronts, r.hit, rows[0].hit)
 		}
-		// The goal is 1.05 (issue 27); 1.1 is issue 11's bound, kept as
-		// the assertion because one run under the shared box's load
-		// varies by a few hundredths (BENCHMARKS.md has the runs).
-		if r.maxMean > 1.1 {
-			t.Errorf("%d fronts: requests max/mean %.3f > 1.1 (%v)", r.fronts, r.maxMean, r.reqs)
+		// The goal is 1.05 (issue 27); the bound is issue 11's 1.1, or
+		// 1.1x one front's own max/mean in the same run when that is
+		// higher: on this workload one front alone ranges 1.02-1.21
+		// (prefix affinity places documents, not requests), so a
+		// fixed bound fails on the workload's luck, not on the fronts.
+		if bound := max(1.1, 1.1*rows[0].maxMean); r.maxMean > bound {
+			t.Errorf("%d fronts: requests max/mean %.3f > %.3f (%v)", r.fronts, r.maxMean, bound, r.reqs)
 		}
 	}
 }
