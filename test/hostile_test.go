@@ -413,8 +413,11 @@ func TestHAProxyFeedbackGapReconciled(t *testing.T) {
 	}
 	ms := mocks(t, "gap", 2, slow)
 	s := startStack(t, "open", depSpec{name: "llama", policy: policyLeast, mocks: ms})
-	s.T.Rewrite(t, strings.Replace(s.yaml(), "feedback: {syslog: "+s.syslog+"}",
-		fmt.Sprintf("feedback: {syslog: %s, stalled_after: 1s, stalled_min_decisions: 5}\nengine_metrics: {interval: %s}", s.syslog, scrape), 1))
+	// A 2 s stall budget ticks the feedback monitor every 500 ms (a quarter
+	// of it; 1 s with the default budget), well inside the scrape interval.
+	cfg := strings.Replace(s.yaml(), "feedback: {syslog: "+s.syslog+"}",
+		fmt.Sprintf("feedback: {syslog: %s, stalled_after: 1s, stalled_min_decisions: 5}\nengine_metrics: {interval: %s}", s.syslog, scrape), 1)
+	s.T.Rewrite(t, strings.Replace(cfg, "health: {interval: 300ms, timeout: 300ms}", "health: {interval: 300ms, timeout: 300ms, stall: {budget: 2s}}", 1))
 	Eventually(t, 10*time.Second, "the feedback settings to apply", func() bool {
 		return metricOr0(t, s.T.URL+"/metrics", "turnout_config_reloads_total", `result="ok"`) >= 2
 	})
