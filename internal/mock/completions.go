@@ -1,6 +1,7 @@
 package mock
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -185,7 +186,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, g *generation, req *apiReque
 		s.writeError(ctx, fasthttp.StatusServiceUnavailable, "server shutting down", "ServiceUnavailableError")
 		return
 	}
-	if f.Stall > 0 && !s.sleep(f.Stall) {
+	if f.Stall > 0 && (f.StallSpare == "" || !bytes.Contains(ctx.PostBody(), []byte(f.StallSpare))) && !s.sleep(f.Stall) {
 		s.writeError(ctx, fasthttp.StatusServiceUnavailable, "server shutting down", "ServiceUnavailableError")
 		return
 	}

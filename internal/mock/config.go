@@ -147,6 +147,10 @@ type Faults struct {
 	// down" at once, as a dying vLLM does to requests it just accepted
 	// (runtime only).
 	ShuttingDown bool
+	// StallSpare: a completion request whose body contains it is not
+	// stalled, so a replica can stall most requests and answer some in time
+	// (runtime only; the stall probes of a router never carry it).
+	StallSpare string
 }
 
 func (c *Config) normalize() error {
