@@ -65,7 +65,9 @@ type FlowSetup struct {
 // FlowSetups are the compared setups for replicas of maxRunning sequences:
 // the proxy's plain leastconn (HAProxy, or nginx's least_conn), turnout's least-request without flow control
 // (today's behaviour: every request goes to an engine queue at once), and
-// with flow control holding at maxRunning per replica, and at maxRunning-1
+// with flow control holding at maxRunning per replica, at maxRunning+1
+// (one request queued in each engine covers the completion -> feedback ->
+// release round trip, in which a slot would idle), and at maxRunning-1
 // with a headroom of 1 for critical.
 func FlowSetups(maxRunning int, proxy string) []FlowSetup {
 	classes := func(headroom int) []string {
@@ -87,6 +89,7 @@ func FlowSetups(maxRunning int, proxy string) []FlowSetup {
 		{Name: plain, Spec: PolicySpec{Policy: plain}},
 		{Name: "least-request, no flow control", Spec: lr},
 		{Name: fmt.Sprintf("least-request + flow (max_load %d)", maxRunning), Spec: lr, Flow: flow(maxRunning, 0)},
+		{Name: fmt.Sprintf("least-request + flow (max_load %d)", maxRunning+1), Spec: lr, Flow: flow(maxRunning+1, 0)},
 	}
 	if maxRunning > 1 {
 		out = append(out, FlowSetup{Name: fmt.Sprintf("least-request + flow (max_load %d, critical headroom 1)", maxRunning-1), Spec: lr, Flow: flow(maxRunning-1, 1)})
