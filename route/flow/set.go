@@ -54,8 +54,9 @@ func (s *Set) Keep(live map[string]bool) {
 // Close closes every controller.
 func (s *Set) Close() { s.Keep(nil) }
 
-// WriteMetrics renders every controller's metrics (nothing without one).
-func (s *Set) WriteMetrics(b *strings.Builder) {
+// sorted returns the deployments with flow control in name order and their
+// controllers, so metrics and readiness list them alike.
+func (s *Set) sorted() ([]string, []*Controller) {
 	s.mu.Lock()
 	deps := make([]string, 0, len(s.byDep))
 	for d := range s.byDep {
@@ -67,6 +68,12 @@ func (s *Set) WriteMetrics(b *strings.Builder) {
 		ctrls[i] = s.byDep[d]
 	}
 	s.mu.Unlock()
+	return deps, ctrls
+}
+
+// WriteMetrics renders every controller's metrics (nothing without one).
+func (s *Set) WriteMetrics(b *strings.Builder) {
+	deps, ctrls := s.sorted()
 	if len(ctrls) == 0 {
 		return
 	}
@@ -83,17 +90,7 @@ func (s *Set) WriteMetrics(b *strings.Builder) {
 // WriteReadiness writes one /readyz?verbose line per deployment with flow
 // control: what it holds by class, and whether its pool is saturated.
 func (s *Set) WriteReadiness(b *strings.Builder) {
-	s.mu.Lock()
-	deps := make([]string, 0, len(s.byDep))
-	for d := range s.byDep {
-		deps = append(deps, d)
-	}
-	slices.Sort(deps)
-	ctrls := make([]*Controller, len(deps))
-	for i, d := range deps {
-		ctrls[i] = s.byDep[d]
-	}
-	s.mu.Unlock()
+	deps, ctrls := s.sorted()
 	for i, c := range ctrls {
 		c.mu.Lock()
 		fmt.Fprintf(b, "flow %s: %d held (", deps[i], c.queued)
