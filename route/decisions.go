@@ -109,6 +109,16 @@ func newDecisions(size int, seed uint64) *decisions {
 // opened is the number of decisions opened so far.
 func (d *decisions) opened() uint64 { return d.next.Load() - d.first }
 
+// mayHoldOpen reports whether any decision can still be open: more opened
+// than closed in every way. An idle instance then skips the sweep's walk
+// of every slot (65,536 by default), which was its largest idle cost
+// (issue 27). The closes are read before the opens: a close is counted
+// only after its open, so a race can only answer true.
+func (d *decisions) mayHoldOpen() bool {
+	closed := d.completed.Load() + d.expired.Load() + d.overwritten.Load() + d.reconciled.Load()
+	return d.opened() > closed
+}
+
 // open records a decision for e and returns its id. The random part comes
 // from math/rand/v2's runtime source (ChaCha8 per thread, seeded by the OS):
 // unpredictable, lock-free and allocation-free.
@@ -200,6 +210,9 @@ func (d *decisions) closeWith(id uint64, c Completion, rec *DecisionRecord) *fle
 // decisions on it grew from 13 to 1,445, and its few fast answers kept it
 // in rotation for 124 s).
 func (d *decisions) sweep(now time.Time, ttl time.Duration, markStale bool) {
+	if !d.mayHoldOpen() {
+		return
+	}
 	nowNs := now.UnixNano()
 	cut := nowNs - int64(ttl)
 	var old map[*fleet.State]int64 // decisions open past half the budget

@@ -16,6 +16,13 @@ type EngineMetricsConfig struct {
 	Disable  bool     `yaml:"disable"`
 	Path     string   `yaml:"path"`
 	Interval Duration `yaml:"interval"`
+	// IdleInterval is how often an idle replica is scraped: one whose
+	// engine reported nothing running or waiting at the last scrape and
+	// which got no request from this instance or its cluster peers since.
+	// Its interval doubles from Interval up to IdleInterval and drops back
+	// at the next decision for it. Idle scrapes were most of an idle
+	// instance's CPU (issue 27). 0 = 2s; equal to Interval turns it off.
+	IdleInterval Duration `yaml:"idle_interval"`
 	// Timeout bounds one scrape (connect, headers and body).
 	Timeout Duration `yaml:"timeout"`
 	// MaxBytes caps a page's body; a larger page is refused unread.
@@ -51,6 +58,9 @@ func (c *Config) applyLoadDefaults() {
 	if m.Interval == 0 {
 		m.Interval = Duration(250 * time.Millisecond)
 	}
+	if m.IdleInterval == 0 {
+		m.IdleInterval = Duration(max(2*time.Second, m.Interval.D()))
+	}
 	if m.Timeout == 0 {
 		m.Timeout = Duration(min(200*time.Millisecond, m.Interval.D()))
 	}
@@ -79,6 +89,9 @@ func (c *Config) validateLoad(bad func(field, format string, a ...any)) {
 	}
 	if m.Interval.D() < 10*time.Millisecond || m.Interval.D() > time.Minute {
 		bad("engine_metrics.interval", "%s out of range [10ms, 1m]", m.Interval.D())
+	}
+	if m.IdleInterval.D() < m.Interval.D() || m.IdleInterval.D() > 10*time.Minute {
+		bad("engine_metrics.idle_interval", "%s out of range [interval %s, 10m]", m.IdleInterval.D(), m.Interval.D())
 	}
 	if m.Timeout.D() <= 0 || m.Timeout.D() > m.Interval.D()*4 {
 		bad("engine_metrics.timeout", "%s must be positive and at most 4 x interval", m.Timeout.D())

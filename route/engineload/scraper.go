@@ -103,6 +103,57 @@ type target struct {
 	bytes   atomic.Uint64
 	// attempts counts scrapes started (tie-break windows).
 	attempts atomic.Uint64
+	// Idle backoff (engine_metrics.idle_interval): gap is the number of
+	// intervals between scrapes (0 or 1 unless idle), wait the intervals still
+	// to skip, seen the endpoints' decision count when the replica was
+	// last found idle. Round reads them; the scrape sets them.
+	gap, wait atomic.Int64
+	seen      atomic.Uint64
+	// skipped counts rounds that left this idle replica unscraped.
+	skipped atomic.Uint64
+}
+
+// activity is what a request to the replica moves: decisions this
+// instance made for it (a counter, so one that came and went is seen) and
+// the in-flight counts, its own and its peers'.
+func activity(eps []*fleet.Endpoint) (decisions uint64, busy bool) {
+	for _, e := range eps {
+		decisions += e.State.Decisions.Load()
+		busy = busy || e.DecisionMark() != 0 || e.PeerMark() != 0
+	}
+	return decisions, busy
+}
+
+// skip reports whether this round leaves an idle replica unscraped. Any
+// request for it since it was found idle ends the backoff at once.
+func (t *target) skip(eps []*fleet.Endpoint) bool {
+	if t.wait.Load() <= 0 {
+		return false
+	}
+	if d, busy := activity(eps); busy || d != t.seen.Load() {
+		t.wait.Store(0)
+		t.gap.Store(0)
+		return false
+	}
+	t.wait.Add(-1)
+	t.skipped.Add(1)
+	return true
+}
+
+// backoff sets the gap to the next scrape from what this one found: an
+// idle replica's gap doubles up to idle_interval, any other is scraped
+// every interval.
+func (t *target) backoff(idle bool, decisions uint64, cfg *config.EngineMetricsConfig) {
+	if !idle {
+		t.gap.Store(0) // found idle again, it is scraped twice before a gap
+		t.wait.Store(0)
+		return
+	}
+	most := max(1, int64(cfg.IdleInterval.D()/cfg.Interval.D()))
+	g := min(most, max(1, 2*t.gap.Load()))
+	t.seen.Store(decisions)
+	t.gap.Store(g)
+	t.wait.Store(g - 1)
 }
 
 // windowScrapes is the length of a recent-decisions window in scrapes.
@@ -179,10 +230,13 @@ func (s *Scraper) Round(ctx context.Context) {
 		return
 	}
 	for _, t := range todo {
+		eps := byName[t.name]
+		if t.busy.Load() || t.skip(eps) {
+			continue
+		}
 		if !t.busy.CompareAndSwap(false, true) {
 			continue // a stalled scrape is still within its timeout
 		}
-		eps := byName[t.name]
 		go func() {
 			defer t.busy.Store(false)
 			s.scrapeOne(ctx, t, eps, &cfg)
@@ -214,6 +268,7 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*fleet.Endpoin
 		}
 	}
 	start := s.now()
+	dec0, _ := activity(eps)
 	load, n, res, err := s.fetch(eps[0].Address, cfg)
 	// The in-flight mark is taken after the page arrived: a decision made
 	// while the scrape was in flight is then never counted twice (in the
@@ -229,6 +284,8 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*fleet.Endpoin
 	for i, e := range eps {
 		marks[i], peers[i] = e.DecisionMark(), e.PeerMark()
 	}
+	dec1, busy := activity(eps)
+	t.backoff(res == ResultOK && load.Requests == 0 && !busy && dec1 == dec0, dec0, cfg)
 	t.durNs.Add(uint64(s.now().Sub(start)))
 	t.bytes.Add(uint64(n))
 	t.results[res].Add(1)
@@ -521,6 +578,14 @@ func (s *Scraper) WriteMetrics(b *strings.Builder) {
 				for r := Result(0); r < numResults; r++ {
 					fmt.Fprintf(b, "turnout_engine_scrapes_total{deployment=%q,pool=%q,endpoint=%q,result=%q} %d\n", p.Deployment, p.Name, e.Name, r.String(), t.results[r].Load())
 				}
+			}
+		}
+	}
+	help("turnout_engine_scrapes_idle_skipped_total", "counter", "Scrape rounds that left an idle endpoint unscraped (engine_metrics.idle_interval backoff).")
+	for _, p := range snap.Pools() {
+		for _, e := range p.Endpoints {
+			if t := targets[e.Name]; t != nil {
+				fmt.Fprintf(b, "turnout_engine_scrapes_idle_skipped_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, t.skipped.Load())
 			}
 		}
 	}
