@@ -2,12 +2,10 @@ package engineload
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/route"
 )
 
 // An idle replica (engine reports nothing running or waiting, no decision
@@ -17,23 +15,7 @@ import (
 func TestScraperIdleBackoff(t *testing.T) {
 	p := &page{}
 	p.set("ok", vllmPage(0, 0, 0))
-	addr := startPage(t, p)
-	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`
-health: {disable: true}
-engine_metrics: {interval: 100ms, idle_interval: 800ms}
-deployments:
-  - name: llama
-    policy: {name: least-request, params: {choices: 0}}
-    pools: [{role: mixed, endpoints: [{name: m0, address: %s}]}]
-`, addr)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := route.New(cfg, route.Options{Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	srv := oneReplica(t, "{interval: 100ms, idle_interval: 800ms}", startPage(t, p))
 	sc := New(srv, nil)
 	ctx := context.Background()
 	tgt := func() *target {

@@ -125,6 +125,29 @@ func (p *page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// oneReplica is a decider over one replica m0 at addr (least-request,
+// health checks off) with the given engine_metrics section.
+func oneReplica(t *testing.T, engineMetrics, addr string) *route.Decider {
+	t.Helper()
+	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`
+health: {disable: true}
+engine_metrics: %s
+deployments:
+  - name: llama
+    policy: {name: least-request, params: {choices: 0}}
+    pools: [{role: mixed, endpoints: [{name: m0, address: %s}]}]
+`, engineMetrics, addr)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := route.New(cfg, route.Options{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	return srv
+}
+
 func startPage(t *testing.T, p *page) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -190,23 +213,7 @@ func routeOnce(t *testing.T, srv *route.Decider) (string, time.Duration) {
 // afterwards restores the engine figure.
 func TestScraperBadPages(t *testing.T) {
 	p := &page{}
-	addr := startPage(t, p)
-	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`
-health: {disable: true}
-engine_metrics: {interval: 300ms, timeout: 1s, max_bytes: 1048576}
-deployments:
-  - name: llama
-    policy: {name: least-request, params: {choices: 0}}
-    pools: [{role: mixed, endpoints: [{name: m0, address: %s}]}]
-`, addr)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := route.New(cfg, route.Options{Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	srv := oneReplica(t, "{interval: 300ms, timeout: 1s, max_bytes: 1048576}", startPage(t, p))
 	var logs syncBuf
 	log := zerolog.New(&logs)
 	sc := New(srv, &log)
