@@ -7,9 +7,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/http"
-	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -64,45 +62,7 @@ func failOpenStreamTTFB(t *testing.T, tu *Turnout, base, model string, extra map
 		<-tu.done
 	}
 	killed := time.Now()
-	type res struct {
-		at, ttfb time.Duration
-		err      string
-	}
-	ch := make(chan res, n)
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 8 {
-				at := time.Since(killed)
-				ttfb, msg := stream("down")
-				ch <- res{at: at, ttfb: ttfb, err: msg}
-			}
-		}()
-	}
-	wg.Wait()
-	close(ch)
-	var all []res
-	for r := range ch {
-		if r.err != "" {
-			t.Fatalf("turnout killed: a stream failed: %s", r.err)
-		}
-		all = append(all, r)
-	}
-	sort.Slice(all, func(i, j int) bool { return all[i].at < all[j].at })
-	out := make([]time.Duration, len(all))
-	var slowAt []string
-	for i, r := range all {
-		out[i] = r.ttfb
-		if r.ttfb > 100*time.Millisecond && len(slowAt) < 40 {
-			slowAt = append(slowAt, fmt.Sprintf("%v+%v", r.at.Round(time.Millisecond), r.ttfb.Round(time.Millisecond)))
-		}
-	}
-	if len(slowAt) > 0 {
-		t.Logf("slow streams (start after the kill + time to headers): %v", slowAt)
-	}
-	return out
+	return killedLoad(t, killed, n, "stream", "time to headers", func() (time.Duration, string) { return stream("down") })
 }
 
 // Issue 28 item 1, nginx: with turnout SIGKILLed and fail_mode open,

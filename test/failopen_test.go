@@ -29,10 +29,27 @@ func failOpenDelays(t *testing.T, tu *Turnout, base, model string, extra map[str
 	killed := time.Now()
 	// Concurrent clients, as in production: requests already queued on a
 	// dead agent connection show up here, not with one client at a time.
+	return killedLoad(t, killed, n, "request", "duration", func() (time.Duration, string) {
+		r, err := Post(context.Background(), c, base+"/v1/chat/completions", chatBody(model, "s", "down", false), extra)
+		switch {
+		case err != nil:
+			return 0, err.Error()
+		case r.Status != 200:
+			return 0, fmt.Sprintf("%d %s", r.Status, r.Body)
+		}
+		return r.Dur, ""
+	})
+}
+
+// killedLoad makes n requests from 8 clients after turnout was killed at
+// killed (one makes a request and returns its delay, or a failure),
+// fails the test on any failure, and returns the delays in start order,
+// logging the slow ones with when they started.
+func killedLoad(t *testing.T, killed time.Time, n int, what, delay string, one func() (time.Duration, string)) []time.Duration {
+	t.Helper()
 	type res struct {
-		at  time.Duration
-		dur time.Duration
-		err string
+		at, dur time.Duration
+		err     string
 	}
 	ch := make(chan res, n)
 	var wg sync.WaitGroup
@@ -41,16 +58,9 @@ func failOpenDelays(t *testing.T, tu *Turnout, base, model string, extra map[str
 		go func() {
 			defer wg.Done()
 			for i := w; i < n; i += 8 {
-				start := time.Now()
-				r, err := Post(context.Background(), c, base+"/v1/chat/completions", chatBody(model, "s", "down", false), extra)
-				switch {
-				case err != nil:
-					ch <- res{err: err.Error()}
-				case r.Status != 200 || r.Header.Get("X-Replica") == "":
-					ch <- res{err: fmt.Sprintf("%d %s", r.Status, r.Body)}
-				default:
-					ch <- res{at: start.Sub(killed), dur: r.Dur}
-				}
+				at := time.Since(killed)
+				dur, msg := one()
+				ch <- res{at: at, dur: dur, err: msg}
 			}
 		}()
 	}
@@ -59,7 +69,7 @@ func failOpenDelays(t *testing.T, tu *Turnout, base, model string, extra map[str
 	var all []res
 	for r := range ch {
 		if r.err != "" {
-			t.Fatalf("turnout killed: a request failed: %s", r.err)
+			t.Fatalf("turnout killed: a %s failed: %s", what, r.err)
 		}
 		all = append(all, r)
 	}
@@ -73,7 +83,7 @@ func failOpenDelays(t *testing.T, tu *Turnout, base, model string, extra map[str
 		}
 	}
 	if len(slowAt) > 0 {
-		t.Logf("slow requests (start after the kill + duration): %v", slowAt)
+		t.Logf("slow %ss (start after the kill + %s): %v", what, delay, slowAt)
 	}
 	return out
 }

@@ -49,6 +49,32 @@ func ngStream(c *http.Client, url, model string, hdr map[string]string, tokens i
 	return ""
 }
 
+// ngClients runs n clients until stop closes, the even ones on the body-mode
+// deployment "bdy", the odd ones on the header-mode "hdr" (named by
+// X-Model); fn makes client w's i-th request.
+func ngClients(stop <-chan struct{}, n int, fn func(w, i int, model string, h map[string]string)) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			model, h := "bdy", map[string]string(nil)
+			if w%2 == 1 {
+				model, h = "hdr", map[string]string{"X-Model": "hdr"}
+			}
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				fn(w, i, model, h)
+			}
+		}()
+	}
+	return &wg
+}
+
 // Issue 28 item 7: replicas added and removed again and again under a
 // streaming load (2 s streams and short requests, header and body mode):
 // nginx is never reloaded (the same master and workers, nginx.conf not
@@ -97,42 +123,26 @@ func TestNginxChurnNoReload(t *testing.T) {
 		errMu.Unlock()
 	}
 	c := &http.Client{Timeout: 30 * time.Second}
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			model, h := "bdy", map[string]string(nil)
-			if w%2 == 1 {
-				model, h = "hdr", map[string]string{"X-Model": "hdr"}
+	wg := ngClients(stop, 8, func(w, i int, model string, h map[string]string) {
+		if w < 4 { // half the clients stream
+			if msg := ngStream(c, s.N.URL, model, h, streamTokens); msg != "" {
+				fail(model + ": " + msg)
+				return
 			}
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if w < 4 { // half the clients stream
-					if msg := ngStream(c, s.N.URL, model, h, streamTokens); msg != "" {
-						fail(model + ": " + msg)
-						continue
-					}
-					streams.Add(1)
-					okN.Add(1)
-					continue
-				}
-				r, err := Post(t.Context(), c, s.N.URL+"/v1/chat/completions", chatBody(model, "churn", fmt.Sprintf("w%d-%d", w, i), false), h)
-				switch {
-				case err != nil:
-					fail(model + ": " + err.Error())
-				case r.Status != 200:
-					fail(fmt.Sprintf("%s: %d %s", model, r.Status, r.Body))
-				default:
-					okN.Add(1)
-				}
-			}
-		}()
-	}
+			streams.Add(1)
+			okN.Add(1)
+			return
+		}
+		r, err := Post(t.Context(), c, s.N.URL+"/v1/chat/completions", chatBody(model, "churn", fmt.Sprintf("w%d-%d", w, i), false), h)
+		switch {
+		case err != nil:
+			fail(model + ": " + err.Error())
+		case r.Status != 200:
+			fail(fmt.Sprintf("%s: %d %s", model, r.Status, r.Body))
+		default:
+			okN.Add(1)
+		}
+	})
 	hardStop := time.AfterFunc(60*time.Second, func() { close(stop) })
 	defer hardStop.Stop()
 

@@ -77,41 +77,25 @@ func TestNginxReplicaKilledUnderLoad(t *testing.T) {
 	var mu sync.Mutex
 	var errs, brokenMsgs []string
 	c := &http.Client{Timeout: 30 * time.Second}
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			model, h := "bdy", map[string]string(nil)
-			if w%2 == 1 {
-				model, h = "hdr", map[string]string{"X-Model": "hdr"}
+	wg := ngClients(stop, 8, func(_, i int, model string, h map[string]string) {
+		// Streams of 10 tokens (0.4 s) and short answers of 3 (0.14 s, in
+		// flight on the replica until then).
+		streaming, msg := ngTry(c, s.N.URL, model, h, i%2 == 0, 3+7*((i+1)%2))
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case msg == "":
+			okN.Add(1)
+		case streaming:
+			broken.Add(1)
+			brokenMsgs = append(brokenMsgs, model+": "+msg)
+		default:
+			failN.Add(1)
+			if len(errs) < 20 {
+				errs = append(errs, model+": "+msg)
 			}
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				// Streams of 10 tokens (0.4 s) and short answers of 3
-				// (0.14 s, in flight on the replica until then).
-				streaming, msg := ngTry(c, s.N.URL, model, h, i%2 == 0, 3+7*((i+1)%2))
-				mu.Lock()
-				switch {
-				case msg == "":
-					okN.Add(1)
-				case streaming:
-					broken.Add(1)
-					brokenMsgs = append(brokenMsgs, model+": "+msg)
-				default:
-					failN.Add(1)
-					if len(errs) < 20 {
-						errs = append(errs, model+": "+msg)
-					}
-				}
-				mu.Unlock()
-			}
-		}()
-	}
+		}
+	})
 	time.Sleep(time.Second)
 	// The replica dies as vLLM does: it first answers what it accepts with
 	// 503 "server shutting down" (its /health still answers), then its

@@ -63,6 +63,29 @@ func resetReplica(t *testing.T, model string) string {
 }
 
 // readRequestLog reads the request log's JSON lines.
+// waitRoutedFailedRefused waits for the request log's three lines of the
+// failover tests: a request closed on "good", one closed on "reset" (failed
+// over by the proxy), and the 404 refusal.
+func waitRoutedFailedRefused(t *testing.T, logPath string) (routed, failedOver, refused map[string]any) {
+	t.Helper()
+	Eventually(t, 10*time.Second, "request log lines", func() bool {
+		routed, failedOver, refused = nil, nil, nil
+		for _, l := range readRequestLog(t, logPath) {
+			switch {
+			case l["status"] == 404.0:
+				refused = l
+			case l["endpoint"] == "good" && l["state"] == "closed":
+				routed = l
+			case l["endpoint"] == "reset" && l["state"] == "closed":
+				failedOver = l
+			}
+		}
+		return routed != nil && failedOver != nil && refused != nil
+	})
+	t.Logf("routed:      %v\nfailed over: %v\nrefused:     %v", routed, failedOver, refused)
+	return routed, failedOver, refused
+}
+
 func readRequestLog(t *testing.T, path string) []map[string]any {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -149,22 +172,7 @@ deployments:
 		t.Fatalf("unknown model: status %d, want 404", st)
 	}
 
-	var routed, failedOver, refused map[string]any
-	Eventually(t, 10*time.Second, "request log lines", func() bool {
-		routed, failedOver, refused = nil, nil, nil
-		for _, l := range readRequestLog(t, logPath) {
-			switch {
-			case l["status"] == 404.0:
-				refused = l
-			case l["endpoint"] == "good" && l["state"] == "closed":
-				routed = l
-			case l["endpoint"] == "reset" && l["state"] == "closed":
-				failedOver = l
-			}
-		}
-		return routed != nil && failedOver != nil && refused != nil
-	})
-	t.Logf("routed:      %v\nfailed over: %v\nrefused:     %v", routed, failedOver, refused)
+	routed, failedOver, refused := waitRoutedFailedRefused(t, logPath)
 	check := func(what string, l map[string]any, want map[string]any) {
 		t.Helper()
 		for k, v := range want {
@@ -363,22 +371,7 @@ func TestRequestLogNginx(t *testing.T) {
 	if r := s.post(t, "/v1/chat/completions", chatBody("no-such-model", "sys", "hello", false), nil); r.Status != 404 {
 		t.Fatalf("unknown model: %d", r.Status)
 	}
-	var routed, failedOver, refused map[string]any
-	Eventually(t, 10*time.Second, "request log lines", func() bool {
-		routed, failedOver, refused = nil, nil, nil
-		for _, l := range readRequestLog(t, logPath) {
-			switch {
-			case l["status"] == 404.0:
-				refused = l
-			case l["endpoint"] == "good" && l["state"] == "closed":
-				routed = l
-			case l["endpoint"] == "reset" && l["state"] == "closed":
-				failedOver = l
-			}
-		}
-		return routed != nil && failedOver != nil && refused != nil
-	})
-	t.Logf("routed:      %v\nfailed over: %v\nrefused:     %v", routed, failedOver, refused)
+	routed, failedOver, refused := waitRoutedFailedRefused(t, logPath)
 	// turnout started first ("nginx is not running"), then says when it runs.
 	Eventually(t, 10*time.Second, "the running line", func() bool {
 		b, _ := os.ReadFile(s.T.Log)
