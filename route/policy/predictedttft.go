@@ -230,12 +230,12 @@ func (pt *PredictedTTFT) Carry(prev fleet.Policy) {
 	}
 }
 
-// features are e's prediction inputs for the cycle's request.
-func (pt *PredictedTTFT) features(c *Cycle, e *fleet.Endpoint) (x estimator.Features, load, pending int64, uncached, match int) {
-	match = pt.idx.lrus[e.Index].matchLen(c.Req.Blocks)
+// features are e's prediction inputs for the cycle's request, given e's
+// prefix match.
+func (pt *PredictedTTFT) features(c *Cycle, e *fleet.Endpoint, match int) (x estimator.Features, load, pending int64, uncached int) {
 	uncached = max(0, c.Req.PromptBytes-match*pt.cfg.BlockBytes)
 	load, pending = e.Load(), e.PendingBytes()
-	return estimator.Make(load, pending, uncached), load, pending, uncached, match
+	return estimator.Make(load, pending, uncached), load, pending, uncached
 }
 
 // ttftGuard is the last word on the first choice: prefix-affinity's
@@ -258,22 +258,38 @@ func (g *ttftGuard) Pick(c *Cycle) {
 		return
 	}
 	pt := g.pt
-	dx, dload, dpending, duncached, dmatch := pt.features(c, def)
+	// The prefix-hit picker's Matched is its pick's match; any other
+	// proposal (a session tie, the fill) is looked up.
+	dmatch := c.Choice.Matched
+	if dmatch == 0 {
+		dmatch = pt.idx.lrus[def.Index].matchLen(c.Req.Blocks)
+	}
+	dx, dload, dpending, duncached := pt.features(c, def, dmatch)
 	dpred := pt.models[def.Index].Predict(&dx)
 	best, bestPred, bestLoad := def, dpred, dload
 	bx, bpending, buncached, bmatch := dx, dpending, duncached, dmatch
 	for _, e := range c.Pool.Endpoints {
-		if e == def || !c.Usable(e) {
+		if (dmatch == 0 && !pt.cfg.OverrideMisses) || e == def || !c.Usable(e) {
 			continue
 		}
-		x, load, pending, uncached, match := pt.features(c, e)
-		pred := pt.models[e.Index].Predict(&x)
+		// The prediction without the prompt's prefill bounds e's from
+		// below (coefficients are >= 0): when even that does not clear
+		// the margins, e's prefix match is not looked up.
+		load, pending := e.Load(), e.PendingBytes()
+		x := estimator.Make(load, pending, 0)
+		m := pt.models[e.Index]
+		if !pt.cfg.overrides(dpred, m.Predict(&x)) {
+			continue
+		}
+		match := pt.idx.lrus[e.Index].matchLen(c.Req.Blocks)
+		x, _, _, uncached := pt.features(c, e, match)
+		pred := m.Predict(&x)
 		if pred < bestPred || pred == bestPred && load < bestLoad {
 			best, bestPred, bestLoad = e, pred, load
 			bx, bpending, buncached, bmatch = x, pending, uncached, match
 		}
 	}
-	if best != def && (dmatch > 0 || pt.cfg.OverrideMisses) && pt.cfg.overrides(dpred, bestPred) {
+	if best != def && pt.cfg.overrides(dpred, bestPred) {
 		pt.sh.overrides.Add(1)
 		c.Choice.Endpoints = toFront(c.Choice.Endpoints, c.start, best)
 		c.Choice.Matched = bmatch
