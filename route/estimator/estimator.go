@@ -272,3 +272,28 @@ func median(src []atomic.Uint64, counts []uint64, bounds []float64) float64 {
 	}
 	return bounds[len(bounds)-1]
 }
+
+// EWMean is an exponentially weighted mean (the first observation starts
+// it); reading is one atomic load, safe for concurrent use.
+type EWMean struct {
+	mu   sync.Mutex
+	v    float64
+	n    uint64
+	bits atomic.Uint64
+}
+
+// Observe adds x with weight alpha (at least 1/n while n is small: a plain
+// mean at the start).
+func (m *EWMean) Observe(x, alpha float64) {
+	if math.IsNaN(x) {
+		return
+	}
+	m.mu.Lock()
+	m.n++
+	m.v += max(alpha, 1/float64(m.n)) * (x - m.v)
+	m.bits.Store(math.Float64bits(m.v))
+	m.mu.Unlock()
+}
+
+// Load returns the mean (0 before any observation).
+func (m *EWMean) Load() float64 { return math.Float64frombits(m.bits.Load()) }

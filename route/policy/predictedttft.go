@@ -146,6 +146,9 @@ type ttftShared struct {
 	accs   map[string]*ttftAcc
 	errs   estimator.ErrorHistogram
 	abs    estimator.AbsErrorHistogram
+	// recentErr is the recent mean relative error (each capped at 1): the
+	// guard's relative margin is never below it.
+	recentErr estimator.EWMean
 	// overrides counts the decisions where the guard replaced
 	// prefix-affinity's pick.
 	overrides atomic.Uint64
@@ -258,6 +261,10 @@ func (g *ttftGuard) Pick(c *Cycle) {
 		return
 	}
 	pt := g.pt
+	// A model is not trusted with differences smaller than its recent
+	// error: with a median error of 0.7 behind a busy proxy (e2e), the
+	// plain margin moved 64 hits and cost p99 (BENCHMARKS.md, issue 27).
+	rel := max(pt.cfg.MarginRel, pt.sh.recentErr.Load())
 	// The prefix-hit picker's Matched is its pick's match; any other
 	// proposal (a session tie, the fill) is looked up.
 	dmatch := c.Choice.Matched
@@ -278,7 +285,7 @@ func (g *ttftGuard) Pick(c *Cycle) {
 		load, pending := e.Load(), e.PendingBytes()
 		x := estimator.Make(load, pending, 0)
 		m := pt.models[e.Index]
-		if !pt.cfg.overrides(dpred, m.Predict(&x)) {
+		if !pt.cfg.overrides(dpred, m.Predict(&x), rel) {
 			continue
 		}
 		match := pt.idx.lrus[e.Index].matchLen(c.Req.Blocks)
@@ -289,7 +296,7 @@ func (g *ttftGuard) Pick(c *Cycle) {
 			bx, bpending, buncached, bmatch = x, pending, uncached, match
 		}
 	}
-	if best != def && pt.cfg.overrides(dpred, bestPred) {
+	if best != def && pt.cfg.overrides(dpred, bestPred, rel) {
 		pt.sh.overrides.Add(1)
 		c.Choice.Endpoints = toFront(c.Choice.Endpoints, c.start, best)
 		c.Choice.Matched = bmatch
@@ -309,10 +316,10 @@ func (g *ttftGuard) Pick(c *Cycle) {
 	}
 }
 
-// overrides reports whether a prediction of alt ms beats def ms by both
-// margins.
-func (c *PredictedTTFTConfig) overrides(def, alt float64) bool {
-	return def-alt >= c.MarginMs && alt <= def*(1-c.MarginRel)
+// overrides reports whether a prediction of alt ms beats def ms by
+// MarginMs and by the relative margin rel (1: never).
+func (c *PredictedTTFTConfig) overrides(def, alt, rel float64) bool {
+	return rel < 1 && def-alt >= c.MarginMs && alt <= def*(1-rel)
 }
 
 // toFront moves e to dst[start], shifting the endpoints before its old
@@ -371,6 +378,7 @@ func (pt *PredictedTTFT) learn(i int, x *estimator.Features, predicted, observed
 	}
 	pt.sh.errs.Observe(predicted, observed)
 	pt.sh.abs.Observe(predicted, observed)
+	pt.sh.recentErr.Observe(min(math.Abs(predicted-observed)/max(observed, 1), 1), pt.sh.ecfg.Alpha)
 	pt.sh.learnt.Add(1)
 	pt.sh.pool.Observe(x, observed, &pt.sh.prior)
 	poolCoef := pt.sh.pool.Coef()

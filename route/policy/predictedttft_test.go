@@ -18,6 +18,7 @@ func TestPredictedTTFTGuard(t *testing.T) {
 	sys := string(make([]byte, 64*20)) // 20 shared blocks
 	for _, tc := range []struct {
 		name         string
+		recentErr    float64 // the model's recent mean relative error
 		perRequestMs float64
 		marginMs     float64
 		misses       bool
@@ -29,18 +30,22 @@ func TestPredictedTTFTGuard(t *testing.T) {
 		overrides    uint64
 	}{
 		// e2 holds the prefix at load 1: 20+5+0.6 ms against 20+13.75.
-		{"light load: the hit stays", 5, 100, false, 2, []int64{0, 0, 1, 0}, nil, "e2", fleet.OutcomeAffinity, 0},
+		{"light load: the hit stays", 0, 5, 100, false, 2, []int64{0, 0, 1, 0}, nil, "e2", fleet.OutcomeAffinity, 0},
 		// Load 4 is within prefix-affinity's balance_abs, so it proposes
 		// e2; at 200 ms a request the queue costs 821 ms against 34 ms.
-		{"queue beats hit: moved to the fastest", 200, 100, false, 2, []int64{0, 0, 4, 0}, nil, "e0", fleet.OutcomeBalanced, 1},
+		{"queue beats hit: moved to the fastest", 0, 200, 100, false, 2, []int64{0, 0, 4, 0}, nil, "e0", fleet.OutcomeBalanced, 1},
 		// 20 ms a request: 101 against 34 ms, 67 ms faster, under the 100 ms margin.
-		{"faster within margin_ms: the hit stays", 20, 100, false, 2, []int64{0, 0, 4, 0}, nil, "e2", fleet.OutcomeAffinity, 0},
-		{"same with margin_ms 50: moved", 20, 50, false, 2, []int64{0, 0, 4, 0}, nil, "e0", fleet.OutcomeBalanced, 1},
+		{"faster within margin_ms: the hit stays", 0, 20, 100, false, 2, []int64{0, 0, 4, 0}, nil, "e2", fleet.OutcomeAffinity, 0},
+		{"same with margin_ms 50: moved", 0, 20, 50, false, 2, []int64{0, 0, 4, 0}, nil, "e0", fleet.OutcomeBalanced, 1},
+		// 34 ms is 0.34 of 101: beyond margin_rel 0.5, not beyond a model
+		// recently wrong by 0.8.
+		{"recent error above margin_rel: the hit stays", 0.8, 20, 50, false, 2, []int64{0, 0, 4, 0}, nil, "e2", fleet.OutcomeAffinity, 0},
+		{"recent error 0.6: moved", 0.6, 20, 50, false, 2, []int64{0, 0, 4, 0}, nil, "e0", fleet.OutcomeBalanced, 1},
 		// A miss: prefix-affinity's least loaded e0 has 1 MiB of prefill
 		// queued (2 s at the prior's 2 ms/KiB); the guard leaves misses
 		// alone unless override_misses.
-		{"miss: least loaded stays", 5, 100, false, -1, []int64{0, 1, 1, 1}, []int64{1 << 20, 0, 0, 0}, "e0", fleet.OutcomeBalanced, 0},
-		{"miss with override_misses: moved", 5, 100, true, -1, []int64{0, 1, 1, 1}, []int64{1 << 20, 0, 0, 0}, "e1", fleet.OutcomeBalanced, 1},
+		{"miss: least loaded stays", 0, 5, 100, false, -1, []int64{0, 1, 1, 1}, []int64{1 << 20, 0, 0, 0}, "e0", fleet.OutcomeBalanced, 0},
+		{"miss with override_misses: moved", 0, 5, 100, true, -1, []int64{0, 1, 1, 1}, []int64{1 << 20, 0, 0, 0}, "e1", fleet.OutcomeBalanced, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultPredictedTTFTConfig()
@@ -51,6 +56,9 @@ func TestPredictedTTFTGuard(t *testing.T) {
 			}
 			var pt *PredictedTTFT
 			p := routetest.Pool(t, 4, func(p *fleet.Pool) fleet.Policy { pt = NewPredictedTTFT(cfg, p, fleet.NewRand(5)); return pt })
+			if tc.recentErr > 0 {
+				pt.sh.recentErr.Observe(tc.recentErr, 1)
+			}
 			if tc.warm >= 0 {
 				pt.idx.lrus[tc.warm].insert(blocksOf(sys, 1))
 			}
