@@ -243,14 +243,14 @@ func (pt *PredictedTTFT) features(c *Cycle, e *fleet.Endpoint, match int) (x est
 
 // ttftGuard is the last word on the first choice: prefix-affinity's
 // pickers (hit, session tie, least-loaded fill) have filled the choice,
-// and the guard predicts every usable endpoint's TTFT. It moves the
-// fastest to the front only when it beats prefix-affinity's pick by both
-// margins (MarginRel of the pick's prediction and MarginMs): a noisy model
-// can never cost a light load anything (prefix-affinity's hits and load
-// guard decide there), while near saturation a queue the threshold does
-// not see (a hit behind queued prefill, a replica within balance_abs but
-// slow) is avoided. Each endpoint's prefix match and prediction are
-// computed once; the first choice's prediction goes with the decision
+// and, when that pick holds part of the prompt (or OverrideMisses), the
+// guard predicts every usable endpoint's TTFT. It moves the fastest to the
+// front only when it beats prefix-affinity's pick by both margins
+// (MarginMs, and MarginRel or the model's recent error, whichever is
+// larger): a noisy model costs a light load nothing (prefix-affinity's
+// hits and load guard decide there), while near saturation a hit whose
+// queue the balance guard lets through but costs more than the prefill
+// it saves is moved. The first choice's prediction goes with the decision
 // (learned from at completion).
 type ttftGuard struct{ pt *PredictedTTFT }
 
