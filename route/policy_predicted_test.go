@@ -61,7 +61,8 @@ func TestPredictedTTFTRouting(t *testing.T) {
 	}
 	var m strings.Builder
 	s.WriteMetrics(&m)
-	for _, want := range []string{`turnout_ttft_prediction_error_ratio_count{deployment="llama",pool="llama_mixed"} 1`, `turnout_ttft_model_coefficient{deployment="llama",pool="llama_mixed",endpoint="a",term="per_kib_ms"}`} {
+	for _, want := range []string{`turnout_ttft_prediction_error_ratio_count{deployment="llama",pool="llama_mixed"} 1`, `turnout_ttft_model_coefficient{deployment="llama",pool="llama_mixed",endpoint="a",term="per_kib_ms"}`,
+		`turnout_ttft_prediction_error_seconds_count{deployment="llama",pool="llama_mixed"} 1`, `turnout_ttft_prediction_error_median_seconds{deployment="llama",pool="llama_mixed"}`, `turnout_ttft_overrides_total{deployment="llama",pool="llama_mixed"}`} {
 		if !strings.Contains(m.String(), want) {
 			t.Errorf("metrics lack %s", want)
 		}

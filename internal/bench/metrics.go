@@ -113,6 +113,12 @@ func DecisionDetail(metricsText string) string {
 		if s.Name == "turnout_ttft_prediction_error_median_ratio" {
 			parts = append(parts, "ttft_pred_err_p50="+strconv.FormatFloat(s.Value, 'f', 3, 64))
 		}
+		if s.Name == "turnout_ttft_prediction_error_median_seconds" {
+			parts = append(parts, "ttft_pred_abs_err_p50_ms="+strconv.FormatFloat(s.Value*1000, 'f', 0, 64))
+		}
+		if s.Name == "turnout_ttft_overrides_total" {
+			parts = append(parts, "ttft_overrides="+strconv.FormatFloat(s.Value, 'f', 0, 64))
+		}
 	}
 	return strings.Join(parts, " ")
 }

@@ -197,6 +197,10 @@ func solve(A *[N][N]float64, b *[N]float64) (w Coef, ok bool) {
 // (|predicted - observed| / observed).
 var ErrorBuckets = [...]float64{0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5}
 
+// AbsErrorBucketsMs are the bounds of the absolute prediction error
+// histogram (|predicted - observed|, ms).
+var AbsErrorBucketsMs = [...]float64{5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000}
+
 // ErrorHistogram counts relative prediction errors; safe for concurrent use.
 type ErrorHistogram struct {
 	Counts [len(ErrorBuckets) + 1]atomic.Uint64
@@ -204,12 +208,7 @@ type ErrorHistogram struct {
 
 // Observe adds one prediction's error (observed below 1 ms counts as 1 ms).
 func (h *ErrorHistogram) Observe(predicted, observed float64) {
-	rel := math.Abs(predicted-observed) / max(observed, 1)
-	i := 0
-	for i < len(ErrorBuckets) && rel > ErrorBuckets[i] {
-		i++
-	}
-	h.Counts[i].Add(1)
+	add(h.Counts[:], ErrorBuckets[:], math.Abs(predicted-observed)/max(observed, 1))
 }
 
 // Median is the median relative error, interpolated within its bucket
@@ -217,9 +216,40 @@ func (h *ErrorHistogram) Observe(predicted, observed float64) {
 // beyond the last bound).
 func (h *ErrorHistogram) Median() float64 {
 	var counts [len(ErrorBuckets) + 1]uint64
+	return median(h.Counts[:], counts[:], ErrorBuckets[:])
+}
+
+// AbsErrorHistogram counts absolute prediction errors in ms; safe for
+// concurrent use.
+type AbsErrorHistogram struct {
+	Counts [len(AbsErrorBucketsMs) + 1]atomic.Uint64
+}
+
+// Observe adds one prediction's error.
+func (h *AbsErrorHistogram) Observe(predicted, observed float64) {
+	add(h.Counts[:], AbsErrorBucketsMs[:], math.Abs(predicted-observed))
+}
+
+// Median is the median absolute error in ms, as ErrorHistogram's.
+func (h *AbsErrorHistogram) Median() float64 {
+	var counts [len(AbsErrorBucketsMs) + 1]uint64
+	return median(h.Counts[:], counts[:], AbsErrorBucketsMs[:])
+}
+
+func add(counts []atomic.Uint64, bounds []float64, v float64) {
+	i := 0
+	for i < len(bounds) && v > bounds[i] {
+		i++
+	}
+	counts[i].Add(1)
+}
+
+// median reads the atomic counts into buf and interpolates the median
+// within its bucket.
+func median(src []atomic.Uint64, counts []uint64, bounds []float64) float64 {
 	var total uint64
-	for i := range h.Counts {
-		counts[i] = h.Counts[i].Load()
+	for i := range src {
+		counts[i] = src[i].Load()
 		total += counts[i]
 	}
 	if total == 0 {
@@ -229,16 +259,41 @@ func (h *ErrorHistogram) Median() float64 {
 	var cum float64
 	for i, c := range counts {
 		if cum+float64(c) >= half {
-			if i == len(ErrorBuckets) {
-				return ErrorBuckets[i-1]
+			if i == len(bounds) {
+				return bounds[i-1]
 			}
 			lo := 0.0
 			if i > 0 {
-				lo = ErrorBuckets[i-1]
+				lo = bounds[i-1]
 			}
-			return lo + (ErrorBuckets[i]-lo)*(half-cum)/float64(c)
+			return lo + (bounds[i]-lo)*(half-cum)/float64(c)
 		}
 		cum += float64(c)
 	}
-	return ErrorBuckets[len(ErrorBuckets)-1]
+	return bounds[len(bounds)-1]
 }
+
+// EWMean is an exponentially weighted mean (the first observation starts
+// it); reading is one atomic load, safe for concurrent use.
+type EWMean struct {
+	mu   sync.Mutex
+	v    float64
+	n    uint64
+	bits atomic.Uint64
+}
+
+// Observe adds x with weight alpha (at least 1/n while n is small: a plain
+// mean at the start).
+func (m *EWMean) Observe(x, alpha float64) {
+	if math.IsNaN(x) {
+		return
+	}
+	m.mu.Lock()
+	m.n++
+	m.v += max(alpha, 1/float64(m.n)) * (x - m.v)
+	m.bits.Store(math.Float64bits(m.v))
+	m.mu.Unlock()
+}
+
+// Load returns the mean (0 before any observation).
+func (m *EWMean) Load() float64 { return math.Float64frombits(m.bits.Load()) }

@@ -78,6 +78,27 @@ func TestErrorHistogramMedian(t *testing.T) {
 	}
 }
 
+func TestAbsErrorHistogramMedian(t *testing.T) {
+	var h AbsErrorHistogram
+	if !math.IsNaN(h.Median()) {
+		t.Fatal("median of nothing is not NaN")
+	}
+	for range 10 {
+		h.Observe(100, 100)   // 0 ms
+		h.Observe(130, 100)   // 30 ms
+		h.Observe(100, 20000) // 19,900 ms: beyond the last bound
+	}
+	if med := h.Median(); med < 25 || med > 50 {
+		t.Fatalf("median %.1f ms, want in the 25-50 ms bucket", med)
+	}
+	for range 30 {
+		h.Observe(0, 20000)
+	}
+	if med := h.Median(); med != AbsErrorBucketsMs[len(AbsErrorBucketsMs)-1] {
+		t.Fatalf("median %.1f ms beyond the last bound, want the last bound", med)
+	}
+}
+
 func TestPredictAllocs(t *testing.T) {
 	m := New(DefaultConfig(), DefaultCoef)
 	x := Make(3, 4096, 2048)

@@ -17,25 +17,38 @@ const PredictedTTFTType = "predicted-ttft"
 
 // PredictedTTFTConfig are the params of predicted-ttft.
 //
-// For each available endpoint e the policy predicts the request's time to
-// first token,
+// prefix-affinity (with the params of the same names) proposes the first
+// choice; then for each available endpoint e the policy predicts the
+// request's time to first token,
 //
-//	ttft(e) = c0 + c1·load(e) + c2·pendingKiB(e) + c3·uncachedKiB(e)
+//	ttft(e) = c0 + c1·load(e) + c2·pendingKiB(e) + c3·uncachedKiB(e) + bends in load
 //
 // where load is Endpoint.Load (the engine's running + waiting, moved by
 // the decisions since the scrape, every front's with cluster sync),
 // pendingKiB the uncached prompt bytes of this instance's open decisions
 // on e (the prefill queued ahead), and uncachedKiB the request's prompt
-// bytes beyond the longest prefix e was sent (prefix-affinity's index),
-// and picks the lowest. The coefficients are
-// learned online per endpoint from the completions' TTFB (the proxy's
-// feedback line; route/estimator), pulled towards a pool-wide model, which
-// is pulled towards the params below. A cache hit wins exactly when its
-// saved prefill outweighs the queue it waits in: no match threshold, no
-// imbalance guard.
+// bytes beyond the longest prefix e was sent (the prefix index), and
+// takes the fastest instead when it is predicted faster by both margins
+// (MarginRel and MarginMs). The coefficients are learned online per
+// endpoint (route/estimator) from the engines' time-to-first-token
+// histograms per scrape interval, or from the completions' TTFB when the
+// engines report none, pulled towards a pool-wide model, which is pulled
+// towards the prior below.
+//
+// Why a guard on prefix-affinity rather than the plain minimum: greedy
+// per-request predictions ignore what a placement does to later requests'
+// hits, and a model with a median error of 20-40 % moved light-load picks
+// that prefix-affinity got right (BENCHMARKS.md, issue 27).
 type PredictedTTFTConfig struct {
 	BlockBytes     int `yaml:"block_bytes"`
 	CapacityBlocks int `yaml:"capacity_blocks"` // per endpoint
+	// prefix-affinity's, for the proposal.
+	MatchThreshold  float64 `yaml:"match_threshold"`
+	BalanceAbs      int64   `yaml:"balance_abs"`
+	BalanceRel      float64 `yaml:"balance_rel"`
+	BoundedLoad     float64 `yaml:"bounded_load"`
+	MinBlocks       int     `yaml:"min_blocks"`
+	SessionAffinity bool    `yaml:"session_affinity"`
 	// The prior: fixed cost, cost per request of load, per KiB of
 	// uncached prompt (ms), before completions teach better ones.
 	OverheadMs     float64 `yaml:"overhead_ms"`
@@ -45,6 +58,12 @@ type PredictedTTFTConfig struct {
 	// Memory is about how many completions per endpoint the model
 	// remembers (the weight of a new one is 1/Memory).
 	Memory int `yaml:"memory"`
+	// MarginRel and MarginMs: another endpoint replaces prefix-affinity's
+	// pick only when predicted at least this fraction and this many ms
+	// faster.
+	MarginRel      float64 `yaml:"margin_rel"`
+	MarginMs       float64 `yaml:"margin_ms"`
+	OverrideMisses bool    `yaml:"override_misses"`
 }
 
 // DefaultPredictedTTFTConfig returns the defaults.
@@ -52,6 +71,9 @@ func DefaultPredictedTTFTConfig() PredictedTTFTConfig {
 	d := DefaultPrefixAffinityConfig()
 	return PredictedTTFTConfig{
 		BlockBytes: d.BlockBytes, CapacityBlocks: d.CapacityBlocks,
+		MatchThreshold: d.MatchThreshold, BalanceAbs: d.BalanceAbs, BalanceRel: d.BalanceRel,
+		BoundedLoad: d.BoundedLoad, MinBlocks: d.MinBlocks, SessionAffinity: d.SessionAffinity,
+		MarginRel: 0.5, MarginMs: 100,
 		OverheadMs: estimator.DefaultCoef[0], PerRequestMs: estimator.DefaultCoef[1],
 		PerQueuedKiBMs: estimator.DefaultCoef[2], PerKiBMs: estimator.DefaultCoef[3],
 		Memory: 64,
@@ -60,8 +82,7 @@ func DefaultPredictedTTFTConfig() PredictedTTFTConfig {
 
 // Validate checks the params.
 func (c *PredictedTTFTConfig) Validate() error {
-	pa := DefaultPrefixAffinityConfig()
-	pa.BlockBytes, pa.CapacityBlocks = c.BlockBytes, c.CapacityBlocks
+	pa := c.prefixAffinity()
 	if err := pa.Validate(); err != nil {
 		return fmt.Errorf("predicted-ttft: %w", err)
 	}
@@ -70,16 +91,29 @@ func (c *PredictedTTFTConfig) Validate() error {
 		return fmt.Errorf("predicted-ttft overhead_ms, per_request_ms, per_queued_kib_ms and per_kib_ms must be >= 0")
 	case c.Memory < 1 || c.Memory > 1<<20:
 		return fmt.Errorf("predicted-ttft memory %d out of range [1, 1M]", c.Memory)
+	case c.MarginRel < 0 || c.MarginRel >= 1:
+		return fmt.Errorf("predicted-ttft margin_rel %v out of range [0, 1)", c.MarginRel)
+	case c.MarginMs < 0:
+		return fmt.Errorf("predicted-ttft margin_ms must be >= 0")
 	}
 	return nil
 }
 
-// PredictedTTFT routes each request where it is predicted to get its first
-// token soonest.
+// prefixAffinity is the config of the proposing prefix-affinity.
+func (c *PredictedTTFTConfig) prefixAffinity() PrefixAffinityConfig {
+	return PrefixAffinityConfig{
+		BlockBytes: c.BlockBytes, CapacityBlocks: c.CapacityBlocks,
+		MatchThreshold: c.MatchThreshold, BalanceAbs: c.BalanceAbs, BalanceRel: c.BalanceRel,
+		BoundedLoad: c.BoundedLoad, MinBlocks: c.MinBlocks, SessionAffinity: c.SessionAffinity,
+	}
+}
+
+// PredictedTTFT routes each request as prefix-affinity does unless
+// another replica is predicted to give its first token clearly sooner.
 //
-// Preset: the predicted-TTFT ranking (ties: lower load, then a random
-// rotation) for the first choice, the least-loaded fill for the fallbacks;
-// the prefix index records the first choice.
+// Preset: prefix-affinity's pickers, then the TTFT guard (which may move
+// a faster endpoint to the front); the prefix index records the first
+// choice.
 type PredictedTTFT struct {
 	Profile
 	cfg    PredictedTTFTConfig
@@ -111,7 +145,14 @@ type ttftShared struct {
 	byName map[string]*estimator.Model
 	accs   map[string]*ttftAcc
 	errs   estimator.ErrorHistogram
-	learnt atomic.Uint64
+	abs    estimator.AbsErrorHistogram
+	// recentErr is the recent mean relative error (each capped at 1): the
+	// guard's relative margin is never below it.
+	recentErr estimator.EWMean
+	// overrides counts the decisions where the guard replaced
+	// prefix-affinity's pick.
+	overrides atomic.Uint64
+	learnt    atomic.Uint64
 	// fromEngine is set once an engine reported TTFTs: from then on the
 	// feedback's TTFB is not learned from.
 	fromEngine atomic.Bool
@@ -149,11 +190,8 @@ func NewPredictedTTFT(cfg PredictedTTFTConfig, p *fleet.Pool, rnd *fleet.Rand) *
 		rnd = fleet.NewRand(1)
 	}
 	pt := &PredictedTTFT{cfg: cfg}
-	pt.idx = &PrefixIndex{blockBytes: cfg.BlockBytes, capacity: cfg.CapacityBlocks}
-	for _, e := range p.Endpoints {
-		pt.idx.lrus = append(pt.idx.lrus, newBlockLRU(cfg.CapacityBlocks))
-		pt.idx.names = append(pt.idx.names, e.Name)
-	}
+	pa := NewPrefixAffinity(cfg.prefixAffinity(), p, rnd)
+	pt.idx = pa.idx
 	prior := estimator.Coef{cfg.OverheadMs, cfg.PerRequestMs, cfg.PerQueuedKiBMs, cfg.PerKiBMs}
 	copy(prior[4:], estimator.DefaultCoef[4:])
 	ecfg := estimator.DefaultConfig()
@@ -162,8 +200,8 @@ func NewPredictedTTFT(cfg PredictedTTFTConfig, p *fleet.Pool, rnd *fleet.Rand) *
 	pt.bindModels(p)
 	pt.Profile = Profile{
 		Name:      PredictedTTFTType,
-		Summary:   Summary{Load: true, RequireAvailable: true},
-		Pickers:   []Picker{&ttftRank{pt: pt, Rand: rnd}, NewLeastLoaded(rnd)},
+		Summary:   pa.Summary,
+		Pickers:   append(pa.Pickers[:len(pa.Pickers):len(pa.Pickers)], &ttftGuard{pt: pt}),
 		Recorders: []Recorder{pt.idx},
 	}
 	return pt
@@ -195,99 +233,113 @@ func (pt *PredictedTTFT) Carry(prev fleet.Policy) {
 	}
 }
 
-// features are e's prediction inputs for the cycle's request.
-func (pt *PredictedTTFT) features(c *Cycle, e *fleet.Endpoint) (x estimator.Features, load, pending int64, uncached, match int) {
-	match = pt.idx.lrus[e.Index].matchLen(c.Req.Blocks)
+// features are e's prediction inputs for the cycle's request, given e's
+// prefix match.
+func (pt *PredictedTTFT) features(c *Cycle, e *fleet.Endpoint, match int) (x estimator.Features, load, pending int64, uncached int) {
 	uncached = max(0, c.Req.PromptBytes-match*pt.cfg.BlockBytes)
 	load, pending = e.Load(), e.PendingBytes()
-	return estimator.Make(load, pending, uncached), load, pending, uncached, match
+	return estimator.Make(load, pending, uncached), load, pending, uncached
 }
 
-// ttftSteps sets the resolution of the ranking: predictions are compared
-// as round(ln(1+ms)·ttftSteps), so those within about 1/ttftSteps of each
-// other (relative) tie. Relative rather than absolute, so the resolution
-// holds for fast and slow models alike. 4 (about 25 %): on the Mooncake
-// sim, p90/p99 within 1 % of prefix-affinity's at the trace's rate and at
-// 1.6x; 5 was 0.3 % behind at 1x but 3-5 % at 1.6x, 10 and an absolute
-// 10 ms step 1-7 % (BENCHMARKS.md, issue 27).
-var ttftSteps = 4.0
-
-// Predictions within ttftSteps' resolution are a tie, broken by load and then by
-// the fewest recent decisions, as the least-loaded fill does: a model's
-// noise does not decide between equally good replicas.
-
-// ttftRank is the ranking, written out rather than a MaxScore of
-// ttftScore (the same order: quantized prediction, then lower load, then
-// fewer recent decisions, then a random rotation) so each endpoint's
-// prefix match and prediction are computed once: its first choice's
-// prediction goes with the decision (learned from at completion) and its
-// match makes the outcome affinity.
-type ttftRank struct {
-	pt   *PredictedTTFT
-	Rand *fleet.Rand
-}
+// ttftGuard is the last word on the first choice: prefix-affinity's
+// pickers (hit, session tie, least-loaded fill) have filled the choice,
+// and, when that pick holds part of the prompt (or OverrideMisses), the
+// guard predicts every usable endpoint's TTFT. It moves the fastest to the
+// front only when it beats prefix-affinity's pick by both margins
+// (MarginMs, and MarginRel or the model's recent error, whichever is
+// larger): a noisy model costs a light load nothing (prefix-affinity's
+// hits and load guard decide there), while near saturation a hit whose
+// queue the balance guard lets through but costs more than the prefill
+// it saves is moved. The first choice's prediction goes with the decision
+// (learned from at completion).
+type ttftGuard struct{ pt *PredictedTTFT }
 
 // Pick implements Picker.
-func (r *ttftRank) Pick(c *Cycle) {
-	eps := c.Pool.Endpoints
-	n := len(eps)
-	if n == 0 || !c.Room() {
+func (g *ttftGuard) Pick(c *Cycle) {
+	def := c.First()
+	if def == nil {
 		return
 	}
-	off := r.Rand.Intn(n)
-	var best *fleet.Endpoint
-	var bestScore, bestPred float64
-	var bestLoad, bestPending int64
-	var bestRecent uint64
-	recentKnown := false
-	var bestUncached, bestMatch int
-	var bestX estimator.Features
-	for j := range n {
-		i := j + off
-		if i >= n {
-			i -= n
-		}
-		e := eps[i]
-		if !c.Usable(e) || fleet.Contains(c.Choice.Endpoints, e) {
+	pt := g.pt
+	// A model is not trusted with differences smaller than its recent
+	// error: with a median error of 0.7 behind a busy proxy (e2e), the
+	// plain margin moved 64 hits and cost p99 (BENCHMARKS.md, issue 27).
+	rel := max(pt.cfg.MarginRel, pt.sh.recentErr.Load())
+	// The prefix-hit picker's Matched is its pick's match; any other
+	// proposal (a session tie, the fill) is looked up.
+	dmatch := c.Choice.Matched
+	if dmatch == 0 {
+		dmatch = pt.idx.lrus[def.Index].matchLen(c.Req.Blocks)
+	}
+	dx, dload, dpending, duncached := pt.features(c, def, dmatch)
+	dpred := pt.models[def.Index].Predict(&dx)
+	best, bestPred, bestLoad := def, dpred, dload
+	bx, bpending, buncached, bmatch := dx, dpending, duncached, dmatch
+	for _, e := range c.Pool.Endpoints {
+		if (dmatch == 0 && !pt.cfg.OverrideMisses) || e == def || !c.Usable(e) {
 			continue
 		}
-		x, load, pending, uncached, match := r.pt.features(c, e)
-		pred := r.pt.models[e.Index].Predict(&x)
-		score := math.Round(math.Log1p(pred) * ttftSteps)
-		if best != nil {
-			if score > bestScore || score == bestScore && load > bestLoad {
-				continue
-			}
-			if score == bestScore && load == bestLoad {
-				if !recentKnown {
-					bestRecent, recentKnown = best.Recent(), true
-				}
-				rec := e.Recent()
-				if rec >= bestRecent {
-					continue
-				}
-				bestRecent = rec
-			} else {
-				recentKnown = false
-			}
+		// The prediction without the prompt's prefill bounds e's from
+		// below (coefficients are >= 0): when even that does not clear
+		// the margins, e's prefix match is not looked up.
+		load, pending := e.Load(), e.PendingBytes()
+		x := estimator.Make(load, pending, 0)
+		m := pt.models[e.Index]
+		if !pt.cfg.overrides(dpred, m.Predict(&x), rel) {
+			continue
 		}
-		best, bestScore, bestPred, bestLoad, bestPending, bestUncached, bestMatch = e, score, pred, load, pending, uncached, match
-		bestX = x
+		match := pt.idx.lrus[e.Index].matchLen(c.Req.Blocks)
+		x, _, _, uncached := pt.features(c, e, match)
+		pred := m.Predict(&x)
+		if pred < bestPred || pred == bestPred && load < bestLoad {
+			best, bestPred, bestLoad = e, pred, load
+			bx, bpending, buncached, bmatch = x, pending, uncached, match
+		}
 	}
-	if best == nil {
-		return
+	if best != def && pt.cfg.overrides(dpred, bestPred, rel) {
+		pt.sh.overrides.Add(1)
+		c.Choice.Endpoints = toFront(c.Choice.Endpoints, c.start, best)
+		c.Choice.Matched = bmatch
+		c.Choice.Outcome = fleet.OutcomeBalanced
+		if bmatch > 0 {
+			c.Choice.Outcome = fleet.OutcomeAffinity
+		}
+	} else {
+		best, bestPred, bestLoad = def, dpred, dload
+		bx, bpending, buncached = dx, dpending, duncached
 	}
-	c.Choice.Endpoints = append(c.Choice.Endpoints, best)
-	c.Choice.Matched = bestMatch
-	if bestMatch > 0 {
-		c.Choice.Outcome = fleet.OutcomeAffinity
-	}
-	r.pt.noteDecision(best, &bestX, bestPred)
+	pt.noteDecision(best, &bx, bestPred)
 	c.Choice.Predicted = fleet.Prediction{
 		TTFTMs: float32(max(bestPred, 1e-3)),
-		Load:   int32(min(bestLoad, math.MaxInt32)), Pending: int32(min(bestPending, math.MaxInt32)),
-		Uncached: int32(min(bestUncached, math.MaxInt32)),
+		Load:   int32(min(bestLoad, math.MaxInt32)), Pending: int32(min(bpending, math.MaxInt32)),
+		Uncached: int32(min(buncached, math.MaxInt32)),
 	}
+}
+
+// overrides reports whether a prediction of alt ms beats def ms by
+// MarginMs and by the relative margin rel (1: never).
+func (c *PredictedTTFTConfig) overrides(def, alt, rel float64) bool {
+	return rel < 1 && def-alt >= c.MarginMs && alt <= def*(1-rel)
+}
+
+// toFront moves e to dst[start], shifting the endpoints before its old
+// place (or, when it was not chosen, all of them, the last falling off a
+// full choice) one back: the fallbacks keep their order.
+func toFront(dst []*fleet.Endpoint, start int, e *fleet.Endpoint) []*fleet.Endpoint {
+	j := start
+	for j < len(dst) && dst[j] != e {
+		j++
+	}
+	if j == len(dst) {
+		if len(dst) < cap(dst) {
+			dst = append(dst, nil)
+		} else {
+			j--
+		}
+	}
+	copy(dst[start+1:j+1], dst[start:j])
+	dst[start] = e
+	return dst
 }
 
 // noteDecision adds a decision to its endpoint's interval sums; the first
@@ -325,6 +377,8 @@ func (pt *PredictedTTFT) learn(i int, x *estimator.Features, predicted, observed
 		return
 	}
 	pt.sh.errs.Observe(predicted, observed)
+	pt.sh.abs.Observe(predicted, observed)
+	pt.sh.recentErr.Observe(min(math.Abs(predicted-observed)/max(observed, 1), 1), pt.sh.ecfg.Alpha)
 	pt.sh.learnt.Add(1)
 	pt.sh.pool.Observe(x, observed, &pt.sh.prior)
 	poolCoef := pt.sh.pool.Coef()
@@ -346,6 +400,13 @@ func (pt *PredictedTTFT) LearnTTFT(e *fleet.Endpoint, p fleet.Prediction, ttfbMs
 // PredictionErrorMedian is the median relative prediction error so far
 // (NaN before any completion; benchmarks, tests).
 func (pt *PredictedTTFT) PredictionErrorMedian() float64 { return pt.sh.errs.Median() }
+
+// PredictionAbsErrorMedianMs is the median absolute prediction error in ms
+// so far (NaN before any completion).
+func (pt *PredictedTTFT) PredictionAbsErrorMedianMs() float64 { return pt.sh.abs.Median() }
+
+// Overrides is how many decisions the guard took from prefix-affinity.
+func (pt *PredictedTTFT) Overrides() uint64 { return pt.sh.overrides.Load() }
 
 // Learnt is how many observations the models learned from (tests).
 func (pt *PredictedTTFT) Learnt() uint64 { return pt.sh.learnt.Load() }
@@ -376,6 +437,20 @@ func (pt *PredictedTTFT) WriteMetrics(p *fleet.Pool, b *strings.Builder) {
 	if med := pt.sh.errs.Median(); !math.IsNaN(med) {
 		fmt.Fprintf(b, "turnout_ttft_prediction_error_median_ratio{deployment=%q,pool=%q} %g\n", p.Deployment, p.Name, med)
 	}
+	cum = 0
+	for i := range pt.sh.abs.Counts {
+		cum += pt.sh.abs.Counts[i].Load()
+		le := "+Inf"
+		if i < len(estimator.AbsErrorBucketsMs) {
+			le = fmt.Sprint(estimator.AbsErrorBucketsMs[i] / 1000)
+		}
+		fmt.Fprintf(b, "turnout_ttft_prediction_error_seconds_bucket{deployment=%q,pool=%q,le=%q} %d\n", p.Deployment, p.Name, le, cum)
+	}
+	fmt.Fprintf(b, "turnout_ttft_prediction_error_seconds_count{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, cum)
+	if med := pt.sh.abs.Median(); !math.IsNaN(med) {
+		fmt.Fprintf(b, "turnout_ttft_prediction_error_median_seconds{deployment=%q,pool=%q} %g\n", p.Deployment, p.Name, med/1000)
+	}
+	fmt.Fprintf(b, "turnout_ttft_overrides_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, pt.sh.overrides.Load())
 	for i, e := range p.Endpoints {
 		if i >= len(pt.models) {
 			break
@@ -395,5 +470,5 @@ var (
 	_ fleet.PrefixRecorder = (*PredictedTTFT)(nil)
 	_ fleet.MetricsWriter  = (*PredictedTTFT)(nil)
 	_ fleet.TTFTLearner    = (*PredictedTTFT)(nil)
-	_ Picker               = (*ttftRank)(nil)
+	_ Picker               = (*ttftGuard)(nil)
 )

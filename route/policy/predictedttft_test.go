@@ -1,0 +1,127 @@
+package policy
+
+import (
+	"testing"
+
+	"github.com/turnout/turnout/route/fleet"
+	"github.com/turnout/turnout/route/internal/routetest"
+)
+
+// Issue 27: predicted-ttft takes prefix-affinity's pick unless another
+// endpoint is predicted faster by both margins; misses stay on
+// prefix-affinity's least-loaded pick unless override_misses. The prior
+// (no completions learned) is the model here, so each row's predictions
+// are known: overhead 20 ms + per_request_ms·load + 2 ms per queued KiB +
+// 10 ms per uncached KiB (the prompt: 22 blocks of 64 B, 13.75 ms on a
+// miss; the warm replica holds 21 of them, 0.625 ms).
+func TestPredictedTTFTGuard(t *testing.T) {
+	sys := string(make([]byte, 64*20)) // 20 shared blocks
+	for _, tc := range []struct {
+		name         string
+		recentErr    float64 // the model's recent mean relative error
+		perRequestMs float64
+		marginMs     float64
+		misses       bool
+		warm         int     // endpoint sent the shared prefix first (-1: none)
+		loads        []int64 // then loads
+		pending      []int64 // queued prefill bytes
+		want         string  // first choice
+		outcome      fleet.Outcome
+		overrides    uint64
+	}{
+		// e2 holds the prefix at load 1: 20+5+0.6 ms against 20+13.75.
+		{"light load: the hit stays", 0, 5, 100, false, 2, []int64{0, 0, 1, 0}, nil, "e2", fleet.OutcomeAffinity, 0},
+		// Load 4 is within prefix-affinity's balance_abs, so it proposes
+		// e2; at 200 ms a request the queue costs 821 ms against 34 ms.
+		{"queue beats hit: moved to the fastest", 0, 200, 100, false, 2, []int64{0, 0, 4, 0}, nil, "e0", fleet.OutcomeBalanced, 1},
+		// 20 ms a request: 101 against 34 ms, 67 ms faster, under the 100 ms margin.
+		{"faster within margin_ms: the hit stays", 0, 20, 100, false, 2, []int64{0, 0, 4, 0}, nil, "e2", fleet.OutcomeAffinity, 0},
+		{"same with margin_ms 50: moved", 0, 20, 50, false, 2, []int64{0, 0, 4, 0}, nil, "e0", fleet.OutcomeBalanced, 1},
+		// 34 ms is 0.34 of 101: beyond margin_rel 0.5, not beyond a model
+		// recently wrong by 0.8.
+		{"recent error above margin_rel: the hit stays", 0.8, 20, 50, false, 2, []int64{0, 0, 4, 0}, nil, "e2", fleet.OutcomeAffinity, 0},
+		{"recent error 0.6: moved", 0.6, 20, 50, false, 2, []int64{0, 0, 4, 0}, nil, "e0", fleet.OutcomeBalanced, 1},
+		// A miss: prefix-affinity's least loaded e0 has 1 MiB of prefill
+		// queued (2 s at the prior's 2 ms/KiB); the guard leaves misses
+		// alone unless override_misses.
+		{"miss: least loaded stays", 0, 5, 100, false, -1, []int64{0, 1, 1, 1}, []int64{1 << 20, 0, 0, 0}, "e0", fleet.OutcomeBalanced, 0},
+		{"miss with override_misses: moved", 0, 5, 100, true, -1, []int64{0, 1, 1, 1}, []int64{1 << 20, 0, 0, 0}, "e1", fleet.OutcomeBalanced, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultPredictedTTFTConfig()
+			cfg.BlockBytes, cfg.SessionAffinity = 64, false
+			cfg.PerRequestMs, cfg.MarginMs, cfg.OverrideMisses = tc.perRequestMs, tc.marginMs, tc.misses
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			var pt *PredictedTTFT
+			p := routetest.Pool(t, 4, func(p *fleet.Pool) fleet.Policy { pt = NewPredictedTTFT(cfg, p, fleet.NewRand(5)); return pt })
+			if tc.recentErr > 0 {
+				pt.sh.recentErr.Observe(tc.recentErr, 1)
+			}
+			if tc.warm >= 0 {
+				pt.idx.lrus[tc.warm].insert(blocksOf(sys, 1))
+			}
+			for i, l := range tc.loads {
+				p.Endpoints[i].AddInflight(l)
+			}
+			for i, b := range tc.pending {
+				p.Endpoints[i].State.Pending.Add(b)
+			}
+			blocks := blocksOf(sys, 2)
+			c := routetest.Choose(p, &fleet.Request{Blocks: blocks, PromptBytes: len(blocks) * 64}, 3)
+			if got := c.Endpoints[0].Name; got != tc.want || c.Outcome != tc.outcome || pt.Overrides() != tc.overrides {
+				t.Fatalf("pick %s outcome %v overrides %d; want %s first, %v, %d", routetest.Names(c.Endpoints), c.Outcome, pt.Overrides(), tc.want, tc.outcome, tc.overrides)
+			}
+			if len(c.Endpoints) != 3 || c.Endpoints[1] == c.Endpoints[0] || c.Endpoints[2] == c.Endpoints[0] || c.Endpoints[1] == c.Endpoints[2] {
+				t.Fatalf("fallbacks %s: want 3 distinct", routetest.Names(c.Endpoints))
+			}
+			if tc.overrides > 0 && tc.warm >= 0 && !hasName(c.Endpoints, "e2") {
+				t.Fatalf("prefix-affinity's pick e2 is no longer a fallback: %s", routetest.Names(c.Endpoints))
+			}
+			if pt.idx.lrus[c.Endpoints[0].Index].matchLen(blocks) != len(blocks) {
+				t.Fatal("prompt not recorded on the first choice")
+			}
+			if c.Predicted.TTFTMs <= 0 {
+				t.Fatal("no prediction with the decision")
+			}
+		})
+	}
+}
+
+func hasName(es []*fleet.Endpoint, name string) bool {
+	for _, e := range es {
+		if e.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// toFront moves the guard's pick to the front and keeps the fallbacks'
+// order, dropping the last of a full choice when the pick was not in it.
+func TestToFront(t *testing.T) {
+	p := routetest.Pool(t, 5, nil)
+	e := p.Endpoints
+	for _, tc := range []struct {
+		name  string
+		in    []*fleet.Endpoint
+		cap   int
+		start int
+		move  *fleet.Endpoint
+		want  string
+	}{
+		{"from the middle", []*fleet.Endpoint{e[0], e[1], e[2]}, 3, 0, e[2], "e2,e0,e1"},
+		{"already first", []*fleet.Endpoint{e[0], e[1]}, 3, 0, e[0], "e0,e1"},
+		{"absent, room", []*fleet.Endpoint{e[0], e[1]}, 3, 0, e[3], "e3,e0,e1"},
+		{"absent, full: last falls off", []*fleet.Endpoint{e[0], e[1], e[2]}, 3, 0, e[3], "e3,e0,e1"},
+		{"after an earlier pool's choices", []*fleet.Endpoint{e[4], e[0], e[1]}, 3, 1, e[1], "e4,e1,e0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := append(make([]*fleet.Endpoint, 0, tc.cap), tc.in...)
+			if got := routetest.Names(toFront(dst, tc.start, tc.move)); got != tc.want {
+				t.Fatalf("got %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
