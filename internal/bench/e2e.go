@@ -480,6 +480,8 @@ func (st *Stack) ReplicaLoads(ctx context.Context) ([]ReplicaLoad, error) {
 			PromptTokens: int64(SumProm(s, "vllm:prefix_cache_queries_total")),
 			CachedTokens: int64(SumProm(s, "vllm:prefix_cache_hits_total")),
 			OutputTokens: int64(SumProm(s, "vllm:generation_tokens_total")),
+			TTFTSeconds:  SumProm(s, "vllm:time_to_first_token_seconds_sum"),
+			TTFTCount:    int64(SumProm(s, "vllm:time_to_first_token_seconds_count")),
 		}
 	}
 	return out, nil

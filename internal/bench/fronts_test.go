@@ -165,4 +165,21 @@ func TestDriveFronts(t *testing.T) {
 	if res.Requests != 10 || loads[0].Requests != 4 || loads[1].Requests != 3 || loads[2].Requests != 3 {
 		t.Errorf("requests %d, per URL %d/%d/%d; want 10: 4/3/3", res.Requests, loads[0].Requests, loads[1].Requests, loads[2].Requests)
 	}
+	for _, l := range loads {
+		if l.TTFTCount != l.Requests || l.TTFTSeconds <= 0 {
+			t.Errorf("replica %s: TTFT count %d sum %v for %d requests", l.Name, l.TTFTCount, l.TTFTSeconds, l.Requests)
+		}
+	}
+}
+
+// The engine TTFT is the replicas' pooled mean, in model time.
+func TestMakeRowEngineTTFT(t *testing.T) {
+	res := &RunResult{Requests: 4, Replicas: []ReplicaLoad{
+		{Requests: 1, TTFTSeconds: 0.010, TTFTCount: 1},
+		{Requests: 3, TTFTSeconds: 0.050, TTFTCount: 3},
+	}}
+	row := MakeRow("e2e", "t", PolicySpec{Policy: "p"}, res, 1, 1, 20)
+	if d := row.EngineTTFT - 300; d > 1e-9 || d < -1e-9 { // 60 ms / 4 x 20
+		t.Errorf("engine TTFT %v ms, want 300", row.EngineTTFT)
+	}
 }

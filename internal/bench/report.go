@@ -50,6 +50,11 @@ type Row struct {
 	// published decision, summed over the fronts.
 	Fronts              int
 	SyncBytes, SyncMsgs float64
+	// EngineTTFT is the replicas' own mean TTFT in model milliseconds
+	// (e2e; 0: not reported): queue wait and prefill, so a gap between
+	// rows here is routing, and one only in TTFT is the path before the
+	// replica (proxy, turnout, a busy box).
+	EngineTTFT float64
 }
 
 // Label names the row in tables: the policy, and the front count of a
@@ -65,10 +70,12 @@ func (r *Row) Label() string {
 // (1 in sim, 1/time-scale in e2e).
 func MakeRow(mode, trace string, spec PolicySpec, res *RunResult, inf, pooled, scale float64) Row {
 	row := Row{Mode: mode, Trace: trace, Policy: spec.String(), Requests: res.Requests, Errors: res.Errors, InfBound: inf, Pooled: pooled}
-	var prompt, cached, out float64
+	var prompt, cached, out, ttftSum, ttftN float64
 	req := make([]float64, len(res.Replicas))
 	tok := make([]float64, len(res.Replicas))
 	for i, l := range res.Replicas {
+		ttftSum += l.TTFTSeconds
+		ttftN += float64(l.TTFTCount)
 		prompt += float64(l.PromptTokens)
 		cached += float64(l.CachedTokens)
 		out += float64(l.OutputTokens)
@@ -76,6 +83,9 @@ func MakeRow(mode, trace string, spec PolicySpec, res *RunResult, inf, pooled, s
 		tok[i] = float64(l.PromptTokens)
 	}
 	row.HitRatio = Ratio(cached, prompt)
+	if ttftN > 0 {
+		row.EngineTTFT = ttftSum / ttftN * 1000 * scale
+	}
 	row.LoadReq = MaxOverMean(req)
 	row.LoadTok = MaxOverMean(tok)
 	ms := Millis(res.TTFT)
