@@ -133,11 +133,6 @@ func (e *Endpoint) StartWindow() {
 // every instance, not only this one's.
 func (e *Endpoint) NotePeerDecision() { e.State.peer.Add(1) }
 
-// PeerActive reports whether another turnout instance ever sent a
-// decision to this endpoint (cluster sync): this instance is one of
-// several fronts, and its picks can collide with theirs.
-func (e *Endpoint) PeerActive() bool { return e.State.peer.Load() > 0 }
-
 // Recent is the number of decisions made for this endpoint, here and by
 // peers, since the last scrape attempt (0 when nothing scrapes): among equally loaded endpoints,
 // the one that received fewer requests lately gets a new prompt, so

@@ -160,15 +160,12 @@ func NewPrefixAffinity(cfg PrefixAffinityConfig, p *fleet.Pool, rnd *fleet.Rand)
 		// decisions are within sessionRecentSlack of the fewest: a
 		// conversation's first turns stay together while the load is even.
 		pa.Pickers = append(pa.Pickers, &MaxScore{
-			Name: "session-tie", Gate: SessionGate{}, Filters: []Filter{&LeastLoadedRecent{Slack: sessionRecentSlack, PeerSlack: peerSpreadSlack}},
+			Name: "session-tie", Gate: SessionGate{}, Filters: []Filter{&LeastLoadedRecent{Slack: sessionRecentSlack}},
 			Ties:  session,
 			Slots: 1, WhenEmpty: true, SetsOutcome: true, OnPick: true, Upgrade: true, Outcome: fleet.OutcomeAffinity,
 		})
 	}
-	// With peers (cluster sync), a request still unplaced goes to one of
-	// the nearly least loaded at random rather than the least loaded every
-	// front sees alike (stage_spread.go); alone, to the least loaded.
-	pa.Pickers = append(pa.Pickers, &PeerSpread{Rand: rnd, Slack: peerSpreadSlack}, NewLeastLoaded(rnd))
+	pa.Pickers = append(pa.Pickers, NewLeastLoaded(rnd))
 	return pa
 }
 
@@ -196,12 +193,6 @@ func (pa *PrefixAffinity) CachedBlocks(i int) int { return pa.lrus[i].Len() }
 // scrape, which this instance cannot see in the load figure: with 0, two
 // fronts gave requests max/mean 1.16-1.19 on the e2e replay (BENCHMARKS.md).
 const missLoadSlack = 1
-
-// peerSpreadSlack: with peers, a request no earlier picker placed goes to
-// any endpoint at most this far above the lowest load (PeerSpread), and a
-// session's miss to its ranked replica among them (LeastLoadedRecent). 1
-// is one unseen decision of a peer.
-const peerSpreadSlack = 1
 
 // sessionRecentSlack is how many more recent decisions (since the last
 // scrape window started) a session's replica may have than the least used

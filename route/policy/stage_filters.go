@@ -50,20 +50,11 @@ func (b *BoundedServed) Keep(c *Cycle, e *fleet.Endpoint) bool {
 // even, and a busy session still spreads.
 type LeastLoadedRecent struct {
 	Slack uint64
-	// PeerSlack also keeps endpoints up to this much above the lowest load
-	// when other fronts send to them too (cluster sync): fronts deciding
-	// within the sync's delay see the same least-loaded replica, and the
-	// session's rank then spreads their new sessions over the nearly least
-	// loaded instead of sending all of them to one (stage_spread.go).
-	PeerSlack int64
 }
 
 // Keep implements Filter.
 func (f *LeastLoadedRecent) Keep(c *Cycle, e *fleet.Endpoint) bool {
-	if l := e.Load(); l != c.MinLoad && (l > c.MinLoad+f.PeerSlack || !e.PeerActive()) {
-		return false
-	}
-	return e.Recent() <= c.MinRecent+f.Slack
+	return e.Load() == c.MinLoad && e.Recent() <= c.MinRecent+f.Slack
 }
 
 // LoadScore scores -Load (unit: requests): the less loaded, the better.
