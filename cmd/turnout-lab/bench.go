@@ -116,7 +116,7 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	fset.IntVar(&o.LoRA.MaxLoRAs, "max-loras", d.LoRA.MaxLoRAs, "sim: adapters each replica holds at once (an LRU)")
 	fset.DurationVar(&o.LoRA.LoRALoadCost, "lora-load-cost", d.LoRA.LoRALoadCost, "sim: time to load an adapter that is not held, before the prefill")
 	e2e := defaultE2EFlags(fset)
-	fronts := fset.String("fronts", "", `e2e: replay each policy through N HAProxy + turnout fronts with cluster sync over one nats-server, before the same replicas, request i through front i mod N: one row per count, e.g. "1,2,4" ("" = one plain stack, no cluster)`)
+	fronts := fset.String("fronts", "", `e2e: replay each policy through N HAProxy + turnout fronts with cluster sync over one nats-server, before the same replicas, request i through front i mod N: one row per count, in order, e.g. "1,2,4", or "1,2,4,1,2,4" for interleaved rounds ("" = one plain stack, no cluster)`)
 	natsServer := fset.String("nats-server", "nats-server", "e2e --fronts: nats-server binary ($PATH, else /usr/sbin)")
 	if err := cli.ParseFlags(fset, benchReplayCmd, args); err != nil {
 		return err

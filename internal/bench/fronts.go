@@ -24,8 +24,13 @@ import (
 // maxFronts bounds --fronts: each front is a proxy and a turnout process.
 const maxFronts = 16
 
+// maxFrontRows bounds the rows of one --fronts list.
+const maxFrontRows = 32
+
 // ParseFronts reads --fronts: a comma-separated list of front counts
-// ("1,2,4"), each in [1, maxFronts], without repeats.
+// ("1,2,4"), each in [1, maxFronts], run in that order. A count may come
+// again ("1,2,4,1,2,4"): interleaved rounds, so a busy spell of the box
+// falls on every count rather than on one.
 func ParseFronts(s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
@@ -37,10 +42,8 @@ func ParseFronts(s string) ([]int, error) {
 		if err != nil || n < 1 || n > maxFronts {
 			return nil, fmt.Errorf("fronts %q: %q is not a count in [1, %d]", s, f, maxFronts)
 		}
-		for _, m := range out {
-			if m == n {
-				return nil, fmt.Errorf("fronts %q: %d twice", s, n)
-			}
+		if len(out) == maxFrontRows {
+			return nil, fmt.Errorf("fronts %q: more than %d rows", s, maxFrontRows)
 		}
 		out = append(out, n)
 	}
@@ -251,21 +254,28 @@ func (FrontsLine) ratio(v, base float64) float64 {
 	return v / base
 }
 
-// FrontsLines pairs every multi-front row with the one-front row of the
-// same trace and policy (skipped rows and plain rows are left out).
+// FrontsLines pairs every multi-front row with a one-front row of the
+// same trace and policy: the nearest one before it (its round), else the
+// first after (skipped rows and plain rows are left out).
 func FrontsLines(rows []Row) []FrontsLine {
 	var out []FrontsLine
+	same := func(a, b *Row) bool {
+		return b.Fronts == 1 && b.Note == "" && b.Trace == a.Trace && b.Policy == a.Policy && b.Mode == a.Mode
+	}
 	for i := range rows {
 		r := &rows[i]
 		if r.Fronts == 0 || r.Note != "" {
 			continue
 		}
 		l := FrontsLine{Row: r}
-		for j := range rows {
-			b := &rows[j]
-			if b.Fronts == 1 && b.Note == "" && b.Trace == r.Trace && b.Policy == r.Policy && b.Mode == r.Mode {
-				l.Base = b
-				break
+		for j := i; j >= 0 && l.Base == nil; j-- {
+			if same(r, &rows[j]) {
+				l.Base = &rows[j]
+			}
+		}
+		for j := i + 1; j < len(rows) && l.Base == nil; j++ {
+			if same(r, &rows[j]) {
+				l.Base = &rows[j]
 			}
 		}
 		out = append(out, l)

@@ -28,7 +28,8 @@ func TestParseFronts(t *testing.T) {
 		{"0", nil, "not a count"},
 		{"17", nil, "not a count"},
 		{"two", nil, "not a count"},
-		{"1,2,1", nil, "1 twice"},
+		{"1,2,4,1,2,4", []int{1, 2, 4, 1, 2, 4}, ""},
+		{strings.Repeat("1,", 33), nil, "more than 32"},
 	} {
 		got, err := ParseFronts(tc.in)
 		if tc.err != "" {
@@ -72,7 +73,7 @@ func TestSyncPerDecision(t *testing.T) {
 }
 
 // Each multi-front row is compared with the one-front row of its policy
-// and trace, never another's.
+// and trace (its round's), never another's.
 func TestFrontsLines(t *testing.T) {
 	rows := []Row{
 		{Mode: "e2e", Trace: "mooncake", Policy: "prefix-affinity", Fronts: 1, HitRatio: 0.6, TTFT: Summary{P90: 100, P99: 200}},
@@ -95,6 +96,20 @@ func TestFrontsLines(t *testing.T) {
 	}
 	if l := ls[4]; l.Base != nil || l.Hit() != 0 || l.P90() != 0 {
 		t.Errorf("azure without a one-front row: base %v hit %v", l.Base, l.Hit())
+	}
+	// Rounds: the second round's rows pair with the second one-front row;
+	// a row before any one-front row pairs with the first after it.
+	rounds := []Row{
+		{Trace: "t", Policy: "p", Fronts: 2, TTFT: Summary{P90: 30}},
+		{Trace: "t", Policy: "p", Fronts: 1, TTFT: Summary{P90: 10}},
+		{Trace: "t", Policy: "p", Fronts: 2, TTFT: Summary{P90: 11}},
+		{Trace: "t", Policy: "p", Fronts: 1, TTFT: Summary{P90: 20}},
+		{Trace: "t", Policy: "p", Fronts: 2, TTFT: Summary{P90: 22}},
+	}
+	rl := FrontsLines(rounds)
+	if len(rl) != 5 || rl[0].Base != &rounds[1] || rl[1].Base != &rounds[1] || rl[2].Base != &rounds[1] ||
+		rl[3].Base != &rounds[3] || rl[4].Base != &rounds[3] || !near(rl[4].P90(), 1.1) || !near(rl[0].P90(), 3) {
+		t.Errorf("rounds paired wrongly: %+v", rl)
 	}
 	var b bytes.Buffer
 	if err := WriteFrontsTable(&b, rows); err != nil {
