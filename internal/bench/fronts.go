@@ -98,7 +98,7 @@ func startNATS(ctx context.Context, ps *procSet, dir, bin string) (string, error
 }
 
 // frontsRow replays reqs through n fronts of spec before fresh replicas.
-func frontsRow(ctx context.Context, reqs []Request, trace string, spec PolicySpec, n int, natsURL string, o E2EOptions, inf, pooled float64) (_ Row, err error) {
+func frontsRow(ctx context.Context, reqs []Request, trace string, spec PolicySpec, n int, natsURL string, o E2EOptions, inf, pooled float64) (Row, error) {
 	start := time.Now()
 	dir, err := os.MkdirTemp(o.WorkDir, fmt.Sprintf("e2e-%s-%dfronts-", spec.Policy, n))
 	if err != nil {
