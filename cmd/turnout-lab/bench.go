@@ -116,10 +116,22 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	fset.IntVar(&o.LoRA.MaxLoRAs, "max-loras", d.LoRA.MaxLoRAs, "sim: adapters each replica holds at once (an LRU)")
 	fset.DurationVar(&o.LoRA.LoRALoadCost, "lora-load-cost", d.LoRA.LoRALoadCost, "sim: time to load an adapter that is not held, before the prefill")
 	e2e := defaultE2EFlags(fset)
+	fronts := fset.String("fronts", "", `e2e: replay each policy through N HAProxy + turnout fronts with cluster sync over one nats-server, before the same replicas, request i through front i mod N: one row per count, in order, e.g. "1,2,4", or "1,2,4,1,2,4" for interleaved rounds ("" = one plain stack, no cluster)`)
+	natsServer := fset.String("nats-server", "nats-server", "e2e --fronts: nats-server binary ($PATH, else /usr/sbin)")
 	if err := cli.ParseFlags(fset, benchReplayCmd, args); err != nil {
 		return err
 	}
 	o.Log = log
+	var frontCounts []int
+	if *fronts != "" {
+		if *mode != "e2e" {
+			return errors.New("bench replay: --fronts is for --mode e2e (the sim has one router)")
+		}
+		var err error
+		if frontCounts, err = bench.ParseFronts(*fronts); err != nil {
+			return fmt.Errorf("bench replay: --%w", err)
+		}
+	}
 
 	reqs, label, err := loadTrace(*trace, bench.TraceOptions{Limit: *limit, SessionBlocks: *sessionBlocks})
 	if errors.Is(err, errTraceMissing) {
@@ -150,6 +162,9 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 		if *mode == "e2e" && e2e.proxy == bench.ProxyNginx {
 			*name = "replay-e2e-nginx-" + label
 		}
+		if len(frontCounts) > 0 {
+			*name += "-fronts"
+		}
 	}
 	log.Info().Str("trace", *trace).Int("requests", len(reqs)).Str("mode", *mode).Int("policies", len(specs)).
 		Int("sweep", len(sweepSpecs)).Msg("bench: replay")
@@ -173,6 +188,7 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 			return errors.New("bench replay: --adapters is for --mode sim (the e2e replay does not name adapters yet)")
 		}
 		eo := e2e.options(o)
+		eo.Fronts, eo.NATSServer = frontCounts, *natsServer
 		if ng, njs := eo.NeedsNginx(specs); ng {
 			// Like a missing trace: nginx is optional on a bench box.
 			if msg := bench.NginxMissing(eo.Nginx, eo.NginxModule, njs); msg != "" {
@@ -196,6 +212,12 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	}
 	if err := bench.WriteTable(os.Stdout, rows); err != nil {
 		return fmt.Errorf("bench replay: %w", err)
+	}
+	if len(frontCounts) > 0 {
+		fmt.Println("\nfronts against one front (issue 27: hit >= 0.98, TTFT p90/p99 <= 1.05x, requests max/mean <= 1.05):")
+		if err := bench.WriteFrontsTable(os.Stdout, rows); err != nil {
+			return fmt.Errorf("bench replay: %w", err)
+		}
 	}
 	if len(sweepRows) > 0 {
 		fmt.Println("\nsweep:")

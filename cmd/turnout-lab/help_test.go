@@ -18,7 +18,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"help"}, []string{"turnout-lab mock"}, nil},
 		{[]string{"mock", "--help"}, []string{"-listen", "-model", "-time-scale", "-kv-events"}, []string{"-config"}},
 		{[]string{"bench", "--help"}, []string{"replay", "cost"}, nil},
-		{[]string{"bench", "replay", "--help"}, []string{"-trace", "-policies", "-mode", "-turnout-bin"}, []string{"-rounds"}},
+		{[]string{"bench", "replay", "--help"}, []string{"-trace", "-policies", "-mode", "-turnout-bin", "-fronts", "-nats-server"}, []string{"-rounds"}},
 		{[]string{"bench", "azure", "--help"}, []string{"-trace"}, nil},
 		{[]string{"bench", "cost", "--help"}, []string{"-duration", "-rounds", "-conns", "-turnout-bin"}, []string{"-trace"}},
 		{[]string{"bench", "trivial", "--help"}, []string{"-listen"}, nil},

@@ -53,7 +53,13 @@ type E2EOptions struct {
 	Keep    bool
 	// Timeout bounds one policy's replay.
 	Timeout time.Duration
-	Log     *zerolog.Logger
+	// Fronts, when set, replays every spec once per count through that
+	// many fronts with cluster sync (fronts.go); NATSServer is the
+	// nats-server binary they sync over ("" = nats-server on $PATH or in
+	// /usr/sbin).
+	Fronts     []int
+	NATSServer string
+	Log        *zerolog.Logger
 }
 
 // ErrMissingTool is returned when a proxy, njs or the turnout binary is absent.
@@ -101,6 +107,13 @@ func (o *E2EOptions) validate(specs []PolicySpec) error {
 			return fmt.Errorf("%w: %s", ErrMissingTool, msg)
 		}
 	}
+	if len(o.Fronts) > 0 {
+		bin, err := NATSBinary(o.NATSServer)
+		if err != nil {
+			return err
+		}
+		o.NATSServer = bin
+	}
 	if o.Log == nil {
 		l := zerolog.Nop()
 		o.Log = &l
@@ -123,16 +136,40 @@ func RunE2E(ctx context.Context, reqs []Request, trace string, specs []PolicySpe
 		o.NginxMaxBody = BodyLimit(reqs, o.Sim.Model)
 		o.Log.Info().Int("max_body", o.NginxMaxBody).Msg("bench: nginx rows admit the largest body of the replay")
 	}
+	var (
+		natsURL string
+		err     error
+	)
+	if len(o.Fronts) > 0 {
+		// One server for the whole run: core NATS keeps no state between
+		// rows, and each row's fronts are new processes.
+		var nats procSet
+		defer nats.stopAll()
+		if natsURL, err = startNATS(ctx, &nats, o.WorkDir, o.NATSServer); err != nil {
+			return nil, err
+		}
+	}
 	var rows []Row
 	for _, spec := range specs {
-		row, err := e2eRow(ctx, reqs, trace, spec, o, inf, pooled)
-		if err != nil {
-			return nil, fmt.Errorf("e2e %s: %w", spec, err)
+		counts := o.Fronts
+		if len(counts) == 0 {
+			counts = []int{0} // one plain stack, no cluster
 		}
-		o.Log.Info().Str("policy", row.Policy).Int("requests", row.Requests).Int("errors", row.Errors).
-			Float64("hit", row.HitRatio).Float64("load", row.LoadReq).Float64("ttft_p50_ms", row.TTFT.P50).
-			Dur("wall", row.Wall).Msg("bench: e2e row")
-		rows = append(rows, row)
+		for _, n := range counts {
+			var row Row
+			if n == 0 {
+				row, err = e2eRow(ctx, reqs, trace, spec, o, inf, pooled)
+			} else {
+				row, err = frontsRow(ctx, reqs, trace, spec, n, natsURL, o, inf, pooled)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("e2e %s: %w", spec, err)
+			}
+			o.Log.Info().Str("policy", row.Policy).Int("fronts", row.Fronts).Int("requests", row.Requests).Int("errors", row.Errors).
+				Float64("hit", row.HitRatio).Float64("load", row.LoadReq).Float64("ttft_p50_ms", row.TTFT.P50).
+				Float64("ttft_p90_ms", row.TTFT.P90).Dur("wall", row.Wall).Msg("bench: e2e row")
+			rows = append(rows, row)
+		}
 	}
 	return rows, nil
 }
@@ -245,7 +282,10 @@ type StackOptions struct {
 	Mocks []Endpoint
 	// DeploymentYAML are extra lines of turnout's deployment (flow_control).
 	DeploymentYAML []string
-	Log            *zerolog.Logger
+	// ClusterNATS and ClusterName configure turnout's cluster sync (one of
+	// several fronts, fronts.go; "" = off).
+	ClusterNATS, ClusterName string
+	Log                      *zerolog.Logger
 }
 
 // Stack is a running proxy in front of mock replicas.
@@ -403,6 +443,7 @@ func (st *Stack) startTurnout(ctx context.Context, o StackOptions, base ConfigOp
 	}
 	base.Listen, base.Model, base.Policy, base.Endpoints = listen, o.Model, o.Spec, st.Mocks
 	base.DeploymentYAML = o.DeploymentYAML
+	base.ClusterNATS, base.ClusterName = o.ClusterNATS, o.ClusterName
 	base.Syslog = "127.0.0.1:" + strconv.Itoa(syslogPort)
 	// turnout's own checks would only add load; the proxy checks the replicas.
 	base.DisableHealth = true
@@ -439,6 +480,8 @@ func (st *Stack) ReplicaLoads(ctx context.Context) ([]ReplicaLoad, error) {
 			PromptTokens: int64(SumProm(s, "vllm:prefix_cache_queries_total")),
 			CachedTokens: int64(SumProm(s, "vllm:prefix_cache_hits_total")),
 			OutputTokens: int64(SumProm(s, "vllm:generation_tokens_total")),
+			TTFTSeconds:  SumProm(s, "vllm:time_to_first_token_seconds_sum"),
+			TTFTCount:    int64(SumProm(s, "vllm:time_to_first_token_seconds_count")),
 		}
 	}
 	return out, nil
@@ -450,7 +493,10 @@ func (st *Stack) Stop() { st.procs.stopAll() }
 // DriveOptions shape the e2e load: the trace's arrivals, compressed and
 // scaled, with a bound on requests in flight.
 type DriveOptions struct {
-	URL         string
+	URL string
+	// URLs, when set, are several fronts: request i (its position in the
+	// replay) goes through URLs[i mod len(URLs)], and URL is not used.
+	URLs        []string
 	Model       string
 	Concurrency int
 	Compress    float64
@@ -503,7 +549,11 @@ loop:
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			ttft, e2e, err := streamOne(ctx, client, o, r, due)
+			url := o.URL
+			if len(o.URLs) > 0 {
+				url = o.URLs[i%len(o.URLs)]
+			}
+			ttft, e2e, err := streamOne(ctx, client, url, o, r, due)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -540,9 +590,9 @@ loop:
 var sseDone = []byte("data: [DONE]")
 
 // streamOne sends one request and reads its stream to the end.
-func streamOne(ctx context.Context, c *http.Client, o DriveOptions, r *Request, due time.Time) (ttft, e2e time.Duration, err error) {
+func streamOne(ctx context.Context, c *http.Client, url string, o DriveOptions, r *Request, due time.Time) (ttft, e2e time.Duration, err error) {
 	body := AppendChatBody(make([]byte, 0, r.InputTokens*(wordLen+1)+256), r, BodyOptions{Model: o.Model, Stream: true})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, o.URL+"/v1/chat/completions", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
 		return 0, 0, fmt.Errorf("request %d: %w", r.Index, err)
 	}

@@ -243,7 +243,7 @@ func driveClasses(ctx context.Context, reqs []Request, o DriveOptions) (map[stri
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			t, e2e, err := streamOne(ctx, client, o, r, due)
+			t, e2e, err := streamOne(ctx, client, o.URL, o, r, due)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {

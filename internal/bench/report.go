@@ -44,16 +44,38 @@ type Row struct {
 	// (Adapters set).
 	Adapters     bool
 	AdapterLoads int64
+	// Fronts is the number of HAProxy + turnout fronts of a multi-front
+	// e2e row (fronts.go; 0 = the single stack of a plain row), and
+	// SyncBytes and SyncMsgs their NATS bytes and messages out per
+	// published decision, summed over the fronts.
+	Fronts              int
+	SyncBytes, SyncMsgs float64
+	// EngineTTFT is the replicas' own mean TTFT in model milliseconds
+	// (e2e; 0: not reported): queue wait and prefill, so a gap between
+	// rows here is routing, and one only in TTFT is the path before the
+	// replica (proxy, turnout, a busy box).
+	EngineTTFT float64
+}
+
+// Label names the row in tables: the policy, and the front count of a
+// multi-front row.
+func (r *Row) Label() string {
+	if r.Fronts > 0 {
+		return r.Policy + " fronts=" + strconv.Itoa(r.Fronts)
+	}
+	return r.Policy
 }
 
 // MakeRow condenses a run. scale converts measured durations to model time
 // (1 in sim, 1/time-scale in e2e).
 func MakeRow(mode, trace string, spec PolicySpec, res *RunResult, inf, pooled, scale float64) Row {
 	row := Row{Mode: mode, Trace: trace, Policy: spec.String(), Requests: res.Requests, Errors: res.Errors, InfBound: inf, Pooled: pooled}
-	var prompt, cached, out float64
+	var prompt, cached, out, ttftSum, ttftN float64
 	req := make([]float64, len(res.Replicas))
 	tok := make([]float64, len(res.Replicas))
 	for i, l := range res.Replicas {
+		ttftSum += l.TTFTSeconds
+		ttftN += float64(l.TTFTCount)
 		prompt += float64(l.PromptTokens)
 		cached += float64(l.CachedTokens)
 		out += float64(l.OutputTokens)
@@ -61,6 +83,9 @@ func MakeRow(mode, trace string, spec PolicySpec, res *RunResult, inf, pooled, s
 		tok[i] = float64(l.PromptTokens)
 	}
 	row.HitRatio = Ratio(cached, prompt)
+	if ttftN > 0 {
+		row.EngineTTFT = ttftSum / ttftN * 1000 * scale
+	}
 	row.LoadReq = MaxOverMean(req)
 	row.LoadTok = MaxOverMean(tok)
 	ms := Millis(res.TTFT)
@@ -90,15 +115,15 @@ func (r *Row) Check() error {
 	case r.Note != "":
 		return nil // skipped rows carry their reason
 	case r.Requests == 0:
-		return fmt.Errorf("%s %s %s: no request completed", r.Mode, r.Trace, r.Policy)
+		return fmt.Errorf("%s %s %s: no request completed", r.Mode, r.Trace, r.Label())
 	case r.Errors*100 > r.Requests:
-		return fmt.Errorf("%s %s %s: %d of %d requests failed", r.Mode, r.Trace, r.Policy, r.Errors, r.Requests+r.Errors)
+		return fmt.Errorf("%s %s %s: %d of %d requests failed", r.Mode, r.Trace, r.Label(), r.Errors, r.Requests+r.Errors)
 	case math.IsNaN(r.HitRatio) || r.HitRatio < 0 || r.HitRatio > 1:
-		return fmt.Errorf("%s %s %s: hit ratio %v outside [0,1]", r.Mode, r.Trace, r.Policy, r.HitRatio)
+		return fmt.Errorf("%s %s %s: hit ratio %v outside [0,1]", r.Mode, r.Trace, r.Label(), r.HitRatio)
 	case r.InfBound < 0 || r.InfBound > 1 || r.HitRatio > r.InfBound+1e-9:
-		return fmt.Errorf("%s %s %s: hit ratio %.4f above the infinite-cache bound %.4f", r.Mode, r.Trace, r.Policy, r.HitRatio, r.InfBound)
+		return fmt.Errorf("%s %s %s: hit ratio %.4f above the infinite-cache bound %.4f", r.Mode, r.Trace, r.Label(), r.HitRatio, r.InfBound)
 	case r.LoadReq < 1-1e-9:
-		return fmt.Errorf("%s %s %s: load max/mean %.3f below 1", r.Mode, r.Trace, r.Policy, r.LoadReq)
+		return fmt.Errorf("%s %s %s: load max/mean %.3f below 1", r.Mode, r.Trace, r.Label(), r.LoadReq)
 	}
 	return nil
 }
@@ -114,7 +139,7 @@ func f1(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) }
 
 func (r *Row) fields() []string {
 	return []string{
-		r.Mode, r.Trace, r.Policy, strconv.Itoa(r.Requests), strconv.Itoa(r.Errors),
+		r.Mode, r.Trace, r.Label(), strconv.Itoa(r.Requests), strconv.Itoa(r.Errors),
 		f4(r.HitRatio), f4(r.InfBound), f4(r.Pooled), f4(Ratio(r.HitRatio, r.InfBound)),
 		f4(r.LoadReq), f4(r.LoadTok), f1(r.TTFT.P50), f1(r.TTFT.P90), f1(r.TTFT.P99), f1(r.E2EP50), f1(r.E2EP99),
 		f4(r.RPS), f1(r.TokPS), f1(r.RouteUs), f1(r.Wall.Seconds()), r.Detail, r.Note,
@@ -147,11 +172,11 @@ func WriteTable(w io.Writer, rows []Row) error {
 	for i := range rows {
 		r := &rows[i]
 		if r.Note != "" {
-			fmt.Fprintf(tw, "%s\t%s\t\t\t\t\t\t\t\t\t\t\t\t\n", r.Policy, r.Note)
+			fmt.Fprintf(tw, "%s\t%s\t\t\t\t\t\t\t\t\t\t\t\t\n", r.Label(), r.Note)
 			continue
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.0f\t%.0f\t%.0f\t%.2f\t%.1f\t\n",
-			r.Policy, r.Requests, r.HitRatio, r.InfBound, r.Pooled, Ratio(r.HitRatio, r.InfBound),
+			r.Label(), r.Requests, r.HitRatio, r.InfBound, r.Pooled, Ratio(r.HitRatio, r.InfBound),
 			r.LoadReq, r.LoadTok, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.RPS, r.RouteUs)
 	}
 	if err := tw.Flush(); err != nil {
@@ -181,11 +206,11 @@ func WriteMarkdown(w io.Writer, rows []Row) error {
 	for i := range rows {
 		r := &rows[i]
 		if r.Note != "" {
-			fmt.Fprintf(&b, "| %s | %s |||||||||||\n", r.Policy, r.Note)
+			fmt.Fprintf(&b, "| %s | %s |||||||||||\n", r.Label(), r.Note)
 			continue
 		}
 		fmt.Fprintf(&b, "| %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.0f | %.0f | %.0f | %.2f |\n",
-			r.Policy, r.Requests, r.HitRatio, r.InfBound, r.Pooled, Ratio(r.HitRatio, r.InfBound),
+			r.Label(), r.Requests, r.HitRatio, r.InfBound, r.Pooled, Ratio(r.HitRatio, r.InfBound),
 			r.LoadReq, r.LoadTok, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.RPS)
 	}
 	if _, err := io.WriteString(w, b.String()); err != nil {

@@ -97,6 +97,11 @@ type ReplicaLoad struct {
 	PromptTokens int64
 	CachedTokens int64
 	OutputTokens int64
+	// TTFTSeconds and TTFTCount are the replica's own time-to-first-token
+	// sum and count (e2e: the mock's histogram; its queue wait and
+	// prefill, without the proxy path or the client).
+	TTFTSeconds float64
+	TTFTCount   int64
 }
 
 // RunResult is the raw outcome of one replay with one router.

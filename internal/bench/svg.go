@@ -99,7 +99,7 @@ func WriteSVG(w io.Writer, rows, sweep []Row, o ChartOptions) error {
 			continue
 		}
 		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="#bbb"><title>%s</title></circle>`+"\n",
-			x(r.LoadReq), y(r.HitRatio), html.EscapeString(fmt.Sprintf("%s hit %.3f load %.3f", r.Policy, r.HitRatio, r.LoadReq)))
+			x(r.LoadReq), y(r.HitRatio), html.EscapeString(fmt.Sprintf("%s hit %.3f load %.3f", r.Label(), r.HitRatio, r.LoadReq)))
 	}
 	legendY := padT + 10
 	for i := range rows {
@@ -109,10 +109,10 @@ func WriteSVG(w io.Writer, rows, sweep []Row, o ChartOptions) error {
 		}
 		c := palette[i%len(palette)]
 		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="6" fill="%s" stroke="black" stroke-width="0.5"><title>%s</title></circle>`+"\n",
-			x(r.LoadReq), y(r.HitRatio), c, html.EscapeString(fmt.Sprintf("%s hit %.3f load %.3f", r.Policy, r.HitRatio, r.LoadReq)))
+			x(r.LoadReq), y(r.HitRatio), c, html.EscapeString(fmt.Sprintf("%s hit %.3f load %.3f", r.Label(), r.HitRatio, r.LoadReq)))
 		legendY += 18
 		fmt.Fprintf(&b, `<circle cx="%d" cy="%d" r="6" fill="%s"/><text x="%d" y="%d">%s</text>`+"\n",
-			chartW-padR+20, legendY, c, chartW-padR+32, legendY+4, html.EscapeString(shorten(r.Policy, 30)))
+			chartW-padR+20, legendY, c, chartW-padR+32, legendY+4, html.EscapeString(shorten(r.Label(), 30)))
 	}
 	if len(sweep) > 0 {
 		legendY += 18
