@@ -15,20 +15,7 @@ import (
 // streams to [DONE], and the replica's own counters agree with the sim's
 // token accounting.
 func TestDriveAgainstMock(t *testing.T) {
-	log := zerolog.Nop()
-	cfg := mock.DefaultConfig()
-	cfg.Name = "r0"
-	cfg.TimeScale = 0.001
-	cfg.RequestLogSize = -1
-	srv, err := mock.New(cfg, &log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	url, err := srv.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	url := startTestMock(t, "r0")
 
 	reqs := SyntheticTrace(20, 7)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -57,4 +44,23 @@ func TestDriveAgainstMock(t *testing.T) {
 	if l := loads[0]; l.Requests != int64(len(reqs)) || l.PromptTokens != prompt || l.CachedTokens <= 0 {
 		t.Fatalf("replica counters %+v, want %d requests and %d prompt tokens", l, len(reqs), prompt)
 	}
+}
+
+// startTestMock starts an in-process mock replica (1000x faster than
+// real time, no request log) until the test ends and returns its URL.
+func startTestMock(t *testing.T, name string) string {
+	t.Helper()
+	log := zerolog.Nop()
+	cfg := mock.DefaultConfig()
+	cfg.Name, cfg.TimeScale, cfg.RequestLogSize = name, 0.001, -1
+	srv, err := mock.New(cfg, &log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url, err := srv.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return url
 }

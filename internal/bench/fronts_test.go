@@ -8,10 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/internal/mock"
 )
 
 func TestParseFronts(t *testing.T) {
@@ -147,21 +144,10 @@ func TestTurnoutConfigCluster(t *testing.T) {
 
 // Drive with several URLs sends request i through URLs[i mod n].
 func TestDriveFronts(t *testing.T) {
-	log := zerolog.Nop()
 	var urls []string
 	var st Stack
 	for _, name := range []string{"r0", "r1", "r2"} {
-		cfg := mock.DefaultConfig()
-		cfg.Name, cfg.TimeScale, cfg.RequestLogSize = name, 0.001, -1
-		srv, err := mock.New(cfg, &log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		url, err := srv.Start("127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer srv.Close()
+		url := startTestMock(t, name)
 		urls = append(urls, url)
 		st.Mocks = append(st.Mocks, Endpoint{Name: name, Address: strings.TrimPrefix(url, "http://")})
 	}
