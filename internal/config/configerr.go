@@ -241,7 +241,7 @@ func (d *nodeDecoder) decode(n *yaml.Node, v reflect.Value, path string) {
 				continue
 			}
 			d.pos[fp] = k.Line
-			d.decode(val, v.Field(idx), fp)
+			d.decode(val, v.FieldByIndex(idx), fp)
 		}
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
@@ -269,30 +269,40 @@ func (d *nodeDecoder) decode(n *yaml.Node, v reflect.Value, path string) {
 }
 
 type fieldSet struct {
-	index map[string]int
+	index map[string][]int // reflect.Value.FieldByIndex paths
 	names []string
 }
 
-// yamlFields maps a struct's yaml keys to field indexes (exported fields
-// with a yaml tag; "-" skipped).
+// yamlFields maps a struct's yaml keys to field index paths (exported
+// fields with a yaml tag; "-" skipped; a struct tagged ",inline" lends its
+// keys, as yaml.v3 does, so a policy can take another's params as its own).
 func yamlFields(t reflect.Type) fieldSet {
-	fs := fieldSet{index: map[string]int{}}
+	fs := fieldSet{index: map[string][]int{}}
+	addFields(&fs, t, nil)
+	return fs
+}
+
+func addFields(fs *fieldSet, t reflect.Type, at []int) {
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
 		if !f.IsExported() {
 			continue
 		}
-		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
 		if name == "-" {
+			continue
+		}
+		idx := append(append([]int(nil), at...), i)
+		if name == "" && opts == "inline" && f.Type.Kind() == reflect.Struct {
+			addFields(fs, f.Type, idx)
 			continue
 		}
 		if name == "" {
 			name = strings.ToLower(f.Name)
 		}
-		fs.index[name] = i
+		fs.index[name] = idx
 		fs.names = append(fs.names, name)
 	}
-	return fs
 }
 
 func joinPath(path, key string) string {

@@ -40,15 +40,8 @@ const PredictedTTFTType = "predicted-ttft"
 // hits, and a model with a median error of 20-40 % moved light-load picks
 // that prefix-affinity got right (BENCHMARKS.md, issue 27).
 type PredictedTTFTConfig struct {
-	BlockBytes     int `yaml:"block_bytes"`
-	CapacityBlocks int `yaml:"capacity_blocks"` // per endpoint
-	// prefix-affinity's, for the proposal.
-	MatchThreshold  float64 `yaml:"match_threshold"`
-	BalanceAbs      int64   `yaml:"balance_abs"`
-	BalanceRel      float64 `yaml:"balance_rel"`
-	BoundedLoad     float64 `yaml:"bounded_load"`
-	MinBlocks       int     `yaml:"min_blocks"`
-	SessionAffinity bool    `yaml:"session_affinity"`
+	// prefix-affinity's params, for the proposal and the prefix index.
+	PrefixAffinityConfig `yaml:",inline"`
 	// The prior: fixed cost, cost per request of load, per KiB of
 	// uncached prompt (ms), before completions teach better ones.
 	OverheadMs     float64 `yaml:"overhead_ms"`
@@ -68,12 +61,9 @@ type PredictedTTFTConfig struct {
 
 // DefaultPredictedTTFTConfig returns the defaults.
 func DefaultPredictedTTFTConfig() PredictedTTFTConfig {
-	d := DefaultPrefixAffinityConfig()
 	return PredictedTTFTConfig{
-		BlockBytes: d.BlockBytes, CapacityBlocks: d.CapacityBlocks,
-		MatchThreshold: d.MatchThreshold, BalanceAbs: d.BalanceAbs, BalanceRel: d.BalanceRel,
-		BoundedLoad: d.BoundedLoad, MinBlocks: d.MinBlocks, SessionAffinity: d.SessionAffinity,
-		MarginRel: 0.5, MarginMs: 100,
+		PrefixAffinityConfig: DefaultPrefixAffinityConfig(),
+		MarginRel:            0.5, MarginMs: 100,
 		OverheadMs: estimator.DefaultCoef[0], PerRequestMs: estimator.DefaultCoef[1],
 		PerQueuedKiBMs: estimator.DefaultCoef[2], PerKiBMs: estimator.DefaultCoef[3],
 		Memory: 64,
@@ -100,13 +90,7 @@ func (c *PredictedTTFTConfig) Validate() error {
 }
 
 // prefixAffinity is the config of the proposing prefix-affinity.
-func (c *PredictedTTFTConfig) prefixAffinity() PrefixAffinityConfig {
-	return PrefixAffinityConfig{
-		BlockBytes: c.BlockBytes, CapacityBlocks: c.CapacityBlocks,
-		MatchThreshold: c.MatchThreshold, BalanceAbs: c.BalanceAbs, BalanceRel: c.BalanceRel,
-		BoundedLoad: c.BoundedLoad, MinBlocks: c.MinBlocks, SessionAffinity: c.SessionAffinity,
-	}
-}
+func (c *PredictedTTFTConfig) prefixAffinity() PrefixAffinityConfig { return c.PrefixAffinityConfig }
 
 // PredictedTTFT routes each request as prefix-affinity does unless
 // another replica is predicted to give its first token clearly sooner.
