@@ -3,9 +3,7 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -23,30 +21,8 @@ import (
 // ngStream posts a streamed chat request of tokens tokens and reads it to
 // the end: "" when every token and [DONE] arrived, else what went wrong.
 func ngStream(c *http.Client, url, model string, hdr map[string]string, tokens int) string {
-	body, _ := json.Marshal(map[string]any{"model": model, "messages": []map[string]string{{"role": "user", "content": "churn"}}, "max_tokens": tokens, "stream": true})
-	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	res, err := c.Do(req)
-	if err != nil {
-		return err.Error()
-	}
-	defer res.Body.Close()
-	if res.StatusCode != 200 {
-		return fmt.Sprintf("status %d", res.StatusCode)
-	}
-	n, done := 0, false
-	sc := bufio.NewScanner(res.Body)
-	for sc.Scan() {
-		n += strings.Count(sc.Text(), `"delta":{"content"`)
-		done = done || sc.Text() == "data: [DONE]"
-	}
-	if n != tokens || !done {
-		return fmt.Sprintf("stream from %s: %d/%d tokens, [DONE] %v, err %v", res.Header.Get("X-Replica"), n, tokens, done, sc.Err())
-	}
-	return ""
+	_, msg := ngTry(c, url, model, hdr, true, tokens)
+	return msg
 }
 
 // ngClients runs n clients until stop closes, the even ones on the body-mode

@@ -17,7 +17,7 @@ import (
 	"github.com/turnout/turnout/internal/mock"
 )
 
-// ngTry is one request of the kill test: streamed or not. streaming says
+// ngTry is one request of the nginx load tests: streamed or not. streaming says
 // whether the failure (if any) came after the response started: a stream
 // open on the killed replica, which nothing can save.
 func ngTry(c *http.Client, url, model string, hdr map[string]string, stream bool, tokens int) (streaming bool, failure string) {
@@ -51,7 +51,7 @@ func ngTry(c *http.Client, url, model string, hdr map[string]string, stream bool
 		done = done || sc.Text() == "data: [DONE]"
 	}
 	if n != tokens || !done {
-		return true, fmt.Sprintf("stream from %s: %d/%d tokens", res.Header.Get("X-Replica"), n, tokens)
+		return true, fmt.Sprintf("stream from %s: %d/%d tokens, [DONE] %v, err %v", res.Header.Get("X-Replica"), n, tokens, done, sc.Err())
 	}
 	return false, ""
 }
