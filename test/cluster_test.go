@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,16 +50,8 @@ func startFrontPolicy(t *testing.T, name, extra, policy string, ms []*Mock) *hst
 	y := strings.Replace(s.yaml(), "deployments:\n", extra+"deployments:\n", 1)
 	s.T = StartTurnout(t, s.turnoutAddr, y, "--haproxy-dir", s.dir, "--watch", "100ms")
 	s.T.Proc.Name = "turnout-" + name
-	Eventually(t, 20*time.Second, "turnout to write haproxy.cfg", func() bool {
-		_, err := os.Stat(filepath.Join(s.dir, "haproxy.cfg"))
-		return err == nil
-	})
-	s.H = StartHAProxy(t, s.dir, s.haAddr)
-	var ids []string
-	for _, m := range ms {
-		ids = append(ids, "llama_mixed/"+m.Name)
-	}
-	s.H.WaitServersUp(t, ids...)
+	s.H = StartRenderedHAProxy(t, s.dir, s.haAddr)
+	s.H.WaitServersUp(t, serverIDs("llama_mixed", ms)...)
 	return s
 }
 

@@ -13,8 +13,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -101,11 +99,7 @@ func startHPD(t *testing.T, spoeAddr string) *hpdStack {
 		client:   &http.Client{Timeout: 30 * time.Second},
 	}
 	s.T = StartTurnout(t, s.turnoutAddr, s.yaml(), "--haproxy-dir", s.dir, "--watch", "100ms")
-	Eventually(t, 20*time.Second, "turnout to write haproxy.cfg", func() bool {
-		_, err := os.Stat(filepath.Join(s.dir, "haproxy.cfg"))
-		return err == nil
-	})
-	s.H = StartHAProxy(t, s.dir, s.haAddr)
+	s.H = StartRenderedHAProxy(t, s.dir, s.haAddr)
 	var ids []string
 	for _, m := range s.prefill {
 		ids = append(ids, "pd_prefill/"+m.Name)

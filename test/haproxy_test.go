@@ -7,8 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -126,11 +124,7 @@ func startStackWith(t *testing.T, failMode, spoeAddr string, deps ...depSpec) *h
 		client: &http.Client{Timeout: 30 * time.Second},
 	}
 	s.T = StartTurnout(t, s.turnoutAddr, s.yaml(), "--haproxy-dir", s.dir, "--watch", "100ms")
-	Eventually(t, 20*time.Second, "turnout to write haproxy.cfg", func() bool {
-		_, err := os.Stat(filepath.Join(s.dir, "haproxy.cfg"))
-		return err == nil
-	})
-	s.H = StartHAProxy(t, s.dir, s.haAddr)
+	s.H = StartRenderedHAProxy(t, s.dir, s.haAddr)
 	var ids []string
 	for _, d := range deps {
 		for be, ms := range d.pools() {

@@ -307,6 +307,26 @@ func NeedHAProxy(t testing.TB) string {
 	return bin
 }
 
+// serverIDs are the HAProxy server ids (backend/name) of ms in backend.
+func serverIDs(backend string, ms []*Mock) []string {
+	var ids []string
+	for _, m := range ms {
+		ids = append(ids, backend+"/"+m.Name)
+	}
+	return ids
+}
+
+// StartRenderedHAProxy waits for a turnout started with --haproxy-dir dir
+// to write dir/haproxy.cfg, then starts HAProxy on it (StartHAProxy).
+func StartRenderedHAProxy(t testing.TB, dir, listen string) *HAProxy {
+	t.Helper()
+	Eventually(t, 20*time.Second, "turnout to write haproxy.cfg", func() bool {
+		_, err := os.Stat(filepath.Join(dir, "haproxy.cfg"))
+		return err == nil
+	})
+	return StartHAProxy(t, dir, listen)
+}
+
 // StartHAProxy runs haproxy on dir/haproxy.cfg (master-worker is in the
 // rendered global section) and waits until its admin socket answers.
 func StartHAProxy(t testing.TB, dir, listen string) *HAProxy {

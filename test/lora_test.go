@@ -62,16 +62,8 @@ func TestHAProxyLoRA(t *testing.T) {
 		client: &http.Client{Timeout: 30 * time.Second},
 	}
 	s.T = StartTurnout(t, s.turnoutAddr, withModelsInterval(s.yaml()), "--haproxy-dir", s.dir, "--watch", "100ms")
-	Eventually(t, 20*time.Second, "turnout to write haproxy.cfg", func() bool {
-		_, err := os.Stat(filepath.Join(s.dir, "haproxy.cfg"))
-		return err == nil
-	})
-	s.H = StartHAProxy(t, s.dir, s.haAddr)
-	var ids []string
-	for _, m := range ms {
-		ids = append(ids, "llama_mixed/"+m.Name)
-	}
-	s.H.WaitServersUp(t, ids...)
+	s.H = StartRenderedHAProxy(t, s.dir, s.haAddr)
+	s.H.WaitServersUp(t, serverIDs("llama_mixed", ms)...)
 	checkLoRA(t, s.T, ms, func(body []byte) *Response { return s.post(t, "/v1/chat/completions", body, nil) })
 }
 

@@ -102,11 +102,7 @@ deployments:
 	if r, err := Post(ctx, http.DefaultClient, admin+"/internal/route", []byte(`{"model":"llama"}`), nil); err != nil || r.Status != http.StatusNotFound {
 		t.Fatalf("admin_listen must refuse /internal/route with 404, got %v %+v", err, r)
 	}
-	Eventually(t, 20*time.Second, "turnout to write haproxy.cfg", func() bool {
-		_, err := os.Stat(filepath.Join(dir, "haproxy.cfg"))
-		return err == nil
-	})
-	h := StartHAProxy(t, dir, haAddr)
+	h := StartRenderedHAProxy(t, dir, haAddr)
 	h.WaitServersUp(t, "llama_mixed/m0", "llama_mixed/m1", "kv_mixed/k0")
 
 	promDir := t.TempDir()

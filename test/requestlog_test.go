@@ -135,11 +135,7 @@ deployments:
           - {name: reset, address: %q}
 `, turnoutAddr, syslog, haAddr, dir, logPath, good.Addr, bad)
 	tu := StartTurnout(t, turnoutAddr, cfg, "--haproxy-dir", dir)
-	Eventually(t, 20*time.Second, "turnout to write haproxy.cfg", func() bool {
-		_, err := os.Stat(filepath.Join(dir, "haproxy.cfg"))
-		return err == nil
-	})
-	h := StartHAProxy(t, dir, haAddr)
+	h := StartRenderedHAProxy(t, dir, haAddr)
 	h.WaitServersUp(t, "llama_mixed/good", "llama_mixed/reset")
 	// turnout started first ("HAProxy is not reachable"), then says when it answers.
 	Eventually(t, 10*time.Second, "the connected line", func() bool {

@@ -150,11 +150,7 @@ deployments:
           - {name: %s, address: %q}
 `, turnoutAddr, FreeUDPAddr(t), haAddr, dir, path, strings.ReplaceAll(front, ", ", "\n  "), ms[0].Name, ms[0].Addr, ms[1].Name, ms[1].Addr)
 	tu := StartTurnout(t, turnoutAddr, y, "--haproxy-dir", dir, "--watch", "100ms")
-	Eventually(t, 20*time.Second, "turnout to write haproxy.cfg", func() bool {
-		_, err := os.Stat(filepath.Join(dir, "haproxy.cfg"))
-		return err == nil
-	})
-	h := StartHAProxy(t, dir, haAddr)
+	h := StartRenderedHAProxy(t, dir, haAddr)
 	h.WaitServersUp(t, "llama_mixed/"+ms[0].Name, "llama_mixed/"+ms[1].Name)
 	url := "https://127.0.0.1:" + strings.Split(haAddr, ":")[1]
 	checkTLSFront(t, certs, url)
