@@ -239,11 +239,11 @@ func TestProtocolErrorsDisconnect(t *testing.T) {
 	}
 }
 
-// With a prefill/decode deployment, decisions run on workers: a slow
-// prefill must not hold up a fast decision multiplexed behind it.
-func TestBlockingDecisionsDoNotHoldTheConnection(t *testing.T) {
-	slow := startSlowPrefill(t, 400*time.Millisecond)
-	a := mustAgent(t, twoDeployments+fmt.Sprintf(`
+// slowPDAgent is an agent over twoDeployments plus a prefill/decode
+// deployment "pd" whose prefill takes 400 ms.
+func slowPDAgent(t *testing.T) *Agent {
+	t.Helper()
+	return mustAgent(t, twoDeployments+fmt.Sprintf(`
   - name: pd
     models: [pd]
     policy: {name: round-robin}
@@ -253,7 +253,13 @@ func TestBlockingDecisionsDoNotHoldTheConnection(t *testing.T) {
         endpoints: [{name: p0, address: %s}]
       - role: decode
         endpoints: [{name: d0, address: 127.0.0.1:9101}]
-`, slow))
+`, startSlowPrefill(t, 400*time.Millisecond)))
+}
+
+// With a prefill/decode deployment, decisions run on workers: a slow
+// prefill must not hold up a fast decision multiplexed behind it.
+func TestBlockingDecisionsDoNotHoldTheConnection(t *testing.T) {
+	a := slowPDAgent(t)
 	c, br, _ := agentConn(t, a, 16380)
 	start := time.Now()
 	_, _ = c.Write(rawFrame(frameNotify, flagFin, 1, 1, messagesPayload(MessageRoutePD, routeArgs("POST", "/v1/chat/completions", chatBody("pd", "hi")))))
@@ -273,18 +279,7 @@ func TestBlockingDecisionsDoNotHoldTheConnection(t *testing.T) {
 // decided on the second call (MessageRoutePD); other requests are decided
 // on the first.
 func TestFirstCallMarksPrefillDecode(t *testing.T) {
-	slow := startSlowPrefill(t, 400*time.Millisecond)
-	a := mustAgent(t, twoDeployments+fmt.Sprintf(`
-  - name: pd
-    models: [pd]
-    policy: {name: round-robin}
-    pd: {prefill_timeout: 5s}
-    pools:
-      - role: prefill
-        endpoints: [{name: p0, address: %s}]
-      - role: decode
-        endpoints: [{name: d0, address: 127.0.0.1:9101}]
-`, slow))
+	a := slowPDAgent(t)
 	c, br, _ := agentConn(t, a, 16380)
 	for i, tc := range []struct {
 		model, want string
