@@ -264,15 +264,7 @@ func TestHAProxyStalledReplicaTakenOut(t *testing.T) {
 	}()
 	time.Sleep(time.Second) // completions flowing
 	stalled := ms[0]
-	start := time.Now()
-	if err := stalled.SetFaults(mock.Faults{Stall: 10 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
-	degraded := func() float64 {
-		return metricOr0(t, s.T.URL+"/metrics", "turnout_endpoint_degraded", `endpoint="`+stalled.Name+`"`)
-	}
-	Eventually(t, 5*budget, stalled.Name+" degraded", func() bool { return degraded() == 1 })
-	took := time.Since(start)
+	took, degraded := stallUntilDegraded(t, s, stalled, 10*time.Second, 5*budget, "")
 	t.Logf("stalled replica taken out %v after it began stalling (budget %v, %.2fx)", took.Round(10*time.Millisecond), budget, took.Seconds()/budget.Seconds())
 	mark.Store(time.Now().UnixNano())
 	time.Sleep(3 * time.Second)
@@ -297,4 +289,20 @@ func TestHAProxyStalledReplicaTakenOut(t *testing.T) {
 	if took > 2*budget+budget/2 {
 		t.Errorf("took %v to take the stalled replica out, goal <= 2x the %v budget", took, budget)
 	}
+}
+
+// stallUntilDegraded stalls replica stalled for stall and waits up to
+// within for turnout to mark it degraded; it returns how long that took
+// and a reader of its turnout_endpoint_degraded gauge.
+func stallUntilDegraded(t *testing.T, s *hstack, stalled *Mock, stall, within time.Duration, what string) (time.Duration, func() float64) {
+	t.Helper()
+	start := time.Now()
+	if err := stalled.SetFaults(mock.Faults{Stall: stall}); err != nil {
+		t.Fatal(err)
+	}
+	degraded := func() float64 {
+		return metricOr0(t, s.T.URL+"/metrics", "turnout_endpoint_degraded", `endpoint="`+stalled.Name+`"`)
+	}
+	Eventually(t, within, strings.TrimSpace(stalled.Name+" degraded "+what), func() bool { return degraded() == 1 })
+	return time.Since(start), degraded
 }

@@ -174,15 +174,7 @@ func TestHAProxyForgedLinesStalledReplica(t *testing.T) {
 		<-forgeDone
 	}()
 	time.Sleep(200 * time.Millisecond) // forged lines arriving before the stall
-	start := time.Now()
-	if err := stalled.SetFaults(mock.Faults{Stall: 8 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
-	degraded := func() float64 {
-		return metricOr0(t, s.T.URL+"/metrics", "turnout_endpoint_degraded", `endpoint="`+stalled.Name+`"`)
-	}
-	Eventually(t, 5*budget, stalled.Name+" degraded under forged lines", func() bool { return degraded() == 1 })
-	took := time.Since(start)
+	took, degraded := stallUntilDegraded(t, s, stalled, 8*time.Second, 5*budget, "under forged lines")
 	t.Logf("stalled replica taken out %v after it began stalling under %d forged lines (budget %v, %.2fx)",
 		took.Round(10*time.Millisecond), forged.Load(), budget, took.Seconds()/budget.Seconds())
 	// Forged lines go on: the replica stays out.
