@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/httpapi"
 
 	"container/heap"
@@ -186,6 +187,27 @@ func NewRouter(spec PolicySpec, names []string, o SimOptions) (Router, error) {
 // scraper does (in-flight counts are exact in the sim, so they stand for the
 // engine's running + waiting; only the tie-break window needs modelling).
 type Windower interface{ StartWindow() }
+
+// EngineReporter is implemented by routers that read the engines' load
+// reports (turnout: vllm:num_requests_running and _waiting, scraped every
+// ScrapeInterval); the sim calls it at each modelled scrape. The sim's
+// in-flight counts are exact, so the report leaves the load figure as it
+// is; it tells the router which replicas queue.
+type EngineReporter interface {
+	ReportEngine(replica, running, waiting int)
+}
+
+// ReportEngine implements EngineReporter.
+func (t *turnoutRouter) ReportEngine(replica, running, waiting int) {
+	for _, e := range t.srv.Snapshot().Deployments[0].Serve.Endpoints {
+		if i, ok := t.names[e.Name]; ok && i == replica {
+			e.SetEngineLoad(&fleet.EngineLoad{
+				Requests: int64(running + waiting), Waiting: int64(waiting), KVUsage: -1,
+				Mark: e.DecisionMark(), PeerMark: e.PeerMark(),
+			})
+		}
+	}
+}
 
 // ScrapeInterval is turnout's default engine_metrics.interval.
 const ScrapeInterval = 250 * time.Millisecond
@@ -497,6 +519,11 @@ func (s *sim) send(r *simReq) error {
 		}
 		if lr, ok := s.router.(LoRAReporter); ok && s.o.LoRA.Adapters > 0 {
 			s.reportLoRA(lr)
+		}
+		if er, ok := s.router.(EngineReporter); ok {
+			for i := range s.reps {
+				er.ReportEngine(i, s.reps[i].running, len(s.reps[i].waiting))
+			}
 		}
 		s.nextScrape = s.now + ScrapeInterval
 	}

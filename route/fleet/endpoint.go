@@ -22,6 +22,9 @@ type State struct {
 	Decisions atomic.Uint64
 	// engine is the last engine-reported load (nil: none, use inflight).
 	engine atomic.Pointer[EngineLoad]
+	// running is how many requests the engine ran at once the last time a
+	// scrape found it queueing (0: never seen queueing): its capacity.
+	running atomic.Int64
 	// window is 1 + decisions + peer at the last window start (0: none),
 	// prevWindow the same at the window start before it.
 	window, prevWindow atomic.Uint64
@@ -96,6 +99,20 @@ func (e *Endpoint) Waiting() (n int64, ok bool) {
 		return max(0, el.Waiting+e.State.Inflight.Load()-el.Mark), true
 	}
 	return 0, false
+}
+
+// Admits reports whether one more request would start at once rather than
+// queue: the engine reported no waiting request at its last scrape, and
+// the load is below what it ran the last time a scrape found it queueing
+// (any load when it never queued). False when no engine figure is known.
+// vLLM's capacity moves with the KV cache, so this is an estimate.
+func (e *Endpoint) Admits() bool {
+	el := e.State.engine.Load()
+	if el == nil || el.Waiting > 0 {
+		return false
+	}
+	c := e.State.running.Load()
+	return c == 0 || e.Load() < c
 }
 
 // EngineLoad is one scrape of a replica's own metrics.
@@ -175,7 +192,12 @@ func (e *Endpoint) PeerMark() int64 { return e.State.peerLoad.Load() }
 func (e *Endpoint) AddPeerLoad(d int64) { e.State.peerLoad.Add(d) }
 
 // SetEngineLoad publishes a scrape; nil goes back to in-flight counts.
-func (e *Endpoint) SetEngineLoad(l *EngineLoad) { e.State.engine.Store(l) }
+func (e *Endpoint) SetEngineLoad(l *EngineLoad) {
+	if l != nil && l.Waiting > 0 {
+		e.State.running.Store(max(1, l.Requests-l.Waiting))
+	}
+	e.State.engine.Store(l)
+}
 
 // Engine returns the last published scrape, or nil.
 func (e *Endpoint) Engine() *EngineLoad { return e.State.engine.Load() }

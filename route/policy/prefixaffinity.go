@@ -34,8 +34,10 @@ const PrefixAffinityType = "prefix-affinity"
 //     replicas up to BalanceAbs above the minimum cost p90 TTFT). Unlike
 //     SGLang's "smallest tree", a miss never lands on an overloaded replica.
 //     With BoundedLoad ε > 0, a miss instead goes to the replica that served
-//     the fewest requests lately among those within the bound and at most
-//     missLoadSlack above the lowest load.
+//     the fewest requests lately among those within the bound, at the
+//     lowest load or at most missLoadSlack above it where the engine would
+//     start it at once (no waiting request at the last scrape, load below
+//     what it ran when it last queued: Endpoint.Admits).
 //  4. Record the prompt's blocks in the chosen endpoint's index.
 type PrefixAffinityConfig struct {
 	BlockBytes     int     `yaml:"block_bytes"`
@@ -45,17 +47,21 @@ type PrefixAffinityConfig struct {
 	BalanceRel     float64 `yaml:"balance_rel"`
 	// BoundedLoad is ε of the bounded-load guard (0: off, the default): no
 	// replica gets more than about (1+ε) times the mean of the requests
-	// every instance sent lately. The guards above compare loads, which
-	// are small integers that scrapes and other fronts blur; this one
-	// evens out request counts when prefixes draw several turns each
-	// (issue 11: two fronts, requests max/mean <= 1.1). Off by default:
-	// on the Mooncake sim at twice the trace's rate it cost TTFT
-	// (BENCHMARKS.md, "Several turnout instances").
+	// every instance sent lately, and a miss goes to the replica that
+	// served the fewest where that queues nothing. The guards above compare
+	// loads, which are small integers that scrapes and other fronts blur,
+	// and a load-balanced placement still leaves request counts 5-15 %
+	// apart when prefixes draw several turns each; this evens them out
+	// (issue 11: two fronts; issue 27: 1.1 gave requests max/mean
+	// 1.02-1.06 with 2 and 4 fronts). Off by default: it places a session's
+	// first turns by counts rather than together, and costs p50 TTFT where
+	// caches bind (BENCHMARKS.md, "Even request counts").
 	BoundedLoad float64 `yaml:"bounded_load"`
 	// MinBlocks: prompts shorter than this many blocks are load balanced.
 	MinBlocks int `yaml:"min_blocks"`
-	// SessionAffinity: a session id breaks load ties (its hashed replica
-	// among the least loaded), never overrides load.
+	// SessionAffinity: a session id breaks ties on a miss (its hashed
+	// replica among the least loaded; with BoundedLoad, among those that
+	// served the fewest), never overrides load.
 	SessionAffinity bool `yaml:"session_affinity"`
 }
 
@@ -146,13 +152,14 @@ func NewPrefixAffinity(cfg PrefixAffinityConfig, p *fleet.Pool, rnd *fleet.Rand)
 	if cfg.BoundedLoad > 0 {
 		// A miss starts a prefix that draws its later turns to the same
 		// replica: place it on the replica that served the fewest requests
-		// lately, among those within the bound and at most missLoadSlack
-		// above the lowest load, so replicas that served more than their
-		// share get fewer new prefixes.
+		// lately, among those within the bound and at the lowest load or
+		// at most missLoadSlack above it where it would not queue, so
+		// replicas that served more than their share get fewer new
+		// prefixes.
 		pa.Pickers = append(pa.Pickers, &MaxScore{
 			Name: "bounded-miss", Filters: []Filter{&BoundedServed{Eps: cfg.BoundedLoad, Slack: missLoadSlack}},
-			Ties:  append([]Tie{FewerServed{}, LowerLoad{}}, session...),
-			Slots: 1, WhenEmpty: true,
+			Ties: append([]Tie{FewerServed{}, LowerLoad{}}, session...),
+			Rand: rnd, Slots: 1, WhenEmpty: true,
 		})
 	}
 	if cfg.SessionAffinity {
