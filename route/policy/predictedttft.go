@@ -72,8 +72,7 @@ func DefaultPredictedTTFTConfig() PredictedTTFTConfig {
 
 // Validate checks the params.
 func (c *PredictedTTFTConfig) Validate() error {
-	pa := c.prefixAffinity()
-	if err := pa.Validate(); err != nil {
+	if err := c.PrefixAffinityConfig.Validate(); err != nil {
 		return fmt.Errorf("predicted-ttft: %w", err)
 	}
 	switch {
@@ -88,9 +87,6 @@ func (c *PredictedTTFTConfig) Validate() error {
 	}
 	return nil
 }
-
-// prefixAffinity is the config of the proposing prefix-affinity.
-func (c *PredictedTTFTConfig) prefixAffinity() PrefixAffinityConfig { return c.PrefixAffinityConfig }
 
 // PredictedTTFT routes each request as prefix-affinity does unless
 // another replica is predicted to give its first token clearly sooner.
@@ -174,7 +170,7 @@ func NewPredictedTTFT(cfg PredictedTTFTConfig, p *fleet.Pool, rnd *fleet.Rand) *
 		rnd = fleet.NewRand(1)
 	}
 	pt := &PredictedTTFT{cfg: cfg}
-	pa := NewPrefixAffinity(cfg.prefixAffinity(), p, rnd)
+	pa := NewPrefixAffinity(cfg.PrefixAffinityConfig, p, rnd)
 	pt.idx = pa.idx
 	prior := estimator.Coef{cfg.OverheadMs, cfg.PerRequestMs, cfg.PerQueuedKiBMs, cfg.PerKiBMs}
 	copy(prior[4:], estimator.DefaultCoef[4:])
@@ -259,8 +255,13 @@ func (g *ttftGuard) Pick(c *Cycle) {
 	dpred := pt.models[def.Index].Predict(&dx)
 	best, bestPred, bestLoad := def, dpred, dload
 	bx, bpending, buncached, bmatch := dx, dpending, duncached, dmatch
-	for _, e := range c.Pool.Endpoints {
-		if (dmatch == 0 && !pt.cfg.OverrideMisses) || e == def || !c.Usable(e) {
+	// A miss is only moved with OverrideMisses: then no endpoint is looked at.
+	eps := c.Pool.Endpoints
+	if dmatch == 0 && !pt.cfg.OverrideMisses {
+		eps = nil
+	}
+	for _, e := range eps {
+		if e == def || !c.Usable(e) {
 			continue
 		}
 		// The prediction without the prompt's prefill bounds e's from
