@@ -62,8 +62,13 @@ func clusterYAML(url, name string) string {
 // clusterMocks are replicas that take a few ms per request and queue beyond
 // 4 running sequences, so engine loads mean something.
 func clusterMocks(t *testing.T, prefix string) []*Mock {
+	return clusterMocksScaled(t, prefix, 0.1)
+}
+
+// clusterMocksScaled are clusterMocks at another mock time scale.
+func clusterMocksScaled(t *testing.T, prefix string, timeScale float64) []*Mock {
 	return mocks(t, prefix, 4, func(c *mock.Config) {
-		c.TimeScale = 0.1
+		c.TimeScale = timeScale
 		c.MaxRunning = 4
 	})
 }
