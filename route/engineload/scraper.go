@@ -268,21 +268,33 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*fleet.Endpoin
 		}
 	}
 	start := s.now()
+	// The mark is the in-flight count before the request plus the decisions
+	// made while the scrape was in flight. A decision made during the scrape
+	// is then never counted twice (in the engine's figure and in the change
+	// since the mark) for a whole interval; one the engine had not seen yet
+	// is missed until it completes or the next scrape. A request that
+	// completed during the scrape counts as listed in the page: if the
+	// engine still ran it when the page was built (its completion reaches
+	// turnout after the engine finishes it, so often), the figure is right;
+	// if not, it is under by one until the next scrape. Both errors are
+	// under-counts that the next scrape ends. (The in-flight count after
+	// the page, the mark until now, over-counted such a completion for a
+	// whole interval: up to the idle interval's 2 s on a quiet replica.)
+	marks := make([]int64, len(eps))
+	decs := make([]uint64, len(eps))
+	for i, e := range eps {
+		// Decisions first: open() counts in-flight before decisions, so a
+		// decision between the two reads is counted in the mark twice (an
+		// under-count), never missed (an over-count).
+		decs[i] = e.State.Decisions.Load()
+		marks[i] = e.DecisionMark()
+	}
 	dec0, _ := activity(eps)
 	load, n, res, err := s.fetch(eps[0].Address, cfg)
-	// The in-flight mark is taken after the page arrived: a decision made
-	// while the scrape was in flight is then never counted twice (in the
-	// engine's figure and in the change since the mark) for a whole
-	// interval; one the engine had not seen yet is missed until it
-	// completes or the next scrape, an under-count the next scrape ends
-	// either way. Decisions closed during the scrape had left the engine
-	// before; after the page, they count right too. (A mark taken before,
-	// as until issue 28, over-counted the first and under-counted the
-	// second.)
-	marks := make([]int64, len(eps))
 	peers := make([]int64, len(eps))
 	for i, e := range eps {
-		marks[i], peers[i] = e.DecisionMark(), e.PeerMark()
+		marks[i] += int64(e.State.Decisions.Load() - decs[i])
+		peers[i] = e.PeerMark()
 	}
 	dec1, busy := activity(eps)
 	t.backoff(res == ResultOK && load.Requests == 0 && !busy && dec1 == dec0, dec0, cfg)
