@@ -395,15 +395,11 @@ func (s *Sync) apply(data []byte, st *subState) {
 		s.dropped(recvMalformed, "", err)
 		return
 	}
-	if string(h.origin) == s.name {
-		s.recv[recvOwn].Add(1)
+	p := s.peerPool(h)
+	if p == nil {
 		return
 	}
-	p := s.srv.Snapshot().PoolByName(string(h.pool))
-	rec, ok := fleet.PrefixRecorder(nil), false
-	if p != nil {
-		rec, ok = p.Policy.(fleet.PrefixRecorder)
-	}
+	rec, ok := p.Policy.(fleet.PrefixRecorder)
 	if !ok {
 		s.recv[recvUnknownPool].Add(1)
 		return
@@ -438,19 +434,28 @@ func (s *Sync) applyLoads(data []byte, st *subState) {
 		s.dropped(recvMalformed, "", err)
 		return
 	}
-	if string(h.origin) == s.name {
-		s.recv[recvOwn].Add(1)
-		return
-	}
-	p := s.srv.Snapshot().PoolByName(string(h.pool))
+	p := s.peerPool(h)
 	if p == nil {
-		s.recv[recvUnknownPool].Add(1)
 		return
 	}
 	s.loadMsgsIn.Add(1)
 	if _, unknown := st.levels.apply(h.origin, p, h.rest); unknown > 0 {
 		s.recv[recvUnknownEndpoint].Add(uint64(unknown))
 	}
+}
+
+// peerPool is the local pool a validated message is for; nil, counted,
+// when the message is this instance's own or names no pool here.
+func (s *Sync) peerPool(h header) *fleet.Pool {
+	if string(h.origin) == s.name {
+		s.recv[recvOwn].Add(1)
+		return nil
+	}
+	p := s.srv.Snapshot().PoolByName(string(h.pool))
+	if p == nil {
+		s.recv[recvUnknownPool].Add(1)
+	}
+	return p
 }
 
 // dropped counts a refused message; the first of each kind is logged at

@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -186,6 +187,9 @@ func TestSyncBadMessages(t *testing.T) {
 		appendRecord(appendHeader(nil, "node-x", "other_pool", 64), "c", []uint64{1}),   // foreign pool
 		appendRecord(appendHeader(nil, "node-x", "llama_mixed", 64), "zz", []uint64{1}), // unknown endpoint
 		appendRecord(appendHeader(nil, "node-x", "llama_mixed", 128), "c", []uint64{1}), // other block size
+		appendRecord(appendHeader(nil, "node-b", "llama_mixed", 64), "c", []uint64{1}),  // its own name
+		loadMsg("node-b", "llama_mixed"),                                                // its own load message
+		loadMsg("node-x", "other_pool"),                                                 // a load message for a foreign pool
 		good,
 	} {
 		if err := raw.Publish(subj, m); err != nil {
@@ -194,7 +198,7 @@ func TestSyncBadMessages(t *testing.T) {
 	}
 	_ = raw.Flush()
 	eventually(t, "good message applied", func() bool { return applied(b) == 1 })
-	for k, want := range map[int]uint64{recvMalformed: 3 + 1, recvOversized: 1, recvUnknownPool: 1, recvUnknownEndpoint: 1, recvBlockSize: 1} {
+	for k, want := range map[int]uint64{recvMalformed: 3 + 1, recvOversized: 1, recvUnknownPool: 2, recvUnknownEndpoint: 1, recvBlockSize: 1, recvOwn: 2} {
 		if got := b.sync.recv[k].Load(); got != want {
 			t.Errorf("%s = %d, want %d", recvNames[k], got, want)
 		}
@@ -205,6 +209,13 @@ func TestSyncBadMessages(t *testing.T) {
 			t.Errorf("%s logged %d times at warn, want once:\n%s", recvNames[k], n, logs.String())
 		}
 	}
+}
+
+// loadMsg is a load message from origin for pool: endpoint c at level 1.
+func loadMsg(origin, pool string) []byte {
+	b := appendHeader(nil, origin, pool, 64)
+	copy(b, loadMagic)
+	return binary.AppendUvarint(append(b, 1, 'c'), 1)
 }
 
 // lockedBuf is a log sink shared with NATS callback goroutines.
