@@ -107,9 +107,8 @@ type LoRAReporter interface {
 
 // ReportLoRA implements LoRAReporter.
 func (t *turnoutRouter) ReportLoRA(replica int, running, waiting []string, maxLoRA int) {
-	eps := t.srv.Snapshot().Deployments[0].Serve.Endpoints
-	if replica < len(eps) {
-		eps[replica].SetLoRA(&fleet.LoRAState{Running: running, Waiting: waiting, MaxLoRA: maxLoRA})
+	if e := t.endpoint(replica); e != nil {
+		e.SetLoRA(&fleet.LoRAState{Running: running, Waiting: waiting, MaxLoRA: maxLoRA})
 	}
 }
 

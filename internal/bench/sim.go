@@ -199,14 +199,21 @@ type EngineReporter interface {
 
 // ReportEngine implements EngineReporter.
 func (t *turnoutRouter) ReportEngine(replica, running, waiting int) {
-	for _, e := range t.srv.Snapshot().Deployments[0].Serve.Endpoints {
-		if i, ok := t.names[e.Name]; ok && i == replica {
-			e.SetEngineLoad(&fleet.EngineLoad{
-				Requests: int64(running + waiting), Waiting: int64(waiting), KVUsage: -1,
-				Mark: e.DecisionMark(), PeerMark: e.PeerMark(),
-			})
-		}
+	if e := t.endpoint(replica); e != nil {
+		e.SetEngineLoad(&fleet.EngineLoad{
+			Requests: int64(running + waiting), Waiting: int64(waiting), KVUsage: -1,
+			Mark: e.DecisionMark(), PeerMark: e.PeerMark(),
+		})
 	}
+}
+
+// endpoint is replica's endpoint in turnout's pool (by name: the pool's
+// order need not be the replicas').
+func (t *turnoutRouter) endpoint(replica int) *fleet.Endpoint {
+	if replica < 0 || replica >= len(t.order) {
+		return nil
+	}
+	return t.srv.Snapshot().Deployments[0].Serve.EndpointByName([]byte(t.order[replica]))
 }
 
 // ScrapeInterval is turnout's default engine_metrics.interval.
