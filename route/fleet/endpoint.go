@@ -106,13 +106,16 @@ func (e *Endpoint) Waiting() (n int64, ok bool) {
 // the load is below what it ran the last time a scrape found it queueing
 // (any load when it never queued). False when no engine figure is known.
 // vLLM's capacity moves with the KV cache, so this is an estimate.
-func (e *Endpoint) Admits() bool {
+func (e *Endpoint) Admits() bool { return e.AdmitsAt(e.Load()) }
+
+// AdmitsAt is Admits for a load the caller already read.
+func (e *Endpoint) AdmitsAt(load int64) bool {
 	el := e.State.engine.Load()
 	if el == nil || el.Waiting > 0 {
 		return false
 	}
 	c := e.State.running.Load()
-	return c == 0 || e.Load() < c
+	return c == 0 || load < c
 }
 
 // EngineLoad is one scrape of a replica's own metrics.
