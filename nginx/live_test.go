@@ -21,19 +21,17 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/internal/testenv/freeport"
 	"github.com/turnout/turnout/route"
 )
 
 // Live tests run a real nginx (skipped without nginx and njs) on loopback.
 
+// freeAddr is a loopback address free a moment ago, outside the ephemeral
+// range (freeport: one from bind(":0") comes back from the next one).
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return "127.0.0.1:" + strconv.Itoa(freeport.Port(t))
 }
 
 // runNginx starts nginx (daemon off) on dir/nginx.conf, waits until listen

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/testenv/freeport"
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/internal/routetest"
 )
@@ -86,15 +88,10 @@ func listenFeedback(t *testing.T, s *testServer, addr string) net.Conn {
 	return c
 }
 
+// freeUDP is a loopback address free a moment ago (freeport).
 func freeUDP(t *testing.T) string {
 	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := pc.LocalAddr().String()
-	pc.Close()
-	return a
+	return "127.0.0.1:" + strconv.Itoa(freeport.Port(t))
 }
 
 // Finding 6: a datagram from a source outside feedback.sources closes nothing.

@@ -5,19 +5,19 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"strconv"
 	"testing"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/turnout/turnout/internal/testenv/freeport"
 )
 
+// freeTCP is a ZMQ endpoint on a loopback port free a moment ago (freeport:
+// outside the ephemeral range, which hands a closed port straight back).
 func freeTCP(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return "tcp://" + l.Addr().String()
+	return "tcp://127.0.0.1:" + strconv.Itoa(freeport.Port(t))
 }
 
 func TestCompileTopic(t *testing.T) {

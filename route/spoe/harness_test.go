@@ -1,9 +1,6 @@
 package spoe
 
 import (
-	"github.com/turnout/turnout/route/feedback"
-	"github.com/turnout/turnout/route/httpapi"
-
 	"bytes"
 	"context"
 	"fmt"
@@ -11,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,11 +16,13 @@ import (
 	"text/template"
 	"time"
 
-	"github.com/turnout/turnout/internal/config"
-
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/testenv/freeport"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/feedback"
+	"github.com/turnout/turnout/route/httpapi"
 )
 
 // Live-test harness: tiny fasthttp replicas that answer with their name,
@@ -319,25 +319,17 @@ func startHAProxy(t testing.TB, cfg, listen string) *haproxyProc {
 	}
 }
 
+// freeAddr is a loopback address free a moment ago, drawn outside the
+// ephemeral range (freeport): a port from bind(":0"), closed, came back
+// from the next bind(":0"), so the agent took HAProxy's listen port and the
+// readiness dial reached the agent (TestLiveSPOEFragmented in CI).
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return "127.0.0.1:" + strconv.Itoa(freeport.Port(t))
 }
 
-func freeUDPAddr(t testing.TB) string {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	return pc.LocalAddr().String()
-}
+// freeUDPAddr is freeAddr for a syslog listener (freeport checks UDP too).
+func freeUDPAddr(t testing.TB) string { return freeAddr(t) }
 
 // answer is one HTTP exchange through HAProxy.
 type answer struct {
