@@ -272,7 +272,8 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*fleet.Endpoin
 	}
 	start := s.now()
 	dec0, _ := activity(eps)
-	load, n, res, err, marks, peers := s.measure(t, eps, cfg)
+	sc, err := s.measure(t, eps, cfg)
+	load, n, res, marks, peers := sc.load, sc.n, sc.res, sc.marks, sc.peers
 	dec1, busy := activity(eps)
 	t.backoff(res == ResultOK && load.Requests == 0 && !busy && dec1 == dec0, dec0, cfg)
 	t.durNs.Add(uint64(s.now().Sub(start)))
@@ -309,48 +310,50 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*fleet.Endpoin
 	}
 }
 
-// measure fetches the page and takes each endpoint's in-flight mark (and
-// the peers') after it arrived: a decision made while the scrape was in
-// flight is then never counted twice (in the engine's figure and in the
-// change since the mark) for a whole interval; one the engine had not seen
-// yet is missed until it completes or the next scrape, an under-count the
-// next scrape ends either way. (A mark taken before, as until issue 28,
-// over-counted the first.)
+// scraped is one page and the in-flight marks (this instance's, the
+// peers') taken after it arrived.
+type scraped struct {
+	load         fleet.EngineLoad
+	n            int // body bytes read
+	res          Result
+	marks, peers []int64
+}
+
+// measure fetches the page and takes the marks after it arrived: a decision
+// made during the scrape is then never counted twice (in the engine's
+// figure and in the change since the mark); one the engine had not seen yet
+// is under-counted until the next scrape. (Marks taken before, as until
+// issue 28, over-counted the first.)
 //
-// A completion that reached turnout during the scrape is ambiguous: the
-// engine may have listed it as running (finished after the page was built)
-// or not. The mark after the page assumes not, which over-counts the
-// endpoint by one until the next scrape when it was listed: a least-request
-// replica went unused through a burst of fast requests (TestHAProxyLoRA).
-// Assuming it was listed under-counts in the other case, which lets flow
-// control hand the engine one request too many, into a critical request's
-// headroom (TestFlowControlNginx: critical p99 1.5-1.7x its unloaded value,
-// 2 runs in 9). So such a scrape is fetched once more, at once: the
-// completion is then known before the page is built. Both figures would
-// take a completion in the engine-to-turnout window (~1 ms) of a 250 ms
-// interval; the second fetch costs one more page that rarely.
-func (s *Scraper) measure(t *target, eps []*fleet.Endpoint, cfg *config.EngineMetricsConfig) (load fleet.EngineLoad, n int, res Result, err error, marks, peers []int64) {
-	marks = make([]int64, len(eps))
-	peers = make([]int64, len(eps))
+// A completion that reached turnout during the scrape is ambiguous: if the
+// engine still ran it when it built the page, the mark after over-counts
+// the endpoint by one until the next scrape (a least-request replica went
+// unused through a burst, TestHAProxyLoRA); assuming so when it did not
+// under-counts, and flow control let a standard request into the critical
+// headroom (TestFlowControlNginx). So such a scrape fetches the page once
+// more, after the completion: rare, since the window is the ~1 ms between
+// the engine finishing and turnout hearing of it.
+func (s *Scraper) measure(t *target, eps []*fleet.Endpoint, cfg *config.EngineMetricsConfig) (scraped, error) {
+	sc := scraped{marks: make([]int64, len(eps)), peers: make([]int64, len(eps))}
 	for try := 0; ; try++ {
 		// Completions during the fetch = in flight before + decisions
 		// during - in flight after (a decision racing these reads can make
-		// it one off: a needless fetch, or the old over-count).
-		var before int64
+		// it one off: a needless fetch, or the over-count).
+		var before, after int64
 		for _, e := range eps {
 			before += e.DecisionMark() - int64(e.State.Decisions.Load())
 		}
-		load, n, res, err = s.fetch(eps[0].Address, cfg)
-		var after int64
+		var err error
+		sc.load, sc.n, sc.res, err = s.fetch(eps[0].Address, cfg)
 		for i, e := range eps {
-			marks[i], peers[i] = e.DecisionMark(), e.PeerMark()
-			after += marks[i] - int64(e.State.Decisions.Load())
+			sc.marks[i], sc.peers[i] = e.DecisionMark(), e.PeerMark()
+			after += sc.marks[i] - int64(e.State.Decisions.Load())
 		}
-		if res != ResultOK || before <= after || try == 1 {
+		if sc.res != ResultOK || before <= after || try == 1 {
 			if try == 1 {
 				t.refetched.Add(1)
 			}
-			return load, n, res, err, marks, peers
+			return sc, err
 		}
 	}
 }
