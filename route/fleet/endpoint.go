@@ -102,14 +102,12 @@ func (e *Endpoint) Waiting() (n int64, ok bool) {
 }
 
 // Admits reports whether one more request would start at once rather than
-// queue: the engine reported no waiting request at its last scrape, and
-// the load is below what it ran the last time a scrape found it queueing
-// (any load when it never queued). False when no engine figure is known.
-// vLLM's capacity moves with the KV cache, so this is an estimate.
-func (e *Endpoint) Admits() bool { return e.AdmitsAt(e.Load()) }
-
-// AdmitsAt is Admits for a load the caller already read.
-func (e *Endpoint) AdmitsAt(load int64) bool {
+// queue at load (the caller's Load reading): the engine reported no
+// waiting request at its last scrape, and load is below what it ran the
+// last time a scrape found it queueing (any load when it never queued).
+// False when no engine figure is known. vLLM's capacity moves with the KV
+// cache, so this is an estimate.
+func (e *Endpoint) Admits(load int64) bool {
 	el := e.State.engine.Load()
 	if el == nil || el.Waiting > 0 {
 		return false

@@ -44,7 +44,7 @@ type BoundedServed struct {
 
 // Keep implements Filter.
 func (b *BoundedServed) Keep(c *Cycle, e *fleet.Endpoint) bool {
-	if l := e.Load(); l > c.MinLoad && (l > c.MinLoad+b.Slack || !e.AdmitsAt(l)) {
+	if l := e.Load(); l > c.MinLoad && (l > c.MinLoad+b.Slack || !e.Admits(l)) {
 		return false
 	}
 	return !overBound(b.Eps, e.Served(), c.Served, c.N)
