@@ -31,7 +31,7 @@ import (
 // range (freeport: one from bind(":0") comes back from the next one).
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	return "127.0.0.1:" + strconv.Itoa(freeport.Port(t))
+	return freeport.Addr(t)
 }
 
 // runNginx starts nginx (daemon off) on dir/nginx.conf, waits until listen

@@ -40,7 +40,7 @@ import (
 func FreePort(t testing.TB) int { return freeport.Port(t) }
 
 // FreeAddr returns "127.0.0.1:PORT" for a free TCP port.
-func FreeAddr(t testing.TB) string { return "127.0.0.1:" + strconv.Itoa(FreePort(t)) }
+func FreeAddr(t testing.TB) string { return freeport.Addr(t) }
 
 // FreeUDPAddr returns "127.0.0.1:PORT" for a free UDP port.
 func FreeUDPAddr(t testing.TB) string { return FreeAddr(t) }

@@ -3,7 +3,6 @@ package control
 import (
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -29,7 +28,7 @@ func lnConfig(t *testing.T, listen, extra string) *config.Config {
 	return c
 }
 
-func freeAddr(t *testing.T) string { return "127.0.0.1:" + strconv.Itoa(freeport.Port(t)) }
+func freeAddr(t *testing.T) string { return freeport.Addr(t) }
 
 func dials(addr string) bool {
 	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)

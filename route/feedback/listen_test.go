@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -91,7 +90,7 @@ func listenFeedback(t *testing.T, s *testServer, addr string) net.Conn {
 // freeUDP is a loopback address free a moment ago (freeport).
 func freeUDP(t *testing.T) string {
 	t.Helper()
-	return "127.0.0.1:" + strconv.Itoa(freeport.Port(t))
+	return freeport.Addr(t)
 }
 
 // Finding 6: a datagram from a source outside feedback.sources closes nothing.

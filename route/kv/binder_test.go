@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
-	"strconv"
 	"testing"
 
 	"github.com/go-zeromq/zmq4"
@@ -17,7 +16,7 @@ import (
 // outside the ephemeral range, which hands a closed port straight back).
 func freeTCP(t *testing.T) string {
 	t.Helper()
-	return "tcp://127.0.0.1:" + strconv.Itoa(freeport.Port(t))
+	return "tcp://" + freeport.Addr(t)
 }
 
 func TestCompileTopic(t *testing.T) {

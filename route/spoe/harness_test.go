@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -325,7 +324,7 @@ func startHAProxy(t testing.TB, cfg, listen string) *haproxyProc {
 // readiness dial reached the agent (TestLiveSPOEFragmented in CI).
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	return "127.0.0.1:" + strconv.Itoa(freeport.Port(t))
+	return freeport.Addr(t)
 }
 
 // freeUDPAddr is freeAddr for a syslog listener (freeport checks UDP too).

@@ -34,3 +34,9 @@ func Port(t testing.TB) int {
 	t.Fatal("free port: none found in 20000-31999")
 	return 0
 }
+
+// Addr is "127.0.0.1:PORT" for a Port.
+func Addr(t testing.TB) string {
+	t.Helper()
+	return "127.0.0.1:" + strconv.Itoa(Port(t))
+}
