@@ -48,21 +48,29 @@ func TestPrefixAffinityBoundedLoad(t *testing.T) {
 		want    string
 		outcome fleet.Outcome
 	}{
+		// Every case but the last two has no idle replica: the guard evens
+		// counts only then (NoneIdle).
 		// Total 23, ε 0.5: bound ceil(1.5·24/4) = 9.
-		{"home within bound", 0.5, 2, []int{5, 5, 8, 5}, []int64{0, 0, 0, 0}, nil, blocksOf(sys, 2), "e2", fleet.OutcomeAffinity},
+		{"home within bound", 0.5, 2, []int{5, 5, 8, 5}, []int64{1, 1, 1, 1}, nil, blocksOf(sys, 2), "e2", fleet.OutcomeAffinity},
 		// Total 24: bound 10 (ceil 9.375); e2 at 12 would take its 13th.
-		{"home over bound: least served instead", 0.5, 2, []int{4, 6, 12, 2}, []int64{0, 0, 0, 0}, nil, blocksOf(sys, 2), "e3", fleet.OutcomeOverflow},
-		{"guard off: home however busy", 0, 2, []int{4, 6, 12, 2}, []int64{0, 0, 0, 0}, nil, blocksOf(sys, 2), "e2", fleet.OutcomeAffinity},
+		{"home over bound: least served instead", 0.5, 2, []int{4, 6, 12, 2}, []int64{1, 1, 1, 1}, nil, blocksOf(sys, 2), "e3", fleet.OutcomeOverflow},
+		{"guard off: home however busy", 0, 2, []int{4, 6, 12, 2}, []int64{1, 1, 1, 1}, nil, blocksOf(sys, 2), "e2", fleet.OutcomeAffinity},
 		// e3 served fewest but is 2 above the lowest load: e1 instead, one
 		// above it, where its engine would start it at once.
-		{"miss: least served within one of the lowest load", 1, -1, []int{5, 3, 7, 1}, []int64{1, 1, 0, 2}, []int64{0, 0, 0, 0}, blocksOf("other", 10), "e1", fleet.OutcomeBalanced},
+		{"miss: least served within one of the lowest load", 1, -1, []int{5, 3, 7, 1}, []int64{2, 2, 1, 3}, []int64{0, 0, 0, 0}, blocksOf("other", 10), "e1", fleet.OutcomeBalanced},
 		// e0's and e1's engines queue: the miss never waits to even counts out.
-		{"miss: one above the lowest load but queueing", 1, -1, []int{5, 3, 7, 1}, []int64{1, 1, 0, 2}, []int64{1, 1, 0, 0}, blocksOf("other", 10), "e2", fleet.OutcomeBalanced},
+		{"miss: one above the lowest load but queueing", 1, -1, []int{5, 3, 7, 1}, []int64{2, 2, 1, 3}, []int64{1, 1, 0, 0}, blocksOf("other", 10), "e2", fleet.OutcomeBalanced},
 		// No engine figure: whether e1 would queue is unknown.
-		{"miss: no engine figure, lowest load only", 1, -1, []int{5, 3, 7, 1}, []int64{1, 1, 0, 2}, nil, blocksOf("other", 10), "e2", fleet.OutcomeBalanced},
+		{"miss: no engine figure, lowest load only", 1, -1, []int{5, 3, 7, 1}, []int64{2, 2, 1, 3}, nil, blocksOf("other", 10), "e2", fleet.OutcomeBalanced},
 		// Two at the lowest load: the one that served fewer.
-		{"miss: least served at the lowest load", 1, -1, []int{5, 3, 2, 1}, []int64{0, 1, 0, 2}, nil, blocksOf("other", 10), "e2", fleet.OutcomeBalanced},
-		{"miss: guard off goes least loaded", 0, -1, []int{5, 3, 7, 1}, []int64{1, 1, 0, 2}, []int64{0, 0, 0, 0}, blocksOf("other", 10), "e2", fleet.OutcomeBalanced},
+		{"miss: least served at the lowest load", 1, -1, []int{5, 3, 2, 1}, []int64{1, 2, 1, 3}, nil, blocksOf("other", 10), "e2", fleet.OutcomeBalanced},
+		{"miss: guard off goes least loaded", 0, -1, []int{5, 3, 7, 1}, []int64{2, 2, 1, 3}, []int64{0, 0, 0, 0}, blocksOf("other", 10), "e2", fleet.OutcomeBalanced},
+		// e3 is idle: nothing queues, so the home keeps its prefix however
+		// many it served.
+		{"idle replica: home over bound kept", 0.5, 2, []int{4, 6, 12, 2}, []int64{1, 1, 1, 0}, nil, blocksOf(sys, 2), "e2", fleet.OutcomeAffinity},
+		// e1 and e2 are idle: the least-loaded fill (fewer recent: e2), not
+		// e0 that served fewest one above the lowest load.
+		{"idle replica: miss least loaded", 1, -1, []int{2, 7, 5, 1}, []int64{1, 0, 0, 2}, []int64{0, 0, 0, 0}, blocksOf("other", 10), "e2", fleet.OutcomeBalanced},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultPrefixAffinityConfig()

@@ -91,6 +91,7 @@ func DefaultPrefixAffinityConfig() PrefixAffinityConfig {
 	return PrefixAffinityConfig{
 		BlockBytes: 256, CapacityBlocks: 131072, MatchThreshold: 0.3,
 		BalanceAbs: 4, BalanceRel: 1.5, MinBlocks: 1, SessionAffinity: true,
+		BoundedLoad: 1.1,
 	}
 }
 
@@ -157,7 +158,7 @@ func NewPrefixAffinity(cfg PrefixAffinityConfig, p *fleet.Pool, rnd *fleet.Rand)
 		// replicas that served more than their share get fewer new
 		// prefixes.
 		pa.Pickers = append(pa.Pickers, &MaxScore{
-			Name: "bounded-miss", Filters: []Filter{&BoundedServed{Eps: cfg.BoundedLoad, Slack: missLoadSlack}},
+			Name: "bounded-miss", Gate: NoneIdle{}, Filters: []Filter{&BoundedServed{Eps: cfg.BoundedLoad, Slack: missLoadSlack}},
 			Ties: append([]Tie{FewerServed{}, LowerLoad{}}, session...),
 			Rand: rnd, Slots: 1, WhenEmpty: true,
 		})

@@ -22,7 +22,7 @@ func (g *LoadGuard) Keep(c *Cycle, e *fleet.Endpoint) bool {
 	if fleet.TooLoaded(e.Load(), c.MinLoad, g.Abs, g.Rel) {
 		return false
 	}
-	return g.Bounded <= 0 || !overBound(g.Bounded, e.Served(), c.Served, c.N)
+	return g.Bounded <= 0 || c.MinLoad < 1 || !overBound(g.Bounded, e.Served(), c.Served, c.N)
 }
 
 // overBound is the bounded-load test: would one more request put an
@@ -103,6 +103,14 @@ func (SessionRank) Key(c *Cycle, e *fleet.Endpoint) uint64 {
 	return fleet.Mix64(c.Req.SessionHash ^ e.Seed)
 }
 
+// NoneIdle opens a picker only when every usable replica has a request:
+// while one is idle nothing queues, so evening out request counts buys no
+// time and would split a session's first turns (issue 27).
+type NoneIdle struct{}
+
+// Open implements Gate.
+func (NoneIdle) Open(c *Cycle) bool { return c.MinLoad >= 1 }
+
 // MinBlocks opens a picker for prompts of at least N blocks (at least 1).
 type MinBlocks struct{ N int }
 
@@ -131,6 +139,7 @@ func (SessionGate) Open(c *Cycle) bool {
 
 var (
 	_ Filter = (*LoadGuard)(nil)
+	_ Gate   = NoneIdle{}
 	_ Filter = (*BoundedServed)(nil)
 	_ Filter = (*LeastLoadedRecent)(nil)
 	_ Scorer = LoadScore{}
