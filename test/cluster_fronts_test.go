@@ -12,8 +12,8 @@ import (
 )
 
 // Issue 27: 1, 2 and 4 HAProxy + turnout fronts with cluster sync before
-// the same replicas, prefix-affinity with its default guards (no
-// bounded_load), request i through front i mod n. Each front counts its
+// the same replicas, prefix-affinity with its default guards (bounded_load
+// 1.1 while no replica is idle), request i through front i mod n. Each front counts its
 // peers' decisions since the last engine scrape into its load figure.
 func TestClusterFronts(t *testing.T) {
 	// Requests of ~45 ms, several times the sync's 5 ms batching as with any

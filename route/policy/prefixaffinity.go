@@ -18,10 +18,11 @@ const PrefixAffinityType = "prefix-affinity"
 //     when no engine figure is known). A candidate e is "too loaded" when
 //     load(e)-min > BalanceAbs && load(e) > BalanceRel*min (SGLang's
 //     imbalance test, applied per candidate rather than pool-wide), or,
-//     with BoundedLoad ε > 0, when one more request would put the requests
-//     it served lately (here and by peers, Endpoint.served) above
-//     ceil((1+ε)·(total+1)/n) (consistent hashing with bounded loads,
-//     Mirrokni et al., with request counts as the load).
+//     with BoundedLoad ε > 0 and no replica idle, when one more request
+//     would put the requests it served lately (here and by peers,
+//     Endpoint.served) above ceil((1+ε)·(total+1)/n) (consistent
+//     hashing with bounded loads, Mirrokni et al., with request counts as
+//     the load).
 //  2. Among candidates that are not too loaded, take the longest cached
 //     prefix (ties: lower load, then the session's replica). If
 //     matched/total >= MatchThreshold, route there.
@@ -33,11 +34,12 @@ const PrefixAffinityType = "prefix-affinity"
 //     same request without one would not (issue 11: spilling sessions onto
 //     replicas up to BalanceAbs above the minimum cost p90 TTFT). Unlike
 //     SGLang's "smallest tree", a miss never lands on an overloaded replica.
-//     With BoundedLoad ε > 0, a miss instead goes to the replica that served
-//     the fewest requests lately among those within the bound, at the
-//     lowest load or at most missLoadSlack above it where the engine would
-//     start it at once (no waiting request at the last scrape, load below
-//     what it ran when it last queued: Endpoint.Admits).
+//     With BoundedLoad ε > 0 and no replica idle, a miss instead goes to
+//     the replica that served the fewest requests lately among those
+//     within the bound, at the lowest load or at most missLoadSlack above
+//     it where the engine would start it at once (no waiting request at
+//     the last scrape, load below what it ran when it last queued:
+//     Endpoint.Admits).
 //  4. Record the prompt's blocks in the chosen endpoint's index.
 type PrefixAffinityConfig struct {
 	BlockBytes     int     `yaml:"block_bytes"`
@@ -45,17 +47,17 @@ type PrefixAffinityConfig struct {
 	MatchThreshold float64 `yaml:"match_threshold"`
 	BalanceAbs     int64   `yaml:"balance_abs"`
 	BalanceRel     float64 `yaml:"balance_rel"`
-	// BoundedLoad is ε of the bounded-load guard (0: off, the default): no
-	// replica gets more than about (1+ε) times the mean of the requests
-	// every instance sent lately, and a miss goes to the replica that
-	// served the fewest where that queues nothing. The guards above compare
-	// loads, which are small integers that scrapes and other fronts blur,
-	// and a load-balanced placement still leaves request counts 5-15 %
-	// apart when prefixes draw several turns each; this evens them out
-	// (issue 11: two fronts; issue 27: 1.1 gave requests max/mean
-	// 1.02-1.06 with 2 and 4 fronts). Off by default: it places a session's
-	// first turns by counts rather than together, and costs p50 TTFT where
-	// caches bind (BENCHMARKS.md, "Even request counts").
+	// BoundedLoad is ε of the bounded-load guard (default 1.1; 0: off):
+	// while no replica is idle, no replica gets more than about (1+ε)
+	// times the mean of the requests every instance sent lately, and a
+	// miss goes to the replica that served the fewest where that queues
+	// nothing. The guards above compare loads, which are small integers
+	// that scrapes and other fronts blur, and a load-balanced placement
+	// still leaves request counts 5-15 % apart when prefixes draw several
+	// turns each (issue 11: two fronts; issue 27: requests max/mean ≤ 1.05
+	// with 2 and 4 fronts). With an idle replica it stays out of the way:
+	// nothing queues then, and a session's first turns stay together
+	// (BENCHMARKS.md, "Even request counts").
 	BoundedLoad float64 `yaml:"bounded_load"`
 	// MinBlocks: prompts shorter than this many blocks are load balanced.
 	MinBlocks int `yaml:"min_blocks"`
@@ -90,8 +92,7 @@ func (c *PrefixAffinityConfig) Validate() error {
 func DefaultPrefixAffinityConfig() PrefixAffinityConfig {
 	return PrefixAffinityConfig{
 		BlockBytes: 256, CapacityBlocks: 131072, MatchThreshold: 0.3,
-		BalanceAbs: 4, BalanceRel: 1.5, MinBlocks: 1, SessionAffinity: true,
-		BoundedLoad: 1.1,
+		BalanceAbs: 4, BalanceRel: 1.5, BoundedLoad: 1.1, MinBlocks: 1, SessionAffinity: true,
 	}
 }
 
@@ -100,8 +101,9 @@ func DefaultPrefixAffinityConfig() PrefixAffinityConfig {
 //
 // Preset, pickers in order: the prefix hit (keyed on the prefix index,
 // LoadGuard, ties: lower load then the session's replica), the bounded
-// miss (bounded_load > 0), the session tie-break (session_affinity), the
-// least-loaded fill; the prefix index records the first choice.
+// miss (bounded_load > 0, no replica idle), the session tie-break
+// (session_affinity), the least-loaded fill; the prefix index records the
+// first choice.
 type PrefixAffinity struct {
 	Profile
 	cfg   PrefixAffinityConfig
@@ -152,8 +154,8 @@ func NewPrefixAffinity(cfg PrefixAffinityConfig, p *fleet.Pool, rnd *fleet.Rand)
 	}
 	if cfg.BoundedLoad > 0 {
 		// A miss starts a prefix that draws its later turns to the same
-		// replica: place it on the replica that served the fewest requests
-		// lately, among those within the bound and at the lowest load or
+		// replica: while none is idle, place it on the replica that served
+		// the fewest requests lately, among those within the bound and at the lowest load or
 		// at most missLoadSlack above it where it would not queue, so
 		// replicas that served more than their share get fewer new
 		// prefixes.

@@ -10,7 +10,8 @@ import (
 // least loaded and more than Rel times it) and, with Bounded ε > 0, the
 // bounded-load test on the requests served lately (here and by peers):
 // one more must not put e above ceil((1+ε)·(total+1)/n) (consistent
-// hashing with bounded loads, Mirrokni et al.).
+// hashing with bounded loads, Mirrokni et al.). The bound holds only while
+// no replica is idle (NoneIdle): refusing a hit then buys no time.
 type LoadGuard struct {
 	Abs     int64
 	Rel     float64
