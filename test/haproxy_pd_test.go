@@ -7,11 +7,13 @@ package e2e
 // kv_transfer_params into the body and streams the decode replica's answer.
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -461,22 +463,11 @@ func hpdTooLarge(t *testing.T, s *hpdStack) {
 		before += m.Stats().Requests
 	}
 	for _, chunked := range []bool{false, true} {
-		var rd io.Reader = bytes.NewReader(big)
-		if chunked {
-			rd = io.MultiReader(rd)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.H.URL+"/v1/chat/completions", rd)
-		req.Header.Set("Content-Type", "application/json")
 		start := time.Now()
-		res, err := s.client.Do(req)
+		res, b, err := postEarlyAnswer(s.H.URL, "/v1/chat/completions", big, chunked)
 		if err != nil {
-			cancel()
 			t.Fatalf("chunked=%v: %v", chunked, err)
 		}
-		b, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		cancel()
 		if res.StatusCode != 413 || res.Header.Get("X-Turnout-Reason") != "body_too_large" || !json.Valid(b) || res.Header.Get("X-Replica") != "" {
 			t.Errorf("chunked=%v: %d reason %q: %s", chunked, res.StatusCode, res.Header.Get("X-Turnout-Reason"), b)
 		}
@@ -582,4 +573,44 @@ func hpdFailOpen(t *testing.T, s *hpdStack) {
 			t.Errorf("prefill replica %s got %d requests without turnout", m.Name, n)
 		}
 	}
+}
+
+// postEarlyAnswer posts body (chunked or with a length) and reads the
+// answer while the body is still going out: a proxy that refuses a body
+// answers and closes before reading it all, and net/http's client then
+// reports its own write error ("broken pipe") rather than the answer
+// (golang/go#11745), as a client that reads while it writes does not.
+func postEarlyAnswer(base, path string, body []byte, chunked bool) (*http.Response, []byte, error) {
+	c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 2*time.Second)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	go func() { // write errors are expected once the proxy has answered
+		w := bufio.NewWriter(c)
+		fmt.Fprintf(w, "POST %s HTTP/1.1\r\nHost: turnout-test\r\nContent-Type: application/json\r\n", path)
+		if chunked {
+			w.WriteString("Transfer-Encoding: chunked\r\n\r\n")
+			for rest := body; len(rest) > 0; {
+				n := min(len(rest), 16<<10)
+				fmt.Fprintf(w, "%x\r\n", n)
+				w.Write(rest[:n])
+				w.WriteString("\r\n")
+				rest = rest[n:]
+			}
+			w.WriteString("0\r\n\r\n")
+		} else {
+			fmt.Fprintf(w, "Content-Length: %d\r\n\r\n", len(body))
+			w.Write(body)
+		}
+		w.Flush()
+	}()
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	return res, b, err
 }

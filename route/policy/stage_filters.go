@@ -11,7 +11,9 @@ import (
 // bounded-load test on the requests served lately (here and by peers):
 // one more must not put e above ceil((1+ε)·(total+1)/n) (consistent
 // hashing with bounded loads, Mirrokni et al.). The bound holds only while
-// no replica is idle (NoneIdle): refusing a hit then buys no time.
+// no replica is idle: refusing a hit then buys no time, and with few
+// requests in the window the bound is small enough to move a prefix's
+// few sequential turns.
 type LoadGuard struct {
 	Abs     int64
 	Rel     float64
@@ -104,13 +106,15 @@ func (SessionRank) Key(c *Cycle, e *fleet.Endpoint) uint64 {
 	return fleet.Mix64(c.Req.SessionHash ^ e.Seed)
 }
 
-// NoneIdle opens a picker only when every usable replica has a request:
-// while one is idle nothing queues, so evening out request counts buys no
-// time and would split a session's first turns (issue 27).
-type NoneIdle struct{}
+// CountsGate opens the bounded miss for a request without a session id,
+// and for one with a session id only when every usable replica has a
+// request: while one is idle nothing queues, so evening out request
+// counts buys no time there and would split a session's first turns,
+// which the session tie-break keeps together (issue 27).
+type CountsGate struct{}
 
 // Open implements Gate.
-func (NoneIdle) Open(c *Cycle) bool { return c.MinLoad >= 1 }
+func (CountsGate) Open(c *Cycle) bool { return !c.Req.HasSession || c.MinLoad >= 1 }
 
 // MinBlocks opens a picker for prompts of at least N blocks (at least 1).
 type MinBlocks struct{ N int }
@@ -140,7 +144,7 @@ func (SessionGate) Open(c *Cycle) bool {
 
 var (
 	_ Filter = (*LoadGuard)(nil)
-	_ Gate   = NoneIdle{}
+	_ Gate   = CountsGate{}
 	_ Filter = (*BoundedServed)(nil)
 	_ Filter = (*LeastLoadedRecent)(nil)
 	_ Scorer = LoadScore{}
