@@ -13,8 +13,9 @@ import (
 
 // Issue 27: 1, 2 and 4 HAProxy + turnout fronts with cluster sync before
 // the same replicas, prefix-affinity with its default guards (bounded_load
-// 1.1 while no replica is idle), request i through front i mod n. Each front counts its
-// peers' decisions since the last engine scrape into its load figure.
+// 1.1; no session ids here, so new prefixes go by counts at any load),
+// request i through front i mod n. Each front counts its peers' decisions
+// since the last engine scrape into its load figure.
 func TestClusterFronts(t *testing.T) {
 	// Requests of ~45 ms, several times the sync's 5 ms batching as with any
 	// real LLM request: at clusterMocks' ~7 ms a peer hears of a decision

@@ -577,9 +577,10 @@ func hpdFailOpen(t *testing.T, s *hpdStack) {
 
 // postEarlyAnswer posts body (chunked or with a length) and reads the
 // answer while the body is still going out: a proxy that refuses a body
-// answers and closes before reading it all, and net/http's client then
-// reports its own write error ("broken pipe") rather than the answer
-// (golang/go#11745), as a client that reads while it writes does not.
+// answers and closes before reading it all, and net/http's client can
+// then report its own write error ("broken pipe": once in CI) rather than
+// the answer. RFC 7230 §6.5: a client sending a body should watch for an
+// early answer.
 func postEarlyAnswer(base, path string, body []byte, chunked bool) (*http.Response, []byte, error) {
 	c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 2*time.Second)
 	if err != nil {

@@ -35,11 +35,11 @@ const PrefixAffinityType = "prefix-affinity"
 //     replicas up to BalanceAbs above the minimum cost p90 TTFT). Unlike
 //     SGLang's "smallest tree", a miss never lands on an overloaded replica.
 //     With BoundedLoad ε > 0 (and, for a request with a session id, no
-//     replica idle), a miss instead goes to the replica that served the fewest requests lately among those
-//     within the bound, at the lowest load or at most missLoadSlack above
-//     it where the engine would start it at once (no waiting request at
-//     the last scrape, load below what it ran when it last queued:
-//     Endpoint.Admits).
+//     replica idle), a miss instead goes to the replica that served the
+//     fewest requests lately among those within the bound, at the lowest
+//     load or at most missLoadSlack above it where the engine would start
+//     it at once (no waiting request at the last scrape, load below what it
+//     ran when it last queued: Endpoint.Admits).
 //  4. Record the prompt's blocks in the chosen endpoint's index.
 type PrefixAffinityConfig struct {
 	BlockBytes     int     `yaml:"block_bytes"`
@@ -51,10 +51,10 @@ type PrefixAffinityConfig struct {
 	// while no replica is idle, no replica gets more than about (1+ε)
 	// times the mean of the requests every instance sent lately, and a
 	// miss goes to the replica that served the fewest where that queues
-	// nothing (a miss without a session id at any load). The guards above compare loads, which are small integers
-	// that scrapes and other fronts blur, and a load-balanced placement
-	// still leaves request counts 5-15 % apart when prefixes draw several
-	// turns each (issue 11: two fronts; issue 27: requests max/mean ≤ 1.05
+	// nothing (a miss without a session id at any load). The guards above
+	// compare loads, which are small integers that scrapes and other
+	// fronts blur, and a load-balanced placement still leaves request
+	// counts 5-15 % apart when prefixes draw several turns each (issue 11: two fronts; issue 27: requests max/mean ≤ 1.05
 	// with 2 and 4 fronts). With an idle replica nothing queues, so it
 	// leaves hits and a session's misses alone: a session's first turns
 	// stay together (BENCHMARKS.md, "Even request counts").
@@ -155,10 +155,10 @@ func NewPrefixAffinity(cfg PrefixAffinityConfig, p *fleet.Pool, rnd *fleet.Rand)
 	if cfg.BoundedLoad > 0 {
 		// A miss starts a prefix that draws its later turns to the same
 		// replica: place it on the replica that served the fewest requests
-		// lately (with a session id, only while none is idle), among those within the bound and at the lowest load or
-		// at most missLoadSlack above it where it would not queue, so
-		// replicas that served more than their share get fewer new
-		// prefixes.
+		// lately (with a session id, only while none is idle), among those
+		// within the bound and at the lowest load or at most missLoadSlack
+		// above it where it would not queue, so replicas that served more
+		// than their share get fewer new prefixes.
 		pa.Pickers = append(pa.Pickers, &MaxScore{
 			Name: "bounded-miss", Gate: CountsGate{}, Filters: []Filter{&BoundedServed{Eps: cfg.BoundedLoad, Slack: missLoadSlack}},
 			Ties: append([]Tie{FewerServed{}, LowerLoad{}}, session...),
