@@ -39,6 +39,16 @@ func TestHeldDecisionDoesNotHoldTheConnection(t *testing.T) {
 	if h.StreamID != 3 || time.Since(start) > time.Second {
 		t.Fatalf("first ACK is stream %d after %v, want the unheld decision (3) first", h.StreamID, time.Since(start))
 	}
+	// Stream 2 reaches flow control on its worker, maybe after stream 3's
+	// answer: completing f0's request before it is queued would admit it
+	// at once rather than release it.
+	const queued = `turnout_flow_queued{deployment="fc",class="critical",tenant="acme"}`
+	eventually(t, 5*time.Second, func() error {
+		if m := metric(a.srv, queued); m != "1" {
+			return fmt.Errorf("queued %q", m)
+		}
+		return nil
+	})
 	id, err := strconv.ParseUint(first[VarDecision], 16, 64)
 	if err != nil || !a.srv.Complete(id) {
 		t.Fatalf("cannot complete %q", first[VarDecision])
