@@ -27,13 +27,6 @@ import (
 
 // Live tests run a real nginx (skipped without nginx and njs) on loopback.
 
-// freeAddr is a loopback address free a moment ago, outside the ephemeral
-// range (freeport: one from bind(":0") comes back from the next one).
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	return freeport.Addr(t)
-}
-
 // runNginx starts nginx (daemon off) on dir/nginx.conf, waits until listen
 // accepts and stops it at cleanup.
 func runNginx(t *testing.T, bin, dir, listen string) *exec.Cmd {
@@ -96,7 +89,7 @@ func TestNJSInsertAtMatchesGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	listen := freeAddr(t)
+	listen := freeport.Addr(t)
 	if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +197,7 @@ deployments:
 func TestSyncReloadsOnlyOnChange(t *testing.T) {
 	bin := nginxBin(t)
 	dir := t.TempDir()
-	listen := freeAddr(t)
+	listen := freeport.Addr(t)
 	var logs bytes.Buffer
 	log := zerolog.New(&logs)
 	s, err := NewSyncer(SyncOptions{Render: RenderOptions{Dir: dir, User: userOpt(), Workers: 1}, NginxBin: bin}, &log)

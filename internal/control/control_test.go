@@ -12,6 +12,7 @@ import (
 
 	"github.com/turnout/turnout/haproxy"
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/testenv/freeport"
 	"github.com/turnout/turnout/route"
 )
 
@@ -53,7 +54,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // DIR/spoe.sock and the proxy worker writes the HAProxy files there.
 func TestHAProxyDirCreated(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "not", "yet")
-	cfg := lnConfig(t, freeAddr(t), "")
+	cfg := lnConfig(t, freeport.Addr(t), "")
 	log := zerolog.Nop()
 	runLoop(t, cfg, Options{Log: &log, HAProxy: haproxy.SyncOptions{Dir: dir, HAProxyBin: "-"}})
 	sock := filepath.Join(dir, haproxy.SPOESocketName)
@@ -83,7 +84,7 @@ func TestReloadOnFileChange(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	a1, a2 := freeAddr(t), freeAddr(t)
+	a1, a2 := freeport.Addr(t), freeport.Addr(t)
 	write(a1)
 	log := zerolog.Nop()
 	opts := Options{ConfigPath: path, Watch: 20 * time.Millisecond, Log: &log}

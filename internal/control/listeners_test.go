@@ -18,7 +18,7 @@ func lnConfig(t *testing.T, listen, extra string) *config.Config {
 	t.Helper()
 	if !strings.Contains(extra, "feedback") {
 		// Not the default port: tests of other packages run at the same time.
-		extra += "feedback: {syslog: " + freeAddr(t) + "}\n"
+		extra += "feedback: {syslog: " + freeport.Addr(t) + "}\n"
 	}
 	c, err := config.ParseConfig([]byte("listen: " + listen + "\nhealth: {disable: true}\n" + extra +
 		"deployments: [{name: d, pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]}]\n"))
@@ -27,8 +27,6 @@ func lnConfig(t *testing.T, listen, extra string) *config.Config {
 	}
 	return c
 }
-
-func freeAddr(t *testing.T) string { return freeport.Addr(t) }
 
 func dials(addr string) bool {
 	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
@@ -42,7 +40,7 @@ func dials(addr string) bool {
 // the field of an address it cannot bind, refuses a limits change on an
 // unchanged address, and takes a draining listener back.
 func TestListenersLifecycle(t *testing.T) {
-	a1 := freeAddr(t)
+	a1 := freeport.Addr(t)
 	cfg := lnConfig(t, a1, "")
 	srv, err := route.New(cfg, route.Options{})
 	if err != nil {
@@ -70,7 +68,7 @@ func TestListenersLifecycle(t *testing.T) {
 		t.Errorf("limits change on the same address: %v", err)
 	}
 
-	a2 := freeAddr(t)
+	a2 := freeport.Addr(t)
 	ch, err = l.prepare(lnConfig(t, a2, ""))
 	if err != nil {
 		t.Fatal(err)
@@ -112,8 +110,8 @@ func TestListenersDefaultSPOESocket(t *testing.T) {
 		}
 		return err == nil
 	}
-	fb := "feedback: {syslog: " + freeAddr(t) + "}\n"
-	cfg := lnConfig(t, freeAddr(t), "haproxy: {dir: "+dir+"}\n"+fb)
+	fb := "feedback: {syslog: " + freeport.Addr(t) + "}\n"
+	cfg := lnConfig(t, freeport.Addr(t), "haproxy: {dir: "+dir+"}\n"+fb)
 	srv, err := route.New(cfg, route.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +129,7 @@ func TestListenersDefaultSPOESocket(t *testing.T) {
 		t.Fatalf("default path: no agent on %s", sock)
 	}
 
-	tcp := freeAddr(t)
+	tcp := freeport.Addr(t)
 	ch, err = l.prepare(lnConfig(t, cfg.Listen, "haproxy: {dir: "+dir+", spoe: "+tcp+"}\n"+fb))
 	if err != nil {
 		t.Fatal(err)
@@ -151,12 +149,12 @@ func TestListenersDefaultSPOESocket(t *testing.T) {
 	}
 
 	// haproxy.path lua with a --haproxy-dir: no agent at all.
-	lua := lnConfig(t, freeAddr(t), "haproxy: {path: lua}\n")
+	lua := lnConfig(t, freeport.Addr(t), "haproxy: {path: lua}\n")
 	withDir := newListeners(l.core, dir, &log)
 	if a := withDir.spoeAddr(lua); a != "" {
 		t.Errorf("haproxy.path lua: agent address %q, want none", a)
 	}
-	if a := withDir.spoeAddr(lnConfig(t, freeAddr(t), "")); a != "unix@"+sock {
+	if a := withDir.spoeAddr(lnConfig(t, freeport.Addr(t), "")); a != "unix@"+sock {
 		t.Errorf("--haproxy-dir: agent address %q, want unix@%s", a, sock)
 	}
 }
@@ -164,7 +162,7 @@ func TestListenersDefaultSPOESocket(t *testing.T) {
 // admin_listen opens, serves only the admin paths, moves on reload (new
 // address first, old one after its grace), and closes when removed.
 func TestListenersAdmin(t *testing.T) {
-	listen, adm1, adm2 := freeAddr(t), freeAddr(t), freeAddr(t)
+	listen, adm1, adm2 := freeport.Addr(t), freeport.Addr(t), freeport.Addr(t)
 	cfg := lnConfig(t, listen, "admin_listen: "+adm1+"\n")
 	srv, err := route.New(cfg, route.Options{})
 	if err != nil {

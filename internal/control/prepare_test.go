@@ -7,6 +7,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/internal/testenv/freeport"
 	"github.com/turnout/turnout/route"
 )
 
@@ -19,8 +20,8 @@ func TestPrepareFailsAfterSPOEBind(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer busy.Close()
-	spoe := freeAddr(t)
-	cfg := lnConfig(t, freeAddr(t), "feedback: {syslog: "+busy.LocalAddr().String()+"}\nhaproxy: {spoe: "+spoe+"}\n")
+	spoe := freeport.Addr(t)
+	cfg := lnConfig(t, freeport.Addr(t), "feedback: {syslog: "+busy.LocalAddr().String()+"}\nhaproxy: {spoe: "+spoe+"}\n")
 	srv, err := route.New(cfg, route.Options{})
 	if err != nil {
 		t.Fatal(err)

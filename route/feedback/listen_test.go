@@ -87,12 +87,6 @@ func listenFeedback(t *testing.T, s *testServer, addr string) net.Conn {
 	return c
 }
 
-// freeUDP is a loopback address free a moment ago (freeport).
-func freeUDP(t *testing.T) string {
-	t.Helper()
-	return freeport.Addr(t)
-}
-
 // Finding 6: a datagram from a source outside feedback.sources closes nothing.
 func TestFeedbackSourceChecked(t *testing.T) {
 	for _, tc := range []struct {
@@ -104,7 +98,7 @@ func TestFeedbackSourceChecked(t *testing.T) {
 		{"this address listed", "127.0.0.1", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			addr := freeUDP(t)
+			addr := freeport.Addr(t)
 			s := mustServer(t, fmt.Sprintf(feedbackCfg, addr, tc.sources, ""))
 			c := listenFeedback(t, s, addr)
 			ids := openIDs(t, s, 3)

@@ -54,8 +54,8 @@ type PrefixAffinityConfig struct {
 	// nothing (a miss without a session id at any load). The guards above
 	// compare loads, which are small integers that scrapes and other
 	// fronts blur, and a load-balanced placement still leaves request
-	// counts 5-15 % apart when prefixes draw several turns each (issue 11: two fronts; issue 27: requests max/mean ≤ 1.05
-	// with 2 and 4 fronts). With an idle replica nothing queues, so it
+	// counts 5-15 % apart when prefixes draw several turns each (issue 11:
+	// two fronts; issue 27: requests max/mean ≤ 1.05 with 2 and 4 fronts). With an idle replica nothing queues, so it
 	// leaves hits and a session's misses alone: a session's first turns
 	// stay together (BENCHMARKS.md, "Even request counts").
 	BoundedLoad float64 `yaml:"bounded_load"`

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/turnout/turnout/internal/testenv/freeport"
 )
 
 // TestWrkCompare measures HAProxy throughput with wrk, alternating setups in
@@ -48,10 +50,10 @@ func TestWrkCompare(t *testing.T) {
 	dir := t.TempDir()
 
 	reps := []*replica{startReplica(t, "r0"), startReplica(t, "r1"), startReplica(t, "r2")}
-	syslog := freeUDPAddr(t)
-	luaListen, spoeListen, nologListen, plainListen := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
-	plainRetryListen, spoeRetryListen := freeAddr(t), freeAddr(t)
-	routeAddr := freeAddr(t)
+	syslog := freeport.Addr(t)
+	luaListen, spoeListen, nologListen, plainListen := freeport.Addr(t), freeport.Addr(t), freeport.Addr(t), freeport.Addr(t)
+	plainRetryListen, spoeRetryListen := freeport.Addr(t), freeport.Addr(t)
+	routeAddr := freeport.Addr(t)
 	yaml := fmt.Sprintf(`
 listen: %s
 session_headers: [x-session-id]
@@ -70,7 +72,7 @@ deployments:
           - {name: r1, address: %s}
           - {name: r2, address: %s}
 `, routeAddr, syslog, luaListen, policy, reps[0].addr, reps[1].addr, reps[2].addr)
-	agentAddr := freeAddr(t)
+	agentAddr := freeport.Addr(t)
 	tp := startTurnout(t, yaml, agentAddr, true)
 	tp.serveHTTP(t, routeAddr)
 	agentSock := filepath.Join(dir, "agent.sock")
@@ -94,7 +96,7 @@ deployments:
 	setups := []benchSetup{
 		mk("plain", plainListen, "", "", false),
 		mk("spoe", spoeListen, agentAddr, syslog, false),
-		mk("spoe-unix", freeAddr(t), "unix@"+agentSock, syslog, false),
+		mk("spoe-unix", freeport.Addr(t), "unix@"+agentSock, syslog, false),
 		mk("spoe-nolog", nologListen, agentAddr, "", false),
 		mk("plain+retry-on", plainRetryListen, "", "", true),
 		mk("spoe+retry-on", spoeRetryListen, agentAddr, syslog, true),
@@ -103,7 +105,7 @@ deployments:
 		setups = append(setups, benchSetup{"lua", luaListen, ha})
 	}
 	// The same render without retry-on, to compare the hops alone.
-	luaNoRetry := freeAddr(t)
+	luaNoRetry := freeport.Addr(t)
 	yaml2 := strings.Replace(yaml, "haproxy: {listen: "+luaListen+"}", "haproxy: {listen: "+luaNoRetry+"}", 1)
 	if ha := startLuaHAProxy(t, filepath.Join(dir, "lua-noretry"), yaml2, luaNoRetry, true); ha != nil {
 		setups = append(setups, benchSetup{"lua-noretry", luaNoRetry, ha})

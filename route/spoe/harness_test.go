@@ -18,7 +18,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/internal/testenv/freeport"
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/feedback"
 	"github.com/turnout/turnout/route/httpapi"
@@ -317,18 +316,6 @@ func startHAProxy(t testing.TB, cfg, listen string) *haproxyProc {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
-
-// freeAddr is a loopback address free a moment ago, drawn outside the
-// ephemeral range (freeport): a port from bind(":0"), closed, came back
-// from the next bind(":0"), so the agent took HAProxy's listen port and the
-// readiness dial reached the agent (TestLiveSPOEFragmented in CI).
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	return freeport.Addr(t)
-}
-
-// freeUDPAddr is freeAddr for a syslog listener (freeport checks UDP too).
-func freeUDPAddr(t testing.TB) string { return freeAddr(t) }
 
 // answer is one HTTP exchange through HAProxy.
 type answer struct {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/turnout/turnout/internal/testenv/freeport"
 )
 
 // liveEnv is HAProxy with the SPOE snippets in front of four replicas, with
@@ -51,13 +53,13 @@ type liveOpts struct {
 func startLive(t *testing.T, o liveOpts) *liveEnv {
 	t.Helper()
 	needHAProxy(t)
-	e := &liveEnv{dir: t.TempDir(), listen: freeAddr(t), reps: map[string]*replica{}}
+	e := &liveEnv{dir: t.TempDir(), listen: freeport.Addr(t), reps: map[string]*replica{}}
 	for _, n := range []string{"r0", "r1", "r2", "q0"} {
 		e.reps[n] = startReplica(t, n)
 	}
-	syslog := freeUDPAddr(t)
+	syslog := freeport.Addr(t)
 	yaml := fmt.Sprintf(liveYAML, syslog, e.reps["r0"].addr, e.reps["r1"].addr, e.reps["r2"].addr, e.reps["q0"].addr)
-	agentAddr := freeAddr(t)
+	agentAddr := freeport.Addr(t)
 	e.tp = startTurnout(t, yaml, agentAddr, !o.noAgent)
 	d := &cfgData{
 		Generator: "route/spoe live test", Dir: e.dir, Listen: e.listen, Syslog: syslog,
