@@ -126,8 +126,8 @@ func New(srv *route.Decider, cfg config.ClusterConfig, log *zerolog.Logger) (*Sy
 		// No reconnect buffer: a decision published while NATS is down is
 		// dropped and counted; peers learn the prefix from the next one.
 		nats.ReconnectBufSize(-1),
-		nats.ConnectHandler(func(*nats.Conn) { s.up("connected") }),
-		nats.ReconnectHandler(func(*nats.Conn) { s.reconnects.Add(1); s.up("reconnected") }),
+		nats.ConnectHandler(func(nc *nats.Conn) { s.up(nc, "connected") }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { s.reconnects.Add(1); s.up(nc, "reconnected") }),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { s.down(err) }),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subj := ""
@@ -143,7 +143,7 @@ func New(srv *route.Decider, cfg config.ClusterConfig, log *zerolog.Logger) (*Sy
 	s.nc = nc
 	srv.AddReadiness(s.writeReadiness)
 	if nc.IsConnected() {
-		s.up("connected")
+		s.up(nc, "connected")
 	} else {
 		s.log.Warn().Str("nats", cfg.NATS).Msg("cluster: NATS unreachable; routing on the local view, retrying")
 	}
@@ -152,14 +152,16 @@ func New(srv *route.Decider, cfg config.ClusterConfig, log *zerolog.Logger) (*Sy
 	return s, nil
 }
 
-func (s *Sync) up(how string) {
+// up takes the connection from its caller: the connect handler can run
+// before New has stored s.nc.
+func (s *Sync) up(nc *nats.Conn, how string) {
 	if s.connected.Swap(true) {
 		return
 	}
 	if t := s.downSince.Swap(0); t != 0 {
 		s.downTotalNs.Add(uint64(time.Now().UnixNano() - t))
 	}
-	s.log.Info().Str("nats", s.nc.ConnectedUrlRedacted()).Str("name", s.name).Msg("cluster: " + how + "; sharing prefix decisions")
+	s.log.Info().Str("nats", nc.ConnectedUrlRedacted()).Str("name", s.name).Msg("cluster: " + how + "; sharing prefix decisions")
 }
 
 func (s *Sync) down(err error) {
@@ -249,6 +251,14 @@ type batch struct {
 // wake every BatchDelay (issue 27: 1.1 CPU-s a minute idle, polling), and
 // the first decision after a quiet spell reaches peers without waiting for
 // a tick, which is when peers deciding at once would otherwise herd.
+//
+// While this instance holds requests open, a quiet publisher wakes every
+// levelDelay and sends the in-flight levels that changed: completions
+// reach peers without waiting for the next decision. A level stale across
+// an engine scrape misleads twice, above the replica's load before the
+// scrape and below it after; with 4 fronts such errors made the load
+// guard refuse 23-28 hits in a replay where one front refused 3-6 (6
+// with this; BENCHMARKS.md, "Where 4 fronts lose hits").
 func (s *Sync) Run(ctx context.Context) {
 	defer close(s.done)
 	defer s.nc.Close()
@@ -257,15 +267,34 @@ func (s *Sync) Run(ctx context.Context) {
 	// touched: pools with decisions in this drain; active: since the
 	// publisher last parked. Their in-flight counts follow the decisions.
 	touched, active := map[*fleet.Pool]bool{}, map[*fleet.Pool]bool{}
+	// sent: each pool's last load message while this instance holds
+	// requests open there (a pool leaves when its levels are all 0).
+	sent := map[*fleet.Pool][]byte{}
 	var loadBuf []byte
+	publishLoad := func(p *fleet.Pool, onlyChanged bool) {
+		loadBuf = appendLoads(loadBuf[:0], s.name, p)
+		last, open := sent[p]
+		if onlyChanged && string(last) == string(loadBuf) {
+			return
+		}
+		if s.nc.Publish(s.Subject(p.Name), loadBuf) == nil {
+			s.publishedMsgs.Add(1)
+			s.publishedBytes.Add(uint64(len(loadBuf)))
+			s.loadMsgsOut.Add(1)
+		}
+		switch {
+		case anyInflight(p):
+			if !open && len(sent) > 256 {
+				clear(sent) // pools from old snapshots: start over
+			}
+			sent[p] = append(last[:0], loadBuf...)
+		case open:
+			delete(sent, p)
+		}
+	}
 	publishLoads := func(pools map[*fleet.Pool]bool) {
 		for p := range pools {
-			loadBuf = appendLoads(loadBuf[:0], s.name, p)
-			if s.nc.Publish(s.Subject(p.Name), loadBuf) == nil {
-				s.publishedMsgs.Add(1)
-				s.publishedBytes.Add(uint64(len(loadBuf)))
-				s.loadMsgsOut.Add(1)
-			}
+			publishLoad(p, false)
 		}
 		clear(pools)
 	}
@@ -326,6 +355,9 @@ func (s *Sync) Run(ctx context.Context) {
 	delay := max(s.cfg.BatchDelay.D(), 100*time.Microsecond)
 	tick := time.NewTimer(delay)
 	defer tick.Stop()
+	levels := time.NewTimer(levelDelay) // reused: the publisher allocates nothing per wake
+	levels.Stop()
+	defer levels.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -335,39 +367,84 @@ func (s *Sync) Run(ctx context.Context) {
 			s.ticks.Add(1)
 			n := drain()
 			s.noteDrops(now)
-			if n == 0 {
-				// Quiet: the levels after the last completions, then sleep.
-				publishLoads(active)
+			if n > 0 {
+				tick.Reset(delay)
+				continue
 			}
-			if n == 0 && !s.park(ctx) {
-				drain()
-				return
+			// Quiet: the levels after the last completions, then sleep,
+			// waking to send changed levels while requests are open.
+			publishLoads(active)
+			for {
+				var wait *time.Timer
+				if len(sent) > 0 {
+					levels.Reset(max(levelDelay, delay))
+					wait = levels
+				}
+				woke, ok := s.park(ctx, wait)
+				levels.Stop()
+				if !ok {
+					drain()
+					return
+				}
+				if woke {
+					break
+				}
+				s.ticks.Add(1)
+				for p := range sent {
+					publishLoad(p, true)
+				}
 			}
-			if n == 0 {
-				drain() // what woke it goes out now, not a tick later
-			}
+			drain() // what woke it goes out now, not a tick later
 			tick.Reset(delay)
 		}
 	}
 }
 
-// park sleeps until a decision is queued (true) or ctx ends (false). The
-// flag is raised before the ring is checked again, and a producer checks
-// the flag after its slot is written (both sequentially consistent), so a
-// decision queued meanwhile is seen by one side or the other: never left
-// waiting.
-func (s *Sync) park(ctx context.Context) bool {
+// levelDelay is how often a quiet publisher sends changed in-flight levels
+// while requests are open: small against a request's time on a replica
+// (completions are then seen by peers well before the next engine scrape),
+// large enough that a busy instance wakes 50 times a second at most.
+const levelDelay = 20 * time.Millisecond
+
+// anyInflight reports whether this instance holds a request open in p.
+func anyInflight(p *fleet.Pool) bool {
+	for _, e := range p.Endpoints {
+		if e.Inflight() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// park sleeps until a decision is queued (woke), the wait timer fires (if
+// not nil; neither), or ctx ends (!ok). The flag is raised before the ring is
+// checked again, and a producer checks the flag after its slot is written
+// (both sequentially consistent), so a decision queued meanwhile is seen
+// by one side or the other: never left waiting.
+func (s *Sync) park(ctx context.Context, wait *time.Timer) (woke, ok bool) {
 	s.parked.Store(true)
 	if s.ring.peek() != nil {
 		s.parked.Store(false)
-		return true
+		return true, true
+	}
+	var timeout <-chan time.Time
+	if wait != nil {
+		timeout = wait.C
 	}
 	select {
 	case <-ctx.Done():
 		s.parked.Store(false)
-		return false
+		return false, false
 	case <-s.wake:
-		return true
+		return true, true
+	case <-timeout:
+		if !s.parked.CompareAndSwap(true, false) {
+			// A decision took the flag and sends a wake-up: take it here
+			// rather than leave it to end the next park at once.
+			<-s.wake
+			return true, true
+		}
+		return false, true
 	}
 }
 
