@@ -60,7 +60,10 @@ type Sync struct {
 	// decision that finds it set wakes it through wake (capacity 1).
 	parked atomic.Bool
 	wake   chan struct{}
-	ticks  atomic.Uint64 // publisher wake-ups (ticks and wakes)
+	// timed is set while a park also waits for levelDelay (requests open):
+	// parked but not idle.
+	timed atomic.Bool
+	ticks atomic.Uint64 // publisher wake-ups (ticks and wakes)
 
 	subMu sync.Mutex
 	subs  map[string]*nats.Subscription // by pool name
@@ -422,14 +425,17 @@ func anyInflight(p *fleet.Pool) bool {
 // (both sequentially consistent), so a decision queued meanwhile is seen
 // by one side or the other: never left waiting.
 func (s *Sync) park(ctx context.Context, wait *time.Timer) (woke, ok bool) {
+	var timeout <-chan time.Time
+	if wait != nil {
+		// Raised before parked and lowered after it (tests read both).
+		timeout = wait.C
+		s.timed.Store(true)
+		defer s.timed.Store(false)
+	}
 	s.parked.Store(true)
 	if s.ring.peek() != nil {
 		s.parked.Store(false)
 		return true, true
-	}
-	var timeout <-chan time.Time
-	if wait != nil {
-		timeout = wait.C
 	}
 	select {
 	case <-ctx.Done():

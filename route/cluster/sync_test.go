@@ -128,6 +128,10 @@ func eventually(t testing.TB, what string, cond func() bool) {
 
 func applied(n *node) uint64 { return n.sync.recv[recvApplied].Load() }
 
+// idle: n's publisher is parked until the next decision, not waiting to
+// send changed levels. The flags are read in the order park clears them.
+func idle(n *node) bool { return !n.sync.timed.Load() && n.sync.parked.Load() && !n.sync.timed.Load() }
+
 // A prefix routed by one instance is found by the other: B sends each
 // document where A sent it, as a prefix hit, although B never saw it.
 func TestSyncSharesPrefixes(t *testing.T) {
@@ -338,7 +342,7 @@ func TestSyncIdlePublisherParks(t *testing.T) {
 	eventually(t, "both connected", func() bool { return a.sync.Connected() && b.sync.Connected() })
 	time.Sleep(50 * time.Millisecond) // subscriptions reach the server
 	for round := 1; round <= 3; round++ {
-		eventually(t, "A's publisher parked", func() bool { return a.sync.parked.Load() })
+		eventually(t, "A's publisher parked", func() bool { return idle(a) })
 		before := a.sync.ticks.Load()
 		time.Sleep(100 * time.Millisecond) // 50 ticks of batch_delay 2ms when polling
 		if woke := a.sync.ticks.Load() - before; woke != 0 {
@@ -387,7 +391,7 @@ func TestSyncSharesLoads(t *testing.T) {
 		})
 	}
 	// With nothing open, the publisher parks for good again.
-	eventually(t, "A's publisher parked", func() bool { return a.sync.parked.Load() })
+	eventually(t, "A's publisher parked", func() bool { return idle(a) })
 	before := a.sync.ticks.Load()
 	time.Sleep(100 * time.Millisecond) // 5 level wake-ups were it still open
 	if woke := a.sync.ticks.Load() - before; woke != 0 {
