@@ -116,7 +116,8 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	fset.IntVar(&o.LoRA.MaxLoRAs, "max-loras", d.LoRA.MaxLoRAs, "sim: adapters each replica holds at once (an LRU)")
 	fset.DurationVar(&o.LoRA.LoRALoadCost, "lora-load-cost", d.LoRA.LoRALoadCost, "sim: time to load an adapter that is not held, before the prefill")
 	e2e := defaultE2EFlags(fset)
-	fronts := fset.String("fronts", "", `e2e: replay each policy through N HAProxy + turnout fronts with cluster sync over one nats-server, before the same replicas, request i through front i mod N: one row per count, in order, e.g. "1,2,4", or "1,2,4,1,2,4" for interleaved rounds ("" = one plain stack, no cluster)`)
+	fronts := fset.String("fronts", "", `replay each policy through N turnout fronts with cluster sync, before the same replicas, request i through front i mod N: one row per count, in order, e.g. "1,2,4", or "1,2,4,1,2,4" for interleaved rounds ("" = one plain stack, no cluster). e2e: N HAProxy + turnout stacks over one nats-server; sim: N in-process instances whose sync arrives --sync-delay later`)
+	fset.DurationVar(&o.SyncDelay, "sync-delay", time.Millisecond, "sim --fronts: how long a front's decisions and completions take to reach the other fronts (virtual time)")
 	natsServer := fset.String("nats-server", "nats-server", "e2e --fronts: nats-server binary ($PATH, else /usr/sbin)")
 	if err := cli.ParseFlags(fset, benchReplayCmd, args); err != nil {
 		return err
@@ -124,9 +125,6 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	o.Log = log
 	var frontCounts []int
 	if *fronts != "" {
-		if *mode != "e2e" {
-			return errors.New("bench replay: --fronts is for --mode e2e (the sim has one router)")
-		}
 		var err error
 		if frontCounts, err = bench.ParseFronts(*fronts); err != nil {
 			return fmt.Errorf("bench replay: --%w", err)
@@ -172,11 +170,14 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	var rows, sweepRows []bench.Row
 	switch *mode {
 	case "sim":
+		o.Fronts = frontCounts
 		if rows, err = bench.RunSim(reqs, label, specs, o); err != nil {
 			return fmt.Errorf("bench replay: %w", err)
 		}
 		if len(sweepSpecs) > 0 {
-			if sweepRows, err = bench.RunSim(reqs, label, sweepSpecs, o); err != nil {
+			so := o
+			so.Fronts = nil
+			if sweepRows, err = bench.RunSim(reqs, label, sweepSpecs, so); err != nil {
 				return fmt.Errorf("bench replay sweep: %w", err)
 			}
 		}

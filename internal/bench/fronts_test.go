@@ -26,7 +26,7 @@ func TestParseFronts(t *testing.T) {
 		{"17", nil, "not a count"},
 		{"two", nil, "not a count"},
 		{"1,2,4,1,2,4", []int{1, 2, 4, 1, 2, 4}, ""},
-		{strings.Repeat("1,", 33), nil, "more than 32"},
+		{strings.Repeat("1,", 65), nil, "more than 64"},
 	} {
 		got, err := ParseFronts(tc.in)
 		if tc.err != "" {

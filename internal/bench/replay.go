@@ -32,8 +32,28 @@ func RunSim(reqs []Request, trace string, specs []PolicySpec, o SimOptions) ([]R
 	}
 	inf, pooled := CacheBounds(reqs, o.BlockSize, o.Replicas*o.CacheBlocks)
 	names := ReplicaNames(o.Replicas)
-	rows := make([]Row, len(specs))
-	errs := make([]error, len(specs))
+	// One run per spec, or per spec and front count (--fronts).
+	// A count's k-th repeat is round k, replayed with seed Seed+k*roundSeeds:
+	// the rounds sample the placement's chance, which moves one replay's
+	// TTFT p99 by 10 % (FrontsMeans).
+	type run struct {
+		spec   PolicySpec
+		fronts int
+		seed   uint64
+	}
+	var runs []run
+	for _, sp := range specs {
+		if len(o.Fronts) == 0 {
+			runs = append(runs, run{spec: sp, seed: o.Seed})
+		}
+		round := map[int]uint64{}
+		for _, n := range o.Fronts {
+			runs = append(runs, run{spec: sp, fronts: n, seed: o.Seed + round[n]*roundSeeds})
+			round[n]++
+		}
+	}
+	rows := make([]Row, len(runs))
+	errs := make([]error, len(runs))
 	// Runs are independent (own router, own replicas; reqs is read-only), so
 	// they spread over Parallel workers.
 	work := make(chan int)
@@ -43,11 +63,13 @@ func RunSim(reqs []Request, trace string, specs []PolicySpec, o SimOptions) ([]R
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				rows[i], errs[i] = simRow(reqs, trace, specs[i], names, o, inf, pooled, log)
+				ro := o
+				ro.Seed = runs[i].seed
+				rows[i], errs[i] = simRow(reqs, trace, runs[i].spec, runs[i].fronts, names, ro, inf, pooled, log)
 			}
 		}()
 	}
-	for i := range specs {
+	for i := range runs {
 		work <- i
 	}
 	close(work)
@@ -58,9 +80,22 @@ func RunSim(reqs []Request, trace string, specs []PolicySpec, o SimOptions) ([]R
 	return rows, nil
 }
 
-func simRow(reqs []Request, trace string, spec PolicySpec, names []string, o SimOptions, inf, pooled float64, log *zerolog.Logger) (Row, error) {
+// roundSeeds spaces the seeds of --fronts rounds: front f of a round uses
+// the round's seed + f (at most maxFronts), so rounds never share one.
+const roundSeeds = 1000
+
+func simRow(reqs []Request, trace string, spec PolicySpec, fronts int, names []string, o SimOptions, inf, pooled float64, log *zerolog.Logger) (Row, error) {
 	start := time.Now()
-	router, err := NewRouter(spec, names, o)
+	var router Router
+	var err error
+	if fronts > 0 {
+		if spec.IsProxyAlone() {
+			return Row{Mode: "sim", Trace: trace, Policy: spec.String(), Fronts: fronts, Note: "skipped: --fronts needs a turnout policy"}, nil
+		}
+		router, err = newFrontsRouter(spec, names, o, fronts)
+	} else {
+		router, err = NewRouter(spec, names, o)
+	}
 	if err != nil {
 		if errors.Is(err, config.ErrConfig) && !isCorePolicy(spec.Policy) {
 			log.Warn().Err(err).Str("policy", spec.String()).Msg("bench: policy skipped")
@@ -80,6 +115,7 @@ func simRow(reqs []Request, trace string, spec PolicySpec, names []string, o Sim
 		return Row{}, fmt.Errorf("sim %s: %w", spec, err)
 	}
 	row := MakeRow("sim", trace, spec, res, inf, pooled, 1)
+	row.Fronts = fronts
 	if o.LoRA.Adapters > 0 {
 		row.Adapters, row.AdapterLoads = true, res.AdapterLoads
 	}

@@ -51,7 +51,8 @@ type Row struct {
 	Fronts              int
 	SyncBytes, SyncMsgs float64
 	// EngineTTFT is the replicas' own mean TTFT in model milliseconds
-	// (e2e; 0: not reported): queue wait and prefill, so a gap between
+	// (e2e: the mocks' histograms; sim: from the decision to the first
+	// token; 0: not reported): queue wait and prefill, so a gap between
 	// rows here is routing, and one only in TTFT is the path before the
 	// replica (proxy, turnout, a busy box).
 	EngineTTFT float64

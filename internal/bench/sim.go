@@ -48,6 +48,11 @@ type SimOptions struct {
 	Log      *zerolog.Logger
 	// LoRA is the adapter mix (lora.go; Adapters 0: none).
 	LoRA LoRAOptions
+	// Fronts replays each turnout policy once per count through that many
+	// instances (simfronts.go; empty: one router, no sync), and SyncDelay
+	// is how long the cluster sync takes to reach the other fronts.
+	Fronts    []int
+	SyncDelay time.Duration
 }
 
 // DefaultSimOptions are the replay defaults: four replicas with the mock's
@@ -87,6 +92,8 @@ func (o *SimOptions) Validate() error {
 		return fmt.Errorf("compress %v must be > 0", o.Compress)
 	case o.Timing.TimeScale <= 0:
 		return errors.New("sim timing needs a positive time scale")
+	case o.SyncDelay < 0:
+		return fmt.Errorf("sync delay %v must be >= 0", o.SyncDelay)
 	}
 	return o.LoRA.Validate()
 }
@@ -308,6 +315,11 @@ func (t *turnoutRouter) DoneTTFB(id uint64, ttfb, total time.Duration) error {
 	return nil
 }
 
+// Clocked is implemented by routers that model time passing between
+// calls (the fronts' sync): the sim sets the virtual time before each
+// decision and completion.
+type Clocked interface{ SetNow(t time.Duration) }
+
 // TTFBReporter is implemented by routers that take the completion's times
 // (turnout: the feedback line's TTFB and duration, from the decision on),
 // which the sim then reports instead of calling Done.
@@ -520,6 +532,11 @@ func (s *sim) send(r *simReq) error {
 		s.body = AppendChatBody(s.body[:0], r.req, BodyOptions{Model: model, Stream: true})
 		body = s.body
 	}
+	if c, ok := s.router.(Clocked); ok {
+		// Before the scrape: what reached the fronts by now is in the
+		// levels the scrape marks.
+		c.SetNow(s.now)
+	}
 	if s.nextScrape == 0 || s.now >= s.nextScrape {
 		if w, ok := s.router.(Windower); ok {
 			w.StartWindow()
@@ -602,6 +619,9 @@ func (s *sim) finish(r *simReq) error {
 	if r.req.Model != "" {
 		rep.lora.done(r.req.Model)
 	}
+	if c, ok := s.router.(Clocked); ok {
+		c.SetNow(s.now)
+	}
 	var err error
 	if tr, ok := s.router.(TTFBReporter); ok {
 		err = tr.DoneTTFB(r.token, r.firstToken-r.routed, s.now-r.routed)
@@ -612,6 +632,10 @@ func (s *sim) finish(r *simReq) error {
 		return fmt.Errorf("request %d: %w", r.req.Index, err)
 	}
 	s.res.TTFT = append(s.res.TTFT, r.firstToken-r.arrival)
+	// The replica's own TTFT (queue wait and prefill), as the mock's
+	// histogram reports it in e2e.
+	rep.load.TTFTSeconds += (r.firstToken - r.routed).Seconds()
+	rep.load.TTFTCount++
 	s.res.E2E = append(s.res.E2E, s.now-r.arrival)
 	if len(rep.waiting) > 0 {
 		next := rep.waiting[0]

@@ -1,0 +1,229 @@
+package bench
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/turnout/turnout/route/fleet"
+)
+
+// frontsRouter models N turnout instances before the same replicas in the
+// sim (`bench replay --mode sim --fronts`): request i goes through front
+// i mod N, each front is its own route.Decider (own ledger, index and
+// seed), and what the cluster sync carries reaches the other fronts
+// 0.5-1.5x SyncDelay of virtual time later (uniform, drawn from the seed,
+// in order per sender as NATS keeps it): a prefix decision's blocks and count
+// (route/cluster's apply) and the front's in-flight change (its load
+// messages, which move peers' Endpoint.Load until their next scrape). The
+// e2e replay measures the same through NATS, with the box's noise; the
+// sim isolates what the delay costs.
+type frontsRouter struct {
+	fronts []*turnoutRouter
+	delay  time.Duration
+	now    time.Duration
+	next   int
+	// due holds the sync's messages in flight, by arrival time.
+	due []syncMsg
+	// last is each front's latest arrival time: a sender's messages
+	// arrive in order.
+	last []time.Duration
+	rnd  *fleet.Rand
+	// open maps the sim's token to the front and decision it stands for.
+	open map[uint64]frontDecision
+	tok  uint64
+	// sunk is the last decision's prompt blocks (a front's prefix sink),
+	// copied: the sink's view is per-request scratch.
+	sunk []uint64
+}
+
+type frontDecision struct {
+	front, replica int
+	id             uint64
+}
+
+// syncMsg is what one front's decision (load +1, with its blocks) or
+// completion (load -1) tells the others.
+type syncMsg struct {
+	at             time.Duration
+	front, replica int
+	load           int64
+	blocks         []uint64
+}
+
+// frontSink is one front's prefix sink: it keeps the decision's blocks for
+// the router to send.
+type frontSink struct{ r *frontsRouter }
+
+func (s frontSink) RoutedPrefix(_ *fleet.Pool, _ *fleet.Endpoint, blocks []uint64) {
+	s.r.sunk = append(s.r.sunk[:0], blocks...)
+}
+
+func newFrontsRouter(spec PolicySpec, names []string, o SimOptions, n int) (*frontsRouter, error) {
+	fr := &frontsRouter{delay: o.SyncDelay, open: map[uint64]frontDecision{}, last: make([]time.Duration, n), rnd: fleet.NewRand(o.Seed)}
+	for f := range n {
+		fo := o
+		fo.Seed = o.Seed + uint64(f) // instances do not share a random stream
+		r, err := NewRouter(spec, names, fo)
+		if err != nil {
+			_ = fr.Close()
+			return nil, err
+		}
+		t, ok := r.(*turnoutRouter)
+		if !ok {
+			_ = fr.Close()
+			return nil, fmt.Errorf("--fronts: %s is not a turnout policy", spec)
+		}
+		t.srv.SetPrefixSink(frontSink{fr})
+		fr.fronts = append(fr.fronts, t)
+	}
+	return fr, nil
+}
+
+// SetNow implements Clocked: messages due by now reach the other fronts
+// before the next decision or completion.
+func (fr *frontsRouter) SetNow(t time.Duration) {
+	fr.now = t
+	k := 0
+	for ; k < len(fr.due) && fr.due[k].at <= t; k++ {
+		fr.deliver(&fr.due[k])
+	}
+	if k > 0 {
+		fr.due = append(fr.due[:0], fr.due[k:]...)
+	}
+}
+
+func (fr *frontsRouter) deliver(m *syncMsg) {
+	for g, t := range fr.fronts {
+		if g == m.front {
+			continue
+		}
+		e := t.endpoint(m.replica)
+		if e == nil {
+			continue
+		}
+		if m.blocks != nil {
+			p := t.srv.Snapshot().Deployments[0].Serve
+			if rec, ok := p.Policy.(fleet.PrefixRecorder); ok {
+				rec.RecordPrefix(e.Index, m.blocks)
+			}
+			e.NotePeerDecision()
+		}
+		e.AddPeerLoad(m.load)
+	}
+}
+
+// syncs reports whether the pool shares anything (the cluster syncs pools
+// whose policy records prefixes).
+func (fr *frontsRouter) syncs() bool {
+	_, ok := fr.fronts[0].srv.Snapshot().Deployments[0].Serve.Policy.(fleet.PrefixRecorder)
+	return ok
+}
+
+func (fr *frontsRouter) send(m syncMsg) {
+	if !fr.syncs() {
+		return
+	}
+	if fr.delay <= 0 {
+		fr.deliver(&m)
+		return
+	}
+	jitter := time.Duration(fr.rnd.Uint64() % uint64(fr.delay+1))
+	m.at = max(fr.now+fr.delay/2+jitter, fr.last[m.front])
+	fr.last[m.front] = m.at
+	i := len(fr.due)
+	fr.due = append(fr.due, m)
+	for ; i > 0 && fr.due[i-1].at > m.at; i-- {
+		fr.due[i] = fr.due[i-1]
+	}
+	fr.due[i] = m
+}
+
+func (fr *frontsRouter) NeedsBody() bool { return true }
+
+func (fr *frontsRouter) Route(r *Request, body []byte) (int, uint64, error) {
+	f := fr.next % len(fr.fronts)
+	fr.next++
+	fr.sunk = fr.sunk[:0]
+	i, id, err := fr.fronts[f].Route(r, body)
+	if err != nil {
+		return 0, 0, err
+	}
+	fr.tok++
+	fr.open[fr.tok] = frontDecision{front: f, replica: i, id: id}
+	m := syncMsg{front: f, replica: i, load: 1}
+	if len(fr.sunk) > 0 {
+		m.blocks = append([]uint64(nil), fr.sunk...)
+	}
+	fr.send(m)
+	return i, fr.tok, nil
+}
+
+func (fr *frontsRouter) take(tok uint64) (frontDecision, error) {
+	d, ok := fr.open[tok]
+	if !ok {
+		return d, fmt.Errorf("token %d was not open", tok)
+	}
+	delete(fr.open, tok)
+	fr.send(syncMsg{front: d.front, replica: d.replica, load: -1})
+	return d, nil
+}
+
+func (fr *frontsRouter) Done(tok uint64) error {
+	d, err := fr.take(tok)
+	if err != nil {
+		return err
+	}
+	return fr.fronts[d.front].Done(d.id)
+}
+
+// DoneTTFB implements TTFBReporter.
+func (fr *frontsRouter) DoneTTFB(tok uint64, ttfb, total time.Duration) error {
+	d, err := fr.take(tok)
+	if err != nil {
+		return err
+	}
+	return fr.fronts[d.front].DoneTTFB(d.id, ttfb, total)
+}
+
+// StartWindow implements Windower: every front scrapes at the same instants.
+func (fr *frontsRouter) StartWindow() {
+	for _, t := range fr.fronts {
+		t.StartWindow()
+	}
+}
+
+// ReportEngine implements EngineReporter: each front marks the scrape
+// against its own in-flight and peer counts.
+func (fr *frontsRouter) ReportEngine(replica, running, waiting int) {
+	for _, t := range fr.fronts {
+		t.ReportEngine(replica, running, waiting)
+	}
+}
+
+// Detail is every front's decision detail, front by front.
+func (fr *frontsRouter) Detail() string {
+	parts := make([]string, len(fr.fronts))
+	for f, t := range fr.fronts {
+		parts[f] = t.Detail()
+	}
+	return strings.Join(parts, " | ")
+}
+
+func (fr *frontsRouter) Close() error {
+	var first error
+	for _, t := range fr.fronts {
+		if err := t.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+var (
+	_ Router         = (*frontsRouter)(nil)
+	_ Clocked        = (*frontsRouter)(nil)
+	_ TTFBReporter   = (*frontsRouter)(nil)
+	_ Windower       = (*frontsRouter)(nil)
+	_ EngineReporter = (*frontsRouter)(nil)
+)

@@ -1,0 +1,120 @@
+package bench
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/turnout/turnout/route/policy"
+)
+
+// The sim's fronts share prefixes through the modelled sync: two fronts
+// with a short delay keep one front's hits, and with a delay longer than
+// the replay (nothing delivered) they lose them; every decision is closed
+// and no peer load is left over once the messages in flight are delivered.
+func TestSimFrontsSync(t *testing.T) {
+	// Pairs of requests sharing a prompt, no session id: the pair's second
+	// request goes through the other front, which knows the prefix only
+	// from the sync.
+	var reqs []Request
+	for i := range 300 {
+		ids := []uint64{uint64(i/2) + 1, uint64(i/2) + 1<<20, uint64(i/2) + 1<<21, uint64(i) + 1<<22}
+		reqs = append(reqs, Request{Index: i, Arrival: time.Duration(i) * 50 * time.Millisecond,
+			InputTokens: len(ids) * BlockTokens, OutputTokens: 4, HashIDs: ids})
+	}
+	o := tinySim(4, 0)
+	o.BlockSize = 16
+	o.CacheBlocks = 1 << 14
+	hit := func(fronts int, delay time.Duration) (float64, *frontsRouter) {
+		t.Helper()
+		o := o
+		o.SyncDelay = delay
+		fr, err := newFrontsRouter(PolicySpec{Policy: policy.PrefixAffinityType}, ReplicaNames(4), o, fronts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = fr.Close() })
+		res, err := Simulate(reqs, fr, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Requests != len(reqs) || len(fr.open) != 0 {
+			t.Fatalf("%d fronts, delay %v: %d of %d completed, %d open", fronts, delay, res.Requests, len(reqs), len(fr.open))
+		}
+		return MakeRow("sim", "t", PolicySpec{Policy: policy.PrefixAffinityType}, res, 0, 0, 1).HitRatio, fr
+	}
+	one, _ := hit(1, time.Millisecond)
+	synced, fr := hit(2, time.Millisecond)
+	apart, _ := hit(2, 1000*time.Hour)
+	if one < 0.3 {
+		t.Fatalf("one front's hit ratio %.3f: the trace shares too little to test", one)
+	}
+	t.Logf("hit ratio: one front %.3f, two synced %.3f, two never synced %.3f", one, synced, apart)
+	if synced < 0.98*one || apart > 0.9*synced {
+		t.Fatalf("hit ratio: one front %.3f, two synced %.3f, two never synced %.3f", one, synced, apart)
+	}
+	fr.SetNow(1<<62 - 1) // deliver what is still in flight
+	for f, front := range fr.fronts {
+		for _, e := range front.srv.Snapshot().Pools()[0].Endpoints {
+			if e.PeerMark() != 0 || e.Inflight() != 0 {
+				t.Fatalf("front %d, %s: peer load %d, in flight %d after the run", f, e.Name, e.PeerMark(), e.Inflight())
+			}
+		}
+	}
+}
+
+// --fronts in the sim: one row per count, rounds replayed with their own
+// seeds, and the means over rounds in the fronts table.
+func TestRunSimFrontsRounds(t *testing.T) {
+	reqs := SyntheticTrace(150, 2)
+	o := tinySim(3, 2)
+	o.BlockSize, o.CacheBlocks = 16, 4096
+	o.Fronts, o.SyncDelay, o.Parallel = []int{1, 2, 1, 2}, 2*time.Millisecond, 2
+	rows, err := RunSim(reqs, "t", []PolicySpec{{Policy: policy.PrefixAffinityType}, {Policy: HAProxyRoundRobin}}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 8 {
+		t.Fatalf("%d rows, want 8", len(rows))
+	}
+	for i, r := range rows[:4] {
+		if r.Fronts != o.Fronts[i] || r.Requests != len(reqs) || r.Note != "" {
+			t.Errorf("row %d: fronts %d, requests %d, note %q", i, r.Fronts, r.Requests, r.Note)
+		}
+	}
+	if n := rows[4].Note; !strings.Contains(n, "turnout policy") {
+		t.Errorf("a proxy's own balancing with --fronts: note %q", n)
+	}
+	var b bytes.Buffer
+	if err := WriteFrontsTable(&b, rows); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "means over rounds") {
+		t.Errorf("no means over two rounds:\n%s", b.String())
+	}
+}
+
+func TestFrontsMeans(t *testing.T) {
+	rows := []Row{
+		{Trace: "t", Policy: "p", Fronts: 1, HitRatio: 0.5, LoadReq: 1.02, EngineTTFT: 100, TTFT: Summary{P90: 10, P99: 20}},
+		{Trace: "t", Policy: "p", Fronts: 2, HitRatio: 0.49, LoadReq: 1.04, EngineTTFT: 110, TTFT: Summary{P90: 11, P99: 18}},
+		{Trace: "t", Policy: "p", Fronts: 1, HitRatio: 0.4, LoadReq: 1.04, EngineTTFT: 200, TTFT: Summary{P90: 20, P99: 40}},
+		{Trace: "t", Policy: "p", Fronts: 2, HitRatio: 0.4, LoadReq: 1.08, EngineTTFT: 210, TTFT: Summary{P90: 18, P99: 48}},
+		{Trace: "t", Policy: "q", Fronts: 1, HitRatio: 0.4, LoadReq: 1.04},
+		{Trace: "t", Policy: "q", Fronts: 4, HitRatio: 0.4, LoadReq: 1.04}, // one round: no mean
+	}
+	ms := FrontsMeans(FrontsLines(rows))
+	if len(ms) != 2 {
+		t.Fatalf("%d means, want 2 (p at 1 and 2 fronts): %+v", len(ms), ms)
+	}
+	near := func(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
+	one, two := ms[0], ms[1]
+	if one.Fronts != 1 || one.Rounds != 2 || !near(one.LoadReq, 1.03) || !near(one.P90, 1) {
+		t.Errorf("one front: %+v", one)
+	}
+	if two.Fronts != 2 || two.Rounds != 2 || !near(two.Hit, (0.98+1)/2) || !near(two.LoadReq, 1.06) || !near(two.WorstLoadReq, 1.08) ||
+		!near(two.P90, (1.1+0.9)/2) || !near(two.P99, (0.9+1.2)/2) || !near(two.Engine, (1.1+1.05)/2) {
+		t.Errorf("two fronts: %+v", two)
+	}
+}
