@@ -279,9 +279,12 @@ func (s *Decider) pick(snap *Snapshot, p *fleet.Pool, sc *Txn, c *fleet.Choice, 
 	s.sharePrefix(p, c.Endpoints[0], r.Blocks)
 }
 
-// sharePrefix hands a decision to the sink, if any.
+// sharePrefix hands a decision of a pool that records prefixes to the
+// sink, if any, with or without blocks: peers count every decision in the
+// requests an endpoint served (Endpoint.Served, the bounded-load guard),
+// and a prompt shorter than one block is one of them.
 func (s *Decider) sharePrefix(p *fleet.Pool, e *fleet.Endpoint, blocks []uint64) {
-	if len(blocks) == 0 || !p.Records {
+	if !p.Records {
 		return
 	}
 	if b := s.sink.Load(); b != nil {

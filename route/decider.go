@@ -212,9 +212,10 @@ func (s *Decider) Run(ctx context.Context) {
 	}
 }
 
-// PrefixSink receives every prefix decision of a PrefixRecorder pool, on the
-// hot path: it must not block or allocate, and must not keep blocks (a view
-// into per-request scratch memory).
+// PrefixSink receives every decision of a PrefixRecorder pool (blocks is
+// empty for a prompt shorter than one block), on the hot path: it must not
+// block or allocate, and must not keep blocks (a view into per-request
+// scratch memory).
 type PrefixSink interface {
 	RoutedPrefix(p *fleet.Pool, e *fleet.Endpoint, blocks []uint64)
 }

@@ -33,8 +33,10 @@ type frontsRouter struct {
 	open map[uint64]frontDecision
 	tok  uint64
 	// sunk is the last decision's prompt blocks (a front's prefix sink),
-	// copied: the sink's view is per-request scratch.
-	sunk []uint64
+	// copied: the sink's view is per-request scratch; shared is whether
+	// the sink was called at all (the cluster publishes that decision).
+	sunk   []uint64
+	shared bool
 }
 
 type frontDecision struct {
@@ -49,6 +51,7 @@ type syncMsg struct {
 	front, replica int
 	load           int64
 	blocks         []uint64
+	shared         bool // a decision the front published
 }
 
 // frontSink is one front's prefix sink: it keeps the decision's blocks for
@@ -57,6 +60,7 @@ type frontSink struct{ r *frontsRouter }
 
 func (s frontSink) RoutedPrefix(_ *fleet.Pool, _ *fleet.Endpoint, blocks []uint64) {
 	s.r.sunk = append(s.r.sunk[:0], blocks...)
+	s.r.shared = true
 }
 
 func newFrontsRouter(spec PolicySpec, names []string, o SimOptions, n int) (*frontsRouter, error) {
@@ -102,9 +106,9 @@ func (fr *frontsRouter) deliver(m *syncMsg) {
 		if e == nil {
 			continue
 		}
-		if m.blocks != nil {
+		if m.shared {
 			p := t.srv.Snapshot().Deployments[0].Serve
-			if rec, ok := p.Policy.(fleet.PrefixRecorder); ok {
+			if rec, ok := p.Policy.(fleet.PrefixRecorder); ok && len(m.blocks) > 0 {
 				rec.RecordPrefix(e.Index, m.blocks)
 			}
 			e.NotePeerDecision()
@@ -144,14 +148,14 @@ func (fr *frontsRouter) NeedsBody() bool { return true }
 func (fr *frontsRouter) Route(r *Request, body []byte) (int, uint64, error) {
 	f := fr.next % len(fr.fronts)
 	fr.next++
-	fr.sunk = fr.sunk[:0]
+	fr.sunk, fr.shared = fr.sunk[:0], false
 	i, id, err := fr.fronts[f].Route(r, body)
 	if err != nil {
 		return 0, 0, err
 	}
 	fr.tok++
 	fr.open[fr.tok] = frontDecision{front: f, replica: i, id: id}
-	m := syncMsg{front: f, replica: i, load: 1}
+	m := syncMsg{front: f, replica: i, load: 1, shared: fr.shared}
 	if len(fr.sunk) > 0 {
 		m.blocks = append([]uint64(nil), fr.sunk...)
 	}

@@ -159,6 +159,29 @@ func TestSyncSharesPrefixes(t *testing.T) {
 	}
 }
 
+// A prompt shorter than one block is still a decision peers count: the
+// bounded-load guard evens out what every front sent (without it, two
+// fronts in the sim placed Mooncake's requests unlike one front from the
+// 9th request on; BENCHMARKS.md, "N fronts in the sim").
+func TestSyncSharesShortPrompts(t *testing.T) {
+	ns := natstest.Start(t, 0)
+	a, b := startNode(t, ns.URL, "node-a"), startNode(t, ns.URL, "node-b")
+	eventually(t, "both connected", func() bool { return a.sync.Connected() && b.sync.Connected() })
+	time.Sleep(50 * time.Millisecond) // subscriptions reach the server
+	// Under block_bytes 64: no block to share, a decision all the same.
+	short := `{"model":"llama","messages":[{"role":"user","content":"hi"}]}`
+	for i := 1; i <= 5; i++ {
+		decide(t, a, routeCtx(short, ""))
+		eventually(t, fmt.Sprintf("B counts A's short decision %d", i), func() bool { return applied(b) == uint64(i) })
+	}
+	if got := metric(a, `turnout_cluster_decisions_total{result="published"}`); got != "5" {
+		t.Fatalf("A published %s decisions, want 5", got)
+	}
+	if got := b.sync.recv[recvMalformed].Load(); got != 0 {
+		t.Fatalf("B refused %d messages as malformed", got)
+	}
+}
+
 // Malformed, oversized and foreign messages are dropped and counted; the
 // subscriber keeps applying good ones.
 func TestSyncBadMessages(t *testing.T) {
