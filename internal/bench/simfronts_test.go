@@ -118,3 +118,51 @@ func TestFrontsMeans(t *testing.T) {
 		t.Errorf("two fronts: %+v", two)
 	}
 }
+
+// recFronts records each decision's replica.
+type recFronts struct {
+	*frontsRouter
+	picks []int
+}
+
+func (r *recFronts) Route(q *Request, body []byte) (int, uint64, error) {
+	i, tok, err := r.frontsRouter.Route(q, body)
+	r.picks = append(r.picks, i)
+	return i, tok, err
+}
+
+// With no sync delay and session ids (no random tie left), any number of
+// fronts places every request where one front does: the sync carries
+// everything a front decides on, short prompts included (a decision
+// without a full block used to go unshared, and two fronts diverged).
+func TestSimFrontsNoDelayPlaceAsOne(t *testing.T) {
+	reqs := SyntheticTrace(300, 9)
+	for i := range reqs {
+		if i%7 == 3 { // a prompt shorter than one block
+			reqs[i].InputTokens, reqs[i].HashIDs = 3, []uint64{uint64(1<<40 + i)}
+		}
+	}
+	o := tinySim(4, 3)
+	o.BlockSize, o.CacheBlocks = 16, 1<<12
+	picks := func(n int) []int {
+		fr, err := newFrontsRouter(PolicySpec{Policy: policy.PrefixAffinityType}, ReplicaNames(4), o, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fr.Close()
+		rr := &recFronts{frontsRouter: fr}
+		if _, err := Simulate(reqs, rr, o); err != nil {
+			t.Fatal(err)
+		}
+		return rr.picks
+	}
+	one := picks(1)
+	for _, n := range []int{2, 3} {
+		got := picks(n)
+		for i := range one {
+			if got[i] != one[i] {
+				t.Fatalf("%d fronts: request %d went to replica %d, one front sent it to %d", n, i, got[i], one[i])
+			}
+		}
+	}
+}
