@@ -205,13 +205,14 @@ func (fr *frontsRouter) ReportEngine(replica, running, waiting int) {
 	}
 }
 
-// Detail is every front's decision detail, front by front.
+// Detail sums the fronts' decision outcomes, as the e2e fronts row does.
 func (fr *frontsRouter) Detail() string {
-	parts := make([]string, len(fr.fronts))
-	for f, t := range fr.fronts {
-		parts[f] = t.Detail()
+	var b strings.Builder
+	for _, t := range fr.fronts {
+		t.srv.WriteMetrics(&b)
+		b.WriteByte('\n')
 	}
-	return strings.Join(parts, " | ")
+	return DecisionDetail(b.String())
 }
 
 func (fr *frontsRouter) Close() error {
