@@ -20,9 +20,12 @@ import (
 // sim isolates what the delay costs.
 type frontsRouter struct {
 	fronts []*turnoutRouter
-	delay  time.Duration
-	now    time.Duration
-	next   int
+	// syncs: the pool's policy records prefixes, so the cluster syncs it
+	// (others share nothing).
+	syncs bool
+	delay time.Duration
+	now   time.Duration
+	next  int
 	// due holds the sync's messages in flight, by arrival time.
 	due []syncMsg
 	// last is each front's latest arrival time: a sender's messages
@@ -81,6 +84,7 @@ func newFrontsRouter(spec PolicySpec, names []string, o SimOptions, n int) (*fro
 		t.srv.SetPrefixSink(frontSink{fr})
 		fr.fronts = append(fr.fronts, t)
 	}
+	_, fr.syncs = fr.fronts[0].srv.Snapshot().Deployments[0].Serve.Policy.(fleet.PrefixRecorder)
 	return fr, nil
 }
 
@@ -117,15 +121,8 @@ func (fr *frontsRouter) deliver(m *syncMsg) {
 	}
 }
 
-// syncs reports whether the pool shares anything (the cluster syncs pools
-// whose policy records prefixes).
-func (fr *frontsRouter) syncs() bool {
-	_, ok := fr.fronts[0].srv.Snapshot().Deployments[0].Serve.Policy.(fleet.PrefixRecorder)
-	return ok
-}
-
 func (fr *frontsRouter) send(m syncMsg) {
-	if !fr.syncs() {
+	if !fr.syncs {
 		return
 	}
 	if fr.delay <= 0 {

@@ -29,16 +29,18 @@ const maxLevel = 1 << 31
 var errLevel = errors.New("in-flight count out of range")
 
 // appendLoads writes p's load message: this instance's in-flight count on
-// each of its endpoints.
-func appendLoads(b []byte, origin string, p *fleet.Pool) []byte {
+// each of its endpoints; open reports whether any of them is above 0.
+func appendLoads(b []byte, origin string, p *fleet.Pool) (_ []byte, open bool) {
 	b = appendHeader(b, origin, p.Name, blockBytes(p))
 	copy(b, loadMagic)
 	for _, e := range p.Endpoints {
+		n := max(0, e.Inflight())
+		open = open || n > 0
 		b = append(b, byte(len(e.Name)))
 		b = append(b, e.Name...)
-		b = binary.AppendUvarint(b, uint64(max(0, e.Inflight())))
+		b = binary.AppendUvarint(b, uint64(n))
 	}
-	return b
+	return b, open
 }
 
 // isLoads tells a load message from a decision batch.

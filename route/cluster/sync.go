@@ -275,7 +275,8 @@ func (s *Sync) Run(ctx context.Context) {
 	sent := map[*fleet.Pool][]byte{}
 	var loadBuf []byte
 	publishLoad := func(p *fleet.Pool, onlyChanged bool) {
-		loadBuf = appendLoads(loadBuf[:0], s.name, p)
+		var inflight bool
+		loadBuf, inflight = appendLoads(loadBuf[:0], s.name, p)
 		last, open := sent[p]
 		if onlyChanged && string(last) == string(loadBuf) {
 			return
@@ -286,7 +287,7 @@ func (s *Sync) Run(ctx context.Context) {
 			s.loadMsgsOut.Add(1)
 		}
 		switch {
-		case anyInflight(p):
+		case inflight:
 			if !open && len(sent) > 256 {
 				clear(sent) // pools from old snapshots: start over
 			}
@@ -408,16 +409,6 @@ func (s *Sync) Run(ctx context.Context) {
 // (completions are then seen by peers well before the next engine scrape),
 // large enough that a busy instance wakes 50 times a second at most.
 const levelDelay = 20 * time.Millisecond
-
-// anyInflight reports whether this instance holds a request open in p.
-func anyInflight(p *fleet.Pool) bool {
-	for _, e := range p.Endpoints {
-		if e.Inflight() > 0 {
-			return true
-		}
-	}
-	return false
-}
 
 // park sleeps until a decision is queued (woke), the wait timer fires (if
 // not nil; neither), or ctx ends (!ok). The flag is raised before the ring is

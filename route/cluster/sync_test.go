@@ -424,7 +424,7 @@ func TestSyncSharesLoads(t *testing.T) {
 		t.Fatal("no load message counted in")
 	}
 	// A malformed load message is refused whole.
-	bad := appendLoads(nil, "node-c", a.srv.Snapshot().Deployments[0].Serve)
+	bad, _ := appendLoads(nil, "node-c", a.srv.Snapshot().Deployments[0].Serve)
 	if _, err := validateLoads(bad[:len(bad)-1]); err == nil {
 		t.Fatal("truncated load message accepted")
 	}
