@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/turnout/turnout/internal/testenv/kubetest"
+	"github.com/turnout/turnout/lab/testenv/kubetest"
 )
 
 const alerts = "helm/turnout/files/turnout-alerts.yaml"

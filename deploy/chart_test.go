@@ -23,9 +23,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/yaml"
 
+	"github.com/turnout/turnout/control/discovery/kube"
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/internal/discovery/kube"
-	"github.com/turnout/turnout/internal/testenv/kubetest"
+	"github.com/turnout/turnout/lab/testenv/kubetest"
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/policy"
 )

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/internal/testenv/freeport"
+	"github.com/turnout/turnout/lab/testenv/freeport"
 
 	"github.com/rs/zerolog"
 

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/internal/testenv/freeport"
+	"github.com/turnout/turnout/lab/testenv/freeport"
 
 	"github.com/turnout/turnout/route"
 )

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/internal/testenv/tlstest"
+	"github.com/turnout/turnout/lab/testenv/tlstest"
 )
 
 // frontYAML sets everything render_front.go adds: TLS, worker user and

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/turnout/turnout/internal/testenv/tlstest"
+	"github.com/turnout/turnout/lab/testenv/tlstest"
 )
 
 // frontYAML sets everything render_front.go adds: TLS and extra lines.

@@ -15,12 +15,13 @@
 // every route package's imports against it; a new package needs a row):
 //
 //	0 route/payload            reads a request body once into an index (model, prompt, token ids)
-//	0 route/kv                 vLLM KV-cache events and the index of which replica holds which blocks
 //	0 route/estimator          online TTFT models per replica (predicted-ttft), learned from completions
 //	0 internal/suggest         the known name nearest a misspelt one ("did you mean")
-//	1 route/tokenize           prompt text to KV block keys through vLLM's /tokenize, cached
+//	0 internal/kvtopic         the KV-events topic template: rendered per endpoint, matched per message
+//	1 route/kv                 vLLM KV-cache events and the index of which replica holds which blocks
 //	1 route/pd                 the prefill call of prefill/decode
 //	1 internal/config          the config schema, defaults, validation, errors with line numbers
+//	2 route/tokenize           prompt text to KV block keys through vLLM's /tokenize, cached
 //	2 route/fleet              the routing model policies read: Endpoint and its state, Pool, Request, Choice, Policy
 //	3 route/policy             the policies and the registry that builds them by name
 //	3 route/flow               flow control: hold decisions while a pool is saturated, release by class and tenant

@@ -10,12 +10,12 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/kvtopic"
 
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/flow"
-	"github.com/turnout/turnout/route/kv"
 	"github.com/turnout/turnout/route/models"
 	"github.com/turnout/turnout/route/policy"
 )
@@ -151,7 +151,7 @@ func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, sto
 					NameHdr: []byte(ec.Name), AddrHdr: []byte(ec.Address), State: st,
 				}
 				if bind, tmpl := cfg.KVBinding(dc, &pc.Endpoints[k]); bind != "" {
-					pat, err := kv.CompileTopic(tmpl, ec.Name, ec.Address)
+					pat, err := kvtopic.Compile(tmpl, ec.Name, ec.Address)
 					if err != nil {
 						closeAll(built)
 						return nil, nil, fmt.Errorf("deployment %q endpoint %q: %w", dc.Name, ec.Name, err)

@@ -20,6 +20,6 @@ render() { # FILE TEMPLATES...
     "$helm" template turnout "$chart" --namespace llm -f "$chart/ci/pd-values.yaml" "${args[@]}"
   } >"$out/$f"
 }
-# rbac.yaml: what internal/kubetest applies for every Kubernetes test.
+# rbac.yaml: what lab/testenv/kubetest applies for every Kubernetes test.
 render rbac.yaml serviceaccount.yaml rbac.yaml
 render turnout.yaml configmap.yaml deployment.yaml service.yaml pdb.yaml

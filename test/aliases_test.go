@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/lab/mock"
 )
 
 // A model alias the replicas do not serve is refused when turnout starts

@@ -21,8 +21,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	sigyaml "sigs.k8s.io/yaml"
 
-	"github.com/turnout/turnout/internal/mock"
-	"github.com/turnout/turnout/internal/testenv/kubetest"
+	"github.com/turnout/turnout/lab/mock"
+	"github.com/turnout/turnout/lab/testenv/kubetest"
 )
 
 // podUID is the user every container of the chart's pod runs as.

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/mock"
-	"github.com/turnout/turnout/internal/testenv/natstest"
+	"github.com/turnout/turnout/lab/mock"
+	"github.com/turnout/turnout/lab/testenv/natstest"
 )
 
 // Issue 11: several HAProxy + turnout fronts before the same replicas, with
@@ -28,7 +28,7 @@ import (
 const clusterPolicy = "{name: prefix-affinity, params: {block_bytes: 64, match_threshold: 0.5, bounded_load: 0.5}}"
 
 // StartNATS runs nats-server on a loopback port (0 = a free one): the
-// same helper as route/cluster's tests (internal/testenv/natstest).
+// same helper as route/cluster's tests (lab/testenv/natstest).
 func StartNATS(t testing.TB, port int) *natstest.Server { return natstest.Start(t, port) }
 
 // startFront starts one HAProxy + turnout front over mocks, with extra

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/lab/mock"
 )
 
 // failOpenStreamTTFB kills turnout (SIGKILL) and returns, for n streamed

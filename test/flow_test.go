@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/lab/mock"
 )
 
 // Flow control end to end (issue 26): two mock replicas of 8 running

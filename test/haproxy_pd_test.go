@@ -22,7 +22,7 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 
-	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/lab/mock"
 	"github.com/turnout/turnout/route"
 )
 

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/lab/mock"
 )
 
 // depSpec is one deployment of a test stack.

@@ -32,8 +32,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/internal/mock"
-	"github.com/turnout/turnout/internal/testenv/freeport"
+	"github.com/turnout/turnout/lab/mock"
+	"github.com/turnout/turnout/lab/testenv/freeport"
 )
 
 // FreePort returns a loopback port that was free a moment ago (freeport.Port).

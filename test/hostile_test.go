@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/lab/mock"
 )
 
 // Issue 28 items 2, 5 and 6 end to end, as the hostile probe ran them:

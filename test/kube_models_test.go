@@ -14,7 +14,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/turnout/turnout/internal/testenv/kubetest"
+	"github.com/turnout/turnout/lab/testenv/kubetest"
 )
 
 // Issue 25: pools take their pods by model label, as vLLM production-stack

@@ -22,8 +22,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/turnout/turnout/internal/mock"
-	"github.com/turnout/turnout/internal/testenv/kubetest"
+	"github.com/turnout/turnout/lab/mock"
+	"github.com/turnout/turnout/lab/testenv/kubetest"
 	"github.com/turnout/turnout/nginx"
 )
 

@@ -14,7 +14,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/rs/zerolog"
 
-	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/lab/mock"
 	"github.com/turnout/turnout/route/kv"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 
-	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/lab/mock"
 )
 
 // A prompt far larger than HAProxy's buffer: the proxy hands turnout a

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/lab/mock"
 )
 
 // ngTry is one request of the nginx load tests: streamed or not. streaming says

@@ -23,9 +23,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/turnout/turnout/internal/mock"
-	"github.com/turnout/turnout/internal/testenv/kubetest"
-	"github.com/turnout/turnout/internal/testenv/natstest"
+	"github.com/turnout/turnout/lab/mock"
+	"github.com/turnout/turnout/lab/testenv/kubetest"
+	"github.com/turnout/turnout/lab/testenv/natstest"
 	"github.com/turnout/turnout/route/kv"
 )
 

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/lab/mock"
 )
 
 // TestSoak (issue 16 finding 10, issue 28) mixes, for $TURNOUT_SOAK (a

@@ -22,7 +22,7 @@ import (
 
 	"github.com/turnout/turnout/internal/cli"
 
-	"github.com/turnout/turnout/internal/bench"
+	"github.com/turnout/turnout/lab/bench"
 	"github.com/turnout/turnout/nginx"
 )
 

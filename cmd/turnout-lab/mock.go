@@ -16,7 +16,7 @@ import (
 
 	"github.com/turnout/turnout/internal/cli"
 
-	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/lab/mock"
 	"github.com/turnout/turnout/route/kv"
 )
 

@@ -9,9 +9,9 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/control"
 	"github.com/turnout/turnout/haproxy"
 	"github.com/turnout/turnout/internal/cli"
-	"github.com/turnout/turnout/internal/control"
 	"github.com/turnout/turnout/internal/procmetrics"
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/cluster"
@@ -21,7 +21,7 @@ import (
 )
 
 // runServe wires turnout serve: flags, the decision core and what feeds it,
-// and the control loop (internal/control), which runs until SIGINT/SIGTERM.
+// and the control loop (control), which runs until SIGINT/SIGTERM.
 func runServe(args []string, log *zerolog.Logger) error {
 	fs := cli.NewFlags("serve")
 	cfgPath := fs.String("config", "", "config `FILE` (default: embedded default config)")

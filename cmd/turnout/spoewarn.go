@@ -13,7 +13,7 @@ import (
 // rather than the config: serve cannot know that directory unless given
 // --haproxy-dir with the same one, and without an agent HAProxy fails open
 // (sessions and prefix affinity stop silently). serve warns from its side
-// too (internal/control/spoecheck.go).
+// too (control/spoecheck.go).
 func warnSPOEFromFlag(cfg *config.Config, dir string, log *zerolog.Logger) {
 	if cfg.HAProxy.Path != config.HAProxyPathSPOE || cfg.HAProxy.SPOE != "" {
 		return

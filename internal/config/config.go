@@ -15,7 +15,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/turnout/turnout/route/kv"
+	"github.com/turnout/turnout/internal/kvtopic"
 )
 
 // Roles of a pool inside a deployment.
@@ -95,7 +95,7 @@ type Config struct {
 	// kv_events is fed from it, by topic. A deployment may set its own.
 	KVEventsBind string `yaml:"kv_events_bind"`
 	// KVEventsTopic is the topic template attributing bound messages to
-	// endpoints (default kv.DefaultTopicTemplate, "kv@{host}:{port}@{model}").
+	// endpoints (default kvtopic.DefaultTemplate, "kv@{host}:{port}@{model}").
 	KVEventsTopic string `yaml:"kv_events_topic"`
 }
 
@@ -368,7 +368,7 @@ type PoolConfig struct {
 	// StallBudget overrides health.stall.budget for this pool (0 = off).
 	StallBudget *Duration `yaml:"stall_budget"`
 	// Discovery finds the endpoints at run time instead (a pool has one or
-	// the other); see internal/discovery.
+	// the other); see control/discovery.
 	Discovery *DiscoveryConfig `yaml:"discovery"`
 	// Models pins what every endpoint of the pool serves (models.go).
 	Models []string `yaml:"models"`
@@ -831,7 +831,7 @@ func (c *Config) Validate() error {
 	}
 	checkTopic := func(field, tmpl string) {
 		if tmpl != "" {
-			if err := kv.ValidateTopicTemplate(tmpl); err != nil {
+			if err := kvtopic.Validate(tmpl); err != nil {
 				bad(field, "%v", err)
 			}
 		}
@@ -913,7 +913,7 @@ func (c *Config) Validate() error {
 				}
 				checkZMQ(ef+".kv_events", e.KVEvents)
 				if bind, tmpl := c.KVBinding(d, e); bind != "" {
-					if p, err := kv.CompileTopic(tmpl, e.Name, e.Address); err != nil {
+					if p, err := kvtopic.Compile(tmpl, e.Name, e.Address); err != nil {
 						bad(ef+".kv_topic", "%v", err)
 					} else if other, dup := boundTopics[bind+" "+p.String()]; dup {
 						bad(ef+".kv_topic", "topic %q on %s is also %s's: events could not be told apart", p, bind, other)
@@ -946,7 +946,7 @@ func ValidName(s string) bool { return NameRe.MatchString(s) }
 var k8sNameRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
 // validateDiscovery checks what can be checked without a cluster; the label
-// selector's syntax is checked by internal/discovery/kube (it owns the parser)
+// selector's syntax is checked by control/discovery/kube (it owns the parser)
 // before the config is used.
 func validateDiscovery(f string, p *PoolConfig, bad func(field, format string, a ...any)) {
 	for _, e := range p.Endpoints {
@@ -1057,7 +1057,7 @@ func (c *Config) KVBinding(d *DeploymentConfig, e *EndpointConfig) (bind, topic 
 	if bind == "" {
 		return "", ""
 	}
-	return bind, cmp.Or(e.KVTopic, d.KVEventsTopic, c.KVEventsTopic, kv.DefaultTopicTemplate)
+	return bind, cmp.Or(e.KVTopic, d.KVEventsTopic, c.KVEventsTopic, kvtopic.DefaultTemplate)
 }
 
 // PoolPolicy returns the policy config that applies to a pool.

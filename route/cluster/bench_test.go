@@ -14,7 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/turnout/turnout/internal/testenv/natstest"
+	"github.com/turnout/turnout/lab/testenv/natstest"
 	"github.com/turnout/turnout/route"
 )
 

@@ -22,7 +22,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
-	"github.com/turnout/turnout/internal/testenv/natstest"
+	"github.com/turnout/turnout/lab/testenv/natstest"
 	"github.com/turnout/turnout/route"
 )
 

@@ -3,7 +3,7 @@ package fleet
 import (
 	"sync/atomic"
 
-	"github.com/turnout/turnout/route/kv"
+	"github.com/turnout/turnout/internal/kvtopic"
 )
 
 // State is the part of an endpoint that survives config reloads, shared by
@@ -51,7 +51,7 @@ type Endpoint struct {
 	// KVBind is the bound SUB address feeding this replica's events (bind
 	// mode, "" = none) and KVPattern the topic that identifies them.
 	KVBind    string
-	KVPattern kv.TopicPattern
+	KVPattern kvtopic.Pattern
 
 	// Draining endpoints get no new decisions (terminating pods).
 	Draining bool

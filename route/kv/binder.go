@@ -1,19 +1,18 @@
 package kv
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"math/bits"
-	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/internal/kvtopic"
 )
 
 // Bind mode. vLLM's ZMQ publisher binds only when its endpoint is a
@@ -21,65 +20,8 @@ import (
 // how llm-d deploys engines: every engine's PUB connects to one indexer that
 // binds a SUB. turnout does the same with a Binder: one bound SUB socket,
 // messages attributed to endpoints by topic (vLLM's "kv@<host>:<port>@<model>"
-// convention, see TopicPattern). Each endpoint still gets its own Subscriber
+// convention, see kvtopic.Pattern). Each endpoint still gets its own Subscriber
 // state, so sequence gaps and restarts are judged per publisher.
-
-// DefaultTopicTemplate is llm-d's convention for vLLM's kv-events topic.
-const DefaultTopicTemplate = "kv@{host}:{port}@{model}"
-
-// TopicPattern is a topic template rendered for one endpoint. Placeholders:
-// {name} (endpoint name), {address} (its host:port), {host}, {port}, and at
-// most one {model}, which matches any text: engines publish their served
-// model name, which need not be one of turnout's model names.
-type TopicPattern struct {
-	prefix, suffix string
-	wild           bool
-}
-
-// CompileTopic renders tmpl for the endpoint name at address (host:port).
-func CompileTopic(tmpl, name, address string) (TopicPattern, error) {
-	host, port, err := net.SplitHostPort(address)
-	if err != nil {
-		return TopicPattern{}, fmt.Errorf("kv: topic for %q: address %q: %w", name, address, err)
-	}
-	r := strings.NewReplacer("{name}", name, "{address}", address, "{host}", host, "{port}", port)
-	before, after, wild := strings.Cut(tmpl, "{model}")
-	if wild && strings.Contains(after, "{model}") {
-		return TopicPattern{}, fmt.Errorf("kv: topic template %q: {model} may appear once", tmpl)
-	}
-	p := TopicPattern{prefix: r.Replace(before), suffix: r.Replace(after), wild: wild}
-	for _, s := range []string{p.prefix, p.suffix} {
-		if i := strings.IndexByte(s, '{'); i >= 0 && strings.IndexByte(s[i:], '}') > 0 {
-			return TopicPattern{}, fmt.Errorf("kv: topic template %q: unknown placeholder (want {name}, {address}, {host}, {port}, {model})", tmpl)
-		}
-	}
-	return p, nil
-}
-
-// ValidateTopicTemplate checks a template without an endpoint.
-func ValidateTopicTemplate(tmpl string) error {
-	_, err := CompileTopic(tmpl, "x", "h:1")
-	return err
-}
-
-// Match reports whether topic belongs to this pattern's endpoint.
-func (p TopicPattern) Match(topic []byte) bool {
-	if !p.wild {
-		return string(topic) == p.prefix
-	}
-	return len(topic) >= len(p.prefix)+len(p.suffix) &&
-		bytes.HasPrefix(topic, []byte(p.prefix)) && bytes.HasSuffix(topic, []byte(p.suffix))
-}
-
-// weight orders overlapping patterns: the most specific wins.
-func (p TopicPattern) weight() int { return len(p.prefix) + len(p.suffix) }
-
-func (p TopicPattern) String() string {
-	if p.wild {
-		return p.prefix + "{model}" + p.suffix
-	}
-	return p.prefix
-}
 
 // Hub owns the bound SUB sockets of a process, so several pools (or
 // deployments) can share one bind address. The zero value is not usable;
@@ -181,7 +123,7 @@ type Binder struct {
 }
 
 type binderRoute struct {
-	pat TopicPattern
+	pat kvtopic.Pattern
 	sub *Subscriber
 }
 
@@ -209,7 +151,7 @@ func newBinder(ctx context.Context, addr string, log *zerolog.Logger) (*Binder, 
 // Addr is the bound endpoint with the actual port (for tcp://host:0).
 func (b *Binder) Addr() string { return endpointOf(b.addr, b.sock) }
 
-func (b *Binder) attach(p TopicPattern, s *Subscriber) {
+func (b *Binder) attach(p kvtopic.Pattern, s *Subscriber) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.routes = append(b.routes, binderRoute{p, s})
@@ -233,8 +175,8 @@ func (b *Binder) lookup(topic []byte) *Subscriber {
 	var best *Subscriber
 	w := -1
 	for _, r := range b.routes {
-		if r.pat.Match(topic) && r.pat.weight() > w {
-			best, w = r.sub, r.pat.weight()
+		if r.pat.Match(topic) && r.pat.Weight() > w {
+			best, w = r.sub, r.pat.Weight()
 		}
 	}
 	return best

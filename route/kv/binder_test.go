@@ -9,7 +9,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
-	"github.com/turnout/turnout/internal/testenv/freeport"
+	"github.com/turnout/turnout/internal/kvtopic"
+	"github.com/turnout/turnout/lab/testenv/freeport"
 )
 
 // freeTCP is a ZMQ endpoint on a loopback port free a moment ago (freeport:
@@ -17,40 +18,6 @@ import (
 func freeTCP(t *testing.T) string {
 	t.Helper()
 	return "tcp://" + freeport.Addr(t)
-}
-
-func TestCompileTopic(t *testing.T) {
-	tests := []struct {
-		tmpl, name, addr string
-		match, miss      []string
-		err              bool
-	}{
-		{tmpl: DefaultTopicTemplate, name: "r0", addr: "10.0.0.5:8000",
-			match: []string{"kv@10.0.0.5:8000@meta-llama/Llama-3.1-8B", "kv@10.0.0.5:8000@"},
-			miss:  []string{"kv@10.0.0.5:80001@m", "kv@10.0.0.50:8000@m", "kv@10.0.0.5:8000", ""}},
-		{tmpl: "kv@{name}@{model}", name: "r0", addr: "h:1", match: []string{"kv@r0@x"}, miss: []string{"kv@r01@x"}},
-		{tmpl: "vllm-{address}", name: "r0", addr: "h:1", match: []string{"vllm-h:1"}, miss: []string{"vllm-h:1x"}},
-		{tmpl: "plain", name: "r0", addr: "h:1", match: []string{"plain"}, miss: []string{"plain2"}},
-		{tmpl: "{model}@{model}", name: "r0", addr: "h:1", err: true},
-		{tmpl: "kv@{pod}", name: "r0", addr: "h:1", err: true},
-		{tmpl: "kv@{host}", name: "r0", addr: "nonsense", err: true},
-	}
-	for _, tc := range tests {
-		p, err := CompileTopic(tc.tmpl, tc.name, tc.addr)
-		if (err != nil) != tc.err {
-			t.Fatalf("%q: err %v, want error %v", tc.tmpl, err, tc.err)
-		}
-		for _, m := range tc.match {
-			if !p.Match([]byte(m)) {
-				t.Errorf("%q for %s: %q should match", tc.tmpl, tc.addr, m)
-			}
-		}
-		for _, m := range tc.miss {
-			if p.Match([]byte(m)) {
-				t.Errorf("%q for %s: %q should not match", tc.tmpl, tc.addr, m)
-			}
-		}
-	}
 }
 
 // TestBindMode: four publishers connect to one bound SUB; each one's events
@@ -69,7 +36,7 @@ func TestBindMode(t *testing.T) {
 	const n = 4
 	var eps []Endpoint
 	for i := range n {
-		p, err := CompileTopic(DefaultTopicTemplate, fmt.Sprintf("r%d", i), fmt.Sprintf("127.0.0.1:%d", 8000+i))
+		p, err := kvtopic.Compile(kvtopic.DefaultTemplate, fmt.Sprintf("r%d", i), fmt.Sprintf("127.0.0.1:%d", 8000+i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -198,7 +165,7 @@ func TestPublisherConnectsBeforeBind(t *testing.T) {
 	cfg.Hub = hub
 	m := NewManager(ctx, NewIndex(100), cfg, nil)
 	defer m.Close()
-	pat, _ := CompileTopic(DefaultTopicTemplate, "r", "h:1")
+	pat, _ := kvtopic.Compile(kvtopic.DefaultTemplate, "r", "h:1")
 	if err := m.Sync([]Endpoint{{Name: "r", Bind: bind, Pattern: pat}}); err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +191,7 @@ func TestBindRetries(t *testing.T) {
 	cfg.Hub = hub
 	m := NewManager(ctx, NewIndex(100), cfg, nil)
 	defer m.Close()
-	pat, _ := CompileTopic(DefaultTopicTemplate, "r", "h:1")
+	pat, _ := kvtopic.Compile(kvtopic.DefaultTemplate, "r", "h:1")
 	if err := m.Sync([]Endpoint{{Name: "r", Bind: bind, Pattern: pat}}); err == nil {
 		t.Fatal("bind on a held address reported no error")
 	}
@@ -254,7 +221,7 @@ func TestBindModeGapsPerPublisher(t *testing.T) {
 	defer m.Close()
 	var eps []Endpoint
 	for i := range 2 {
-		p, _ := CompileTopic(DefaultTopicTemplate, fmt.Sprintf("r%d", i), fmt.Sprintf("127.0.0.1:%d", 8000+i))
+		p, _ := kvtopic.Compile(kvtopic.DefaultTemplate, fmt.Sprintf("r%d", i), fmt.Sprintf("127.0.0.1:%d", 8000+i))
 		eps = append(eps, Endpoint{Name: fmt.Sprintf("r%d", i), Bind: bind, Pattern: p})
 	}
 	if err := m.Sync(eps); err != nil {

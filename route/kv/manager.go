@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/internal/kvtopic"
 )
 
 // Endpoint is one replica's KV-event publisher, either dialed (Address) or
@@ -21,7 +23,7 @@ type Endpoint struct {
 	// Bind mode: the SUB address turnout binds (shared through the Hub)
 	// and the topic that identifies this endpoint's messages.
 	Bind    string
-	Pattern TopicPattern
+	Pattern kvtopic.Pattern
 }
 
 // ManagerConfig holds subscriber tunables; zero values take the defaults

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/testenv/freeport"
+	"github.com/turnout/turnout/lab/testenv/freeport"
 )
 
 // TestWrkCompare measures HAProxy throughput with wrk, alternating setups in

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/testenv/freeport"
+	"github.com/turnout/turnout/lab/testenv/freeport"
 )
 
 // liveEnv is HAProxy with the SPOE snippets in front of four replicas, with

@@ -12,10 +12,10 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/control/discovery"
 	"github.com/turnout/turnout/haproxy"
 	"github.com/turnout/turnout/internal/cli"
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/internal/discovery"
 	"github.com/turnout/turnout/internal/filewatch"
 	"github.com/turnout/turnout/nginx"
 )

@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
-	"github.com/turnout/turnout/internal/testenv/kubetest"
+	"github.com/turnout/turnout/lab/testenv/kubetest"
 )
 
 const ns = "llm"

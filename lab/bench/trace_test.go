@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/lab/mock"
 )
 
 const tinyMooncake = `{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]}

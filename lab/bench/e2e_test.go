@@ -8,7 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/lab/mock"
 )
 
 // The e2e driver against one in-process mock (no proxy): every request

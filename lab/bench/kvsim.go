@@ -7,7 +7,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/lab/mock"
 	"github.com/turnout/turnout/route/kv"
 	"github.com/turnout/turnout/route/policy"
 )

@@ -6,9 +6,9 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/control/discovery"
+	"github.com/turnout/turnout/control/discovery/kube"
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/internal/discovery"
-	"github.com/turnout/turnout/internal/discovery/kube"
 )
 
 // newFleet is the Kubernetes source: the fleet merges discovered endpoints

@@ -23,7 +23,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/haproxy"
-	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/lab/mock"
 	"github.com/turnout/turnout/route"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/turnout/turnout/haproxy"
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/internal/testenv/freeport"
+	"github.com/turnout/turnout/lab/testenv/freeport"
 	"github.com/turnout/turnout/route"
 )
 

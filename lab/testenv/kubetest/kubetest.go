@@ -22,7 +22,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/testenv/freeport"
+	"github.com/turnout/turnout/lab/testenv/freeport"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

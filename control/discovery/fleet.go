@@ -20,7 +20,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/turnout/turnout/internal/discovery/kube"
+	"github.com/turnout/turnout/control/discovery/kube"
 )
 
 // DefaultWindow is how long a burst of changes is collected before one swap.

@@ -1,7 +1,7 @@
 // Package control is turnout's control loop: it owns everything that starts,
 // changes and retires while turnout serves. Its one job: take configs from
 // their sources (the file on SIGHUP or when it changes, Kubernetes
-// EndpointSlices through internal/discovery), validate them, open and close
+// EndpointSlices through control/discovery), validate them, open and close
 // the listeners they name (the HTTP API, the SPOE agent, the feedback
 // socket), apply them to the decision core, bring the proxies along (HAProxy
 // runtime sync, nginx render and reload, each reload logged with its reason

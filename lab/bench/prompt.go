@@ -3,7 +3,7 @@ package bench
 import (
 	"strconv"
 
-	"github.com/turnout/turnout/internal/mock"
+	"github.com/turnout/turnout/lab/mock"
 )
 
 // wordLen is the length of a chunk word. Five letters give 26^5 (11.9M)

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/internal/testenv/freeport"
+	"github.com/turnout/turnout/lab/testenv/freeport"
 )
 
 // Server is a nats-server process on 127.0.0.1.

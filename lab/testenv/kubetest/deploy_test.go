@@ -17,8 +17,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/turnout/turnout/internal/discovery/kube"
-	"github.com/turnout/turnout/internal/testenv/kubetest"
+	"github.com/turnout/turnout/control/discovery/kube"
+	"github.com/turnout/turnout/lab/testenv/kubetest"
 	"github.com/turnout/turnout/route"
 )
 
