@@ -286,12 +286,15 @@ func TestFlowControlHAProxyClientGone(t *testing.T) {
 	}
 }
 
-// goneMocks run requests for 3.5 s: nothing frees while a test looks.
+// goneMocks run requests for about 8 s: nothing frees while a test looks,
+// even on a loaded machine where filling the replicas and queueing one more
+// request take seconds (the held-request wait below must end before the
+// busy requests do).
 func goneMocks(t *testing.T, prefix string) []*Mock {
 	return mocks(t, prefix, 2, func(c *mock.Config) {
 		c.TimeScale = 1
 		c.TTFTOverhead = 250 * time.Millisecond
-		c.InterTokenLatency = 200 * time.Millisecond
+		c.InterTokenLatency = 500 * time.Millisecond
 		c.MaxRunning = 8
 	})
 }
@@ -310,14 +313,14 @@ func checkClientGone(t *testing.T, frontURL, turnoutURL, model string, dropped b
 			flowPost(context.Background(), c, frontURL, model, "standard", "busy")
 		}()
 	}
-	Eventually(t, 5*time.Second, "replicas at max_load", func() bool {
+	Eventually(t, 15*time.Second, "replicas at max_load", func() bool {
 		v, err := Metric(t, turnoutURL+"/metrics", "turnout_endpoint_inflight")
 		return err == nil && v >= 12
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan flowResult, 1)
 	go func() { done <- flowPost(ctx, c, frontURL, model, "standard", "leaver") }()
-	Eventually(t, 5*time.Second, "the request held", func() bool {
+	Eventually(t, 15*time.Second, "the request held", func() bool {
 		v, err := Metric(t, turnoutURL+"/metrics", "turnout_flow_queued", `tenant="leaver"`)
 		return err == nil && v == 1
 	})
@@ -325,7 +328,7 @@ func checkClientGone(t *testing.T, frontURL, turnoutURL, model string, dropped b
 	<-done
 	if !dropped {
 		wg.Wait()
-		Eventually(t, 10*time.Second, "the left request released and its decision closed", func() bool {
+		Eventually(t, 20*time.Second, "the left request released and its decision closed", func() bool {
 			q, err1 := Metric(t, turnoutURL+"/metrics", "turnout_flow_queued")
 			in, err2 := Metric(t, turnoutURL+"/metrics", "turnout_endpoint_inflight")
 			return err1 == nil && err2 == nil && q == 0 && in == 0
@@ -334,7 +337,7 @@ func checkClientGone(t *testing.T, frontURL, turnoutURL, model string, dropped b
 		t.Logf("gone seen by turnout: %v", g)
 		return
 	}
-	Eventually(t, 2*time.Second, "the held request dropped as gone", func() bool {
+	Eventually(t, 10*time.Second, "the held request dropped as gone", func() bool {
 		v, err := Metric(t, turnoutURL+"/metrics", "turnout_flow_requests_total", `tenant="leaver"`, `outcome="gone"`)
 		return err == nil && v == 1
 	})
