@@ -29,6 +29,7 @@
 //	4 route                    the Decider: snapshot, decision pipeline, ledger, verdict, the proxy contract
 //	5 route/httpapi            the HTTP transport and its server (/internal/route, /internal/done, /readyz, /metrics)
 //	5 route/spoe               the SPOE agent (HAProxy's Stream Processing Offload)
+//	5 route/epp                the Endpoint Picker (Envoy ext_proc gRPC) for Gateway API Inference Extension gateways
 //	5 route/feedback           completion feedback (syslog lines), feedback health, stall detection
 //	5 route/health             active health checks and the served-model checks
 //	5 route/engineload         engine load scraped from each replica's /metrics
