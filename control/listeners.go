@@ -23,8 +23,8 @@ import (
 )
 
 // listeners owns turnout's listeners: the HTTP API (listen), the admin
-// endpoints (admin_listen), the SPOE agent (haproxy.spoe) and the feedback
-// socket (feedback.syslog). A config
+// endpoints (admin_listen), the SPOE agent (haproxy.spoe), the feedback
+// socket (feedback.syslog) and the Endpoint Picker (epp.listen). A config
 // change reopens the ones whose address changed, in an order that never
 // leaves a proxy pointing at an address nobody serves:
 //
@@ -108,15 +108,16 @@ func (l *listeners) prepare(cfg *config.Config) (*change, error) {
 		kindAdmin:    {cfg.AdminListen, cfg.AdminListen},
 		kindSPOE:     {spoeAddr, spoeAddr},
 		kindFeedback: {cfg.Feedback.Syslog, cfg.Feedback.Syslog},
+		kindEPP:      {cfg.EPP.Listen, eppKey(cfg)},
 	}
 	var errs []error
-	for _, kind := range []string{kindHTTP, kindAdmin, kindSPOE, kindFeedback} {
+	for _, kind := range []string{kindHTTP, kindAdmin, kindSPOE, kindFeedback, kindEPP} {
 		w := want[kind]
 		cur := l.cur[kind]
 		if (cur != nil && cur.key == w.key) || (cur == nil && w.addr == "") {
 			continue
 		}
-		if cur != nil && kind == kindHTTP && cur.addr == w.addr {
+		if cur != nil && (kind == kindHTTP || kind == kindEPP) && cur.addr == w.addr {
 			// Same address, new connection limits: a second server cannot
 			// bind it, so the change needs a restart (or a new address).
 			errs = append(errs, fmt.Errorf("%w: %s: changed with listen unchanged; it applies on restart or with a new listen address",
@@ -314,6 +315,10 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 				}
 			}
 			_ = ln.Close() // closed by the agent when served; never served: closed here
+		}
+	case kindEPP:
+		if err := l.bindEPP(nl, cfg); err != nil {
+			return nil, err
 		}
 	case kindFeedback:
 		pc, err := net.ListenPacket("udp", addr)

@@ -61,6 +61,9 @@ const (
 	ReasonDuplicateModel    = "duplicate_model"     // 400: more than one "model" key in the body
 	ReasonClientKVParams    = "kv_transfer_params_not_allowed"
 	ReasonNoEndpoint        = "no_endpoint" // 503: the proxy may fail open
+	// ReasonSubsetEmpty (503): no endpoint of the pool is in the gateway's
+	// subset hint (route/epp), which the pick may not leave.
+	ReasonSubsetEmpty = "subset_empty"
 	// Flow control (route/flow): a sheddable request past its queue budget
 	// (429, relayed with Retry-After), and a held request whose client
 	// left (503; nobody reads it).

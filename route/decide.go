@@ -206,6 +206,9 @@ func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdi
 		if sc.only != nil {
 			sc.req.Only = sc.only.Only[i]
 		}
+		if in.Subset != nil && !s.subsetOnly(snap, pr, in, sc, v) {
+			return
+		}
 		s.pick(snap, pr.Pool, sc, c, sc.picks[i*n:i*n:(i+1)*n])
 		if sc.req.Adapter && i == 0 && len(c.Endpoints) > 0 {
 			e := c.Endpoints[0]
@@ -218,7 +221,7 @@ func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdi
 		}
 		if len(c.Endpoints) == 0 && pr.Role == ProfileServe {
 			sc.refusedPool = pr.Pool
-			if sc.req.Only != nil && c.Reject == fleet.RejectNone {
+			if sc.only != nil && sc.only.Only[i] != nil && c.Reject == fleet.RejectNone {
 				s.refuseModel(v, d, sc.req.Model)
 				return
 			}
@@ -235,6 +238,53 @@ func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdi
 		return
 	}
 	s.finishPD(snap, d, in, v, sc, start)
+}
+
+// subsetOnly narrows the serving profile's candidates (sc.req.Only, the
+// model's endpoints or every one) to the hinted addresses before the
+// policy picks; other profiles (the prefill pool) keep their own. False
+// with the 503 in v when no endpoint of the pool is in the hint: the
+// request may go nowhere else.
+func (*Decider) subsetOnly(snap *Snapshot, pr *Profile, in *Input, sc *Txn, v *Verdict) bool {
+	if pr.Role != ProfileServe {
+		if sc.only == nil {
+			sc.req.Only = nil
+		}
+		return true
+	}
+	p := pr.Pool
+	base := sc.req.Only
+	n := (len(p.Endpoints) + 63) / 64
+	m := sc.subset[:0]
+	for range max(n, 1) {
+		m = append(m, 0)
+	}
+	sc.subset = m
+	found := false
+	for _, a := range in.Subset.Addrs {
+		if e := snap.byAddr[string(a)]; e != nil && e.Index < len(p.Endpoints) && p.Endpoints[e.Index] == e {
+			if base.Has(e.Index) {
+				m.Set(e.Index)
+				found = true
+			}
+			continue
+		}
+		// An address shared by several pools maps to the first one's endpoint.
+		for _, e := range p.Endpoints {
+			if e.Address == string(a) && base.Has(e.Index) {
+				m.Set(e.Index)
+				found = true
+			}
+		}
+	}
+	if !found {
+		v.RetryAfter = true
+		v.refuse(503, "service_unavailable", ReasonSubsetEmpty,
+			"none of the gateway's subset endpoints serves this request in pool "+p.Name)
+		return false
+	}
+	sc.req.Only = m
+	return true
 }
 
 // rejectSkipped marks a profile's choice as not run (a prefill the decode
@@ -394,7 +444,9 @@ type Txn struct {
 	dsnap *Snapshot
 	dep   *Deployment
 	// only is the request's model's entry (nil: no model, or the one deployment).
-	only        *models.Entry
+	only *models.Entry
+	// subset is the serving pool's endpoints a gateway's hint allows (subsetOnly).
+	subset      fleet.Mask
 	model       int32
 	refusedPool *fleet.Pool
 }
@@ -428,6 +480,15 @@ func (t *Txn) Config() *config.Config { return t.snap.Config }
 
 // Input is what the transport fills.
 func (t *Txn) Input() *Input { return &t.in }
+
+// Picks are the endpoints of a routed decision, best first: the Verdict's
+// Server, then its Fallbacks (nil when refused; valid until End).
+func (t *Txn) Picks() []*fleet.Endpoint {
+	if t.v.Status != 200 {
+		return nil
+	}
+	return t.choices[0].Endpoints
+}
 
 // ProxyHeaders takes the request headers of the proxy's call: the
 // body-cut flag, the original URI and method, and the forwarded headers

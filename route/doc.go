@@ -4,8 +4,9 @@
 // and turns what a proxy sent about one request (an Input) into a Verdict,
 // the replica it should go to (Decider.Decide; decide.go reads top to
 // bottom). Transports read Inputs and write Verdicts: route/httpapi (POST
-// /internal/route, X-Turnout-* headers) and route/spoe (the SPOE agent, txn
-// variables). What the proxy glue does with a Verdict is one table,
+// /internal/route, X-Turnout-* headers), route/spoe (the SPOE agent, txn
+// variables) and route/epp (the Endpoint Picker Protocol's ext_proc
+// stream, ImmediateResponse refusals). What the proxy glue does with a Verdict is one table,
 // rendered into every glue (contract_glue.go).
 //
 // # Layers
@@ -30,6 +31,7 @@
 //	4 route                    the Decider: snapshot, decision pipeline, ledger, verdict, the proxy contract
 //	5 route/httpapi            the HTTP transport and its server (/internal/route, /internal/done, /readyz, /metrics)
 //	5 route/spoe               the SPOE agent (HAProxy's Stream Processing Offload)
+//	5 route/epp                the Endpoint Picker (Envoy ext_proc gRPC) for Gateway API Inference Extension gateways
 //	5 route/feedback           completion feedback (syslog lines), feedback health, stall detection
 //	5 route/health             active health checks and the served-model checks
 //	5 route/engineload         engine load scraped from each replica's /metrics

@@ -29,6 +29,16 @@ type Input struct {
 	// Watch tells flow control whether the client left while its request
 	// is held (nil: not known; only asked with flow control on).
 	Watch flow.Watch
+	// Subset, when set, restricts the serving pool's candidates (subsetOnly).
+	Subset *Subset
+}
+
+// Subset restricts one request's candidates to the endpoints at these
+// addresses (host:port, as configured or discovered): a gateway's subset
+// hint (the Endpoint Picker Protocol's x-gateway-destination-endpoint-subset).
+// Input.Subset nil: every endpoint of the pool, at no cost.
+type Subset struct {
+	Addrs [][]byte
 }
 
 // Reset empties in, keeping the header slice's room for the next request.

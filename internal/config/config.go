@@ -77,6 +77,8 @@ type Config struct {
 	Limits LimitsConfig `yaml:"limits"`
 	// RequestLog writes one line per request (requestlog.go).
 	RequestLog RequestLogConfig `yaml:"request_log"`
+	// EPP serves the Endpoint Picker Protocol to Gateway API gateways (epp.go).
+	EPP EPPConfig `yaml:"epp"`
 
 	// Presets are named policies composed from stages (stages.go), chosen
 	// by name like the built-in ones.
@@ -643,6 +645,7 @@ func (c *Config) ApplyDefaults() {
 	}
 	c.applyFeedbackDefaults()
 	c.applyRequestLogDefaults()
+	c.applyEPPDefaults()
 	p := &c.Proxy
 	if c.HAProxy.Path == "" {
 		// SPOE by default, on a local socket; a config that sends the proxy
@@ -784,6 +787,7 @@ func (c *Config) Validate() error {
 	}
 	c.validateFeedback(bad)
 	c.validateRequestLog(bad)
+	c.validateEPP(bad)
 	if !strings.HasPrefix(c.Health.Path, "/") || strings.ContainsAny(c.Health.Path, " \t\r\n\"'") {
 		bad("health.path", "%q is not an absolute path", c.Health.Path)
 	}

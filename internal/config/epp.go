@@ -1,0 +1,83 @@
+package config
+
+import "net"
+
+// EPPConfig is the Endpoint Picker (route/epp, docs/gateway-api.md):
+// turnout answering Gateway API Inference Extension gateways over Envoy's
+// ext_proc gRPC protocol. Off unless Listen is set.
+type EPPConfig struct {
+	// Listen is the gRPC address gateways call (the reference EPP's
+	// port is 9002); "" (default) serves no Endpoint Picker.
+	Listen string `yaml:"listen"`
+	// HealthListen, when set, is a plaintext gRPC listener serving only
+	// the health services (liveness, readiness), for the kubelet's gRPC
+	// probes, which do not speak TLS. The services are on Listen too.
+	HealthListen string       `yaml:"health_listen"`
+	TLS          EPPTLSConfig `yaml:"tls"`
+}
+
+// EPPTLSConfig is the Endpoint Picker listener's TLS.
+type EPPTLSConfig struct {
+	// Mode is self-signed (default: a certificate made at start, as the
+	// reference EPP does; gateways do not verify it), files (CertFile and
+	// KeyFile, read again when they change) or off (plaintext h2c).
+	Mode     string `yaml:"mode"`
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+// Endpoint Picker TLS modes (epp.tls.mode).
+const (
+	EPPTLSSelfSigned = "self-signed"
+	EPPTLSFiles      = "files"
+	EPPTLSOff        = "off"
+)
+
+// On reports whether the Endpoint Picker is served.
+func (e *EPPConfig) On() bool { return e.Listen != "" }
+
+func (c *Config) applyEPPDefaults() {
+	if c.EPP.TLS.Mode == "" {
+		c.EPP.TLS.Mode = EPPTLSSelfSigned
+	}
+}
+
+func (c *Config) validateEPP(bad func(field, format string, a ...any)) {
+	e := &c.EPP
+	if !e.On() {
+		if e.HealthListen != "" {
+			bad("epp.health_listen", "is set without epp.listen")
+		}
+		return
+	}
+	taken := map[string]string{c.Listen: "listen", c.AdminListen: "admin_listen"}
+	for _, a := range []struct{ field, addr string }{{"epp.listen", e.Listen}, {"epp.health_listen", e.HealthListen}} {
+		if a.addr == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			bad(a.field, "%q is not host:port", a.addr)
+			continue
+		}
+		if other, ok := taken[a.addr]; ok {
+			bad(a.field, "%q is %s's address: the Endpoint Picker needs its own port", a.addr, other)
+		}
+		taken[a.addr] = a.field
+	}
+	t := &e.TLS
+	switch t.Mode {
+	case EPPTLSSelfSigned, EPPTLSOff:
+		if t.CertFile != "" || t.KeyFile != "" {
+			bad("epp.tls.mode", "%q ignores cert_file and key_file (set mode: files)", t.Mode)
+		}
+	case EPPTLSFiles:
+		if t.CertFile == "" {
+			bad("epp.tls.cert_file", "is required with mode: files")
+		}
+		if t.KeyFile == "" {
+			bad("epp.tls.key_file", "is required with mode: files")
+		}
+	default:
+		bad("epp.tls.mode", "%q is not one of self-signed, files, off", t.Mode)
+	}
+}

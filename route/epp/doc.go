@@ -1,0 +1,17 @@
+// Package epp is turnout's Endpoint Picker: the transport that answers
+// Gateway API Inference Extension gateways (Istio, kgateway, agentgateway,
+// GKE, Envoy AI Gateway, NGINX Gateway Fabric) over the Endpoint Picker
+// Protocol, Envoy's ext_proc v3 gRPC stream. Each stream is one HTTP
+// request: its headers and body become a route.Input decided by the same
+// Decider call as /internal/route and the SPOE agent; the pick goes back
+// as the x-gateway-destination-endpoint header and envoy.lb dynamic
+// metadata, a refusal as an ImmediateResponse; the response phase closes
+// the decision as the proxy's feedback line does. docs/gateway-api.md
+// maps every field.
+//
+// Files: server.go (the gRPC server, the stream loop), request.go (the
+// request phase and the decision), answer.go (what goes back to the
+// gateway), response.go (the response phase), subset.go (the metadata the
+// gateway sends: subset hint, served endpoint), health.go (gRPC health),
+// tls.go (the listener's certificate).
+package epp

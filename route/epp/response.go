@@ -1,0 +1,106 @@
+package epp
+
+import (
+	"strconv"
+	"time"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/fleet"
+)
+
+// The response phase closes the decision as the proxy's feedback line
+// does: the status and the time to the headers (TTFB) from the response
+// headers, the endpoint that served from the gateway's report
+// (x-gateway-destination-endpoint-served), the duration at the end of the
+// body. Nothing of the response is changed; streamed chunks pass on as
+// they came.
+
+// responseState is what the response phase learnt of the decision.
+type responseState struct {
+	started, closed bool
+	status, ttfb    int64
+	served          *fleet.Endpoint
+}
+
+func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) error {
+	if st.id != 0 && !st.resp.closed {
+		r := &st.resp
+		r.started = true
+		r.status, r.ttfb = -1, time.Since(st.start).Milliseconds()
+		for _, hv := range h.GetHeaders().GetHeaders() {
+			if hv.GetKey() == ":status" {
+				if n, err := strconv.Atoi(string(headerValue(hv))); err == nil {
+					r.status = int64(n)
+				}
+			}
+		}
+		st.noteServed(req)
+		if h.GetEndOfStream() {
+			st.closeDecision()
+		}
+	}
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}})
+}
+
+func (st *stream) responseBody(req *extprocv3.ProcessingRequest, b *extprocv3.HttpBody) error {
+	if st.id != 0 {
+		st.noteServed(req)
+		if b.GetEndOfStream() {
+			st.resp.started = true
+			st.closeDecision()
+		}
+	}
+	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{
+			Response: streamedMutation(b.GetBody(), b.GetEndOfStream()),
+		}}})
+	}
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}})
+}
+
+func (st *stream) responseTrailers(req *extprocv3.ProcessingRequest) error {
+	if st.id != 0 {
+		st.noteServed(req)
+		st.resp.started = true
+		st.closeDecision()
+	}
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}})
+}
+
+// noteServed keeps the endpoint the gateway says served the request.
+func (st *stream) noteServed(req *extprocv3.ProcessingRequest) {
+	if st.resp.served != nil {
+		return
+	}
+	if a := servedAddr(req.GetMetadataContext()); a != "" {
+		st.resp.served = st.s.d.Snapshot().EndpointByAddr(viewOf(a))
+	}
+}
+
+// closeDecision completes the decision once, with what the response
+// phase learnt, and feeds the endpoint's outcome (errors, durations,
+// stall detection) as a feedback line would.
+func (st *stream) closeDecision() {
+	r := &st.resp
+	if st.id == 0 || r.closed {
+		return
+	}
+	r.closed = true
+	if !r.started || r.status == 0 {
+		r.status, r.ttfb = -1, -1
+	}
+	now := time.Now()
+	ms := now.Sub(st.start).Milliseconds()
+	c := route.Completion{Status: r.status, Ms: ms, TTFB: r.ttfb, Retries: -1, Served: r.served}
+	state := st.s.d.CloseDecisionWith(st.id, c)
+	closed := state != nil
+	if r.served != nil {
+		state = r.served.State
+	}
+	if state != nil {
+		state.Observe(r.status, ms, r.ttfb, now.UnixNano(), closed)
+	}
+}
