@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"errors"
 	"fmt"
 	"maps"
 
@@ -47,9 +46,6 @@ type inferencePoolJSON struct {
 	} `json:"spec"`
 }
 
-// errNotInferencePool reports an object of another type in the cache.
-var errNotInferencePool = errors.New("not an InferencePool")
-
 // toInferencePool converts an unstructured InferencePool (what the dynamic
 // client lists and watches) into the cached form. A spec that does not
 // convert or validate is kept, marked Invalid, so the pool empties with a
@@ -57,10 +53,8 @@ var errNotInferencePool = errors.New("not an InferencePool")
 func toInferencePool(o any) (any, error) {
 	u, ok := o.(*unstructured.Unstructured)
 	if !ok {
-		if _, done := o.(*inferencePool); done {
-			return o, nil
-		}
-		return nil, fmt.Errorf("%w: %T", errNotInferencePool, o)
+		// Tombstones (cache.DeletedFinalStateUnknown) hold a converted object.
+		return o, nil
 	}
 	ip := &inferencePool{ObjectMeta: metav1.ObjectMeta{
 		Name: u.GetName(), Namespace: u.GetNamespace(), UID: u.GetUID(),

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+
 	"github.com/turnout/turnout/internal/testenv/kubetest"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 const ipoolPools = `
@@ -76,6 +78,7 @@ func TestInferencePoolSource(t *testing.T) {
 	}
 
 	c.InstallInferencePoolCRD("../../..")
+	checkCRDSchema(t, c)
 	app := func(v string) map[string]string { return map[string]string{"app": v} }
 	must(t, c.PutPod("c-0", app("chat"), "10.244.0.10", true))
 	must(t, c.PutPod("c-1", app("chat"), "10.244.0.11", true))
@@ -134,6 +137,43 @@ func TestInferencePoolSource(t *testing.T) {
 	poolIs(t, s, "pd_decode", "d-0=10.244.0.31:8000")
 	if !s.Synced() {
 		t.Error("not synced at the end")
+	}
+}
+
+// checkCRDSchema: the CRD refuses what the published API refuses.
+func checkCRDSchema(t *testing.T, c *kubetest.Cluster) {
+	t.Helper()
+	api := c.Dynamic().Resource(kubetest.InferencePoolGVR).Namespace(ns)
+	ok := c.InferencePool("schema-ok", map[string]string{"app": "x"}, 8000, 8001, 8002, 8003, 8004, 8005, 8006, 8007)
+	if _, err := api.Create(context.Background(), ok, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Errorf("8 target ports refused: %v", err)
+	}
+	for what, edit := range map[string]func(o map[string]any){
+		"9 target ports": func(o map[string]any) {
+			spec := o["spec"].(map[string]any)
+			spec["targetPorts"] = append(spec["targetPorts"].([]any), map[string]any{"number": int64(9000)})
+		},
+		"no target port": func(o map[string]any) { o["spec"].(map[string]any)["targetPorts"] = []any{} },
+		"port 0": func(o map[string]any) {
+			o["spec"].(map[string]any)["targetPorts"] = []any{map[string]any{"number": int64(0)}}
+		},
+		"port listed twice": func(o map[string]any) {
+			o["spec"].(map[string]any)["targetPorts"] = []any{map[string]any{"number": int64(1)}, map[string]any{"number": int64(1)}}
+		},
+		"bad failureMode": func(o map[string]any) {
+			o["spec"].(map[string]any)["endpointPickerRef"].(map[string]any)["failureMode"] = "Sometimes"
+		},
+		"Service picker without port": func(o map[string]any) {
+			delete(o["spec"].(map[string]any)["endpointPickerRef"].(map[string]any), "port")
+		},
+		"no selector":          func(o map[string]any) { delete(o["spec"].(map[string]any), "selector") },
+		"no endpointPickerRef": func(o map[string]any) { delete(o["spec"].(map[string]any), "endpointPickerRef") },
+	} {
+		o := c.InferencePool("schema-bad", map[string]string{"app": "x"}, 8000)
+		edit(o.Object)
+		if _, err := api.Create(context.Background(), o, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err == nil {
+			t.Errorf("the CRD accepts an InferencePool with %s", what)
+		}
 	}
 }
 
