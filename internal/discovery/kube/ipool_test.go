@@ -150,8 +150,11 @@ func checkCRDSchema(t *testing.T, c *kubetest.Cluster) {
 	}
 	for what, edit := range map[string]func(o map[string]any){
 		"9 target ports": func(o map[string]any) {
-			spec := o["spec"].(map[string]any)
-			spec["targetPorts"] = append(spec["targetPorts"].([]any), map[string]any{"number": int64(9000)})
+			var tp []any
+			for p := range 9 {
+				tp = append(tp, map[string]any{"number": int64(8000 + p)})
+			}
+			o["spec"].(map[string]any)["targetPorts"] = tp
 		},
 		"no target port": func(o map[string]any) { o["spec"].(map[string]any)["targetPorts"] = []any{} },
 		"port 0": func(o map[string]any) {
