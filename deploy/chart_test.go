@@ -33,7 +33,7 @@ import (
 const chart = "helm/turnout"
 
 // profiles are the values files in helm/turnout/ci the chart is tested with.
-var profiles = []string{"haproxy", "nginx", "pd", "monitoring"}
+var profiles = []string{"haproxy", "nginx", "pd", "monitoring", "inferencepool"}
 
 func valuesFile(p string) string { return filepath.Join(chart, "ci", p+"-values.yaml") }
 

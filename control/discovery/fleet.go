@@ -316,7 +316,7 @@ func (f *Fleet) hold(pool string, grace time.Duration, now time.Time) []config.E
 		h = &held{eps: slices.Clone(last), since: now, grace: grace}
 		f.held[pool] = h
 		f.log.Warn().Str("pool", pool).Int("endpoints", len(h.eps)).Dur("grace", grace).
-			Msg("every EndpointSlice of the pool vanished; keeping its last known endpoints until they return or the grace ends (discovery.kubernetes.vanish_grace)")
+			Msg("every EndpointSlice of the pool (or its InferencePool, or every pod it selected) vanished; keeping its last known endpoints until they return or the grace ends (discovery.kubernetes.vanish_grace)")
 	}
 	if h.over {
 		return nil
@@ -339,7 +339,7 @@ func (f *Fleet) release(pool string, n int) {
 	delete(f.held, pool)
 	if !h.over {
 		f.log.Info().Str("pool", pool).Int("endpoints", n).Dur("after", time.Since(h.since)).
-			Msg("EndpointSlices back; the kept endpoints are replaced by what they list")
+			Msg("EndpointSlices (or InferencePool pods) back; the kept endpoints are replaced by what they list")
 	}
 }
 

@@ -389,7 +389,14 @@ type KubernetesDiscovery struct {
 	// EndpointSlices by label (they carry their Service's labels). One of the two.
 	Service       string `yaml:"service"`
 	LabelSelector string `yaml:"label_selector"`
-	// Port is the slice port's name or number ("" = the slice's only port).
+	// InferencePool follows the named InferencePool
+	// (inference.networking.k8s.io/v1) instead of EndpointSlices: the pods
+	// its spec.selector matches, one endpoint per spec.targetPorts entry.
+	// Exclusive with Service and LabelSelector; needs inferencepools and
+	// pods get/list/watch.
+	InferencePool string `yaml:"inference_pool"`
+	// Port is the slice port's name or number ("" = the slice's only port);
+	// not used with InferencePool (its targetPorts give the ports).
 	Port string `yaml:"port"`
 	// RoleLabel names a pod label whose value puts the pod into a pool, so one
 	// Service can feed the prefill and the decode pool (production-stack's
@@ -949,6 +956,20 @@ func ValidName(s string) bool { return NameRe.MatchString(s) }
 // k8sNameRe is a DNS-1123 label (Service and namespace names).
 var k8sNameRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
+// k8sSubdomainRe is a DNS-1123 subdomain (object names such as an InferencePool's).
+var k8sSubdomainRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$`)
+
+// countSet counts the non-empty strings.
+func countSet(ss ...string) int {
+	n := 0
+	for _, s := range ss {
+		if s != "" {
+			n++
+		}
+	}
+	return n
+}
+
 // validateDiscovery checks what can be checked without a cluster; the label
 // selector's syntax is checked by control/discovery/kube (it owns the parser)
 // before the config is used.
@@ -965,8 +986,16 @@ func validateDiscovery(f string, p *PoolConfig, bad func(field, format string, a
 		return
 	}
 	kf := f + ".kubernetes"
-	if (k.Service == "") == (k.LabelSelector == "") {
-		bad(kf, "set exactly one of service and label_selector")
+	if n := countSet(k.Service, k.LabelSelector, k.InferencePool); n != 1 {
+		bad(kf, "set exactly one of service, label_selector and inference_pool")
+	}
+	if k.InferencePool != "" {
+		if !k8sSubdomainRe.MatchString(k.InferencePool) || len(k.InferencePool) > 253 {
+			bad(kf+".inference_pool", "%q is not an InferencePool name", k.InferencePool)
+		}
+		if k.Port != "" {
+			bad(kf+".port", "not used with inference_pool: the InferencePool's spec.targetPorts give the ports")
+		}
 	}
 	if k.Service != "" && !k8sNameRe.MatchString(k.Service) {
 		bad(kf+".service", "%q is not a Service name", k.Service)

@@ -8,21 +8,25 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	apiwatch "k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
 
 // Client is all of the Kubernetes API the source uses: list and watch of
-// EndpointSlices (discovery.k8s.io/v1) and Pods (v1), and the API server's
-// /readyz. It is client-go's REST client with just these types registered,
+// EndpointSlices (discovery.k8s.io/v1), Pods (v1) and, through the dynamic
+// client, InferencePools (inference.networking.k8s.io/v1), and the API
+// server's /readyz. It is client-go's REST client with just these types registered,
 // not the generated clientset (kubernetes.NewForConfig), whose scheme and
 // typed clients link every API group: about 36 MB of turnout's binary.
 type Client struct {
 	slices, core *rest.RESTClient
+	dyn          dynamic.Interface
 }
 
 // NewClient builds a Client from rc (RESTConfig); both API groups share
@@ -62,13 +66,17 @@ func NewClient(rc *rest.Config) (*Client, error) {
 	if cl.core, err = group("/api", corev1.SchemeGroupVersion); err != nil {
 		return nil, err
 	}
+	if cl.dyn, err = dynamic.NewForConfigAndClient(rest.CopyConfig(rc), hc); err != nil {
+		return nil, fmt.Errorf("kubernetes client %s: %w", InferencePoolGVR.GroupVersion(), err)
+	}
 	return cl, nil
 }
 
 // Kinds the source watches (watchKey.kind).
 const (
-	kindSlices = "endpointslices"
-	kindPods   = "pods"
+	kindSlices         = "endpointslices"
+	kindPods           = "pods"
+	kindInferencePools = "inferencepools"
 )
 
 func (c *Client) rest(kind string) *rest.RESTClient {
@@ -80,6 +88,13 @@ func (c *Client) rest(kind string) *rest.RESTClient {
 
 // list lists kind in ns.
 func (c *Client) list(ctx context.Context, kind, ns string, o metav1.ListOptions) (runtime.Object, error) {
+	if kind == kindInferencePools {
+		l, err := c.dyn.Resource(InferencePoolGVR).Namespace(ns).List(ctx, o)
+		if err != nil {
+			return nil, err
+		}
+		return l, nil
+	}
 	var out runtime.Object = &discoveryv1.EndpointSliceList{}
 	if kind == kindPods {
 		out = &corev1.PodList{}
@@ -91,6 +106,9 @@ func (c *Client) list(ctx context.Context, kind, ns string, o metav1.ListOptions
 
 // watch watches kind in ns.
 func (c *Client) watch(ctx context.Context, kind, ns string, o metav1.ListOptions) (apiwatch.Interface, error) {
+	if kind == kindInferencePools {
+		return c.dyn.Resource(InferencePoolGVR).Namespace(ns).Watch(ctx, o)
+	}
 	o.Watch = true
 	return c.rest(kind).Get().Namespace(ns).Resource(kind).VersionedParams(&o, metav1.ParameterCodec).
 		Timeout(timeout(o)).Watch(ctx)
@@ -105,16 +123,24 @@ func timeout(o metav1.ListOptions) time.Duration {
 }
 
 // informer is a shared informer for kind in ns, filtered by selector, as
-// client-go's informer factory would build it.
-func (c *Client) informer(kind, ns, selector string) cache.SharedIndexInformer {
+// client-go's informer factory (dynamicinformer for InferencePools) would
+// build it; listed (if not nil) sees each list's outcome.
+func (c *Client) informer(kind, ns, selector string, listed func(error)) cache.SharedIndexInformer {
 	var obj runtime.Object = &discoveryv1.EndpointSlice{}
-	if kind == kindPods {
+	switch kind {
+	case kindPods:
 		obj = &corev1.Pod{}
+	case kindInferencePools:
+		obj = &unstructured.Unstructured{}
 	}
 	lw := &cache.ListWatch{
 		ListFunc: func(o metav1.ListOptions) (runtime.Object, error) {
 			o.LabelSelector = selector
-			return c.list(context.TODO(), kind, ns, o)
+			out, err := c.list(context.TODO(), kind, ns, o)
+			if listed != nil {
+				listed(err)
+			}
+			return out, err
 		},
 		WatchFunc: func(o metav1.ListOptions) (apiwatch.Interface, error) {
 			o.LabelSelector = selector

@@ -1,10 +1,13 @@
 // Package kube follows Kubernetes discovery.k8s.io/v1 EndpointSlices (and
-// Pods, when a pool maps pods to roles by label) through client-go shared
-// informers, and reports each discovered pool's endpoints: ready ones
-// available, serving-and-terminating ones draining, everything else absent.
+// Pods, when a pool maps pods to roles by label), or an InferencePool
+// (inference.networking.k8s.io/v1) and the Pods it selects, through
+// client-go shared informers, and reports each discovered pool's
+// endpoints: ready ones available, serving-and-terminating ones draining,
+// everything else absent.
 //
 // It never writes to the API: get/list/watch on endpointslices (and pods
-// with role_label) is all it needs (deploy/kubernetes/role.yaml).
+// with role_label), or on inferencepools and pods, is all it needs
+// (deploy/kubernetes/rbac.yaml).
 package kube
 
 import (
@@ -118,9 +121,11 @@ type poolWatch struct {
 	pool   string // route.PoolName
 	k      config.KubernetesDiscovery
 	ns     string
-	slices *watch
-	pods   *watch // nil without role_label and model_label
-	roles  map[string]bool
+	slices *watch // nil with inference_pool
+	pods   *watch // nil without role_label and model_label, or the InferencePool's selector not known yet
+	// ipool watches the namespace's InferencePools (inference_pool only).
+	ipool *watch
+	roles map[string]bool
 	// models are the deployment's model names (model_label).
 	models  map[string]bool
 	addrTyp discoveryv1.AddressType
@@ -138,6 +143,11 @@ type watch struct {
 	stop   chan struct{}
 	failed atomic.Bool // last list/watch failed and no event arrived since
 	errLog atomic.Int64
+	// missing: the last list found the resource not served (InferencePool
+	// CRD not installed); polling: pollServed runs for it; reselected: a
+	// pod watch replacing another after an InferencePool selector change,
+	// whose first list does not hold back Synced.
+	missing, polling, reselected atomic.Bool
 	// restarting: Restart is replacing it (guarded by Source.mu).
 	restarting bool
 }
@@ -217,24 +227,28 @@ func (s *Source) Configure(cfg *config.Config) error {
 			if k.AddressType == "IPv6" {
 				pw.addrTyp = discoveryv1.AddressTypeIPv6
 			}
-			sel := k.LabelSelector
-			if k.Service != "" {
-				sel = serviceNameLabel + "=" + k.Service
-			}
-			key := watchKey{kind: kindSlices, ns: pw.ns, selector: sel}
-			need[key] = true
-			pw.slices = s.watchFor(key)
-			if k.RoleLabel != "" || k.ModelLabel != "" {
-				// Pods carrying every label the pool sorts by.
-				var keys []string
-				for _, l := range []string{k.RoleLabel, k.ModelLabel} {
-					if l != "" && !slices.Contains(keys, l) {
-						keys = append(keys, l)
-					}
+			if k.InferencePool != "" {
+				s.configureInferencePool(&pw, need)
+			} else {
+				sel := k.LabelSelector
+				if k.Service != "" {
+					sel = serviceNameLabel + "=" + k.Service
 				}
-				pkey := watchKey{kind: kindPods, ns: pw.ns, selector: strings.Join(keys, ",")}
-				need[pkey] = true
-				pw.pods = s.watchFor(pkey)
+				key := watchKey{kind: kindSlices, ns: pw.ns, selector: sel}
+				need[key] = true
+				pw.slices = s.watchFor(key)
+				if k.RoleLabel != "" || k.ModelLabel != "" {
+					// Pods carrying every label the pool sorts by.
+					var keys []string
+					for _, l := range []string{k.RoleLabel, k.ModelLabel} {
+						if l != "" && !slices.Contains(keys, l) {
+							keys = append(keys, l)
+						}
+					}
+					pkey := watchKey{kind: kindPods, ns: pw.ns, selector: strings.Join(keys, ",")}
+					need[pkey] = true
+					pw.pods = s.watchFor(pkey)
+				}
 			}
 			if k.RoleLabel != "" {
 				pw.roles = map[string]bool{}
@@ -273,18 +287,15 @@ func (s *Source) Configure(cfg *config.Config) error {
 
 // newWatch builds (does not run) an informer for key.
 func (s *Source) newWatch(key watchKey) *watch {
-	w := &watch{key: key, stop: make(chan struct{}), inf: s.opts.Client.informer(key.kind, key.ns, key.selector)}
-	if key.kind == kindPods {
-		// Only names and labels are read: keep the cache small.
-		_ = w.inf.SetTransform(func(o any) (any, error) {
-			if p, ok := o.(*corev1.Pod); ok {
-				return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
-					Name: p.Name, Namespace: p.Namespace, Labels: p.Labels, ResourceVersion: p.ResourceVersion,
-				}}, nil
-			}
-			return o, nil
-		})
-	} else {
+	w := &watch{key: key, stop: make(chan struct{})}
+	w.inf = s.opts.Client.informer(key.kind, key.ns, key.selector, func(err error) { w.missing.Store(apierrors.IsNotFound(err)) })
+	switch key.kind {
+	case kindPods:
+		// Only what endpoints are made of is read: keep the cache small.
+		_ = w.inf.SetTransform(slimPod)
+	case kindInferencePools:
+		_ = w.inf.SetTransform(toInferencePool)
+	default:
 		_ = w.inf.SetTransform(func(o any) (any, error) {
 			if es, ok := o.(*discoveryv1.EndpointSlice); ok {
 				es.ManagedFields = nil
@@ -326,6 +337,9 @@ func (s *Source) event(w *watch) {
 	if w.failed.Swap(false) {
 		s.log.Info().Str(fieldNamespace, w.key.ns).Str(fieldSelector, w.key.selector).Msg("kubernetes API reachable again; " + w.key.kind + " resynced")
 	}
+	if w.key.kind == kindInferencePools {
+		s.reselect()
+	}
 	s.opts.Notify()
 }
 
@@ -333,6 +347,9 @@ func (s *Source) event(w *watch) {
 // every 30 s while they last. The informer keeps its last known objects and
 // retries with backoff, so the endpoints stay as they were.
 func (s *Source) watchError(w *watch, err error) {
+	if w.notServed() {
+		s.pollServed(w)
+	}
 	now := time.Now().UnixNano()
 	first := !w.failed.Swap(true)
 	if !first && now-w.errLog.Load() < int64(30*time.Second) {
@@ -341,6 +358,9 @@ func (s *Source) watchError(w *watch, err error) {
 	w.errLog.Store(now)
 	l := s.log.With().Str(fieldNamespace, w.key.ns).Str(fieldSelector, w.key.selector).Logger()
 	switch {
+	case w.notServed():
+		l.Warn().Err(err).Msg("the InferencePool CRD is not installed (" + InferencePoolGVR.GroupResource().String() + "/" + InferencePoolGVR.Version +
+			" not served): pools with discovery.kubernetes.inference_pool stay empty; turnout follows them once it is installed")
 	case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
 		l.Error().Err(err).Msg("kubernetes API denied list/watch of " + w.key.kind +
 			": bind turnout's ServiceAccount to a Role with get/list/watch on them (deploy/kubernetes/rbac.yaml); " +
@@ -366,35 +386,40 @@ func (s *Source) Restart() {
 	}
 	s.mu.Unlock()
 	for _, old := range olds {
-		go func() {
-			nw := s.newWatch(old.key)
-			go nw.inf.Run(nw.stop)
-			if !cache.WaitForCacheSync(old.stop, nw.inf.HasSynced) {
-				close(nw.stop) // the old watch was stopped (reconfigured) meanwhile
-				return
-			}
-			s.mu.Lock()
-			if s.watches[old.key] != old {
-				s.mu.Unlock()
-				close(nw.stop)
-				return
-			}
-			s.watches[old.key] = nw
-			for i := range s.pools {
-				if s.pools[i].slices == old {
-					s.pools[i].slices = nw
-				}
-				if s.pools[i].pods == old {
-					s.pools[i].pods = nw
-				}
-			}
-			close(old.stop)
-			s.mu.Unlock()
-			s.log.Info().Str(fieldNamespace, old.key.ns).Str(fieldSelector, old.key.selector).
-				Int("objects", len(nw.inf.GetStore().ListKeys())).Msg(old.key.kind + " resynced")
-			s.opts.Notify()
-		}()
+		go s.replace(old)
 	}
+}
+
+// replace swaps a fresh watch in for old once it has listed (Restart).
+func (s *Source) replace(old *watch) {
+	nw := s.newWatch(old.key)
+	go nw.inf.Run(nw.stop)
+	if !cache.WaitForCacheSync(old.stop, nw.inf.HasSynced) {
+		close(nw.stop) // the old watch was stopped (reconfigured) meanwhile
+		return
+	}
+	s.mu.Lock()
+	if s.watches[old.key] != old {
+		s.mu.Unlock()
+		close(nw.stop)
+		return
+	}
+	s.watches[old.key] = nw
+	for i := range s.pools {
+		for _, p := range []**watch{&s.pools[i].slices, &s.pools[i].pods, &s.pools[i].ipool} {
+			if *p == old {
+				*p = nw
+			}
+		}
+	}
+	close(old.stop)
+	s.mu.Unlock()
+	s.log.Info().Str(fieldNamespace, old.key.ns).Str(fieldSelector, old.key.selector).
+		Int("objects", len(nw.inf.GetStore().ListKeys())).Msg(old.key.kind + " resynced")
+	if old.key.kind == kindInferencePools {
+		s.reselect()
+	}
+	s.opts.Notify()
 }
 
 // Synced reports whether every watch has listed its objects once.
@@ -402,11 +427,11 @@ func (s *Source) Synced() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, w := range s.watches {
-		if !w.inf.HasSynced() {
+		if !w.listed() && !w.reselected.Load() {
 			return false
 		}
 	}
-	return true
+	return s.podsSelected()
 }
 
 // Failing counts the watches whose last list/watch failed (API unreachable,
@@ -443,6 +468,12 @@ func (s *Source) Endpoints() map[string][]config.EndpointConfig {
 	out := make(map[string][]config.EndpointConfig, len(s.pools))
 	for i := range s.pools {
 		pw := &s.pools[i]
+		if pw.ipool != nil {
+			if eps, known := s.inferencePoolEndpoints(pw); known {
+				out[pw.pool] = eps
+			}
+			continue
+		}
 		if !pw.slices.inf.HasSynced() || (pw.pods != nil && !pw.pods.inf.HasSynced()) {
 			continue
 		}
@@ -461,6 +492,12 @@ func (s *Source) Vanished() map[string]bool {
 	out := map[string]bool{}
 	for i := range s.pools {
 		pw := &s.pools[i]
+		if pw.ipool != nil {
+			if s.inferencePoolVanished(pw) {
+				out[pw.pool] = true
+			}
+			continue
+		}
 		if pw.slices.inf.HasSynced() && len(pw.slices.inf.GetStore().ListKeys()) == 0 {
 			out[pw.pool] = true
 		}
@@ -596,7 +633,17 @@ func (s *Source) podMatches(pw *poolWatch, ns string, ref *corev1.ObjectReferenc
 		return "", false
 	}
 	p, ok := o.(*corev1.Pod)
-	if !ok || pw.roles != nil && !pw.roles[p.Labels[pw.k.RoleLabel]] {
+	if !ok {
+		return "", false
+	}
+	return podLabelsMatch(pw, p)
+}
+
+// podLabelsMatch reports whether pod p carries one of the pool's role label
+// values (role_label) and serves one of the deployment's models
+// (model_label), and which model.
+func podLabelsMatch(pw *poolWatch, p *corev1.Pod) (model string, ok bool) {
+	if pw.roles != nil && !pw.roles[p.Labels[pw.k.RoleLabel]] {
 		return "", false
 	}
 	if pw.models == nil {
@@ -688,9 +735,12 @@ func endpointName(ns string, ref *corev1.ObjectReference, ip net.IP, port int) s
 
 // HashedName shortens or cleans a name for the server-name rule: up to 46
 // kept characters, '-', 16 hex digits of the full name's hash.
-func HashedName(full string) string {
+func HashedName(full string) string { return hashedName(full, 46) }
+
+// hashedName is HashedName keeping up to keep characters.
+func hashedName(full string, keep int) string {
 	b := make([]byte, 0, 63)
-	for i := 0; i < len(full) && len(b) < 46; i++ {
+	for i := 0; i < len(full) && len(b) < keep; i++ {
 		c := full[i]
 		switch {
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '.', c == '_':
@@ -722,6 +772,9 @@ func (s *Source) Probe(ctx context.Context) error {
 	for _, k := range keys {
 		o := metav1.ListOptions{LabelSelector: k.selector, Limit: 1}
 		if _, err := s.opts.Client.list(ctx, k.kind, k.ns, o); err != nil {
+			if k.kind == kindInferencePools && apierrors.IsNotFound(err) {
+				err = fmt.Errorf("the InferencePool CRD (%s/%s) is not installed: %w", InferencePoolGVR.GroupResource(), InferencePoolGVR.Version, err)
+			}
 			errs = append(errs, fmt.Errorf("list %s in namespace %s (%s): %w", k.kind, k.ns, k.selector, err))
 		}
 	}

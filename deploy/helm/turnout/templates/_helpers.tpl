@@ -39,12 +39,26 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 /run/turnout/{{ .Values.proxy }}
 {{- end -}}
 
-{{/* "true" when a pool sorts pods by role_label: turnout then reads pods too. */}}
+{{/* "true" when a pool sorts pods by role_label or follows an InferencePool:
+turnout then reads pods too. */}}
 {{- define "turnout.needsPods" -}}
 {{- $need := false -}}
 {{- range .Values.deployments -}}
 {{- range .pools -}}
-{{- if and .discovery .discovery.kubernetes .discovery.kubernetes.role_label -}}
+{{- if and .discovery .discovery.kubernetes (or .discovery.kubernetes.role_label .discovery.kubernetes.inference_pool) -}}
+{{- $need = true -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $need }}true{{ end -}}
+{{- end -}}
+
+{{/* "true" when a pool follows an InferencePool (discovery.kubernetes.inference_pool). */}}
+{{- define "turnout.needsInferencePools" -}}
+{{- $need := false -}}
+{{- range .Values.deployments -}}
+{{- range .pools -}}
+{{- if and .discovery .discovery.kubernetes .discovery.kubernetes.inference_pool -}}
 {{- $need = true -}}
 {{- end -}}
 {{- end -}}
