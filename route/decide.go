@@ -221,7 +221,7 @@ func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdi
 		}
 		if len(c.Endpoints) == 0 && pr.Role == ProfileServe {
 			sc.refusedPool = pr.Pool
-			if sc.req.Only != nil && c.Reject == fleet.RejectNone {
+			if sc.only != nil && sc.only.Only[i] != nil && c.Reject == fleet.RejectNone {
 				s.refuseModel(v, d, sc.req.Model)
 				return
 			}

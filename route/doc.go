@@ -4,8 +4,9 @@
 // and turns what a proxy sent about one request (an Input) into a Verdict,
 // the replica it should go to (Decider.Decide; decide.go reads top to
 // bottom). Transports read Inputs and write Verdicts: route/httpapi (POST
-// /internal/route, X-Turnout-* headers) and route/spoe (the SPOE agent, txn
-// variables). What the proxy glue does with a Verdict is one table,
+// /internal/route, X-Turnout-* headers), route/spoe (the SPOE agent, txn
+// variables) and route/epp (the Endpoint Picker Protocol's ext_proc
+// stream, ImmediateResponse refusals). What the proxy glue does with a Verdict is one table,
 // rendered into every glue (contract_glue.go).
 //
 // # Layers

@@ -12,7 +12,7 @@ import (
 
 // configPages are the pages whose YAML examples are turnout configs, each
 // with at least one (the README's, the schema's, KV's and PD's among them).
-var configPages = []string{"README.md", "docs/configuration.md", "docs/clusters.md", "docs/kv-aware.md", "docs/prefill-decode.md", "docs/discovery.md", "docs/policies.md", "docs/flow-control.md"}
+var configPages = []string{"README.md", "docs/configuration.md", "docs/clusters.md", "docs/kv-aware.md", "docs/prefill-decode.md", "docs/discovery.md", "docs/policies.md", "docs/flow-control.md", "docs/gateway-api.md"}
 
 // Every YAML example in the README and the config pages of docs/ is a
 // config turnout accepts, so the docs cannot drift from the schema.

@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -36,5 +37,18 @@ func TestSubsetHintNarrowsThePickWithoutAllocating(t *testing.T) {
 				t.Fatalf("%v allocations per decision with a hint", n)
 			}
 		})
+	}
+}
+
+// Hinted endpoints that exist but cannot serve now are a 503 no_endpoint,
+// not a pick elsewhere.
+func TestSubsetHintOfUnavailableEndpoints(t *testing.T) {
+	s := mustServer(t, strings.Replace(fmt.Sprintf(fourEndpoints, "round-robin"), "127.0.0.1:8002}", "127.0.0.1:8002, draining: true}", 1))
+	defer s.Close()
+	in := Input{Body: []byte(body4K(1)), Subset: &Subset{Addrs: [][]byte{[]byte("127.0.0.1:8002")}}}
+	var v Verdict
+	s.Decide(&in, &v)
+	if v.Status != 503 || v.Reason != ReasonNoEndpoint {
+		t.Fatalf("status %d reason %s server %s", v.Status, v.Reason, v.Server)
 	}
 }

@@ -179,11 +179,11 @@ func (st *stream) decideStreamed(eos bool) (bool, error) {
 	} else {
 		// The one copy of each chunk: the decision reads the body whole.
 		n := min(st.seen, maxBody)
+		if !st.take(n) { // a pooled buffer is charged too: it is held now
+			return true, st.overloaded()
+		}
 		buf := st.t.Buf.Body[:0]
 		if cap(buf) < n {
-			if !st.take(n) {
-				return true, st.overloaded()
-			}
 			buf = make([]byte, 0, n)
 		}
 		for _, c := range st.chunks {

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -309,4 +310,34 @@ func TestEPP_MalformedStreamIsAnError(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The bytes held before a decision count against
+// limits.max_buffered_bytes with turnout's other buffered bodies: past it,
+// 503 overloaded, and the bytes go back when the streams end.
+func TestEPP_BufferedBytesBudget(t *testing.T) {
+	h := newHarness(t, "max_body: 4096\nroute_body: 4096\nlimits: {max_buffered_bytes: 4096}\n"+fleetYAML)
+	first := h.open(t)
+	first.send(chatHeaders(false))
+	first.send(reqBody(bytes.Repeat([]byte("x"), 3000), false))
+	eventually(t, 10*time.Second, func() error {
+		if n := h.s.budget.used.Load(); n != 3000 {
+			return fmt.Errorf("%d bytes held, want the first stream's 3000", n)
+		}
+		return nil
+	})
+	second := h.open(t)
+	second.send(chatHeaders(false))
+	second.send(reqBody(bytes.Repeat([]byte("y"), 3000), false))
+	f := refused(t, second.recv())
+	if f.status != 503 || f.reason != route.ReasonOverloaded || f.retry == "" {
+		t.Fatalf("%+v", f)
+	}
+	first.cancel()
+	eventually(t, 10*time.Second, func() error {
+		if n := h.s.budget.used.Load(); n != 0 {
+			return fmt.Errorf("%d bytes still held", n)
+		}
+		return nil
+	})
 }
