@@ -33,7 +33,7 @@ import (
 const chart = "helm/turnout"
 
 // profiles are the values files in helm/turnout/ci the chart is tested with.
-var profiles = []string{"haproxy", "nginx", "pd", "monitoring", "inferencepool"}
+var profiles = []string{"haproxy", "nginx", "pd", "monitoring", "inferencepool", "epp"}
 
 func valuesFile(p string) string { return filepath.Join(chart, "ci", p+"-values.yaml") }
 
@@ -209,6 +209,8 @@ func checkProbes(p *pod) error {
 	add("listen", p.cfg.Listen)
 	add("feedback.syslog", p.cfg.Feedback.Syslog)
 	add("admin_listen", p.cfg.AdminListen)
+	add("epp.listen", p.cfg.EPP.Listen)
+	add("epp.health_listen", p.cfg.EPP.HealthListen)
 	if container(&p.dep.Spec.Template.Spec, "nginx") != nil {
 		add("nginx.listen", p.cfg.Nginx.Listen)
 	} else {
@@ -230,6 +232,8 @@ func checkProbes(p *pod) error {
 				host, pp = pr.HTTPGet.Host, pr.HTTPGet.Port.String()
 			case pr.TCPSocket != nil:
 				host, pp = pr.TCPSocket.Host, pr.TCPSocket.Port.String()
+			case pr.GRPC != nil:
+				pp = strconv.Itoa(int(pr.GRPC.Port))
 			default:
 				continue
 			}
@@ -247,8 +251,11 @@ func checkProbes(p *pod) error {
 				errs = append(errs, fmt.Errorf("%s %s probe: port %d is no listener of turnout's config", c.Name, kind, num))
 			case l.loop:
 				errs = append(errs, fmt.Errorf("%s %s probe: port %d is %s, bound to loopback: the kubelet cannot reach it", c.Name, kind, num, l.field))
-			case c.Name == "turnout" && l.field != "admin_listen":
+			case c.Name == "turnout" && pr.GRPC == nil && l.field != "admin_listen":
 				errs = append(errs, fmt.Errorf("turnout %s probe: port %d is %s, not admin_listen", kind, num, l.field))
+			case c.Name == "turnout" && pr.GRPC != nil && (l.field != "epp.health_listen" || p.cfg.EPP.HealthListen == p.cfg.EPP.Listen):
+				// The kubelet's gRPC probe speaks no TLS: only the plaintext health listener answers it.
+				errs = append(errs, fmt.Errorf("turnout %s gRPC probe: port %d is %s, not epp.health_listen", kind, num, l.field))
 			}
 		}
 	}
@@ -278,6 +285,12 @@ func checkPod(p *pod) error {
 	proxy, flag, file := container(spec, "haproxy"), "--haproxy-dir=", "haproxy.cfg"
 	if proxy == nil {
 		proxy, flag, file = container(spec, "nginx"), "--nginx-dir=", "nginx.conf"
+	}
+	if p.cfg.EPP.On() {
+		if proxy != nil {
+			return fmt.Errorf("epp: the gateway is the proxy, yet the pod runs %s", proxy.Name)
+		}
+		return checkEPPPod(p)
 	}
 	if proxy == nil {
 		return errors.New("no proxy container")
@@ -414,6 +427,9 @@ func TestChartAcceptedRestricted(t *testing.T) {
 		if prof == "monitoring" {
 			want = append(want, "ClusterRole", "ClusterRoleBinding", "ServiceMonitor", "PrometheusRule")
 		} else {
+			if prof == "epp" {
+				want = append(want, "InferencePool")
+			}
 			want = append(want, "Role", "RoleBinding")
 		}
 		for _, k := range want {

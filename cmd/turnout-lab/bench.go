@@ -32,6 +32,7 @@ const benchUsage = `turnout-lab bench: routing quality and cost benchmarks
   turnout-lab bench azure  [--trace FILE] ...        (replay of the Azure CSV: lengths only)
   turnout-lab bench flow   [--trace FILE] [--loads 1.2,1.5] ...  (flow control: TTFT per class, e2e)
   turnout-lab bench cost   [--duration D] ...        (/internal/route vs a trivial handler; HAProxy and nginx alone vs with turnout)
+  turnout-lab bench transports [--duration D] ...    (decisions/s and CPU per decision: /internal/route, SPOE, Endpoint Picker)
   turnout-lab bench trivial --listen ADDR            (the trivial fasthttp handler cost compares against)
   turnout-lab bench policies                         (the default comparison rows, one per line)
 
@@ -68,6 +69,8 @@ func runBench(args []string, log *zerolog.Logger) error {
 		return runCost(args[1:], log)
 	case "flow":
 		return runFlow(args[1:], log)
+	case "transports":
+		return runTransports(args[1:], log)
 	case "trivial":
 		return runTrivial(args[1:], log)
 	case "policies":
@@ -81,7 +84,7 @@ func runBench(args []string, log *zerolog.Logger) error {
 	case "-h", "--help", "help":
 		return &cli.HelpShown{Text: benchUsage}
 	}
-	return fmt.Errorf("%s (want replay, azure, cost, flow, trivial or policies)", cli.UnknownCommand("bench", args[0], []string{"replay", "azure", "cost", "flow", "trivial", "policies"}))
+	return fmt.Errorf("%s (want replay, azure, cost, flow, transports, trivial or policies)", cli.UnknownCommand("bench", args[0], []string{"replay", "azure", "cost", "flow", "transports", "trivial", "policies"}))
 }
 
 // errTraceMissing makes a missing trace a clean skip, not a failure.

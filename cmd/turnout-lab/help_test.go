@@ -21,6 +21,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"bench", "replay", "--help"}, []string{"-trace", "-policies", "-mode", "-turnout-bin", "-fronts", "-nats-server"}, []string{"-rounds"}},
 		{[]string{"bench", "azure", "--help"}, []string{"-trace"}, nil},
 		{[]string{"bench", "cost", "--help"}, []string{"-duration", "-rounds", "-conns", "-turnout-bin"}, []string{"-trace"}},
+		{[]string{"bench", "transports", "--help"}, []string{"-duration", "-rounds", "-conns", "-grpc-conns", "-policy"}, []string{"-trace"}},
 		{[]string{"bench", "trivial", "--help"}, []string{"-listen"}, nil},
 		{[]string{"bench", "policies", "--help"}, []string{"bench policies"}, nil},
 	} {

@@ -91,17 +91,49 @@ deployments, then .Values.config merged over them. */}}
 {{- $dir := include "turnout.proxyDir" . -}}
 {{- $drain := printf "%ds" (int .Values.drainTimeoutSeconds) -}}
 {{- $cfg := dict "listen" .Values.turnout.listen "admin_listen" (printf ":%d" (int .Values.turnout.adminPort)) -}}
+{{- if ne .Values.proxy "epp" -}}
 {{- $_ := set $cfg "feedback" (dict "syslog" "127.0.0.1:9514") -}}
+{{- end -}}
 {{- if eq .Values.proxy "haproxy" -}}
 {{- $_ := set $cfg "haproxy" (dict "listen" (printf "0.0.0.0:%d" (int .Values.proxyPort)) "dir" $dir "drain_timeout" $drain) -}}
 {{- else if eq .Values.proxy "nginx" -}}
 {{- $_ := set $cfg "nginx" (dict "listen" (printf "0.0.0.0:%d" (int .Values.proxyPort)) "dir" $dir "mode" .Values.nginx.mode) -}}
 {{- $_ := set $cfg "haproxy" (dict "drain_timeout" $drain) -}}
+{{- else if eq .Values.proxy "epp" -}}
+{{- $_ := set $cfg "epp" (include "turnout.eppConfig" . | fromYaml) -}}
 {{- else -}}
-{{- fail (printf "proxy must be haproxy or nginx, not %q" .Values.proxy) -}}
+{{- fail (printf "proxy must be haproxy, nginx or epp, not %q" .Values.proxy) -}}
 {{- end -}}
 {{- $_ := set $cfg "deployments" .Values.deployments -}}
 {{- toYaml (mergeOverwrite $cfg (deepCopy .Values.config)) -}}
+{{- end -}}
+
+{{/* turnout's epp: section with proxy: epp (the gateway's ext_proc target,
+plaintext health for the kubelet, TLS from the values). */}}
+{{- define "turnout.eppConfig" -}}
+listen: {{ printf "0.0.0.0:%d" (int .Values.epp.port) | quote }}
+health_listen: {{ printf "0.0.0.0:%d" (int .Values.epp.healthPort) | quote }}
+tls:
+  mode: {{ .Values.epp.tls.mode | quote }}
+  {{- if eq .Values.epp.tls.mode "files" }}
+  cert_file: {{ include "turnout.eppTLSDir" . }}/tls.crt
+  key_file: {{ include "turnout.eppTLSDir" . }}/tls.key
+  {{- end }}
+{{- end -}}
+
+{{/* Where the epp.tls.secretName Secret is mounted (mode files). */}}
+{{- define "turnout.eppTLSDir" -}}
+/etc/turnout-tls
+{{- end -}}
+
+{{/* The Service port's appProtocol for the Endpoint Picker: gateways dial
+it over TLS (http2) or plaintext HTTP/2 (kubernetes.io/h2c). */}}
+{{- define "turnout.eppAppProtocol" -}}
+{{- if eq .Values.epp.tls.mode "off" -}}
+kubernetes.io/h2c
+{{- else -}}
+http2
+{{- end -}}
 {{- end -}}
 
 {{/* The securityContext every container gets: restricted Pod Security. */}}

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/internal/cli"
+	"github.com/turnout/turnout/lab/bench"
+)
+
+var benchTransportsCmd = cli.Command{
+	Prog:     prog,
+	Synopsis: "turnout-lab bench transports [--duration D] [--rounds N] [--conns N] [flags]",
+	About: `Measures decisions/s and turnout's CPU per decision through each transport, same bodies, same run: /internal/route,
+the SPOE agent and the Endpoint Picker (ext_proc, FULL_DUPLEX_STREAMED, h2c and TLS), each driven directly by its own client.`,
+	Example: "turnout-lab bench transports --duration 3s --rounds 5",
+}
+
+func runTransports(args []string, log *zerolog.Logger) error {
+	fset := cli.NewFlags("bench transports")
+	o := bench.TransportOptions{Log: log}
+	fset.DurationVar(&o.Duration, "duration", 3*time.Second, "length of one load run")
+	fset.IntVar(&o.Rounds, "rounds", 5, "load runs per transport, interleaved across transports")
+	fset.IntVar(&o.Conns, "conns", 16, "concurrent clients (connections for HTTP and SPOE, streams for ext_proc)")
+	fset.IntVar(&o.GRPCConns, "grpc-conns", 2, "gRPC connections carrying the ext_proc streams (Envoy: one per worker thread)")
+	fset.IntVar(&o.Replicas, "replicas", 4, "replicas in the pool (never called)")
+	fset.StringVar(&o.Policy, "policy", "prefix-affinity", "turnout policy")
+	bin := fset.String("turnout-bin", "", "turnout binary (default: turnout next to this executable, else on $PATH)")
+	out := fset.String("out", "bench-out", "output directory")
+	name := fset.String("name", "transports", "output file name prefix")
+	check := fset.Bool("check", false, "fail unless every transport answered with few errors (smoke)")
+	if err := cli.ParseFlags(fset, benchTransportsCmd, args); err != nil {
+		return err
+	}
+	var err error
+	if o.Turnout, _, err = binaries(*bin); err != nil {
+		return fmt.Errorf("bench transports: %w", err)
+	}
+	work, err := os.MkdirTemp("", "turnout-transports-")
+	if err != nil {
+		return fmt.Errorf("bench transports: %w", err)
+	}
+	defer os.RemoveAll(work)
+	o.Dir = work
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rows, err := bench.RunTransports(ctx, o)
+	if err != nil {
+		return fmt.Errorf("bench transports: %w", err)
+	}
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		return fmt.Errorf("bench transports: %w", err)
+	}
+	f, err := os.Create(filepath.Join(*out, *name+".txt"))
+	if err != nil {
+		return fmt.Errorf("bench transports: %w", err)
+	}
+	defer f.Close()
+	if err := bench.WriteTransportTable(io.MultiWriter(os.Stdout, f), rows); err != nil {
+		return fmt.Errorf("bench transports: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("bench transports: %w", err)
+	}
+	if *check {
+		if err := bench.CheckTransports(rows); err != nil {
+			return fmt.Errorf("bench transports check: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,407 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+	"google.golang.org/grpc"
+
+	"github.com/turnout/turnout/lab/mock"
+	"github.com/turnout/turnout/route"
+)
+
+// The transport benchmark: what one decision costs turnout through each of
+// its transports, with the same bodies, in the same run. One turnout
+// process serves /internal/route, the SPOE agent and the Endpoint Picker
+// (h2c); a second serves the Endpoint Picker with its default self-signed
+// TLS. Each transport is driven directly by a closed loop of its own
+// client (no proxy, no replica), and turnout's CPU time over the run is
+// divided by the decisions it answered.
+
+// TransportOptions configure RunTransports.
+type TransportOptions struct {
+	Turnout string // turnout binary
+	// Duration of one load run; every target gets Rounds runs, interleaved.
+	Duration time.Duration
+	Rounds   int
+	// Conns is the clients' concurrency: connections for HTTP and SPOE,
+	// concurrent streams for the Endpoint Picker.
+	Conns int
+	// GRPCConns is how many gRPC connections carry the Endpoint Picker's
+	// streams (Envoy opens one per worker thread).
+	GRPCConns int
+	Replicas  int
+	Policy    string
+	Dir       string
+	Log       *zerolog.Logger
+}
+
+// TransportRow is one transport's figures, medians over rounds.
+type TransportRow struct {
+	Target   string
+	Conns    int
+	Requests int
+	Errors   int
+	RPS      float64
+	P50, P99 float64 // ms
+	// CPUPerDecision is turnout's CPU time (user + system) per answered
+	// decision, in µs.
+	CPUPerDecision float64
+	// CPURatio is CPUPerDecision against the SPOE row's, per round, median.
+	CPURatio float64
+	FirstErr string
+
+	roundRPS, roundCPU, roundP50, roundP99 []float64
+}
+
+// Transport target names; the SPOE row is what CPURatio compares with.
+const (
+	TransportRoute  = "/internal/route (HTTP/1.1)"
+	TransportSPOE   = "SPOE agent (TCP)"
+	TransportEPP    = "Endpoint Picker (ext_proc, h2c)"
+	TransportEPPTLS = "Endpoint Picker (ext_proc, TLS self-signed)"
+)
+
+// transportTarget is one transport: a process whose CPU is counted and a
+// worker factory (one per concurrent client).
+type transportTarget struct {
+	name string
+	pid  int
+	// worker returns one client's decide function; i is the request number.
+	worker func(w int) (func(i int) error, func(), error)
+}
+
+// RunTransports measures every transport Rounds times, interleaved.
+func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, error) {
+	if o.Log == nil {
+		l := zerolog.Nop()
+		o.Log = &l
+	}
+	if o.Rounds < 1 || o.Conns < 1 || o.Duration <= 0 || o.GRPCConns < 1 {
+		return nil, errors.New("transports: rounds, conns, grpc conns and duration must be positive")
+	}
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("transports dir: %w", err)
+	}
+	spec, err := ParsePolicySpec(o.Policy)
+	if err != nil {
+		return nil, err
+	}
+	var ps procSet
+	defer ps.stopAll()
+	bodies := CostBodies(64, "llama", 1, false, 1)
+	eps := make([]Endpoint, max(o.Replicas, 1))
+	for i := range eps {
+		eps[i] = Endpoint{Name: "r" + strconv.Itoa(i), Address: "127.0.0.1:" + strconv.Itoa(18000+i)}
+	}
+	start := func(name, tlsMode string) (*proc, map[string]string, error) {
+		addrs := map[string]string{}
+		for _, k := range []string{"listen", "spoe", "haproxy", "epp"} {
+			a, err := freeAddr()
+			if err != nil {
+				return nil, nil, err
+			}
+			addrs[k] = a
+		}
+		fb, err := freePort("udp")
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg := TurnoutConfig(ConfigOptions{Listen: addrs["listen"], Model: "llama", Policy: spec, Endpoints: eps, DisableHealth: true,
+			Syslog: "127.0.0.1:" + strconv.Itoa(fb), HAProxyListen: addrs["haproxy"], HAProxySPOE: addrs["spoe"],
+			SessionHeaders: []string{"x-session-id"}})
+		cfg = append(cfg, fmt.Sprintf("epp:\n  listen: %s\n  tls: {mode: %s}\n", addrs["epp"], tlsMode)...)
+		path := filepath.Join(o.Dir, name+".yaml")
+		if err := os.WriteFile(path, cfg, 0o644); err != nil {
+			return nil, nil, fmt.Errorf("transports config: %w", err)
+		}
+		p, err := ps.start(o.Dir, name, o.Turnout, "serve", "--config", path, "--watch", "0", "--log-level", "warn")
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := waitHTTP(ctx, p, "http://"+addrs["listen"]+route.PathReadyz, http.StatusOK, 10*time.Second); err != nil {
+			return nil, nil, err
+		}
+		return p, addrs, nil
+	}
+	plain, pa, err := start("turnout-h2c", "off")
+	if err != nil {
+		return nil, err
+	}
+	tlsP, ta, err := start("turnout-tls", "self-signed")
+	if err != nil {
+		return nil, err
+	}
+	eppConns := func(addr string, useTLS bool) ([]*grpc.ClientConn, error) {
+		var ccs []*grpc.ClientConn
+		for range o.GRPCConns {
+			cc, err := dialEPP(addr, useTLS)
+			if err != nil {
+				return nil, err
+			}
+			ccs = append(ccs, cc)
+		}
+		return ccs, nil
+	}
+	h2c, err := eppConns(pa["epp"], false)
+	if err != nil {
+		return nil, err
+	}
+	tlsConns, err := eppConns(ta["epp"], true)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		for _, cc := range append(h2c, tlsConns...) {
+			_ = cc.Close()
+		}
+	}()
+	targets := []transportTarget{
+		{TransportRoute, plain.cmd.Process.Pid, routeWorker(pa["listen"], bodies)},
+		{TransportSPOE, plain.cmd.Process.Pid, spoeWorker(pa["spoe"], bodies)},
+		{TransportEPP, plain.cmd.Process.Pid, eppWorker(ctx, h2c, bodies)},
+		{TransportEPPTLS, tlsP.cmd.Process.Pid, eppWorker(ctx, tlsConns, bodies)},
+	}
+	rows := make([]TransportRow, len(targets))
+	for i, t := range targets {
+		rows[i] = TransportRow{Target: t.name, Conns: o.Conns}
+	}
+	for r := range o.Rounds {
+		for i, t := range targets {
+			c0, err := procCPU(t.pid)
+			if err != nil {
+				return nil, err
+			}
+			res, err := closedLoop(ctx, t, o.Conns, o.Duration)
+			if err != nil {
+				return nil, fmt.Errorf("transports %s: %w", t.name, err)
+			}
+			c1, err := procCPU(t.pid)
+			if err != nil {
+				return nil, err
+			}
+			row := &rows[i]
+			row.Requests += res.Requests
+			row.Errors += res.Errors
+			if res.FirstErr != nil && row.FirstErr == "" {
+				row.FirstErr = res.FirstErr.Error()
+			}
+			s := Summarize(Millis(res.Latencies))
+			row.roundRPS = append(row.roundRPS, res.RPS())
+			row.roundP50 = append(row.roundP50, s.P50)
+			row.roundP99 = append(row.roundP99, s.P99)
+			cpu := 0.0
+			if res.Requests > 0 {
+				cpu = float64(c1-c0) / float64(time.Microsecond) / float64(res.Requests)
+			}
+			row.roundCPU = append(row.roundCPU, cpu)
+			o.Log.Info().Int("round", r+1).Str("target", t.name).Float64("rps", res.RPS()).Float64("cpu_us", cpu).Int("errors", res.Errors).Msg("bench: transports")
+		}
+	}
+	spoe := slices.IndexFunc(rows, func(r TransportRow) bool { return r.Target == TransportSPOE })
+	for i := range rows {
+		row := &rows[i]
+		row.RPS, row.CPUPerDecision = median(row.roundRPS), median(row.roundCPU)
+		row.P50, row.P99 = median(row.roundP50), median(row.roundP99)
+		var ratios []float64
+		for r := range row.roundCPU {
+			if base := rows[spoe].roundCPU[r]; base > 0 {
+				ratios = append(ratios, row.roundCPU[r]/base)
+			}
+		}
+		row.CPURatio = median(ratios)
+	}
+	return rows, nil
+}
+
+// closedLoop runs conns workers of t for d, each sending its next request
+// as soon as the last is answered.
+func closedLoop(ctx context.Context, t transportTarget, conns int, d time.Duration) (*LoadResult, error) {
+	var (
+		mu  sync.Mutex
+		res LoadResult
+		wg  sync.WaitGroup
+	)
+	decides := make([]func(int) error, conns)
+	for w := range conns {
+		f, closeFn, err := t.worker(w)
+		if err != nil {
+			return nil, err
+		}
+		defer closeFn()
+		decides[w] = f
+	}
+	start := time.Now()
+	deadline := start.Add(d)
+	for w := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lats := make([]time.Duration, 0, 4096)
+			var n, errs int
+			var first error
+			for i := w; ctx.Err() == nil; i += conns {
+				t0 := time.Now()
+				if t0.After(deadline) {
+					break
+				}
+				if err := decides[w](i); err != nil {
+					errs++
+					if first == nil {
+						first = err
+					}
+					continue
+				}
+				lats = append(lats, time.Since(t0))
+				n++
+			}
+			mu.Lock()
+			res.Requests += n
+			res.Errors += errs
+			res.Latencies = append(res.Latencies, lats...)
+			if res.FirstErr == nil {
+				res.FirstErr = first
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	res.Elapsed = time.Since(start)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+// routeWorker posts to /internal/route with the headers the proxy glue
+// sends, one keep-alive connection per worker.
+func routeWorker(addr string, bodies []CostBody) func(int) (func(int) error, func(), error) {
+	return func(int) (func(int) error, func(), error) {
+		hc := &fasthttp.HostClient{Addr: addr, MaxConns: 1, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, NoDefaultUserAgentHeader: true}
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		url := "http://" + addr + route.PathRoute
+		decide := func(i int) error {
+			b := &bodies[i%len(bodies)]
+			req.Reset()
+			req.SetRequestURI(url)
+			req.Header.SetMethod(fasthttp.MethodPost)
+			req.Header.SetContentType("application/json")
+			req.Header.Set("X-Session-Id", b.Session)
+			req.Header.Set(route.HdrOriginalURI, mock.PathChat)
+			req.Header.Set(route.HdrOriginalMethod, fasthttp.MethodPost)
+			req.SetBodyRaw(b.Body)
+			if err := hc.Do(req, resp); err != nil {
+				return err
+			}
+			if resp.StatusCode() != fasthttp.StatusOK || len(resp.Header.Peek(route.HdrBackend)) == 0 {
+				return fmt.Errorf("status %d without a backend: %.200s", resp.StatusCode(), resp.Body())
+			}
+			return nil
+		}
+		return decide, func() {
+			fasthttp.ReleaseRequest(req)
+			fasthttp.ReleaseResponse(resp)
+			hc.CloseIdleConnections()
+		}, nil
+	}
+}
+
+// spoeWorker sends route NOTIFYs over one agent connection per worker.
+func spoeWorker(addr string, bodies []CostBody) func(int) (func(int) error, func(), error) {
+	hdrs := make([][]byte, len(bodies))
+	for i, b := range bodies {
+		hdrs[i] = spoeHeaders("host", "gateway.bench", "content-type", "application/json", "content-length", strconv.Itoa(len(b.Body)), "x-session-id", b.Session)
+	}
+	return func(w int) (func(int) error, func(), error) {
+		c, err := dialSPOE(addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		stream := uint64(w) << 32
+		decide := func(i int) error {
+			stream++
+			return c.decide(stream, http.MethodPost, mock.PathChat, hdrs[i%len(hdrs)], bodies[i%len(bodies)].Body)
+		}
+		return decide, func() { _ = c.Close() }, nil
+	}
+}
+
+// eppWorker runs one ext_proc stream per request, over the worker's share
+// of the gRPC connections.
+func eppWorker(ctx context.Context, ccs []*grpc.ClientConn, bodies []CostBody) func(int) (func(int) error, func(), error) {
+	reqs := make([]eppRequest, len(bodies))
+	for i := range bodies {
+		reqs[i] = newEPPRequest(&bodies[i])
+	}
+	return func(w int) (func(int) error, func(), error) {
+		c := extprocv3.NewExternalProcessorClient(ccs[w%len(ccs)])
+		decide := func(i int) error {
+			_, err := eppDecide(ctx, c, reqs[i%len(reqs)], len(bodies[i%len(bodies)].Body))
+			return err
+		}
+		return decide, func() {}, nil
+	}
+}
+
+// procCPU is a process's user + system CPU time so far (all its threads).
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("cpu of %d: %w", pid, err)
+	}
+	// Fields after the command name (which may hold spaces): state is 3,
+	// utime 14 and stime 15.
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("cpu of %d: short stat", pid)
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	s, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("cpu of %d: %w", pid, err)
+	}
+	// USER_HZ is 100 on every Linux ABI Go supports.
+	return time.Duration(u+s) * 10 * time.Millisecond, nil
+}
+
+// WriteTransportTable writes the rows as an aligned table.
+func WriteTransportTable(w io.Writer, rows []TransportRow) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "transport\tconns\tdecisions\terrors\tdecisions/s\tp50 ms\tp99 ms\tCPU µs/decision\tCPU vs SPOE")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t%.3f\t%.3f\t%.1f\t%.2fx\n", r.Target, r.Conns, r.Requests, r.Errors, r.RPS, r.P50, r.P99, r.CPUPerDecision, r.CPURatio)
+	}
+	for _, r := range rows {
+		if r.FirstErr != "" {
+			fmt.Fprintf(tw, "first error, %s: %s\n", r.Target, r.FirstErr)
+		}
+	}
+	return tw.Flush()
+}
+
+// CheckTransports fails unless every transport answered decisions with
+// few errors (the smoke check).
+func CheckTransports(rows []TransportRow) error {
+	var errs []error
+	for _, r := range rows {
+		if r.Requests == 0 || r.Errors*100 > r.Requests {
+			errs = append(errs, fmt.Errorf("%s: %d decisions, %d errors (%s)", r.Target, r.Requests, r.Errors, r.FirstErr))
+		}
+	}
+	return errors.Join(errs...)
+}
