@@ -297,7 +297,7 @@ func (s *Decider) route(v *Verdict, p *fleet.Pool, c *fleet.Choice, sc *Txn, sta
 	picks := c.Endpoints
 	e := picks[0]
 	v.Status = 200
-	m := decisionMeta{pool: p, names: sc.dsnap.models.Load(), model: sc.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: sc.req.HasSession, pred: c.Predicted}
+	m := decisionMeta{pool: p, names: sc.dsnap.models.Load(), model: sc.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: sc.req.HasSession, pred: c.Predicted, notes: c.Notes}
 	v.Decision = s.dec.open(e, start.UnixNano(), &m)
 	v.Server, v.Addr, v.Pool = e.NameHdr, e.AddrHdr, p.NameHdr
 	v.Fallbacks = v.fb[:0]
