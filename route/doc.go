@@ -57,8 +57,10 @@
 //     policy wants it, the payload index) and fills a fleet.Choice
 //     (outputs: an endpoint and fallbacks among the healthy ones, best
 //     first, the Outcome for metrics, the matched prefix, or a strict
-//     policy's Reject reason), once per profile of the deployment
-//     (decide.go's runProfiles): a mixed deployment has one, a
+//     policy's Reject reason; the Notes it wants logged), once per pass
+//     of the deployment (decide.go's runPasses: a Pass is a pool and what
+//     its pick is for; a profile is what a policy runs inside it,
+//     route/policy): a mixed deployment has one, a
 //     prefill/decode deployment two (the decode pool's pick, then the
 //     prefill pool's unless the decode replica holds the prompt), after
 //     which pd.go runs the prefill on the prefill pick (retried once,

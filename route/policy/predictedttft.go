@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/estimator"
 	"github.com/turnout/turnout/route/fleet"
 )
@@ -154,16 +153,9 @@ func (sh *ttftShared) model(name string) (*estimator.Model, *ttftAcc) {
 
 // NewPredictedTTFTFactory returns the factory for predicted-ttft.
 func NewPredictedTTFTFactory() Factory {
-	return func(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
-		cfg := DefaultPredictedTTFTConfig()
-		if err := pc.DecodeParams(&cfg); err != nil {
-			return nil, err
-		}
-		if err := cfg.Validate(); err != nil {
-			return nil, err
-		}
-		return NewPredictedTTFT(cfg, env.Pool, env.Rand), nil
-	}
+	return configured(DefaultPredictedTTFTConfig, func(cfg PredictedTTFTConfig, env fleet.PolicyEnv) fleet.Policy {
+		return NewPredictedTTFT(cfg, env.Pool, env.Rand)
+	})
 }
 
 // NewPredictedTTFT builds the policy for pool p.
