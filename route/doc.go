@@ -28,6 +28,7 @@
 //	3 route/models             which endpoints serve each model name and LoRA adapter (the model table)
 //	3 route/internal/routetest helpers shared by the route packages' tests (tests only)
 //	4 route                    the Decider: snapshot, decision pipeline, ledger, verdict, the proxy contract
+//	4 route/policy/toy         a policy added as one folder + one registration line (docs/policies.md; tests only)
 //	5 route/httpapi            the HTTP transport and its server (/internal/route, /internal/done, /readyz, /metrics)
 //	5 route/spoe               the SPOE agent (HAProxy's Stream Processing Offload)
 //	5 route/feedback           completion feedback (syslog lines), feedback health, stall detection
