@@ -109,7 +109,7 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 		s.runHeld(snap, d, in, v, sc, start)
 		return
 	}
-	s.runProfiles(snap, d, in, v, sc, start)
+	s.runPasses(snap, d, in, v, sc, start)
 	if me := sc.only; me != nil {
 		if v.Status == 200 {
 			me.Stats.Decisions.Add(1)
@@ -119,7 +119,7 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 	}
 }
 
-// runHeld is runProfiles behind flow control (route/flow): while the
+// runHeld is runPasses behind flow control (route/flow): while the
 // serving pool is saturated the request waits for its turn, by class and
 // tenant, and is then routed by the policy as the pool is at release
 // time; a sheddable one past its budget is refused with 429.
@@ -145,7 +145,7 @@ func (s *Decider) runHeld(snap *Snapshot, d *Deployment, in *Input, v *Verdict, 
 	// Deferred: a panicking pick (recovered by the transport) must give
 	// its reserved room back.
 	defer d.flow.Done()
-	s.runProfiles(snap, d, in, v, sc, start)
+	s.runPasses(snap, d, in, v, sc, start)
 }
 
 // bindFlow gives the snapshot's deployments with flow_control their
@@ -164,42 +164,43 @@ func (s *Decider) bindFlow(snap *Snapshot) {
 	s.flows.Keep(live)
 }
 
-// A Profile is one pick of a decision: a pool, whose policy runs, and what
-// the pick is for. A mixed deployment runs one profile (ProfileServe); a
-// prefill/decode deployment runs two with the same pick, as llm-d's
-// two-profile run: the decode pool's, then the prefill pool's, which is
-// skipped when the decode replica already holds the prompt. The profiles'
-// picks become one verdict (finish).
-type Profile struct {
+// A Pass is one pick of a decision: a pool, whose policy runs, and what
+// the pick is for. A mixed deployment runs one pass (PassServe); a
+// prefill/decode deployment runs two with the same pick, as llm-d's P/D
+// profile handler runs its decode then prefill profiles: the decode pool's,
+// then the prefill pool's, which is skipped when the decode replica already
+// holds the prompt. The passes' picks become one verdict (finish). (A
+// profile, in turnout, is what a policy runs inside one pass: route/policy.)
+type Pass struct {
 	Pool *fleet.Pool
-	Role ProfileRole
+	Role PassRole
 }
 
-// ProfileRole is what a profile's pick is for.
-type ProfileRole uint8
+// PassRole is what a pass's pick is for.
+type PassRole uint8
 
-// Profile roles.
+// Pass roles.
 const (
-	// ProfileServe picks the replica the proxy sends the request to
+	// PassServe picks the replica the proxy sends the request to
 	// (and its fallbacks); without one the request is refused.
-	ProfileServe ProfileRole = iota
-	// ProfilePrefill picks the replica turnout runs the prefill on
+	PassServe PassRole = iota
+	// PassPrefill picks the replica turnout runs the prefill on
 	// (pd.go); it needs the whole body as a JSON object.
-	ProfilePrefill
+	PassPrefill
 )
 
-// runProfiles admits the request (the prefill profile needs the whole body,
-// pd.go), runs each profile's pick into its own part of the scratch, and
+// runPasses admits the request (the prefill pass needs the whole body,
+// pd.go), runs each pass's pick into its own part of the scratch, and
 // turns the picks into the verdict.
-func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *Txn, start time.Time) {
+func (s *Decider) runPasses(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *Txn, start time.Time) {
 	if d.Prefill != nil && !s.admitPD(snap, &sc.req, v) {
-		return // the prefill profile needs what this request lacks
+		return // the prefill pass needs what this request lacks
 	}
 	n := d.pickN
-	for i := range d.Profiles {
-		pr := &d.Profiles[i]
+	for i := range d.Passes {
+		pr := &d.Passes[i]
 		c := &sc.choices[i]
-		if pr.Role == ProfilePrefill && s.skipPrefill(d, &sc.req, &sc.choices[0]) {
+		if pr.Role == PassPrefill && s.skipPrefill(d, &sc.req, &sc.choices[0]) {
 			*c = fleet.Choice{Reject: rejectSkipped, Work: c.Work}
 			continue
 		}
@@ -219,7 +220,7 @@ func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdi
 				s.loader.Touch(e.Address, sc.req.Model) // the unload order of load_on_demand
 			}
 		}
-		if len(c.Endpoints) == 0 && pr.Role == ProfileServe {
+		if len(c.Endpoints) == 0 && pr.Role == PassServe {
 			sc.refusedPool = pr.Pool
 			if sc.only != nil && sc.only.Only[i] != nil && c.Reject == fleet.RejectNone {
 				s.refuseModel(v, d, sc.req.Model)
@@ -240,13 +241,13 @@ func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdi
 	s.finishPD(snap, d, in, v, sc, start)
 }
 
-// subsetOnly narrows the serving profile's candidates (sc.req.Only, the
+// subsetOnly narrows the serving pass's candidates (sc.req.Only, the
 // model's endpoints or every one) to the hinted addresses before the
-// policy picks; other profiles (the prefill pool) keep their own. False
+// policy picks; other passes (the prefill pool) keep their own. False
 // with the 503 in v when no endpoint of the pool is in the hint: the
 // request may go nowhere else.
-func (*Decider) subsetOnly(snap *Snapshot, pr *Profile, in *Input, sc *Txn, v *Verdict) bool {
-	if pr.Role != ProfileServe {
+func (*Decider) subsetOnly(snap *Snapshot, pr *Pass, in *Input, sc *Txn, v *Verdict) bool {
+	if pr.Role != PassServe {
 		if sc.only == nil {
 			sc.req.Only = nil
 		}
@@ -287,7 +288,7 @@ func (*Decider) subsetOnly(snap *Snapshot, pr *Profile, in *Input, sc *Txn, v *V
 	return true
 }
 
-// rejectSkipped marks a profile's choice as not run (a prefill the decode
+// rejectSkipped marks a pass's choice as not run (a prefill the decode
 // replica makes unnecessary); no policy sets it.
 const rejectSkipped fleet.RejectReason = 255
 
@@ -347,7 +348,7 @@ func (s *Decider) route(v *Verdict, p *fleet.Pool, c *fleet.Choice, sc *Txn, sta
 	picks := c.Endpoints
 	e := picks[0]
 	v.Status = 200
-	m := decisionMeta{pool: p, names: sc.dsnap.models.Load(), model: sc.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: sc.req.HasSession, pred: c.Predicted}
+	m := decisionMeta{pool: p, names: sc.dsnap.models.Load(), model: sc.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: sc.req.HasSession, pred: c.Predicted, notes: c.Notes}
 	v.Decision = s.dec.open(e, start.UnixNano(), &m)
 	v.Server, v.Addr, v.Pool = e.NameHdr, e.AddrHdr, p.NameHdr
 	v.Fallbacks = v.fb[:0]
@@ -365,7 +366,7 @@ func (s *Decider) route(v *Verdict, p *fleet.Pool, c *fleet.Choice, sc *Txn, sta
 	}
 }
 
-// maxPicks bounds the endpoints one decision picks, over all its profiles.
+// maxPicks bounds the endpoints one decision picks, over all its passes.
 const maxPicks = 16
 
 // latencySample: the decision latency histogram times one decision in this many.
@@ -431,7 +432,7 @@ type Txn struct {
 	snap  *Snapshot
 	start time.Time
 
-	// choices are the profiles' picks (Deployment.Profiles: the serving
+	// choices are the passes' picks (Deployment.Passes: the serving
 	// pool's, then the prefill pool's); their Endpoints are views into picks.
 	choices [2]fleet.Choice
 	// pdh is the prefill call's header source (pd.go).

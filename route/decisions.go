@@ -65,6 +65,8 @@ type decisionSlot struct {
 	session         bool
 	end             decisionEnd
 	pred            fleet.Prediction
+	// notes are the policy's figures (fleet.Notes), named by pool.Policy.
+	notes fleet.Notes
 }
 
 // decisionMeta is what a decision was, for its log line and lookup.
@@ -76,6 +78,7 @@ type decisionMeta struct {
 	outcome fleet.Outcome
 	session bool
 	pred    fleet.Prediction
+	notes   fleet.Notes
 }
 
 // open reports the state the open decision counts in flight on, or nil.
@@ -134,7 +137,7 @@ func (d *decisions) open(e *fleet.Endpoint, now int64, m *decisionMeta) uint64 {
 		d.overwritten.Add(1)
 	}
 	s.id, s.start, s.ep, s.pool, s.names, s.served = id, now, e, m.pool, m.names, nil
-	s.model, s.matched, s.outcome, s.session, s.pred = m.model, m.matched, m.outcome, m.session, m.pred
+	s.model, s.matched, s.outcome, s.session, s.pred, s.notes = m.model, m.matched, m.outcome, m.session, m.pred, m.notes
 	s.end, s.status, s.retries, s.ms, s.ttfb = endOpen, -1, -1, -1, -1
 	s.mu.Unlock()
 	e.State.Inflight.Add(1)
@@ -379,8 +382,9 @@ type DecisionRecord struct {
 	// The completion (-1: unknown) and the endpoint that served it.
 	Status, TTFBMs, DurationMs, Retries int64
 	ServedBy                            string
-	// PredictedTTFTMs is the policy's predicted TTFT (0: none).
-	PredictedTTFTMs float64
+	// Notes are the figures the deciding policy logs with the decision
+	// (fleet.Notes), each a field of its own.
+	Notes fleet.NoteList
 }
 
 // record copies the slot into r (the caller holds the slot's lock).
@@ -389,13 +393,13 @@ func (s *decisionSlot) record(r *DecisionRecord) {
 		ID: s.id, MatchedBlocks: int(s.matched), Session: s.session,
 		Start: time.Unix(0, s.start), Outcome: s.outcome.String(),
 		Status: int64(s.status), TTFBMs: int64(s.ttfb), DurationMs: int64(s.ms), Retries: int64(s.retries),
-		PredictedTTFTMs: float64(s.pred.TTFTMs),
 	}
 	if s.ep != nil {
 		r.Endpoint = s.ep.Name
 	}
 	if s.pool != nil {
 		r.Pool, r.Deployment = s.pool.Name, s.pool.Deployment
+		r.Notes = s.notes.Name(s.pool.Policy)
 	}
 	if s.names != nil && s.model >= 0 && int(s.model) < len(s.names.Names) {
 		r.Model, r.Adapter = s.names.Names[s.model], s.names.IsAdapter(s.model)
@@ -432,8 +436,8 @@ func (r *DecisionRecord) Fields(e *zerolog.Event) *zerolog.Event {
 	e = e.Int("matched_blocks", r.MatchedBlocks).Bool("session", r.Session).
 		Int64("status", r.Status).Int64("ttfb_ms", r.TTFBMs).Int64("duration_ms", r.DurationMs).
 		Int64("retries", r.Retries).Str("served_by", r.ServedBy).Str("state", r.State)
-	if r.PredictedTTFTMs > 0 {
-		e = e.Float64("predicted_ttft_ms", r.PredictedTTFTMs)
+	for _, n := range r.Notes.List[:r.Notes.N] {
+		e = e.Float64(n.Key, n.Value)
 	}
 	if !r.Start.IsZero() {
 		e = e.Time("start", r.Start)

@@ -29,6 +29,7 @@
 //	3 route/models             which endpoints serve each model name and LoRA adapter (the model table)
 //	3 route/internal/routetest helpers shared by the route packages' tests (tests only)
 //	4 route                    the Decider: snapshot, decision pipeline, ledger, verdict, the proxy contract
+//	4 route/policy/toy         a policy added as one folder + one registration line (docs/policies.md; tests only)
 //	5 route/httpapi            the HTTP transport and its server (/internal/route, /internal/done, /readyz, /metrics)
 //	5 route/spoe               the SPOE agent (HAProxy's Stream Processing Offload)
 //	5 route/epp                the Endpoint Picker (Envoy ext_proc gRPC) for Gateway API Inference Extension gateways
@@ -59,8 +60,10 @@
 //     policy wants it, the payload index) and fills a fleet.Choice
 //     (outputs: an endpoint and fallbacks among the healthy ones, best
 //     first, the Outcome for metrics, the matched prefix, or a strict
-//     policy's Reject reason), once per profile of the deployment
-//     (decide.go's runProfiles): a mixed deployment has one, a
+//     policy's Reject reason; the Notes it wants logged), once per pass
+//     of the deployment (decide.go's runPasses: a Pass is a pool and what
+//     its pick is for; a profile is what a policy runs inside it,
+//     route/policy): a mixed deployment has one, a
 //     prefill/decode deployment two (the decode pool's pick, then the
 //     prefill pool's unless the decode replica holds the prompt), after
 //     which pd.go runs the prefill on the prefill pick (retried once,

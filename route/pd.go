@@ -15,7 +15,7 @@ import (
 
 // Prefill/decode disaggregation (vLLM's kv_transfer_params protocol, as the
 // NIXL connector's toy proxy drives it): turnout picks a decode and a prefill
-// replica (the two profiles of decide.go's runProfiles), sends the prefill
+// replica (the two passes of decide.go's runPasses), sends the prefill
 // itself (route/pd; payload.PrefillBody: max_tokens 1, not streamed, with
 // do_remote_decode), retrying once on another prefill replica, and hands the
 // prefill's kv_transfer_params to the proxy, which injects them into the
@@ -47,7 +47,7 @@ func (s *Decider) admitPD(snap *Snapshot, r *fleet.Request, v *Verdict) bool {
 
 // skipPrefill reports whether the decode replica already holds most of the
 // prompt (llm-d's heuristic): moving KV would cost more than recomputing,
-// so the prefill profile does not run.
+// so the prefill pass does not run.
 func (s *Decider) skipPrefill(d *Deployment, r *fleet.Request, decode *fleet.Choice) bool {
 	cfg := &d.Config.PD
 	m := decode.Matched
@@ -58,7 +58,7 @@ func (s *Decider) skipPrefill(d *Deployment, r *fleet.Request, decode *fleet.Cho
 	return false
 }
 
-// finishPD turns the two profiles' picks into the verdict: the decode
+// finishPD turns the two passes' picks into the verdict: the decode
 // replica, after the prefill ran on the prefill pick (retried once on the
 // next), with the body edit that hands on its kv_transfer_params. A skipped
 // prefill serves on decode alone; an empty prefill pick serves aggregated

@@ -291,26 +291,26 @@ func TestPDHeaders(t *testing.T) {
 	}
 }
 
-// A prefill/decode deployment is two profiles of the one pipeline (the
+// A prefill/decode deployment is two passes of the one pipeline (the
 // decode pool's pick, then the prefill pool's); a mixed deployment is one.
-// The prefill profile's skipped pick is marked, never routed to.
-func TestDeploymentProfiles(t *testing.T) {
+// The prefill pass's skipped pick is marked, never routed to.
+func TestDeploymentPasses(t *testing.T) {
 	a := startFakePrefill(t)
 	s := pdServer(t, ", skip_prefill_below: 256", a)
 	d := s.Snapshot().Deployments[0]
-	if len(d.Profiles) != 2 || d.Profiles[0].Pool != d.Serve || d.Profiles[0].Role != ProfileServe ||
-		d.Profiles[1].Pool != d.Prefill || d.Profiles[1].Role != ProfilePrefill {
-		t.Fatalf("PD profiles: %+v", d.Profiles)
+	if len(d.Passes) != 2 || d.Passes[0].Pool != d.Serve || d.Passes[0].Role != PassServe ||
+		d.Passes[1].Pool != d.Prefill || d.Passes[1].Role != PassPrefill {
+		t.Fatalf("PD passes: %+v", d.Passes)
 	}
 	m := mustServer(t, `
 health: {disable: true}
 deployments: [{name: m, models: [m], pools: [{endpoints: [{name: m0, address: "127.0.0.1:9103"}]}]}]
 `)
-	if md := m.Snapshot().Deployments[0]; len(md.Profiles) != 1 || md.Profiles[0].Pool != md.Serve || md.Profiles[0].Role != ProfileServe {
-		t.Fatalf("mixed profiles: %+v", md.Profiles)
+	if md := m.Snapshot().Deployments[0]; len(md.Passes) != 1 || md.Passes[0].Pool != md.Serve || md.Passes[0].Role != PassServe {
+		t.Fatalf("mixed passes: %+v", md.Passes)
 	}
 	// Served twice: the second time the decode replica holds the prompt and
-	// the prefill profile is skipped, counted as such.
+	// the prefill pass is skipped, counted as such.
 	body := `{"model":"llama","prompt":"` + strings.Repeat("cached prefix ", 60) + `"}`
 	do(s, body)
 	before := s.m.pdPrefill[3].Load()

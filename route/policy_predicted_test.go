@@ -1,10 +1,14 @@
 package route
 
 import (
+	"bytes"
 	"fmt"
 	"math"
+	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/policy"
@@ -78,9 +82,21 @@ func TestPredictedTTFTInRequestLog(t *testing.T) {
 	ctx := do(s, chatBody("llama", "sys", "hello"))
 	id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
 	s.CloseDecisionWith(id, Completion{Status: 200, Ms: 40, TTFB: 30, Retries: 0})
-	if len(sink.recs) != 1 || sink.recs[0].PredictedTTFTMs <= 0 || sink.recs[0].TTFBMs != 30 {
+	if len(sink.recs) != 1 || !predicted(&sink.recs[0]) || sink.recs[0].TTFBMs != 30 {
 		t.Fatalf("request log records %+v: want one with a prediction and ttfb 30", sink.recs)
 	}
+	var line bytes.Buffer
+	zl := zerolog.New(&line)
+	sink.recs[0].Fields(zl.Log()).Send()
+	if !regexp.MustCompile(`"state":"closed","predicted_ttft_ms":[0-9.e-]+,"start":`).Match(line.Bytes()) {
+		t.Fatalf("log line %s: want predicted_ttft_ms between state and start", line.String())
+	}
+}
+
+// predicted reports whether r carries a positive predicted TTFT.
+func predicted(r *DecisionRecord) bool {
+	v, ok := r.Notes.Get("predicted_ttft_ms")
+	return ok && v > 0
 }
 
 type captureSink struct{ recs []DecisionRecord }

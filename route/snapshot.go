@@ -28,13 +28,13 @@ type Deployment struct {
 	Serve   *fleet.Pool
 	Prefill *fleet.Pool // PD only
 	Pools   []*fleet.Pool
-	// Profiles are the picks a decision makes, in order (decide.go): the
+	// Passes are the picks a decision makes, in order (decide.go): the
 	// serving pool's, then for prefill/decode the prefill pool's.
-	Profiles []Profile
+	Passes []Pass
 	// flow holds decisions while Serve is saturated (route/flow); nil: off.
 	flow *flow.Controller
-	// pickN is how many endpoints each profile picks (1 + fallbacks, within
-	// a Txn's picks shared by the profiles).
+	// pickN is how many endpoints each pass picks (1 + fallbacks, within
+	// a Txn's picks shared by the passes).
 	pickN int
 }
 
@@ -204,17 +204,17 @@ func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, sto
 				d.Prefill = p
 			}
 		}
-		d.Profiles = append(d.Profiles, Profile{Pool: d.Serve, Role: ProfileServe})
+		d.Passes = append(d.Passes, Pass{Pool: d.Serve, Role: PassServe})
 		if d.Prefill != nil {
-			d.Profiles = append(d.Profiles, Profile{Pool: d.Prefill, Role: ProfilePrefill})
+			d.Passes = append(d.Passes, Pass{Pool: d.Prefill, Role: PassPrefill})
 		}
-		d.pickN = min(1+cfg.Fallbacks, maxPicks/len(d.Profiles))
+		d.pickN = min(1+cfg.Fallbacks, maxPicks/len(d.Passes))
 		s.Deployments = append(s.Deployments, d)
 		for _, m := range dc.Models {
 			s.byModel[m] = modelRef{d}
 		}
 		md := models.Dep{Config: dc}
-		for _, pr := range d.Profiles {
+		for _, pr := range d.Passes {
 			md.Pools = append(md.Pools, pr.Pool)
 		}
 		s.deps = append(s.deps, md)

@@ -86,6 +86,9 @@ type Choice struct {
 	// choice (zero: no prediction); the ledger keeps it until the
 	// completion's TTFB teaches the policy (TTFTLearner).
 	Predicted Prediction
+	// Notes are the figures the policy wants logged with the decision
+	// (note.go): the pipeline copies them and never reads them.
+	Notes Notes
 	// Work is a policy's working memory for one decision, kept with the
 	// caller's pooled per-request scratch (the Decider's Txn) so that a
 	// policy takes none from a pool of its own; nil: the policy does.

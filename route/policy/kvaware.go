@@ -122,19 +122,17 @@ type kvBuf struct {
 
 // NewKVAwareFactory returns the factory for kv-aware.
 func NewKVAwareFactory() Factory {
-	return func(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
-		cfg := KVAwareConfig{
-			MaxBlocks: 1 << 20, PrefillWeight: 1, LoadWeight: 1, BalanceAbs: 8, BalanceRel: 1.5,
-			Tokenizer: TokenizerConfig{Mode: "remote", Timeout: config.Duration(200 * time.Millisecond), CacheEntries: 4096},
-			Fallback:  DefaultPrefixAffinityConfig(),
-		}
-		if err := pc.DecodeParams(&cfg); err != nil {
-			return nil, err
-		}
-		if err := cfg.Validate(); err != nil {
-			return nil, err
-		}
-		return NewKVAware(cfg, env), nil
+	return configured(DefaultKVAwareConfig, func(cfg KVAwareConfig, env fleet.PolicyEnv) fleet.Policy {
+		return NewKVAware(cfg, env)
+	})
+}
+
+// DefaultKVAwareConfig returns the defaults.
+func DefaultKVAwareConfig() KVAwareConfig {
+	return KVAwareConfig{
+		MaxBlocks: 1 << 20, PrefillWeight: 1, LoadWeight: 1, BalanceAbs: 8, BalanceRel: 1.5,
+		Tokenizer: TokenizerConfig{Mode: "remote", Timeout: config.Duration(200 * time.Millisecond), CacheEntries: 4096},
+		Fallback:  DefaultPrefixAffinityConfig(),
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/estimator"
 	"github.com/turnout/turnout/route/fleet"
 )
@@ -101,6 +100,8 @@ type PredictedTTFT struct {
 	sh     *ttftShared
 	models []*estimator.Model // by endpoint index
 	accs   []*ttftAcc         // by endpoint index
+	// noteKeys name the figures a decision logs (Annotator).
+	noteKeys [1]string
 }
 
 // ttftAcc sums the features and predictions of the decisions sent to one
@@ -152,16 +153,9 @@ func (sh *ttftShared) model(name string) (*estimator.Model, *ttftAcc) {
 
 // NewPredictedTTFTFactory returns the factory for predicted-ttft.
 func NewPredictedTTFTFactory() Factory {
-	return func(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
-		cfg := DefaultPredictedTTFTConfig()
-		if err := pc.DecodeParams(&cfg); err != nil {
-			return nil, err
-		}
-		if err := cfg.Validate(); err != nil {
-			return nil, err
-		}
-		return NewPredictedTTFT(cfg, env.Pool, env.Rand), nil
-	}
+	return configured(DefaultPredictedTTFTConfig, func(cfg PredictedTTFTConfig, env fleet.PolicyEnv) fleet.Policy {
+		return NewPredictedTTFT(cfg, env.Pool, env.Rand)
+	})
 }
 
 // NewPredictedTTFT builds the policy for pool p.
@@ -169,7 +163,7 @@ func NewPredictedTTFT(cfg PredictedTTFTConfig, p *fleet.Pool, rnd *fleet.Rand) *
 	if rnd == nil {
 		rnd = fleet.NewRand(1)
 	}
-	pt := &PredictedTTFT{cfg: cfg}
+	pt := &PredictedTTFT{cfg: cfg, noteKeys: [...]string{notePredictedTTFT: "predicted_ttft_ms"}}
 	pa := NewPrefixAffinity(cfg.PrefixAffinityConfig, p, rnd)
 	pt.idx = pa.idx
 	prior := estimator.Coef{cfg.OverheadMs, cfg.PerRequestMs, cfg.PerQueuedKiBMs, cfg.PerKiBMs}
@@ -294,8 +288,10 @@ func (g *ttftGuard) Pick(c *Cycle) {
 		bx, bpending, buncached = dx, dpending, duncached
 	}
 	pt.noteDecision(best, &bx, bestPred)
+	ttft := float32(max(bestPred, 1e-3))
+	c.Choice.Notes.Set(notePredictedTTFT, ttft)
 	c.Choice.Predicted = fleet.Prediction{
-		TTFTMs: float32(max(bestPred, 1e-3)),
+		TTFTMs: ttft,
 		Load:   int32(min(bestLoad, math.MaxInt32)), Pending: int32(min(bpending, math.MaxInt32)),
 		Uncached: int32(min(buncached, math.MaxInt32)),
 	}
@@ -396,6 +392,13 @@ func (pt *PredictedTTFT) Overrides() uint64 { return pt.sh.overrides.Load() }
 // Learnt is how many observations the models learned from (tests).
 func (pt *PredictedTTFT) Learnt() uint64 { return pt.sh.learnt.Load() }
 
+// notePredictedTTFT is the index of the predicted TTFT among the figures
+// predicted-ttft logs with a decision (NoteKeys).
+const notePredictedTTFT = 0
+
+// NoteKeys implements Annotator: the predicted TTFT of the first choice.
+func (pt *PredictedTTFT) NoteKeys() []string { return pt.noteKeys[:] }
+
 // BlockBytes implements PromptUser.
 func (pt *PredictedTTFT) BlockBytes() int { return pt.cfg.BlockBytes }
 
@@ -455,5 +458,6 @@ var (
 	_ fleet.PrefixRecorder = (*PredictedTTFT)(nil)
 	_ fleet.MetricsWriter  = (*PredictedTTFT)(nil)
 	_ fleet.TTFTLearner    = (*PredictedTTFT)(nil)
+	_ fleet.Annotator      = (*PredictedTTFT)(nil)
 	_ Picker               = (*ttftGuard)(nil)
 )

@@ -3,7 +3,6 @@ package policy
 import (
 	"fmt"
 
-	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/fleet"
 )
 
@@ -114,16 +113,9 @@ type PrefixAffinity struct {
 
 // NewPrefixAffinityFactory returns the factory for prefix-affinity.
 func NewPrefixAffinityFactory() Factory {
-	return func(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
-		cfg := DefaultPrefixAffinityConfig()
-		if err := pc.DecodeParams(&cfg); err != nil {
-			return nil, err
-		}
-		if err := cfg.Validate(); err != nil {
-			return nil, err
-		}
-		return NewPrefixAffinity(cfg, env.Pool, env.Rand), nil
-	}
+	return configured(DefaultPrefixAffinityConfig, func(cfg PrefixAffinityConfig, env fleet.PolicyEnv) fleet.Policy {
+		return NewPrefixAffinity(cfg, env.Pool, env.Rand)
+	})
 }
 
 // NewPrefixAffinity builds the policy for pool p.

@@ -11,42 +11,76 @@ import (
 // Factory builds a policy for one pool from its config; params are validated here.
 type Factory func(cfg *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error)
 
-// Registry maps policy names to factories. Registration is explicit (no init()).
+// StageEnv is what a stage factory gets besides its config.
+type StageEnv struct {
+	Pool *fleet.Pool
+	Rand *fleet.Rand
+}
+
+// FilterFactory builds a filter from its config; params are validated here.
+type FilterFactory func(cfg *config.StageConfig, env StageEnv) (Filter, error)
+
+// ScorerFactory builds a scorer from its config; params are validated here.
+type ScorerFactory func(cfg *config.StageConfig, env StageEnv) (Scorer, error)
+
+// Registry is every name a config may give a policy: the policies by name
+// (built-ins) and the stages a config composes a policy of (presets,
+// inline stages: filters and scorers; compose fixes the rest). One
+// registry, explicit registration (no init()); a duplicate name is a
+// programming error.
 type Registry struct {
-	m map[string]Factory
-	// stages build the policies a config composes (presets, inline stages).
-	stages *Stages
+	policies map[string]Factory
+	filters  map[string]FilterFactory
+	scorers  map[string]ScorerFactory
 }
 
-// NewRegistry returns an empty registry composing from stages.
-func NewRegistry(stages *Stages) *Registry { return &Registry{m: map[string]Factory{}, stages: stages} }
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	return &Registry{policies: map[string]Factory{}, filters: map[string]FilterFactory{}, scorers: map[string]ScorerFactory{}}
+}
 
-// Register adds a factory; a duplicate name is a programming error.
-func (r *Registry) Register(name string, f Factory) {
-	if _, dup := r.m[name]; dup {
-		panic("route: policy registered twice: " + name)
+// Policy registers a policy by name.
+func (r *Registry) Policy(name string, f Factory) { add(r.policies, "policy", name, f) }
+
+// Filter registers a filter stage.
+func (r *Registry) Filter(name string, f FilterFactory) { add(r.filters, "filter", name, f) }
+
+// Scorer registers a scorer stage.
+func (r *Registry) Scorer(name string, f ScorerFactory) { add(r.scorers, "scorer", name, f) }
+
+func add[F any](m map[string]F, kind, name string, f F) {
+	if _, dup := m[name]; dup {
+		panic("route/policy: " + kind + " registered twice: " + name)
 	}
-	r.m[name] = f
+	m[name] = f
 }
 
-// Names lists registered policies, sorted.
-func (r *Registry) Names() []string {
-	out := make([]string, 0, len(r.m))
-	for n := range r.m {
+// Names lists the registered policies, sorted.
+func (r *Registry) Names() []string { return sortedKeys(r.policies) }
+
+// FilterNames lists the registered filters, sorted.
+func (r *Registry) FilterNames() []string { return sortedKeys(r.filters) }
+
+// ScorerNames lists the registered scorers, sorted.
+func (r *Registry) ScorerNames() []string { return sortedKeys(r.scorers) }
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for n := range m {
 		out = append(out, n)
 	}
 	sort.Strings(out)
 	return out
 }
 
-// Build builds the named policy.
+// Build builds the policy cfg names, or composes the one it gives as stages.
 func (r *Registry) Build(cfg *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
-	f, ok := r.m[cfg.Name]
+	f, ok := r.policies[cfg.Name]
 	if cfg.Stages != nil {
 		if ok {
 			return nil, cfg.NameError(fmt.Errorf("preset %q has the name of a built-in policy", cfg.Name))
 		}
-		return r.stages.compose(cfg, env)
+		return r.compose(cfg, env)
 	}
 	if !ok {
 		return nil, cfg.UnknownPolicy(r.Names())
@@ -58,15 +92,39 @@ func (r *Registry) Build(cfg *config.PolicyConfig, env fleet.PolicyEnv) (fleet.P
 	return p, nil
 }
 
-// DefaultRegistry registers the built-in policies.
+// DefaultRegistry registers the built-in policies and stages.
 func DefaultRegistry() *Registry {
-	r := NewRegistry(DefaultStages())
-	r.Register(RoundRobinType, NewRoundRobinFactory())
-	r.Register(LeastRequestType, NewLeastRequestFactory())
-	r.Register(SessionHashType, NewSessionHashFactory())
-	r.Register(PrefixAffinityType, NewPrefixAffinityFactory())
-	r.Register(KVAwareType, NewKVAwareFactory())
-	r.Register(LoRAAffinityType, NewLoRAAffinityFactory())
-	r.Register(PredictedTTFTType, NewPredictedTTFTFactory())
+	r := NewRegistry()
+	r.Policy(RoundRobinType, NewRoundRobinFactory())
+	r.Policy(LeastRequestType, NewLeastRequestFactory())
+	r.Policy(SessionHashType, NewSessionHashFactory())
+	r.Policy(PrefixAffinityType, NewPrefixAffinityFactory())
+	r.Policy(KVAwareType, NewKVAwareFactory())
+	r.Policy(LoRAAffinityType, NewLoRAAffinityFactory())
+	r.Policy(PredictedTTFTType, NewPredictedTTFTFactory())
+
+	r.Filter(LoadGuardStage, NewLoadGuardFilter)
+	r.Scorer(PrefixStage, NewPrefixScorer)
+	r.Scorer(LoadStage, NewLoadScorer)
+	r.Scorer(EngineQueueStage, NewEngineQueueScorer)
+	r.Scorer(LoRAStage, NewLoRAScorer)
 	return r
+}
+
+// configured is the factory of a policy with a config type C: params
+// decoded over def's defaults, validated, then built.
+func configured[C any, P interface {
+	*C
+	Validate() error
+}](def func() C, build func(C, fleet.PolicyEnv) fleet.Policy) Factory {
+	return func(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
+		cfg := def()
+		if err := pc.DecodeParams(&cfg); err != nil {
+			return nil, err
+		}
+		if err := P(&cfg).Validate(); err != nil {
+			return nil, err
+		}
+		return build(cfg, env), nil
+	}
 }

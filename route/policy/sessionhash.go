@@ -5,7 +5,6 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/fleet"
 
 	"github.com/cespare/xxhash/v2"
@@ -71,9 +70,9 @@ type ringPoint struct {
 // without a session go to least-request. Adding one of N endpoints moves
 // about 1/N of sessions, removing one moves only its sessions.
 //
-// Preset: two profiles, chosen per request (llm-d's profile handler): with
-// a session, the Ring picker then the LastResort fill; without one,
-// least-request.
+// Preset: a profile handler (Pick) that runs one of two profiles per
+// request: with a session, the Ring picker then the LastResort fill;
+// without one, least-request's.
 type SessionHash struct {
 	session  Profile
 	ring     *Ring
@@ -82,16 +81,9 @@ type SessionHash struct {
 
 // NewSessionHashFactory returns the factory for session-hash.
 func NewSessionHashFactory() Factory {
-	return func(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
-		cfg := DefaultSessionHashConfig()
-		if err := pc.DecodeParams(&cfg); err != nil {
-			return nil, err
-		}
-		if err := cfg.Validate(); err != nil {
-			return nil, err
-		}
-		return NewSessionHash(cfg, env.Pool, env.Rand), nil
-	}
+	return configured(DefaultSessionHashConfig, func(cfg SessionHashConfig, env fleet.PolicyEnv) fleet.Policy {
+		return NewSessionHash(cfg, env.Pool, env.Rand)
+	})
 }
 
 // NewSessionHash builds the ring for pool p.

@@ -5,8 +5,12 @@ import (
 	"sync"
 )
 
-// A policy is a Profile: stages run in order over one pool for one request
-// (llm-d's endpoint picker: filters, scorers, a picker per profile). Every
+// A profile is a named run of stages over one pool for one request
+// (llm-d's scheduler profile: filters, scorers, a picker); a policy is a
+// profile, or a profile handler that picks per request which of its
+// profiles runs (session-hash: with a session or without; kv-aware: with
+// tokens or prefix-affinity's). "Profile" means this and only this; the
+// decision pipeline's serve/prefill picks are passes (route.Pass). Every
 // stage is a small interface, shared by the requests of its pool and safe
 // for concurrent use; what one decision needs between stages lives in a
 // Cycle, taken from a pool, so a decision allocates nothing.
@@ -100,8 +104,8 @@ type Summary struct {
 	RequireAvailable bool
 }
 
-// Profile is a policy composed of stages: a summary of the pool, pickers
-// in order, then recorders.
+// Profile is a run of stages: a summary of the pool, pickers in order,
+// then recorders.
 type Profile struct {
 	Name      string
 	Summary   Summary

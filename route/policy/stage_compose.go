@@ -114,7 +114,7 @@ func (c *ComposedPrefix) Carry(prev fleet.Policy) {
 func (c *ComposedPrefix) RecordPrefix(i int, blocks []uint64) { c.prefix.recordAt(i, blocks) }
 
 // compose builds a policy from stages.
-func (s *Stages) compose(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
+func (s *Registry) compose(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
 	st := pc.Stages
 	senv := StageEnv{Pool: env.Pool, Rand: env.Rand}
 	if senv.Rand == nil {

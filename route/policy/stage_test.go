@@ -203,11 +203,11 @@ func TestPoliciesDocExamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := os.ReadFile("stage_registry.go")
+	reg, err := os.ReadFile("registry.go")
 	if err != nil {
 		t.Fatal(err)
 	}
-	const line = "\ts.Scorer(EngineQueueStage, NewEngineQueueScorer)\n"
+	const line = "\tr.Scorer(EngineQueueStage, NewEngineQueueScorer)\n"
 	for what, ok := range map[string]bool{
 		"the preset YAML":                 strings.Contains(string(doc), "```yaml\n"+string(preset)+"```"),
 		"the registration line":           strings.Contains(string(doc), line),
