@@ -67,7 +67,9 @@ func newEnvoyGateway(t testing.TB, eppAddr string) *envoyGateway {
 }
 
 // eppMode is the filter's processing_mode for the bodies.
-type eppMode struct{ req, resp filterv3.ProcessingMode_BodySendMode }
+type eppMode struct {
+	req, resp filterv3.ProcessingMode_BodySendMode
+}
 
 var (
 	modeFullDuplex = eppMode{filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}
