@@ -10,6 +10,7 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/feedback"
 	"github.com/turnout/turnout/route/health"
 	"github.com/turnout/turnout/route/httpapi"
@@ -91,7 +92,7 @@ func overloadedAnswer() []byte { return httpapi.OverloadedAnswer() }
 // noteOverloaded counts a connection refused over limits.max_conns with
 // turnout's other refusals.
 func (c core) noteOverloaded() {
-	c.srv.NoteRefusal(503, route.ReasonOverloaded, "too many connections to turnout (limits.max_conns)")
+	c.srv.NoteRefusal(503, contract.ReasonOverloaded, "too many connections to turnout (limits.max_conns)")
 }
 
 // onApply runs fn with each config the core accepts (and the current one).

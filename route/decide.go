@@ -6,6 +6,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/flow"
 	"github.com/turnout/turnout/route/models"
@@ -14,7 +15,7 @@ import (
 )
 
 // Decide is the one decision entry point: it routes in and fills v.
-func (s *Decider) Decide(in *Input, v *Verdict) {
+func (s *Decider) Decide(in *contract.Input, v *contract.Verdict) {
 	snap := s.snap.Load()
 	sc := s.getScratch(snap.maxBlocks)
 	start := time.Now()
@@ -28,8 +29,8 @@ func (s *Decider) Decide(in *Input, v *Verdict) {
 
 // decideInput runs the stages of doc.go after the read: deployment, pick,
 // verdict. start is when the request reached turnout.
-func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, start time.Time) {
-	v.reset()
+func (s *Decider) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
+	v.Reset()
 	cfg := snap.Config
 	r := &sc.req
 	*r = fleet.Request{Truncated: in.Truncated}
@@ -44,7 +45,7 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 		if len(h.Value) == 0 {
 			continue
 		}
-		role := h.role
+		role := hdrRole(h.Role)
 		if role == 0 {
 			role = snap.headerRole(h.Name)
 		}
@@ -79,7 +80,7 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 				me.Stats.Refused.Add(1)
 			}
 			s.m.errors[errUnknownModel].Add(1)
-			v.refuse(404, "invalid_request_error", "model_not_found",
+			v.Refuse(404, "invalid_request_error", "model_not_found",
 				"The model `"+string(cut(model, maxEchoModel))+"` does not exist.")
 			return
 		}
@@ -96,7 +97,7 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 		d = snap.Deployments[0]
 	default:
 		s.m.errors[errNoModel].Add(1)
-		v.refuse(400, "invalid_request_error", "model_required",
+		v.Refuse(400, "invalid_request_error", "model_required",
 			"a \"model\" is required: several deployments are served")
 		return
 	}
@@ -113,7 +114,7 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 	if me := sc.only; me != nil {
 		if v.Status == 200 {
 			me.Stats.Decisions.Add(1)
-		} else if v.Reason == ReasonModelUnavailable {
+		} else if v.Reason == contract.ReasonModelUnavailable {
 			me.Stats.Refused.Add(1)
 		}
 	}
@@ -123,9 +124,9 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 // serving pool is saturated the request waits for its turn, by class and
 // tenant, and is then routed by the policy as the pool is at release
 // time; a sheddable one past its budget is refused with 429.
-func (s *Decider) runHeld(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *Txn, start time.Time) {
+func (s *Decider) runHeld(snap *Snapshot, d *Deployment, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
 	var fr flow.Request
-	k := d.flow.Begin(&fr, sc.req.Model, headerIs)
+	k := d.flow.Begin(&fr, sc.req.Model, contract.HeaderIs)
 	for i := range in.Headers {
 		k.Header(in.Headers[i].Name, in.Headers[i].Value)
 	}
@@ -133,11 +134,11 @@ func (s *Decider) runHeld(snap *Snapshot, d *Deployment, in *Input, v *Verdict, 
 	switch o := d.flow.Admit(&fr, in.Watch); o {
 	case flow.Shed:
 		v.RetryAfter = true
-		v.refuse(429, "rate_limit_exceeded", ReasonFlowShed,
+		v.Refuse(429, "rate_limit_exceeded", contract.ReasonFlowShed,
 			"deployment "+d.Name+" is saturated and this request's class ("+d.flow.Config().Classes[fr.Class].Name+") is shed past its queue budget; retry later")
 		return
 	case flow.Gone:
-		v.refuse(503, "service_unavailable", ReasonFlowGone, "the client went away while its request was held")
+		v.Refuse(503, "service_unavailable", contract.ReasonFlowGone, "the client went away while its request was held")
 		return
 	case flow.Released, flow.TimedOut:
 		start = time.Now() // the decision starts at release: its latency is the pick's
@@ -191,7 +192,7 @@ const (
 // runProfiles admits the request (the prefill profile needs the whole body,
 // pd.go), runs each profile's pick into its own part of the scratch, and
 // turns the picks into the verdict.
-func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *Txn, start time.Time) {
+func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
 	if d.Prefill != nil && !s.admitPD(snap, &sc.req, v) {
 		return // the prefill profile needs what this request lacks
 	}
@@ -247,11 +248,11 @@ const rejectSkipped fleet.RejectReason = 255
 // several deployments: with one, every model name goes to the same
 // replicas, which answer the body as vLLM reads it, and a model-only
 // decision is spared the sweep of the rest of the body.
-func refuseDuplicateModel(v *Verdict, idx *payload.Index) bool {
+func refuseDuplicateModel(v *contract.Verdict, idx *payload.Index) bool {
 	if !idx.DuplicateModel() {
 		return false
 	}
-	v.refuse(400, "invalid_request_error", ReasonDuplicateModel,
+	v.Refuse(400, "invalid_request_error", contract.ReasonDuplicateModel,
 		"the request body has more than one \"model\" key; send exactly one")
 	return true
 }
@@ -293,14 +294,14 @@ func (s *Decider) sharePrefix(p *fleet.Pool, e *fleet.Endpoint, blocks []uint64)
 }
 
 // route opens the decision for the policy's first pick and fills v with it.
-func (s *Decider) route(v *Verdict, p *fleet.Pool, c *fleet.Choice, sc *Txn, start time.Time) {
+func (s *Decider) route(v *contract.Verdict, p *fleet.Pool, c *fleet.Choice, sc *Txn, start time.Time) {
 	picks := c.Endpoints
 	e := picks[0]
 	v.Status = 200
 	m := decisionMeta{pool: p, names: sc.dsnap.models.Load(), model: sc.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: sc.req.HasSession, pred: c.Predicted}
 	v.Decision = s.dec.open(e, start.UnixNano(), &m)
 	v.Server, v.Addr, v.Pool = e.NameHdr, e.AddrHdr, p.NameHdr
-	v.Fallbacks = v.fb[:0]
+	v.Fallbacks = v.FallbackRoom()
 	for _, f := range picks[1:] {
 		v.Fallbacks = append(v.Fallbacks, f.NameHdr)
 	}
@@ -322,29 +323,29 @@ const maxPicks = 16
 const latencySample = 8
 
 // refuse answers a request no endpoint was picked for.
-func (s *Decider) refuse(v *Verdict, p *fleet.Pool, why fleet.RejectReason) {
+func (s *Decider) refuse(v *contract.Verdict, p *fleet.Pool, why fleet.RejectReason) {
 	switch why {
 	case fleet.RejectBadBody:
 		s.m.errors[errBadBody].Add(1)
-		v.refuse(400, "invalid_request_error", "token_ids_required",
+		v.Refuse(400, "invalid_request_error", "token_ids_required",
 			"pool "+p.Name+" routes on token ids (strict): send a prompt the tokenizer can read or token ids")
 	case fleet.RejectUnavailable:
 		v.RetryAfter = true
-		v.refuse(503, "service_unavailable", "tokenizer_unavailable",
+		v.Refuse(503, "service_unavailable", "tokenizer_unavailable",
 			"pool "+p.Name+" routes on token ids (strict) and the tokenizer is unavailable")
 	default:
 		v.RetryAfter = true
-		v.refuse(503, "service_unavailable", ReasonNoEndpoint, "no available endpoint in pool "+p.Name)
+		v.Refuse(503, "service_unavailable", contract.ReasonNoEndpoint, "no available endpoint in pool "+p.Name)
 	}
 }
 
 // refuseModel refuses a model whose endpoints all are down, or that the
 // endpoints that served it no longer list: 503, so that clients retry
 // (Retry-After), rather than a 404 that says it never existed.
-func (s *Decider) refuseModel(v *Verdict, d *Deployment, model []byte) {
+func (s *Decider) refuseModel(v *contract.Verdict, d *Deployment, model []byte) {
 	s.m.errors[errModelUnavailable].Add(1)
 	v.RetryAfter = true
-	v.refuse(503, "service_unavailable", ReasonModelUnavailable,
+	v.Refuse(503, "service_unavailable", contract.ReasonModelUnavailable,
 		"no available endpoint of deployment "+d.Name+" serves the model `"+string(cut(model, maxEchoModel))+"` now")
 }
 
@@ -366,8 +367,8 @@ func cut(b []byte, n int) []byte {
 // (Decide) and gives it back with End; Decider.Decide does all of it for
 // an Input read elsewhere (route/spoe).
 type Txn struct {
-	in     Input
-	v      Verdict
+	in     contract.Input
+	v      contract.Verdict
 	req    fleet.Request
 	hasher fleet.PrefixHasher
 	blocks []uint64
@@ -427,7 +428,7 @@ func (s *Decider) End(t *Txn) {
 func (t *Txn) Config() *config.Config { return t.snap.Config }
 
 // Input is what the transport fills.
-func (t *Txn) Input() *Input { return &t.in }
+func (t *Txn) Input() *contract.Input { return &t.in }
 
 // ProxyHeaders takes the request headers of the proxy's call: the
 // body-cut flag, the original URI and method, and the forwarded headers
@@ -448,14 +449,14 @@ func (t *Txn) ProxyHeaders(h *fasthttp.RequestHeader) {
 		case kindOrigMethod:
 			in.Method = v
 		case kindForwarded:
-			in.addHeader(k, v, role)
+			in.AddHeaderRole(k, v, uint8(role))
 		}
 	}
 }
 
 // DecideTxn decides the Txn's Input on its snapshot and returns the Verdict
 // (valid until End).
-func (s *Decider) DecideTxn(t *Txn) *Verdict {
+func (s *Decider) DecideTxn(t *Txn) *contract.Verdict {
 	s.decideInput(t.snap, &t.in, &t.v, t, t.start)
 	s.noteVerdict(&t.v)
 	if t.v.Status != 200 {

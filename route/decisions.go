@@ -3,13 +3,13 @@ package route
 import (
 	"encoding/binary"
 	"math/rand/v2"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/models"
 )
@@ -251,39 +251,6 @@ func (d *decisions) sweep(now time.Time, ttl time.Duration, markStale bool) {
 // unknown; a larger value saturates).
 func clamp16(v int64) int16 { return int16(max(-1, min(v, 1<<15-1))) }
 func clamp32(v int64) int32 { return int32(max(-1, min(v, 1<<31-1))) }
-
-// appendID writes a decision id as 16 hex digits, 8 at a time (hex8): a
-// loop over digits cost ~160 instructions per decision, an append per
-// digit ~250.
-func appendID(dst []byte, id uint64) []byte {
-	var b [16]byte
-	binary.BigEndian.PutUint64(b[:8], hex8(uint32(id>>32)))
-	binary.BigEndian.PutUint64(b[8:], hex8(uint32(id)))
-	return append(dst, b[:]...)
-}
-
-// hex8 returns the 8 lower-case hex digits of v as the bytes of a word,
-// the first digit in the top byte: each nibble is spread to a byte, then
-// '0' is added, and 'a'-'0'-10 more where the nibble is >= 10 (n+6 carries
-// into bit 4 exactly then; no byte overflows into the next).
-func hex8(v uint32) uint64 {
-	x := uint64(v)
-	x = (x | x<<16) & 0x0000ffff0000ffff
-	x = (x | x<<8) & 0x00ff00ff00ff00ff
-	x = (x | x<<4) & 0x0f0f0f0f0f0f0f0f
-	letters := (x + 0x0606060606060606) >> 4 & 0x0101010101010101
-	return x + 0x3030303030303030 + letters*('a'-'0'-10)
-}
-
-// ParseDecisionID reads a decision id as the proxy sends it back
-// (Verdict.DecisionHex).
-func ParseDecisionID(b []byte) (uint64, bool) {
-	if len(b) == 0 || len(b) > 16 {
-		return 0, false
-	}
-	v, err := strconv.ParseUint(string(b), 16, 64)
-	return v, err == nil
-}
 
 // reconcile closes the decisions opened before beforeNs whose completions
 // a feedback outage lost (issue 28: ~6,150 in flight with ~50 real, until
@@ -532,7 +499,7 @@ func (s *Decider) LookupDecision(id uint64, now time.Time, r *DecisionRecord) bo
 // logRefusal writes a sampled refusal: the request had no decision, so
 // what it had is the deployment (if the model named one), the model as
 // sent, and the reason (a refusal allocates anyway: its error body).
-func (s *Decider) logRefusal(sc *Txn, v *Verdict, start time.Time) {
+func (s *Decider) logRefusal(sc *Txn, v *contract.Verdict, start time.Time) {
 	l := s.reqlog.Load()
 	if l == nil || !l.sampled(rand.Uint64()) {
 		return

@@ -1,12 +1,13 @@
 // Package route is turnout's decision core: the Decider holds the live
 // config as an atomic Snapshot (deployments, pools, endpoints with their
 // state, one Policy per pool), the policy registry and the decision ledger,
-// and turns what a proxy sent about one request (an Input) into a Verdict,
-// the replica it should go to (Decider.Decide; decide.go reads top to
-// bottom). Transports read Inputs and write Verdicts: route/httpapi (POST
-// /internal/route, X-Turnout-* headers) and route/spoe (the SPOE agent, txn
-// variables). What the proxy glue does with a Verdict is one table,
-// rendered into every glue (contract_glue.go).
+// and turns what a proxy sent about one request (a contract.Input) into a
+// contract.Verdict, the replica it should go to (Decider.Decide; decide.go
+// reads top to bottom). Transports read Inputs and write Verdicts:
+// route/httpapi (POST /internal/route, X-Turnout-* headers) and route/spoe
+// (the SPOE agent, txn variables). The wire types and what the proxy glue
+// does with a Verdict are route/contract, one set of tables rendered into
+// every glue, which imports nothing of the engine.
 //
 // # Layers
 //
@@ -21,13 +22,14 @@
 //	1 route/kv                 vLLM KV-cache events and the index of which replica holds which blocks
 //	1 route/pd                 the prefill call of prefill/decode
 //	1 internal/config          the config schema, defaults, validation, errors with line numbers
+//	2 route/contract           the proxy contract: the wire types of a request and a verdict, paths, headers, reasons, the glue tables
 //	2 route/tokenize           prompt text to KV block keys through vLLM's /tokenize, cached
 //	2 route/fleet              the routing model policies read: Endpoint and its state, Pool, Request, Choice, Policy
 //	3 route/policy             the policies and the registry that builds them by name
 //	3 route/flow               flow control: hold decisions while a pool is saturated, release by class and tenant
 //	3 route/models             which endpoints serve each model name and LoRA adapter (the model table)
 //	3 route/internal/routetest helpers shared by the route packages' tests (tests only)
-//	4 route                    the Decider: snapshot, decision pipeline, ledger, verdict, the proxy contract
+//	4 route                    the Decider: snapshot, decision pipeline, ledger, verdict
 //	5 route/httpapi            the HTTP transport and its server (/internal/route, /internal/done, /readyz, /metrics)
 //	5 route/spoe               the SPOE agent (HAProxy's Stream Processing Offload)
 //	5 route/feedback           completion feedback (syslog lines), feedback health, stall detection
@@ -63,12 +65,12 @@
 //     prefill pool's unless the decode replica holds the prompt), after
 //     which pd.go runs the prefill on the prefill pick (retried once,
 //     route/pd makes the call) and computes the body edit that hands on
-//     kv_transfer_params (contract_body.go);
+//     kv_transfer_params (route/contract/body.go);
 //  4. verdict: the Verdict (server, fallbacks, decision id, PD edit), or a
 //     refusal with a status, an OpenAI-style JSON error and a reason the
 //     glue acts on (GlueActionFor); the transport writes it. The decision
 //     stays open in the ledger (decisions.go) until the proxy's feedback
-//     (/internal/done, or the syslog line of contract.go read by
+//     (/internal/done, or the syslog line of route/contract read by
 //     route/feedback) closes it, which keeps the load counters honest;
 //     its slot keeps what the request log and GET /internal/decision/<id>
 //     show until the ring reuses it.

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 )
 
@@ -256,7 +257,7 @@ func (s *Decider) NoteRefusal(status int, reason, msg string) {
 }
 
 // noteVerdict counts a Verdict's refusal.
-func (s *Decider) noteVerdict(v *Verdict) {
+func (s *Decider) noteVerdict(v *contract.Verdict) {
 	if v.Status >= 400 {
 		s.NoteRefusal(v.Status, v.Reason, "decision refused")
 	}

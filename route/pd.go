@@ -8,6 +8,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/payload"
 	"github.com/turnout/turnout/route/pd"
@@ -23,21 +24,21 @@ import (
 
 // admitPD refuses what prefill/decode cannot route: the prefill needs the
 // whole body, a JSON object, and kv_transfer_params is the router's to set.
-func (s *Decider) admitPD(snap *Snapshot, r *fleet.Request, v *Verdict) bool {
+func (s *Decider) admitPD(snap *Snapshot, r *fleet.Request, v *contract.Verdict) bool {
 	switch {
 	case r.Truncated:
 		s.m.errors[errTooLarge].Add(1)
-		v.refuse(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", ReasonBodyTooLarge,
+		v.Refuse(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", contract.ReasonBodyTooLarge,
 			fmt.Sprintf("prefill/decode routing needs the whole request body; it is larger than max_body (%d bytes)", snap.Config.MaxBody))
 	case !r.Payload.Object():
 		s.m.errors[errBadBody].Add(1)
-		v.refuse(fasthttp.StatusBadRequest, "invalid_request_error", "invalid_body",
+		v.Refuse(fasthttp.StatusBadRequest, "invalid_request_error", "invalid_body",
 			"prefill/decode routing needs a JSON object body")
 	case len(snap.Deployments) > 1 && r.Payload.DuplicateModel(): // free: Object read the whole body
 		refuseDuplicateModel(v, r.Payload)
 	case r.Payload.Has(payload.KVTransferKey):
 		s.m.errors[errBadBody].Add(1)
-		v.refuse(fasthttp.StatusBadRequest, "invalid_request_error", ReasonClientKVParams,
+		v.Refuse(fasthttp.StatusBadRequest, "invalid_request_error", contract.ReasonClientKVParams,
 			"kv_transfer_params is set by the router; clients must not send it")
 	default:
 		return true
@@ -63,7 +64,7 @@ func (s *Decider) skipPrefill(d *Deployment, r *fleet.Request, decode *fleet.Cho
 // next), with the body edit that hands on its kv_transfer_params. A skipped
 // prefill serves on decode alone; an empty prefill pick serves aggregated
 // or refuses (pd.no_prefill).
-func (s *Decider) finishPD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *Txn, start time.Time) {
+func (s *Decider) finishPD(snap *Snapshot, d *Deployment, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
 	r := &sc.req
 	cfg := &d.Config.PD
 	serve, pre := &sc.choices[0], &sc.choices[1]
@@ -80,26 +81,26 @@ func (s *Decider) finishPD(snap *Snapshot, d *Deployment, in *Input, v *Verdict,
 			return
 		}
 		v.RetryAfter = true
-		v.refuse(fasthttp.StatusServiceUnavailable, "service_unavailable", ReasonNoPrefillEndpoint,
+		v.Refuse(fasthttp.StatusServiceUnavailable, "service_unavailable", contract.ReasonNoPrefillEndpoint,
 			"no available prefill replica in pool "+d.Prefill.Name+" (pd.no_prefill: reject)")
 		return
 	}
 	kv, used, err := s.prefillWithRetry(in, snap, prefill, r.Payload, cfg.PrefillTimeout.D(), sc)
 	if err != nil {
 		var st *pd.StatusError
-		if errors.As(err, &st) && st.Status >= 400 && st.Status < 500 && len(st.Body) > MaxAnswerBody {
-			v.refuse(st.Status, "invalid_request_error", ReasonPrefillRejected,
+		if errors.As(err, &st) && st.Status >= 400 && st.Status < 500 && len(st.Body) > contract.MaxAnswerBody {
+			v.Refuse(st.Status, "invalid_request_error", contract.ReasonPrefillRejected,
 				fmt.Sprintf("the prefill replica refused the request (status %d)", st.Status))
 			return
 		}
 		if errors.As(err, &st) && st.Status >= 400 && st.Status < 500 {
 			// The request itself is bad (e.g. too long): the decode replica
 			// would say the same, so relay the replica's own answer.
-			v.Status, v.Reason, v.Body = st.Status, ReasonPrefillRejected, st.Body
+			v.Status, v.Reason, v.Body = st.Status, contract.ReasonPrefillRejected, st.Body
 			return
 		}
 		s.log.Warn().Err(err).Str(fleet.FieldDeployment, d.Name).Msg("prefill failed")
-		v.refuse(fasthttp.StatusBadGateway, "server_error", ReasonPrefillFailed,
+		v.Refuse(fasthttp.StatusBadGateway, "server_error", contract.ReasonPrefillFailed,
 			"prefill failed on every tried replica: "+err.Error())
 		return
 	}
@@ -113,7 +114,7 @@ func (s *Decider) finishPD(snap *Snapshot, d *Deployment, in *Input, v *Verdict,
 
 // prefillWithRetry tries the first prefill replica, then one other; a
 // request the replica refuses (4xx) is not retried.
-func (s *Decider) prefillWithRetry(in *Input, snap *Snapshot, eps []*fleet.Endpoint, body *payload.Index, timeout time.Duration, sc *Txn) ([]byte, *fleet.Endpoint, error) {
+func (s *Decider) prefillWithRetry(in *contract.Input, snap *Snapshot, eps []*fleet.Endpoint, body *payload.Index, timeout time.Duration, sc *Txn) ([]byte, *fleet.Endpoint, error) {
 	pbody, err := payload.PrefillBody(body)
 	if err != nil {
 		return nil, nil, err
@@ -153,7 +154,7 @@ func (s *Decider) prefillWithRetry(in *Input, snap *Snapshot, eps []*fleet.Endpo
 // pdHeaders forwards to the prefill replica what it may need of the
 // original request's headers: auth, the request id, the session headers.
 type pdHeaders struct {
-	in   *Input
+	in   *contract.Input
 	snap *Snapshot
 }
 
@@ -162,12 +163,12 @@ var _ pd.Headers = (*pdHeaders)(nil)
 func (p *pdHeaders) CopyTo(h *fasthttp.RequestHeader) {
 	for _, f := range p.in.Headers {
 		k, v := f.Name, f.Value
-		if headerIs(k, []byte(FwdAuthorization)) || headerIs(k, []byte(FwdRequestID)) {
+		if contract.HeaderIs(k, []byte(contract.FwdAuthorization)) || contract.HeaderIs(k, []byte(contract.FwdRequestID)) {
 			h.SetBytesKV(k, v)
 			continue
 		}
 		for _, sh := range p.snap.sessionHdrs {
-			if headerIs(k, sh) {
+			if contract.HeaderIs(k, sh) {
 				h.SetBytesKV(k, v)
 			}
 		}
@@ -190,7 +191,7 @@ func DecodeBody(body, kv []byte) ([]byte, error) {
 // a second agent whose timeout covers the prefill (route/spoe). It reads
 // the deployment as decideInput does: the body's model, else the model
 // header, else the only deployment.
-func (s *Decider) Prefills(in *Input) bool {
+func (s *Decider) Prefills(in *contract.Input) bool {
 	snap := s.snap.Load()
 	pd := false
 	for _, d := range snap.Deployments {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/turnout/turnout/lab/testenv/natstest"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 const fourEndpoints = `
@@ -82,7 +83,7 @@ func prompt(i int) string {
 
 func routeCtx(body, session string) *fasthttp.RequestCtx {
 	var ctx fasthttp.RequestCtx
-	ctx.Request.SetRequestURI(route.PathRoute)
+	ctx.Request.SetRequestURI(contract.PathRoute)
 	ctx.Request.Header.SetMethod("POST")
 	if session != "" {
 		ctx.Request.Header.Set("X-Session-Id", session)
@@ -99,9 +100,9 @@ func decide(t testing.TB, n *node, ctx *fasthttp.RequestCtx) string {
 		t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
 	}
 	var id uint64
-	fmt.Sscanf(string(ctx.Response.Header.Peek(route.HdrDecision)), "%x", &id)
+	fmt.Sscanf(string(ctx.Response.Header.Peek(contract.HdrDecision)), "%x", &id)
 	n.srv.Complete(id)
-	return string(ctx.Response.Header.Peek(route.HdrServer))
+	return string(ctx.Response.Header.Peek(contract.HdrServer))
 }
 
 func metric(n *node, line string) string {
@@ -319,7 +320,7 @@ func TestSyncDecisionAllocs(t *testing.T) {
 	run := func() {
 		ctx.Response.Reset()
 		a.api.Handler(ctx)
-		id, _ := strconv.ParseUint(b2s(ctx.Response.Header.Peek(route.HdrDecision)), 16, 64)
+		id, _ := strconv.ParseUint(b2s(ctx.Response.Header.Peek(contract.HdrDecision)), 16, 64)
 		a.srv.Complete(id)
 	}
 	if n := testing.AllocsPerRun(500, run); n != 0 {
@@ -388,7 +389,7 @@ func TestSyncSharesLoads(t *testing.T) {
 		ctx := routeCtx(prompt(100+i), "")
 		a.api.Handler(ctx)
 		var id uint64
-		fmt.Sscanf(string(ctx.Response.Header.Peek(route.HdrDecision)), "%x", &id)
+		fmt.Sscanf(string(ctx.Response.Header.Peek(contract.HdrDecision)), "%x", &id)
 		ids = append(ids, id)
 	}
 	aEps := a.srv.Snapshot().Deployments[0].Serve.Endpoints

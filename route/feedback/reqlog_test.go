@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // recSink keeps the request log's records.
@@ -41,7 +42,7 @@ func TestRequestLogRecords(t *testing.T) {
 	if ctx.Response.StatusCode() != 200 {
 		t.Fatalf("route: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
 	}
-	id, srv := hdr(ctx, route.HdrDecision), hdr(ctx, route.HdrServer)
+	id, srv := hdr(ctx, contract.HdrDecision), hdr(ctx, contract.HdrServer)
 	other := map[string]string{"a": "b", "b": "a"}[srv]
 	var dec uint64
 	fmt.Sscanf(id, "%x", &dec)
@@ -111,7 +112,7 @@ func TestRequestLogSampleRate(t *testing.T) {
 	for range n {
 		ctx := routeCtx(chatBody("llama", "sys", "hi"), "")
 		s.api.Handler(ctx)
-		s.Line([]byte("turnout-done id=" + hdr(ctx, route.HdrDecision) + " status=200 ms=1 ttfb=1 tok=s3cret-token-0123456789"))
+		s.Line([]byte("turnout-done id=" + hdr(ctx, contract.HdrDecision) + " status=200 ms=1 ttfb=1 tok=s3cret-token-0123456789"))
 	}
 	if got := len(sink.recs); got < n/10*7/10 || got > n/10*13/10 {
 		t.Errorf("sample 0.1 of %d logged %d", n, got)
@@ -140,7 +141,7 @@ func BenchmarkDecideAndClose(b *testing.B) {
 				ctx.Response.Reset()
 				s.api.Handler(ctx)
 				line = append(line[:0], "turnout-done id="...)
-				line = append(line, ctx.Response.Header.Peek(route.HdrDecision)...)
+				line = append(line, ctx.Response.Header.Peek(contract.HdrDecision)...)
 				line = append(line, " srv=a status=200 ms=1234 ttfb=12 tok=s3cret-token-0123456789 retries=0"...)
 				s.Line(line)
 			}
@@ -159,14 +160,14 @@ func TestServedByUpstreamAddr(t *testing.T) {
 	for _, tc := range []struct{ up, want string }{{"", "chosen"}, {"chosen", "chosen"}, {"other", "other"}, {"127.0.0.1:9", "chosen"}} {
 		ctx := routeCtx(chatBody("llama", "sys", "hi"), "")
 		s.api.Handler(ctx)
-		chosen := hdr(ctx, route.HdrServer)
+		chosen := hdr(ctx, contract.HdrServer)
 		other := map[string]string{"a": "b", "b": "a"}[chosen]
 		names := map[string]string{"chosen": chosen, "other": other}
 		up := tc.up
 		if n, ok := names[up]; ok {
 			up = addr[n]
 		}
-		line := "turnout-done id=" + hdr(ctx, route.HdrDecision) + " srv=" + chosen + " status=200 ms=5 ttfb=1 tok=s3cret-token-0123456789"
+		line := "turnout-done id=" + hdr(ctx, contract.HdrDecision) + " srv=" + chosen + " status=200 ms=5 ttfb=1 tok=s3cret-token-0123456789"
 		if up != "" {
 			line += " up=" + up
 		}

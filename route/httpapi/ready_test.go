@@ -10,14 +10,14 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/health"
 	"github.com/turnout/turnout/route/internal/routetest"
 )
 
 func readyz(s *testServer, verbose bool) (int, string) {
 	var ctx fasthttp.RequestCtx
-	uri := route.PathReadyz
+	uri := contract.PathReadyz
 	if verbose {
 		uri += "?verbose"
 	}
