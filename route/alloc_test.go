@@ -38,7 +38,7 @@ func assertZeroAllocs(t *testing.T, s *Decider, ctx *fasthttp.RequestCtx) {
 			t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
 		}
 		id, _ := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
-		s.Complete(id)
+		s.Ledger().Complete(id)
 	}
 	for i := 0; i < 100; i++ { // warm pools, the prefix index, caches
 		run()

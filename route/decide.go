@@ -15,21 +15,21 @@ import (
 )
 
 // Decide is the one decision entry point: it routes in and fills v.
-func (s *Decider) Decide(in *contract.Input, v *contract.Verdict) {
-	snap := s.snap.Load()
-	sc := s.getScratch(snap.maxBlocks)
+func (d *Decider) Decide(in *contract.Input, v *contract.Verdict) {
+	snap := d.snap.Load()
+	sc := d.getScratch(snap.maxBlocks)
 	start := time.Now()
-	s.decideInput(snap, in, v, sc, start)
-	s.noteVerdict(v)
+	d.decideInput(snap, in, v, sc, start)
+	d.ref.noteVerdict(v)
 	if v.Status != 200 {
-		s.logRefusal(sc, v, start)
+		d.dec.logRefusal(sc, v, start)
 	}
-	s.release(sc)
+	d.release(sc)
 }
 
 // decideInput runs the stages of doc.go after the read: deployment, pick,
 // verdict. start is when the request reached turnout.
-func (s *Decider) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
+func (d *Decider) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
 	v.Reset()
 	cfg := snap.Config
 	r := &sc.req
@@ -66,12 +66,12 @@ func (s *Decider) decideInput(snap *Snapshot, in *contract.Input, v *contract.Ve
 		model = modelHdr
 	}
 	r.Model = model
-	var d *Deployment
+	var dep *Deployment
 	switch {
 	case len(model) > 0:
 		me := snap.models.Load().Lookup(model)
 		if me == nil || me.Refuse != models.RefuseNone {
-			if ld := s.loadOnDemand(snap, model, me, sc); ld != nil {
+			if ld := d.loadOnDemand(snap, model, me, sc); ld != nil {
 				me = ld // lora.load_on_demand loaded it (models.go)
 			}
 		}
@@ -79,38 +79,38 @@ func (s *Decider) decideInput(snap *Snapshot, in *contract.Input, v *contract.Ve
 			if me != nil {
 				me.Stats.Refused.Add(1)
 			}
-			s.m.errors[errUnknownModel].Add(1)
+			d.ref.errors[errUnknownModel].Add(1)
 			v.Refuse(404, "invalid_request_error", "model_not_found",
 				"The model `"+string(cut(model, maxEchoModel))+"` does not exist.")
 			return
 		}
-		d, sc.model, sc.only = snap.Deployments[me.Dep], me.Idx, me
+		dep, sc.model, sc.only = snap.Deployments[me.Dep], me.Idx, me
 		if me.Adapter {
 			r.Adapter, r.AdapterHash = true, fleet.HashKey(model)
 		}
 		if me.Refuse == models.RefuseGone {
 			me.Stats.Refused.Add(1)
-			s.refuseModel(v, d, model)
+			d.refuseModel(v, dep, model)
 			return
 		}
 	case len(snap.Deployments) == 1:
-		d = snap.Deployments[0]
+		dep = snap.Deployments[0]
 	default:
-		s.m.errors[errNoModel].Add(1)
+		d.ref.errors[errNoModel].Add(1)
 		v.Refuse(400, "invalid_request_error", "model_required",
 			"a \"model\" is required: several deployments are served")
 		return
 	}
-	sc.dep = d
+	sc.dep = dep
 	if len(r.Session) > 0 {
 		r.HasSession = true
 		r.SessionHash = fleet.HashKey(r.Session)
 	}
-	if d.flow != nil {
-		s.runHeld(snap, d, in, v, sc, start)
+	if dep.flow != nil {
+		d.runHeld(snap, dep, in, v, sc, start)
 		return
 	}
-	s.runProfiles(snap, d, in, v, sc, start)
+	d.runProfiles(snap, dep, in, v, sc, start)
 	if me := sc.only; me != nil {
 		if v.Status == 200 {
 			me.Stats.Decisions.Add(1)
@@ -124,18 +124,18 @@ func (s *Decider) decideInput(snap *Snapshot, in *contract.Input, v *contract.Ve
 // serving pool is saturated the request waits for its turn, by class and
 // tenant, and is then routed by the policy as the pool is at release
 // time; a sheddable one past its budget is refused with 429.
-func (s *Decider) runHeld(snap *Snapshot, d *Deployment, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
+func (d *Decider) runHeld(snap *Snapshot, dep *Deployment, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
 	var fr flow.Request
-	k := d.flow.Begin(&fr, sc.req.Model, contract.HeaderIs)
+	k := dep.flow.Begin(&fr, sc.req.Model, contract.HeaderIs)
 	for i := range in.Headers {
 		k.Header(in.Headers[i].Name, in.Headers[i].Value)
 	}
 	k.Session(sc.req.Session)
-	switch o := d.flow.Admit(&fr, in.Watch); o {
+	switch o := dep.flow.Admit(&fr, in.Watch); o {
 	case flow.Shed:
 		v.RetryAfter = true
 		v.Refuse(429, "rate_limit_exceeded", contract.ReasonFlowShed,
-			"deployment "+d.Name+" is saturated and this request's class ("+d.flow.Config().Classes[fr.Class].Name+") is shed past its queue budget; retry later")
+			"deployment "+dep.Name+" is saturated and this request's class ("+dep.flow.Config().Classes[fr.Class].Name+") is shed past its queue budget; retry later")
 		return
 	case flow.Gone:
 		v.Refuse(503, "service_unavailable", contract.ReasonFlowGone, "the client went away while its request was held")
@@ -145,24 +145,24 @@ func (s *Decider) runHeld(snap *Snapshot, d *Deployment, in *contract.Input, v *
 	}
 	// Deferred: a panicking pick (recovered by the transport) must give
 	// its reserved room back.
-	defer d.flow.Done()
-	s.runProfiles(snap, d, in, v, sc, start)
+	defer dep.flow.Done()
+	d.runProfiles(snap, dep, in, v, sc, start)
 }
 
 // bindFlow gives the snapshot's deployments with flow_control their
 // controllers (kept across reloads while their config is unchanged) and
 // their serving pools the completion hook that releases held requests.
-func (s *Decider) bindFlow(snap *Snapshot) {
+func (d *Decider) bindFlow(snap *Snapshot) {
 	live := map[string]bool{}
-	for _, d := range snap.Deployments {
-		if d.Config.FlowControl == nil {
+	for _, dep := range snap.Deployments {
+		if dep.Config.FlowControl == nil {
 			continue
 		}
-		live[d.Name] = true
-		d.flow = s.flows.Bind(d.Name, d.Config.FlowControl, d.Serve)
-		d.Serve.OnFree = d.flow.Kick
+		live[dep.Name] = true
+		dep.flow = d.flows.Bind(dep.Name, dep.Config.FlowControl, dep.Serve)
+		dep.Serve.OnFree = dep.flow.Kick
 	}
-	s.flows.Keep(live)
+	d.flows.Keep(live)
 }
 
 // A Profile is one pick of a decision: a pool, whose policy runs, and what
@@ -192,50 +192,50 @@ const (
 // runProfiles admits the request (the prefill profile needs the whole body,
 // pd.go), runs each profile's pick into its own part of the scratch, and
 // turns the picks into the verdict.
-func (s *Decider) runProfiles(snap *Snapshot, d *Deployment, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
-	if d.Prefill != nil && !s.admitPD(snap, &sc.req, v) {
+func (d *Decider) runProfiles(snap *Snapshot, dep *Deployment, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
+	if dep.Prefill != nil && !d.admitPD(snap, &sc.req, v) {
 		return // the prefill profile needs what this request lacks
 	}
-	n := d.pickN
-	for i := range d.Profiles {
-		pr := &d.Profiles[i]
+	n := dep.pickN
+	for i := range dep.Profiles {
+		pr := &dep.Profiles[i]
 		c := &sc.choices[i]
-		if pr.Role == ProfilePrefill && s.skipPrefill(d, &sc.req, &sc.choices[0]) {
+		if pr.Role == ProfilePrefill && d.skipPrefill(dep, &sc.req, &sc.choices[0]) {
 			*c = fleet.Choice{Reject: rejectSkipped, Work: c.Work}
 			continue
 		}
 		if sc.only != nil {
 			sc.req.Only = sc.only.Only[i]
 		}
-		s.pick(snap, pr.Pool, sc, c, sc.picks[i*n:i*n:(i+1)*n])
+		d.pick(snap, pr.Pool, sc, c, sc.picks[i*n:i*n:(i+1)*n])
 		if sc.req.Adapter && i == 0 && len(c.Endpoints) > 0 {
 			e := c.Endpoints[0]
 			if l := e.LoRA(); l != nil && !l.Hot(sc.req.Model) {
 				sc.only.Stats.Cold.Add(1)
 			}
-			if d.Config.LoRA.MaxLoaded > 0 {
-				s.loader.Touch(e.Address, sc.req.Model) // the unload order of load_on_demand
+			if dep.Config.LoRA.MaxLoaded > 0 {
+				d.loader.Touch(e.Address, sc.req.Model) // the unload order of load_on_demand
 			}
 		}
 		if len(c.Endpoints) == 0 && pr.Role == ProfileServe {
 			sc.refusedPool = pr.Pool
 			if sc.req.Only != nil && c.Reject == fleet.RejectNone {
-				s.refuseModel(v, d, sc.req.Model)
+				d.refuseModel(v, dep, sc.req.Model)
 				return
 			}
-			s.refuse(v, pr.Pool, c.Reject)
+			d.refuse(v, pr.Pool, c.Reject)
 			return
 		}
 	}
-	if d.Prefill == nil {
+	if dep.Prefill == nil {
 		// After the pick: its read of the body is reused.
 		if len(snap.Deployments) > 1 && refuseDuplicateModel(v, &sc.idx) {
 			return
 		}
-		s.route(v, d.Serve, &sc.choices[0], sc, start)
+		d.route(v, dep.Serve, &sc.choices[0], sc, start)
 		return
 	}
-	s.finishPD(snap, d, in, v, sc, start)
+	d.finishPD(snap, dep, in, v, sc, start)
 }
 
 // rejectSkipped marks a profile's choice as not run (a prefill the decode
@@ -259,7 +259,7 @@ func refuseDuplicateModel(v *contract.Verdict, idx *payload.Index) bool {
 
 // pick hashes the prompt when the pool's policy wants it and runs the
 // policy into c, whose Endpoints start as dst (len 0, cap = how many).
-func (s *Decider) pick(snap *Snapshot, p *fleet.Pool, sc *Txn, c *fleet.Choice, dst []*fleet.Endpoint) {
+func (d *Decider) pick(snap *Snapshot, p *fleet.Pool, sc *Txn, c *fleet.Choice, dst []*fleet.Endpoint) {
 	r := &sc.req
 	r.Blocks, r.PromptBytes = nil, 0
 	*c = fleet.Choice{Endpoints: dst, Work: c.Work}
@@ -277,29 +277,29 @@ func (s *Decider) pick(snap *Snapshot, p *fleet.Pool, sc *Txn, c *fleet.Choice, 
 	}
 	p.Metrics.Outcomes[c.Outcome].Add(1)
 	p.Metrics.MatchedBlocks.Add(uint64(c.Matched))
-	s.sharePrefix(p, c.Endpoints[0], r.Blocks)
+	d.sharePrefix(p, c.Endpoints[0], r.Blocks)
 }
 
 // sharePrefix hands a decision of a pool that records prefixes to the
 // sink, if any, with or without blocks: peers count every decision in the
 // requests an endpoint served (Endpoint.Served, the bounded-load guard),
 // and a prompt shorter than one block is one of them.
-func (s *Decider) sharePrefix(p *fleet.Pool, e *fleet.Endpoint, blocks []uint64) {
+func (d *Decider) sharePrefix(p *fleet.Pool, e *fleet.Endpoint, blocks []uint64) {
 	if !p.Records {
 		return
 	}
-	if b := s.sink.Load(); b != nil {
+	if b := d.sink.Load(); b != nil {
 		b.RoutedPrefix(p, e, blocks)
 	}
 }
 
 // route opens the decision for the policy's first pick and fills v with it.
-func (s *Decider) route(v *contract.Verdict, p *fleet.Pool, c *fleet.Choice, sc *Txn, start time.Time) {
+func (d *Decider) route(v *contract.Verdict, p *fleet.Pool, c *fleet.Choice, sc *Txn, start time.Time) {
 	picks := c.Endpoints
 	e := picks[0]
 	v.Status = 200
 	m := decisionMeta{pool: p, names: sc.dsnap.models.Load(), model: sc.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: sc.req.HasSession, pred: c.Predicted}
-	v.Decision = s.dec.open(e, start.UnixNano(), &m)
+	v.Decision = d.dec.open(e, start.UnixNano(), &m)
 	v.Server, v.Addr, v.Pool = e.NameHdr, e.AddrHdr, p.NameHdr
 	v.Fallbacks = v.FallbackRoom()
 	for _, f := range picks[1:] {
@@ -323,10 +323,10 @@ const maxPicks = 16
 const latencySample = 8
 
 // refuse answers a request no endpoint was picked for.
-func (s *Decider) refuse(v *contract.Verdict, p *fleet.Pool, why fleet.RejectReason) {
+func (d *Decider) refuse(v *contract.Verdict, p *fleet.Pool, why fleet.RejectReason) {
 	switch why {
 	case fleet.RejectBadBody:
-		s.m.errors[errBadBody].Add(1)
+		d.ref.errors[errBadBody].Add(1)
 		v.Refuse(400, "invalid_request_error", "token_ids_required",
 			"pool "+p.Name+" routes on token ids (strict): send a prompt the tokenizer can read or token ids")
 	case fleet.RejectUnavailable:
@@ -342,11 +342,11 @@ func (s *Decider) refuse(v *contract.Verdict, p *fleet.Pool, why fleet.RejectRea
 // refuseModel refuses a model whose endpoints all are down, or that the
 // endpoints that served it no longer list: 503, so that clients retry
 // (Retry-After), rather than a 404 that says it never existed.
-func (s *Decider) refuseModel(v *contract.Verdict, d *Deployment, model []byte) {
-	s.m.errors[errModelUnavailable].Add(1)
+func (d *Decider) refuseModel(v *contract.Verdict, dep *Deployment, model []byte) {
+	d.ref.errors[errModelUnavailable].Add(1)
 	v.RetryAfter = true
 	v.Refuse(503, "service_unavailable", contract.ReasonModelUnavailable,
-		"no available endpoint of deployment "+d.Name+" serves the model `"+string(cut(model, maxEchoModel))+"` now")
+		"no available endpoint of deployment "+dep.Name+" serves the model `"+string(cut(model, maxEchoModel))+"` now")
 }
 
 // maxEchoModel bounds the model name echoed in a 404: longer names are
@@ -410,18 +410,18 @@ type TxnBuffers struct {
 
 // Begin starts a request on the live snapshot: its Input is empty, its
 // clock started.
-func (s *Decider) Begin() *Txn {
-	snap := s.snap.Load()
-	sc := s.getScratch(snap.maxBlocks)
+func (d *Decider) Begin() *Txn {
+	snap := d.snap.Load()
+	sc := d.getScratch(snap.maxBlocks)
 	sc.snap, sc.start = snap, time.Now()
 	sc.in.Reset()
 	return sc
 }
 
 // End gives a Txn back; nothing of it may be used after.
-func (s *Decider) End(t *Txn) {
+func (d *Decider) End(t *Txn) {
 	t.snap = nil
-	s.release(t)
+	d.release(t)
 }
 
 // Config is the config of the Txn's snapshot (the limits a transport reads by).
@@ -456,17 +456,17 @@ func (t *Txn) ProxyHeaders(h *fasthttp.RequestHeader) {
 
 // DecideTxn decides the Txn's Input on its snapshot and returns the Verdict
 // (valid until End).
-func (s *Decider) DecideTxn(t *Txn) *contract.Verdict {
-	s.decideInput(t.snap, &t.in, &t.v, t, t.start)
-	s.noteVerdict(&t.v)
+func (d *Decider) DecideTxn(t *Txn) *contract.Verdict {
+	d.decideInput(t.snap, &t.in, &t.v, t, t.start)
+	d.ref.noteVerdict(&t.v)
 	if t.v.Status != 200 {
-		s.logRefusal(t, &t.v, t.start)
+		d.dec.logRefusal(t, &t.v, t.start)
 	}
 	return &t.v
 }
 
-func (s *Decider) getScratch(maxBlocks int) *Txn {
-	sc, _ := s.pool.Get().(*Txn)
+func (d *Decider) getScratch(maxBlocks int) *Txn {
+	sc, _ := d.pool.Get().(*Txn)
 	if sc == nil {
 		sc = &Txn{Buf: TxnBuffers{Out: make([]byte, 0, 512)}}
 		for i := range sc.choices {
@@ -481,12 +481,12 @@ func (s *Decider) getScratch(maxBlocks int) *Txn {
 
 // release returns a request's scratch to the pool, after the test hook
 // (observe) saw the request.
-func (s *Decider) release(sc *Txn) {
-	if s.observe != nil {
-		s.observe(&sc.req)
+func (d *Decider) release(sc *Txn) {
+	if d.observe != nil {
+		d.observe(&sc.req)
 	}
 	sc.Buf.trim()
-	s.pool.Put(sc)
+	d.pool.Put(sc)
 }
 
 // keepBodyCap is the largest body buffer a pooled Txn keeps: the default

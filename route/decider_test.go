@@ -29,14 +29,14 @@ func TestCompletionAccounting(t *testing.T) {
 	}
 	for _, id := range ids {
 		n, ok := contract.ParseDecisionID([]byte(id))
-		if !ok || !s.Complete(n) {
+		if !ok || !s.Ledger().Complete(n) {
 			t.Fatalf("decision %q not completed", id)
 		}
 	}
 	if total() != 0 {
 		t.Fatalf("inflight %d after completions", total())
 	}
-	if n, _ := contract.ParseDecisionID([]byte(ids[0])); s.Complete(n) {
+	if n, _ := contract.ParseDecisionID([]byte(ids[0])); s.Ledger().Complete(n) {
 		t.Fatal("duplicate completion accepted")
 	}
 	if s.dec.duplicate.Load() != 1 {

@@ -39,9 +39,12 @@
 //	5 route/reqlog             the request log's destinations (stdout, rotated file, syslog)
 //
 // Layer 5 packages hold a *Decider and use its exported API (Begin,
-// ProxyHeaders, DecideTxn, End, Decide, Complete, CloseDecision,
-// CloseDecisionWith, LookupDecision, SetRequestSink, OnApply, OnTick,
-// AddMetrics, AddReadiness); cmd/turnout wires them together.
+// ProxyHeaders, DecideTxn, End, Decide, OnApply, OnTick) and the parts it
+// exposes once each: Ledger (Complete, CloseDecision, CloseDecisionWith,
+// LookupDecision, SetRequestSink, SetFeedbackStalled, Reconcile, Counts),
+// Health (the health checks' counts and first round), Refusals (what a
+// transport refused on its own) and Extras (AddMetrics, AddReadiness);
+// cmd/turnout wires them together.
 //
 // # A decision
 //

@@ -52,12 +52,12 @@ func TestFlowHoldsUntilCompletion(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	var rb strings.Builder
-	s.WriteReadinessNotes(&rb)
+	s.Extras().WriteReadinessNotes(&rb)
 	if !strings.Contains(rb.String(), "flow d: 1 held (critical 0, standard 1, sheddable 0), saturated\n") {
 		t.Fatalf("readiness notes lack the held request:\n%s", rb.String())
 	}
 	id, ok := contract.ParseDecisionID([]byte(ids[1]))
-	if !ok || !s.Complete(id) {
+	if !ok || !s.Ledger().Complete(id) {
 		t.Fatalf("cannot complete %s", ids[1])
 	}
 	select {

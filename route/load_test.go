@@ -28,7 +28,7 @@ func TestEndpointLoad(t *testing.T) {
 	if e.Load() != 22 {
 		t.Fatalf("two decisions after the scrape: load %d, want 22", e.Load())
 	}
-	s.Complete(ids[0])
+	s.Ledger().Complete(ids[0])
 	if e.Load() != 21 {
 		t.Fatalf("one of them completed: load %d, want 21", e.Load())
 	}
@@ -62,7 +62,7 @@ func TestEngineLoadSteersEveryPolicy(t *testing.T) {
 				if got := hdr(ctx, contract.HdrServer); got == busy.Name {
 					t.Fatalf("request %d sent to %s, whose engine reports 20 waiting", i, got)
 				}
-				if id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision))); !s.Complete(id) {
+				if id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision))); !s.Ledger().Complete(id) {
 					t.Fatal("decision not completable")
 				}
 			}
@@ -84,7 +84,7 @@ func TestTieBreakRecentDecisions(t *testing.T) {
 		ctx := do(s, chatBody("llama", "", fmt.Sprintf("q%d", i)))
 		counts[hdr(ctx, contract.HdrServer)]++
 		id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
-		s.Complete(id) // load back to 0: only the recent count differs
+		s.Ledger().Complete(id) // load back to 0: only the recent count differs
 	}
 	for _, e := range eps {
 		if counts[e.Name] != 10 {

@@ -164,12 +164,12 @@ func TestDecisionRecordNamesAdapter(t *testing.T) {
 		t.Fatalf("no decision id: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
 	}
 	var r DecisionRecord
-	if !s.LookupDecision(id, time.Now(), &r) || r.Model != "sql" || !r.Adapter || r.Endpoint != "a" {
+	if !s.Ledger().LookupDecision(id, time.Now(), &r) || r.Model != "sql" || !r.Adapter || r.Endpoint != "a" {
 		t.Fatalf("record %+v", r)
 	}
 	ctx = do(s, `{"model":"llama","prompt":"x"}`)
 	id, _ = contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
-	if !s.LookupDecision(id, time.Now(), &r) || r.Model != "llama" || r.Adapter {
+	if !s.Ledger().LookupDecision(id, time.Now(), &r) || r.Model != "llama" || r.Adapter {
 		t.Fatalf("base model record %+v", r)
 	}
 }

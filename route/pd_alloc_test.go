@@ -26,7 +26,7 @@ func TestPDDecisionAllocs(t *testing.T) {
 			t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
 		}
 		id, _ := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
-		s.Complete(id)
+		s.Ledger().Complete(id)
 	}
 	for i := 0; i < 100; i++ {
 		run()

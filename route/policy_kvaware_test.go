@@ -77,7 +77,7 @@ func TestKVAwareRouting(t *testing.T) {
 			t.Fatalf("request %d went to %s, b holds the blocks", i, hdr(ctx, contract.HdrServer))
 		}
 		id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
-		s.Complete(id)
+		s.Ledger().Complete(id)
 	}
 	// b evicts the blocks: the request no longer sticks to b.
 	k.Index().Apply("b", kv.Batch{Events: []kv.Event{{Kind: kv.EventBlockRemoved, BlockHashes: hashes}}})
@@ -86,7 +86,7 @@ func TestKVAwareRouting(t *testing.T) {
 		ctx := do(s, tokBody(seqToks(64, uint32(5000+i*100))))
 		seen[hdr(ctx, contract.HdrServer)] = true
 		id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
-		s.Complete(id)
+		s.Ledger().Complete(id)
 	}
 	if len(seen) < 2 {
 		t.Fatalf("without cached blocks requests should spread: %v", seen)
@@ -226,7 +226,7 @@ deployments:
 		ctx.Response.Reset()
 		handle(s, ctx)
 		id, _ := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
-		s.Complete(id)
+		s.Ledger().Complete(id)
 	}
 }
 
@@ -244,7 +244,7 @@ func TestKVAwareStaleDiscount(t *testing.T) {
 			t.Fatalf("request %d went to %s; a is stale", i, got)
 		}
 		id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
-		s.Complete(id)
+		s.Ledger().Complete(id)
 	}
 }
 

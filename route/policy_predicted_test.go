@@ -40,7 +40,7 @@ func TestPredictedTTFTRouting(t *testing.T) {
 	first := do(s, long)
 	home := hdr(first, contract.HdrServer)
 	id, _ := contract.ParseDecisionID([]byte(hdr(first, contract.HdrDecision)))
-	s.CloseDecisionWith(id, Completion{Status: 200, Ms: 90, TTFB: 80, Retries: 0})
+	s.dec.CloseDecisionWith(id, Completion{Status: 200, Ms: 90, TTFB: 80, Retries: 0})
 	if m := pt.PredictionErrorMedian(); math.IsNaN(m) {
 		t.Fatal("the completion's TTFB was not learned from")
 	}
@@ -50,7 +50,7 @@ func TestPredictedTTFTRouting(t *testing.T) {
 			t.Fatalf("repeat %d went to %s, %s holds the prefix and nothing is loaded", i, got, home)
 		}
 		id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
-		s.Complete(id)
+		s.Ledger().Complete(id)
 	}
 	for _, e := range s.Snapshot().Deployments[0].Serve.Endpoints {
 		if e.Name == home {
@@ -75,10 +75,10 @@ func TestPredictedTTFTRouting(t *testing.T) {
 func TestPredictedTTFTInRequestLog(t *testing.T) {
 	s, _ := predictedServer(t)
 	sink := &captureSink{}
-	s.SetRequestSink(sink, 1)
+	s.Ledger().SetRequestSink(sink, 1)
 	ctx := do(s, chatBody("llama", "sys", "hello"))
 	id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
-	s.CloseDecisionWith(id, Completion{Status: 200, Ms: 40, TTFB: 30, Retries: 0})
+	s.dec.CloseDecisionWith(id, Completion{Status: 200, Ms: 40, TTFB: 30, Retries: 0})
 	if len(sink.recs) != 1 || sink.recs[0].PredictedTTFTMs <= 0 || sink.recs[0].TTFBMs != 30 {
 		t.Fatalf("request log records %+v: want one with a prediction and ttfb 30", sink.recs)
 	}
@@ -104,7 +104,7 @@ func TestPredictedTTFTLearnsFromEngineTTFT(t *testing.T) {
 		for i := range k {
 			ctx := do(s, chatBody("llama", "sys", fmt.Sprintf("question %d", i)))
 			id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
-			s.CloseDecisionWith(id, Completion{Status: 200, Ms: 5, TTFB: 1, Retries: 0}) // header time
+			s.dec.CloseDecisionWith(id, Completion{Status: 200, Ms: 5, TTFB: 1, Retries: 0}) // header time
 		}
 	}
 	scrape(0)

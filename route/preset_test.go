@@ -37,7 +37,7 @@ deployments:
 	decide := func() string { // one decision, completed
 		ctx := do(s, body)
 		id, _ := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
-		s.Complete(id)
+		s.Ledger().Complete(id)
 		return hdr(ctx, contract.HdrServer)
 	}
 	first := decide()

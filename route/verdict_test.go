@@ -46,7 +46,7 @@ func TestDecideAllocs(t *testing.T) {
 		if !v.Routed() {
 			t.Fatalf("status %d", v.Status)
 		}
-		s.Complete(v.Decision)
+		s.Ledger().Complete(v.Decision)
 	}
 	for range 100 {
 		run()

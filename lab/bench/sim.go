@@ -300,7 +300,7 @@ func (t *turnoutRouter) Route(r *Request, body []byte) (int, uint64, error) {
 }
 
 func (t *turnoutRouter) Done(id uint64) error {
-	if !t.srv.Complete(id) {
+	if !t.srv.Ledger().Complete(id) {
 		return fmt.Errorf("decision %016x was not open", id)
 	}
 	return nil
@@ -310,7 +310,7 @@ func (t *turnoutRouter) Done(id uint64) error {
 // line reports it, with the time from the decision to the first token.
 func (t *turnoutRouter) DoneTTFB(id uint64, ttfb, total time.Duration) error {
 	c := route.Completion{Status: 200, Ms: total.Milliseconds(), TTFB: ttfb.Milliseconds(), Retries: 0}
-	if t.srv.CloseDecisionWith(id, c) == nil {
+	if t.srv.Ledger().CloseDecisionWith(id, c) == nil {
 		return fmt.Errorf("decision %016x was not open", id)
 	}
 	return nil

@@ -61,7 +61,7 @@ func benchDecisions(b *testing.B, sync bool) {
 		ctx.Response.Reset()
 		api.Handler(ctx)
 		id, _ := strconv.ParseUint(b2s(ctx.Response.Header.Peek(contract.HdrDecision)), 16, 64)
-		n.srv.Complete(id)
+		n.srv.Ledger().Complete(id)
 	}
 	b.StopTimer()
 	if sync {

@@ -101,7 +101,7 @@ func decide(t testing.TB, n *node, ctx *fasthttp.RequestCtx) string {
 	}
 	var id uint64
 	fmt.Sscanf(string(ctx.Response.Header.Peek(contract.HdrDecision)), "%x", &id)
-	n.srv.Complete(id)
+	n.srv.Ledger().Complete(id)
 	return string(ctx.Response.Header.Peek(contract.HdrServer))
 }
 
@@ -321,7 +321,7 @@ func TestSyncDecisionAllocs(t *testing.T) {
 		ctx.Response.Reset()
 		a.api.Handler(ctx)
 		id, _ := strconv.ParseUint(b2s(ctx.Response.Header.Peek(contract.HdrDecision)), 16, 64)
-		a.srv.Complete(id)
+		a.srv.Ledger().Complete(id)
 	}
 	if n := testing.AllocsPerRun(500, run); n != 0 {
 		t.Fatalf("%v allocations per decision with cluster sync on", n)
@@ -409,7 +409,7 @@ func TestSyncSharesLoads(t *testing.T) {
 	// one: a level left stale across an engine scrape would turn into an
 	// underestimate after it.
 	for k, id := range ids {
-		a.srv.Complete(id)
+		a.srv.Ledger().Complete(id)
 		eventually(t, fmt.Sprintf("B sees %d of A's decisions closed", k+1), func() bool {
 			return same() && bEps[0].PeerMark()+bEps[1].PeerMark()+bEps[2].PeerMark()+bEps[3].PeerMark() == int64(5-k)
 		})

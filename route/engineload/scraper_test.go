@@ -203,7 +203,7 @@ func routeOnce(t *testing.T, srv *route.Decider) (string, time.Duration) {
 	}
 	var id uint64
 	fmt.Sscanf(string(ctx.Response.Header.Peek(contract.HdrDecision)), "%x", &id)
-	if !srv.Complete(id) {
+	if !srv.Ledger().Complete(id) {
 		t.Fatal("decision not completable")
 	}
 	return string(ctx.Response.Header.Peek(contract.HdrServer)), took

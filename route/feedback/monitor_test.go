@@ -112,7 +112,7 @@ func TestFeedbackAllocs(t *testing.T) {
 func verbose(s *testServer) (int, string) {
 	var b strings.Builder
 	ok := s.WriteReadiness(&b, true)
-	s.WriteReadinessNotes(&b)
+	s.Extras().WriteReadinessNotes(&b)
 	return readyStatus(ok), b.String()
 }
 
@@ -390,6 +390,6 @@ deployments:
 
 // completed is how many decisions were completed.
 func completed(s *testServer) uint64 {
-	_, done, _ := s.LedgerCounts()
+	_, done, _ := s.Ledger().Counts()
 	return done
 }

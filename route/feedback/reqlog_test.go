@@ -35,7 +35,7 @@ func (s *recSink) Request(r *route.DecisionRecord) {
 func TestRequestLogRecords(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", `"127.0.0.1"`, "s3cret-token-0123456789"))
 	var sink recSink
-	s.SetRequestSink(&sink, 1)
+	s.Ledger().SetRequestSink(&sink, 1)
 
 	ctx := routeCtx(chatBody("llama", "sys", "hi"), "user-7")
 	s.api.Handler(ctx)
@@ -47,7 +47,7 @@ func TestRequestLogRecords(t *testing.T) {
 	var dec uint64
 	fmt.Sscanf(id, "%x", &dec)
 	var open route.DecisionRecord
-	if !s.LookupDecision(dec, time.Now(), &open) || open.State != "open" || open.Endpoint != srv {
+	if !s.Ledger().LookupDecision(dec, time.Now(), &open) || open.State != "open" || open.Endpoint != srv {
 		t.Fatalf("lookup of the open decision: %+v", open)
 	}
 	line := fmt.Sprintf("turnout-done id=%s srv=%s status=200 ms=1234 ttfb=56 tok=s3cret-token-0123456789 retries=+1", id, other)
@@ -64,13 +64,13 @@ func TestRequestLogRecords(t *testing.T) {
 		t.Errorf("record\n got %+v\nwant %+v", r, want)
 	}
 	var closed route.DecisionRecord
-	if !s.LookupDecision(dec, time.Now(), &closed) || closed != want {
+	if !s.Ledger().LookupDecision(dec, time.Now(), &closed) || closed != want {
 		t.Errorf("lookup after close: %+v", closed)
 	}
-	if s.LookupDecision(dec, time.Now().Add(time.Hour), &closed) {
+	if s.Ledger().LookupDecision(dec, time.Now().Add(time.Hour), &closed) {
 		t.Error("a decision an hour old is still found")
 	}
-	if s.LookupDecision(dec^1<<40, time.Now(), &closed) {
+	if s.Ledger().LookupDecision(dec^1<<40, time.Now(), &closed) {
 		t.Error("an unknown id is found")
 	}
 
@@ -96,7 +96,7 @@ func TestRequestLogRecords(t *testing.T) {
 	}
 
 	// Off: nothing more is written.
-	s.SetRequestSink(nil, 0)
+	s.Ledger().SetRequestSink(nil, 0)
 	s.api.Handler(routeCtx(chatBody("gpt-unknown", "sys", "hi"), ""))
 	if len(sink.recs) != 2 {
 		t.Errorf("request log off wrote %d records", len(sink.recs)-2)
@@ -107,7 +107,7 @@ func TestRequestLogRecords(t *testing.T) {
 func TestRequestLogSampleRate(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", `"127.0.0.1"`, "s3cret-token-0123456789"))
 	var sink recSink
-	s.SetRequestSink(&sink, 0.1)
+	s.Ledger().SetRequestSink(&sink, 0.1)
 	const n = 4000
 	for range n {
 		ctx := routeCtx(chatBody("llama", "sys", "hi"), "")
@@ -132,7 +132,7 @@ func BenchmarkDecideAndClose(b *testing.B) {
 		b.Run(fmt.Sprintf("sample=%g", rate), func(b *testing.B) {
 			s := mustServer(b, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", `"127.0.0.1"`, "s3cret-token-0123456789"))
 			if rate > 0 {
-				s.SetRequestSink(&discardSink{zerolog.New(io.Discard).With().Timestamp().Logger()}, rate)
+				s.Ledger().SetRequestSink(&discardSink{zerolog.New(io.Discard).With().Timestamp().Logger()}, rate)
 			}
 			ctx := routeCtx(chatBody("llama", "sys", "hi"), "user-1")
 			line := make([]byte, 0, 256)
@@ -155,7 +155,7 @@ func BenchmarkDecideAndClose(b *testing.B) {
 func TestServedByUpstreamAddr(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", `"127.0.0.1"`, "s3cret-token-0123456789"))
 	var sink recSink
-	s.SetRequestSink(&sink, 1)
+	s.Ledger().SetRequestSink(&sink, 1)
 	addr := map[string]string{"a": "127.0.0.1:8001", "b": "127.0.0.1:8002"}
 	for _, tc := range []struct{ up, want string }{{"", "chosen"}, {"chosen", "chosen"}, {"other", "other"}, {"127.0.0.1:9", "chosen"}} {
 		ctx := routeCtx(chatBody("llama", "sys", "hi"), "")

@@ -39,7 +39,7 @@ func assertZeroAllocs(t *testing.T, s *testServer, ctx *fasthttp.RequestCtx) {
 			t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
 		}
 		id, _ := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
-		s.Complete(id)
+		s.Ledger().Complete(id)
 	}
 	for i := 0; i < 100; i++ { // warm pools, the prefix index, caches
 		run()
@@ -68,7 +68,7 @@ func benchRoute(b *testing.B, pol string, bodies int) {
 		ctx.Response.Reset()
 		s.Handler(ctx)
 		id, _ := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
-		s.Complete(id)
+		s.Ledger().Complete(id)
 	}
 	// Warm every context (fasthttp's response buffers, the policy's state)
 	// so even a short run (make bench-smoke: -benchtime 100x) reports the
@@ -98,7 +98,7 @@ func BenchmarkRouteParallelPrefixAffinity(b *testing.B) {
 		ctx := routeCtx(body4K(7), "u")
 		s.Handler(ctx)
 		id, _ := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
-		s.Complete(id)
+		s.Ledger().Complete(id)
 		ctxs <- ctx
 	}
 	b.ReportAllocs()
@@ -109,7 +109,7 @@ func BenchmarkRouteParallelPrefixAffinity(b *testing.B) {
 			ctx.Response.Reset()
 			s.Handler(ctx)
 			id, _ := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
-			s.Complete(id)
+			s.Ledger().Complete(id)
 		}
 	})
 }
@@ -134,7 +134,7 @@ func FuzzRouteHandler(f *testing.F) {
 			t.Fatalf("status %d", st)
 		}
 		if id, ok := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision)); ok {
-			s.Complete(id)
+			s.Ledger().Complete(id)
 		}
 	})
 }

@@ -68,7 +68,7 @@ func (a *API) Handler(ctx *fasthttp.RequestCtx) {
 // Verdict as headers (or an error answer).
 func (a *API) routeHTTP(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsPost() {
-		a.d.NoteBadMethod()
+		a.d.Refusals().NoteBadMethod()
 		a.refuse(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use POST "+contract.PathRoute)
 		return
 	}
@@ -149,7 +149,7 @@ func (a *API) done(ctx *fasthttp.RequestCtx) {
 		a.refuse(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_id", "id must be a decision id from "+contract.HdrDecision)
 		return
 	}
-	if !a.d.Complete(id) {
+	if !a.d.Ledger().Complete(id) {
 		a.refuse(ctx, fasthttp.StatusNotFound, "invalid_request_error", "unknown_decision", "unknown or already completed decision")
 		return
 	}
@@ -278,7 +278,7 @@ func (a *API) ready(ctx *fasthttp.RequestCtx) {
 	ok := a.d.WriteReadiness(&b, verbose)
 	if verbose {
 		// Completion feedback and degraded endpoints: never the status.
-		a.d.WriteReadinessNotes(&b)
+		a.d.Extras().WriteReadinessNotes(&b)
 	}
 	ctx.SetContentType("text/plain; charset=utf-8")
 	if ok {
@@ -293,11 +293,11 @@ func (a *API) ready(ctx *fasthttp.RequestCtx) {
 // (turnout_refusals_total, logged rate-limited).
 func (a *API) refuse(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
 	writeError(ctx, status, typ, code, msg)
-	a.d.NoteRefusal(status, code, msg)
+	a.d.Refusals().NoteRefusal(status, code, msg)
 }
 
 // errorHandler is ErrorHandler, counted like every refusal.
 func (a *API) errorHandler(ctx *fasthttp.RequestCtx, err error) {
 	ErrorHandler(ctx, err)
-	a.d.NoteRefusal(ctx.Response.StatusCode(), string(ctx.Response.Header.Peek(contract.HdrReason)), err.Error())
+	a.d.Refusals().NoteRefusal(ctx.Response.StatusCode(), string(ctx.Response.Header.Peek(contract.HdrReason)), err.Error())
 }

@@ -24,7 +24,7 @@ func testSessionHeaderMatrix(t *testing.T, pol string) {
 	home := hdr(first, contract.HdrServer)
 	// Completed, so every replica is idle again: prefix-affinity's session
 	// only breaks load ties.
-	if id, _ := contract.ParseDecisionID([]byte(hdr(first, contract.HdrDecision))); !s.Complete(id) {
+	if id, _ := contract.ParseDecisionID([]byte(hdr(first, contract.HdrDecision))); !s.Ledger().Complete(id) {
 		t.Fatal("decision id not completable")
 	}
 	for _, tc := range []struct {
@@ -51,7 +51,7 @@ func testSessionHeaderMatrix(t *testing.T, pol string) {
 				if tc.sameAs && hdr(ctx, contract.HdrServer) != home {
 					t.Fatalf("landed on %s, session home %s", hdr(ctx, contract.HdrServer), home)
 				}
-				if id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision))); !s.Complete(id) {
+				if id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision))); !s.Ledger().Complete(id) {
 					t.Fatal("decision id not completable")
 				}
 			}
@@ -63,7 +63,7 @@ func testSessionHeaderMatrix(t *testing.T, pol string) {
 				t.Fatalf("session treatment = %v, want %v", got == 1, tc.session)
 			}
 			id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
-			s.Complete(id)
+			s.Ledger().Complete(id)
 		})
 	}
 }
@@ -226,14 +226,14 @@ func TestHandlerPrefixRouting(t *testing.T) {
 			t.Fatalf("request %d went to %s, prefix home %s", i, hdr(ctx, contract.HdrServer), home)
 		}
 		id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
-		s.Complete(id)
+		s.Ledger().Complete(id)
 	}
 	seen := map[string]bool{}
 	for i := 0; i < 40; i++ {
 		ctx := do(s, chatBody("llama", fmt.Sprintf("%d distinct system prompt %s", i, strings.Repeat("x", 300)), "q"))
 		seen[hdr(ctx, contract.HdrServer)] = true
 		id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
-		s.Complete(id)
+		s.Ledger().Complete(id)
 	}
 	if len(seen) != 4 {
 		t.Fatalf("distinct prompts used only %d endpoints", len(seen))

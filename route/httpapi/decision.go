@@ -39,7 +39,7 @@ func (a *API) decision(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	var r route.DecisionRecord
-	if !a.d.LookupDecision(id, time.Now(), &r) {
+	if !a.d.Ledger().LookupDecision(id, time.Now(), &r) {
 		writeError(ctx, fasthttp.StatusNotFound, "invalid_request_error", "unknown_decision",
 			"unknown decision, or no longer recent (turnout keeps the last 15 minutes, within the ledger's ring)")
 		return

@@ -368,7 +368,7 @@ func direct(t testing.TB, srv *route.Decider, body string, hdrs ...string) *fast
 	httpapi.New(srv).Handler(&ctx)
 	var id uint64
 	if _, err := fmt.Sscanf(string(ctx.Response.Header.Peek(contract.HdrDecision)), "%x", &id); err == nil {
-		srv.Complete(id)
+		srv.Ledger().Complete(id)
 	}
 	return &ctx
 }
