@@ -7,17 +7,18 @@ import (
 	"testing"
 
 	"github.com/turnout/turnout"
-	"github.com/turnout/turnout/route"
+
+	"github.com/turnout/turnout/route/contract"
 )
 
 // The proxy templates spell no name, error body or feedback field the glue
-// contract owns (route.ContractLiterals): they render them from the tables,
+// contract owns (contract.ContractLiterals): they render them from the tables,
 // so a contract change reaches every glue. Comments may name them.
 func TestTemplatesSpellNoContractLiteral(t *testing.T) {
 	// Template comments, whole-line '#', '--' and '//' comments, and
 	// trailing '--' and '//' comments (Lua, JavaScript).
 	comment := regexp.MustCompile(`\{\{-?\s*/\*(?s:.*?)\*/\s*-?\}\}|/\*(?s:.*?)\*/|(?m:^[ \t]*#.*$)|(?m:(^|[ \t])(--|//) .*$)`)
-	lits := route.ContractLiterals()
+	lits := contract.ContractLiterals()
 	if len(lits) < 20 {
 		t.Fatalf("only %d contract literals", len(lits))
 	}
@@ -40,7 +41,7 @@ func TestTemplatesSpellNoContractLiteral(t *testing.T) {
 func TestContractLiteralsCatchHandWritten(t *testing.T) {
 	for _, l := range []string{"proxy_hide_header X-Turnout-Server;", `return 404 '{"error":{"message":"not found"}}'`, `log-format "x id=%ID srv=%s"`} {
 		found := false
-		for _, c := range route.ContractLiterals() {
+		for _, c := range contract.ContractLiterals() {
 			found = found || strings.Contains(strings.ToLower(l), strings.ToLower(c))
 		}
 		if !found {

@@ -18,6 +18,7 @@ import (
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/internal/filewatch"
 	"github.com/turnout/turnout/nginx"
+	"github.com/turnout/turnout/route"
 )
 
 // Options configure the loop: where configs come from and which proxies it
@@ -96,7 +97,7 @@ type Loop struct {
 
 // New prepares the loop around the decision core: it makes the proxy
 // syncers and the HAProxy directory, and opens nothing yet.
-func New(srv *Core, opts Options) (*Loop, error) {
+func New(srv *route.Decider, opts Options) (*Loop, error) {
 	log := opts.Log
 	if log == nil {
 		l := zerolog.Nop()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/feedback"
 	"github.com/turnout/turnout/route/health"
 	"github.com/turnout/turnout/route/httpapi"
@@ -17,20 +18,17 @@ import (
 	"github.com/turnout/turnout/route/spoe"
 )
 
-// Core is the decision core the loop drives. Every call this package makes
-// into route/ is in this file, so a change of route's API is one edit.
-type Core = route.Decider
-
 // core is the decision core as the loop sees it: the Decider, its HTTP API
 // and its completion-feedback loop (made once per Decider: feedback.New
-// hooks its checks, metrics and readiness lines into it).
+// hooks its checks, metrics and readiness lines into it). Every call this
+// package makes into route/ is in this file.
 type core struct {
-	srv *Core
+	srv *route.Decider
 	api *httpapi.API
 	fb  *feedback.Loop
 }
 
-func newCore(srv *Core) core {
+func newCore(srv *route.Decider) core {
 	return core{srv: srv, api: httpapi.New(srv), fb: feedback.New(srv)}
 }
 
@@ -60,7 +58,7 @@ func (c core) inflight(pool, name string) int64 {
 func (c core) httpServer(cfg *config.Config) *fasthttp.Server { return c.api.NewHTTPServerFor(cfg) }
 
 // addMetrics adds fn's lines to /metrics (the fleet's turnout_discovery_*).
-func (c core) addMetrics(fn func(*strings.Builder)) { c.srv.AddMetrics(fn) }
+func (c core) addMetrics(fn func(*strings.Builder)) { c.srv.Extras().AddMetrics(fn) }
 
 // adminServer serves /healthz, /readyz and /metrics only (admin_listen).
 func (c core) adminServer() *fasthttp.Server { return c.api.NewAdminHTTPServer() }
@@ -91,7 +89,7 @@ func overloadedAnswer() []byte { return httpapi.OverloadedAnswer() }
 // noteOverloaded counts a connection refused over limits.max_conns with
 // turnout's other refusals.
 func (c core) noteOverloaded() {
-	c.srv.NoteRefusal(503, route.ReasonOverloaded, "too many connections to turnout (limits.max_conns)")
+	c.srv.Refusals().NoteRefusal(503, contract.ReasonOverloaded, "too many connections to turnout (limits.max_conns)")
 }
 
 // onApply runs fn with each config the core accepts (and the current one).
@@ -102,14 +100,14 @@ func (c core) onApply(fn func(*config.Config)) {
 // setRequestLog installs the request log at a sample rate (nil: off).
 func (c core) setRequestLog(l *reqlog.Log, rate float64) {
 	if l == nil {
-		c.srv.SetRequestSink(nil, 0)
+		c.srv.Ledger().SetRequestSink(nil, 0)
 		return
 	}
-	c.srv.SetRequestSink(l, rate)
+	c.srv.Ledger().SetRequestSink(l, rate)
 }
 
 // addReadiness adds a writer of /readyz?verbose lines.
-func (c core) addReadiness(fn func(*strings.Builder)) { c.srv.AddReadiness(fn) }
+func (c core) addReadiness(fn func(*strings.Builder)) { c.srv.Extras().AddReadiness(fn) }
 
 // config is the config the core runs.
 func (c core) config() *config.Config { return c.srv.Snapshot().Config }

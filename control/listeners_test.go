@@ -12,6 +12,7 @@ import (
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/lab/testenv/freeport"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 func lnConfig(t *testing.T, listen, extra string) *config.Config {
@@ -185,11 +186,11 @@ func TestListenersAdmin(t *testing.T) {
 		res.Body.Close()
 		return res.StatusCode
 	}
-	if s := status(adm1, route.PathHealthz); s != 200 {
+	if s := status(adm1, contract.PathHealthz); s != 200 {
 		t.Fatalf("admin /healthz: %d", s)
 	}
-	if s := status(adm1, route.PathRoute); s != 404 {
-		t.Fatalf("admin %s: %d, want 404", route.PathRoute, s)
+	if s := status(adm1, contract.PathRoute); s != 404 {
+		t.Fatalf("admin %s: %d, want 404", contract.PathRoute, s)
 	}
 	ch, err = l.prepare(lnConfig(t, listen, "admin_listen: "+adm2+"\n"))
 	if err != nil {
@@ -197,7 +198,7 @@ func TestListenersAdmin(t *testing.T) {
 	}
 	l.start(ch)
 	l.retire(ch, 10*time.Millisecond, time.Second)
-	if s := status(adm2, route.PathMetrics); s != 200 {
+	if s := status(adm2, contract.PathMetrics); s != 200 {
 		t.Fatalf("new admin address /metrics: %d", s)
 	}
 	deadline := time.Now().Add(5 * time.Second)

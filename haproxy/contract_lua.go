@@ -3,10 +3,10 @@ package haproxy
 import (
 	"strings"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
-// luaContract is the glue contract of route/contract_glue.go as Lua
+// luaContract is the glue contract of route/contract/glue.go as Lua
 // literals, rendered into the data section of lua/turnout.lua.tmpl. Header
 // names are lowercase: that is how core.httpclient hands them over.
 type luaContract struct {
@@ -50,17 +50,17 @@ func luaJSON(s string) string {
 
 func newLuaContract() luaContract {
 	c := luaContract{
-		OrigURI:       lowerQuote(route.HdrOriginalURI),
-		OrigMethod:    lowerQuote(route.HdrOriginalMethod),
-		Truncated:     lowerQuote(route.HdrBodyTruncated),
-		RelayStatuses: route.RelayStatuses(),
-		BadAnswer:     luaQuote(route.BadAnswerReason),
+		OrigURI:       lowerQuote(contract.HdrOriginalURI),
+		OrigMethod:    lowerQuote(contract.HdrOriginalMethod),
+		Truncated:     lowerQuote(contract.HdrBodyTruncated),
+		RelayStatuses: contract.RelayStatuses(),
+		BadAnswer:     luaQuote(contract.BadAnswerReason),
 	}
-	g := route.GlueVerdict()
+	g := contract.GlueVerdict()
 	c.Required, c.Fallbacks = lowerQuote(g.Required.Header), lowerQuote(g.Fallbacks.Header)
 	c.Reason, c.ReasonVar = lowerQuote(g.Reason.Header), luaQuote(g.Reason.HAProxyVar)
 	c.RetryAfter = lowerQuote(g.RetryAfter.Header)
-	c.DeferPD, c.PD = lowerQuote(route.HdrDeferPD), lowerQuote(route.HdrPD)
+	c.DeferPD, c.PD = lowerQuote(contract.HdrDeferPD), lowerQuote(contract.HdrPD)
 	c.EditInsert, c.EditVar = lowerQuote(g.EditInsert.Header), luaQuote(g.EditInsert.HAProxyVar)
 	c.EditAt, c.EditAtVar = lowerQuote(g.EditAt.Header), luaQuote(g.EditAt.HAProxyVar)
 	for _, f := range g.Copied {
@@ -68,13 +68,13 @@ func newLuaContract() luaContract {
 			c.Vars = append(c.Vars, luaVar{lowerQuote(f.Header), luaQuote(f.HAProxyVar)})
 		}
 	}
-	for _, r := range route.ReasonRules() {
+	for _, r := range contract.ReasonRules() {
 		c.ReasonActions = append(c.ReasonActions, luaReasonAction{luaQuote(r.Reason), luaQuote(string(r.Action))})
 	}
-	fc := route.FailClosedError
-	pre, post, _ := strings.Cut(fc.JSON(), route.ReasonToken)
+	fc := contract.FailClosedError
+	pre, post, _ := strings.Cut(fc.JSON(), contract.ReasonToken)
 	c.FailClosed.Status, c.FailClosed.Pre, c.FailClosed.Post = fc.Status, luaJSON(pre), luaJSON(post)
-	tl := route.DecodeTooLargeError
+	tl := contract.DecodeTooLargeError
 	c.TooLarge.Status, c.TooLarge.Reason, c.TooLarge.Body = tl.Status, luaQuote(tl.Code), luaJSON(tl.JSON())
 	return c
 }

@@ -10,8 +10,7 @@ import (
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
-
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // luaSection returns the contract's data section of a rendered Lua.
@@ -62,8 +61,8 @@ func TestLuaCarriesContract(t *testing.T) {
 
 	// Verdict fields: the string fields with a header and an HAProxy variable.
 	var want, got [][2]string
-	for _, f := range route.VerdictFields() {
-		if f.Header != "" && f.HAProxyVar != "" && f.Kind == route.KindString && f.Name != "reason" {
+	for _, f := range contract.VerdictFields() {
+		if f.Header != "" && f.HAProxyVar != "" && f.Kind == contract.KindString && f.Name != "reason" {
 			want = append(want, [2]string{strings.ToLower(f.Header), f.HAProxyVar})
 		}
 	}
@@ -74,7 +73,7 @@ func TestLuaCarriesContract(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("VERDICT_VARS %v, want %v", got, want)
 	}
-	field := func(name string) route.VerdictField { return route.VerdictFieldNamed(name) }
+	field := func(name string) contract.VerdictField { return contract.VerdictFieldNamed(name) }
 	if h := unLua(t, one(`local REQUIRED_HEADER = ` + str)[0]); h != strings.ToLower(field("server").Header) {
 		t.Errorf("REQUIRED_HEADER %q", h)
 	}
@@ -95,7 +94,7 @@ func TestLuaCarriesContract(t *testing.T) {
 
 	// Reason actions and relay statuses.
 	var gotR, wantR []string
-	for _, r := range route.ReasonRules() {
+	for _, r := range contract.ReasonRules() {
 		wantR = append(wantR, r.Reason+"="+string(r.Action))
 	}
 	block = one(`(?s)local REASON_ACTIONS = \{(.*?)\n\}`)[0]
@@ -110,22 +109,22 @@ func TestLuaCarriesContract(t *testing.T) {
 		n, _ := strconv.Atoi(m[1])
 		gotS = append(gotS, n)
 	}
-	if !slices.Equal(gotS, route.RelayStatuses()) {
-		t.Errorf("RELAY_STATUSES %v, want %v", gotS, route.RelayStatuses())
+	if !slices.Equal(gotS, contract.RelayStatuses()) {
+		t.Errorf("RELAY_STATUSES %v, want %v", gotS, contract.RelayStatuses())
 	}
 
 	// The glue's own error bodies.
 	fc := one(`local FAIL_CLOSED = \{ status = (\d+), body = \{ ` + str + `, ` + str + ` \} \}`)
 	if got, want := fc[0]+" "+unLua(t, fc[1])+"R"+unLua(t, fc[2]),
-		strconv.Itoa(route.FailClosedError.Status)+" "+strings.Replace(route.FailClosedError.JSON(), route.ReasonToken, "R", 1); got != want {
+		strconv.Itoa(contract.FailClosedError.Status)+" "+strings.Replace(contract.FailClosedError.JSON(), contract.ReasonToken, "R", 1); got != want {
 		t.Errorf("FAIL_CLOSED %s, want %s", got, want)
 	}
 	tl := one(`local DECODE_TOO_LARGE = \{ status = (\d+), reason = ` + str + `, body = ` + str + ` \}`)
 	if got, want := tl[0]+" "+unLua(t, tl[1])+" "+unLua(t, tl[2]),
-		strconv.Itoa(route.DecodeTooLargeError.Status)+" "+route.DecodeTooLargeError.Code+" "+route.DecodeTooLargeError.JSON(); got != want {
+		strconv.Itoa(contract.DecodeTooLargeError.Status)+" "+contract.DecodeTooLargeError.Code+" "+contract.DecodeTooLargeError.JSON(); got != want {
 		t.Errorf("DECODE_TOO_LARGE %s, want %s", got, want)
 	}
-	if got := unLua(t, one(`local BAD_ANSWER = ` + str)[0]); got != route.BadAnswerReason {
+	if got := unLua(t, one(`local BAD_ANSWER = ` + str)[0]); got != contract.BadAnswerReason {
 		t.Errorf("BAD_ANSWER %q", got)
 	}
 	checkGolden(t, filepath.Join("testdata", "contract.lua.golden"), sec)
@@ -153,9 +152,9 @@ func TestSPOECarriesContract(t *testing.T) {
 		n, _ := strconv.Atoi(m[1])
 		gotS = append(gotS, n)
 	}
-	wantS := route.RelayStatuses()
-	for _, r := range route.ReasonRules() {
-		if r.Action == route.GlueRelay && !slices.Contains(wantS, r.Status) {
+	wantS := contract.RelayStatuses()
+	for _, r := range contract.ReasonRules() {
+		if r.Action == contract.GlueRelay && !slices.Contains(wantS, r.Status) {
 			wantS = append(wantS, r.Status)
 		}
 	}
@@ -167,11 +166,11 @@ func TestSPOECarriesContract(t *testing.T) {
 	for _, m := range regexp.MustCompile(`http-request set-var\((\S+)\) var\(txn\.turnout\.(\S+)\)\n`).FindAllStringSubmatch(conf, -1) {
 		gotC = append(gotC, m[2]+">"+m[1])
 	}
-	for _, f := range route.VerdictFields() {
+	for _, f := range contract.VerdictFields() {
 		if f.SPOEVar == "" || f.HAProxyVar == "" {
 			continue
 		}
-		if f.Kind == route.KindList {
+		if f.Kind == contract.KindList {
 			for i := 1; i <= cfg.Fallbacks; i++ {
 				wantC = append(wantC, f.SPOEVar+strconv.Itoa(i)+">"+f.HAProxyVar+strconv.Itoa(i))
 			}
@@ -188,12 +187,12 @@ func TestSPOECarriesContract(t *testing.T) {
 		t.Fatal("no register-var-names")
 	}
 	names := strings.Fields(reg[1])
-	for _, f := range route.VerdictFields() {
+	for _, f := range contract.VerdictFields() {
 		if f.SPOEVar == "" {
 			continue
 		}
 		n := f.SPOEVar
-		if f.Kind == route.KindList {
+		if f.Kind == contract.KindList {
 			n += "1"
 		}
 		if !slices.Contains(names, n) {
@@ -203,24 +202,24 @@ func TestSPOECarriesContract(t *testing.T) {
 
 	// Prefill/decode: the first agent registers the mark that sends a
 	// request to the second, which carries the agent's second message.
-	if !slices.Contains(names, route.SPOEVarPD) {
-		t.Errorf("the first agent does not register %s: %v", route.SPOEVarPD, names)
+	if !slices.Contains(names, contract.SPOEVarPD) {
+		t.Errorf("the first agent does not register %s: %v", contract.SPOEVarPD, names)
 	}
-	if !strings.Contains(spoe, "\nspoe-message "+route.SPOEMessageRoutePD+"\n") || !strings.Contains(conf, "send-spoe-group turnout-pd "+route.SPOEMessageRoutePD+" if { var(txn.turnout."+route.SPOEVarPD+") -m found }") {
-		t.Errorf("no second call for prefill/decode (%s)", route.SPOEMessageRoutePD)
+	if !strings.Contains(spoe, "\nspoe-message "+contract.SPOEMessageRoutePD+"\n") || !strings.Contains(conf, "send-spoe-group turnout-pd "+contract.SPOEMessageRoutePD+" if { var(txn.turnout."+contract.SPOEVarPD+") -m found }") {
+		t.Errorf("no second call for prefill/decode (%s)", contract.SPOEMessageRoutePD)
 	}
-	if !strings.Contains(spoe, " "+route.SPOEArgDeferPD+"=bool(true)\n") {
-		t.Errorf("the first message does not ask to defer prefill/decode decisions (%s)", route.SPOEArgDeferPD)
+	if !strings.Contains(spoe, " "+contract.SPOEArgDeferPD+"=bool(true)\n") {
+		t.Errorf("the first message does not ask to defer prefill/decode decisions (%s)", contract.SPOEArgDeferPD)
 	}
 
-	fc := route.FailClosedError
-	pre, post, _ := strings.Cut(fc.JSON(), route.ReasonToken)
+	fc := contract.FailClosedError
+	pre, post, _ := strings.Cut(fc.JSON(), contract.ReasonToken)
 	if cfg.Proxy.FailMode == config.FailClosed {
 		if want := "lf-string '" + pre + "%[var(txn.turnout_reason)]" + post + "'"; !strings.Contains(conf, want) {
 			t.Errorf("fail-closed answer lacks %s", want)
 		}
 	}
-	tl := route.DecodeTooLargeError
+	tl := contract.DecodeTooLargeError
 	if want := "return status " + strconv.Itoa(tl.Status) + " content-type application/json string '" + tl.JSON() + "' hdr x-turnout-reason " + tl.Code; !strings.Contains(conf, want) {
 		t.Errorf("config lacks the decode-too-large answer %s", want)
 	}

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // The feedback line carries ttfb= and, with feedback.token, the token, in
@@ -22,7 +22,7 @@ deployments: [{name: llama, pools: [{endpoints: [{name: a, address: 127.0.0.1:80
 		t.Fatal(err)
 	}
 	conf := string(out.Config)
-	want := route.FeedbackFieldTTFB + "=%Tr " + route.FeedbackAuthField(cfg) + " "
+	want := contract.FeedbackFieldTTFB + "=%Tr " + contract.FeedbackAuthField(cfg) + " "
 	if !strings.Contains(conf, want) {
 		t.Fatalf("log-format lacks %q:\n%s", want, conf)
 	}

@@ -18,10 +18,9 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/lab/testenv/freeport"
+	"github.com/turnout/turnout/route/contract"
 
 	"github.com/rs/zerolog"
-
-	"github.com/turnout/turnout/route"
 )
 
 // Live tests run the rendered config and Lua in a real HAProxy against a
@@ -82,7 +81,7 @@ func newFakeRoute(t *testing.T) *fakeRoute {
 	t.Helper()
 	f := &fakeRoute{}
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.URL.Path == route.PathHealthz {
+		if req.URL.Path == contract.PathHealthz {
 			return
 		}
 		b, _ := io.ReadAll(req.Body)
@@ -113,10 +112,10 @@ func (f *fakeRoute) lastCall() routeCall {
 func verdict(pool, server, fallbacks, id string) func(w http.ResponseWriter, c routeCall) {
 	return func(w http.ResponseWriter, _ routeCall) {
 		h := w.Header()
-		h.Set(route.HdrServer, server)
-		h.Set(route.HdrPool, pool)
-		h.Set(route.HdrFallbacks, fallbacks)
-		h.Set(route.HdrDecision, id)
+		h.Set(contract.HdrServer, server)
+		h.Set(contract.HdrPool, pool)
+		h.Set(contract.HdrFallbacks, fallbacks)
+		h.Set(contract.HdrDecision, id)
 		w.WriteHeader(http.StatusOK)
 	}
 }

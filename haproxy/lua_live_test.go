@@ -9,8 +9,7 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/lab/testenv/freeport"
-
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 func TestLiveRoutesWhereTurnoutSays(t *testing.T) {
@@ -34,22 +33,22 @@ func TestLiveRoutesWhereTurnoutSays(t *testing.T) {
 	if got := c.header.Get("X-Session-Id"); got != "abc" {
 		t.Errorf("session header to turnout = %q, want abc (from X_SESSION-id)", got)
 	}
-	if got := c.header.Get(route.HdrOriginalURI); got != "/v1/chat/completions?x=1" {
-		t.Errorf("%s = %q", route.HdrOriginalURI, got)
+	if got := c.header.Get(contract.HdrOriginalURI); got != "/v1/chat/completions?x=1" {
+		t.Errorf("%s = %q", contract.HdrOriginalURI, got)
 	}
-	if got := c.header.Get(route.HdrOriginalMethod); got != "POST" {
-		t.Errorf("%s = %q", route.HdrOriginalMethod, got)
+	if got := c.header.Get(contract.HdrOriginalMethod); got != "POST" {
+		t.Errorf("%s = %q", contract.HdrOriginalMethod, got)
 	}
 	if string(c.body) != body {
 		t.Errorf("body to turnout = %q", c.body)
 	}
-	for _, h := range []string{"Authorization", route.HdrServer, route.HdrBodyTruncated} {
+	for _, h := range []string{"Authorization", contract.HdrServer, contract.HdrBodyTruncated} {
 		if c.header.Get(h) != "" {
 			t.Errorf("turnout got header %s", h)
 		}
 	}
 	reps[2].mu.Lock()
-	spoof := reps[2].last.Get(route.HdrServer)
+	spoof := reps[2].last.Get(contract.HdrServer)
 	reps[2].mu.Unlock()
 	if spoof != "" {
 		t.Errorf("replica saw client X-Turnout-Server %q", spoof)
@@ -61,7 +60,7 @@ func TestLiveRoutesWhereTurnoutSays(t *testing.T) {
 		t.Fatalf("big body: status %d", a.status)
 	}
 	c = fr.lastCall()
-	tr := c.header.Get(route.HdrBodyTruncated)
+	tr := c.header.Get(contract.HdrBodyTruncated)
 	if !strings.HasSuffix(tr, "/"+strconv.Itoa(len(big))) || len(c.body) >= len(big) {
 		t.Errorf("truncation header %q with %d of %d bytes", tr, len(c.body), len(big))
 	}
@@ -82,13 +81,13 @@ func TestLiveRelaysRefusals(t *testing.T) {
 	fr := newFakeRoute(t)
 	fr.set(func(w http.ResponseWriter, _ routeCall) {
 		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set(route.HdrReason, "model_not_found")
+		w.Header().Set(contract.HdrReason, "model_not_found")
 		w.WriteHeader(http.StatusNotFound)
 		_, _ = w.Write([]byte(`{"error":{"code":"model_not_found"}}`))
 	})
 	e := startLive(t, liveOpts{routeURL: fr.srv.Listener.Addr().String(), replicas: reps})
 	a := e.post(t, "/v1/chat/completions", `{"model":"nope"}`, nil)
-	if a.status != 404 || a.body != `{"error":{"code":"model_not_found"}}` || a.header.Get(route.HdrReason) != "model_not_found" {
+	if a.status != 404 || a.body != `{"error":{"code":"model_not_found"}}` || a.header.Get(contract.HdrReason) != "model_not_found" {
 		t.Fatalf("got %d %q %v", a.status, a.body, a.header)
 	}
 	if reps[0].hits.Load() != 0 {
@@ -140,8 +139,8 @@ func TestLiveFailClosed(t *testing.T) {
 	var durs []time.Duration
 	for i := range 6 {
 		a := e.post(t, "/v1/completions", `{"model":"m1"}`, nil)
-		if a.status != 503 || a.header.Get(route.HdrReason) == "" {
-			t.Fatalf("request %d: status %d reason %q, want 503 with a reason", i, a.status, a.header.Get(route.HdrReason))
+		if a.status != 503 || a.header.Get(contract.HdrReason) == "" {
+			t.Fatalf("request %d: status %d reason %q, want 503 with a reason", i, a.status, a.header.Get(contract.HdrReason))
 		}
 		durs = append(durs, a.dur)
 	}

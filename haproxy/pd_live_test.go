@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // Live prefill/decode tests: the rendered Lua action and kv filter in a real
@@ -25,19 +26,19 @@ import (
 const pdDecision = "00000000000000d1"
 
 // pdVerdict answers like turnout for a PD deployment: the decode verdict,
-// plus the body edit (route.BodyEdit of the body
+// plus the body edit (contract.BodyEdit of the body
 // it was sent) when kv is not empty.
 func pdVerdict(server, kv string) func(w http.ResponseWriter, c routeCall) {
 	return func(w http.ResponseWriter, c routeCall) {
 		h := w.Header()
-		h.Set(route.HdrServer, server)
-		h.Set(route.HdrPool, "m_decode")
-		h.Set(route.HdrDecision, pdDecision)
-		h.Set(route.HdrPrefill, "p0")
+		h.Set(contract.HdrServer, server)
+		h.Set(contract.HdrPool, "m_decode")
+		h.Set(contract.HdrDecision, pdDecision)
+		h.Set(contract.HdrPrefill, "p0")
 		if kv != "" {
-			ins, at := route.BodyEdit(c.body, []byte(kv), nil)
-			h.Set(route.HdrKVInsert, base64.StdEncoding.EncodeToString(ins))
-			h.Set(route.HdrKVAt, strconv.Itoa(at))
+			ins, at := contract.BodyEdit(c.body, []byte(kv), nil)
+			h.Set(contract.HdrKVInsert, base64.StdEncoding.EncodeToString(ins))
+			h.Set(contract.HdrKVAt, strconv.Itoa(at))
 		}
 		w.WriteHeader(http.StatusOK)
 	}
@@ -185,10 +186,10 @@ func TestLivePDBodyInjection(t *testing.T) {
 		// An answer the Lua cannot use fails as a whole (fail-open here):
 		// no half-applied verdict, no kv, no Content-Length change.
 		fr.set(func(w http.ResponseWriter, _ routeCall) {
-			w.Header().Set(route.HdrServer, "d0")
-			w.Header().Set(route.HdrPool, "m_decode")
-			w.Header().Set(route.HdrKVInsert, "not base64 at all!")
-			w.Header().Set(route.HdrKVAt, "1")
+			w.Header().Set(contract.HdrServer, "d0")
+			w.Header().Set(contract.HdrPool, "m_decode")
+			w.Header().Set(contract.HdrKVInsert, "not base64 at all!")
+			w.Header().Set(contract.HdrKVAt, "1")
 		})
 		a := e.postBody(t, []byte(bodies[0]), false, nil)
 		served := map[string]*replica{"d0": dec[0], "d1": dec[1]}[a.header.Get("X-Replica")]
@@ -259,15 +260,15 @@ func TestLivePDRefusals(t *testing.T) {
 		const errBody = `{"error":{"message":"prefill failed on every tried replica","type":"server_error","code":"prefill_failed"}}`
 		fr.set(func(w http.ResponseWriter, _ routeCall) {
 			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set(route.HdrReason, "prefill_failed")
+			w.Header().Set(contract.HdrReason, "prefill_failed")
 			w.WriteHeader(http.StatusBadGateway)
 			_, _ = io.WriteString(w, errBody)
 		})
 		before := hits()
 		for i := range 5 { // more than breaker_failures: a relayed answer is no failure
 			a := e.postBody(t, body, false, nil)
-			if a.status != 502 || a.header.Get(route.HdrReason) != "prefill_failed" || a.body != errBody {
-				t.Fatalf("request %d: %d %q %s", i, a.status, a.header.Get(route.HdrReason), a.body)
+			if a.status != 502 || a.header.Get(contract.HdrReason) != "prefill_failed" || a.body != errBody {
+				t.Fatalf("request %d: %d %q %s", i, a.status, a.header.Get(contract.HdrReason), a.body)
 			}
 		}
 		if hits() != before {
@@ -276,7 +277,7 @@ func TestLivePDRefusals(t *testing.T) {
 	})
 	t.Run("OtherReasonsFailOpen", func(t *testing.T) {
 		fr.set(func(w http.ResponseWriter, _ routeCall) {
-			w.Header().Set(route.HdrReason, "no_endpoint")
+			w.Header().Set(contract.HdrReason, "no_endpoint")
 			w.WriteHeader(http.StatusServiceUnavailable)
 		})
 		if a := e.postBody(t, body, false, nil); a.status != 200 || a.header.Get("X-Replica") == "" {
@@ -287,8 +288,8 @@ func TestLivePDRefusals(t *testing.T) {
 	room := bufSize(4096+kvRoom(4096)) - headerRoom // the live config's max_body is 4096
 	tooLarge := func(t *testing.T, a answer) {
 		t.Helper()
-		if a.status != 413 || a.header.Get(route.HdrReason) != "decode_body_too_large" || !json.Valid([]byte(a.body)) {
-			t.Fatalf("%d %q %s", a.status, a.header.Get(route.HdrReason), a.body)
+		if a.status != 413 || a.header.Get(contract.HdrReason) != "decode_body_too_large" || !json.Valid([]byte(a.body)) {
+			t.Fatalf("%d %q %s", a.status, a.header.Get(contract.HdrReason), a.body)
 		}
 		if a.dur > 2*time.Second {
 			t.Errorf("413 took %v", a.dur)

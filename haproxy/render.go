@@ -26,7 +26,7 @@ import (
 	"github.com/turnout/turnout/internal/config"
 
 	"github.com/turnout/turnout/internal/proxyconf"
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // File names inside the rendered directory.
@@ -261,14 +261,14 @@ var (
 
 type tmplData struct {
 	Generator, Structure, RoutePath string
-	// UnsafePath is route.UnsafePathRegex, refused before the Served
-	// guard (route.PathServed); Internal is route.PathInternal.
+	// UnsafePath is contract.UnsafePathRegex, refused before the Served
+	// guard (contract.PathServed); Internal is contract.PathInternal.
 	UnsafePath, Served, Internal string
 	// FeedbackFormat is the log-format of the feedback line
-	// (route.FeedbackFormat).
+	// (contract.FeedbackFormat).
 	FeedbackFormat string
 	// StripPrefixes (regexes, lower case) and StripNames are the client
-	// headers deleted first (route.ClientStrip).
+	// headers deleted first (contract.ClientStrip).
 	StripPrefixes, StripNames []string
 	// NotFound is the answer to a path that is not served.
 	NotFound                                 errorData
@@ -311,12 +311,12 @@ type spoeData struct {
 	PDVar, DeferArg                      string
 	FailClosed                           bool
 	Fallbacks, Vars                      []string
-	Contract                             route.SPOEConfig
+	Contract                             contract.SPOEConfig
 	BodyRoom                             int
 	MaxFrameSize                         int
 }
 
-// errorData is an answer HAProxy gives itself (route.GlueError):
+// errorData is an answer HAProxy gives itself (contract.GlueError):
 // "http-request return status Status ... string 'Body' hdr Header Reason".
 type errorData struct {
 	Status               int
@@ -324,12 +324,12 @@ type errorData struct {
 }
 
 // glueError renders e for a single-quoted HAProxy string.
-func glueError(e route.GlueError) (errorData, error) {
+func glueError(e contract.GlueError) (errorData, error) {
 	body := e.JSON()
 	if strings.ContainsAny(body, `'%\`) {
 		return errorData{}, fmt.Errorf("glue error body %q cannot go into a quoted HAProxy string", body)
 	}
-	return errorData{Status: e.Status, Header: strings.ToLower(route.HdrReason), Reason: e.Reason(), Body: body}, nil
+	return errorData{Status: e.Status, Header: strings.ToLower(contract.HdrReason), Reason: e.Reason(), Body: body}, nil
 }
 
 type routeServer struct {
@@ -400,10 +400,10 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	p := &cfg.Proxy
 	d := &tmplData{
 		Generator:      generator,
-		RoutePath:      route.PathRoute,
-		UnsafePath:     route.UnsafePathRegex,
-		Served:         route.PathServed,
-		Internal:       route.PathInternal,
+		RoutePath:      contract.PathRoute,
+		UnsafePath:     contract.UnsafePathRegex,
+		Served:         contract.PathServed,
+		Internal:       contract.PathInternal,
 		Dir:            path("dir", opts.Dir),
 		Socket:         path("socket", opts.Socket),
 		PIDFile:        path("pidfile", opts.PIDFile),
@@ -424,8 +424,8 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	if cfg.Feedback.Syslog != "" {
 		d.Syslog, _, _ = addr("feedback.syslog", cfg.Feedback.Syslog)
 	}
-	d.FeedbackFormat = route.FeedbackFormat(cfg, func(f route.FeedbackField) string { return f.HAProxy })
-	cs := route.ClientStrip()
+	d.FeedbackFormat = contract.FeedbackFormat(cfg, func(f contract.FeedbackField) string { return f.HAProxy })
+	cs := contract.ClientStrip()
 	for _, p := range cs.Prefixes {
 		d.StripPrefixes = append(d.StripPrefixes, "^"+regexp.QuoteMeta(strings.ToLower(p)))
 	}
@@ -433,7 +433,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		d.StripNames = append(d.StripNames, strings.ToLower(n))
 	}
 	var err error
-	if d.NotFound, err = glueError(route.NotFoundError); err != nil {
+	if d.NotFound, err = glueError(contract.NotFoundError); err != nil {
 		bad("contract", "%v", err)
 	}
 	if !httpRe.MatchString(cfg.Health.Path) {
@@ -443,9 +443,9 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 
 	// Variables for use-server: the chosen server, then the fallbacks.
 	fallbacks := min(max(cfg.Fallbacks, 0), 8)
-	d.ServerVars = []string{route.VerdictFieldNamed("server").HAProxyVar}
+	d.ServerVars = []string{contract.VerdictFieldNamed("server").HAProxyVar}
 	for i := 1; i <= fallbacks; i++ {
-		d.ServerVars = append(d.ServerVars, fmt.Sprintf("%s%d", route.VerdictFieldNamed("fallbacks").HAProxyVar, i))
+		d.ServerVars = append(d.ServerVars, fmt.Sprintf("%s%d", contract.VerdictFieldNamed("fallbacks").HAProxyVar, i))
 	}
 
 	var mapBuf bytes.Buffer
@@ -502,7 +502,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	// The Lua side.
 	l := luaData{
 		Generator:    generator,
-		RoutePath:    route.PathRoute,
+		RoutePath:    contract.PathRoute,
 		TimeoutMs:    max(cfg.RouteCallTimeout().Milliseconds(), 1),
 		BreakerFails: int64(max(p.BreakerFailures, 1)),
 		CooldownMs:   max(p.BreakerCooldown.Ms(), 1),
@@ -514,7 +514,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	}
 	l.Contract = newLuaContract()
 	// The Lua calls the turnout_route hop; its servers are the route addresses.
-	l.RouteURL = luaQuote("http://turnout" + route.PathRoute)
+	l.RouteURL = luaQuote("http://turnout" + contract.PathRoute)
 	// The worker connects to these sockets after any chroot: the paths are
 	// the ones it sees there (the master binds them before).
 	routeSock, ok := inChroot(d.Front.Chroot, filepath.Join(d.Dir, RouteSocketName))
@@ -527,9 +527,9 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		pdSock, _ := inChroot(d.Front.Chroot, filepath.Join(d.Dir, RoutePDSocketName))
 		l.RouteDstPD = luaQuote("unix@" + pdSock)
 	}
-	d.RouteHealthPath = route.PathHealthz
+	d.RouteHealthPath = contract.PathHealthz
 	d.RoutePDProxy, d.RoutePDSocket = RoutePDProxy, RoutePDSocketName
-	// The first call never runs a prefill (route.HdrDeferPD): route_timeout
+	// The first call never runs a prefill (contract.HdrDeferPD): route_timeout
 	// bounds it; the prefill/decode hop waits as long as the prefill may.
 	d.RouteTimeoutMs = max(cfg.RouteAskTimeout().Milliseconds(), 1)
 	d.RoutePDTimeoutMs = l.TimeoutMs
@@ -569,14 +569,14 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 			// second agent's by the prefill.
 			TimeoutMs:   max(cfg.RouteAskTimeout().Milliseconds(), 1),
 			PDTimeoutMs: l.TimeoutMs,
-			PDVar:       route.SPOEVarPD,
-			DeferArg:    route.SPOEArgDeferPD,
+			PDVar:       contract.SPOEVarPD,
+			DeferArg:    contract.SPOEArgDeferPD,
 			FailClosed:  p.FailMode == config.FailClosed,
-			Fallbacks:   route.SPOEFallbackVars(cfg.Fallbacks),
-			Vars:        route.SPOEVarNames(cfg.Fallbacks),
+			Fallbacks:   contract.SPOEFallbackVars(cfg.Fallbacks),
+			Vars:        contract.SPOEVarNames(cfg.Fallbacks),
 			BodyRoom:    l.BodyRoom,
 		}
-		sc, err := route.NewSPOEConfig(len(d.SPOE.Fallbacks))
+		sc, err := contract.NewSPOEConfig(len(d.SPOE.Fallbacks))
 		if err != nil {
 			bad("haproxy.spoe", "%v", err)
 		}
@@ -592,8 +592,8 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		}
 		l.Headers = append(l.Headers, lh)
 	}
-	// The same list the SPOE agent forwards (route/contract_forward.go).
-	for _, h := range route.ForwardedHeaders(cfg) {
+	// The same list the SPOE agent forwards (route/contract/forward.go).
+	for _, h := range contract.ForwardedHeaders(cfg) {
 		hdr(h.Field, h.Name)
 	}
 	for _, v := range d.ServerVars[1:] {

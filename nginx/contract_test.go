@@ -7,12 +7,11 @@ import (
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
-
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // TestAskForwardsContractHeaders: every call nginx makes to turnout carries
-// exactly route.ForwardedHeaders (the HAProxy glue's list), so the
+// exactly contract.ForwardedHeaders (the HAProxy glue's list), so the
 // Authorization header reaches turnout only when a deployment is
 // prefill/decode, as with the Lua and SPOE.
 func TestAskForwardsContractHeaders(t *testing.T) {
@@ -24,7 +23,7 @@ func TestAskForwardsContractHeaders(t *testing.T) {
 			t.Fatal(err)
 		}
 		var want []string
-		for _, h := range route.ForwardedHeaders(cfg) {
+		for _, h := range contract.ForwardedHeaders(cfg) {
 			want = append(want, strings.ToLower(h.Name))
 		}
 		// Each "ask" block (one per mode) lists the headers in order.
@@ -39,7 +38,7 @@ func TestAskForwardsContractHeaders(t *testing.T) {
 				got = append(got, strings.ToLower(m[1]))
 			}
 			if !slices.Equal(got, want) {
-				t.Errorf("call %d forwards %v, want route.ForwardedHeaders %v", i, got, want)
+				t.Errorf("call %d forwards %v, want contract.ForwardedHeaders %v", i, got, want)
 			}
 		}
 	}

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // The feedback line carries ttfb= and, with feedback.token, the token, in
@@ -20,7 +20,7 @@ deployments: [{name: llama, pools: [{endpoints: [{name: a, address: 127.0.0.1:80
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := route.FeedbackFieldTTFB + "=$turnout_ttfb " + route.FeedbackAuthField(cfg) + " "
+	want := contract.FeedbackFieldTTFB + "=$turnout_ttfb " + contract.FeedbackAuthField(cfg) + " "
 	if !strings.Contains(string(out.Config), want) {
 		t.Fatalf("log_format lacks %q:\n%s", want, out.Config)
 	}

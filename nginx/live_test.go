@@ -23,6 +23,7 @@ import (
 
 	"github.com/turnout/turnout/lab/testenv/freeport"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // Live tests run a real nginx (skipped without nginx and njs) on loopback.
@@ -78,7 +79,7 @@ func userOpt() string {
 	return ""
 }
 
-// The njs insertAt, given turnout's body edit (route.BodyEdit, as the
+// The njs insertAt, given turnout's body edit (contract.BodyEdit, as the
 // X-Turnout-Kv-Insert/-At headers carry it), builds the same decode body as
 // route.DecodeBody, byte for byte, on the path production uses
 // (r.requestText, base64 header).
@@ -156,7 +157,7 @@ export default {decode};
 		t.Run(tc.name, func(t *testing.T) {
 			want, werr := route.DecodeBody([]byte(tc.body), []byte(tc.kv))
 			req, _ := http.NewRequest(http.MethodPost, "http://"+listen+"/", strings.NewReader(tc.body))
-			ins, at := route.BodyEdit([]byte(tc.body), []byte(tc.kv), nil)
+			ins, at := contract.BodyEdit([]byte(tc.body), []byte(tc.kv), nil)
 			req.Header.Set("X-Ins", base64.StdEncoding.EncodeToString(ins))
 			req.Header.Set("X-At", strconv.Itoa(at))
 			res, err := c.Do(req)

@@ -8,10 +8,10 @@ import (
 	"text/template"
 
 	"github.com/turnout/turnout/internal/proxyconf"
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
-// jsContract is the glue contract of route/contract_glue.go as JavaScript
+// jsContract is the glue contract of route/contract/glue.go as JavaScript
 // literals (JSON), rendered into the data section of
 // templates/nginx-turnout.js. It does not depend on the config, so the
 // module is rendered once per Renderer.
@@ -32,7 +32,7 @@ func jsLit(v any) string {
 
 func newJSContract() jsContract {
 	var c jsContract
-	g := route.GlueVerdict()
+	g := contract.GlueVerdict()
 	c.Required, c.Reason = jsLit(g.Required.Header), jsLit(g.Reason.Header)
 	c.RetryAfter = jsLit(g.RetryAfter.Header)
 	edit := map[string]string{"insert": g.EditInsert.Header, "at": g.EditAt.Header}
@@ -43,14 +43,14 @@ func newJSContract() jsContract {
 		}
 	}
 	c.VerdictVars, c.Edit = jsLit(vars), jsLit(edit)
-	actions := map[string]route.GlueAction{}
-	for _, r := range route.ReasonRules() {
+	actions := map[string]contract.GlueAction{}
+	for _, r := range contract.ReasonRules() {
 		actions[r.Reason] = r.Action
 	}
 	c.ReasonActions = jsLit(actions)
-	c.RelayStatuses = jsLit(route.RelayStatuses())
-	c.BadAnswer = jsLit(route.BadAnswerReason)
-	fc := route.FailClosedError
+	c.RelayStatuses = jsLit(contract.RelayStatuses())
+	c.BadAnswer = jsLit(contract.BadAnswerReason)
+	fc := contract.FailClosedError
 	c.FailClosed = jsLit(map[string]any{"status": fc.Status, "type": fc.Type, "message": fc.Message})
 	return c
 }

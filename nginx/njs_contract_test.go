@@ -9,10 +9,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
-// The rendered njs carries the contract table of route/contract_glue.go:
+// The rendered njs carries the contract table of route/contract/glue.go:
 // each table, parsed back out of the module (it is JSON), equals the Go
 // one. The whole module is kept as a golden file.
 func TestNJSCarriesContract(t *testing.T) {
@@ -31,12 +31,12 @@ func TestNJSCarriesContract(t *testing.T) {
 			t.Fatalf("var %s: %v", name, err)
 		}
 	}
-	field := route.VerdictFieldNamed
+	field := contract.VerdictFieldNamed
 
 	var vars, wantVars [][2]string
 	read("VERDICT_VARS", &vars)
-	for _, f := range route.VerdictFields() {
-		if f.Header != "" && f.NginxVar != "" && f.Kind == route.KindString {
+	for _, f := range contract.VerdictFields() {
+		if f.Header != "" && f.NginxVar != "" && f.Kind == contract.KindString {
 			wantVars = append(wantVars, [2]string{f.Header, f.NginxVar})
 		}
 	}
@@ -52,7 +52,7 @@ func TestNJSCarriesContract(t *testing.T) {
 	read("REQUIRED_HEADER", &req)
 	read("REASON_HEADER", &reason)
 	read("BAD_ANSWER", &bad)
-	if req != field("server").Header || reason != field("reason").Header || bad != route.BadAnswerReason {
+	if req != field("server").Header || reason != field("reason").Header || bad != contract.BadAnswerReason {
 		t.Errorf("REQUIRED_HEADER %q REASON_HEADER %q BAD_ANSWER %q", req, reason, bad)
 	}
 	var edit map[string]string
@@ -63,7 +63,7 @@ func TestNJSCarriesContract(t *testing.T) {
 	var actions map[string]string
 	read("REASON_ACTIONS", &actions)
 	wantA := map[string]string{}
-	for _, r := range route.ReasonRules() {
+	for _, r := range contract.ReasonRules() {
 		wantA[r.Reason] = string(r.Action)
 	}
 	if !reflect.DeepEqual(actions, wantA) {
@@ -71,15 +71,15 @@ func TestNJSCarriesContract(t *testing.T) {
 	}
 	var statuses []int
 	read("RELAY_STATUSES", &statuses)
-	if !reflect.DeepEqual(statuses, route.RelayStatuses()) {
-		t.Errorf("RELAY_STATUSES %v, want %v", statuses, route.RelayStatuses())
+	if !reflect.DeepEqual(statuses, contract.RelayStatuses()) {
+		t.Errorf("RELAY_STATUSES %v, want %v", statuses, contract.RelayStatuses())
 	}
 	var fc struct {
 		Status        int
 		Type, Message string
 	}
 	read("FAIL_CLOSED", &fc)
-	if e := route.FailClosedError; fc.Status != e.Status || fc.Type != e.Type || fc.Message != e.Message {
+	if e := contract.FailClosedError; fc.Status != e.Status || fc.Type != e.Type || fc.Message != e.Message {
 		t.Errorf("FAIL_CLOSED %+v, want %+v", fc, e)
 	}
 

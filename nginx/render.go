@@ -29,7 +29,7 @@ import (
 	"github.com/turnout/turnout/internal/config"
 
 	"github.com/turnout/turnout/internal/proxyconf"
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // File names inside the rendered directory.
@@ -207,19 +207,19 @@ var (
 // client requests on their way to the replicas.
 var clearHeaders = func() []string {
 	var out []string
-	for _, f := range route.VerdictFields() {
+	for _, f := range contract.VerdictFields() {
 		if f.Header != "" {
 			out = append(out, f.Header)
 		}
 	}
-	return append(out, route.HdrOriginalURI, route.HdrOriginalMethod, route.HdrBodyTruncated)
+	return append(out, contract.HdrOriginalURI, contract.HdrOriginalMethod, contract.HdrBodyTruncated)
 }()
 
 // clearPatterns are what headers-more strips from every client request
-// (route.ClientStrip): turnout's verdict headers and the glue's inputs,
+// (contract.ClientStrip): turnout's verdict headers and the glue's inputs,
 // whatever the suffix.
 var clearPatterns = func() []string {
-	cs := route.ClientStrip()
+	cs := contract.ClientStrip()
 	var out []string
 	for _, p := range cs.Prefixes {
 		out = append(out, p+"*")
@@ -230,9 +230,9 @@ var clearPatterns = func() []string {
 // hideOnRelay are the verdict headers a relayed refusal must not carry:
 // all but the refusal's own (reason, Retry-After).
 var hideOnRelay = func() []string {
-	g := route.GlueVerdict()
+	g := contract.GlueVerdict()
 	var out []string
-	for _, f := range route.VerdictFields() {
+	for _, f := range contract.VerdictFields() {
 		if f.Header != "" && f.Name != g.Reason.Name && f.Name != g.RetryAfter.Name {
 			out = append(out, f.Header)
 		}
@@ -244,7 +244,7 @@ var hideOnRelay = func() []string {
 // of nginx.conf.tmpl).
 const failReasonVar = "$turnout_fail_reason"
 
-// errorData is an answer nginx gives itself (route.GlueError): "add_header
+// errorData is an answer nginx gives itself (contract.GlueError): "add_header
 // Header Reason; return Status 'Body'".
 type errorData struct {
 	Status               int
@@ -252,14 +252,14 @@ type errorData struct {
 }
 
 // glueError renders e for a single-quoted nginx string; reason is the
-// X-Turnout-Reason value (route.HdrReason) and stands for
-// route.ReasonToken in the body.
-func glueError(e route.GlueError, reason string) (errorData, error) {
+// X-Turnout-Reason value (contract.HdrReason) and stands for
+// contract.ReasonToken in the body.
+func glueError(e contract.GlueError, reason string) (errorData, error) {
 	body := e.JSONWith(reason)
 	if strings.ContainsAny(strings.Replace(body, reason, "", 1), `'\$`) {
 		return errorData{}, fmt.Errorf("glue error body %q cannot go into a quoted nginx string", body)
 	}
-	return errorData{Status: e.Status, Header: route.HdrReason, Reason: reason, Body: body}, nil
+	return errorData{Status: e.Status, Header: contract.HdrReason, Reason: reason, Body: body}, nil
 }
 
 // endpointPrefix names the per-replica upstreams; pools keep
@@ -269,20 +269,20 @@ const endpointPrefix = "turnout.ep."
 type tmplData struct {
 	Generator, RoutePath string
 	// FeedbackFormat is the log_format of the feedback line
-	// (route.FeedbackFormat).
+	// (contract.FeedbackFormat).
 	FeedbackFormat string
 	// FeedbackVars are the variables the feedback line's ms= and ttfb=
 	// read (the table's nginx column), set by maps of the template.
 	FeedbackVars struct{ Ms, TTFB, Retries, Up string }
 	// Hdr names the contract's request headers the config writes; Served
-	// is route.PathServed.
+	// is contract.PathServed.
 	Hdr struct {
 		Truncated, OriginalURI, OriginalMethod string
 	}
 	Served string
 	// HideOnRelay are the verdict headers hidden from a relayed refusal.
 	HideOnRelay []string
-	// The answers nginx gives itself (route.GlueError).
+	// The answers nginx gives itself (contract.GlueError).
 	NotFound, TooLarge, BadGateway, FailClosedError errorData
 	Dir, PIDFile, ErrorLog, ModulePath              string
 	User, Workers, Listen, JSFile                   string
@@ -312,16 +312,16 @@ type tmplData struct {
 	ClearPatterns   []string
 	HeadersMorePath string
 	// HeaderBuf sizes large_client_header_buffers (limits.max_header_bytes);
-	// SubrequestBuf holds turnout's largest answer (route.MaxAnswerBody).
+	// SubrequestBuf holds turnout's largest answer (contract.MaxAnswerBody).
 	HeaderBuf, SubrequestBuf int
-	// UnsafePath is route.UnsafePathRegex; UnreadRe is route.UnreadReasons
+	// UnsafePath is contract.UnsafePathRegex; UnreadRe is contract.UnreadReasons
 	// as a regex alternation.
 	UnsafePath, UnreadRe string
 	// VerdictVars are the js_var variables the njs copies the verdict
-	// into (route.VerdictFields' NginxVar).
+	// into (contract.VerdictFields' NginxVar).
 	VerdictVars []string
 	// AuthVars are the auth_request_set copies of header mode: the
-	// verdict's copied rows (route.GlueVerdict) and the reason, from
+	// verdict's copied rows (contract.GlueVerdict) and the reason, from
 	// turnout's answer headers.
 	AuthVars  []authVar
 	Models    []modelData
@@ -378,8 +378,8 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	p := &cfg.Proxy
 	d := &tmplData{
 		Generator:         generator,
-		RoutePath:         route.PathRoute,
-		Served:            route.PathServed,
+		RoutePath:         contract.PathRoute,
+		Served:            contract.PathServed,
 		HideOnRelay:       hideOnRelay,
 		Dir:               path("dir", opts.Dir),
 		PIDFile:           path("pidfile", opts.PIDFile),
@@ -398,17 +398,17 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		FailClosed:        p.FailMode == config.FailClosed,
 		ClearHeaders:      clearHeaders,
 		HeaderBuf:         cfg.Limits.MaxHeaderBytes,
-		SubrequestBuf:     2 * route.MaxAnswerBody,
-		UnsafePath:        route.UnsafePathRegex,
-		UnreadRe:          strings.Join(route.UnreadReasons, "|"),
+		SubrequestBuf:     2 * contract.MaxAnswerBody,
+		UnsafePath:        contract.UnsafePathRegex,
+		UnreadRe:          strings.Join(contract.UnreadReasons, "|"),
 		summary:           Summary{Pools: map[string][]string{}},
 	}
-	for _, f := range route.VerdictFields() {
+	for _, f := range contract.VerdictFields() {
 		if f.NginxVar != "" {
 			d.VerdictVars = append(d.VerdictVars, f.NginxVar)
 		}
 	}
-	g := route.GlueVerdict()
+	g := contract.GlueVerdict()
 	for _, f := range g.Copied {
 		if f.NginxVar != "" {
 			d.AuthVars = append(d.AuthVars, authVar{f.NginxVar, headerVarName("$upstream_http_", f.Header)})
@@ -440,30 +440,30 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		d.Syslog = addr("feedback.syslog", cfg.Feedback.Syslog)
 		d.SyslogTarget = "syslog:server=" + d.Syslog + ",facility=local0,severity=info,tag=turnout,nohostname"
 	}
-	d.FeedbackFormat = route.FeedbackFormat(cfg, func(f route.FeedbackField) string { return f.Nginx })
-	for _, f := range route.FeedbackLineFields() {
+	d.FeedbackFormat = contract.FeedbackFormat(cfg, func(f contract.FeedbackField) string { return f.Nginx })
+	for _, f := range contract.FeedbackLineFields() {
 		switch f.Key {
-		case route.FeedbackFieldMs:
+		case contract.FeedbackFieldMs:
 			d.FeedbackVars.Ms = f.Nginx
-		case route.FeedbackFieldTTFB:
+		case contract.FeedbackFieldTTFB:
 			d.FeedbackVars.TTFB = f.Nginx
-		case route.FeedbackFieldRetries:
+		case contract.FeedbackFieldRetries:
 			d.FeedbackVars.Retries = f.Nginx
-		case route.FeedbackFieldUpstream:
+		case contract.FeedbackFieldUpstream:
 			d.FeedbackVars.Up = f.Nginx
 		}
 	}
-	d.Hdr.Truncated = route.HdrBodyTruncated
-	d.Hdr.OriginalURI, d.Hdr.OriginalMethod = route.HdrOriginalURI, route.HdrOriginalMethod
+	d.Hdr.Truncated = contract.HdrBodyTruncated
+	d.Hdr.OriginalURI, d.Hdr.OriginalMethod = contract.HdrOriginalURI, contract.HdrOriginalMethod
 	for _, e := range []struct {
 		to     *errorData
-		err    route.GlueError
+		err    contract.GlueError
 		reason string
 	}{
-		{&d.NotFound, route.NotFoundError, route.NotFoundError.Reason()},
-		{&d.TooLarge, route.BodyTooLargeError(cfg.MaxBody), route.ReasonBodyTooLarge},
-		{&d.BadGateway, route.UpstreamFailedError, route.UpstreamFailedError.Reason()},
-		{&d.FailClosedError, route.FailClosedError, failReasonVar},
+		{&d.NotFound, contract.NotFoundError, contract.NotFoundError.Reason()},
+		{&d.TooLarge, contract.BodyTooLargeError(cfg.MaxBody), contract.ReasonBodyTooLarge},
+		{&d.BadGateway, contract.UpstreamFailedError, contract.UpstreamFailedError.Reason()},
+		{&d.FailClosedError, contract.FailClosedError, failReasonVar},
 	} {
 		var err error
 		if *e.to, err = glueError(e.err, e.reason); err != nil {
@@ -487,8 +487,8 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	}
 
 	// The headers turnout gets: the same list as the HAProxy glue
-	// (route/contract_forward.go); model headers also pick the pool.
-	for _, h := range route.ForwardedHeaders(cfg) {
+	// (route/contract/forward.go); model headers also pick the pool.
+	for _, h := range contract.ForwardedHeaders(cfg) {
 		d.RouteHeaders = append(d.RouteHeaders, header(h.Field, h.Name))
 	}
 	for _, h := range cfg.ModelHeaders {

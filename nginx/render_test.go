@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -158,7 +158,7 @@ func TestRenderModes(t *testing.T) {
 	}
 	// Header mode copies the verdict rows the njs copies, from the same
 	// table: a new row reaches both modes.
-	g := route.GlueVerdict()
+	g := contract.GlueVerdict()
 	wantSet := []string{"auth_request_set $turnout_reason $upstream_http_x_turnout_reason;"}
 	for _, f := range g.Copied {
 		if f.NginxVar != "" {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/internal/routetest"
 )
 
@@ -13,11 +14,11 @@ var body4K = routetest.Body4K
 
 func routeCtx(body string, session string) *fasthttp.RequestCtx {
 	var ctx fasthttp.RequestCtx
-	ctx.Request.SetRequestURI(PathRoute)
+	ctx.Request.SetRequestURI(contract.PathRoute)
 	ctx.Request.Header.SetMethod("POST")
 	ctx.Request.Header.Set("Content-Type", "application/json")
-	ctx.Request.Header.Set(HdrOriginalURI, "/v1/chat/completions")
-	ctx.Request.Header.Set(HdrOriginalMethod, "POST")
+	ctx.Request.Header.Set(contract.HdrOriginalURI, "/v1/chat/completions")
+	ctx.Request.Header.Set(contract.HdrOriginalMethod, "POST")
 	if session != "" {
 		ctx.Request.Header.Set("X-Session-Id", session)
 	}
@@ -36,8 +37,8 @@ func assertZeroAllocs(t *testing.T, s *Decider, ctx *fasthttp.RequestCtx) {
 		if ctx.Response.StatusCode() != 200 {
 			t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
 		}
-		id, _ := ParseDecisionID(ctx.Response.Header.Peek(HdrDecision))
-		s.Complete(id)
+		id, _ := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
+		s.Ledger().Complete(id)
 	}
 	for i := 0; i < 100; i++ { // warm pools, the prefix index, caches
 		run()

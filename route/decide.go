@@ -6,6 +6,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/flow"
 	"github.com/turnout/turnout/route/models"
@@ -14,22 +15,22 @@ import (
 )
 
 // Decide is the one decision entry point: it routes in and fills v.
-func (s *Decider) Decide(in *Input, v *Verdict) {
-	snap := s.snap.Load()
-	sc := s.getScratch(snap.maxBlocks)
+func (d *Decider) Decide(in *contract.Input, v *contract.Verdict) {
+	snap := d.snap.Load()
+	sc := d.getScratch(snap.maxBlocks)
 	start := time.Now()
-	s.decideInput(snap, in, v, sc, start)
-	s.noteVerdict(v)
+	d.decideInput(snap, in, v, sc, start)
+	d.ref.noteVerdict(v)
 	if v.Status != 200 {
-		s.logRefusal(sc, v, start)
+		d.dec.logRefusal(sc, v, start)
 	}
-	s.release(sc)
+	d.release(sc)
 }
 
 // decideInput runs the stages of doc.go after the read: deployment, pick,
 // verdict. start is when the request reached turnout.
-func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, start time.Time) {
-	v.reset()
+func (d *Decider) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
+	v.Reset()
 	cfg := snap.Config
 	r := &sc.req
 	*r = fleet.Request{Truncated: in.Truncated}
@@ -44,7 +45,7 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 		if len(h.Value) == 0 {
 			continue
 		}
-		role := h.role
+		role := hdrRole(h.Role)
 		if role == 0 {
 			role = snap.headerRole(h.Name)
 		}
@@ -65,12 +66,12 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 		model = modelHdr
 	}
 	r.Model = model
-	var d *Deployment
+	var dep *Deployment
 	switch {
 	case len(model) > 0:
 		me := snap.models.Load().Lookup(model)
 		if me == nil || me.Refuse != models.RefuseNone {
-			if ld := s.loadOnDemand(snap, model, me, sc); ld != nil {
+			if ld := d.loadOnDemand(snap, model, me, sc); ld != nil {
 				me = ld // lora.load_on_demand loaded it (models.go)
 			}
 		}
@@ -78,42 +79,42 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 			if me != nil {
 				me.Stats.Refused.Add(1)
 			}
-			s.m.errors[errUnknownModel].Add(1)
-			v.refuse(404, "invalid_request_error", "model_not_found",
+			d.ref.errors[errUnknownModel].Add(1)
+			v.Refuse(404, "invalid_request_error", "model_not_found",
 				"The model `"+string(cut(model, maxEchoModel))+"` does not exist.")
 			return
 		}
-		d, sc.model, sc.only = snap.Deployments[me.Dep], me.Idx, me
+		dep, sc.model, sc.only = snap.Deployments[me.Dep], me.Idx, me
 		if me.Adapter {
 			r.Adapter, r.AdapterHash = true, fleet.HashKey(model)
 		}
 		if me.Refuse == models.RefuseGone {
 			me.Stats.Refused.Add(1)
-			s.refuseModel(v, d, model)
+			d.refuseModel(v, dep, model)
 			return
 		}
 	case len(snap.Deployments) == 1:
-		d = snap.Deployments[0]
+		dep = snap.Deployments[0]
 	default:
-		s.m.errors[errNoModel].Add(1)
-		v.refuse(400, "invalid_request_error", "model_required",
+		d.ref.errors[errNoModel].Add(1)
+		v.Refuse(400, "invalid_request_error", "model_required",
 			"a \"model\" is required: several deployments are served")
 		return
 	}
-	sc.dep = d
+	sc.dep = dep
 	if len(r.Session) > 0 {
 		r.HasSession = true
 		r.SessionHash = fleet.HashKey(r.Session)
 	}
-	if d.flow != nil {
-		s.runHeld(snap, d, in, v, sc, start)
+	if dep.flow != nil {
+		d.runHeld(snap, dep, in, v, sc, start)
 		return
 	}
-	s.runPasses(snap, d, in, v, sc, start)
+	d.runPasses(snap, dep, in, v, sc, start)
 	if me := sc.only; me != nil {
 		if v.Status == 200 {
 			me.Stats.Decisions.Add(1)
-		} else if v.Reason == ReasonModelUnavailable {
+		} else if v.Reason == contract.ReasonModelUnavailable {
 			me.Stats.Refused.Add(1)
 		}
 	}
@@ -123,45 +124,45 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 // serving pool is saturated the request waits for its turn, by class and
 // tenant, and is then routed by the policy as the pool is at release
 // time; a sheddable one past its budget is refused with 429.
-func (s *Decider) runHeld(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *Txn, start time.Time) {
+func (d *Decider) runHeld(snap *Snapshot, dep *Deployment, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
 	var fr flow.Request
-	k := d.flow.Begin(&fr, sc.req.Model, headerIs)
+	k := dep.flow.Begin(&fr, sc.req.Model, contract.HeaderIs)
 	for i := range in.Headers {
 		k.Header(in.Headers[i].Name, in.Headers[i].Value)
 	}
 	k.Session(sc.req.Session)
-	switch o := d.flow.Admit(&fr, in.Watch); o {
+	switch o := dep.flow.Admit(&fr, in.Watch); o {
 	case flow.Shed:
 		v.RetryAfter = true
-		v.refuse(429, "rate_limit_exceeded", ReasonFlowShed,
-			"deployment "+d.Name+" is saturated and this request's class ("+d.flow.Config().Classes[fr.Class].Name+") is shed past its queue budget; retry later")
+		v.Refuse(429, "rate_limit_exceeded", contract.ReasonFlowShed,
+			"deployment "+dep.Name+" is saturated and this request's class ("+dep.flow.Config().Classes[fr.Class].Name+") is shed past its queue budget; retry later")
 		return
 	case flow.Gone:
-		v.refuse(503, "service_unavailable", ReasonFlowGone, "the client went away while its request was held")
+		v.Refuse(503, "service_unavailable", contract.ReasonFlowGone, "the client went away while its request was held")
 		return
 	case flow.Released, flow.TimedOut:
 		start = time.Now() // the decision starts at release: its latency is the pick's
 	}
 	// Deferred: a panicking pick (recovered by the transport) must give
 	// its reserved room back.
-	defer d.flow.Done()
-	s.runPasses(snap, d, in, v, sc, start)
+	defer dep.flow.Done()
+	d.runPasses(snap, dep, in, v, sc, start)
 }
 
 // bindFlow gives the snapshot's deployments with flow_control their
 // controllers (kept across reloads while their config is unchanged) and
 // their serving pools the completion hook that releases held requests.
-func (s *Decider) bindFlow(snap *Snapshot) {
+func (d *Decider) bindFlow(snap *Snapshot) {
 	live := map[string]bool{}
-	for _, d := range snap.Deployments {
-		if d.Config.FlowControl == nil {
+	for _, dep := range snap.Deployments {
+		if dep.Config.FlowControl == nil {
 			continue
 		}
-		live[d.Name] = true
-		d.flow = s.flows.Bind(d.Name, d.Config.FlowControl, d.Serve)
-		d.Serve.OnFree = d.flow.Kick
+		live[dep.Name] = true
+		dep.flow = d.flows.Bind(dep.Name, dep.Config.FlowControl, dep.Serve)
+		dep.Serve.OnFree = dep.flow.Kick
 	}
-	s.flows.Keep(live)
+	d.flows.Keep(live)
 }
 
 // A Pass is one pick of a decision: a pool, whose policy runs, and what
@@ -192,53 +193,53 @@ const (
 // runPasses admits the request (the prefill pass needs the whole body,
 // pd.go), runs each pass's pick into its own part of the scratch, and
 // turns the picks into the verdict.
-func (s *Decider) runPasses(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *Txn, start time.Time) {
-	if d.Prefill != nil && !s.admitPD(snap, &sc.req, v) {
+func (d *Decider) runPasses(snap *Snapshot, dep *Deployment, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
+	if dep.Prefill != nil && !d.admitPD(snap, &sc.req, v) {
 		return // the prefill pass needs what this request lacks
 	}
-	n := d.pickN
-	for i := range d.Passes {
-		pr := &d.Passes[i]
+	n := dep.pickN
+	for i := range dep.Passes {
+		pr := &dep.Passes[i]
 		c := &sc.choices[i]
-		if pr.Role == PassPrefill && s.skipPrefill(d, &sc.req, &sc.choices[0]) {
+		if pr.Role == PassPrefill && d.skipPrefill(dep, &sc.req, &sc.choices[0]) {
 			*c = fleet.Choice{Reject: rejectSkipped, Work: c.Work}
 			continue
 		}
 		if sc.only != nil {
 			sc.req.Only = sc.only.Only[i]
 		}
-		if in.Subset != nil && !s.subsetOnly(snap, pr, in, sc, v) {
+		if in.Subset != nil && !subsetOnly(snap, pr, in, sc, v) {
 			return
 		}
-		s.pick(snap, pr.Pool, sc, c, sc.picks[i*n:i*n:(i+1)*n])
+		d.pick(snap, pr.Pool, sc, c, sc.picks[i*n:i*n:(i+1)*n])
 		if sc.req.Adapter && i == 0 && len(c.Endpoints) > 0 {
 			e := c.Endpoints[0]
 			if l := e.LoRA(); l != nil && !l.Hot(sc.req.Model) {
 				sc.only.Stats.Cold.Add(1)
 			}
-			if d.Config.LoRA.MaxLoaded > 0 {
-				s.loader.Touch(e.Address, sc.req.Model) // the unload order of load_on_demand
+			if dep.Config.LoRA.MaxLoaded > 0 {
+				d.loader.Touch(e.Address, sc.req.Model) // the unload order of load_on_demand
 			}
 		}
 		if len(c.Endpoints) == 0 && pr.Role == PassServe {
 			sc.refusedPool = pr.Pool
 			if sc.only != nil && sc.only.Only[i] != nil && c.Reject == fleet.RejectNone {
-				s.refuseModel(v, d, sc.req.Model)
+				d.refuseModel(v, dep, sc.req.Model)
 				return
 			}
-			s.refuse(v, pr.Pool, c.Reject)
+			d.refuse(v, pr.Pool, c.Reject)
 			return
 		}
 	}
-	if d.Prefill == nil {
+	if dep.Prefill == nil {
 		// After the pick: its read of the body is reused.
 		if len(snap.Deployments) > 1 && refuseDuplicateModel(v, &sc.idx) {
 			return
 		}
-		s.route(v, d.Serve, &sc.choices[0], sc, start)
+		d.route(v, dep.Serve, &sc.choices[0], sc, start)
 		return
 	}
-	s.finishPD(snap, d, in, v, sc, start)
+	d.finishPD(snap, dep, in, v, sc, start)
 }
 
 // subsetOnly narrows the serving pass's candidates (sc.req.Only, the
@@ -246,7 +247,7 @@ func (s *Decider) runPasses(snap *Snapshot, d *Deployment, in *Input, v *Verdict
 // policy picks; other passes (the prefill pool) keep their own. False
 // with the 503 in v when no endpoint of the pool is in the hint: the
 // request may go nowhere else.
-func (*Decider) subsetOnly(snap *Snapshot, pr *Pass, in *Input, sc *Txn, v *Verdict) bool {
+func subsetOnly(snap *Snapshot, pr *Pass, in *contract.Input, sc *Txn, v *contract.Verdict) bool {
 	if pr.Role != PassServe {
 		if sc.only == nil {
 			sc.req.Only = nil
@@ -280,7 +281,7 @@ func (*Decider) subsetOnly(snap *Snapshot, pr *Pass, in *Input, sc *Txn, v *Verd
 	}
 	if !found {
 		v.RetryAfter = true
-		v.refuse(503, "service_unavailable", ReasonSubsetEmpty,
+		v.Refuse(503, "service_unavailable", contract.ReasonSubsetEmpty,
 			"none of the gateway's subset endpoints serves this request in pool "+p.Name)
 		return false
 	}
@@ -298,18 +299,18 @@ const rejectSkipped fleet.RejectReason = 255
 // several deployments: with one, every model name goes to the same
 // replicas, which answer the body as vLLM reads it, and a model-only
 // decision is spared the sweep of the rest of the body.
-func refuseDuplicateModel(v *Verdict, idx *payload.Index) bool {
+func refuseDuplicateModel(v *contract.Verdict, idx *payload.Index) bool {
 	if !idx.DuplicateModel() {
 		return false
 	}
-	v.refuse(400, "invalid_request_error", ReasonDuplicateModel,
+	v.Refuse(400, "invalid_request_error", contract.ReasonDuplicateModel,
 		"the request body has more than one \"model\" key; send exactly one")
 	return true
 }
 
 // pick hashes the prompt when the pool's policy wants it and runs the
 // policy into c, whose Endpoints start as dst (len 0, cap = how many).
-func (s *Decider) pick(snap *Snapshot, p *fleet.Pool, sc *Txn, c *fleet.Choice, dst []*fleet.Endpoint) {
+func (d *Decider) pick(snap *Snapshot, p *fleet.Pool, sc *Txn, c *fleet.Choice, dst []*fleet.Endpoint) {
 	r := &sc.req
 	r.Blocks, r.PromptBytes = nil, 0
 	*c = fleet.Choice{Endpoints: dst, Work: c.Work}
@@ -327,31 +328,31 @@ func (s *Decider) pick(snap *Snapshot, p *fleet.Pool, sc *Txn, c *fleet.Choice, 
 	}
 	p.Metrics.Outcomes[c.Outcome].Add(1)
 	p.Metrics.MatchedBlocks.Add(uint64(c.Matched))
-	s.sharePrefix(p, c.Endpoints[0], r.Blocks)
+	d.sharePrefix(p, c.Endpoints[0], r.Blocks)
 }
 
 // sharePrefix hands a decision of a pool that records prefixes to the
 // sink, if any, with or without blocks: peers count every decision in the
 // requests an endpoint served (Endpoint.Served, the bounded-load guard),
 // and a prompt shorter than one block is one of them.
-func (s *Decider) sharePrefix(p *fleet.Pool, e *fleet.Endpoint, blocks []uint64) {
+func (d *Decider) sharePrefix(p *fleet.Pool, e *fleet.Endpoint, blocks []uint64) {
 	if !p.Records {
 		return
 	}
-	if b := s.sink.Load(); b != nil {
+	if b := d.sink.Load(); b != nil {
 		b.RoutedPrefix(p, e, blocks)
 	}
 }
 
 // route opens the decision for the policy's first pick and fills v with it.
-func (s *Decider) route(v *Verdict, p *fleet.Pool, c *fleet.Choice, sc *Txn, start time.Time) {
+func (d *Decider) route(v *contract.Verdict, p *fleet.Pool, c *fleet.Choice, sc *Txn, start time.Time) {
 	picks := c.Endpoints
 	e := picks[0]
 	v.Status = 200
 	m := decisionMeta{pool: p, names: sc.dsnap.models.Load(), model: sc.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: sc.req.HasSession, pred: c.Predicted, notes: c.Notes}
-	v.Decision = s.dec.open(e, start.UnixNano(), &m)
+	v.Decision = d.dec.open(e, start.UnixNano(), &m)
 	v.Server, v.Addr, v.Pool = e.NameHdr, e.AddrHdr, p.NameHdr
-	v.Fallbacks = v.fb[:0]
+	v.Fallbacks = v.FallbackRoom()
 	for _, f := range picks[1:] {
 		v.Fallbacks = append(v.Fallbacks, f.NameHdr)
 	}
@@ -373,30 +374,30 @@ const maxPicks = 16
 const latencySample = 8
 
 // refuse answers a request no endpoint was picked for.
-func (s *Decider) refuse(v *Verdict, p *fleet.Pool, why fleet.RejectReason) {
+func (d *Decider) refuse(v *contract.Verdict, p *fleet.Pool, why fleet.RejectReason) {
 	switch why {
 	case fleet.RejectBadBody:
-		s.m.errors[errBadBody].Add(1)
-		v.refuse(400, "invalid_request_error", "token_ids_required",
+		d.ref.errors[errBadBody].Add(1)
+		v.Refuse(400, "invalid_request_error", "token_ids_required",
 			"pool "+p.Name+" routes on token ids (strict): send a prompt the tokenizer can read or token ids")
 	case fleet.RejectUnavailable:
 		v.RetryAfter = true
-		v.refuse(503, "service_unavailable", "tokenizer_unavailable",
+		v.Refuse(503, "service_unavailable", "tokenizer_unavailable",
 			"pool "+p.Name+" routes on token ids (strict) and the tokenizer is unavailable")
 	default:
 		v.RetryAfter = true
-		v.refuse(503, "service_unavailable", ReasonNoEndpoint, "no available endpoint in pool "+p.Name)
+		v.Refuse(503, "service_unavailable", contract.ReasonNoEndpoint, "no available endpoint in pool "+p.Name)
 	}
 }
 
 // refuseModel refuses a model whose endpoints all are down, or that the
 // endpoints that served it no longer list: 503, so that clients retry
 // (Retry-After), rather than a 404 that says it never existed.
-func (s *Decider) refuseModel(v *Verdict, d *Deployment, model []byte) {
-	s.m.errors[errModelUnavailable].Add(1)
+func (d *Decider) refuseModel(v *contract.Verdict, dep *Deployment, model []byte) {
+	d.ref.errors[errModelUnavailable].Add(1)
 	v.RetryAfter = true
-	v.refuse(503, "service_unavailable", ReasonModelUnavailable,
-		"no available endpoint of deployment "+d.Name+" serves the model `"+string(cut(model, maxEchoModel))+"` now")
+	v.Refuse(503, "service_unavailable", contract.ReasonModelUnavailable,
+		"no available endpoint of deployment "+dep.Name+" serves the model `"+string(cut(model, maxEchoModel))+"` now")
 }
 
 // maxEchoModel bounds the model name echoed in a 404: longer names are
@@ -417,8 +418,8 @@ func cut(b []byte, n int) []byte {
 // (Decide) and gives it back with End; Decider.Decide does all of it for
 // an Input read elsewhere (route/spoe).
 type Txn struct {
-	in     Input
-	v      Verdict
+	in     contract.Input
+	v      contract.Verdict
 	req    fleet.Request
 	hasher fleet.PrefixHasher
 	blocks []uint64
@@ -462,25 +463,25 @@ type TxnBuffers struct {
 
 // Begin starts a request on the live snapshot: its Input is empty, its
 // clock started.
-func (s *Decider) Begin() *Txn {
-	snap := s.snap.Load()
-	sc := s.getScratch(snap.maxBlocks)
+func (d *Decider) Begin() *Txn {
+	snap := d.snap.Load()
+	sc := d.getScratch(snap.maxBlocks)
 	sc.snap, sc.start = snap, time.Now()
 	sc.in.Reset()
 	return sc
 }
 
 // End gives a Txn back; nothing of it may be used after.
-func (s *Decider) End(t *Txn) {
+func (d *Decider) End(t *Txn) {
 	t.snap = nil
-	s.release(t)
+	d.release(t)
 }
 
 // Config is the config of the Txn's snapshot (the limits a transport reads by).
 func (t *Txn) Config() *config.Config { return t.snap.Config }
 
 // Input is what the transport fills.
-func (t *Txn) Input() *Input { return &t.in }
+func (t *Txn) Input() *contract.Input { return &t.in }
 
 // Picks are the endpoints of a routed decision, best first: the Verdict's
 // Server, then its Fallbacks (nil when refused; valid until End).
@@ -510,24 +511,24 @@ func (t *Txn) ProxyHeaders(h *fasthttp.RequestHeader) {
 		case kindOrigMethod:
 			in.Method = v
 		case kindForwarded:
-			in.addHeader(k, v, role)
+			in.AddHeaderRole(k, v, uint8(role))
 		}
 	}
 }
 
 // DecideTxn decides the Txn's Input on its snapshot and returns the Verdict
 // (valid until End).
-func (s *Decider) DecideTxn(t *Txn) *Verdict {
-	s.decideInput(t.snap, &t.in, &t.v, t, t.start)
-	s.noteVerdict(&t.v)
+func (d *Decider) DecideTxn(t *Txn) *contract.Verdict {
+	d.decideInput(t.snap, &t.in, &t.v, t, t.start)
+	d.ref.noteVerdict(&t.v)
 	if t.v.Status != 200 {
-		s.logRefusal(t, &t.v, t.start)
+		d.dec.logRefusal(t, &t.v, t.start)
 	}
 	return &t.v
 }
 
-func (s *Decider) getScratch(maxBlocks int) *Txn {
-	sc, _ := s.pool.Get().(*Txn)
+func (d *Decider) getScratch(maxBlocks int) *Txn {
+	sc, _ := d.pool.Get().(*Txn)
 	if sc == nil {
 		sc = &Txn{Buf: TxnBuffers{Out: make([]byte, 0, 512)}}
 		for i := range sc.choices {
@@ -542,12 +543,12 @@ func (s *Decider) getScratch(maxBlocks int) *Txn {
 
 // release returns a request's scratch to the pool, after the test hook
 // (observe) saw the request.
-func (s *Decider) release(sc *Txn) {
-	if s.observe != nil {
-		s.observe(&sc.req)
+func (d *Decider) release(sc *Txn) {
+	if d.observe != nil {
+		d.observe(&sc.req)
 	}
 	sc.Buf.trim()
-	s.pool.Put(sc)
+	d.pool.Put(sc)
 }
 
 // keepBodyCap is the largest body buffer a pooled Txn keeps: the default

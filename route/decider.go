@@ -52,36 +52,31 @@ type Decider struct {
 	loader *models.Loader
 	mstats *models.Stats
 	pols   []fleet.Policy
-	dec    *decisions
+	dec    *Ledger
 	pool   sync.Pool
 	m      deciderMetrics
-	ref    refusals
+	ref    Refusals
+	// extras are the /metrics and /readyz writers other packages add.
+	extras Extras
 	pd     *pd.Client
 	// ctx ends background work owned by policies (KV subscriptions).
 	ctx    context.Context
 	cancel context.CancelFunc
 	// onApply hooks run after every accepted snapshot (e.g. KV subscribers).
 	onApply []func(*Snapshot)
-	// reqlog is the request log's sink and sampling (decisions.go); nil: off.
-	reqlog atomic.Pointer[requestLog]
 	// sink receives prefix decisions for other instances (cluster sync).
 	sink atomic.Pointer[sinkBox]
 	// kvHub owns bound KV-event sockets, shared by every pool using them.
 	kvHub *kv.Hub
-	// healthRound is set once a full round of health checks has finished.
-	healthRound atomic.Bool
+	// health counts active health checks and notes their first full round.
+	health HealthBook
 	// flows are the flow controllers of the deployments with flow_control.
 	flows *flow.Set
 	// observe, when set (tests), sees each request's Request as the handler
 	// returns: the proof that the body is scanned once.
 	observe func(*fleet.Request)
-
-	// fbStalled: route/feedback found completions stopped (SetFeedbackStalled).
-	fbStalled atomic.Bool
-	// onTick hooks run after each sweep (OnTick); readiness writes extra
-	// /readyz?verbose lines (AddReadiness).
-	onTick    atomic.Pointer[[]func(context.Context, *Snapshot, time.Time)]
-	readiness []func(*strings.Builder)
+	// onTick hooks run after each sweep (OnTick).
+	onTick atomic.Pointer[[]func(context.Context, *Snapshot, time.Time)]
 }
 
 // New builds a Decider from a validated config.
@@ -111,9 +106,10 @@ func New(cfg *config.Config, opts Options) (*Decider, error) {
 		flows:  flow.NewSet(),
 	}
 	s.m.init()
-	s.AddMetrics(s.mstats.WriteMetrics)
-	s.AddMetrics(s.flows.WriteMetrics)
-	s.AddReadiness(s.flows.WriteReadiness)
+	s.ref.log = s.log
+	s.extras.AddMetrics(s.mstats.WriteMetrics)
+	s.extras.AddMetrics(s.flows.WriteMetrics)
+	s.extras.AddReadiness(s.flows.WriteReadiness)
 	s.pd = pd.New()
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.kvHub = kv.NewHub(s.ctx, s.log)
@@ -126,47 +122,47 @@ func New(cfg *config.Config, opts Options) (*Decider, error) {
 }
 
 // Close stops background work owned by policies.
-func (s *Decider) Close() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	closeAll(s.pols)
-	s.flows.Close()
-	s.kvHub.Close()
-	s.cancel()
+func (d *Decider) Close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	closeAll(d.pols)
+	d.flows.Close()
+	d.kvHub.Close()
+	d.cancel()
 }
 
 // OnApply registers a hook run (synchronously) after each accepted snapshot.
-func (s *Decider) OnApply(fn func(*Snapshot)) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.onApply = append(s.onApply, fn)
-	if snap := s.snap.Load(); snap != nil {
+func (d *Decider) OnApply(fn func(*Snapshot)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.onApply = append(d.onApply, fn)
+	if snap := d.snap.Load(); snap != nil {
 		fn(snap)
 	}
 }
 
 // Apply swaps in a new config. Surviving endpoints keep their state; on error
 // the old snapshot stays.
-func (s *Decider) Apply(cfg *config.Config) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (d *Decider) Apply(cfg *config.Config) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if err := cfg.Validate(); err != nil {
-		s.m.reloadFailed.Add(1)
+		d.m.reloadFailed.Add(1)
 		return err
 	}
-	snap, pols, err := buildSnapshot(cfg, s.reg, s.snap.Load(), s.store, fleet.PolicyEnv{Log: s.log, Ctx: s.ctx, KVHub: s.kvHub}, s.seed)
+	snap, pols, err := buildSnapshot(cfg, d.reg, d.snap.Load(), d.store, fleet.PolicyEnv{Log: d.log, Ctx: d.ctx, KVHub: d.kvHub}, d.seed)
 	if err != nil {
-		s.m.reloadFailed.Add(1)
+		d.m.reloadFailed.Add(1)
 		return err
 	}
-	snap.models.Store(models.Build(snap.deps, s.seen, s.mstats))
-	old := s.pols
-	s.bindFlow(snap)
-	s.snap.Store(snap)
-	s.pols = pols
+	snap.models.Store(models.Build(snap.deps, d.seen, d.mstats))
+	old := d.pols
+	d.bindFlow(snap)
+	d.snap.Store(snap)
+	d.pols = pols
 	closeAll(old)
-	s.m.reloads.Add(1)
-	for _, fn := range s.onApply {
+	d.m.reloads.Add(1)
+	for _, fn := range d.onApply {
 		fn(snap)
 	}
 	return nil
@@ -175,38 +171,39 @@ func (s *Decider) Apply(cfg *config.Config) error {
 // RefreshModels rebuilds the model table after what an endpoint serves
 // changed (route/health's /v1/models poll, the engine scraper's LoRA
 // report, discovery's labels): decisions see it at once.
-func (s *Decider) RefreshModels() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	snap := s.snap.Load()
-	snap.models.Store(models.Build(snap.deps, s.seen, s.mstats))
+func (d *Decider) RefreshModels() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	snap := d.snap.Load()
+	snap.models.Store(models.Build(snap.deps, d.seen, d.mstats))
 }
 
 // Rejected counts a config that failed before reaching Apply (unreadable or
 // invalid file), so /metrics shows every rejected reload.
-func (s *Decider) Rejected() { s.m.reloadFailed.Add(1) }
+func (d *Decider) Rejected() { d.m.reloadFailed.Add(1) }
 
 // Snapshot returns the live snapshot.
-func (s *Decider) Snapshot() *Snapshot { return s.snap.Load() }
+func (d *Decider) Snapshot() *Snapshot { return d.snap.Load() }
 
-// Complete closes a decision by id (feedback from the proxy).
-// A sampled one goes to the request log, without the proxy's figures.
-func (s *Decider) Complete(id uint64) bool { return s.CloseDecisionWith(id, NoCompletion()) != nil }
+// Ledger is the decision ledger: the decisions open until the proxy's
+// feedback closes them, and the recent ones the request log and GET
+// /internal/decision/<id> read.
+func (d *Decider) Ledger() *Ledger { return d.dec }
 
 // Run ticks until ctx ends: each tick expires stale decisions (the
 // ledger's sweep), then runs the OnTick hooks (route/feedback watches
 // completion feedback and stalled endpoints there). Ticks come a quarter
 // of the smallest stall budget apart, within 100ms..1s.
-func (s *Decider) Run(ctx context.Context) {
-	t := time.NewTimer(stallTick(s.snap.Load()))
+func (d *Decider) Run(ctx context.Context) {
+	t := time.NewTimer(stallTick(d.snap.Load()))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			snap := s.snap.Load()
-			s.tick(ctx, snap, now)
+			snap := d.snap.Load()
+			d.tick(ctx, snap, now)
 			t.Reset(stallTick(snap))
 		}
 	}
@@ -224,37 +221,27 @@ type PrefixSink interface {
 type sinkBox struct{ PrefixSink }
 
 // SetPrefixSink installs (or, with nil, removes) the prefix decision sink.
-func (s *Decider) SetPrefixSink(ps PrefixSink) {
+func (d *Decider) SetPrefixSink(ps PrefixSink) {
 	if ps == nil {
-		s.sink.Store(nil)
+		d.sink.Store(nil)
 		return
 	}
-	s.sink.Store(&sinkBox{ps})
+	d.sink.Store(&sinkBox{ps})
 }
 
 // Log is the decider's logger, for the loops that hold it.
-func (s *Decider) Log() *zerolog.Logger { return s.log }
+func (d *Decider) Log() *zerolog.Logger { return d.log }
 
-// NoteHealthCheck counts one active health check (route/health).
-func (s *Decider) NoteHealthCheck(ok bool) {
-	if ok {
-		s.m.health[0].Add(1)
-	} else {
-		s.m.health[1].Add(1)
-	}
-}
+// Refusals counts what turnout refused on its own (the transports note
+// theirs here).
+func (d *Decider) Refusals() *Refusals { return &d.ref }
 
-// HealthChecks is how many active health checks passed and failed.
-func (s *Decider) HealthChecks() (ok, failed uint64) {
-	return s.m.health[0].Load(), s.m.health[1].Load()
-}
+// Extras are the /metrics writers and /readyz?verbose lines other
+// packages add.
+func (d *Decider) Extras() *Extras { return &d.extras }
 
-// HealthRoundDone notes that a full round of health checks finished:
-// readiness trusts endpoints' health from then on.
-func (s *Decider) HealthRoundDone() { s.healthRound.Store(true) }
-
-// HealthRounded reports whether a full round of health checks finished.
-func (s *Decider) HealthRounded() bool { return s.healthRound.Load() }
+// Health is the record of active health checks route/health keeps.
+func (d *Decider) Health() *HealthBook { return &d.health }
 
 // Readiness (/readyz) means "turnout can route every deployment now":
 //
@@ -270,11 +257,11 @@ func (s *Decider) HealthRounded() bool { return s.healthRound.Load() }
 // WriteReadiness writes the verdict line ("ready" or "not ready: why") and,
 // when verbose, one line per pool; it reports whether turnout is ready.
 // Other readiness facts append their own lines after these.
-func (s *Decider) WriteReadiness(b *strings.Builder, verbose bool) bool {
-	snap := s.snap.Load()
+func (d *Decider) WriteReadiness(b *strings.Builder, verbose bool) bool {
+	snap := d.snap.Load()
 	checks := !snap.Config.Health.Disable && snap.Config.Health.Interval > 0
 	var why string
-	if checks && !s.healthRound.Load() {
+	if checks && !d.health.round.Load() {
 		why = "first health round not finished"
 	}
 	type poolLine struct {
@@ -331,10 +318,10 @@ func stallTick(snap *Snapshot) time.Duration {
 // marks endpoints holding a decision past half their stall budget, while
 // completions arrive), then the hooks (route/feedback: feedback and stall
 // checks).
-func (s *Decider) tick(ctx context.Context, snap *Snapshot, now time.Time) {
-	healthy := !s.fbStalled.Load() && s.dec.completed.Load() > 0
-	s.dec.sweep(now, snap.Config.DecisionTTL.D(), healthy)
-	if hooks := s.onTick.Load(); hooks != nil {
+func (d *Decider) tick(ctx context.Context, snap *Snapshot, now time.Time) {
+	healthy := !d.dec.fbStalled.Load() && d.dec.completed.Load() > 0
+	d.dec.sweep(now, snap.Config.DecisionTTL.D(), healthy)
+	if hooks := d.onTick.Load(); hooks != nil {
 		for _, fn := range *hooks {
 			fn(ctx, snap, now)
 		}
@@ -343,63 +330,21 @@ func (s *Decider) tick(ctx context.Context, snap *Snapshot, now time.Time) {
 
 // Sweep runs one tick of Run at now: the ledger's TTL sweep, then the
 // hooks (tests and simulations drive time with it).
-func (s *Decider) Sweep(ctx context.Context, now time.Time) { s.tick(ctx, s.snap.Load(), now) }
+func (d *Decider) Sweep(ctx context.Context, now time.Time) { d.tick(ctx, d.snap.Load(), now) }
 
 // OnTick registers a hook run on every tick of Run, after the ledger's
 // sweep (route/feedback's checks).
-func (s *Decider) OnTick(fn func(ctx context.Context, snap *Snapshot, now time.Time)) {
+func (d *Decider) OnTick(fn func(ctx context.Context, snap *Snapshot, now time.Time)) {
 	for {
-		old := s.onTick.Load()
+		old := d.onTick.Load()
 		var next []func(context.Context, *Snapshot, time.Time)
 		if old != nil {
 			next = append(next, *old...)
 		}
 		next = append(next, fn)
-		if s.onTick.CompareAndSwap(old, &next) {
+		if d.onTick.CompareAndSwap(old, &next) {
 			return
 		}
-	}
-}
-
-// SetFeedbackStalled tells the ledger whether completions stopped arriving
-// (route/feedback): a decision open for long then proves nothing about its
-// endpoint.
-func (s *Decider) SetFeedbackStalled(stalled bool) { s.fbStalled.Store(stalled) }
-
-// CloseDecision completes a decision by id and returns the state of its
-// endpoint (nil when the id is unknown or already completed).
-func (s *Decider) CloseDecision(id uint64) *fleet.State { return s.dec.closeState(id) }
-
-// ReconcileLedger closes the decisions opened before 'before' that a
-// feedback outage left open, keeping per endpoint as many as its engine
-// last reported (route/feedback calls it when completions arrive again);
-// it returns how many it closed.
-func (s *Decider) ReconcileLedger(before time.Time) uint64 {
-	return s.dec.reconcile(before.UnixNano())
-}
-
-// LedgerCounts are the decisions opened and completed so far, and how many
-// had been opened at the last completion.
-func (s *Decider) LedgerCounts() (opened, completed, openedAtClose uint64) {
-	return s.dec.opened(), s.dec.completed.Load(), s.dec.openedAtClose.Load()
-}
-
-// AddReadiness registers a writer of extra /readyz?verbose lines (facts
-// that never change readiness itself: completion feedback, degraded
-// endpoints).
-func (s *Decider) AddReadiness(fn func(*strings.Builder)) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.readiness = append(s.readiness, fn)
-}
-
-// WriteReadinessNotes writes the AddReadiness lines.
-func (s *Decider) WriteReadinessNotes(b *strings.Builder) {
-	s.mu.Lock()
-	fns := s.readiness
-	s.mu.Unlock()
-	for _, fn := range fns {
-		fn(b)
 	}
 }
 
@@ -449,92 +394,38 @@ func writeModelLines(b *strings.Builder, snap *Snapshot) {
 // after the load; nil when it does not apply or the load failed (the
 // caller refuses as before). It blocks this request for at most
 // lora.load_timeout; every load is counted and logged.
-func (s *Decider) loadOnDemand(snap *Snapshot, model []byte, me *models.Entry, sc *Txn) *models.Entry {
-	var d *Deployment
+func (d *Decider) loadOnDemand(snap *Snapshot, model []byte, me *models.Entry, sc *Txn) *models.Entry {
+	var dep *Deployment
 	name := string(model)
 	if me != nil {
-		d = snap.Deployments[me.Dep]
-		if !models.Loadable(d.Config, name) {
+		dep = snap.Deployments[me.Dep]
+		if !models.Loadable(dep.Config, name) {
 			return nil // only the names it claims for loading: their lora_path is known
 		}
 	} else {
 		for _, cand := range snap.Deployments {
 			if models.Loadable(cand.Config, name) {
-				d = cand
+				dep = cand
 				break
 			}
 		}
 	}
-	if d == nil || d.Serve == nil {
+	if dep == nil || dep.Serve == nil {
 		return nil
 	}
-	dc := d.Config
+	dc := dep.Config
 	r := &sc.req
 	r.Only, r.Adapter, r.AdapterHash = nil, true, fleet.HashKey(model)
 	c := &sc.choices[0]
 	*c = fleet.Choice{Endpoints: sc.picks[0:0:1], Work: c.Work}
-	d.Serve.Policy.Pick(r, d.Serve, c)
+	dep.Serve.Policy.Pick(r, dep.Serve, c)
 	if len(c.Endpoints) == 0 {
 		return nil
 	}
-	e := c.Endpoints[0]
-	timeout := dc.LoRA.LoadTimeout.D()
-	if timeout <= 0 {
-		timeout = models.DefaultLoadTimeout
-	}
-	ctx, cancel := context.WithTimeout(s.ctx, timeout)
-	defer cancel()
-	start := time.Now()
-	evict, err := s.loader.Load(ctx, dc, e, name)
-	s.noteLoad(d.Name, name, err == nil)
-	if err != nil {
-		s.log.Warn().Err(err).Str(fleet.FieldDeployment, d.Name).Str(fleet.FieldEndpoint, e.Name).Str("adapter", name).
-			Msg("lora: load on demand failed; the request is refused as if nothing served the adapter")
+	if !d.loader.LoadOn(d.ctx, d.log, d.mstats, dep.Name, dc, c.Endpoints[0], name) {
 		return nil
 	}
-	s.log.Info().Str(fleet.FieldDeployment, d.Name).Str(fleet.FieldEndpoint, e.Name).Str("adapter", name).
-		Dur("took", time.Since(start)).Str("unloads", evict).Msg("lora: adapter loaded on demand")
-	addServed(e, fleet.ServedModel{ID: name, Parent: dc.Models[0]}, evict)
-	if evict != "" {
-		go func() {
-			ctx, cancel := context.WithTimeout(s.ctx, timeout)
-			defer cancel()
-			if err := s.loader.Unload(ctx, e.Address, evict); err != nil {
-				s.log.Warn().Err(err).Str(fleet.FieldEndpoint, e.Name).Str("adapter", evict).Msg("lora: unload of a cold adapter failed")
-				return
-			}
-			s.noteUnload(d.Name, evict)
-		}()
-	}
-	s.RefreshModels()
+	d.RefreshModels()
 	*c = fleet.Choice{Work: c.Work}
-	return s.snap.Load().models.Load().Lookup(model)
+	return d.snap.Load().models.Load().Lookup(model)
 }
-
-// addServed adds m to e's model list (and drops evict), as the next
-// /v1/models poll will find it.
-func addServed(e *fleet.Endpoint, m fleet.ServedModel, evict string) {
-	next := &fleet.ServedModels{Source: fleet.ModelsListed}
-	if old := e.ServedModels(); old != nil {
-		next.Source = old.Source
-		for _, o := range old.Models {
-			if o.ID != m.ID && o.ID != evict {
-				next.Models = append(next.Models, o)
-			}
-		}
-	}
-	next.Models = append(next.Models, m)
-	e.SetServed(next)
-}
-
-// noteLoad and noteUnload count lora.load_on_demand's calls.
-func (s *Decider) noteLoad(dep, adapter string, ok bool) {
-	ms := s.mstats.For(adapter, dep, true)
-	if ok {
-		ms.Loads.Add(1)
-	} else {
-		ms.LoadFailures.Add(1)
-	}
-}
-
-func (s *Decider) noteUnload(dep, adapter string) { s.mstats.For(adapter, dep, true).Unloads.Add(1) }

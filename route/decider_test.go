@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // The ledger: every decision opened is closed once, by completion or TTL
@@ -15,7 +16,7 @@ func TestCompletionAccounting(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(fourEndpoints, "least-request"))
 	var ids []string
 	for i := 0; i < 40; i++ {
-		ids = append(ids, hdr(do(s, chatBody("llama", "", "x")), HdrDecision))
+		ids = append(ids, hdr(do(s, chatBody("llama", "", "x")), contract.HdrDecision))
 	}
 	total := func() (n int64) {
 		for _, e := range s.Snapshot().Deployments[0].Serve.Endpoints {
@@ -27,15 +28,15 @@ func TestCompletionAccounting(t *testing.T) {
 		t.Fatalf("inflight %d, want 40", total())
 	}
 	for _, id := range ids {
-		n, ok := ParseDecisionID([]byte(id))
-		if !ok || !s.Complete(n) {
+		n, ok := contract.ParseDecisionID([]byte(id))
+		if !ok || !s.Ledger().Complete(n) {
 			t.Fatalf("decision %q not completed", id)
 		}
 	}
 	if total() != 0 {
 		t.Fatalf("inflight %d after completions", total())
 	}
-	if n, _ := ParseDecisionID([]byte(ids[0])); s.Complete(n) {
+	if n, _ := contract.ParseDecisionID([]byte(ids[0])); s.Ledger().Complete(n) {
 		t.Fatal("duplicate completion accepted")
 	}
 	if s.dec.duplicate.Load() != 1 {

@@ -3,18 +3,18 @@ package route
 import (
 	"encoding/binary"
 	"math/rand/v2"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/models"
 )
 
-// decisions tracks in-flight decisions until the proxy reports completion or
+// Ledger tracks in-flight decisions until the proxy reports completion or
 // the TTL expires them. A fixed ring of slots indexed by id keeps the hot
 // path allocation-free; an id that wraps onto a still-open slot expires the
 // old decision (counted), so memory stays bounded under any load.
@@ -22,7 +22,7 @@ import (
 // An id is the slot's ring index in its low bits and random bits above, so
 // a forged completion cannot close a live decision except by guessing
 // 64-log2(slots) random bits (48 with the default 1<<16 slots).
-type decisions struct {
+type Ledger struct {
 	slots []decisionSlot
 	mask  uint64
 	next  atomic.Uint64
@@ -39,6 +39,11 @@ type decisions struct {
 	// completion (the feedback monitor's tick notes its time: no clock
 	// read per completion).
 	openedAtClose atomic.Uint64
+
+	// reqlog is the request log's sink and sampling; nil: off.
+	reqlog atomic.Pointer[requestLog]
+	// fbStalled: route/feedback found completions stopped (SetFeedbackStalled).
+	fbStalled atomic.Bool
 }
 
 // decisionSlot is one decision: open while st is set, then kept (closed
@@ -98,26 +103,26 @@ const (
 	endExpired
 )
 
-func newDecisions(size int, seed uint64) *decisions {
+func newDecisions(size int, seed uint64) *Ledger {
 	n := 1
 	for n < size {
 		n <<= 1
 	}
-	d := &decisions{slots: make([]decisionSlot, n), mask: uint64(n - 1)}
+	d := &Ledger{slots: make([]decisionSlot, n), mask: uint64(n - 1)}
 	d.first = seed &^ (1 << 63)
 	d.next.Store(d.first)
 	return d
 }
 
 // opened is the number of decisions opened so far.
-func (d *decisions) opened() uint64 { return d.next.Load() - d.first }
+func (d *Ledger) opened() uint64 { return d.next.Load() - d.first }
 
 // mayHoldOpen reports whether any decision can still be open: more opened
 // than closed in every way. An idle instance then skips the sweep's walk
 // of every slot (65,536 by default), which was its largest idle cost
 // (issue 27). The closes are read before the opens: a close is counted
 // only after its open, so a race can only answer true.
-func (d *decisions) mayHoldOpen() bool {
+func (d *Ledger) mayHoldOpen() bool {
 	closed := d.completed.Load() + d.expired.Load() + d.overwritten.Load() + d.reconciled.Load()
 	return d.opened() > closed
 }
@@ -125,7 +130,7 @@ func (d *decisions) mayHoldOpen() bool {
 // open records a decision for e and returns its id. The random part comes
 // from math/rand/v2's runtime source (ChaCha8 per thread, seeded by the OS):
 // unpredictable, lock-free and allocation-free.
-func (d *decisions) open(e *fleet.Endpoint, now int64, m *decisionMeta) uint64 {
+func (d *Ledger) open(e *fleet.Endpoint, now int64, m *decisionMeta) uint64 {
 	seq := d.next.Add(1)
 	id := rand.Uint64()&^d.mask | seq&d.mask
 	s := &d.slots[seq&d.mask]
@@ -149,19 +154,19 @@ func (d *decisions) open(e *fleet.Endpoint, now int64, m *decisionMeta) uint64 {
 }
 
 // close completes a decision; unknown and duplicate ids are counted and ignored.
-func (d *decisions) close(id uint64) bool {
+func (d *Ledger) close(id uint64) bool {
 	return d.closeState(id) != nil
 }
 
 // closeState completes a decision and returns the state of its endpoint (nil
 // when the id is unknown or already completed).
-func (d *decisions) closeState(id uint64) *fleet.State {
+func (d *Ledger) closeState(id uint64) *fleet.State {
 	return d.closeWith(id, NoCompletion(), nil)
 }
 
 // closeWith completes a decision with the proxy's figures c; when rec is
 // not nil it also receives the closed decision (the request log's line).
-func (d *decisions) closeWith(id uint64, c Completion, rec *DecisionRecord) *fleet.State {
+func (d *Ledger) closeWith(id uint64, c Completion, rec *DecisionRecord) *fleet.State {
 	s := &d.slots[id&d.mask]
 	s.mu.Lock()
 	switch {
@@ -212,7 +217,7 @@ func (d *decisions) closeWith(id uint64, c Completion, rec *DecisionRecord) *fle
 // answers /health and /metrics reported 5-12 while turnout's open
 // decisions on it grew from 13 to 1,445, and its few fast answers kept it
 // in rotation for 124 s).
-func (d *decisions) sweep(now time.Time, ttl time.Duration, markStale bool) {
+func (d *Ledger) sweep(now time.Time, ttl time.Duration, markStale bool) {
 	if !d.mayHoldOpen() {
 		return
 	}
@@ -255,39 +260,6 @@ func (d *decisions) sweep(now time.Time, ttl time.Duration, markStale bool) {
 func clamp16(v int64) int16 { return int16(max(-1, min(v, 1<<15-1))) }
 func clamp32(v int64) int32 { return int32(max(-1, min(v, 1<<31-1))) }
 
-// appendID writes a decision id as 16 hex digits, 8 at a time (hex8): a
-// loop over digits cost ~160 instructions per decision, an append per
-// digit ~250.
-func appendID(dst []byte, id uint64) []byte {
-	var b [16]byte
-	binary.BigEndian.PutUint64(b[:8], hex8(uint32(id>>32)))
-	binary.BigEndian.PutUint64(b[8:], hex8(uint32(id)))
-	return append(dst, b[:]...)
-}
-
-// hex8 returns the 8 lower-case hex digits of v as the bytes of a word,
-// the first digit in the top byte: each nibble is spread to a byte, then
-// '0' is added, and 'a'-'0'-10 more where the nibble is >= 10 (n+6 carries
-// into bit 4 exactly then; no byte overflows into the next).
-func hex8(v uint32) uint64 {
-	x := uint64(v)
-	x = (x | x<<16) & 0x0000ffff0000ffff
-	x = (x | x<<8) & 0x00ff00ff00ff00ff
-	x = (x | x<<4) & 0x0f0f0f0f0f0f0f0f
-	letters := (x + 0x0606060606060606) >> 4 & 0x0101010101010101
-	return x + 0x3030303030303030 + letters*('a'-'0'-10)
-}
-
-// ParseDecisionID reads a decision id as the proxy sends it back
-// (Verdict.DecisionHex).
-func ParseDecisionID(b []byte) (uint64, bool) {
-	if len(b) == 0 || len(b) > 16 {
-		return 0, false
-	}
-	v, err := strconv.ParseUint(string(b), 16, 64)
-	return v, err == nil
-}
-
 // reconcile closes the decisions opened before beforeNs whose completions
 // a feedback outage lost (issue 28: ~6,150 in flight with ~50 real, until
 // decision_ttl). Per endpoint it keeps open the newest as many as the
@@ -295,7 +267,7 @@ func ParseDecisionID(b []byte) (uint64, bool) {
 // the requests still running then count again only as new ones come, and
 // their own completions are counted as unknown), closing the oldest first.
 // Load is kept as it was (fleet.State.Unmark). It returns how many closed.
-func (d *decisions) reconcile(beforeNs int64) uint64 {
+func (d *Ledger) reconcile(beforeNs int64) uint64 {
 	open := map[*fleet.State]int64{}
 	for i := range d.slots {
 		s := &d.slots[i]
@@ -485,33 +457,60 @@ func (l *requestLog) sampled(id uint64) bool {
 
 // SetRequestSink installs (nil: removes) the request log at sample rate
 // (0..1].
-func (s *Decider) SetRequestSink(sink RequestSink, rate float64) {
+func (d *Ledger) SetRequestSink(sink RequestSink, rate float64) {
 	if sink == nil || rate <= 0 {
-		s.reqlog.Store(nil)
+		d.reqlog.Store(nil)
 		return
 	}
 	l := &requestLog{sink: sink, all: rate >= 1}
 	if !l.all {
 		l.below = uint64(rate * (1 << 63) * 2)
 	}
-	s.reqlog.Store(l)
+	d.reqlog.Store(l)
 }
 
 // CloseDecisionWith completes a decision with the proxy's figures (the
 // feedback line) and returns the state of its endpoint (nil when the id is
 // unknown or already completed). A sampled decision goes to the request log.
-func (s *Decider) CloseDecisionWith(id uint64, c Completion) *fleet.State {
-	l := s.reqlog.Load()
+func (d *Ledger) CloseDecisionWith(id uint64, c Completion) *fleet.State {
+	l := d.reqlog.Load()
 	if l == nil || !l.sampled(id) {
-		return s.dec.closeWith(id, c, nil)
+		return d.closeWith(id, c, nil)
 	}
 	r := l.record()
-	st := s.dec.closeWith(id, c, r)
+	st := d.closeWith(id, c, r)
 	if st != nil {
 		l.sink.Request(r)
 	}
 	l.put(r)
 	return st
+}
+
+// Complete closes a decision by id (feedback from the proxy).
+// A sampled one goes to the request log, without the proxy's figures.
+func (d *Ledger) Complete(id uint64) bool { return d.CloseDecisionWith(id, NoCompletion()) != nil }
+
+// SetFeedbackStalled tells the ledger whether completions stopped arriving
+// (route/feedback): a decision open for long then proves nothing about its
+// endpoint.
+func (d *Ledger) SetFeedbackStalled(stalled bool) { d.fbStalled.Store(stalled) }
+
+// CloseDecision completes a decision by id and returns the state of its
+// endpoint (nil when the id is unknown or already completed).
+func (d *Ledger) CloseDecision(id uint64) *fleet.State { return d.closeState(id) }
+
+// Reconcile closes the decisions opened before 'before' that a
+// feedback outage left open, keeping per endpoint as many as its engine
+// last reported (route/feedback calls it when completions arrive again);
+// it returns how many it closed.
+func (d *Ledger) Reconcile(before time.Time) uint64 {
+	return d.reconcile(before.UnixNano())
+}
+
+// Counts are the decisions opened and completed so far, and how many
+// had been opened at the last completion.
+func (d *Ledger) Counts() (opened, completed, openedAtClose uint64) {
+	return d.opened(), d.completed.Load(), d.openedAtClose.Load()
 }
 
 // lookupWindow bounds how old a decision GET /internal/decision/<id> still
@@ -521,8 +520,7 @@ const lookupWindow = 15 * time.Minute
 
 // LookupDecision fills r with a recent decision (open, or started within
 // the last 15 minutes and still in the ledger's ring); false when unknown.
-func (s *Decider) LookupDecision(id uint64, now time.Time, r *DecisionRecord) bool {
-	d := s.dec
+func (d *Ledger) LookupDecision(id uint64, now time.Time, r *DecisionRecord) bool {
 	sl := &d.slots[id&d.mask]
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
@@ -536,8 +534,8 @@ func (s *Decider) LookupDecision(id uint64, now time.Time, r *DecisionRecord) bo
 // logRefusal writes a sampled refusal: the request had no decision, so
 // what it had is the deployment (if the model named one), the model as
 // sent, and the reason (a refusal allocates anyway: its error body).
-func (s *Decider) logRefusal(sc *Txn, v *Verdict, start time.Time) {
-	l := s.reqlog.Load()
+func (d *Ledger) logRefusal(sc *Txn, v *contract.Verdict, start time.Time) {
+	l := d.reqlog.Load()
 	if l == nil || !l.sampled(rand.Uint64()) {
 		return
 	}

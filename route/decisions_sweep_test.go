@@ -16,7 +16,7 @@ func TestDecisionsMayHoldOpen(t *testing.T) {
 	}{
 		{"completed", func(t *testing.T, s *Decider, ids []uint64) {
 			for _, id := range ids {
-				if !s.Complete(id) {
+				if !s.Ledger().Complete(id) {
 					t.Fatalf("decision %x not completed", id)
 				}
 			}
@@ -45,7 +45,7 @@ func TestDecisionsMayHoldOpen(t *testing.T) {
 				t.Fatal("ring full of open decisions, mayHoldOpen false")
 			}
 			for _, id := range fresh {
-				s.Complete(id)
+				s.Ledger().Complete(id)
 			}
 		}},
 	} {

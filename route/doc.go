@@ -1,13 +1,14 @@
 // Package route is turnout's decision core: the Decider holds the live
 // config as an atomic Snapshot (deployments, pools, endpoints with their
 // state, one Policy per pool), the policy registry and the decision ledger,
-// and turns what a proxy sent about one request (an Input) into a Verdict,
-// the replica it should go to (Decider.Decide; decide.go reads top to
-// bottom). Transports read Inputs and write Verdicts: route/httpapi (POST
-// /internal/route, X-Turnout-* headers), route/spoe (the SPOE agent, txn
-// variables) and route/epp (the Endpoint Picker Protocol's ext_proc
-// stream, ImmediateResponse refusals). What the proxy glue does with a Verdict is one table,
-// rendered into every glue (contract_glue.go).
+// and turns what a proxy sent about one request (a contract.Input) into a
+// contract.Verdict, the replica it should go to (Decider.Decide; decide.go
+// reads top to bottom). Transports read Inputs and write Verdicts:
+// route/httpapi (POST /internal/route, X-Turnout-* headers), route/spoe
+// (the SPOE agent, txn variables) and route/epp (the Endpoint Picker
+// Protocol's ext_proc stream, ImmediateResponse refusals). The wire types
+// and what the proxy glue does with a Verdict are route/contract, one set
+// of tables rendered into every glue, which imports nothing of the engine.
 //
 // # Layers
 //
@@ -22,13 +23,14 @@
 //	1 route/kv                 vLLM KV-cache events and the index of which replica holds which blocks
 //	1 route/pd                 the prefill call of prefill/decode
 //	1 internal/config          the config schema, defaults, validation, errors with line numbers
+//	2 route/contract           the proxy contract: the wire types of a request and a verdict, paths, headers, reasons, the glue tables
 //	2 route/tokenize           prompt text to KV block keys through vLLM's /tokenize, cached
 //	2 route/fleet              the routing model policies read: Endpoint and its state, Pool, Request, Choice, Policy
 //	3 route/policy             the policies and the registry that builds them by name
 //	3 route/flow               flow control: hold decisions while a pool is saturated, release by class and tenant
 //	3 route/models             which endpoints serve each model name and LoRA adapter (the model table)
 //	3 route/internal/routetest helpers shared by the route packages' tests (tests only)
-//	4 route                    the Decider: snapshot, decision pipeline, ledger, verdict, the proxy contract
+//	4 route                    the Decider: snapshot, decision pipeline, ledger, verdict
 //	4 route/policy/toy         a policy added as one folder + one registration line (docs/policies.md; tests only)
 //	5 route/httpapi            the HTTP transport and its server (/internal/route, /internal/done, /readyz, /metrics)
 //	5 route/spoe               the SPOE agent (HAProxy's Stream Processing Offload)
@@ -40,9 +42,12 @@
 //	5 route/reqlog             the request log's destinations (stdout, rotated file, syslog)
 //
 // Layer 5 packages hold a *Decider and use its exported API (Begin,
-// ProxyHeaders, DecideTxn, End, Decide, Complete, CloseDecision,
-// CloseDecisionWith, LookupDecision, SetRequestSink, OnApply, OnTick,
-// AddMetrics, AddReadiness); cmd/turnout wires them together.
+// ProxyHeaders, DecideTxn, End, Decide, OnApply, OnTick) and the parts it
+// exposes once each: Ledger (Complete, CloseDecision, CloseDecisionWith,
+// LookupDecision, SetRequestSink, SetFeedbackStalled, Reconcile, Counts),
+// Health (the health checks' counts and first round), Refusals (what a
+// transport refused on its own) and Extras (AddMetrics, AddReadiness);
+// cmd/turnout wires them together.
 //
 // # A decision
 //
@@ -68,12 +73,12 @@
 //     prefill pool's unless the decode replica holds the prompt), after
 //     which pd.go runs the prefill on the prefill pick (retried once,
 //     route/pd makes the call) and computes the body edit that hands on
-//     kv_transfer_params (contract_body.go);
+//     kv_transfer_params (route/contract/body.go);
 //  4. verdict: the Verdict (server, fallbacks, decision id, PD edit), or a
 //     refusal with a status, an OpenAI-style JSON error and a reason the
 //     glue acts on (GlueActionFor); the transport writes it. The decision
 //     stays open in the ledger (decisions.go) until the proxy's feedback
-//     (/internal/done, or the syslog line of contract.go read by
+//     (/internal/done, or the syslog line of route/contract read by
 //     route/feedback) closes it, which keeps the load counters honest;
 //     its slot keeps what the request log and GET /internal/decision/<id>
 //     show until the ring reuses it.

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
+
+	"github.com/turnout/turnout/route/contract"
 )
 
 // twoDeployments is fourEndpoints plus a second deployment, "other": the
@@ -30,13 +32,13 @@ func TestDuplicateModelRefused(t *testing.T) {
 		`{"model":"llama","mod\u0065l":"other","messages":[]}`,
 	} {
 		ctx := do(s, body)
-		if ctx.Response.StatusCode() != 400 || hdr(ctx, HdrReason) != ReasonDuplicateModel {
-			t.Fatalf("%s: %d %q, want 400 %s", body, ctx.Response.StatusCode(), hdr(ctx, HdrReason), ReasonDuplicateModel)
+		if ctx.Response.StatusCode() != 400 || hdr(ctx, contract.HdrReason) != contract.ReasonDuplicateModel {
+			t.Fatalf("%s: %d %q, want 400 %s", body, ctx.Response.StatusCode(), hdr(ctx, contract.HdrReason), contract.ReasonDuplicateModel)
 		}
 		var e struct {
 			Error struct{ Message, Type, Code string }
 		}
-		if err := json.Unmarshal(ctx.Response.Body(), &e); err != nil || e.Error.Type != "invalid_request_error" || e.Error.Code != ReasonDuplicateModel || e.Error.Message == "" {
+		if err := json.Unmarshal(ctx.Response.Body(), &e); err != nil || e.Error.Type != "invalid_request_error" || e.Error.Code != contract.ReasonDuplicateModel || e.Error.Message == "" {
 			t.Fatalf("%s: error body %s (%v)", body, ctx.Response.Body(), err)
 		}
 	}

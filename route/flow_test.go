@@ -7,6 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/internal/routetest"
 )
 
@@ -40,8 +41,8 @@ func TestFlowHoldsUntilCompletion(t *testing.T) {
 		if ctx.Response.StatusCode() != 200 {
 			t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
 		}
-		ids = append(ids, string(ctx.Response.Header.Peek(HdrDecision)))
-		servers = append(servers, string(ctx.Response.Header.Peek(HdrServer)))
+		ids = append(ids, string(ctx.Response.Header.Peek(contract.HdrDecision)))
+		servers = append(servers, string(ctx.Response.Header.Peek(contract.HdrServer)))
 	}
 	held := make(chan *fasthttp.RequestCtx, 1)
 	go func() { held <- do(s, body, "x_priority", "STANDARD") }()
@@ -51,12 +52,12 @@ func TestFlowHoldsUntilCompletion(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	var rb strings.Builder
-	s.WriteReadinessNotes(&rb)
+	s.Extras().WriteReadinessNotes(&rb)
 	if !strings.Contains(rb.String(), "flow d: 1 held (critical 0, standard 1, sheddable 0), saturated\n") {
 		t.Fatalf("readiness notes lack the held request:\n%s", rb.String())
 	}
-	id, ok := ParseDecisionID([]byte(ids[1]))
-	if !ok || !s.Complete(id) {
+	id, ok := contract.ParseDecisionID([]byte(ids[1]))
+	if !ok || !s.Ledger().Complete(id) {
 		t.Fatalf("cannot complete %s", ids[1])
 	}
 	select {
@@ -64,7 +65,7 @@ func TestFlowHoldsUntilCompletion(t *testing.T) {
 		if ctx.Response.StatusCode() != 200 {
 			t.Fatalf("released request: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
 		}
-		if got := string(ctx.Response.Header.Peek(HdrServer)); got != servers[1] {
+		if got := string(ctx.Response.Header.Peek(contract.HdrServer)); got != servers[1] {
 			t.Fatalf("released to %s, want %s, the replica that freed", got, servers[1])
 		}
 	case <-time.After(5 * time.Second):
@@ -90,13 +91,13 @@ func TestFlowShedsWith429(t *testing.T) {
 	if c := ctx.Response.StatusCode(); c != 429 {
 		t.Fatalf("sheddable past budget: %d, want 429", c)
 	}
-	if string(ctx.Response.Header.Peek(HdrRetryAfter)) == "" || string(ctx.Response.Header.Peek(HdrReason)) != ReasonFlowShed {
+	if string(ctx.Response.Header.Peek(contract.HdrRetryAfter)) == "" || string(ctx.Response.Header.Peek(contract.HdrReason)) != contract.ReasonFlowShed {
 		t.Fatalf("429 without Retry-After or reason: %s", ctx.Response.Header.String())
 	}
-	if e := routetest.ErrBody(t, ctx.Response.Body()); e.Code != ReasonFlowShed || e.Type != "rate_limit_exceeded" {
+	if e := routetest.ErrBody(t, ctx.Response.Body()); e.Code != contract.ReasonFlowShed || e.Type != "rate_limit_exceeded" {
 		t.Fatalf("error body %+v", e)
 	}
-	if GlueActionFor(429, []byte(ReasonFlowShed)) != GlueRelay || RelayStatus(429) != 429 {
+	if contract.GlueActionFor(429, []byte(contract.ReasonFlowShed)) != contract.GlueRelay || contract.RelayStatus(429) != 429 {
 		t.Fatal("the glue must relay the 429 as it is")
 	}
 }
@@ -105,7 +106,7 @@ func TestFlowShedsWith429(t *testing.T) {
 func TestFlowHeadersForwarded(t *testing.T) {
 	cfg := mustConfig(t, flowYAML)
 	var names []string
-	for _, h := range ForwardedHeaders(cfg) {
+	for _, h := range contract.ForwardedHeaders(cfg) {
 		names = append(names, h.Name)
 	}
 	got := strings.Join(names, ",")

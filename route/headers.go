@@ -1,57 +1,10 @@
 package route
 
-import "encoding/binary"
+import (
+	"encoding/binary"
 
-// headerIs compares a raw header name to a normalized one without allocating.
-// Every request compares each header it carries with several names: the
-// length test is inlined at each, and names of equal length are folded 8
-// bytes at a time (a byte loop was ~5% of a prefix-affinity decision's
-// instructions).
-func headerIs(raw, norm []byte) bool {
-	return len(raw) == len(norm) && foldEqual(raw, norm)
-}
-
-// foldEqual reports whether normHeader(raw) == norm.
-func foldEqual(raw, norm []byte) bool {
-	n := len(raw)
-	if len(norm) != n {
-		return false
-	}
-	switch {
-	case n < 8:
-		for i, c := range raw {
-			if normByte(c) != norm[i] {
-				return false
-			}
-		}
-		return true
-	case n <= 16: // most names: two words, overlapping when n < 16
-		return fold8(binary.LittleEndian.Uint64(raw)) == binary.LittleEndian.Uint64(norm) &&
-			fold8(binary.LittleEndian.Uint64(raw[n-8:])) == binary.LittleEndian.Uint64(norm[n-8:])
-	}
-	for i := 0; i+8 <= n; i += 8 {
-		if fold8(binary.LittleEndian.Uint64(raw[i:])) != binary.LittleEndian.Uint64(norm[i:]) {
-			return false
-		}
-	}
-	// The tail: the last 8 bytes (overlapping the words above).
-	return fold8(binary.LittleEndian.Uint64(raw[n-8:])) == binary.LittleEndian.Uint64(norm[n-8:])
-}
-
-// fold8 applies normByte to each byte of x: 'A'-'Z' gain 0x20 and '_'
-// becomes '-', found with SWAR masks (no byte carries into the next:
-// every sum below stays under 0x100 per byte); bytes >= 0x80 are left alone.
-func fold8(x uint64) uint64 {
-	const lo7, hi = 0x7f7f7f7f7f7f7f7f, 0x8080808080808080
-	const each = 0x0101010101010101
-	l := x & lo7
-	// High bit set where the byte is >= 'A' and not > 'Z' (and ASCII).
-	upper := (l + each*(0x80-'A')) &^ (l + each*(0x80-'Z'-1)) &^ x & hi
-	// High bit set where the byte is '_' (u is 0 there).
-	u := x ^ each*'_'
-	under := ^((u&lo7 + lo7) | u) & hi
-	return x + upper>>2 - (under>>7)*('_'-'-')
-}
+	"github.com/turnout/turnout/route/contract"
+)
 
 // hdrRole is what a forwarded header name is to decideInput: bits, as a
 // name may be listed as both a session and a model header.
@@ -67,12 +20,12 @@ const (
 func (s *Snapshot) headerRole(name []byte) hdrRole {
 	var role hdrRole
 	for _, h := range s.sessionHdrs {
-		if headerIs(name, h) {
+		if contract.HeaderIs(name, h) {
 			role |= hdrSession
 		}
 	}
 	for _, h := range s.modelHdrs {
-		if headerIs(name, h) {
+		if contract.HeaderIs(name, h) {
 			role |= hdrModel
 		}
 	}
@@ -139,11 +92,11 @@ func (m *nameMemo) classify(snap *Snapshot, name []byte) (hdrKind, hdrRole) {
 // reads.
 func (s *Snapshot) classify(name []byte) (hdrKind, hdrRole) {
 	switch {
-	case headerIs(name, truncNorm):
+	case contract.HeaderIs(name, truncNorm):
 		return kindTruncated, 0
-	case headerIs(name, origURINorm):
+	case contract.HeaderIs(name, origURINorm):
 		return kindOrigURI, 0
-	case headerIs(name, origMethodNorm):
+	case contract.HeaderIs(name, origMethodNorm):
 		return kindOrigMethod, 0
 	}
 	if role := s.forwardedRole(name); role != 0 {
@@ -154,7 +107,7 @@ func (s *Snapshot) classify(name []byte) (hdrKind, hdrRole) {
 
 // The proxy call's own headers, normalized (classify matches them).
 var (
-	truncNorm      = normHeader([]byte(HdrBodyTruncated))
-	origURINorm    = normHeader([]byte(HdrOriginalURI))
-	origMethodNorm = normHeader([]byte(HdrOriginalMethod))
+	truncNorm      = contract.NormHeader([]byte(contract.HdrBodyTruncated))
+	origURINorm    = contract.NormHeader([]byte(contract.HdrOriginalURI))
+	origMethodNorm = contract.NormHeader([]byte(contract.HdrOriginalMethod))
 )

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 )
 
@@ -27,7 +28,7 @@ func TestEndpointLoad(t *testing.T) {
 	if e.Load() != 22 {
 		t.Fatalf("two decisions after the scrape: load %d, want 22", e.Load())
 	}
-	s.Complete(ids[0])
+	s.Ledger().Complete(ids[0])
 	if e.Load() != 21 {
 		t.Fatalf("one of them completed: load %d, want 21", e.Load())
 	}
@@ -58,10 +59,10 @@ func TestEngineLoadSteersEveryPolicy(t *testing.T) {
 			busy.SetEngineLoad(&fleet.EngineLoad{Requests: 20, Mark: busy.DecisionMark()})
 			for i := 0; i < 40; i++ {
 				ctx := do(s, chatBody("llama", "", fmt.Sprintf("question %d", i)), "X-Session-ID", fmt.Sprintf("u%d", i))
-				if got := hdr(ctx, HdrServer); got == busy.Name {
+				if got := hdr(ctx, contract.HdrServer); got == busy.Name {
 					t.Fatalf("request %d sent to %s, whose engine reports 20 waiting", i, got)
 				}
-				if id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision))); !s.Complete(id) {
+				if id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision))); !s.Ledger().Complete(id) {
 					t.Fatal("decision not completable")
 				}
 			}
@@ -81,9 +82,9 @@ func TestTieBreakRecentDecisions(t *testing.T) {
 	counts := map[string]int{}
 	for i := 0; i < 40; i++ {
 		ctx := do(s, chatBody("llama", "", fmt.Sprintf("q%d", i)))
-		counts[hdr(ctx, HdrServer)]++
-		id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
-		s.Complete(id) // load back to 0: only the recent count differs
+		counts[hdr(ctx, contract.HdrServer)]++
+		id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
+		s.Ledger().Complete(id) // load back to 0: only the recent count differs
 	}
 	for _, e := range eps {
 		if counts[e.Name] != 10 {

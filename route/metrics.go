@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rs/zerolog"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 )
 
@@ -30,40 +32,22 @@ const (
 var errKindNames = [numErrKinds]string{"method", "unknown_model", "no_model", "too_large", "bad_body", "model_unavailable"}
 
 type deciderMetrics struct {
-	errors       [numErrKinds]atomic.Uint64
 	reloads      atomic.Uint64
 	reloadFailed atomic.Uint64
-	health       [2]atomic.Uint64
 	pdPrefill    [5]atomic.Uint64 // ok, retried, failed, skipped, aggregated
-	extra        atomic.Pointer[[]func(*strings.Builder)]
 }
 
 func (m *deciderMetrics) init() {}
 
 // NoteBadMethod counts a call to the route path that was not a POST.
-func (s *Decider) NoteBadMethod() { s.m.errors[errMethod].Add(1) }
+func (r *Refusals) NoteBadMethod() { r.errors[errMethod].Add(1) }
 
 // NoteTooLarge counts a request refused for its body size.
-func (s *Decider) NoteTooLarge() { s.m.errors[errTooLarge].Add(1) }
-
-// AddMetrics registers an extra metrics writer (e.g. KV index stats).
-func (s *Decider) AddMetrics(fn func(*strings.Builder)) {
-	for {
-		old := s.m.extra.Load()
-		var next []func(*strings.Builder)
-		if old != nil {
-			next = append(next, *old...)
-		}
-		next = append(next, fn)
-		if s.m.extra.CompareAndSwap(old, &next) {
-			return
-		}
-	}
-}
+func (r *Refusals) NoteTooLarge() { r.errors[errTooLarge].Add(1) }
 
 // WriteMetrics renders all metrics.
-func (s *Decider) WriteMetrics(b *strings.Builder) {
-	snap := s.snap.Load()
+func (d *Decider) WriteMetrics(b *strings.Builder) {
+	snap := d.snap.Load()
 	help := func(name, typ, text string) {
 		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
 	}
@@ -125,36 +109,36 @@ func (s *Decider) WriteMetrics(b *strings.Builder) {
 		name string
 		v    uint64
 	}{
-		{"completed", s.dec.completed.Load()},
-		{"unknown", s.dec.unknown.Load()},
-		{"duplicate", s.dec.duplicate.Load()},
-		{"expired", s.dec.expired.Load()},
-		{"overwritten", s.dec.overwritten.Load()},
-		{"reconciled", s.dec.reconciled.Load()},
+		{"completed", d.dec.completed.Load()},
+		{"unknown", d.dec.unknown.Load()},
+		{"duplicate", d.dec.duplicate.Load()},
+		{"expired", d.dec.expired.Load()},
+		{"overwritten", d.dec.overwritten.Load()},
+		{"reconciled", d.dec.reconciled.Load()},
 	} {
 		fmt.Fprintf(b, "turnout_completions_total{result=%q} %d\n", c.name, c.v)
 	}
-	s.ref.write(b)
+	d.ref.write(b)
 	help("turnout_request_errors_total", "counter", "Requests refused, by reason.")
 	for k := errKind(0); k < numErrKinds; k++ {
-		fmt.Fprintf(b, "turnout_request_errors_total{reason=%q} %d\n", errKindNames[k], s.m.errors[k].Load())
+		fmt.Fprintf(b, "turnout_request_errors_total{reason=%q} %d\n", errKindNames[k], d.ref.errors[k].Load())
 	}
 	help("turnout_config_reloads_total", "counter", "Config snapshots applied or rejected.")
-	fmt.Fprintf(b, "turnout_config_reloads_total{result=\"ok\"} %d\n", s.m.reloads.Load())
-	fmt.Fprintf(b, "turnout_config_reloads_total{result=\"rejected\"} %d\n", s.m.reloadFailed.Load())
+	fmt.Fprintf(b, "turnout_config_reloads_total{result=\"ok\"} %d\n", d.m.reloads.Load())
+	fmt.Fprintf(b, "turnout_config_reloads_total{result=\"rejected\"} %d\n", d.m.reloadFailed.Load())
 	help("turnout_health_checks_total", "counter", "Active health checks by result.")
-	fmt.Fprintf(b, "turnout_health_checks_total{result=\"ok\"} %d\n", s.m.health[0].Load())
-	fmt.Fprintf(b, "turnout_health_checks_total{result=\"fail\"} %d\n", s.m.health[1].Load())
+	fmt.Fprintf(b, "turnout_health_checks_total{result=\"ok\"} %d\n", d.health.checks[0].Load())
+	fmt.Fprintf(b, "turnout_health_checks_total{result=\"fail\"} %d\n", d.health.checks[1].Load())
 	help("turnout_pd_prefill_total", "counter", "Prefill calls made for prefill/decode deployments.")
 	for i, n := range []string{"ok", "retried", "failed", "skipped", "aggregated"} {
-		fmt.Fprintf(b, "turnout_pd_prefill_total{result=%q} %d\n", n, s.m.pdPrefill[i].Load())
+		fmt.Fprintf(b, "turnout_pd_prefill_total{result=%q} %d\n", n, d.m.pdPrefill[i].Load())
 	}
 	for _, p := range snap.Pools() {
 		if mw, ok := p.Policy.(fleet.MetricsWriter); ok {
 			mw.WriteMetrics(p, b)
 		}
 	}
-	if kb := s.kvHub.Stats(); len(kb) > 0 {
+	if kb := d.kvHub.Stats(); len(kb) > 0 {
 		help("turnout_kv_bind_messages_total", "counter", "KV-event messages received on a bound SUB socket.")
 		help("turnout_kv_bind_unknown_topic_total", "counter", "Bound KV-event messages whose topic matched no endpoint (dropped).")
 		for addr, st := range kb {
@@ -162,11 +146,7 @@ func (s *Decider) WriteMetrics(b *strings.Builder) {
 			fmt.Fprintf(b, "turnout_kv_bind_unknown_topic_total{bind=%q} %d\n", addr, st.UnknownTopics)
 		}
 	}
-	if ex := s.m.extra.Load(); ex != nil {
-		for _, fn := range *ex {
-			fn(b)
-		}
-	}
+	d.extras.writeMetrics(b)
 }
 
 // Refusals: every 4xx/5xx answer turnout gives on its own (a Verdict's
@@ -190,7 +170,13 @@ type refusalKind struct {
 	n      atomic.Uint64
 }
 
-type refusals struct {
+// Refusals counts what turnout refused on its own: the request errors by
+// kind and the answers >= 400 by status and reason (the transports note
+// theirs through Decider.Refusals).
+type Refusals struct {
+	errors [numErrKinds]atomic.Uint64
+	log    *zerolog.Logger
+
 	kinds [maxRefusalKinds]refusalKind
 	used  atomic.Int32 // kinds[:used] are filled
 	mu    sync.Mutex   // serializes adding a kind
@@ -201,7 +187,7 @@ type refusals struct {
 }
 
 // note counts one refusal; allocation-free once its kind was seen.
-func (r *refusals) note(status int, reason string) *refusalKind {
+func (r *Refusals) note(status int, reason string) *refusalKind {
 	if k := r.find(status, reason, int(r.used.Load())); k != nil {
 		k.n.Add(1)
 		return k
@@ -223,7 +209,7 @@ func (r *refusals) note(status int, reason string) *refusalKind {
 	return k
 }
 
-func (r *refusals) find(status int, reason string, n int) *refusalKind {
+func (r *Refusals) find(status int, reason string, n int) *refusalKind {
 	for i := 0; i < n; i++ {
 		if k := &r.kinds[i]; k.status == status && k.reason == reason {
 			return k
@@ -235,35 +221,35 @@ func (r *refusals) find(status int, reason string, n int) *refusalKind {
 // NoteRefusal counts an answer >= 400 that a transport wrote on its own
 // (a Verdict's refusals are counted by the Decider) and logs it,
 // rate-limited. msg says what was refused.
-func (s *Decider) NoteRefusal(status int, reason, msg string) {
+func (r *Refusals) NoteRefusal(status int, reason, msg string) {
 	if status < 400 {
 		return
 	}
-	s.ref.note(status, reason)
+	r.note(status, reason)
 	now := time.Now().UnixNano()
-	last := s.ref.lastLog.Load()
-	if now-last < int64(refusalLogEvery) || !s.ref.lastLog.CompareAndSwap(last, now) {
-		s.ref.suppressed.Add(1)
+	last := r.lastLog.Load()
+	if now-last < int64(refusalLogEvery) || !r.lastLog.CompareAndSwap(last, now) {
+		r.suppressed.Add(1)
 		return
 	}
-	ev := s.log.Warn()
+	ev := r.log.Warn()
 	if status < 500 {
-		ev = s.log.Info()
+		ev = r.log.Info()
 	}
 	ev.Int("status", status).Str("reason", reason).Str("detail", msg).
-		Uint64("not_logged_since_last", s.ref.suppressed.Swap(0)).
+		Uint64("not_logged_since_last", r.suppressed.Swap(0)).
 		Msg("request refused by turnout (turnout_refusals_total counts every one; at most one logged per 10s)")
 }
 
 // noteVerdict counts a Verdict's refusal.
-func (s *Decider) noteVerdict(v *Verdict) {
+func (r *Refusals) noteVerdict(v *contract.Verdict) {
 	if v.Status >= 400 {
-		s.NoteRefusal(v.Status, v.Reason, "decision refused")
+		r.NoteRefusal(v.Status, v.Reason, "decision refused")
 	}
 }
 
 // writeRefusals renders turnout_refusals_total.
-func (r *refusals) write(b *strings.Builder) {
+func (r *Refusals) write(b *strings.Builder) {
 	fmt.Fprintf(b, "# HELP turnout_refusals_total Answers >= 400 turnout gave on its own (not the replicas'), by status and reason.\n# TYPE turnout_refusals_total counter\n")
 	for i := 0; i < int(r.used.Load()); i++ {
 		k := &r.kinds[i]

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/turnout/turnout/route/contract"
 )
 
 // fakeLoRA is a replica's runtime LoRA API as vLLM answers it.
@@ -66,7 +68,7 @@ deployments:
 	defer s.Close()
 	for _, m := range []string{"sql", "team-x", "sql", "team-y"} {
 		ctx := do(s, `{"model":"`+m+`","prompt":"x"}`)
-		if ctx.Response.StatusCode() != 200 || hdr(ctx, HdrServer) != "a" {
+		if ctx.Response.StatusCode() != 200 || hdr(ctx, contract.HdrServer) != "a" {
 			t.Fatalf("%s: %d %s", m, ctx.Response.StatusCode(), ctx.Response.Body())
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 )
 
@@ -23,9 +24,9 @@ func servers(s *Decider, model string, n int) (map[string]int, int, string) {
 	status, reason := 0, ""
 	for i := 0; i < n; i++ {
 		ctx := do(s, fmt.Sprintf(`{"model":%q,"prompt":"p%d"}`, model, i))
-		status, reason = ctx.Response.StatusCode(), hdr(ctx, HdrReason)
+		status, reason = ctx.Response.StatusCode(), hdr(ctx, contract.HdrReason)
 		if status == 200 {
-			got[hdr(ctx, HdrServer)]++
+			got[hdr(ctx, contract.HdrServer)]++
 		}
 	}
 	return got, status, reason
@@ -66,7 +67,7 @@ func TestModelRoutedOnlyWhereServed(t *testing.T) {
 			}
 			// Fallbacks too: a retry must not land on a replica that 404s.
 			ctx := do(s, `{"model":"chat","prompt":"x"}`)
-			if fb := hdr(ctx, HdrFallbacks); fb != "" {
+			if fb := hdr(ctx, contract.HdrFallbacks); fb != "" {
 				t.Errorf("chat fallbacks %q: only b serves it", fb)
 			}
 			if _, status, reason := servers(s, "nope", 1); status != 404 {
@@ -81,14 +82,14 @@ func TestModelRoutedOnlyWhereServed(t *testing.T) {
 			// nor another replica.
 			s.Snapshot().EndpointByServer([]byte("b")).SetDown(true)
 			ctx = do(s, `{"model":"chat","prompt":"x"}`)
-			if ctx.Response.StatusCode() != 503 || hdr(ctx, HdrReason) != ReasonModelUnavailable || hdr(ctx, HdrRetryAfter) == "" {
-				t.Errorf("chat with b down: %d %q retry-after %q", ctx.Response.StatusCode(), hdr(ctx, HdrReason), hdr(ctx, HdrRetryAfter))
+			if ctx.Response.StatusCode() != 503 || hdr(ctx, contract.HdrReason) != contract.ReasonModelUnavailable || hdr(ctx, contract.HdrRetryAfter) == "" {
+				t.Errorf("chat with b down: %d %q retry-after %q", ctx.Response.StatusCode(), hdr(ctx, contract.HdrReason), hdr(ctx, contract.HdrRetryAfter))
 			}
 			s.Snapshot().EndpointByServer([]byte("b")).SetDown(false)
 			// b unloads chat: it was served, so 503 (it may come back).
 			setServed(s, "b", base("llama"), full, lora("sql"))
-			if _, status, reason := servers(s, "chat", 1); status != 503 || reason != ReasonModelUnavailable {
-				t.Errorf("chat unloaded everywhere: %d %s, want 503 %s", status, reason, ReasonModelUnavailable)
+			if _, status, reason := servers(s, "chat", 1); status != 503 || reason != contract.ReasonModelUnavailable {
+				t.Errorf("chat unloaded everywhere: %d %s, want 503 %s", status, reason, contract.ReasonModelUnavailable)
 			}
 			// Loaded at runtime on c: routed there as soon as the table knows.
 			setServed(s, "c", base("llama"), full, lora("chat"))
@@ -158,17 +159,17 @@ func TestDecisionRecordNamesAdapter(t *testing.T) {
 	defer s.Close()
 	setServed(s, "a", base("llama"), lora("sql"))
 	ctx := do(s, `{"model":"sql","prompt":"x"}`)
-	id, ok := ParseDecisionID(ctx.Response.Header.Peek(HdrDecision))
+	id, ok := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
 	if !ok {
 		t.Fatalf("no decision id: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
 	}
 	var r DecisionRecord
-	if !s.LookupDecision(id, time.Now(), &r) || r.Model != "sql" || !r.Adapter || r.Endpoint != "a" {
+	if !s.Ledger().LookupDecision(id, time.Now(), &r) || r.Model != "sql" || !r.Adapter || r.Endpoint != "a" {
 		t.Fatalf("record %+v", r)
 	}
 	ctx = do(s, `{"model":"llama","prompt":"x"}`)
-	id, _ = ParseDecisionID(ctx.Response.Header.Peek(HdrDecision))
-	if !s.LookupDecision(id, time.Now(), &r) || r.Model != "llama" || r.Adapter {
+	id, _ = contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
+	if !s.Ledger().LookupDecision(id, time.Now(), &r) || r.Model != "llama" || r.Adapter {
 		t.Fatalf("base model record %+v", r)
 	}
 }

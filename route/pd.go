@@ -8,6 +8,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/payload"
 	"github.com/turnout/turnout/route/pd"
@@ -23,21 +24,21 @@ import (
 
 // admitPD refuses what prefill/decode cannot route: the prefill needs the
 // whole body, a JSON object, and kv_transfer_params is the router's to set.
-func (s *Decider) admitPD(snap *Snapshot, r *fleet.Request, v *Verdict) bool {
+func (d *Decider) admitPD(snap *Snapshot, r *fleet.Request, v *contract.Verdict) bool {
 	switch {
 	case r.Truncated:
-		s.m.errors[errTooLarge].Add(1)
-		v.refuse(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", ReasonBodyTooLarge,
+		d.ref.errors[errTooLarge].Add(1)
+		v.Refuse(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", contract.ReasonBodyTooLarge,
 			fmt.Sprintf("prefill/decode routing needs the whole request body; it is larger than max_body (%d bytes)", snap.Config.MaxBody))
 	case !r.Payload.Object():
-		s.m.errors[errBadBody].Add(1)
-		v.refuse(fasthttp.StatusBadRequest, "invalid_request_error", "invalid_body",
+		d.ref.errors[errBadBody].Add(1)
+		v.Refuse(fasthttp.StatusBadRequest, "invalid_request_error", "invalid_body",
 			"prefill/decode routing needs a JSON object body")
 	case len(snap.Deployments) > 1 && r.Payload.DuplicateModel(): // free: Object read the whole body
 		refuseDuplicateModel(v, r.Payload)
 	case r.Payload.Has(payload.KVTransferKey):
-		s.m.errors[errBadBody].Add(1)
-		v.refuse(fasthttp.StatusBadRequest, "invalid_request_error", ReasonClientKVParams,
+		d.ref.errors[errBadBody].Add(1)
+		v.Refuse(fasthttp.StatusBadRequest, "invalid_request_error", contract.ReasonClientKVParams,
 			"kv_transfer_params is set by the router; clients must not send it")
 	default:
 		return true
@@ -48,11 +49,11 @@ func (s *Decider) admitPD(snap *Snapshot, r *fleet.Request, v *Verdict) bool {
 // skipPrefill reports whether the decode replica already holds most of the
 // prompt (llm-d's heuristic): moving KV would cost more than recomputing,
 // so the prefill pass does not run.
-func (s *Decider) skipPrefill(d *Deployment, r *fleet.Request, decode *fleet.Choice) bool {
-	cfg := &d.Config.PD
+func (d *Decider) skipPrefill(dep *Deployment, r *fleet.Request, decode *fleet.Choice) bool {
+	cfg := &dep.Config.PD
 	m := decode.Matched
-	if cfg.SkipPrefillBelow > 0 && d.Serve.BlockBytes > 0 && m > 0 && r.PromptBytes-m*d.Serve.BlockBytes < cfg.SkipPrefillBelow {
-		s.m.pdPrefill[3].Add(1)
+	if cfg.SkipPrefillBelow > 0 && dep.Serve.BlockBytes > 0 && m > 0 && r.PromptBytes-m*dep.Serve.BlockBytes < cfg.SkipPrefillBelow {
+		d.m.pdPrefill[3].Add(1)
 		return true
 	}
 	return false
@@ -63,47 +64,47 @@ func (s *Decider) skipPrefill(d *Deployment, r *fleet.Request, decode *fleet.Cho
 // next), with the body edit that hands on its kv_transfer_params. A skipped
 // prefill serves on decode alone; an empty prefill pick serves aggregated
 // or refuses (pd.no_prefill).
-func (s *Decider) finishPD(snap *Snapshot, d *Deployment, in *Input, v *Verdict, sc *Txn, start time.Time) {
+func (d *Decider) finishPD(snap *Snapshot, dep *Deployment, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
 	r := &sc.req
-	cfg := &d.Config.PD
+	cfg := &dep.Config.PD
 	serve, pre := &sc.choices[0], &sc.choices[1]
 	if pre.Reject == rejectSkipped {
-		s.route(v, d.Serve, serve, sc, start)
+		d.route(v, dep.Serve, serve, sc, start)
 		return
 	}
 	prefill := pre.Endpoints
 	if len(prefill) == 0 {
 		if cfg.NoPrefill == "aggregate" {
-			s.log.Debug().Str(fleet.FieldDeployment, d.Name).Str(fleet.FieldReason, "no prefill replica").Msg("serving aggregated on decode")
-			s.m.pdPrefill[4].Add(1)
-			s.route(v, d.Serve, serve, sc, start)
+			d.log.Debug().Str(fleet.FieldDeployment, dep.Name).Str(fleet.FieldReason, "no prefill replica").Msg("serving aggregated on decode")
+			d.m.pdPrefill[4].Add(1)
+			d.route(v, dep.Serve, serve, sc, start)
 			return
 		}
 		v.RetryAfter = true
-		v.refuse(fasthttp.StatusServiceUnavailable, "service_unavailable", ReasonNoPrefillEndpoint,
-			"no available prefill replica in pool "+d.Prefill.Name+" (pd.no_prefill: reject)")
+		v.Refuse(fasthttp.StatusServiceUnavailable, "service_unavailable", contract.ReasonNoPrefillEndpoint,
+			"no available prefill replica in pool "+dep.Prefill.Name+" (pd.no_prefill: reject)")
 		return
 	}
-	kv, used, err := s.prefillWithRetry(in, snap, prefill, r.Payload, cfg.PrefillTimeout.D(), sc)
+	kv, used, err := d.prefillWithRetry(in, snap, prefill, r.Payload, cfg.PrefillTimeout.D(), sc)
 	if err != nil {
 		var st *pd.StatusError
-		if errors.As(err, &st) && st.Status >= 400 && st.Status < 500 && len(st.Body) > MaxAnswerBody {
-			v.refuse(st.Status, "invalid_request_error", ReasonPrefillRejected,
+		if errors.As(err, &st) && st.Status >= 400 && st.Status < 500 && len(st.Body) > contract.MaxAnswerBody {
+			v.Refuse(st.Status, "invalid_request_error", contract.ReasonPrefillRejected,
 				fmt.Sprintf("the prefill replica refused the request (status %d)", st.Status))
 			return
 		}
 		if errors.As(err, &st) && st.Status >= 400 && st.Status < 500 {
 			// The request itself is bad (e.g. too long): the decode replica
 			// would say the same, so relay the replica's own answer.
-			v.Status, v.Reason, v.Body = st.Status, ReasonPrefillRejected, st.Body
+			v.Status, v.Reason, v.Body = st.Status, contract.ReasonPrefillRejected, st.Body
 			return
 		}
-		s.log.Warn().Err(err).Str(fleet.FieldDeployment, d.Name).Msg("prefill failed")
-		v.refuse(fasthttp.StatusBadGateway, "server_error", ReasonPrefillFailed,
+		d.log.Warn().Err(err).Str(fleet.FieldDeployment, dep.Name).Msg("prefill failed")
+		v.Refuse(fasthttp.StatusBadGateway, "server_error", contract.ReasonPrefillFailed,
 			"prefill failed on every tried replica: "+err.Error())
 		return
 	}
-	s.route(v, d.Serve, serve, sc, start)
+	d.route(v, dep.Serve, serve, sc, start)
 	v.KVTransfer = make([]byte, base64.StdEncoding.EncodedLen(len(kv)))
 	base64.StdEncoding.Encode(v.KVTransfer, kv)
 	v.Prefill = used.NameHdr
@@ -113,7 +114,7 @@ func (s *Decider) finishPD(snap *Snapshot, d *Deployment, in *Input, v *Verdict,
 
 // prefillWithRetry tries the first prefill replica, then one other; a
 // request the replica refuses (4xx) is not retried.
-func (s *Decider) prefillWithRetry(in *Input, snap *Snapshot, eps []*fleet.Endpoint, body *payload.Index, timeout time.Duration, sc *Txn) ([]byte, *fleet.Endpoint, error) {
+func (d *Decider) prefillWithRetry(in *contract.Input, snap *Snapshot, eps []*fleet.Endpoint, body *payload.Index, timeout time.Duration, sc *Txn) ([]byte, *fleet.Endpoint, error) {
 	pbody, err := payload.PrefillBody(body)
 	if err != nil {
 		return nil, nil, err
@@ -129,31 +130,31 @@ func (s *Decider) prefillWithRetry(in *Input, snap *Snapshot, eps []*fleet.Endpo
 		}
 		call.Address = e.Address
 		e.State.Inflight.Add(1)
-		kv, err := s.pd.Prefill(&call)
+		kv, err := d.pd.Prefill(&call)
 		e.State.Inflight.Add(-1)
 		if err == nil {
 			if i > 0 {
-				s.m.pdPrefill[1].Add(1)
+				d.m.pdPrefill[1].Add(1)
 			} else {
-				s.m.pdPrefill[0].Add(1)
+				d.m.pdPrefill[0].Add(1)
 			}
 			return kv, e, nil
 		}
 		var st *pd.StatusError
 		if errors.As(err, &st) && st.Status >= 400 && st.Status < 500 {
-			s.m.pdPrefill[2].Add(1)
+			d.m.pdPrefill[2].Add(1)
 			return nil, e, err
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", e.Name, err))
 	}
-	s.m.pdPrefill[2].Add(1)
+	d.m.pdPrefill[2].Add(1)
 	return nil, nil, errors.Join(errs...)
 }
 
 // pdHeaders forwards to the prefill replica what it may need of the
 // original request's headers: auth, the request id, the session headers.
 type pdHeaders struct {
-	in   *Input
+	in   *contract.Input
 	snap *Snapshot
 }
 
@@ -162,12 +163,12 @@ var _ pd.Headers = (*pdHeaders)(nil)
 func (p *pdHeaders) CopyTo(h *fasthttp.RequestHeader) {
 	for _, f := range p.in.Headers {
 		k, v := f.Name, f.Value
-		if headerIs(k, []byte(FwdAuthorization)) || headerIs(k, []byte(FwdRequestID)) {
+		if contract.HeaderIs(k, []byte(contract.FwdAuthorization)) || contract.HeaderIs(k, []byte(contract.FwdRequestID)) {
 			h.SetBytesKV(k, v)
 			continue
 		}
 		for _, sh := range p.snap.sessionHdrs {
-			if headerIs(k, sh) {
+			if contract.HeaderIs(k, sh) {
 				h.SetBytesKV(k, v)
 			}
 		}
@@ -190,11 +191,11 @@ func DecodeBody(body, kv []byte) ([]byte, error) {
 // a second agent whose timeout covers the prefill (route/spoe). It reads
 // the deployment as decideInput does: the body's model, else the model
 // header, else the only deployment.
-func (s *Decider) Prefills(in *Input) bool {
-	snap := s.snap.Load()
+func (d *Decider) Prefills(in *contract.Input) bool {
+	snap := d.snap.Load()
 	pd := false
-	for _, d := range snap.Deployments {
-		pd = pd || d.Prefill != nil
+	for _, dep := range snap.Deployments {
+		pd = pd || dep.Prefill != nil
 	}
 	if !pd {
 		return false
@@ -202,8 +203,8 @@ func (s *Decider) Prefills(in *Input) bool {
 	if len(snap.Deployments) == 1 {
 		return true
 	}
-	sc := s.getScratch(snap.maxBlocks)
-	defer s.pool.Put(sc)
+	sc := d.getScratch(snap.maxBlocks)
+	defer d.pool.Put(sc)
 	body := in.Body
 	trunc := in.Truncated
 	if len(body) > snap.Config.MaxBody {
@@ -220,6 +221,6 @@ func (s *Decider) Prefills(in *Input) bool {
 			}
 		}
 	}
-	d := snap.byModel[string(model)].d
-	return d != nil && d.Prefill != nil
+	dep := snap.byModel[string(model)].d
+	return dep != nil && dep.Prefill != nil
 }

@@ -3,6 +3,8 @@ package route
 import (
 	"strings"
 	"testing"
+
+	"github.com/turnout/turnout/route/contract"
 )
 
 // pdDecisionAllocs bounds the allocations of one prefill/decode decision,
@@ -20,11 +22,11 @@ func TestPDDecisionAllocs(t *testing.T) {
 	run := func() {
 		ctx.Response.Reset()
 		handle(s, ctx)
-		if ctx.Response.StatusCode() != 200 || len(ctx.Response.Header.Peek(HdrKVInsert)) == 0 {
+		if ctx.Response.StatusCode() != 200 || len(ctx.Response.Header.Peek(contract.HdrKVInsert)) == 0 {
 			t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
 		}
-		id, _ := ParseDecisionID(ctx.Response.Header.Peek(HdrDecision))
-		s.Complete(id)
+		id, _ := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
+		s.Ledger().Complete(id)
 	}
 	for i := 0; i < 100; i++ {
 		run()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/internal/routetest"
 	"github.com/turnout/turnout/route/payload"
 	"github.com/turnout/turnout/route/policy"
@@ -97,18 +98,18 @@ func TestRoutePD(t *testing.T) {
 	s := pdServer(t, "", a, b)
 	body := `{"model":"llama","messages":[{"role":"user","content":"` + strings.Repeat("long prompt ", 50) + `"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":50}`
 
-	ctx := do(s, body, "X-Session-Id", "s1", HdrOriginalURI, "/v1/chat/completions")
-	if ctx.Response.StatusCode() != 200 || !strings.HasPrefix(hdr(ctx, HdrServer), "d") || hdr(ctx, HdrPool) != "llama_decode" {
+	ctx := do(s, body, "X-Session-Id", "s1", contract.HdrOriginalURI, "/v1/chat/completions")
+	if ctx.Response.StatusCode() != 200 || !strings.HasPrefix(hdr(ctx, contract.HdrServer), "d") || hdr(ctx, contract.HdrPool) != "llama_decode" {
 		t.Fatalf("verdict %d %s", ctx.Response.StatusCode(), ctx.Response.Header.String())
 	}
 	// The body edit: inserted at the offset, it gives DecodeBody exactly.
-	ins, err := base64.StdEncoding.DecodeString(hdr(ctx, HdrKVInsert))
+	ins, err := base64.StdEncoding.DecodeString(hdr(ctx, contract.HdrKVInsert))
 	if err != nil || !strings.Contains(string(ins), `"remote_block_ids":[1,2,3]`) {
 		t.Fatalf("kv header %q: %v", ins, err)
 	}
-	at, err := strconv.Atoi(hdr(ctx, HdrKVAt))
+	at, err := strconv.Atoi(hdr(ctx, contract.HdrKVAt))
 	if err != nil || at != 1 {
-		t.Fatalf("kv at %q: %v", hdr(ctx, HdrKVAt), err)
+		t.Fatalf("kv at %q: %v", hdr(ctx, contract.HdrKVAt), err)
 	}
 	kv := ins[len(payload.EditKey) : len(ins)-len(payload.EditSep)]
 	if want, _ := DecodeBody([]byte(body), kv); body[:at]+string(ins)+body[at:] != string(want) {
@@ -130,14 +131,14 @@ func TestRoutePD(t *testing.T) {
 	b.mode.Store("ok")
 	for i := 0; i < 6; i++ {
 		ctx = do(s, body)
-		if ctx.Response.StatusCode() != 200 || hdr(ctx, HdrPrefill) != "p1" {
-			t.Fatalf("retry: %d prefill=%s", ctx.Response.StatusCode(), hdr(ctx, HdrPrefill))
+		if ctx.Response.StatusCode() != 200 || hdr(ctx, contract.HdrPrefill) != "p1" {
+			t.Fatalf("retry: %d prefill=%s", ctx.Response.StatusCode(), hdr(ctx, contract.HdrPrefill))
 		}
 	}
 	// Both failing: a clear 502, nothing for decode.
 	b.mode.Store("500")
 	ctx = do(s, body)
-	if ctx.Response.StatusCode() != 502 || hdr(ctx, HdrServer) != "" {
+	if ctx.Response.StatusCode() != 502 || hdr(ctx, contract.HdrServer) != "" {
 		t.Fatalf("both failing: %d %s", ctx.Response.StatusCode(), ctx.Response.Header.String())
 	}
 	if e := routetest.ErrBody(t, ctx.Response.Body()); e.Code != "prefill_failed" {
@@ -182,7 +183,7 @@ func TestRoutePDRefusals(t *testing.T) {
 		code       string
 	}{
 		{"client kv params", `{"model":"llama","prompt":"x","kv_transfer_params":{"do_remote_prefill":true}}`, nil, 400, "kv_transfer_params_not_allowed"},
-		{"truncated", `{"model":"llama","prompt":"xxxx`, []string{HdrBodyTruncated, "16/100000"}, 413, "body_too_large"},
+		{"truncated", `{"model":"llama","prompt":"xxxx`, []string{contract.HdrBodyTruncated, "16/100000"}, 413, "body_too_large"},
 		{"not json", `garbage`, nil, 400, "invalid_body"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -208,7 +209,7 @@ deployments:
     pools: [{endpoints: [{name: o, address: 127.0.0.1:9109}]}]
 `, a.addr))
 	ctx := do(two, `{"model":"llama","prompt":"x","model":"other"}`)
-	if ctx.Response.StatusCode() != 400 || routetest.ErrBody(t, ctx.Response.Body()).Code != ReasonDuplicateModel {
+	if ctx.Response.StatusCode() != 400 || routetest.ErrBody(t, ctx.Response.Body()).Code != contract.ReasonDuplicateModel {
 		t.Fatalf("duplicate model: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
 	}
 	if a.calls.Load() != 0 {
@@ -225,7 +226,7 @@ func TestRoutePDNoPrefill(t *testing.T) {
 		s := pdServer(t, ", no_prefill: "+tc.mode, a)
 		s.Snapshot().Deployments[0].Prefill.Endpoints[0].SetDown(true)
 		ctx := do(s, `{"model":"llama","prompt":"x"}`)
-		if ctx.Response.StatusCode() != tc.status || hdr(ctx, HdrKVInsert) != "" {
+		if ctx.Response.StatusCode() != tc.status || hdr(ctx, contract.HdrKVInsert) != "" {
 			t.Fatalf("%s: %d", tc.mode, ctx.Response.StatusCode())
 		}
 	}
@@ -268,8 +269,8 @@ func TestPDSkipPrefill(t *testing.T) {
 	do(s, body) // first: prefill, records the decode index
 	calls := a.calls.Load()
 	ctx := do(s, body)
-	if ctx.Response.StatusCode() != 200 || hdr(ctx, HdrKVInsert) != "" || a.calls.Load() != calls {
-		t.Fatalf("expected skip: %d kv=%q calls %d->%d", ctx.Response.StatusCode(), hdr(ctx, HdrKVInsert), calls, a.calls.Load())
+	if ctx.Response.StatusCode() != 200 || hdr(ctx, contract.HdrKVInsert) != "" || a.calls.Load() != calls {
+		t.Fatalf("expected skip: %d kv=%q calls %d->%d", ctx.Response.StatusCode(), hdr(ctx, contract.HdrKVInsert), calls, a.calls.Load())
 	}
 }
 
@@ -277,7 +278,7 @@ func TestPDSkipPrefill(t *testing.T) {
 // the original request, nothing else.
 func TestPDHeaders(t *testing.T) {
 	s := pdServer(t, "", startFakePrefill(t))
-	var in Input
+	var in contract.Input
 	for _, h := range [][2]string{{"authorization", "Bearer k"}, {"X-Request-ID", "r1"}, {"X_Session_Id", "s1"}, {"X-User", "u"}, {"Cookie", "c"}} {
 		in.AddHeader([]byte(h[0]), []byte(h[1]))
 	}
@@ -314,8 +315,8 @@ deployments: [{name: m, models: [m], pools: [{endpoints: [{name: m0, address: "1
 	body := `{"model":"llama","prompt":"` + strings.Repeat("cached prefix ", 60) + `"}`
 	do(s, body)
 	before := s.m.pdPrefill[3].Load()
-	if ctx := do(s, body); hdr(ctx, HdrPrefill) != "" {
-		t.Fatalf("skipped prefill still names a prefill replica: %q", hdr(ctx, HdrPrefill))
+	if ctx := do(s, body); hdr(ctx, contract.HdrPrefill) != "" {
+		t.Fatalf("skipped prefill still names a prefill replica: %q", hdr(ctx, contract.HdrPrefill))
 	}
 	if s.m.pdPrefill[3].Load() != before+1 {
 		t.Fatalf("skipped prefills: %d -> %d", before, s.m.pdPrefill[3].Load())

@@ -9,6 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/internal/routetest"
 	"github.com/turnout/turnout/route/kv"
@@ -72,20 +73,20 @@ func TestKVAwareRouting(t *testing.T) {
 	hashes := store(k.Index(), "b", toks, 4)
 	for i := 0; i < 10; i++ {
 		ctx := do(s, tokBody(toks))
-		if hdr(ctx, HdrServer) != "b" {
-			t.Fatalf("request %d went to %s, b holds the blocks", i, hdr(ctx, HdrServer))
+		if hdr(ctx, contract.HdrServer) != "b" {
+			t.Fatalf("request %d went to %s, b holds the blocks", i, hdr(ctx, contract.HdrServer))
 		}
-		id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
-		s.Complete(id)
+		id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
+		s.Ledger().Complete(id)
 	}
 	// b evicts the blocks: the request no longer sticks to b.
 	k.Index().Apply("b", kv.Batch{Events: []kv.Event{{Kind: kv.EventBlockRemoved, BlockHashes: hashes}}})
 	seen := map[string]bool{}
 	for i := 0; i < 30; i++ {
 		ctx := do(s, tokBody(seqToks(64, uint32(5000+i*100))))
-		seen[hdr(ctx, HdrServer)] = true
-		id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
-		s.Complete(id)
+		seen[hdr(ctx, contract.HdrServer)] = true
+		id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
+		s.Ledger().Complete(id)
 	}
 	if len(seen) < 2 {
 		t.Fatalf("without cached blocks requests should spread: %v", seen)
@@ -93,7 +94,7 @@ func TestKVAwareRouting(t *testing.T) {
 	// Load guard: b holds the blocks but is far too loaded.
 	store(k.Index(), "b", toks, 4)
 	s.Snapshot().Deployments[0].Serve.Endpoints[1].AddInflight(50)
-	if got := hdr(do(s, tokBody(toks)), HdrServer); got == "b" {
+	if got := hdr(do(s, tokBody(toks)), contract.HdrServer); got == "b" {
 		t.Fatal("routed to an overloaded replica")
 	}
 }
@@ -153,7 +154,7 @@ func TestKVAwareRemoteTokenizer(t *testing.T) {
 	toks := seqToks(len(strings.Fields(`{"model":"llama","messages":`+topValueString(body, "messages")+`}`)), 100)
 	store(k.Index(), "c", toks, 4)
 	for i := 0; i < 5; i++ {
-		if got := hdr(do(s, body), HdrServer); got != "c" {
+		if got := hdr(do(s, body), contract.HdrServer); got != "c" {
 			t.Fatalf("went to %s, c holds the tokenized prompt", got)
 		}
 	}
@@ -170,8 +171,8 @@ func TestKVAwareTokenPromptAllocs(t *testing.T) {
 	store(k.Index(), "a", toks, 16)
 	ctx := routeCtx(tokBody(toks), "")
 	assertZeroAllocs(t, s, ctx)
-	if hdr(ctx, HdrServer) != "a" {
-		t.Fatalf("routed to %s", hdr(ctx, HdrServer))
+	if hdr(ctx, contract.HdrServer) != "a" {
+		t.Fatalf("routed to %s", hdr(ctx, contract.HdrServer))
 	}
 }
 
@@ -188,7 +189,7 @@ func TestKVAwareCarry(t *testing.T) {
 	if k2 == k || k2.Index() != k.Index() {
 		t.Fatal("index not carried over")
 	}
-	if got := hdr(do(s, tokBody(toks)), HdrServer); got != "a" {
+	if got := hdr(do(s, tokBody(toks)), contract.HdrServer); got != "a" {
 		t.Fatalf("after reload went to %s", got)
 	}
 }
@@ -224,8 +225,8 @@ deployments:
 	for i := 0; i < b.N; i++ {
 		ctx.Response.Reset()
 		handle(s, ctx)
-		id, _ := ParseDecisionID(ctx.Response.Header.Peek(HdrDecision))
-		s.Complete(id)
+		id, _ := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
+		s.Ledger().Complete(id)
 	}
 }
 
@@ -239,11 +240,11 @@ func TestKVAwareStaleDiscount(t *testing.T) {
 	k.Index().MarkStale("a")
 	for i := 0; i < 20; i++ {
 		ctx := do(s, tokBody(toks))
-		if got := hdr(ctx, HdrServer); got != "b" {
+		if got := hdr(ctx, contract.HdrServer); got != "b" {
 			t.Fatalf("request %d went to %s; a is stale", i, got)
 		}
-		id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
-		s.Complete(id)
+		id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
+		s.Ledger().Complete(id)
 	}
 }
 
@@ -260,7 +261,7 @@ func TestKVAwareFallbackReasons(t *testing.T) {
 	eps := s.Snapshot().Deployments[0].Serve.Endpoints
 	eps[2].SetEngineLoad(&fleet.EngineLoad{KVUsage: -1, BlockSize: 4})
 	store(k.Index(), "b", toks, 4)
-	if got := hdr(do(s, tokBody(toks)), HdrServer); got != "b" || k.Fallbacks() != 1 || k.Index().BlockSize() != 4 {
+	if got := hdr(do(s, tokBody(toks)), contract.HdrServer); got != "b" || k.Fallbacks() != 1 || k.Index().BlockSize() != 4 {
 		t.Fatalf("with the engine's block size: routed to %q (b holds the blocks), fallbacks %d, block size %d", got, k.Fallbacks(), k.Index().BlockSize())
 	}
 	do(s, tokBody(seqToks(3, 7)))

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/policy"
 )
@@ -41,26 +42,26 @@ func TestPredictedTTFTRouting(t *testing.T) {
 	s, pt := predictedServer(t)
 	long := chatBody("llama", strings.Repeat("a long shared system prompt. ", 200), "q")
 	first := do(s, long)
-	home := hdr(first, HdrServer)
-	id, _ := ParseDecisionID([]byte(hdr(first, HdrDecision)))
-	s.CloseDecisionWith(id, Completion{Status: 200, Ms: 90, TTFB: 80, Retries: 0})
+	home := hdr(first, contract.HdrServer)
+	id, _ := contract.ParseDecisionID([]byte(hdr(first, contract.HdrDecision)))
+	s.dec.CloseDecisionWith(id, Completion{Status: 200, Ms: 90, TTFB: 80, Retries: 0})
 	if m := pt.PredictionErrorMedian(); math.IsNaN(m) {
 		t.Fatal("the completion's TTFB was not learned from")
 	}
 	for i := range 5 {
 		ctx := do(s, long)
-		if got := hdr(ctx, HdrServer); got != home {
+		if got := hdr(ctx, contract.HdrServer); got != home {
 			t.Fatalf("repeat %d went to %s, %s holds the prefix and nothing is loaded", i, got, home)
 		}
-		id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
-		s.Complete(id)
+		id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
+		s.Ledger().Complete(id)
 	}
 	for _, e := range s.Snapshot().Deployments[0].Serve.Endpoints {
 		if e.Name == home {
 			e.AddInflight(200) // far more queue than ~6 KiB of prefill costs
 		}
 	}
-	if got := hdr(do(s, long), HdrServer); got == home {
+	if got := hdr(do(s, long), contract.HdrServer); got == home {
 		t.Fatalf("routed to %s with 200 requests queued there", home)
 	}
 	var m strings.Builder
@@ -78,10 +79,10 @@ func TestPredictedTTFTRouting(t *testing.T) {
 func TestPredictedTTFTInRequestLog(t *testing.T) {
 	s, _ := predictedServer(t)
 	sink := &captureSink{}
-	s.SetRequestSink(sink, 1)
+	s.Ledger().SetRequestSink(sink, 1)
 	ctx := do(s, chatBody("llama", "sys", "hello"))
-	id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
-	s.CloseDecisionWith(id, Completion{Status: 200, Ms: 40, TTFB: 30, Retries: 0})
+	id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
+	s.dec.CloseDecisionWith(id, Completion{Status: 200, Ms: 40, TTFB: 30, Retries: 0})
 	if len(sink.recs) != 1 || !predicted(&sink.recs[0]) || sink.recs[0].TTFBMs != 30 {
 		t.Fatalf("request log records %+v: want one with a prediction and ttfb 30", sink.recs)
 	}
@@ -118,8 +119,8 @@ func TestPredictedTTFTLearnsFromEngineTTFT(t *testing.T) {
 	route := func(k int) {
 		for i := range k {
 			ctx := do(s, chatBody("llama", "sys", fmt.Sprintf("question %d", i)))
-			id, _ := ParseDecisionID([]byte(hdr(ctx, HdrDecision)))
-			s.CloseDecisionWith(id, Completion{Status: 200, Ms: 5, TTFB: 1, Retries: 0}) // header time
+			id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
+			s.dec.CloseDecisionWith(id, Completion{Status: 200, Ms: 5, TTFB: 1, Retries: 0}) // header time
 		}
 	}
 	scrape(0)

@@ -3,6 +3,8 @@ package route
 import (
 	"strings"
 	"testing"
+
+	"github.com/turnout/turnout/route/contract"
 )
 
 // A policy composed in the config (a preset with a prefix scorer) through
@@ -34,9 +36,9 @@ deployments:
 	body := body4K(3)
 	decide := func() string { // one decision, completed
 		ctx := do(s, body)
-		id, _ := ParseDecisionID(ctx.Response.Header.Peek(HdrDecision))
-		s.Complete(id)
-		return hdr(ctx, HdrServer)
+		id, _ := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
+		s.Ledger().Complete(id)
+		return hdr(ctx, contract.HdrServer)
 	}
 	first := decide()
 	if first == "" {

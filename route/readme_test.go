@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // configPages are the pages whose YAML examples are turnout configs, each
@@ -92,9 +93,9 @@ func TestREADMEListsVerdictHeaders(t *testing.T) {
 	if err != nil {
 		t.Skipf("README.md not found: %v", err)
 	}
-	for _, f := range VerdictFields() {
+	for _, f := range contract.VerdictFields() {
 		if f.Header != "" && !strings.Contains(string(b), "`"+f.Header) {
-			t.Errorf("README.md does not document the verdict header %s (row %q of contract_glue.go)", f.Header, f.Name)
+			t.Errorf("README.md does not document the verdict header %s (row %q of route/contract/glue.go)", f.Header, f.Name)
 		}
 	}
 }

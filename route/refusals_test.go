@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/route/contract"
 )
 
 // Refusals are logged at most once per refusalLogEvery, the next line
@@ -19,14 +21,14 @@ func TestRefusalsLoggedRateLimited(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 5; i++ {
-		d.NoteRefusal(503, ReasonOverloaded, "x")
+		d.Refusals().NoteRefusal(503, contract.ReasonOverloaded, "x")
 	}
-	d.NoteRefusal(200, "ok", "not a refusal")
+	d.Refusals().NoteRefusal(200, "ok", "not a refusal")
 	if n := strings.Count(logs.String(), "request refused by turnout"); n != 1 {
 		t.Fatalf("%d log lines for 5 refusals within %v, want 1:\n%s", n, refusalLogEvery, logs.String())
 	}
 	d.ref.lastLog.Store(0) // the interval passed
-	d.NoteRefusal(503, ReasonOverloaded, "x")
+	d.Refusals().NoteRefusal(503, contract.ReasonOverloaded, "x")
 	if !strings.Contains(logs.String(), `"not_logged_since_last":4`) {
 		t.Fatalf("the next line does not count the 4 unlogged:\n%s", logs.String())
 	}

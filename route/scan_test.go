@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/payload"
 )
@@ -58,7 +59,7 @@ func TestOneBodyScan(t *testing.T) {
 					tc.check(t, r.Payload)
 				}
 			}
-			ctx := do(tc.s, tc.body, HdrOriginalURI, "/v1/chat/completions")
+			ctx := do(tc.s, tc.body, contract.HdrOriginalURI, "/v1/chat/completions")
 			if ctx.Response.StatusCode() != tc.status {
 				t.Fatalf("status %d, want %d: %s", ctx.Response.StatusCode(), tc.status, ctx.Response.Body())
 			}

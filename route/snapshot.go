@@ -14,6 +14,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/flow"
 	"github.com/turnout/turnout/route/models"
@@ -101,13 +102,13 @@ func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, sto
 		s.gen = prev.gen + 1
 	}
 	for _, h := range cfg.SessionHeaders {
-		s.sessionHdrs = append(s.sessionHdrs, normHeader([]byte(h)))
+		s.sessionHdrs = append(s.sessionHdrs, contract.NormHeader([]byte(h)))
 	}
 	for _, h := range cfg.ModelHeaders {
-		s.modelHdrs = append(s.modelHdrs, normHeader([]byte(h)))
+		s.modelHdrs = append(s.modelHdrs, contract.NormHeader([]byte(h)))
 	}
-	for _, h := range ForwardedHeaders(cfg) {
-		s.fwdHdrs = append(s.fwdHdrs, normHeader([]byte(h.Name)))
+	for _, h := range contract.ForwardedHeaders(cfg) {
+		s.fwdHdrs = append(s.fwdHdrs, contract.NormHeader([]byte(h.Name)))
 		s.fwdRoles = append(s.fwdRoles, hdrForwarded|s.headerRole(s.fwdHdrs[len(s.fwdHdrs)-1]))
 	}
 	prevPools := map[string]*fleet.Pool{}
@@ -243,32 +244,6 @@ func closeAll(ps []fleet.Policy) {
 	}
 }
 
-// NormHeader lower-cases a header name and maps '_' to '-': the form
-// session and model header names are matched in.
-func NormHeader(b []byte) []byte { return normHeader(b) }
-
-// HeaderIs compares a raw header name to a NormHeader'd one without allocating.
-func HeaderIs(raw, norm []byte) bool { return headerIs(raw, norm) }
-
-// normHeader lower-cases a header name and maps '_' to '-'.
-func normHeader(b []byte) []byte {
-	out := make([]byte, len(b))
-	for i, c := range b {
-		out[i] = normByte(c)
-	}
-	return out
-}
-
-func normByte(c byte) byte {
-	switch {
-	case c >= 'A' && c <= 'Z':
-		return c + ('a' - 'A')
-	case c == '_':
-		return '-'
-	}
-	return c
-}
-
 // CheckPolicies builds every pool's policy from cfg without starting any
 // (no KV-event subscriptions, no network), so `turnout render` reports bad
 // policy names and params, with their lines, before a proxy is configured.
@@ -362,7 +337,7 @@ func (s *Snapshot) forwarded(name []byte) bool { return s.forwardedRole(name) !=
 // ForwardedHeaders, else 0.
 func (s *Snapshot) forwardedRole(name []byte) hdrRole {
 	for i, f := range s.fwdHdrs {
-		if headerIs(name, f) {
+		if contract.HeaderIs(name, f) {
 			return s.fwdRoles[i]
 		}
 	}

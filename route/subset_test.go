@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/turnout/turnout/route/contract"
 )
 
 // A subset hint narrows every policy's pick to the hinted endpoints, and
@@ -13,12 +15,12 @@ func TestSubsetHintNarrowsThePickWithoutAllocating(t *testing.T) {
 		t.Run(pol, func(t *testing.T) {
 			s := mustServer(t, fmt.Sprintf(fourEndpoints, pol))
 			defer s.Close()
-			sub := &Subset{Addrs: [][]byte{[]byte("127.0.0.1:8002"), []byte("127.0.0.1:8004")}}
+			sub := &contract.Subset{Addrs: [][]byte{[]byte("127.0.0.1:8002"), []byte("127.0.0.1:8004")}}
 			body := []byte(body4K(1))
-			var v Verdict
-			var in Input
+			var v contract.Verdict
+			var in contract.Input
 			run := func() {
-				in = Input{Body: body, Subset: sub}
+				in = contract.Input{Body: body, Subset: sub}
 				s.Decide(&in, &v)
 				if v.Status != 200 || (string(v.Server) != "b" && string(v.Server) != "d") {
 					t.Fatalf("status %d server %s, want b or d", v.Status, v.Server)
@@ -28,7 +30,7 @@ func TestSubsetHintNarrowsThePickWithoutAllocating(t *testing.T) {
 						t.Fatalf("fallback %s outside the hint", f)
 					}
 				}
-				s.Complete(v.Decision)
+				s.Ledger().Complete(v.Decision)
 			}
 			for range 100 {
 				run()
@@ -45,10 +47,10 @@ func TestSubsetHintNarrowsThePickWithoutAllocating(t *testing.T) {
 func TestSubsetHintOfUnavailableEndpoints(t *testing.T) {
 	s := mustServer(t, strings.Replace(fmt.Sprintf(fourEndpoints, "round-robin"), "127.0.0.1:8002}", "127.0.0.1:8002, draining: true}", 1))
 	defer s.Close()
-	in := Input{Body: []byte(body4K(1)), Subset: &Subset{Addrs: [][]byte{[]byte("127.0.0.1:8002")}}}
-	var v Verdict
+	in := contract.Input{Body: []byte(body4K(1)), Subset: &contract.Subset{Addrs: [][]byte{[]byte("127.0.0.1:8002")}}}
+	var v contract.Verdict
 	s.Decide(&in, &v)
-	if v.Status != 503 || v.Reason != ReasonNoEndpoint {
+	if v.Status != 503 || v.Reason != contract.ReasonNoEndpoint {
 		t.Fatalf("status %d reason %s server %s", v.Status, v.Reason, v.Server)
 	}
 }

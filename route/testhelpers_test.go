@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/internal/routetest"
 
 	"github.com/valyala/fasthttp"
@@ -32,7 +33,7 @@ func mustServer(t testing.TB, y string) *Decider {
 // do decides one request through handle.
 func do(s *Decider, body string, hdrs ...string) *fasthttp.RequestCtx {
 	var ctx fasthttp.RequestCtx
-	ctx.Request.SetRequestURI(PathRoute)
+	ctx.Request.SetRequestURI(contract.PathRoute)
 	ctx.Request.Header.SetMethod("POST")
 	ctx.Request.Header.DisableNormalizing()
 	for i := 0; i+1 < len(hdrs); i += 2 {
@@ -63,14 +64,14 @@ func handle(s *Decider, ctx *fasthttp.RequestCtx) {
 	ctx.SetStatusCode(v.Status)
 	if !v.Routed() {
 		if v.RetryAfter {
-			h.Set(HdrRetryAfter, RetryAfterSeconds)
+			h.Set(contract.HdrRetryAfter, contract.RetryAfterSeconds)
 		}
-		h.Set(HdrReason, v.Reason)
+		h.Set(contract.HdrReason, v.Reason)
 		ctx.SetContentType("application/json")
 		ctx.SetBody(v.Body)
 		return
 	}
-	fields := RoutedFields()
+	fields := contract.RoutedFields()
 	for i := range fields {
 		if b := fields[i].Value(v); fields[i].Header != "" && len(b) > 0 {
 			h.SetBytesV(fields[i].Header, b)
@@ -83,11 +84,11 @@ func handle(s *Decider, ctx *fasthttp.RequestCtx) {
 		}
 		buf = append(buf, f...)
 	}
-	h.SetBytesV(HdrFallbacks, buf)
+	h.SetBytesV(contract.HdrFallbacks, buf)
 	t.Buf.Out = buf
 	if len(v.KVInsert) > 0 && v.KVAt >= 0 {
-		h.Set(HdrKVInsert, base64.StdEncoding.EncodeToString(v.KVInsert))
-		h.Set(HdrKVAt, strconv.Itoa(v.KVAt))
+		h.Set(contract.HdrKVInsert, base64.StdEncoding.EncodeToString(v.KVInsert))
+		h.Set(contract.HdrKVAt, strconv.Itoa(v.KVAt))
 	}
 }
 

@@ -1,9 +1,10 @@
 package route
 
 import (
-	"encoding/json"
 	"fmt"
 	"testing"
+
+	"github.com/turnout/turnout/route/contract"
 )
 
 // The body edit turnout sends the glue must rebuild exactly DecodeBody,
@@ -16,7 +17,7 @@ func TestBodyEditMatchesDecodeBody(t *testing.T) {
 		"\n{\"messages\":[{\"content\":\"日本語 \\\"q\\\"\"}],\"n\":1e3}",
 		`{"a":{"b":{}}}`,
 	} {
-		ins, at := BodyEdit([]byte(body), []byte(kv), nil)
+		ins, at := contract.BodyEdit([]byte(body), []byte(kv), nil)
 		if at < 0 {
 			t.Fatalf("%q: refused", body)
 		}
@@ -27,7 +28,7 @@ func TestBodyEditMatchesDecodeBody(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{``, `[1]`, `x{}`} {
-		if _, at := BodyEdit([]byte(bad), []byte(kv), nil); at >= 0 {
+		if _, at := contract.BodyEdit([]byte(bad), []byte(kv), nil); at >= 0 {
 			t.Fatalf("body %q accepted", bad)
 		}
 	}
@@ -36,16 +37,16 @@ func TestBodyEditMatchesDecodeBody(t *testing.T) {
 // A warm Decide allocates nothing (the SPOE agent calls it directly).
 func TestDecideAllocs(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(fourEndpoints, "prefix-affinity"))
-	var in Input
+	var in contract.Input
 	in.AddHeader([]byte("x-session-id"), []byte("u"))
 	in.Body = []byte(body4K(1))
-	var v Verdict
+	var v contract.Verdict
 	run := func() {
 		s.Decide(&in, &v)
 		if !v.Routed() {
 			t.Fatalf("status %d", v.Status)
 		}
-		s.Complete(v.Decision)
+		s.Ledger().Complete(v.Decision)
 	}
 	for range 100 {
 		run()
@@ -53,9 +54,4 @@ func TestDecideAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(200, run); n != 0 {
 		t.Fatalf("%v allocations per decision", n)
 	}
-}
-
-func jsonHasCode(b []byte, code string) bool {
-	var e apiError
-	return json.Unmarshal(b, &e) == nil && e.Error.Code == code
 }

@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/epp"
 )
 
@@ -192,7 +192,7 @@ func (s *eppStack) ledger(t *testing.T, id string) logLine {
 	t.Helper()
 	hdr := map[string]string{}
 	if tok := s.tu.FeedbackToken(t); tok != "" {
-		hdr[route.HdrToken] = tok
+		hdr[contract.HdrToken] = tok
 	}
 	req, _ := http.NewRequest(http.MethodGet, s.tu.URL+"/internal/decision/"+id, nil)
 	for k, v := range hdr {
@@ -293,7 +293,7 @@ func TestEPP_E2E_EmptySubset503(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkRefusal(t, res, 503, route.ReasonSubsetEmpty)
+			checkRefusal(t, res, 503, contract.ReasonSubsetEmpty)
 		}
 	}
 	if v := s.metric(t, "turnout_endpoint_inflight"); v != 0 {
@@ -338,7 +338,7 @@ func TestEPP_E2E_Shed429(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkRefusal(t, res, 429, route.ReasonFlowShed)
+	checkRefusal(t, res, 429, contract.ReasonFlowShed)
 	if res.RetryAfter == "" {
 		t.Fatal("a shed request without Retry-After")
 	}
@@ -369,12 +369,12 @@ func TestEPP_E2E_FallbacksInOrder(t *testing.T) {
 	for a, n := range s.names {
 		byName[n] = a
 	}
-	want := []string{byName[hr.Header.Get(route.HdrServer)]}
-	for n := range strings.SplitSeq(hr.Header.Get(route.HdrFallbacks), ",") {
+	want := []string{byName[hr.Header.Get(contract.HdrServer)]}
+	for n := range strings.SplitSeq(hr.Header.Get(contract.HdrFallbacks), ",") {
 		want = append(want, byName[n])
 	}
 	if len(want) != 3 || slices.Contains(want, "") {
-		t.Fatalf("/internal/route named %s then %s", hr.Header.Get(route.HdrServer), hr.Header.Get(route.HdrFallbacks))
+		t.Fatalf("/internal/route named %s then %s", hr.Header.Get(contract.HdrServer), hr.Header.Get(contract.HdrFallbacks))
 	}
 	for range 3 {
 		res, err := s.gw.Do(ctx, req)
@@ -492,6 +492,6 @@ func TestEPP_E2E_NoEndpoint503(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkRefusal(t, res, 503, route.ReasonNoEndpoint)
+		checkRefusal(t, res, 503, contract.ReasonNoEndpoint)
 	}
 }

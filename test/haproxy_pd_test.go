@@ -24,6 +24,7 @@ import (
 
 	"github.com/turnout/turnout/lab/mock"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // hpdStack is turnout + HAProxy in front of a PD deployment "pd" (2 prefill,
@@ -442,7 +443,7 @@ func hpdNoPrefill(t *testing.T, s *hpdStack) {
 		r = s.post(t, hpdChat("pdr", "x", 2, false), nil)
 		return r.Status == 503
 	})
-	if r.Header.Get("X-Turnout-Reason") != route.ReasonNoPrefillEndpoint || r.Header.Get("Retry-After") != route.RetryAfterSeconds || !json.Valid(r.Body) || r.Header.Get("X-Replica") != "" {
+	if r.Header.Get("X-Turnout-Reason") != contract.ReasonNoPrefillEndpoint || r.Header.Get("Retry-After") != contract.RetryAfterSeconds || !json.Valid(r.Body) || r.Header.Get("X-Replica") != "" {
 		t.Errorf("no prefill: %d reason %q retry-after %q replica %q: %s", r.Status, r.Header.Get("X-Turnout-Reason"), r.Header.Get("Retry-After"), r.Header.Get("X-Replica"), r.Body)
 	}
 	var after int64

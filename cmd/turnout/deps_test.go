@@ -10,7 +10,7 @@ import (
 // the lab (the mock replica and the bench harness build into
 // cmd/turnout-lab) and of the test servers under lab/testenv, and the
 // HAProxy renderer free of the SPOE agent (what the renderer shares with the
-// agent lives in route/contract_spoe.go).
+// agent lives in route/contract/spoe.go).
 func TestBinaryDepsExcludeTest(t *testing.T) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
@@ -66,7 +66,7 @@ func TestBinaryDepsExcludeTest(t *testing.T) {
 	}
 	for _, p := range deps("github.com/turnout/turnout/haproxy") {
 		if p == mod+"route/spoe" {
-			t.Errorf("haproxy/ depends on route/spoe: share the contract through route/contract_spoe.go")
+			t.Errorf("haproxy/ depends on route/spoe: share the contract through route/contract/spoe.go")
 		}
 	}
 }

@@ -65,7 +65,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 	if pm, err := procmetrics.New(version); err != nil {
 		log.Warn().Err(err).Msg("process metrics unavailable")
 	} else {
-		srv.AddMetrics(pm.WriteMetrics)
+		srv.Extras().AddMetrics(pm.WriteMetrics)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -85,7 +85,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 	go hc.CheckServedModels(ctx, 0)
 	// Engine-reported load (issue 11): scrapes every endpoint's /metrics.
 	scraper := engineload.New(srv, log)
-	srv.AddMetrics(scraper.WriteMetrics)
+	srv.Extras().AddMetrics(scraper.WriteMetrics)
 	go scraper.Run(ctx)
 	// Shared prefix view (issue 11): cluster settings are read at start.
 	if cfg.Cluster.Enabled() {
@@ -93,7 +93,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 		if err != nil {
 			return err
 		}
-		srv.AddMetrics(cs.WriteMetrics)
+		srv.Extras().AddMetrics(cs.WriteMetrics)
 		go cs.Run(ctx)
 		defer func() { stop(); cs.Wait() }() // flushes the last batch
 		log.Info().Str("cluster", cfg.Cluster.String()).Msg("cluster prefix sharing on")

@@ -24,16 +24,16 @@ import (
 
 	"github.com/turnout/turnout/haproxy"
 	"github.com/turnout/turnout/lab/mock"
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // Pre-built header names and values: the trivial handler must not allocate.
 var (
-	hdrServerB    = []byte(route.HdrServer)
-	hdrBackendB   = []byte(route.HdrBackend)
-	hdrPoolB      = []byte(route.HdrPool)
-	hdrFallbacksB = []byte(route.HdrFallbacks)
-	hdrDecisionB  = []byte(route.HdrDecision)
+	hdrServerB    = []byte(contract.HdrServer)
+	hdrBackendB   = []byte(contract.HdrBackend)
+	hdrPoolB      = []byte(contract.HdrPool)
+	hdrFallbacksB = []byte(contract.HdrFallbacks)
+	hdrDecisionB  = []byte(contract.HdrDecision)
 	trivServer    = []byte("r0")
 	trivBackend   = []byte("127.0.0.1:18000")
 	trivPool      = []byte("bench_mixed")
@@ -312,7 +312,7 @@ func costRoute(ctx context.Context, o CostOptions) ([]CostRow, error) {
 	}
 	bodies := CostBodies(64, "llama", 1, false, 1)
 	rt := func(name, addr string) costTarget {
-		return costTarget{Group: "route", LoadTarget: LoadTarget{Name: name, Addr: addr, Path: route.PathRoute, RouteHeaders: true},
+		return costTarget{Group: "route", LoadTarget: LoadTarget{Name: name, Addr: addr, Path: contract.PathRoute, RouteHeaders: true},
 			Bodies: bodies, Conns: o.Conns, Duration: o.Duration}
 	}
 	targets := []costTarget{rt("trivial-fasthttp", addr)}
@@ -345,7 +345,7 @@ func costRoute(ctx context.Context, o CostOptions) ([]CostRow, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := waitHTTP(ctx, p, "http://"+listen+route.PathReadyz, http.StatusOK, 10*time.Second); err != nil {
+		if err := waitHTTP(ctx, p, "http://"+listen+contract.PathReadyz, http.StatusOK, 10*time.Second); err != nil {
 			return nil, err
 		}
 		targets = append(targets, rt("route "+spec.String(), listen))

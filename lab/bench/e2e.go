@@ -21,7 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/nginx"
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // E2EOptions configure a replay through real processes on loopback:
@@ -207,7 +207,7 @@ func e2eRow(ctx context.Context, reqs []Request, trace string, spec PolicySpec, 
 	}
 	row := MakeRow(e2eMode(spec, o), trace, spec, res, inf, pooled, 1/o.TimeScale)
 	if st.TurnoutURL != "" {
-		text, err := getText(ctx, st.TurnoutURL+route.PathMetrics)
+		text, err := getText(ctx, st.TurnoutURL+contract.PathMetrics)
 		if err != nil {
 			return Row{}, fmt.Errorf("turnout metrics: %w", err)
 		}
@@ -462,7 +462,7 @@ func (st *Stack) startTurnout(ctx context.Context, o StackOptions, base ConfigOp
 	}
 	st.TurnoutPID = tp.cmd.Process.Pid
 	st.TurnoutURL = "http://" + listen
-	return waitHTTP(ctx, tp, st.TurnoutURL+route.PathReadyz, http.StatusOK, 10*time.Second)
+	return waitHTTP(ctx, tp, st.TurnoutURL+contract.PathReadyz, http.StatusOK, 10*time.Second)
 }
 
 // ReplicaLoads reads each replica's counters from its /metrics.

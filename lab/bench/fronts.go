@@ -13,7 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // Several fronts (issue 27): N HAProxy (or nginx) + turnout stacks with
@@ -166,7 +166,7 @@ func frontsRow(ctx context.Context, reqs []Request, trace string, spec PolicySpe
 		if st.TurnoutURL == "" {
 			continue
 		}
-		text, err := getText(ctx, st.TurnoutURL+route.PathMetrics)
+		text, err := getText(ctx, st.TurnoutURL+contract.PathMetrics)
 		if err != nil {
 			return Row{}, fmt.Errorf("turnout metrics: %w", err)
 		}
@@ -184,7 +184,7 @@ func frontsRow(ctx context.Context, reqs []Request, trace string, spec PolicySpe
 func waitClusterConnected(ctx context.Context, turnoutURL string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		text, err := getText(ctx, turnoutURL+route.PathMetrics)
+		text, err := getText(ctx, turnoutURL+contract.PathMetrics)
 		if err == nil && SumProm(ParseProm(text), "turnout_cluster_connected") == 1 {
 			return nil
 		}

@@ -19,7 +19,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/lab/mock"
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // CostBody is one request of the cost load: a chat body and its session.
@@ -137,8 +137,8 @@ func GoLoad(ctx context.Context, t LoadTarget, bodies []CostBody, conns int, d t
 				req.Header.SetContentType("application/json")
 				req.Header.Set("X-Session-Id", b.Session)
 				if t.RouteHeaders {
-					req.Header.Set(route.HdrOriginalURI, mock.PathChat)
-					req.Header.Set(route.HdrOriginalMethod, fasthttp.MethodPost)
+					req.Header.Set(contract.HdrOriginalURI, mock.PathChat)
+					req.Header.Set(contract.HdrOriginalMethod, fasthttp.MethodPost)
 				}
 				req.SetBodyRaw(b.Body)
 				err := hc.Do(req, resp)
@@ -189,7 +189,7 @@ func WrkScript(path string, t LoadTarget, bodies []CostBody) error {
 	b.WriteString("}\nlocal reqs = {}\nlocal i = 0\nfunction init(args)\n  for k, v in ipairs(bodies) do\n")
 	b.WriteString("    local h = { [\"Content-Type\"] = \"application/json\", [\"X-Session-Id\"] = v[2]")
 	if t.RouteHeaders {
-		fmt.Fprintf(&b, ", [%q] = %q, [%q] = \"POST\"", route.HdrOriginalURI, mock.PathChat, route.HdrOriginalMethod)
+		fmt.Fprintf(&b, ", [%q] = %q, [%q] = \"POST\"", contract.HdrOriginalURI, mock.PathChat, contract.HdrOriginalMethod)
 	}
 	fmt.Fprintf(&b, " }\n    reqs[k] = wrk.format(\"POST\", %q, h, v[1])\n  end\nend\n", t.Path)
 	b.WriteString("function request()\n  i = i + 1\n  return reqs[(i % #reqs) + 1]\nend\n")

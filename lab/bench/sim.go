@@ -19,6 +19,7 @@ import (
 
 	"github.com/turnout/turnout/lab/mock"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/kv"
 	"github.com/turnout/turnout/route/policy"
 )
@@ -274,10 +275,10 @@ func (t *turnoutRouter) Route(r *Request, body []byte) (int, uint64, error) {
 	ctx.Request.Reset()
 	ctx.Response.Reset()
 	ctx.Request.Header.SetMethod(fasthttp.MethodPost)
-	ctx.Request.SetRequestURI(route.PathRoute)
+	ctx.Request.SetRequestURI(contract.PathRoute)
 	ctx.Request.Header.SetContentType("application/json")
-	ctx.Request.Header.Set(route.HdrOriginalURI, mock.PathChat)
-	ctx.Request.Header.Set(route.HdrOriginalMethod, fasthttp.MethodPost)
+	ctx.Request.Header.Set(contract.HdrOriginalURI, mock.PathChat)
+	ctx.Request.Header.Set(contract.HdrOriginalMethod, fasthttp.MethodPost)
 	if r.Session != "" {
 		ctx.Request.Header.Set("X-Session-Id", r.Session)
 	}
@@ -286,12 +287,12 @@ func (t *turnoutRouter) Route(r *Request, body []byte) (int, uint64, error) {
 	if sc := ctx.Response.StatusCode(); sc != fasthttp.StatusOK {
 		return 0, 0, fmt.Errorf("route status %d: %s", sc, ctx.Response.Body())
 	}
-	name := ctx.Response.Header.Peek(route.HdrServer)
+	name := ctx.Response.Header.Peek(contract.HdrServer)
 	i, ok := t.names[string(name)]
 	if !ok {
 		return 0, 0, fmt.Errorf("route named unknown server %q", name)
 	}
-	id, err := strconv.ParseUint(string(ctx.Response.Header.Peek(route.HdrDecision)), 16, 64)
+	id, err := strconv.ParseUint(string(ctx.Response.Header.Peek(contract.HdrDecision)), 16, 64)
 	if err != nil {
 		return 0, 0, fmt.Errorf("route decision id: %w", err)
 	}
@@ -299,7 +300,7 @@ func (t *turnoutRouter) Route(r *Request, body []byte) (int, uint64, error) {
 }
 
 func (t *turnoutRouter) Done(id uint64) error {
-	if !t.srv.Complete(id) {
+	if !t.srv.Ledger().Complete(id) {
 		return fmt.Errorf("decision %016x was not open", id)
 	}
 	return nil
@@ -309,7 +310,7 @@ func (t *turnoutRouter) Done(id uint64) error {
 // line reports it, with the time from the decision to the first token.
 func (t *turnoutRouter) DoneTTFB(id uint64, ttfb, total time.Duration) error {
 	c := route.Completion{Status: 200, Ms: total.Milliseconds(), TTFB: ttfb.Milliseconds(), Retries: 0}
-	if t.srv.CloseDecisionWith(id, c) == nil {
+	if t.srv.Ledger().CloseDecisionWith(id, c) == nil {
 		return fmt.Errorf("decision %016x was not open", id)
 	}
 	return nil

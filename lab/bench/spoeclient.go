@@ -10,7 +10,7 @@ import (
 	"net"
 	"time"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // The HAProxy side of SPOP (HAProxy doc/SPOE.txt), only what the transport
@@ -129,21 +129,21 @@ func (s *spoeClient) roundTrip(frame []byte) (byte, []byte, error) {
 
 // spoeServerVar is the ACK's set-var of the chosen server, as encoded
 // (varint length + name): present in every routed answer.
-var spoeServerVar = append([]byte{byte(len(route.SPOEVarServer))}, route.SPOEVarServer...)
+var spoeServerVar = append([]byte{byte(len(contract.SPOEVarServer))}, contract.SPOEVarServer...)
 
 // decide sends one route NOTIFY and reads its ACK; a refusal or an empty
 // ACK is an error.
 func (s *spoeClient) decide(stream uint64, method, uri string, hdrs, body []byte) error {
 	s.frame++
-	p := spopBytes(s.out[:0], []byte(route.SPOEMessageRoute))
+	p := spopBytes(s.out[:0], []byte(contract.SPOEMessageRoute))
 	p = append(p, 4)
-	p = spopBytes(p, []byte(route.SPOEArgMethod))
+	p = spopBytes(p, []byte(contract.SPOEArgMethod))
 	p = spopBytes(append(p, spopString), []byte(method))
-	p = spopBytes(p, []byte(route.SPOEArgURI))
+	p = spopBytes(p, []byte(contract.SPOEArgURI))
 	p = spopBytes(append(p, spopString), []byte(uri))
-	p = spopBytes(p, []byte(route.SPOEArgHeaders))
+	p = spopBytes(p, []byte(contract.SPOEArgHeaders))
 	p = spopBytes(append(p, spopBinary), hdrs)
-	p = spopBytes(p, []byte(route.SPOEArgBody))
+	p = spopBytes(p, []byte(contract.SPOEArgBody))
 	p = spopBytes(append(p, spopBinary), body)
 	n := len(p)
 	p = spopFrame(p, spopNotify, stream, s.frame, p[:n])

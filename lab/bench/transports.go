@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/turnout/turnout/lab/mock"
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // The transport benchmark: what one decision costs turnout through each of
@@ -133,7 +133,7 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		if err != nil {
 			return nil, nil, err
 		}
-		if err := waitHTTP(ctx, p, "http://"+addrs["listen"]+route.PathReadyz, http.StatusOK, 10*time.Second); err != nil {
+		if err := waitHTTP(ctx, p, "http://"+addrs["listen"]+contract.PathReadyz, http.StatusOK, 10*time.Second); err != nil {
 			return nil, nil, err
 		}
 		return p, addrs, nil
@@ -293,7 +293,7 @@ func routeWorker(addr string, bodies []CostBody) func(int) (func(int) error, fun
 	return func(int) (func(int) error, func(), error) {
 		hc := &fasthttp.HostClient{Addr: addr, MaxConns: 1, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, NoDefaultUserAgentHeader: true}
 		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		url := "http://" + addr + route.PathRoute
+		url := "http://" + addr + contract.PathRoute
 		decide := func(i int) error {
 			b := &bodies[i%len(bodies)]
 			req.Reset()
@@ -301,13 +301,13 @@ func routeWorker(addr string, bodies []CostBody) func(int) (func(int) error, fun
 			req.Header.SetMethod(fasthttp.MethodPost)
 			req.Header.SetContentType("application/json")
 			req.Header.Set("X-Session-Id", b.Session)
-			req.Header.Set(route.HdrOriginalURI, mock.PathChat)
-			req.Header.Set(route.HdrOriginalMethod, fasthttp.MethodPost)
+			req.Header.Set(contract.HdrOriginalURI, mock.PathChat)
+			req.Header.Set(contract.HdrOriginalMethod, fasthttp.MethodPost)
 			req.SetBodyRaw(b.Body)
 			if err := hc.Do(req, resp); err != nil {
 				return err
 			}
-			if resp.StatusCode() != fasthttp.StatusOK || len(resp.Header.Peek(route.HdrBackend)) == 0 {
+			if resp.StatusCode() != fasthttp.StatusOK || len(resp.Header.Peek(contract.HdrBackend)) == 0 {
 				return fmt.Errorf("status %d without a backend: %.200s", resp.StatusCode(), resp.Body())
 			}
 			return nil

@@ -16,6 +16,7 @@ import (
 
 	"github.com/turnout/turnout/lab/testenv/natstest"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // body4K is the route package's benchmark body: ~4 KiB chat, shared system
@@ -59,8 +60,8 @@ func benchDecisions(b *testing.B, sync bool) {
 		ctx := ctxs[i%len(ctxs)]
 		ctx.Response.Reset()
 		api.Handler(ctx)
-		id, _ := strconv.ParseUint(b2s(ctx.Response.Header.Peek(route.HdrDecision)), 16, 64)
-		n.srv.Complete(id)
+		id, _ := strconv.ParseUint(b2s(ctx.Response.Header.Peek(contract.HdrDecision)), 16, 64)
+		n.srv.Ledger().Complete(id)
 	}
 	b.StopTimer()
 	if sync {

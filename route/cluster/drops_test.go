@@ -39,7 +39,7 @@ func TestSyncDropsVisible(t *testing.T) {
 		decide(t, n, routeCtx(prompt(i), ""))
 	}
 	var b strings.Builder
-	srv.WriteReadinessNotes(&b)
+	srv.Extras().WriteReadinessNotes(&b)
 	if !strings.Contains(b.String(), "cluster: NATS UNREACHABLE; 0 prefix decisions shared, 24 dropped (100.0%: queue full 24") {
 		t.Fatalf("readyz?verbose notes:\n%s", b.String())
 	}

@@ -144,7 +144,7 @@ func New(srv *route.Decider, cfg config.ClusterConfig, log *zerolog.Logger) (*Sy
 		return nil, fmt.Errorf("cluster: connect %s: %w", cfg.NATS, err)
 	}
 	s.nc = nc
-	srv.AddReadiness(s.writeReadiness)
+	srv.Extras().AddReadiness(s.writeReadiness)
 	if nc.IsConnected() {
 		s.up(nc, "connected")
 	} else {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/turnout/turnout/lab/testenv/natstest"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 const fourEndpoints = `
@@ -82,7 +83,7 @@ func prompt(i int) string {
 
 func routeCtx(body, session string) *fasthttp.RequestCtx {
 	var ctx fasthttp.RequestCtx
-	ctx.Request.SetRequestURI(route.PathRoute)
+	ctx.Request.SetRequestURI(contract.PathRoute)
 	ctx.Request.Header.SetMethod("POST")
 	if session != "" {
 		ctx.Request.Header.Set("X-Session-Id", session)
@@ -99,9 +100,9 @@ func decide(t testing.TB, n *node, ctx *fasthttp.RequestCtx) string {
 		t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
 	}
 	var id uint64
-	fmt.Sscanf(string(ctx.Response.Header.Peek(route.HdrDecision)), "%x", &id)
-	n.srv.Complete(id)
-	return string(ctx.Response.Header.Peek(route.HdrServer))
+	fmt.Sscanf(string(ctx.Response.Header.Peek(contract.HdrDecision)), "%x", &id)
+	n.srv.Ledger().Complete(id)
+	return string(ctx.Response.Header.Peek(contract.HdrServer))
 }
 
 func metric(n *node, line string) string {
@@ -319,8 +320,8 @@ func TestSyncDecisionAllocs(t *testing.T) {
 	run := func() {
 		ctx.Response.Reset()
 		a.api.Handler(ctx)
-		id, _ := strconv.ParseUint(b2s(ctx.Response.Header.Peek(route.HdrDecision)), 16, 64)
-		a.srv.Complete(id)
+		id, _ := strconv.ParseUint(b2s(ctx.Response.Header.Peek(contract.HdrDecision)), 16, 64)
+		a.srv.Ledger().Complete(id)
 	}
 	if n := testing.AllocsPerRun(500, run); n != 0 {
 		t.Fatalf("%v allocations per decision with cluster sync on", n)
@@ -388,7 +389,7 @@ func TestSyncSharesLoads(t *testing.T) {
 		ctx := routeCtx(prompt(100+i), "")
 		a.api.Handler(ctx)
 		var id uint64
-		fmt.Sscanf(string(ctx.Response.Header.Peek(route.HdrDecision)), "%x", &id)
+		fmt.Sscanf(string(ctx.Response.Header.Peek(contract.HdrDecision)), "%x", &id)
 		ids = append(ids, id)
 	}
 	aEps := a.srv.Snapshot().Deployments[0].Serve.Endpoints
@@ -408,7 +409,7 @@ func TestSyncSharesLoads(t *testing.T) {
 	// one: a level left stale across an engine scrape would turn into an
 	// underestimate after it.
 	for k, id := range ids {
-		a.srv.Complete(id)
+		a.srv.Ledger().Complete(id)
 		eventually(t, fmt.Sprintf("B sees %d of A's decisions closed", k+1), func() bool {
 			return same() && bEps[0].PeerMark()+bEps[1].PeerMark()+bEps[2].PeerMark()+bEps[3].PeerMark() == int64(5-k)
 		})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/httpapi"
 )
@@ -102,7 +103,7 @@ func refetched(t *testing.T, sc *Scraper) (n int) {
 // in-flight change since the mark) until the next scrape.
 func TestScrapeDuringDecisionNotOvercounted(t *testing.T) {
 	srv, ep := markRig(t, func(srv *route.Decider, _ int) string {
-		apiCall(t, srv, route.PathRoute, markBody, 200)
+		apiCall(t, srv, contract.PathRoute, markBody, 200)
 		return vllmPage(1, 0, 0.1)
 	})
 	scrapeOnce(t, srv, ep)
@@ -119,7 +120,7 @@ func openDecisions(t *testing.T, srv *route.Decider, ep *fleet.Endpoint, n int) 
 	t.Helper()
 	var ids []string
 	for range n {
-		ids = append(ids, string(apiCall(t, srv, route.PathRoute, markBody, 200).Response.Header.Peek(route.HdrDecision)))
+		ids = append(ids, string(apiCall(t, srv, contract.PathRoute, markBody, 200).Response.Header.Peek(contract.HdrDecision)))
 	}
 	if ep.Inflight() != int64(n) {
 		t.Fatalf("in flight %d before the scrape, want %d", ep.Inflight(), n)
@@ -136,7 +137,7 @@ func TestScrapeDuringCompletionNotOvercounted(t *testing.T) {
 	var ids []string
 	srv, ep := markRig(t, func(srv *route.Decider, n int) string {
 		if n == 0 {
-			apiCall(t, srv, route.PathDone+"?id="+ids[0], "", 204)
+			apiCall(t, srv, contract.PathDone+"?id="+ids[0], "", 204)
 			return vllmPage(1, 0, 0.1) // finished after the page was built
 		}
 		return vllmPage(0, 0, 0.1)
@@ -159,7 +160,7 @@ func TestScrapeDuringCompletionNotUndercounted(t *testing.T) {
 	var ids []string
 	srv, ep := markRig(t, func(srv *route.Decider, n int) string {
 		if n == 0 {
-			apiCall(t, srv, route.PathDone+"?id="+ids[0], "", 204)
+			apiCall(t, srv, contract.PathDone+"?id="+ids[0], "", 204)
 		}
 		return vllmPage(1, 0, 0.1) // the other request
 	})

@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // vllmPage is the shape of a vLLM v1 page: one series per engine, labels,
@@ -191,7 +192,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func routeOnce(t *testing.T, srv *route.Decider) (string, time.Duration) {
 	t.Helper()
 	var ctx fasthttp.RequestCtx
-	ctx.Request.SetRequestURI(route.PathRoute)
+	ctx.Request.SetRequestURI(contract.PathRoute)
 	ctx.Request.Header.SetMethod("POST")
 	ctx.Request.SetBodyString(`{"model":"llama","messages":[{"role":"user","content":"hi"}]}`)
 	start := time.Now()
@@ -201,11 +202,11 @@ func routeOnce(t *testing.T, srv *route.Decider) (string, time.Duration) {
 		t.Fatalf("route status %d", ctx.Response.StatusCode())
 	}
 	var id uint64
-	fmt.Sscanf(string(ctx.Response.Header.Peek(route.HdrDecision)), "%x", &id)
-	if !srv.Complete(id) {
+	fmt.Sscanf(string(ctx.Response.Header.Peek(contract.HdrDecision)), "%x", &id)
+	if !srv.Ledger().Complete(id) {
 		t.Fatal("decision not completable")
 	}
-	return string(ctx.Response.Header.Peek(route.HdrServer)), took
+	return string(ctx.Response.Header.Peek(contract.HdrServer)), took
 }
 
 // Every kind of bad page is counted by kind, logged once per state change,

@@ -8,7 +8,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // What goes back to the gateway. A pick is the same value twice, as the
@@ -93,14 +93,14 @@ func streamedMutation(b []byte, eos bool) *extprocv3.CommonResponse {
 // refuse answers a refusal this transport makes itself, counted with
 // turnout's other refusals.
 func (st *stream) refuse(status int, typ, reason, msg string) error {
-	st.s.d.NoteRefusal(status, reason, msg)
-	return st.immediate(status, reason, route.ErrorBody(typ, reason, msg), false)
+	st.s.d.Refusals().NoteRefusal(status, reason, msg)
+	return st.immediate(status, reason, contract.ErrorBody(typ, reason, msg), false)
 }
 
 // refuseRetry is refuse with Retry-After.
 func (st *stream) refuseRetry(status int, typ, reason, msg string) error {
-	st.s.d.NoteRefusal(status, reason, msg)
-	return st.immediate(status, reason, route.ErrorBody(typ, reason, msg), true)
+	st.s.d.Refusals().NoteRefusal(status, reason, msg)
+	return st.immediate(status, reason, contract.ErrorBody(typ, reason, msg), true)
 }
 
 // immediate ends the request with turnout's answer instead of a replica's.
@@ -110,10 +110,10 @@ func (st *stream) immediate(status int, reason string, body []byte, retryAfter b
 	}
 	set := []*corev3.HeaderValueOption{
 		setHeader("content-type", "application/json"),
-		setHeader(route.HdrReason, reason),
+		setHeader(contract.HdrReason, reason),
 	}
 	if retryAfter {
-		set = append(set, setHeader(route.HdrRetryAfter, route.RetryAfterSeconds))
+		set = append(set, setHeader(contract.HdrRetryAfter, contract.RetryAfterSeconds))
 	}
 	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
 		Status:  &typev3.HttpStatus{Code: typev3.StatusCode(status)},

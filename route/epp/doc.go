@@ -2,7 +2,7 @@
 // Gateway API Inference Extension gateways (Istio, kgateway, agentgateway,
 // GKE, Envoy AI Gateway, NGINX Gateway Fabric) over the Endpoint Picker
 // Protocol, Envoy's ext_proc v3 gRPC stream. Each stream is one HTTP
-// request: its headers and body become a route.Input decided by the same
+// request: its headers and body become a contract.Input decided by the same
 // Decider call as /internal/route and the SPOE agent; the pick goes back
 // as the x-gateway-destination-endpoint header and envoy.lb dynamic
 // metadata, a refusal as an ImmediateResponse; the response phase closes

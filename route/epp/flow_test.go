@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 const flowYAML = `
@@ -57,7 +57,7 @@ func TestEPP_ShedIs429(t *testing.T) {
 	g.send(chatHeaders(false, "x-priority", "sheddable"))
 	g.sendBody(chat("m", "hi"), 64<<10)
 	f := refused(t, g.recv())
-	if f.status != 429 || f.reason != route.ReasonFlowShed || f.code != route.ReasonFlowShed || f.retry == "" {
+	if f.status != 429 || f.reason != contract.ReasonFlowShed || f.code != contract.ReasonFlowShed || f.retry == "" {
 		t.Fatalf("%+v", f)
 	}
 }

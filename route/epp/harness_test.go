@@ -44,7 +44,7 @@ func newHarness(t *testing.T, yaml string) *harness {
 	}
 	t.Cleanup(d.Close)
 	rec := &recordSink{}
-	d.SetRequestSink(rec, 1)
+	d.Ledger().SetRequestSink(rec, 1)
 	s, err := New(d, Options{TLS: config.EPPTLSConfig{Mode: config.EPPTLSOff}})
 	if err != nil {
 		t.Fatal(err)

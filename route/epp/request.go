@@ -12,6 +12,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 )
 
@@ -52,7 +53,7 @@ type stream struct {
 	// and held against limits.max_buffered_bytes, the content-length.
 	t      *route.Txn
 	hdr    *extprocv3.ProcessingRequest
-	subset route.Subset
+	subset contract.Subset
 	chunks [][]byte
 	seen   int
 	held   int
@@ -101,7 +102,7 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 		default:
 			switch {
 			case len(name) == 0 || name[0] == ':':
-			case route.HeaderIs(name, hdrContentLength):
+			case contract.HeaderIs(name, hdrContentLength):
 				st.clen = val
 			case len(val) > 0 && snap.Forwarded(name):
 				in.AddHeader(name, val)
@@ -249,7 +250,7 @@ func (st *stream) decide() (routed, done bool, err error) {
 }
 
 // pdRequest reports whether the request goes to a prefill/decode deployment.
-func pdRequest(d *route.Decider, in *route.Input) bool {
+func pdRequest(d *route.Decider, in *contract.Input) bool {
 	for _, dep := range d.Snapshot().Deployments {
 		if dep.Prefill != nil {
 			return d.Prefills(in)
@@ -323,7 +324,7 @@ func (st *stream) take(n int) bool {
 }
 
 func (st *stream) overloaded() error {
-	return st.refuseRetry(503, "service_unavailable", route.ReasonOverloaded, "too many request bytes in flight (limits.max_buffered_bytes)")
+	return st.refuseRetry(503, "service_unavailable", contract.ReasonOverloaded, "too many request bytes in flight (limits.max_buffered_bytes)")
 }
 
 func (st *stream) send(r *extprocv3.ProcessingResponse) error {

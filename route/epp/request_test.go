@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // FULL_DUPLEX_STREAMED, as llm-d's guides configure Envoy: headers, then
@@ -72,16 +72,16 @@ func TestEPP_FallbacksInOrder(t *testing.T) {
 	addrOf := map[string]string{"a": llamaAddrs[0], "b": llamaAddrs[1], "c": llamaAddrs[2], "d": llamaAddrs[3]}
 	for i := range 6 {
 		session := fmt.Sprint("session-", i)
-		var in route.Input
+		var in contract.Input
 		in.AddHeader([]byte("x-session-id"), []byte(session))
 		in.Body = chat("llama", "hi")
-		var v route.Verdict
+		var v contract.Verdict
 		h.d.Decide(&in, &v)
 		want := []string{addrOf[string(v.Server)]}
 		for _, f := range v.Fallbacks {
 			want = append(want, addrOf[string(f)])
 		}
-		h.d.Complete(v.Decision)
+		h.d.Ledger().Complete(v.Decision)
 
 		g := h.open(t)
 		g.send(chatHeaders(false, "x-session-id", session))
@@ -138,7 +138,7 @@ func TestEPP_MustReturn503WhenSubsetEmpty(t *testing.T) {
 			g.send(withSubset(chatHeaders(false), tc.addrs...))
 			g.sendBody(chat("llama", "hi"), 64<<10)
 			f := refused(t, g.recv())
-			if f.status != 503 || f.reason != route.ReasonSubsetEmpty || f.code != route.ReasonSubsetEmpty {
+			if f.status != 503 || f.reason != contract.ReasonSubsetEmpty || f.code != contract.ReasonSubsetEmpty {
 				t.Fatalf("%+v", f)
 			}
 		})
@@ -240,7 +240,7 @@ func TestEPP_RefusalsAreImmediateResponses(t *testing.T) {
 	}{
 		{"unknown model", chat("nope", "hi"), 404, "model_not_found"},
 		{"no model with several deployments", []byte(`{"prompt":"hi"}`), 400, "model_required"},
-		{"no ready endpoint", chat("gone", "hi"), 503, route.ReasonNoEndpoint},
+		{"no ready endpoint", chat("gone", "hi"), 503, contract.ReasonNoEndpoint},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := h.open(t)
@@ -330,7 +330,7 @@ func TestEPP_BufferedBytesBudget(t *testing.T) {
 	second.send(chatHeaders(false))
 	second.send(reqBody(bytes.Repeat([]byte("y"), 3000), false))
 	f := refused(t, second.recv())
-	if f.status != 503 || f.reason != route.ReasonOverloaded || f.retry == "" {
+	if f.status != 503 || f.reason != contract.ReasonOverloaded || f.retry == "" {
 		t.Fatalf("%+v", f)
 	}
 	first.cancel()

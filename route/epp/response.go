@@ -95,7 +95,7 @@ func (st *stream) closeDecision() {
 	now := time.Now()
 	ms := now.Sub(st.start).Milliseconds()
 	c := route.Completion{Status: r.status, Ms: ms, TTFB: r.ttfb, Retries: -1, Served: r.served}
-	state := st.s.d.CloseDecisionWith(st.id, c)
+	state := st.s.d.Ledger().CloseDecisionWith(st.id, c)
 	closed := state != nil
 	if r.served != nil {
 		state = r.served.State

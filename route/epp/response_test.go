@@ -31,7 +31,7 @@ func TestEPP_ResponsePhaseClosesDecision(t *testing.T) {
 	}
 	chunks := [][]byte{[]byte("data: {\"choices\":[]}\n\n"), []byte("data: [DONE]\n\n")}
 	for i, c := range chunks {
-		if _, _, done := h.d.LedgerCounts(); done != 0 {
+		if _, _, done := h.d.Ledger().Counts(); done != 0 {
 			t.Fatalf("closed before the body's end (chunk %d)", i)
 		}
 		g.send(respBody(c, i == len(chunks)-1))
@@ -106,7 +106,7 @@ func TestEPP_StreamEndWithoutResponseLeavesDecision(t *testing.T) {
 	g2.recv()
 	g2.cancel() // the client went away mid-response
 	eventually(t, 5*time.Second, func() error {
-		opened, completed, _ := h.d.LedgerCounts()
+		opened, completed, _ := h.d.Ledger().Counts()
 		if opened != 2 || completed != 1 {
 			return fmt.Errorf("opened %d completed %d, want 2 and 1", opened, completed)
 		}

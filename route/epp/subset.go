@@ -6,7 +6,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // What the gateway sends in metadata_context (filter_metadata): the
@@ -17,7 +17,7 @@ import (
 // none (every endpoint may be picked). A hint that is present but empty,
 // or lists nothing turnout routes to, is a hint all the same: the
 // decision refuses it with 503, as the protocol requires.
-func subsetHint(md *corev3.Metadata, sub *route.Subset) bool {
+func subsetHint(md *corev3.Metadata, sub *contract.Subset) bool {
 	ns := md.GetFilterMetadata()[NSSubset]
 	if ns == nil {
 		return false
@@ -52,7 +52,7 @@ func servedAddr(md *corev3.Metadata) string {
 	return strings.TrimSpace(s)
 }
 
-func addAddr(sub *route.Subset, a string) {
+func addAddr(sub *contract.Subset, a string) {
 	if a = strings.TrimSpace(a); a != "" {
 		sub.Addrs = append(sub.Addrs, viewOf(a))
 	}

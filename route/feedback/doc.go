@@ -1,6 +1,6 @@
 // Package feedback closes a Decider's decisions from the proxy's
 // completion feedback and watches what that feedback says: it reads the
-// proxy's log lines over UDP syslog (the line of route's contract.go),
+// proxy's log lines over UDP syslog (the line of route/contract/feedback.go),
 // closes the decision each names, records per-endpoint status classes,
 // durations and times to first byte, notices when completions stop
 // arriving, and detects stalled endpoints (a slow first byte or a decision

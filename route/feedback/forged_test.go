@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 )
 
@@ -20,11 +20,11 @@ func TestForgedLinesDoNotHideStall(t *testing.T) {
 	var onR0 bool
 	for i := 0; i < 40 && (!onR0 || completed(s) == 0); i++ {
 		ctx := do(s, chatBody("llama", "", "x"))
-		if hdr(ctx, route.HdrServer) == "r0" {
+		if hdr(ctx, contract.HdrServer) == "r0" {
 			onR0 = true
 			continue
 		}
-		s.Line([]byte("turnout-done id=" + hdr(ctx, route.HdrDecision) + " srv=r1 status=200 ms=5 ttfb=2"))
+		s.Line([]byte("turnout-done id=" + hdr(ctx, contract.HdrDecision) + " srv=r1 status=200 ms=5 ttfb=2"))
 	}
 	if !onR0 {
 		t.Fatal("no decision for r0")
@@ -60,10 +60,10 @@ func TestStallBelievesOpenDecisionsOverEngine(t *testing.T) {
 	var r1IDs []string
 	for i := 0; i < 8; i++ {
 		ctx := do(s, chatBody("llama", "", "x"))
-		if hdr(ctx, route.HdrServer) == "r0" {
+		if hdr(ctx, contract.HdrServer) == "r0" {
 			onR0++
 		} else {
-			r1IDs = append(r1IDs, hdr(ctx, route.HdrDecision))
+			r1IDs = append(r1IDs, hdr(ctx, contract.HdrDecision))
 		}
 	}
 	if onR0 < 3 || len(r1IDs) == 0 {
@@ -79,10 +79,10 @@ func TestStallBelievesOpenDecisionsOverEngine(t *testing.T) {
 	r1e.SetDown(true)
 	ctx := do(s, chatBody("llama", "", "x"))
 	r1e.SetDown(false)
-	if hdr(ctx, route.HdrServer) != "r0" {
+	if hdr(ctx, contract.HdrServer) != "r0" {
 		t.Fatal("no later decision on r0")
 	}
-	s.Line([]byte("turnout-done id=" + hdr(ctx, route.HdrDecision) + " srv=r0 status=200 ms=5 ttfb=2"))
+	s.Line([]byte("turnout-done id=" + hdr(ctx, contract.HdrDecision) + " srv=r0 status=200 ms=5 ttfb=2"))
 	r0e := endpointByName(s, "r0")
 	r0e.SetEngineLoad(&fleet.EngineLoad{Requests: 1, KVUsage: -1, Mark: r0e.Inflight()})
 	tickUntil(t, s, "r0 degraded", func() bool { return r0e.Degraded() })

@@ -7,6 +7,7 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/httpapi"
 	"github.com/turnout/turnout/route/internal/routetest"
 )
@@ -40,7 +41,7 @@ func mustServer(t testing.TB, y string) *testServer {
 // do sends one /internal/route request through the HTTP handler.
 func do(s *testServer, body string, hdrs ...string) *fasthttp.RequestCtx {
 	var ctx fasthttp.RequestCtx
-	ctx.Request.SetRequestURI(route.PathRoute)
+	ctx.Request.SetRequestURI(contract.PathRoute)
 	ctx.Request.Header.SetMethod("POST")
 	ctx.Request.Header.DisableNormalizing()
 	for i := 0; i+1 < len(hdrs); i += 2 {
@@ -53,11 +54,11 @@ func do(s *testServer, body string, hdrs ...string) *fasthttp.RequestCtx {
 
 func routeCtx(body string, session string) *fasthttp.RequestCtx {
 	var ctx fasthttp.RequestCtx
-	ctx.Request.SetRequestURI(route.PathRoute)
+	ctx.Request.SetRequestURI(contract.PathRoute)
 	ctx.Request.Header.SetMethod("POST")
 	ctx.Request.Header.Set("Content-Type", "application/json")
-	ctx.Request.Header.Set(route.HdrOriginalURI, "/v1/chat/completions")
-	ctx.Request.Header.Set(route.HdrOriginalMethod, "POST")
+	ctx.Request.Header.Set(contract.HdrOriginalURI, "/v1/chat/completions")
+	ctx.Request.Header.Set(contract.HdrOriginalMethod, "POST")
 	if session != "" {
 		ctx.Request.Header.Set("X-Session-Id", session)
 	}

@@ -3,10 +3,10 @@ package feedback
 import (
 	"bytes"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
-// The feedback line (the table of route/contract_feedback.go; the HAProxy and
+// The feedback line (the table of route/contract/feedback.go; the HAProxy and
 // nginx log formats write it): parsed here as a pure function over the
 // line's bytes, without a Decider, so the format's reader lives in one
 // place. FeedbackLine (feedback.go) acts on what it finds.
@@ -19,15 +19,15 @@ type feedbackFields struct {
 	retries               int64
 }
 
-// parseFeedbackLine reads the key=value fields after route.FeedbackTag in line
+// parseFeedbackLine reads the key=value fields after contract.FeedbackTag in line
 // (any syslog header before it); ok is false without the tag. It does not
 // allocate.
 func parseFeedbackLine(line []byte) (f feedbackFields, ok bool) {
-	i := bytes.Index(line, []byte(route.FeedbackTag+" "))
+	i := bytes.Index(line, []byte(contract.FeedbackTag+" "))
 	if i < 0 {
 		return f, false
 	}
-	return parseFeedback(line[i+len(route.FeedbackTag)+1:]), true
+	return parseFeedback(line[i+len(contract.FeedbackTag)+1:]), true
 }
 
 // parseFeedback reads space-separated key=value fields in any order;
@@ -47,22 +47,22 @@ func parseFeedback(rest []byte) (f feedbackFields) {
 		}
 		k, v := kv[:eq], bytes.Trim(kv[eq+1:], "\"")
 		switch string(k) { // no allocation: the compiler compares in place
-		case route.FeedbackFieldID:
+		case contract.FeedbackFieldID:
 			f.id, f.hasID = v, true
-		case route.FeedbackFieldServer:
+		case contract.FeedbackFieldServer:
 			f.srv, f.hasSrv = v, true
-		case route.FeedbackFieldStatus:
+		case contract.FeedbackFieldStatus:
 			f.status = parseMs(v)
-		case route.FeedbackFieldMs:
+		case contract.FeedbackFieldMs:
 			f.ms = parseMs(v)
-		case route.FeedbackFieldTTFB:
+		case contract.FeedbackFieldTTFB:
 			f.ttfb = parseMs(v)
-		case route.FeedbackFieldRetries:
+		case contract.FeedbackFieldRetries:
 			// "+1": the retry redispatched to another server.
 			f.retries = parseMs(bytes.TrimPrefix(v, []byte("+")))
-		case route.FeedbackFieldUpstream:
+		case contract.FeedbackFieldUpstream:
 			f.up = v
-		case route.FeedbackFieldToken:
+		case contract.FeedbackFieldToken:
 			f.tok, f.hasTok = v, true
 		}
 	}

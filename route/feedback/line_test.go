@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // The feedback line as the HAProxy and nginx log formats write it, and
@@ -46,7 +46,7 @@ func TestParseFeedbackLine(t *testing.T) {
 
 func TestParseFeedbackLineAllocs(t *testing.T) {
 	line := []byte(fmt.Sprintf("<134>haproxy[1]: %s %s=00ff %s=b %s=200 %s=1234 %s=12 %s=t0k be=x",
-		route.FeedbackTag, route.FeedbackFieldID, route.FeedbackFieldServer, route.FeedbackFieldStatus, route.FeedbackFieldMs, route.FeedbackFieldTTFB, route.FeedbackFieldToken))
+		contract.FeedbackTag, contract.FeedbackFieldID, contract.FeedbackFieldServer, contract.FeedbackFieldStatus, contract.FeedbackFieldMs, contract.FeedbackFieldTTFB, contract.FeedbackFieldToken))
 	var f feedbackFields
 	if n := testing.AllocsPerRun(100, func() { f, _ = parseFeedbackLine(line) }); n != 0 || f.ms != 1234 {
 		t.Fatalf("%v allocations, ms %d", n, f.ms)

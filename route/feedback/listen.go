@@ -12,12 +12,13 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 )
 
 // Listen reads proxy log lines over UDP syslog until ctx ends. Each
-// datagram may hold lines (any syslog header); the part from route.FeedbackTag on
-// is parsed as the line contract.go describes. Datagrams from a source not in
+// datagram may hold lines (any syslog header); the part from contract.FeedbackTag on
+// is parsed as the line route/contract/feedback.go describes. Datagrams from a source not in
 // feedback.sources are dropped (counted, logged at most once a minute).
 func (l *Loop) Listen(ctx context.Context, addr string) error {
 	pc, err := net.ListenPacket("udp", addr)
@@ -131,12 +132,12 @@ func (l *Loop) Line(line []byte) bool {
 	}
 	var st *fleet.State
 	if len(f.id) > 0 && f.id[0] != '-' { // "-" or "": the proxy routed without turnout
-		id, ok := route.ParseDecisionID(f.id)
+		id, ok := contract.ParseDecisionID(f.id)
 		if !ok {
 			l.bad.Add(1)
 			return false
 		}
-		st = l.d.CloseDecisionWith(id, route.Completion{Status: f.status, Ms: f.ms, TTFB: f.ttfb, Retries: f.retries, Served: served})
+		st = l.d.Ledger().CloseDecisionWith(id, route.Completion{Status: f.status, Ms: f.ms, TTFB: f.ttfb, Retries: f.retries, Served: served})
 	}
 	closed := st != nil
 	switch {

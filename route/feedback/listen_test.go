@@ -15,6 +15,7 @@ import (
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/lab/testenv/freeport"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/internal/routetest"
 )
 
@@ -23,7 +24,7 @@ func openIDs(t *testing.T, s *testServer, n int) []string {
 	t.Helper()
 	var ids []string
 	for i := 0; i < n; i++ {
-		id := hdr(do(s, chatBody("llama", "", "x")), route.HdrDecision)
+		id := hdr(do(s, chatBody("llama", "", "x")), contract.HdrDecision)
 		if len(id) != 16 {
 			t.Fatalf("decision id %q is not 16 hex digits", id)
 		}
@@ -46,7 +47,7 @@ func totalInflight(s *testServer) (n int64) {
 func TestDecisionIDsUnguessable(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(fourEndpoints, "least-request"))
 	ids := openIDs(t, s, 64)
-	mine, _ := route.ParseDecisionID([]byte(ids[0]))
+	mine, _ := contract.ParseDecisionID([]byte(ids[0]))
 	live := totalInflight(s)
 	for k := uint64(1); k <= 4096; k++ {
 		for _, guess := range []uint64{mine + k, mine - k, mine ^ k, mine + k<<16, mine + k<<32} {
@@ -157,8 +158,8 @@ func TestFeedbackToken(t *testing.T) {
 	if s.rejected.Load() != 3 {
 		t.Fatalf("rejected %d, want 3", s.rejected.Load())
 	}
-	if route.FeedbackAuthField(s.Snapshot().Config) != "tok="+tok {
-		t.Fatalf("auth field %q", route.FeedbackAuthField(s.Snapshot().Config))
+	if contract.FeedbackAuthField(s.Snapshot().Config) != "tok="+tok {
+		t.Fatalf("auth field %q", contract.FeedbackAuthField(s.Snapshot().Config))
 	}
 }
 
@@ -219,7 +220,7 @@ func TestCompletionLines(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(fourEndpoints, "least-request"))
 	var ids []string
 	for i := 0; i < 40; i++ {
-		ids = append(ids, hdr(do(s, chatBody("llama", "", "x")), route.HdrDecision))
+		ids = append(ids, hdr(do(s, chatBody("llama", "", "x")), contract.HdrDecision))
 	}
 	total := func() (n int64) {
 		for _, e := range s.Snapshot().Deployments[0].Serve.Endpoints {

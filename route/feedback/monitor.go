@@ -40,8 +40,8 @@ type Loop struct {
 func New(d *route.Decider) *Loop {
 	l := &Loop{d: d, log: d.Log(), probeClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}}}
 	d.OnTick(l.tick)
-	d.AddMetrics(l.writeMetrics)
-	d.AddReadiness(l.writeReadiness)
+	d.Extras().AddMetrics(l.writeMetrics)
+	d.Extras().AddReadiness(l.writeReadiness)
 	d.OnApply(l.warnFeedbackOff)
 	return l
 }
@@ -76,7 +76,7 @@ func (l *Loop) checkFeedback(cfg *config.Config, now time.Time) {
 	m := &l.mon
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	opened, done, openedAtClose := l.d.LedgerCounts()
+	opened, done, openedAtClose := l.d.Ledger().Counts()
 	if m.lastCloseNs == 0 || done != m.lastDone {
 		m.lastDone, m.lastCloseNs = done, now.UnixNano()
 	}
@@ -89,20 +89,20 @@ func (l *Loop) checkFeedback(cfg *config.Config, now time.Time) {
 	off := cfg.Feedback.Syslog == "" && done == 0
 	if off || age < cfg.Feedback.StalledAfter.D() || made < uint64(cfg.Feedback.StalledMinDecisions) {
 		if m.stalled.Swap(false) {
-			l.d.SetFeedbackStalled(false)
+			l.d.Ledger().SetFeedbackStalled(false)
 			ev := l.log.Info()
 			if age < cfg.Feedback.StalledAfter.D() {
 				// Completions arrive again: the decisions the gap left open
 				// are closed now, not at decision_ttl, so in-flight is right
 				// from this tick on (each endpoint keeps its engine's count).
-				ev = ev.Uint64("reconciled", l.d.ReconcileLedger(now))
+				ev = ev.Uint64("reconciled", l.d.Ledger().Reconcile(now))
 			}
 			ev.Msg("completion feedback arriving again")
 		}
 		return
 	}
 	m.stalled.Store(true)
-	l.d.SetFeedbackStalled(true)
+	l.d.Ledger().SetFeedbackStalled(true)
 	if m.warn.allow(now, 5*time.Minute) {
 		l.log.Warn().Dur("since_last_completion", age).Uint64("decisions", made).Str("feedback", cfg.Feedback.Syslog).
 			Msg("completion feedback stopped while decisions are made: in-flight counts only fall at decision_ttl and balancing skews; check the proxy's log target, feedback.sources and feedback.token (turnout_feedback_lines_total)")
@@ -133,7 +133,7 @@ func (l *Loop) writeReadiness(b *strings.Builder) {
 // feedbackStatus is the feedback line of /readyz?verbose.
 func (l *Loop) feedbackStatus() string {
 	cfg := l.d.Snapshot().Config
-	_, done, _ := l.d.LedgerCounts()
+	_, done, _ := l.d.Ledger().Counts()
 	age := time.Duration(l.mon.ageNs.Load()).Round(time.Second)
 	switch {
 	case l.mon.stalled.Load():

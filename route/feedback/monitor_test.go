@@ -18,6 +18,7 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 )
 
@@ -96,7 +97,7 @@ func TestFeedbackAllocs(t *testing.T) {
 		ctx.Response.Reset()
 		s.api.Handler(ctx)
 		line = append(line[:0], "turnout-done id="...)
-		line = append(line, ctx.Response.Header.Peek(route.HdrDecision)...)
+		line = append(line, ctx.Response.Header.Peek(contract.HdrDecision)...)
 		line = append(line, " srv=a status=200 ms=5 ttfb=1 tok=s3cret-token-0123456789"...)
 		if !s.Line(line) {
 			t.Fatal("not closed")
@@ -111,7 +112,7 @@ func TestFeedbackAllocs(t *testing.T) {
 func verbose(s *testServer) (int, string) {
 	var b strings.Builder
 	ok := s.WriteReadiness(&b, true)
-	s.WriteReadinessNotes(&b)
+	s.Extras().WriteReadinessNotes(&b)
 	return readyStatus(ok), b.String()
 }
 
@@ -286,7 +287,7 @@ func TestStallDegradesFromFeedback(t *testing.T) {
 	s.Line([]byte("turnout-done id=- srv=r0 status=200 ms=30000 ttfb=29990"))
 	tickUntil(t, s, "r0 degraded", func() bool { return endpointByName(s, "r0").Degraded() })
 	for i := 0; i < 20; i++ {
-		if got := hdr(do(s, chatBody("llama", "", "x")), route.HdrServer); got != "r1" {
+		if got := hdr(do(s, chatBody("llama", "", "x")), contract.HdrServer); got != "r1" {
 			t.Fatalf("decision went to %s while r0 is degraded", got)
 		}
 	}
@@ -310,11 +311,11 @@ func TestStallDegradesFromOpenDecisions(t *testing.T) {
 	var onR0 bool
 	for i := 0; i < 40 && (!onR0 || completed(s) == 0); i++ {
 		ctx := do(s, chatBody("llama", "", "x"))
-		if hdr(ctx, route.HdrServer) == "r0" {
+		if hdr(ctx, contract.HdrServer) == "r0" {
 			onR0 = true
 			continue
 		}
-		s.Line([]byte("turnout-done id=" + hdr(ctx, route.HdrDecision) + " srv=r1 status=200 ms=5 ttfb=2"))
+		s.Line([]byte("turnout-done id=" + hdr(ctx, contract.HdrDecision) + " srv=r1 status=200 ms=5 ttfb=2"))
 	}
 	if !onR0 {
 		t.Fatal("no decision for r0")
@@ -337,7 +338,7 @@ func TestLongStreamNotDegraded(t *testing.T) {
 		do(s, chatBody("llama", "", "x")) // never completed: long streams
 	}
 	// Completions "arrive": one decision closes, its figures go to r1.
-	s.Line([]byte("turnout-done id=" + hdr(do(s, chatBody("llama", "", "x")), route.HdrDecision) + " srv=r1 status=200 ms=5 ttfb=2"))
+	s.Line([]byte("turnout-done id=" + hdr(do(s, chatBody("llama", "", "x")), contract.HdrDecision) + " srv=r1 status=200 ms=5 ttfb=2"))
 	deadline := time.Now().Add(1500 * time.Millisecond)
 	for time.Now().Before(deadline) {
 		s.Sweep(context.Background(), time.Now()) // one tick of Run: the sweep, then the feedback checks
@@ -389,6 +390,6 @@ deployments:
 
 // completed is how many decisions were completed.
 func completed(s *testServer) uint64 {
-	_, done, _ := s.LedgerCounts()
+	_, done, _ := s.Ledger().Counts()
 	return done
 }

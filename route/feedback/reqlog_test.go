@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // recSink keeps the request log's records.
@@ -34,19 +35,19 @@ func (s *recSink) Request(r *route.DecisionRecord) {
 func TestRequestLogRecords(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", `"127.0.0.1"`, "s3cret-token-0123456789"))
 	var sink recSink
-	s.SetRequestSink(&sink, 1)
+	s.Ledger().SetRequestSink(&sink, 1)
 
 	ctx := routeCtx(chatBody("llama", "sys", "hi"), "user-7")
 	s.api.Handler(ctx)
 	if ctx.Response.StatusCode() != 200 {
 		t.Fatalf("route: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
 	}
-	id, srv := hdr(ctx, route.HdrDecision), hdr(ctx, route.HdrServer)
+	id, srv := hdr(ctx, contract.HdrDecision), hdr(ctx, contract.HdrServer)
 	other := map[string]string{"a": "b", "b": "a"}[srv]
 	var dec uint64
 	fmt.Sscanf(id, "%x", &dec)
 	var open route.DecisionRecord
-	if !s.LookupDecision(dec, time.Now(), &open) || open.State != "open" || open.Endpoint != srv {
+	if !s.Ledger().LookupDecision(dec, time.Now(), &open) || open.State != "open" || open.Endpoint != srv {
 		t.Fatalf("lookup of the open decision: %+v", open)
 	}
 	line := fmt.Sprintf("turnout-done id=%s srv=%s status=200 ms=1234 ttfb=56 tok=s3cret-token-0123456789 retries=+1", id, other)
@@ -63,13 +64,13 @@ func TestRequestLogRecords(t *testing.T) {
 		t.Errorf("record\n got %+v\nwant %+v", r, want)
 	}
 	var closed route.DecisionRecord
-	if !s.LookupDecision(dec, time.Now(), &closed) || closed != want {
+	if !s.Ledger().LookupDecision(dec, time.Now(), &closed) || closed != want {
 		t.Errorf("lookup after close: %+v", closed)
 	}
-	if s.LookupDecision(dec, time.Now().Add(time.Hour), &closed) {
+	if s.Ledger().LookupDecision(dec, time.Now().Add(time.Hour), &closed) {
 		t.Error("a decision an hour old is still found")
 	}
-	if s.LookupDecision(dec^1<<40, time.Now(), &closed) {
+	if s.Ledger().LookupDecision(dec^1<<40, time.Now(), &closed) {
 		t.Error("an unknown id is found")
 	}
 
@@ -95,7 +96,7 @@ func TestRequestLogRecords(t *testing.T) {
 	}
 
 	// Off: nothing more is written.
-	s.SetRequestSink(nil, 0)
+	s.Ledger().SetRequestSink(nil, 0)
 	s.api.Handler(routeCtx(chatBody("gpt-unknown", "sys", "hi"), ""))
 	if len(sink.recs) != 2 {
 		t.Errorf("request log off wrote %d records", len(sink.recs)-2)
@@ -106,12 +107,12 @@ func TestRequestLogRecords(t *testing.T) {
 func TestRequestLogSampleRate(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", `"127.0.0.1"`, "s3cret-token-0123456789"))
 	var sink recSink
-	s.SetRequestSink(&sink, 0.1)
+	s.Ledger().SetRequestSink(&sink, 0.1)
 	const n = 4000
 	for range n {
 		ctx := routeCtx(chatBody("llama", "sys", "hi"), "")
 		s.api.Handler(ctx)
-		s.Line([]byte("turnout-done id=" + hdr(ctx, route.HdrDecision) + " status=200 ms=1 ttfb=1 tok=s3cret-token-0123456789"))
+		s.Line([]byte("turnout-done id=" + hdr(ctx, contract.HdrDecision) + " status=200 ms=1 ttfb=1 tok=s3cret-token-0123456789"))
 	}
 	if got := len(sink.recs); got < n/10*7/10 || got > n/10*13/10 {
 		t.Errorf("sample 0.1 of %d logged %d", n, got)
@@ -131,7 +132,7 @@ func BenchmarkDecideAndClose(b *testing.B) {
 		b.Run(fmt.Sprintf("sample=%g", rate), func(b *testing.B) {
 			s := mustServer(b, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", `"127.0.0.1"`, "s3cret-token-0123456789"))
 			if rate > 0 {
-				s.SetRequestSink(&discardSink{zerolog.New(io.Discard).With().Timestamp().Logger()}, rate)
+				s.Ledger().SetRequestSink(&discardSink{zerolog.New(io.Discard).With().Timestamp().Logger()}, rate)
 			}
 			ctx := routeCtx(chatBody("llama", "sys", "hi"), "user-1")
 			line := make([]byte, 0, 256)
@@ -140,7 +141,7 @@ func BenchmarkDecideAndClose(b *testing.B) {
 				ctx.Response.Reset()
 				s.api.Handler(ctx)
 				line = append(line[:0], "turnout-done id="...)
-				line = append(line, ctx.Response.Header.Peek(route.HdrDecision)...)
+				line = append(line, ctx.Response.Header.Peek(contract.HdrDecision)...)
 				line = append(line, " srv=a status=200 ms=1234 ttfb=12 tok=s3cret-token-0123456789 retries=0"...)
 				s.Line(line)
 			}
@@ -154,19 +155,19 @@ func BenchmarkDecideAndClose(b *testing.B) {
 func TestServedByUpstreamAddr(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", `"127.0.0.1"`, "s3cret-token-0123456789"))
 	var sink recSink
-	s.SetRequestSink(&sink, 1)
+	s.Ledger().SetRequestSink(&sink, 1)
 	addr := map[string]string{"a": "127.0.0.1:8001", "b": "127.0.0.1:8002"}
 	for _, tc := range []struct{ up, want string }{{"", "chosen"}, {"chosen", "chosen"}, {"other", "other"}, {"127.0.0.1:9", "chosen"}} {
 		ctx := routeCtx(chatBody("llama", "sys", "hi"), "")
 		s.api.Handler(ctx)
-		chosen := hdr(ctx, route.HdrServer)
+		chosen := hdr(ctx, contract.HdrServer)
 		other := map[string]string{"a": "b", "b": "a"}[chosen]
 		names := map[string]string{"chosen": chosen, "other": other}
 		up := tc.up
 		if n, ok := names[up]; ok {
 			up = addr[n]
 		}
-		line := "turnout-done id=" + hdr(ctx, route.HdrDecision) + " srv=" + chosen + " status=200 ms=5 ttfb=1 tok=s3cret-token-0123456789"
+		line := "turnout-done id=" + hdr(ctx, contract.HdrDecision) + " srv=" + chosen + " status=200 ms=5 ttfb=1 tok=s3cret-token-0123456789"
 		if up != "" {
 			line += " up=" + up
 		}

@@ -44,17 +44,6 @@ func norm(h string) []byte {
 	return []byte(strings.ReplaceAll(strings.ToLower(h), "_", "-"))
 }
 
-// Headers are the request headers flow control reads (route adds them to
-// the forwarded headers): the priority and tenant headers, and with
-// tenant_api_key the Authorization header.
-func Headers(cfg *config.FlowConfig) []string {
-	h := []string{strings.ToLower(cfg.PriorityHeader), strings.ToLower(cfg.TenantHeader)}
-	if cfg.TenantAPIKey {
-		h = append(h, "authorization")
-	}
-	return h
-}
-
 // Classifier fills a Request from the request's headers, model and session.
 // is compares a raw header name with a normalized one (route's matcher:
 // case and '-'/'_' tolerant).

@@ -53,7 +53,7 @@ func (c *Checker) Run(ctx context.Context) {
 		}
 		wg.Wait()
 		if ctx.Err() == nil {
-			c.d.HealthRoundDone()
+			c.d.Health().HealthRoundDone()
 		}
 		select {
 		case <-ctx.Done():
@@ -79,7 +79,7 @@ func (c *Checker) checkOne(ctx context.Context, client *http.Client, e *fleet.En
 	}
 	defer e.State.Checked.Store(true)
 	if ok {
-		c.d.NoteHealthCheck(true)
+		c.d.Health().NoteHealthCheck(true)
 		e.State.SeenUp.Store(true)
 		e.State.Fails.Store(0)
 		if e.State.Down.Swap(false) {
@@ -87,7 +87,7 @@ func (c *Checker) checkOne(ctx context.Context, client *http.Client, e *fleet.En
 		}
 		return
 	}
-	c.d.NoteHealthCheck(false)
+	c.d.Health().NoteHealthCheck(false)
 	if (int(e.State.Fails.Add(1)) >= hc.Fails || !e.State.SeenUp.Load()) && !e.State.Down.Swap(true) {
 		c.log.Warn().Str(fleet.FieldEndpoint, e.Name).Str(fleet.FieldReason, "health check failed").Msg("endpoint down")
 	}

@@ -47,7 +47,7 @@ const modelPollers = 8
 // the config's health.models_interval) and after each reload until ctx ends.
 func (c *Checker) CheckServedModels(ctx context.Context, interval time.Duration) {
 	mc := &modelCheck{listed: map[string]string{}, missing: map[string][]string{}}
-	c.d.AddMetrics(mc.writeMetrics)
+	c.d.Extras().AddMetrics(mc.writeMetrics)
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}}
 	wake := make(chan struct{}, 1)
 	c.d.OnApply(func(_ *route.Snapshot) {

@@ -5,7 +5,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // AdminHandler serves the admin listener (admin_listen): health, readiness
@@ -15,15 +15,15 @@ import (
 // decisions (docs/kubernetes.md, threat model).
 func (a *API) AdminHandler(ctx *fasthttp.RequestCtx) {
 	switch string(ctx.Path()) {
-	case route.PathHealthz:
+	case contract.PathHealthz:
 		healthz(ctx)
-	case route.PathReadyz:
+	case contract.PathReadyz:
 		a.ready(ctx)
-	case route.PathMetrics:
+	case contract.PathMetrics:
 		a.metrics(ctx)
 	default:
 		a.refuse(ctx, fasthttp.StatusNotFound, "invalid_request_error", "not_found",
-			"no such path; turnout's admin listener serves "+route.PathHealthz+", "+route.PathReadyz+" and "+route.PathMetrics)
+			"no such path; turnout's admin listener serves "+contract.PathHealthz+", "+contract.PathReadyz+" and "+contract.PathMetrics)
 	}
 }
 

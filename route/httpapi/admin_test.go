@@ -7,7 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // The admin listener answers health, readiness and metrics like the main
@@ -34,15 +34,15 @@ deployments:
 		code int
 		want string
 	}{
-		{route.PathHealthz, 200, "ok"},
-		{route.PathReadyz, 200, ""},
-		{route.PathMetrics, 200, `turnout_pool_ready_endpoints{deployment="a",pool="a_mixed"} 1`},
+		{contract.PathHealthz, 200, "ok"},
+		{contract.PathReadyz, 200, ""},
+		{contract.PathMetrics, 200, `turnout_pool_ready_endpoints{deployment="a",pool="a_mixed"} 1`},
 	} {
 		if code, body := get("GET", tc.path, ""); code != tc.code || !strings.Contains(body, tc.want) {
 			t.Errorf("GET %s: %d %q, want %d containing %q", tc.path, code, body, tc.code, tc.want)
 		}
 	}
-	for _, p := range []string{route.PathRoute, route.PathDone + "?id=1", "/v1/chat/completions"} {
+	for _, p := range []string{contract.PathRoute, contract.PathDone + "?id=1", "/v1/chat/completions"} {
 		if code, body := get("POST", p, chatBody("a", "", "hi")); code != 404 || !strings.Contains(body, "admin listener") {
 			t.Errorf("POST %s on the admin listener: %d %q, want 404", p, code, body)
 		}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/internal/routetest"
 )
 
@@ -15,11 +15,11 @@ var body4K = routetest.Body4K
 
 func routeCtx(body string, session string) *fasthttp.RequestCtx {
 	var ctx fasthttp.RequestCtx
-	ctx.Request.SetRequestURI(route.PathRoute)
+	ctx.Request.SetRequestURI(contract.PathRoute)
 	ctx.Request.Header.SetMethod("POST")
 	ctx.Request.Header.Set("Content-Type", "application/json")
-	ctx.Request.Header.Set(route.HdrOriginalURI, "/v1/chat/completions")
-	ctx.Request.Header.Set(route.HdrOriginalMethod, "POST")
+	ctx.Request.Header.Set(contract.HdrOriginalURI, "/v1/chat/completions")
+	ctx.Request.Header.Set(contract.HdrOriginalMethod, "POST")
 	if session != "" {
 		ctx.Request.Header.Set("X-Session-Id", session)
 	}
@@ -38,8 +38,8 @@ func assertZeroAllocs(t *testing.T, s *testServer, ctx *fasthttp.RequestCtx) {
 		if ctx.Response.StatusCode() != 200 {
 			t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
 		}
-		id, _ := route.ParseDecisionID(ctx.Response.Header.Peek(route.HdrDecision))
-		s.Complete(id)
+		id, _ := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
+		s.Ledger().Complete(id)
 	}
 	for i := 0; i < 100; i++ { // warm pools, the prefix index, caches
 		run()
@@ -67,8 +67,8 @@ func benchRoute(b *testing.B, pol string, bodies int) {
 	decide := func(ctx *fasthttp.RequestCtx) {
 		ctx.Response.Reset()
 		s.Handler(ctx)
-		id, _ := route.ParseDecisionID(ctx.Response.Header.Peek(route.HdrDecision))
-		s.Complete(id)
+		id, _ := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
+		s.Ledger().Complete(id)
 	}
 	// Warm every context (fasthttp's response buffers, the policy's state)
 	// so even a short run (make bench-smoke: -benchtime 100x) reports the
@@ -97,8 +97,8 @@ func BenchmarkRouteParallelPrefixAffinity(b *testing.B) {
 	for range cap(ctxs) {
 		ctx := routeCtx(body4K(7), "u")
 		s.Handler(ctx)
-		id, _ := route.ParseDecisionID(ctx.Response.Header.Peek(route.HdrDecision))
-		s.Complete(id)
+		id, _ := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
+		s.Ledger().Complete(id)
 		ctxs <- ctx
 	}
 	b.ReportAllocs()
@@ -108,8 +108,8 @@ func BenchmarkRouteParallelPrefixAffinity(b *testing.B) {
 		for pb.Next() {
 			ctx.Response.Reset()
 			s.Handler(ctx)
-			id, _ := route.ParseDecisionID(ctx.Response.Header.Peek(route.HdrDecision))
-			s.Complete(id)
+			id, _ := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
+			s.Ledger().Complete(id)
 		}
 	})
 }
@@ -121,11 +121,11 @@ func FuzzRouteHandler(f *testing.F) {
 	f.Add([]byte(`{{{`), "", "x", "10/20")
 	f.Fuzz(func(t *testing.T, body []byte, session, modelHdr, trunc string) {
 		var ctx fasthttp.RequestCtx
-		ctx.Request.SetRequestURI(route.PathRoute)
+		ctx.Request.SetRequestURI(contract.PathRoute)
 		ctx.Request.Header.SetMethod("POST")
 		ctx.Request.Header.Set("X-Session-Id", session)
 		ctx.Request.Header.Set("X-Model", modelHdr)
-		ctx.Request.Header.Set(route.HdrBodyTruncated, trunc)
+		ctx.Request.Header.Set(contract.HdrBodyTruncated, trunc)
 		ctx.Request.SetBody(body)
 		s.Handler(&ctx)
 		switch st := ctx.Response.StatusCode(); st {
@@ -133,8 +133,8 @@ func FuzzRouteHandler(f *testing.F) {
 		default:
 			t.Fatalf("status %d", st)
 		}
-		if id, ok := route.ParseDecisionID(ctx.Response.Header.Peek(route.HdrDecision)); ok {
-			s.Complete(id)
+		if id, ok := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision)); ok {
+			s.Ledger().Complete(id)
 		}
 	})
 }

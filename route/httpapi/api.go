@@ -17,6 +17,7 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // API serves turnout's HTTP endpoints for one Decider: POST
@@ -33,33 +34,33 @@ type API struct {
 // New returns the HTTP API of d.
 func New(d *route.Decider) *API {
 	a := &API{d: d}
-	for _, f := range route.RoutedFields() {
+	for _, f := range contract.RoutedFields() {
 		a.hdrs = append(a.hdrs, []byte(f.Header))
 	}
 	return a
 }
 
-var hdrFallbacksB = []byte(route.HdrFallbacks)
+var hdrFallbacksB = []byte(contract.HdrFallbacks)
 
 // Handler is the fasthttp entry point.
 func (a *API) Handler(ctx *fasthttp.RequestCtx) {
 	switch string(ctx.Path()) {
-	case route.PathRoute:
+	case contract.PathRoute:
 		a.routeHTTP(ctx)
-	case route.PathDone:
+	case contract.PathDone:
 		a.done(ctx)
-	case route.PathHealthz:
+	case contract.PathHealthz:
 		healthz(ctx)
-	case route.PathReadyz:
+	case contract.PathReadyz:
 		a.ready(ctx)
-	case route.PathMetrics:
+	case contract.PathMetrics:
 		a.metrics(ctx)
 	default:
 		if bytes.HasPrefix(ctx.Path(), pathDecisionB) {
 			a.decision(ctx) // decision.go
 			return
 		}
-		a.refuse(ctx, fasthttp.StatusNotFound, "invalid_request_error", "not_found", "no such path; turnout serves "+route.PathRoute)
+		a.refuse(ctx, fasthttp.StatusNotFound, "invalid_request_error", "not_found", "no such path; turnout serves "+contract.PathRoute)
 	}
 }
 
@@ -67,8 +68,8 @@ func (a *API) Handler(ctx *fasthttp.RequestCtx) {
 // Verdict as headers (or an error answer).
 func (a *API) routeHTTP(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsPost() {
-		a.d.NoteBadMethod()
-		a.refuse(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use POST "+route.PathRoute)
+		a.d.Refusals().NoteBadMethod()
+		a.refuse(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use POST "+contract.PathRoute)
 		return
 	}
 	t := a.d.Begin()
@@ -84,31 +85,31 @@ func (a *API) routeHTTP(ctx *fasthttp.RequestCtx) {
 	in.Truncated = in.Truncated || more
 	in.Body = body
 	in.Watch = (*connWatch)(ctx)
-	// The Lua's first call (route.HdrDeferPD): a prefill/decode request is
+	// The Lua's first call (contract.HdrDeferPD): a prefill/decode request is
 	// decided on its second call, through the hop whose timeout covers
 	// the prefill, so this one never waits on a prefill.
-	if a.d.Prefills(in) && len(ctx.Request.Header.Peek(route.HdrDeferPD)) > 0 {
-		ctx.Response.Header.Set(route.HdrPD, "1")
+	if a.d.Prefills(in) && len(ctx.Request.Header.Peek(contract.HdrDeferPD)) > 0 {
+		ctx.Response.Header.Set(contract.HdrPD, "1")
 		ctx.SetStatusCode(fasthttp.StatusOK)
 		return
 	}
 	a.writeHTTP(ctx, a.d.DecideTxn(t), t)
 }
 
-// writeHTTP writes a Verdict as the HTTP answer of contract.go.
-func (a *API) writeHTTP(ctx *fasthttp.RequestCtx, v *route.Verdict, t *route.Txn) {
+// writeHTTP writes a Verdict as the HTTP answer of route/contract.
+func (a *API) writeHTTP(ctx *fasthttp.RequestCtx, v *contract.Verdict, t *route.Txn) {
 	h := &ctx.Response.Header
 	if !v.Routed() {
 		if v.RetryAfter {
-			h.Set(route.HdrRetryAfter, route.RetryAfterSeconds)
+			h.Set(contract.HdrRetryAfter, contract.RetryAfterSeconds)
 		}
-		h.Set(route.HdrReason, v.Reason)
+		h.Set(contract.HdrReason, v.Reason)
 		ctx.SetStatusCode(v.Status)
 		ctx.SetContentType("application/json")
 		ctx.SetBody(v.Body)
 		return
 	}
-	fields := route.RoutedFields()
+	fields := contract.RoutedFields()
 	for i := range fields {
 		f := &fields[i]
 		if f.Header == "" {
@@ -130,8 +131,8 @@ func (a *API) writeHTTP(ctx *fasthttp.RequestCtx, v *route.Verdict, t *route.Txn
 	if len(v.KVInsert) > 0 && v.KVAt >= 0 {
 		// PD only, after a prefill round trip: allocating here is fine.
 		// The edit carries kv_transfer_params: one copy in the headers.
-		h.Set(route.HdrKVInsert, base64.StdEncoding.EncodeToString(v.KVInsert))
-		h.Set(route.HdrKVAt, strconv.Itoa(v.KVAt))
+		h.Set(contract.HdrKVInsert, base64.StdEncoding.EncodeToString(v.KVInsert))
+		h.Set(contract.HdrKVAt, strconv.Itoa(v.KVAt))
 	}
 	ctx.SetStatusCode(fasthttp.StatusOK)
 }
@@ -140,22 +141,22 @@ func (a *API) writeHTTP(ctx *fasthttp.RequestCtx, v *route.Verdict, t *route.Txn
 func (a *API) done(ctx *fasthttp.RequestCtx) {
 	if !a.doneAllowed(ctx) {
 		a.refuse(ctx, fasthttp.StatusForbidden, "permission_error", "forbidden",
-			"completions are accepted from feedback.sources only, with "+route.HdrToken+" when feedback.token is set")
+			"completions are accepted from feedback.sources only, with "+contract.HdrToken+" when feedback.token is set")
 		return
 	}
-	id, ok := route.ParseDecisionID(ctx.QueryArgs().Peek("id"))
+	id, ok := contract.ParseDecisionID(ctx.QueryArgs().Peek("id"))
 	if !ok {
-		a.refuse(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_id", "id must be a decision id from "+route.HdrDecision)
+		a.refuse(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_id", "id must be a decision id from "+contract.HdrDecision)
 		return
 	}
-	if !a.d.Complete(id) {
+	if !a.d.Ledger().Complete(id) {
 		a.refuse(ctx, fasthttp.StatusNotFound, "invalid_request_error", "unknown_decision", "unknown or already completed decision")
 		return
 	}
 	ctx.SetStatusCode(fasthttp.StatusNoContent)
 }
 
-// doneAllowed guards route.PathDone like the UDP listener: the caller's address
+// doneAllowed guards contract.PathDone like the UDP listener: the caller's address
 // must be in feedback.sources and, with a token, carry it.
 func (a *API) doneAllowed(ctx *fasthttp.RequestCtx) bool {
 	snap := a.d.Snapshot()
@@ -164,7 +165,7 @@ func (a *API) doneAllowed(ctx *fasthttp.RequestCtx) bool {
 		return false
 	}
 	tok := snap.DoneToken()
-	return len(tok) == 0 || subtle.ConstantTimeCompare(ctx.Request.Header.Peek(route.HdrToken), tok) == 1
+	return len(tok) == 0 || subtle.ConstantTimeCompare(ctx.Request.Header.Peek(contract.HdrToken), tok) == 1
 }
 
 // metrics answers /metrics.
@@ -178,8 +179,8 @@ func (a *API) metrics(ctx *fasthttp.RequestCtx) {
 // writeError answers with an OpenAI-style JSON error. Errors are rare, so
 // encoding/json's allocations are fine here.
 func writeError(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
-	b := route.ErrorBody(typ, code, msg)
-	ctx.Response.Header.Set(route.HdrReason, code)
+	b := contract.ErrorBody(typ, code, msg)
+	ctx.Response.Header.Set(contract.HdrReason, code)
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
@@ -191,9 +192,9 @@ func writeError(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
 // turnout, which fasthttp's own Concurrency limit (plain text, no reason)
 // would not let it do.
 func OverloadedAnswer() []byte {
-	body := route.ErrorBody("service_unavailable", route.ReasonOverloaded, "too many connections to turnout")
-	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n" + route.HdrReason + ": " + route.ReasonOverloaded +
-		"\r\n" + route.HdrRetryAfter + ": " + route.RetryAfterSeconds + "\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + string(body))
+	body := contract.ErrorBody("service_unavailable", contract.ReasonOverloaded, "too many connections to turnout")
+	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n" + contract.HdrReason + ": " + contract.ReasonOverloaded +
+		"\r\n" + contract.HdrRetryAfter + ": " + contract.RetryAfterSeconds + "\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + string(body))
 }
 
 // ErrorHandler answers fasthttp-level errors (oversized or malformed
@@ -206,14 +207,14 @@ func ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 	var ne net.Error
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", route.ReasonBodyTooLarge, "request body too large")
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", contract.ReasonBodyTooLarge, "request body too large")
 	case errors.As(err, &small):
-		writeError(ctx, route.StatusHeaderTooLarge, "invalid_request_error", route.ReasonHeaderTooLarge,
+		writeError(ctx, contract.StatusHeaderTooLarge, "invalid_request_error", contract.ReasonHeaderTooLarge,
 			"request headers larger than turnout's limits.max_header_bytes")
 	case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
-		writeError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", route.ReasonReadTimeout, "the request was not received in time")
+		writeError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", contract.ReasonReadTimeout, "the request was not received in time")
 	default:
-		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", route.ReasonBadRequest, "malformed HTTP request")
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", contract.ReasonBadRequest, "malformed HTTP request")
 	}
 }
 
@@ -277,7 +278,7 @@ func (a *API) ready(ctx *fasthttp.RequestCtx) {
 	ok := a.d.WriteReadiness(&b, verbose)
 	if verbose {
 		// Completion feedback and degraded endpoints: never the status.
-		a.d.WriteReadinessNotes(&b)
+		a.d.Extras().WriteReadinessNotes(&b)
 	}
 	ctx.SetContentType("text/plain; charset=utf-8")
 	if ok {
@@ -292,11 +293,11 @@ func (a *API) ready(ctx *fasthttp.RequestCtx) {
 // (turnout_refusals_total, logged rate-limited).
 func (a *API) refuse(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
 	writeError(ctx, status, typ, code, msg)
-	a.d.NoteRefusal(status, code, msg)
+	a.d.Refusals().NoteRefusal(status, code, msg)
 }
 
 // errorHandler is ErrorHandler, counted like every refusal.
 func (a *API) errorHandler(ctx *fasthttp.RequestCtx, err error) {
 	ErrorHandler(ctx, err)
-	a.d.NoteRefusal(ctx.Response.StatusCode(), string(ctx.Response.Header.Peek(route.HdrReason)), err.Error())
+	a.d.Refusals().NoteRefusal(ctx.Response.StatusCode(), string(ctx.Response.Header.Peek(contract.HdrReason)), err.Error())
 }

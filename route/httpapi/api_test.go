@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/internal/routetest"
 )
@@ -21,10 +21,10 @@ func TestSessionHeaderMatrix(t *testing.T) {
 func testSessionHeaderMatrix(t *testing.T, pol string) {
 	s := mustServer(t, fmt.Sprintf(fourEndpoints, pol))
 	first := do(s, chatBody("llama", "", "hi"), "X-Session-ID", "abc")
-	home := hdr(first, route.HdrServer)
+	home := hdr(first, contract.HdrServer)
 	// Completed, so every replica is idle again: prefix-affinity's session
 	// only breaks load ties.
-	if id, _ := route.ParseDecisionID([]byte(hdr(first, route.HdrDecision))); !s.Complete(id) {
+	if id, _ := contract.ParseDecisionID([]byte(hdr(first, contract.HdrDecision))); !s.Ledger().Complete(id) {
 		t.Fatal("decision id not completable")
 	}
 	for _, tc := range []struct {
@@ -48,10 +48,10 @@ func testSessionHeaderMatrix(t *testing.T, pol string) {
 				if ctx.Response.StatusCode() != 200 {
 					t.Fatalf("status %d", ctx.Response.StatusCode())
 				}
-				if tc.sameAs && hdr(ctx, route.HdrServer) != home {
-					t.Fatalf("landed on %s, session home %s", hdr(ctx, route.HdrServer), home)
+				if tc.sameAs && hdr(ctx, contract.HdrServer) != home {
+					t.Fatalf("landed on %s, session home %s", hdr(ctx, contract.HdrServer), home)
 				}
-				if id, _ := route.ParseDecisionID([]byte(hdr(ctx, route.HdrDecision))); !s.Complete(id) {
+				if id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision))); !s.Ledger().Complete(id) {
 					t.Fatal("decision id not completable")
 				}
 			}
@@ -62,8 +62,8 @@ func testSessionHeaderMatrix(t *testing.T, pol string) {
 			if tc.session != (got == 1) {
 				t.Fatalf("session treatment = %v, want %v", got == 1, tc.session)
 			}
-			id, _ := route.ParseDecisionID([]byte(hdr(ctx, route.HdrDecision)))
-			s.Complete(id)
+			id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
+			s.Ledger().Complete(id)
 		})
 	}
 }
@@ -100,7 +100,7 @@ deployments:
 		{"model header", multi, `{"prompt":"x"}`, []string{"X-Model", "model-b"}, 200, "", "b0"},
 		{"body model wins", multi, `{"model":"model-a"}`, []string{"x_model", "model-b"}, 200, "", "a0"},
 		{"model b", multi, `{"model":"model-b"}`, nil, 200, "", "b0"},
-		{"truncated body still routes", single, `{"model":"llama","messages":[{"role":"user","content":"abc`, []string{route.HdrBodyTruncated, "40/9000"}, 200, "", "*"},
+		{"truncated body still routes", single, `{"model":"llama","messages":[{"role":"user","content":"abc`, []string{contract.HdrBodyTruncated, "40/9000"}, 200, "", "*"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := do(tc.s, tc.body, tc.hdrs...)
@@ -113,11 +113,11 @@ deployments:
 				}
 				return
 			}
-			srv := hdr(ctx, route.HdrServer)
+			srv := hdr(ctx, contract.HdrServer)
 			if (tc.server == "*" && srv == "") || (tc.server != "*" && srv != tc.server) {
 				t.Fatalf("server %q, want %q", srv, tc.server)
 			}
-			if hdr(ctx, route.HdrBackend) == "" || !strings.HasSuffix(hdr(ctx, route.HdrPool), "_mixed") || len(hdr(ctx, route.HdrDecision)) != 16 {
+			if hdr(ctx, contract.HdrBackend) == "" || !strings.HasSuffix(hdr(ctx, contract.HdrPool), "_mixed") || len(hdr(ctx, contract.HdrDecision)) != 16 {
 				t.Fatalf("incomplete verdict: %s", ctx.Response.Header.String())
 			}
 		})
@@ -127,11 +127,11 @@ deployments:
 func TestFallbacksDistinct(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(fourEndpoints, "least-request"))
 	ctx := do(s, chatBody("llama", "", "x"))
-	fb := strings.Split(hdr(ctx, route.HdrFallbacks), ",")
-	seen := map[string]bool{hdr(ctx, route.HdrServer): true}
+	fb := strings.Split(hdr(ctx, contract.HdrFallbacks), ",")
+	seen := map[string]bool{hdr(ctx, contract.HdrServer): true}
 	for _, f := range fb {
 		if seen[f] || f == "" {
-			t.Fatalf("fallbacks %v repeat or are empty (server %s)", fb, hdr(ctx, route.HdrServer))
+			t.Fatalf("fallbacks %v repeat or are empty (server %s)", fb, hdr(ctx, contract.HdrServer))
 		}
 		seen[f] = true
 	}
@@ -174,7 +174,7 @@ func TestReloadKeepsState(t *testing.T) {
 	y := fmt.Sprintf(fourEndpoints, "prefix-affinity")
 	s := mustServer(t, y)
 	sys := strings.Repeat("shared system prompt ", 100)
-	home := hdr(do(s, chatBody("llama", sys, "q1")), route.HdrServer)
+	home := hdr(do(s, chatBody("llama", sys, "q1")), contract.HdrServer)
 	// Drop endpoint "d" unless it is home; keep home.
 	drop := "d"
 	if home == "d" {
@@ -199,7 +199,7 @@ func TestReloadKeepsState(t *testing.T) {
 	if homeEp.Inflight() != 1 {
 		t.Fatalf("in-flight lost across reload: %d", homeEp.Inflight())
 	}
-	if got := hdr(do(s, chatBody("llama", sys, "q2")), route.HdrServer); got != home {
+	if got := hdr(do(s, chatBody("llama", sys, "q2")), contract.HdrServer); got != home {
 		t.Fatalf("prefix index lost across reload: %s, want %s", got, home)
 	}
 	// A bad config is rejected and the old snapshot stays.
@@ -221,19 +221,19 @@ func TestHandlerPrefixRouting(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		ctx := do(s, chatBody("llama", sys, fmt.Sprintf("question %d", i)))
 		if home == "" {
-			home = hdr(ctx, route.HdrServer)
-		} else if hdr(ctx, route.HdrServer) != home {
-			t.Fatalf("request %d went to %s, prefix home %s", i, hdr(ctx, route.HdrServer), home)
+			home = hdr(ctx, contract.HdrServer)
+		} else if hdr(ctx, contract.HdrServer) != home {
+			t.Fatalf("request %d went to %s, prefix home %s", i, hdr(ctx, contract.HdrServer), home)
 		}
-		id, _ := route.ParseDecisionID([]byte(hdr(ctx, route.HdrDecision)))
-		s.Complete(id)
+		id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
+		s.Ledger().Complete(id)
 	}
 	seen := map[string]bool{}
 	for i := 0; i < 40; i++ {
 		ctx := do(s, chatBody("llama", fmt.Sprintf("%d distinct system prompt %s", i, strings.Repeat("x", 300)), "q"))
-		seen[hdr(ctx, route.HdrServer)] = true
-		id, _ := route.ParseDecisionID([]byte(hdr(ctx, route.HdrDecision)))
-		s.Complete(id)
+		seen[hdr(ctx, contract.HdrServer)] = true
+		id, _ := contract.ParseDecisionID([]byte(hdr(ctx, contract.HdrDecision)))
+		s.Ledger().Complete(id)
 	}
 	if len(seen) != 4 {
 		t.Fatalf("distinct prompts used only %d endpoints", len(seen))
@@ -252,8 +252,8 @@ func TestRouteCallTimeout(t *testing.T) {
 	}
 }
 
-// The Lua's first call (route.HdrDeferPD) is answered at once for a
-// prefill/decode request, with route.HdrPD and no verdict, whatever the
+// The Lua's first call (contract.HdrDeferPD) is answered at once for a
+// prefill/decode request, with contract.HdrPD and no verdict, whatever the
 // prefill would take; other requests are decided on it; a call without the
 // header (the second, or an older glue) gets the whole decision.
 func TestDeferPrefillDecode(t *testing.T) {
@@ -264,20 +264,20 @@ deployments:
   - {name: mx, models: [mx], pools: [{endpoints: [{name: m, address: "127.0.0.1:11"}]}]}
 `)
 	start := time.Now()
-	ctx := do(s, chatBody("pd", "s", "hi"), route.HdrDeferPD, "1")
-	if ctx.Response.StatusCode() != 200 || hdr(ctx, route.HdrPD) != "1" || hdr(ctx, route.HdrServer) != "" || hdr(ctx, route.HdrDecision) != "" {
-		t.Fatalf("deferred PD call: %d pd=%q server=%q", ctx.Response.StatusCode(), hdr(ctx, route.HdrPD), hdr(ctx, route.HdrServer))
+	ctx := do(s, chatBody("pd", "s", "hi"), contract.HdrDeferPD, "1")
+	if ctx.Response.StatusCode() != 200 || hdr(ctx, contract.HdrPD) != "1" || hdr(ctx, contract.HdrServer) != "" || hdr(ctx, contract.HdrDecision) != "" {
+		t.Fatalf("deferred PD call: %d pd=%q server=%q", ctx.Response.StatusCode(), hdr(ctx, contract.HdrPD), hdr(ctx, contract.HdrServer))
 	}
 	if took := time.Since(start); took > 100*time.Millisecond {
 		t.Errorf("the deferred call took %v: it ran the prefill", took)
 	}
-	ctx = do(s, chatBody("mx", "s", "hi"), route.HdrDeferPD, "1")
-	if hdr(ctx, route.HdrServer) != "m" || hdr(ctx, route.HdrPD) != "" {
-		t.Fatalf("mixed request with the header: server %q pd %q", hdr(ctx, route.HdrServer), hdr(ctx, route.HdrPD))
+	ctx = do(s, chatBody("mx", "s", "hi"), contract.HdrDeferPD, "1")
+	if hdr(ctx, contract.HdrServer) != "m" || hdr(ctx, contract.HdrPD) != "" {
+		t.Fatalf("mixed request with the header: server %q pd %q", hdr(ctx, contract.HdrServer), hdr(ctx, contract.HdrPD))
 	}
 	// Nothing listens at the prefill address: the whole decision ran it.
 	ctx = do(s, chatBody("pd", "s", "hi"))
-	if hdr(ctx, route.HdrPD) != "" || hdr(ctx, route.HdrReason) != route.ReasonPrefillFailed {
-		t.Fatalf("second call: %d pd=%q reason %q, want the prefill tried", ctx.Response.StatusCode(), hdr(ctx, route.HdrPD), hdr(ctx, route.HdrReason))
+	if hdr(ctx, contract.HdrPD) != "" || hdr(ctx, contract.HdrReason) != contract.ReasonPrefillFailed {
+		t.Fatalf("second call: %d pd=%q reason %q, want the prefill tried", ctx.Response.StatusCode(), hdr(ctx, contract.HdrPD), hdr(ctx, contract.HdrReason))
 	}
 }

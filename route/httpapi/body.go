@@ -13,6 +13,7 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // Request bodies are read by turnout itself (fasthttp StreamRequestBody),
@@ -138,9 +139,9 @@ func (a *API) readBody(ctx *fasthttp.RequestCtx, t *route.Txn, cfg *config.Confi
 	hard := hardBodyLimit(cfg.MaxBody)
 	cl := ctx.Request.Header.ContentLength()
 	if cl > hard {
-		a.d.NoteTooLarge()
+		a.d.Refusals().NoteTooLarge()
 		ctx.SetConnectionClose()
-		a.refuse(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", route.ReasonBodyTooLarge, "request body too large")
+		a.refuse(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", contract.ReasonBodyTooLarge, "request body too large")
 		return nil, false, 0, errBodyAnswered
 	}
 	want := cfg.MaxBody
@@ -154,12 +155,12 @@ func (a *API) readBody(ctx *fasthttp.RequestCtx, t *route.Txn, cfg *config.Confi
 		var ne net.Error
 		switch {
 		case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
-			a.refuse(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", route.ReasonReadTimeout, "the request body stalled")
+			a.refuse(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", contract.ReasonReadTimeout, "the request body stalled")
 		case errors.Is(err, errOverBudget):
-			ctx.Response.Header.Set(route.HdrRetryAfter, route.RetryAfterSeconds)
-			a.refuse(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", route.ReasonOverloaded, "too many request bytes in flight")
+			ctx.Response.Header.Set(contract.HdrRetryAfter, contract.RetryAfterSeconds)
+			a.refuse(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable", contract.ReasonOverloaded, "too many request bytes in flight")
 		default:
-			a.refuse(ctx, fasthttp.StatusBadRequest, "invalid_request_error", route.ReasonBadRequest, "unreadable request body")
+			a.refuse(ctx, fasthttp.StatusBadRequest, "invalid_request_error", contract.ReasonBadRequest, "unreadable request body")
 		}
 		return nil, false, held, errBodyAnswered
 	}
@@ -214,9 +215,9 @@ func (a *API) readBody(ctx *fasthttp.RequestCtx, t *route.Txn, cfg *config.Confi
 		n, err := stream.Read(drop)
 		total += n
 		if total > hard {
-			a.d.NoteTooLarge()
+			a.d.Refusals().NoteTooLarge()
 			ctx.SetConnectionClose()
-			a.refuse(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", route.ReasonBodyTooLarge, "request body too large")
+			a.refuse(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", contract.ReasonBodyTooLarge, "request body too large")
 			return nil, false, held, errBodyAnswered
 		}
 		if errors.Is(err, io.EOF) {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/internal/netlimit"
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/internal/routetest"
 )
 
@@ -88,7 +88,7 @@ func TestSlowBodiesDoNotReserveMemory(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{\"model\":", route.PathRoute, announced)
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{\"model\":", contract.PathRoute, announced)
 		cs = append(cs, c)
 	}
 	time.Sleep(200 * time.Millisecond) // the server has read every head
@@ -105,8 +105,8 @@ func TestSlowBodiesDoNotReserveMemory(t *testing.T) {
 		if err != nil {
 			t.Fatalf("conn %d: no answer to a stalled body: %v", i, err)
 		}
-		if res.StatusCode != 408 || res.Header.Get(route.HdrReason) != route.ReasonReadTimeout {
-			t.Fatalf("conn %d: %d %q, want 408 %s", i, res.StatusCode, res.Header.Get(route.HdrReason), route.ReasonReadTimeout)
+		if res.StatusCode != 408 || res.Header.Get(contract.HdrReason) != contract.ReasonReadTimeout {
+			t.Fatalf("conn %d: %d %q, want 408 %s", i, res.StatusCode, res.Header.Get(contract.HdrReason), contract.ReasonReadTimeout)
 		}
 	}
 }
@@ -124,7 +124,7 @@ func TestBodyChunkTimeout(t *testing.T) {
 	// More than fasthttp's 8 KiB pre-read, so turnout's own reader waits.
 	body := strings.Repeat(" ", 9000)
 	start := time.Now()
-	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: 60000\r\n\r\n%s", route.PathRoute, body)
+	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: 60000\r\n\r\n%s", contract.PathRoute, body)
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	res, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
@@ -149,7 +149,7 @@ func TestBodyBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	fmt.Fprintf(a, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: 65536\r\n\r\n%s", route.PathRoute, strings.Repeat(" ", 20000))
+	fmt.Fprintf(a, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: 65536\r\n\r\n%s", contract.PathRoute, strings.Repeat(" ", 20000))
 	deadline := time.Now().Add(2 * time.Second)
 	for s.budget.used.Load() < 32<<10 {
 		if time.Now().After(deadline) {
@@ -158,14 +158,14 @@ func TestBodyBudget(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	big := `{"model":"llama","x":"` + strings.Repeat("y", 60000) + `"}`
-	res := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", route.PathRoute, len(big)), []byte(big))
-	if res.StatusCode != 503 || res.Header.Get(route.HdrReason) != route.ReasonOverloaded {
-		t.Fatalf("over budget: %d %q %s, want 503 %s", res.StatusCode, res.Header.Get(route.HdrReason), readAll(res), route.ReasonOverloaded)
+	res := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", contract.PathRoute, len(big)), []byte(big))
+	if res.StatusCode != 503 || res.Header.Get(contract.HdrReason) != contract.ReasonOverloaded {
+		t.Fatalf("over budget: %d %q %s, want 503 %s", res.StatusCode, res.Header.Get(contract.HdrReason), readAll(res), contract.ReasonOverloaded)
 	}
 	// A small body still fits.
 	small := `{"model":"llama"}`
-	res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", route.PathRoute, len(small)), []byte(small))
-	if res.StatusCode != 200 || res.Header.Get(route.HdrServer) == "" {
+	res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", contract.PathRoute, len(small)), []byte(small))
+	if res.StatusCode != 200 || res.Header.Get(contract.HdrServer) == "" {
 		t.Fatalf("small body: %d %s", res.StatusCode, readAll(res))
 	}
 	a.Close()
@@ -192,17 +192,17 @@ func TestStreamedBodies(t *testing.T) {
 	br := bufio.NewReader(c)
 	long := `{"model":"llama","pad":"` + strings.Repeat("p", 100000) + `"}`
 	for i := range 2 {
-		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: t\r\nX-Session-Id: s1\r\nContent-Length: %d\r\n\r\n%s", route.PathRoute, len(long), long)
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: t\r\nX-Session-Id: s1\r\nContent-Length: %d\r\n\r\n%s", contract.PathRoute, len(long), long)
 		res, err := http.ReadResponse(br, nil)
 		if err != nil {
 			t.Fatalf("request %d on one connection: %v", i, err)
 		}
 		_, _ = io.Copy(io.Discard, res.Body)
-		if res.StatusCode != 200 || res.Header.Get(route.HdrServer) == "" {
+		if res.StatusCode != 200 || res.Header.Get(contract.HdrServer) == "" {
 			t.Fatalf("request %d: %d", i, res.StatusCode)
 		}
 	}
-	chunked := "POST " + route.PathRoute + " HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n" +
+	chunked := "POST " + contract.PathRoute + " HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n" +
 		"9\r\n{\"model\":\r\n8\r\n\"llama\"}\r\n0\r\n\r\n"
 	if _, err := io.WriteString(c, chunked); err != nil {
 		t.Fatal(err)
@@ -212,9 +212,9 @@ func TestStreamedBodies(t *testing.T) {
 		t.Fatalf("chunked: %v %v", res, err)
 	}
 	huge := hardBodyLimit(65536) + 1
-	res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", route.PathRoute, huge), make([]byte, 9000))
-	if res.StatusCode != 413 || res.Header.Get(route.HdrReason) != route.ReasonBodyTooLarge {
-		t.Fatalf("huge: %d %q", res.StatusCode, res.Header.Get(route.HdrReason))
+	res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", contract.PathRoute, huge), make([]byte, 9000))
+	if res.StatusCode != 413 || res.Header.Get(contract.HdrReason) != contract.ReasonBodyTooLarge {
+		t.Fatalf("huge: %d %q", res.StatusCode, res.Header.Get(contract.HdrReason))
 	}
 }
 
@@ -226,15 +226,15 @@ func TestLargeHeaders(t *testing.T) {
 	addr := serveHTTP(t, s)
 	body := `{"model":"llama"}`
 	session := strings.Repeat("s", 12<<10)
-	res := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nX-Session-Id: %s\r\nContent-Length: %d", route.PathRoute, session, len(body)), []byte(body))
-	if res.StatusCode != 200 || res.Header.Get(route.HdrServer) == "" {
+	res := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nX-Session-Id: %s\r\nContent-Length: %d", contract.PathRoute, session, len(body)), []byte(body))
+	if res.StatusCode != 200 || res.Header.Get(contract.HdrServer) == "" {
 		t.Fatalf("12 KiB session header: %d %s", res.StatusCode, readAll(res))
 	}
 	session = strings.Repeat("s", 20<<10)
-	res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nX-Session-Id: %s\r\nContent-Length: %d", route.PathRoute, session, len(body)), []byte(body))
+	res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nX-Session-Id: %s\r\nContent-Length: %d", contract.PathRoute, session, len(body)), []byte(body))
 	b := readAll(res)
-	if res.StatusCode != route.StatusHeaderTooLarge || res.Header.Get(route.HdrReason) != route.ReasonHeaderTooLarge {
-		t.Fatalf("20 KiB header over a 16 KiB limit: %d %q %s", res.StatusCode, res.Header.Get(route.HdrReason), b)
+	if res.StatusCode != contract.StatusHeaderTooLarge || res.Header.Get(contract.HdrReason) != contract.ReasonHeaderTooLarge {
+		t.Fatalf("20 KiB header over a 16 KiB limit: %d %q %s", res.StatusCode, res.Header.Get(contract.HdrReason), b)
 	}
 	if strings.Contains(b, "fasthttp") || !strings.Contains(b, `"code":"header_too_large"`) {
 		t.Errorf("431 body %s: want turnout's JSON, not fasthttp's text", b)
@@ -263,12 +263,12 @@ func TestBudgetReturnsMemoryAfterSpike(t *testing.T) {
 }
 
 // Issue 16 finding 8 (turnout's side): a 404 echoing a huge model name
-// stays far under route.MaxAnswerBody, which sizes nginx's subrequest buffer.
+// stays far under contract.MaxAnswerBody, which sizes nginx's subrequest buffer.
 func TestAnswerBounded(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(limitsConfig, 64<<20))
 	ctx := do(s, `{"model":"`+strings.Repeat("m", 20000)+`"}`)
-	if ctx.Response.StatusCode() != 404 || len(ctx.Response.Body()) > route.MaxAnswerBody {
-		t.Fatalf("%d, %d bytes: want 404 under %d bytes", ctx.Response.StatusCode(), len(ctx.Response.Body()), route.MaxAnswerBody)
+	if ctx.Response.StatusCode() != 404 || len(ctx.Response.Body()) > contract.MaxAnswerBody {
+		t.Fatalf("%d, %d bytes: want 404 under %d bytes", ctx.Response.StatusCode(), len(ctx.Response.Body()), contract.MaxAnswerBody)
 	}
 }
 
@@ -307,17 +307,17 @@ func TestMaxConns(t *testing.T) {
 	}
 	time.Sleep(50 * time.Millisecond)
 	body := `{"model":"llama"}`
-	res := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", route.PathRoute, len(body)), []byte(body))
-	if res.StatusCode != 503 || res.Header.Get(route.HdrReason) != route.ReasonOverloaded {
-		t.Fatalf("third connection: %d %q", res.StatusCode, res.Header.Get(route.HdrReason))
+	res := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", contract.PathRoute, len(body)), []byte(body))
+	if res.StatusCode != 503 || res.Header.Get(contract.HdrReason) != contract.ReasonOverloaded {
+		t.Fatalf("third connection: %d %q", res.StatusCode, res.Header.Get(contract.HdrReason))
 	}
-	if e := routetest.ErrBody(t, []byte(readAll(res))); e.Code != route.ReasonOverloaded || e.Type != "service_unavailable" {
+	if e := routetest.ErrBody(t, []byte(readAll(res))); e.Code != contract.ReasonOverloaded || e.Type != "service_unavailable" {
 		t.Fatalf("third connection's body: %+v", e)
 	}
 	held[0].Close()
 	deadline := time.Now().Add(2 * time.Second)
 	for {
-		res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", route.PathRoute, len(body)), []byte(body))
+		res = rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", contract.PathRoute, len(body)), []byte(body))
 		if res.StatusCode == 200 {
 			break
 		}

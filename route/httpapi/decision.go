@@ -8,6 +8,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // PathDecision + <id> answers what turnout knows of a recent decision:
@@ -24,7 +25,7 @@ var pathDecisionB = []byte(PathDecision)
 func (a *API) decision(ctx *fasthttp.RequestCtx) {
 	if !a.doneAllowed(ctx) {
 		writeError(ctx, fasthttp.StatusForbidden, "permission_error", "forbidden",
-			"decisions are shown to feedback.sources only, with "+route.HdrToken+" when feedback.token is set")
+			"decisions are shown to feedback.sources only, with "+contract.HdrToken+" when feedback.token is set")
 		return
 	}
 	if !ctx.IsGet() && !ctx.IsHead() {
@@ -32,13 +33,13 @@ func (a *API) decision(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use GET")
 		return
 	}
-	id, ok := route.ParseDecisionID(bytes.TrimPrefix(ctx.Path(), pathDecisionB))
+	id, ok := contract.ParseDecisionID(bytes.TrimPrefix(ctx.Path(), pathDecisionB))
 	if !ok {
-		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_id", "the path ends in a decision id from "+route.HdrDecision)
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_id", "the path ends in a decision id from "+contract.HdrDecision)
 		return
 	}
 	var r route.DecisionRecord
-	if !a.d.LookupDecision(id, time.Now(), &r) {
+	if !a.d.Ledger().LookupDecision(id, time.Now(), &r) {
 		writeError(ctx, fasthttp.StatusNotFound, "invalid_request_error", "unknown_decision",
 			"unknown decision, or no longer recent (turnout keeps the last 15 minutes, within the ledger's ring)")
 		return

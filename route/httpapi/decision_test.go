@@ -8,7 +8,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // GET /internal/decision/<id> on the main handler: 200 with the record's
@@ -20,7 +20,7 @@ func TestDecisionLookup(t *testing.T) {
 	if ctx.Response.StatusCode() != 200 {
 		t.Fatalf("route: %d", ctx.Response.StatusCode())
 	}
-	id, srv := hdr(ctx, route.HdrDecision), hdr(ctx, route.HdrServer)
+	id, srv := hdr(ctx, contract.HdrDecision), hdr(ctx, contract.HdrServer)
 	get := func(h func(*fasthttp.RequestCtx), path string) (int, []byte) {
 		var req fasthttp.Request
 		req.SetRequestURI(path)

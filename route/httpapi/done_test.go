@@ -7,7 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/internal/routetest"
 )
 
@@ -16,7 +16,7 @@ func openIDs(t *testing.T, s *testServer, n int) []string {
 	t.Helper()
 	var ids []string
 	for i := 0; i < n; i++ {
-		id := hdr(do(s, chatBody("llama", "", "x")), route.HdrDecision)
+		id := hdr(do(s, chatBody("llama", "", "x")), contract.HdrDecision)
 		if len(id) != 16 {
 			t.Fatalf("decision id %q is not 16 hex digits", id)
 		}
@@ -39,10 +39,10 @@ const feedbackCfg = routetest.FeedbackCfg
 func doneCtx(id, remote, token string) *fasthttp.RequestCtx {
 	var ctx fasthttp.RequestCtx
 	var req fasthttp.Request
-	req.SetRequestURI(route.PathDone + "?id=" + id)
+	req.SetRequestURI(contract.PathDone + "?id=" + id)
 	req.Header.SetMethod("POST")
 	if token != "" {
-		req.Header.Set(route.HdrToken, token)
+		req.Header.Set(contract.HdrToken, token)
 	}
 	ctx.Init(&req, &net.TCPAddr{IP: net.ParseIP(remote), Port: 40000}, nil)
 	return &ctx

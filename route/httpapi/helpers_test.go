@@ -6,6 +6,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/feedback"
 	"github.com/turnout/turnout/route/internal/routetest"
 )
@@ -30,7 +31,7 @@ func mustServer(t testing.TB, y string) *testServer {
 // do sends one /internal/route request through the handler.
 func do(s *testServer, body string, hdrs ...string) *fasthttp.RequestCtx {
 	var ctx fasthttp.RequestCtx
-	ctx.Request.SetRequestURI(route.PathRoute)
+	ctx.Request.SetRequestURI(contract.PathRoute)
 	ctx.Request.Header.SetMethod("POST")
 	ctx.Request.Header.DisableNormalizing()
 	for i := 0; i+1 < len(hdrs); i += 2 {

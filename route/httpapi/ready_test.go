@@ -10,14 +10,14 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/health"
 	"github.com/turnout/turnout/route/internal/routetest"
 )
 
 func readyz(s *testServer, verbose bool) (int, string) {
 	var ctx fasthttp.RequestCtx
-	uri := route.PathReadyz
+	uri := contract.PathReadyz
 	if verbose {
 		uri += "?verbose"
 	}
@@ -57,7 +57,7 @@ func waitRounds(t *testing.T, s *testServer, n int) {
 	t.Helper()
 	eps := uint64(len(s.Snapshot().Pools()[0].Endpoints))
 	deadline := time.Now().Add(10 * time.Second)
-	for ok, failed := s.HealthChecks(); ok+failed < uint64(n)*eps || !s.HealthRounded(); ok, failed = s.HealthChecks() {
+	for ok, failed := s.Health().HealthChecks(); ok+failed < uint64(n)*eps || !s.Health().HealthRounded(); ok, failed = s.Health().HealthChecks() {
 		if time.Now().After(deadline) {
 			t.Fatal("health rounds did not run")
 		}

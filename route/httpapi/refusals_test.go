@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // Issue 28 item 4: every error answer turnout gives on its own is counted
@@ -24,23 +24,23 @@ func TestRefusalsCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: 60000\r\n\r\n%s", route.PathRoute, strings.Repeat(" ", 9000))
+	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: 60000\r\n\r\n%s", contract.PathRoute, strings.Repeat(" ", 9000))
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, _ = io.ReadAll(c)
 	// Malformed HTTP: 400 bad_request (fasthttp's error handler).
-	if res := rawRequest(t, addr, "POST "+route.PathRoute+" HTTP/1.1\r\nHost: t\r\nContent-Length: x", nil); res.StatusCode != 400 {
+	if res := rawRequest(t, addr, "POST "+contract.PathRoute+" HTTP/1.1\r\nHost: t\r\nContent-Length: x", nil); res.StatusCode != 400 {
 		t.Fatalf("malformed request: %d", res.StatusCode)
 	}
 	// A wrong method: 405.
-	if res := rawRequest(t, addr, "GET "+route.PathRoute+" HTTP/1.1\r\nHost: t", nil); res.StatusCode != 405 {
+	if res := rawRequest(t, addr, "GET "+contract.PathRoute+" HTTP/1.1\r\nHost: t", nil); res.StatusCode != 405 {
 		t.Fatalf("GET: %d", res.StatusCode)
 	}
 	// A decision refused: unknown model, 404.
 	body := `{"model":"nope","messages":[]}`
-	if res := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", route.PathRoute, len(body)), []byte(body)); res.StatusCode != 404 {
+	if res := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d", contract.PathRoute, len(body)), []byte(body)); res.StatusCode != 404 {
 		t.Fatalf("unknown model: %d", res.StatusCode)
 	}
-	res, err := http.Get("http://" + addr + route.PathMetrics)
+	res, err := http.Get("http://" + addr + contract.PathMetrics)
 	if err != nil {
 		t.Fatal(err)
 	}

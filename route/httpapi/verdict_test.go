@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/internal/routetest"
 )
 
@@ -19,20 +19,20 @@ func TestDecideMatchesHandler(t *testing.T) {
 	if ctx.Response.StatusCode() != 200 {
 		t.Fatalf("status %d", ctx.Response.StatusCode())
 	}
-	var in route.Input
+	var in contract.Input
 	in.URI = []byte("/v1/chat/completions")
 	in.AddHeader([]byte("X-Session-Id"), []byte("user-9"))
 	in.Body = []byte(body)
-	var v route.Verdict
+	var v contract.Verdict
 	s.Decide(&in, &v)
 	if !v.Routed() {
 		t.Fatalf("not routed: %d %s %s", v.Status, v.Reason, v.Body)
 	}
 	h := &ctx.Response.Header
-	if string(v.Server) != string(h.Peek(route.HdrServer)) || string(v.Addr) != string(h.Peek(route.HdrBackend)) ||
-		string(v.Pool) != string(h.Peek(route.HdrPool)) {
+	if string(v.Server) != string(h.Peek(contract.HdrServer)) || string(v.Addr) != string(h.Peek(contract.HdrBackend)) ||
+		string(v.Pool) != string(h.Peek(contract.HdrPool)) {
 		t.Fatalf("verdict %s %s %s, handler %s %s %s", v.Server, v.Addr, v.Pool,
-			h.Peek(route.HdrServer), h.Peek(route.HdrBackend), h.Peek(route.HdrPool))
+			h.Peek(contract.HdrServer), h.Peek(contract.HdrBackend), h.Peek(contract.HdrPool))
 	}
 	fb := ""
 	for i, f := range v.Fallbacks {
@@ -41,11 +41,11 @@ func TestDecideMatchesHandler(t *testing.T) {
 		}
 		fb += string(f)
 	}
-	if fb == "" || fb != string(h.Peek(route.HdrFallbacks)) {
-		t.Fatalf("fallbacks %q, handler %q", fb, h.Peek(route.HdrFallbacks))
+	if fb == "" || fb != string(h.Peek(contract.HdrFallbacks)) {
+		t.Fatalf("fallbacks %q, handler %q", fb, h.Peek(contract.HdrFallbacks))
 	}
-	if len(v.DecisionHex()) != 16 || string(v.DecisionHex()) == string(h.Peek(route.HdrDecision)) {
-		t.Fatalf("decision %s (handler's %s): want a fresh 16-digit id", v.DecisionHex(), h.Peek(route.HdrDecision))
+	if len(v.DecisionHex()) != 16 || string(v.DecisionHex()) == string(h.Peek(contract.HdrDecision)) {
+		t.Fatalf("decision %s (handler's %s): want a fresh 16-digit id", v.DecisionHex(), h.Peek(contract.HdrDecision))
 	}
 
 	// A refusal carries status, reason and an OpenAI-style body.

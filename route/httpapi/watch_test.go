@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 const flowYAML = `
@@ -43,7 +43,7 @@ func TestHeldCallerGone(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s", route.PathRoute, len(body), body)
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s", contract.PathRoute, len(body), body)
 		return c
 	}
 	first := call() // admitted: the only replica is at max_load now

@@ -68,7 +68,7 @@ func PrefillBody(x *Index) ([]byte, error) {
 
 // The decode body's edit: EditKey, the prefill's kv_transfer_params, then
 // EditSep unless the object is empty, inserted just after the opening
-// brace. The proxy glue only inserts these bytes (route/contract_body.go
+// brace. The proxy glue only inserts these bytes (route/contract/body.go
 // carries the rule to it); this is the one place it is written.
 const (
 	EditKey = `"` + KVTransferKey + `":`

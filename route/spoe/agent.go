@@ -7,8 +7,8 @@
 //
 // Every decision goes through route.Decider.Decide, the entry point the HTTP
 // handler uses too, so the two paths cannot drift apart: the agent reads the
-// message into a route.Input and writes the route.Verdict as variables
-// (route/contract_glue.go names them), with no HTTP round trip.
+// message into a contract.Input and writes the contract.Verdict as variables
+// (route/contract/glue.go names them), with no HTTP round trip.
 //
 // Concurrency: a connection's frames are decided inline by its reader
 // goroutine, and the ACKs of a burst are flushed together, which is the

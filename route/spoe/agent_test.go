@@ -404,7 +404,7 @@ func complete(a *Agent, ackFrame []byte) {
 			for _, c := range v.Bytes {
 				id = id<<4 | uint64(hexVal(c))
 			}
-			a.srv.Complete(id)
+			a.srv.Ledger().Complete(id)
 		}
 		p = p[3+n+k:]
 	}

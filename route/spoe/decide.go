@@ -6,49 +6,50 @@ import (
 	"github.com/turnout/turnout/internal/config"
 
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 // The contract with the SPOE config (templates/haproxy-spoe.snippets.tmpl)
-// is defined in route/contract_spoe.go, shared with the renderer; the short
+// is defined in route/contract/spoe.go, shared with the renderer; the short
 // names below are the agent's spellings of it.
 const (
-	MessageRoute   = route.SPOEMessageRoute
-	MessageRoutePD = route.SPOEMessageRoutePD
+	MessageRoute   = contract.SPOEMessageRoute
+	MessageRoutePD = contract.SPOEMessageRoutePD
 
-	ArgMethod  = route.SPOEArgMethod
-	ArgURI     = route.SPOEArgURI
-	ArgHeaders = route.SPOEArgHeaders
-	ArgBody    = route.SPOEArgBody
-	ArgDeferPD = route.SPOEArgDeferPD
+	ArgMethod  = contract.SPOEArgMethod
+	ArgURI     = contract.SPOEArgURI
+	ArgHeaders = contract.SPOEArgHeaders
+	ArgBody    = contract.SPOEArgBody
+	ArgDeferPD = contract.SPOEArgDeferPD
 
-	VarServer         = route.SPOEVarServer
-	VarAddr           = route.SPOEVarAddr
-	VarPool           = route.SPOEVarPool
-	VarDecision       = route.SPOEVarDecision
-	VarKVTransfer     = route.SPOEVarKVTransfer
-	VarPrefill        = route.SPOEVarPrefill
-	VarStatus         = route.SPOEVarStatus
-	VarReason         = route.SPOEVarReason
-	VarBody           = route.SPOEVarBody
-	VarRetryAfter     = route.SPOEVarRetryAfter
-	VarPD             = route.SPOEVarPD
-	VarKV             = route.SPOEVarKV
-	VarKVAt           = route.SPOEVarKVAt
-	VarKVLen          = route.SPOEVarKVLen
-	VarFallbackPrefix = route.SPOEVarFallbackPrefix
-	MaxFallbackVars   = route.SPOEMaxFallbackVars
+	VarServer         = contract.SPOEVarServer
+	VarAddr           = contract.SPOEVarAddr
+	VarPool           = contract.SPOEVarPool
+	VarDecision       = contract.SPOEVarDecision
+	VarKVTransfer     = contract.SPOEVarKVTransfer
+	VarPrefill        = contract.SPOEVarPrefill
+	VarStatus         = contract.SPOEVarStatus
+	VarReason         = contract.SPOEVarReason
+	VarBody           = contract.SPOEVarBody
+	VarRetryAfter     = contract.SPOEVarRetryAfter
+	VarPD             = contract.SPOEVarPD
+	VarKV             = contract.SPOEVarKV
+	VarKVAt           = contract.SPOEVarKVAt
+	VarKVLen          = contract.SPOEVarKVLen
+	VarFallbackPrefix = contract.SPOEVarFallbackPrefix
+	MaxFallbackVars   = contract.SPOEMaxFallbackVars
 )
 
 var (
 	hdrCL = []byte("content-length")
 	// fallbackBody replaces a relayed body that is empty or does not fit in the ACK frame.
-	fallbackBody = []byte(route.RefusedError.JSON())
-	retryAfter   = []byte(route.RetryAfterSeconds)
+	fallbackBody = []byte(contract.RefusedError.JSON())
+	retryAfter   = []byte(contract.RetryAfterSeconds)
 )
 
 // Reasons the agent gives when turnout's answer cannot be used.
 const (
-	reasonBadAnswer = route.BadAnswerReason
+	reasonBadAnswer = contract.BadAnswerReason
 	reasonBadArgs   = "spoe-bad-message"
 )
 
@@ -69,15 +70,15 @@ func newNames(snap *route.Snapshot) *names {
 	return n
 }
 
-// decider turns messages into verdicts: SPOE arguments into a route.Input,
-// route.Decider.Decide, the route.Verdict into set-var actions. It owns the
+// decider turns messages into verdicts: SPOE arguments into a contract.Input,
+// route.Decider.Decide, the contract.Verdict into set-var actions. It owns the
 // Input and Verdict reused for every message, so one decider serves one
 // goroutine at a time.
 type decider struct {
 	srv   *route.Decider
 	names func(*route.Snapshot) *names
-	in    route.Input
-	v     route.Verdict
+	in    contract.Input
+	v     contract.Verdict
 	args  []arg
 	tmp   []byte
 	// watch is the connection of the frame being decided (worker mode):
@@ -169,7 +170,7 @@ func (d *decider) route(args []arg, w *actions) {
 	fullLen := -1
 	if !walkHeaders(hdrs, func(k, v []byte) {
 		switch {
-		case route.HeaderIs(k, hdrCL):
+		case contract.HeaderIs(k, hdrCL):
 			if n, err := strconv.Atoi(unsafeString(v)); err == nil {
 				fullLen = n
 			}
@@ -195,7 +196,7 @@ func (d *decider) route(args []arg, w *actions) {
 }
 
 // verdict writes the Verdict as set-var actions (the SPOEVar names of
-// route/contract_glue.go).
+// route/contract/glue.go).
 func (d *decider) verdict(w *actions) {
 	v := &d.v
 	if v.Routed() {
@@ -210,7 +211,7 @@ func (d *decider) verdict(w *actions) {
 			w.setInt(VarKVAt, int32(v.KVAt))
 			w.setInt(VarKVLen, int32(v.KVLen))
 		}
-		fields := route.RoutedFields()
+		fields := contract.RoutedFields()
 		for i := range fields {
 			if f := &fields[i]; f.SPOEVar != "" {
 				w.setString(f.SPOEVar, f.Value(v))
@@ -220,12 +221,12 @@ func (d *decider) verdict(w *actions) {
 			if i == MaxFallbackVars {
 				break
 			}
-			w.setString(route.SPOEFallbackVar(i), fb)
+			w.setString(contract.SPOEFallbackVar(i), fb)
 		}
 		return
 	}
 	reason := d.token(v.Reason, v.Status)
-	if route.GlueActionFor(v.Status, reason) != route.GlueRelay {
+	if contract.GlueActionFor(v.Status, reason) != contract.GlueRelay {
 		// No endpoint, tokenizer down...: the fail mode in haproxy.cfg
 		// decides, with turnout's reason.
 		w.setInt(VarStatus, int32(v.Status))
@@ -234,7 +235,7 @@ func (d *decider) verdict(w *actions) {
 	}
 	// Relayed: the config answers status, reason and body when the body
 	// is set; one too long for the frame is replaced, never cut.
-	w.setInt(VarStatus, int32(route.RelayStatus(v.Status)))
+	w.setInt(VarStatus, int32(contract.RelayStatus(v.Status)))
 	w.setString(VarReason, reason)
 	body := v.Body
 	if len(body) == 0 || !w.fits(VarBody, len(body)) {

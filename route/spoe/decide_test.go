@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 
 	"github.com/valyala/fasthttp"
 )
@@ -248,7 +248,7 @@ func other(s, a, b string) string {
 }
 
 // The agent marks an answer for relay (sets its body) exactly when the
-// contract says relay (route.GlueActionFor), with the relay status the
+// contract says relay (contract.GlueActionFor), with the relay status the
 // table gives; every other answer leaves the fail mode to the config.
 func TestVerdictFollowsReasonRules(t *testing.T) {
 	cases := []struct {
@@ -256,9 +256,9 @@ func TestVerdictFollowsReasonRules(t *testing.T) {
 		reason string
 	}{
 		{404, "model_not_found"}, {400, "invalid_body"}, {401, "prefill_rejected"}, {418, "prefill_rejected"},
-		{503, route.ReasonNoEndpoint}, {503, "tokenizer_unavailable"}, {500, ""},
+		{503, contract.ReasonNoEndpoint}, {503, "tokenizer_unavailable"}, {500, ""},
 	}
-	for _, r := range route.ReasonRules() {
+	for _, r := range contract.ReasonRules() {
 		cases = append(cases, struct {
 			status int
 			reason string
@@ -269,20 +269,20 @@ func TestVerdictFollowsReasonRules(t *testing.T) {
 		// Every other case asks the client to come back: only a relayed
 		// answer carries that on (a failed-over one is the proxy's to answer).
 		retry := i%2 == 1
-		d.v = route.Verdict{Status: c.status, Reason: c.reason, Body: []byte(`{"error":{}}`), RetryAfter: retry}
+		d.v = contract.Verdict{Status: c.status, Reason: c.reason, Body: []byte(`{"error":{}}`), RetryAfter: retry}
 		w := actions{limit: 1 << 16}
 		d.verdict(&w)
 		v := vars(t, w.dst)
-		relay := route.GlueActionFor(c.status, []byte(c.reason)) == route.GlueRelay
+		relay := contract.GlueActionFor(c.status, []byte(c.reason)) == contract.GlueRelay
 		if _, hasBody := v[VarBody]; hasBody != relay {
 			t.Errorf("%d %q: body set %v, want relay %v (%v)", c.status, c.reason, hasBody, relay, v)
 		}
-		if ra, ok := v[VarRetryAfter]; ok != (relay && retry) || (ok && ra != route.RetryAfterSeconds) {
+		if ra, ok := v[VarRetryAfter]; ok != (relay && retry) || (ok && ra != contract.RetryAfterSeconds) {
 			t.Errorf("%d %q retry %v: %s %q set %v, want %v", c.status, c.reason, retry, VarRetryAfter, ra, ok, relay && retry)
 		}
 		wantStatus := c.status
 		if relay {
-			wantStatus = route.RelayStatus(c.status)
+			wantStatus = contract.RelayStatus(c.status)
 		}
 		want(t, v, VarStatus, strconv.Itoa(wantStatus))
 		if _, ok := v[VarServer]; ok {
@@ -290,7 +290,7 @@ func TestVerdictFollowsReasonRules(t *testing.T) {
 		}
 	}
 	// 418 is not a status HAProxy's return rules list: relayed as 400.
-	if route.RelayStatus(418) != 400 || route.RelayStatus(404) != 404 || route.RelayStatus(502) != 502 {
+	if contract.RelayStatus(418) != 400 || contract.RelayStatus(404) != 404 || contract.RelayStatus(502) != 502 {
 		t.Error("RelayStatus does not follow the table")
 	}
 }

@@ -50,7 +50,7 @@ func TestHeldDecisionDoesNotHoldTheConnection(t *testing.T) {
 		return nil
 	})
 	id, err := strconv.ParseUint(first[VarDecision], 16, 64)
-	if err != nil || !a.srv.Complete(id) {
+	if err != nil || !a.srv.Ledger().Complete(id) {
 		t.Fatalf("cannot complete %q", first[VarDecision])
 	}
 	h, p = readFrame(t, br)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/feedback"
 	"github.com/turnout/turnout/route/httpapi"
 )
@@ -205,7 +206,7 @@ type spoeData struct {
 	MaxFrameSize                         int
 	FailClosed                           bool
 	Fallbacks, Vars                      []string
-	Contract                             route.SPOEConfig
+	Contract                             contract.SPOEConfig
 }
 
 func newSPOEData(dir, agentAddr string, fallbacks int, failClosed bool) *spoeData {
@@ -213,16 +214,16 @@ func newSPOEData(dir, agentAddr string, fallbacks int, failClosed bool) *spoeDat
 		Backend: "turnout_spoe",
 		Conf:    filepath.Join(dir, "turnout-spoe.conf"),
 		Servers: []cfgServer{{Name: "spoe0", Addr: agentAddr}},
-		HelloMs: 500, IdleMs: 30000, ServerMs: 60000, TimeoutMs: 500, PDTimeoutMs: 11000, PDVar: route.SPOEVarPD, DeferArg: route.SPOEArgDeferPD,
+		HelloMs: 500, IdleMs: 30000, ServerMs: 60000, TimeoutMs: 500, PDTimeoutMs: 11000, PDVar: contract.SPOEVarPD, DeferArg: contract.SPOEArgDeferPD,
 		FailClosed: failClosed,
-		Fallbacks:  route.SPOEFallbackVars(fallbacks),
-		Vars:       route.SPOEVarNames(fallbacks),
+		Fallbacks:  contract.SPOEFallbackVars(fallbacks),
+		Vars:       contract.SPOEVarNames(fallbacks),
 		Contract:   mustSPOEConfig(fallbacks),
 	}
 }
 
-func mustSPOEConfig(fallbacks int) route.SPOEConfig {
-	c, err := route.NewSPOEConfig(fallbacks)
+func mustSPOEConfig(fallbacks int) contract.SPOEConfig {
+	c, err := contract.NewSPOEConfig(fallbacks)
 	if err != nil {
 		panic(err)
 	}
@@ -231,7 +232,7 @@ func mustSPOEConfig(fallbacks int) route.SPOEConfig {
 
 func serverVars(fallbacks int) []string {
 	v := []string{"txn.turnout_server"}
-	for _, f := range route.SPOEFallbackVars(fallbacks) {
+	for _, f := range contract.SPOEFallbackVars(fallbacks) {
 		v = append(v, "txn.turnout_"+f)
 	}
 	return v
@@ -349,7 +350,7 @@ func post(t testing.TB, addr, path, body string, hdrs ...string) answer {
 		status:  resp.StatusCode(),
 		body:    string(resp.Body()),
 		replica: string(resp.Header.Peek("X-Replica")),
-		reason:  string(resp.Header.Peek(route.HdrReason)),
+		reason:  string(resp.Header.Peek(contract.HdrReason)),
 		dur:     time.Since(start),
 	}
 }
@@ -358,7 +359,7 @@ func post(t testing.TB, addr, path, body string, hdrs ...string) answer {
 func direct(t testing.TB, srv *route.Decider, body string, hdrs ...string) *fasthttp.RequestCtx {
 	t.Helper()
 	var ctx fasthttp.RequestCtx
-	ctx.Request.SetRequestURI(route.PathRoute)
+	ctx.Request.SetRequestURI(contract.PathRoute)
 	ctx.Request.Header.SetMethod("POST")
 	for i := 0; i+1 < len(hdrs); i += 2 {
 		ctx.Request.Header.Set(hdrs[i], hdrs[i+1])
@@ -366,8 +367,8 @@ func direct(t testing.TB, srv *route.Decider, body string, hdrs ...string) *fast
 	ctx.Request.SetBodyString(body)
 	httpapi.New(srv).Handler(&ctx)
 	var id uint64
-	if _, err := fmt.Sscanf(string(ctx.Response.Header.Peek(route.HdrDecision)), "%x", &id); err == nil {
-		srv.Complete(id)
+	if _, err := fmt.Sscanf(string(ctx.Response.Header.Peek(contract.HdrDecision)), "%x", &id); err == nil {
+		srv.Ledger().Complete(id)
 	}
 	return &ctx
 }
@@ -391,7 +392,7 @@ func eventually(t testing.TB, d time.Duration, f func() error) {
 // metric reads one line of turnout's /metrics.
 func metric(srv *route.Decider, prefix string) string {
 	var ctx fasthttp.RequestCtx
-	ctx.Request.SetRequestURI(route.PathMetrics)
+	ctx.Request.SetRequestURI(contract.PathMetrics)
 	httpapi.New(srv).Handler(&ctx)
 	for line := range strings.SplitSeq(string(ctx.Response.Body()), "\n") {
 		if strings.HasPrefix(line, prefix) {

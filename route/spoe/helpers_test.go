@@ -149,7 +149,7 @@ func decideMsg(t testing.TB, a *Agent, msg string, args []targ) map[string]strin
 	// Close the decision as HAProxy's log line would: open decisions count
 	// as in-flight load and would move sessions (bounded-load hashing).
 	if id, err := strconv.ParseUint(v[VarDecision], 16, 64); err == nil {
-		a.srv.Complete(id)
+		a.srv.Ledger().Complete(id)
 	}
 	return v
 }

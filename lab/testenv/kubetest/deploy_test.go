@@ -19,7 +19,7 @@ import (
 
 	"github.com/turnout/turnout/control/discovery/kube"
 	"github.com/turnout/turnout/lab/testenv/kubetest"
-	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 )
 
 const repoRoot = "../../.."
@@ -144,9 +144,9 @@ func TestDeployManifestsAccepted(t *testing.T) {
 	// Probes reach the admin listener (the route API stays on loopback);
 	// deploy/chart_test.go checks every probe of every chart profile.
 	_, aport, _ := net.SplitHostPort(cfg.AdminListen)
-	if tu.ReadinessProbe == nil || tu.ReadinessProbe.HTTPGet == nil || tu.ReadinessProbe.HTTPGet.Path != route.PathReadyz ||
+	if tu.ReadinessProbe == nil || tu.ReadinessProbe.HTTPGet == nil || tu.ReadinessProbe.HTTPGet.Path != contract.PathReadyz ||
 		tu.ReadinessProbe.HTTPGet.Host != "" || aport == "" || port(tu, tu.ReadinessProbe.HTTPGet.Port.String()) != aport {
-		t.Errorf("turnout readiness probe must GET %s on admin_listen %q, without host", route.PathReadyz, cfg.AdminListen)
+		t.Errorf("turnout readiness probe must GET %s on admin_listen %q, without host", contract.PathReadyz, cfg.AdminListen)
 	}
 	if !maps.Equal(svc.Spec.Selector, dep.Spec.Selector.MatchLabels) {
 		t.Errorf("Service selector %v, Deployment %v", svc.Spec.Selector, dep.Spec.Selector.MatchLabels)

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/internal/routetest"
 	"github.com/turnout/turnout/route/policy"
@@ -46,13 +47,13 @@ deployments:
 	}
 	decide := func(wantServer string, wantNote float64) {
 		t.Helper()
-		var v route.Verdict
-		s.Decide(&route.Input{Body: []byte(`{"model":"llama","prompt":"hi"}`)}, &v)
+		var v contract.Verdict
+		s.Decide(&contract.Input{Body: []byte(`{"model":"llama","prompt":"hi"}`)}, &v)
 		if v.Status != 200 || string(v.Server) != wantServer {
 			t.Fatalf("routed %d to %q, want 200 to %q", v.Status, v.Server, wantServer)
 		}
 		var r route.DecisionRecord
-		if !s.LookupDecision(v.Decision, time.Now(), &r) {
+		if !s.Ledger().LookupDecision(v.Decision, time.Now(), &r) {
 			t.Fatal("decision not in the ledger")
 		}
 		if got, ok := r.Notes.Get("toy_waiting"); !ok || got != wantNote {

@@ -1,11 +1,11 @@
-package route
+package contract
 
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/route/flow"
 )
 
 // Request headers the HAProxy glue (the Lua action and the SPOE agent)
@@ -56,7 +56,7 @@ func appendFlowHeaders(out []ForwardedHeader, cfg *config.Config) []ForwardedHea
 		if d.FlowControl == nil {
 			continue
 		}
-		for _, h := range flow.Headers(d.FlowControl) {
+		for _, h := range FlowHeaders(d.FlowControl) {
 			n := normHeader([]byte(h))
 			if !slices.ContainsFunc(out, func(f ForwardedHeader) bool { return string(normHeader([]byte(f.Name))) == string(n) }) {
 				out = append(out, ForwardedHeader{h, fmt.Sprintf("deployments[%d].flow_control", i)})
@@ -64,4 +64,15 @@ func appendFlowHeaders(out []ForwardedHeader, cfg *config.Config) []ForwardedHea
 		}
 	}
 	return out
+}
+
+// FlowHeaders are the request headers flow control (route/flow) reads,
+// added to the forwarded headers: the priority and tenant headers, and
+// with tenant_api_key the Authorization header.
+func FlowHeaders(cfg *config.FlowConfig) []string {
+	h := []string{strings.ToLower(cfg.PriorityHeader), strings.ToLower(cfg.TenantHeader)}
+	if cfg.TenantAPIKey {
+		h = append(h, "authorization")
+	}
+	return h
 }

@@ -1,8 +1,8 @@
-package route
+package contract
 
 // The wire contract between the proxy glue (HAProxy Lua, nginx/njs, the
 // SPOE config) and turnout. The glue is rendered from these names and the
-// tables of contract_glue.go; README.md documents them. A rendered glue and
+// tables of glue.go; README.md documents them. A rendered glue and
 // a turnout of another version may disagree: render and reload together.
 const (
 	PathRoute   = "/internal/route"
@@ -87,7 +87,7 @@ const (
 	MaxAnswerBody = 8 << 10
 
 	// FeedbackTag starts the completion log line the proxies send over
-	// syslog; its fields are the table of contract_feedback.go.
+	// syslog; its fields are the table of feedback.go.
 	FeedbackTag = "turnout-done"
 
 	// HdrToken carries feedback.token on calls to PathDone.
@@ -118,7 +118,7 @@ func ClientStrip() HeaderStrip {
 // proxy's request (its head too large, its body stalled, its framing
 // broken): not a verdict about the client's request, so the glue applies
 // its fail mode instead of relaying them. Derived from reasonRules
-// (contract_glue.go).
+// (glue.go).
 var UnreadReasons = func() (out []string) {
 	for _, r := range reasonRules {
 		if r.Status < 500 && r.Action == GlueFailMode {

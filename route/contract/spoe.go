@@ -1,4 +1,4 @@
-package route
+package contract
 
 import (
 	"fmt"
@@ -85,7 +85,7 @@ func SPOEVarNames(fallbacks int) []string {
 	return append(v, SPOEFallbackVars(fallbacks)...)
 }
 
-// SPOEConfig is the glue contract (contract_glue.go) as the SPOE snippets
+// SPOEConfig is the glue contract (glue.go) as the SPOE snippets
 // of templates/haproxy-spoe.snippets.tmpl use it (haproxy/ renders them).
 type SPOEConfig struct {
 	// RelayStatuses are the statuses the config relays (RelayStatuses

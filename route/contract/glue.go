@@ -1,4 +1,4 @@
-package route
+package contract
 
 import (
 	"encoding/json"
@@ -72,7 +72,7 @@ var verdictFields = [...]VerdictField{
 	{Name: "retry_after", Header: HdrRetryAfter, SPOEVar: SPOEVarRetryAfter, Kind: KindString},
 	{Name: "status", SPOEVar: SPOEVarStatus, Kind: KindInt},
 	{Name: "body", SPOEVar: SPOEVarBody, Kind: KindString},
-	// The body edit (contract_body.go): the glue inserts kv_insert at byte
+	// The body edit (body.go): the glue inserts kv_insert at byte
 	// kv_at; the body is then kv_len bytes long.
 	{Name: "kv_insert", Header: HdrKVInsert, SPOEVar: SPOEVarKV, HAProxyVar: "txn.turnout_kv", Kind: KindText64},
 	{Name: "kv_at", Header: HdrKVAt, SPOEVar: SPOEVarKVAt, HAProxyVar: "txn.turnout_kv_at", Kind: KindInt},

@@ -1,18 +1,17 @@
-package route
+package contract
 
-import (
-	"encoding/json"
-
-	"github.com/turnout/turnout/route/flow"
-)
+import "encoding/json"
 
 // Header is one forwarded request header, as views.
 type Header struct {
 	Name, Value []byte
-	// role is what the transport already matched the name as (0: not
-	// matched; decideInput matches it).
-	role hdrRole
+	// Role is what the reader already matched the name as (route's
+	// session/model bits; 0: not matched, the decision matches it).
+	Role uint8
 }
+
+// Watch tells flow control whether the client of a held request went away.
+type Watch interface{ Gone() bool }
 
 // Input is what the proxy sent turnout about one request, whatever the
 // transport (the HTTP call read by route/httpapi, an SPOE message of route/spoe).
@@ -28,7 +27,7 @@ type Input struct {
 	Truncated bool
 	// Watch tells flow control whether the client left while its request
 	// is held (nil: not known; only asked with flow control on).
-	Watch flow.Watch
+	Watch Watch
 	// Subset, when set, restricts the serving pool's candidates (subsetOnly).
 	Subset *Subset
 }
@@ -51,15 +50,15 @@ func (in *Input) AddHeader(name, value []byte) {
 	in.Headers = append(in.Headers, Header{Name: name, Value: value})
 }
 
-// addHeader appends a forwarded header whose role the transport found
-// (Snapshot.forwardedRole), so decideInput does not compare its name again.
-func (in *Input) addHeader(name, value []byte, role hdrRole) {
-	in.Headers = append(in.Headers, Header{Name: name, Value: value, role: role})
+// AddHeaderRole appends a forwarded header whose role the reader already
+// found, so the decision does not compare its name again.
+func (in *Input) AddHeaderRole(name, value []byte, role uint8) {
+	in.Headers = append(in.Headers, Header{Name: name, Value: value, Role: role})
 }
 
 // Verdict is everything turnout answers about one request. The HTTP
 // handler writes it as X-Turnout-* headers (or an error answer), the SPOE
-// agent as txn variables; the field names are in contract_glue.go. The
+// agent as txn variables; the field names are in glue.go. The
 // slices are views into the snapshot (names, which never change) or into
 // the Verdict's own buffers: valid until the Verdict is reused.
 type Verdict struct {
@@ -101,17 +100,21 @@ func (v *Verdict) Routed() bool { return v.Status == 200 }
 // DecisionHex returns the decision id as 16 hex digits (X-Turnout-Decision).
 func (v *Verdict) DecisionHex() []byte { return appendID(v.hex[:0], v.Decision) }
 
-// reset empties v field by field: the fallback and hex buffers are only
+// FallbackRoom is v's own room for Fallbacks, empty: a decision appends to
+// it without allocating.
+func (v *Verdict) FallbackRoom() [][]byte { return v.fb[:0] }
+
+// Reset empties v field by field: the fallback and hex buffers are only
 // read through Fallbacks and DecisionHex, so they need no clearing.
-func (v *Verdict) reset() {
+func (v *Verdict) Reset() {
 	v.Status, v.Server, v.Addr, v.Pool, v.Fallbacks, v.FallbackAddr, v.Decision = 0, nil, nil, nil, nil, nil, 0
 	v.KVTransfer, v.Prefill, v.KVInsert, v.KVAt, v.KVLen = nil, nil, nil, 0, 0
 	v.Reason, v.Body, v.RetryAfter = "", nil, false
 }
 
-// refuse makes v an OpenAI-style error answer. Errors are rare, so
+// Refuse makes v an OpenAI-style error answer. Errors are rare, so
 // encoding/json's allocations are fine here.
-func (v *Verdict) refuse(status int, typ, code, msg string) {
+func (v *Verdict) Refuse(status int, typ, code, msg string) {
 	v.Status, v.Reason = status, code
 	v.Body = ErrorBody(typ, code, msg)
 }
