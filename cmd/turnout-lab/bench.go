@@ -215,7 +215,7 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 		return fmt.Errorf("bench replay: %w", err)
 	}
 	if len(frontCounts) > 0 {
-		fmt.Println("\nfronts against one front (issue 27: hit >= 0.98, TTFT p90/p99 <= 1.05x, requests max/mean <= 1.05):")
+		fmt.Println("\nfronts against one front (goals: hit >= 0.98, TTFT p90/p99 <= 1.05x, requests max/mean <= 1.05):")
 		if err := bench.WriteFrontsTable(os.Stdout, rows); err != nil {
 			return fmt.Errorf("bench replay: %w", err)
 		}

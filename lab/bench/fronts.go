@@ -16,7 +16,7 @@ import (
 	"github.com/turnout/turnout/route"
 )
 
-// Several fronts (issue 27): N HAProxy (or nginx) + turnout stacks with
+// Several fronts: N HAProxy (or nginx) + turnout stacks with
 // cluster sync over one nats-server, all before the same mock replicas,
 // request i through front i mod N. One row per front count, each on fresh
 // replicas (cold caches, fresh counters).
@@ -290,7 +290,7 @@ func FrontsLines(rows []Row) []FrontsLine {
 }
 
 // WriteFrontsTable writes the multi-front rows against one front: the
-// issue-27 acceptance (hit >= 0.98 of one front's, TTFT p90 and p99 within
+// goals (hit >= 0.98 of one front's, TTFT p90 and p99 within
 // 1.05x, requests max/mean <= 1.05) and the sync traffic.
 func WriteFrontsTable(w io.Writer, rows []Row) error {
 	lines := FrontsLines(rows)

@@ -251,7 +251,7 @@ type batch struct {
 // the rest at the end of each tick (so a decision waits at most about
 // BatchDelay). A tick that finds nothing parks the publisher until the
 // next decision wakes it and is sent at once: an idle instance does not
-// wake every BatchDelay (issue 27: 1.1 CPU-s a minute idle, polling), and
+// wake every BatchDelay (polling costs 1.1 CPU-s a minute idle), and
 // the first decision after a quiet spell reaches peers without waiting for
 // a tick, which is when peers deciding at once would otherwise herd.
 //
