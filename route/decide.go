@@ -71,7 +71,7 @@ func (s *Decider) decideInput(snap *Snapshot, in *Input, v *Verdict, sc *Txn, st
 		me := snap.models.Load().Lookup(model)
 		if me == nil || me.Refuse != models.RefuseNone {
 			if ld := s.loadOnDemand(snap, model, me, sc); ld != nil {
-				me = ld // lora.load_on_demand loaded it (models.go)
+				me = ld // lora.load_on_demand loaded it (loadOnDemand, route/models/load.go)
 			}
 		}
 		if me == nil || me.Refuse == models.RefuseUnknown {
