@@ -377,7 +377,7 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 	if spec.IsProxyAlone() {
 		return nil, nil, fmt.Errorf("cost: proxy policy %s is not a turnout policy", spec)
 	}
-	base := StackOptions{Model: "llama", HAProxy: o.HAProxy, Nginx: o.Nginx, NginxModule: o.NginxModule, Turnout: o.Turnout, Lab: o.Lab, Log: o.Log}
+	base := StackOptions{Model: "llama", ProxySetup: ProxySetup{HAProxy: o.HAProxy, Nginx: o.Nginx, NginxModule: o.NginxModule, Turnout: o.Turnout, Lab: o.Lab}, Log: o.Log}
 	add := func(group, name, dir string, spec PolicySpec, proxy string, edit func(*StackOptions)) {
 		so := base
 		so.Spec, so.Proxy = spec, proxy

@@ -123,8 +123,7 @@ func frontsRow(ctx context.Context, reqs []Request, trace string, spec PolicySpe
 			return Row{}, fmt.Errorf("front dir: %w", err)
 		}
 		so := StackOptions{
-			Dir: fdir, Spec: spec, Proxy: o.Proxy, Replicas: o.Sim.Replicas, Model: o.Sim.Model, HAProxy: o.HAProxy,
-			Nginx: o.Nginx, NginxMode: o.NginxMode, NginxModule: o.NginxModule, NginxMaxBody: o.NginxMaxBody, Turnout: o.Turnout, Lab: o.Lab,
+			Dir: fdir, Spec: spec, ProxySetup: o.ProxySetup, Replicas: o.Sim.Replicas, Model: o.Sim.Model,
 			MockArgs: ReplayMockArgs(o.Sim, o.TimeScale), Mocks: mocks, Log: o.Log,
 		}
 		if !spec.IsProxyAlone() {
