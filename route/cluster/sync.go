@@ -465,11 +465,7 @@ func (s *Sync) apply(data []byte, st *subState) {
 		return
 	}
 	h, _, err := validate(data)
-	if err != nil {
-		s.dropped(recvMalformed, "", err)
-		return
-	}
-	p := s.peerPool(h)
+	p := s.peerPool(h, err)
 	if p == nil {
 		return
 	}
@@ -504,11 +500,7 @@ func (s *Sync) apply(data []byte, st *subState) {
 // applyLoads applies a peer's in-flight levels to the local pool's endpoints.
 func (s *Sync) applyLoads(data []byte, st *subState) {
 	h, err := validateLoads(data)
-	if err != nil {
-		s.dropped(recvMalformed, "", err)
-		return
-	}
-	p := s.peerPool(h)
+	p := s.peerPool(h, err)
 	if p == nil {
 		return
 	}
@@ -518,9 +510,14 @@ func (s *Sync) applyLoads(data []byte, st *subState) {
 	}
 }
 
-// peerPool is the local pool a validated message is for; nil, counted,
-// when the message is this instance's own or names no pool here.
-func (s *Sync) peerPool(h header) *fleet.Pool {
+// peerPool is the local pool a peer message is for, its header validated
+// as h (err when it did not validate); nil, counted, when the message is
+// malformed, this instance's own, or names no pool here.
+func (s *Sync) peerPool(h header, err error) *fleet.Pool {
+	if err != nil {
+		s.dropped(recvMalformed, "", err)
+		return nil
+	}
 	if string(h.origin) == s.name {
 		s.recv[recvOwn].Add(1)
 		return nil
