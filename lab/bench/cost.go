@@ -3,7 +3,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	"encoding/csv"
 	"errors"
 	"fmt"
 	"io"
@@ -633,20 +632,7 @@ func (r *CostRow) fields() []string {
 
 // WriteCostCSV writes cost rows with a header.
 func WriteCostCSV(w io.Writer, rows []CostRow) error {
-	cw := csv.NewWriter(w)
-	if err := cw.Write(costHeader); err != nil {
-		return fmt.Errorf("csv: %w", err)
-	}
-	for i := range rows {
-		if err := cw.Write(rows[i].fields()); err != nil {
-			return fmt.Errorf("csv: %w", err)
-		}
-	}
-	cw.Flush()
-	if err := cw.Error(); err != nil {
-		return fmt.Errorf("csv: %w", err)
-	}
-	return nil
+	return writeCSV(w, costHeader, len(rows), func(i int) []string { return rows[i].fields() })
 }
 
 // WriteCostTable writes cost rows for terminals.
