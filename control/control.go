@@ -195,6 +195,20 @@ func (l *Loop) Run(ctx context.Context, cfg *config.Config) error {
 	}
 }
 
+// Serve is Run with the core's own loops beside it (core.go, startLoops):
+// what turnout serve runs. It returns when Run does, after the cluster's
+// last batch is flushed.
+func (l *Loop) Serve(ctx context.Context, cfg *config.Config) error {
+	ctx, cancel := context.WithCancel(ctx)
+	wait, err := l.core.startLoops(ctx, cfg, l.log)
+	if err != nil {
+		cancel()
+		return err
+	}
+	defer func() { cancel(); wait() }()
+	return l.Run(ctx, cfg)
+}
+
 // apply is the one way a config reaches the core (the fleet calls it with
 // each merge, reloads through SetBase). Once discovery has listed
 // everything (synced), the proxies get the config, with the listener

@@ -10,7 +10,9 @@ import (
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route"
+	"github.com/turnout/turnout/route/cluster"
 	"github.com/turnout/turnout/route/contract"
+	"github.com/turnout/turnout/route/engineload"
 	"github.com/turnout/turnout/route/feedback"
 	"github.com/turnout/turnout/route/health"
 	"github.com/turnout/turnout/route/httpapi"
@@ -111,3 +113,32 @@ func (c core) addReadiness(fn func(*strings.Builder)) { c.srv.Extras().AddReadin
 
 // config is the config the core runs.
 func (c core) config() *config.Config { return c.srv.Snapshot().Config }
+
+// startLoops starts the core's own loops until ctx ends: the decision-TTL
+// and stall ticks, the health and served-model checks (a model goes only
+// where it is served, and a missing alias is logged), the engine-load
+// scrapes and, when cfg asks for it, the cluster's prefix sharing (read
+// at start only). wait returns once the cluster has flushed its last batch
+// after ctx ended.
+func (c core) startLoops(ctx context.Context, cfg *config.Config, log *zerolog.Logger) (wait func(), err error) {
+	var cs *cluster.Sync
+	if cfg.Cluster.Enabled() {
+		if cs, err = cluster.New(c.srv, cfg.Cluster, log); err != nil {
+			return nil, err
+		}
+	}
+	go c.srv.Run(ctx)
+	hc := health.New(c.srv)
+	go hc.Run(ctx)
+	go hc.CheckServedModels(ctx, 0)
+	scraper := engineload.New(c.srv, log)
+	c.srv.Extras().AddMetrics(scraper.WriteMetrics)
+	go scraper.Run(ctx)
+	if cs == nil {
+		return func() {}, nil
+	}
+	c.srv.Extras().AddMetrics(cs.WriteMetrics)
+	go cs.Run(ctx)
+	log.Info().Str("cluster", cfg.Cluster.String()).Msg("cluster prefix sharing on")
+	return cs.Wait, nil
+}

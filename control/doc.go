@@ -28,4 +28,8 @@
 //
 // Listener retirement runs on timers (time.AfterFunc) that close a socket
 // after its grace; the listener set is guarded by its mutex for them.
+//
+// Serve also starts the decision core's own loops (decision-TTL ticks,
+// health and served-model checks, engine-load scrapes, cluster sync): they
+// change endpoint state inside route/, never the loop's.
 package control

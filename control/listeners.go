@@ -258,29 +258,13 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 			return nil, portholder.Wrap(err, "tcp", addr)
 		}
 		ln = netlimit.Listener(ln, cfg.Limits.MaxConns, overloadedAnswer(), l.core.noteOverloaded)
-		hs := l.core.httpServer(cfg)
-		nl.serve = func() {
-			go func() {
-				if err := hs.Serve(ln); err != nil {
-					l.log.Error().Err(err).Str("listen", addr).Msg("HTTP listener stopped")
-				}
-			}()
-		}
-		nl.stop = func(ctx context.Context) { stopHTTP(ctx, hs, ln) }
+		nl.serveHTTP(l.core.httpServer(cfg), ln, l.log, "listen", "HTTP listener stopped")
 	case kindAdmin:
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			return nil, portholder.Wrap(err, "tcp", addr)
 		}
-		hs := l.core.adminServer()
-		nl.serve = func() {
-			go func() {
-				if err := hs.Serve(ln); err != nil {
-					l.log.Error().Err(err).Str("admin_listen", addr).Msg("admin listener stopped")
-				}
-			}()
-		}
-		nl.stop = func(ctx context.Context) { stopHTTP(ctx, hs, ln) }
+		nl.serveHTTP(l.core.adminServer(), ln, l.log, "admin_listen", "admin listener stopped")
 	case kindSPOE:
 		if dir := l.spoeDir(cfg); dir != "" && cfg.HAProxy.SPOE == "" {
 			// The default socket lives with the rendered HAProxy files;
@@ -366,6 +350,20 @@ func growReadBuffer(pc net.PacketConn, n int, log *zerolog.Logger) {
 	if got < n { // the kernel reports twice the usable size
 		log.Warn().Int("bytes", got).Int("wanted", n).Msg("feedback socket receive buffer is small (raise net.core.rmem_max): bursts of completion lines may be dropped")
 	}
+}
+
+// serveHTTP makes nl serve hs on ln once started, and stop it gracefully;
+// a Serve that fails is logged as stopped, with the listener's config key
+// (field) and address.
+func (nl *listener) serveHTTP(hs *fasthttp.Server, ln net.Listener, log *zerolog.Logger, field, stopped string) {
+	nl.serve = func() {
+		go func() {
+			if err := hs.Serve(ln); err != nil {
+				log.Error().Err(err).Str(field, nl.addr).Msg(stopped)
+			}
+		}()
+	}
+	nl.stop = func(ctx context.Context) { stopHTTP(ctx, hs, ln) }
 }
 
 // stopHTTP closes the listener and waits for in-flight requests.

@@ -79,7 +79,7 @@ type Syncer struct {
 	r    *Renderer
 	mu   sync.Mutex // one Sync at a time
 	// reach logs when HAProxy answers after a sync found it unreachable.
-	reach reachWatch
+	reach proxyconf.UpWatch
 }
 
 // NewSyncer prepares a Syncer; it does not touch HAProxy yet.

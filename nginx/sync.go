@@ -54,7 +54,7 @@ type Syncer struct {
 	// unloaded is the replica change last logged as needing no reload.
 	unloaded string
 	// run logs when nginx runs after a sync found it not running (reach.go).
-	run runWatch
+	run proxyconf.UpWatch
 }
 
 // NewSyncer prepares a Syncer; it does not touch nginx yet.

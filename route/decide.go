@@ -72,7 +72,7 @@ func (d *Decider) decideInput(snap *Snapshot, in *contract.Input, v *contract.Ve
 		me := snap.models.Load().Lookup(model)
 		if me == nil || me.Refuse != models.RefuseNone {
 			if ld := d.loadOnDemand(snap, model, me, sc); ld != nil {
-				me = ld // lora.load_on_demand loaded it (models.go)
+				me = ld // lora.load_on_demand loaded it (loadOnDemand, route/models/load.go)
 			}
 		}
 		if me == nil || me.Refuse == models.RefuseUnknown {
@@ -553,8 +553,8 @@ func (d *Decider) release(sc *Txn) {
 
 // keepBodyCap is the largest body buffer a pooled Txn keeps: the default
 // max_body (256 KiB) and below stay pooled (a burst reuses them instead of
-// allocating ~2x each body as garbage, which ran RSS to 8-15x idle in the
-// 3,000-connection burst of issue 28; route/httpapi returns the pool's
+// allocating ~2x each body as garbage, which runs RSS to 8-15x idle in a
+// 3,000-connection burst; route/httpapi returns the pool's
 // memory after a burst). A larger max_body's buffers are not kept: a
 // pooled buffer is counted against limits.max_buffered_bytes only while
 // its request runs.

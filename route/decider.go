@@ -47,7 +47,7 @@ type Decider struct {
 	store *stateStore
 	// seen remembers the model names endpoints served (route/models), under mu.
 	seen *models.Seen
-	// loader loads adapters on demand (lora.load_on_demand, models.go);
+	// loader loads adapters on demand (lora.load_on_demand, route/models/load.go);
 	// mstats are the per-model counters.
 	loader *models.Loader
 	mstats *models.Stats

@@ -119,8 +119,8 @@ func (d *Ledger) opened() uint64 { return d.next.Load() - d.first }
 
 // mayHoldOpen reports whether any decision can still be open: more opened
 // than closed in every way. An idle instance then skips the sweep's walk
-// of every slot (65,536 by default), which was its largest idle cost
-// (issue 27). The closes are read before the opens: a close is counted
+// of every slot (65,536 by default), otherwise its largest idle cost.
+// The closes are read before the opens: a close is counted
 // only after its open, so a race can only answer true.
 func (d *Ledger) mayHoldOpen() bool {
 	closed := d.completed.Load() + d.expired.Load() + d.overwritten.Load() + d.reconciled.Load()
@@ -213,7 +213,7 @@ func (d *Ledger) closeWith(id uint64, c Completion, rec *DecisionRecord) *fleet.
 //
 // An endpoint holding more such decisions than its engine last reported
 // running + waiting is flagged too, whatever answered in time since: the
-// engine cannot be serving them (issue 28: a replica that stalls but still
+// engine cannot be serving them (a replica that stalls but still
 // answers /health and /metrics reported 5-12 while turnout's open
 // decisions on it grew from 13 to 1,445, and its few fast answers kept it
 // in rotation for 124 s).
@@ -261,7 +261,7 @@ func clamp16(v int64) int16 { return int16(max(-1, min(v, 1<<15-1))) }
 func clamp32(v int64) int32 { return int32(max(-1, min(v, 1<<31-1))) }
 
 // reconcile closes the decisions opened before beforeNs whose completions
-// a feedback outage lost (issue 28: ~6,150 in flight with ~50 real, until
+// a feedback outage lost (one left ~6,150 in flight with ~50 real, until
 // decision_ttl). Per endpoint it keeps open the newest as many as the
 // engine last reported running + waiting (none when no scrape is known:
 // the requests still running then count again only as new ones come, and

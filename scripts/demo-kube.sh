@@ -49,12 +49,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/turnout-kube-demo.XXXXXX")
 cleanup() {
   local code=$?
   [[ -n ${LOAD_PID:-} ]] && { pkill -TERM -P "$LOAD_PID" 2>/dev/null || true; kill "$LOAD_PID" 2>/dev/null || true; }
-  stop_children
-  if [[ $code -ne 0 && $code -lt 128 ]]; then
-    echo "demo failed; last log lines:" >&2
-    for f in "$WORK"/*.log; do [[ -f $f ]] && { echo "== $f" >&2; tail -n 15 "$f" >&2; }; done
-  fi
-  rm -rf "$WORK"
+  demo_end "$code"
 }
 trap cleanup EXIT
 trap_signals

@@ -66,12 +66,7 @@ cleanup() {
   local code=$?
   # Workload subshells first (and their curl), then the servers.
   for j in "${JOBS[@]}"; do pkill -TERM -P "$j" 2>/dev/null || true; kill "$j" 2>/dev/null || true; done
-  stop_children
-  if [[ $code -ne 0 && $code -lt 128 ]]; then
-    echo "demo failed; last log lines:" >&2
-    for f in "$WORK"/*.log; do [[ -f $f ]] && { echo "== $f" >&2; tail -n 15 "$f" >&2; }; done
-  fi
-  rm -rf "$WORK"
+  demo_end "$code"
 }
 trap cleanup EXIT
 trap_signals

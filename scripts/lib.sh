@@ -89,6 +89,18 @@ stop_children() {
   CHILD_PIDS=()
 }
 
+# demo_end CODE: a demo's end once its workload is stopped: stop the
+# children, show the tail of every log in $WORK when the demo failed (not
+# when a signal ended it), and remove $WORK.
+demo_end() {
+  stop_children
+  if [[ $1 -ne 0 && $1 -lt 128 ]]; then
+    echo "demo failed; last log lines:" >&2
+    for f in "$WORK"/*.log; do [[ -f $f ]] && { echo "== $f" >&2; tail -n 15 "$f" >&2; }; done
+  fi
+  rm -rf "$WORK"
+}
+
 # show_log NAME LOG: the tail of a child's log, for failures.
 show_log() {
   [[ $2 != - && -f $2 ]] || return 0

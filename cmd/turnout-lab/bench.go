@@ -218,7 +218,7 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 		return fmt.Errorf("bench replay: %w", err)
 	}
 	if len(frontCounts) > 0 {
-		fmt.Println("\nfronts against one front (issue 27: hit >= 0.98, TTFT p90/p99 <= 1.05x, requests max/mean <= 1.05):")
+		fmt.Println("\nfronts against one front (goals: hit >= 0.98, TTFT p90/p99 <= 1.05x, requests max/mean <= 1.05):")
 		if err := bench.WriteFrontsTable(os.Stdout, rows); err != nil {
 			return fmt.Errorf("bench replay: %w", err)
 		}
@@ -408,8 +408,8 @@ func runTrivial(args []string, log *zerolog.Logger) error {
 // work directory, which runE2EReplay fills).
 func (f *e2eFlags) options(o bench.SimOptions) bench.E2EOptions {
 	return bench.E2EOptions{
-		Sim: o, TimeScale: f.timeScale, Proxy: f.proxy, HAProxy: f.haproxy, Nginx: f.nginx, NginxMode: f.nginxMode,
-		NginxModule: f.nginxModule, Keep: f.keep, Timeout: f.timeout,
+		Sim: o, TimeScale: f.timeScale, Keep: f.keep, Timeout: f.timeout,
+		ProxySetup: bench.ProxySetup{Proxy: f.proxy, HAProxy: f.haproxy, Nginx: f.nginx, NginxMode: f.nginxMode, NginxModule: f.nginxModule},
 	}
 }
 

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 
 	"github.com/turnout/turnout/internal/config"
@@ -97,19 +95,9 @@ func renderNginx(cfg *config.Config, out, prefix string, check bool, f *nginxFla
 	if err != nil {
 		return err
 	}
-	// --check=false: the files may live on another host (a container render).
-	if err := nginx.CheckFiles(cfg); check && err != nil {
-		return err
-	}
-	if bin, lerr := exec.LookPath("nginx"); check && lerr == nil {
-		if err := r.Check(context.Background(), bin, cfg, o); err != nil {
-			return err
-		}
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("render nginx: %w", err)
-	}
-	if err := nginx.WriteFiles(dir, files.Files()); err != nil {
+	err = writeRendered("nginx", dir, files.Files(), check, func() error { return nginx.CheckFiles(cfg) },
+		func(bin string) error { return r.Check(context.Background(), bin, cfg, o) })
+	if err != nil {
 		return err
 	}
 	log.Info().Str("dir", dir).Str("path_prefix", o.Dir).Msg("rendered nginx config; start it with: nginx -p " + o.Dir + " -c " + filepath.Join(o.Dir, nginx.ConfigFile))

@@ -10,6 +10,7 @@ import (
 
 	"github.com/turnout/turnout/internal/cli"
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/proxyconf"
 	"github.com/turnout/turnout/internal/suggest"
 
 	"github.com/rs/zerolog"
@@ -113,26 +114,36 @@ func renderHAProxy(cfg *config.Config, out, prefix, socket string, check bool, l
 	if err != nil {
 		return err
 	}
-	// --check=false: the files may live on another host (a container render).
-	if err := haproxy.CheckFiles(cfg); check && err != nil {
+	err = writeRendered("haproxy", dir, files.Files(), check, func() error { return haproxy.CheckFiles(cfg) },
+		func(bin string) error { return r.Check(context.Background(), bin, cfg, opts) })
+	if err != nil {
 		return err
-	}
-	if bin, lerr := exec.LookPath("haproxy"); check && lerr == nil {
-		if err := r.Check(context.Background(), bin, cfg, opts); err != nil {
-			return err
-		}
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("render haproxy: %w", err)
-	}
-	for _, f := range files.Files() {
-		if err := haproxy.WriteFileAtomic(filepath.Join(dir, f.Name), f.Data); err != nil {
-			return err
-		}
 	}
 	log.Info().Str("dir", dir).Str("path_prefix", opts.Dir).Str("structure", files.State.Structure).Msg("rendered HAProxy config")
 	warnSPOEFromFlag(cfg, dir, log) // spoewarn.go
 	return nil
+}
+
+// writeRendered checks a proxy's render and writes its files into dir.
+// checkFiles checks the files the config names (TLS certificates);
+// checkBin runs the proxy's own check when its binary is on PATH. Neither
+// runs with --check=false: the files may live on another host (a container
+// render).
+func writeRendered(proxy, dir string, files []proxyconf.File, check bool, checkFiles func() error, checkBin func(bin string) error) error {
+	if check {
+		if err := checkFiles(); err != nil {
+			return err
+		}
+		if bin, err := exec.LookPath(proxy); err == nil {
+			if err := checkBin(bin); err != nil {
+				return err
+			}
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("render %s: %w", proxy, err)
+	}
+	return proxyconf.WriteFiles(dir, files)
 }
 
 // checkPolicies builds every pool's policy once, so a bad policy name or

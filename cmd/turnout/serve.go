@@ -14,27 +14,24 @@ import (
 	"github.com/turnout/turnout/internal/cli"
 	"github.com/turnout/turnout/internal/procmetrics"
 	"github.com/turnout/turnout/route"
-	"github.com/turnout/turnout/route/cluster"
-	"github.com/turnout/turnout/route/engineload"
-	"github.com/turnout/turnout/route/health"
 	"github.com/turnout/turnout/route/policy"
 )
 
-// runServe wires turnout serve: flags, the decision core and what feeds it,
-// and the control loop (control), which runs until SIGINT/SIGTERM.
+// runServe wires turnout serve: flags, the decision core, and the control
+// loop (control), which runs it and its loops until SIGINT/SIGTERM.
 func runServe(args []string, log *zerolog.Logger) error {
 	fs := cli.NewFlags("serve")
 	cfgPath := fs.String("config", "", "config `FILE` (default: embedded default config)")
 	listen := fs.String("listen", "", "override the config's listen address (`ADDR`)")
 	level := fs.String("log-level", "", "log level (debug, info, warn, error)")
 	watch := fs.Duration("watch", time.Second, "poll the config file for changes this often (0 = only SIGHUP)")
-	// HAProxy sync (issue 3)
+	// HAProxy sync
 	haSocket := fs.String("haproxy-socket", "", "HAProxy admin socket `PATH`; enables pool sync (default haproxy.stats_socket, else DIR/admin.sock)")
 	haDir := fs.String("haproxy-dir", "", "`DIR` of the rendered HAProxy files; enables pool sync and the SPOE agent on DIR/spoe.sock (default haproxy.dir)")
 	haPID := fs.String("haproxy-pidfile", "", "HAProxy master pidfile `PATH`, for reloads (default DIR/haproxy.pid)")
-	// nginx sync (issue 5)
+	// nginx sync
 	ngx := addNginxFlags(fs, "`DIR` of the rendered nginx files; enables nginx sync (re-render + reload)")
-	// Kubernetes discovery (issue 10)
+	// Kubernetes discovery
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for pools with discovery.kubernetes (default $KUBECONFIG, else in-cluster)")
 	if err := cli.ParseFlags(fs, serveCmd, args); err != nil {
 		return err
@@ -76,27 +73,5 @@ func runServe(args []string, log *zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
-
-	go srv.Run(ctx)
-	hc := health.New(srv)
-	go hc.Run(ctx)
-	// Learn what every replica serves (route/health/modelcheck.go): a model
-	// goes only where it is served, and a missing alias is logged.
-	go hc.CheckServedModels(ctx, 0)
-	// Engine-reported load (issue 11): scrapes every endpoint's /metrics.
-	scraper := engineload.New(srv, log)
-	srv.Extras().AddMetrics(scraper.WriteMetrics)
-	go scraper.Run(ctx)
-	// Shared prefix view (issue 11): cluster settings are read at start.
-	if cfg.Cluster.Enabled() {
-		cs, err := cluster.New(srv, cfg.Cluster, log)
-		if err != nil {
-			return err
-		}
-		srv.Extras().AddMetrics(cs.WriteMetrics)
-		go cs.Run(ctx)
-		defer func() { stop(); cs.Wait() }() // flushes the last batch
-		log.Info().Str("cluster", cfg.Cluster.String()).Msg("cluster prefix sharing on")
-	}
-	return loop.Run(ctx, cfg)
+	return loop.Serve(ctx, cfg)
 }

@@ -69,9 +69,9 @@ type Config struct {
 	Proxy     ProxyConfig    `yaml:"proxy"`
 	HAProxy   HAProxyConfig  `yaml:"haproxy"`
 	Nginx     NginxConfig    `yaml:"nginx"`
-	// EngineMetrics scrapes each endpoint's own /metrics for its load (issue 11).
+	// EngineMetrics scrapes each endpoint's own /metrics for its load.
 	EngineMetrics EngineMetricsConfig `yaml:"engine_metrics"`
-	// Cluster shares prefix decisions with other turnout instances (issue 11).
+	// Cluster shares prefix decisions with other turnout instances.
 	Cluster ClusterConfig `yaml:"cluster"`
 	// Limits bound what clients of turnout's HTTP listener can hold.
 	Limits LimitsConfig `yaml:"limits"`
@@ -131,7 +131,7 @@ type FeedbackConfig struct {
 }
 
 // LimitsConfig bounds the resources the HTTP listener gives its clients, so
-// slow or oversized requests cannot exhaust turnout (issue 16).
+// slow or oversized requests cannot exhaust turnout.
 type LimitsConfig struct {
 	// MaxConns caps concurrent connections; more are answered 503.
 	MaxConns int `yaml:"max_conns"`
@@ -211,8 +211,8 @@ type HAProxyConfig struct {
 	Nbthread     int      `yaml:"nbthread"`
 	// L7Retries renders "retry-on conn-failure empty-response 503": a
 	// request refused, reset or answered 503 (a replica shutting down)
-	// before any byte reached the client goes to another replica (issue 28,
-	// retry before bytes). Default on (nil); false leaves connection
+	// before any byte reached the client goes to another replica (retry
+	// before bytes). Default on (nil); false leaves connection
 	// failures only, and HAProxy keeps no copy of each request (its cost:
 	// BENCHMARKS.md, docs/haproxy.md).
 	L7Retries *bool `yaml:"l7_retries"`

@@ -20,8 +20,8 @@ type EngineMetricsConfig struct {
 	// engine reported nothing running or waiting at the last scrape and
 	// which got no request from this instance or its cluster peers since.
 	// Its interval doubles from Interval up to IdleInterval and drops back
-	// at the next decision for it. Idle scrapes were most of an idle
-	// instance's CPU (issue 27). 0 = 2s; equal to Interval turns it off.
+	// at the next decision for it. Idle scrapes at Interval would be most
+	// of an idle instance's CPU. 0 = 2s; equal to Interval turns it off.
 	IdleInterval Duration `yaml:"idle_interval"`
 	// Timeout bounds one scrape (connect, headers and body).
 	Timeout Duration `yaml:"timeout"`

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// FlowConfig is a deployment's flow control (issue 26): while its serving
+// FlowConfig is a deployment's flow control: while its serving
 // pool is saturated, decisions are held in turnout, by class (strict
 // priority, in the order of Classes) and tenant (round robin within a
 // class), and released as capacity frees. nil: off, every request is

@@ -3,7 +3,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	"encoding/csv"
 	"errors"
 	"fmt"
 	"io"
@@ -377,7 +376,7 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 	if spec.IsProxyAlone() {
 		return nil, nil, fmt.Errorf("cost: proxy policy %s is not a turnout policy", spec)
 	}
-	base := StackOptions{Model: "llama", HAProxy: o.HAProxy, Nginx: o.Nginx, NginxModule: o.NginxModule, Turnout: o.Turnout, Lab: o.Lab, Log: o.Log}
+	base := StackOptions{Model: "llama", ProxySetup: ProxySetup{HAProxy: o.HAProxy, Nginx: o.Nginx, NginxModule: o.NginxModule, Turnout: o.Turnout, Lab: o.Lab}, Log: o.Log}
 	add := func(group, name, dir string, spec PolicySpec, proxy string, edit func(*StackOptions)) {
 		so := base
 		so.Spec, so.Proxy = spec, proxy
@@ -633,20 +632,7 @@ func (r *CostRow) fields() []string {
 
 // WriteCostCSV writes cost rows with a header.
 func WriteCostCSV(w io.Writer, rows []CostRow) error {
-	cw := csv.NewWriter(w)
-	if err := cw.Write(costHeader); err != nil {
-		return fmt.Errorf("csv: %w", err)
-	}
-	for i := range rows {
-		if err := cw.Write(rows[i].fields()); err != nil {
-			return fmt.Errorf("csv: %w", err)
-		}
-	}
-	cw.Flush()
-	if err := cw.Error(); err != nil {
-		return fmt.Errorf("csv: %w", err)
-	}
-	return nil
+	return writeCSV(w, costHeader, len(rows), func(i int) []string { return rows[i].fields() })
 }
 
 // WriteCostTable writes cost rows for terminals.

@@ -35,19 +35,9 @@ type E2EOptions struct {
 	// TimeScale is the mocks' --time-scale; arrivals are scaled alike so the
 	// load shape is the trace's, and measured times are divided by it.
 	TimeScale float64
-	// Proxy is what turnout policies sit behind: haproxy (default) or nginx.
-	Proxy   string
-	HAProxy string // haproxy binary
-	Nginx   string // nginx binary
-	// NginxMode is turnout's nginx_mode (body or header); NginxModule the
-	// njs module path ("" = render's default).
-	NginxMode   string
-	NginxModule string
-	// NginxMaxBody is max_body for the nginx rows (0 = BodyLimit of the
-	// replayed requests).
-	NginxMaxBody int
-	Turnout      string // turnout binary (serve, render)
-	Lab          string // turnout-lab binary (the mock replicas)
+	// ProxySetup is every stack's; NginxMaxBody 0 is the replayed
+	// requests' BodyLimit.
+	ProxySetup
 	// WorkDir holds one directory per run (configs and process logs).
 	WorkDir string
 	Keep    bool
@@ -184,8 +174,7 @@ func e2eRow(ctx context.Context, reqs []Request, trace string, spec PolicySpec, 
 		defer os.RemoveAll(dir)
 	}
 	st, err := StartStack(ctx, StackOptions{
-		Dir: dir, Spec: spec, Proxy: o.Proxy, Replicas: o.Sim.Replicas, Model: o.Sim.Model, HAProxy: o.HAProxy,
-		Nginx: o.Nginx, NginxMode: o.NginxMode, NginxModule: o.NginxModule, NginxMaxBody: o.NginxMaxBody, Turnout: o.Turnout, Lab: o.Lab,
+		Dir: dir, Spec: spec, ProxySetup: o.ProxySetup, Replicas: o.Sim.Replicas, Model: o.Sim.Model,
 		MockArgs: ReplayMockArgs(o.Sim, o.TimeScale), Log: o.Log,
 	})
 	if err != nil {
@@ -241,17 +230,15 @@ func ReplayMockArgs(s SimOptions, timeScale float64) []string {
 	}
 }
 
-// StackOptions describe one proxy stack.
-type StackOptions struct {
-	Dir  string
-	Spec PolicySpec // a turnout policy, or a proxy alone (haproxy-*, nginx-*)
+// ProxySetup is the proxy a turnout policy sits behind and the binaries a
+// stack runs: one stack's (StackOptions), or every stack's of a replay
+// (E2EOptions).
+type ProxySetup struct {
 	// Proxy is what a turnout policy sits behind: haproxy (default) or nginx.
 	// Proxy-alone specs name their own proxy.
-	Proxy    string
-	Replicas int
-	Model    string
-	HAProxy  string
-	Nginx    string // nginx binary
+	Proxy   string
+	HAProxy string // haproxy binary
+	Nginx   string // nginx binary
 	// NginxMode is turnout's nginx_mode: body (default, njs) or header
 	// (auth_request, no body for turnout).
 	NginxMode string
@@ -263,6 +250,15 @@ type StackOptions struct {
 	NginxMaxBody int
 	Turnout      string // turnout binary (serve, render)
 	Lab          string // turnout-lab binary (the mock replicas)
+}
+
+// StackOptions describe one proxy stack.
+type StackOptions struct {
+	Dir  string
+	Spec PolicySpec // a turnout policy, or a proxy alone (haproxy-*, nginx-*)
+	ProxySetup
+	Replicas int
+	Model    string
 	// HAProxyPath is turnout's haproxy.path: "" (the rendered default,
 	// SPOE on a unix socket), spoe or lua.
 	HAProxyPath string

@@ -185,8 +185,7 @@ func flowRow(ctx context.Context, reqs []Request, s FlowSetup, load float64, o E
 		defer os.RemoveAll(dir)
 	}
 	st, err := StartStack(ctx, StackOptions{
-		Dir: dir, Spec: s.Spec, Proxy: o.Proxy, Replicas: o.Sim.Replicas, Model: o.Sim.Model, HAProxy: o.HAProxy,
-		Nginx: o.Nginx, NginxMode: o.NginxMode, NginxModule: o.NginxModule, NginxMaxBody: o.NginxMaxBody, Turnout: o.Turnout, Lab: o.Lab,
+		Dir: dir, Spec: s.Spec, ProxySetup: o.ProxySetup, Replicas: o.Sim.Replicas, Model: o.Sim.Model,
 		MockArgs: ReplayMockArgs(o.Sim, o.TimeScale), Log: o.Log, DeploymentYAML: s.Flow,
 	})
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 	"github.com/turnout/turnout/route/contract"
 )
 
-// Several fronts (issue 27): N HAProxy (or nginx) + turnout stacks with
+// Several fronts: N HAProxy (or nginx) + turnout stacks with
 // cluster sync over one nats-server, all before the same mock replicas,
 // request i through front i mod N. One row per front count, each on fresh
 // replicas (cold caches, fresh counters).
@@ -123,8 +123,7 @@ func frontsRow(ctx context.Context, reqs []Request, trace string, spec PolicySpe
 			return Row{}, fmt.Errorf("front dir: %w", err)
 		}
 		so := StackOptions{
-			Dir: fdir, Spec: spec, Proxy: o.Proxy, Replicas: o.Sim.Replicas, Model: o.Sim.Model, HAProxy: o.HAProxy,
-			Nginx: o.Nginx, NginxMode: o.NginxMode, NginxModule: o.NginxModule, NginxMaxBody: o.NginxMaxBody, Turnout: o.Turnout, Lab: o.Lab,
+			Dir: fdir, Spec: spec, ProxySetup: o.ProxySetup, Replicas: o.Sim.Replicas, Model: o.Sim.Model,
 			MockArgs: ReplayMockArgs(o.Sim, o.TimeScale), Mocks: mocks, Log: o.Log,
 		}
 		if !spec.IsProxyAlone() {
@@ -290,7 +289,7 @@ func FrontsLines(rows []Row) []FrontsLine {
 }
 
 // WriteFrontsTable writes the multi-front rows against one front: the
-// issue-27 acceptance (hit >= 0.98 of one front's, TTFT p90 and p99 within
+// goals (hit >= 0.98 of one front's, TTFT p90 and p99 within
 // 1.05x, requests max/mean <= 1.05) and the sync traffic.
 func WriteFrontsTable(w io.Writer, rows []Row) error {
 	lines := FrontsLines(rows)

@@ -9,7 +9,7 @@ import (
 	"github.com/turnout/turnout/route/fleet"
 )
 
-// LoRA adapters in the replay (issue 25): every request names one of
+// LoRA adapters in the replay: every request names one of
 // Adapters adapters, drawn with Zipf popularity; every replica can serve
 // every adapter but holds at most MaxLoRAs at once (vLLM's --max-loras, an
 // LRU), and a request whose adapter is not held waits LoRALoadCost before

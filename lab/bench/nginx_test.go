@@ -136,7 +136,7 @@ func TestProxySpecs(t *testing.T) {
 		}
 	}
 
-	o := E2EOptions{Proxy: ProxyNginx}
+	o := E2EOptions{ProxySetup: ProxySetup{Proxy: ProxyNginx}}
 	if ng, njs := o.NeedsNginx(specs[:2]); !ng || njs {
 		t.Errorf("nginx alone: nginx %v njs %v", ng, njs)
 	}

@@ -235,32 +235,28 @@ func TurnoutConfig(o ConfigOptions) []byte {
 	} else {
 		b.WriteString("health:\n  interval: 1s\n")
 	}
+	// key writes a proxy section's key when it has a value.
+	key := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(&b, "  %s: %s\n", k, v)
+		}
+	}
 	if o.HAProxyListen != "" {
-		fmt.Fprintf(&b, "haproxy:\n  listen: %s\n", o.HAProxyListen)
-		if o.HAProxyDir != "" {
-			fmt.Fprintf(&b, "  dir: %s\n", o.HAProxyDir)
-		}
-		if o.HAProxySocket != "" {
-			fmt.Fprintf(&b, "  stats_socket: %s\n", o.HAProxySocket)
-		}
-		if o.HAProxySPOE != "" {
-			fmt.Fprintf(&b, "  spoe: %s\n", o.HAProxySPOE)
-		}
-		if o.HAProxyPath != "" {
-			fmt.Fprintf(&b, "  path: %s\n", o.HAProxyPath)
-		}
+		b.WriteString("haproxy:\n")
+		key("listen", o.HAProxyListen)
+		key("dir", o.HAProxyDir)
+		key("stats_socket", o.HAProxySocket)
+		key("spoe", o.HAProxySPOE)
+		key("path", o.HAProxyPath)
 		if o.NoL7Retries {
 			b.WriteString("  l7_retries: false\n")
 		}
 	}
 	if o.NginxListen != "" {
-		fmt.Fprintf(&b, "nginx:\n  listen: %s\n", o.NginxListen)
-		if o.NginxDir != "" {
-			fmt.Fprintf(&b, "  dir: %s\n", o.NginxDir)
-		}
-		if o.NginxMode != "" {
-			fmt.Fprintf(&b, "  mode: %s\n", o.NginxMode)
-		}
+		b.WriteString("nginx:\n")
+		key("listen", o.NginxListen)
+		key("dir", o.NginxDir)
+		key("mode", o.NginxMode)
 	}
 	b.WriteString("deployments:\n")
 	fmt.Fprintf(&b, "  - name: bench\n    models: [%q]\n", o.Model)

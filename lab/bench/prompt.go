@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/turnout/turnout/lab/mock"
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // wordLen is the length of a chunk word. Five letters give 26^5 (11.9M)
@@ -15,21 +16,11 @@ const wordLen = 5
 // on (id, j): a hash id always expands to the same 512 words, so shared ids
 // give byte-identical prefixes, and different ids give different text.
 func chunkWord(w *[wordLen]byte, id uint64, j int) {
-	x := mix64(id*BlockTokens + uint64(j) + 0x7475726e6f7574) // "turnout"
+	x := fleet.Mix64(id*BlockTokens + uint64(j) + 0x7475726e6f7574) // "turnout"
 	for k := range w {
 		w[k] = 'a' + byte(x%26)
 		x /= 26
 	}
-}
-
-// mix64 is splitmix64's finalizer.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
 }
 
 // AppendPromptText appends the prompt's words separated by single spaces:

@@ -149,12 +149,17 @@ func (r *Row) fields() []string {
 
 // WriteCSV writes rows with a header line.
 func WriteCSV(w io.Writer, rows []Row) error {
+	return writeCSV(w, rowHeader, len(rows), func(i int) []string { return rows[i].fields() })
+}
+
+// writeCSV writes header, then n records: fields(i) is the i-th.
+func writeCSV(w io.Writer, header []string, n int, fields func(i int) []string) error {
 	cw := csv.NewWriter(w)
-	if err := cw.Write(rowHeader); err != nil {
+	if err := cw.Write(header); err != nil {
 		return fmt.Errorf("csv header: %w", err)
 	}
-	for i := range rows {
-		if err := cw.Write(rows[i].fields()); err != nil {
+	for i := range n {
+		if err := cw.Write(fields(i)); err != nil {
 			return fmt.Errorf("csv row: %w", err)
 		}
 	}

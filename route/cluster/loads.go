@@ -8,7 +8,7 @@ import (
 	"github.com/turnout/turnout/route/fleet"
 )
 
-// Load messages (issue 27): with its decisions, each instance publishes
+// Load messages: with its decisions, each instance publishes
 // its in-flight count per endpoint of the pool, a level rather than a
 // delta, so a lost message is corrected by the next and a peer that goes
 // silent stops mattering at the next engine scrape (Endpoint.Load counts

@@ -251,7 +251,7 @@ type batch struct {
 // the rest at the end of each tick (so a decision waits at most about
 // BatchDelay). A tick that finds nothing parks the publisher until the
 // next decision wakes it and is sent at once: an idle instance does not
-// wake every BatchDelay (issue 27: 1.1 CPU-s a minute idle, polling), and
+// wake every BatchDelay (polling costs 1.1 CPU-s a minute idle), and
 // the first decision after a quiet spell reaches peers without waiting for
 // a tick, which is when peers deciding at once would otherwise herd.
 //
@@ -465,11 +465,7 @@ func (s *Sync) apply(data []byte, st *subState) {
 		return
 	}
 	h, _, err := validate(data)
-	if err != nil {
-		s.dropped(recvMalformed, "", err)
-		return
-	}
-	p := s.peerPool(h)
+	p := s.peerPool(h, err)
 	if p == nil {
 		return
 	}
@@ -504,11 +500,7 @@ func (s *Sync) apply(data []byte, st *subState) {
 // applyLoads applies a peer's in-flight levels to the local pool's endpoints.
 func (s *Sync) applyLoads(data []byte, st *subState) {
 	h, err := validateLoads(data)
-	if err != nil {
-		s.dropped(recvMalformed, "", err)
-		return
-	}
-	p := s.peerPool(h)
+	p := s.peerPool(h, err)
 	if p == nil {
 		return
 	}
@@ -518,9 +510,14 @@ func (s *Sync) applyLoads(data []byte, st *subState) {
 	}
 }
 
-// peerPool is the local pool a validated message is for; nil, counted,
-// when the message is this instance's own or names no pool here.
-func (s *Sync) peerPool(h header) *fleet.Pool {
+// peerPool is the local pool a peer message is for, its header validated
+// as h (err when it did not validate); nil, counted, when the message is
+// malformed, this instance's own, or names no pool here.
+func (s *Sync) peerPool(h header, err error) *fleet.Pool {
+	if err != nil {
+		s.dropped(recvMalformed, "", err)
+		return nil
+	}
 	if string(h.origin) == s.name {
 		s.recv[recvOwn].Add(1)
 		return nil

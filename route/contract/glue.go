@@ -172,12 +172,10 @@ type ReasonRule struct {
 	Action GlueAction
 }
 
-// reasonRules: the one relay table of every glue. It used to differ per
-// glue (njs relayed any 5xx with a reason for a PD model, the Lua three
-// reasons, SPOE two status/reason pairs); now a 4xx is relayed unless
-// turnout could not read the call, and a 5xx fails over unless it is a
-// prefill/decode failure, everywhere. prefill_rejected is a 4xx and so
-// relayed by the default.
+// reasonRules: the one relay table of every glue, so the glues cannot
+// disagree: a 4xx is relayed unless turnout could not read the call, and a
+// 5xx fails over unless it is a prefill/decode failure. prefill_rejected
+// is a 4xx and so relayed by the default.
 var reasonRules = [...]ReasonRule{
 	{ReasonHeaderTooLarge, StatusHeaderTooLarge, GlueFailMode},
 	{ReasonReadTimeout, 408, GlueFailMode},

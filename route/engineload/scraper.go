@@ -322,8 +322,8 @@ type scraped struct {
 // measure fetches the page and takes the marks after it arrived: a decision
 // made during the scrape is then never counted twice (in the engine's
 // figure and in the change since the mark); one the engine had not seen yet
-// is under-counted until the next scrape. (Marks taken before, as until
-// issue 28, over-counted the first.)
+// is under-counted until the next scrape. (Marks taken before the fetch
+// would over-count the first.)
 //
 // A completion that reached turnout during the scrape is ambiguous: if the
 // engine still ran it when it built the page, the mark after over-counts

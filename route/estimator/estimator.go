@@ -5,7 +5,7 @@
 // a ridge towards prior coefficients, in fixed-size arrays. Predicting is
 // a handful of multiplications on atomically published coefficients and
 // never locks or allocates; learning (one completion's TTFB) takes a
-// small lock and solves a 4x4 system.
+// small lock and solves an N x N (8x8) system.
 package estimator
 
 import (

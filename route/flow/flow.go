@@ -1,4 +1,4 @@
-// Package flow is flow control for one deployment (issue 26): while the
+// Package flow is flow control for one deployment: while the
 // serving pool is saturated, decisions are held in turnout instead of being
 // committed to a replica's queue at once, ordered by class (strict
 // priority) and tenant (round robin within a class), and released one by

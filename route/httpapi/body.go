@@ -75,7 +75,7 @@ func (b *bodyBudget) take(n, limit int) bool {
 // return is deferred to the limit's end, and done again once the burst's
 // connections are gone (fasthttp stops idle workers after 10 s; their
 // stacks and buffers are garbage only then). Without that, the memory of
-// the burst's last seconds stayed for minutes (issue 28: 2.4-2.7x idle).
+// the burst's last seconds stays for minutes (2.4-2.7x idle).
 func (b *bodyBudget) give(n, limit int) {
 	if b.used.Add(-int64(n)) != 0 || !b.spike(limit) {
 		return

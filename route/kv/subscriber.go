@@ -163,16 +163,23 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}
 }
 
+// socketOptions are the options of the subscription's and the replay's
+// sockets: dial retries are ours (with backoff), not zmq4's fixed-interval
+// ones.
+func (s *Subscriber) socketOptions() []zmq4.Option {
+	return []zmq4.Option{
+		zmq4.WithDialerMaxRetries(0),
+		zmq4.WithDialerTimeout(s.cfg.DialTimeout),
+		zmq4.WithLogger(zmqLogger(&s.log)),
+	}
+}
+
 // session runs one connection; progressed reports whether any message
 // arrived, which resets the backoff.
 func (s *Subscriber) session(ctx context.Context) (progressed bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// Dial retries are ours (with backoff), not zmq4's fixed-interval ones.
-	sock := zmq4.NewSub(sctx,
-		zmq4.WithDialerMaxRetries(0),
-		zmq4.WithDialerTimeout(s.cfg.DialTimeout),
-		zmq4.WithLogger(zmqLogger(&s.log)))
+	sock := zmq4.NewSub(sctx, s.socketOptions()...)
 	defer sock.Close()
 	if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
 		return false, fmt.Errorf("subscribe: %w", err)
@@ -327,10 +334,7 @@ func (s *Subscriber) replay(ctx context.Context, from, to uint64) bool {
 func (s *Subscriber) fetchReplay(ctx context.Context, from, to uint64) ([]Batch, error) {
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
 	defer cancel()
-	d := zmq4.NewDealer(rctx,
-		zmq4.WithDialerMaxRetries(0),
-		zmq4.WithDialerTimeout(s.cfg.DialTimeout),
-		zmq4.WithLogger(zmqLogger(&s.log)))
+	d := zmq4.NewDealer(rctx, s.socketOptions()...)
 	defer d.Close()
 	if err := dialGuarded(rctx, d, s.cfg.ReplayAddress, s.cfg.DialTimeout); err != nil {
 		return nil, fmt.Errorf("dial replay: %w", err)

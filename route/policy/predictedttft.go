@@ -37,7 +37,7 @@ const PredictedTTFTType = "predicted-ttft"
 // Why a guard on prefix-affinity rather than the plain minimum: greedy
 // per-request predictions ignore what a placement does to later requests'
 // hits, and a model with a median error of 20-40 % moved light-load picks
-// that prefix-affinity got right (BENCHMARKS.md, issue 27).
+// that prefix-affinity got right (BENCHMARKS.md).
 type PredictedTTFTConfig struct {
 	// prefix-affinity's params, for the proposal and the prefix index.
 	PrefixAffinityConfig `yaml:",inline"`
@@ -237,7 +237,7 @@ func (g *ttftGuard) Pick(c *Cycle) {
 	pt := g.pt
 	// A model is not trusted with differences smaller than its recent
 	// error: with a median error of 0.7 behind a busy proxy (e2e), the
-	// plain margin moved 64 hits and cost p99 (BENCHMARKS.md, issue 27).
+	// plain margin moved 64 hits and cost p99 (BENCHMARKS.md).
 	rel := max(pt.cfg.MarginRel, pt.sh.recentErr.Load())
 	// The prefix-hit picker's Matched is its pick's match; any other
 	// proposal (a session tie, the fill) is looked up.

@@ -30,7 +30,7 @@ const PrefixAffinityType = "prefix-affinity"
 //     sessionRecentSlack recent decisions ahead of the least used), so a
 //     conversation's first turns land together while their prefix is too
 //     short to match, and a request with a session id never waits where the
-//     same request without one would not (issue 11: spilling sessions onto
+//     same request without one would not (spilling sessions onto
 //     replicas up to BalanceAbs above the minimum cost p90 TTFT). Unlike
 //     SGLang's "smallest tree", a miss never lands on an overloaded replica.
 //     With BoundedLoad ε > 0 (and, for a request with a session id, no
@@ -53,8 +53,9 @@ type PrefixAffinityConfig struct {
 	// nothing (a miss without a session id at any load). The guards above
 	// compare loads, which are small integers that scrapes and other
 	// fronts blur, and a load-balanced placement still leaves request
-	// counts 5-15 % apart when prefixes draw several turns each (issue 11:
-	// two fronts; issue 27: requests max/mean ≤ 1.05 with 2 and 4 fronts). With an idle replica nothing queues, so it
+	// counts 5-15 % apart when prefixes draw several turns each (with 2
+	// and 4 fronts, against a goal of requests max/mean ≤ 1.05). With an
+	// idle replica nothing queues, so it
 	// leaves hits and a session's misses alone: a session's first turns
 	// stay together (BENCHMARKS.md, "Even request counts").
 	BoundedLoad float64 `yaml:"bounded_load"`

@@ -32,7 +32,7 @@ type SessionHashConfig struct {
 	// up to a power of two, 8 bytes each): a session moved off a loaded
 	// replica stays where it moved, and a session not remembered is new.
 	// 0: no memory, every request is placed by the ring and LoadFactor
-	// alone (before issue 27).
+	// alone.
 	Sessions int `yaml:"sessions"`
 }
 
@@ -113,8 +113,8 @@ func (s *SessionHash) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
 // by the decisions since; in-flight decisions when nothing scrapes).
 //
 // With a session memory (Sessions > 0, the default) two things change,
-// both found on the Mooncake replay with caches that bind (BENCHMARKS.md,
-// issue 27): over half its requests open a session, and the ring placed
+// both found on the Mooncake replay with caches that bind (BENCHMARKS.md):
+// over half its requests open a session, and the ring placed
 // them on a replica already above the mean, where the bound later pushed
 // sessions with a warm cache off again; round robin was better at p50.
 //   - A session this instance has not placed yet is bounded by

@@ -110,7 +110,7 @@ func (SessionRank) Key(c *Cycle, e *fleet.Endpoint) uint64 {
 // and for one with a session id only when every usable replica has a
 // request: while one is idle nothing queues, so evening out request
 // counts buys no time there and would split a session's first turns,
-// which the session tie-break keeps together (issue 27).
+// which the session tie-break keeps together.
 type CountsGate struct{}
 
 // Open implements Gate.

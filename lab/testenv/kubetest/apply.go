@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 
@@ -124,12 +123,7 @@ const HelmVersion = "v3.22.0"
 
 // HelmPath is where scripts/helm.sh leaves the helm binary: $HELM, else
 // the cache of APIServerPath keyed by HelmVersion.
-func HelmPath() string {
-	if p := os.Getenv("HELM"); p != "" {
-		return p
-	}
-	return filepath.Join(cacheDir(), "helm-"+HelmVersion)
-}
+func HelmPath() string { return cachedBin("HELM", "helm-"+HelmVersion) }
 
 // Helm returns the helm binary, or skips the test (fails it when RequireEnv is set).
 func Helm(t testing.TB) string {

@@ -60,11 +60,14 @@ const Version = "v1.31.4"
 // APIServerPath is where scripts/kube-apiserver.sh leaves the binary:
 // $KUBE_APISERVER, else the cache ($TURNOUT_KUBE_CACHE, else
 // $XDG_CACHE_HOME/turnout or ~/.cache/turnout) keyed by Version.
-func APIServerPath() string {
-	if p := os.Getenv("KUBE_APISERVER"); p != "" {
+func APIServerPath() string { return cachedBin("KUBE_APISERVER", "kube-apiserver-"+Version) }
+
+// cachedBin is the path in $env, else name in cacheDir.
+func cachedBin(env, name string) string {
+	if p := os.Getenv(env); p != "" {
 		return p
 	}
-	return filepath.Join(cacheDir(), "kube-apiserver-"+Version)
+	return filepath.Join(cacheDir(), name)
 }
 
 // cacheDir is where scripts/kube-apiserver.sh and scripts/helm.sh cache
