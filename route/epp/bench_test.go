@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
@@ -26,9 +27,9 @@ import (
 // gateway in FULL_DUPLEX_STREAMED mode makes it: one ext_proc stream per
 // request over a loopback TCP gRPC connection (h2c), the headers, a ~4 KiB
 // chat body with end_of_stream, the headers answer with the pick and the
-// body passed back, then the stream closed. ns/op and allocs/op count both
-// sides (client and server run in this process); streams run in parallel,
-// as a gateway's do.
+// body passed back, then the stream closed. ns/op, cpu-ns/op and
+// allocs/op count both sides (client and server run in this process);
+// streams run in parallel, as a gateway's do.
 func BenchmarkEPPDecision(b *testing.B) {
 	cfg, err := config.ParseConfig([]byte(fleetYAML))
 	if err != nil {
@@ -43,19 +44,66 @@ func BenchmarkEPPDecision(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	benchStreams(b, func(ln net.Listener) func() {
+		l := s.Serve(ln, nil)
+		return func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			l.Shutdown(ctx)
+		}
+	})
+}
+
+// BenchmarkEPPGRPCFloor is BenchmarkEPPDecision's exchange against a bare
+// grpc-go server whose handler decides nothing (a fixed pick, the body
+// echoed): what gRPC itself costs, below which the Endpoint Picker cannot
+// go.
+func BenchmarkEPPGRPCFloor(b *testing.B) {
+	benchStreams(b, func(ln net.Listener) func() {
+		g := grpc.NewServer()
+		extprocv3.RegisterExternalProcessorServer(g, floorProcessor{})
+		go func() { _ = g.Serve(ln) }()
+		return g.Stop
+	})
+}
+
+type floorProcessor struct {
+	extprocv3.UnimplementedExternalProcessorServer
+}
+
+func (floorProcessor) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	for {
+		req, err := srv.Recv()
+		if err != nil {
+			return nil
+		}
+		if body := req.GetRequestBody(); body != nil {
+			hdr := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+				Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HdrDestination, llamaAddrs[0])}}}}}}
+			if err := srv.Send(hdr); err != nil {
+				return err
+			}
+			if err := srv.Send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+				Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+					StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body.GetBody(), EndOfStream: body.GetEndOfStream()}}}}}}}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// benchStreams runs the gateway's streams against the server serve starts
+// on a loopback listener (serve returns its stop).
+func benchStreams(b *testing.B, serve func(net.Listener) func()) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
 	// The server's goroutines carry side=server (they inherit it from the
-	// one Serve starts): -tagfocus side=server profiles the server alone.
-	var l *Listener
-	pprof.Do(context.Background(), pprof.Labels("side", "server"), func(context.Context) { l = s.Serve(ln, nil) })
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		l.Shutdown(ctx)
-	}()
+	// one serve starts): -tagfocus side=server profiles the server alone.
+	var stop func()
+	pprof.Do(context.Background(), pprof.Labels("side", "server"), func(context.Context) { stop = serve(ln) })
+	defer stop()
 	conn, err := grpc.NewClient("passthrough:///"+ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)

@@ -84,6 +84,7 @@ func grpcServer(creds credentials.TransportCredentials) *grpc.Server {
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(connWindow),
 		grpc.NumStreamWorkers(streamWorkers),
+		grpc.ForceServerCodecV2(codec{}),
 	}
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
