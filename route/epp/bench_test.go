@@ -54,13 +54,13 @@ func BenchmarkEPPDecision(b *testing.B) {
 	})
 }
 
-// BenchmarkEPPGRPCFloor is BenchmarkEPPDecision's exchange against a bare
-// grpc-go server whose handler decides nothing (a fixed pick, the body
-// echoed): what gRPC itself costs, below which the Endpoint Picker cannot
-// go.
+// BenchmarkEPPGRPCFloor is BenchmarkEPPDecision's exchange against a
+// grpc-go server with the Endpoint Picker's options whose handler decides
+// nothing (a fixed pick, the body echoed): what gRPC itself costs, below
+// which the Endpoint Picker cannot go.
 func BenchmarkEPPGRPCFloor(b *testing.B) {
 	benchStreams(b, func(ln net.Listener) func() {
-		g := grpc.NewServer()
+		g := grpcServer(nil)
 		extprocv3.RegisterExternalProcessorServer(g, floorProcessor{})
 		go func() { _ = g.Serve(ln) }()
 		return g.Stop
