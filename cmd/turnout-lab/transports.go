@@ -34,6 +34,7 @@ func runTransports(args []string, log *zerolog.Logger) error {
 	fset.IntVar(&o.Replicas, "replicas", 4, "replicas in the pool (never called)")
 	fset.StringVar(&o.Policy, "policy", "prefix-affinity", "turnout policy")
 	bin := fset.String("turnout-bin", "", "turnout binary (default: turnout next to this executable, else on $PATH)")
+	fset.StringVar(&o.Baseline, "baseline-bin", "", "another turnout binary measured in the same run, interleaved (its SPOE and Endpoint Picker rows)")
 	out := fset.String("out", "bench-out", "output directory")
 	name := fset.String("name", "transports", "output file name prefix")
 	check := fset.Bool("check", false, "fail unless every transport answered with few errors (smoke)")

@@ -28,6 +28,9 @@ import (
 // destinationHeader is the header the pick comes back in (GIE protocol).
 const destinationHeader = "x-gateway-destination-endpoint"
 
+// envoyWindow is Envoy's default HTTP/2 stream and connection window.
+const envoyWindow = 256 << 20
+
 // dialEPP opens a gRPC connection to an Endpoint Picker; with useTLS the
 // certificate is not verified, as gateways do with the reference EPP's.
 func dialEPP(addr string, useTLS bool) (*grpc.ClientConn, error) {
@@ -35,7 +38,11 @@ func dialEPP(addr string, useTLS bool) (*grpc.ClientConn, error) {
 	if useTLS {
 		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // the EPP's certificate is self-signed, as gateways accept it
 	}
+	// Envoy's HTTP/2 windows (256 MiB by default) and no BDP pings: grpc-go's
+	// dynamic window would ping the Endpoint Picker on every read burst,
+	// which Envoy does not.
 	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds),
+		grpc.WithInitialWindowSize(envoyWindow), grpc.WithInitialConnWindowSize(envoyWindow),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 	if err != nil {
 		return nil, fmt.Errorf("epp dial %s: %w", addr, err)

@@ -35,6 +35,10 @@ import (
 // TransportOptions configure RunTransports.
 type TransportOptions struct {
 	Turnout string // turnout binary
+	// Baseline is another turnout binary measured in the same run (its
+	// SPOE and Endpoint Picker rows, interleaved with Turnout's); "" for
+	// none.
+	Baseline string
 	// Duration of one load run; every target gets Rounds runs, interleaved.
 	Duration time.Duration
 	Rounds   int
@@ -61,19 +65,22 @@ type TransportRow struct {
 	// CPUPerDecision is turnout's CPU time (user + system) per answered
 	// decision, in µs.
 	CPUPerDecision float64
-	// CPURatio is CPUPerDecision against the SPOE row's, per round, median.
-	CPURatio float64
-	FirstErr string
+	// CPURatio is CPUPerDecision against the SPOE row's of the same
+	// binary, per round, median; CPURatioMin and CPURatioMax its spread.
+	CPURatio, CPURatioMin, CPURatioMax float64
+	FirstErr                           string
 
 	roundRPS, roundCPU, roundP50, roundP99 []float64
 }
 
 // Transport target names; the SPOE row is what CPURatio compares with.
+// The baseline binary's rows carry BaselineSuffix.
 const (
 	TransportRoute  = "/internal/route (HTTP/1.1)"
 	TransportSPOE   = "SPOE agent (TCP)"
 	TransportEPP    = "Endpoint Picker (ext_proc, h2c)"
 	TransportEPPTLS = "Endpoint Picker (ext_proc, TLS self-signed)"
+	BaselineSuffix  = ", baseline"
 )
 
 // transportTarget is one transport: a process whose CPU is counted and a
@@ -81,6 +88,7 @@ const (
 type transportTarget struct {
 	name string
 	pid  int
+	spoe string // the SPOE row of the same binary
 	// worker returns one client's decide function; i is the request number.
 	worker func(w int) (func(i int) error, func(), error)
 }
@@ -108,7 +116,7 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 	for i := range eps {
 		eps[i] = Endpoint{Name: "r" + strconv.Itoa(i), Address: "127.0.0.1:" + strconv.Itoa(18000+i)}
 	}
-	start := func(name, tlsMode string) (*proc, map[string]string, error) {
+	start := func(bin, name, tlsMode string) (*proc, map[string]string, error) {
 		addrs := map[string]string{}
 		for _, k := range []string{"listen", "spoe", "haproxy", "epp"} {
 			a, err := freeAddr()
@@ -129,7 +137,7 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		if err := os.WriteFile(path, cfg, 0o644); err != nil {
 			return nil, nil, fmt.Errorf("transports config: %w", err)
 		}
-		p, err := ps.start(o.Dir, name, o.Turnout, "serve", "--config", path, "--watch", "0", "--log-level", "warn")
+		p, err := ps.start(o.Dir, name, bin, "serve", "--config", path, "--watch", "0", "--log-level", "warn")
 		if err != nil {
 			return nil, nil, err
 		}
@@ -137,14 +145,6 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			return nil, nil, err
 		}
 		return p, addrs, nil
-	}
-	plain, pa, err := start("turnout-h2c", "off")
-	if err != nil {
-		return nil, err
-	}
-	tlsP, ta, err := start("turnout-tls", "self-signed")
-	if err != nil {
-		return nil, err
 	}
 	eppConns := func(addr string, useTLS bool) ([]*grpc.ClientConn, error) {
 		var ccs []*grpc.ClientConn
@@ -157,24 +157,60 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		}
 		return ccs, nil
 	}
-	h2c, err := eppConns(pa["epp"], false)
-	if err != nil {
-		return nil, err
-	}
-	tlsConns, err := eppConns(ta["epp"], true)
-	if err != nil {
-		return nil, err
-	}
+	var conns []*grpc.ClientConn
 	defer func() {
-		for _, cc := range append(h2c, tlsConns...) {
+		for _, cc := range conns {
 			_ = cc.Close()
 		}
 	}()
-	targets := []transportTarget{
-		{TransportRoute, plain.cmd.Process.Pid, routeWorker(pa["listen"], bodies)},
-		{TransportSPOE, plain.cmd.Process.Pid, spoeWorker(pa["spoe"], bodies)},
-		{TransportEPP, plain.cmd.Process.Pid, eppWorker(ctx, h2c, bodies)},
-		{TransportEPPTLS, tlsP.cmd.Process.Pid, eppWorker(ctx, tlsConns, bodies)},
+	// binaryTargets starts bin's two processes (h2c, TLS) and returns its
+	// targets, /internal/route left out for the baseline.
+	binaryTargets := func(bin, suffix, prefix string, withRoute bool) ([]transportTarget, error) {
+		plain, pa, err := start(bin, prefix+"turnout-h2c", "off")
+		if err != nil {
+			return nil, err
+		}
+		tlsP, ta, err := start(bin, prefix+"turnout-tls", "self-signed")
+		if err != nil {
+			return nil, err
+		}
+		h2c, err := eppConns(pa["epp"], false)
+		conns = append(conns, h2c...)
+		if err != nil {
+			return nil, err
+		}
+		tlsConns, err := eppConns(ta["epp"], true)
+		conns = append(conns, tlsConns...)
+		if err != nil {
+			return nil, err
+		}
+		spoe := TransportSPOE + suffix
+		var ts []transportTarget
+		if withRoute {
+			ts = append(ts, transportTarget{TransportRoute + suffix, plain.cmd.Process.Pid, spoe, routeWorker(pa["listen"], bodies)})
+		}
+		return append(ts,
+			transportTarget{spoe, plain.cmd.Process.Pid, spoe, spoeWorker(pa["spoe"], bodies)},
+			transportTarget{TransportEPP + suffix, plain.cmd.Process.Pid, spoe, eppWorker(ctx, h2c, bodies)},
+			transportTarget{TransportEPPTLS + suffix, tlsP.cmd.Process.Pid, spoe, eppWorker(ctx, tlsConns, bodies)},
+		), nil
+	}
+	targets, err := binaryTargets(o.Turnout, "", "", true)
+	if err != nil {
+		return nil, err
+	}
+	if o.Baseline != "" {
+		base, err := binaryTargets(o.Baseline, BaselineSuffix, "baseline-", false)
+		if err != nil {
+			return nil, err
+		}
+		// Each baseline row right after its counterpart: the two see the
+		// same moment of a shared machine's load.
+		merged := targets[:1:1]
+		for k, b := range base {
+			merged = append(merged, targets[k+1], b)
+		}
+		targets = merged
 	}
 	rows := make([]TransportRow, len(targets))
 	for i, t := range targets {
@@ -212,11 +248,11 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			o.Log.Info().Int("round", r+1).Str("target", t.name).Float64("rps", res.RPS()).Float64("cpu_us", cpu).Int("errors", res.Errors).Msg("bench: transports")
 		}
 	}
-	spoe := slices.IndexFunc(rows, func(r TransportRow) bool { return r.Target == TransportSPOE })
 	for i := range rows {
 		row := &rows[i]
 		row.RPS, row.CPUPerDecision = median(row.roundRPS), median(row.roundCPU)
 		row.P50, row.P99 = median(row.roundP50), median(row.roundP99)
+		spoe := slices.IndexFunc(rows, func(r TransportRow) bool { return r.Target == targets[i].spoe })
 		var ratios []float64
 		for r := range row.roundCPU {
 			if base := rows[spoe].roundCPU[r]; base > 0 {
@@ -224,6 +260,9 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			}
 		}
 		row.CPURatio = median(ratios)
+		if len(ratios) > 0 {
+			row.CPURatioMin, row.CPURatioMax = slices.Min(ratios), slices.Max(ratios)
+		}
 	}
 	return rows, nil
 }
@@ -382,9 +421,9 @@ func procCPU(pid int) (time.Duration, error) {
 // WriteTransportTable writes the rows as an aligned table.
 func WriteTransportTable(w io.Writer, rows []TransportRow) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "transport\tconns\tdecisions\terrors\tdecisions/s\tp50 ms\tp99 ms\tCPU µs/decision\tCPU vs SPOE")
+	fmt.Fprintln(tw, "transport\tconns\tdecisions\terrors\tdecisions/s\tp50 ms\tp99 ms\tCPU µs/decision\tCPU vs SPOE\trounds' range")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t%.3f\t%.3f\t%.1f\t%.2fx\n", r.Target, r.Conns, r.Requests, r.Errors, r.RPS, r.P50, r.P99, r.CPUPerDecision, r.CPURatio)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t%.3f\t%.3f\t%.1f\t%.2fx\t%.2f-%.2fx\n", r.Target, r.Conns, r.Requests, r.Errors, r.RPS, r.P50, r.P99, r.CPUPerDecision, r.CPURatio, r.CPURatioMin, r.CPURatioMax)
 	}
 	for _, r := range rows {
 		if r.FirstErr != "" {

@@ -6,7 +6,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/turnout/turnout/route/contract"
 )
@@ -14,51 +13,20 @@ import (
 // What goes back to the gateway. A pick is the same value twice, as the
 // protocol requires: the x-gateway-destination-endpoint header and the
 // envoy.lb dynamic metadata; the header answer clears the route cache so
-// the gateway routes on it. A refusal is an ImmediateResponse with
+// the gateway routes on it (encoded in wire.go, with the content-length,
+// unchanged: the body is passed back as it came). A refusal is an ImmediateResponse with
 // turnout's status, JSON error and x-turnout-reason.
-
-// routedMutation sets the pick's header (over any the client sent) and the
-// content-length (unchanged: the body is passed back as it came).
-func (st *stream) routedMutation(whole bool) *extprocv3.CommonResponse {
-	set := []*corev3.HeaderValueOption{setHeader(HdrDestination, st.dest)}
-	if cl := st.contentLength(whole); cl != "" {
-		set = append(set, setHeader("content-length", cl))
-	}
-	return &extprocv3.CommonResponse{
-		ClearRouteCache: true,
-		HeaderMutation:  &extprocv3.HeaderMutation{SetHeaders: set},
-	}
-}
-
-// destinationMetadata is the pick under envoy.lb.
-func destinationMetadata(dest string) *structpb.Struct {
-	return &structpb.Struct{Fields: map[string]*structpb.Value{
-		NSDestination: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-			MetaDestination: structpb.NewStringValue(dest),
-		}}),
-	}}
-}
 
 // routedHeaders answers the request headers with the pick; whole: the
 // body was seen to its end.
-func (st *stream) routedHeaders(whole bool) *extprocv3.ProcessingResponse {
-	return &extprocv3.ProcessingResponse{
-		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
-			Response: st.routedMutation(whole),
-		}},
-		DynamicMetadata: destinationMetadata(st.dest),
-	}
+func (st *stream) routedHeaders(whole bool) *wireAnswer {
+	return routedAnswer(fRespRequestHeaders, st.dest, st.contentLength(whole))
 }
 
 // routedBufferedBody answers a BUFFERED body with the pick; the body
 // itself is left as it is.
-func (st *stream) routedBufferedBody() *extprocv3.ProcessingResponse {
-	return &extprocv3.ProcessingResponse{
-		Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
-			Response: st.routedMutation(true),
-		}},
-		DynamicMetadata: destinationMetadata(st.dest),
-	}
+func (st *stream) routedBufferedBody() *wireAnswer {
+	return routedAnswer(fRespRequestBody, st.dest, st.contentLength(true))
 }
 
 func setHeader(k, v string) *corev3.HeaderValueOption {
@@ -74,20 +42,6 @@ func continueHeaders() *extprocv3.ProcessingResponse {
 
 func continueRequestTrailers() *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
-}
-
-// streamedRequestChunk passes a request body chunk on (full duplex): the
-// chunk's own bytes, not a copy.
-func streamedRequestChunk(b []byte, eos bool) *extprocv3.ProcessingResponse {
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
-		Response: streamedMutation(b, eos),
-	}}}
-}
-
-func streamedMutation(b []byte, eos bool) *extprocv3.CommonResponse {
-	return &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
-		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{Body: b, EndOfStream: eos}},
-	}}
 }
 
 // refuse answers a refusal this transport makes itself, counted with

@@ -11,7 +11,8 @@
 //
 // Files: server.go (the gRPC server, the stream loop), request.go (the
 // request phase and the decision), answer.go (what goes back to the
-// gateway), response.go (the response phase), subset.go (the metadata the
+// gateway), wire.go (the hot answers encoded to the wire, the server's
+// codec), response.go (the response phase), subset.go (the metadata the
 // gateway sends: subset hint, served endpoint), health.go (gRPC health),
 // tls.go (the listener's certificate).
 package epp

@@ -132,7 +132,9 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 	}
 }
 
-var hdrContentLength = []byte("content-length")
+const hdrContentLengthName = "content-length"
+
+var hdrContentLength = []byte(hdrContentLengthName)
 
 func (st *stream) requestBody(b *extprocv3.HttpBody) (bool, error) {
 	switch st.ph {
@@ -142,7 +144,7 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) (bool, error) {
 		if st.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 			return false, protocolError("request_body came after the " + st.reqMode.String() + " body was answered")
 		}
-		return false, st.send(streamedRequestChunk(b.GetBody(), b.GetEndOfStream()))
+		return false, st.send(streamedAnswer(fRespRequestBody, b.GetBody(), b.GetEndOfStream()))
 	}
 	if st.reqMode == filterv3.ProcessingMode_BUFFERED {
 		// The whole body in one message: the Input views it.
@@ -204,7 +206,7 @@ func (st *stream) decideStreamed(eos bool) (bool, error) {
 		return false, err
 	}
 	for i, c := range st.chunks {
-		if err := st.send(streamedRequestChunk(c, eos && i == len(st.chunks)-1)); err != nil {
+		if err := st.send(streamedAnswer(fRespRequestBody, c, eos && i == len(st.chunks)-1)); err != nil {
 			return false, err
 		}
 		st.chunks[i] = nil
@@ -327,8 +329,9 @@ func (st *stream) overloaded() error {
 	return st.refuseRetry(503, "service_unavailable", contract.ReasonOverloaded, "too many request bytes in flight (limits.max_buffered_bytes)")
 }
 
-func (st *stream) send(r *extprocv3.ProcessingResponse) error {
-	if err := st.srv.Send(r); err != nil {
+// send sends an answer: a *extprocv3.ProcessingResponse or a *wireAnswer.
+func (st *stream) send(r any) error {
+	if err := st.srv.SendMsg(r); err != nil {
 		return sendError(err)
 	}
 	return nil

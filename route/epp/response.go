@@ -54,9 +54,7 @@ func (st *stream) responseBody(req *extprocv3.ProcessingRequest, b *extprocv3.Ht
 		}
 	}
 	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{
-			Response: streamedMutation(b.GetBody(), b.GetEndOfStream()),
-		}}})
+		return st.send(streamedAnswer(fRespResponseBody, b.GetBody(), b.GetEndOfStream()))
 	}
 	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}})
 }

@@ -62,12 +62,29 @@ func New(d *route.Decider, o Options) (*Server, error) {
 // whole, up to the gateway's own buffer limit; max_body is at most 64 MiB.
 const maxRecvMsg = 80 << 20
 
+// The transport's flow control and goroutines. Static windows turn off
+// grpc-go's BDP estimation, which pings the gateway on every burst of
+// body data it reads; a request body up to streamWindow is read without a
+// WINDOW_UPDATE, and the connection's updates come every connWindow/4
+// bytes instead of every 16 KiB. Stream workers are goroutines kept for
+// the streams (a new one per stream grows its stack anew each time);
+// streams beyond them get their own goroutine, as without workers.
+const (
+	streamWindow  = 1 << 20
+	connWindow    = 16 << 20
+	streamWorkers = 64
+)
+
 // grpcServer is a gRPC server with turnout's options (creds nil: h2c).
 func grpcServer(creds credentials.TransportCredentials) *grpc.Server {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRecvMsg),
 		// Gateways keep their ext_proc connections open and ping them.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.InitialWindowSize(streamWindow),
+		grpc.InitialConnWindowSize(connWindow),
+		grpc.NumStreamWorkers(streamWorkers),
+		grpc.ForceServerCodecV2(codec{}),
 	}
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
