@@ -13,7 +13,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -108,72 +107,38 @@ func GoLoad(ctx context.Context, t LoadTarget, bodies []CostBody, conns int, d t
 		MaxIdleConnDuration: time.Minute, NoDefaultUserAgentHeader: true,
 	}
 	defer hc.CloseIdleConnections()
-	var (
-		mu  sync.Mutex
-		res LoadResult
-		wg  sync.WaitGroup
-	)
-	start := time.Now()
-	deadline := start.Add(d)
+	decides := make([]func(int) error, conns)
 	for c := range conns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-			defer fasthttp.ReleaseRequest(req)
-			defer fasthttp.ReleaseResponse(resp)
-			lats := make([]time.Duration, 0, 4096)
-			var n, errs int
-			var first error
-			for i := c; ctx.Err() == nil; i += conns {
-				t0 := time.Now()
-				if t0.After(deadline) {
-					break
-				}
-				b := &bodies[i%len(bodies)]
-				req.Reset()
-				req.SetRequestURI("http://" + t.Addr + t.Path)
-				req.Header.SetMethod(fasthttp.MethodPost)
-				req.Header.SetContentType("application/json")
-				req.Header.Set("X-Session-Id", b.Session)
-				if t.RouteHeaders {
-					req.Header.Set(contract.HdrOriginalURI, mock.PathChat)
-					req.Header.Set(contract.HdrOriginalMethod, fasthttp.MethodPost)
-				}
-				req.SetBodyRaw(b.Body)
-				err := hc.Do(req, resp)
-				if err == nil && resp.StatusCode() != fasthttp.StatusOK {
-					err = fmt.Errorf("status %d: %.200s", resp.StatusCode(), resp.Body())
-				}
-				if err != nil {
-					errs++
-					if first == nil {
-						first = err
-					}
-					continue
-				}
-				lats = append(lats, time.Since(t0))
-				n++
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		decides[c] = func(i int) error {
+			b := &bodies[i%len(bodies)]
+			req.Reset()
+			req.SetRequestURI("http://" + t.Addr + t.Path)
+			req.Header.SetMethod(fasthttp.MethodPost)
+			req.Header.SetContentType("application/json")
+			req.Header.Set("X-Session-Id", b.Session)
+			if t.RouteHeaders {
+				req.Header.Set(contract.HdrOriginalURI, mock.PathChat)
+				req.Header.Set(contract.HdrOriginalMethod, fasthttp.MethodPost)
 			}
-			mu.Lock()
-			res.Requests += n
-			res.Errors += errs
-			res.Latencies = append(res.Latencies, lats...)
-			if res.FirstErr == nil {
-				res.FirstErr = first
+			req.SetBodyRaw(b.Body)
+			err := hc.Do(req, resp)
+			if err == nil && resp.StatusCode() != fasthttp.StatusOK {
+				err = fmt.Errorf("status %d: %.200s", resp.StatusCode(), resp.Body())
 			}
-			mu.Unlock()
-		}()
+			return err
+		}
 	}
-	wg.Wait()
-	res.Elapsed = time.Since(start)
+	res, err := runWorkers(ctx, decides, d)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", t.Name, err)
+	}
 	s := Summarize(Millis(res.Latencies))
 	res.P50 = time.Duration(s.P50 * float64(time.Millisecond))
 	res.P99 = time.Duration(s.P99 * float64(time.Millisecond))
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("load %s: %w", t.Name, err)
-	}
-	return &res, nil
+	return res, nil
 }
 
 // WrkScript writes a wrk Lua script that cycles through bodies (formatted

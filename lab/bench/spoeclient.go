@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/route/contract"
+	"github.com/turnout/turnout/route/spoe"
 )
 
 // The HAProxy side of SPOP (HAProxy doc/SPOE.txt), only what the transport
@@ -30,27 +31,14 @@ const (
 	spopMaxFrame     = 16380
 )
 
-func spopVarint(dst []byte, v uint64) []byte {
-	if v < 240 {
-		return append(dst, byte(v))
-	}
-	dst = append(dst, byte(v)|240)
-	v = (v - 240) >> 4
-	for v >= 128 {
-		dst = append(dst, byte(v)|128)
-		v = (v - 128) >> 7
-	}
-	return append(dst, byte(v))
-}
-
-func spopBytes(dst, s []byte) []byte { return append(spopVarint(dst, uint64(len(s))), s...) }
+func spopBytes(dst, s []byte) []byte { return append(spoe.AppendVarint(dst, uint64(len(s))), s...) }
 
 // spopFrame wraps payload as a length-prefixed frame.
 func spopFrame(dst []byte, typ byte, stream, frame uint64, payload []byte) []byte {
 	start := len(dst)
 	dst = append(dst, 0, 0, 0, 0, typ, 0, 0, 0, spopFin)
-	dst = spopVarint(dst, stream)
-	dst = spopVarint(dst, frame)
+	dst = spoe.AppendVarint(dst, stream)
+	dst = spoe.AppendVarint(dst, frame)
 	dst = append(dst, payload...)
 	binary.BigEndian.PutUint32(dst[start:], uint32(len(dst)-start-4))
 	return dst
@@ -75,7 +63,7 @@ func dialSPOE(addr string) (*spoeClient, error) {
 	kv = spopBytes(kv, []byte("supported-versions"))
 	kv = spopBytes(append(kv, spopString), []byte("2.0"))
 	kv = spopBytes(kv, []byte("max-frame-size"))
-	kv = spopVarint(append(kv, spopUint32), spopMaxFrame)
+	kv = spoe.AppendVarint(append(kv, spopUint32), spopMaxFrame)
 	kv = spopBytes(kv, []byte("capabilities"))
 	kv = spopBytes(append(kv, spopString), []byte("pipelining"))
 	kv = spopBytes(kv, []byte("engine-id"))

@@ -270,11 +270,6 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 // closedLoop runs conns workers of t for d, each sending its next request
 // as soon as the last is answered.
 func closedLoop(ctx context.Context, t transportTarget, conns int, d time.Duration) (*LoadResult, error) {
-	var (
-		mu  sync.Mutex
-		res LoadResult
-		wg  sync.WaitGroup
-	)
 	decides := make([]func(int) error, conns)
 	for w := range conns {
 		f, closeFn, err := t.worker(w)
@@ -284,6 +279,19 @@ func closedLoop(ctx context.Context, t transportTarget, conns int, d time.Durati
 		defer closeFn()
 		decides[w] = f
 	}
+	return runWorkers(ctx, decides, d)
+}
+
+// runWorkers runs one goroutine per decide function for d, each calling
+// its function with the request numbers w, w+n, w+2n ... as soon as the
+// last call returned, and sums what they counted.
+func runWorkers(ctx context.Context, decides []func(int) error, d time.Duration) (*LoadResult, error) {
+	var (
+		mu  sync.Mutex
+		res LoadResult
+		wg  sync.WaitGroup
+	)
+	conns := len(decides)
 	start := time.Now()
 	deadline := start.Add(d)
 	for w := range conns {

@@ -27,12 +27,12 @@ func TestVarint(t *testing.T) {
 		{2287, []byte{255, 127}},
 		{2288, []byte{240, 128, 0}},
 	} {
-		if got := appendVarint(nil, tc.v); !bytes.Equal(got, tc.want) {
-			t.Errorf("appendVarint(%d) = % x, want % x", tc.v, got, tc.want)
+		if got := AppendVarint(nil, tc.v); !bytes.Equal(got, tc.want) {
+			t.Errorf("AppendVarint(%d) = % x, want % x", tc.v, got, tc.want)
 		}
 	}
 	for _, v := range []uint64{0, 1, 239, 240, 241, 2287, 2288, 264431, 264432, 33818863, 33818864, 1 << 32, 1<<63 + 5} {
-		b := appendVarint(nil, v)
+		b := AppendVarint(nil, v)
 		got, n, err := readVarint(b)
 		if err != nil || got != v || n != len(b) || n != varintLen(v) {
 			t.Errorf("varint %d: got %d n=%d len=%d err=%v", v, got, n, varintLen(v), err)

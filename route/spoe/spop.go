@@ -82,8 +82,9 @@ var (
 	errDataType = errors.New("spop: unknown data type")
 )
 
-// appendVarint encodes v with the "peers" varint encoding SPOP uses.
-func appendVarint(dst []byte, v uint64) []byte {
+// AppendVarint encodes v with the "peers" varint encoding SPOP uses (the
+// lab's SPOE client writes its frames with it too).
+func AppendVarint(dst []byte, v uint64) []byte {
 	if v < 240 {
 		return append(dst, byte(v))
 	}
@@ -134,11 +135,11 @@ func readBytes(b []byte) ([]byte, int, error) {
 }
 
 func appendBytes(dst, s []byte) []byte {
-	return append(appendVarint(dst, uint64(len(s))), s...)
+	return append(AppendVarint(dst, uint64(len(s))), s...)
 }
 
 func appendString(dst []byte, s string) []byte {
-	return append(appendVarint(dst, uint64(len(s))), s...)
+	return append(AppendVarint(dst, uint64(len(s))), s...)
 }
 
 // value is one decoded typed datum; Bytes views the frame for strings,
@@ -203,12 +204,12 @@ func appendStringValue(dst, s []byte) []byte {
 }
 
 func appendUint32Value(dst []byte, u uint32) []byte {
-	return appendVarint(append(dst, typeUint32), uint64(u))
+	return AppendVarint(append(dst, typeUint32), uint64(u))
 }
 
 func appendInt32Value(dst []byte, i int32) []byte {
 	// SPOP varints carry the two's complement bits; statuses are positive.
-	return appendVarint(append(dst, typeInt32), uint64(uint32(i)))
+	return AppendVarint(append(dst, typeInt32), uint64(uint32(i)))
 }
 
 // header is a decoded frame header; payload follows it.
@@ -246,8 +247,8 @@ func readHeader(frame []byte) (header, []byte, error) {
 func beginFrame(dst []byte, typ byte, flags uint32, streamID, frameID uint64) []byte {
 	dst = append(dst, 0, 0, 0, 0, typ)
 	dst = binary.BigEndian.AppendUint32(dst, flags)
-	dst = appendVarint(dst, streamID)
-	return appendVarint(dst, frameID)
+	dst = AppendVarint(dst, streamID)
+	return AppendVarint(dst, frameID)
 }
 
 func endFrame(frame []byte) []byte {
