@@ -14,20 +14,16 @@ import (
 )
 
 // NGINX Gateway Fabric's shim asks per request and never reports the
-// response: its picks are valid (the primary, then turnout's fallbacks,
-// each a replica's ip:port), each stream ends as soon as the shim has
-// closed its side, and the primary serves the request when nginx proxies
-// it there. The decisions stay open (counted in flight) until
-// decision_ttl expires them: nothing completes them, nothing leaks.
-//
-// NGF proxies to the header's whole value: with more than one endpoint
-// listed that is not an address nginx can reach, so NGF needs a pick of
-// one endpoint, which the fallbacks setting cannot ask for today (0 means
-// its default, 2). The test proxies to the primary as NGF would need to.
+// response: NGF proxies to the header's whole value, so turnout lists the
+// primary alone (epp.fallbacks: 0) and each pick is one replica's ip:port;
+// each stream ends as soon as the shim has closed its side, and the pick
+// serves the request when nginx proxies it there. The decisions stay open
+// (counted in flight) until decision_ttl expires them: nothing completes
+// them, nothing leaks.
 func TestEPP_E2E_NGFShim(t *testing.T) {
 	const n = 12
 	ms, _ := eppMocks(t, 3)
-	s := startEPPStack(t, eppSpec{mocks: ms, top: "decision_ttl: 3s\n"})
+	s := startEPPStack(t, eppSpec{mocks: ms, top: "decision_ttl: 3s\n", epp: ", fallbacks: 0"})
 	host, port, _ := net.SplitHostPort(s.eppAddr)
 	served := map[string]int{}
 	var lastPick time.Time
@@ -50,14 +46,10 @@ func TestEPP_E2E_NGFShim(t *testing.T) {
 			t.Fatalf("pick %d: %q refused %d: %v (a stream the server did not end times out here)", i, dest, refused, err)
 		}
 		lastPick = time.Now()
-		picked := strings.Split(dest, ",")
-		for _, a := range picked {
-			if _, ok := s.names[a]; !ok || strings.Count(dest, a) != 1 {
-				t.Fatalf("pick %q: %q is not one distinct replica's ip:port (%v)", dest, a, s.names)
-			}
+		if _, ok := s.names[dest]; !ok {
+			t.Fatalf("pick %q is not one replica's ip:port (%v)", dest, s.names)
 		}
-		dest = picked[0]
-		// nginx then proxies the request to it.
+		// nginx then proxies the request to the header's value.
 		res, err := http.Post("http://"+dest+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
 		if err != nil {
 			t.Fatal(err)

@@ -50,6 +50,7 @@ type eppSpec struct {
 	health string // the health: section's value; default {disable: true}
 	extra  string // more of the deployment (indented 4)
 	top    string // more top-level config
+	epp    string // more of the epp: section (flow-mapping entries)
 }
 
 func startEPPStack(t *testing.T, sp eppSpec) *eppStack {
@@ -76,7 +77,7 @@ func startEPPStack(t *testing.T, sp eppSpec) *eppStack {
 	cfg := fmt.Sprintf(`listen: %s
 feedback: {syslog: %s}
 request_log: {sample: 1, to: file, file: %q}
-epp: {listen: %s, health_listen: %s}
+epp: {listen: %s, health_listen: %s%s}
 session_headers: [x-session-id]
 fallbacks: 2
 health: %s
@@ -87,7 +88,7 @@ health: %s
 %s    pools:
       - role: mixed
         endpoints:
-%s`, listen, FreeUDPAddr(t), s.reqLog, s.eppAddr, s.healthA, sp.health, sp.top, sp.policy, sp.extra, eps.String())
+%s`, listen, FreeUDPAddr(t), s.reqLog, s.eppAddr, s.healthA, sp.epp, sp.health, sp.top, sp.policy, sp.extra, eps.String())
 	s.tu = StartTurnout(t, listen, cfg)
 	hc := healthpb.NewHealthClient(eppDial(t, s.eppAddr))
 	Eventually(t, 10*time.Second, "the Endpoint Picker to answer on "+s.eppAddr, func() bool {

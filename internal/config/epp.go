@@ -14,6 +14,21 @@ type EPPConfig struct {
 	// probes, which do not speak TLS. The services are on Listen too.
 	HealthListen string       `yaml:"health_listen"`
 	TLS          EPPTLSConfig `yaml:"tls"`
+	// Fallbacks caps how many of the decision's fallbacks follow the
+	// primary in x-gateway-destination-endpoint and the envoy.lb metadata
+	// (nil: all of them, as many as the top-level fallbacks). 0 names the
+	// primary alone, for gateways that proxy to the header's value as one
+	// address (NGINX Gateway Fabric's shim).
+	Fallbacks *int `yaml:"fallbacks"`
+}
+
+// ListedPicks is how many endpoints the Endpoint Picker lists out of n
+// picked (the primary and its fallbacks).
+func (e *EPPConfig) ListedPicks(n int) int {
+	if e.Fallbacks == nil {
+		return n
+	}
+	return min(n, 1+*e.Fallbacks)
 }
 
 // EPPTLSConfig is the Endpoint Picker listener's TLS.
@@ -44,6 +59,9 @@ func (c *Config) applyEPPDefaults() {
 
 func (c *Config) validateEPP(bad func(field, format string, a ...any)) {
 	e := &c.EPP
+	if e.Fallbacks != nil && *e.Fallbacks < 0 {
+		bad("epp.fallbacks", "%d is negative (0 lists the primary alone)", *e.Fallbacks)
+	}
 	if !e.On() {
 		if e.HealthListen != "" {
 			bad("epp.health_listen", "is set without epp.listen")

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -12,6 +13,15 @@ func TestEPPConfig(t *testing.T) {
 	c := mustParse(t, deps)
 	if c.EPP.On() || c.EPP.TLS.Mode != EPPTLSSelfSigned {
 		t.Errorf("defaults: %+v", c.EPP)
+	}
+	if c.EPP.ListedPicks(3) != 3 {
+		t.Errorf("no epp.fallbacks lists %d of 3", c.EPP.ListedPicks(3))
+	}
+	if c = mustParse(t, "epp: {fallbacks: 0}\n"+deps); c.EPP.ListedPicks(3) != 1 || c.EPP.ListedPicks(0) != 0 {
+		t.Errorf("epp.fallbacks 0 lists %d of 3", c.EPP.ListedPicks(3))
+	}
+	if _, err := ParseConfig([]byte("epp: {fallbacks: -1}\n" + deps)); err == nil || !strings.Contains(err.Error(), "epp.fallbacks") {
+		t.Errorf("epp.fallbacks -1: %v", err)
 	}
 	c = mustParse(t, "epp: {listen: ':9002', health_listen: ':9003', tls: {mode: files, cert_file: /c, key_file: /k}}\n"+deps)
 	if !c.EPP.On() || c.EPP.TLS.CertFile != "/c" {

@@ -245,7 +245,8 @@ func (st *stream) decide() (routed, done bool, err error) {
 	if !v.Routed() {
 		return false, true, st.immediate(v.Status, v.Reason, v.Body, v.RetryAfter)
 	}
-	st.dest = joinAddrs(st.t.Picks())
+	picks := st.t.Picks()
+	st.dest = joinAddrs(picks[:d.Snapshot().Config.EPP.ListedPicks(len(picks))])
 	st.id, st.start = v.Decision, time.Now()
 	st.endTxn()
 	return true, false, nil

@@ -341,3 +341,28 @@ func TestEPP_BufferedBytesBudget(t *testing.T) {
 		return nil
 	})
 }
+
+// epp.fallbacks caps the list for gateways that proxy to the header's value
+// as one address (NGINX Gateway Fabric): 0 lists the primary alone, 1 the
+// primary and the first fallback, in both the header and the metadata.
+func TestEPP_FallbacksCapped(t *testing.T) {
+	for _, n := range []int{0, 1} {
+		h := newHarness(t, fmt.Sprintf("epp: {fallbacks: %d}\n", n)+fleetYAML)
+		var in contract.Input
+		in.AddHeader([]byte("x-session-id"), []byte("s"))
+		in.Body = chat("llama", "hi")
+		var v contract.Verdict
+		h.d.Decide(&in, &v)
+		h.d.Ledger().Complete(v.Decision)
+		if len(v.Fallbacks) != 2 {
+			t.Fatalf("the decision names %d fallbacks, want 2", len(v.Fallbacks))
+		}
+		g := h.open(t)
+		g.send(chatHeaders(false, "x-session-id", "s"))
+		g.sendBody(chat("llama", "hi"), 64<<10)
+		p := routed(t, g.recv())
+		if got := p.addrs(); len(got) != 1+n || p.header != p.meta {
+			t.Fatalf("fallbacks %d: header %q, metadata %q", n, p.header, p.meta)
+		}
+	}
+}
