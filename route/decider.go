@@ -90,7 +90,7 @@ func New(cfg *config.Config, opts Options) (*Decider, error) {
 	if opts.DecisionSlots == 0 {
 		opts.DecisionSlots = 1 << 16
 	}
-	s := &Decider{
+	d := &Decider{
 		log:    opts.Log,
 		reg:    opts.Registry,
 		seed:   opts.Seed,
@@ -101,21 +101,21 @@ func New(cfg *config.Config, opts Options) (*Decider, error) {
 		dec:    newDecisions(opts.DecisionSlots, opts.Seed),
 		flows:  flow.NewSet(),
 	}
-	s.m.init()
-	s.ticker.snap, s.ticker.dec = &s.snap, s.dec
-	s.ref.log = s.log
-	s.extras.AddMetrics(s.mstats.WriteMetrics)
-	s.extras.AddMetrics(s.flows.WriteMetrics)
-	s.extras.AddReadiness(s.flows.WriteReadiness)
-	s.pd = pd.New()
-	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.kvHub = kv.NewHub(s.ctx, s.log)
-	if err := s.Apply(cfg); err != nil {
-		s.cancel()
-		s.kvHub.Close()
+	d.m.init()
+	d.ticker.snap, d.ticker.dec = &d.snap, d.dec
+	d.ref.log = d.log
+	d.extras.AddMetrics(d.mstats.WriteMetrics)
+	d.extras.AddMetrics(d.flows.WriteMetrics)
+	d.extras.AddReadiness(d.flows.WriteReadiness)
+	d.pd = pd.New()
+	d.ctx, d.cancel = context.WithCancel(context.Background())
+	d.kvHub = kv.NewHub(d.ctx, d.log)
+	if err := d.Apply(cfg); err != nil {
+		d.cancel()
+		d.kvHub.Close()
 		return nil, err
 	}
-	return s, nil
+	return d, nil
 }
 
 // Close stops background work owned by policies.
