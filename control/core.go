@@ -127,7 +127,7 @@ func (c core) startLoops(ctx context.Context, cfg *config.Config, log *zerolog.L
 			return nil, err
 		}
 	}
-	go c.srv.Run(ctx)
+	go c.srv.Ticker().Run(ctx)
 	hc := health.New(c.srv)
 	go hc.Run(ctx)
 	go hc.CheckServedModels(ctx, 0)

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -17,24 +18,25 @@ import (
 // Decide is the one decision entry point: it routes in and fills v.
 func (d *Decider) Decide(in *contract.Input, v *contract.Verdict) {
 	snap := d.snap.Load()
-	sc := d.getScratch(snap.maxBlocks)
+	t := d.txns.get(d, snap.maxBlocks)
 	start := time.Now()
-	d.decideInput(snap, in, v, sc, start)
+	t.decideInput(snap, in, v, start)
 	d.ref.noteVerdict(v)
 	if v.Status != 200 {
-		d.dec.logRefusal(sc, v, start)
+		d.dec.logRefusal(t, v, start)
 	}
-	d.release(sc)
+	d.txns.put(t)
 }
 
 // decideInput runs the stages of doc.go after the read: deployment, pick,
-// verdict. start is when the request reached turnout.
-func (d *Decider) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
+// verdict. start is when the request reached turnout. The stages are
+// methods of the request's Txn, which holds the Decider they answer to.
+func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdict, start time.Time) {
 	v.Reset()
 	cfg := snap.Config
-	r := &sc.req
+	r := &t.req
 	*r = fleet.Request{Truncated: in.Truncated}
-	sc.dsnap, sc.dep, sc.model, sc.refusedPool, sc.only = snap, nil, -1, nil, nil
+	t.dsnap, t.dep, t.model, t.refusedPool, t.only = snap, nil, -1, nil, nil
 	body := in.Body
 	if len(body) > cfg.MaxBody {
 		body, r.Truncated = body[:cfg.MaxBody], true
@@ -58,10 +60,10 @@ func (d *Decider) decideInput(snap *Snapshot, in *contract.Input, v *contract.Ve
 	}
 
 	// The one pass over the body (route/payload): later stages read the index.
-	sc.idx.Reset() // a new request: its scan count starts at zero
-	sc.idx.Build(body, r.Truncated)
-	r.Payload = &sc.idx
-	model := sc.idx.Model()
+	t.idx.Reset() // a new request: its scan count starts at zero
+	t.idx.Build(body, r.Truncated)
+	r.Payload = &t.idx
+	model := t.idx.Model()
 	if len(model) == 0 {
 		model = modelHdr
 	}
@@ -71,7 +73,7 @@ func (d *Decider) decideInput(snap *Snapshot, in *contract.Input, v *contract.Ve
 	case len(model) > 0:
 		me := snap.models.Load().Lookup(model)
 		if me == nil || me.Refuse != models.RefuseNone {
-			if ld := d.loadOnDemand(snap, model, me, sc); ld != nil {
+			if ld := t.loadOnDemand(snap, model, me); ld != nil {
 				me = ld // lora.load_on_demand loaded it (loadOnDemand, route/models/load.go)
 			}
 		}
@@ -79,39 +81,39 @@ func (d *Decider) decideInput(snap *Snapshot, in *contract.Input, v *contract.Ve
 			if me != nil {
 				me.Stats.Refused.Add(1)
 			}
-			d.ref.errors[errUnknownModel].Add(1)
+			t.d.ref.errors[errUnknownModel].Add(1)
 			v.Refuse(404, "invalid_request_error", "model_not_found",
 				"The model `"+string(cut(model, maxEchoModel))+"` does not exist.")
 			return
 		}
-		dep, sc.model, sc.only = snap.Deployments[me.Dep], me.Idx, me
+		dep, t.model, t.only = snap.Deployments[me.Dep], me.Idx, me
 		if me.Adapter {
 			r.Adapter, r.AdapterHash = true, fleet.HashKey(model)
 		}
 		if me.Refuse == models.RefuseGone {
 			me.Stats.Refused.Add(1)
-			d.refuseModel(v, dep, model)
+			t.refuseModel(v, dep, model)
 			return
 		}
 	case len(snap.Deployments) == 1:
 		dep = snap.Deployments[0]
 	default:
-		d.ref.errors[errNoModel].Add(1)
+		t.d.ref.errors[errNoModel].Add(1)
 		v.Refuse(400, "invalid_request_error", "model_required",
 			"a \"model\" is required: several deployments are served")
 		return
 	}
-	sc.dep = dep
+	t.dep = dep
 	if len(r.Session) > 0 {
 		r.HasSession = true
 		r.SessionHash = fleet.HashKey(r.Session)
 	}
 	if dep.flow != nil {
-		d.runHeld(snap, dep, in, v, sc, start)
+		t.runHeld(snap, dep, in, v, start)
 		return
 	}
-	d.runPasses(snap, dep, in, v, sc, start)
-	if me := sc.only; me != nil {
+	t.runPasses(snap, dep, in, v, start)
+	if me := t.only; me != nil {
 		if v.Status == 200 {
 			me.Stats.Decisions.Add(1)
 		} else if v.Reason == contract.ReasonModelUnavailable {
@@ -120,17 +122,59 @@ func (d *Decider) decideInput(snap *Snapshot, in *contract.Input, v *contract.Ve
 	}
 }
 
+// loadOnDemand loads an adapter no endpoint serves on the endpoint the
+// deployment's policy picks, when the deployment has lora.load_on_demand
+// and claims the name (route/models/load.go), and returns the model entry
+// after the load; nil when it does not apply or the load failed (the
+// caller refuses as before). It blocks this request for at most
+// lora.load_timeout; every load is counted and logged.
+func (t *Txn) loadOnDemand(snap *Snapshot, model []byte, me *models.Entry) *models.Entry {
+	var dep *Deployment
+	name := string(model)
+	if me != nil {
+		dep = snap.Deployments[me.Dep]
+		if !models.Loadable(dep.Config, name) {
+			return nil // only the names it claims for loading: their lora_path is known
+		}
+	} else {
+		for _, cand := range snap.Deployments {
+			if models.Loadable(cand.Config, name) {
+				dep = cand
+				break
+			}
+		}
+	}
+	if dep == nil || dep.Serve == nil {
+		return nil
+	}
+	dc := dep.Config
+	r := &t.req
+	r.Only, r.Adapter, r.AdapterHash = nil, true, fleet.HashKey(model)
+	c := &t.choices[0]
+	*c = fleet.Choice{Endpoints: t.picks[0:0:1], Work: c.Work}
+	dep.Serve.Policy.Pick(r, dep.Serve, c)
+	if len(c.Endpoints) == 0 {
+		return nil
+	}
+	if !t.d.loader.LoadOn(t.d.ctx, t.d.log, t.d.mstats, dep.Name, dc, c.Endpoints[0], name) {
+		return nil
+	}
+	t.d.RefreshModels()
+	*c = fleet.Choice{Work: c.Work}
+	return t.d.snap.Load().models.Load().Lookup(model)
+}
+
 // runHeld is runPasses behind flow control (route/flow): while the
 // serving pool is saturated the request waits for its turn, by class and
 // tenant, and is then routed by the policy as the pool is at release
 // time; a sheddable one past its budget is refused with 429.
-func (d *Decider) runHeld(snap *Snapshot, dep *Deployment, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
+func (t *Txn) runHeld(snap *Snapshot, dep *Deployment, in *contract.Input, v *contract.Verdict, start time.Time) {
 	var fr flow.Request
-	k := dep.flow.Begin(&fr, sc.req.Model, contract.HeaderIs)
+	k := dep.flow.Begin(&fr, t.req.Model, contract.HeaderIs)
 	for i := range in.Headers {
 		k.Header(in.Headers[i].Name, in.Headers[i].Value)
 	}
-	k.Session(sc.req.Session)
+	k.Session(t.req.Session)
 	switch o := dep.flow.Admit(&fr, in.Watch); o {
 	case flow.Shed:
 		v.RetryAfter = true
@@ -146,23 +190,23 @@ func (d *Decider) runHeld(snap *Snapshot, dep *Deployment, in *contract.Input, v
 	// Deferred: a panicking pick (recovered by the transport) must give
 	// its reserved room back.
 	defer dep.flow.Done()
-	d.runPasses(snap, dep, in, v, sc, start)
+	t.runPasses(snap, dep, in, v, start)
 }
 
 // bindFlow gives the snapshot's deployments with flow_control their
 // controllers (kept across reloads while their config is unchanged) and
 // their serving pools the completion hook that releases held requests.
-func (d *Decider) bindFlow(snap *Snapshot) {
+func bindFlow(flows *flow.Set, snap *Snapshot) {
 	live := map[string]bool{}
 	for _, dep := range snap.Deployments {
 		if dep.Config.FlowControl == nil {
 			continue
 		}
 		live[dep.Name] = true
-		dep.flow = d.flows.Bind(dep.Name, dep.Config.FlowControl, dep.Serve)
+		dep.flow = flows.Bind(dep.Name, dep.Config.FlowControl, dep.Serve)
 		dep.Serve.OnFree = dep.flow.Kick
 	}
-	d.flows.Keep(live)
+	flows.Keep(live)
 }
 
 // A Pass is one pick of a decision: a pool, whose policy runs, and what
@@ -193,53 +237,53 @@ const (
 // runPasses admits the request (the prefill pass needs the whole body,
 // pd.go), runs each pass's pick into its own part of the scratch, and
 // turns the picks into the verdict.
-func (d *Decider) runPasses(snap *Snapshot, dep *Deployment, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
-	if dep.Prefill != nil && !d.admitPD(snap, &sc.req, v) {
+func (t *Txn) runPasses(snap *Snapshot, dep *Deployment, in *contract.Input, v *contract.Verdict, start time.Time) {
+	if dep.Prefill != nil && !t.admitPD(snap, &t.req, v) {
 		return // the prefill pass needs what this request lacks
 	}
 	n := dep.pickN
 	for i := range dep.Passes {
 		pr := &dep.Passes[i]
-		c := &sc.choices[i]
-		if pr.Role == PassPrefill && d.skipPrefill(dep, &sc.req, &sc.choices[0]) {
+		c := &t.choices[i]
+		if pr.Role == PassPrefill && t.skipPrefill(dep, &t.req, &t.choices[0]) {
 			*c = fleet.Choice{Reject: rejectSkipped, Work: c.Work}
 			continue
 		}
-		if sc.only != nil {
-			sc.req.Only = sc.only.Only[i]
+		if t.only != nil {
+			t.req.Only = t.only.Only[i]
 		}
-		if in.Subset != nil && !subsetOnly(snap, pr, in, sc, v) {
+		if in.Subset != nil && !subsetOnly(snap, pr, in, t, v) {
 			return
 		}
-		d.pick(snap, pr.Pool, sc, c, sc.picks[i*n:i*n:(i+1)*n])
-		if sc.req.Adapter && i == 0 && len(c.Endpoints) > 0 {
+		t.pick(snap, pr.Pool, c, t.picks[i*n:i*n:(i+1)*n])
+		if t.req.Adapter && i == 0 && len(c.Endpoints) > 0 {
 			e := c.Endpoints[0]
-			if l := e.LoRA(); l != nil && !l.Hot(sc.req.Model) {
-				sc.only.Stats.Cold.Add(1)
+			if l := e.LoRA(); l != nil && !l.Hot(t.req.Model) {
+				t.only.Stats.Cold.Add(1)
 			}
 			if dep.Config.LoRA.MaxLoaded > 0 {
-				d.loader.Touch(e.Address, sc.req.Model) // the unload order of load_on_demand
+				t.d.loader.Touch(e.Address, t.req.Model) // the unload order of load_on_demand
 			}
 		}
 		if len(c.Endpoints) == 0 && pr.Role == PassServe {
-			sc.refusedPool = pr.Pool
-			if sc.only != nil && sc.only.Only[i] != nil && c.Reject == fleet.RejectNone {
-				d.refuseModel(v, dep, sc.req.Model)
+			t.refusedPool = pr.Pool
+			if t.only != nil && t.only.Only[i] != nil && c.Reject == fleet.RejectNone {
+				t.refuseModel(v, dep, t.req.Model)
 				return
 			}
-			d.refuse(v, pr.Pool, c.Reject)
+			t.refuse(v, pr.Pool, c.Reject)
 			return
 		}
 	}
 	if dep.Prefill == nil {
 		// After the pick: its read of the body is reused.
-		if len(snap.Deployments) > 1 && refuseDuplicateModel(v, &sc.idx) {
+		if len(snap.Deployments) > 1 && refuseDuplicateModel(v, &t.idx) {
 			return
 		}
-		d.route(v, dep.Serve, &sc.choices[0], sc, start)
+		t.route(v, dep.Serve, &t.choices[0], start)
 		return
 	}
-	d.finishPD(snap, dep, in, v, sc, start)
+	t.finishPD(snap, dep, in, v, start)
 }
 
 // subsetOnly narrows the serving pass's candidates (sc.req.Only, the
@@ -310,15 +354,15 @@ func refuseDuplicateModel(v *contract.Verdict, idx *payload.Index) bool {
 
 // pick hashes the prompt when the pool's policy wants it and runs the
 // policy into c, whose Endpoints start as dst (len 0, cap = how many).
-func (d *Decider) pick(snap *Snapshot, p *fleet.Pool, sc *Txn, c *fleet.Choice, dst []*fleet.Endpoint) {
-	r := &sc.req
+func (t *Txn) pick(snap *Snapshot, p *fleet.Pool, c *fleet.Choice, dst []*fleet.Endpoint) {
+	r := &t.req
 	r.Blocks, r.PromptBytes = nil, 0
 	*c = fleet.Choice{Endpoints: dst, Work: c.Work}
 	if p.BlockBytes > 0 {
-		sc.hasher.Reset(p.BlockBytes, sc.blocks)
-		r.Payload.Prompt(&sc.hasher)
-		r.Blocks = sc.hasher.Out
-		r.PromptBytes = sc.hasher.Total
+		t.hasher.Reset(p.BlockBytes, t.blocks)
+		r.Payload.Prompt(&t.hasher)
+		r.Blocks = t.hasher.Out
+		r.PromptBytes = t.hasher.Total
 		p.Metrics.TotalBlocks.Add(uint64(len(r.Blocks)))
 	}
 	p.Policy.Pick(r, p, c)
@@ -328,29 +372,29 @@ func (d *Decider) pick(snap *Snapshot, p *fleet.Pool, sc *Txn, c *fleet.Choice, 
 	}
 	p.Metrics.Outcomes[c.Outcome].Add(1)
 	p.Metrics.MatchedBlocks.Add(uint64(c.Matched))
-	d.sharePrefix(p, c.Endpoints[0], r.Blocks)
+	t.sharePrefix(p, c.Endpoints[0], r.Blocks)
 }
 
 // sharePrefix hands a decision of a pool that records prefixes to the
 // sink, if any, with or without blocks: peers count every decision in the
 // requests an endpoint served (Endpoint.Served, the bounded-load guard),
 // and a prompt shorter than one block is one of them.
-func (d *Decider) sharePrefix(p *fleet.Pool, e *fleet.Endpoint, blocks []uint64) {
+func (t *Txn) sharePrefix(p *fleet.Pool, e *fleet.Endpoint, blocks []uint64) {
 	if !p.Records {
 		return
 	}
-	if b := d.sink.Load(); b != nil {
+	if b := t.d.sink.Load(); b != nil {
 		b.RoutedPrefix(p, e, blocks)
 	}
 }
 
 // route opens the decision for the policy's first pick and fills v with it.
-func (d *Decider) route(v *contract.Verdict, p *fleet.Pool, c *fleet.Choice, sc *Txn, start time.Time) {
+func (t *Txn) route(v *contract.Verdict, p *fleet.Pool, c *fleet.Choice, start time.Time) {
 	picks := c.Endpoints
 	e := picks[0]
 	v.Status = 200
-	m := decisionMeta{pool: p, names: sc.dsnap.models.Load(), model: sc.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: sc.req.HasSession, pred: c.Predicted, notes: c.Notes}
-	v.Decision = d.dec.open(e, start.UnixNano(), &m)
+	m := decisionMeta{pool: p, names: t.dsnap.models.Load(), model: t.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: t.req.HasSession, pred: c.Predicted, notes: c.Notes}
+	v.Decision = t.d.dec.open(e, start.UnixNano(), &m)
 	v.Server, v.Addr, v.Pool = e.NameHdr, e.AddrHdr, p.NameHdr
 	v.Fallbacks = v.FallbackRoom()
 	for _, f := range picks[1:] {
@@ -374,10 +418,10 @@ const maxPicks = 16
 const latencySample = 8
 
 // refuse answers a request no endpoint was picked for.
-func (d *Decider) refuse(v *contract.Verdict, p *fleet.Pool, why fleet.RejectReason) {
+func (t *Txn) refuse(v *contract.Verdict, p *fleet.Pool, why fleet.RejectReason) {
 	switch why {
 	case fleet.RejectBadBody:
-		d.ref.errors[errBadBody].Add(1)
+		t.d.ref.errors[errBadBody].Add(1)
 		v.Refuse(400, "invalid_request_error", "token_ids_required",
 			"pool "+p.Name+" routes on token ids (strict): send a prompt the tokenizer can read or token ids")
 	case fleet.RejectUnavailable:
@@ -393,8 +437,8 @@ func (d *Decider) refuse(v *contract.Verdict, p *fleet.Pool, why fleet.RejectRea
 // refuseModel refuses a model whose endpoints all are down, or that the
 // endpoints that served it no longer list: 503, so that clients retry
 // (Retry-After), rather than a 404 that says it never existed.
-func (d *Decider) refuseModel(v *contract.Verdict, dep *Deployment, model []byte) {
-	d.ref.errors[errModelUnavailable].Add(1)
+func (t *Txn) refuseModel(v *contract.Verdict, dep *Deployment, model []byte) {
+	t.d.ref.errors[errModelUnavailable].Add(1)
 	v.RetryAfter = true
 	v.Refuse(503, "service_unavailable", contract.ReasonModelUnavailable,
 		"no available endpoint of deployment "+dep.Name+" serves the model `"+string(cut(model, maxEchoModel))+"` now")
@@ -418,6 +462,9 @@ func cut(b []byte, n int) []byte {
 // (Decide) and gives it back with End; Decider.Decide does all of it for
 // an Input read elsewhere (route/spoe).
 type Txn struct {
+	// d is the Decider whose pool the Txn belongs to: the pipeline's
+	// stages (the Txn's methods) count, log and open decisions there.
+	d      *Decider
 	in     contract.Input
 	v      contract.Verdict
 	req    fleet.Request
@@ -465,16 +512,16 @@ type TxnBuffers struct {
 // clock started.
 func (d *Decider) Begin() *Txn {
 	snap := d.snap.Load()
-	sc := d.getScratch(snap.maxBlocks)
-	sc.snap, sc.start = snap, time.Now()
-	sc.in.Reset()
-	return sc
+	t := d.txns.get(d, snap.maxBlocks)
+	t.snap, t.start = snap, time.Now()
+	t.in.Reset()
+	return t
 }
 
 // End gives a Txn back; nothing of it may be used after.
 func (d *Decider) End(t *Txn) {
 	t.snap = nil
-	d.release(t)
+	d.txns.put(t)
 }
 
 // Config is the config of the Txn's snapshot (the limits a transport reads by).
@@ -519,7 +566,7 @@ func (t *Txn) ProxyHeaders(h *fasthttp.RequestHeader) {
 // DecideTxn decides the Txn's Input on its snapshot and returns the Verdict
 // (valid until End).
 func (d *Decider) DecideTxn(t *Txn) *contract.Verdict {
-	d.decideInput(t.snap, &t.in, &t.v, t, t.start)
+	t.decideInput(t.snap, &t.in, &t.v, t.start)
 	d.ref.noteVerdict(&t.v)
 	if t.v.Status != 200 {
 		d.dec.logRefusal(t, &t.v, t.start)
@@ -527,28 +574,39 @@ func (d *Decider) DecideTxn(t *Txn) *contract.Verdict {
 	return &t.v
 }
 
-func (d *Decider) getScratch(maxBlocks int) *Txn {
-	sc, _ := d.pool.Get().(*Txn)
-	if sc == nil {
-		sc = &Txn{Buf: TxnBuffers{Out: make([]byte, 0, 512)}}
-		for i := range sc.choices {
-			sc.choices[i].Work = policy.NewWork()
-		}
-	}
-	if cap(sc.blocks) < maxBlocks {
-		sc.blocks = make([]uint64, 0, maxBlocks)
-	}
-	return sc
+// txnPool keeps Txns between requests, so that a decision allocates
+// nothing once the pool is warm.
+type txnPool struct {
+	pool sync.Pool
+	// observe, when set (tests), sees each request's Request as the
+	// transport returns it: the proof that the body is scanned once.
+	observe func(*fleet.Request)
 }
 
-// release returns a request's scratch to the pool, after the test hook
-// (observe) saw the request.
-func (d *Decider) release(sc *Txn) {
-	if d.observe != nil {
-		d.observe(&sc.req)
+// get takes a Txn for a decision of d whose prompts hash into at most
+// maxBlocks blocks.
+func (p *txnPool) get(d *Decider, maxBlocks int) *Txn {
+	t, _ := p.pool.Get().(*Txn)
+	if t == nil {
+		t = &Txn{d: d, Buf: TxnBuffers{Out: make([]byte, 0, 512)}}
+		for i := range t.choices {
+			t.choices[i].Work = policy.NewWork()
+		}
 	}
-	sc.Buf.trim()
-	d.pool.Put(sc)
+	if cap(t.blocks) < maxBlocks {
+		t.blocks = make([]uint64, 0, maxBlocks)
+	}
+	return t
+}
+
+// put returns a request's Txn to the pool, after the test hook (observe)
+// saw the request.
+func (p *txnPool) put(t *Txn) {
+	if p.observe != nil {
+		p.observe(&t.req)
+	}
+	t.Buf.trim()
+	p.pool.Put(t)
 }
 
 // keepBodyCap is the largest body buffer a pooled Txn keeps: the default

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/rs/zerolog"
 
@@ -53,7 +52,7 @@ type Decider struct {
 	mstats *models.Stats
 	pols   []fleet.Policy
 	dec    *Ledger
-	pool   sync.Pool
+	txns   txnPool
 	m      deciderMetrics
 	ref    Refusals
 	// extras are the /metrics and /readyz writers other packages add.
@@ -72,11 +71,8 @@ type Decider struct {
 	health HealthBook
 	// flows are the flow controllers of the deployments with flow_control.
 	flows *flow.Set
-	// observe, when set (tests), sees each request's Request as the handler
-	// returns: the proof that the body is scanned once.
-	observe func(*fleet.Request)
-	// onTick hooks run after each sweep (OnTick).
-	onTick atomic.Pointer[[]func(context.Context, *Snapshot, time.Time)]
+	// ticker sweeps the ledger and runs the tick hooks (ticker.go).
+	ticker Ticker
 }
 
 // New builds a Decider from a validated config.
@@ -94,7 +90,7 @@ func New(cfg *config.Config, opts Options) (*Decider, error) {
 	if opts.DecisionSlots == 0 {
 		opts.DecisionSlots = 1 << 16
 	}
-	s := &Decider{
+	d := &Decider{
 		log:    opts.Log,
 		reg:    opts.Registry,
 		seed:   opts.Seed,
@@ -105,20 +101,21 @@ func New(cfg *config.Config, opts Options) (*Decider, error) {
 		dec:    newDecisions(opts.DecisionSlots, opts.Seed),
 		flows:  flow.NewSet(),
 	}
-	s.m.init()
-	s.ref.log = s.log
-	s.extras.AddMetrics(s.mstats.WriteMetrics)
-	s.extras.AddMetrics(s.flows.WriteMetrics)
-	s.extras.AddReadiness(s.flows.WriteReadiness)
-	s.pd = pd.New()
-	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.kvHub = kv.NewHub(s.ctx, s.log)
-	if err := s.Apply(cfg); err != nil {
-		s.cancel()
-		s.kvHub.Close()
+	d.m.init()
+	d.ticker.snap, d.ticker.dec = &d.snap, d.dec
+	d.ref.log = d.log
+	d.extras.AddMetrics(d.mstats.WriteMetrics)
+	d.extras.AddMetrics(d.flows.WriteMetrics)
+	d.extras.AddReadiness(d.flows.WriteReadiness)
+	d.pd = pd.New()
+	d.ctx, d.cancel = context.WithCancel(context.Background())
+	d.kvHub = kv.NewHub(d.ctx, d.log)
+	if err := d.Apply(cfg); err != nil {
+		d.cancel()
+		d.kvHub.Close()
 		return nil, err
 	}
-	return s, nil
+	return d, nil
 }
 
 // Close stops background work owned by policies.
@@ -157,7 +154,7 @@ func (d *Decider) Apply(cfg *config.Config) error {
 	}
 	snap.models.Store(models.Build(snap.deps, d.seen, d.mstats))
 	old := d.pols
-	d.bindFlow(snap)
+	bindFlow(d.flows, snap)
 	d.snap.Store(snap)
 	d.pols = pols
 	closeAll(old)
@@ -190,24 +187,9 @@ func (d *Decider) Snapshot() *Snapshot { return d.snap.Load() }
 // /internal/decision/<id> read.
 func (d *Decider) Ledger() *Ledger { return d.dec }
 
-// Run ticks until ctx ends: each tick expires stale decisions (the
-// ledger's sweep), then runs the OnTick hooks (route/feedback watches
-// completion feedback and stalled endpoints there). Ticks come a quarter
-// of the smallest stall budget apart, within 100ms..1s.
-func (d *Decider) Run(ctx context.Context) {
-	t := time.NewTimer(stallTick(d.snap.Load()))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			snap := d.snap.Load()
-			d.tick(ctx, snap, now)
-			t.Reset(stallTick(snap))
-		}
-	}
-}
+// Ticker is the loop that sweeps the ledger and runs the tick hooks
+// (ticker.go): control runs it, route/feedback hooks its checks on it.
+func (d *Decider) Ticker() *Ticker { return &d.ticker }
 
 // PrefixSink receives every decision of a PrefixRecorder pool (blocks is
 // empty for a prompt shorter than one block), on the hot path: it must not
@@ -299,55 +281,6 @@ func (d *Decider) WriteReadiness(b *strings.Builder, verbose bool) bool {
 	return why == ""
 }
 
-// stallTick is how often decisions are swept: a quarter of the smallest
-// budget, within 100ms..1s (1s, the TTL sweep, when detection is off).
-func stallTick(snap *Snapshot) time.Duration {
-	t := time.Second
-	for _, p := range snap.Pools() {
-		if len(p.Endpoints) == 0 {
-			continue
-		}
-		if b := time.Duration(p.Endpoints[0].State.Stall.BudgetNs.Load()); b > 0 {
-			t = min(t, max(b/4, 100*time.Millisecond))
-		}
-	}
-	return t
-}
-
-// tick runs the periodic work: the decision ledger's TTL sweep (which also
-// marks endpoints holding a decision past half their stall budget, while
-// completions arrive), then the hooks (route/feedback: feedback and stall
-// checks).
-func (d *Decider) tick(ctx context.Context, snap *Snapshot, now time.Time) {
-	healthy := !d.dec.fbStalled.Load() && d.dec.completed.Load() > 0
-	d.dec.sweep(now, snap.Config.DecisionTTL.D(), healthy)
-	if hooks := d.onTick.Load(); hooks != nil {
-		for _, fn := range *hooks {
-			fn(ctx, snap, now)
-		}
-	}
-}
-
-// Sweep runs one tick of Run at now: the ledger's TTL sweep, then the
-// hooks (tests and simulations drive time with it).
-func (d *Decider) Sweep(ctx context.Context, now time.Time) { d.tick(ctx, d.snap.Load(), now) }
-
-// OnTick registers a hook run on every tick of Run, after the ledger's
-// sweep (route/feedback's checks).
-func (d *Decider) OnTick(fn func(ctx context.Context, snap *Snapshot, now time.Time)) {
-	for {
-		old := d.onTick.Load()
-		var next []func(context.Context, *Snapshot, time.Time)
-		if old != nil {
-			next = append(next, *old...)
-		}
-		next = append(next, fn)
-		if d.onTick.CompareAndSwap(old, &next) {
-			return
-		}
-	}
-}
-
 // maxModelLines bounds /readyz?verbose's model lines (a fleet may have
 // thousands of adapters).
 const maxModelLines = 500
@@ -386,46 +319,4 @@ func writeModelLines(b *strings.Builder, snap *Snapshot) {
 		}
 		fmt.Fprintf(b, "%s %s: served by %d/%d of pool %s [%s], %d available, %s\n", kind, name, len(on), len(pool.Endpoints), pool.Name, strings.Join(on, " "), avail, verdict)
 	}
-}
-
-// loadOnDemand loads an adapter no endpoint serves on the endpoint the
-// deployment's policy picks, when the deployment has lora.load_on_demand
-// and claims the name (route/models/load.go), and returns the model entry
-// after the load; nil when it does not apply or the load failed (the
-// caller refuses as before). It blocks this request for at most
-// lora.load_timeout; every load is counted and logged.
-func (d *Decider) loadOnDemand(snap *Snapshot, model []byte, me *models.Entry, sc *Txn) *models.Entry {
-	var dep *Deployment
-	name := string(model)
-	if me != nil {
-		dep = snap.Deployments[me.Dep]
-		if !models.Loadable(dep.Config, name) {
-			return nil // only the names it claims for loading: their lora_path is known
-		}
-	} else {
-		for _, cand := range snap.Deployments {
-			if models.Loadable(cand.Config, name) {
-				dep = cand
-				break
-			}
-		}
-	}
-	if dep == nil || dep.Serve == nil {
-		return nil
-	}
-	dc := dep.Config
-	r := &sc.req
-	r.Only, r.Adapter, r.AdapterHash = nil, true, fleet.HashKey(model)
-	c := &sc.choices[0]
-	*c = fleet.Choice{Endpoints: sc.picks[0:0:1], Work: c.Work}
-	dep.Serve.Policy.Pick(r, dep.Serve, c)
-	if len(c.Endpoints) == 0 {
-		return nil
-	}
-	if !d.loader.LoadOn(d.ctx, d.log, d.mstats, dep.Name, dc, c.Endpoints[0], name) {
-		return nil
-	}
-	d.RefreshModels()
-	*c = fleet.Choice{Work: c.Work}
-	return d.snap.Load().models.Load().Lookup(model)
 }

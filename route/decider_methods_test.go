@@ -10,10 +10,11 @@ import (
 )
 
 // maxDeciderMethods bounds the Decider's methods, exported and unexported
-// together. The target is 20: what is not deciding (the ledger, health
-// bookkeeping, refusal counters, the extra writers) lives on types the
-// Decider exposes once; lower the bound as more leaves, never raise it.
-const maxDeciderMethods = 39
+// together: what is not deciding (the ledger, health bookkeeping, refusal
+// counters, the extra writers, the tick loop) lives on types the Decider
+// exposes once, and the pipeline's stages are the request's Txn's
+// methods; lower the bound as more leaves, never raise it.
+const maxDeciderMethods = 20
 
 // TestDeciderMethodCount counts the methods declared on Decider in the
 // package's non-test files.

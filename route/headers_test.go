@@ -35,7 +35,7 @@ deployments:
 		}
 	}
 	var session, model string
-	s.observe = func(r *fleet.Request) { session, model = string(r.Session), string(r.Model) }
+	s.txns.observe = func(r *fleet.Request) { session, model = string(r.Session), string(r.Model) }
 	body := `{"messages":[{"role":"user","content":"hi"}]}`
 	for _, tc := range []struct {
 		hdrs           []string

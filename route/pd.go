@@ -24,20 +24,20 @@ import (
 
 // admitPD refuses what prefill/decode cannot route: the prefill needs the
 // whole body, a JSON object, and kv_transfer_params is the router's to set.
-func (d *Decider) admitPD(snap *Snapshot, r *fleet.Request, v *contract.Verdict) bool {
+func (t *Txn) admitPD(snap *Snapshot, r *fleet.Request, v *contract.Verdict) bool {
 	switch {
 	case r.Truncated:
-		d.ref.errors[errTooLarge].Add(1)
+		t.d.ref.errors[errTooLarge].Add(1)
 		v.Refuse(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", contract.ReasonBodyTooLarge,
 			fmt.Sprintf("prefill/decode routing needs the whole request body; it is larger than max_body (%d bytes)", snap.Config.MaxBody))
 	case !r.Payload.Object():
-		d.ref.errors[errBadBody].Add(1)
+		t.d.ref.errors[errBadBody].Add(1)
 		v.Refuse(fasthttp.StatusBadRequest, "invalid_request_error", "invalid_body",
 			"prefill/decode routing needs a JSON object body")
 	case len(snap.Deployments) > 1 && r.Payload.DuplicateModel(): // free: Object read the whole body
 		refuseDuplicateModel(v, r.Payload)
 	case r.Payload.Has(payload.KVTransferKey):
-		d.ref.errors[errBadBody].Add(1)
+		t.d.ref.errors[errBadBody].Add(1)
 		v.Refuse(fasthttp.StatusBadRequest, "invalid_request_error", contract.ReasonClientKVParams,
 			"kv_transfer_params is set by the router; clients must not send it")
 	default:
@@ -49,11 +49,11 @@ func (d *Decider) admitPD(snap *Snapshot, r *fleet.Request, v *contract.Verdict)
 // skipPrefill reports whether the decode replica already holds most of the
 // prompt (llm-d's heuristic): moving KV would cost more than recomputing,
 // so the prefill pass does not run.
-func (d *Decider) skipPrefill(dep *Deployment, r *fleet.Request, decode *fleet.Choice) bool {
+func (t *Txn) skipPrefill(dep *Deployment, r *fleet.Request, decode *fleet.Choice) bool {
 	cfg := &dep.Config.PD
 	m := decode.Matched
 	if cfg.SkipPrefillBelow > 0 && dep.Serve.BlockBytes > 0 && m > 0 && r.PromptBytes-m*dep.Serve.BlockBytes < cfg.SkipPrefillBelow {
-		d.m.pdPrefill[3].Add(1)
+		t.d.m.pdPrefill[3].Add(1)
 		return true
 	}
 	return false
@@ -64,20 +64,20 @@ func (d *Decider) skipPrefill(dep *Deployment, r *fleet.Request, decode *fleet.C
 // next), with the body edit that hands on its kv_transfer_params. A skipped
 // prefill serves on decode alone; an empty prefill pick serves aggregated
 // or refuses (pd.no_prefill).
-func (d *Decider) finishPD(snap *Snapshot, dep *Deployment, in *contract.Input, v *contract.Verdict, sc *Txn, start time.Time) {
-	r := &sc.req
+func (t *Txn) finishPD(snap *Snapshot, dep *Deployment, in *contract.Input, v *contract.Verdict, start time.Time) {
+	r := &t.req
 	cfg := &dep.Config.PD
-	serve, pre := &sc.choices[0], &sc.choices[1]
+	serve, pre := &t.choices[0], &t.choices[1]
 	if pre.Reject == rejectSkipped {
-		d.route(v, dep.Serve, serve, sc, start)
+		t.route(v, dep.Serve, serve, start)
 		return
 	}
 	prefill := pre.Endpoints
 	if len(prefill) == 0 {
 		if cfg.NoPrefill == "aggregate" {
-			d.log.Debug().Str(fleet.FieldDeployment, dep.Name).Str(fleet.FieldReason, "no prefill replica").Msg("serving aggregated on decode")
-			d.m.pdPrefill[4].Add(1)
-			d.route(v, dep.Serve, serve, sc, start)
+			t.d.log.Debug().Str(fleet.FieldDeployment, dep.Name).Str(fleet.FieldReason, "no prefill replica").Msg("serving aggregated on decode")
+			t.d.m.pdPrefill[4].Add(1)
+			t.route(v, dep.Serve, serve, start)
 			return
 		}
 		v.RetryAfter = true
@@ -85,7 +85,7 @@ func (d *Decider) finishPD(snap *Snapshot, dep *Deployment, in *contract.Input, 
 			"no available prefill replica in pool "+dep.Prefill.Name+" (pd.no_prefill: reject)")
 		return
 	}
-	kv, used, err := d.prefillWithRetry(in, snap, prefill, r.Payload, cfg.PrefillTimeout.D(), sc)
+	kv, used, err := t.prefillWithRetry(in, snap, prefill, r.Payload, cfg.PrefillTimeout.D())
 	if err != nil {
 		var st *pd.StatusError
 		if errors.As(err, &st) && st.Status >= 400 && st.Status < 500 && len(st.Body) > contract.MaxAnswerBody {
@@ -99,12 +99,12 @@ func (d *Decider) finishPD(snap *Snapshot, dep *Deployment, in *contract.Input, 
 			v.Status, v.Reason, v.Body = st.Status, contract.ReasonPrefillRejected, st.Body
 			return
 		}
-		d.log.Warn().Err(err).Str(fleet.FieldDeployment, dep.Name).Msg("prefill failed")
+		t.d.log.Warn().Err(err).Str(fleet.FieldDeployment, dep.Name).Msg("prefill failed")
 		v.Refuse(fasthttp.StatusBadGateway, "server_error", contract.ReasonPrefillFailed,
 			"prefill failed on every tried replica: "+err.Error())
 		return
 	}
-	d.route(v, dep.Serve, serve, sc, start)
+	t.route(v, dep.Serve, serve, start)
 	v.KVTransfer = make([]byte, base64.StdEncoding.EncodedLen(len(kv)))
 	base64.StdEncoding.Encode(v.KVTransfer, kv)
 	v.Prefill = used.NameHdr
@@ -114,15 +114,15 @@ func (d *Decider) finishPD(snap *Snapshot, dep *Deployment, in *contract.Input, 
 
 // prefillWithRetry tries the first prefill replica, then one other; a
 // request the replica refuses (4xx) is not retried.
-func (d *Decider) prefillWithRetry(in *contract.Input, snap *Snapshot, eps []*fleet.Endpoint, body *payload.Index, timeout time.Duration, sc *Txn) ([]byte, *fleet.Endpoint, error) {
+func (t *Txn) prefillWithRetry(in *contract.Input, snap *Snapshot, eps []*fleet.Endpoint, body *payload.Index, timeout time.Duration) ([]byte, *fleet.Endpoint, error) {
 	pbody, err := payload.PrefillBody(body)
 	if err != nil {
 		return nil, nil, err
 	}
 	// In the scratch: handed to pd as an interface, it would escape.
-	sc.pdh = pdHeaders{in: in, snap: snap}
-	defer func() { sc.pdh = pdHeaders{} }()
-	call := pd.Call{URI: in.URI, Headers: &sc.pdh, Body: pbody, Timeout: timeout}
+	t.pdh = pdHeaders{in: in, snap: snap}
+	defer func() { t.pdh = pdHeaders{} }()
+	call := pd.Call{URI: in.URI, Headers: &t.pdh, Body: pbody, Timeout: timeout}
 	var errs []error
 	for i, e := range eps {
 		if i == 2 {
@@ -130,24 +130,24 @@ func (d *Decider) prefillWithRetry(in *contract.Input, snap *Snapshot, eps []*fl
 		}
 		call.Address = e.Address
 		e.State.Inflight.Add(1)
-		kv, err := d.pd.Prefill(&call)
+		kv, err := t.d.pd.Prefill(&call)
 		e.State.Inflight.Add(-1)
 		if err == nil {
 			if i > 0 {
-				d.m.pdPrefill[1].Add(1)
+				t.d.m.pdPrefill[1].Add(1)
 			} else {
-				d.m.pdPrefill[0].Add(1)
+				t.d.m.pdPrefill[0].Add(1)
 			}
 			return kv, e, nil
 		}
 		var st *pd.StatusError
 		if errors.As(err, &st) && st.Status >= 400 && st.Status < 500 {
-			d.m.pdPrefill[2].Add(1)
+			t.d.m.pdPrefill[2].Add(1)
 			return nil, e, err
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", e.Name, err))
 	}
-	d.m.pdPrefill[2].Add(1)
+	t.d.m.pdPrefill[2].Add(1)
 	return nil, nil, errors.Join(errs...)
 }
 
@@ -203,8 +203,8 @@ func (d *Decider) Prefills(in *contract.Input) bool {
 	if len(snap.Deployments) == 1 {
 		return true
 	}
-	sc := d.getScratch(snap.maxBlocks)
-	defer d.pool.Put(sc)
+	sc := d.txns.get(d, snap.maxBlocks)
+	defer d.txns.pool.Put(sc)
 	body := in.Body
 	trunc := in.Truncated
 	if len(body) > snap.Config.MaxBody {

@@ -47,7 +47,7 @@ func TestOneBodyScan(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			seen := 0
-			tc.s.observe = func(r *fleet.Request) {
+			tc.s.txns.observe = func(r *fleet.Request) {
 				seen++
 				if n := r.Payload.Scans(); n != 1 {
 					t.Errorf("body scanned %d times, want 1", n)

@@ -38,7 +38,7 @@ func TestForgedLinesDoNotHideStall(t *testing.T) {
 		for i := 0; i < 5; i++ {
 			s.Line(forged)
 		}
-		s.Sweep(context.Background(), time.Now())
+		s.Ticker().Sweep(context.Background(), time.Now())
 		time.Sleep(20 * time.Millisecond)
 	}
 	if endpointByName(s, "r1").Degraded() {

@@ -39,7 +39,7 @@ type Loop struct {
 // each config applied is checked for policies that need feedback.
 func New(d *route.Decider) *Loop {
 	l := &Loop{d: d, log: d.Log(), probeClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}}}
-	d.OnTick(l.tick)
+	d.Ticker().OnTick(l.tick)
 	d.Extras().AddMetrics(l.writeMetrics)
 	d.Extras().AddReadiness(l.writeReadiness)
 	d.OnApply(l.warnFeedbackOff)

@@ -49,7 +49,7 @@ func TestEndpointFeedbackMetrics(t *testing.T) {
 	for i, l := range lines {
 		s.Line([]byte(fmt.Sprintf(l, ids[i])))
 	}
-	s.Sweep(context.Background(), time.Now().Add(time.Hour)) // ids[4], ids[5] never complete (decision_ttl)
+	s.Ticker().Sweep(context.Background(), time.Now().Add(time.Hour)) // ids[4], ids[5] never complete (decision_ttl)
 	m := metricsText(s)
 	lab := func(ep string) string { return `deployment="llama",pool="llama_mixed",endpoint="` + ep + `"` }
 	wantMetric(t, m, `turnout_endpoint_responses_total{`+lab("a")+`,class="2xx"} 1`)
@@ -272,7 +272,7 @@ func tickUntil(t *testing.T, s *testServer, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		s.Sweep(context.Background(), time.Now()) // one tick of Run: the sweep, then the feedback checks
+		s.Ticker().Sweep(context.Background(), time.Now()) // one tick of Run: the sweep, then the feedback checks
 		time.Sleep(20 * time.Millisecond)
 	}
 }
@@ -341,7 +341,7 @@ func TestLongStreamNotDegraded(t *testing.T) {
 	s.Line([]byte("turnout-done id=" + hdr(do(s, chatBody("llama", "", "x")), contract.HdrDecision) + " srv=r1 status=200 ms=5 ttfb=2"))
 	deadline := time.Now().Add(1500 * time.Millisecond)
 	for time.Now().Before(deadline) {
-		s.Sweep(context.Background(), time.Now()) // one tick of Run: the sweep, then the feedback checks
+		s.Ticker().Sweep(context.Background(), time.Now()) // one tick of Run: the sweep, then the feedback checks
 		time.Sleep(20 * time.Millisecond)
 	}
 	if endpointByName(s, "r0").Degraded() || endpointByName(s, "r1").Degraded() {
