@@ -101,7 +101,6 @@ func New(cfg *config.Config, opts Options) (*Decider, error) {
 		dec:    newDecisions(opts.DecisionSlots, opts.Seed),
 		flows:  flow.NewSet(),
 	}
-	d.m.init()
 	d.ticker.snap, d.ticker.dec = &d.snap, d.dec
 	d.ref.log = d.log
 	d.extras.AddMetrics(d.mstats.WriteMetrics)

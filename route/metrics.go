@@ -37,8 +37,6 @@ type deciderMetrics struct {
 	pdPrefill    [5]atomic.Uint64 // ok, retried, failed, skipped, aggregated
 }
 
-func (m *deciderMetrics) init() {}
-
 // NoteBadMethod counts a call to the route path that was not a POST.
 func (r *Refusals) NoteBadMethod() { r.errors[errMethod].Add(1) }
 
