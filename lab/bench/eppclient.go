@@ -28,9 +28,9 @@ import (
 // destinationHeader is the header the pick comes back in (GIE protocol).
 const destinationHeader = "x-gateway-destination-endpoint"
 
-// dialEPP opens a gRPC connection to an Endpoint Picker; with useTLS the
+// DialEPP opens a gRPC connection to an Endpoint Picker; with useTLS the
 // certificate is not verified, as gateways do with the reference EPP's.
-func dialEPP(addr string, useTLS bool) (*grpc.ClientConn, error) {
+func DialEPP(addr string, useTLS bool) (*grpc.ClientConn, error) {
 	creds := insecure.NewCredentials()
 	if useTLS {
 		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // the EPP's certificate is self-signed, as gateways accept it

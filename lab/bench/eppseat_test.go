@@ -1,0 +1,45 @@
+package bench
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/policy"
+)
+
+// The replay's seats: a comma list of known names, each once; the epp
+// seat's row is labelled as such, and its config parses with the
+// Endpoint Picker on.
+func TestEPPSeatOptions(t *testing.T) {
+	got, err := ParseProxies(" haproxy, epp")
+	if err != nil || !slices.Equal(got, []string{ProxyHAProxy, ProxyEPP}) {
+		t.Fatalf("haproxy,epp: %v %v", got, err)
+	}
+	for _, bad := range []string{"", "envoy", "epp,epp", "haproxy,"} {
+		if _, err := ParseProxies(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	spec := PolicySpec{Policy: policy.PrefixAffinityType}
+	if m := e2eMode(spec, E2EOptions{Proxy: ProxyEPP}); m != "e2e-epp" {
+		t.Fatalf("mode %q", m)
+	}
+	if m := e2eMode(PolicySpec{Policy: HAProxyRoundRobin}, E2EOptions{Proxy: ProxyEPP}); m != "e2e" {
+		t.Fatalf("haproxy alone in an epp run: mode %q", m)
+	}
+	o := E2EOptions{Proxy: ProxyEPP, Fronts: []int{2}, TimeScale: 1, Sim: DefaultSimOptions()}
+	if err := o.validate([]PolicySpec{spec}); err == nil || !strings.Contains(err.Error(), "fronts") {
+		t.Fatalf("fronts in the epp seat: %v", err)
+	}
+	cfgText := TurnoutConfig(ConfigOptions{Listen: "127.0.0.1:9", Model: "llama", Policy: spec, DisableHealth: true,
+		EPPListen: "127.0.0.1:9002", EPPTLS: config.EPPTLSSelfSigned, Endpoints: []Endpoint{{Name: "r0", Address: "127.0.0.1:1"}}})
+	cfg, err := config.ParseConfig(cfgText)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, cfgText)
+	}
+	if cfg.EPP.Listen != "127.0.0.1:9002" || cfg.EPP.TLS.Mode != config.EPPTLSSelfSigned {
+		t.Fatalf("epp section %+v", cfg.EPP)
+	}
+}
