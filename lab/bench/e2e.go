@@ -236,13 +236,17 @@ func e2eRow(ctx context.Context, reqs []Request, trace string, spec PolicySpec, 
 	return row, nil
 }
 
+// ModeE2EEPP is the mode of a row replayed with turnout in the Endpoint
+// Picker seat.
+const ModeE2EEPP = "e2e-epp"
+
 // e2eMode labels a row's mode column with the path it took: e2e (HAProxy),
 // e2e-nginx (nginx alone or turnout in body mode), e2e-nginx-header,
 // e2e-epp (turnout as the Endpoint Picker).
 func e2eMode(spec PolicySpec, o E2EOptions) string {
 	switch spec.Proxy(o.Proxy) {
 	case ProxyEPP:
-		return "e2e-epp"
+		return ModeE2EEPP
 	case ProxyHAProxy:
 		return "e2e"
 	}

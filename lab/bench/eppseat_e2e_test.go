@@ -39,7 +39,7 @@ func TestReplayEPPSeat(t *testing.T) {
 	}
 	for i, r := range rows {
 		t.Logf("%s %s: %d requests, %d errors, hit %.3f, ttft p50 %.1f ms, detail %q", r.Mode, r.Policy, r.Requests, r.Errors, r.HitRatio, r.TTFT.P50, r.Detail)
-		if r.Mode != "e2e-epp" || r.Policy != specs[i].String() {
+		if r.Mode != ModeE2EEPP || r.Policy != specs[i].String() {
 			t.Fatalf("row %d: mode %q policy %q", i, r.Mode, r.Policy)
 		}
 		if r.Requests != len(reqs) || r.Errors != 0 {

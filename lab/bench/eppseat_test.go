@@ -23,8 +23,11 @@ func TestEPPSeatOptions(t *testing.T) {
 		}
 	}
 	spec := PolicySpec{Policy: policy.PrefixAffinityType}
-	if m := e2eMode(spec, E2EOptions{Proxy: ProxyEPP}); m != "e2e-epp" {
+	if m := e2eMode(spec, E2EOptions{Proxy: ProxyEPP}); m != ModeE2EEPP {
 		t.Fatalf("mode %q", m)
+	}
+	if l := (&Row{Mode: ModeE2EEPP, Policy: spec.String()}).Label(); l != "prefix-affinity (epp)" {
+		t.Fatalf("label %q", l)
 	}
 	if m := e2eMode(PolicySpec{Policy: HAProxyRoundRobin}, E2EOptions{Proxy: ProxyEPP}); m != "e2e" {
 		t.Fatalf("haproxy alone in an epp run: mode %q", m)

@@ -61,6 +61,10 @@ type Row struct {
 // Label names the row in tables: the policy, and the front count of a
 // multi-front row.
 func (r *Row) Label() string {
+	if r.Mode == ModeE2EEPP {
+		// Beside the same policy's proxy rows of a run with several seats.
+		return r.Policy + " (epp)"
+	}
 	if r.Fronts > 0 {
 		return r.Policy + " fronts=" + strconv.Itoa(r.Fronts)
 	}
