@@ -9,8 +9,9 @@ import (
 	"github.com/turnout/turnout/route/policy"
 )
 
-// The replay's seats: a comma list of known names, each once; the epp
-// seat's row is labelled as such, and its config parses with the
+// The replay's seats: a comma list of known names, each once; a turnout
+// row names its seat unless it is HAProxy's (the proxy-alone rows name
+// their own); no fronts in the epp seat; its config parses with the
 // Endpoint Picker on.
 func TestEPPSeatOptions(t *testing.T) {
 	got, err := ParseProxies(" haproxy, epp")
@@ -26,8 +27,15 @@ func TestEPPSeatOptions(t *testing.T) {
 	if m := e2eMode(spec, E2EOptions{Proxy: ProxyEPP}); m != ModeE2EEPP {
 		t.Fatalf("mode %q", m)
 	}
-	if l := (&Row{Mode: ModeE2EEPP, Policy: spec.String()}).Label(); l != "prefix-affinity (epp)" {
-		t.Fatalf("label %q", l)
+	for _, r := range []struct{ mode, policy, want string }{
+		{ModeE2EEPP, "prefix-affinity", "prefix-affinity (epp)"},
+		{"e2e-nginx-header", "session-hash", "session-hash (nginx)"},
+		{"e2e-nginx", NginxRoundRobin, NginxRoundRobin},
+		{"e2e", "prefix-affinity", "prefix-affinity"},
+	} {
+		if l := (&Row{Mode: r.mode, Policy: r.policy}).Label(); l != r.want {
+			t.Errorf("%s %s: label %q, want %q", r.mode, r.policy, l, r.want)
+		}
 	}
 	if m := e2eMode(PolicySpec{Policy: HAProxyRoundRobin}, E2EOptions{Proxy: ProxyEPP}); m != "e2e" {
 		t.Fatalf("haproxy alone in an epp run: mode %q", m)
