@@ -216,19 +216,8 @@ func (s *GatewayStream) requestPhase() error {
 	if err := s.readPick(a, a.GetRequestHeaders().GetResponse()); err != nil || s.Pick.Refused != 0 {
 		return err
 	}
-	for {
-		a, err := s.c.Recv()
-		if err != nil {
-			return fmt.Errorf("request body chunk: %w", err)
-		}
-		sr := a.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
-		if sr == nil {
-			return fmt.Errorf("full duplex: a request body answer without a streamed_response: %v", a)
-		}
-		s.body = append(s.body, sr.GetBody()...)
-		if sr.GetEndOfStream() {
-			break
-		}
+	if err := s.recvStreamed("request", (*extprocv3.ProcessingResponse).GetRequestBody, func(b []byte) { s.body = append(s.body, b...) }); err != nil {
+		return err
 	}
 	if err := <-s.sendEr; err != nil {
 		return fmt.Errorf("send the body: %w", err)
@@ -392,24 +381,35 @@ func (s *GatewayStream) responsePhase(res *GatewayResult, resp *http.Response) e
 		}
 		s.sendEr <- err
 	}()
+	err = s.recvStreamed("response", (*extprocv3.ProcessingResponse).GetResponseBody, func(b []byte) {
+		if len(b) > 0 && res.FirstPassed.IsZero() {
+			res.FirstPassed = time.Now()
+		}
+		res.Passed = append(res.Passed, b...)
+	})
+	if err != nil {
+		return err
+	}
+	return <-s.sendEr
+}
+
+// recvStreamed reads the full-duplex answers to one body (which: request
+// or response) up to end_of_stream, handing each passed-back chunk to add.
+func (s *GatewayStream) recvStreamed(which string, body func(*extprocv3.ProcessingResponse) *extprocv3.BodyResponse, add func([]byte)) error {
 	for {
 		a, err := s.c.Recv()
 		if err != nil {
-			return fmt.Errorf("response body chunk: %w", err)
+			return fmt.Errorf("%s body chunk: %w", which, err)
 		}
-		sr := a.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+		sr := body(a).GetResponse().GetBodyMutation().GetStreamedResponse()
 		if sr == nil {
-			return fmt.Errorf("full duplex: a response body answer without a streamed_response: %v", a)
+			return fmt.Errorf("full duplex: a %s body answer without a streamed_response: %v", which, a)
 		}
-		if len(sr.GetBody()) > 0 && res.FirstPassed.IsZero() {
-			res.FirstPassed = time.Now()
-		}
-		res.Passed = append(res.Passed, sr.GetBody()...)
+		add(sr.GetBody())
 		if sr.GetEndOfStream() {
-			break
+			return nil
 		}
 	}
-	return <-s.sendEr
 }
 
 // applyBodyMutation is the body Envoy goes on with after a buffered body
