@@ -40,10 +40,10 @@ func TestEPP_E2E_Load200Streams(t *testing.T) {
 		if errs[i] != nil {
 			t.Fatalf("request %d: %v", i, errs[i])
 		}
-		if st.pick.Refused != 0 {
-			t.Fatalf("request %d refused: %d %s %s", i, st.pick.Refused, st.pick.Reason, st.pick.Body)
+		if st.Pick.Refused != 0 {
+			t.Fatalf("request %d refused: %d %s %s", i, st.Pick.Refused, st.Pick.Reason, st.Pick.Body)
 		}
-		primaries[st.pick.Dest[0]]++
+		primaries[st.Pick.Dest[0]]++
 	}
 	if v := s.metric(t, "turnout_endpoint_inflight"); v != n {
 		t.Fatalf("%v decisions in flight with %d streams open", v, n)
@@ -58,7 +58,7 @@ func TestEPP_E2E_Load200Streams(t *testing.T) {
 	start := time.Now()
 	results := make([]*gwResult, n)
 	for i, st := range streams {
-		wg.Go(func() { results[i], errs[i] = st.Finish() })
+		wg.Go(func() { results[i], errs[i] = withEvents(st.Finish()) })
 	}
 	wg.Wait()
 	t.Logf("%d SSE responses through the response phase in %v", n, time.Since(start))

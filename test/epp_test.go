@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/turnout/turnout/lab/bench"
 	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/epp"
 )
@@ -287,7 +288,7 @@ func TestEPP_E2E_EmptySubset503(t *testing.T) {
 	s := startEPPStack(t, eppSpec{mocks: ms})
 	ctx := ctx30(t)
 	for _, sub := range [][]string{{}, {"127.0.0.1:1"}} {
-		for _, mode := range []eppMode{modeFullDuplex, modeBuffered} {
+		for _, mode := range []bench.GatewayMode{modeFullDuplex, modeBuffered} {
 			r := chatRequest("nowhere")
 			r.Subset, r.Mode = sub, mode
 			res, err := s.gw.Do(ctx, r)
@@ -331,7 +332,7 @@ func TestEPP_E2E_Shed429(t *testing.T) {
 `})
 	ctx := ctx30(t)
 	first, err := s.gw.Pick(ctx, chatRequest("first"))
-	if err != nil || first.pick.Refused != 0 {
+	if err != nil || first.Pick.Refused != 0 {
 		t.Fatalf("first: %v %+v", err, first)
 	}
 	shed := chatRequest("shed me", "x-priority", "sheddable")
@@ -344,7 +345,7 @@ func TestEPP_E2E_Shed429(t *testing.T) {
 		t.Fatal("a shed request without Retry-After")
 	}
 	// The first request's response closes its decision: room again.
-	done, err := first.Finish()
+	done, err := withEvents(first.Finish())
 	s.checkServed(t, done, err)
 	s.waitClosed(t)
 	res, err = s.gw.Do(ctx, shed)
@@ -486,7 +487,7 @@ func TestEPP_E2E_NoEndpoint503(t *testing.T) {
 		v, err := Metric(t, s.tu.URL+"/metrics", "turnout_endpoint_up")
 		return err == nil && v == 0
 	})
-	for _, mode := range []eppMode{modeFullDuplex, modeBuffered} {
+	for _, mode := range []bench.GatewayMode{modeFullDuplex, modeBuffered} {
 		r := chatRequest("down")
 		r.Mode = mode
 		res, err := s.gw.Do(ctx, r)

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -94,7 +95,7 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	d := bench.DefaultSimOptions()
 	fset := cli.NewFlags("bench replay")
 	trace := fset.String("trace", defaultTrace, `trace file (.jsonl Mooncake, .csv Azure) or "synthetic"`)
-	mode := fset.String("mode", "sim", "sim (in-process, virtual time) or e2e (HAProxy or nginx + turnout + mock replicas)")
+	mode := fset.String("mode", "sim", "sim (in-process, virtual time) or e2e (HAProxy, nginx or an Envoy-like gateway + turnout + mock replicas)")
 	policies := fset.String("policies", "", `';'-separated specs "name[:k=v,...]" (default: haproxy-roundrobin, haproxy-leastconn, or with --proxy nginx nginx-roundrobin, nginx-leastconn, and every turnout policy)`)
 	sweep := fset.String("sweep", "none", "parameter sweep after the policies: none, quick or full (sim only)")
 	limit := fset.Int("limit", 0, "replay only the first N requests (0 = all)")
@@ -142,9 +143,13 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("bench replay: %w", err)
 	}
+	seats, err := bench.ParseProxies(e2e.proxy)
+	if err != nil {
+		return fmt.Errorf("bench replay: --%w", err)
+	}
 	var specs []bench.PolicySpec
 	if *policies == "" {
-		specs = bench.DefaultPoliciesFor(e2e.proxy)
+		specs = bench.DefaultPoliciesFor(seats[0])
 	} else if specs, err = bench.ParsePolicySpecs(*policies); err != nil {
 		return fmt.Errorf("bench replay: %w", err)
 	}
@@ -160,8 +165,8 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	}
 	if *name == "" {
 		*name = "replay-" + *mode + "-" + label
-		if *mode == "e2e" && e2e.proxy == bench.ProxyNginx {
-			*name = "replay-e2e-nginx-" + label
+		if *mode == "e2e" && !slices.Equal(seats, []string{bench.ProxyHAProxy}) {
+			*name = "replay-e2e-" + strings.Join(seats, "-") + "-" + label
 		}
 		if len(frontCounts) > 0 {
 			*name += "-fronts"
@@ -193,14 +198,17 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 		}
 		eo := e2e.options(o)
 		eo.Fronts, eo.NATSServer = frontCounts, *natsServer
-		if ng, njs := eo.NeedsNginx(specs); ng {
-			// Like a missing trace: nginx is optional on a bench box.
-			if msg := bench.NginxMissing(eo.Nginx, eo.NginxModule, njs); msg != "" {
-				log.Warn().Msg("bench: " + msg + ", skipping the nginx e2e replay")
-				return nil
+		for _, seat := range seats {
+			eo.Proxy = seat
+			if ng, njs := eo.NeedsNginx(specs); ng {
+				// Like a missing trace: nginx is optional on a bench box.
+				if msg := bench.NginxMissing(eo.Nginx, eo.NginxModule, njs); msg != "" {
+					log.Warn().Msg("bench: " + msg + ", skipping the nginx e2e replay")
+					return nil
+				}
 			}
 		}
-		if rows, err = runE2EReplay(reqs, label, specs, eo, e2e, log); err != nil {
+		if rows, err = runE2EReplay(reqs, label, specs, seats, eo, e2e, log); err != nil {
 			return fmt.Errorf("bench replay: %w", err)
 		}
 	default:
@@ -283,7 +291,7 @@ type e2eFlags struct {
 func defaultE2EFlags(fset *flag.FlagSet) *e2eFlags {
 	f := &e2eFlags{}
 	fset.Float64Var(&f.timeScale, "time-scale", 0.05, "e2e: mock --time-scale; arrivals are scaled alike so the load shape is kept")
-	fset.StringVar(&f.proxy, "proxy", bench.ProxyHAProxy, "e2e: proxy in front of turnout policies: haproxy or nginx (haproxy-*/nginx-* rows name their own)")
+	fset.StringVar(&f.proxy, "proxy", bench.ProxyHAProxy, "e2e: what turnout policies sit behind: haproxy, nginx, or epp (turnout as the Endpoint Picker of an Envoy-like gateway the driver plays: ext_proc full duplex, proxying to the pick); replay: a comma list runs each policy in each seat, e.g. haproxy,epp (haproxy-*/nginx-* rows name their own)")
 	fset.StringVar(&f.haproxy, "haproxy", "haproxy", "e2e: haproxy binary")
 	fset.StringVar(&f.nginx, "nginx", "nginx", "e2e: nginx binary")
 	fset.StringVar(&f.nginxMode, "nginx-mode", "body", "e2e: turnout's nginx_mode behind nginx: body (njs) or header (auth_request, no body)")
@@ -413,8 +421,10 @@ func (f *e2eFlags) options(o bench.SimOptions) bench.E2EOptions {
 	}
 }
 
-// runE2EReplay runs the replay through real processes.
-func runE2EReplay(reqs []bench.Request, label string, specs []bench.PolicySpec, eo bench.E2EOptions, f *e2eFlags, log *zerolog.Logger) ([]bench.Row, error) {
+// runE2EReplay runs the replay through real processes: each spec in each
+// seat in turn (a proxy-alone spec once, behind its own proxy), so the
+// seats of one policy run close together on a shared machine.
+func runE2EReplay(reqs []bench.Request, label string, specs []bench.PolicySpec, seats []string, eo bench.E2EOptions, f *e2eFlags, log *zerolog.Logger) ([]bench.Row, error) {
 	turnout, lab, err := binaries(f.bin)
 	if err != nil {
 		return nil, fmt.Errorf("e2e: %w", err)
@@ -431,7 +441,21 @@ func runE2EReplay(reqs []bench.Request, label string, specs []bench.PolicySpec, 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	eo.Turnout, eo.Lab, eo.WorkDir, eo.Log = turnout, lab, work, log
-	return bench.RunE2E(ctx, reqs, label, specs, eo)
+	var rows []bench.Row
+	for _, spec := range specs {
+		for i, seat := range seats {
+			if spec.IsProxyAlone() && i > 0 {
+				break
+			}
+			eo.Proxy = seat
+			rs, err := bench.RunE2E(ctx, reqs, label, []bench.PolicySpec{spec}, eo)
+			if err != nil {
+				return nil, err
+			}
+			rows = append(rows, rs...)
+		}
+	}
+	return rows, nil
 }
 
 // binaries resolves the two programs a run starts: turnout (serve, render)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/lab/mock"
 	"github.com/turnout/turnout/route/policy"
 
 	"github.com/rs/zerolog"
@@ -74,15 +75,18 @@ func (o *E2EOptions) validate(specs []PolicySpec) error {
 	if o.TimeScale <= 0 || o.TimeScale > 1 {
 		return fmt.Errorf("time scale %v out of range (0, 1]", o.TimeScale)
 	}
-	if o.Proxy != "" && o.Proxy != ProxyHAProxy && o.Proxy != ProxyNginx {
-		return fmt.Errorf("proxy %q: want haproxy or nginx", o.Proxy)
+	if o.Proxy != "" && o.Proxy != ProxyHAProxy && o.Proxy != ProxyNginx && o.Proxy != ProxyEPP {
+		return fmt.Errorf("proxy %q: want haproxy, nginx or epp", o.Proxy)
+	}
+	if o.Proxy == ProxyEPP && len(o.Fronts) > 0 {
+		return errors.New("fronts: several turnout fronts run behind HAProxy, not in the epp seat")
 	}
 	if o.NginxMode != "" && o.NginxMode != config.NginxModeBody && o.NginxMode != config.NginxModeHeader {
 		return fmt.Errorf("nginx mode %q: want body or header", o.NginxMode)
 	}
 	bins := []string{o.Turnout, o.Lab}
 	for _, s := range specs {
-		if s.Proxy(o.Proxy) != ProxyNginx {
+		if s.Proxy(o.Proxy) == ProxyHAProxy {
 			bins = append(bins, o.HAProxy)
 			break
 		}
@@ -184,10 +188,23 @@ func e2eRow(ctx context.Context, reqs []Request, trace string, spec PolicySpec, 
 
 	rctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	res, err := Drive(rctx, reqs, DriveOptions{
+	do := DriveOptions{
 		URL: st.FrontURL, Model: o.Sim.Model, Concurrency: o.Sim.Concurrency,
 		Compress: o.Sim.Compress, TimeScale: o.TimeScale, Log: o.Log,
-	})
+	}
+	if st.EPPAddr != "" {
+		// TLS against the self-signed certificate, as the reference
+		// gateway setups run it.
+		cc, err := DialEPP(st.EPPAddr, true)
+		if err != nil {
+			return Row{}, err
+		}
+		defer cc.Close()
+		up := replayTransport(o.Sim.Concurrency)
+		defer up.CloseIdleConnections()
+		do.Gateway = NewEnvoyGateway(cc, &http.Client{Transport: up})
+	}
+	res, err := Drive(rctx, reqs, do)
 	if err != nil {
 		return Row{}, err
 	}
@@ -206,10 +223,18 @@ func e2eRow(ctx context.Context, reqs []Request, trace string, spec PolicySpec, 
 	return row, nil
 }
 
+// ModeE2EEPP is the mode of a row replayed with turnout in the Endpoint
+// Picker seat.
+const ModeE2EEPP = "e2e-epp"
+
 // e2eMode labels a row's mode column with the path it took: e2e (HAProxy),
-// e2e-nginx (nginx alone or turnout in body mode), e2e-nginx-header.
+// e2e-nginx (nginx alone or turnout in body mode), e2e-nginx-header,
+// e2e-epp (turnout as the Endpoint Picker).
 func e2eMode(spec PolicySpec, o E2EOptions) string {
-	if spec.Proxy(o.Proxy) != ProxyNginx {
+	switch spec.Proxy(o.Proxy) {
+	case ProxyEPP:
+		return ModeE2EEPP
+	case ProxyHAProxy:
 		return "e2e"
 	}
 	if !spec.IsProxyAlone() && o.NginxMode == config.NginxModeHeader {
@@ -234,7 +259,8 @@ func ReplayMockArgs(s SimOptions, timeScale float64) []string {
 // stack runs: one stack's (StackOptions), or every stack's of a replay
 // (E2EOptions).
 type ProxySetup struct {
-	// Proxy is what a turnout policy sits behind: haproxy (default) or nginx.
+	// Proxy is what a turnout policy sits behind: haproxy (default), nginx
+	// or epp (no proxy process: turnout's Endpoint Picker alone).
 	// Proxy-alone specs name their own proxy.
 	Proxy   string
 	HAProxy string // haproxy binary
@@ -286,8 +312,11 @@ type StackOptions struct {
 
 // Stack is a running proxy in front of mock replicas.
 type Stack struct {
-	FrontURL   string // proxy frontend, http://host:port
+	FrontURL   string // proxy frontend, http://host:port ("" in the epp seat)
 	TurnoutURL string // "" for a proxy alone
+	// EPPAddr is turnout's Endpoint Picker (self-signed TLS) in the epp
+	// seat, "" elsewhere.
+	EPPAddr string
 	// ProxyPID is the HAProxy or nginx master; TurnoutPID is 0 for a proxy
 	// alone. The cost bench reads their memory from /proc.
 	ProxyPID, TurnoutPID int
@@ -339,15 +368,13 @@ func StartStack(ctx context.Context, o StackOptions) (_ *Stack, err error) {
 			st.Mocks = append(st.Mocks, ep)
 		}
 	}
-	front, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	st.FrontURL = "http://" + front
-	if o.Spec.Proxy(o.Proxy) == ProxyNginx {
-		err = st.startNginxStack(ctx, o, front)
-	} else {
-		err = st.startHAProxyStack(ctx, o, front)
+	switch o.Spec.Proxy(o.Proxy) {
+	case ProxyEPP:
+		err = st.startEPP(ctx, o)
+	case ProxyNginx:
+		err = st.startNginxStack(ctx, o)
+	default:
+		err = st.startHAProxyStack(ctx, o)
 	}
 	if err != nil {
 		return nil, err
@@ -360,8 +387,36 @@ func StartStack(ctx context.Context, o StackOptions) (_ *Stack, err error) {
 	return st, nil
 }
 
+// frontAddr picks the proxy's frontend address and sets FrontURL.
+func (st *Stack) frontAddr() (string, error) {
+	front, err := freeAddr()
+	if err != nil {
+		return "", err
+	}
+	st.FrontURL = "http://" + front
+	return front, nil
+}
+
+// startEPP starts turnout alone with its Endpoint Picker on: the gateway
+// is the driver's.
+func (st *Stack) startEPP(ctx context.Context, o StackOptions) error {
+	addr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	if err := st.startTurnout(ctx, o, ConfigOptions{EPPListen: addr, EPPTLS: config.EPPTLSSelfSigned}, ""); err != nil {
+		return err
+	}
+	st.EPPAddr = addr
+	return nil
+}
+
 // startHAProxyStack starts HAProxy alone or turnout + rendered HAProxy.
-func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions, front string) error {
+func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions) error {
+	front, err := st.frontAddr()
+	if err != nil {
+		return err
+	}
 	hapDir := filepath.Join(o.Dir, "haproxy")
 	if err := os.MkdirAll(hapDir, 0o755); err != nil {
 		return fmt.Errorf("haproxy dir: %w", err)
@@ -392,7 +447,11 @@ func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions, front st
 
 // startNginxStack starts nginx alone or turnout + rendered nginx (header or
 // body mode).
-func (st *Stack) startNginxStack(ctx context.Context, o StackOptions, front string) error {
+func (st *Stack) startNginxStack(ctx context.Context, o StackOptions) error {
+	front, err := st.frontAddr()
+	if err != nil {
+		return err
+	}
 	ngDir := filepath.Join(o.Dir, "nginx")
 	if err := os.MkdirAll(ngDir, 0o755); err != nil {
 		return fmt.Errorf("nginx dir: %w", err)
@@ -426,8 +485,8 @@ func (st *Stack) startNginxStack(ctx context.Context, o StackOptions, front stri
 }
 
 // startTurnout writes the config (base carries the proxy's section), renders
-// the proxy's files with `turnout render TARGET --config FILE ARGS...` and
-// starts serve.
+// the proxy's files with `turnout render TARGET --config FILE ARGS...`
+// (target "": nothing to render) and starts serve.
 func (st *Stack) startTurnout(ctx context.Context, o StackOptions, base ConfigOptions, target string, renderArgs ...string) error {
 	listen, err := freeAddr()
 	if err != nil {
@@ -447,10 +506,12 @@ func (st *Stack) startTurnout(ctx context.Context, o StackOptions, base ConfigOp
 	if err := os.WriteFile(cfgPath, TurnoutConfig(base), 0o644); err != nil {
 		return fmt.Errorf("turnout config: %w", err)
 	}
-	args := append([]string{"render", target, "--config", cfgPath}, renderArgs...)
-	out, err := exec.CommandContext(ctx, o.Turnout, args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("turnout render %s: %w\n%s", target, err, bytes.TrimSpace(out))
+	if target != "" {
+		args := append([]string{"render", target, "--config", cfgPath}, renderArgs...)
+		out, err := exec.CommandContext(ctx, o.Turnout, args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("turnout render %s: %w\n%s", target, err, bytes.TrimSpace(out))
+		}
 	}
 	tp, err := st.procs.start(o.Dir, "turnout", o.Turnout, "serve", "--config", cfgPath, "--watch", "0", "--log-level", "warn")
 	if err != nil {
@@ -492,7 +553,10 @@ type DriveOptions struct {
 	URL string
 	// URLs, when set, are several fronts: request i (its position in the
 	// replay) goes through URLs[i mod len(URLs)], and URL is not used.
-	URLs        []string
+	URLs []string
+	// Gateway, when set, carries every request instead of URL: the
+	// driver is the Envoy-like gateway, turnout its Endpoint Picker.
+	Gateway     *EnvoyGateway
 	Model       string
 	Concurrency int
 	Compress    float64
@@ -509,10 +573,7 @@ func Drive(ctx context.Context, reqs []Request, o DriveOptions) (*RunResult, err
 	if conc <= 0 {
 		conc = len(reqs)
 	}
-	tr := &http.Transport{
-		MaxIdleConns: conc + 8, MaxIdleConnsPerHost: conc + 8, IdleConnTimeout: 90 * time.Second,
-		DisableCompression: true,
-	}
+	tr := replayTransport(conc)
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
 	sem := make(chan struct{}, conc)
@@ -549,7 +610,13 @@ loop:
 			if len(o.URLs) > 0 {
 				url = o.URLs[i%len(o.URLs)]
 			}
-			ttft, e2e, err := streamOne(ctx, client, url, o, r, due)
+			var ttft, e2e time.Duration
+			var err error
+			if o.Gateway != nil {
+				ttft, e2e, err = gatewayOne(ctx, o, r, due)
+			} else {
+				ttft, e2e, err = streamOne(ctx, client, url, o, r, due)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -583,25 +650,62 @@ loop:
 	return &res, nil
 }
 
+// replayTransport is the replay's client side to a proxy or the replicas:
+// keep-alive connections for conc requests in flight.
+func replayTransport(conc int) *http.Transport {
+	return &http.Transport{
+		MaxIdleConns: conc + 8, MaxIdleConnsPerHost: conc + 8, IdleConnTimeout: 90 * time.Second,
+		DisableCompression: true,
+	}
+}
+
 var sseDone = []byte("data: [DONE]")
+
+// replayRequest is the streamed chat completion request r and its headers.
+func replayRequest(r *Request, model string) ([]byte, http.Header) {
+	body := AppendChatBody(make([]byte, 0, r.InputTokens*(wordLen+1)+256), r, BodyOptions{Model: model, Stream: true})
+	h := http.Header{"Content-Type": {"application/json"}}
+	if r.Session != "" {
+		h.Set("X-Session-Id", r.Session)
+	}
+	if r.Class != "" {
+		h.Set(FlowPriorityHeader, r.Class)
+	}
+	if r.Tenant != "" {
+		h.Set(FlowTenantHeader, r.Tenant)
+	}
+	return body, h
+}
+
+// gatewayOne sends one request through the Envoy-like gateway: TTFT is
+// when the first response bytes came back through ext_proc, as the
+// gateway's client would see them.
+func gatewayOne(ctx context.Context, o DriveOptions, r *Request, due time.Time) (ttft, e2e time.Duration, err error) {
+	body, h := replayRequest(r, o.Model)
+	res, err := o.Gateway.Do(ctx, GatewayRequest{Path: mock.PathChat, Header: h, Body: body, Mode: GatewayFullDuplex})
+	if err != nil {
+		return 0, 0, fmt.Errorf("request %d: %w", r.Index, err)
+	}
+	e2e = time.Since(due)
+	switch {
+	case res.Refused != 0:
+		return 0, 0, fmt.Errorf("request %d: refused %d %s: %s", r.Index, res.Refused, res.Reason, bytes.TrimSpace(res.Body))
+	case res.Status != http.StatusOK:
+		return 0, 0, fmt.Errorf("request %d: status %d from %s: %s", r.Index, res.Status, res.Served, bytes.TrimSpace(res.Passed))
+	case !bytes.Contains(res.Passed[max(0, len(res.Passed)-64):], sseDone):
+		return 0, 0, fmt.Errorf("request %d: stream ended without [DONE]", r.Index)
+	}
+	return res.FirstPassed.Sub(due), e2e, nil
+}
 
 // streamOne sends one request and reads its stream to the end.
 func streamOne(ctx context.Context, c *http.Client, url string, o DriveOptions, r *Request, due time.Time) (ttft, e2e time.Duration, err error) {
-	body := AppendChatBody(make([]byte, 0, r.InputTokens*(wordLen+1)+256), r, BodyOptions{Model: o.Model, Stream: true})
+	body, h := replayRequest(r, o.Model)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
 		return 0, 0, fmt.Errorf("request %d: %w", r.Index, err)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	if r.Session != "" {
-		req.Header.Set("X-Session-Id", r.Session)
-	}
-	if r.Class != "" {
-		req.Header.Set(FlowPriorityHeader, r.Class)
-	}
-	if r.Tenant != "" {
-		req.Header.Set(FlowTenantHeader, r.Tenant)
-	}
+	req.Header = h
 	resp, err := c.Do(req)
 	if err != nil {
 		return 0, 0, fmt.Errorf("request %d: %w", r.Index, err)

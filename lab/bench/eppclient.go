@@ -31,9 +31,9 @@ const destinationHeader = "x-gateway-destination-endpoint"
 // envoyWindow is Envoy's default HTTP/2 stream and connection window.
 const envoyWindow = 256 << 20
 
-// dialEPP opens a gRPC connection to an Endpoint Picker; with useTLS the
+// DialEPP opens a gRPC connection to an Endpoint Picker; with useTLS the
 // certificate is not verified, as gateways do with the reference EPP's.
-func dialEPP(addr string, useTLS bool) (*grpc.ClientConn, error) {
+func DialEPP(addr string, useTLS bool) (*grpc.ClientConn, error) {
 	creds := insecure.NewCredentials()
 	if useTLS {
 		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // the EPP's certificate is self-signed, as gateways accept it

@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/turnout/turnout/route/policy"
@@ -18,11 +19,31 @@ const (
 	NginxLeastConn    = "nginx-leastconn"
 )
 
-// Proxies a turnout stack can sit behind in e2e runs.
+// Proxies a turnout stack can sit behind in e2e runs. ProxyEPP is no
+// proxy process: the replay's driver is an Envoy-like gateway
+// (EnvoyGateway) and turnout its Endpoint Picker.
 const (
 	ProxyHAProxy = "haproxy"
 	ProxyNginx   = "nginx"
+	ProxyEPP     = "epp"
 )
+
+// ParseProxies reads a comma-separated list of seats for the replay's
+// turnout policies (haproxy, nginx, epp), each named once.
+func ParseProxies(s string) ([]string, error) {
+	var out []string
+	for p := range strings.SplitSeq(s, ",") {
+		p = strings.TrimSpace(p)
+		switch {
+		case p != ProxyHAProxy && p != ProxyNginx && p != ProxyEPP:
+			return nil, fmt.Errorf("proxy %q in %q: want haproxy, nginx or epp", p, s)
+		case slices.Contains(out, p):
+			return nil, fmt.Errorf("proxy %q named twice in %q", p, s)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
 
 // Param is one policy parameter, kept in the order given.
 type Param struct{ Key, Value string }
@@ -209,6 +230,10 @@ type ConfigOptions struct {
 	// ClusterNATS and ClusterName fill the cluster section (sync with
 	// other fronts over NATS; "" = no section).
 	ClusterNATS, ClusterName string
+	// EPPListen and EPPTLS fill the epp section (the Endpoint Picker's
+	// gRPC listener and epp.tls.mode; "" = no section, turnout's default
+	// mode).
+	EPPListen, EPPTLS string
 }
 
 // TurnoutConfig renders a turnout YAML config with one deployment and one
@@ -257,6 +282,12 @@ func TurnoutConfig(o ConfigOptions) []byte {
 		key("listen", o.NginxListen)
 		key("dir", o.NginxDir)
 		key("mode", o.NginxMode)
+	}
+	if o.EPPListen != "" {
+		fmt.Fprintf(&b, "epp:\n  listen: %s\n", o.EPPListen)
+		if o.EPPTLS != "" {
+			fmt.Fprintf(&b, "  tls: {mode: %s}\n", o.EPPTLS)
+		}
 	}
 	b.WriteString("deployments:\n")
 	fmt.Fprintf(&b, "  - name: bench\n    models: [%q]\n", o.Model)

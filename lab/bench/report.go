@@ -61,10 +61,24 @@ type Row struct {
 // Label names the row in tables: the policy, and the front count of a
 // multi-front row.
 func (r *Row) Label() string {
+	// The seat, beside the same policy's rows of a run with several
+	// (--proxy haproxy,nginx,epp).
+	switch {
+	case r.Mode == ModeE2EEPP:
+		return r.Policy + " (epp)"
+	case strings.HasPrefix(r.Mode, "e2e-nginx") && !r.isProxyAlone():
+		return r.Policy + " (nginx)"
+	}
 	if r.Fronts > 0 {
 		return r.Policy + " fronts=" + strconv.Itoa(r.Fronts)
 	}
 	return r.Policy
+}
+
+// isProxyAlone reports whether the row is a proxy balancing alone.
+func (r *Row) isProxyAlone() bool {
+	name, _, _ := strings.Cut(r.Policy, ":")
+	return PolicySpec{Policy: name}.IsProxyAlone()
 }
 
 // MakeRow condenses a run. scale converts measured durations to model time

@@ -131,8 +131,7 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		}
 		cfg := TurnoutConfig(ConfigOptions{Listen: addrs["listen"], Model: "llama", Policy: spec, Endpoints: eps, DisableHealth: true,
 			Syslog: "127.0.0.1:" + strconv.Itoa(fb), HAProxyListen: addrs["haproxy"], HAProxySPOE: addrs["spoe"],
-			SessionHeaders: []string{"x-session-id"}})
-		cfg = append(cfg, fmt.Sprintf("epp:\n  listen: %s\n  tls: {mode: %s}\n", addrs["epp"], tlsMode)...)
+			SessionHeaders: []string{"x-session-id"}, EPPListen: addrs["epp"], EPPTLS: tlsMode})
 		path := filepath.Join(o.Dir, name+".yaml")
 		if err := os.WriteFile(path, cfg, 0o644); err != nil {
 			return nil, nil, fmt.Errorf("transports config: %w", err)
@@ -149,7 +148,7 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 	eppConns := func(addr string, useTLS bool) ([]*grpc.ClientConn, error) {
 		var ccs []*grpc.ClientConn
 		for range o.GRPCConns {
-			cc, err := dialEPP(addr, useTLS)
+			cc, err := DialEPP(addr, useTLS)
 			if err != nil {
 				return nil, err
 			}
