@@ -19,7 +19,7 @@ import (
 // gateway. Every request is answered through the ext_proc response phase,
 // prefix-affinity finds cached prefixes, and round-robin's picks spread
 // the requests evenly by the replicas' own counts.
-func TestReplayEPPSeat(t *testing.T) {
+func TestReplayEPPSeatE2E(t *testing.T) {
 	turnout, lab := e2eBinaries(t)
 	reqs := SyntheticTrace(40, 3)
 	o := DefaultSimOptions()
