@@ -14,7 +14,16 @@ type EPPConfig struct {
 	// probes, which do not speak TLS. The services are on Listen too.
 	HealthListen string       `yaml:"health_listen"`
 	TLS          EPPTLSConfig `yaml:"tls"`
+	// Server is the gRPC server of Listen: inline (default: HTTP/2 read
+	// and decided on each connection's goroutine) or grpc (grpc-go).
+	Server string `yaml:"server"`
 }
+
+// Endpoint Picker servers (epp.server).
+const (
+	EPPServerInline = "inline"
+	EPPServerGRPC   = "grpc"
+)
 
 // EPPTLSConfig is the Endpoint Picker listener's TLS.
 type EPPTLSConfig struct {
@@ -40,6 +49,9 @@ func (c *Config) applyEPPDefaults() {
 	if c.EPP.TLS.Mode == "" {
 		c.EPP.TLS.Mode = EPPTLSSelfSigned
 	}
+	if c.EPP.Server == "" {
+		c.EPP.Server = EPPServerInline
+	}
 }
 
 func (c *Config) validateEPP(bad func(field, format string, a ...any)) {
@@ -63,6 +75,9 @@ func (c *Config) validateEPP(bad func(field, format string, a ...any)) {
 			bad(a.field, "%q is %s's address: the Endpoint Picker needs its own port", a.addr, other)
 		}
 		taken[a.addr] = a.field
+	}
+	if e.Server != EPPServerInline && e.Server != EPPServerGRPC {
+		bad("epp.server", "%q is neither %s nor %s", e.Server, EPPServerInline, EPPServerGRPC)
 	}
 	t := &e.TLS
 	switch t.Mode {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -45,7 +46,8 @@ func newHarness(t *testing.T, yaml string) *harness {
 	t.Cleanup(d.Close)
 	rec := &recordSink{}
 	d.Ledger().SetRequestSink(rec, 1)
-	s, err := New(d, Options{TLS: config.EPPTLSConfig{Mode: config.EPPTLSOff}})
+	// TURNOUT_EPP_SERVER=grpc runs the tests against the grpc-go server.
+	s, err := New(d, Options{TLS: config.EPPTLSConfig{Mode: config.EPPTLSOff}, Server: os.Getenv("TURNOUT_EPP_SERVER")})
 	if err != nil {
 		t.Fatal(err)
 	}
