@@ -162,7 +162,7 @@ type h2Conn struct {
 	peerWindow  int64 // the peer's initial stream window
 	peerFrame   int   // the peer's max frame size
 	parked      map[uint32]*h2Stream
-	reap        []uint32 // streams their own goroutine ended: the loop forgets them
+	reap        []uint32 // streams ended: the loop forgets them at its next flush
 	goneAway    bool
 	broken      bool // a write failed: the connection is closing
 	streamCount int  // open streams, for the GOAWAY drain
@@ -397,17 +397,18 @@ func (c *h2Conn) headers(f *http2.MetaHeadersFrame) error {
 	case method != "POST" || !isGRPC(ctype):
 		st.httpRefuse()
 		return nil
+	case enc != "" && enc != "identity":
+		st.ended = true
+		st.finish(status.New(codes.Unimplemented, "turnout Endpoint Picker: compressed messages (grpc-encoding "+enc+") are not supported: send them uncompressed"))
+		return nil
 	case path == pathProcess:
 		st.kind = kindProcess
 		st.startProcess()
 	case path == pathHealthCheck:
 		st.kind = kindHealth
 	default:
+		st.ended = true
 		st.finish(status.New(codes.Unimplemented, "turnout Endpoint Picker: unknown method "+path))
-		return nil
-	}
-	if enc != "" && enc != "identity" {
-		st.finish(status.New(codes.Unimplemented, "turnout Endpoint Picker: compressed messages (grpc-encoding "+enc+") are not supported: send them uncompressed"))
 		return nil
 	}
 	if f.StreamEnded() {
@@ -568,6 +569,7 @@ func (c *h2Conn) writeOutLocked(st *h2Stream) {
 		if err != nil {
 			c.broken = true
 		}
+		c.reap = append(c.reap, st.id) // the loop forgets it at its next flush
 		c.streamDoneLocked()
 	}
 }

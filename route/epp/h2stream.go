@@ -229,11 +229,6 @@ func (h *h2Stream) finish(s *status.Status) {
 	c.writeOutLocked(h)
 	if h.q != nil {
 		_ = c.bw.Flush()
-		c.reap = append(c.reap, h.id)
-		return
-	}
-	if h.closed {
-		delete(c.streams, h.id)
 	}
 }
 

@@ -31,6 +31,8 @@ type harness struct {
 	s    *Server
 	conn *grpc.ClientConn
 	log  *recordSink
+	l    *Listener
+	ln   *bufconn.Listener
 }
 
 func newHarness(t *testing.T, yaml string) *harness {
@@ -65,7 +67,7 @@ func newHarness(t *testing.T, yaml string) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return &harness{d: d, s: s, conn: conn, log: rec}
+	return &harness{d: d, s: s, conn: conn, log: rec, l: l, ln: ln}
 }
 
 // gw is one ext_proc stream, as a gateway drives it.
