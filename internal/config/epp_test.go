@@ -10,8 +10,11 @@ import (
 func TestEPPConfig(t *testing.T) {
 	const deps = "deployments:\n  - name: a\n    pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]\n"
 	c := mustParse(t, deps)
-	if c.EPP.On() || c.EPP.TLS.Mode != EPPTLSSelfSigned {
+	if c.EPP.On() || c.EPP.TLS.Mode != EPPTLSSelfSigned || c.EPP.Server != EPPServerInline {
 		t.Errorf("defaults: %+v", c.EPP)
+	}
+	if c = mustParse(t, "epp: {listen: ':9002', server: grpc}\n"+deps); c.EPP.Server != EPPServerGRPC {
+		t.Errorf("server: %+v", c.EPP)
 	}
 	c = mustParse(t, "epp: {listen: ':9002', health_listen: ':9003', tls: {mode: files, cert_file: /c, key_file: /k}}\n"+deps)
 	if !c.EPP.On() || c.EPP.TLS.CertFile != "/c" {
@@ -46,6 +49,7 @@ deployments:
 		{"epp: {listen: ':9002', tls: {mode: files, key_file: /k}}\n", "epp.tls.cert_file"},
 		{"epp: {listen: ':9002', tls: {mode: off, cert_file: /c}}\n", "epp.tls.mode"},
 		{"epp: {health_listen: ':9003'}\n", "epp.health_listen"},
+		{"epp: {listen: ':9002', server: grpc-go}\n", "epp.server"},
 	} {
 		_, err := ParseConfig([]byte(tc.yaml + deps))
 		if !errors.As(err, &ce) || len(ce.Problems) != 1 || ce.Problems[0].Path != tc.field {
