@@ -152,6 +152,7 @@ type h2Conn struct {
 	streams  map[uint32]*h2Stream
 	lastID   atomic.Uint32 // the last stream opened (GOAWAY names it)
 	recvConn int           // bytes received since the last connection WINDOW_UPDATE
+	spareIn  [][]byte
 
 	// Write state, under wmu.
 	wmu         sync.Mutex
@@ -163,6 +164,7 @@ type h2Conn struct {
 	peerFrame   int   // the peer's max frame size
 	parked      map[uint32]*h2Stream
 	reap        []uint32 // streams ended: the loop forgets them at its next flush
+	spareOut    [][]byte
 	goneAway    bool
 	broken      bool // a write failed: the connection is closing
 	streamCount int  // open streams, for the GOAWAY drain
@@ -455,6 +457,9 @@ func (c *h2Conn) data(f *http2.DataFrame) error {
 		}
 		st.recvUsed = 0
 	}
+	if st.in == nil {
+		st.in, c.spareIn = takeBuf(c.spareIn)
+	}
 	st.in = append(st.in, f.Data()...)
 	st.messages()
 	if f.StreamEnded() && c.streams[f.StreamID] == st {
@@ -554,6 +559,7 @@ func (c *h2Conn) writeOutLocked(st *h2Stream) {
 	delete(c.parked, st.id)
 	if st.trailers != nil && !st.closed {
 		st.closed = true
+		c.spareOut, st.out = keepBuf(c.spareOut, st.out), nil
 		code := strconv.Itoa(int(st.trailers.Code()))
 		var err error
 		if st.headersSent {
@@ -572,6 +578,32 @@ func (c *h2Conn) writeOutLocked(st *h2Stream) {
 		c.reap = append(c.reap, st.id) // the loop forgets it at its next flush
 		c.streamDoneLocked()
 	}
+}
+
+// A connection keeps a few of its streams' buffers for the next ones:
+// a stream would otherwise grow new ones for each request's messages.
+const (
+	spareBufs   = 16
+	spareBufMax = 64 << 10
+)
+
+// keepBuf keeps b, emptied, in spare when it is worth keeping.
+func keepBuf(spare [][]byte, b []byte) [][]byte {
+	if cap(b) > 0 && cap(b) <= spareBufMax && len(spare) < spareBufs {
+		spare = append(spare, b[:0])
+	}
+	return spare
+}
+
+// takeBuf is a kept buffer, or nil.
+func takeBuf(spare [][]byte) ([]byte, [][]byte) {
+	n := len(spare)
+	if n == 0 {
+		return nil, spare
+	}
+	b := spare[n-1]
+	spare[n-1] = nil
+	return b, spare[:n-1]
 }
 
 // encodeGRPCMessage percent-encodes a grpc-message value (gRPC over

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -108,7 +109,10 @@ func (h *h2Stream) messages() {
 		off += 5 + n
 		h.message(p[5 : 5+n])
 	}
-	if off > 0 && !h.ended {
+	switch {
+	case h.ended:
+		h.c.spareIn, h.in = keepBuf(h.c.spareIn, h.in), nil
+	case off > 0:
 		h.in = h.in[:copy(h.in, h.in[off:])]
 	}
 }
@@ -292,7 +296,10 @@ func (h *h2Stream) SendMsg(m any) error {
 			return err
 		}
 	}
-	h.out = grpcFrameHeader(h.out, bufs.Len())
+	if h.out == nil {
+		h.out, c.spareOut = takeBuf(c.spareOut)
+	}
+	h.out = grpcFrameHeader(slices.Grow(h.out, 5+bufs.Len()), bufs.Len())
 	for _, b := range bufs {
 		h.out = append(h.out, b.ReadOnlyData()...)
 	}
