@@ -364,13 +364,17 @@ func (c *h2Conn) headers(f *http2.MetaHeadersFrame) error {
 		}
 		return nil
 	}
-	if id <= c.lastID.Load() || id%2 == 0 {
+	if id%2 == 0 {
 		return http2.ConnectionError(http2.ErrCodeProtocol)
 	}
+	if id <= c.lastID.Load() {
+		return nil // a stream that ended: its late headers change nothing
+	}
 	c.wmu.Lock()
-	gone := c.goneAway
+	gone, window := c.goneAway, c.peerWindow
 	if !gone {
 		c.lastID.Store(id)
+		c.streamCount++
 	}
 	c.wmu.Unlock()
 	if gone {
@@ -390,10 +394,7 @@ func (c *h2Conn) headers(f *http2.MetaHeadersFrame) error {
 			enc = hf.Value
 		}
 	}
-	st := &h2Stream{c: c, id: id, sendWindow: c.peerWindowNow()}
-	c.wmu.Lock()
-	c.streamCount++
-	c.wmu.Unlock()
+	st := &h2Stream{c: c, id: id, sendWindow: window}
 	c.streams[id] = st
 	switch {
 	case method != "POST" || !isGRPC(ctype):
@@ -417,12 +418,6 @@ func (c *h2Conn) headers(f *http2.MetaHeadersFrame) error {
 		c.endOfInput(st)
 	}
 	return nil
-}
-
-func (c *h2Conn) peerWindowNow() int64 {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	return c.peerWindow
 }
 
 func isGRPC(ctype string) bool {
