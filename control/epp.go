@@ -21,14 +21,14 @@ func eppKey(cfg *config.Config) string {
 	if !e.On() {
 		return ""
 	}
-	return fmt.Sprintf("epp.listen=%s\nepp.health_listen=%s\nepp.tls.mode=%s\nepp.tls.cert_file=%s\nepp.tls.key_file=%s\n",
-		e.Listen, e.HealthListen, e.TLS.Mode, e.TLS.CertFile, e.TLS.KeyFile)
+	return fmt.Sprintf("epp.listen=%s\nepp.health_listen=%s\nepp.tls.mode=%s\nepp.tls.cert_file=%s\nepp.tls.key_file=%s\nepp.server=%s\n",
+		e.Listen, e.HealthListen, e.TLS.Mode, e.TLS.CertFile, e.TLS.KeyFile, e.Server)
 }
 
 // bindEPP opens the Endpoint Picker's sockets and readies its server.
 func (l *listeners) bindEPP(nl *listener, cfg *config.Config) error {
 	e := &cfg.EPP
-	srv, err := epp.New(l.core.srv, epp.Options{Log: l.log, TLS: e.TLS})
+	srv, err := epp.New(l.core.srv, epp.Options{Log: l.log, TLS: e.TLS, Server: e.Server})
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,7 @@ import (
 func TestEPPConfig(t *testing.T) {
 	const deps = "deployments:\n  - name: a\n    pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]\n"
 	c := mustParse(t, deps)
-	if c.EPP.On() || c.EPP.TLS.Mode != EPPTLSSelfSigned {
+	if c.EPP.On() || c.EPP.TLS.Mode != EPPTLSSelfSigned || c.EPP.Server != EPPServerGRPC {
 		t.Errorf("defaults: %+v", c.EPP)
 	}
 	if c.EPP.ListedPicks(3) != 3 {
@@ -22,6 +22,9 @@ func TestEPPConfig(t *testing.T) {
 	}
 	if _, err := ParseConfig([]byte("epp: {fallbacks: -1}\n" + deps)); err == nil || !strings.Contains(err.Error(), "epp.fallbacks") {
 		t.Errorf("epp.fallbacks -1: %v", err)
+	}
+	if c = mustParse(t, "epp: {listen: ':9002', server: inline}\n"+deps); c.EPP.Server != EPPServerInline {
+		t.Errorf("server: %+v", c.EPP)
 	}
 	c = mustParse(t, "epp: {listen: ':9002', health_listen: ':9003', tls: {mode: files, cert_file: /c, key_file: /k}}\n"+deps)
 	if !c.EPP.On() || c.EPP.TLS.CertFile != "/c" {
@@ -56,6 +59,7 @@ deployments:
 		{"epp: {listen: ':9002', tls: {mode: files, key_file: /k}}\n", "epp.tls.cert_file"},
 		{"epp: {listen: ':9002', tls: {mode: off, cert_file: /c}}\n", "epp.tls.mode"},
 		{"epp: {health_listen: ':9003'}\n", "epp.health_listen"},
+		{"epp: {listen: ':9002', server: grpc-go}\n", "epp.server"},
 	} {
 		_, err := ParseConfig([]byte(tc.yaml + deps))
 		if !errors.As(err, &ce) || len(ce.Problems) != 1 || ce.Problems[0].Path != tc.field {

@@ -9,7 +9,9 @@
 // the decision as the proxy's feedback line does. docs/gateway-api.md
 // maps every field.
 //
-// Files: server.go (the gRPC server, the stream loop), request.go (the
+// Files: server.go (the listener, grpc-go's server and stream loop), h2.go
+// (the inline server: HTTP/2 and gRPC on the connection's goroutine,
+// epp.server: inline), h2stream.go (its streams), request.go (the
 // request phase and the decision), answer.go (what goes back to the
 // gateway), wire.go (the hot answers encoded to the wire, the server's
 // codec), response.go (the response phase), subset.go (the metadata the

@@ -1,10 +1,12 @@
 package epp
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -30,6 +32,8 @@ type harness struct {
 	s    *Server
 	conn *grpc.ClientConn
 	log  *recordSink
+	l    *Listener
+	ln   *bufconn.Listener
 }
 
 func newHarness(t *testing.T, yaml string) *harness {
@@ -45,7 +49,11 @@ func newHarness(t *testing.T, yaml string) *harness {
 	t.Cleanup(d.Close)
 	rec := &recordSink{}
 	d.Ledger().SetRequestSink(rec, 1)
-	s, err := New(d, Options{TLS: config.EPPTLSConfig{Mode: config.EPPTLSOff}})
+	// The unit tests run against the inline server (the e2e tests in
+	// test/ against grpc-go, epp.server's default, and the load test
+	// against the inline one); TURNOUT_EPP_SERVER=grpc runs these against
+	// grpc-go too.
+	s, err := New(d, Options{TLS: config.EPPTLSConfig{Mode: config.EPPTLSOff}, Server: cmp.Or(os.Getenv("TURNOUT_EPP_SERVER"), config.EPPServerInline)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +71,7 @@ func newHarness(t *testing.T, yaml string) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return &harness{d: d, s: s, conn: conn, log: rec}
+	return &harness{d: d, s: s, conn: conn, log: rec, l: l, ln: ln}
 }
 
 // gw is one ext_proc stream, as a gateway drives it.

@@ -2,6 +2,7 @@ package epp
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -29,6 +30,8 @@ type Options struct {
 	// TLS is the listener's certificate (epp.tls); the zero value is
 	// self-signed.
 	TLS config.EPPTLSConfig
+	// Server is epp.server: grpc ("" too) or inline.
+	Server string
 }
 
 // Server is the Endpoint Picker: an ext_proc ExternalProcessor over a
@@ -38,6 +41,8 @@ type Server struct {
 	d      *route.Decider
 	log    zerolog.Logger
 	creds  credentials.TransportCredentials
+	tlsCfg *tls.Config
+	grpc   bool // serve with grpc-go (epp.server: grpc)
 	budget budget
 }
 
@@ -46,15 +51,17 @@ var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
 // New makes the Endpoint Picker of d; it fails when the TLS certificate
 // cannot be made or read.
 func New(d *route.Decider, o Options) (*Server, error) {
-	s := &Server{d: d, log: zerolog.Nop()}
+	s := &Server{d: d, log: zerolog.Nop(), grpc: o.Server != config.EPPServerInline}
 	if o.Log != nil {
 		s.log = o.Log.With().Str("component", "epp").Logger()
 	}
-	creds, err := transportCredentials(o.TLS, &s.log)
+	cfg, err := tlsConfig(o.TLS, &s.log)
 	if err != nil {
 		return nil, err
 	}
-	s.creds = creds
+	if cfg != nil {
+		s.tlsCfg, s.creds = cfg, credentials.NewTLS(cfg)
+	}
 	return s, nil
 }
 
@@ -96,6 +103,8 @@ func grpcServer(creds credentials.TransportCredentials) *grpc.Server {
 // health services) and the optional plaintext health-only one.
 type Listener struct {
 	main, health *grpc.Server
+	inline       *h2Server // epp.server: inline, instead of main
+	ln           net.Listener
 	hs           *health.Server
 	stopTick     context.CancelFunc
 	wg           sync.WaitGroup
@@ -104,9 +113,14 @@ type Listener struct {
 // Serve serves the Endpoint Picker on ln, and the health services alone
 // on healthLn when it is not nil, until Shutdown.
 func (s *Server) Serve(ln, healthLn net.Listener) *Listener {
-	l := &Listener{main: grpcServer(s.creds), hs: health.NewServer()}
-	extprocv3.RegisterExternalProcessorServer(l.main, s)
-	healthpb.RegisterHealthServer(l.main, l.hs)
+	l := &Listener{hs: health.NewServer(), ln: ln}
+	if s.grpc {
+		l.main = grpcServer(s.creds)
+		extprocv3.RegisterExternalProcessorServer(l.main, s)
+		healthpb.RegisterHealthServer(l.main, l.hs)
+	} else {
+		l.inline = newH2Server(s, l.hs, s.tlsCfg)
+	}
 	if healthLn != nil {
 		l.health = grpcServer(nil)
 		healthpb.RegisterHealthServer(l.health, l.hs)
@@ -125,7 +139,17 @@ func (s *Server) Serve(ln, healthLn net.Listener) *Listener {
 			}
 		}()
 	}
-	serve(l.main, ln, "Endpoint Picker")
+	if l.inline != nil {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			if err := l.inline.serve(ln); err != nil {
+				s.log.Error().Err(err).Str("addr", ln.Addr().String()).Msg("Endpoint Picker listener stopped")
+			}
+		}()
+	} else {
+		serve(l.main, ln, "Endpoint Picker")
+	}
 	if l.health != nil {
 		serve(l.health, healthLn, "Endpoint Picker health")
 	}
@@ -140,7 +164,11 @@ func (l *Listener) Shutdown(ctx context.Context) {
 	l.stopTick()
 	done := make(chan struct{})
 	go func() {
-		l.main.GracefulStop()
+		if l.inline != nil {
+			l.inline.shutdown(ctx, l.ln)
+		} else {
+			l.main.GracefulStop()
+		}
 		if l.health != nil {
 			l.health.GracefulStop()
 		}
@@ -149,7 +177,9 @@ func (l *Listener) Shutdown(ctx context.Context) {
 	select {
 	case <-done:
 	case <-ctx.Done():
-		l.main.Stop()
+		if l.main != nil {
+			l.main.Stop()
+		}
 		if l.health != nil {
 			l.health.Stop()
 		}
@@ -166,9 +196,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err err
 		// gRPC does not recover a handler's panic: one bad request must
 		// not take every gateway's picks down.
 		if p := recover(); p != nil {
-			st.t = nil // its state is unknown: not pooled again
-			s.log.Error().Interface("panic", p).Msg("Endpoint Picker stream panicked")
-			err = status.Errorf(codes.Internal, "turnout: internal error deciding the request")
+			err = st.panicked(p)
 		}
 	}()
 	for {
@@ -187,6 +215,13 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err err
 			return nil
 		}
 	}
+}
+
+// panicked is the end of a stream whose handler panicked.
+func (st *stream) panicked(p any) error {
+	st.t = nil // its state is unknown: not pooled again
+	st.s.log.Error().Interface("panic", p).Msg("Endpoint Picker stream panicked")
+	return status.Errorf(codes.Internal, "turnout: internal error deciding the request")
 }
 
 // handle dispatches one message by its phase; done: the stream has its

@@ -26,6 +26,15 @@ import (
 
 // transportCredentials are the gRPC credentials of c (nil: plaintext).
 func transportCredentials(c config.EPPTLSConfig, log *zerolog.Logger) (credentials.TransportCredentials, error) {
+	cfg, err := tlsConfig(c, log)
+	if cfg == nil || err != nil {
+		return nil, err
+	}
+	return credentials.NewTLS(cfg), nil
+}
+
+// tlsConfig is the listener's TLS config of c (nil: plaintext).
+func tlsConfig(c config.EPPTLSConfig, log *zerolog.Logger) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	switch c.Mode {
 	case config.EPPTLSOff:
@@ -43,7 +52,7 @@ func transportCredentials(c config.EPPTLSConfig, log *zerolog.Logger) (credentia
 		}
 		cfg.Certificates = []tls.Certificate{cert}
 	}
-	return credentials.NewTLS(cfg), nil
+	return cfg, nil
 }
 
 // selfSigned makes a certificate for this process's life (ten years, so
