@@ -96,7 +96,7 @@ func renderNginx(cfg *config.Config, out, prefix string, check bool, f *nginxFla
 		return err
 	}
 	err = writeRendered("nginx", dir, files.Files(), check, func() error { return nginx.CheckFiles(cfg) },
-		func(bin string) error { return r.Check(context.Background(), bin, cfg, o) })
+		func(bin string) error { return r.Check(context.Background(), bin, cfg, o) }, nginx.WriteFiles)
 	if err != nil {
 		return err
 	}

@@ -115,7 +115,7 @@ func renderHAProxy(cfg *config.Config, out, prefix, socket string, check bool, l
 		return err
 	}
 	err = writeRendered("haproxy", dir, files.Files(), check, func() error { return haproxy.CheckFiles(cfg) },
-		func(bin string) error { return r.Check(context.Background(), bin, cfg, opts) })
+		func(bin string) error { return r.Check(context.Background(), bin, cfg, opts) }, proxyconf.WriteFiles)
 	if err != nil {
 		return err
 	}
@@ -124,12 +124,13 @@ func renderHAProxy(cfg *config.Config, out, prefix, socket string, check bool, l
 	return nil
 }
 
-// writeRendered checks a proxy's render and writes its files into dir.
+// writeRendered checks a proxy's render and writes its files into dir
+// with write (nginx's also makes the temp directory nginx needs).
 // checkFiles checks the files the config names (TLS certificates);
 // checkBin runs the proxy's own check when its binary is on PATH. Neither
 // runs with --check=false: the files may live on another host (a container
 // render).
-func writeRendered(proxy, dir string, files []proxyconf.File, check bool, checkFiles func() error, checkBin func(bin string) error) error {
+func writeRendered(proxy, dir string, files []proxyconf.File, check bool, checkFiles func() error, checkBin func(bin string) error, write func(string, []proxyconf.File) error) error {
 	if check {
 		if err := checkFiles(); err != nil {
 			return err
@@ -143,7 +144,7 @@ func writeRendered(proxy, dir string, files []proxyconf.File, check bool, checkF
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("render %s: %w", proxy, err)
 	}
-	return proxyconf.WriteFiles(dir, files)
+	return write(dir, files)
 }
 
 // checkPolicies builds every pool's policy once, so a bad policy name or
