@@ -264,6 +264,8 @@ type tmplData struct {
 	// UnsafePath is contract.UnsafePathRegex, refused before the Served
 	// guard (contract.PathServed); Internal is contract.PathInternal.
 	UnsafePath, Served, Internal string
+	// AdminPath is contract.AdminPathRegex, "" with proxy.expose_admin_paths.
+	AdminPath string
 	// FeedbackFormat is the log-format of the feedback line
 	// (contract.FeedbackFormat).
 	FeedbackFormat string
@@ -402,6 +404,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		Generator:      generator,
 		RoutePath:      contract.PathRoute,
 		UnsafePath:     contract.UnsafePathRegex,
+		AdminPath:      contract.AdminPathRefused(cfg),
 		Served:         contract.PathServed,
 		Internal:       contract.PathInternal,
 		Dir:            path("dir", opts.Dir),

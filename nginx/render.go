@@ -317,6 +317,8 @@ type tmplData struct {
 	// UnsafePath is contract.UnsafePathRegex; UnreadRe is contract.UnreadReasons
 	// as a regex alternation.
 	UnsafePath, UnreadRe string
+	// AdminPath is contract.AdminPathRegex, "" with proxy.expose_admin_paths.
+	AdminPath string
 	// VerdictVars are the js_var variables the njs copies the verdict
 	// into (contract.VerdictFields' NginxVar).
 	VerdictVars []string
@@ -400,6 +402,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		HeaderBuf:         cfg.Limits.MaxHeaderBytes,
 		SubrequestBuf:     2 * contract.MaxAnswerBody,
 		UnsafePath:        contract.UnsafePathRegex,
+		AdminPath:         contract.AdminPathRefused(cfg),
 		UnreadRe:          strings.Join(contract.UnreadReasons, "|"),
 		summary:           Summary{Pools: map[string][]string{}},
 	}

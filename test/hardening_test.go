@@ -56,11 +56,15 @@ func rawHTTP(t *testing.T, base, method, path string, body []byte, hdr map[strin
 }
 
 // Issue 16 finding 7: dot segments and encoded slashes cannot walk out of
-// /v1/ (a replica resolving "/v1/../metrics" served its /metrics).
+// /v1/ (a replica resolving "/v1/../metrics" served its /metrics); issue
+// 42: the engines' admin routes under /v1/ are refused too.
 func checkPathGuard(t *testing.T, f frontend, model string, extra map[string]string) {
 	base := proxyURL(f)
 	for _, p := range []string{"/v1/../metrics", "/v1/%2e%2e/metrics", "/v1/%2E./metrics", "/v1/./../metrics",
-		"/v1/..%2fmetrics", "/v1//../metrics", "/v1/chat/../../metrics", "/v1/.."} {
+		"/v1/..%2fmetrics", "/v1//../metrics", "/v1/chat/../../metrics", "/v1/..",
+		// The engines' admin routes under /v1/ (proxy.expose_admin_paths):
+		// a client must not load or unload adapters for everyone.
+		"/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/load_lora_adapter?x=1", "/v1/LOAD_LORA_ADAPTER"} {
 		for _, m := range []string{"GET", "POST"} {
 			st, replica := rawHTTP(t, base, m, p, chatBody(model, "s", "u", false), extra)
 			if st != 404 || replica != "" {

@@ -189,6 +189,10 @@ type ProxyConfig struct {
 	RouteAddrs []string `yaml:"route_addrs"`
 	// FailMode: open = proxy balances by itself, closed = 503.
 	FailMode string `yaml:"fail_mode"`
+	// ExposeAdminPaths lets clients reach the engines' admin routes under
+	// /v1/ (vLLM's LoRA load and unload), which the rendered proxy configs
+	// refuse by default: an adapter a client loads is loaded for everyone.
+	ExposeAdminPaths bool `yaml:"expose_admin_paths"`
 	// RouteTimeout bounds one call to /internal/route.
 	RouteTimeout Duration `yaml:"route_timeout"`
 	// BreakerFailures consecutive failures open the breaker for BreakerCooldown.

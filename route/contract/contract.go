@@ -1,5 +1,7 @@
 package contract
 
+import "github.com/turnout/turnout/internal/config"
+
 // The wire contract between the proxy glue (HAProxy Lua, nginx/njs, the
 // SPOE config) and turnout. The glue is rendered from these names and the
 // tables of glue.go; README.md documents them. A rendered glue and
@@ -135,6 +137,24 @@ var UnreadReasons = func() (out []string) {
 // would serve its own /metrics. Matched case-insensitively. HAProxy 2.6's
 // normalize-uri would rewrite them instead, but is experimental there.
 const UnsafePathRegex = `^[^?]*(/(\.|%2e){1,2}(/|\?|$)|%2f|%5c)`
+
+// AdminPathRegex matches the engines' admin routes under PathServed:
+// vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter, which change
+// what a replica serves for every client. The glue refuses them (404)
+// unless proxy.expose_admin_paths is set; vLLM's other admin routes
+// (/reset_prefix_cache, /sleep, /wake_up, /start_profile, ...) lie outside
+// PathServed and are refused by the same guard as every other path.
+// Matched case-insensitively on the raw path.
+const AdminPathRegex = `^/v1/(un)?load_lora_adapter(/|\?|$)`
+
+// AdminPathRefused is AdminPathRegex, or "" when cfg exposes the admin
+// routes (proxy.expose_admin_paths).
+func AdminPathRefused(cfg *config.Config) string {
+	if cfg.Proxy.ExposeAdminPaths {
+		return ""
+	}
+	return AdminPathRegex
+}
 
 // ContractLiterals are the strings this contract owns that a proxy
 // template must not spell itself (it renders them from the tables): header
