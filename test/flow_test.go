@@ -313,9 +313,15 @@ func checkClientGone(t *testing.T, frontURL, turnoutURL, model string, dropped b
 			flowPost(context.Background(), c, frontURL, model, "standard", "busy")
 		}()
 	}
-	Eventually(t, 15*time.Second, "replicas at max_load", func() bool {
-		v, err := Metric(t, turnoutURL+"/metrics", "turnout_endpoint_inflight")
-		return err == nil && v >= 12
+	// Flow control balances on the engine-reported load: a scrape taken
+	// while a busy request was decided but not yet running at its replica
+	// undercounts, and the next request would be let through instead of
+	// held. Wait for a scrape that sees all twelve running.
+	Eventually(t, 30*time.Second, "replicas at max_load, as their engines report it", func() bool {
+		v, err1 := Metric(t, turnoutURL+"/metrics", "turnout_endpoint_inflight")
+		e, err2 := Metric(t, turnoutURL+"/metrics", "turnout_endpoint_engine_requests")
+		l, err3 := Metric(t, turnoutURL+"/metrics", "turnout_endpoint_load")
+		return err1 == nil && err2 == nil && err3 == nil && v >= 12 && e >= 12 && l >= 12
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan flowResult, 1)
