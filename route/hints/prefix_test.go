@@ -2,8 +2,8 @@ package hints
 
 import (
 	"bytes"
-	"fmt"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
