@@ -250,41 +250,36 @@ func isMap(c byte) bool {
 	return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
 }
 
-// arrayLen reads an array header; each element takes at least one byte,
-// so a length beyond the remaining input is rejected before anything is
-// allocated for it.
-func (x *decoder) arrayLen(what string) (int, error) {
-	c, err := x.peek()
-	if err != nil {
-		return 0, err
-	}
-	if !isArray(c) {
-		return 0, x.fail("%s: want array, got code %#x", what, c)
-	}
-	n, err := x.d.DecodeArrayLen()
-	if err != nil {
-		return 0, x.wrap(what, err)
-	}
-	if n > x.r.Len() {
-		return 0, x.fail("%s: array length %d exceeds input", what, n)
-	}
-	return n, nil
-}
+func (x *decoder) arrayLen(what string) (int, error) { return x.containerLen(what, false) }
 
-func (x *decoder) mapLen(what string) (int, error) {
+func (x *decoder) mapLen(what string) (int, error) { return x.containerLen(what, true) }
+
+// containerLen reads an array or a map header; each element takes at least
+// one byte (a map's entry two), so a length beyond the remaining input is
+// rejected before anything is allocated for it.
+func (x *decoder) containerLen(what string, isMapHeader bool) (int, error) {
 	c, err := x.peek()
 	if err != nil {
 		return 0, err
 	}
-	if !isMap(c) {
-		return 0, x.fail("%s: want map, got code %#x", what, c)
+	kind, ok, per := "array", isArray(c), 1
+	if isMapHeader {
+		kind, ok, per = "map", isMap(c), 2
 	}
-	n, err := x.d.DecodeMapLen()
+	if !ok {
+		return 0, x.fail("%s: want %s, got code %#x", what, kind, c)
+	}
+	var n int
+	if isMapHeader {
+		n, err = x.d.DecodeMapLen()
+	} else {
+		n, err = x.d.DecodeArrayLen()
+	}
 	if err != nil {
 		return 0, x.wrap(what, err)
 	}
-	if n > x.r.Len()/2 {
-		return 0, x.fail("%s: map length %d exceeds input", what, n)
+	if n > x.r.Len()/per {
+		return 0, x.fail("%s: %s length %d exceeds input", what, kind, n)
 	}
 	return n, nil
 }
