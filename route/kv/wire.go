@@ -429,53 +429,49 @@ func (x *decoder) hash(what string) (uint64, error) {
 	return h, nil
 }
 
-func (x *decoder) hashes(what string) ([]uint64, error) {
+// array reads an array whose elements elem reads.
+func array[T any](x *decoder, what string, elem func(what string) (T, error)) ([]T, error) {
 	n, err := x.arrayLen(what)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]uint64, n)
+	out := make([]T, n)
 	for i := range out {
-		if out[i], err = x.hash(what); err != nil {
+		if out[i], err = elem(what); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
 }
 
-func (x *decoder) tokens(what string) ([]uint32, error) {
-	n, err := x.arrayLen(what)
+func (x *decoder) hashes(what string) ([]uint64, error) { return array(x, what, x.hash) }
+
+func (x *decoder) tokens(what string) ([]uint32, error) { return array(x, what, x.token) }
+
+func (x *decoder) token(what string) (uint32, error) {
+	c, err := x.peek()
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
-	out := make([]uint32, n)
-	for i := range out {
-		c, err := x.peek()
+	if c == msgpcode.Uint64 { // int64 cannot hold all of it
+		u, err := x.d.DecodeUint64()
 		if err != nil {
-			return nil, err
+			return 0, x.wrap(what, err)
 		}
-		if c == msgpcode.Uint64 { // int64 cannot hold all of it
-			u, err := x.d.DecodeUint64()
-			if err != nil {
-				return nil, x.wrap(what, err)
-			}
-			if u > math.MaxUint32 {
-				return nil, fmt.Errorf("%w: %s: %w: %d", ErrMalformed, what, errTokenRange, u)
-			}
-			out[i] = uint32(u)
-			continue
+		if u > math.MaxUint32 {
+			return 0, fmt.Errorf("%w: %s: %w: %d", ErrMalformed, what, errTokenRange, u)
 		}
-		v, err := x.int64(what)
-		if err != nil {
-			return nil, err
-		}
-		t, ok := TokenID(v)
-		if !ok {
-			return nil, fmt.Errorf("%w: %s: %w: %d", ErrMalformed, what, errTokenRange, v)
-		}
-		out[i] = t
+		return uint32(u), nil
 	}
-	return out, nil
+	v, err := x.int64(what)
+	if err != nil {
+		return 0, err
+	}
+	t, ok := TokenID(v)
+	if !ok {
+		return 0, fmt.Errorf("%w: %s: %w: %d", ErrMalformed, what, errTokenRange, v)
+	}
+	return t, nil
 }
 
 // extraKeys reads list[tuple | None] | None into per-block "has extras".
