@@ -810,6 +810,16 @@ var (
 	removedFields = []string{"block_hashes", "medium", "group_idx"}
 )
 
+// fieldIndex is the position of key k in storedFields, -1 when unknown.
+func fieldIndex(k []byte) int {
+	for i, f := range storedFields {
+		if f == string(k) {
+			return i
+		}
+	}
+	return -1
+}
+
 func (x *decoder) eventMap(ev *Event) error {
 	n, err := x.mapLen("event")
 	if err != nil {
@@ -830,25 +840,17 @@ func (x *decoder) eventMap(ev *Event) error {
 		if err != nil {
 			return err
 		}
-		switch string(k) {
-		case "type":
+		if string(k) == "type" {
 			ev.Kind, err = x.kind("event tag")
 			seen |= seenTag
-		case "block_hashes":
-			err = x.field(ev, "block_hashes")
-			seen |= seenHashes
-		case "parent_block_hash":
-			err = x.field(ev, "parent_block_hash")
-			seen |= seenParent
-		case "token_ids":
-			err = x.field(ev, "token_ids")
-			seen |= seenTokens
-		case "block_size":
-			err = x.field(ev, "block_size")
-			seen |= seenSize
-		case "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind":
-			err = x.field(ev, string(k))
-		default:
+		} else if i := fieldIndex(k); i >= 0 {
+			// The first four of storedFields are the required ones, in
+			// the order of their seen bits.
+			err = x.field(ev, storedFields[i])
+			if i < 4 {
+				seen |= seenHashes << i
+			}
+		} else {
 			err = x.skip(0)
 		}
 		if err != nil {
