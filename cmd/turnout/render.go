@@ -112,8 +112,8 @@ func renderHAProxy(cfg *config.Config, out, prefix, socket string, check bool, l
 	return nil
 }
 
-// renderDir is the directory a render writes into (out, else the
-// config's directory for the proxy), made absolute.
+// renderDir is the directory a render writes into, out (--out, else the
+// proxy's dir in the config) made absolute.
 func renderDir(proxy, out string) (string, error) {
 	if out == "" {
 		return "", fmt.Errorf("render %s: --out DIR is required (or set %s.dir)", proxy, proxy)
