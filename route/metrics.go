@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/turnout/turnout/internal/promtext"
 	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 )
@@ -46,9 +47,7 @@ func (r *Refusals) NoteTooLarge() { r.errors[errTooLarge].Add(1) }
 // WriteMetrics renders all metrics.
 func (d *Decider) WriteMetrics(b *strings.Builder) {
 	snap := d.snap.Load()
-	help := func(name, typ, text string) {
-		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
-	}
+	help := promtext.Helper(b)
 	help("turnout_decisions_total", "counter", "Routing decisions by deployment, pool, policy and outcome.")
 	for _, p := range snap.Pools() {
 		for o := fleet.Outcome(0); o < fleet.NumOutcomes; o++ {

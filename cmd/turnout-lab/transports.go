@@ -1,13 +1,10 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -51,7 +48,7 @@ func runTransports(args []string, log *zerolog.Logger) error {
 	}
 	defer os.RemoveAll(work)
 	o.Dir = work
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := cli.StopContext()
 	defer stop()
 	rows, err := bench.RunTransports(ctx, o)
 	if err != nil {

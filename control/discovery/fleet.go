@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/control/discovery/kube"
+	"github.com/turnout/turnout/internal/promtext"
 )
 
 // DefaultWindow is how long a burst of changes is collected before one swap.
@@ -459,9 +460,7 @@ func (f *Fleet) WriteMetrics(b *strings.Builder) {
 	if f.base == nil || !f.base.HasDiscovery() {
 		return
 	}
-	help := func(name, typ, text string) {
-		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
-	}
+	help := promtext.Helper(b)
 	synced := 0
 	if f.wasOK {
 		synced = 1

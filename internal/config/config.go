@@ -342,9 +342,7 @@ func (p *PolicyConfig) ParamsError(err error) error {
 		return ce
 	}
 	line := p.Params.Line
-	if line == 0 {
-		line = p.line
-	}
+	orDefault(&line, p.line)
 	return &ConfigError{Problems: []*FieldError{{Path: p.paramsPath(), Line: line, Msg: err.Error()}}}
 }
 
@@ -612,61 +610,31 @@ func withoutRepeats(ps []*FieldError, decoded *ConfigError) []*FieldError {
 func (c *Config) ApplyDefaults() {
 	c.HAProxy.TLS.applyDefaults()
 	c.Nginx.TLS.applyDefaults()
-	if c.Listen == "" {
-		c.Listen = "127.0.0.1:9090"
-	}
+	orDefault(&c.Listen, "127.0.0.1:9090")
 	if len(c.SessionHeaders) == 0 {
 		c.SessionHeaders = []string{"x-session-id"}
 	}
 	if c.ModelHeaders == nil {
 		c.ModelHeaders = []string{"x-model"}
 	}
-	if c.MaxBody == 0 {
-		c.MaxBody = 256 << 10
-	}
-	if c.RouteBody == 0 {
-		c.RouteBody = min(DefaultRouteBody, c.MaxBody)
-	}
-	if c.DecisionTTL == 0 {
-		c.DecisionTTL = Duration(10 * time.Minute)
-	}
-	if c.Fallbacks == 0 {
-		c.Fallbacks = 2
-	}
+	orDefault(&c.MaxBody, 256<<10)
+	orDefault(&c.RouteBody, min(DefaultRouteBody, c.MaxBody))
+	orDefault(&c.DecisionTTL, Duration(10*time.Minute))
+	orDefault(&c.Fallbacks, 2)
 	l := &c.Limits
-	if l.MaxConns == 0 {
-		l.MaxConns = 4096
-	}
-	if l.MaxBufferedBytes == 0 {
-		l.MaxBufferedBytes = 64 << 20
-	}
-	if l.MaxHeaderBytes == 0 {
-		l.MaxHeaderBytes = 32 << 10
-	}
-	if l.ReadTimeout == 0 {
-		l.ReadTimeout = Duration(10 * time.Second)
-	}
-	if l.BodyIdleTimeout == 0 {
-		l.BodyIdleTimeout = Duration(2 * time.Second)
-	}
+	orDefault(&l.MaxConns, 4096)
+	orDefault(&l.MaxBufferedBytes, 64<<20)
+	orDefault(&l.MaxHeaderBytes, 32<<10)
+	orDefault(&l.ReadTimeout, Duration(10*time.Second))
+	orDefault(&l.BodyIdleTimeout, Duration(2*time.Second))
 	if c.Feedback.Syslog == "" && !c.Feedback.Disable {
 		c.Feedback.Syslog = DefaultFeedbackAddr
 	}
-	if c.Health.Path == "" {
-		c.Health.Path = "/health"
-	}
-	if c.Health.Interval == 0 {
-		c.Health.Interval = Duration(5 * time.Second)
-	}
-	if c.Health.Timeout == 0 {
-		c.Health.Timeout = Duration(time.Second)
-	}
-	if c.Health.Fails == 0 {
-		c.Health.Fails = 2
-	}
-	if c.Health.MinReady == 0 {
-		c.Health.MinReady = 1
-	}
+	orDefault(&c.Health.Path, "/health")
+	orDefault(&c.Health.Interval, Duration(5*time.Second))
+	orDefault(&c.Health.Timeout, Duration(time.Second))
+	orDefault(&c.Health.Fails, 2)
+	orDefault(&c.Health.MinReady, 1)
 	c.applyFeedbackDefaults()
 	c.applyRequestLogDefaults()
 	c.applyEPPDefaults()
@@ -683,57 +651,27 @@ func (c *Config) ApplyDefaults() {
 	if len(p.RouteAddrs) == 0 {
 		p.RouteAddrs = []string{c.Listen}
 	}
-	if p.FailMode == "" {
-		p.FailMode = FailOpen
-	}
-	if p.RouteTimeout == 0 {
-		p.RouteTimeout = Duration(500 * time.Millisecond)
-	}
-	if p.BreakerFailures == 0 {
-		p.BreakerFailures = 3
-	}
-	if p.BreakerCooldown == 0 {
-		p.BreakerCooldown = Duration(5 * time.Second)
-	}
-	if p.ConnectTimeout == 0 {
-		p.ConnectTimeout = Duration(2 * time.Second)
-	}
-	if p.StreamTimeout == 0 {
-		p.StreamTimeout = Duration(10 * time.Minute)
-	}
-	if c.HAProxy.Listen == "" {
-		c.HAProxy.Listen = "127.0.0.1:8080"
-	}
-	if c.HAProxy.DrainTimeout == 0 {
-		c.HAProxy.DrainTimeout = Duration(30 * time.Second)
-	}
-	if c.HAProxy.MaxConn == 0 {
-		c.HAProxy.MaxConn = 4096
-	}
-	if c.Nginx.Listen == "" {
-		c.Nginx.Listen = "127.0.0.1:8081"
-	}
-	if c.Nginx.Mode == "" {
-		c.Nginx.Mode = NginxModeBody
-	}
+	orDefault(&p.FailMode, FailOpen)
+	orDefault(&p.RouteTimeout, Duration(500*time.Millisecond))
+	orDefault(&p.BreakerFailures, 3)
+	orDefault(&p.BreakerCooldown, Duration(5*time.Second))
+	orDefault(&p.ConnectTimeout, Duration(2*time.Second))
+	orDefault(&p.StreamTimeout, Duration(10*time.Minute))
+	orDefault(&c.HAProxy.Listen, "127.0.0.1:8080")
+	orDefault(&c.HAProxy.DrainTimeout, Duration(30*time.Second))
+	orDefault(&c.HAProxy.MaxConn, 4096)
+	orDefault(&c.Nginx.Listen, "127.0.0.1:8081")
+	orDefault(&c.Nginx.Mode, NginxModeBody)
 	c.applyLoadDefaults()
 	for i := range c.Deployments {
 		d := &c.Deployments[i]
 		if d.Policy.Name == "" && d.Policy.Stages != nil {
 			d.Policy.Name = CustomPolicy
 		}
-		if d.Policy.Name == "" {
-			d.Policy.Name = "least-request"
-		}
-		if d.NginxMode == "" {
-			d.NginxMode = c.Nginx.Mode
-		}
-		if d.PD.PrefillTimeout == 0 {
-			d.PD.PrefillTimeout = Duration(30 * time.Second)
-		}
-		if d.PD.NoPrefill == "" {
-			d.PD.NoPrefill = "aggregate"
-		}
+		orDefault(&d.Policy.Name, "least-request")
+		orDefault(&d.NginxMode, c.Nginx.Mode)
+		orDefault(&d.PD.PrefillTimeout, Duration(30*time.Second))
+		orDefault(&d.PD.NoPrefill, "aggregate")
 		if d.FlowControl != nil {
 			d.FlowControl.ApplyDefaults()
 		}

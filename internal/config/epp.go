@@ -63,12 +63,8 @@ const (
 func (e *EPPConfig) On() bool { return e.Listen != "" }
 
 func (c *Config) applyEPPDefaults() {
-	if c.EPP.TLS.Mode == "" {
-		c.EPP.TLS.Mode = EPPTLSSelfSigned
-	}
-	if c.EPP.Server == "" {
-		c.EPP.Server = EPPServerGRPC
-	}
+	orDefault(&c.EPP.TLS.Mode, EPPTLSSelfSigned)
+	orDefault(&c.EPP.Server, EPPServerGRPC)
 }
 
 func (c *Config) validateEPP(bad func(field, format string, a ...any)) {
