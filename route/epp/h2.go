@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -153,6 +152,7 @@ type h2Conn struct {
 	lastID   atomic.Uint32 // the last stream opened (GOAWAY names it)
 	recvConn int           // bytes received since the last connection WINDOW_UPDATE
 	spareIn  [][]byte
+	req      procReq // the message being handled
 
 	// Write state, under wmu.
 	wmu         sync.Mutex
@@ -469,7 +469,7 @@ func (c *h2Conn) endOfInput(st *h2Stream) {
 		return
 	}
 	st.inputDone = true
-	if len(st.in) > 0 {
+	if len(st.in) > st.inOff {
 		st.fail(status.New(codes.Internal, "turnout Endpoint Picker: the stream ended inside a message"))
 		return
 	}
@@ -624,9 +624,4 @@ func encodeGRPCMessage(msg string) string {
 		}
 	}
 	return string(b)
-}
-
-// grpcFrameHeader is a gRPC message's prefix: uncompressed, its length.
-func grpcFrameHeader(b []byte, n int) []byte {
-	return binary.BigEndian.AppendUint32(append(b, 0), uint32(n))
 }
