@@ -306,7 +306,9 @@ func TestDecode_MergesAsProto(t *testing.T) {
 		return protowire.AppendBytes(tag(nil, n, protowire.BytesType), c)
 	}
 	str := func(n protowire.Number, s string) []byte { return msg(n, []byte(s)) }
-	varint := func(n protowire.Number, v uint64) []byte { return protowire.AppendVarint(tag(nil, n, protowire.VarintType), v) }
+	varint := func(n protowire.Number, v uint64) []byte {
+		return protowire.AppendVarint(tag(nil, n, protowire.VarintType), v)
+	}
 	hint := func(value ...[]byte) []byte {
 		return msg(fReqMetadata, msg(fMetadataFilter, str(fEntryKey, NSSubset),
 			msg(fEntryValue, msg(fStructFields, str(fEntryKey, MetaSubset), msg(fEntryValue, value...)))))

@@ -45,9 +45,11 @@ type h2Stream struct {
 	ended     bool
 	health    []byte // the health Check's request message
 
-	// The ext_proc stream: decided inline (q nil) or on its own
-	// goroutine reading q.
+	// The ext_proc stream: decided inline (q nil, st is proc) or on its
+	// own goroutine reading q (ctx canceled with the stream: flow
+	// control's hold watches it).
 	st     *stream
+	proc   stream
 	ctx    context.Context
 	cancel context.CancelFunc
 	q      *msgQueue
@@ -59,7 +61,8 @@ type h2Stream struct {
 	out         []byte
 	outOff      int
 	headersSent bool
-	trailers    *status.Status
+	ending      bool           // the trailers are due once out is written
+	trailers    *status.Status // their status; nil: OK
 	closed      bool
 }
 
@@ -77,11 +80,14 @@ func (s *Server) mayHold() bool {
 }
 
 func (h *h2Stream) startProcess() {
-	h.ctx, h.cancel = context.WithCancel(context.Background())
-	h.st = newStream(h.c.h.s, h)
 	if !h.c.h.s.mayHold() {
+		// Decided on the loop: nothing waits on the stream's context.
+		h.ctx = context.Background()
+		h.st = &h.proc
+		h.st.init(h.c.h.s, h)
 		return
 	}
+	h.ctx, h.cancel = context.WithCancel(context.Background())
 	h.q = newMsgQueue()
 	go func() {
 		err := h.c.h.s.process(h)
@@ -178,7 +184,7 @@ func (h *h2Stream) eof() {
 		}
 		h.ended = true
 		h.st.finish()
-		h.finish(status.New(codes.OK, ""))
+		h.finish(nil)
 	case kindHealth:
 		h.ended = true
 		req := &healthpb.HealthCheckRequest{}
@@ -234,10 +240,10 @@ func (h *h2Stream) finish(s *status.Status) {
 	c := h.c
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if h.closed || h.trailers != nil {
+	if h.closed || h.ending {
 		return
 	}
-	h.trailers = s
+	h.ending, h.trailers = true, s
 	c.writeOutLocked(h)
 	if h.q != nil {
 		_ = c.bw.Flush()
@@ -269,10 +275,11 @@ func (h *h2Stream) cancelStream() {
 	}
 }
 
-// statusOf is the status a handler's error ends its stream with.
+// statusOf is the status a handler's error ends its stream with (nil:
+// OK).
 func statusOf(err error) *status.Status {
 	if err == nil {
-		return status.New(codes.OK, "")
+		return nil
 	}
 	if s, ok := status.FromError(err); ok {
 		return s
@@ -295,7 +302,7 @@ func (h *h2Stream) SendMsg(m any) error {
 	c := h.c
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if h.closed || c.broken || h.trailers != nil {
+	if h.closed || c.broken || h.ending {
 		return status.Error(codes.Canceled, "the stream ended")
 	}
 	if !h.headersSent {

@@ -51,16 +51,19 @@ type stream struct {
 	t      *route.Txn
 	subset contract.Subset
 	chunks [][]byte
-	seen   int
-	held   int
-	clen   []byte
-	clBuf  [20]byte
+	// chunkBuf is chunks' room for a body of a few chunks.
+	chunkBuf [4][]byte
+	seen     int
+	held     int
+	clen     []byte
+	clBuf    [20]byte
 
 	// The routed decision: the pick's value (ip:port,...), its id and start.
-	dest  string
-	id    uint64
-	start time.Time
-	resp  responseState
+	dest    []byte
+	destBuf [128]byte
+	id      uint64
+	start   time.Time
+	resp    responseState
 
 	ans answer // the answer being sent (sending encodes it at once)
 }
@@ -75,7 +78,13 @@ type msgStream interface {
 }
 
 func newStream(s *Server, srv msgStream) *stream {
-	return &stream{s: s, srv: srv, ctx: srv.Context(),
+	st := &stream{}
+	st.init(s, srv)
+	return st
+}
+
+func (st *stream) init(s *Server, srv msgStream) {
+	*st = stream{s: s, srv: srv, ctx: srv.Context(),
 		reqMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, respMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}
 }
 
@@ -170,6 +179,9 @@ func (st *stream) requestBody(b *procReq) (bool, error) {
 	if !st.take(len(chunk)) {
 		return true, st.overloaded()
 	}
+	if st.chunks == nil {
+		st.chunks = st.chunkBuf[:0]
+	}
 	st.chunks = append(st.chunks, chunk)
 	st.seen += len(chunk)
 	if !b.eos && st.seen <= st.t.Config().MaxBody {
@@ -254,7 +266,7 @@ func (st *stream) decide() (routed, done bool, err error) {
 		return false, true, st.immediate(v.Status, v.Reason, v.Body, v.RetryAfter)
 	}
 	picks := st.t.Picks()
-	st.dest = joinAddrs(picks[:d.Snapshot().Config.EPP.ListedPicks(len(picks))])
+	st.dest = joinAddrs(st.destBuf[:0], picks[:d.Snapshot().Config.EPP.ListedPicks(len(picks))])
 	st.id, st.start = v.Decision, time.Now()
 	st.endTxn()
 	return true, false, nil
@@ -270,21 +282,16 @@ func pdRequest(d *route.Decider, in *contract.Input) bool {
 	return false
 }
 
-// joinAddrs is the pick as the protocol writes it: ip:port,ip:port, the
-// primary first, then the fallbacks in turnout's order.
-func joinAddrs(picks []*fleet.Endpoint) string {
-	n := 0
-	for _, e := range picks {
-		n += len(e.Address) + 1
-	}
-	b := make([]byte, 0, n)
+// joinAddrs appends the pick as the protocol writes it: ip:port,ip:port,
+// the primary first, then the fallbacks in turnout's order.
+func joinAddrs(b []byte, picks []*fleet.Endpoint) []byte {
 	for i, e := range picks {
 		if i > 0 {
 			b = append(b, ',')
 		}
 		b = append(b, e.Address...)
 	}
-	return string(b)
+	return b
 }
 
 // contentLength is the request's length for the header answer: the

@@ -26,7 +26,7 @@ type answer struct {
 	phase protowire.Number
 	// answerRouted: the pick (ip:port,...) and the content-length ("" left
 	// out).
-	dest string
+	dest []byte
 	cl   []byte
 	// answerStreamed: the chunk passed on, and its end_of_stream.
 	chunk []byte
@@ -199,7 +199,7 @@ func (a *answer) appendHead(b []byte) []byte {
 	return appendField(b, a.phase, 0)
 }
 
-func appendRouted(b []byte, phase protowire.Number, dest string, cl []byte) []byte {
+func appendRouted(b []byte, phase protowire.Number, dest, cl []byte) []byte {
 	mutation := sizeField(fMutationSet, sizeHeaderOption(HdrDestination, dest))
 	if len(cl) > 0 {
 		mutation += sizeField(fMutationSet, sizeHeaderOption(hdrContentLengthName, cl))

@@ -67,7 +67,7 @@ func TestWire_RoutedAnswerIsTheProtoMessage(t *testing.T) {
 	for _, phase := range []protowire.Number{fRespRequestHeaders, fRespRequestBody} {
 		for _, dest := range []string{"10.0.0.1:8000", "10.0.0.1:8000,10.0.0.2:8000", long} {
 			for _, cl := range []string{"", "1234"} {
-				got := decodeWire(t, &answer{kind: answerRouted, phase: phase, dest: dest, cl: []byte(cl)})
+				got := decodeWire(t, &answer{kind: answerRouted, phase: phase, dest: []byte(dest), cl: []byte(cl)})
 				if want := wantRouted(phase, dest, cl); !proto.Equal(got, want) {
 					t.Errorf("phase %d dest %q cl %q:\n got %v\nwant %v", phase, dest, cl, got, want)
 				}
