@@ -30,7 +30,7 @@ type Options struct {
 	// TLS is the listener's certificate (epp.tls); the zero value is
 	// self-signed.
 	TLS config.EPPTLSConfig
-	// Server is epp.server: grpc ("" too) or inline.
+	// Server is epp.server: inline ("" too) or grpc.
 	Server string
 }
 
@@ -51,7 +51,7 @@ var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
 // New makes the Endpoint Picker of d; it fails when the TLS certificate
 // cannot be made or read.
 func New(d *route.Decider, o Options) (*Server, error) {
-	s := &Server{d: d, log: zerolog.Nop(), grpc: o.Server != config.EPPServerInline}
+	s := &Server{d: d, log: zerolog.Nop(), grpc: o.Server == config.EPPServerGRPC}
 	if o.Log != nil {
 		s.log = o.Log.With().Str("component", "epp").Logger()
 	}
