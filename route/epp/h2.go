@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -228,18 +229,13 @@ func (c *h2Conn) serve() {
 			}
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				c.h.s.log.Debug().Err(err).Msg("Endpoint Picker connection: bad frame")
-				var ce http2.ConnectionError
-				if errors.As(err, &ce) {
-					c.wmu.Lock()
-					_ = c.fr.WriteGoAway(c.lastID.Load(), http2.ErrCode(ce), nil)
-					_ = c.bw.Flush()
-					c.wmu.Unlock()
-				}
+				c.connError(err)
 			}
 			return
 		}
 		if err := c.frame(f); err != nil {
 			c.h.s.log.Debug().Err(err).Msg("Endpoint Picker connection closed")
+			c.connError(err)
 			return
 		}
 		if c.br.Buffered() == 0 {
@@ -254,6 +250,21 @@ func (c *h2Conn) serve() {
 				return
 			}
 		}
+	}
+}
+
+// connError tells the client why the connection ends, when err is the
+// protocol's connection error.
+func (c *h2Conn) connError(err error) {
+	var ce http2.ConnectionError
+	if !errors.As(err, &ce) {
+		return
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if !c.broken {
+		_ = c.fr.WriteGoAway(c.lastID.Load(), http2.ErrCode(ce), nil)
+		_ = c.bw.Flush()
 	}
 }
 
@@ -326,6 +337,9 @@ func (c *h2Conn) settings(f *http2.SettingsFrame) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	err := f.ForeachSetting(func(s http2.Setting) error {
+		if err := s.Valid(); err != nil {
+			return err // a frame size out of 16 KiB-16 MiB, a window over 2^31-1
+		}
 		switch s.ID {
 		case http2.SettingInitialWindowSize:
 			delta := int64(s.Val) - c.peerWindow
@@ -587,6 +601,18 @@ func (c *h2Conn) writeHeadersLocked(id uint32, end bool, kv ...string) error {
 	return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.hbuf.Bytes(), EndStream: end, EndHeaders: true})
 }
 
+// writeDataLocked writes a DATA frame (not ending the stream) straight
+// into the connection's buffer: the framer would copy p once more.
+func (c *h2Conn) writeDataLocked(id uint32, p []byte) error {
+	h := [9]byte{byte(len(p) >> 16), byte(len(p) >> 8), byte(len(p)), byte(http2.FrameData), 0}
+	binary.BigEndian.PutUint32(h[5:], id)
+	if _, err := c.bw.Write(h[:]); err != nil {
+		return err
+	}
+	_, err := c.bw.Write(p)
+	return err
+}
+
 // writeOutLocked writes st's queued answer bytes as the windows allow,
 // then its trailers once the queue is empty.
 func (c *h2Conn) writeOutLocked(st *h2Stream) {
@@ -599,7 +625,7 @@ func (c *h2Conn) writeOutLocked(st *h2Stream) {
 			c.parked[st.id] = st
 			return
 		}
-		if err := c.fr.WriteData(st.id, false, st.out[st.outOff:st.outOff+n]); err != nil {
+		if err := c.writeDataLocked(st.id, st.out[st.outOff:st.outOff+n]); err != nil {
 			c.broken = true
 			return
 		}

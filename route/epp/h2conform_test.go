@@ -400,3 +400,35 @@ func TestH2Conform_EndWithoutResponsePhase(t *testing.T) {
 		t.Fatalf("stream ended reset %v grpc-status %q", x.reset, x.status)
 	}
 }
+
+// A SETTINGS value out of the protocol's range ends the connection with
+// GOAWAY (a max frame size of 0 would stall every answer).
+func TestH2Conform_InvalidSettings(t *testing.T) {
+	for _, st := range []http2.Setting{
+		{ID: http2.SettingMaxFrameSize, Val: 100},
+		{ID: http2.SettingMaxFrameSize, Val: 1 << 24},
+		{ID: http2.SettingInitialWindowSize, Val: 1 << 31},
+	} {
+		h := inlineHarness(t)
+		c := dialRaw(t, h)
+		if err := c.fr.WriteSettings(st); err != nil {
+			t.Fatal(err)
+		}
+		var code http2.ErrCode
+		c.until("GOAWAY", func(f http2.Frame) bool {
+			g, ok := f.(*http2.GoAwayFrame)
+			if ok {
+				code = g.ErrCode
+			}
+			return ok
+		})
+		if want := http2.ErrCodeProtocol; st.ID == http2.SettingInitialWindowSize {
+			want = http2.ErrCodeFlowControl
+			if code != want {
+				t.Errorf("%v: GOAWAY %v, want %v", st, code, want)
+			}
+		} else if code != want {
+			t.Errorf("%v: GOAWAY %v, want %v", st, code, want)
+		}
+	}
+}
