@@ -224,4 +224,3 @@ func (d *Decider) Extras() *Extras { return &d.extras }
 
 // Health is the record of active health checks route/health keeps.
 func (d *Decider) Health() *HealthBook { return &d.health }
-
