@@ -235,19 +235,25 @@ func b2i(v bool) int {
 }
 
 // listsPending returns a deployment with an endpoint whose model list is
-// pending (fleet.Endpoint.ModelsPending): deployment di, or any when di is
-// -1; nil when none. A model no list names may be one of its adapters, so
-// it is answered 503, not 404. Off the routed path: only before a 404.
+// unknown (fleet.Endpoint.ModelsUnknown): deployment di, or any when di is
+// -1; nil when none. A model no known list names may be one of that
+// endpoint's adapters, so it is answered 503, not 404. Off the routed
+// path: only before a 404.
 func (s *Snapshot) listsPending(di int32) *Deployment {
+	hc := &s.Config.Health
+	checks := !hc.Disable && hc.Interval > 0
+	if !checks {
+		return nil
+	}
 	now := time.Now().UnixNano()
-	wait := s.Config.Health.ModelsWaitOr()
+	wait := hc.ModelsWaitOr()
 	for i, d := range s.Deployments {
 		if di >= 0 && int32(i) != di {
 			continue
 		}
 		for _, p := range d.Pools {
 			for _, e := range p.Endpoints {
-				if e.ModelsPending(now, wait) {
+				if e.ModelsUnknown(now, wait, checks) {
 					return d
 				}
 			}

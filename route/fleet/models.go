@@ -123,6 +123,20 @@ func (e *Endpoint) ModelsPending(now int64, wait time.Duration) bool {
 	return up != 0 && now-up < int64(wait) && e.Available() && !e.ModelsKnown()
 }
 
+// ModelsUnknown reports whether the endpoint may serve a name that no
+// known list names: active health checks are on (checks; without them
+// there is no evidence either way), it is not draining, its list is not
+// known, and it never came up or came up less than wait ago (now in unix
+// ns). A replica not started yet may serve any adapter, so such a name is
+// answered 503, not 404.
+func (e *Endpoint) ModelsUnknown(now int64, wait time.Duration, checks bool) bool {
+	if !checks || e.Draining || e.ModelsKnown() {
+		return false
+	}
+	up := e.State.UpAt.Load()
+	return up == 0 || now-up < int64(wait)
+}
+
 // ModelsOverdue reports whether the endpoint is up and its model list is
 // still unknown wait after it came up: readiness stopped waiting for it.
 func (e *Endpoint) ModelsOverdue(now int64, wait time.Duration) bool {
