@@ -97,6 +97,7 @@ func (d *Decider) WriteMetrics(b *strings.Builder) {
 		}
 		fmt.Fprintf(b, "turnout_pool_ready_endpoints{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, ready)
 	}
+	writeReadinessMetrics(b, snap, d.health.HealthRounded())
 	help("turnout_endpoint_decisions_total", "counter", "Decisions per endpoint.")
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {

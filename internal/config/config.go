@@ -155,9 +155,15 @@ type HealthConfig struct {
 	Disable bool     `yaml:"disable"`
 	Timeout Duration `yaml:"timeout"`
 	Fails   int      `yaml:"fails"` // consecutive failures before down
-	// MinReady is how many available endpoints every pool needs before
-	// /readyz answers 200 (default 1; a pool's min_ready overrides it).
-	MinReady int `yaml:"min_ready"`
+	// MinReady is how many available endpoints a pool needs before its
+	// models count as ready (/readyz; default 1; a pool's min_ready
+	// overrides it). 0 is kept: a pool may be empty. A pointer, so an
+	// explicit 0 is told apart from unset.
+	MinReady *int `yaml:"min_ready"`
+	// ModelsWait bounds how long /readyz waits for the first GET
+	// /v1/models answer of an endpoint that passed its health check
+	// (models.go; default 10s).
+	ModelsWait Duration `yaml:"models_wait"`
 	// Stall configures passive stall detection (stall.go).
 	Stall StallConfig `yaml:"stall"`
 	// ModelsInterval is how often every endpoint's GET /v1/models is asked
@@ -367,8 +373,9 @@ type PoolConfig struct {
 	// Policy overrides the deployment's policy for this pool.
 	Policy    *PolicyConfig    `yaml:"policy"`
 	Endpoints []EndpointConfig `yaml:"endpoints"`
-	// MinReady overrides health.min_ready for this pool (0 = inherit).
-	MinReady int `yaml:"min_ready"`
+	// MinReady overrides health.min_ready for this pool (unset: inherit;
+	// 0: the pool may be empty).
+	MinReady *int `yaml:"min_ready"`
 	// StallBudget overrides health.stall.budget for this pool (0 = off).
 	StallBudget *Duration `yaml:"stall_budget"`
 	// Discovery finds the endpoints at run time instead (a pool has one or
@@ -634,7 +641,10 @@ func (c *Config) ApplyDefaults() {
 	orDefault(&c.Health.Interval, Duration(5*time.Second))
 	orDefault(&c.Health.Timeout, Duration(time.Second))
 	orDefault(&c.Health.Fails, 2)
-	orDefault(&c.Health.MinReady, 1)
+	if c.Health.MinReady == nil {
+		one := 1
+		c.Health.MinReady = &one
+	}
 	c.applyFeedbackDefaults()
 	c.applyRequestLogDefaults()
 	c.applyEPPDefaults()
@@ -744,8 +754,8 @@ func (c *Config) Validate() error {
 	case c.Feedback.Syslog != "":
 		checkAddr("feedback.syslog", c.Feedback.Syslog)
 	}
-	if c.Health.MinReady < 0 || c.Health.MinReady > 10000 {
-		bad("health.min_ready", "%d out of range [1, 10000]", c.Health.MinReady)
+	if m := c.Health.MinReady; m != nil && (*m < 0 || *m > 10000) {
+		bad("health.min_ready", "%d out of range [0, 10000] (0: a pool may be empty)", *m)
 	}
 	c.validateFeedback(bad)
 	c.validateRequestLog(bad)
@@ -856,8 +866,8 @@ func (c *Config) Validate() error {
 				bad(pf+".role", "role %q appears twice in deployment %q", p.Role, d.Name)
 			}
 			roles[p.Role] = true
-			if p.MinReady < 0 || p.MinReady > 10000 {
-				bad(pf+".min_ready", "%d out of range [0, 10000] (0 = health.min_ready)", p.MinReady)
+			if m := p.MinReady; m != nil && (*m < 0 || *m > 10000) {
+				bad(pf+".min_ready", "%d out of range [0, 10000] (unset: health.min_ready; 0: the pool may be empty)", *m)
 			}
 			if p.Discovery != nil {
 				validateDiscovery(pf+".discovery", p, bad)
