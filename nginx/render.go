@@ -299,6 +299,11 @@ type tmplData struct {
 	RouteConnectMs                        int64
 	BreakerFails, RouteTries              int
 	FailClosed, HasHeader, HasBody, HasPD bool
+	// FirstToken: the proxying locations run the njs body filter that
+	// times the first response body bytes into FirstTokenVar (a js_var),
+	// with proxy.first_token_timing and feedback lines to carry it.
+	FirstToken    bool
+	FirstTokenVar string
 	DefaultMode, DefaultPool              string
 	// Front is TLS and the extra lines (render_front.go).
 	Front        frontData
@@ -583,7 +588,9 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	if d.HasBody {
 		d.DefaultMode = config.NginxModeBody
 	}
-	if !d.HasBody {
+	d.FirstToken = cfg.Proxy.FirstTokenTimed() && d.Syslog != ""
+	d.FirstTokenVar = contract.FirstTokenNginxVar
+	if !d.HasBody && !d.FirstToken {
 		d.ModulePath = ""
 	}
 	if !d.HasPD {

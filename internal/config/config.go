@@ -201,7 +201,15 @@ type ProxyConfig struct {
 	// Timeouts for long generation streams.
 	ConnectTimeout Duration `yaml:"connect_timeout"`
 	StreamTimeout  Duration `yaml:"stream_timeout"`
+	// FirstTokenTiming renders the proxies' first-token timers (a Lua
+	// filter in HAProxy, an njs body filter in nginx, which then loads njs
+	// in header mode too): the feedback line's tft=. Default on (nil).
+	FirstTokenTiming *bool `yaml:"first_token_timing"`
 }
+
+// FirstTokenTimed reports whether the rendered proxies time the first
+// response body bytes (proxy.first_token_timing, default true).
+func (p *ProxyConfig) FirstTokenTimed() bool { return p.FirstTokenTiming == nil || *p.FirstTokenTiming }
 
 // HAProxyConfig configures the rendered HAProxy.
 type HAProxyConfig struct {
