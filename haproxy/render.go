@@ -293,9 +293,10 @@ type tmplData struct {
 	ConnectMs, StreamMs, CheckTimeoutMs int64
 	ModelMap                            bool
 	PD                                  bool // a deployment disaggregates prefill and decode
-	// FirstToken: the frontend runs the Lua filter that times the first
-	// response body bytes (proxy.first_token_timing).
-	FirstToken bool
+	// FirstToken: the frontend times the first response body bytes into
+	// FirstTokenVar (proxy.first_token_timing).
+	FirstToken    bool
+	FirstTokenVar string
 	ServerVars                          []string
 	Backends                            []backendData
 
@@ -376,8 +377,6 @@ type luaData struct {
 	// RouteBody is how much body the action sends turnout (route_body);
 	// 0 with prefill/decode, which needs all of it.
 	RouteBody int
-	// FirstTokenVar is the txn variable the first-token timer sets (quoted).
-	FirstTokenVar string
 	// Contract is the glue contract as Lua literals (contract_lua.go).
 	Contract luaContract
 }
@@ -433,6 +432,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		d.Syslog, _, _ = addr("feedback.syslog", cfg.Feedback.Syslog)
 		// The timer's figure travels in the feedback line only.
 		d.FirstToken = cfg.Proxy.FirstTokenTimed()
+		d.FirstTokenVar = contract.FirstTokenHAProxyVar
 	}
 	d.FeedbackFormat = contract.FeedbackFormat(cfg, func(f contract.FeedbackField) string { return f.HAProxy })
 	cs := contract.ClientStrip()
@@ -523,7 +523,6 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		l.RouteBody = cfg.RouteBody
 	}
 	l.Contract = newLuaContract()
-	l.FirstTokenVar = luaQuote(contract.FirstTokenHAProxyVar)
 	// The Lua calls the turnout_route hop; its servers are the route addresses.
 	l.RouteURL = luaQuote("http://turnout" + contract.PathRoute)
 	// The worker connects to these sockets after any chroot: the paths are
