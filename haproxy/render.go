@@ -293,12 +293,13 @@ type tmplData struct {
 	ConnectMs, StreamMs, CheckTimeoutMs int64
 	ModelMap                            bool
 	PD                                  bool // a deployment disaggregates prefill and decode
+	ServerVars                          []string
+	Backends                            []backendData
+
 	// FirstToken: the frontend times the first response body bytes into
 	// FirstTokenVar (proxy.first_token_timing).
 	FirstToken    bool
 	FirstTokenVar string
-	ServerVars                          []string
-	Backends                            []backendData
 
 	// Front is TLS, worker user/chroot and the extra lines (render_front.go).
 	Front frontData

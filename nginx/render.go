@@ -299,11 +299,6 @@ type tmplData struct {
 	RouteConnectMs                        int64
 	BreakerFails, RouteTries              int
 	FailClosed, HasHeader, HasBody, HasPD bool
-	// FirstToken: the proxying locations run the njs body filter that
-	// times the first response body bytes into FirstTokenVar (a js_var),
-	// with proxy.first_token_timing and feedback lines to carry it.
-	FirstToken    bool
-	FirstTokenVar string
 	DefaultMode, DefaultPool              string
 	// Front is TLS and the extra lines (render_front.go).
 	Front        frontData
@@ -340,6 +335,12 @@ type tmplData struct {
 	Structure string
 	Pools     []poolData
 	summary   Summary
+
+	// FirstToken: the proxying locations run the njs body filter that
+	// times the first response body bytes into FirstTokenVar (a js_var),
+	// with proxy.first_token_timing and feedback lines to carry it.
+	FirstToken    bool
+	FirstTokenVar string
 }
 
 // authVar copies the answer header of turnout's auth_request into Var:

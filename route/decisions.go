@@ -363,7 +363,7 @@ type DecisionRecord struct {
 	// The completion (-1: unknown) and the endpoint that served it. TTFTMs
 	// is the time to the first response body bytes, TTFBMs to the headers.
 	Status, TTFBMs, TTFTMs, DurationMs, Retries int64
-	ServedBy                            string
+	ServedBy                                    string
 	// Notes are the figures the deciding policy logs with the decision
 	// (fleet.Notes), each a field of its own.
 	Notes fleet.NoteList

@@ -201,9 +201,10 @@ type ProxyConfig struct {
 	// Timeouts for long generation streams.
 	ConnectTimeout Duration `yaml:"connect_timeout"`
 	StreamTimeout  Duration `yaml:"stream_timeout"`
-	// FirstTokenTiming renders the proxies' first-token timers (a Lua
-	// filter in HAProxy, an njs body filter in nginx, which then loads njs
-	// in header mode too): the feedback line's tft=. Default on (nil).
+	// FirstTokenTiming renders the proxies' first-token timers (HAProxy
+	// rules that hold the response headers until the first body bytes, an
+	// njs body filter in nginx, which then loads njs in header mode too):
+	// the feedback line's tft=. Default on (nil).
 	FirstTokenTiming *bool `yaml:"first_token_timing"`
 }
 

@@ -404,8 +404,8 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 			// copy of each request) costs: the same without it.
 			add("haproxy", "haproxy+spoe+turnout "+spec.String()+", l7_retries: false", "with-turnout-spoe-noretry", spec, ProxyHAProxy,
 				func(so *StackOptions) { so.NoL7Retries = true })
-			// What the first-token timer (a Lua filter on every stream)
-			// costs: the same without it.
+			// What the first-token timer (response headers held for the
+			// first body bytes) costs: the same without it.
 			add("haproxy", "haproxy+spoe+turnout "+spec.String()+", first_token_timing: false", "with-turnout-spoe-notft", spec, ProxyHAProxy,
 				func(so *StackOptions) { so.NoFirstTokenTiming = true })
 			add("haproxy", "haproxy+lua+turnout "+spec.String(), "with-turnout-lua", spec, ProxyHAProxy,

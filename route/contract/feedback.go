@@ -42,8 +42,8 @@ const (
 	FeedbackFieldUpstream = "up"
 )
 
-// The variables the proxies' first-token timers set (the Lua filter
-// turnout_tft, the njs body filter tft) and their log formats read.
+// The variables the proxies' first-token timers set (HAProxy's frontend
+// rules, nginx's njs body filter turnout.tft) and their log formats read.
 const (
 	FirstTokenHAProxyVar = "txn.turnout_tft"
 	FirstTokenNginxVar   = "turnout_tft"
