@@ -22,7 +22,7 @@ deployments: [{name: llama, pools: [{endpoints: [{name: a, address: 127.0.0.1:80
 		t.Fatal(err)
 	}
 	conf := string(out.Config)
-	want := contract.FeedbackFieldTTFB + "=%Tr " + contract.FeedbackAuthField(cfg) + " "
+	want := contract.FeedbackFieldTTFB + "=%Tr " + contract.FeedbackFieldFirstToken + "=%[var(" + contract.FirstTokenHAProxyVar + ")] " + contract.FeedbackAuthField(cfg) + " "
 	if !strings.Contains(conf, want) {
 		t.Fatalf("log-format lacks %q:\n%s", want, conf)
 	}

@@ -298,6 +298,11 @@ type tmplData struct {
 	ServerVars                          []string
 	Backends                            []backendData
 
+	// FirstToken: the frontend times the first response body bytes into
+	// FirstTokenVar (proxy.first_token_timing).
+	FirstToken    bool
+	FirstTokenVar string
+
 	// Front is TLS, worker user/chroot and the extra lines (render_front.go).
 	Front frontData
 
@@ -428,6 +433,9 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	d.Front = buildFront(cfg, c)
 	if cfg.Feedback.Syslog != "" {
 		d.Syslog, _, _ = addr("feedback.syslog", cfg.Feedback.Syslog)
+		// The timer's figure travels in the feedback line only.
+		d.FirstToken = cfg.Proxy.FirstTokenTimed()
+		d.FirstTokenVar = contract.FirstTokenHAProxyVar
 	}
 	d.FeedbackFormat = contract.FeedbackFormat(cfg, func(f contract.FeedbackField) string { return f.HAProxy })
 	cs := contract.ClientStrip()

@@ -211,7 +211,7 @@ func TestRenderPD(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, bad := range []string{"filter lua.", "kv_transfer_params a decode body gains"} {
+	for _, bad := range []string{"filter lua.turnout_kv", "kv_transfer_params a decode body gains"} {
 		if strings.Contains(string(plain.Config), bad) {
 			t.Errorf("non-PD config contains %q", bad)
 		}

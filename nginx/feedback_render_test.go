@@ -20,7 +20,7 @@ deployments: [{name: llama, pools: [{endpoints: [{name: a, address: 127.0.0.1:80
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := contract.FeedbackFieldTTFB + "=$turnout_ttfb " + contract.FeedbackAuthField(cfg) + " "
+	want := contract.FeedbackFieldTTFB + "=$turnout_ttfb " + contract.FeedbackFieldFirstToken + "=$" + contract.FirstTokenNginxVar + " " + contract.FeedbackAuthField(cfg) + " "
 	if !strings.Contains(string(out.Config), want) {
 		t.Fatalf("log_format lacks %q:\n%s", want, out.Config)
 	}

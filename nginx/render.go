@@ -337,6 +337,12 @@ type tmplData struct {
 	Structure string
 	Pools     []poolData
 	summary   Summary
+
+	// FirstToken: the proxying locations run the njs body filter that
+	// times the first response body bytes into FirstTokenVar (a js_var),
+	// with proxy.first_token_timing and feedback lines to carry it.
+	FirstToken    bool
+	FirstTokenVar string
 }
 
 // authVar copies the answer header of turnout's auth_request into Var:
@@ -585,7 +591,9 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	if d.HasBody {
 		d.DefaultMode = config.NginxModeBody
 	}
-	if !d.HasBody {
+	d.FirstToken = cfg.Proxy.FirstTokenTimed() && d.Syslog != ""
+	d.FirstTokenVar = contract.FirstTokenNginxVar
+	if !d.HasBody && !d.FirstToken {
 		d.ModulePath = ""
 	}
 	if !d.HasPD {

@@ -134,21 +134,47 @@ func TestRenderNginxT(t *testing.T) {
 	}
 }
 
-func TestRenderModes(t *testing.T) {
-	out, err := Render(mustParse(t, []byte(headerYAML)), RenderOptions{Dir: goldenDir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	conf := string(out.Config)
+// directivesOf is conf without its comment lines.
+func directivesOf(conf string) string {
 	var directives strings.Builder
 	for line := range strings.Lines(conf) {
 		if !strings.HasPrefix(strings.TrimSpace(line), "#") {
 			directives.WriteString(line)
 		}
 	}
-	for _, absent := range []string{DefaultModulePath, "js_import", "js_var", "@turnout_proxy_pd"} {
-		if strings.Contains(directives.String(), absent) {
-			t.Errorf("header-only config contains %q: njs must not be needed", absent)
+	return directives.String()
+}
+
+func TestRenderModes(t *testing.T) {
+	// Without the first-token timer header mode needs no njs at all.
+	untimed, err := Render(mustParse(t, []byte(headerYAML+"proxy: {first_token_timing: false}\n")), RenderOptions{Dir: goldenDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, absent := range []string{DefaultModulePath, "js_import", "js_var", "js_body_filter", "@turnout_proxy_pd", "tft="} {
+		if strings.Contains(directivesOf(string(untimed.Config)), absent) {
+			t.Errorf("header-only config without first_token_timing contains %q: njs must not be needed", absent)
+		}
+	}
+	out, err := Render(mustParse(t, []byte(headerYAML)), RenderOptions{Dir: goldenDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := string(out.Config)
+	// With it (the default), njs only for the timer: its variable, and the
+	// body filter in every location that proxies to a replica.
+	directives := directivesOf(conf)
+	for _, absent := range []string{"js_content", "@turnout_proxy_pd", "js_var $turnout_pool"} {
+		if strings.Contains(directives, absent) {
+			t.Errorf("header-only config contains %q", absent)
+		}
+	}
+	if n := strings.Count(directives, "js_body_filter turnout.tft buffer_type=buffer;"); n != 2 {
+		t.Errorf("%d body filters, want 2 (@turnout_proxy, @turnout_retry)", n)
+	}
+	for _, want := range []string{"load_module " + DefaultModulePath + ";", "js_var $" + contract.FirstTokenNginxVar + ";", contract.FeedbackFieldFirstToken + "=$" + contract.FirstTokenNginxVar + " "} {
+		if !strings.Contains(directives, want) {
+			t.Errorf("header-only config lacks %q", want)
 		}
 	}
 	for _, want := range []string{"auth_request /_turnout/ask_headers;", "underscores_in_headers on;", "upstream turnout.ep.chat-0 {", "keepalive 32;", "proxy_buffering off;"} {
@@ -166,7 +192,7 @@ func TestRenderModes(t *testing.T) {
 		}
 	}
 	for _, want := range wantSet {
-		if !strings.Contains(directives.String(), want) {
+		if !strings.Contains(directives, want) {
 			t.Errorf("header-only config lacks %q", want)
 		}
 	}

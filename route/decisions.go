@@ -64,7 +64,7 @@ type decisionSlot struct {
 	// model is an index into names.Names (-1: none).
 	model, matched int32
 	// The proxy's completion (-1: not sent).
-	ms, ttfb        int32
+	ms, ttfb, tft   int32
 	status, retries int16
 	outcome         fleet.Outcome
 	session         bool
@@ -143,7 +143,7 @@ func (d *Ledger) open(e *fleet.Endpoint, now int64, m *decisionMeta) uint64 {
 	}
 	s.id, s.start, s.ep, s.pool, s.names, s.served = id, now, e, m.pool, m.names, nil
 	s.model, s.matched, s.outcome, s.session, s.pred, s.notes = m.model, m.matched, m.outcome, m.session, m.pred, m.notes
-	s.end, s.status, s.retries, s.ms, s.ttfb = endOpen, -1, -1, -1, -1
+	s.end, s.status, s.retries, s.ms, s.ttfb, s.tft = endOpen, -1, -1, -1, -1, -1
 	s.mu.Unlock()
 	e.State.Inflight.Add(1)
 	if m.pred.Uncached != 0 {
@@ -182,6 +182,10 @@ func (d *Ledger) closeWith(id uint64, c Completion, rec *DecisionRecord) *fleet.
 	st, pool := s.ep.State, s.pool
 	s.end = endClosed
 	s.status, s.retries, s.ms, s.ttfb, s.served = clamp16(c.Status), clamp16(c.Retries), clamp32(c.Ms), clamp32(c.TTFB), c.Served
+	s.tft = -1
+	if c.HasFirstToken && c.FirstTokenMs >= 0 {
+		s.tft = clamp32(c.FirstTokenMs)
+	}
 	if rec != nil {
 		s.record(rec)
 	}
@@ -326,6 +330,11 @@ type Completion struct {
 	Retries int64
 	// Served is the endpoint that answered (the line's srv), nil if unknown.
 	Served *fleet.Endpoint
+	// FirstTokenMs is the time to the replica's first response body bytes
+	// (the line's tft=), meaningful only with HasFirstToken: a transport
+	// that cannot time it leaves both unset.
+	FirstTokenMs  int64
+	HasFirstToken bool
 }
 
 // NoCompletion is a close without the proxy's figures (/internal/done).
@@ -351,9 +360,10 @@ type DecisionRecord struct {
 	// State is open, closed or expired (expired: no feedback line came
 	// within decision_ttl).
 	State string
-	// The completion (-1: unknown) and the endpoint that served it.
-	Status, TTFBMs, DurationMs, Retries int64
-	ServedBy                            string
+	// The completion (-1: unknown) and the endpoint that served it. TTFTMs
+	// is the time to the first response body bytes, TTFBMs to the headers.
+	Status, TTFBMs, TTFTMs, DurationMs, Retries int64
+	ServedBy                                    string
 	// Notes are the figures the deciding policy logs with the decision
 	// (fleet.Notes), each a field of its own.
 	Notes fleet.NoteList
@@ -364,7 +374,7 @@ func (s *decisionSlot) record(r *DecisionRecord) {
 	*r = DecisionRecord{
 		ID: s.id, MatchedBlocks: int(s.matched), Session: s.session,
 		Start: time.Unix(0, s.start), Outcome: s.outcome.String(),
-		Status: int64(s.status), TTFBMs: int64(s.ttfb), DurationMs: int64(s.ms), Retries: int64(s.retries),
+		Status: int64(s.status), TTFBMs: int64(s.ttfb), TTFTMs: int64(s.tft), DurationMs: int64(s.ms), Retries: int64(s.retries),
 	}
 	if s.ep != nil {
 		r.Endpoint = s.ep.Name
@@ -406,7 +416,7 @@ func (r *DecisionRecord) Fields(e *zerolog.Event) *zerolog.Event {
 		e = e.Bool("adapter", true)
 	}
 	e = e.Int("matched_blocks", r.MatchedBlocks).Bool("session", r.Session).
-		Int64("status", r.Status).Int64("ttfb_ms", r.TTFBMs).Int64("duration_ms", r.DurationMs).
+		Int64("status", r.Status).Int64("ttfb_ms", r.TTFBMs).Int64("ttft_ms", r.TTFTMs).Int64("duration_ms", r.DurationMs).
 		Int64("retries", r.Retries).Str("served_by", r.ServedBy).Str("state", r.State)
 	for _, n := range r.Notes.List[:r.Notes.N] {
 		e = e.Float64(n.Key, n.Value)
@@ -542,7 +552,7 @@ func (d *Ledger) logRefusal(sc *Txn, v *contract.Verdict, start time.Time) {
 	r := DecisionRecord{
 		Model: string(cut(sc.req.Model, maxEchoModel)), Outcome: "refused", Reason: v.Reason,
 		Session: sc.req.HasSession || len(sc.req.Session) > 0, Status: int64(v.Status),
-		TTFBMs: -1, DurationMs: -1, Retries: -1, State: "refused", Start: start,
+		TTFBMs: -1, TTFTMs: -1, DurationMs: -1, Retries: -1, State: "refused", Start: start,
 	}
 	if sc.dep != nil {
 		r.Deployment = sc.dep.Name

@@ -1,7 +1,8 @@
 // turnout njs glue for nginx body mode. Written next to nginx.conf by
 // `turnout render nginx` (as turnout.js); edits are overwritten on the next sync.
 //
-// route() is the content handler of body-mode requests. nginx has read the
+// route() is the content handler of body-mode requests; tft() the body
+// filter that times the first response body bytes (both modes). nginx has read the
 // whole body into memory (client_body_buffer_size = client_max_body_size),
 // so it travels with the routing headers to turnout in a subrequest; the
 // verdict goes into js_var variables, which survive the internal redirect to
@@ -192,4 +193,17 @@ async function route(r) {
     return failed(r, body, st === 504 ? 'route_timeout' : 'route_unreachable');
 }
 
-export default {route, insertAt};
+// tft is the body filter of the locations that proxy to a replica
+// (proxy.first_token_timing): the first response body bytes from the
+// replica, which vLLM sends with the first token after its headers, set
+// $turnout_tft to the milliseconds since the request arrived ($request_time
+// at that moment) for the feedback line's tft=. Every chunk passes on as it
+// came, with its flags (flush, last).
+function tft(r, data, flags) {
+    if (data.length > 0 && !r.variables.turnout_tft) {
+        r.variables.turnout_tft = String(Math.round(Number(r.variables.request_time) * 1000));
+    }
+    r.sendBuffer(data, flags);
+}
+
+export default {route, insertAt, tft};

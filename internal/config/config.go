@@ -207,7 +207,16 @@ type ProxyConfig struct {
 	// Timeouts for long generation streams.
 	ConnectTimeout Duration `yaml:"connect_timeout"`
 	StreamTimeout  Duration `yaml:"stream_timeout"`
+	// FirstTokenTiming renders the proxies' first-token timers (HAProxy
+	// rules that hold the response headers until the first body bytes, an
+	// njs body filter in nginx, which then loads njs in header mode too):
+	// the feedback line's tft=. Default on (nil).
+	FirstTokenTiming *bool `yaml:"first_token_timing"`
 }
+
+// FirstTokenTimed reports whether the rendered proxies time the first
+// response body bytes (proxy.first_token_timing, default true).
+func (p *ProxyConfig) FirstTokenTimed() bool { return p.FirstTokenTiming == nil || *p.FirstTokenTiming }
 
 // HAProxyConfig configures the rendered HAProxy.
 type HAProxyConfig struct {

@@ -404,6 +404,10 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 			// copy of each request) costs: the same without it.
 			add("haproxy", "haproxy+spoe+turnout "+spec.String()+", l7_retries: false", "with-turnout-spoe-noretry", spec, ProxyHAProxy,
 				func(so *StackOptions) { so.NoL7Retries = true })
+			// What the first-token timer (response headers held for the
+			// first body bytes) costs: the same without it.
+			add("haproxy", "haproxy+spoe+turnout "+spec.String()+", first_token_timing: false", "with-turnout-spoe-notft", spec, ProxyHAProxy,
+				func(so *StackOptions) { so.NoFirstTokenTiming = true })
 			add("haproxy", "haproxy+lua+turnout "+spec.String(), "with-turnout-lua", spec, ProxyHAProxy,
 				func(so *StackOptions) { so.HAProxyPath = config.HAProxyPathLua })
 		}
@@ -427,13 +431,24 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 	add("nginx", "nginx roundrobin", "nginx-plain", PolicySpec{Policy: NginxRoundRobin}, ProxyNginx, nil)
 	add("nginx", fmt.Sprintf("nginx roundrobin, client_body_buffer_size %d (as body mode renders)", stackMaxBody), "nginx-plain-bodybuf",
 		PolicySpec{Policy: NginxRoundRobin}, ProxyNginx, func(so *StackOptions) { so.PlainNginxBodyBuffer = true })
-	add("nginx", "nginx+auth_request+turnout "+hspec.String(), "nginx-header", hspec, ProxyNginx,
-		func(so *StackOptions) { so.NginxMode = config.NginxModeHeader })
+	// The first-token timer (an njs body filter, and njs itself in header
+	// mode) costs the difference to the first_token_timing: false rows.
+	njsMissing := NginxMissing(o.Nginx, o.NginxModule, true)
+	headerName := "nginx+auth_request+turnout " + hspec.String()
+	if njsMissing != "" {
+		note("nginx", headerName, "skipped: "+njsMissing+" (the first-token timer)")
+	} else {
+		add("nginx", headerName, "nginx-header", hspec, ProxyNginx, func(so *StackOptions) { so.NginxMode = config.NginxModeHeader })
+	}
+	add("nginx", headerName+", first_token_timing: false", "nginx-header-notft", hspec, ProxyNginx,
+		func(so *StackOptions) { so.NginxMode, so.NoFirstTokenTiming = config.NginxModeHeader, true })
 	bodyName := "nginx+njs+turnout " + spec.String()
-	if msg := NginxMissing(o.Nginx, o.NginxModule, true); msg != "" {
-		note("nginx", bodyName, "skipped: "+msg)
+	if njsMissing != "" {
+		note("nginx", bodyName, "skipped: "+njsMissing)
 	} else {
 		add("nginx", bodyName, "nginx-body", spec, ProxyNginx, func(so *StackOptions) { so.NginxMode = config.NginxModeBody })
+		add("nginx", bodyName+", first_token_timing: false", "nginx-body-notft", spec, ProxyNginx,
+			func(so *StackOptions) { so.NginxMode, so.NoFirstTokenTiming = config.NginxModeBody, true })
 	}
 	return stacks, notes, nil
 }

@@ -57,12 +57,13 @@ type E2EOptions struct {
 var ErrMissingTool = errors.New("required tool not found")
 
 // NeedsNginx reports whether any spec runs behind nginx, and whether one of
-// them needs njs (a turnout policy in body mode).
+// them needs njs (a turnout policy: body mode, and in header mode the
+// first-token timer the bench's configs keep on).
 func (o *E2EOptions) NeedsNginx(specs []PolicySpec) (nginx, njs bool) {
 	for _, s := range specs {
 		if s.Proxy(o.Proxy) == ProxyNginx {
 			nginx = true
-			njs = njs || (!s.IsProxyAlone() && o.NginxMode != config.NginxModeHeader)
+			njs = njs || !s.IsProxyAlone()
 		}
 	}
 	return nginx, njs
@@ -291,6 +292,9 @@ type StackOptions struct {
 	// NoL7Retries renders turnout's HAProxy without retry before bytes
 	// (haproxy.l7_retries: false): the cost row of that retry.
 	NoL7Retries bool
+	// NoFirstTokenTiming renders turnout's proxy without the first-token
+	// timer (proxy.first_token_timing: false): the cost row of that timer.
+	NoFirstTokenTiming bool
 	// PlainBufSize is tune.bufsize of a plain HAProxy (0: HAProxy's
 	// default, what an operator runs without turnout).
 	PlainBufSize int
@@ -507,6 +511,7 @@ func (st *Stack) startTurnout(ctx context.Context, o StackOptions, base ConfigOp
 	base.Syslog = "127.0.0.1:" + strconv.Itoa(syslogPort)
 	// turnout's own checks would only add load; the proxy checks the replicas.
 	base.DisableHealth = true
+	base.NoFirstTokenTiming = o.NoFirstTokenTiming
 	cfgPath := filepath.Join(o.Dir, "turnout.yaml")
 	if err := os.WriteFile(cfgPath, TurnoutConfig(base), 0o644); err != nil {
 		return fmt.Errorf("turnout config: %w", err)

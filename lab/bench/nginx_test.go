@@ -144,8 +144,8 @@ func TestProxySpecs(t *testing.T) {
 		t.Errorf("body mode: nginx %v njs %v", ng, njs)
 	}
 	o.NginxMode = config.NginxModeHeader
-	if ng, njs := o.NeedsNginx(specs); !ng || njs {
-		t.Errorf("header mode: nginx %v njs %v", ng, njs)
+	if ng, njs := o.NeedsNginx(specs); !ng || !njs {
+		t.Errorf("header mode (the first-token timer): nginx %v njs %v", ng, njs)
 	}
 	if m := e2eMode(specs[3], o); m != "e2e-nginx-header" {
 		t.Errorf("mode %s", m)
@@ -213,16 +213,20 @@ func TestProxyStacks(t *testing.T) {
 		"nginx|nginx roundrobin|nginx-roundrobin|nginx||false",
 		"nginx|nginx roundrobin, client_body_buffer_size 262144 (as body mode renders)|nginx-roundrobin|nginx||true",
 		"nginx|nginx+auth_request+turnout session-hash|session-hash|nginx|header|false",
+		"nginx|nginx+auth_request+turnout session-hash, first_token_timing: false|session-hash|nginx|header|false",
 		"nginx|nginx+njs+turnout prefix-affinity|prefix-affinity|nginx|body|false",
+		"nginx|nginx+njs+turnout prefix-affinity, first_token_timing: false|prefix-affinity|nginx|body|false",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("stacks:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 
-	// No njs: the body row is a note, the others still run.
+	// No njs: the rows that need it (body mode, the first-token timer) are
+	// notes, the others still run.
 	o.NginxModule = mod + ".missing"
 	stacks, notes, err = proxyStacks(o)
-	if err != nil || len(stacks) != 3 || len(notes) != 1 || !strings.Contains(notes[0].Note, "njs module not found") || notes[0].Group != "nginx" {
+	if err != nil || len(stacks) != 3 || len(notes) != 2 || !strings.Contains(notes[0].Note, "njs module not found") || notes[0].Group != "nginx" ||
+		!stacks[2].opts.NoFirstTokenTiming {
 		t.Fatalf("no njs: err %v stacks %d notes %+v", err, len(stacks), notes)
 	}
 	// No nginx: one note for the group.
@@ -238,13 +242,17 @@ func TestProxyStacks(t *testing.T) {
 	}
 	// HAProxy rows come first, with their own baseline: HAProxy's default
 	// buffers, then whole-body buffers, then the default render (SPOE), the
-	// same without retry before bytes, then the Lua path.
+	// same without retry before bytes, without the first-token timer, then
+	// the Lua path; each nginx mode with and without the timer.
 	o.HAProxy, o.Nginx, o.NginxModule = bin, bin, mod
 	stacks, _, err = proxyStacks(o)
-	if err != nil || len(stacks) != 9 || stacks[0].name != "haproxy roundrobin" || stacks[0].opts.PlainBufSize != 0 ||
+	if err != nil || len(stacks) != 12 || stacks[0].name != "haproxy roundrobin" || stacks[0].opts.PlainBufSize != 0 ||
 		stacks[1].opts.PlainBufSize <= 256<<10 || stacks[2].opts.Spec.Proxy(stacks[2].opts.Proxy) != ProxyHAProxy ||
 		stacks[2].opts.HAProxyPath != "" || stacks[2].opts.NoL7Retries || !stacks[3].opts.NoL7Retries ||
-		stacks[4].opts.HAProxyPath != config.HAProxyPathLua || stacks[5].name != "nginx roundrobin" {
+		stacks[2].opts.NoFirstTokenTiming || !stacks[4].opts.NoFirstTokenTiming || stacks[4].opts.NoL7Retries ||
+		stacks[5].opts.HAProxyPath != config.HAProxyPathLua || stacks[6].name != "nginx roundrobin" ||
+		stacks[8].opts.NoFirstTokenTiming || !stacks[9].opts.NoFirstTokenTiming || stacks[9].opts.NginxMode != config.NginxModeHeader ||
+		stacks[10].opts.NoFirstTokenTiming || !stacks[11].opts.NoFirstTokenTiming || stacks[11].opts.NginxMode != config.NginxModeBody {
 		t.Fatalf("both: err %v stacks %+v", err, stacks)
 	}
 	o.ProxyPolicy = "nginx-roundrobin"

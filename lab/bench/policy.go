@@ -216,6 +216,8 @@ type ConfigOptions struct {
 	HAProxyPath string
 	// NoL7Retries sets haproxy.l7_retries: false (no retry before bytes).
 	NoL7Retries bool
+	// NoFirstTokenTiming sets proxy.first_token_timing: false.
+	NoFirstTokenTiming bool
 	// NginxListen, NginxDir and NginxMode fill the nginx section that
 	// `turnout render nginx` reads ("" = no section).
 	NginxListen    string
@@ -259,6 +261,9 @@ func TurnoutConfig(o ConfigOptions) []byte {
 		b.WriteString("health:\n  disable: true\n")
 	} else {
 		b.WriteString("health:\n  interval: 1s\n")
+	}
+	if o.NoFirstTokenTiming {
+		b.WriteString("proxy:\n  first_token_timing: false\n")
 	}
 	// key writes a proxy section's key when it has a value.
 	key := func(k, v string) {

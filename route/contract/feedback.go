@@ -9,11 +9,12 @@ import (
 // The feedback line: one per finished request, sent by the proxy over
 // syslog, that closes turnout's decision (feedback_line.go reads it):
 //
-//	turnout-done id=<decision> srv=<server> status=<code> ms=<total ms> ttfb=<ms> [tok=<token>] ...
+//	turnout-done id=<decision> srv=<server> status=<code> ms=<total ms> ttfb=<ms> tft=<ms> [tok=<token>] ...
 //
 // Fields are space-separated key=value pairs in any order; the reader
 // ignores unknown keys. ttfb is the time to the replica's response headers;
-// -1 or "-" when unknown. Both proxies' log formats are rendered from
+// tft the time to its first response body bytes (the first token of a
+// stream: vLLM sends its headers before it); each -1 or "-" when unknown. Both proxies' log formats are rendered from
 // FeedbackLineFields, so a field is added here once.
 
 // Keys of the fields the reader acts on.
@@ -23,6 +24,12 @@ const (
 	FeedbackFieldStatus = "status"
 	FeedbackFieldMs     = "ms"
 	FeedbackFieldTTFB   = "ttfb"
+	// FeedbackFieldFirstToken is the time from the request's arrival at the
+	// proxy to the first response body bytes from the replica, in ms: the
+	// proxies' body filters time it (FirstTokenHAProxyVar, FirstTokenNginxVar),
+	// and without them the field is left out, never filled with the header
+	// time.
+	FeedbackFieldFirstToken = "tft"
 	// FeedbackFieldToken carries the lines' token (feedback.token, or the
 	// one of feedback.token_file: config.FeedbackConfig.LineToken).
 	FeedbackFieldToken = "tok"
@@ -33,6 +40,13 @@ const (
 	// (the last one tried): nginx's srv is turnout's choice even after
 	// nginx retried the request on another replica of the pool.
 	FeedbackFieldUpstream = "up"
+)
+
+// The variables the proxies' first-token timers set (HAProxy's frontend
+// rules, nginx's njs body filter turnout.tft) and their log formats read.
+const (
+	FirstTokenHAProxyVar = "txn.turnout_tft"
+	FirstTokenNginxVar   = "turnout_tft"
 )
 
 // FeedbackField is one key=value field of the feedback line and what each
@@ -46,6 +60,9 @@ type FeedbackField struct {
 	Read bool
 	// Token: the value is feedback.token, written only when one is set.
 	Token bool
+	// FirstToken: written only with proxy.first_token_timing, which renders
+	// the filters that set its variables.
+	FirstToken bool
 }
 
 // FeedbackLineFields returns the feedback line's fields in the order the log
@@ -62,6 +79,7 @@ func FeedbackLineFields() []FeedbackField {
 		// To the response headers: HAProxy's %Tr; nginx's
 		// $upstream_header_time of the last upstream, in ms (a map).
 		{Key: FeedbackFieldTTFB, HAProxy: "%Tr", Nginx: "$turnout_ttfb", Read: true},
+		{Key: FeedbackFieldFirstToken, HAProxy: "%[var(" + FirstTokenHAProxyVar + ")]", Nginx: "$" + FirstTokenNginxVar, Read: true, FirstToken: true},
 		{Key: FeedbackFieldToken, Read: true, Token: true},
 		{Key: "be", HAProxy: "%b"},
 		{Key: "tw", HAProxy: "%Tw"},
@@ -79,6 +97,9 @@ func FeedbackLineFields() []FeedbackField {
 func FeedbackFormat(cfg *config.Config, expr func(FeedbackField) string) string {
 	b := []string{FeedbackTag}
 	for _, f := range FeedbackLineFields() {
+		if f.FirstToken && !cfg.Proxy.FirstTokenTimed() {
+			continue
+		}
 		v := expr(f)
 		if f.Token {
 			v = cfg.Feedback.LineToken()

@@ -41,6 +41,25 @@ func TestFeedbackFormat(t *testing.T) {
 	}
 }
 
+// proxy.first_token_timing off renders no timer, so the line leaves tft=
+// out rather than carry a variable nothing sets.
+func TestFeedbackFormatFirstTokenOff(t *testing.T) {
+	off := false
+	for _, timed := range []*bool{nil, &off} {
+		cfg := &config.Config{}
+		cfg.Proxy.FirstTokenTiming = timed
+		for name, expr := range map[string]func(FeedbackField) string{
+			"haproxy": func(f FeedbackField) string { return f.HAProxy },
+			"nginx":   func(f FeedbackField) string { return f.Nginx },
+		} {
+			line := FeedbackFormat(cfg, expr)
+			if has := strings.Contains(line, " "+FeedbackFieldFirstToken+"="); has != (timed == nil) {
+				t.Errorf("%s, timing %v: %q", name, timed == nil, line)
+			}
+		}
+	}
+}
+
 // What every glue strips covers every header turnout answers with (but
 // Retry-After, a standard header) and every input the glue gives turnout;
 // turnout's own paths are under PathInternal.

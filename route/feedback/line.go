@@ -15,7 +15,7 @@ import (
 type feedbackFields struct {
 	id, srv, tok, up      []byte
 	hasID, hasSrv, hasTok bool
-	status, ms, ttfb      int64 // -1 = absent or unknown
+	status, ms, ttfb, tft int64 // -1 = absent or unknown
 	retries               int64
 }
 
@@ -33,7 +33,7 @@ func parseFeedbackLine(line []byte) (f feedbackFields, ok bool) {
 // parseFeedback reads space-separated key=value fields in any order;
 // unknown keys and pieces without a key are skipped, values may be quoted.
 func parseFeedback(rest []byte) (f feedbackFields) {
-	f.status, f.ms, f.ttfb, f.retries = -1, -1, -1, -1
+	f.status, f.ms, f.ttfb, f.tft, f.retries = -1, -1, -1, -1, -1
 	for len(rest) > 0 {
 		var kv []byte
 		if j := bytes.IndexByte(rest, ' '); j >= 0 {
@@ -57,6 +57,8 @@ func parseFeedback(rest []byte) (f feedbackFields) {
 			f.ms = parseMs(v)
 		case contract.FeedbackFieldTTFB:
 			f.ttfb = parseMs(v)
+		case contract.FeedbackFieldFirstToken:
+			f.tft = parseMs(v)
 		case contract.FeedbackFieldRetries:
 			// "+1": the retry redispatched to another server.
 			f.retries = parseMs(bytes.TrimPrefix(v, []byte("+")))

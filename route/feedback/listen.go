@@ -96,7 +96,7 @@ func (l *Loop) Datagram(src netip.Addr, b []byte) {
 }
 
 // Line handles one proxy log line; it reports whether a decision
-// closed. The line's status, ms and ttfb feed the metrics and stall
+// closed. The line's status, ms, ttfb and tft feed the metrics, the first three stall
 // detection of the endpoint named by srv (else the decision's endpoint);
 // a line that closed no decision (id=-, unknown ids) may make an endpoint
 // suspect but never clears it: forged lines cannot hide a stall.
@@ -137,7 +137,8 @@ func (l *Loop) Line(line []byte) bool {
 			l.bad.Add(1)
 			return false
 		}
-		st = l.d.Ledger().CloseDecisionWith(id, route.Completion{Status: f.status, Ms: f.ms, TTFB: f.ttfb, Retries: f.retries, Served: served})
+		st = l.d.Ledger().CloseDecisionWith(id, route.Completion{Status: f.status, Ms: f.ms, TTFB: f.ttfb, Retries: f.retries, Served: served,
+			FirstTokenMs: f.tft, HasFirstToken: f.tft >= 0})
 	}
 	closed := st != nil
 	switch {
@@ -151,6 +152,7 @@ func (l *Loop) Line(line []byte) bool {
 	}
 	if st != nil {
 		st.Observe(f.status, f.ms, f.ttfb, time.Now().UnixNano(), closed)
+		st.ObserveFirstToken(f.tft)
 	}
 	return closed
 }

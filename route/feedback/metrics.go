@@ -10,7 +10,8 @@ import (
 )
 
 // Per-endpoint figures from completion feedback: status classes and request
-// durations (ms=) and times to first byte (ttfb=). Fixed arrays of atomics,
+// durations (ms=), times to the response headers (ttfb=) and to the first
+// body bytes (tft=). Fixed arrays of atomics,
 // so the feedback path does not allocate.
 
 // writeEndpointFeedbackMetrics renders the per-endpoint feedback metrics.
@@ -37,6 +38,7 @@ func (l *Loop) writeEndpointMetrics(b *strings.Builder) {
 	}{
 		{"turnout_endpoint_request_duration_seconds", "Request duration per endpoint as the proxy saw it (feedback ms=).", func(st *fleet.State) *fleet.MsHistogram { return &st.Feedback.Duration }},
 		{"turnout_endpoint_ttfb_seconds", "Time to the replica's response headers per endpoint (feedback ttfb=).", func(st *fleet.State) *fleet.MsHistogram { return &st.Feedback.TTFB }},
+		{"turnout_endpoint_first_token_seconds", "Time from the request's arrival at the proxy to the replica's first response body bytes per endpoint (feedback tft=, /internal/done tft).", func(st *fleet.State) *fleet.MsHistogram { return &st.Feedback.FirstToken }},
 	} {
 		help(h.name, "histogram", h.text)
 		for _, p := range snap.Pools() {

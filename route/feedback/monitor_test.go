@@ -41,8 +41,8 @@ func TestEndpointFeedbackMetrics(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", "", ""))
 	ids := openIDs(t, s, 6)
 	lines := []string{
-		"turnout-done id=%s srv=a status=200 ms=40 ttfb=5",
-		"turnout-done id=%s srv=a status=503 ms=3000 ttfb=2900",
+		"turnout-done id=%s srv=a status=200 ms=40 ttfb=5 tft=30",
+		"turnout-done id=%s srv=a status=503 ms=3000 ttfb=2900 tft=-",
 		"turnout-done id=%s srv=b status=404 ms=1 ttfb=1",
 		"turnout-done id=%s srv=<NOSRV> status=413 ms=0 ttfb=-1", // no replica: no endpoint figures
 	}
@@ -61,6 +61,12 @@ func TestEndpointFeedbackMetrics(t *testing.T) {
 	wantMetric(t, m, `turnout_endpoint_request_duration_seconds_sum{`+lab("a")+`} 3.04`)
 	wantMetric(t, m, `turnout_endpoint_request_duration_seconds_count{`+lab("b")+`} 1`)
 	wantMetric(t, m, `turnout_endpoint_ttfb_seconds_bucket{`+lab("a")+`,le="0.025"} 1`)
+	// tft= only where the line has it: the header time is not taken for it.
+	wantMetric(t, m, `turnout_endpoint_first_token_seconds_bucket{`+lab("a")+`,le="0.025"} 0`)
+	wantMetric(t, m, `turnout_endpoint_first_token_seconds_bucket{`+lab("a")+`,le="0.05"} 1`)
+	wantMetric(t, m, `turnout_endpoint_first_token_seconds_count{`+lab("a")+`} 1`)
+	wantMetric(t, m, `turnout_endpoint_first_token_seconds_sum{`+lab("a")+`} 0.03`)
+	wantMetric(t, m, `turnout_endpoint_first_token_seconds_count{`+lab("b")+`} 0`)
 	wantMetric(t, m, `turnout_endpoint_inflight{`+lab("a")+`} 0`)
 	wantMetric(t, m, `turnout_endpoint_inflight{`+lab("b")+`} 0`)
 	var exp int
@@ -98,7 +104,7 @@ func TestFeedbackAllocs(t *testing.T) {
 		s.api.Handler(ctx)
 		line = append(line[:0], "turnout-done id="...)
 		line = append(line, ctx.Response.Header.Peek(contract.HdrDecision)...)
-		line = append(line, " srv=a status=200 ms=5 ttfb=1 tok=s3cret-token-0123456789"...)
+		line = append(line, " srv=a status=200 ms=5 ttfb=1 tft=3 tok=s3cret-token-0123456789"...)
 		if !s.Line(line) {
 			t.Fatal("not closed")
 		}

@@ -50,7 +50,7 @@ func TestRequestLogRecords(t *testing.T) {
 	if !s.Ledger().LookupDecision(dec, time.Now(), &open) || open.State != "open" || open.Endpoint != srv {
 		t.Fatalf("lookup of the open decision: %+v", open)
 	}
-	line := fmt.Sprintf("turnout-done id=%s srv=%s status=200 ms=1234 ttfb=56 tok=s3cret-token-0123456789 retries=+1", id, other)
+	line := fmt.Sprintf("turnout-done id=%s srv=%s status=200 ms=1234 ttfb=56 tft=789 tok=s3cret-token-0123456789 retries=+1", id, other)
 	s.Datagram(netip.MustParseAddr("127.0.0.1"), []byte(line))
 	if len(sink.recs) != 1 {
 		t.Fatalf("%d records, want 1", len(sink.recs))
@@ -58,7 +58,7 @@ func TestRequestLogRecords(t *testing.T) {
 	r := sink.recs[0]
 	want := route.DecisionRecord{
 		ID: dec, Deployment: "llama", Model: "llama", Endpoint: srv, Pool: "llama_mixed", Outcome: "balanced",
-		Session: true, State: "closed", Status: 200, TTFBMs: 56, DurationMs: 1234, Retries: 1, ServedBy: other, Start: r.Start,
+		Session: true, State: "closed", Status: 200, TTFBMs: 56, TTFTMs: 789, DurationMs: 1234, Retries: 1, ServedBy: other, Start: r.Start,
 	}
 	if r != want {
 		t.Errorf("record\n got %+v\nwant %+v", r, want)
@@ -80,7 +80,7 @@ func TestRequestLogRecords(t *testing.T) {
 	r.Fields(zl.Log()).Send()
 	for _, f := range []string{`"decision":"` + id + `"`, `"deployment":"llama"`, `"model":"llama"`, `"endpoint":"` + srv + `"`,
 		`"pool":"llama_mixed"`, `"outcome":"balanced"`, `"matched_blocks":0`, `"session":true`, `"status":200`,
-		`"ttfb_ms":56`, `"duration_ms":1234`, `"retries":1`, `"served_by":"` + other + `"`, `"state":"closed"`, `"start":`} {
+		`"ttfb_ms":56`, `"ttft_ms":789`, `"duration_ms":1234`, `"retries":1`, `"served_by":"` + other + `"`, `"state":"closed"`, `"start":`} {
 		if !strings.Contains(b.String(), f) {
 			t.Errorf("line lacks %s: %s", f, b.String())
 		}
@@ -91,7 +91,7 @@ func TestRequestLogRecords(t *testing.T) {
 	if ctx.Response.StatusCode() != 404 || len(sink.recs) != 2 {
 		t.Fatalf("unknown model: %d, %d records", ctx.Response.StatusCode(), len(sink.recs))
 	}
-	if r := sink.recs[1]; r.ID != 0 || r.Model != "gpt-unknown" || r.Status != 404 || r.Reason != "model_not_found" || r.Outcome != "refused" {
+	if r := sink.recs[1]; r.ID != 0 || r.Model != "gpt-unknown" || r.Status != 404 || r.Reason != "model_not_found" || r.Outcome != "refused" || r.TTFTMs != -1 {
 		t.Errorf("refusal record: %+v", r)
 	}
 

@@ -35,6 +35,8 @@ type Feedback struct {
 	Classes  [len(StatusClasses)]atomic.Uint64
 	Duration MsHistogram
 	TTFB     MsHistogram
+	// FirstToken is the time to the first response body bytes (tft=).
+	FirstToken MsHistogram
 }
 
 // Observe records one feedback line for the endpoint (values < 0 are
@@ -53,6 +55,14 @@ func (st *State) Observe(status, ms, ttfb, now int64, verified bool) {
 		st.Feedback.TTFB.observe(ttfb)
 	}
 	st.Stall.onFeedback(ms, ttfb, now, verified)
+}
+
+// ObserveFirstToken records one completion's time to the replica's first
+// response body bytes (the feedback line's tft=, or /internal/done's).
+func (st *State) ObserveFirstToken(ms int64) {
+	if ms >= 0 {
+		st.Feedback.FirstToken.observe(ms)
+	}
 }
 
 // LatencyBuckets are decision latency bounds in seconds.

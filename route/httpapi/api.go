@@ -134,7 +134,7 @@ func (a *API) writeHTTP(ctx *fasthttp.RequestCtx, v *contract.Verdict, t *route.
 	ctx.SetStatusCode(fasthttp.StatusOK)
 }
 
-// done closes a decision (GET/POST /internal/done?id=).
+// done closes a decision (GET/POST /internal/done?id=[&tft=ms]).
 func (a *API) done(ctx *fasthttp.RequestCtx) {
 	if !a.doneAllowed(ctx) {
 		a.refuse(ctx, fasthttp.StatusForbidden, "permission_error", "forbidden",
@@ -146,9 +146,25 @@ func (a *API) done(ctx *fasthttp.RequestCtx) {
 		a.refuse(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_id", "id must be a decision id from "+contract.HdrDecision)
 		return
 	}
-	if !a.d.Ledger().Complete(id) {
+	// Custom glue may say when the first response body bytes came (the
+	// feedback line's tft=, in ms since the request reached the proxy).
+	c := route.NoCompletion()
+	if v := ctx.QueryArgs().Peek(contract.FeedbackFieldFirstToken); v != nil {
+		ms, err := fasthttp.ParseUint(v)
+		if err != nil {
+			a.refuse(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_first_token",
+				contract.FeedbackFieldFirstToken+" must be the milliseconds from the request's arrival to the first response body bytes")
+			return
+		}
+		c.FirstTokenMs, c.HasFirstToken = int64(ms), true
+	}
+	st := a.d.Ledger().CloseDecisionWith(id, c)
+	if st == nil {
 		a.refuse(ctx, fasthttp.StatusNotFound, "invalid_request_error", "unknown_decision", "unknown or already completed decision")
 		return
+	}
+	if c.HasFirstToken {
+		st.ObserveFirstToken(c.FirstTokenMs)
 	}
 	ctx.SetStatusCode(fasthttp.StatusNoContent)
 }
