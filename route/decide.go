@@ -42,6 +42,7 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 		body, r.Truncated = body[:cfg.MaxBody], true
 	}
 	var modelHdr []byte
+	t.flowIn = flow.Inputs{}
 	for i := range in.Headers {
 		h := &in.Headers[i]
 		if len(h.Value) == 0 {
@@ -56,6 +57,14 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 		}
 		if role&hdrModel != 0 {
 			modelHdr = h.Value
+		}
+		switch {
+		case role&hdrPriority != 0:
+			t.flowIn.Priority = h.Value
+		case role&hdrTenant != 0:
+			t.flowIn.Tenant = h.Value
+		case role&hdrAuthz != 0:
+			t.flowIn.Authorization = h.Value
 		}
 	}
 
@@ -170,11 +179,8 @@ func (t *Txn) loadOnDemand(snap *Snapshot, model []byte, me *models.Entry) *mode
 // time; a sheddable one past its budget is refused with 429.
 func (t *Txn) runHeld(snap *Snapshot, dep *Deployment, in *contract.Input, v *contract.Verdict, start time.Time) {
 	var fr flow.Request
-	k := dep.flow.Begin(&fr, t.req.Model, contract.HeaderIs)
-	for i := range in.Headers {
-		k.Header(in.Headers[i].Name, in.Headers[i].Value)
-	}
-	k.Session(t.req.Session)
+	dep.flow.Classify(&fr, t.req.Model, &t.flowIn)
+	fr.Bytes = heldBytes(in)
 	switch o := dep.flow.Admit(&fr, in.Watch); o {
 	case flow.Shed:
 		v.RetryAfter = true
@@ -193,11 +199,26 @@ func (t *Txn) runHeld(snap *Snapshot, dep *Deployment, in *contract.Input, v *co
 	t.runPasses(snap, dep, in, v, start)
 }
 
+// heldBytes is what holding in keeps: the transport's copy of its body
+// and headers (an SPOE frame, an HTTP call's buffers), and the scratch.
+func heldBytes(in *contract.Input) int64 {
+	n := len(in.Body) + len(in.URI) + heldOverhead
+	for i := range in.Headers {
+		n += len(in.Headers[i].Name) + len(in.Headers[i].Value)
+	}
+	return int64(n)
+}
+
+// heldOverhead is a held request's own memory besides its bytes: its
+// goroutine's stack, its waiter, its Txn's share.
+const heldOverhead = 8 << 10
+
 // bindFlow gives the snapshot's deployments with flow_control their
 // controllers (kept across reloads while their config is unchanged) and
 // their serving pools the completion hook that releases held requests.
 func bindFlow(flows *flow.Set, snap *Snapshot) {
 	live := map[string]bool{}
+	flows.SetMaxBytes(int64(snap.Config.Limits.MaxBufferedBytes))
 	for _, dep := range snap.Deployments {
 		if dep.Config.FlowControl == nil {
 			continue
@@ -473,6 +494,9 @@ type Txn struct {
 	picks  [maxPicks]*fleet.Endpoint
 	// idx is the request body, indexed once (route/payload).
 	idx payload.Index
+	// flowIn are the flow headers' values, found in decideInput's one
+	// pass over the headers (route/flow reads them).
+	flowIn flow.Inputs
 	// Buf is the transport's own memory, kept here so a request takes one
 	// pooled object.
 	Buf TxnBuffers
