@@ -81,6 +81,15 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 	switch {
 	case len(model) > 0:
 		me := snap.models.Load().Lookup(model)
+		if len(snap.Deployments) == 1 && (me == nil || me.Refuse != models.RefuseNone || me.Adapter) {
+			// One deployment: where the name picks the endpoints (an
+			// adapter, or a name it would refuse), read it as vLLM does,
+			// the last "model" key. Several deployments refuse two keys.
+			if last := t.idx.LastModel(t.lastModel[:]); last != nil && string(last) != string(model) {
+				model, r.Model = last, last
+				me = snap.models.Load().Lookup(model)
+			}
+		}
 		if me == nil || me.Refuse != models.RefuseNone {
 			if ld := t.loadOnDemand(snap, model, me); ld != nil {
 				me = ld // lora.load_on_demand loaded it (loadOnDemand, route/models/load.go)
@@ -494,6 +503,8 @@ type Txn struct {
 	picks  [maxPicks]*fleet.Endpoint
 	// idx is the request body, indexed once (route/payload).
 	idx payload.Index
+	// lastModel holds an escaped last "model" key's name (LastModel).
+	lastModel [256]byte
 	// flowIn are the flow headers' values, found in decideInput's one
 	// pass over the headers (route/flow reads them).
 	flowIn flow.Inputs
