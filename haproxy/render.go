@@ -438,7 +438,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		d.FirstTokenVar = contract.FirstTokenHAProxyVar
 	}
 	d.FeedbackFormat = contract.FeedbackFormat(cfg, func(f contract.FeedbackField) string { return f.HAProxy })
-	cs := contract.ClientStrip()
+	cs := contract.ClientStrip(cfg)
 	for _, p := range cs.Prefixes {
 		d.StripPrefixes = append(d.StripPrefixes, "^"+regexp.QuoteMeta(strings.ToLower(p)))
 	}

@@ -207,27 +207,28 @@ var (
 
 // Header names turnout answers with or reads from the proxy: cleared from
 // client requests on their way to the replicas.
-var clearHeaders = func() []string {
+// With cfg's untrusted flow headers (contract.ClientStrip).
+func clearHeaders(cfg *config.Config) []string {
 	var out []string
 	for _, f := range contract.VerdictFields() {
 		if f.Header != "" {
 			out = append(out, f.Header)
 		}
 	}
-	return append(out, contract.HdrOriginalURI, contract.HdrOriginalMethod, contract.HdrBodyTruncated)
-}()
+	return append(append(out, contract.HdrOriginalURI, contract.HdrOriginalMethod, contract.HdrBodyTruncated), config.UntrustedFlowHeaders(cfg)...)
+}
 
 // clearPatterns are what headers-more strips from every client request
 // (contract.ClientStrip): turnout's verdict headers and the glue's inputs,
 // whatever the suffix.
-var clearPatterns = func() []string {
-	cs := contract.ClientStrip()
+func clearPatterns(cfg *config.Config) []string {
+	cs := contract.ClientStrip(cfg)
 	var out []string
 	for _, p := range cs.Prefixes {
 		out = append(out, p+"*")
 	}
 	return append(out, cs.Names...)
-}()
+}
 
 // hideOnRelay are the verdict headers a relayed refusal must not carry:
 // all but the refusal's own (reason, Retry-After).
@@ -406,7 +407,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		CooldownS:         max((p.BreakerCooldown.Ms()+999)/1000, 1),
 		BreakerFails:      max(p.BreakerFailures, 1),
 		FailClosed:        p.FailMode == config.FailClosed,
-		ClearHeaders:      clearHeaders,
+		ClearHeaders:      clearHeaders(cfg),
 		HeaderBuf:         cfg.Limits.MaxHeaderBytes,
 		SubrequestBuf:     2 * contract.MaxAnswerBody,
 		UnsafePath:        contract.UnsafePathRegex,
@@ -440,7 +441,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		d.ModulePath = path("module_path", opts.ModulePath)
 	}
 	if opts.HeadersMore != HeadersMoreOff {
-		d.ClearPatterns = clearPatterns
+		d.ClearPatterns = clearPatterns(cfg)
 		if opts.HeadersMore != "-" {
 			d.HeadersMorePath = path("headers_more", opts.HeadersMore)
 		}

@@ -42,6 +42,7 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 		body, r.Truncated = body[:cfg.MaxBody], true
 	}
 	var modelHdr []byte
+	t.flowIn = flow.Inputs{}
 	for i := range in.Headers {
 		h := &in.Headers[i]
 		if len(h.Value) == 0 {
@@ -56,6 +57,14 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 		}
 		if role&hdrModel != 0 {
 			modelHdr = h.Value
+		}
+		switch {
+		case role&hdrPriority != 0:
+			t.flowIn.Priority = h.Value
+		case role&hdrTenant != 0:
+			t.flowIn.Tenant = h.Value
+		case role&hdrAuthz != 0:
+			t.flowIn.Authorization = h.Value
 		}
 	}
 
@@ -72,6 +81,15 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 	switch {
 	case len(model) > 0:
 		me := snap.models.Load().Lookup(model)
+		if len(snap.Deployments) == 1 && (me == nil || me.Refuse != models.RefuseNone || me.Adapter) {
+			// One deployment: where the name picks the endpoints (an
+			// adapter, or a name it would refuse), read it as vLLM does,
+			// the last "model" key. Several deployments refuse two keys.
+			if last := t.idx.LastModel(t.lastModel[:]); last != nil && string(last) != string(model) {
+				model, r.Model = last, last
+				me = snap.models.Load().Lookup(model)
+			}
+		}
 		if me == nil || me.Refuse != models.RefuseNone {
 			if ld := t.loadOnDemand(snap, model, me); ld != nil {
 				me = ld // lora.load_on_demand loaded it (loadOnDemand, route/models/load.go)
@@ -176,11 +194,8 @@ func (t *Txn) loadOnDemand(snap *Snapshot, model []byte, me *models.Entry) *mode
 // time; a sheddable one past its budget is refused with 429.
 func (t *Txn) runHeld(snap *Snapshot, dep *Deployment, in *contract.Input, v *contract.Verdict, start time.Time) {
 	var fr flow.Request
-	k := dep.flow.Begin(&fr, t.req.Model, contract.HeaderIs)
-	for i := range in.Headers {
-		k.Header(in.Headers[i].Name, in.Headers[i].Value)
-	}
-	k.Session(t.req.Session)
+	dep.flow.Classify(&fr, t.req.Model, &t.flowIn)
+	fr.Bytes = heldBytes(in)
 	switch o := dep.flow.Admit(&fr, in.Watch); o {
 	case flow.Shed:
 		v.RetryAfter = true
@@ -199,11 +214,26 @@ func (t *Txn) runHeld(snap *Snapshot, dep *Deployment, in *contract.Input, v *co
 	t.runPasses(snap, dep, in, v, start)
 }
 
+// heldBytes is what holding in keeps: the transport's copy of its body
+// and headers (an SPOE frame, an HTTP call's buffers), and the scratch.
+func heldBytes(in *contract.Input) int64 {
+	n := len(in.Body) + len(in.URI) + heldOverhead
+	for i := range in.Headers {
+		n += len(in.Headers[i].Name) + len(in.Headers[i].Value)
+	}
+	return int64(n)
+}
+
+// heldOverhead is a held request's own memory besides its bytes: its
+// goroutine's stack, its waiter, its Txn's share.
+const heldOverhead = 8 << 10
+
 // bindFlow gives the snapshot's deployments with flow_control their
 // controllers (kept across reloads while their config is unchanged) and
 // their serving pools the completion hook that releases held requests.
 func bindFlow(flows *flow.Set, snap *Snapshot) {
 	live := map[string]bool{}
+	flows.SetMaxBytes(int64(snap.Config.Limits.MaxBufferedBytes))
 	for _, dep := range snap.Deployments {
 		if dep.Config.FlowControl == nil {
 			continue
@@ -482,6 +512,11 @@ type Txn struct {
 	picks  [maxPicks]*fleet.Endpoint
 	// idx is the request body, indexed once (route/payload).
 	idx payload.Index
+	// lastModel holds an escaped last "model" key's name (LastModel).
+	lastModel [256]byte
+	// flowIn are the flow headers' values, found in decideInput's one
+	// pass over the headers (route/flow reads them).
+	flowIn flow.Inputs
 	// Buf is the transport's own memory, kept here so a request takes one
 	// pooled object.
 	Buf TxnBuffers

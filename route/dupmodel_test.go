@@ -3,6 +3,7 @@ package route
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/turnout/turnout/route/contract"
@@ -25,6 +26,14 @@ func TestDuplicateModelRefused(t *testing.T) {
 	one := mustServer(t, fmt.Sprintf(fourEndpoints, "round-robin"))
 	if ctx := do(one, `{"model":"llama","messages":[],"model":"other"}`); ctx.Response.StatusCode() != 200 {
 		t.Fatalf("one deployment: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	// One deployment reads the body as vLLM does, the last key: a first
+	// name it does not serve is not its 404.
+	if ctx := do(one, `{"model":"nope","messages":[],"model":"llama"}`); ctx.Response.StatusCode() != 200 {
+		t.Fatalf("one deployment, last key served: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	if ctx := do(one, `{"model":"nope","messages":[],"model":"nope2"}`); ctx.Response.StatusCode() != 404 || !strings.Contains(string(ctx.Response.Body()), "nope2") {
+		t.Fatalf("one deployment, neither served: %d %s, want 404 naming the last", ctx.Response.StatusCode(), ctx.Response.Body())
 	}
 	s := mustServer(t, fmt.Sprintf(twoDeployments, "round-robin"))
 	for _, body := range []string{

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ deployments:
   - name: d
     models: [m]
     flow_control:
+      trust: {priority_header: true, tenant_header: true}
       saturation: {max_load: 1}
       classes:
         - {name: critical}
@@ -116,6 +118,20 @@ func TestFlowHeadersForwarded(t *testing.T) {
 	if d := cfg.RouteCallTimeout(); d < time.Minute {
 		t.Fatalf("route call timeout %v: must outlast the 1m max_wait", d)
 	}
+	// Untrusted, they are stripped by the glue and not forwarded: a
+	// client's own x-priority never reaches the decision.
+	cfg = mustConfig(t, strings.Replace(flowYAML, "      trust: {priority_header: true, tenant_header: true}\n", "", 1))
+	names = names[:0]
+	for _, h := range contract.ForwardedHeaders(cfg) {
+		names = append(names, h.Name)
+	}
+	if got := strings.Join(names, ","); strings.Contains(got, "x-priority") || strings.Contains(got, "x-tenant-id") {
+		t.Fatalf("forwarded %s without trust", got)
+	}
+	strip := contract.ClientStrip(cfg).Names
+	if !slices.Contains(strip, "x-priority") || !slices.Contains(strip, "x-tenant-id") {
+		t.Fatalf("the glue strips %v: want the untrusted x-priority and x-tenant-id", strip)
+	}
 }
 
 // A reload that keeps the flow config keeps the controller and what it
@@ -139,7 +155,7 @@ func TestFlowReload(t *testing.T) {
 	if s.Snapshot().Deployments[0].flow != c || c.Queued() != 1 {
 		t.Fatal("an unchanged flow config must keep its controller and queue")
 	}
-	if err := s.Apply(mustConfig(t, strings.Replace(flowYAML, "    flow_control:\n      saturation: {max_load: 1}\n      classes:\n        - {name: critical}\n        - {name: standard, max_wait: 1m}\n        - {name: sheddable, max_wait: 50ms, shed: true}\n", "", 1))); err != nil {
+	if err := s.Apply(mustConfig(t, strings.Replace(flowYAML, "    flow_control:\n      trust: {priority_header: true, tenant_header: true}\n      saturation: {max_load: 1}\n      classes:\n        - {name: critical}\n        - {name: standard, max_wait: 1m}\n        - {name: sheddable, max_wait: 50ms, shed: true}\n", "", 1))); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -14,9 +14,13 @@ const (
 	hdrForwarded hdrRole = 1 << iota // one of ForwardedHeaders (the role is known)
 	hdrSession                       // one of session_headers
 	hdrModel                         // one of model_headers
+	hdrPriority                      // flow control's trusted priority header
+	hdrTenant                        // flow control's trusted tenant header
+	hdrAuthz                         // Authorization, read by flow control's tenant_keys
 )
 
-// headerRole matches a raw header name with the session and model headers.
+// headerRole matches a raw header name with the session, model and flow
+// headers.
 func (s *Snapshot) headerRole(name []byte) hdrRole {
 	var role hdrRole
 	for _, h := range s.sessionHdrs {
@@ -28,6 +32,14 @@ func (s *Snapshot) headerRole(name []byte) hdrRole {
 		if contract.HeaderIs(name, h) {
 			role |= hdrModel
 		}
+	}
+	switch {
+	case s.flowPrio != nil && contract.HeaderIs(name, s.flowPrio):
+		role |= hdrPriority
+	case s.flowTenant != nil && contract.HeaderIs(name, s.flowTenant):
+		role |= hdrTenant
+	case s.flowAuthz != nil && contract.HeaderIs(name, s.flowAuthz):
+		role |= hdrAuthz
 	}
 	return role
 }

@@ -59,7 +59,7 @@ deployments:
   - name: llama
     models: [llama]
     policy: {name: lora-affinity}
-    lora: {load_on_demand: true, adapters: ["team-*"], adapter_paths: {sql: /adapters/sql}, max_loaded: 2, load_timeout: 2s}
+    lora: {load_on_demand: true, adapters: ["team-*"], allow: [team-x, team-y], adapter_paths: {sql: /adapters/sql}, max_loaded: 2, load_timeout: 2s}
     pools:
       - role: mixed
         endpoints:
@@ -110,6 +110,71 @@ deployments:
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+}
+
+// Client-chosen adapter names: 1,000 names matching the deployment's
+// pattern load nothing without an explicit list (lora.allow,
+// adapter_paths), are 404 like any unknown name, and get no metric series
+// of their own; with lora.load_patterns they load at most
+// lora.max_loads_per_minute's burst at once, the rest counted as limited.
+func TestLoRALoadOnDemandClientNames(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		lora     string
+		maxLoads int
+	}{
+		{"no list", `{load_on_demand: true, adapters: ["team-*"], allow: [sql]}`, 0},
+		{"patterns, rate bounded", `{load_on_demand: true, adapters: ["team-*"], load_patterns: true, max_loads_per_minute: 60}`, 6 + 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newFakeLoRA(t)
+			s := mustServer(t, fmt.Sprintf(`
+health: {disable: true}
+deployments:
+  - name: llama
+    models: [llama]
+    lora: %s
+    pools:
+      - role: mixed
+        endpoints:
+          - {name: a, address: %s}
+`, tc.lora, strings.TrimPrefix(a.srv.URL, "http://")))
+			defer s.Close()
+			start := time.Now()
+			ok := 0
+			for i := range 1000 {
+				ctx := do(s, fmt.Sprintf(`{"model":"team-%d","prompt":"x"}`, i))
+				switch ctx.Response.StatusCode() {
+				case 200:
+					ok++
+				case 404:
+				default:
+					t.Fatalf("team-%d: %d %s", i, ctx.Response.StatusCode(), ctx.Response.Body())
+				}
+			}
+			a.mu.Lock()
+			loads := len(a.loaded)
+			a.mu.Unlock()
+			// The rate's refill while the requests ran (1/s at 60 a minute).
+			bound := tc.maxLoads
+			if bound > 0 {
+				bound += int(time.Since(start).Seconds())
+			}
+			t.Logf("%d loads, %d routed in %v", loads, ok, time.Since(start))
+			if loads > bound || ok != loads {
+				t.Fatalf("%d loads (%d routed) for 1,000 client names, want at most %d", loads, ok, bound)
+			}
+			var b strings.Builder
+			s.WriteMetrics(&b)
+			series := strings.Count(b.String(), `model="team-`)
+			if series > 6*loads { // a loaded name's own rows: decisions, refused, cold, loads ok/failed, unloads
+				t.Errorf("%d metric series name client-chosen adapters, %d loaded", series, loads)
+			}
+			if tc.maxLoads > 0 && !strings.Contains(b.String(), `turnout_lora_loads_limited_total{deployment="llama"} `) {
+				t.Error("the limited loads are not counted")
+			}
+		})
 	}
 }
 

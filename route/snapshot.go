@@ -50,6 +50,10 @@ type Snapshot struct {
 	deps        []models.Dep
 	sessionHdrs [][]byte // normalized: lower-case, '_' mapped to '-'
 	modelHdrs   [][]byte
+	// flowHdrs are the headers flow control reads, normalized (nil: not
+	// read: untrusted, or no deployment has flow_control); every
+	// deployment with flow_control reads the same (config checks it).
+	flowPrio, flowTenant, flowAuthz []byte
 	// fwdHdrs are ForwardedHeaders, normalized: what an Input keeps;
 	// fwdRoles[i] is what fwdHdrs[i] is (headerRole), found once here.
 	fwdHdrs  [][]byte
@@ -105,6 +109,19 @@ func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, sto
 	}
 	for _, h := range cfg.ModelHeaders {
 		s.modelHdrs = append(s.modelHdrs, contract.NormHeader([]byte(h)))
+	}
+	for i := range cfg.Deployments {
+		if fc := cfg.Deployments[i].FlowControl; fc != nil {
+			if fc.Trust.PriorityHeader {
+				s.flowPrio = contract.NormHeader([]byte(fc.PriorityHeader))
+			}
+			if fc.Trust.TenantHeader {
+				s.flowTenant = contract.NormHeader([]byte(fc.TenantHeader))
+			}
+			if fc.TenantAPIKey {
+				s.flowAuthz = contract.NormHeader([]byte(contract.FwdAuthorization))
+			}
+		}
 	}
 	for _, h := range contract.ForwardedHeaders(cfg) {
 		s.fwdHdrs = append(s.fwdHdrs, contract.NormHeader([]byte(h.Name)))
@@ -343,8 +360,13 @@ func (s *Snapshot) forwardedRole(name []byte) hdrRole {
 	return 0
 }
 
-// Forwarded is forwarded for the transports outside this package (SPOE).
+// Forwarded is forwarded for the transports outside this package.
 func (s *Snapshot) Forwarded(name []byte) bool { return s.forwarded(name) }
+
+// ForwardedRole is what the raw header name is to the decision (0: not
+// forwarded), for a transport's contract.Input.AddHeaderRole: the name
+// is matched once, where the transport reads it.
+func (s *Snapshot) ForwardedRole(name []byte) uint8 { return uint8(s.forwardedRole(name)) }
 
 // setStallBudget applies a pool's budget to its endpoints; an endpoint whose
 // detection is turned off is no longer held degraded.

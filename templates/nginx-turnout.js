@@ -150,6 +150,14 @@ function verdict(r, res, body) {
     r.internalRedirect(PROXY_PD);
 }
 
+// mayHoldModel: the body from index from on may hold a "model" key (plain
+// or \u-escaped; a superset). turnout then gets the whole body and reads
+// the model as the replica will (vLLM keeps the last key) instead of
+// routing on a prefix that hides one.
+function mayHoldModel(body, from) {
+    return body.indexOf('model"', from) >= 0 || body.indexOf('\\u006', from) >= 0;
+}
+
 async function route(r) {
     var body;
     var args = '';
@@ -166,7 +174,7 @@ async function route(r) {
     // body still goes to the replica.
     var send = body;
     var limit = Number(r.variables.turnout_route_body) || 0;
-    if (limit > 0 && body.length > limit) {
+    if (limit > 0 && body.length > limit && !mayHoldModel(body, limit - 6)) {
         send = body.slice(0, limit);
         args = 'truncated=' + send.length + '/' + body.length;
     }

@@ -325,6 +325,7 @@ func checkRefusal(t *testing.T, r *gwResult, status int, reason string) {
 func TestEPP_E2E_Shed429(t *testing.T) {
 	ms, _ := eppMocks(t, 1)
 	s := startEPPStack(t, eppSpec{mocks: ms, extra: `    flow_control:
+      trust: {priority_header: true}
       saturation: {max_load: 1}
       classes:
         - {name: critical}

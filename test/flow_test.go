@@ -45,6 +45,7 @@ func flowMocks(t *testing.T, prefix string) []*Mock {
 // shared VM.)
 var flowYAML = []string{
 	"flow_control:",
+	"  trust: {priority_header: true, tenant_header: true}", // the test clients stand for the operator's ingress
 	"  saturation: {max_load: 6}",
 	"  classes:",
 	"    - {name: critical, max_wait: 20s, headroom: 2}",

@@ -64,7 +64,12 @@ func checkPathGuard(t *testing.T, f frontend, model string, extra map[string]str
 		"/v1/..%2fmetrics", "/v1//../metrics", "/v1/chat/../../metrics", "/v1/..",
 		// The engines' admin routes under /v1/ (proxy.expose_admin_paths):
 		// a client must not load or unload adapters for everyone.
-		"/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/load_lora_adapter?x=1", "/v1/LOAD_LORA_ADAPTER"} {
+		"/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/load_lora_adapter?x=1", "/v1/LOAD_LORA_ADAPTER",
+		// vLLM's admin routes outside /v1/ (api_server.py): refused as
+		// every path outside /v1/ is, whatever expose_admin_paths says.
+		"/reset_prefix_cache", "/reset_mm_cache", "/sleep?level=1", "/wake_up", "/is_sleeping", "/start_profile",
+		"/stop_profile", "/collective_rpc", "/scale_elastic_ep", "/is_scaling_elastic_ep", "/server_info",
+		"/v1/../sleep", "/v1/%2e%2e/wake_up"} {
 		for _, m := range []string{"GET", "POST"} {
 			st, replica := rawHTTP(t, base, m, p, chatBody(model, "s", "u", false), extra)
 			if st != 404 || replica != "" {

@@ -47,9 +47,9 @@ func loraMocks(t *testing.T, prefix string) []*Mock {
 }
 
 // withModelsInterval sets health.models_interval in a stack's config and
-// lets the deployment load od-* adapters on demand.
+// lets the deployment load the od-* adapters it lists on demand.
 func withModelsInterval(y string) string {
-	y = strings.Replace(y, "    policy: {name: least-request}\n", "    policy: {name: least-request}\n    lora: {load_on_demand: true, adapters: [\"od-*\"], load_timeout: 2s}\n", 1)
+	y = strings.Replace(y, "    policy: {name: least-request}\n", "    policy: {name: least-request}\n    lora: {load_on_demand: true, adapters: [\"od-*\"], allow: [od-1], load_timeout: 2s}\n", 1)
 	return strings.Replace(y, "health: {interval: 300ms, timeout: 300ms", fmt.Sprintf("health: {models_interval: %s, interval: 300ms, timeout: 300ms", loraRefresh), 1)
 }
 
@@ -204,6 +204,16 @@ func checkLoRA(t *testing.T, tu *Turnout, ms []*Mock, post func([]byte) *Respons
 	}
 	if !strings.Contains(readyzVerbose(t, tu), "adapter od-1: served by 1/4") {
 		t.Errorf("readyz does not show od-1 on one replica:\n%s", readyzVerbose(t, tu))
+	}
+	// Names a client makes up load nothing, though they match od-*: only
+	// the listed od-1 was loaded; each is turnout's 404, relayed.
+	for i := range 1000 {
+		if r := post(chatBody(fmt.Sprintf("od-evil-%d", i), "sys", "q", false)); r.Status != 404 || r.Header.Get("X-Replica") != "" {
+			t.Fatalf("od-evil-%d: %d from %q, want turnout's 404", i, r.Status, r.Header.Get("X-Replica"))
+		}
+	}
+	if n, _ := Metric(t, tu.URL+"/metrics", "turnout_lora_loads_total"); n != 1 {
+		t.Errorf("%v loads on demand, want 1 (od-1): client-chosen names must not load", n)
 	}
 	// No replica answered a request 404 (the mocks are strict).
 	for _, m := range ms {

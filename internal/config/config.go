@@ -861,6 +861,10 @@ func (c *Config) Validate() error {
 		}
 		if d.FlowControl != nil {
 			d.FlowControl.validate(f+".flow_control", bad)
+			if first := firstFlow(c); first != nil && first != d.FlowControl && !sameFlowHeaders(first, d.FlowControl) {
+				// The proxies strip or pass these names for the whole listener.
+				bad(f+".flow_control", "priority_header, tenant_header and trust must be the same in every deployment with flow_control")
+			}
 		}
 		roles := map[string]bool{}
 		for j := range d.Pools {

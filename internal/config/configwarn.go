@@ -31,6 +31,9 @@ func (c *Config) checkWarnings() []*FieldError {
 		if d.FlowControl != nil && c.Feedback.Disable {
 			out = append(out, &FieldError{Path: fmt.Sprintf("deployments[%d].flow_control", i), Msg: "feedback is disabled: held requests are released only as engine scrapes show room, and turnout's in-flight counts fall only at decision_ttl"})
 		}
+		if l := &d.LoRA; l.LoadOnDemand && len(l.Allow) == 0 && len(l.AdapterPaths) == 0 && !(l.LoadPatterns && len(l.Adapters) > 0) {
+			out = append(out, &FieldError{Path: fmt.Sprintf("deployments[%d].lora.load_on_demand", i), Msg: "loads nothing: list the names it may load in lora.allow or lora.adapter_paths (or set lora.load_patterns to load any name matching lora.adapters)"})
+		}
 		for j := range d.Pools {
 			p := &d.Pools[j]
 			pf := fmt.Sprintf("deployments[%d].pools[%d]", i, j)

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
@@ -14,13 +15,26 @@ import (
 // decided at once.
 type FlowConfig struct {
 	// PriorityHeader carries the class (a class name or one of its
-	// Values); matched like session_headers (case, '-'/'_').
+	// Values); matched like session_headers (case, '-'/'_'). Read only
+	// when Trust.PriorityHeader says the proxy's own rules set it.
 	PriorityHeader string `yaml:"priority_header"`
-	// TenantHeader names the tenant for fairness; without it the session
-	// header's value is the tenant, and with TenantAPIKey a hash of the
-	// Authorization header.
+	// TenantHeader names the tenant for fairness; read only when
+	// Trust.TenantHeader says the proxy's own rules set it.
 	TenantHeader string `yaml:"tenant_header"`
-	TenantAPIKey bool   `yaml:"tenant_api_key"`
+	// TenantAPIKey: the tenant is the TenantKeys entry of the request's
+	// Authorization value (forwarded to turnout).
+	TenantAPIKey bool `yaml:"tenant_api_key"`
+	// TenantKeys maps the SHA-256 (64 hex digits) of an Authorization
+	// value ("Bearer sk-...") to its tenant's name. A request whose key is
+	// not listed, like one without a trusted tenant, is in the shared
+	// tenant: a client that invents a key (or tenant) per request gets one
+	// turn of the round robin, not one per invention.
+	TenantKeys map[string]string `yaml:"tenant_keys"`
+	// Trust says which flow headers come from a source the operator
+	// controls. Untrusted (the default), the rendered proxy configs strip
+	// the header from client requests and turnout ignores it: the class is
+	// the model's default and the tenant comes from TenantKeys or is shared.
+	Trust FlowTrust `yaml:"trust"`
 	// DefaultClass is the class of a request without (or with an unknown)
 	// priority; ModelClasses set it per model name.
 	DefaultClass string            `yaml:"default_class"`
@@ -34,6 +48,16 @@ type FlowConfig struct {
 	// ones seen get their own, the rest are "other".
 	MaxTenantLabels int `yaml:"max_tenant_labels"`
 }
+
+// FlowTrust marks flow headers as set by the operator (an ingress in
+// front of the proxy, an auth layer), not by clients.
+type FlowTrust struct {
+	PriorityHeader bool `yaml:"priority_header"`
+	TenantHeader   bool `yaml:"tenant_header"`
+}
+
+// TenantKeyHashLen is the length of a tenant_keys key: hex SHA-256.
+const TenantKeyHashLen = 64
 
 // FlowClass is one priority class.
 type FlowClass struct {
@@ -141,6 +165,22 @@ func (f *FlowConfig) validate(p string, bad func(field, format string, a ...any)
 			bad(p+"."+h.field, "%q is not a header name", h.v)
 		}
 	}
+	if f.TenantAPIKey && len(f.TenantKeys) == 0 {
+		bad(p+".tenant_keys", "tenant_api_key needs tenant_keys (hex SHA-256 of an Authorization value -> tenant): every key not listed shares one tenant")
+	}
+	keys := make([]string, 0, len(f.TenantKeys))
+	for k := range f.TenantKeys {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if _, err := hex.DecodeString(k); err != nil || len(k) != TenantKeyHashLen {
+			bad(p+".tenant_keys", "%q is not a hex SHA-256 (64 digits; printf 'Bearer sk-...' | sha256sum)", k)
+		}
+		if n := f.TenantKeys[k]; n == "" || len(n) > 64 {
+			bad(p+".tenant_keys."+k, "tenant name empty or longer than 64")
+		}
+	}
 	if len(f.Classes) > 8 {
 		bad(p+".classes", "%d classes: at most 8", len(f.Classes))
 	}
@@ -195,4 +235,36 @@ func (f *FlowConfig) validate(p string, bad func(field, format string, a ...any)
 	if f.MaxTenantLabels < 0 || f.MaxTenantLabels > 1000 {
 		bad(p+".max_tenant_labels", "%d out of range [1, 1000]", f.MaxTenantLabels)
 	}
+}
+
+// firstFlow is the first deployment's flow config (nil: none has one).
+func firstFlow(c *Config) *FlowConfig {
+	for i := range c.Deployments {
+		if f := c.Deployments[i].FlowControl; f != nil {
+			return f
+		}
+	}
+	return nil
+}
+
+// sameFlowHeaders reports whether a and b read the same headers alike.
+func sameFlowHeaders(a, b *FlowConfig) bool {
+	return strings.EqualFold(a.PriorityHeader, b.PriorityHeader) && strings.EqualFold(a.TenantHeader, b.TenantHeader) && a.Trust == b.Trust
+}
+
+// UntrustedFlowHeaders are the flow headers of c that no proxy rule
+// vouches for: the rendered configs strip them from client requests.
+func UntrustedFlowHeaders(c *Config) []string {
+	f := firstFlow(c)
+	if f == nil {
+		return nil
+	}
+	var out []string
+	if !f.Trust.PriorityHeader {
+		out = append(out, strings.ToLower(f.PriorityHeader))
+	}
+	if !f.Trust.TenantHeader {
+		out = append(out, strings.ToLower(f.TenantHeader))
+	}
+	return out
 }

@@ -22,8 +22,19 @@ type LoRAConfig struct {
 	// routed by this deployment whatever their parent.
 	Adapters []string `yaml:"adapters"`
 	// LoadOnDemand loads an adapter no endpoint holds on the chosen one
-	// (POST /v1/load_lora_adapter) before answering. Off by default.
+	// (POST /v1/load_lora_adapter) before answering. Off by default. It
+	// loads only names the operator lists (Allow, AdapterPaths' keys), or
+	// with LoadPatterns any name matching Adapters: a client picks the
+	// name, and every load costs the fleet.
 	LoadOnDemand bool `yaml:"load_on_demand"`
+	// Allow are the adapter names LoadOnDemand may load.
+	Allow []string `yaml:"allow"`
+	// LoadPatterns lets LoadOnDemand load any name matching Adapters.
+	LoadPatterns bool `yaml:"load_patterns"`
+	// MaxLoadsPerMinute bounds the loads on demand this deployment starts
+	// (default DefaultMaxLoadsPerMinute); past it a request is answered as
+	// if nothing could load its adapter.
+	MaxLoadsPerMinute int `yaml:"max_loads_per_minute"`
 	// LoadTimeout bounds that wait (default 10s).
 	LoadTimeout Duration `yaml:"load_timeout"`
 	// AdapterPaths maps an adapter name to the lora_path a load sends;
@@ -57,6 +68,17 @@ func (d *DeploymentConfig) ClaimsAdapter(id, parent string) bool {
 	return false
 }
 
+// DefaultMaxLoadsPerMinute is lora.max_loads_per_minute's default.
+const DefaultMaxLoadsPerMinute = 30
+
+// LoadsPerMinute is lora.max_loads_per_minute with its default.
+func (l *LoRAConfig) LoadsPerMinute() int {
+	if l.MaxLoadsPerMinute == 0 {
+		return DefaultMaxLoadsPerMinute
+	}
+	return l.MaxLoadsPerMinute
+}
+
 // DefaultModelsInterval is how often GET /v1/models is asked of every endpoint.
 const DefaultModelsInterval = 10 * time.Second
 
@@ -69,6 +91,14 @@ func validateModels(f string, d *DeploymentConfig, bad func(field, format string
 	}
 	if t := d.LoRA.LoadTimeout.D(); t < 0 || t > 10*time.Minute {
 		bad(f+".lora.load_timeout", "%v out of range [0, 10m] (0: 10s)", t)
+	}
+	if m := d.LoRA.MaxLoadsPerMinute; m < 0 || m > 6000 {
+		bad(f+".lora.max_loads_per_minute", "%d out of range [0, 6000] (0: %d)", m, DefaultMaxLoadsPerMinute)
+	}
+	for j, n := range d.LoRA.Allow {
+		if n == "" || len(n) > 256 {
+			bad(fmt.Sprintf("%s.lora.allow[%d]", f, j), "empty or longer than 256")
+		}
 	}
 	if d.LoRA.MaxLoaded < 0 || d.LoRA.MaxLoaded > 10000 {
 		bad(f+".lora.max_loaded", "%d out of range [0, 10000] (0: never unload)", d.LoRA.MaxLoaded)

@@ -78,7 +78,8 @@ func FlowSetups(maxRunning int, proxy string) []FlowSetup {
 		}
 	}
 	flow := func(maxLoad, headroom int) []string {
-		return append([]string{"flow_control:", "  saturation: {max_load: " + strconv.Itoa(maxLoad) + "}"}, classes(headroom)...)
+		// The bench's client sets the class and tenant as a trusted ingress would.
+		return append([]string{"flow_control:", "  trust: {priority_header: true, tenant_header: true}", "  saturation: {max_load: " + strconv.Itoa(maxLoad) + "}"}, classes(headroom)...)
 	}
 	lr := PolicySpec{Policy: policy.LeastRequestType}
 	plain := HAProxyLeastConn

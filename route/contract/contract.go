@@ -111,9 +111,13 @@ type HeaderStrip struct {
 	Prefixes, Names []string
 }
 
-// ClientStrip returns the headers every glue strips from client requests.
-func ClientStrip() HeaderStrip {
-	return HeaderStrip{Prefixes: []string{HdrTurnoutPrefix, HdrOriginalPrefix}, Names: []string{HdrBodyTruncated}}
+// ClientStrip returns the headers every glue strips from client requests
+// for cfg: besides the glue's own, flow control's priority and tenant
+// headers unless cfg trusts them (config.UntrustedFlowHeaders), so only
+// rules the operator controls can set them.
+func ClientStrip(cfg *config.Config) HeaderStrip {
+	return HeaderStrip{Prefixes: []string{HdrTurnoutPrefix, HdrOriginalPrefix},
+		Names: append([]string{HdrBodyTruncated}, config.UntrustedFlowHeaders(cfg)...)}
 }
 
 // UnreadReasons are the 4xx reasons that mean turnout could not read the

@@ -64,7 +64,7 @@ func TestFeedbackFormatFirstTokenOff(t *testing.T) {
 // Retry-After, a standard header) and every input the glue gives turnout;
 // turnout's own paths are under PathInternal.
 func TestClientStripCoversContract(t *testing.T) {
-	cs := ClientStrip()
+	cs := ClientStrip(&config.Config{})
 	covered := func(h string) bool {
 		for _, p := range cs.Prefixes {
 			if strings.HasPrefix(strings.ToLower(h), strings.ToLower(p)) {

@@ -47,9 +47,8 @@ func ForwardedHeaders(cfg *config.Config) []ForwardedHeader {
 	return appendFlowHeaders(out, cfg)
 }
 
-// appendFlowHeaders adds the headers flow control reads (its priority and
-// tenant headers, Authorization for tenant_api_key) once each, for the
-// deployments with flow_control.
+// appendFlowHeaders adds the headers flow control reads (FlowHeaders)
+// once each, for the deployments with flow_control.
 func appendFlowHeaders(out []ForwardedHeader, cfg *config.Config) []ForwardedHeader {
 	for i := range cfg.Deployments {
 		d := &cfg.Deployments[i]
@@ -67,12 +66,19 @@ func appendFlowHeaders(out []ForwardedHeader, cfg *config.Config) []ForwardedHea
 }
 
 // FlowHeaders are the request headers flow control (route/flow) reads,
-// added to the forwarded headers: the priority and tenant headers, and
-// with tenant_api_key the Authorization header.
+// added to the forwarded headers: the priority and tenant headers the
+// config trusts (an untrusted one is stripped by the proxy and never
+// read), and with tenant_api_key the Authorization header.
 func FlowHeaders(cfg *config.FlowConfig) []string {
-	h := []string{strings.ToLower(cfg.PriorityHeader), strings.ToLower(cfg.TenantHeader)}
+	var h []string
+	if cfg.Trust.PriorityHeader {
+		h = append(h, strings.ToLower(cfg.PriorityHeader))
+	}
+	if cfg.Trust.TenantHeader {
+		h = append(h, strings.ToLower(cfg.TenantHeader))
+	}
 	if cfg.TenantAPIKey {
-		h = append(h, "authorization")
+		h = append(h, FwdAuthorization)
 	}
 	return h
 }

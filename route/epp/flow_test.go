@@ -16,6 +16,7 @@ deployments:
   - name: d
     models: [m]
     flow_control:
+      trust: {priority_header: true, tenant_header: true}
       saturation: {max_load: 1}
       classes:
         - {name: critical}

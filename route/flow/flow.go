@@ -68,8 +68,12 @@ const watchEvery = 50 * time.Millisecond
 
 // Controller holds, orders and releases one deployment's decisions.
 type Controller struct {
-	cfg  *config.FlowConfig
-	hdrs headerNames
+	cfg *config.FlowConfig
+	// defClass is the default class's index; keys the tenant_keys.
+	defClass int
+	keys     tenantKeys
+	// budget is the Set's bound on the bytes held (nil: unbounded).
+	budget *budget
 
 	mu   sync.Mutex
 	pool *fleet.Pool
@@ -92,14 +96,15 @@ type Controller struct {
 // New returns a running controller for pool; Close stops it.
 func New(cfg *config.FlowConfig, pool *fleet.Pool) *Controller {
 	c := &Controller{
-		cfg:     cfg,
-		hdrs:    newHeaderNames(cfg),
-		pool:    pool,
-		classes: make([]classQueue, len(cfg.Classes)),
-		kick:    make(chan struct{}, 1),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
-		m:       newMetrics(cfg),
+		cfg:      cfg,
+		defClass: cfg.ClassIndex(cfg.DefaultClass),
+		keys:     newTenantKeys(cfg),
+		pool:     pool,
+		classes:  make([]classQueue, len(cfg.Classes)),
+		kick:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+		m:        newMetrics(cfg),
 	}
 	for i := range c.classes {
 		c.classes[i].tenants = map[uint64]*tenantQueue{}
@@ -226,7 +231,7 @@ func (c *Controller) Admit(r *Request, watch Watch) Outcome {
 		return Admitted
 	}
 	q := &c.classes[r.Class]
-	if q.n >= cl.MaxQueue {
+	if q.n >= cl.MaxQueue || !c.budget.take(r.Bytes) {
 		if cl.Shed {
 			c.mu.Unlock()
 			c.m.count(r, Shed)
@@ -245,6 +250,7 @@ func (c *Controller) Admit(r *Request, watch Watch) Outcome {
 	c.mu.Unlock()
 	c.Kick()
 	o := c.wait(w, cl, watch)
+	c.budget.give(r.Bytes)
 	c.m.queued(r, -1)
 	c.m.count(r, o)
 	if o != Gone && o != Shed {

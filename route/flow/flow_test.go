@@ -1,6 +1,8 @@
 package flow
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -319,60 +321,81 @@ func TestSaturationThresholds(t *testing.T) {
 	}
 }
 
+// A client's own priority and tenant headers count only when the config
+// trusts them; an API key names a tenant only through tenant_keys; all
+// else shares one tenant.
 func TestClassify(t *testing.T) {
-	cfg := testConfig(1, func(f *config.FlowConfig) {
-		f.Classes = []config.FlowClass{{Name: "critical", Values: []string{"high", "0"}}, {Name: "standard"}, {Name: "sheddable", Shed: true}}
-		f.ModelClasses = map[string]string{"batch-model": "sheddable"}
-		f.TenantAPIKey = true
-	})
-	c := New(cfg, testPool(1))
-	defer c.Close()
-	eq := func(raw, norm []byte) bool {
-		return strings.ReplaceAll(strings.ToLower(string(raw)), "_", "-") == string(norm)
+	k1 := sha256.Sum256([]byte("Bearer k1"))
+	build := func(trust config.FlowTrust) (*Controller, *config.FlowConfig) {
+		cfg := testConfig(1, func(f *config.FlowConfig) {
+			f.Classes = []config.FlowClass{{Name: "critical", Values: []string{"high", "0"}}, {Name: "standard"}, {Name: "sheddable", Shed: true}}
+			f.ModelClasses = map[string]string{"batch-model": "sheddable"}
+			f.TenantAPIKey = true
+			f.TenantKeys = map[string]string{hex.EncodeToString(k1[:]): "team-a"}
+			f.Trust = trust
+		})
+		c := New(cfg, testPool(1))
+		t.Cleanup(c.Close)
+		return c, cfg
 	}
+	trusted, cfgT := build(config.FlowTrust{PriorityHeader: true, TenantHeader: true})
+	untrusted, cfgU := build(config.FlowTrust{})
 	tests := []struct {
-		name    string
-		model   string
-		hdrs    [][2]string
-		session string
-		class   string
-		tenant  string
+		name   string
+		c      *Controller
+		cfg    *config.FlowConfig
+		model  string
+		in     Inputs
+		class  string
+		tenant string
 	}{
-		{"default", "m", nil, "", "standard", ""},
-		{"model default", "batch-model", nil, "", "sheddable", ""},
-		{"header beats model", "batch-model", [][2]string{{"X_PRIORITY", "HIGH"}}, "", "critical", ""},
-		{"unknown value keeps default", "m", [][2]string{{"x-priority", "urgent!"}}, "", "standard", ""},
-		{"tenant header", "m", [][2]string{{"X-Tenant_ID", "acme"}}, "sess", "standard", "acme"},
-		{"session is the tenant", "m", nil, "sess", "standard", "sess"},
-		{"api key over session", "m", [][2]string{{"Authorization", "Bearer k1"}}, "sess", "standard", "key"},
-		{"header over api key", "m", [][2]string{{"Authorization", "Bearer k1"}, {"x-tenant-id", "acme"}}, "", "standard", "acme"},
+		{"default", trusted, cfgT, "m", Inputs{}, "standard", ""},
+		{"model default", trusted, cfgT, "batch-model", Inputs{}, "sheddable", ""},
+		{"trusted header beats model", trusted, cfgT, "batch-model", Inputs{Priority: []byte("HIGH")}, "critical", ""},
+		{"unknown value keeps default", trusted, cfgT, "m", Inputs{Priority: []byte("urgent!")}, "standard", ""},
+		{"trusted tenant header", trusted, cfgT, "m", Inputs{Tenant: []byte("acme")}, "standard", "acme"},
+		{"listed api key", trusted, cfgT, "m", Inputs{Authorization: []byte("Bearer k1")}, "standard", "team-a"},
+		{"trusted header over api key", trusted, cfgT, "m", Inputs{Authorization: []byte("Bearer k1"), Tenant: []byte("acme")}, "standard", "acme"},
+		{"untrusted priority ignored", untrusted, cfgU, "batch-model", Inputs{Priority: []byte("critical")}, "sheddable", ""},
+		{"untrusted tenant shared", untrusted, cfgU, "m", Inputs{Tenant: []byte("invented-1")}, "standard", ""},
+		{"unlisted key shared", untrusted, cfgU, "m", Inputs{Authorization: []byte("Bearer invented")}, "standard", ""},
+		{"listed key without trust", untrusted, cfgU, "m", Inputs{Authorization: []byte("Bearer k1"), Tenant: []byte("acme")}, "standard", "team-a"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var r Request
-			k := c.Begin(&r, []byte(tc.model), eq)
-			for _, h := range tc.hdrs {
-				k.Header([]byte(h[0]), []byte(h[1]))
-			}
-			k.Session([]byte(tc.session))
-			if got := cfg.Classes[r.Class].Name; got != tc.class {
+			tc.c.Classify(&r, []byte(tc.model), &tc.in)
+			if got := tc.cfg.Classes[r.Class].Name; got != tc.class {
 				t.Errorf("class %s, want %s", got, tc.class)
 			}
-			switch tc.tenant {
-			case "":
-				if r.kind != tenantNone {
-					t.Errorf("tenant %q, want none", r.TenantName)
+			if tc.tenant == "" {
+				if r.kind != tenantNone || r.Tenant != 0 {
+					t.Errorf("tenant %q, want the shared one", r.TenantName)
 				}
-			case "key":
-				if r.kind != tenantAPIKey || r.Tenant != fleet.HashKey([]byte("Bearer k1")) || r.TenantName != nil {
-					t.Errorf("tenant %v %q, want the key's hash and no name", r.kind, r.TenantName)
-				}
-			default:
-				if string(r.TenantName) != tc.tenant || r.Tenant != fleet.HashKey([]byte(tc.tenant)) {
-					t.Errorf("tenant %q, want %q", r.TenantName, tc.tenant)
-				}
+				return
+			}
+			if string(r.TenantName) != tc.tenant || r.Tenant != fleet.HashKey([]byte(tc.tenant)) {
+				t.Errorf("tenant %q, want %q", r.TenantName, tc.tenant)
 			}
 		})
+	}
+}
+
+// Classify runs on the decision path: it must not allocate.
+func TestClassifyAllocs(t *testing.T) {
+	k1 := sha256.Sum256([]byte("Bearer k1"))
+	c := New(testConfig(1, func(f *config.FlowConfig) {
+		f.TenantAPIKey = true
+		f.TenantKeys = map[string]string{hex.EncodeToString(k1[:]): "team-a"}
+		f.ModelClasses = map[string]string{"m": "sheddable"}
+		f.Trust.PriorityHeader = true
+	}), testPool(1))
+	defer c.Close()
+	in := Inputs{Priority: []byte("critical"), Authorization: []byte("Bearer k1")}
+	model := []byte("m")
+	var r Request
+	if n := testing.AllocsPerRun(100, func() { c.Classify(&r, model, &in) }); n != 0 {
+		t.Fatalf("%v allocations per Classify", n)
 	}
 }
 
@@ -427,5 +450,46 @@ func TestHeadroomReservesForHigherClass(t *testing.T) {
 	h.p.Endpoints[0].AddInflight(-1)
 	if r := h.free(); r.name != "s1" || r.o != Released {
 		t.Fatalf("got %s %v, want s1 released once under max_load", r.name, r.o)
+	}
+}
+
+// Held requests count against the set's byte budget: one that would pass
+// it is not held but shed (a shedding class) or routed at once; what a
+// held request took is given back when it leaves the queue.
+func TestHeldBytesBudget(t *testing.T) {
+	s := NewSet()
+	defer s.Close()
+	s.SetMaxBytes(100)
+	p := testPool(1)
+	c := s.Bind("d", testConfig(1, nil), p)
+	p.Endpoints[0].AddInflight(1) // saturated
+	std, shed := c.cfg.ClassIndex("standard"), c.cfg.ClassIndex("sheddable")
+	held := make(chan Outcome, 1)
+	go func() { held <- c.Admit(&Request{Class: std, Bytes: 60}, nil) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Queued() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the first request was not held")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got := s.HeldBytes(); got != 60 {
+		t.Fatalf("held bytes %d, want 60", got)
+	}
+	if o := c.Admit(&Request{Class: std, Bytes: 60}, nil); o != Overflow {
+		t.Fatalf("standard past the budget: %v, want overflow (routed at once)", o)
+	}
+	c.Done()
+	if o := c.Admit(&Request{Class: shed, Bytes: 60}, nil); o != Shed {
+		t.Fatalf("sheddable past the budget: %v, want shed", o)
+	}
+	p.Endpoints[0].AddInflight(-1)
+	c.Kick()
+	if o := <-held; o != Released {
+		t.Fatalf("the held request: %v, want released", o)
+	}
+	c.Done()
+	if got := s.HeldBytes(); got != 0 {
+		t.Fatalf("held bytes %d after the queue emptied, want 0", got)
 	}
 }

@@ -73,8 +73,6 @@ func (m *metrics) stats(r *Request) *tenantStats {
 	switch {
 	case r.kind == tenantNone:
 		label = labelNone
-	case r.kind == tenantAPIKey:
-		label = "key-" + strconv.FormatUint(r.Tenant>>32, 16)
 	default:
 		label = cleanLabel(r.TenantName)
 	}

@@ -1,6 +1,8 @@
 package flow
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 
 	"github.com/turnout/turnout/internal/config"
@@ -8,14 +10,17 @@ import (
 )
 
 // Request is what flow control knows of one request: its class (an index
-// into the config's classes) and its tenant (a hash; 0 is "no tenant",
-// one tenant like any other). Fill it with Classify.
+// into the config's classes) and its tenant (a hash; 0 is the shared
+// tenant of every request without a trusted one). Fill it with Classify.
 type Request struct {
 	Class  int
 	Tenant uint64
 	// TenantName is the tenant as its metric label spells it (a view, valid
 	// during Admit).
 	TenantName []byte
+	// Bytes is what holding the request keeps in memory (its frame or
+	// body and headers): counted against limits.max_buffered_bytes.
+	Bytes int64
 	// kind is where the tenant came from.
 	kind tenantKind
 }
@@ -23,68 +28,61 @@ type Request struct {
 type tenantKind uint8
 
 const (
-	tenantNone tenantKind = iota // the order is precedence: a header names the tenant over a key, a key over the session
-	tenantSession
-	tenantAPIKey
-	tenantHeader
+	tenantNone   tenantKind = iota // the shared tenant
+	tenantAPIKey                   // a tenant_keys entry
+	tenantHeader                   // a trusted tenant header
 )
 
-// headerNames are the flow headers, normalized as route's headers are
-// (lower case, '_' as '-').
-type headerNames struct {
-	priority, tenant, authz []byte
-	apiKey                  bool
+// Inputs are the values of the request's flow headers, which route reads
+// in its one pass over the headers (nil: absent). Classify decides what
+// of them counts.
+type Inputs struct {
+	Priority, Tenant, Authorization []byte
 }
 
-func newHeaderNames(cfg *config.FlowConfig) headerNames {
-	return headerNames{priority: norm(cfg.PriorityHeader), tenant: norm(cfg.TenantHeader), authz: []byte("authorization"), apiKey: cfg.TenantAPIKey}
+// tenantKeys maps the SHA-256 of an Authorization value to its tenant name.
+type tenantKeys map[[sha256.Size]byte][]byte
+
+func newTenantKeys(cfg *config.FlowConfig) tenantKeys {
+	if !cfg.TenantAPIKey || len(cfg.TenantKeys) == 0 {
+		return nil
+	}
+	m := tenantKeys{}
+	for h, name := range cfg.TenantKeys {
+		var k [sha256.Size]byte
+		if b, err := hex.DecodeString(strings.ToLower(h)); err == nil && len(b) == sha256.Size {
+			copy(k[:], b)
+			m[k] = []byte(name)
+		}
+	}
+	return m
 }
 
-func norm(h string) []byte {
-	return []byte(strings.ReplaceAll(strings.ToLower(h), "_", "-"))
-}
-
-// Classifier fills a Request from the request's headers, model and session.
-// is compares a raw header name with a normalized one (route's matcher:
-// case and '-'/'_' tolerant).
-type Classifier struct {
-	c  *Controller
-	r  *Request
-	is func(raw, norm []byte) bool
-}
-
-// Begin starts classifying into r with the default class of model.
-func (c *Controller) Begin(r *Request, model []byte, is func(raw, norm []byte) bool) Classifier {
-	*r = Request{Class: c.cfg.ClassIndex(c.cfg.DefaultClass)}
+// Classify fills r for a request for model: its class is the priority
+// header's when the config trusts that header, else the model's default;
+// its tenant is the tenant header's when trusted, else the tenant_keys
+// entry of its Authorization, else the shared tenant. What a client sends
+// on its own never buys a class or a turn of its own.
+func (c *Controller) Classify(r *Request, model []byte, in *Inputs) {
+	*r = Request{Class: c.defClass}
 	if len(c.cfg.ModelClasses) > 0 && len(model) > 0 {
 		if name, ok := c.cfg.ModelClasses[string(model)]; ok {
 			r.Class = c.cfg.ClassIndex(name)
 		}
 	}
-	return Classifier{c: c, r: r, is: is}
-}
-
-// Header reads one request header.
-func (k Classifier) Header(name, value []byte) {
-	h := &k.c.hdrs
-	r := k.r
-	switch {
-	case k.is(name, h.priority):
-		if i := k.c.classOf(value); i >= 0 {
+	tr := c.cfg.Trust
+	if tr.PriorityHeader && len(in.Priority) > 0 {
+		if i := c.classOf(in.Priority); i >= 0 {
 			r.Class = i
 		}
-	case k.is(name, h.tenant) && len(value) > 0:
-		r.setTenant(value, tenantHeader)
-	case h.apiKey && r.kind < tenantAPIKey && len(value) > 0 && k.is(name, h.authz):
-		// Only the hash names the tenant: the key never reaches a label.
-		r.Tenant, r.TenantName, r.kind = fleet.HashKey(value), nil, tenantAPIKey
 	}
-}
-
-// Session makes the session the tenant when no tenant header or key named one.
-func (k Classifier) Session(s []byte) {
-	if len(s) > 0 && k.r.kind == tenantNone {
-		k.r.setTenant(s, tenantSession)
+	switch {
+	case tr.TenantHeader && len(in.Tenant) > 0:
+		r.setTenant(in.Tenant, tenantHeader)
+	case c.keys != nil && len(in.Authorization) > 0:
+		if name, ok := c.keys[sha256.Sum256(in.Authorization)]; ok {
+			r.Tenant, r.TenantName, r.kind = fleet.HashKey(name), name, tenantAPIKey
+		}
 	}
 }
 

@@ -18,7 +18,17 @@ import (
 type Set struct {
 	mu    sync.Mutex
 	byDep map[string]*Controller
+	// held bounds the bytes every controller's held requests keep.
+	held budget
 }
+
+// SetMaxBytes bounds the bytes held across the set's controllers
+// (limits.max_buffered_bytes; 0: unbounded). A request past it is not
+// held: shed if its class sheds, else routed at once.
+func (s *Set) SetMaxBytes(n int64) { s.held.max.Store(n) }
+
+// HeldBytes is what the held requests keep now.
+func (s *Set) HeldBytes() int64 { return s.held.held.Load() }
 
 // NewSet returns an empty set.
 func NewSet() *Set { return &Set{byDep: map[string]*Controller{}} }
@@ -35,6 +45,7 @@ func (s *Set) Bind(dep string, cfg *config.FlowConfig, pool *fleet.Pool) *Contro
 		c.Close()
 	}
 	c := New(cfg, pool)
+	c.budget = &s.held
 	s.byDep[dep] = c
 	return c
 }

@@ -8,9 +8,12 @@ import (
 	"io"
 	"net/http"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/fleet"
@@ -33,16 +36,21 @@ const (
 const DefaultLoadTimeout = 10 * time.Second
 
 // Loadable reports whether deployment dc loads adapter name on demand:
-// load_on_demand is on and the name is in adapter_paths or matches one of
-// lora.adapters.
+// load_on_demand is on and the operator named it (lora.allow, a key of
+// adapter_paths), or, with lora.load_patterns, it matches lora.adapters.
+// A name a client makes up is never loaded on a pattern alone.
 func Loadable(dc *config.DeploymentConfig, name string) bool {
-	if !dc.LoRA.LoadOnDemand || name == "" || len(name) > 256 {
+	l := &dc.LoRA
+	if !l.LoadOnDemand || name == "" || len(name) > 256 {
 		return false
 	}
-	if _, ok := dc.LoRA.AdapterPaths[name]; ok {
+	if _, ok := l.AdapterPaths[name]; ok || slices.Contains(l.Allow, name) {
 		return true
 	}
-	for _, pat := range dc.LoRA.Adapters {
+	if !l.LoadPatterns {
+		return false
+	}
+	for _, pat := range l.Adapters {
 		if ok, _ := path.Match(pat, name); ok {
 			return true
 		}
@@ -56,11 +64,31 @@ type Loader struct {
 	mu     sync.Mutex
 	// loaded: endpoint address -> adapter -> last routed (unix nanos).
 	loaded map[string]map[string]int64
+	// rates bound each deployment's loads (lora.max_loads_per_minute).
+	rates map[string]*rate.Limiter
 }
 
 // NewLoader returns a loader with its own HTTP client.
 func NewLoader() *Loader {
-	return &Loader{Client: &http.Client{}, loaded: map[string]map[string]int64{}}
+	return &Loader{Client: &http.Client{}, loaded: map[string]map[string]int64{}, rates: map[string]*rate.Limiter{}}
+}
+
+// mayLoad takes one load of deployment dep's lora.max_loads_per_minute;
+// false when the minute's loads are spent. The burst is a tenth of the
+// minute's loads (at least one): a flood of names cannot start them all
+// at once.
+func (l *Loader) mayLoad(dep string, dc *config.DeploymentConfig) bool {
+	perMin := dc.LoRA.LoadsPerMinute()
+	every := rate.Limit(float64(perMin) / 60)
+	burst := max(1, perMin/10)
+	l.mu.Lock()
+	lim := l.rates[dep]
+	if lim == nil || lim.Limit() != every || lim.Burst() != burst {
+		lim = rate.NewLimiter(every, burst)
+		l.rates[dep] = lim
+	}
+	l.mu.Unlock()
+	return lim.Allow()
 }
 
 // Load asks the endpoint to load the adapter (already loaded is success)

@@ -2,6 +2,7 @@ package models
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -19,6 +20,10 @@ func (l *Loader) LoadOn(ctx context.Context, log *zerolog.Logger, stats *Stats, 
 	timeout := dc.LoRA.LoadTimeout.D()
 	if timeout <= 0 {
 		timeout = DefaultLoadTimeout
+	}
+	if !l.mayLoad(dep, dc) {
+		stats.noteLimited(dep)
+		return false
 	}
 	lctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -64,13 +69,26 @@ func addServed(e *fleet.Endpoint, m fleet.ServedModel, evict string) {
 }
 
 // noteLoad and noteUnload count lora.load_on_demand's calls.
+// A failed load counts under the adapter's own name only when the name
+// exists (the table routes it); else in the one overflow series.
 func (s *Stats) noteLoad(dep, adapter string, ok bool) {
-	ms := s.For(adapter, dep, true)
 	if ok {
-		ms.Loads.Add(1)
-	} else {
-		ms.LoadFailures.Add(1)
+		s.For(adapter, dep, true).Loads.Add(1)
+		return
 	}
+	s.existing(adapter, dep).LoadFailures.Add(1)
+}
+
+// noteLimited counts a load lora.max_loads_per_minute did not start.
+func (s *Stats) noteLimited(dep string) {
+	s.mu.Lock()
+	c := s.limited[dep]
+	if c == nil {
+		c = new(atomic.Uint64)
+		s.limited[dep] = c
+	}
+	s.mu.Unlock()
+	c.Add(1)
 }
 
 func (s *Stats) noteUnload(dep, adapter string) { s.For(adapter, dep, true).Unloads.Add(1) }

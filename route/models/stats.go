@@ -14,6 +14,8 @@ import (
 type Stats struct {
 	mu sync.Mutex
 	m  map[string]*ModelStats
+	// limited counts, per deployment, the loads max_loads_per_minute refused.
+	limited map[string]*atomic.Uint64
 }
 
 // ModelStats counts one model name's (or adapter's) requests.
@@ -28,7 +30,24 @@ type ModelStats struct {
 }
 
 // NewStats returns empty counters.
-func NewStats() *Stats { return &Stats{m: map[string]*ModelStats{}} }
+func NewStats() *Stats {
+	return &Stats{m: map[string]*ModelStats{}, limited: map[string]*atomic.Uint64{}}
+}
+
+// OtherName labels the one series of the names without their own.
+const OtherName = "_other"
+
+// existing returns name's counters when it has them, else the overflow
+// entry's: a name no endpoint serves gets no series of its own.
+func (s *Stats) existing(name, dep string) *ModelStats {
+	s.mu.Lock()
+	ms := s.m[name]
+	s.mu.Unlock()
+	if ms != nil {
+		return ms
+	}
+	return s.For(OtherName, dep, true)
+}
 
 // For returns name's counters, creating them (bounded like Seen: past
 // MaxSeen names, new ones share one overflow entry).
@@ -42,7 +61,7 @@ func (s *Stats) For(name, dep string, adapter bool) *ModelStats {
 		return ms
 	}
 	if len(s.m) >= MaxSeen {
-		name = "_other"
+		name = OtherName
 		if ms := s.m[name]; ms != nil {
 			return ms
 		}
@@ -72,6 +91,20 @@ func (s *Stats) WriteMetrics(b *strings.Builder) {
 		{"turnout_lora_cold_decisions_total", "Adapter requests sent where the engine's last vllm:lora_requests_info did not list the adapter (a likely load).", func(m *ModelStats) uint64 { return m.Cold.Load() }, true},
 		{"turnout_lora_loads_total", "Adapters loaded on demand (lora.load_on_demand), by result.", nil, true},
 		{"turnout_lora_unloads_total", "Cold adapters unloaded past lora.max_loaded.", func(m *ModelStats) uint64 { return m.Unloads.Load() }, true},
+	}
+	s.mu.Lock()
+	deps := make([]string, 0, len(s.limited))
+	for d := range s.limited {
+		deps = append(deps, d)
+	}
+	s.mu.Unlock()
+	sort.Strings(deps)
+	b.WriteString("# HELP turnout_lora_loads_limited_total Loads on demand not started: past lora.max_loads_per_minute.\n# TYPE turnout_lora_loads_limited_total counter\n")
+	for _, d := range deps {
+		s.mu.Lock()
+		c := s.limited[d]
+		s.mu.Unlock()
+		fmt.Fprintf(b, "turnout_lora_loads_limited_total{deployment=%q} %d\n", d, c.Load())
 	}
 	for _, r := range rows {
 		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s counter\n", r.metric, r.help, r.metric)

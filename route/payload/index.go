@@ -45,6 +45,9 @@ type Index struct {
 	modelRaw []byte
 	model    []byte
 	modelBuf [256]byte
+	// lastRaw is the last top-level "model" string after the first (nil:
+	// none, or not a string).
+	lastRaw []byte
 
 	// The prompt ("messages", "prompt", "input") as the hasher consumes it.
 	pieces []piece
@@ -147,7 +150,15 @@ loop:
 				}
 				break
 			}
-			x.modelSeen = true // only the first "model" counts
+			x.modelSeen = true // the first "model" routes; the last is what vLLM reads (LastModel)
+			x.lastRaw = nil
+			if s.i < len(s.b) && s.b[s.i] == '"' {
+				v, complete, _ := s.str()
+				if ok = complete; ok {
+					x.lastRaw = v
+				}
+				break
+			}
 			ok = s.skip()
 		case "messages", "input", "prompt":
 			x.s.i = s.i
@@ -201,7 +212,7 @@ func (x *Index) reset(body []byte, cut bool) {
 	x.s, x.done, x.live = scanner{}, false, nil
 	x.object, x.open, x.empty = false, -1, false
 	x.members = keep(x.members)
-	x.modelSeen, x.dupModel, x.modelRaw, x.model = false, false, nil, nil
+	x.modelSeen, x.dupModel, x.modelRaw, x.model, x.lastRaw = false, false, nil, nil, nil
 	x.pieces, x.promptFound, x.promptStop = keep(x.pieces), false, false
 	x.ids, x.toksFrom, x.toksTo = keep(x.ids), 0, 0
 	x.toksTry, x.toksOn, x.toksAt, x.toksBad, x.toksRange, x.toksDone = false, false, 0, false, false, false
@@ -266,6 +277,21 @@ func (x *Index) ModelRaw() []byte { return x.modelRaw }
 // encoders); plain names are views into the body, escaped ones live in the
 // Index. A name that does not unescape (or is too long) stays raw.
 func (x *Index) Model() []byte { return x.model }
+
+// LastModel is the model as Python's json module (vLLM) reads the body:
+// the last top-level "model" key's string, escapes resolved into dst
+// (plain names are views into the body); the first's without a second,
+// nil when the last is not a string. It reads the rest of the body (as
+// DuplicateModel does when another key may follow).
+func (x *Index) LastModel(dst []byte) []byte {
+	if !x.DuplicateModel() {
+		return x.model
+	}
+	if x.lastRaw == nil {
+		return nil
+	}
+	return unescape(x.lastRaw, dst[:0])
+}
 
 // unescape resolves JSON escapes; raw is returned when there are none.
 // Escaped names are rare, so encoding/json's allocations are fine here.

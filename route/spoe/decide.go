@@ -174,8 +174,10 @@ func (d *decider) route(args []arg, w *actions) {
 			if n, err := strconv.Atoi(unsafeString(v)); err == nil {
 				fullLen = n
 			}
-		case len(v) > 0 && snap.Forwarded(k):
-			in.AddHeader(k, v)
+		case len(v) > 0:
+			if role := snap.ForwardedRole(k); role != 0 {
+				in.AddHeaderRole(k, v, role) // matched once: the decision reads the role
+			}
 		}
 	}) {
 		w.setInt(VarStatus, 500)

@@ -16,6 +16,7 @@ func TestHeldDecisionDoesNotHoldTheConnection(t *testing.T) {
   - name: fc
     models: [fc]
     flow_control:
+      trust: {priority_header: true, tenant_header: true}
       saturation: {max_load: 1}
     pools:
       - role: mixed
@@ -95,6 +96,7 @@ deployments:
   - name: fc
     models: [fc]
     flow_control:
+      trust: {priority_header: true, tenant_header: true}
       saturation: {max_load: 1}
     pools:
       - role: mixed
