@@ -14,6 +14,7 @@ const (
 	hdrForwarded hdrRole = 1 << iota // one of ForwardedHeaders (the role is known)
 	hdrSession                       // one of session_headers
 	hdrModel                         // one of model_headers
+	hdrRequestID                     // contract.FwdRequestID
 )
 
 // headerRole matches a raw header name with the session and model headers.
@@ -29,6 +30,9 @@ func (s *Snapshot) headerRole(name []byte) hdrRole {
 			role |= hdrModel
 		}
 	}
+	if contract.HeaderIs(name, requestIDNorm) {
+		role |= hdrRequestID
+	}
 	return role
 }
 
@@ -38,6 +42,7 @@ const (
 	kindOrigURI                   // X-Original-URI
 	kindOrigMethod                // X-Original-Method
 	kindForwarded                 // one of ForwardedHeaders (with its role)
+	kindRepeat                    // X-Turnout-Repeat
 )
 
 // hdrKind is what the HTTP transport makes of a request header name.
@@ -98,6 +103,8 @@ func (s *Snapshot) classify(name []byte) (hdrKind, hdrRole) {
 		return kindOrigURI, 0
 	case contract.HeaderIs(name, origMethodNorm):
 		return kindOrigMethod, 0
+	case contract.HeaderIs(name, repeatNorm):
+		return kindRepeat, 0
 	}
 	if role := s.forwardedRole(name); role != 0 {
 		return kindForwarded, role
@@ -110,4 +117,6 @@ var (
 	truncNorm      = contract.NormHeader([]byte(contract.HdrBodyTruncated))
 	origURINorm    = contract.NormHeader([]byte(contract.HdrOriginalURI))
 	origMethodNorm = contract.NormHeader([]byte(contract.HdrOriginalMethod))
+	repeatNorm     = contract.NormHeader([]byte(contract.HdrRepeat))
+	requestIDNorm  = contract.NormHeader([]byte(contract.FwdRequestID))
 )

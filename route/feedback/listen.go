@@ -137,7 +137,7 @@ func (l *Loop) Line(line []byte) bool {
 			l.bad.Add(1)
 			return false
 		}
-		st = l.d.Ledger().CloseDecisionWith(id, route.Completion{Status: f.status, Ms: f.ms, TTFB: f.ttfb, Retries: f.retries, Served: served})
+		st = l.d.Ledger().CloseDecisionWith(id, route.Completion{Status: f.status, Ms: f.ms, TTFB: f.ttfb, Retries: f.retries, Served: served, Term: route.ParseTermState(f.term)})
 	}
 	closed := st != nil
 	switch {
