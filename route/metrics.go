@@ -50,11 +50,10 @@ func (d *Decider) WriteMetrics(b *strings.Builder) {
 	}
 	help("turnout_prefix_blocks_total", "counter", "Prompt blocks seen by prefix policies.")
 	help("turnout_prefix_matched_blocks_total", "counter", "Prompt blocks routed to a replica that was sent them before.")
+	// Every pool, 0 without a prefix policy: a dashboard reads 0, not nothing.
 	for _, p := range snap.Pools() {
-		if p.BlockBytes > 0 {
-			fmt.Fprintf(b, "turnout_prefix_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.TotalBlocks.Load())
-			fmt.Fprintf(b, "turnout_prefix_matched_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.MatchedBlocks.Load())
-		}
+		fmt.Fprintf(b, "turnout_prefix_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.TotalBlocks.Load())
+		fmt.Fprintf(b, "turnout_prefix_matched_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.MatchedBlocks.Load())
 	}
 	help("turnout_endpoint_inflight", "gauge", "Decisions sent to an endpoint and not yet completed.")
 	for _, p := range snap.Pools() {
@@ -111,6 +110,7 @@ func (d *Decider) WriteMetrics(b *strings.Builder) {
 		if mw, ok := p.Policy.(fleet.MetricsWriter); ok {
 			mw.WriteMetrics(p, b)
 		}
+		d.reg.WriteMetricsOff(p, b)
 	}
 	if kb := d.kvHub.Stats(); len(kb) > 0 {
 		help("turnout_kv_bind_messages_total", "counter", "KV-event messages received on a bound SUB socket.")
