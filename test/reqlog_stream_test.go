@@ -60,7 +60,43 @@ deployments:
 			h := StartRenderedHAProxy(t, dir, haAddr)
 			h.WaitServersUp(t, "llama_mixed/m0")
 			checkStreamsLogged(t, reqlogStack{url: h.URL, turnoutURL: tu.URL, logPath: logPath, mock: m})
+			checkReplicaCut(t, h.URL, logPath, m)
 		})
+	}
+}
+
+// checkReplicaCut: a stream the replica ends after two events, without
+// its final chunk, is flagged cut by the replica (HAProxy's %ts "SD"; nginx
+// cannot tell, docs/request-log.md).
+func checkReplicaCut(t *testing.T, url, logPath string, m *Mock) {
+	t.Helper()
+	if err := m.SetFaults(mock.Faults{DieAfterChunks: 2}); err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(`{"model":"llama","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"tell me a story"}]}`)
+	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", "replica-cut-1")
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rerr := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if rerr == nil {
+		t.Errorf("the client read a whole answer from a replica that died mid-stream")
+	}
+	var line map[string]any
+	Eventually(t, 30*time.Second, "the cut stream's line", func() bool {
+		for _, l := range readRequestLog(t, logPath) {
+			if l["request_id"] == "replica-cut-1" {
+				line = l
+			}
+		}
+		return line != nil
+	})
+	if line["cut"] != "replica" || !strings.HasPrefix(fmt.Sprint(line["term"]), "S") {
+		t.Errorf("a stream the replica cut: cut %v term %v, want cut replica, term S*: %v", line["cut"], line["term"], line)
 	}
 }
 
