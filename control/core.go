@@ -15,6 +15,7 @@ import (
 	"github.com/turnout/turnout/route/engineload"
 	"github.com/turnout/turnout/route/feedback"
 	"github.com/turnout/turnout/route/health"
+	"github.com/turnout/turnout/route/hints"
 	"github.com/turnout/turnout/route/httpapi"
 	"github.com/turnout/turnout/route/reqlog"
 	"github.com/turnout/turnout/route/spoe"
@@ -116,7 +117,8 @@ func (c core) config() *config.Config { return c.srv.Snapshot().Config }
 
 // startLoops starts the core's own loops until ctx ends: the decision-TTL
 // and stall ticks, the health and served-model checks (a model goes only
-// where it is served, and a missing alias is logged), the engine-load
+// where it is served, and a missing alias is logged), the hints on
+// settings the traffic shows do nothing (route/hints), the engine-load
 // scrapes and, when cfg asks for it, the cluster's prefix sharing (read
 // at start only). wait returns once the cluster has flushed its last batch
 // after ctx ended.
@@ -131,6 +133,7 @@ func (c core) startLoops(ctx context.Context, cfg *config.Config, log *zerolog.L
 	hc := health.New(c.srv)
 	go hc.Run(ctx)
 	go hc.CheckServedModels(ctx, 0)
+	hints.NewPrefix(log).Register(c.srv)
 	scraper := engineload.New(c.srv, log)
 	c.srv.Extras().AddMetrics(scraper.WriteMetrics)
 	go scraper.Run(ctx)

@@ -424,8 +424,11 @@ func TestChartAcceptedRestricted(t *testing.T) {
 			t.Errorf("profile %s: API server warnings: %q", prof, w)
 		}
 		want := []string{"ConfigMap", "Deployment", "Service", "ServiceAccount", "PodDisruptionBudget"}
+		if prof != "epp" && prof != "monitoring" { // monitoring names an existing token Secret
+			want = append(want, "Secret")
+		}
 		if prof == "monitoring" {
-			want = append(want, "ClusterRole", "ClusterRoleBinding", "ServiceMonitor", "PrometheusRule")
+			want = append(want, "ClusterRole", "ClusterRoleBinding", "ServiceMonitor", "PrometheusRule", "NetworkPolicy")
 		} else {
 			if prof == "epp" {
 				want = append(want, "InferencePool")
@@ -456,6 +459,84 @@ func TestChartAcceptedRestricted(t *testing.T) {
 	}
 	if err := dry.ApplyObject(ctx, podObject(t, p.dep, "psa-haproxy")); err == nil || !strings.Contains(err.Error(), "PodSecurity") {
 		t.Errorf("a pod without securityContext must be refused by PodSecurity, got %v", err)
+	}
+	t.Run("feedback token Secret", func(t *testing.T) { checkFeedbackSecret(t, c, helm, install, dry) })
+}
+
+// checkFeedbackSecret: the token Secret the chart makes is created on the
+// API server and an upgrade's render (lookup, helm template
+// --dry-run=server) keeps its token; the pod that mounts it (read-only,
+// group-readable by the pod's user 65532, beside the read-only config) is
+// admitted under restricted Pod Security, and turnout's token_file is the
+// mounted key.
+func checkFeedbackSecret(t *testing.T, c *kubetest.Cluster, helm string, install, dry *kubetest.Applier) {
+	ctx := context.Background()
+	const ns = "psa-haproxy"
+	kubeconfig := c.Kubeconfig(kubetest.AdminToken)
+	token := func(objs []*unstructured.Unstructured) string {
+		for _, o := range objs {
+			if o.GetKind() == "Secret" {
+				tok, _, _ := unstructured.NestedString(o.Object, "data", "token")
+				return tok
+			}
+		}
+		t.Fatal("no Secret rendered")
+		return ""
+	}
+	first := render(t, helm, "haproxy", ns, "--dry-run=server", "--kubeconfig", kubeconfig)
+	for _, o := range first {
+		if o.GetKind() == "Secret" {
+			if err := install.ApplyObject(ctx, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if a, b := token(first), token(render(t, helm, "haproxy", ns, "--dry-run=server", "--kubeconfig", kubeconfig)); a == "" || a != b {
+		t.Errorf("an upgrade's render must keep the Secret's token: %q then %q", a, b)
+	}
+	if a, b := token(first), token(render(t, helm, "haproxy", "psa-nginx", "--dry-run=server", "--kubeconfig", kubeconfig)); a == b {
+		t.Error("a release without a Secret yet must get a new random token")
+	}
+	p, err := podOf(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := &p.dep.Spec.Template.Spec
+	if sc := spec.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 65532 || sc.FSGroup == nil || *sc.FSGroup != 65532 {
+		t.Fatalf("the pod must run as 65532 with fsGroup 65532: %+v", sc)
+	}
+	var vol *corev1.Volume
+	for i := range spec.Volumes {
+		if s := spec.Volumes[i].Secret; s != nil && s.SecretName == "turnout-feedback" {
+			vol = &spec.Volumes[i]
+		}
+	}
+	if vol == nil || vol.Secret.DefaultMode == nil || *vol.Secret.DefaultMode&0o040 == 0 || *vol.Secret.DefaultMode&0o007 != 0 {
+		t.Fatalf("the token Secret's volume must be group-readable (fsGroup) and not world-readable: %+v", vol)
+	}
+	tu := container(spec, "turnout")
+	mounts := map[string]corev1.VolumeMount{}
+	for _, m := range tu.VolumeMounts {
+		mounts[m.Name] = m
+	}
+	tm, cm := mounts[vol.Name], mounts["config"]
+	if !tm.ReadOnly || !cm.ReadOnly {
+		t.Errorf("turnout must mount the token Secret (%+v) and the config (%+v) read-only", tm, cm)
+	}
+	if want := filepath.Join(tm.MountPath, vol.Secret.Items[0].Path); p.cfg.Feedback.TokenFile != want {
+		t.Errorf("feedback.token_file %q, the Secret's key is mounted at %q", p.cfg.Feedback.TokenFile, want)
+	}
+	for _, c := range spec.Containers {
+		if c.Name != "turnout" {
+			for _, m := range c.VolumeMounts {
+				if m.Name == vol.Name {
+					t.Errorf("container %s mounts the token Secret: only turnout needs it", c.Name)
+				}
+			}
+		}
+	}
+	if err := dry.ApplyObject(ctx, podObject(t, p.dep, ns)); err != nil {
+		t.Errorf("the pod mounting the token Secret is refused: %v", err)
 	}
 }
 

@@ -112,6 +112,8 @@ type Rendered struct {
 	SPOE []byte
 	// State is what the live HAProxy should look like once this is applied.
 	State State
+	// Secret: Config holds the feedback token (written 0600).
+	Secret bool
 }
 
 // File is one output file.
@@ -124,7 +126,7 @@ func (r *Rendered) Files() []File {
 	if r.SPOE != nil {
 		files = append(files, File{Name: SPOEFile, Data: r.SPOE})
 	}
-	return append(files, File{Name: ConfigFile, Data: r.Config})
+	return append(files, File{Name: ConfigFile, Data: r.Config, Private: r.Secret})
 }
 
 // Renderer turns a turnout config into HAProxy files.
@@ -198,7 +200,7 @@ func (r *Renderer) Render(cfg *config.Config, opts RenderOptions) (*Rendered, er
 	if err := r.cfg.Execute(&conf, d); err != nil {
 		return nil, fmt.Errorf("render %s: %w", ConfigFile, err)
 	}
-	return &Rendered{Config: conf.Bytes(), Lua: lua.Bytes(), Map: d.modelMap, SPOE: spoeConf, State: d.state()}, nil
+	return &Rendered{Config: conf.Bytes(), Lua: lua.Bytes(), Map: d.modelMap, SPOE: spoeConf, State: d.state(), Secret: cfg.Feedback.LineToken() != ""}, nil
 }
 
 // Check renders cfg into a scratch directory (so paths inside point there)

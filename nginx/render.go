@@ -110,6 +110,8 @@ type Rendered struct {
 	JS     []byte
 	// Summary lists the pools and their servers, for reload reasons.
 	Summary Summary
+	// Secret: Config holds the feedback token (written 0600).
+	Secret bool
 }
 
 // File is one output file.
@@ -118,7 +120,7 @@ type File = proxyconf.File
 // Files lists the output files in write order (nginx.conf last, so a reload
 // racing a rewrite never sees a config importing a missing njs file).
 func (r *Rendered) Files() []File {
-	return []File{{Name: JSFile, Data: r.JS}, {Name: ConfigFile, Data: r.Config}}
+	return []File{{Name: JSFile, Data: r.JS}, {Name: ConfigFile, Data: r.Config, Private: r.Secret}}
 }
 
 // Renderer turns a turnout config into nginx files.
@@ -165,7 +167,7 @@ func (r *Renderer) Render(cfg *config.Config, opts RenderOptions) (*Rendered, er
 	if err := r.cfg.Execute(&conf, d); err != nil {
 		return nil, fmt.Errorf("render %s: %w", ConfigFile, err)
 	}
-	return &Rendered{Config: conf.Bytes(), JS: r.js, Summary: d.summary}, nil
+	return &Rendered{Config: conf.Bytes(), JS: r.js, Summary: d.summary, Secret: cfg.Feedback.LineToken() != ""}, nil
 }
 
 // withoutReplicas is d with no replica anywhere: no per-replica upstream

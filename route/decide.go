@@ -363,6 +363,9 @@ func (t *Txn) pick(snap *Snapshot, p *fleet.Pool, c *fleet.Choice, dst []*fleet.
 		r.Blocks = t.hasher.Out
 		r.PromptBytes = t.hasher.Total
 		p.Metrics.TotalBlocks.Add(uint64(len(r.Blocks)))
+		if len(r.Blocks) == 0 && r.PromptBytes > 0 {
+			p.Metrics.ShortPrompts.Add(1)
+		}
 	}
 	p.Policy.Pick(r, p, c)
 	if len(c.Endpoints) == 0 {

@@ -37,6 +37,7 @@
 //	5 route/epp                the Endpoint Picker (Envoy ext_proc gRPC) for Gateway API Inference Extension gateways
 //	5 route/feedback           completion feedback (syslog lines), feedback health, stall detection
 //	5 route/health             active health checks and the served-model checks
+//	5 route/hints              log hints for settings the traffic shows do nothing (prefix prompts under one block)
 //	5 route/engineload         engine load scraped from each replica's /metrics
 //	5 route/cluster            prefix decisions and in-flight counts shared between turnout instances over NATS
 //	5 route/reqlog             the request log's destinations (stdout, rotated file, syslog)

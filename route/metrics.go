@@ -50,10 +50,12 @@ func (d *Decider) WriteMetrics(b *strings.Builder) {
 	}
 	help("turnout_prefix_blocks_total", "counter", "Prompt blocks seen by prefix policies.")
 	help("turnout_prefix_matched_blocks_total", "counter", "Prompt blocks routed to a replica that was sent them before.")
+	help("turnout_prefix_short_prompts_total", "counter", "Prompts shorter than one block (the policy's block_bytes): nothing for a prefix policy to match; lower block_bytes for short system prompts.")
 	// Every pool, 0 without a prefix policy: a dashboard reads 0, not nothing.
 	for _, p := range snap.Pools() {
 		fmt.Fprintf(b, "turnout_prefix_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.TotalBlocks.Load())
 		fmt.Fprintf(b, "turnout_prefix_matched_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.MatchedBlocks.Load())
+		fmt.Fprintf(b, "turnout_prefix_short_prompts_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.ShortPrompts.Load())
 	}
 	help("turnout_endpoint_inflight", "gauge", "Decisions sent to an endpoint and not yet completed.")
 	for _, p := range snap.Pools() {

@@ -3,36 +3,49 @@
 # and the child processes every script stops on exit. Source it; it sets
 # nothing else.
 #
-# Ports (environment or make variables; every one overridable):
-#   PORT_BASE=8000        shifts them all: mocks BASE+1..BASE+4, HAProxy BASE+80,
-#                         nginx BASE+81, turnout BASE+1090, feedback BASE+1514 (UDP)
+# Ports (environment or make variables; every one overridable). Unset, they
+# are the embedded config's: mocks 8001-8004, HAProxy 8080, nginx 8081,
+# turnout 9090, feedback 9514 (UDP).
+#   PORT_BASE=N           moves all of them into N+1..N+99: mocks N+1..N+4,
+#                         HAProxy N+80, nginx N+81, turnout N+90, feedback N+91 (UDP)
 #   MOCK_PORT=8001        first of the 4 mock replicas (they use 4 consecutive ports)
 #   HAPROXY_PORT=8080  NGINX_PORT=8081  TURNOUT_PORT=9090  FEEDBACK_PORT=9514
 # e.g. make demo PORT_BASE=18000, or make demo HAPROXY_PORT=18080 TURNOUT_PORT=19090
 
-PORT_BASE=${PORT_BASE:-8000}
-MOCK_PORT=${MOCK_PORT:-$((PORT_BASE + 1))}
-HAPROXY_PORT=${HAPROXY_PORT:-$((PORT_BASE + 80))}
-NGINX_PORT=${NGINX_PORT:-$((PORT_BASE + 81))}
-TURNOUT_PORT=${TURNOUT_PORT:-$((PORT_BASE + 1090))}
-FEEDBACK_PORT=${FEEDBACK_PORT:-$((PORT_BASE + 1514))}
+if [[ -n ${PORT_BASE:-} ]]; then
+  MOCK_PORT=${MOCK_PORT:-$((PORT_BASE + 1))}
+  HAPROXY_PORT=${HAPROXY_PORT:-$((PORT_BASE + 80))}
+  NGINX_PORT=${NGINX_PORT:-$((PORT_BASE + 81))}
+  TURNOUT_PORT=${TURNOUT_PORT:-$((PORT_BASE + 90))}
+  FEEDBACK_PORT=${FEEDBACK_PORT:-$((PORT_BASE + 91))}
+fi
+MOCK_PORT=${MOCK_PORT:-8001}
+HAPROXY_PORT=${HAPROXY_PORT:-8080}
+NGINX_PORT=${NGINX_PORT:-8081}
+TURNOUT_PORT=${TURNOUT_PORT:-9090}
+FEEDBACK_PORT=${FEEDBACK_PORT:-9514}
 MOCK_PORTS=("$MOCK_PORT" $((MOCK_PORT + 1)) $((MOCK_PORT + 2)) $((MOCK_PORT + 3)))
 TURNOUT=127.0.0.1:$TURNOUT_PORT
 
-# port_owner PROTO PORT: "NAME (pid N)" of what listens on PORT, "" if free.
-# ss names the owner (other users' processes only when run as root); without
-# ss a connect probe tells busy from free.
+# port_owner PROTO PORT: "NAME (pid N)" of what holds PORT, "" if free: a
+# listener, or (TCP) a client connection whose local port it is (the
+# kernel's ephemeral range). ss names the owner (other users' processes
+# only when run as root); without ss a connect probe tells busy from free.
 port_owner() {
-  local proto=$1 port=$2 line
+  local proto=$1 port=$2 line what=""
   if command -v ss >/dev/null; then
     local flag=-ltn
     [[ $proto == udp ]] && flag=-lun
     line=$(ss -H "${flag}p" "sport = :$port" 2>/dev/null | head -n 1)
+    if [[ -z $line && $proto == tcp ]]; then
+      line=$(ss -H -tnp state connected "sport = :$port" 2>/dev/null | head -n 1)
+      [[ -n $line ]] && what="a client connection (the kernel's ephemeral range $(tr '\t' - </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null)) of "
+    fi
     [[ -z $line ]] && return 0
     if [[ $line =~ users:\(\(\"([^\"]+)\",pid=([0-9]+) ]]; then
-      echo "${BASH_REMATCH[1]} (pid ${BASH_REMATCH[2]})"
+      echo "$what${BASH_REMATCH[1]} (pid ${BASH_REMATCH[2]})"
     else
-      echo "another user's process (run ss -ltnp as root to see it)"
+      echo "${what}another user's process (run ss -tnp as root to see it)"
     fi
   elif [[ $proto == tcp ]] && (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     echo "an unknown process"

@@ -17,9 +17,14 @@ render() { # FILE TEMPLATES...
   for t in "$@"; do args+=(--show-only "templates/$t"); done
   {
     echo "# Rendered from deploy/helm/turnout (values ci/pd-values.yaml) by make manifests: edit the chart, not this file."
+    if [ "$f" = turnout.yaml ]; then
+      # The chart makes this Secret itself (templates/secret.yaml, a random token).
+      echo "# First create the feedback token Secret the pod mounts:"
+      echo "#   kubectl -n llm create secret generic turnout-feedback --from-literal=token=\$(head -c 24 /dev/urandom | base64 | tr -d '=+/')"
+    fi
     "$helm" template turnout "$chart" --namespace llm -f "$chart/ci/pd-values.yaml" "${args[@]}"
   } >"$out/$f"
 }
 # rbac.yaml: what lab/testenv/kubetest applies for every Kubernetes test.
 render rbac.yaml serviceaccount.yaml rbac.yaml
-render turnout.yaml configmap.yaml deployment.yaml service.yaml pdb.yaml
+render turnout.yaml configmap.yaml deployment.yaml service.yaml admin-service.yaml pdb.yaml

@@ -20,6 +20,9 @@ check_ports "tcp:$TURNOUT_PORT:turnout" "udp:$FEEDBACK_PORT:completion feedback"
   "tcp:${MOCK_PORTS[0]}:mock llama-0" "tcp:${MOCK_PORTS[1]}:mock llama-1" \
   "tcp:${MOCK_PORTS[2]}:mock llama-2" "tcp:${MOCK_PORTS[3]}:mock llama-3" || exit 1
 write_config "$WORK/turnout.yaml"
+# make run starts no HAProxy: its config has HAProxy ask turnout over HTTP
+# (haproxy.path lua), so serve expects no SPOE agent and does not warn.
+sed -i 's/^haproxy:$/haproxy:\n  path: lua/' "$WORK/turnout.yaml"
 
 for i in 0 1 2 3; do
   start_child "mock llama-$i" "$WORK/mock-$i.log" \

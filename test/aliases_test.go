@@ -49,7 +49,7 @@ deployments:
 		if err == nil || ctx.Err() != nil {
 			t.Fatalf("turnout started with an alias its replica does not serve (err %v):\n%s", err, out)
 		}
-		for _, want := range []string{path, "line 6", "deployments[0].models[1]", `is not served by r0`, "--served-model-name llama gpt-4"} {
+		for _, want := range []string{path, "line 6", "deployments[0].models[1]", `is not served by any replica of deployment llama (r0`, "its own deployment", "add it to their --served-model-name"} {
 			if !strings.Contains(string(out), want) {
 				t.Errorf("the refusal lacks %q:\n%s", want, out)
 			}
@@ -82,4 +82,34 @@ deployments:
 			t.Errorf("served name after the refused reload: %d", st)
 		}
 	})
+}
+
+// A deployment whose replicas serve different models (one alpha, one beta,
+// both strict like vLLM) starts, and each request goes to the replica that
+// serves its model: no 404, through HAProxy.
+func TestMixedModelDeployment(t *testing.T) {
+	strict := func(model string) func(*mock.Config) {
+		return func(c *mock.Config) {
+			c.Models = []string{model}
+			c.StrictModels = true
+		}
+	}
+	ra, rb := StartMock(t, "ra", strict("alpha")), StartMock(t, "rb", strict("beta"))
+	s := startStackWith(t, "open", spoeDefault, depSpec{name: "mixed", models: []string{"alpha", "beta"}, policy: policyLeast, mocks: []*Mock{ra, rb}})
+	Eventually(t, 20*time.Second, "both replicas' model lists polled", func() bool {
+		a, err1 := Metric(t, s.T.URL+"/metrics", "turnout_endpoint_model_missing", `endpoint="ra"`, `model="beta"`)
+		b, err2 := Metric(t, s.T.URL+"/metrics", "turnout_endpoint_model_missing", `endpoint="rb"`, `model="alpha"`)
+		return err1 == nil && err2 == nil && a == 1 && b == 1
+	})
+	const n = 20
+	for i := range n {
+		model := []string{"alpha", "beta"}[i%2]
+		r := s.post(t, "/v1/chat/completions", chatBody(model, "system", fmt.Sprintf("question %d", i), false), nil)
+		if r.Status != http.StatusOK {
+			t.Fatalf("%s: %d %s", model, r.Status, r.Body)
+		}
+	}
+	if a, b := ra.Stats(), rb.Stats(); a.Requests != n/2 || b.Requests != n/2 || a.Failed+b.Failed != 0 {
+		t.Errorf("alpha replica got %d requests, beta replica %d (want %d each, all for their own model)", a.Requests, b.Requests, n/2)
+	}
 }

@@ -31,10 +31,12 @@ const podUID = 65532
 // TestChartPodStarts runs the pod the Helm chart renders, without a
 // kubelet: each container's own command and arguments, as the pod's
 // non-root user, on the chart's config. Only what a cluster provides is
-// swapped: the directories (volumes) move to a temp dir owned by that user,
-// ports to free ones, and the discovered pool becomes two mock replicas.
-// The probes' paths must answer on the admin listener and a chat request
-// must go through the proxy, for HAProxy and for nginx.
+// swapped: the directories (volumes) move to a temp dir owned by that user
+// (the config and the feedback token Secret read-only, as the kubelet
+// mounts them), ports to free ones, and the discovered pool becomes two
+// mock replicas. The probes' paths must answer on the admin listener, a
+// chat request must go through the proxy, for HAProxy and for nginx, and
+// the proxy's rendered config carries the Secret's token at mode 0600.
 func TestChartPodStarts(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to run the pod's containers as its user")
@@ -144,7 +146,8 @@ func runChartPod(t *testing.T, helm, proxy string) {
 	adminPort, proxyPort := FreePort(t), FreePort(t)
 	cfg["listen"] = FreeAddr(t)
 	cfg["admin_listen"] = swapPort(t, cfg["admin_listen"].(string), adminPort)
-	cfg["feedback"] = map[string]any{"syslog": FreeAddr(t)}
+	tokenFile := rewrite(cfg["feedback"].(map[string]any)["token_file"].(string))
+	cfg["feedback"] = map[string]any{"syslog": FreeAddr(t), "token_file": tokenFile}
 	px := cfg[proxy].(map[string]any)
 	px["listen"] = swapPort(t, px["listen"].(string), proxyPort)
 	px["dir"] = rewrite(px["dir"].(string))
@@ -154,6 +157,23 @@ func runChartPod(t *testing.T, helm, proxy string) {
 	}
 	cfgDir := paths["/etc/turnout"]
 	if err := os.WriteFile(filepath.Join(cfgDir, "turnout.yaml"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The read-only mounts: the config (a ConfigMap) and the token (a
+	// Secret: root's, group fsGroup, the chart's defaultMode).
+	const token = "chart-pod-token-0123456789"
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o440); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{cfgDir, filepath.Dir(tokenFile)} {
+		if err := os.Chown(d, 0, podUID); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, 0o555); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(tokenFile, 0, podUID); err != nil {
 		t.Fatal(err)
 	}
 
@@ -219,6 +239,19 @@ func runChartPod(t *testing.T, helm, proxy string) {
 		return r.Status == http.StatusOK && r.Header.Get("X-Replica") != ""
 	})
 	t.Logf("%s: %s", proxy, strings.TrimSpace(last)[:min(len(strings.TrimSpace(last)), 120)])
+
+	// The rendered proxy config holds the Secret's token, readable by its owner only.
+	rendered := filepath.Join(px["dir"].(string), map[string]string{"haproxy": "haproxy.cfg", "nginx": "nginx.conf"}[proxy])
+	fi, err := os.Stat(rendered)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if data, _ := os.ReadFile(rendered); !strings.Contains(string(data), "tok="+token) || fi.Mode().Perm() != 0o600 {
+		t.Errorf("%s: mode %v, holds the Secret's token: %v; want 0600 and the token", rendered, fi.Mode().Perm(), strings.Contains(string(data), "tok="+token))
+	}
+	if es, _ := os.ReadDir(cfgDir); len(es) != 1 {
+		t.Errorf("the read-only config directory holds %d files, want turnout.yaml alone", len(es))
+	}
 }
 
 func container(spec corev1.PodSpec, name string) *corev1.Container {

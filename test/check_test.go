@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // runCheck runs `turnout check` with JSON logs and returns its exit code
@@ -124,4 +125,40 @@ deployments:
 	if strings.Join(problems, " ") != want {
 		t.Errorf("problems %q\nwant     %q\n%s", strings.Join(problems, " "), want, messages(evs))
 	}
+}
+
+// turnout serve logs the nginx header-mode warnings at start, as check
+// does: two deployments all in header mode, one with a prompt policy.
+func TestServeWarnsNginxHeaderMode(t *testing.T) {
+	listen := FreeAddr(t)
+	cfg := fmt.Sprintf(`listen: %s
+feedback: {syslog: %s, token_file: "off"}
+nginx: {mode: header}
+deployments:
+  - name: llama
+    models: [llama]
+    policy: {name: prefix-affinity}
+    pools: [{role: mixed, endpoints: [{name: l0, address: "127.0.0.1:1"}]}]
+  - name: qwen
+    models: [qwen]
+    pools: [{role: mixed, endpoints: [{name: q0, address: "127.0.0.1:2"}]}]
+`, listen, FreeAddr(t))
+	tu := StartTurnout(t, listen, cfg)
+	want := []string{"400 model_required", "policy prefix-affinity reads the prompt"}
+	Eventually(t, 10*time.Second, "the header-mode warnings in serve's log", func() bool {
+		b, _ := os.ReadFile(tu.Log)
+		n := 0
+		for _, l := range strings.Split(string(b), "\n") {
+			var ev map[string]any
+			if json.Unmarshal([]byte(l), &ev) != nil || ev["message"] != "config warning" || ev["field"] != "nginx.mode" {
+				continue
+			}
+			for _, w := range want {
+				if strings.Contains(fmt.Sprint(ev["problem"]), w) {
+					n++
+				}
+			}
+		}
+		return n == len(want)
+	})
 }

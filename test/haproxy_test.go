@@ -26,6 +26,8 @@ type depSpec struct {
 	depYAML []string
 	// prefill set: a prefill/decode deployment, mocks its decode pool.
 	prefill []*Mock
+	// models the deployment accepts (default: its name).
+	models []string
 }
 
 // pools is the deployment's pools as backend name -> replicas.
@@ -65,7 +67,11 @@ haproxy: {listen: %q, dir: %q, drain_timeout: 3s, nbthread: 2, %s}
 deployments:
 `, s.turnoutAddr, s.syslog, s.failMode, s.haAddr, s.dir, haproxyPathYAML(s.spoeAddr))
 	for _, d := range s.deps {
-		fmt.Fprintf(&b, "  - name: %s\n    models: [%s]\n    policy: %s\n", d.name, d.name, d.policy)
+		models := d.name
+		if len(d.models) > 0 {
+			models = strings.Join(d.models, ", ")
+		}
+		fmt.Fprintf(&b, "  - name: %s\n    models: [%s]\n    policy: %s\n", d.name, models, d.policy)
 		for _, l := range d.depYAML {
 			fmt.Fprintf(&b, "    %s\n", l)
 		}

@@ -23,7 +23,7 @@ import (
 // taken, stopping them, and proxies that refuse to share a port.
 
 // Offsets of every port scripts/lib.sh derives from PORT_BASE.
-var portOffsets = []int{1, 2, 3, 4, 80, 81, 1090, 1514}
+var portOffsets = []int{1, 2, 3, 4, 80, 81, 90, 91}
 
 // freePortBase returns a PORT_BASE whose every derived port is free (TCP and UDP).
 func freePortBase(t *testing.T) int {
@@ -130,7 +130,7 @@ func TestMakeRunLeavesNothing(t *testing.T) {
 			pgid := cmd.Process.Pid
 			exited := make(chan error, 1)
 			go func() { exited <- cmd.Wait() }()
-			turnout := fmt.Sprintf("http://127.0.0.1:%d", base+1090)
+			turnout := fmt.Sprintf("http://127.0.0.1:%d", base+90)
 			deadline := time.Now().Add(60 * time.Second)
 			for {
 				if v, err := Metric(t, turnout+"/metrics", "turnout_health_checks_total", `result="ok"`); err == nil && v > 0 {
@@ -170,7 +170,7 @@ func TestMakeRunLeavesNothing(t *testing.T) {
 			Eventually(t, 15*time.Second, "every process make run started to exit", func() bool {
 				return len(groupMembers(pgid)) == 0
 			})
-			for _, off := range []int{1, 2, 3, 4, 1090, 1514} {
+			for _, off := range []int{1, 2, 3, 4, 90, 91} {
 				if p := base + off; !portFree(p) {
 					t.Errorf("port %d still taken after make run stopped", p)
 				}
@@ -186,7 +186,7 @@ func TestMakeRunShowsDeadMock(t *testing.T) {
 	pgid := cmd.Process.Pid
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	WaitHTTP(t, fmt.Sprintf("http://127.0.0.1:%d/healthz", base+1090), 60*time.Second)
+	WaitHTTP(t, fmt.Sprintf("http://127.0.0.1:%d/healthz", base+90), 60*time.Second)
 	victim := 0
 	for _, pid := range groupMembers(pgid) {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
@@ -208,6 +208,10 @@ func TestMakeRunShowsDeadMock(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "mock llama-2 exited unexpectedly") || !strings.Contains(out.String(), "---- mock llama-2") {
 		t.Errorf("the dead replica and its log are not shown:\n%s", out)
+	}
+	// make run starts no HAProxy on purpose: no warning about its SPOE agent.
+	if strings.Contains(out.String(), "no SPOE agent listens") {
+		t.Errorf("make run warned about a missing SPOE agent:\n%s", out)
 	}
 	Eventually(t, 15*time.Second, "the other processes to stop", func() bool { return len(groupMembers(pgid)) == 0 })
 }
@@ -243,7 +247,7 @@ func TestMakeDemoPorts(t *testing.T) {
 	}
 	base := freePortBase(t)
 	var held []net.Listener
-	for _, p := range []int{base + 80, base + 1090} {
+	for _, p := range []int{base + 80, base + 90} {
 		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
 		if err != nil {
 			t.Fatal(err)
@@ -264,7 +268,7 @@ func TestMakeDemoPorts(t *testing.T) {
 	self := fmt.Sprintf("pid %d", os.Getpid())
 	for _, want := range []string{
 		fmt.Sprintf("port %d (haproxy) is in use by", base+80),
-		fmt.Sprintf("port %d (turnout) is in use by", base+1090),
+		fmt.Sprintf("port %d (turnout) is in use by", base+90),
 		self, "PORT_BASE=",
 	} {
 		if !strings.Contains(out.String(), want) {
@@ -277,7 +281,7 @@ func TestMakeDemoPorts(t *testing.T) {
 
 	alt := freePortBase(t)
 	cmd, out = startMake(t, "demo", "PORT_BASE="+strconv.Itoa(base),
-		"HAPROXY_PORT="+strconv.Itoa(alt+80), "TURNOUT_PORT="+strconv.Itoa(alt+1090))
+		"HAPROXY_PORT="+strconv.Itoa(alt+80), "TURNOUT_PORT="+strconv.Itoa(alt+90))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	done := make(chan error, 1)

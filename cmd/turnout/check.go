@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -27,7 +30,7 @@ var errCheckFailed = errors.New("problems found (see above)")
 // model names of answering replicas), every static endpoint's /v1/models,
 // and the rendered proxy configs checked by haproxy -c / nginx -t in a
 // scratch directory. Exit 0 when all is well, 1 on any problem.
-func runCheck(args []string, log *zerolog.Logger) error {
+func runCheck(args []string, stdin io.Reader, log *zerolog.Logger) error {
 	fs := cli.NewFlags("check")
 	cfgPath := fs.String("config", "", "config `FILE` to check (default: the embedded default config)")
 	proxies := fs.String("proxy", "auto", "which rendered proxy configs to check: auto (each whose binary is installed), haproxy, nginx, both or none")
@@ -37,7 +40,10 @@ func runCheck(args []string, log *zerolog.Logger) error {
 	if err := cli.ParseFlags(fs, checkCmd, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
+	switch {
+	case fs.NArg() == 1 && fs.Arg(0) == stdinConfig && *cfgPath == "":
+		*cfgPath = stdinConfig
+	case fs.NArg() > 0:
 		return fmt.Errorf("check: unexpected arguments %q (see turnout check --help)", fs.Args())
 	}
 	var want []string
@@ -54,24 +60,37 @@ func runCheck(args []string, log *zerolog.Logger) error {
 
 	// 1. The config: every problem at once, as serve would report them.
 	checks := []func(*config.Config) error{checkPolicies, func(c *config.Config) error { return health.VerifyServedModels(ctx, c, nil) }}
+	// Read without writing: a feedback token file that does not exist yet
+	// is left for serve or render to create.
 	var (
-		cfg *config.Config
-		err error
+		raw       []byte
+		file, dir = *cfgPath, filepath.Dir(*cfgPath)
+		err       error
 	)
-	if *cfgPath == "" {
-		cfg, err = config.ParseConfig(config.DefaultConfigYAML, checks...)
+	switch *cfgPath {
+	case "":
+		raw, file, dir = config.DefaultConfigYAML, "(embedded default)", ""
+	case stdinConfig:
+		if raw, file, err = checkInput(stdin); err != nil {
+			return err
+		}
+		dir = "."
+	default:
+		if raw, err = os.ReadFile(*cfgPath); err != nil {
+			return fmt.Errorf("read config: %w", err)
+		}
+	}
+	var cfg *config.Config
+	if dir == "" {
+		cfg, err = config.ParseConfig(raw, checks...)
 	} else {
-		cfg, err = config.LoadConfigFile(*cfgPath, checks...)
+		cfg, err = config.ReadConfig(raw, file, dir, checks...)
 	}
 	if err != nil {
 		return err // every problem, reported by cli.ReportError
 	}
-	cli.LogWarnings(log, *cfgPath, cfg)
+	cli.LogWarnings(log, file, cfg, nginxModeWarnings(cfg)...)
 	problems := 0
-	file := *cfgPath
-	if file == "" {
-		file = "(embedded default)"
-	}
 	log.Info().Str("check", "config").Str("file", file).Int("deployments", len(cfg.Deployments)).Msg("config ok")
 
 	// 2. Every static endpoint's served models.

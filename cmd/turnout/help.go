@@ -19,14 +19,19 @@ sync. Without --config it uses the embedded default (four loopback replicas on
 		Example: "turnout serve --config /etc/turnout/turnout.yaml --haproxy-dir /etc/haproxy/turnout",
 	}
 	checkCmd = cli.Command{
-		Synopsis: "turnout check [--config FILE] [--proxy auto|haproxy|nginx|both|none] [--require-endpoints] [flags]",
+		Synopsis: "turnout check [--config FILE | -] [--proxy auto|haproxy|nginx|both|none] [--require-endpoints] [flags]",
 		About: `Checks a config before a reload, and exits 0 when it is safe, 1 on any problem:
 every config problem at once (fields, values, policies and their parameters,
 model names a replica would answer 404 for), GET /v1/models of every static
 endpoint (an unreachable one is a warning unless --require-endpoints), and the
 proxy configs rendered into a temporary directory and checked by haproxy -c
 and nginx -t (skipped with a note when the binary is not installed). Nothing
-is written and nothing running is touched.`,
+is written (a feedback token file that does not exist yet is left for serve)
+and nothing running is touched. "-" reads the config from stdin: a turnout
+config, or Kubernetes manifests whose ConfigMap holds turnout.yaml (helm
+template ... | turnout check -). Warns on nginx header-mode combinations
+that cannot work (several deployments without a model header, policies that
+read the prompt, prefill/decode).`,
 		Example: "turnout check --config /etc/turnout/turnout.yaml && systemctl reload turnout",
 	}
 	renderCmd = cli.Command{

@@ -67,7 +67,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "render":
 		err = runRender(args[1:], log)
 	case "check":
-		err = runCheck(args[1:], log)
+		err = runCheck(args[1:], os.Stdin, log)
 	case "mock", "bench":
 		fmt.Fprintf(stderr, "turnout: %s is a command of turnout-lab (cmd/turnout-lab, bin/turnout-lab after make build): turnout-lab %s --help\n", args[0], args[0])
 		return 2

@@ -52,7 +52,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
-	cli.LogWarnings(log, *cfgPath, cfg)
+	cli.LogWarnings(log, *cfgPath, cfg, nginxModeWarnings(cfg)...)
 	srv, err := route.New(cfg, route.Options{Registry: policy.DefaultRegistry(), Log: log})
 	if err != nil {
 		return cli.WithFile(err, *cfgPath)

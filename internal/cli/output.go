@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/mattn/go-isatty"
@@ -75,8 +76,9 @@ func logProblem(ev *zerolog.Event, file string, p *config.FieldError) *zerolog.E
 }
 
 // LogWarnings logs what the config accepted but probably did not mean.
-func LogWarnings(log *zerolog.Logger, file string, cfg *config.Config) {
-	for _, w := range cfg.Warnings() {
+// extra are a command's own warnings about the config, logged the same way.
+func LogWarnings(log *zerolog.Logger, file string, cfg *config.Config, extra ...*config.FieldError) {
+	for _, w := range slices.Concat(cfg.Warnings(), extra) {
 		logProblem(log.Warn(), file, w).Msg("config warning")
 	}
 }

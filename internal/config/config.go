@@ -512,20 +512,33 @@ var ErrConfig = errors.New("invalid config")
 
 // LoadConfigFile reads, defaults and validates a config file; checks (the
 // policy factories, say) run on it too and their problems join the others.
+// A feedback token file that does not exist yet is created
+// (feedbacktoken.go).
 func LoadConfigFile(path string, checks ...func(*Config) error) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
+	return parseFile(b, path, filepath.Dir(path), true, checks)
+}
+
+// ReadConfig is LoadConfigFile for a command that writes nothing (turnout
+// check), on config bytes b named file in problems: a feedback token file
+// (relative paths from dir) is read when it exists and never created.
+func ReadConfig(b []byte, file, dir string, checks ...func(*Config) error) (*Config, error) {
+	return parseFile(b, file, dir, false, checks)
+}
+
+func parseFile(b []byte, file, dir string, create bool, checks []func(*Config) error) (*Config, error) {
 	c, err := ParseConfig(b, checks...)
 	var ce *ConfigError
 	if errors.As(err, &ce) {
-		ce.File = path
+		ce.File = file
 	}
 	if err != nil {
 		return c, err
 	}
-	if err := c.resolveFeedbackToken(filepath.Dir(path)); err != nil {
+	if err := c.resolveFeedbackToken(dir, create); err != nil {
 		return nil, err
 	}
 	return c, nil

@@ -30,11 +30,12 @@ const DefaultFeedbackTokenFile = "feedback.token"
 const FeedbackTokenOff = "off"
 
 // resolveFeedbackToken reads the lines' token from the token file (relative
-// paths are taken from dir, the config file's directory). A token file
-// that cannot be created (a read-only config mount) leaves feedback
-// unauthenticated, with a warning; a token file with a bad token is an
-// error.
-func (c *Config) resolveFeedbackToken(dir string) error {
+// paths are taken from dir, the config file's directory), creating it when
+// create is set. A token file that cannot be created (a read-only config
+// mount) leaves feedback unauthenticated, with a warning; a token file with
+// a bad token is an error. Without create, a missing file is left for the
+// command that renders or serves to create.
+func (c *Config) resolveFeedbackToken(dir string, create bool) error {
 	f := &c.Feedback
 	if f.Token != "" || f.Disable || f.TokenFile == FeedbackTokenOff {
 		return nil
@@ -45,6 +46,11 @@ func (c *Config) resolveFeedbackToken(dir string) error {
 	}
 	if !filepath.IsAbs(path) {
 		path = filepath.Join(dir, path)
+	}
+	if !create {
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
 	}
 	tok, err := readOrCreateToken(path)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"syscall"
 
@@ -34,14 +35,16 @@ func Wrap(err error, network, addr string) error {
 // tcpListen is /proc/net/tcp's state of a listening socket.
 const tcpListen = 10
 
-// Holder describes the process holding port: "pid 1234 (turnout)", or why
-// it cannot be named.
+// Holder describes the process holding port: "pid 1234 (turnout)", a
+// client connection's "pid 1234 (curl)" when no listener has the port but
+// an outgoing connection's local end does (the kernel picked it from its
+// ephemeral range), or why it cannot be named.
 func Holder(network string, port int) string {
 	fs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return "an unknown process (no /proc)"
 	}
-	inodes := map[uint64]bool{}
+	inodes, clients := map[uint64]bool{}, map[uint64]bool{}
 	var tables []func() (procfs.NetUDP, error)
 	if network == "udp" {
 		tables = []func() (procfs.NetUDP, error){fs.NetUDP, fs.NetUDP6}
@@ -57,14 +60,41 @@ func Holder(network string, port int) string {
 			continue
 		}
 		for _, l := range lines {
-			if l.LocalPort == uint64(port) && (network == "udp" || l.St == tcpListen) && l.Inode != 0 {
+			switch {
+			case l.LocalPort != uint64(port) || l.Inode == 0:
+			case network == "udp" || l.St == tcpListen:
 				inodes[l.Inode] = true
+			default:
+				clients[l.Inode] = true
 			}
 		}
+	}
+	if len(inodes) == 0 && len(clients) > 0 {
+		return "a client connection of " + owner(fs, clients) + ": port " + strconv.Itoa(port) + ephemeral(port) +
+			"; it is free again once that connection closes, or choose a port outside the range"
 	}
 	if len(inodes) == 0 {
 		return "an unknown process (its socket is not in this network namespace's /proc/net)"
 	}
+	return owner(fs, inodes)
+}
+
+// ephemeral says whether port is in the range the kernel picks the local
+// ports of outgoing connections from.
+func ephemeral(port int) string {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return " is a connection's local port"
+	}
+	var lo, hi int
+	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil || port < lo || port > hi {
+		return " is a connection's local port"
+	}
+	return fmt.Sprintf(" is in the kernel's ephemeral range %d-%d (net.ipv4.ip_local_port_range), where outgoing connections get their local ports", lo, hi)
+}
+
+// owner names the process with one of the sockets inodes.
+func owner(fs procfs.FS, inodes map[uint64]bool) string {
 	procs, err := fs.AllProcs()
 	if err != nil {
 		return "an unknown process (/proc unreadable)"

@@ -53,3 +53,40 @@ func TestOtherErrorsUnchanged(t *testing.T) {
 		t.Fatal("an error other than EADDRINUSE was changed")
 	}
 }
+
+// A port held by a client connection (no listener: an outgoing
+// connection's local end) is named as such, with the process, not as an
+// unknown one; the bind's cause is kept.
+func TestBusyPortClientSocket(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	addr := c.LocalAddr().String()
+	_, err = net.Listen("tcp", addr)
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("listen on the client's local port %s: %v, want EADDRINUSE", addr, err)
+	}
+	got := Wrap(err, "tcp", addr).Error()
+	for _, want := range []string{"a client connection of", fmt.Sprintf("pid %d (", os.Getpid())} {
+		if !strings.Contains(got, want) {
+			t.Errorf("%s: want %q", got, want)
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		var lo, hi int
+		port := c.LocalAddr().(*net.TCPAddr).Port
+		if _, err := fmt.Sscan(string(b), &lo, &hi); err == nil && port >= lo && port <= hi && !strings.Contains(got, "ephemeral range") {
+			t.Errorf("%s: port %d is in %d-%d, want the ephemeral range named", got, port, lo, hi)
+		}
+	}
+	if strings.Contains(got, "unknown process") {
+		t.Errorf("%s: the holder is known", got)
+	}
+}

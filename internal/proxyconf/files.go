@@ -16,26 +16,47 @@ import (
 type File struct {
 	Name string
 	Data []byte
+	// Private: the file holds a secret (the feedback token in a log
+	// format), so only its owner may read it (0600; the proxy runs as that
+	// user or reads its config as root). Other files are 0644.
+	Private bool
 }
 
-// WriteFileAtomic writes data to path through a temp file, an fsync and a
-// rename (renameio), so a reloading proxy never reads half a file. An
-// unchanged file is left alone.
-func WriteFileAtomic(path string, data []byte) error {
+// Perm is the file's mode bits.
+func (f File) Perm() os.FileMode {
+	if f.Private {
+		return 0o600
+	}
+	return 0o644
+}
+
+// WriteFileAtomic writes data to path (mode 0644) through a temp file, an
+// fsync and a rename (renameio), so a reloading proxy never reads half a
+// file. An unchanged file is left alone.
+func WriteFileAtomic(path string, data []byte) error { return writeFile(path, data, 0o644) }
+
+// writeFile is WriteFileAtomic with the mode: an unchanged file with
+// another mode (rendered before the token existed) only gets the mode.
+func writeFile(path string, data []byte, perm os.FileMode) error {
 	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		if fi, err := os.Stat(path); err == nil && fi.Mode().Perm() != perm {
+			if err := os.Chmod(path, perm); err != nil {
+				return fmt.Errorf("chmod %s: %w", path, err)
+			}
+		}
 		return nil
 	}
-	if err := renameio.WriteFile(path, data, 0o644); err != nil {
+	if err := renameio.WriteFile(path, data, perm); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
 }
 
-// WriteFiles writes each file into dir with WriteFileAtomic, in order (the
-// renderers list the main config last).
+// WriteFiles writes each file into dir atomically with its mode (Perm), in
+// order (the renderers list the main config last).
 func WriteFiles(dir string, files []File) error {
 	for _, f := range files {
-		if err := WriteFileAtomic(filepath.Join(dir, f.Name), f.Data); err != nil {
+		if err := writeFile(filepath.Join(dir, f.Name), f.Data, f.Perm()); err != nil {
 			return err
 		}
 	}

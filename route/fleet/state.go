@@ -80,7 +80,10 @@ type PoolMetrics struct {
 	Outcomes      [NumOutcomes]atomic.Uint64
 	MatchedBlocks atomic.Uint64
 	TotalBlocks   atomic.Uint64
-	Latency       histogram
+	// ShortPrompts counts prompts shorter than one block: nothing hashed,
+	// nothing a prefix policy could match (route/hints says so).
+	ShortPrompts atomic.Uint64
+	Latency      histogram
 }
 
 // StallState is an endpoint's stall detection state (atomics: not copied).

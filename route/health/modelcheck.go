@@ -24,7 +24,7 @@ import (
 // endpoint's fleet.ServedModels; a change rebuilds the model table
 // (route/models), so a request goes only where its model is served. A
 // deployment name a replica lacks is also logged, once per change, with
-// the vLLM flag that fixes it, and counted in
+// the fixes that do not misroute, and counted in
 // turnout_endpoint_model_missing. Never on the decision path: one small
 // GET per endpoint per interval, at most modelPollers at once.
 
@@ -145,8 +145,8 @@ func (c *Checker) pollEndpoint(ctx context.Context, client *http.Client, mc *mod
 	mc.listed[key] = joined
 	if len(miss) > 0 {
 		c.log.Warn().Str("endpoint", e.Name).Str("address", e.Address).Strs("missing", miss).Strs("serves", served).
-			Msgf("endpoint %s does not serve %s: requests with that model go to the deployment's other endpoints (none: 404); start vLLM with --served-model-name %s (or drop the alias from deployment %s's models)",
-				e.Name, quoteAll(miss), strings.Join(want, " "), dep)
+			Msgf("endpoint %s does not serve %s of deployment %s: requests for it go to the deployment's endpoints that serve it (404 when none does); if it is another name for the model this replica runs, add it to its --served-model-name; a different model belongs on replicas that serve it (its own deployment is clearest)",
+				e.Name, quoteAll(miss), dep)
 	} else {
 		c.log.Info().Str("endpoint", e.Name).Strs("serves", served).Msg("served models")
 	}

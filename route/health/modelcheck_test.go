@@ -74,8 +74,8 @@ deployments:
 		t.Errorf("b serves every name but is reported:\n%s", m.String())
 	}
 	out := logs.String()
-	if !strings.Contains(out, `endpoint a does not serve \"llama\"`) || !strings.Contains(out, "--served-model-name "+full+" llama") {
-		t.Errorf("warning does not name the endpoint, the alias and the fix:\n%s", out)
+	if !strings.Contains(out, `endpoint a does not serve \"llama\"`) || !strings.Contains(out, "add it to its --served-model-name") || strings.Contains(out, "--served-model-name "+full+" llama") {
+		t.Errorf("warning does not name the endpoint, the alias and a fix that cannot misroute:\n%s", out)
 	}
 	if strings.Contains(out, "endpoint b ") {
 		t.Errorf("warned about b:\n%s", out)

@@ -13,30 +13,32 @@ import (
 	"github.com/turnout/turnout/internal/config"
 )
 
-// Model aliases are refused at config load. turnout forwards the request
+// A name no replica serves is refused at load. turnout forwards the request
 // body unchanged: it does not rewrite "model", because that would cost the
 // proxy a body copy on every request and cannot be done at all in nginx
-// header mode (auth_request never sees the body). So a name in a
-// deployment's models: that a replica does not serve is an alias that
-// replica answers 404 for. VerifyServedModels asks every static endpoint
-// that answers (GET /v1/models) and refuses such a name with the flag that
-// fixes it. A replica that does not answer in time cannot be checked here;
-// the background check (modelcheck.go) warns about it later, as it does for
-// discovered endpoints, which are not known at load.
+// header mode (auth_request never sees the body). Replicas of one
+// deployment may serve different names (one serves alpha, another beta):
+// requests for each go to the endpoints that serve it (the model table),
+// so that is not refused. What is refused is a name in a deployment's
+// models: that none of its answering replicas serves although they serve
+// another of its names: every request for it would get 404.
+// VerifyServedModels asks every static endpoint that answers (GET
+// /v1/models). A replica that does not answer in time cannot be checked
+// here; the background check (modelcheck.go) warns about it later, as it
+// does for discovered endpoints, which are not known at load.
 //
-// An alias is a name missing on a replica that serves at least one other
-// name of the deployment. A replica serving none of them is either the
-// wrong replica or a permissive server (the mock without --strict-models
-// accepts every name); the background check warns about it instead of
-// refusing the config.
+// A replica serving none of the deployment's names is either the wrong
+// replica or a permissive server (the mock without --strict-models accepts
+// every name); the background check warns about it instead of refusing the
+// config.
 
 // ServedModelsTimeout bounds the whole load-time check: a config load never
 // waits longer than this on replicas.
 const ServedModelsTimeout = 2 * time.Second
 
 // VerifyServedModels returns a *ConfigError naming every deployments[i].models[j]
-// that an answering static endpoint does not serve although it serves another
-// name of the same deployment; nil when there is none or nobody answered.
+// that no answering static endpoint of the deployment serves although they
+// serve another of its names; nil when there is none or nobody answered.
 func VerifyServedModels(ctx context.Context, cfg *config.Config, client *http.Client) error {
 	ctx, cancel := context.WithTimeout(ctx, ServedModelsTimeout)
 	defer cancel()
@@ -72,9 +74,11 @@ func VerifyServedModels(ctx context.Context, cfg *config.Config, client *http.Cl
 	}
 	wg.Wait()
 
-	// One problem per refused name, naming the replicas that lack it.
+	// One problem per name that no answering replica of its deployment
+	// serves, naming the replicas that lack it.
 	type key struct{ dep, model int }
 	missing := map[key][]string{}
+	servedBy := map[key]bool{}
 	var order []key
 	example := map[key][]string{} // what one of those replicas serves
 	for n, addr := range addrs {
@@ -88,10 +92,11 @@ func VerifyServedModels(ctx context.Context, cfg *config.Config, client *http.Cl
 				continue // serves none: warned about in the background
 			}
 			for m, name := range d.Models {
+				k := key{t.dep, m}
 				if slices.Contains(list, name) {
+					servedBy[k] = true
 					continue
 				}
-				k := key{t.dep, m}
 				if _, ok := missing[k]; !ok {
 					order = append(order, k)
 					example[k] = list
@@ -102,12 +107,16 @@ func VerifyServedModels(ctx context.Context, cfg *config.Config, client *http.Cl
 	}
 	var problems []*config.FieldError
 	for _, k := range order {
+		if servedBy[k] {
+			continue // routed to the replicas that serve it
+		}
 		d := &cfg.Deployments[k.dep]
 		name := d.Models[k.model]
 		path := fmt.Sprintf("deployments[%d].models[%d]", k.dep, k.model)
 		problems = append(problems, &config.FieldError{Path: path, Line: cfg.Line(path), Msg: fmt.Sprintf(
-			"%q is not served by %s, which serve%s %s: turnout forwards the body unchanged (it does not rewrite \"model\"), so requests for %q would get 404 there; start every replica with --served-model-name %s, or remove %q from models",
-			name, strings.Join(missing[k], ", "), plural(len(missing[k])), quoteAll(example[k]), name, strings.Join(d.Models, " "), name)})
+			"%q is not served by any replica of deployment %s (%s serve%s %s): turnout forwards the body unchanged (it does not rewrite \"model\"), so every request for %q would get 404; "+
+				"if %q is a different model, give it its own deployment with replicas that serve it; if it is another name for the model these replicas run, add it to their --served-model-name; or remove %q from models",
+			name, d.Name, strings.Join(missing[k], ", "), plural(len(missing[k])), quoteAll(example[k]), name, name, name)})
 	}
 	if len(problems) == 0 {
 		return nil

@@ -26,6 +26,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
+{{/* The admin Service's labels: the ServiceMonitor selects it by its component. */}}
+{{- define "turnout.adminLabels" -}}
+{{ include "turnout.labels" . | replace "app.kubernetes.io/component: router" "app.kubernetes.io/component: admin" }}
+{{- end -}}
+
 {{- define "turnout.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "turnout.fullname" .) .Values.serviceAccount.name -}}
@@ -92,13 +97,12 @@ deployments, then .Values.config merged over them. */}}
 {{- $drain := printf "%ds" (int .Values.drainTimeoutSeconds) -}}
 {{- $cfg := dict "listen" .Values.turnout.listen "admin_listen" (printf ":%d" (int .Values.turnout.adminPort)) -}}
 {{- if ne .Values.proxy "epp" -}}
-{{- $_ := set $cfg "feedback" (dict "syslog" "127.0.0.1:9514") -}}
+{{- $_ := set $cfg "feedback" (dict "syslog" "127.0.0.1:9514" "token_file" (include "turnout.feedbackTokenFile" .)) -}}
 {{- end -}}
 {{- if eq .Values.proxy "haproxy" -}}
 {{- $_ := set $cfg "haproxy" (dict "listen" (printf "0.0.0.0:%d" (int .Values.proxyPort)) "dir" $dir "drain_timeout" $drain) -}}
 {{- else if eq .Values.proxy "nginx" -}}
 {{- $_ := set $cfg "nginx" (dict "listen" (printf "0.0.0.0:%d" (int .Values.proxyPort)) "dir" $dir "mode" .Values.nginx.mode) -}}
-{{- $_ := set $cfg "haproxy" (dict "drain_timeout" $drain) -}}
 {{- else if eq .Values.proxy "epp" -}}
 {{- $_ := set $cfg "epp" (include "turnout.eppConfig" . | fromYaml) -}}
 {{- else -}}
@@ -119,6 +123,22 @@ tls:
   cert_file: {{ include "turnout.eppTLSDir" . }}/tls.crt
   key_file: {{ include "turnout.eppTLSDir" . }}/tls.key
   {{- end }}
+{{- end -}}
+
+{{/* The Secret holding the feedback token: feedback.tokenSecret.name, else
+the one the chart creates. */}}
+{{- define "turnout.feedbackSecret" -}}
+{{- default (printf "%s-feedback" (include "turnout.fullname" .)) .Values.feedback.tokenSecret.name -}}
+{{- end -}}
+
+{{/* Where the feedback token Secret is mounted (read-only). */}}
+{{- define "turnout.feedbackTokenDir" -}}
+/etc/turnout-feedback
+{{- end -}}
+
+{{/* turnout's feedback.token_file: the Secret's key in its mount. */}}
+{{- define "turnout.feedbackTokenFile" -}}
+{{ include "turnout.feedbackTokenDir" . }}/{{ .Values.feedback.tokenSecret.key }}
 {{- end -}}
 
 {{/* Where the epp.tls.secretName Secret is mounted (mode files). */}}

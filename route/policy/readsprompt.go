@@ -1,0 +1,23 @@
+package policy
+
+import (
+	"slices"
+
+	"github.com/turnout/turnout/internal/config"
+)
+
+// ReadsPrompt reports whether the policy pc configures decides on the
+// request's prompt (its text, length or token ids). Only a proxy that
+// passes the body gives turnout the prompt (nginx header mode does not);
+// without it such a policy balances by load alone. `turnout check` warns
+// on that combination.
+func ReadsPrompt(pc *config.PolicyConfig) bool {
+	if pc.Stages != nil {
+		return slices.ContainsFunc(pc.Stages.Scorers, func(s config.StageConfig) bool { return s.Name == PrefixStage })
+	}
+	switch pc.Name {
+	case PrefixAffinityType, KVAwareType, PredictedTTFTType:
+		return true
+	}
+	return false
+}
