@@ -3,6 +3,7 @@ package haproxy
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -119,18 +120,18 @@ func Diff(desired, current State) Plan {
 	case current.Structure != desired.Structure:
 		reload("Settings outside server lines changed (structure %s -> %s).", current.Structure, desired.Structure)
 	}
-	for _, b := range sortedKeys(desired.Backends) {
+	for _, b := range slices.Sorted(maps.Keys(desired.Backends)) {
 		if _, ok := current.Backends[b]; !ok {
 			reload("Backend %s is new.", b)
 		}
 	}
-	for _, b := range sortedKeys(current.Backends) {
+	for _, b := range slices.Sorted(maps.Keys(current.Backends)) {
 		if _, ok := desired.Backends[b]; !ok {
 			reload("Backend %s was removed.", b)
 		}
 	}
 
-	for _, b := range sortedKeys(desired.Backends) {
+	for _, b := range slices.Sorted(maps.Keys(desired.Backends)) {
 		live, ok := current.Backends[b]
 		if !ok {
 			continue
@@ -167,13 +168,4 @@ func Diff(desired, current State) Plan {
 	}
 	slices.SortStableFunc(p.Runtime, func(a, b Cmd) int { return cmp.Compare(a.Kind, b.Kind) })
 	return p
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -84,7 +85,7 @@ func PlanSync(run Running, next *Summary) Plan {
 		return Plan{Reload: true, Reason: structureReason(run, next)}
 	}
 	var changes, reload []string
-	for _, pool := range sortedKeys(next.Pools) {
+	for _, pool := range slices.Sorted(maps.Keys(next.Pools)) {
 		have := run.Pools[pool]
 		want := addrs(next.Pools[pool])
 		for _, a := range want {
@@ -122,12 +123,12 @@ func structureReason(run Running, next *Summary) string {
 		return "the nginx.conf on disk has no turnout-structure line (not rendered by this version)"
 	}
 	var parts []string
-	for _, pool := range sortedKeys(next.Pools) {
+	for _, pool := range slices.Sorted(maps.Keys(next.Pools)) {
 		if _, ok := run.Pools[pool]; !ok {
 			parts = append(parts, fmt.Sprintf("pool %s added with %d servers", pool, len(next.Pools[pool])))
 		}
 	}
-	for _, pool := range sortedKeys(run.Pools) {
+	for _, pool := range slices.Sorted(maps.Keys(run.Pools)) {
 		if _, ok := next.Pools[pool]; !ok {
 			parts = append(parts, fmt.Sprintf("pool %s removed", pool))
 		}

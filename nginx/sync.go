@@ -188,15 +188,6 @@ func (s *Syncer) reload(ctx context.Context, pid int, reason string) error {
 	}
 }
 
-func sortedKeys(m map[string][]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
-
 // Workers lists the worker pids of the nginx master pid (nil without /proc).
 func Workers(master int) []int { return children(master) }
 

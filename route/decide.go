@@ -79,8 +79,14 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 			}
 		}
 		if me == nil || me.Refuse == models.RefuseUnknown {
+			di := int32(-1)
 			if me != nil {
 				me.Stats.Refused.Add(1)
+				di = me.Dep
+			}
+			if pend := snap.listsPending(di); pend != nil {
+				t.refuseListsPending(v, pend, model) // it may be an adapter of a list not read yet
+				return
 			}
 			v.Refuse(404, "invalid_request_error", "model_not_found",
 				"The model `"+string(cut(model, maxEchoModel))+"` does not exist.")

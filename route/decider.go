@@ -3,9 +3,7 @@ package route
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -69,6 +67,9 @@ type Decider struct {
 	kvHub *kv.Hub
 	// health counts active health checks and notes their first full round.
 	health HealthBook
+	// wasReady: /readyz said ready once; from then on it no longer waits
+	// for new endpoints' model lists (readiness.go).
+	wasReady atomic.Bool
 	// flows are the flow controllers of the deployments with flow_control.
 	flows *flow.Set
 	// ticker sweeps the ledger and runs the tick hooks (ticker.go).
@@ -223,99 +224,3 @@ func (d *Decider) Extras() *Extras { return &d.extras }
 
 // Health is the record of active health checks route/health keeps.
 func (d *Decider) Health() *HealthBook { return &d.health }
-
-// Readiness (/readyz) means "turnout can route every deployment now":
-//
-//   - with active health checks on, nothing is ready until the first round
-//     has checked every endpoint (before it, an unreachable replica looks
-//     exactly like a healthy one); then each pool needs at least min_ready
-//     endpoints that passed a check and are not down;
-//   - with health.disable there is no evidence either way, so each pool needs
-//     min_ready endpoints that nothing has marked down.
-//
-// min_ready is health.min_ready (default 1), or the pool's own min_ready.
-
-// WriteReadiness writes the verdict line ("ready" or "not ready: why") and,
-// when verbose, one line per pool; it reports whether turnout is ready.
-// Other readiness facts append their own lines after these.
-func (d *Decider) WriteReadiness(b *strings.Builder, verbose bool) bool {
-	snap := d.snap.Load()
-	checks := !snap.Config.Health.Disable && snap.Config.Health.Interval > 0
-	var why string
-	if checks && !d.health.round.Load() {
-		why = "first health round not finished"
-	}
-	type poolLine struct {
-		p          *fleet.Pool
-		avail, min int
-	}
-	var pools []poolLine
-	for _, p := range snap.Pools() {
-		n := 0
-		for _, e := range p.Endpoints {
-			if e.Available() && (!checks || e.State.Checked.Load()) {
-				n++
-			}
-		}
-		pools = append(pools, poolLine{p, n, p.MinReady})
-		if why == "" && n < p.MinReady {
-			why = fmt.Sprintf("pool %s has %d available endpoints, needs %d", p.Name, n, p.MinReady)
-		}
-	}
-	if why == "" {
-		b.WriteString("ready\n")
-	} else {
-		b.WriteString("not ready: " + why + "\n")
-	}
-	if verbose {
-		for _, l := range pools {
-			verdict := "ok"
-			if l.avail < l.min {
-				verdict = "short"
-			}
-			fmt.Fprintf(b, "pool %s: %d/%d available, min_ready %d, %s\n", l.p.Name, l.avail, len(l.p.Endpoints), l.min, verdict)
-		}
-		writeModelLines(b, snap)
-	}
-	return why == ""
-}
-
-// maxModelLines bounds /readyz?verbose's model lines (a fleet may have
-// thousands of adapters).
-const maxModelLines = 500
-
-// writeModelLines writes one /readyz?verbose line per model name: which
-// endpoints of its serving pool serve it and how many of those are
-// available (a model can be short while its pool is ready).
-func writeModelLines(b *strings.Builder, snap *Snapshot) {
-	t := snap.models.Load()
-	for i, name := range t.Names {
-		if i == maxModelLines {
-			fmt.Fprintf(b, "models: %d more (turnout_model_decisions_total lists every one)\n", len(t.Names)-i)
-			break
-		}
-		e := t.Lookup([]byte(name))
-		pool := snap.Deployments[e.Dep].Serve
-		var on []string
-		avail := 0
-		for i, ep := range pool.Endpoints {
-			if e.Only[0].Has(i) {
-				on = append(on, ep.Name)
-				if ep.Available() {
-					avail++
-				}
-			}
-		}
-		kind, verdict := "model", "ok"
-		if e.Adapter {
-			kind = "adapter"
-		}
-		switch {
-		case e.Refuse == models.RefuseUnknown:
-			verdict = "not served (404)"
-		case avail == 0:
-			verdict = "unavailable (503)"
-		}
-		fmt.Fprintf(b, "%s %s: served by %d/%d of pool %s [%s], %d available, %s\n", kind, name, len(on), len(pool.Endpoints), pool.Name, strings.Join(on, " "), avail, verdict)
-	}
-}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/turnout/turnout/internal/promtext"
 	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
 )
@@ -26,9 +27,7 @@ type deciderMetrics struct {
 // WriteMetrics renders all metrics.
 func (d *Decider) WriteMetrics(b *strings.Builder) {
 	snap := d.snap.Load()
-	help := func(name, typ, text string) {
-		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
-	}
+	help := promtext.Helper(b)
 	help("turnout_decisions_total", "counter", "Routing decisions by deployment, pool, policy and outcome.")
 	for _, p := range snap.Pools() {
 		for o := fleet.Outcome(0); o < fleet.NumOutcomes; o++ {
@@ -77,6 +76,7 @@ func (d *Decider) WriteMetrics(b *strings.Builder) {
 		}
 		fmt.Fprintf(b, "turnout_pool_ready_endpoints{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, ready)
 	}
+	writeReadinessMetrics(b, snap, d.health.HealthRounded())
 	help("turnout_endpoint_decisions_total", "counter", "Decisions per endpoint.")
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {

@@ -1,7 +1,6 @@
 package route
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -130,7 +129,7 @@ func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, sto
 				Name:       config.PoolName(dc.Name, pc.Role),
 				Deployment: dc.Name,
 				Role:       pc.Role,
-				MinReady:   cmp.Or(pc.MinReady, cfg.Health.MinReady, 1),
+				MinReady:   cfg.PoolMinReady(pc),
 			}
 			p.NameHdr = []byte(p.Name)
 			livePools[p.Name] = true

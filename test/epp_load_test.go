@@ -17,7 +17,7 @@ import (
 func TestEPP_E2E_Load200Streams(t *testing.T) {
 	const n, replicas = 200, 4
 	ms, addrs := eppMocks(t, replicas)
-	s := startEPPStack(t, eppSpec{mocks: ms, epp: ", server: inline"})
+	s := startEPPStack(t, eppSpec{mocks: ms})
 	ctx := ctx30(t)
 
 	// The request phase of all of them first: 200 streams and decisions

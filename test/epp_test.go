@@ -248,10 +248,11 @@ func TestEPP_E2E_HeaderEqualsMetadata(t *testing.T) {
 }
 
 // The subset hint is honoured: every endpoint of every pick (primary and
-// fallbacks) is one of the hint's, and the policy spreads over them.
+// fallbacks) is one of the hint's, and the policy spreads over them. This
+// one runs on grpc-go (epp.server: grpc), the others on the default.
 func TestEPP_E2E_SubsetHonoured(t *testing.T) {
 	ms, addrs := eppMocks(t, 4)
-	s := startEPPStack(t, eppSpec{mocks: ms})
+	s := startEPPStack(t, eppSpec{mocks: ms, epp: ", server: grpc"})
 	ctx := ctx30(t)
 	subset := []string{addrs[1], addrs[3]}
 	primaries := map[string]int{}

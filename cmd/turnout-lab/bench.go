@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,13 +9,11 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -365,7 +362,7 @@ func runCost(args []string, log *zerolog.Logger) error {
 		defer os.RemoveAll(work)
 	}
 	o.Dir = work
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := cli.StopContext()
 	defer stop()
 	rows, err := bench.RunCost(ctx, o)
 	if err != nil {
@@ -399,7 +396,7 @@ func runTrivial(args []string, log *zerolog.Logger) error {
 		return fmt.Errorf("bench trivial: %w", err)
 	}
 	srv := bench.NewTrivialServer()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := cli.StopContext()
 	defer stop()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -441,7 +438,7 @@ func runE2EReplay(reqs []bench.Request, label string, specs []bench.PolicySpec, 
 	} else {
 		defer os.RemoveAll(work)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := cli.StopContext()
 	defer stop()
 	eo.Turnout, eo.Lab, eo.WorkDir, eo.Log = turnout, lab, work, log
 	var rows []bench.Row
@@ -546,7 +543,7 @@ func runFlow(args []string, log *zerolog.Logger) error {
 	eo := e2e.options(o)
 	eo.Turnout, eo.Lab, eo.WorkDir, eo.Log = turnout, lab, work, log
 	log.Info().Str("trace", label).Int("requests", len(reqs)).Dur("mean_service", bench.MeanService(reqs, o)).Msg("bench: flow")
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := cli.StopContext()
 	defer stop()
 	rows, err := bench.RunFlow(ctx, reqs, bench.FlowSetups(o.MaxRunning, e2e.proxy), bench.FlowOptions{E2E: eo, Loads: ls, CriticalShare: *share, Tenants: *tenants})
 	if err != nil {

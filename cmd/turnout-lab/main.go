@@ -5,9 +5,10 @@
 package main
 
 import (
-	"fmt"
 	"io"
 	"os"
+
+	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/internal/cli"
 )
@@ -29,24 +30,6 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return 2
-	}
-	out := cli.NewOutput(stdout, stderr)
-	log := out.Log
-	var err error
-	switch args[0] {
-	case "-h", "--help", "help":
-		fmt.Fprint(stdout, usage)
-		return 0
-	case "mock":
-		err = runMock(args[1:], log)
-	case "bench":
-		err = runBench(args[1:], log)
-	default:
-		fmt.Fprintf(stderr, "%s\n\n%s", cli.UnknownCommand("turnout-lab", args[0], []string{"mock", "bench", "help"}), usage)
-		return 2
-	}
-	return out.Exit("turnout-lab "+args[0], err)
+	return cli.Main("turnout-lab", usage, []string{"mock", "bench", "help"},
+		map[string]func([]string, *zerolog.Logger) error{"mock": runMock, "bench": runBench}, args, stdout, stderr)
 }

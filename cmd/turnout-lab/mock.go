@@ -1,15 +1,11 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -105,7 +101,7 @@ func runMock(args []string, log *zerolog.Logger) error {
 		_, port, _ := net.SplitHostPort(ln.Addr().String())
 		cfg.Name = "mock-" + port
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := cli.StopContext()
 	defer stop()
 	if *idOffset > 1<<32-1 {
 		_ = ln.Close()

@@ -1,13 +1,10 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -35,6 +32,8 @@ func runTransports(args []string, log *zerolog.Logger) error {
 	fset.StringVar(&o.Policy, "policy", "prefix-affinity", "turnout policy")
 	bin := fset.String("turnout-bin", "", "turnout binary (default: turnout next to this executable, else on $PATH)")
 	fset.StringVar(&o.Baseline, "baseline-bin", "", "another turnout binary measured in the same run, interleaved (its SPOE and Endpoint Picker rows)")
+	fset.StringVar(&o.EPPServer, "epp-server", "", "epp.server of turnout-bin (default: its own default)")
+	fset.StringVar(&o.BaselineEPPServer, "baseline-epp-server", "", "epp.server of baseline-bin (default: its own default)")
 	out := fset.String("out", "bench-out", "output directory")
 	name := fset.String("name", "transports", "output file name prefix")
 	check := fset.Bool("check", false, "fail unless every transport answered with few errors (smoke)")
@@ -51,7 +50,7 @@ func runTransports(args []string, log *zerolog.Logger) error {
 	}
 	defer os.RemoveAll(work)
 	o.Dir = work
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := cli.StopContext()
 	defer stop()
 	rows, err := bench.RunTransports(ctx, o)
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 
+	"github.com/rs/zerolog"
+
 	"github.com/turnout/turnout/internal/cli"
 )
 
@@ -40,40 +42,30 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return 2
-	}
-	out := cli.NewOutput(stdout, stderr)
-	log := out.Log
-	var err error
-	switch args[0] {
-	case "-h", "--help", "help":
-		fmt.Fprint(stdout, usage)
-		return 0
-	case "version", "--version":
-		if cli.WantsHelp(args[1:]) {
-			fmt.Fprint(stdout, versionCmd.Help(cli.NewFlags("version")))
-			return 0
-		}
-		if len(args) > 1 {
-			fmt.Fprintf(stderr, "turnout version: unexpected arguments %q (see turnout version --help)\n", args[1:])
+	if len(args) > 0 {
+		switch args[0] {
+		case "version", "--version":
+			return runVersion(args[1:], stdout, stderr)
+		case "mock", "bench":
+			fmt.Fprintf(stderr, "turnout: %s is a command of turnout-lab (cmd/turnout-lab, bin/turnout-lab after make build): turnout-lab %s --help\n", args[0], args[0])
 			return 2
 		}
-		fmt.Fprintf(stdout, "turnout %s\n", version)
+	}
+	return cli.Main("turnout", usage, commands,
+		map[string]func([]string, *zerolog.Logger) error{"serve": runServe, "render": runRender,
+			"check": func(args []string, log *zerolog.Logger) error { return runCheck(args, os.Stdin, log) }}, args, stdout, stderr)
+}
+
+// runVersion prints the version (exit 0), or refuses arguments (exit 2).
+func runVersion(args []string, stdout, stderr io.Writer) int {
+	if cli.WantsHelp(args) {
+		fmt.Fprint(stdout, versionCmd.Help(cli.NewFlags("version")))
 		return 0
-	case "serve":
-		err = runServe(args[1:], log)
-	case "render":
-		err = runRender(args[1:], log)
-	case "check":
-		err = runCheck(args[1:], os.Stdin, log)
-	case "mock", "bench":
-		fmt.Fprintf(stderr, "turnout: %s is a command of turnout-lab (cmd/turnout-lab, bin/turnout-lab after make build): turnout-lab %s --help\n", args[0], args[0])
-		return 2
-	default:
-		fmt.Fprintf(stderr, "%s\n\n%s", cli.UnknownCommand("turnout", args[0], commands), usage)
+	}
+	if len(args) > 0 {
+		fmt.Fprintf(stderr, "turnout version: unexpected arguments %q (see turnout version --help)\n", args)
 		return 2
 	}
-	return out.Exit("turnout "+args[0], err)
+	fmt.Fprintf(stdout, "turnout %s\n", version)
+	return 0
 }

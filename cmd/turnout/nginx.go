@@ -2,8 +2,6 @@ package main
 
 import (
 	"cmp"
-	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"path/filepath"
@@ -72,32 +70,18 @@ func (f *nginxFlags) syncOptions() (*nginx.RenderOptions, error) {
 
 // renderNginx implements `turnout render nginx --config FILE --out DIR`.
 func renderNginx(cfg *config.Config, out, prefix string, check bool, f *nginxFlags, log *zerolog.Logger) error {
-	if out == "" {
-		out = cfg.Nginx.Dir
-	}
-	if out == "" {
-		return errors.New("render nginx: --out DIR is required (or set nginx.dir)")
-	}
-	dir, err := filepath.Abs(out)
+	out = cmp.Or(out, cfg.Nginx.Dir)
+	dir, err := renderDir("nginx", out)
 	if err != nil {
-		return fmt.Errorf("render nginx: %w", err)
+		return err
 	}
 	// Paths inside the files: under prefix when set (used from there), else out.
 	o, err := f.options(cmp.Or(prefix, out))
 	if err != nil {
 		return err
 	}
-	r, err := nginx.NewRenderer(nil)
-	if err != nil {
-		return err
-	}
-	files, err := r.Render(cfg, o)
-	if err != nil {
-		return err
-	}
-	err = writeRendered("nginx", dir, files.Files(), check, func() error { return nginx.CheckFiles(cfg) },
-		func(bin string) error { return r.Check(context.Background(), bin, cfg, o) }, nginx.WriteFiles)
-	if err != nil {
+	if _, err := writeRendered[nginx.RenderOptions, *nginx.Rendered]("nginx", dir, nginx.NewRenderer, cfg, o, check,
+		nginx.CheckFiles, nginx.WriteFiles); err != nil {
 		return err
 	}
 	log.Info().Str("dir", dir).Str("path_prefix", o.Dir).Msg("rendered nginx config; start it with: nginx -p " + o.Dir + " -c " + filepath.Join(o.Dir, nginx.ConfigFile))

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -92,30 +94,16 @@ func runRender(args []string, log *zerolog.Logger) error {
 // prefix when set (the files are used from another path than they are
 // written to), else under out.
 func renderHAProxy(cfg *config.Config, out, prefix, socket string, check bool, log *zerolog.Logger) error {
-	if out == "" {
-		out = cfg.HAProxy.Dir
-	}
-	if out == "" {
-		return errors.New("render haproxy: --out DIR is required (or set haproxy.dir)")
-	}
-	dir, err := filepath.Abs(out)
+	dir, err := renderDir("haproxy", cmp.Or(out, cfg.HAProxy.Dir))
 	if err != nil {
-		return fmt.Errorf("render haproxy: %w", err)
+		return err
 	}
 	opts := haproxy.RenderOptions{Dir: dir, Socket: socket}
 	if prefix != "" {
 		opts.Dir = filepath.Clean(prefix)
 	}
-	r, err := haproxy.NewRenderer(nil)
-	if err != nil {
-		return err
-	}
-	files, err := r.Render(cfg, opts)
-	if err != nil {
-		return err
-	}
-	err = writeRendered("haproxy", dir, files.Files(), check, func() error { return haproxy.CheckFiles(cfg) },
-		func(bin string) error { return r.Check(context.Background(), bin, cfg, opts) }, proxyconf.WriteFiles)
+	files, err := writeRendered[haproxy.RenderOptions, *haproxy.Rendered]("haproxy", dir, haproxy.NewRenderer, cfg, opts, check,
+		haproxy.CheckFiles, proxyconf.WriteFiles)
 	if err != nil {
 		return err
 	}
@@ -124,27 +112,56 @@ func renderHAProxy(cfg *config.Config, out, prefix, socket string, check bool, l
 	return nil
 }
 
-// writeRendered checks a proxy's render and writes its files into dir
-// with write (nginx's also makes the temp directory nginx needs).
-// checkFiles checks the files the config names (TLS certificates);
-// checkBin runs the proxy's own check when its binary is on PATH. Neither
-// runs with --check=false: the files may live on another host (a container
-// render).
-func writeRendered(proxy, dir string, files []proxyconf.File, check bool, checkFiles func() error, checkBin func(bin string) error, write func(string, []proxyconf.File) error) error {
+// renderDir is the directory a render writes into, out (--out, else the
+// proxy's dir in the config) made absolute.
+func renderDir(proxy, out string) (string, error) {
+	if out == "" {
+		return "", fmt.Errorf("render %s: --out DIR is required (or set %s.dir)", proxy, proxy)
+	}
+	dir, err := filepath.Abs(out)
+	if err != nil {
+		return "", fmt.Errorf("render %s: %w", proxy, err)
+	}
+	return dir, nil
+}
+
+// renderer is what writeRendered needs of a proxy's renderer.
+type renderer[O any, R interface{ Files() []proxyconf.File }] interface {
+	Render(cfg *config.Config, opts O) (R, error)
+	Check(ctx context.Context, bin string, cfg *config.Config, opts O) error
+}
+
+// writeRendered renders cfg with the proxy's embedded templates, checks
+// the render and writes its files into dir with write (nginx's also makes
+// the temp directory nginx needs). checkFiles checks the files the config
+// names (TLS certificates); the proxy's own check runs when its binary is
+// on PATH. Neither runs with --check=false: the files may live on another
+// host (a container render).
+func writeRendered[O any, R interface{ Files() []proxyconf.File }, P renderer[O, R]](proxy, dir string, newRenderer func(fs.FS) (P, error),
+	cfg *config.Config, opts O, check bool, checkFiles func(*config.Config) error, write func(string, []proxyconf.File) error) (R, error) {
+	var none R
+	r, err := newRenderer(nil)
+	if err != nil {
+		return none, err
+	}
+	files, err := r.Render(cfg, opts)
+	if err != nil {
+		return none, err
+	}
 	if check {
-		if err := checkFiles(); err != nil {
-			return err
+		if err := checkFiles(cfg); err != nil {
+			return none, err
 		}
 		if bin, err := exec.LookPath(proxy); err == nil {
-			if err := checkBin(bin); err != nil {
-				return err
+			if err := r.Check(context.Background(), bin, cfg, opts); err != nil {
+				return none, err
 			}
 		}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("render %s: %w", proxy, err)
+		return none, fmt.Errorf("render %s: %w", proxy, err)
 	}
-	return write(dir, files)
+	return files, write(dir, files.Files())
 }
 
 // checkPolicies builds every pool's policy once, so a bad policy name or

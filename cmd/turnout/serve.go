@@ -2,9 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -64,7 +61,7 @@ func runServe(args []string, log *zerolog.Logger) error {
 	} else {
 		srv.Extras().AddMetrics(pm.WriteMetrics)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := cli.StopContext()
 	defer stop()
 	if opts.Nginx, err = ngx.syncOptions(); err != nil {
 		return err

@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/control/discovery/kube"
+	"github.com/turnout/turnout/internal/promtext"
 )
 
 // DefaultWindow is how long a burst of changes is collected before one swap.
@@ -458,9 +459,7 @@ func (f *Fleet) logPools(cfg *config.Config) {
 func (f *Fleet) WriteMetrics(b *strings.Builder) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	help := func(name, typ, text string) {
-		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
-	}
+	help := promtext.Helper(b)
 	on := f.base != nil && f.base.HasDiscovery()
 	synced := 0
 	if f.wasOK || !on {

@@ -1,15 +1,20 @@
 // Package cli is the command-line plumbing the turnout and turnout-lab
-// binaries share: flag sets whose --help is a request (exit 0) and whose
-// errors point at --help, the root logger, and how a command's final error
-// and a config's problems and warnings are reported.
+// binaries share: the subcommand dispatch (Main), flag sets whose --help is
+// a request (exit 0) and whose errors point at --help, the context the stop
+// signals end, the root logger, and how a command's final error and a
+// config's problems and warnings are reported.
 package cli
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/turnout/turnout/internal/suggest"
 )
@@ -112,4 +117,10 @@ func WantsHelp(args []string) bool {
 		}
 	}
 	return false
+}
+
+// StopContext is a command's context: done at SIGINT or SIGTERM, the signals
+// a terminal or a service manager stops it with. Call stop when done.
+func StopContext() (ctx context.Context, stop context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }

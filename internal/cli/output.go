@@ -126,3 +126,26 @@ func (o *Output) Exit(what string, err error) int {
 	ReportError(o.stderr, o.Log, o.Human, what, err)
 	return 1
 }
+
+// Main runs a binary's subcommand: the usage on stderr (exit 2) without one
+// and on stdout (exit 0) for help, "unknown command" with the nearest of
+// known (exit 2) for a name cmds does not have, else the command, whose
+// error becomes the exit status (Output.Exit).
+func Main(prog, usage string, known []string, cmds map[string]func(args []string, log *zerolog.Logger) error, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	run, ok := cmds[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "%s\n\n%s", UnknownCommand(prog, args[0], known), usage)
+		return 2
+	}
+	out := NewOutput(stdout, stderr)
+	return out.Exit(prog+" "+args[0], run(args[1:], out.Log))
+}

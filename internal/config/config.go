@@ -155,9 +155,15 @@ type HealthConfig struct {
 	Disable bool     `yaml:"disable"`
 	Timeout Duration `yaml:"timeout"`
 	Fails   int      `yaml:"fails"` // consecutive failures before down
-	// MinReady is how many available endpoints every pool needs before
-	// /readyz answers 200 (default 1; a pool's min_ready overrides it).
-	MinReady int `yaml:"min_ready"`
+	// MinReady is how many available endpoints a pool needs before its
+	// models count as ready (/readyz; default 1; a pool's min_ready
+	// overrides it). 0 is kept: a pool may be empty. A pointer, so an
+	// explicit 0 is told apart from unset.
+	MinReady *int `yaml:"min_ready"`
+	// ModelsWait bounds how long /readyz waits for the first GET
+	// /v1/models answer of an endpoint that passed its health check
+	// (models.go; default 10s).
+	ModelsWait Duration `yaml:"models_wait"`
 	// Stall configures passive stall detection (stall.go).
 	Stall StallConfig `yaml:"stall"`
 	// ModelsInterval is how often every endpoint's GET /v1/models is asked
@@ -342,9 +348,7 @@ func (p *PolicyConfig) ParamsError(err error) error {
 		return ce
 	}
 	line := p.Params.Line
-	if line == 0 {
-		line = p.line
-	}
+	orDefault(&line, p.line)
 	return &ConfigError{Problems: []*FieldError{{Path: p.paramsPath(), Line: line, Msg: err.Error()}}}
 }
 
@@ -369,8 +373,9 @@ type PoolConfig struct {
 	// Policy overrides the deployment's policy for this pool.
 	Policy    *PolicyConfig    `yaml:"policy"`
 	Endpoints []EndpointConfig `yaml:"endpoints"`
-	// MinReady overrides health.min_ready for this pool (0 = inherit).
-	MinReady int `yaml:"min_ready"`
+	// MinReady overrides health.min_ready for this pool (unset: inherit;
+	// 0: the pool may be empty).
+	MinReady *int `yaml:"min_ready"`
 	// StallBudget overrides health.stall.budget for this pool (0 = off).
 	StallBudget *Duration `yaml:"stall_budget"`
 	// Discovery finds the endpoints at run time instead (a pool has one or
@@ -612,60 +617,33 @@ func withoutRepeats(ps []*FieldError, decoded *ConfigError) []*FieldError {
 func (c *Config) ApplyDefaults() {
 	c.HAProxy.TLS.applyDefaults()
 	c.Nginx.TLS.applyDefaults()
-	if c.Listen == "" {
-		c.Listen = "127.0.0.1:9090"
-	}
+	orDefault(&c.Listen, "127.0.0.1:9090")
 	if len(c.SessionHeaders) == 0 {
 		c.SessionHeaders = []string{"x-session-id"}
 	}
 	if c.ModelHeaders == nil {
 		c.ModelHeaders = []string{"x-model"}
 	}
-	if c.MaxBody == 0 {
-		c.MaxBody = 256 << 10
-	}
-	if c.RouteBody == 0 {
-		c.RouteBody = min(DefaultRouteBody, c.MaxBody)
-	}
-	if c.DecisionTTL == 0 {
-		c.DecisionTTL = Duration(10 * time.Minute)
-	}
-	if c.Fallbacks == 0 {
-		c.Fallbacks = 2
-	}
+	orDefault(&c.MaxBody, 256<<10)
+	orDefault(&c.RouteBody, min(DefaultRouteBody, c.MaxBody))
+	orDefault(&c.DecisionTTL, Duration(10*time.Minute))
+	orDefault(&c.Fallbacks, 2)
 	l := &c.Limits
-	if l.MaxConns == 0 {
-		l.MaxConns = 4096
-	}
-	if l.MaxBufferedBytes == 0 {
-		l.MaxBufferedBytes = 64 << 20
-	}
-	if l.MaxHeaderBytes == 0 {
-		l.MaxHeaderBytes = 32 << 10
-	}
-	if l.ReadTimeout == 0 {
-		l.ReadTimeout = Duration(10 * time.Second)
-	}
-	if l.BodyIdleTimeout == 0 {
-		l.BodyIdleTimeout = Duration(2 * time.Second)
-	}
+	orDefault(&l.MaxConns, 4096)
+	orDefault(&l.MaxBufferedBytes, 64<<20)
+	orDefault(&l.MaxHeaderBytes, 32<<10)
+	orDefault(&l.ReadTimeout, Duration(10*time.Second))
+	orDefault(&l.BodyIdleTimeout, Duration(2*time.Second))
 	if c.Feedback.Syslog == "" && !c.Feedback.Disable {
 		c.Feedback.Syslog = DefaultFeedbackAddr
 	}
-	if c.Health.Path == "" {
-		c.Health.Path = "/health"
-	}
-	if c.Health.Interval == 0 {
-		c.Health.Interval = Duration(5 * time.Second)
-	}
-	if c.Health.Timeout == 0 {
-		c.Health.Timeout = Duration(time.Second)
-	}
-	if c.Health.Fails == 0 {
-		c.Health.Fails = 2
-	}
-	if c.Health.MinReady == 0 {
-		c.Health.MinReady = 1
+	orDefault(&c.Health.Path, "/health")
+	orDefault(&c.Health.Interval, Duration(5*time.Second))
+	orDefault(&c.Health.Timeout, Duration(time.Second))
+	orDefault(&c.Health.Fails, 2)
+	if c.Health.MinReady == nil {
+		one := 1
+		c.Health.MinReady = &one
 	}
 	c.applyFeedbackDefaults()
 	c.applyRequestLogDefaults()
@@ -683,57 +661,27 @@ func (c *Config) ApplyDefaults() {
 	if len(p.RouteAddrs) == 0 {
 		p.RouteAddrs = []string{c.Listen}
 	}
-	if p.FailMode == "" {
-		p.FailMode = FailOpen
-	}
-	if p.RouteTimeout == 0 {
-		p.RouteTimeout = Duration(500 * time.Millisecond)
-	}
-	if p.BreakerFailures == 0 {
-		p.BreakerFailures = 3
-	}
-	if p.BreakerCooldown == 0 {
-		p.BreakerCooldown = Duration(5 * time.Second)
-	}
-	if p.ConnectTimeout == 0 {
-		p.ConnectTimeout = Duration(2 * time.Second)
-	}
-	if p.StreamTimeout == 0 {
-		p.StreamTimeout = Duration(10 * time.Minute)
-	}
-	if c.HAProxy.Listen == "" {
-		c.HAProxy.Listen = "127.0.0.1:8080"
-	}
-	if c.HAProxy.DrainTimeout == 0 {
-		c.HAProxy.DrainTimeout = Duration(30 * time.Second)
-	}
-	if c.HAProxy.MaxConn == 0 {
-		c.HAProxy.MaxConn = 4096
-	}
-	if c.Nginx.Listen == "" {
-		c.Nginx.Listen = "127.0.0.1:8081"
-	}
-	if c.Nginx.Mode == "" {
-		c.Nginx.Mode = NginxModeBody
-	}
+	orDefault(&p.FailMode, FailOpen)
+	orDefault(&p.RouteTimeout, Duration(500*time.Millisecond))
+	orDefault(&p.BreakerFailures, 3)
+	orDefault(&p.BreakerCooldown, Duration(5*time.Second))
+	orDefault(&p.ConnectTimeout, Duration(2*time.Second))
+	orDefault(&p.StreamTimeout, Duration(10*time.Minute))
+	orDefault(&c.HAProxy.Listen, "127.0.0.1:8080")
+	orDefault(&c.HAProxy.DrainTimeout, Duration(30*time.Second))
+	orDefault(&c.HAProxy.MaxConn, 4096)
+	orDefault(&c.Nginx.Listen, "127.0.0.1:8081")
+	orDefault(&c.Nginx.Mode, NginxModeBody)
 	c.applyLoadDefaults()
 	for i := range c.Deployments {
 		d := &c.Deployments[i]
 		if d.Policy.Name == "" && d.Policy.Stages != nil {
 			d.Policy.Name = CustomPolicy
 		}
-		if d.Policy.Name == "" {
-			d.Policy.Name = "least-request"
-		}
-		if d.NginxMode == "" {
-			d.NginxMode = c.Nginx.Mode
-		}
-		if d.PD.PrefillTimeout == 0 {
-			d.PD.PrefillTimeout = Duration(30 * time.Second)
-		}
-		if d.PD.NoPrefill == "" {
-			d.PD.NoPrefill = "aggregate"
-		}
+		orDefault(&d.Policy.Name, "least-request")
+		orDefault(&d.NginxMode, c.Nginx.Mode)
+		orDefault(&d.PD.PrefillTimeout, Duration(30*time.Second))
+		orDefault(&d.PD.NoPrefill, "aggregate")
 		if d.FlowControl != nil {
 			d.FlowControl.ApplyDefaults()
 		}
@@ -806,8 +754,8 @@ func (c *Config) Validate() error {
 	case c.Feedback.Syslog != "":
 		checkAddr("feedback.syslog", c.Feedback.Syslog)
 	}
-	if c.Health.MinReady < 0 || c.Health.MinReady > 10000 {
-		bad("health.min_ready", "%d out of range [1, 10000]", c.Health.MinReady)
+	if m := c.Health.MinReady; m != nil && (*m < 0 || *m > 10000) {
+		bad("health.min_ready", "%d out of range [0, 10000] (0: a pool may be empty)", *m)
 	}
 	c.validateFeedback(bad)
 	c.validateRequestLog(bad)
@@ -918,8 +866,8 @@ func (c *Config) Validate() error {
 				bad(pf+".role", "role %q appears twice in deployment %q", p.Role, d.Name)
 			}
 			roles[p.Role] = true
-			if p.MinReady < 0 || p.MinReady > 10000 {
-				bad(pf+".min_ready", "%d out of range [0, 10000] (0 = health.min_ready)", p.MinReady)
+			if m := p.MinReady; m != nil && (*m < 0 || *m > 10000) {
+				bad(pf+".min_ready", "%d out of range [0, 10000] (unset: health.min_ready; 0: the pool may be empty)", *m)
 			}
 			if p.Discovery != nil {
 				validateDiscovery(pf+".discovery", p, bad)

@@ -52,34 +52,16 @@ func (c *ClusterConfig) Enabled() bool { return c.NATS != "" }
 
 func (c *Config) applyLoadDefaults() {
 	m := &c.EngineMetrics
-	if m.Path == "" {
-		m.Path = "/metrics"
-	}
-	if m.Interval == 0 {
-		m.Interval = Duration(250 * time.Millisecond)
-	}
-	if m.IdleInterval == 0 {
-		m.IdleInterval = Duration(max(2*time.Second, m.Interval.D()))
-	}
-	if m.Timeout == 0 {
-		m.Timeout = Duration(min(200*time.Millisecond, m.Interval.D()))
-	}
-	if m.MaxBytes == 0 {
-		m.MaxBytes = 4 << 20 // vLLM pages with histograms are ~100 KiB
-	}
+	orDefault(&m.Path, "/metrics")
+	orDefault(&m.Interval, Duration(250*time.Millisecond))
+	orDefault(&m.IdleInterval, Duration(max(2*time.Second, m.Interval.D())))
+	orDefault(&m.Timeout, Duration(min(200*time.Millisecond, m.Interval.D())))
+	orDefault(&m.MaxBytes, 4<<20) // vLLM pages with histograms are ~100 KiB
 	cl := &c.Cluster
-	if cl.Subject == "" {
-		cl.Subject = "turnout.prefix"
-	}
-	if cl.BatchDelay == 0 {
-		cl.BatchDelay = Duration(5 * time.Millisecond)
-	}
-	if cl.BatchSize == 0 {
-		cl.BatchSize = 64
-	}
-	if cl.Queue == 0 {
-		cl.Queue = 4096
-	}
+	orDefault(&cl.Subject, "turnout.prefix")
+	orDefault(&cl.BatchDelay, Duration(5*time.Millisecond))
+	orDefault(&cl.BatchSize, 64)
+	orDefault(&cl.Queue, 4096)
 }
 
 func (c *Config) validateLoad(bad func(field, format string, a ...any)) {

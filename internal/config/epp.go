@@ -20,9 +20,9 @@ type EPPConfig struct {
 	// primary alone, for gateways that proxy to the header's value as one
 	// address (NGINX Gateway Fabric's shim).
 	Fallbacks *int `yaml:"fallbacks"`
-	// Server is the gRPC server of Listen: grpc (default: grpc-go) or
-	// inline (HTTP/2 read and decided on each connection's goroutine, fewer
-	// context switches per decision; not yet tried against a real Envoy).
+	// Server is the gRPC server of Listen: inline (default: turnout's own
+	// HTTP/2 server, read and decided on each connection's goroutine) or
+	// grpc (grpc-go).
 	Server string `yaml:"server"`
 }
 
@@ -63,12 +63,8 @@ const (
 func (e *EPPConfig) On() bool { return e.Listen != "" }
 
 func (c *Config) applyEPPDefaults() {
-	if c.EPP.TLS.Mode == "" {
-		c.EPP.TLS.Mode = EPPTLSSelfSigned
-	}
-	if c.EPP.Server == "" {
-		c.EPP.Server = EPPServerGRPC
-	}
+	orDefault(&c.EPP.TLS.Mode, EPPTLSSelfSigned)
+	orDefault(&c.EPP.Server, EPPServerInline)
 }
 
 func (c *Config) validateEPP(bad func(field, format string, a ...any)) {

@@ -11,7 +11,7 @@ import (
 func TestEPPConfig(t *testing.T) {
 	const deps = "deployments:\n  - name: a\n    pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]\n"
 	c := mustParse(t, deps)
-	if c.EPP.On() || c.EPP.TLS.Mode != EPPTLSSelfSigned || c.EPP.Server != EPPServerGRPC {
+	if c.EPP.On() || c.EPP.TLS.Mode != EPPTLSSelfSigned || c.EPP.Server != EPPServerInline {
 		t.Errorf("defaults: %+v", c.EPP)
 	}
 	if c.EPP.ListedPicks(3) != 3 {
@@ -23,7 +23,7 @@ func TestEPPConfig(t *testing.T) {
 	if _, err := ParseConfig([]byte("epp: {fallbacks: -1}\n" + deps)); err == nil || !strings.Contains(err.Error(), "epp.fallbacks") {
 		t.Errorf("epp.fallbacks -1: %v", err)
 	}
-	if c = mustParse(t, "epp: {listen: ':9002', server: inline}\n"+deps); c.EPP.Server != EPPServerInline {
+	if c = mustParse(t, "epp: {listen: ':9002', server: grpc}\n"+deps); c.EPP.Server != EPPServerGRPC {
 		t.Errorf("server: %+v", c.EPP)
 	}
 	c = mustParse(t, "epp: {listen: ':9002', health_listen: ':9003', tls: {mode: files, cert_file: /c, key_file: /k}}\n"+deps)

@@ -41,22 +41,12 @@ func (c *Config) applyFeedbackDefaults() {
 			}
 		}
 	}
-	if f.StalledAfter == 0 {
-		f.StalledAfter = Duration(time.Minute)
-	}
-	if f.StalledMinDecisions == 0 {
-		f.StalledMinDecisions = 20
-	}
+	orDefault(&f.StalledAfter, Duration(time.Minute))
+	orDefault(&f.StalledMinDecisions, 20)
 	st := &c.Health.Stall
-	if st.Budget == 0 {
-		st.Budget = Duration(30 * time.Second)
-	}
-	if st.ProbePath == "" {
-		st.ProbePath = "/v1/completions"
-	}
-	if st.Readmit == 0 {
-		st.Readmit = st.Budget
-	}
+	orDefault(&st.Budget, Duration(30*time.Second))
+	orDefault(&st.ProbePath, "/v1/completions")
+	orDefault(&st.Readmit, st.Budget)
 }
 
 func (c *Config) validateFeedback(bad func(field, format string, a ...any)) {

@@ -83,12 +83,8 @@ const (
 
 // ApplyDefaults fills what the config leaves out (Config.Validate does it for a loaded file).
 func (f *FlowConfig) ApplyDefaults() {
-	if f.PriorityHeader == "" {
-		f.PriorityHeader = defaultPriorityHdr
-	}
-	if f.TenantHeader == "" {
-		f.TenantHeader = defaultTenantHdr
-	}
+	orDefault(&f.PriorityHeader, defaultPriorityHdr)
+	orDefault(&f.TenantHeader, defaultTenantHdr)
 	if len(f.Classes) == 0 {
 		f.Classes = []FlowClass{
 			{Name: FlowClassCritical, MaxQueue: 1000, MaxWait: Duration(30 * time.Second)},
@@ -98,12 +94,8 @@ func (f *FlowConfig) ApplyDefaults() {
 	}
 	for i := range f.Classes {
 		c := &f.Classes[i]
-		if c.MaxQueue == 0 {
-			c.MaxQueue = 1000
-		}
-		if c.MaxWait == 0 {
-			c.MaxWait = Duration(10 * time.Second)
-		}
+		orDefault(&c.MaxQueue, 1000)
+		orDefault(&c.MaxWait, Duration(10*time.Second))
 	}
 	if f.DefaultClass == "" {
 		f.DefaultClass = FlowClassStandard
@@ -111,9 +103,7 @@ func (f *FlowConfig) ApplyDefaults() {
 			f.DefaultClass = f.Classes[len(f.Classes)/2].Name
 		}
 	}
-	if f.MaxTenantLabels == 0 {
-		f.MaxTenantLabels = 20
-	}
+	orDefault(&f.MaxTenantLabels, 20)
 }
 
 // ClassIndex is the position of the class named (or valued) s, without

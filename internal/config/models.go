@@ -104,6 +104,33 @@ func validateModelsInterval(c *Config, bad func(field, format string, args ...an
 	if mi := c.Health.ModelsInterval.D(); mi < 0 || mi > 0 && mi < 100*time.Millisecond || mi > 10*time.Minute {
 		bad("health.models_interval", "%v out of range [100ms, 10m] (0: %v)", mi, DefaultModelsInterval)
 	}
+	if mw := c.Health.ModelsWait.D(); mw < 0 || mw > 10*time.Minute {
+		bad("health.models_wait", "%v out of range [0, 10m] (0: %v)", mw, DefaultModelsWait)
+	}
+}
+
+// DefaultModelsWait bounds /readyz's wait for an endpoint's first model list.
+const DefaultModelsWait = 10 * time.Second
+
+// ModelsWaitOr is health.models_wait with its default.
+func (h *HealthConfig) ModelsWaitOr() time.Duration {
+	if h.ModelsWait == 0 {
+		return DefaultModelsWait
+	}
+	return h.ModelsWait.D()
+}
+
+// PoolMinReady is how many available endpoints pool p needs for its
+// models to count as ready: its own min_ready, else health.min_ready,
+// else 1. 0 means the pool may be empty.
+func (c *Config) PoolMinReady(p *PoolConfig) int {
+	switch {
+	case p.MinReady != nil:
+		return *p.MinReady
+	case c.Health.MinReady != nil:
+		return *c.Health.MinReady
+	}
+	return 1
 }
 
 // ModelsEvery is health.models_interval with its default.

@@ -67,9 +67,7 @@ func (t *TLSConfig) applyDefaults() {
 	if !t.Enabled() {
 		return
 	}
-	if t.MinVersion == "" {
-		t.MinVersion = TLS12
-	}
+	orDefault(&t.MinVersion, TLS12)
 	if len(t.ALPN) == 0 {
 		t.ALPN = []string{ALPNH2, ALPNHTTP11}
 	}

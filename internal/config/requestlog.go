@@ -50,15 +50,9 @@ func (r *RequestLogConfig) SyslogTarget() (network, addr string) {
 
 func (c *Config) applyRequestLogDefaults() {
 	r := &c.RequestLog
-	if r.To == "" {
-		r.To = RequestLogStdout
-	}
-	if r.MaxSizeMB == 0 {
-		r.MaxSizeMB = 100
-	}
-	if r.MaxBackups == 0 {
-		r.MaxBackups = 5
-	}
+	orDefault(&r.To, RequestLogStdout)
+	orDefault(&r.MaxSizeMB, 100)
+	orDefault(&r.MaxBackups, 5)
 }
 
 func (c *Config) validateRequestLog(bad func(field, format string, a ...any)) {

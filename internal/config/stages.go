@@ -169,22 +169,14 @@ func validateStages(f string, s *StagesConfig, bad func(field, format string, a 
 		bad(f+".scorers", "at least one scorer is required")
 	}
 	for i := range s.Filters {
-		st := &s.Filters[i]
-		ff := fmt.Sprintf("%s.filters[%d]", f, i)
-		if st.Name == "" {
-			bad(ff+".name", "required")
-		}
-		if st.Weight != nil {
+		ff := stageField(f, "filters", i, &s.Filters[i], bad)
+		if s.Filters[i].Weight != nil {
 			bad(ff+".weight", "filters have no weight (scorers do)")
 		}
 	}
 	for i := range s.Scorers {
-		st := &s.Scorers[i]
-		ff := fmt.Sprintf("%s.scorers[%d]", f, i)
-		if st.Name == "" {
-			bad(ff+".name", "required")
-		}
-		if w := st.W(); math.IsNaN(w) || math.IsInf(w, 0) || w < 0 || w > 1e6 {
+		ff := stageField(f, "scorers", i, &s.Scorers[i], bad)
+		if w := s.Scorers[i].W(); math.IsNaN(w) || math.IsInf(w, 0) || w < 0 || w > 1e6 {
 			bad(ff+".weight", "%v out of range [0, 1e6]", w)
 		}
 	}
@@ -193,4 +185,14 @@ func validateStages(f string, s *StagesConfig, bad func(field, format string, a 
 	default:
 		bad(f+".fallbacks", "%q must be %s or %s", s.Fallbacks, FallbacksLeastLoaded, FallbacksScore)
 	}
+}
+
+// stageField is the path of stage i of a list, after checking what every
+// stage needs: a name.
+func stageField(f, list string, i int, st *StageConfig, bad func(field, format string, a ...any)) string {
+	ff := fmt.Sprintf("%s.%s[%d]", f, list, i)
+	if st.Name == "" {
+		bad(ff+".name", "required")
+	}
+	return ff
 }

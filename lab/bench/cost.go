@@ -668,14 +668,12 @@ func (r *CostRow) rssText() string {
 
 // WriteCostMarkdown writes cost rows as a Markdown table.
 func WriteCostMarkdown(w io.Writer, rows []CostRow) error {
-	var b strings.Builder
-	b.WriteString("| group | target | load | rps | rps ratio | p50 ms | p99 ms | added p50 ms | added p99 ms | proxy RSS MiB | RSS ratio | turnout RSS MiB | errors |\n")
-	b.WriteString("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	for i := range rows {
+	return writeMarkdown(w, "| group | target | load | rps | rps ratio | p50 ms | p99 ms | added p50 ms | added p99 ms | proxy RSS MiB | RSS ratio | turnout RSS MiB | errors |\n"+
+		"|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", len(rows), func(b *strings.Builder, i int) {
 		r := &rows[i]
 		if r.Note != "" {
-			fmt.Fprintf(&b, "| %s | %s | %s ||||||||||\n", r.Group, r.Target, r.Note)
-			continue
+			fmt.Fprintf(b, "| %s | %s | %s ||||||||||\n", r.Group, r.Target, r.Note)
+			return
 		}
 		rps, ratio := fmt.Sprintf("%.0f", r.RPS), fmt.Sprintf("%.3f", r.Ratio)
 		lat := fmt.Sprintf("%.3f | %.3f | %+.3f | %+.3f", r.P50, r.P99, r.AddedP50, r.AddedP99)
@@ -692,13 +690,9 @@ func WriteCostMarkdown(w io.Writer, rows []CostRow) error {
 		if r.TurnoutRSS > 0 {
 			trss = fmt.Sprintf("%.1f", r.TurnoutRSS)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s c%d | %s | %s | %s | %s | %s | %s | %d |\n", r.Group, r.Target, r.LoadGen, r.Conns,
+		fmt.Fprintf(b, "| %s | %s | %s c%d | %s | %s | %s | %s | %s | %s | %d |\n", r.Group, r.Target, r.LoadGen, r.Conns,
 			rps, ratio, lat, r.rssText(), rssRatio, trss, r.Errors)
-	}
-	if _, err := io.WriteString(w, b.String()); err != nil {
-		return fmt.Errorf("markdown: %w", err)
-	}
-	return nil
+	})
 }
 
 // CostOutputs writes NAME.{txt,csv,md} into dir.
@@ -708,18 +702,7 @@ func CostOutputs(dir, name string, rows []CostRow) error {
 	}
 	var errs []error
 	for ext, fn := range map[string]func(io.Writer, []CostRow) error{".txt": WriteCostTable, ".csv": WriteCostCSV, ".md": WriteCostMarkdown} {
-		p := filepath.Join(dir, name+ext)
-		f, err := os.Create(p)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("create %s: %w", p, err))
-			continue
-		}
-		if err := fn(f, rows); err != nil {
-			errs = append(errs, fmt.Errorf("write %s: %w", p, err))
-		}
-		if err := f.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("close %s: %w", p, err))
-		}
+		errs = append(errs, writeFile(dir, name+ext, func(w io.Writer) error { return fn(w, rows) }))
 	}
 	return errors.Join(errs...)
 }

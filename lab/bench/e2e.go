@@ -411,15 +411,24 @@ func (st *Stack) startEPP(ctx context.Context, o StackOptions) error {
 	return nil
 }
 
+// proxyDir is the front address a proxy listens on and its directory
+// (made) under o.Dir.
+func (st *Stack) proxyDir(o StackOptions, name string) (front, dir string, err error) {
+	if front, err = st.frontAddr(); err != nil {
+		return "", "", err
+	}
+	dir = filepath.Join(o.Dir, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", "", fmt.Errorf("%s dir: %w", name, err)
+	}
+	return front, dir, nil
+}
+
 // startHAProxyStack starts HAProxy alone or turnout + rendered HAProxy.
 func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions) error {
-	front, err := st.frontAddr()
+	front, hapDir, err := st.proxyDir(o, "haproxy")
 	if err != nil {
 		return err
-	}
-	hapDir := filepath.Join(o.Dir, "haproxy")
-	if err := os.MkdirAll(hapDir, 0o755); err != nil {
-		return fmt.Errorf("haproxy dir: %w", err)
 	}
 	if o.Spec.IsHAProxy() {
 		cfg := PlainHAProxyConfig(PlainHAProxyOptions{
@@ -448,13 +457,9 @@ func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions) error {
 // startNginxStack starts nginx alone or turnout + rendered nginx (header or
 // body mode).
 func (st *Stack) startNginxStack(ctx context.Context, o StackOptions) error {
-	front, err := st.frontAddr()
+	front, ngDir, err := st.proxyDir(o, "nginx")
 	if err != nil {
 		return err
-	}
-	ngDir := filepath.Join(o.Dir, "nginx")
-	if err := os.MkdirAll(ngDir, 0o755); err != nil {
-		return fmt.Errorf("nginx dir: %w", err)
 	}
 	if o.Spec.IsNginx() {
 		balance := ""

@@ -331,12 +331,8 @@ func (s *GatewayStream) responsePhase(res *GatewayResult, resp *http.Response) e
 	}); err != nil {
 		return fmt.Errorf("send response_headers: %w", err)
 	}
-	a, err := s.c.Recv()
-	if err != nil {
-		return fmt.Errorf("response headers answer: %w", err)
-	}
-	if a.GetResponseHeaders() == nil {
-		return fmt.Errorf("response headers answered with %T", a.Response)
+	if _, err := answer(s, "response headers", (*extprocv3.ProcessingResponse).GetResponseHeaders); err != nil {
+		return err
 	}
 	if s.req.Mode == GatewayBuffered {
 		b, err := io.ReadAll(resp.Body)
@@ -347,14 +343,11 @@ func (s *GatewayStream) responsePhase(res *GatewayResult, resp *http.Response) e
 		if err := s.c.Send(responseBodyMessage(b, true, served)); err != nil {
 			return fmt.Errorf("send the response body: %w", err)
 		}
-		a, err := s.c.Recv()
+		rb, err := answer(s, "response body", (*extprocv3.ProcessingResponse).GetResponseBody)
 		if err != nil {
-			return fmt.Errorf("response body answer: %w", err)
+			return err
 		}
-		if a.GetResponseBody() == nil {
-			return fmt.Errorf("response body answered with %T", a.Response)
-		}
-		res.Passed = applyBodyMutation(b, a.GetResponseBody().GetResponse())
+		res.Passed = applyBodyMutation(b, rb.GetResponse())
 		res.FirstPassed = time.Now()
 		return nil
 	}
@@ -381,7 +374,7 @@ func (s *GatewayStream) responsePhase(res *GatewayResult, resp *http.Response) e
 		}
 		s.sendEr <- err
 	}()
-	err = s.recvStreamed("response", (*extprocv3.ProcessingResponse).GetResponseBody, func(b []byte) {
+	err := s.recvStreamed("response", (*extprocv3.ProcessingResponse).GetResponseBody, func(b []byte) {
 		if len(b) > 0 && res.FirstPassed.IsZero() {
 			res.FirstPassed = time.Now()
 		}
@@ -391,6 +384,20 @@ func (s *GatewayStream) responsePhase(res *GatewayResult, resp *http.Response) e
 		return err
 	}
 	return <-s.sendEr
+}
+
+// answer reads the next answer, which must carry the part get returns
+// (what names it in errors).
+func answer[T any](s *GatewayStream, what string, get func(*extprocv3.ProcessingResponse) *T) (*T, error) {
+	a, err := s.c.Recv()
+	if err != nil {
+		return nil, fmt.Errorf("%s answer: %w", what, err)
+	}
+	part := get(a)
+	if part == nil {
+		return nil, fmt.Errorf("%s answered with %T", what, a.Response)
+	}
+	return part, nil
 }
 
 // recvStreamed reads the full-duplex answers to one body (which: request

@@ -91,7 +91,7 @@ func startNATS(ctx context.Context, ps *procSet, dir, bin string) (string, error
 			_ = c.Close()
 			return "nats://" + addr, nil
 		}
-		if p.exited() || time.Now().After(deadline) || ctx.Err() != nil {
+		if p.Exited() || time.Now().After(deadline) || ctx.Err() != nil {
 			return "", fmt.Errorf("nats-server on %s: %w (%v)\n%s", addr, errNotReady, err, p.logTail())
 		}
 		time.Sleep(50 * time.Millisecond)

@@ -230,10 +230,10 @@ type ConfigOptions struct {
 	// ClusterNATS and ClusterName fill the cluster section (sync with
 	// other fronts over NATS; "" = no section).
 	ClusterNATS, ClusterName string
-	// EPPListen and EPPTLS fill the epp section (the Endpoint Picker's
-	// gRPC listener and epp.tls.mode; "" = no section, turnout's default
-	// mode).
-	EPPListen, EPPTLS string
+	// EPPListen, EPPTLS and EPPServer fill the epp section (the Endpoint
+	// Picker's gRPC listener, epp.tls.mode and epp.server; "" = no
+	// section, turnout's default mode and server).
+	EPPListen, EPPTLS, EPPServer string
 }
 
 // TurnoutConfig renders a turnout YAML config with one deployment and one
@@ -287,6 +287,9 @@ func TurnoutConfig(o ConfigOptions) []byte {
 		fmt.Fprintf(&b, "epp:\n  listen: %s\n", o.EPPListen)
 		if o.EPPTLS != "" {
 			fmt.Fprintf(&b, "  tls: {mode: %s}\n", o.EPPTLS)
+		}
+		if o.EPPServer != "" {
+			fmt.Fprintf(&b, "  server: %s\n", o.EPPServer)
 		}
 	}
 	b.WriteString("deployments:\n")

@@ -14,66 +14,31 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/turnout/turnout/lab/testenv/child"
 )
 
 // proc is a child process the bench started and must stop: mocks, turnout,
 // HAProxy. Output goes to DIR/NAME.log for post-mortems.
 type proc struct {
+	*child.Process
 	name    string
 	cmd     *exec.Cmd
 	logPath string
-	done    chan struct{}
-	err     error
 }
 
 // startProc starts bin with args; its output goes to dir/name.log.
 func startProc(dir, name, bin string, args ...string) (*proc, error) {
 	logPath := filepath.Join(dir, name+".log")
-	f, err := os.Create(logPath)
-	if err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
 	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
 	// Own process group: a Ctrl-C on the bench reaches the bench, which
 	// then stops its children in order, not all at once.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		_ = f.Close()
+	cp, err := child.Start(cmd, logPath)
+	if err != nil {
 		return nil, fmt.Errorf("start %s (%s): %w", name, bin, err)
 	}
-	p := &proc{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		_ = f.Close()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-// exited reports whether the process has ended (a crash during startup).
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// stop sends SIGTERM, then SIGKILL after grace; only this process (and, for
-// HAProxy's master, the workers it stops itself) is signalled.
-func (p *proc) stop(grace time.Duration) {
-	if p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
+	return &proc{Process: cp, name: name, cmd: cmd, logPath: logPath}, nil
 }
 
 // logTail returns the end of the process log for error messages.
@@ -104,7 +69,7 @@ func (s *procSet) start(dir, name, bin string, args ...string) (*proc, error) {
 
 func (s *procSet) stopAll() {
 	for i := len(s.procs) - 1; i >= 0; i-- {
-		s.procs[i].stop(5 * time.Second)
+		s.procs[i].Stop(5 * time.Second)
 	}
 	s.procs = nil
 }
@@ -142,8 +107,8 @@ func waitHTTP(ctx context.Context, p *proc, url string, want int, timeout time.D
 	c := &http.Client{Timeout: time.Second}
 	var last error
 	for time.Now().Before(deadline) {
-		if p != nil && p.exited() {
-			return fmt.Errorf("%s exited during startup: %v\n%s", p.name, p.err, p.logTail())
+		if p != nil && p.Exited() {
+			return fmt.Errorf("%s exited during startup: %v\n%s", p.name, p.Err(), p.logTail())
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {

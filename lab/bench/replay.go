@@ -200,29 +200,31 @@ func Outputs(dir, name string, rows, sweep []Row, chart *ChartOptions) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("output dir: %w", err)
 	}
-	write := func(ext string, fn func(*os.File) error) error {
-		p := filepath.Join(dir, name+ext)
-		f, err := os.Create(p)
-		if err != nil {
-			return fmt.Errorf("create %s: %w", p, err)
-		}
-		if err := fn(f); err != nil {
-			_ = f.Close()
-			return fmt.Errorf("write %s: %w", p, err)
-		}
-		if err := f.Close(); err != nil {
-			return fmt.Errorf("close %s: %w", p, err)
-		}
-		return nil
-	}
 	all := append(append([]Row(nil), rows...), sweep...)
 	errs := []error{
-		write(".txt", func(f *os.File) error { return WriteTable(f, all) }),
-		write(".csv", func(f *os.File) error { return WriteCSV(f, all) }),
-		write(".md", func(f *os.File) error { return WriteMarkdown(f, all) }),
+		writeFile(dir, name+".txt", func(w io.Writer) error { return WriteTable(w, all) }),
+		writeFile(dir, name+".csv", func(w io.Writer) error { return WriteCSV(w, all) }),
+		writeFile(dir, name+".md", func(w io.Writer) error { return WriteMarkdown(w, all) }),
 	}
 	if chart != nil {
-		errs = append(errs, write(".svg", func(f *os.File) error { return WriteSVG(f, rows, sweep, *chart) }))
+		errs = append(errs, writeFile(dir, name+".svg", func(w io.Writer) error { return WriteSVG(w, rows, sweep, *chart) }))
 	}
 	return errors.Join(errs...)
+}
+
+// writeFile creates dir/name and writes it with fn.
+func writeFile(dir, name string, fn func(io.Writer) error) error {
+	p := filepath.Join(dir, name)
+	f, err := os.Create(p)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", p, err)
+	}
+	if err := fn(f); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", p, err)
+	}
+	return nil
 }

@@ -220,18 +220,26 @@ func writeAdapterLoads(w io.Writer, rows []Row) error {
 
 // WriteMarkdown writes rows as a Markdown table (pasted into BENCHMARKS.md).
 func WriteMarkdown(w io.Writer, rows []Row) error {
-	var b strings.Builder
-	b.WriteString("| policy | requests | hit ratio | inf. bound | pooled | hit/inf | load max/mean (req) | (tok) | TTFT p50 ms | p90 | p99 | rps |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	for i := range rows {
+	return writeMarkdown(w, "| policy | requests | hit ratio | inf. bound | pooled | hit/inf | load max/mean (req) | (tok) | TTFT p50 ms | p90 | p99 | rps |\n"+
+		"|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", len(rows), func(b *strings.Builder, i int) {
 		r := &rows[i]
 		if r.Note != "" {
-			fmt.Fprintf(&b, "| %s | %s |||||||||||\n", r.Label(), r.Note)
-			continue
+			fmt.Fprintf(b, "| %s | %s |||||||||||\n", r.Label(), r.Note)
+			return
 		}
-		fmt.Fprintf(&b, "| %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.0f | %.0f | %.0f | %.2f |\n",
+		fmt.Fprintf(b, "| %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.0f | %.0f | %.0f | %.2f |\n",
 			r.Label(), r.Requests, r.HitRatio, r.InfBound, r.Pooled, Ratio(r.HitRatio, r.InfBound),
 			r.LoadReq, r.LoadTok, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.RPS)
+	})
+}
+
+// writeMarkdown writes a Markdown table: head (the header line and its
+// rule), then row(b, i) for each of n rows, each writing one line.
+func writeMarkdown(w io.Writer, head string, n int, row func(b *strings.Builder, i int)) error {
+	var b strings.Builder
+	b.WriteString(head)
+	for i := range n {
+		row(&b, i)
 	}
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return fmt.Errorf("markdown: %w", err)

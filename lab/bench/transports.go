@@ -39,6 +39,9 @@ type TransportOptions struct {
 	// SPOE and Endpoint Picker rows, interleaved with Turnout's); "" for
 	// none.
 	Baseline string
+	// EPPServer and BaselineEPPServer are each binary's epp.server ("":
+	// the binary's default).
+	EPPServer, BaselineEPPServer string
 	// Duration of one load run; every target gets Rounds runs, interleaved.
 	Duration time.Duration
 	Rounds   int
@@ -116,7 +119,7 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 	for i := range eps {
 		eps[i] = Endpoint{Name: "r" + strconv.Itoa(i), Address: "127.0.0.1:" + strconv.Itoa(18000+i)}
 	}
-	start := func(bin, name, tlsMode string) (*proc, map[string]string, error) {
+	start := func(bin, name, tlsMode, server string) (*proc, map[string]string, error) {
 		addrs := map[string]string{}
 		for _, k := range []string{"listen", "spoe", "haproxy", "epp"} {
 			a, err := freeAddr()
@@ -131,7 +134,7 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		}
 		cfg := TurnoutConfig(ConfigOptions{Listen: addrs["listen"], Model: "llama", Policy: spec, Endpoints: eps, DisableHealth: true,
 			Syslog: "127.0.0.1:" + strconv.Itoa(fb), HAProxyListen: addrs["haproxy"], HAProxySPOE: addrs["spoe"],
-			SessionHeaders: []string{"x-session-id"}, EPPListen: addrs["epp"], EPPTLS: tlsMode})
+			SessionHeaders: []string{"x-session-id"}, EPPListen: addrs["epp"], EPPTLS: tlsMode, EPPServer: server})
 		path := filepath.Join(o.Dir, name+".yaml")
 		if err := os.WriteFile(path, cfg, 0o644); err != nil {
 			return nil, nil, fmt.Errorf("transports config: %w", err)
@@ -164,12 +167,12 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 	}()
 	// binaryTargets starts bin's two processes (h2c, TLS) and returns its
 	// targets, /internal/route left out for the baseline.
-	binaryTargets := func(bin, suffix, prefix string, withRoute bool) ([]transportTarget, error) {
-		plain, pa, err := start(bin, prefix+"turnout-h2c", "off")
+	binaryTargets := func(bin, suffix, prefix, server string, withRoute bool) ([]transportTarget, error) {
+		plain, pa, err := start(bin, prefix+"turnout-h2c", "off", server)
 		if err != nil {
 			return nil, err
 		}
-		tlsP, ta, err := start(bin, prefix+"turnout-tls", "self-signed")
+		tlsP, ta, err := start(bin, prefix+"turnout-tls", "self-signed", server)
 		if err != nil {
 			return nil, err
 		}
@@ -194,12 +197,12 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			transportTarget{TransportEPPTLS + suffix, tlsP.cmd.Process.Pid, spoe, eppWorker(ctx, tlsConns, bodies)},
 		), nil
 	}
-	targets, err := binaryTargets(o.Turnout, "", "", true)
+	targets, err := binaryTargets(o.Turnout, "", "", o.EPPServer, true)
 	if err != nil {
 		return nil, err
 	}
 	if o.Baseline != "" {
-		base, err := binaryTargets(o.Baseline, BaselineSuffix, "baseline-", false)
+		base, err := binaryTargets(o.Baseline, BaselineSuffix, "baseline-", o.BaselineEPPServer, false)
 		if err != nil {
 			return nil, err
 		}

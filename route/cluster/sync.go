@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/promtext"
 	"github.com/turnout/turnout/route/fleet"
 
 	"github.com/nats-io/nats.go"
@@ -564,9 +565,7 @@ const (
 
 // WriteMetrics renders the cluster counters (register with route.Decider.AddMetrics).
 func (s *Sync) WriteMetrics(b *strings.Builder) {
-	help := func(name, typ, text string) {
-		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
-	}
+	help := promtext.Helper(b)
 	c := 0
 	if s.connected.Load() {
 		c = 1

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/promtext"
 	"github.com/turnout/turnout/route/fleet"
 
 	dto "github.com/prometheus/client_model/go"
@@ -606,9 +607,7 @@ func (s *Scraper) WriteMetrics(b *strings.Builder) {
 		targets[n] = t
 	}
 	s.mu.Unlock()
-	help := func(name, typ, text string) {
-		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
-	}
+	help := promtext.Helper(b)
 	help("turnout_engine_scrapes_total", "counter", "Scrapes of endpoints' own /metrics (engine load), by result.")
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {

@@ -6,6 +6,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/turnout/turnout/route/contract"
 )
@@ -19,14 +20,30 @@ import (
 
 // routedHeaders answers the request headers with the pick; whole: the
 // body was seen to its end.
-func (st *stream) routedHeaders(whole bool) *wireAnswer {
-	return routedAnswer(fRespRequestHeaders, st.dest, st.contentLength(whole))
+func (st *stream) routedHeaders(whole bool) error {
+	st.ans = answer{kind: answerRouted, phase: fRespRequestHeaders, dest: st.dest, cl: st.contentLength(whole)}
+	return st.send(&st.ans)
 }
 
 // routedBufferedBody answers a BUFFERED body with the pick; the body
 // itself is left as it is.
-func (st *stream) routedBufferedBody() *wireAnswer {
-	return routedAnswer(fRespRequestBody, st.dest, st.contentLength(true))
+func (st *stream) routedBufferedBody() error {
+	st.ans = answer{kind: answerRouted, phase: fRespRequestBody, dest: st.dest, cl: st.contentLength(true)}
+	return st.send(&st.ans)
+}
+
+// passOn passes a body chunk on unchanged in phase (request_body or
+// response_body, FULL_DUPLEX_STREAMED).
+func (st *stream) passOn(phase protowire.Number, chunk []byte, eos bool) error {
+	st.ans = answer{kind: answerStreamed, phase: phase, chunk: chunk, eos: eos}
+	return st.send(&st.ans)
+}
+
+// goOn lets phase go on unchanged: the empty answer of request_headers
+// (BUFFERED), request_trailers, and the response phases.
+func (st *stream) goOn(phase protowire.Number) error {
+	st.ans = answer{kind: answerContinue, phase: phase}
+	return st.send(&st.ans)
 }
 
 func setHeader(k, v string) *corev3.HeaderValueOption {
@@ -34,14 +51,6 @@ func setHeader(k, v string) *corev3.HeaderValueOption {
 		Header:       &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
 		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
 	}
-}
-
-func continueHeaders() *extprocv3.ProcessingResponse {
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}
-}
-
-func continueRequestTrailers() *extprocv3.ProcessingResponse {
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
 }
 
 // refuse answers a refusal this transport makes itself, counted with

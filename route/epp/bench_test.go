@@ -31,6 +31,12 @@ import (
 // allocs/op count both sides (client and server run in this process);
 // streams run in parallel, as a gateway's do.
 func BenchmarkEPPDecision(b *testing.B) {
+	for _, server := range []string{config.EPPServerInline, config.EPPServerGRPC} {
+		b.Run(server, func(b *testing.B) { benchDecision(b, server) })
+	}
+}
+
+func benchDecision(b *testing.B, server string) {
 	cfg, err := config.ParseConfig([]byte(fleetYAML))
 	if err != nil {
 		b.Fatal(err)
@@ -40,7 +46,7 @@ func BenchmarkEPPDecision(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer d.Close()
-	s, err := New(d, Options{TLS: config.EPPTLSConfig{Mode: config.EPPTLSOff}})
+	s, err := New(d, Options{TLS: config.EPPTLSConfig{Mode: config.EPPTLSOff}, Server: server})
 	if err != nil {
 		b.Fatal(err)
 	}

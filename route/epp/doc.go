@@ -10,10 +10,11 @@
 // maps every field.
 //
 // Files: server.go (the listener, grpc-go's server and stream loop), h2.go
-// (the inline server: HTTP/2 and gRPC on the connection's goroutine,
-// epp.server: inline), h2stream.go (its streams), request.go (the
+// (the inline server, epp.server's default: HTTP/2 and gRPC on the
+// connection's goroutine), h2stream.go (its streams), request.go (the
 // request phase and the decision), answer.go (what goes back to the
-// gateway), wire.go (the hot answers encoded to the wire, the server's
+// gateway), decode.go (the gateway's ProcessingRequest read off the wire
+// by hand), wire.go (the hot answers encoded to the wire, the server's
 // codec), response.go (the response phase), subset.go (the metadata the
 // gateway sends: subset hint, served endpoint), health.go (gRPC health),
 // tls.go (the listener's certificate).

@@ -153,6 +153,12 @@ type h2Conn struct {
 	lastID   atomic.Uint32 // the last stream opened (GOAWAY names it)
 	recvConn int           // bytes received since the last connection WINDOW_UPDATE
 	spareIn  [][]byte
+	req      procReq // the message being handled
+	hdec     *hpack.Decoder
+	hblock   []byte       // a header block continued in CONTINUATION frames
+	hstream  uint32       // its stream
+	hended   bool         // its HEADERS frame ended the stream
+	hf       headerFields // the header block being decoded
 
 	// Write state, under wmu.
 	wmu         sync.Mutex
@@ -176,8 +182,9 @@ func newH2Conn(h *h2Server, nc net.Conn) *h2Conn {
 		streams: map[uint32]*h2Stream{}, parked: map[uint32]*h2Stream{},
 		sendConn: defaultWindow, peerWindow: defaultWindow, peerFrame: maxFrame}
 	c.fr = http2.NewFramer(c.bw, c.br)
-	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	c.fr.MaxHeaderListSize = 1 << 20
+	c.fr.SetReuseFrames()
+	c.hdec = hpack.NewDecoder(4096, c.headerField)
+	c.hdec.SetMaxStringLength(maxHeaderList)
 	c.henc = hpack.NewEncoder(&c.hbuf)
 	return c
 }
@@ -222,18 +229,13 @@ func (c *h2Conn) serve() {
 			}
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				c.h.s.log.Debug().Err(err).Msg("Endpoint Picker connection: bad frame")
-				var ce http2.ConnectionError
-				if errors.As(err, &ce) {
-					c.wmu.Lock()
-					_ = c.fr.WriteGoAway(c.lastID.Load(), http2.ErrCode(ce), nil)
-					_ = c.bw.Flush()
-					c.wmu.Unlock()
-				}
+				c.connError(err)
 			}
 			return
 		}
 		if err := c.frame(f); err != nil {
 			c.h.s.log.Debug().Err(err).Msg("Endpoint Picker connection closed")
+			c.connError(err)
 			return
 		}
 		if c.br.Buffered() == 0 {
@@ -248,6 +250,21 @@ func (c *h2Conn) serve() {
 				return
 			}
 		}
+	}
+}
+
+// connError tells the client why the connection ends, when err is the
+// protocol's connection error.
+func (c *h2Conn) connError(err error) {
+	var ce http2.ConnectionError
+	if !errors.As(err, &ce) {
+		return
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if !c.broken {
+		_ = c.fr.WriteGoAway(c.lastID.Load(), http2.ErrCode(ce), nil)
+		_ = c.bw.Flush()
 	}
 }
 
@@ -281,14 +298,32 @@ func (c *h2Conn) frame(f http2.Frame) error {
 	case *http2.WindowUpdateFrame:
 		c.windowUpdate(f.StreamID, int64(f.Increment))
 		return nil
-	case *http2.MetaHeadersFrame:
-		return c.headers(f)
+	case *http2.HeadersFrame:
+		if f.HeadersEnded() {
+			return c.headerBlock(f.StreamID, f.StreamEnded(), f.HeaderBlockFragment())
+		}
+		c.hblock = append(c.hblock[:0], f.HeaderBlockFragment()...)
+		c.hstream, c.hended = f.StreamID, f.StreamEnded()
+		return nil
+	case *http2.ContinuationFrame:
+		// The framer has checked that it continues c.hstream's block.
+		if len(c.hblock)+len(f.HeaderBlockFragment()) > maxHeaderList {
+			return http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
+		}
+		c.hblock = append(c.hblock, f.HeaderBlockFragment()...)
+		if !f.HeadersEnded() {
+			return nil
+		}
+		block := c.hblock
+		c.hblock = c.hblock[:0]
+		return c.headerBlock(c.hstream, c.hended, block)
 	case *http2.DataFrame:
 		return c.data(f)
 	case *http2.RSTStreamFrame:
 		if st := c.streams[f.StreamID]; st != nil {
 			delete(c.streams, f.StreamID)
 			st.cancelStream()
+			c.dropInput(st)
 		}
 		return nil
 	case *http2.GoAwayFrame:
@@ -302,6 +337,9 @@ func (c *h2Conn) settings(f *http2.SettingsFrame) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	err := f.ForeachSetting(func(s http2.Setting) error {
+		if err := s.Valid(); err != nil {
+			return err // a frame size out of 16 KiB-16 MiB, a window over 2^31-1
+		}
 		switch s.ID {
 		case http2.SettingInitialWindowSize:
 			delta := int64(s.Val) - c.peerWindow
@@ -354,12 +392,50 @@ func (c *h2Conn) flushParkedLocked() {
 	}
 }
 
+// headerFields are the fields of a header block the server reads.
+type headerFields struct {
+	path, method, ctype, enc string
+	size                     int
+}
+
+// maxHeaderList bounds a header block, and the fields read of it.
+const maxHeaderList = 1 << 20
+
+// headerField is the HPACK decoder's: it keeps the fields the server reads.
+func (c *h2Conn) headerField(f hpack.HeaderField) {
+	if c.hf.size += int(f.Size()); c.hf.size > maxHeaderList {
+		return
+	}
+	switch f.Name {
+	case ":path":
+		c.hf.path = f.Value
+	case ":method":
+		c.hf.method = f.Value
+	case "content-type":
+		c.hf.ctype = f.Value
+	case "grpc-encoding":
+		c.hf.enc = f.Value
+	}
+}
+
+// headerBlock decodes a whole header block of stream id (every block is
+// decoded: HPACK's table is the connection's).
+func (c *h2Conn) headerBlock(id uint32, ended bool, block []byte) error {
+	c.hf = headerFields{}
+	if _, err := c.hdec.Write(block); err != nil {
+		return http2.ConnectionError(http2.ErrCodeCompression)
+	}
+	if err := c.hdec.Close(); err != nil {
+		return http2.ConnectionError(http2.ErrCodeCompression)
+	}
+	return c.headers(id, ended)
+}
+
 // headers opens a stream.
-func (c *h2Conn) headers(f *http2.MetaHeadersFrame) error {
-	id := f.StreamID
+func (c *h2Conn) headers(id uint32, ended bool) error {
 	if c.streams[id] != nil {
 		// Trailers from the client: they end its half of the stream.
-		if f.StreamEnded() {
+		if ended {
 			c.endOfInput(c.streams[id])
 		}
 		return nil
@@ -381,19 +457,7 @@ func (c *h2Conn) headers(f *http2.MetaHeadersFrame) error {
 		c.resetStream(id, http2.ErrCodeRefusedStream)
 		return nil
 	}
-	var path, ctype, method, enc string
-	for _, hf := range f.Fields {
-		switch hf.Name {
-		case ":path":
-			path = hf.Value
-		case ":method":
-			method = hf.Value
-		case "content-type":
-			ctype = hf.Value
-		case "grpc-encoding":
-			enc = hf.Value
-		}
-	}
+	path, ctype, method, enc := c.hf.path, c.hf.ctype, c.hf.method, c.hf.enc
 	st := &h2Stream{c: c, id: id, sendWindow: window}
 	c.streams[id] = st
 	switch {
@@ -414,7 +478,7 @@ func (c *h2Conn) headers(f *http2.MetaHeadersFrame) error {
 		st.finish(status.New(codes.Unimplemented, "turnout Endpoint Picker: unknown method "+path))
 		return nil
 	}
-	if f.StreamEnded() {
+	if ended {
 		c.endOfInput(st)
 	}
 	return nil
@@ -469,11 +533,18 @@ func (c *h2Conn) endOfInput(st *h2Stream) {
 		return
 	}
 	st.inputDone = true
-	if len(st.in) > 0 {
+	if len(st.in) > st.inOff {
 		st.fail(status.New(codes.Internal, "turnout Endpoint Picker: the stream ended inside a message"))
-		return
+	} else {
+		st.eof()
 	}
-	st.eof()
+	c.dropInput(st)
+}
+
+// dropInput keeps an ended stream's input buffer for the next streams
+// (nothing views it once the stream's input ended or the stream was reset).
+func (c *h2Conn) dropInput(st *h2Stream) {
+	c.spareIn, st.in, st.inOff = keepBuf(c.spareIn, st.in), nil, 0
 }
 
 // resetStream sends RST_STREAM and forgets the stream.
@@ -530,6 +601,18 @@ func (c *h2Conn) writeHeadersLocked(id uint32, end bool, kv ...string) error {
 	return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.hbuf.Bytes(), EndStream: end, EndHeaders: true})
 }
 
+// writeDataLocked writes a DATA frame (not ending the stream) straight
+// into the connection's buffer: the framer would copy p once more.
+func (c *h2Conn) writeDataLocked(id uint32, p []byte) error {
+	h := [9]byte{byte(len(p) >> 16), byte(len(p) >> 8), byte(len(p)), byte(http2.FrameData), 0}
+	binary.BigEndian.PutUint32(h[5:], id)
+	if _, err := c.bw.Write(h[:]); err != nil {
+		return err
+	}
+	_, err := c.bw.Write(p)
+	return err
+}
+
 // writeOutLocked writes st's queued answer bytes as the windows allow,
 // then its trailers once the queue is empty.
 func (c *h2Conn) writeOutLocked(st *h2Stream) {
@@ -542,7 +625,7 @@ func (c *h2Conn) writeOutLocked(st *h2Stream) {
 			c.parked[st.id] = st
 			return
 		}
-		if err := c.fr.WriteData(st.id, false, st.out[st.outOff:st.outOff+n]); err != nil {
+		if err := c.writeDataLocked(st.id, st.out[st.outOff:st.outOff+n]); err != nil {
 			c.broken = true
 			return
 		}
@@ -552,16 +635,19 @@ func (c *h2Conn) writeOutLocked(st *h2Stream) {
 	}
 	st.out, st.outOff = st.out[:0], 0
 	delete(c.parked, st.id)
-	if st.trailers != nil && !st.closed {
+	if st.ending && !st.closed {
 		st.closed = true
 		c.spareOut, st.out = keepBuf(c.spareOut, st.out), nil
-		code := strconv.Itoa(int(st.trailers.Code()))
+		code, msg := "0", ""
+		if st.trailers != nil {
+			code, msg = strconv.Itoa(int(st.trailers.Code())), encodeGRPCMessage(st.trailers.Message())
+		}
 		var err error
 		if st.headersSent {
-			err = c.writeHeadersLocked(st.id, true, "grpc-status", code, "grpc-message", encodeGRPCMessage(st.trailers.Message()))
+			err = c.writeHeadersLocked(st.id, true, "grpc-status", code, "grpc-message", msg)
 		} else {
 			err = c.writeHeadersLocked(st.id, true, ":status", "200", "content-type", "application/grpc",
-				"grpc-status", code, "grpc-message", encodeGRPCMessage(st.trailers.Message()))
+				"grpc-status", code, "grpc-message", msg)
 		}
 		if err == nil && !st.halfClosed.Load() {
 			// The client may still be sending: it need not.
@@ -624,9 +710,4 @@ func encodeGRPCMessage(msg string) string {
 		}
 	}
 	return string(b)
-}
-
-// grpcFrameHeader is a gRPC message's prefix: uncompressed, its length.
-func grpcFrameHeader(b []byte, n int) []byte {
-	return binary.BigEndian.AppendUint32(append(b, 0), uint32(n))
 }

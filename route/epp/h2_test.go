@@ -3,6 +3,7 @@ package epp
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -354,4 +355,9 @@ func TestEPP_GoAwayAtShutdown(t *testing.T) {
 			break // the connection closed
 		}
 	}
+}
+
+// grpcFrameHeader is a gRPC message's prefix: uncompressed, its length.
+func grpcFrameHeader(b []byte, n int) []byte {
+	return binary.BigEndian.AppendUint32(append(b, 0), uint32(n))
 }

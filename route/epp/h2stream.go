@@ -2,16 +2,15 @@ package epp
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
-	"slices"
 	"sync"
 	"sync/atomic"
 
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -40,14 +39,17 @@ type h2Stream struct {
 	// client half-closed, the bytes read since the last WINDOW_UPDATE,
 	// whether the answer ended.
 	in        []byte
+	inOff     int // in[:inOff] is read but kept: the decision views it
 	inputDone bool
 	recvUsed  int
 	ended     bool
 	health    []byte // the health Check's request message
 
-	// The ext_proc stream: decided inline (q nil) or on its own
-	// goroutine reading q.
+	// The ext_proc stream: decided inline (q nil, st is proc) or on its
+	// own goroutine reading q (ctx canceled with the stream: flow
+	// control's hold watches it).
 	st     *stream
+	proc   stream
 	ctx    context.Context
 	cancel context.CancelFunc
 	q      *msgQueue
@@ -59,11 +61,12 @@ type h2Stream struct {
 	out         []byte
 	outOff      int
 	headersSent bool
-	trailers    *status.Status
+	ending      bool           // the trailers are due once out is written
+	trailers    *status.Status // their status; nil: OK
 	closed      bool
 }
 
-var _ extprocv3.ExternalProcessor_ProcessServer = (*h2Stream)(nil)
+var _ msgStream = (*h2Stream)(nil)
 
 // mayHold reports whether a decision can wait (flow control): such a
 // stream runs on its own goroutine, not the connection's.
@@ -77,21 +80,26 @@ func (s *Server) mayHold() bool {
 }
 
 func (h *h2Stream) startProcess() {
-	h.ctx, h.cancel = context.WithCancel(context.Background())
-	h.st = newStream(h.c.h.s, h)
 	if !h.c.h.s.mayHold() {
+		// Decided on the loop: nothing waits on the stream's context.
+		h.ctx = context.Background()
+		h.st = &h.proc
+		h.st.init(h.c.h.s, h)
 		return
 	}
+	h.ctx, h.cancel = context.WithCancel(context.Background())
 	h.q = newMsgQueue()
 	go func() {
-		err := h.c.h.s.Process(h)
+		err := h.c.h.s.process(h)
 		h.finish(statusOf(err))
 	}()
 }
 
-// messages makes gRPC messages of the input and hands each on.
+// messages makes gRPC messages of the input and hands each on. The bytes
+// of the messages read stay where they are while the stream's decision
+// views them (its Input, the chunks it holds), and make room after.
 func (h *h2Stream) messages() {
-	off := 0
+	off := h.inOff
 	for !h.ended && len(h.in)-off >= 5 {
 		p := h.in[off:]
 		if p[0] != 0 {
@@ -111,11 +119,17 @@ func (h *h2Stream) messages() {
 	}
 	switch {
 	case h.ended:
-		h.c.spareIn, h.in = keepBuf(h.c.spareIn, h.in), nil
+		h.c.spareIn, h.in, h.inOff = keepBuf(h.c.spareIn, h.in), nil, 0
+	case h.st != nil && h.st.viewsInput():
+		h.inOff = off
 	case off > 0:
-		h.in = h.in[:copy(h.in, h.in[off:])]
+		h.in, h.inOff = h.in[:copy(h.in, h.in[off:])], 0
 	}
 }
+
+// viewsInput reports whether the stream holds views of its messages'
+// bytes: the Input until the decision, body chunks until passed on.
+func (st *stream) viewsInput() bool { return st.t != nil || len(st.chunks) > 0 }
 
 // message handles one gRPC message; msg is only read during the call.
 func (h *h2Stream) message(msg []byte) {
@@ -127,13 +141,13 @@ func (h *h2Stream) message(msg []byte) {
 		}
 		h.health = append([]byte{}, msg...)
 	case kindProcess:
-		req := &extprocv3.ProcessingRequest{}
-		if err := proto.Unmarshal(msg, req); err != nil {
-			h.fail(status.Newf(codes.Internal, "turnout Endpoint Picker: cannot read the ProcessingRequest: %v", err))
+		if h.q != nil {
+			h.q.push(append([]byte(nil), msg...)) // read on another goroutine
 			return
 		}
-		if h.q != nil {
-			h.q.push(req)
+		req := &h.c.req
+		if err := decodeRequest(msg, req); err != nil {
+			h.fail(badRequest(err))
 			return
 		}
 		done, err := h.handleInline(req)
@@ -146,7 +160,7 @@ func (h *h2Stream) message(msg []byte) {
 }
 
 // handleInline is Process's loop body on the connection's goroutine.
-func (h *h2Stream) handleInline(req *extprocv3.ProcessingRequest) (done bool, err error) {
+func (h *h2Stream) handleInline(req *procReq) (done bool, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			done, err = true, h.st.panicked(p)
@@ -170,7 +184,7 @@ func (h *h2Stream) eof() {
 		}
 		h.ended = true
 		h.st.finish()
-		h.finish(status.New(codes.OK, ""))
+		h.finish(nil)
 	case kindHealth:
 		h.ended = true
 		req := &healthpb.HealthCheckRequest{}
@@ -226,10 +240,10 @@ func (h *h2Stream) finish(s *status.Status) {
 	c := h.c
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if h.closed || h.trailers != nil {
+	if h.closed || h.ending {
 		return
 	}
-	h.trailers = s
+	h.ending, h.trailers = true, s
 	c.writeOutLocked(h)
 	if h.q != nil {
 		_ = c.bw.Flush()
@@ -261,10 +275,11 @@ func (h *h2Stream) cancelStream() {
 	}
 }
 
-// statusOf is the status a handler's error ends its stream with.
+// statusOf is the status a handler's error ends its stream with (nil:
+// OK).
 func statusOf(err error) *status.Status {
 	if err == nil {
-		return status.New(codes.OK, "")
+		return nil
 	}
 	if s, ok := status.FromError(err); ok {
 		return s
@@ -276,17 +291,18 @@ func statusOf(err error) *status.Status {
 	return status.New(codes.Unknown, err.Error())
 }
 
-// SendMsg queues one answer and writes what the windows let through.
+// badRequest is the end of a stream whose message could not be read.
+func badRequest(err error) *status.Status {
+	return status.Newf(codes.Internal, "turnout Endpoint Picker: cannot read the ProcessingRequest: %v", err)
+}
+
+// SendMsg queues one answer (an *answer or a proto.Message), encoded into
+// the stream's buffer, and writes what the windows let through.
 func (h *h2Stream) SendMsg(m any) error {
-	bufs, err := codec{}.Marshal(m)
-	if err != nil {
-		return err
-	}
-	defer bufs.Free()
 	c := h.c
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if h.closed || c.broken || h.trailers != nil {
+	if h.closed || c.broken || h.ending {
 		return status.Error(codes.Canceled, "the stream ended")
 	}
 	if !h.headersSent {
@@ -299,10 +315,22 @@ func (h *h2Stream) SendMsg(m any) error {
 	if h.out == nil {
 		h.out, c.spareOut = takeBuf(c.spareOut)
 	}
-	h.out = grpcFrameHeader(slices.Grow(h.out, 5+bufs.Len()), bufs.Len())
-	for _, b := range bufs {
-		h.out = append(h.out, b.ReadOnlyData()...)
+	start := len(h.out)
+	h.out = append(h.out, 0, 0, 0, 0, 0) // uncompressed; the length below
+	switch m := m.(type) {
+	case *answer:
+		h.out = m.appendTo(h.out)
+	case proto.Message:
+		var err error
+		if h.out, err = (proto.MarshalOptions{}).MarshalAppend(h.out, m); err != nil {
+			h.out = h.out[:start]
+			return fmt.Errorf("epp: %w", err)
+		}
+	default:
+		h.out = h.out[:start]
+		return fmt.Errorf("epp: cannot send %T", m)
 	}
+	binary.BigEndian.PutUint32(h.out[start+1:], uint32(len(h.out)-start-5))
 	c.writeOutLocked(h)
 	if h.q != nil {
 		if err := c.bw.Flush(); err != nil {
@@ -313,35 +341,29 @@ func (h *h2Stream) SendMsg(m any) error {
 	return nil
 }
 
-func (h *h2Stream) Send(r *extprocv3.ProcessingResponse) error { return h.SendMsg(r) }
-
-// Recv is the stream goroutine's next message (flow-control streams).
-func (h *h2Stream) Recv() (*extprocv3.ProcessingRequest, error) {
-	if h.q == nil {
-		return nil, status.Error(codes.Internal, "turnout Endpoint Picker: Recv on an inline stream")
-	}
-	return h.q.pop()
-}
-
+// RecvMsg decodes the stream goroutine's next message into m, a *procReq
+// (flow-control streams).
 func (h *h2Stream) RecvMsg(m any) error {
-	r, err := h.Recv()
+	if h.q == nil {
+		return status.Error(codes.Internal, "turnout Endpoint Picker: Recv on an inline stream")
+	}
+	b, err := h.q.pop()
 	if err != nil {
 		return err
 	}
-	proto.Merge(m.(proto.Message), r)
+	if err := decodeRequest(b, m.(*procReq)); err != nil {
+		return badRequest(err).Err()
+	}
 	return nil
 }
 
-func (h *h2Stream) Context() context.Context     { return h.ctx }
-func (h *h2Stream) SetHeader(metadata.MD) error  { return nil }
-func (h *h2Stream) SendHeader(metadata.MD) error { return nil }
-func (h *h2Stream) SetTrailer(metadata.MD)       {}
+func (h *h2Stream) Context() context.Context { return h.ctx }
 
 // msgQueue feeds a stream's goroutine the loop's messages, in order.
 type msgQueue struct {
 	mu       sync.Mutex
 	cond     sync.Cond
-	q        []*extprocv3.ProcessingRequest
+	q        [][]byte
 	eof      bool
 	canceled bool
 }
@@ -352,7 +374,7 @@ func newMsgQueue() *msgQueue {
 	return q
 }
 
-func (q *msgQueue) push(r *extprocv3.ProcessingRequest) {
+func (q *msgQueue) push(r []byte) {
 	q.mu.Lock()
 	q.q = append(q.q, r)
 	q.mu.Unlock()
@@ -368,7 +390,7 @@ func (q *msgQueue) end(canceled bool) {
 	q.cond.Signal()
 }
 
-func (q *msgQueue) pop() (*extprocv3.ProcessingRequest, error) {
+func (q *msgQueue) pop() ([]byte, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for len(q.q) == 0 && !q.eof {

@@ -49,10 +49,9 @@ func newHarness(t *testing.T, yaml string) *harness {
 	t.Cleanup(d.Close)
 	rec := &recordSink{}
 	d.Ledger().SetRequestSink(rec, 1)
-	// The unit tests run against the inline server (the e2e tests in
-	// test/ against grpc-go, epp.server's default, and the load test
-	// against the inline one); TURNOUT_EPP_SERVER=grpc runs these against
-	// grpc-go too.
+	// The unit tests run against the inline server, epp.server's default
+	// (as the e2e tests in test/ but one, which runs on grpc-go);
+	// TURNOUT_EPP_SERVER=grpc runs these against grpc-go too.
 	s, err := New(d, Options{TLS: config.EPPTLSConfig{Mode: config.EPPTLSOff}, Server: cmp.Or(os.Getenv("TURNOUT_EPP_SERVER"), config.EPPServerInline)})
 	if err != nil {
 		t.Fatal(err)

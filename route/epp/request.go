@@ -5,11 +5,8 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/contract"
@@ -42,32 +39,52 @@ const (
 // stream is one ext_proc stream's state: one HTTP request.
 type stream struct {
 	s   *Server
-	srv extprocv3.ExternalProcessor_ProcessServer
+	srv msgStream
 	ctx context.Context
 	ph  phase
 	// The gateway's body modes (protocol_config).
 	reqMode, respMode filterv3.ProcessingMode_BodySendMode
 
-	// Until the decision: the Txn, the headers message its Input views,
+	// Until the decision: the Txn (its Input views the messages' bytes),
 	// the subset hint, the body chunks held (full duplex), the bytes seen
 	// and held against limits.max_buffered_bytes, the content-length.
 	t      *route.Txn
-	hdr    *extprocv3.ProcessingRequest
 	subset contract.Subset
 	chunks [][]byte
-	seen   int
-	held   int
-	clen   []byte
+	// chunkBuf is chunks' room for a body of a few chunks.
+	chunkBuf [4][]byte
+	seen     int
+	held     int
+	clen     []byte
+	clBuf    [20]byte
 
 	// The routed decision: the pick's value (ip:port,...), its id and start.
-	dest  string
-	id    uint64
-	start time.Time
-	resp  responseState
+	dest    []byte
+	destBuf [128]byte
+	id      uint64
+	start   time.Time
+	resp    responseState
+
+	ans answer // the answer being sent (sending encodes it at once)
 }
 
-func newStream(s *Server, srv extprocv3.ExternalProcessor_ProcessServer) *stream {
-	return &stream{s: s, srv: srv, ctx: srv.Context(),
+// msgStream is an ext_proc stream as the picker uses it: grpc-go's server
+// stream, or the inline server's; RecvMsg takes a *procReq, SendMsg an
+// *answer or a proto.Message.
+type msgStream interface {
+	Context() context.Context
+	RecvMsg(m any) error
+	SendMsg(m any) error
+}
+
+func newStream(s *Server, srv msgStream) *stream {
+	st := &stream{}
+	st.init(s, srv)
+	return st
+}
+
+func (st *stream) init(s *Server, srv msgStream) {
+	*st = stream{s: s, srv: srv, ctx: srv.Context(),
 		reqMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, respMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}
 }
 
@@ -76,21 +93,21 @@ func (st *stream) Gone() bool { return st.ctx.Err() != nil }
 
 var hostB = []byte("host")
 
-func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) (bool, error) {
+func (st *stream) requestHeaders(req *procReq) (bool, error) {
 	if st.ph != phaseHeaders {
 		return false, protocolError("request_headers came twice in one stream")
 	}
-	if pc := req.GetProtocolConfig(); pc != nil {
-		st.reqMode, st.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+	if req.hasConfig {
+		st.reqMode, st.respMode = req.reqMode, req.respMode
 	}
 	d := st.s.d
-	st.t, st.hdr = d.Begin(), req
+	st.t = d.Begin()
 	in := st.t.Input()
 	in.Watch = st
 	snap := d.Snapshot()
-	for _, hv := range h.GetHeaders().GetHeaders() {
-		name, val := viewOf(hv.GetKey()), headerValue(hv)
-		switch hv.GetKey() {
+	for _, hv := range req.headers {
+		name, val := hv.name, hv.value
+		switch string(name) {
 		case ":method":
 			in.Method = val
 		case ":path":
@@ -109,20 +126,20 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 			}
 		}
 	}
-	if subsetHint(req.GetMetadataContext(), &st.subset) {
+	if subsetHint(req, &st.subset) {
 		in.Subset = &st.subset
 	}
 	switch m := st.reqMode; {
-	case h.GetEndOfStream() || m == filterv3.ProcessingMode_NONE:
+	case req.eos || m == filterv3.ProcessingMode_NONE:
 		routed, done, err := st.decide()
 		if !routed {
 			return done, err
 		}
 		st.ph = phaseRouted
-		return false, st.send(st.routedHeaders(false))
+		return false, st.routedHeaders(false)
 	case m == filterv3.ProcessingMode_BUFFERED:
 		st.ph = phaseBody
-		return false, st.send(continueHeaders())
+		return false, st.goOn(fRespRequestHeaders)
 	case m == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
 		st.ph = phaseBody
 		return false, nil
@@ -136,7 +153,7 @@ const hdrContentLengthName = "content-length"
 
 var hdrContentLength = []byte(hdrContentLengthName)
 
-func (st *stream) requestBody(b *extprocv3.HttpBody) (bool, error) {
+func (st *stream) requestBody(b *procReq) (bool, error) {
 	switch st.ph {
 	case phaseHeaders:
 		return false, protocolError("request_body came before request_headers")
@@ -144,30 +161,33 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) (bool, error) {
 		if st.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 			return false, protocolError("request_body came after the " + st.reqMode.String() + " body was answered")
 		}
-		return false, st.send(streamedAnswer(fRespRequestBody, b.GetBody(), b.GetEndOfStream()))
+		return false, st.passOn(fRespRequestBody, b.body, b.eos)
 	}
 	if st.reqMode == filterv3.ProcessingMode_BUFFERED {
 		// The whole body in one message: the Input views it.
 		in := st.t.Input()
-		in.Body = b.GetBody()
+		in.Body = b.body
 		st.seen = len(in.Body)
 		routed, done, err := st.decide()
 		if !routed {
 			return done, err
 		}
 		st.ph = phaseRouted
-		return false, st.send(st.routedBufferedBody())
+		return false, st.routedBufferedBody()
 	}
-	chunk := b.GetBody()
+	chunk := b.body
 	if !st.take(len(chunk)) {
 		return true, st.overloaded()
 	}
+	if st.chunks == nil {
+		st.chunks = st.chunkBuf[:0]
+	}
 	st.chunks = append(st.chunks, chunk)
 	st.seen += len(chunk)
-	if !b.GetEndOfStream() && st.seen <= st.t.Config().MaxBody {
+	if !b.eos && st.seen <= st.t.Config().MaxBody {
 		return false, nil
 	}
-	return st.decideStreamed(b.GetEndOfStream())
+	return st.decideStreamed(b.eos)
 }
 
 // decideStreamed decides a full-duplex request on the body held so far
@@ -202,11 +222,11 @@ func (st *stream) decideStreamed(eos bool) (bool, error) {
 		return done, err
 	}
 	st.ph = phaseRouted
-	if err := st.send(st.routedHeaders(eos)); err != nil {
+	if err := st.routedHeaders(eos); err != nil {
 		return false, err
 	}
 	for i, c := range st.chunks {
-		if err := st.send(streamedAnswer(fRespRequestBody, c, eos && i == len(st.chunks)-1)); err != nil {
+		if err := st.passOn(fRespRequestBody, c, eos && i == len(st.chunks)-1); err != nil {
 			return false, err
 		}
 		st.chunks[i] = nil
@@ -228,7 +248,7 @@ func (st *stream) requestTrailers() (bool, error) {
 			return done, err
 		}
 	}
-	return false, st.send(continueRequestTrailers())
+	return false, st.goOn(fRespRequestTrailers)
 }
 
 // decide runs the Decider on the Input. Routed: the pick is in st (dest,
@@ -246,7 +266,7 @@ func (st *stream) decide() (routed, done bool, err error) {
 		return false, true, st.immediate(v.Status, v.Reason, v.Body, v.RetryAfter)
 	}
 	picks := st.t.Picks()
-	st.dest = joinAddrs(picks[:d.Snapshot().Config.EPP.ListedPicks(len(picks))])
+	st.dest = joinAddrs(st.destBuf[:0], picks[:d.Snapshot().Config.EPP.ListedPicks(len(picks))])
 	st.id, st.start = v.Decision, time.Now()
 	st.endTxn()
 	return true, false, nil
@@ -262,33 +282,28 @@ func pdRequest(d *route.Decider, in *contract.Input) bool {
 	return false
 }
 
-// joinAddrs is the pick as the protocol writes it: ip:port,ip:port, the
-// primary first, then the fallbacks in turnout's order.
-func joinAddrs(picks []*fleet.Endpoint) string {
-	n := 0
-	for _, e := range picks {
-		n += len(e.Address) + 1
-	}
-	b := make([]byte, 0, n)
+// joinAddrs appends the pick as the protocol writes it: ip:port,ip:port,
+// the primary first, then the fallbacks in turnout's order.
+func joinAddrs(b []byte, picks []*fleet.Endpoint) []byte {
 	for i, e := range picks {
 		if i > 0 {
 			b = append(b, ',')
 		}
 		b = append(b, e.Address...)
 	}
-	return string(b)
+	return b
 }
 
 // contentLength is the request's length for the header answer: the
 // gateway's own content-length, else the body's when it was seen whole.
-func (st *stream) contentLength(whole bool) string {
+func (st *stream) contentLength(whole bool) []byte {
 	switch {
 	case len(st.clen) > 0:
-		return string(st.clen)
+		return st.clen
 	case whole && st.seen > 0:
-		return strconv.Itoa(st.seen)
+		return strconv.AppendInt(st.clBuf[:0], int64(st.seen), 10)
 	}
-	return ""
+	return nil
 }
 
 // endTxn gives the Txn and its held bytes back (nothing of the Input is
@@ -302,7 +317,6 @@ func (st *stream) endTxn() {
 		st.s.d.End(st.t)
 		st.t = nil
 	}
-	st.hdr = nil
 }
 
 // finish releases what the stream holds when it ends, however it ends; a
@@ -330,7 +344,7 @@ func (st *stream) overloaded() error {
 	return st.refuseRetry(503, "service_unavailable", contract.ReasonOverloaded, "too many request bytes in flight (limits.max_buffered_bytes)")
 }
 
-// send sends an answer: a *extprocv3.ProcessingResponse or a *wireAnswer.
+// send sends an answer: a *extprocv3.ProcessingResponse or an *answer.
 func (st *stream) send(r any) error {
 	if err := st.srv.SendMsg(r); err != nil {
 		return sendError(err)
@@ -350,14 +364,3 @@ func (b *budget) take(n, limit int) bool {
 }
 
 func (b *budget) give(n int) { b.used.Add(-int64(n)) }
-
-// headerValue is a header's value as Envoy sent it: raw_value, or value.
-func headerValue(h *corev3.HeaderValue) []byte {
-	if rv := h.GetRawValue(); len(rv) > 0 {
-		return rv
-	}
-	return viewOf(h.GetValue())
-}
-
-// viewOf is s's bytes without a copy; they are only read.
-func viewOf(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }

@@ -1,11 +1,9 @@
 package epp
 
 import (
-	"strconv"
 	"time"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/fleet"
@@ -25,57 +23,72 @@ type responseState struct {
 	served          *fleet.Endpoint
 }
 
-func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) error {
+func (st *stream) responseHeaders(req *procReq) error {
 	if st.id != 0 && !st.resp.closed {
 		r := &st.resp
 		r.started = true
 		r.status, r.ttfb = -1, time.Since(st.start).Milliseconds()
-		for _, hv := range h.GetHeaders().GetHeaders() {
-			if hv.GetKey() == ":status" {
-				if n, err := strconv.Atoi(string(headerValue(hv))); err == nil {
+		for _, hv := range req.headers {
+			if string(hv.name) == ":status" {
+				if n, ok := atoi(hv.value); ok {
 					r.status = int64(n)
 				}
 			}
 		}
 		st.noteServed(req)
-		if h.GetEndOfStream() {
+		if req.eos {
 			st.closeDecision()
 		}
 	}
-	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}})
+	return st.goOn(fRespResponseHeaders)
 }
 
-func (st *stream) responseBody(req *extprocv3.ProcessingRequest, b *extprocv3.HttpBody) error {
+func (st *stream) responseBody(req *procReq) error {
 	if st.id != 0 {
 		st.noteServed(req)
-		if b.GetEndOfStream() {
+		if req.eos {
 			st.resp.started = true
 			st.closeDecision()
 		}
 	}
 	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		return st.send(streamedAnswer(fRespResponseBody, b.GetBody(), b.GetEndOfStream()))
+		return st.passOn(fRespResponseBody, req.body, req.eos)
 	}
-	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}})
+	return st.goOn(fRespResponseBody)
 }
 
-func (st *stream) responseTrailers(req *extprocv3.ProcessingRequest) error {
+func (st *stream) responseTrailers(req *procReq) error {
 	if st.id != 0 {
 		st.noteServed(req)
 		st.resp.started = true
 		st.closeDecision()
 	}
-	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}})
+	return st.goOn(fRespResponseTrailers)
 }
 
 // noteServed keeps the endpoint the gateway says served the request.
-func (st *stream) noteServed(req *extprocv3.ProcessingRequest) {
+func (st *stream) noteServed(req *procReq) {
 	if st.resp.served != nil {
 		return
 	}
-	if a := servedAddr(req.GetMetadataContext()); a != "" {
-		st.resp.served = st.s.d.Snapshot().EndpointByAddr(viewOf(a))
+	if a := servedAddr(req); len(a) > 0 {
+		st.resp.served = st.s.d.Snapshot().EndpointByAddr(a)
 	}
+}
+
+// atoi is a status code's value; false when b is not a number.
+func atoi(b []byte) (int, bool) {
+	if len(b) == 0 || len(b) > 9 {
+		return 0, false
+	}
+	n := 0
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
 }
 
 // closeDecision completes the decision once, with what the response

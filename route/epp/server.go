@@ -30,7 +30,7 @@ type Options struct {
 	// TLS is the listener's certificate (epp.tls); the zero value is
 	// self-signed.
 	TLS config.EPPTLSConfig
-	// Server is epp.server: grpc ("" too) or inline.
+	// Server is epp.server: inline ("" too) or grpc.
 	Server string
 }
 
@@ -51,7 +51,7 @@ var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
 // New makes the Endpoint Picker of d; it fails when the TLS certificate
 // cannot be made or read.
 func New(d *route.Decider, o Options) (*Server, error) {
-	s := &Server{d: d, log: zerolog.Nop(), grpc: o.Server != config.EPPServerInline}
+	s := &Server{d: d, log: zerolog.Nop(), grpc: o.Server == config.EPPServerGRPC}
 	if o.Log != nil {
 		s.log = o.Log.With().Str("component", "epp").Logger()
 	}
@@ -189,7 +189,13 @@ func (l *Listener) Shutdown(ctx context.Context) {
 }
 
 // Process serves one ext_proc stream: one HTTP request through the gateway.
-func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err error) {
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	return s.process(srv)
+}
+
+// process is Process on either server's stream: its messages are decoded
+// by hand (the codec's Unmarshal, decode.go).
+func (s *Server) process(srv msgStream) (err error) {
 	st := newStream(s, srv)
 	defer st.finish()
 	defer func() {
@@ -199,8 +205,9 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err err
 			err = st.panicked(p)
 		}
 	}()
+	req := &procReq{}
 	for {
-		req, rerr := srv.Recv()
+		rerr := srv.RecvMsg(req)
 		if rerr != nil {
 			if rerr == io.EOF || status.Code(rerr) == codes.Canceled || srv.Context().Err() != nil {
 				return nil
@@ -225,20 +232,21 @@ func (st *stream) panicked(p any) error {
 }
 
 // handle dispatches one message by its phase; done: the stream has its
-// last answer (an ImmediateResponse).
-func (st *stream) handle(req *extprocv3.ProcessingRequest) (done bool, err error) {
-	switch r := req.Request.(type) {
-	case *extprocv3.ProcessingRequest_RequestHeaders:
-		return st.requestHeaders(req, r.RequestHeaders)
-	case *extprocv3.ProcessingRequest_RequestBody:
-		return st.requestBody(r.RequestBody)
-	case *extprocv3.ProcessingRequest_RequestTrailers:
+// last answer (an ImmediateResponse). req is only read during the call,
+// its bytes (which the Input views) until the decision.
+func (st *stream) handle(req *procReq) (done bool, err error) {
+	switch req.phase {
+	case fReqRequestHeaders:
+		return st.requestHeaders(req)
+	case fReqRequestBody:
+		return st.requestBody(req)
+	case fReqRequestTrailers:
 		return st.requestTrailers()
-	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		return false, st.responseHeaders(req, r.ResponseHeaders)
-	case *extprocv3.ProcessingRequest_ResponseBody:
-		return false, st.responseBody(req, r.ResponseBody)
-	case *extprocv3.ProcessingRequest_ResponseTrailers:
+	case fReqResponseHeaders:
+		return false, st.responseHeaders(req)
+	case fReqResponseBody:
+		return false, st.responseBody(req)
+	case fReqResponseTrailers:
 		return false, st.responseTrailers(req)
 	default:
 		return false, protocolError("a ProcessingRequest without a known phase (request_headers, request_body, request_trailers, response_headers, response_body, response_trailers)")

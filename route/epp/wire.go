@@ -2,6 +2,7 @@ package epp
 
 import (
 	"fmt"
+	"slices"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
@@ -10,14 +11,42 @@ import (
 )
 
 // The answers every routed request gets (the pick, each body chunk passed
-// on) are encoded here, straight to the wire format, instead of as a
-// ProcessingResponse tree that protobuf sizes and marshals by reflection:
-// no structpb map for the metadata, and a chunk's bytes are sent from
-// where they came in, not copied. The codec sends these as they are and
+// on, the phases let through unchanged) are encoded here, straight to the
+// wire format, instead of as a ProcessingResponse tree that protobuf sizes
+// and marshals by reflection: no structpb map for the metadata, and
+// appended to the inline server's own buffer; through grpc-go, a chunk's
+// bytes are sent from where they came in, not copied. The codec sends
+// these as they are, decodes requests by hand (decode.go), and handles
 // every other message as grpc-go's own proto codec does.
 
-// wireAnswer is a ProcessingResponse already encoded: its buffers in order.
-type wireAnswer struct{ bufs mem.BufferSlice }
+// answer is one of the hot ProcessingResponses, not yet encoded.
+type answer struct {
+	kind answerKind
+	// phase is the ProcessingResponse oneof's field (fRespRequestHeaders ...).
+	phase protowire.Number
+	// answerRouted: the pick (ip:port,...) and the content-length ("" left
+	// out).
+	dest []byte
+	cl   []byte
+	// answerStreamed: the chunk passed on, and its end_of_stream.
+	chunk []byte
+	eos   bool
+}
+
+type answerKind uint8
+
+const (
+	// answerContinue is phase's empty answer: the phase goes on unchanged.
+	answerContinue answerKind = iota
+	// answerRouted is the pick's answer in phase (request_headers, or
+	// request_body for BUFFERED): the destination header over any the
+	// client sent, the content-length when known, clear_route_cache, and
+	// the pick again as envoy.lb dynamic metadata.
+	answerRouted
+	// answerStreamed passes a body chunk on in phase (request_body or
+	// response_body) as a streamed_response body mutation.
+	answerStreamed
+)
 
 // codec is the Endpoint Picker server's gRPC codec.
 type codec struct{}
@@ -28,8 +57,8 @@ var _ encoding.CodecV2 = codec{}
 func (codec) Name() string { return "proto" }
 
 func (codec) Marshal(v any) (mem.BufferSlice, error) {
-	if w, ok := v.(*wireAnswer); ok {
-		return w.bufs, nil
+	if a, ok := v.(*answer); ok {
+		return a.buffers(), nil
 	}
 	m, ok := v.(proto.Message)
 	if !ok {
@@ -56,6 +85,13 @@ func (codec) Marshal(v any) (mem.BufferSlice, error) {
 }
 
 func (codec) Unmarshal(data mem.BufferSlice, v any) error {
+	if r, ok := v.(*procReq); ok {
+		// The request views its bytes: a buffer of its own, not pooled.
+		if err := decodeRequest(data.Materialize(), r); err != nil {
+			return fmt.Errorf("epp codec: %w", err)
+		}
+		return nil
+	}
 	m, ok := v.(proto.Message)
 	if !ok {
 		return fmt.Errorf("epp codec: cannot unmarshal into %T", v)
@@ -68,27 +104,30 @@ func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 // Field numbers (envoy/service/ext_proc/v3, envoy/config/core/v3,
 // google/protobuf/struct.proto).
 const (
-	fRespRequestHeaders  protowire.Number = 1 // ProcessingResponse
-	fRespRequestBody     protowire.Number = 3
-	fRespResponseBody    protowire.Number = 4
-	fRespDynamicMetadata protowire.Number = 8
-	fPhaseResponse       protowire.Number = 1 // HeadersResponse, BodyResponse
-	fCommonHeaders       protowire.Number = 2 // CommonResponse
-	fCommonBody          protowire.Number = 3
-	fCommonClearCache    protowire.Number = 5
-	fMutationSet         protowire.Number = 1 // HeaderMutation.set_headers
-	fOptionHeader        protowire.Number = 1 // HeaderValueOption
-	fOptionAppendAction  protowire.Number = 3
-	fHeaderKey           protowire.Number = 1 // HeaderValue
-	fHeaderRawValue      protowire.Number = 3
-	fBodyStreamed        protowire.Number = 3 // BodyMutation.streamed_response
-	fStreamedBody        protowire.Number = 1 // StreamedBodyResponse
-	fStreamedEOS         protowire.Number = 2
-	fStructFields        protowire.Number = 1 // Struct.fields (map entries)
-	fEntryKey            protowire.Number = 1
-	fEntryValue          protowire.Number = 2
-	fValueString         protowire.Number = 3 // Value
-	fValueStruct         protowire.Number = 5
+	fRespRequestHeaders   protowire.Number = 1 // ProcessingResponse
+	fRespResponseHeaders  protowire.Number = 2
+	fRespRequestBody      protowire.Number = 3
+	fRespResponseBody     protowire.Number = 4
+	fRespRequestTrailers  protowire.Number = 5
+	fRespResponseTrailers protowire.Number = 6
+	fRespDynamicMetadata  protowire.Number = 8
+	fPhaseResponse        protowire.Number = 1 // HeadersResponse, BodyResponse
+	fCommonHeaders        protowire.Number = 2 // CommonResponse
+	fCommonBody           protowire.Number = 3
+	fCommonClearCache     protowire.Number = 5
+	fMutationSet          protowire.Number = 1 // HeaderMutation.set_headers
+	fOptionHeader         protowire.Number = 1 // HeaderValueOption
+	fOptionAppendAction   protowire.Number = 3
+	fHeaderKey            protowire.Number = 1 // HeaderValue
+	fHeaderRawValue       protowire.Number = 3
+	fBodyStreamed         protowire.Number = 3 // BodyMutation.streamed_response
+	fStreamedBody         protowire.Number = 1 // StreamedBodyResponse
+	fStreamedEOS          protowire.Number = 2
+	fStructFields         protowire.Number = 1 // Struct.fields (map entries)
+	fEntryKey             protowire.Number = 1
+	fEntryValue           protowire.Number = 2
+	fValueString          protowire.Number = 3 // Value
+	fValueStruct          protowire.Number = 5
 
 	// HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 	overwriteOrAdd = 2
@@ -104,15 +143,15 @@ func appendField(b []byte, n protowire.Number, content int) []byte {
 	return protowire.AppendVarint(b, uint64(content))
 }
 
-func sizeHeaderValue(k, v string) int {
+func sizeHeaderValue[V string | []byte](k string, v V) int {
 	return sizeField(fHeaderKey, len(k)) + sizeField(fHeaderRawValue, len(v))
 }
 
-func sizeHeaderOption(k, v string) int {
+func sizeHeaderOption[V string | []byte](k string, v V) int {
 	return sizeField(fOptionHeader, sizeHeaderValue(k, v)) + protowire.SizeTag(fOptionAppendAction) + protowire.SizeVarint(overwriteOrAdd)
 }
 
-func appendHeaderOption(b []byte, k, v string) []byte {
+func appendHeaderOption[V string | []byte](b []byte, k string, v V) []byte {
 	b = appendField(b, fMutationSet, sizeHeaderOption(k, v))
 	b = appendField(b, fOptionHeader, sizeHeaderValue(k, v))
 	b = appendField(b, fHeaderKey, len(k))
@@ -123,13 +162,46 @@ func appendHeaderOption(b []byte, k, v string) []byte {
 	return protowire.AppendVarint(b, overwriteOrAdd)
 }
 
-// routedAnswer is the pick's answer in phase (request_headers, or
-// request_body for BUFFERED): the destination header over any the client
-// sent, the content-length when known (cl), clear_route_cache, and the
-// pick again as envoy.lb dynamic metadata.
-func routedAnswer(phase protowire.Number, dest, cl string) *wireAnswer {
+// buffers is a as grpc-go sends it: a chunk's bytes are not copied.
+func (a *answer) buffers() mem.BufferSlice {
+	if a.kind != answerStreamed || len(a.chunk) == 0 {
+		return mem.BufferSlice{mem.SliceBuffer(a.appendTo(nil))}
+	}
+	head := a.appendHead(nil)
+	bufs := mem.BufferSlice{mem.SliceBuffer(head), mem.SliceBuffer(a.chunk)}
+	if a.eos {
+		bufs = append(bufs, mem.SliceBuffer(appendEOS(nil)))
+	}
+	return bufs
+}
+
+// appendTo appends a's encoding to b.
+func (a *answer) appendTo(b []byte) []byte {
+	b = a.appendHead(b)
+	if a.kind == answerStreamed && len(a.chunk) > 0 {
+		b = append(b, a.chunk...)
+		if a.eos {
+			b = appendEOS(b)
+		}
+	}
+	return b
+}
+
+// appendHead appends a's encoding up to a streamed chunk's bytes (all of
+// it for the other kinds).
+func (a *answer) appendHead(b []byte) []byte {
+	switch a.kind {
+	case answerRouted:
+		return appendRouted(b, a.phase, a.dest, a.cl)
+	case answerStreamed:
+		return appendStreamedHead(b, a.phase, a.chunk, a.eos)
+	}
+	return appendField(b, a.phase, 0)
+}
+
+func appendRouted(b []byte, phase protowire.Number, dest, cl []byte) []byte {
 	mutation := sizeField(fMutationSet, sizeHeaderOption(HdrDestination, dest))
-	if cl != "" {
+	if len(cl) > 0 {
 		mutation += sizeField(fMutationSet, sizeHeaderOption(hdrContentLengthName, cl))
 	}
 	common := sizeField(fCommonHeaders, mutation) + protowire.SizeTag(fCommonClearCache) + protowire.SizeVarint(1)
@@ -139,12 +211,12 @@ func routedAnswer(phase protowire.Number, dest, cl string) *wireAnswer {
 	outerEntry := sizeField(fEntryKey, len(NSDestination)) + sizeField(fEntryValue, sizeField(fValueStruct, innerStruct))
 	outerStruct := sizeField(fStructFields, outerEntry)
 
-	b := make([]byte, 0, sizeField(phase, phaseMsg)+sizeField(fRespDynamicMetadata, outerStruct))
+	b = slices.Grow(b, sizeField(phase, phaseMsg)+sizeField(fRespDynamicMetadata, outerStruct))
 	b = appendField(b, phase, phaseMsg)
 	b = appendField(b, fPhaseResponse, common)
 	b = appendField(b, fCommonHeaders, mutation)
 	b = appendHeaderOption(b, HdrDestination, dest)
-	if cl != "" {
+	if len(cl) > 0 {
 		b = appendHeaderOption(b, hdrContentLengthName, cl)
 	}
 	b = protowire.AppendTag(b, fCommonClearCache, protowire.VarintType)
@@ -161,14 +233,12 @@ func routedAnswer(phase protowire.Number, dest, cl string) *wireAnswer {
 	b = append(b, MetaDestination...)
 	b = appendField(b, fEntryValue, sizeField(fValueString, len(dest)))
 	b = appendField(b, fValueString, len(dest))
-	b = append(b, dest...)
-	return &wireAnswer{bufs: mem.BufferSlice{mem.SliceBuffer(b)}}
+	return append(b, dest...)
 }
 
-// streamedAnswer passes a body chunk on in phase (request_body or
-// response_body): a streamed_response body mutation carrying the chunk's
-// own bytes, which are only read until the answer is written.
-func streamedAnswer(phase protowire.Number, chunk []byte, eos bool) *wireAnswer {
+// appendStreamedHead appends a streamed answer up to its chunk's bytes
+// (the chunk's tag and length included; without a chunk, all of it).
+func appendStreamedHead(b []byte, phase protowire.Number, chunk []byte, eos bool) []byte {
 	streamed := 0
 	if len(chunk) > 0 {
 		streamed = sizeField(fStreamedBody, len(chunk))
@@ -179,28 +249,20 @@ func streamedAnswer(phase protowire.Number, chunk []byte, eos bool) *wireAnswer 
 	mutation := sizeField(fBodyStreamed, streamed)
 	common := sizeField(fCommonBody, mutation)
 	phaseMsg := sizeField(fPhaseResponse, common)
-
-	b := make([]byte, 0, sizeField(phase, phaseMsg)-len(chunk))
 	b = appendField(b, phase, phaseMsg)
 	b = appendField(b, fPhaseResponse, common)
 	b = appendField(b, fCommonBody, mutation)
 	b = appendField(b, fBodyStreamed, streamed)
 	if len(chunk) == 0 {
 		if eos {
-			b = protowire.AppendTag(b, fStreamedEOS, protowire.VarintType)
-			b = protowire.AppendVarint(b, 1)
+			b = appendEOS(b)
 		}
-		return &wireAnswer{bufs: mem.BufferSlice{mem.SliceBuffer(b)}}
+		return b
 	}
-	b = appendField(b, fStreamedBody, len(chunk))
-	head := len(b)
-	if eos {
-		b = protowire.AppendTag(b, fStreamedEOS, protowire.VarintType)
-		b = protowire.AppendVarint(b, 1)
-	}
-	bufs := mem.BufferSlice{mem.SliceBuffer(b[:head]), mem.SliceBuffer(chunk)}
-	if eos {
-		bufs = append(bufs, mem.SliceBuffer(b[head:]))
-	}
-	return &wireAnswer{bufs: bufs}
+	return appendField(b, fStreamedBody, len(chunk))
+}
+
+func appendEOS(b []byte) []byte {
+	b = protowire.AppendTag(b, fStreamedEOS, protowire.VarintType)
+	return protowire.AppendVarint(b, 1)
 }

@@ -13,16 +13,23 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// decodeWire is what the gateway reads of an answer.
-func decodeWire(t *testing.T, w *wireAnswer) *extprocv3.ProcessingResponse {
+// decodeWire is what the gateway reads of an answer, through grpc-go
+// (the codec) and through the inline server (appendTo, after a prefix
+// already in the buffer): both must be the same message.
+func decodeWire(t *testing.T, a *answer) *extprocv3.ProcessingResponse {
 	t.Helper()
-	bufs, err := codec{}.Marshal(w)
+	bufs, err := codec{}.Marshal(a)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := &extprocv3.ProcessingResponse{}
 	if err := proto.Unmarshal(bufs.Materialize(), r); err != nil {
 		t.Fatalf("not a ProcessingResponse: %v", err)
+	}
+	prefix := []byte("prefix")
+	b := a.appendTo(prefix)
+	if !bytes.Equal(b[len(prefix):], bufs.Materialize()) || string(b[:len(prefix)]) != "prefix" {
+		t.Fatalf("appendTo and the codec disagree:\n%x\n%x", b, bufs.Materialize())
 	}
 	return r
 }
@@ -60,7 +67,7 @@ func TestWire_RoutedAnswerIsTheProtoMessage(t *testing.T) {
 	for _, phase := range []protowire.Number{fRespRequestHeaders, fRespRequestBody} {
 		for _, dest := range []string{"10.0.0.1:8000", "10.0.0.1:8000,10.0.0.2:8000", long} {
 			for _, cl := range []string{"", "1234"} {
-				got := decodeWire(t, routedAnswer(phase, dest, cl))
+				got := decodeWire(t, &answer{kind: answerRouted, phase: phase, dest: []byte(dest), cl: []byte(cl)})
 				if want := wantRouted(phase, dest, cl); !proto.Equal(got, want) {
 					t.Errorf("phase %d dest %q cl %q:\n got %v\nwant %v", phase, dest, cl, got, want)
 				}
@@ -76,7 +83,7 @@ func TestWire_StreamedAnswerIsTheProtoMessage(t *testing.T) {
 		for _, eos := range []bool{false, true} {
 			for _, phase := range []protowire.Number{fRespRequestBody, fRespResponseBody} {
 				chunk := bytes.Repeat([]byte{'x'}, n)
-				w := streamedAnswer(phase, chunk, eos)
+				w := &answer{kind: answerStreamed, phase: phase, chunk: chunk, eos: eos}
 				br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
 					Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{Body: chunk, EndOfStream: eos}},
 				}}}
@@ -87,7 +94,7 @@ func TestWire_StreamedAnswerIsTheProtoMessage(t *testing.T) {
 				if got := decodeWire(t, w); !proto.Equal(got, want) {
 					t.Errorf("%d bytes eos %v phase %d: got %v", n, eos, phase, got)
 				}
-				if n > 0 && !sharesChunk(w.bufs, chunk) {
+				if n > 0 && !sharesChunk(w.buffers(), chunk) {
 					t.Errorf("%d bytes: the chunk was copied", n)
 				}
 			}
@@ -104,10 +111,26 @@ func sharesChunk(bufs mem.BufferSlice, chunk []byte) bool {
 	return false
 }
 
+// An empty answer lets its phase go on: the go-control-plane types' empty
+// phase message.
+func TestWire_ContinueAnswerIsTheProtoMessage(t *testing.T) {
+	for phase, want := range map[protowire.Number]*extprocv3.ProcessingResponse{
+		fRespRequestHeaders:   {Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}},
+		fRespResponseHeaders:  {Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}},
+		fRespResponseBody:     {Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}},
+		fRespRequestTrailers:  {Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}},
+		fRespResponseTrailers: {Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}},
+	} {
+		if got := decodeWire(t, &answer{kind: answerContinue, phase: phase}); !proto.Equal(got, want) {
+			t.Errorf("phase %d: got %v, want %v", phase, got, want)
+		}
+	}
+}
+
 // Other messages go through as grpc-go's proto codec sends them.
 func TestWire_CodecMarshalsOtherMessages(t *testing.T) {
 	for _, m := range []*extprocv3.ProcessingResponse{
-		continueHeaders(),
+		{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}},
 		{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{Body: bytes.Repeat([]byte("e"), 5000)}}},
 	} {
 		bufs, err := codec{}.Marshal(m)

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/turnout/turnout/internal/promtext"
 	"github.com/turnout/turnout/route/fleet"
 )
 
@@ -15,9 +16,7 @@ import (
 // writeEndpointFeedbackMetrics renders the per-endpoint feedback metrics.
 func (l *Loop) writeEndpointMetrics(b *strings.Builder) {
 	snap := l.d.Snapshot()
-	help := func(name, typ, text string) {
-		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
-	}
+	help := promtext.Helper(b)
 	help("turnout_endpoint_decisions_expired_total", "counter", "Decisions closed without a completion (decision_ttl or slot reuse): lost feedback.")
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {

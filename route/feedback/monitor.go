@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/promtext"
 	"github.com/turnout/turnout/route"
 )
 
@@ -148,9 +149,7 @@ func (l *Loop) feedbackStatus() string {
 
 // writeFeedbackHealthMetrics renders the feedback and stall gauges.
 func (l *Loop) writeHealthMetrics(b *strings.Builder) {
-	help := func(name, typ, text string) {
-		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, typ)
-	}
+	help := promtext.Helper(b)
 	stalled := 0
 	if l.mon.stalled.Load() {
 		stalled = 1

@@ -34,6 +34,9 @@ type State struct {
 	peerLoad atomic.Int64
 	// Checked: a health check has judged it; seenUp: one has passed.
 	Checked, SeenUp atomic.Bool
+	// UpAt is when a health check first passed (unix ns, 0: never): the
+	// wait for its first model list counts from there (ModelsPending).
+	UpAt atomic.Int64
 	// Completion feedback and stall detection (route/feedback).
 	Expired  atomic.Uint64 // decisions closed by TTL or ring wrap, never completed
 	Feedback Feedback

@@ -1,6 +1,9 @@
 package fleet
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // Models and LoRA adapters an endpoint serves (route/models builds the
 // per-model endpoint sets from them; route/health and route/engineload
@@ -101,6 +104,45 @@ type modelState struct {
 
 // ServedModels is what the endpoint was last known to serve (nil: unknown).
 func (e *Endpoint) ServedModels() *ServedModels { return e.State.models.served.Load() }
+
+// ModelsKnown reports whether the endpoint's whole model list is known:
+// pinned in the config or listed by its GET /v1/models (pod labels name
+// only the base model, not the adapters).
+func (e *Endpoint) ModelsKnown() bool {
+	sm := e.ServedModels()
+	return sm != nil && (sm.Source == ModelsPinned || sm.Source == ModelsListed)
+}
+
+// ModelsPending reports whether the endpoint passed a health check, may
+// receive requests, and its model list is not known yet, less than wait
+// after it came up (now in unix ns): /readyz waits for it, and a model no
+// list names is answered 503, not 404, meanwhile. Past wait it is not
+// pending any more (ModelsOverdue).
+func (e *Endpoint) ModelsPending(now int64, wait time.Duration) bool {
+	up := e.State.UpAt.Load()
+	return up != 0 && now-up < int64(wait) && e.Available() && !e.ModelsKnown()
+}
+
+// ModelsUnknown reports whether the endpoint may serve a name that no
+// known list names: active health checks are on (checks; without them
+// there is no evidence either way), it is not draining, its list is not
+// known, and it never came up or came up less than wait ago (now in unix
+// ns). A replica not started yet may serve any adapter, so such a name is
+// answered 503, not 404.
+func (e *Endpoint) ModelsUnknown(now int64, wait time.Duration, checks bool) bool {
+	if !checks || e.Draining || e.ModelsKnown() {
+		return false
+	}
+	up := e.State.UpAt.Load()
+	return up == 0 || now-up < int64(wait)
+}
+
+// ModelsOverdue reports whether the endpoint is up and its model list is
+// still unknown wait after it came up: readiness stopped waiting for it.
+func (e *Endpoint) ModelsOverdue(now int64, wait time.Duration) bool {
+	up := e.State.UpAt.Load()
+	return up != 0 && now-up >= int64(wait) && e.Available() && !e.ModelsKnown()
+}
 
 // SetServed publishes the endpoint's model list (nil: unknown again).
 func (e *Endpoint) SetServed(s *ServedModels) { e.State.models.served.Store(s) }

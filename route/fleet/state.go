@@ -3,6 +3,8 @@ package fleet
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/turnout/turnout/internal/promtext"
 )
 
 // RequestBuckets are request duration bounds in seconds: LLM requests run
@@ -25,12 +27,7 @@ type MsHistogram struct {
 }
 
 func (h *MsHistogram) observe(ms int64) {
-	sec := float64(ms) / 1e3
-	i := 0
-	for i < len(RequestBuckets) && sec > RequestBuckets[i] {
-		i++
-	}
-	h.Counts[i].Add(1)
+	h.Counts[promtext.Bucket(RequestBuckets[:], float64(ms)/1e3)].Add(1)
 	h.SumMs.Add(uint64(ms))
 }
 
@@ -67,12 +64,7 @@ type histogram struct {
 }
 
 func (h *histogram) Observe(d time.Duration) {
-	sec := d.Seconds()
-	i := 0
-	for i < len(LatencyBuckets) && sec > LatencyBuckets[i] {
-		i++
-	}
-	h.Counts[i].Add(1)
+	h.Counts[promtext.Bucket(LatencyBuckets[:], d.Seconds())].Add(1)
 	h.SumNs.Add(uint64(d))
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/internal/promtext"
 )
 
 // waitBuckets are the hold-time histogram's bounds in seconds.
@@ -89,12 +90,7 @@ func (m *metrics) queued(r *Request, d int64) { m.stats(r).queued[r.Class].Add(d
 
 func (m *metrics) waited(class int, d time.Duration) {
 	h := &m.wait[class]
-	sec := d.Seconds()
-	i := 0
-	for i < len(waitBuckets) && sec > waitBuckets[i] {
-		i++
-	}
-	h.counts[i].Add(1)
+	h.counts[promtext.Bucket(waitBuckets[:], d.Seconds())].Add(1)
 	h.sumNs.Add(uint64(d))
 }
 

@@ -18,10 +18,22 @@ import (
 type Checker struct {
 	d   *route.Decider
 	log *zerolog.Logger
+	// upWake tells the served-model poll that an endpoint came up.
+	upWake chan struct{}
 }
 
 // New returns the health checker of d (Run and CheckServedModels start it).
-func New(d *route.Decider) *Checker { return &Checker{d: d, log: d.Log()} }
+func New(d *route.Decider) *Checker {
+	return &Checker{d: d, log: d.Log(), upWake: make(chan struct{}, 1)}
+}
+
+// wakeModels asks the served-model poll for a pass now (never blocks).
+func (c *Checker) wakeModels() {
+	select {
+	case c.upWake <- struct{}{}:
+	default:
+	}
+}
 
 // Run actively checks every endpoint's health path until ctx ends, so
 // turnout stops choosing a dead replica even where the proxy has no checks
@@ -80,10 +92,17 @@ func (c *Checker) checkOne(ctx context.Context, client *http.Client, e *fleet.En
 	defer e.State.Checked.Store(true)
 	if ok {
 		c.d.Health().NoteHealthCheck(true)
-		e.State.SeenUp.Store(true)
+		first := !e.State.SeenUp.Swap(true)
+		if first {
+			e.State.UpAt.Store(time.Now().UnixNano())
+		}
 		e.State.Fails.Store(0)
-		if e.State.Down.Swap(false) {
+		wasDown := e.State.Down.Swap(false)
+		if wasDown {
 			c.log.Info().Str(fleet.FieldEndpoint, e.Name).Msg("endpoint up")
+		}
+		if first || wasDown {
+			c.wakeModels() // its list may be unknown or changed: ask now
 		}
 		return
 	}

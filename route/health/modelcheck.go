@@ -10,7 +10,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/turnout/turnout/route"
@@ -19,9 +18,13 @@ import (
 
 // The served-model poll (modelverify.go refuses at load what answering
 // replicas lack): every endpoint whose models are not pinned is asked GET
-// /v1/models each health.models_interval, and at once after a reload. What
-// it lists (base models and LoRA adapters with their parent) becomes the
-// endpoint's fleet.ServedModels; a change rebuilds the model table
+// /v1/models each health.models_interval, at once after a reload and when
+// a health check finds it up, and again after a short backoff (repollFirst,
+// doubling up to 5 s) while it passes its health checks but its
+// poll fails: readiness and adapter requests wait for that list
+// (fleet.Endpoint.ModelsPending), so it must not wait a whole interval.
+// What it lists (base models and LoRA adapters with their parent) becomes
+// the endpoint's fleet.ServedModels; a change rebuilds the model table
 // (route/models), so a request goes only where its model is served. A
 // deployment name a replica lacks is also logged, once per change, with
 // the fixes that do not misroute, and counted in
@@ -35,6 +38,17 @@ type modelCheck struct {
 	missing map[string][]string // endpoint -> missing names (sorted)
 	polls   [2]uint64           // answered, failed
 	changes uint64
+	// sched is each endpoint's place in the poll, by its State (which
+	// survives reloads); only the poll loop's goroutine touches it.
+	sched map[*fleet.State]*pollSched
+}
+
+// pollSched is one endpoint's place in the served-model poll.
+type pollSched struct {
+	next    time.Time // when it is asked again
+	fails   int       // consecutive failed polls
+	ok      bool      // the last poll was answered
+	overdue bool      // readiness stopped waiting for its list (logged once)
 }
 
 // ServedModelsPath is where replicas list the model names they accept.
@@ -43,10 +57,29 @@ const ServedModelsPath = "/v1/models"
 // modelPollers bounds the concurrent /v1/models calls.
 const modelPollers = 8
 
+// repollFirst is the first wait before asking a healthy endpoint whose
+// poll failed again; it doubles per failure up to repollMax (or the
+// interval, when shorter).
+const (
+	repollFirst = 200 * time.Millisecond
+	repollMax   = 5 * time.Second
+)
+
+// repollAfter is the wait after fails consecutive failed polls of an
+// endpoint that passes its health checks.
+func repollAfter(fails int, every time.Duration) time.Duration {
+	d := repollFirst
+	for i := 1; i < fails && d < repollMax; i++ {
+		d *= 2
+	}
+	return min(d, repollMax, every)
+}
+
 // CheckServedModels polls every endpoint's served models each interval (0:
-// the config's health.models_interval) and after each reload until ctx ends.
+// the config's health.models_interval), after each reload and when an
+// endpoint comes up, until ctx ends.
 func (c *Checker) CheckServedModels(ctx context.Context, interval time.Duration) {
-	mc := &modelCheck{listed: map[string]string{}, missing: map[string][]string{}}
+	mc := &modelCheck{listed: map[string]string{}, missing: map[string][]string{}, sched: map[*fleet.State]*pollSched{}}
 	c.d.Extras().AddMetrics(mc.writeMetrics)
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}}
 	wake := make(chan struct{}, 1)
@@ -56,72 +89,152 @@ func (c *Checker) CheckServedModels(ctx context.Context, interval time.Duration)
 		default:
 		}
 	})
+	all, up := true, false
 	for {
-		c.checkModelsOnce(ctx, client, mc)
-		every := interval
-		if every <= 0 {
-			every = c.d.Snapshot().Config.Health.ModelsEvery()
-		}
+		next := c.checkModelsOnce(ctx, client, mc, interval, all, up)
+		all, up = false, false
+		t := time.NewTimer(time.Until(next))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
 		case <-wake:
-		case <-time.After(every):
+			all = true
+		case <-c.upWake:
+			up = true
+		case <-t.C:
 		}
+		t.Stop()
 	}
 }
 
-func (c *Checker) checkModelsOnce(ctx context.Context, client *http.Client, mc *modelCheck) {
+// checkModelsOnce asks the endpoints that are due (all: every one; up:
+// also every healthy one whose last poll failed or never ran) and returns
+// when the next one is due.
+func (c *Checker) checkModelsOnce(ctx context.Context, client *http.Client, mc *modelCheck, interval time.Duration, all, up bool) time.Time {
 	snap := c.d.Snapshot()
+	hc := &snap.Config.Health
+	every := interval
+	if every <= 0 {
+		every = hc.ModelsEvery()
+	}
+	checksOff := hc.Disable || hc.Interval.D() <= 0
+	healthy := func(e *fleet.Endpoint) bool { return e.Available() && (checksOff || e.State.SeenUp.Load()) }
+	type polled struct {
+		e       *fleet.Endpoint
+		st      *pollSched
+		changed bool
+		err     error
+	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, modelPollers)
-	var changed atomic.Bool
-	done := map[*fleet.Endpoint]bool{}
+	var results []*polled
+	seen := map[*fleet.State]bool{}
+	now := time.Now()
 	for _, d := range snap.Deployments {
 		want := d.Config.Models
 		for _, p := range d.Pools {
 			for _, e := range p.Endpoints {
-				if done[e] {
+				if seen[e.State] {
 					continue
 				}
-				done[e] = true
+				seen[e.State] = true
 				if sm := e.ServedModels(); sm != nil && sm.Source == fleet.ModelsPinned {
 					continue // pinned in the config
 				}
+				st := mc.sched[e.State]
+				if st == nil {
+					st = &pollSched{}
+					mc.sched[e.State] = st
+				}
+				if !all && now.Before(st.next) && !(up && !st.ok && healthy(e)) {
+					continue
+				}
+				r := &polled{e: e, st: st}
+				results = append(results, r)
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					sem <- struct{}{}
 					defer func() { <-sem }()
-					if c.pollEndpoint(ctx, client, mc, d.Name, want, e) {
-						changed.Store(true)
-					}
+					r.changed, r.err = c.pollEndpoint(ctx, client, mc, d.Name, want, e)
 				}()
 			}
 		}
 	}
 	wg.Wait()
-	if changed.Load() {
+	for st := range mc.sched {
+		if !seen[st] {
+			delete(mc.sched, st) // gone from the config or discovery
+		}
+	}
+	now = time.Now()
+	changed := false
+	for _, r := range results {
+		changed = changed || r.changed
+		if r.err == nil {
+			r.st.ok, r.st.fails, r.st.next = true, 0, now.Add(every)
+			continue
+		}
+		r.st.ok = false
+		r.st.fails++
+		if healthy(r.e) {
+			r.st.next = now.Add(repollAfter(r.st.fails, every))
+		} else {
+			r.st.next = now.Add(every) // a health check finding it up wakes the poll
+		}
+	}
+	if changed {
 		c.d.RefreshModels()
+	}
+	c.noteOverdue(snap, mc, now)
+	next := now.Add(every)
+	for _, st := range mc.sched {
+		if st.next.Before(next) {
+			next = st.next
+		}
+	}
+	return next
+}
+
+// noteOverdue logs, once per endpoint, that readiness stopped waiting for
+// the model list of an endpoint that is up (health.models_wait).
+func (c *Checker) noteOverdue(snap *route.Snapshot, mc *modelCheck, now time.Time) {
+	wait := snap.Config.Health.ModelsWaitOr()
+	for _, p := range snap.Pools() {
+		for _, e := range p.Endpoints {
+			st := mc.sched[e.State]
+			if st == nil {
+				continue
+			}
+			switch {
+			case e.ModelsKnown():
+				st.overdue = false
+			case !st.overdue && e.ModelsOverdue(now.UnixNano(), wait):
+				st.overdue = true
+				c.log.Warn().Str(fleet.FieldEndpoint, e.Name).Str("address", e.Address).Dur("waited", wait).Int("failed_polls", st.fails).
+					Msgf("endpoint %s passes its health checks but its GET %s has not answered for %v (health.models_wait): readiness stops waiting for it; it gets its deployment's base models and no adapter until the list arrives (retried)", e.Name, ServedModelsPath, wait)
+			}
+		}
 	}
 }
 
 // pollEndpoint asks one endpoint and publishes its list; it reports
-// whether the list changed.
-func (c *Checker) pollEndpoint(ctx context.Context, client *http.Client, mc *modelCheck, dep string, want []string, e *fleet.Endpoint) bool {
+// whether the list changed, and the poll's error.
+func (c *Checker) pollEndpoint(ctx context.Context, client *http.Client, mc *modelCheck, dep string, want []string, e *fleet.Endpoint) (bool, error) {
 	list, err := fetchServedList(ctx, client, e.Address)
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
 	if err != nil {
 		mc.polls[1]++
 		c.log.Debug().Err(err).Str("endpoint", e.Name).Msg("served models: no answer")
-		return false // keep what it served: a replica restarting still serves it
+		return false, err // keep what it served: a replica restarting still serves it
 	}
 	mc.polls[0]++
 	sort.Slice(list, func(i, j int) bool { return list[i].ID < list[j].ID })
 	old := e.ServedModels()
 	if old != nil && old.Source == fleet.ModelsListed && slices.Equal(old.Models, list) {
-		return false
+		return false, nil
 	}
 	e.SetServed(&fleet.ServedModels{Models: list, Source: fleet.ModelsListed})
 	mc.changes++
@@ -140,7 +253,7 @@ func (c *Checker) pollEndpoint(ctx context.Context, client *http.Client, mc *mod
 	key := e.Name + "|" + e.Address
 	joined := strings.Join(served, ",")
 	if mc.listed[key] == joined {
-		return true
+		return true, nil
 	}
 	mc.listed[key] = joined
 	if len(miss) > 0 {
@@ -150,7 +263,7 @@ func (c *Checker) pollEndpoint(ctx context.Context, client *http.Client, mc *mod
 	} else {
 		c.log.Info().Str("endpoint", e.Name).Strs("serves", served).Msg("served models")
 	}
-	return true
+	return true, nil
 }
 
 // fetchServedModels returns the ids of GET http://addr/v1/models.

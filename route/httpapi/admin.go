@@ -14,6 +14,15 @@ import (
 // there: whoever reaches the admin port must not be able to make or close
 // decisions (docs/kubernetes.md, threat model).
 func (a *API) AdminHandler(ctx *fasthttp.RequestCtx) {
+	if !a.serveAdmin(ctx) {
+		a.refuse(ctx, fasthttp.StatusNotFound, "invalid_request_error", "not_found",
+			"no such path; turnout's admin listener serves "+contract.PathHealthz+", "+contract.PathReadyz+" and "+contract.PathMetrics)
+	}
+}
+
+// serveAdmin answers the paths both listeners serve (health, readiness,
+// metrics); false for any other path.
+func (a *API) serveAdmin(ctx *fasthttp.RequestCtx) bool {
 	switch string(ctx.Path()) {
 	case contract.PathHealthz:
 		healthz(ctx)
@@ -22,9 +31,9 @@ func (a *API) AdminHandler(ctx *fasthttp.RequestCtx) {
 	case contract.PathMetrics:
 		a.metrics(ctx)
 	default:
-		a.refuse(ctx, fasthttp.StatusNotFound, "invalid_request_error", "not_found",
-			"no such path; turnout's admin listener serves "+contract.PathHealthz+", "+contract.PathReadyz+" and "+contract.PathMetrics)
+		return false
 	}
+	return true
 }
 
 // healthz answers liveness: the process serves HTTP.

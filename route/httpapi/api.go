@@ -49,13 +49,10 @@ func (a *API) Handler(ctx *fasthttp.RequestCtx) {
 		a.routeHTTP(ctx)
 	case contract.PathDone:
 		a.done(ctx)
-	case contract.PathHealthz:
-		healthz(ctx)
-	case contract.PathReadyz:
-		a.ready(ctx)
-	case contract.PathMetrics:
-		a.metrics(ctx)
 	default:
+		if a.serveAdmin(ctx) {
+			return
+		}
 		if bytes.HasPrefix(ctx.Path(), pathDecisionB) {
 			a.decision(ctx) // decision.go
 			return

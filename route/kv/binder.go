@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -89,10 +91,7 @@ func (h *Hub) Stats() map[string]BinderStats {
 func (h *Hub) Close() {
 	h.mu.Lock()
 	h.closed = true
-	bs := make([]*Binder, 0, len(h.bound))
-	for _, b := range h.bound {
-		bs = append(bs, b)
-	}
+	bs := slices.Collect(maps.Values(h.bound))
 	clear(h.bound)
 	h.mu.Unlock()
 	for _, b := range bs {

@@ -250,41 +250,36 @@ func isMap(c byte) bool {
 	return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
 }
 
-// arrayLen reads an array header; each element takes at least one byte,
-// so a length beyond the remaining input is rejected before anything is
-// allocated for it.
-func (x *decoder) arrayLen(what string) (int, error) {
-	c, err := x.peek()
-	if err != nil {
-		return 0, err
-	}
-	if !isArray(c) {
-		return 0, x.fail("%s: want array, got code %#x", what, c)
-	}
-	n, err := x.d.DecodeArrayLen()
-	if err != nil {
-		return 0, x.wrap(what, err)
-	}
-	if n > x.r.Len() {
-		return 0, x.fail("%s: array length %d exceeds input", what, n)
-	}
-	return n, nil
-}
+func (x *decoder) arrayLen(what string) (int, error) { return x.containerLen(what, false) }
 
-func (x *decoder) mapLen(what string) (int, error) {
+func (x *decoder) mapLen(what string) (int, error) { return x.containerLen(what, true) }
+
+// containerLen reads an array or a map header; each element takes at least
+// one byte (a map's entry two), so a length beyond the remaining input is
+// rejected before anything is allocated for it.
+func (x *decoder) containerLen(what string, isMapHeader bool) (int, error) {
 	c, err := x.peek()
 	if err != nil {
 		return 0, err
 	}
-	if !isMap(c) {
-		return 0, x.fail("%s: want map, got code %#x", what, c)
+	kind, ok, per := "array", isArray(c), 1
+	if isMapHeader {
+		kind, ok, per = "map", isMap(c), 2
 	}
-	n, err := x.d.DecodeMapLen()
+	if !ok {
+		return 0, x.fail("%s: want %s, got code %#x", what, kind, c)
+	}
+	var n int
+	if isMapHeader {
+		n, err = x.d.DecodeMapLen()
+	} else {
+		n, err = x.d.DecodeArrayLen()
+	}
 	if err != nil {
 		return 0, x.wrap(what, err)
 	}
-	if n > x.r.Len()/2 {
-		return 0, x.fail("%s: map length %d exceeds input", what, n)
+	if n > x.r.Len()/per {
+		return 0, x.fail("%s: %s length %d exceeds input", what, kind, n)
 	}
 	return n, nil
 }
@@ -434,53 +429,49 @@ func (x *decoder) hash(what string) (uint64, error) {
 	return h, nil
 }
 
-func (x *decoder) hashes(what string) ([]uint64, error) {
+// array reads an array whose elements elem reads.
+func array[T any](x *decoder, what string, elem func(what string) (T, error)) ([]T, error) {
 	n, err := x.arrayLen(what)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]uint64, n)
+	out := make([]T, n)
 	for i := range out {
-		if out[i], err = x.hash(what); err != nil {
+		if out[i], err = elem(what); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
 }
 
-func (x *decoder) tokens(what string) ([]uint32, error) {
-	n, err := x.arrayLen(what)
+func (x *decoder) hashes(what string) ([]uint64, error) { return array(x, what, x.hash) }
+
+func (x *decoder) tokens(what string) ([]uint32, error) { return array(x, what, x.token) }
+
+func (x *decoder) token(what string) (uint32, error) {
+	c, err := x.peek()
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
-	out := make([]uint32, n)
-	for i := range out {
-		c, err := x.peek()
+	if c == msgpcode.Uint64 { // int64 cannot hold all of it
+		u, err := x.d.DecodeUint64()
 		if err != nil {
-			return nil, err
+			return 0, x.wrap(what, err)
 		}
-		if c == msgpcode.Uint64 { // int64 cannot hold all of it
-			u, err := x.d.DecodeUint64()
-			if err != nil {
-				return nil, x.wrap(what, err)
-			}
-			if u > math.MaxUint32 {
-				return nil, fmt.Errorf("%w: %s: %w: %d", ErrMalformed, what, errTokenRange, u)
-			}
-			out[i] = uint32(u)
-			continue
+		if u > math.MaxUint32 {
+			return 0, fmt.Errorf("%w: %s: %w: %d", ErrMalformed, what, errTokenRange, u)
 		}
-		v, err := x.int64(what)
-		if err != nil {
-			return nil, err
-		}
-		t, ok := TokenID(v)
-		if !ok {
-			return nil, fmt.Errorf("%w: %s: %w: %d", ErrMalformed, what, errTokenRange, v)
-		}
-		out[i] = t
+		return uint32(u), nil
 	}
-	return out, nil
+	v, err := x.int64(what)
+	if err != nil {
+		return 0, err
+	}
+	t, ok := TokenID(v)
+	if !ok {
+		return 0, fmt.Errorf("%w: %s: %w: %d", ErrMalformed, what, errTokenRange, v)
+	}
+	return t, nil
 }
 
 // extraKeys reads list[tuple | None] | None into per-block "has extras".
@@ -819,6 +810,16 @@ var (
 	removedFields = []string{"block_hashes", "medium", "group_idx"}
 )
 
+// fieldIndex is the position of key k in storedFields, -1 when unknown.
+func fieldIndex(k []byte) int {
+	for i, f := range storedFields {
+		if f == string(k) {
+			return i
+		}
+	}
+	return -1
+}
+
 func (x *decoder) eventMap(ev *Event) error {
 	n, err := x.mapLen("event")
 	if err != nil {
@@ -839,25 +840,17 @@ func (x *decoder) eventMap(ev *Event) error {
 		if err != nil {
 			return err
 		}
-		switch string(k) {
-		case "type":
+		if string(k) == "type" {
 			ev.Kind, err = x.kind("event tag")
 			seen |= seenTag
-		case "block_hashes":
-			err = x.field(ev, "block_hashes")
-			seen |= seenHashes
-		case "parent_block_hash":
-			err = x.field(ev, "parent_block_hash")
-			seen |= seenParent
-		case "token_ids":
-			err = x.field(ev, "token_ids")
-			seen |= seenTokens
-		case "block_size":
-			err = x.field(ev, "block_size")
-			seen |= seenSize
-		case "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind":
-			err = x.field(ev, string(k))
-		default:
+		} else if i := fieldIndex(k); i >= 0 {
+			// The first four of storedFields are the required ones, in
+			// the order of their seen bits.
+			err = x.field(ev, storedFields[i])
+			if i < 4 {
+				seen |= seenHashes << i
+			}
+		} else {
 			err = x.skip(0)
 		}
 		if err != nil {

@@ -158,11 +158,8 @@ func NewPredictedTTFTFactory() Factory {
 	})
 }
 
-// NewPredictedTTFT builds the policy for pool p.
+// NewPredictedTTFT builds the policy for pool p (rnd: as NewPrefixAffinity).
 func NewPredictedTTFT(cfg PredictedTTFTConfig, p *fleet.Pool, rnd *fleet.Rand) *PredictedTTFT {
-	if rnd == nil {
-		rnd = fleet.NewRand(1)
-	}
 	pt := &PredictedTTFT{cfg: cfg, noteKeys: [...]string{notePredictedTTFT: "predicted_ttft_ms"}}
 	pa := NewPrefixAffinity(cfg.PrefixAffinityConfig, p, rnd)
 	pt.idx = pa.idx

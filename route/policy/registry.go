@@ -2,7 +2,8 @@ package policy
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/fleet"
@@ -56,22 +57,13 @@ func add[F any](m map[string]F, kind, name string, f F) {
 }
 
 // Names lists the registered policies, sorted.
-func (r *Registry) Names() []string { return sortedKeys(r.policies) }
+func (r *Registry) Names() []string { return slices.Sorted(maps.Keys(r.policies)) }
 
 // FilterNames lists the registered filters, sorted.
-func (r *Registry) FilterNames() []string { return sortedKeys(r.filters) }
+func (r *Registry) FilterNames() []string { return slices.Sorted(maps.Keys(r.filters)) }
 
 // ScorerNames lists the registered scorers, sorted.
-func (r *Registry) ScorerNames() []string { return sortedKeys(r.scorers) }
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for n := range m {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
+func (r *Registry) ScorerNames() []string { return slices.Sorted(maps.Keys(r.scorers)) }
 
 // Build builds the policy cfg names, or composes the one it gives as stages.
 func (r *Registry) Build(cfg *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {

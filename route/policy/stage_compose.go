@@ -2,9 +2,11 @@ package policy
 
 import (
 	"fmt"
-	"github.com/turnout/turnout/route/fleet"
+	"maps"
+	"slices"
 
 	"github.com/turnout/turnout/internal/config"
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // Stage names of the built-in stages.
@@ -123,14 +125,9 @@ func (s *Registry) compose(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.
 	main := &MaxScore{Name: "max-score", Ties: []Tie{LowerLoad{}, SessionRank{}}, Rand: senv.Rand, Slots: 1}
 	served := false
 	for i := range st.Filters {
-		fc := &st.Filters[i]
-		ff, ok := s.filters[fc.Name]
-		if !ok {
-			return nil, fc.Unknown("filter", s.FilterNames())
-		}
-		f, err := ff(fc, senv)
+		f, err := buildStage(&st.Filters[i], "filter", s.filters, senv)
 		if err != nil {
-			return nil, fc.Error(err)
+			return nil, err
 		}
 		if g, ok := f.(*LoadGuard); ok && g.Bounded > 0 {
 			served = true
@@ -141,13 +138,9 @@ func (s *Registry) compose(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.
 	var recorders []Recorder
 	for i := range st.Scorers {
 		sc := &st.Scorers[i]
-		sf, ok := s.scorers[sc.Name]
-		if !ok {
-			return nil, sc.Unknown("scorer", s.ScorerNames())
-		}
-		x, err := sf(sc, senv)
+		x, err := buildStage(sc, "scorer", s.scorers, senv)
 		if err != nil {
-			return nil, sc.Error(err)
+			return nil, err
 		}
 		if px, ok := x.(*PrefixIndex); ok {
 			if prefix != nil {
@@ -180,6 +173,21 @@ func (s *Registry) compose(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.
 	c := &Composed{}
 	fill(c)
 	return c, nil
+}
+
+// buildStage builds stage cfg with its factory among factories (kind:
+// filter or scorer, for the error naming the known ones).
+func buildStage[T any, F ~func(*config.StageConfig, StageEnv) (T, error)](cfg *config.StageConfig, kind string, factories map[string]F, env StageEnv) (T, error) {
+	f, ok := factories[cfg.Name]
+	if !ok {
+		var none T
+		return none, cfg.Unknown(kind, slices.Sorted(maps.Keys(factories)))
+	}
+	x, err := f(cfg, env)
+	if err != nil {
+		return x, cfg.Error(err)
+	}
+	return x, nil
 }
 
 // prefixMatched runs a picker and, with a prefix index, makes the first

@@ -164,19 +164,16 @@ func readValue(b []byte) (value, int, error) {
 	case typeBool:
 		v.Bool = b[0]&flagTrue != 0
 		return v, 1, nil
-	case typeInt32, typeInt64:
+	case typeInt32, typeInt64, typeUint32, typeUint64:
 		u, k, err := readVarint(b[1:])
 		if err != nil {
 			return v, 0, err
 		}
-		v.Int = int64(u)
-		return v, 1 + k, nil
-	case typeUint32, typeUint64:
-		u, k, err := readVarint(b[1:])
-		if err != nil {
-			return v, 0, err
+		if v.Type == typeInt32 || v.Type == typeInt64 {
+			v.Int = int64(u)
+		} else {
+			v.Uint = u
 		}
-		v.Uint = u
 		return v, 1 + k, nil
 	case typeIPv4, typeIPv6:
 		n := 4

@@ -300,35 +300,27 @@ func (c *Cluster) applyBase(repoRoot string) {
 		_ = json.Unmarshal(b, &meta)
 		switch meta.Kind {
 		case "Role":
-			var r rbacv1.Role
-			if err := json.Unmarshal(b, &r); err != nil {
-				c.t.Fatal(err)
-			}
-			r.Namespace = c.Namespace
-			if _, err := c.Admin.RbacV1().Roles(c.Namespace).Create(ctx, &r, metav1.CreateOptions{}); err != nil {
-				c.t.Fatal(err)
-			}
+			_, err = c.Admin.RbacV1().Roles(c.Namespace).Create(ctx, inNamespace(c, b, &rbacv1.Role{}), metav1.CreateOptions{})
 		case "RoleBinding":
-			var rb rbacv1.RoleBinding
-			if err := json.Unmarshal(b, &rb); err != nil {
-				c.t.Fatal(err)
-			}
-			rb.Namespace = c.Namespace
+			rb := inNamespace(c, b, &rbacv1.RoleBinding{})
 			for i := range rb.Subjects {
 				rb.Subjects[i].Namespace = c.Namespace
 			}
-			if _, err := c.Admin.RbacV1().RoleBindings(c.Namespace).Create(ctx, &rb, metav1.CreateOptions{}); err != nil {
-				c.t.Fatal(err)
-			}
+			_, err = c.Admin.RbacV1().RoleBindings(c.Namespace).Create(ctx, rb, metav1.CreateOptions{})
 		case "ServiceAccount":
-			var sa corev1.ServiceAccount
-			if err := json.Unmarshal(b, &sa); err != nil {
-				c.t.Fatal(err)
-			}
-			sa.Namespace = c.Namespace
-			if _, err := c.Admin.CoreV1().ServiceAccounts(c.Namespace).Create(ctx, &sa, metav1.CreateOptions{}); err != nil {
-				c.t.Fatal(err)
-			}
+			_, err = c.Admin.CoreV1().ServiceAccounts(c.Namespace).Create(ctx, inNamespace(c, b, &corev1.ServiceAccount{}), metav1.CreateOptions{})
+		}
+		if err != nil {
+			c.t.Fatal(err)
 		}
 	}
+}
+
+// inNamespace decodes b into obj, placed in the test's namespace.
+func inNamespace[T metav1.Object](c *Cluster, b []byte, obj T) T {
+	if err := json.Unmarshal(b, obj); err != nil {
+		c.t.Fatal(err)
+	}
+	obj.SetNamespace(c.Namespace)
+	return obj
 }

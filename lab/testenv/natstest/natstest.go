@@ -10,10 +10,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/turnout/turnout/lab/testenv/child"
 	"github.com/turnout/turnout/lab/testenv/freeport"
 )
 
@@ -22,8 +22,7 @@ type Server struct {
 	Port int
 	URL  string
 	Log  string // stdout and stderr, printed when the test fails
-	cmd  *exec.Cmd
-	done chan struct{}
+	p    *child.Process
 }
 
 // FreePort returns a free loopback port (freeport.Port).
@@ -45,23 +44,12 @@ func Start(t testing.TB, port int, extra ...string) *Server {
 		port = FreePort(t)
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	s := &Server{Port: port, URL: "nats://" + addr, done: make(chan struct{})}
+	s := &Server{Port: port, URL: "nats://" + addr}
 	s.Log = filepath.Join(t.TempDir(), "nats-server-"+strconv.Itoa(port)+".log")
-	f, err := os.Create(s.Log)
+	s.p, err = child.Start(exec.Command(bin, append([]string{"-a", "127.0.0.1", "-p", strconv.Itoa(port)}, extra...)...), s.Log)
 	if err != nil {
-		t.Fatal(err)
-	}
-	s.cmd = exec.Command(bin, append([]string{"-a", "127.0.0.1", "-p", strconv.Itoa(port)}, extra...)...)
-	s.cmd.Stdout, s.cmd.Stderr = f, f
-	if err := s.cmd.Start(); err != nil {
-		f.Close()
 		t.Fatalf("start nats-server: %v", err)
 	}
-	go func() {
-		_ = s.cmd.Wait()
-		f.Close()
-		close(s.done)
-	}()
 	t.Cleanup(func() {
 		s.Stop()
 		if t.Failed() {
@@ -89,25 +77,7 @@ func Start(t testing.TB, port int, extra ...string) *Server {
 
 // Stop ends the server (SIGTERM, SIGKILL after 5 s) and waits for it;
 // idempotent, so a test may stop it mid-run and cleanup stops nothing.
-func (s *Server) Stop() {
-	if s.Exited() {
-		return
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(5 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-s.done
-	}
-}
+func (s *Server) Stop() { s.p.Stop(5 * time.Second) }
 
 // Exited reports whether the process has ended.
-func (s *Server) Exited() bool {
-	select {
-	case <-s.done:
-		return true
-	default:
-		return false
-	}
-}
+func (s *Server) Exited() bool { return s.p.Exited() }

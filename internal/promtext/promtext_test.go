@@ -1,0 +1,32 @@
+package promtext
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestHelper(t *testing.T) {
+	var b strings.Builder
+	help := Helper(&b)
+	help("x_total", "counter", "Things.")
+	help("y", "gauge", "Level.")
+	want := "# HELP x_total Things.\n# TYPE x_total counter\n# HELP y Level.\n# TYPE y gauge\n"
+	if b.String() != want {
+		t.Fatalf("got %q, want %q", b.String(), want)
+	}
+}
+
+func TestBucket(t *testing.T) {
+	bounds := []float64{0.1, 1, 10}
+	for _, c := range []struct {
+		v    float64
+		want int
+	}{{-1, 0}, {0.1, 0}, {0.11, 1}, {1, 1}, {5, 2}, {10, 2}, {10.5, 3}, {1e9, 3}} {
+		if got := Bucket(bounds, c.v); got != c.want {
+			t.Errorf("Bucket(%v) = %d, want %d", c.v, got, c.want)
+		}
+	}
+	if got := Bucket(nil, 1); got != 0 {
+		t.Errorf("Bucket with no bounds = %d, want 0", got)
+	}
+}
