@@ -138,6 +138,7 @@ func (c core) startLoops(ctx context.Context, cfg *config.Config, log *zerolog.L
 	c.srv.Extras().AddMetrics(scraper.WriteMetrics)
 	go scraper.Run(ctx)
 	if cs == nil {
+		c.srv.Extras().AddMetrics(cluster.WriteOffMetrics)
 		return func() {}, nil
 	}
 	c.srv.Extras().AddMetrics(cs.WriteMetrics)

@@ -274,6 +274,9 @@ type tmplData struct {
 	// StripPrefixes (regexes, lower case) and StripNames are the client
 	// headers deleted first (contract.ClientStrip).
 	StripPrefixes, StripNames []string
+	// RequestID is the request id header (contract.FwdRequestID), set
+	// when the client sent none.
+	RequestID string
 	// NotFound is the answer to a path that is not served.
 	NotFound                                 errorData
 	Dir, Socket, PIDFile, Listen, Syslog     string
@@ -445,6 +448,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	for _, n := range cs.Names {
 		d.StripNames = append(d.StripNames, strings.ToLower(n))
 	}
+	d.RequestID = contract.FwdRequestID
 	var err error
 	if d.NotFound, err = glueError(contract.NotFoundError); err != nil {
 		bad("contract", "%v", err)

@@ -15,7 +15,8 @@ import (
 // Authorization header reaches turnout only when a deployment is
 // prefill/decode, as with the Lua and SPOE.
 func TestAskForwardsContractHeaders(t *testing.T) {
-	ask := regexp.MustCompile(`proxy_set_header ([A-Za-z0-9_-]+) \$http_[a-z0-9_]+;`)
+	// The request id travels as the client's, else nginx's own.
+	ask := regexp.MustCompile(`proxy_set_header ([A-Za-z0-9_-]+) \$(?:http_[a-z0-9_]+|turnout_request_id);`)
 	for _, y := range [][]byte{config.DefaultConfigYAML, []byte(multiYAML), []byte(headerYAML)} {
 		cfg := mustParse(t, y)
 		out, err := Render(cfg, RenderOptions{Dir: goldenDir})

@@ -22,6 +22,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"text/template"
@@ -243,6 +244,31 @@ var hideOnRelay = func() []string {
 	return out
 }()
 
+// quietStatuses are the 4xx statuses turnout answers a call with (the
+// relayed ones and those of contract.ReasonRules) other than 401 and 403:
+// auth_request logs any status but 2xx, 401 and 403 at error level
+// ("auth request unexpected status"), so the header-mode call turns them
+// into 403 and the glue reads the real one from $upstream_status.
+func quietStatuses() []int {
+	var out []int
+	add := func(st int) {
+		if st >= 400 && st < 500 && st != 401 && st != 403 && !slices.Contains(out, st) {
+			out = append(out, st)
+		}
+	}
+	for _, st := range contract.RelayStatuses() {
+		add(st)
+	}
+	for _, r := range contract.ReasonRules() {
+		add(r.Status)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// requestIDVar holds the request id (a map of nginx.conf.tmpl).
+const requestIDVar = "$turnout_request_id"
+
 // failReasonVar holds the X-Turnout-Reason of a fail-closed answer (a map
 // of nginx.conf.tmpl).
 const failReasonVar = "$turnout_fail_reason"
@@ -276,15 +302,21 @@ type tmplData struct {
 	FeedbackFormat string
 	// FeedbackVars are the variables the feedback line's ms= and ttfb=
 	// read (the table's nginx column), set by maps of the template.
-	FeedbackVars struct{ Ms, TTFB, Retries, Up string }
+	FeedbackVars struct{ Ms, TTFB, Retries, Up, Term string }
+	// RequestID is the request id header and the variable that holds the
+	// client's, else nginx's $request_id; Client is the client's own.
+	RequestID struct{ Name, Var, Client string }
 	// Hdr names the contract's request headers the config writes; Served
 	// is contract.PathServed.
 	Hdr struct {
-		Truncated, OriginalURI, OriginalMethod string
+		Truncated, OriginalURI, OriginalMethod, Repeat string
 	}
 	Served string
 	// HideOnRelay are the verdict headers hidden from a relayed refusal.
 	HideOnRelay []string
+	// QuietStatuses are turnout's 4xx answers the header-mode call hands
+	// auth_request as 403 (quietRefusals).
+	QuietStatuses []int
 	// The answers nginx gives itself (contract.GlueError).
 	NotFound, TooLarge, BadGateway, FailClosedError errorData
 	Dir, PIDFile, ErrorLog, ModulePath              string
@@ -392,6 +424,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		RoutePath:         contract.PathRoute,
 		Served:            contract.PathServed,
 		HideOnRelay:       hideOnRelay,
+		QuietStatuses:     quietStatuses(),
 		Dir:               path("dir", opts.Dir),
 		PIDFile:           path("pidfile", opts.PIDFile),
 		ErrorLog:          path("error_log", opts.ErrorLog),
@@ -463,10 +496,15 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 			d.FeedbackVars.Retries = f.Nginx
 		case contract.FeedbackFieldUpstream:
 			d.FeedbackVars.Up = f.Nginx
+		case contract.FeedbackFieldTerm:
+			d.FeedbackVars.Term = f.Nginx
 		}
 	}
 	d.Hdr.Truncated = contract.HdrBodyTruncated
 	d.Hdr.OriginalURI, d.Hdr.OriginalMethod = contract.HdrOriginalURI, contract.HdrOriginalMethod
+	d.Hdr.Repeat = contract.HdrRepeat
+	d.RequestID.Name, d.RequestID.Var = contract.FwdRequestID, requestIDVar
+	d.RequestID.Client = headerVarName("$http_", contract.FwdRequestID)
 	for _, e := range []struct {
 		to     *errorData
 		err    contract.GlueError
@@ -501,7 +539,11 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	// The headers turnout gets: the same list as the HAProxy glue
 	// (route/contract/forward.go); model headers also pick the pool.
 	for _, h := range contract.ForwardedHeaders(cfg) {
-		d.RouteHeaders = append(d.RouteHeaders, header(h.Field, h.Name))
+		hd := header(h.Field, h.Name)
+		if h.Name == contract.FwdRequestID {
+			hd.Var = requestIDVar // the client's or nginx's own
+		}
+		d.RouteHeaders = append(d.RouteHeaders, hd)
 	}
 	for _, h := range cfg.ModelHeaders {
 		if config.HeaderRe.MatchString(h) { // a bad one is reported above

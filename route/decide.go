@@ -21,10 +21,7 @@ func (d *Decider) Decide(in *contract.Input, v *contract.Verdict) {
 	t := d.txns.get(d, snap.maxBlocks)
 	start := time.Now()
 	t.decideInput(snap, in, v, start)
-	d.ref.noteVerdict(v)
-	if v.Status != 200 {
-		d.dec.logRefusal(t, v, start)
-	}
+	t.noteRefusal(v, start, in.Repeat)
 	d.txns.put(t)
 }
 
@@ -37,6 +34,7 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 	r := &t.req
 	*r = fleet.Request{Truncated: in.Truncated}
 	t.dsnap, t.dep, t.model, t.refusedPool, t.only = snap, nil, -1, nil, nil
+	t.method, t.uri, t.rid = in.Method, in.URI, nil
 	body := in.Body
 	if len(body) > cfg.MaxBody {
 		body, r.Truncated = body[:cfg.MaxBody], true
@@ -65,6 +63,9 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 			t.flowIn.Tenant = h.Value
 		case role&hdrAuthz != 0:
 			t.flowIn.Authorization = h.Value
+		}
+		if role&hdrRequestID != 0 {
+			t.rid = h.Value
 		}
 	}
 
@@ -105,7 +106,6 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 				t.refuseListsPending(v, pend, model) // it may be an adapter of a list not read yet
 				return
 			}
-			t.d.ref.errors[errUnknownModel].Add(1)
 			v.Refuse(404, "invalid_request_error", "model_not_found",
 				"The model `"+string(cut(model, maxEchoModel))+"` does not exist.")
 			return
@@ -122,7 +122,6 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 	case len(snap.Deployments) == 1:
 		dep = snap.Deployments[0]
 	default:
-		t.d.ref.errors[errNoModel].Add(1)
 		v.Refuse(400, "invalid_request_error", "model_required",
 			"a \"model\" is required: several deployments are served")
 		return
@@ -432,7 +431,8 @@ func (t *Txn) route(v *contract.Verdict, p *fleet.Pool, c *fleet.Choice, start t
 	picks := c.Endpoints
 	e := picks[0]
 	v.Status = 200
-	m := decisionMeta{pool: p, names: t.dsnap.models.Load(), model: t.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: t.req.HasSession, pred: c.Predicted, notes: c.Notes}
+	m := decisionMeta{pool: p, names: t.dsnap.models.Load(), model: t.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: t.req.HasSession, pred: c.Predicted, notes: c.Notes,
+		method: t.method, uri: t.uri, rid: t.rid}
 	v.Decision = t.d.dec.open(e, start.UnixNano(), &m)
 	v.Server, v.Addr, v.Pool = e.NameHdr, e.AddrHdr, p.NameHdr
 	v.Fallbacks = v.FallbackRoom()
@@ -460,7 +460,6 @@ const latencySample = 8
 func (t *Txn) refuse(v *contract.Verdict, p *fleet.Pool, why fleet.RejectReason) {
 	switch why {
 	case fleet.RejectBadBody:
-		t.d.ref.errors[errBadBody].Add(1)
 		v.Refuse(400, "invalid_request_error", "token_ids_required",
 			"pool "+p.Name+" routes on token ids (strict): send a prompt the tokenizer can read or token ids")
 	case fleet.RejectUnavailable:
@@ -477,7 +476,6 @@ func (t *Txn) refuse(v *contract.Verdict, p *fleet.Pool, why fleet.RejectReason)
 // endpoints that served it no longer list: 503, so that clients retry
 // (Retry-After), rather than a 404 that says it never existed.
 func (t *Txn) refuseModel(v *contract.Verdict, dep *Deployment, model []byte) {
-	t.d.ref.errors[errModelUnavailable].Add(1)
 	v.RetryAfter = true
 	v.Refuse(503, "service_unavailable", contract.ReasonModelUnavailable,
 		"no available endpoint of deployment "+dep.Name+" serves the model `"+string(cut(model, maxEchoModel))+"` now")
@@ -542,6 +540,9 @@ type Txn struct {
 	subset      fleet.Mask
 	model       int32
 	refusedPool *fleet.Pool
+	// The request's method, URI and request id: views into the Input,
+	// for the ledger and the request log.
+	method, uri, rid []byte
 }
 
 // TxnBuffers are a transport's buffers: Body holds a streamed request
@@ -601,6 +602,8 @@ func (t *Txn) ProxyHeaders(h *fasthttp.RequestHeader) {
 			in.URI = v
 		case kindOrigMethod:
 			in.Method = v
+		case kindRepeat:
+			in.Repeat = true
 		case kindForwarded:
 			in.AddHeaderRole(k, v, uint8(role))
 		}
@@ -611,11 +614,18 @@ func (t *Txn) ProxyHeaders(h *fasthttp.RequestHeader) {
 // (valid until End).
 func (d *Decider) DecideTxn(t *Txn) *contract.Verdict {
 	t.decideInput(t.snap, &t.in, &t.v, t.start)
-	d.ref.noteVerdict(&t.v)
-	if t.v.Status != 200 {
-		d.dec.logRefusal(t, &t.v, t.start)
-	}
+	t.noteRefusal(&t.v, t.start, t.in.Repeat)
 	return &t.v
+}
+
+// noteRefusal counts and logs a refusal once: not again when the call
+// repeats one to fetch its body (Input.Repeat).
+func (t *Txn) noteRefusal(v *contract.Verdict, start time.Time, repeat bool) {
+	if v.Status == 200 || repeat {
+		return
+	}
+	t.d.ref.noteVerdict(v)
+	t.d.dec.logRefusal(t, v, start)
 }
 
 // txnPool keeps Txns between requests, so that a decision allocates

@@ -72,6 +72,10 @@ type decisionSlot struct {
 	pred            fleet.Prediction
 	// notes are the policy's figures (fleet.Notes), named by pool.Policy.
 	notes fleet.Notes
+	// ident is the request's method, path and id; term how its stream
+	// ended (the feedback line's).
+	ident RequestIdent
+	term  TermState
 }
 
 // decisionMeta is what a decision was, for its log line and lookup.
@@ -84,6 +88,8 @@ type decisionMeta struct {
 	session bool
 	pred    fleet.Prediction
 	notes   fleet.Notes
+	// The request's method, URI and request id (views, copied at open).
+	method, uri, rid []byte
 }
 
 // open reports the state the open decision counts in flight on, or nil.
@@ -144,6 +150,8 @@ func (d *Ledger) open(e *fleet.Endpoint, now int64, m *decisionMeta) uint64 {
 	s.id, s.start, s.ep, s.pool, s.names, s.served = id, now, e, m.pool, m.names, nil
 	s.model, s.matched, s.outcome, s.session, s.pred, s.notes = m.model, m.matched, m.outcome, m.session, m.pred, m.notes
 	s.end, s.status, s.retries, s.ms, s.ttfb, s.tft = endOpen, -1, -1, -1, -1, -1
+	s.ident.Set(m.method, m.uri, m.rid)
+	s.term = TermState{}
 	s.mu.Unlock()
 	e.State.Inflight.Add(1)
 	if m.pred.Uncached != 0 {
@@ -186,6 +194,7 @@ func (d *Ledger) closeWith(id uint64, c Completion, rec *DecisionRecord) *fleet.
 	if c.HasFirstToken && c.FirstTokenMs >= 0 {
 		s.tft = clamp32(c.FirstTokenMs)
 	}
+	s.term = c.Term
 	if rec != nil {
 		s.record(rec)
 	}
@@ -335,6 +344,8 @@ type Completion struct {
 	// that cannot time it leaves both unset.
 	FirstTokenMs  int64
 	HasFirstToken bool
+	// Term is how the stream ended (the line's term; zero: not sent).
+	Term TermState
 }
 
 // NoCompletion is a close without the proxy's figures (/internal/done).
@@ -367,7 +378,15 @@ type DecisionRecord struct {
 	// Notes are the figures the deciding policy logs with the decision
 	// (fleet.Notes), each a field of its own.
 	Notes fleet.NoteList
+	// Request is the request's method, path and request id.
+	Request RequestIdent
+	// Term is how the stream ended, as the proxy said (zero: unknown).
+	Term TermState
 }
+
+// CutBy says who cut the stream short (contract.CutClient, CutReplica,
+// CutProxy), "" when it ended normally or the proxy did not say.
+func (r *DecisionRecord) CutBy() string { return contract.TermCutBy(r.Term.bytes()) }
 
 // record copies the slot into r (the caller holds the slot's lock).
 func (s *decisionSlot) record(r *DecisionRecord) {
@@ -375,6 +394,7 @@ func (s *decisionSlot) record(r *DecisionRecord) {
 		ID: s.id, MatchedBlocks: int(s.matched), Session: s.session,
 		Start: time.Unix(0, s.start), Outcome: s.outcome.String(),
 		Status: int64(s.status), TTFBMs: int64(s.ttfb), TTFTMs: int64(s.tft), DurationMs: int64(s.ms), Retries: int64(s.retries),
+		Request: s.ident, Term: s.term,
 	}
 	if s.ep != nil {
 		r.Endpoint = s.ep.Name
@@ -406,6 +426,15 @@ func (r *DecisionRecord) Fields(e *zerolog.Event) *zerolog.Event {
 		binary.BigEndian.PutUint64(b[:], r.ID)
 		e = e.Hex("decision", b[:])
 	}
+	if m := r.Request.Method(); len(m) > 0 {
+		e = e.Bytes("method", m)
+	}
+	if p := r.Request.Path(); len(p) > 0 {
+		e = e.Bytes("path", p)
+	}
+	if id := r.Request.RequestID(); len(id) > 0 {
+		e = e.Bytes("request_id", id)
+	}
 	e = e.Str("deployment", r.Deployment).Str("model", r.Model).
 		Str("endpoint", r.Endpoint).Str("pool", r.Pool).
 		Str("outcome", r.Outcome)
@@ -418,6 +447,12 @@ func (r *DecisionRecord) Fields(e *zerolog.Event) *zerolog.Event {
 	e = e.Int("matched_blocks", r.MatchedBlocks).Bool("session", r.Session).
 		Int64("status", r.Status).Int64("ttfb_ms", r.TTFBMs).Int64("ttft_ms", r.TTFTMs).Int64("duration_ms", r.DurationMs).
 		Int64("retries", r.Retries).Str("served_by", r.ServedBy).Str("state", r.State)
+	if r.Term.known() {
+		e = e.Bytes("term", r.Term.bytes())
+		if cut := r.CutBy(); cut != "" {
+			e = e.Str("cut", cut)
+		}
+	}
 	for _, n := range r.Notes.List[:r.Notes.N] {
 		e = e.Float64(n.Key, n.Value)
 	}
@@ -560,5 +595,6 @@ func (d *Ledger) logRefusal(sc *Txn, v *contract.Verdict, start time.Time) {
 	if sc.refusedPool != nil {
 		r.Pool = sc.refusedPool.Name
 	}
+	r.Request.Set(sc.method, sc.uri, sc.rid)
 	l.sink.Request(&r)
 }

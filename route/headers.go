@@ -17,6 +17,7 @@ const (
 	hdrPriority                      // flow control's trusted priority header
 	hdrTenant                        // flow control's trusted tenant header
 	hdrAuthz                         // Authorization, read by flow control's tenant_keys
+	hdrRequestID                     // contract.FwdRequestID
 )
 
 // headerRole matches a raw header name with the session, model and flow
@@ -41,6 +42,9 @@ func (s *Snapshot) headerRole(name []byte) hdrRole {
 	case s.flowAuthz != nil && contract.HeaderIs(name, s.flowAuthz):
 		role |= hdrAuthz
 	}
+	if contract.HeaderIs(name, requestIDNorm) {
+		role |= hdrRequestID
+	}
 	return role
 }
 
@@ -50,6 +54,7 @@ const (
 	kindOrigURI                   // X-Original-URI
 	kindOrigMethod                // X-Original-Method
 	kindForwarded                 // one of ForwardedHeaders (with its role)
+	kindRepeat                    // X-Turnout-Repeat
 )
 
 // hdrKind is what the HTTP transport makes of a request header name.
@@ -110,6 +115,8 @@ func (s *Snapshot) classify(name []byte) (hdrKind, hdrRole) {
 		return kindOrigURI, 0
 	case contract.HeaderIs(name, origMethodNorm):
 		return kindOrigMethod, 0
+	case contract.HeaderIs(name, repeatNorm):
+		return kindRepeat, 0
 	}
 	if role := s.forwardedRole(name); role != 0 {
 		return kindForwarded, role
@@ -122,4 +129,6 @@ var (
 	truncNorm      = contract.NormHeader([]byte(contract.HdrBodyTruncated))
 	origURINorm    = contract.NormHeader([]byte(contract.HdrOriginalURI))
 	origMethodNorm = contract.NormHeader([]byte(contract.HdrOriginalMethod))
+	repeatNorm     = contract.NormHeader([]byte(contract.HdrRepeat))
+	requestIDNorm  = contract.NormHeader([]byte(contract.FwdRequestID))
 )

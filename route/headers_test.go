@@ -28,7 +28,7 @@ deployments:
 	for name, want := range map[string]hdrRole{
 		"X-User": hdrForwarded | hdrSession, "x_user": hdrForwarded | hdrSession,
 		"X-Both": hdrForwarded | hdrSession | hdrModel, "X-Model": hdrForwarded | hdrModel,
-		"Content-Type": hdrForwarded, "X-Request-Id": hdrForwarded, "X-Users": 0, "Host": 0,
+		"Content-Type": hdrForwarded, "X-Request-Id": hdrForwarded | hdrRequestID, "X-Users": 0, "Host": 0,
 	} {
 		if got := snap.forwardedRole([]byte(name)); got != want {
 			t.Errorf("forwardedRole(%s) = %b, want %b", name, got, want)

@@ -18,31 +18,11 @@ import (
 // the hot path only does atomic adds into fixed arrays (no label maps, no
 // allocation), and the scrape path is rare enough to format freely.
 
-type errKind int
-
-const (
-	errMethod errKind = iota
-	errUnknownModel
-	errNoModel
-	errTooLarge
-	errBadBody
-	errModelUnavailable
-	numErrKinds
-)
-
-var errKindNames = [numErrKinds]string{"method", "unknown_model", "no_model", "too_large", "bad_body", "model_unavailable"}
-
 type deciderMetrics struct {
 	reloads      atomic.Uint64
 	reloadFailed atomic.Uint64
 	pdPrefill    [5]atomic.Uint64 // ok, retried, failed, skipped, aggregated
 }
-
-// NoteBadMethod counts a call to the route path that was not a POST.
-func (r *Refusals) NoteBadMethod() { r.errors[errMethod].Add(1) }
-
-// NoteTooLarge counts a request refused for its body size.
-func (r *Refusals) NoteTooLarge() { r.errors[errTooLarge].Add(1) }
 
 // WriteMetrics renders all metrics.
 func (d *Decider) WriteMetrics(b *strings.Builder) {
@@ -70,12 +50,11 @@ func (d *Decider) WriteMetrics(b *strings.Builder) {
 	help("turnout_prefix_blocks_total", "counter", "Prompt blocks seen by prefix policies.")
 	help("turnout_prefix_matched_blocks_total", "counter", "Prompt blocks routed to a replica that was sent them before.")
 	help("turnout_prefix_short_prompts_total", "counter", "Prompts shorter than one block (the policy's block_bytes): nothing for a prefix policy to match; lower block_bytes for short system prompts.")
+	// Every pool, 0 without a prefix policy: a dashboard reads 0, not nothing.
 	for _, p := range snap.Pools() {
-		if p.BlockBytes > 0 {
-			fmt.Fprintf(b, "turnout_prefix_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.TotalBlocks.Load())
-			fmt.Fprintf(b, "turnout_prefix_matched_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.MatchedBlocks.Load())
-			fmt.Fprintf(b, "turnout_prefix_short_prompts_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.ShortPrompts.Load())
-		}
+		fmt.Fprintf(b, "turnout_prefix_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.TotalBlocks.Load())
+		fmt.Fprintf(b, "turnout_prefix_matched_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.MatchedBlocks.Load())
+		fmt.Fprintf(b, "turnout_prefix_short_prompts_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.ShortPrompts.Load())
 	}
 	help("turnout_endpoint_inflight", "gauge", "Decisions sent to an endpoint and not yet completed.")
 	for _, p := range snap.Pools() {
@@ -119,10 +98,6 @@ func (d *Decider) WriteMetrics(b *strings.Builder) {
 		fmt.Fprintf(b, "turnout_completions_total{result=%q} %d\n", c.name, c.v)
 	}
 	d.ref.write(b)
-	help("turnout_request_errors_total", "counter", "Requests refused, by reason.")
-	for k := errKind(0); k < numErrKinds; k++ {
-		fmt.Fprintf(b, "turnout_request_errors_total{reason=%q} %d\n", errKindNames[k], d.ref.errors[k].Load())
-	}
 	help("turnout_config_reloads_total", "counter", "Config snapshots applied or rejected.")
 	fmt.Fprintf(b, "turnout_config_reloads_total{result=\"ok\"} %d\n", d.m.reloads.Load())
 	fmt.Fprintf(b, "turnout_config_reloads_total{result=\"rejected\"} %d\n", d.m.reloadFailed.Load())
@@ -137,6 +112,7 @@ func (d *Decider) WriteMetrics(b *strings.Builder) {
 		if mw, ok := p.Policy.(fleet.MetricsWriter); ok {
 			mw.WriteMetrics(p, b)
 		}
+		d.reg.WriteMetricsOff(p, b)
 	}
 	if kb := d.kvHub.Stats(); len(kb) > 0 {
 		help("turnout_kv_bind_messages_total", "counter", "KV-event messages received on a bound SUB socket.")
@@ -174,8 +150,7 @@ type refusalKind struct {
 // kind and the answers >= 400 by status and reason (the transports note
 // theirs through Decider.Refusals).
 type Refusals struct {
-	errors [numErrKinds]atomic.Uint64
-	log    *zerolog.Logger
+	log *zerolog.Logger
 
 	kinds [maxRefusalKinds]refusalKind
 	used  atomic.Int32 // kinds[:used] are filled
@@ -256,4 +231,31 @@ func (r *Refusals) write(b *strings.Builder) {
 		fmt.Fprintf(b, "turnout_refusals_total{status=\"%d\",reason=%q} %d\n", k.status, k.reason, k.n.Load())
 	}
 	fmt.Fprintf(b, "turnout_refusals_total{status=\"other\",reason=\"other\"} %d\n", r.other.Load())
+	r.writeDeprecated(b)
+}
+
+// writeDeprecated renders turnout_request_errors_total, the former
+// refusal family, for one release: turnout_refusals_total summed over
+// status, under the same reason names.
+func (r *Refusals) writeDeprecated(b *strings.Builder) {
+	fmt.Fprintf(b, "# HELP turnout_request_errors_total Deprecated, removed in the next release: turnout_refusals_total summed by reason.\n# TYPE turnout_request_errors_total counter\n")
+	var reasons [maxRefusalKinds]string
+	var sums [maxRefusalKinds]uint64
+	n := 0
+	for i := 0; i < int(r.used.Load()); i++ {
+		k := &r.kinds[i]
+		j := 0
+		for j < n && reasons[j] != k.reason {
+			j++
+		}
+		if j == n {
+			reasons[j] = k.reason
+			n++
+		}
+		sums[j] += k.n.Load()
+	}
+	for j := range n {
+		fmt.Fprintf(b, "turnout_request_errors_total{reason=%q} %d\n", reasons[j], sums[j])
+	}
+	fmt.Fprintf(b, "turnout_request_errors_total{reason=\"other\"} %d\n", r.other.Load())
 }

@@ -27,17 +27,14 @@ import (
 func (t *Txn) admitPD(snap *Snapshot, r *fleet.Request, v *contract.Verdict) bool {
 	switch {
 	case r.Truncated:
-		t.d.ref.errors[errTooLarge].Add(1)
 		v.Refuse(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", contract.ReasonBodyTooLarge,
 			fmt.Sprintf("prefill/decode routing needs the whole request body; it is larger than max_body (%d bytes)", snap.Config.MaxBody))
 	case !r.Payload.Object():
-		t.d.ref.errors[errBadBody].Add(1)
 		v.Refuse(fasthttp.StatusBadRequest, "invalid_request_error", "invalid_body",
 			"prefill/decode routing needs a JSON object body")
 	case len(snap.Deployments) > 1 && r.Payload.DuplicateModel(): // free: Object read the whole body
 		refuseDuplicateModel(v, r.Payload)
 	case r.Payload.Has(payload.KVTransferKey):
-		t.d.ref.errors[errBadBody].Add(1)
 		v.Refuse(fasthttp.StatusBadRequest, "invalid_request_error", contract.ReasonClientKVParams,
 			"kv_transfer_params is set by the router; clients must not send it")
 	default:

@@ -265,7 +265,6 @@ func (s *Snapshot) listsPending(di int32) *Deployment {
 // refuseListsPending answers 503 with Retry-After for a model no known
 // list names while some of dep's endpoints' lists are not known yet.
 func (t *Txn) refuseListsPending(v *contract.Verdict, dep *Deployment, model []byte) {
-	t.d.ref.errors[errModelUnavailable].Add(1)
 	v.RetryAfter = true
 	v.Refuse(503, "service_unavailable", contract.ReasonModelUnavailable,
 		"the model `"+string(cut(model, maxEchoModel))+"` is not listed yet: the model lists of deployment "+dep.Name+"'s endpoints are still being read; retry")

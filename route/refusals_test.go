@@ -38,3 +38,34 @@ func TestRefusalsLoggedRateLimited(t *testing.T) {
 		t.Fatalf("metrics:\n%s", b.String())
 	}
 }
+
+// TestDeprecatedRefusalFamily: turnout_request_errors_total, kept one
+// release, is turnout_refusals_total summed over status under the same
+// reason names (not the former "unknown_model", "no_model", ...).
+func TestDeprecatedRefusalFamily(t *testing.T) {
+	d, err := New(mustConfig(t, `listen: 127.0.0.1:0
+deployments:
+  - name: llama
+    models: [llama]
+    pools: [{role: mixed, endpoints: [{name: a, address: 127.0.0.1:8001}]}]
+`), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := d.Refusals()
+	r.NoteRefusal(404, "model_not_found", "x")
+	r.NoteRefusal(404, "model_not_found", "x")
+	r.NoteRefusal(413, contract.ReasonBodyTooLarge, "x")
+	r.NoteRefusal(400, contract.ReasonBodyTooLarge, "x")
+	var b strings.Builder
+	d.ref.write(&b)
+	for _, want := range []string{
+		`turnout_request_errors_total{reason="model_not_found"} 2` + "\n",
+		`turnout_request_errors_total{reason="body_too_large"} 2` + "\n",
+		`turnout_request_errors_total{reason="other"} 0` + "\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("metrics lack %s:\n%s", want, b.String())
+		}
+	}
+}

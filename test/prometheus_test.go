@@ -335,3 +335,86 @@ func ruleHealth(t *testing.T, prom string) map[string]string {
 	t.Logf("rules evaluated: %v", names)
 	return h
 }
+
+// TestDashboardFromStart: a fresh turnout with the features off (one
+// deployment of one configured replica, round-robin: no prefix or kv-aware
+// policy, no cluster, no discovery, no traffic) exports every metric the dashboard and the alerts read, and a
+// real Prometheus scraping it gets a series for every dashboard query
+// (0 or NaN, not "No data"). No alert fires on such a turnout.
+func TestDashboardFromStart(t *testing.T) {
+	turnoutAddr, adminAddr := FreeAddr(t), FreeAddr(t)
+	cfg := fmt.Sprintf(`listen: %s
+admin_listen: %s
+deployments:
+  - name: llama
+    models: [llama]
+    policy: {name: round-robin}
+    pools: [{role: mixed, endpoints: [{name: m0, address: %s}]}]
+`, turnoutAddr, adminAddr, StartMock(t, "m0", nil).Addr)
+	StartTurnout(t, turnoutAddr, cfg)
+	admin := "http://" + adminAddr
+	WaitHTTP(t, admin+"/healthz", 10*time.Second)
+
+	exported := exportedNames(t, admin+"/metrics")
+	queries := dashboardQueries(t)
+	rules := alertExprs(t)
+	if len(queries) < 15 || len(rules) < 6 {
+		t.Fatalf("found %d dashboard queries and %d alert rules: the files did not parse as expected", len(queries), len(rules))
+	}
+	for _, q := range append(append([]string(nil), queries...), rules...) {
+		if err := namesExported(q, exported); err != nil {
+			t.Error(err)
+		}
+	}
+
+	// The names check above needs no Prometheus; the queries do.
+	promBin, err := exec.LookPath("prometheus")
+	if err != nil {
+		t.Skip("prometheus not installed (apt-get install prometheus; .ci/run does): checked the names only")
+	}
+	promDir := t.TempDir()
+	promAddr := FreeAddr(t)
+	alertsAbs, _ := filepath.Abs(alertsFile)
+	promCfg := fmt.Sprintf(`global: {scrape_interval: 1s, evaluation_interval: 1s}
+rule_files: [%q]
+scrape_configs:
+  - job_name: turnout
+    static_configs: [{targets: [%q]}]
+`, alertsAbs, adminAddr)
+	if err := os.WriteFile(filepath.Join(promDir, "prometheus.yml"), []byte(promCfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	StartProc(t, "prometheus", promBin, "--config.file", filepath.Join(promDir, "prometheus.yml"),
+		"--storage.tsdb.path", filepath.Join(promDir, "data"), "--web.listen-address", promAddr)
+	prom := "http://" + promAddr
+	WaitHTTP(t, prom+"/-/ready", 60*time.Second)
+	// rate() and increase() need two scrapes in their window: wait until
+	// every query answers, or name the ones that never did.
+	var empty []string
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		empty = empty[:0]
+		for _, q := range queries {
+			if n, err := promQuery(prom, q); err != nil || n == 0 {
+				empty = append(empty, fmt.Sprintf("%s (%v)", q, err))
+			}
+		}
+		if len(empty) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	for _, q := range empty {
+		t.Errorf("dashboard query returns nothing on a fresh turnout: %s", q)
+	}
+	// Nothing is wrong with this turnout: no alert fires (a metric exported
+	// at 0 must not read as trouble, e.g. discovery synced without discovery).
+	for _, q := range rules {
+		n, err := promQuery(prom, q)
+		if err != nil {
+			t.Errorf("alert expression %s: %v", q, err)
+		} else if n > 0 {
+			t.Errorf("alert fires on a fresh turnout: %s", q)
+		}
+	}
+}

@@ -451,33 +451,36 @@ func (f *Fleet) logPools(cfg *config.Config) {
 	}
 }
 
-// WriteMetrics renders the discovery metrics (nothing without discovery):
-// whether every watch has listed, how many watches are failing right now,
-// membership changes applied per pool, merged configs rejected.
+// WriteMetrics renders the discovery metrics: whether every watch has
+// listed, how many watches are failing right now, membership changes
+// applied per pool, merged configs rejected. Without discovery they are
+// there too (synced, no watch failing, no change), so a dashboard reads 0
+// rather than nothing.
 func (f *Fleet) WriteMetrics(b *strings.Builder) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.base == nil || !f.base.HasDiscovery() {
-		return
-	}
 	help := promtext.Helper(b)
+	on := f.base != nil && f.base.HasDiscovery()
 	synced := 0
-	if f.wasOK {
+	if f.wasOK || !on {
 		synced = 1
 	}
-	help("turnout_discovery_synced", "gauge", "1 once every discovery watch has listed its objects (the proxies get discovered endpoints).")
+	help("turnout_discovery_synced", "gauge", "1 once every discovery watch has listed its objects (the proxies get discovered endpoints); 1 without discovery.")
 	fmt.Fprintf(b, "turnout_discovery_synced %d\n", synced)
-	if fs, ok := f.src.(interface{ Failing() int }); ok {
-		help("turnout_discovery_watches_failing", "gauge", "Discovery watches whose last list/watch failed (API unreachable, RBAC denied); the last known endpoints stay.")
-		fmt.Fprintf(b, "turnout_discovery_watches_failing %d\n", fs.Failing())
+	failing := 0
+	if fs, ok := f.src.(interface{ Failing() int }); ok && on {
+		failing = fs.Failing()
 	}
-	help("turnout_discovery_changes_total", "counter", "Membership changes of a discovered pool applied (scale, rollout, terminating pods).")
+	help("turnout_discovery_watches_failing", "gauge", "Discovery watches whose last list/watch failed (API unreachable, RBAC denied); the last known endpoints stay.")
+	fmt.Fprintf(b, "turnout_discovery_watches_failing %d\n", failing)
+	if f.base == nil {
+		return
+	}
+	help("turnout_discovery_changes_total", "counter", "Membership changes of a discovered pool applied (scale, rollout, terminating pods); 0 for a pool of configured endpoints.")
 	for _, d := range f.base.Deployments {
 		for _, p := range d.Pools {
-			if p.Discovery != nil {
-				k := poolKey{d.Name, config.PoolName(d.Name, p.Role)}
-				fmt.Fprintf(b, "turnout_discovery_changes_total{deployment=%q,pool=%q} %d\n", k.deployment, k.pool, f.changes[k])
-			}
+			k := poolKey{d.Name, config.PoolName(d.Name, p.Role)}
+			fmt.Fprintf(b, "turnout_discovery_changes_total{deployment=%q,pool=%q} %d\n", k.deployment, k.pool, f.changes[k])
 		}
 	}
 	help("turnout_discovery_rejected_total", "counter", "Merged configs with discovered endpoints that turnout refused (the previous snapshot stays).")

@@ -547,6 +547,22 @@ func (s *Sync) Wait() { <-s.done }
 // Connected reports whether NATS is reachable now.
 func (s *Sync) Connected() bool { return s.connected.Load() }
 
+// WriteOffMetrics renders the cluster metrics a dashboard reads, at 0,
+// for a turnout without cluster sync (register with route.Decider.AddMetrics
+// in place of Sync.WriteMetrics): 0, not absent.
+func WriteOffMetrics(b *strings.Builder) {
+	fmt.Fprintf(b, "# HELP turnout_cluster_connected %s\n# TYPE turnout_cluster_connected gauge\n", helpConnected)
+	fmt.Fprintf(b, "turnout_cluster_connected{name=\"\"} 0\n")
+	fmt.Fprintf(b, "# HELP turnout_cluster_messages_total %s\n# TYPE turnout_cluster_messages_total counter\n", helpMessages)
+	fmt.Fprintf(b, "turnout_cluster_messages_total{direction=\"out\"} 0\nturnout_cluster_messages_total{direction=\"in\"} 0\n")
+}
+
+// The help of the metrics both writers render.
+const (
+	helpConnected = "1 while the NATS connection for prefix sharing is up."
+	helpMessages  = "NATS messages of prefix decisions."
+)
+
 // WriteMetrics renders the cluster counters (register with route.Decider.AddMetrics).
 func (s *Sync) WriteMetrics(b *strings.Builder) {
 	help := promtext.Helper(b)
@@ -554,7 +570,7 @@ func (s *Sync) WriteMetrics(b *strings.Builder) {
 	if s.connected.Load() {
 		c = 1
 	}
-	help("turnout_cluster_connected", "gauge", "1 while the NATS connection for prefix sharing is up.")
+	help("turnout_cluster_connected", "gauge", helpConnected)
 	fmt.Fprintf(b, "turnout_cluster_connected{name=%q} %d\n", s.name, c)
 	help("turnout_cluster_disconnects_total", "counter", "NATS connections lost.")
 	fmt.Fprintf(b, "turnout_cluster_disconnects_total %d\n", s.disconnects.Load())
@@ -578,7 +594,7 @@ func (s *Sync) WriteMetrics(b *strings.Builder) {
 	} {
 		fmt.Fprintf(b, "turnout_cluster_decisions_total{result=%q} %d\n", r.n, r.v)
 	}
-	help("turnout_cluster_messages_total", "counter", "NATS messages of prefix decisions.")
+	help("turnout_cluster_messages_total", "counter", helpMessages)
 	fmt.Fprintf(b, "turnout_cluster_messages_total{direction=\"out\"} %d\n", s.publishedMsgs.Load())
 	fmt.Fprintf(b, "turnout_cluster_messages_total{direction=\"in\"} %d\n", s.receivedMsgs.Load())
 	help("turnout_cluster_load_messages_total", "counter", "NATS messages of in-flight counts (a front's load, shared with its decisions; included in turnout_cluster_messages_total).")

@@ -30,6 +30,11 @@ const (
 	HdrDeferPD = "X-Turnout-Defer-Pd"
 	// HdrPD ("1") answers HdrDeferPD for a prefill/decode request.
 	HdrPD = "X-Turnout-Pd"
+	// HdrRepeat ("1") marks a call that repeats one turnout refused, to
+	// fetch the refusal's body (nginx header mode: auth_request keeps no
+	// body): turnout answers it as any call, without counting or logging
+	// the refusal again (Input.Repeat).
+	HdrRepeat = "X-Turnout-Repeat"
 
 	// Response headers of a decision.
 	HdrServer    = "X-Turnout-Server"

@@ -9,12 +9,13 @@ import (
 // The feedback line: one per finished request, sent by the proxy over
 // syslog, that closes turnout's decision (feedback_line.go reads it):
 //
-//	turnout-done id=<decision> srv=<server> status=<code> ms=<total ms> ttfb=<ms> tft=<ms> [tok=<token>] ...
+//	turnout-done id=<decision> srv=<server> status=<code> ms=<total ms> ttfb=<ms> tft=<ms> [tok=<token>] ... term=<state>
 //
 // Fields are space-separated key=value pairs in any order; the reader
-// ignores unknown keys. ttfb is the time to the replica's response headers;
-// tft the time to its first response body bytes (the first token of a
-// stream: vLLM sends its headers before it); each -1 or "-" when unknown. Both proxies' log formats are rendered from
+// ignores unknown keys. ttfb is the time to the replica's response headers
+// (not to the first token); tft the time to its first response body bytes
+// (the first token of a stream: vLLM sends its headers before it); each -1
+// or "-" when unknown. Both proxies' log formats are rendered from
 // FeedbackLineFields, so a field is added here once.
 
 // Keys of the fields the reader acts on.
@@ -48,6 +49,40 @@ const (
 	FirstTokenHAProxyVar = "txn.turnout_tft"
 	FirstTokenNginxVar   = "turnout_tft"
 )
+
+// FeedbackFieldTerm is how the stream ended, in HAProxy's %ts vocabulary
+// (two characters: who ended it, at which stage; "--" a normal end): the
+// first one says who cut it, TermCutBy reads it. nginx writes the same
+// codes from $status and $request_completion (a map of nginx.conf.tmpl):
+// "CD" for a client gone (499), "SD" for a response the replica left
+// unfinished, "--" otherwise.
+const FeedbackFieldTerm = "term"
+
+// Who cut a stream (TermCutBy): the request log's "cut".
+const (
+	CutClient  = "client"
+	CutReplica = "replica"
+	CutProxy   = "proxy"
+)
+
+// TermCutBy reads the first character of a termination state: "" for a
+// normal end ('-') or an unknown one, else who ended the stream (C and c,
+// a client abort or timeout; S and s, the replica's; any other, the proxy
+// itself: a resource limit, a rule, an internal error, a kill).
+func TermCutBy(term []byte) string {
+	if len(term) == 0 {
+		return ""
+	}
+	switch term[0] {
+	case '-':
+		return ""
+	case 'C', 'c':
+		return CutClient
+	case 'S', 's':
+		return CutReplica
+	}
+	return CutProxy
+}
 
 // FeedbackField is one key=value field of the feedback line and what each
 // proxy's log format writes for it ("" where that proxy does not).
@@ -88,6 +123,7 @@ func FeedbackLineFields() []FeedbackField {
 		// The last address of nginx's $upstream_addr (a map).
 		{Key: FeedbackFieldUpstream, HAProxy: "%si:%sp", Nginx: "$turnout_up", Read: true},
 		{Key: "pool", Nginx: "$" + pool.NginxVar},
+		{Key: FeedbackFieldTerm, HAProxy: "%ts", Nginx: "$turnout_term", Read: true},
 	}
 }
 

@@ -13,7 +13,11 @@ import (
 // turnout logs or routes on these.
 const (
 	FwdContentType = "content-type"
-	FwdRequestID   = "x-request-id"
+	// FwdRequestID is the request id: the client's, else one the proxy
+	// makes (HAProxy's uuid(), nginx's $request_id), set on the request
+	// before turnout is asked, so turnout, the replica and the proxy's own
+	// log share it (the request log's request_id).
+	FwdRequestID = "x-request-id"
 	// FwdAuthorization is forwarded only for a prefill/decode deployment:
 	// turnout sends the prefill itself with the client's credentials (vLLM's
 	// --api-key); without PD they stay in the proxy.

@@ -30,6 +30,9 @@ type Input struct {
 	Watch Watch
 	// Subset, when set, restricts the serving pool's candidates (subsetOnly).
 	Subset *Subset
+	// Repeat: the call repeats one already refused (HdrRepeat); its
+	// refusal is neither counted nor logged a second time.
+	Repeat bool
 }
 
 // Subset restricts one request's candidates to the endpoints at these

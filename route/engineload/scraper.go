@@ -645,16 +645,16 @@ func (s *Scraper) WriteMetrics(b *strings.Builder) {
 		}
 	}
 	help("turnout_endpoint_engine_requests", "gauge", "Running + waiting requests the engine reported at the last scrape (absent: no figure, in-flight counts are used).")
-	help("turnout_endpoint_engine_kv_usage_ratio", "gauge", "KV-cache usage the engine reported at the last scrape, 0..1.")
+	help("turnout_endpoint_engine_kv_usage_ratio", "gauge", "KV-cache usage the engine reported at the last scrape, 0..1; 0 without a figure (engine_metrics off, no scrape yet: see turnout_engine_scrapes_total).")
 	help("turnout_endpoint_load", "gauge", "The load figure policies balance on: engine requests + decisions since the scrape, or in-flight decisions.")
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {
+			kvUsage := 0.0
 			if el := e.Engine(); el != nil {
 				fmt.Fprintf(b, "turnout_endpoint_engine_requests{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, el.Requests)
-				if el.KVUsage >= 0 {
-					fmt.Fprintf(b, "turnout_endpoint_engine_kv_usage_ratio{deployment=%q,pool=%q,endpoint=%q} %g\n", p.Deployment, p.Name, e.Name, el.KVUsage)
-				}
+				kvUsage = max(el.KVUsage, 0)
 			}
+			fmt.Fprintf(b, "turnout_endpoint_engine_kv_usage_ratio{deployment=%q,pool=%q,endpoint=%q} %g\n", p.Deployment, p.Name, e.Name, kvUsage)
 			fmt.Fprintf(b, "turnout_endpoint_load{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, e.Load())
 		}
 	}

@@ -13,10 +13,10 @@ import (
 
 // feedbackFields are the parsed fields of one line (views into it).
 type feedbackFields struct {
-	id, srv, tok, up      []byte
-	hasID, hasSrv, hasTok bool
-	status, ms, ttfb, tft int64 // -1 = absent or unknown
-	retries               int64
+	id, srv, tok, up, term []byte
+	hasID, hasSrv, hasTok  bool
+	status, ms, ttfb, tft  int64 // -1 = absent or unknown
+	retries                int64
 }
 
 // parseFeedbackLine reads the key=value fields after contract.FeedbackTag in line
@@ -66,6 +66,8 @@ func parseFeedback(rest []byte) (f feedbackFields) {
 			f.up = v
 		case contract.FeedbackFieldToken:
 			f.tok, f.hasTok = v, true
+		case contract.FeedbackFieldTerm:
+			f.term = v
 		}
 	}
 	return f

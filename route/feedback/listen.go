@@ -138,7 +138,7 @@ func (l *Loop) Line(line []byte) bool {
 			return false
 		}
 		st = l.d.Ledger().CloseDecisionWith(id, route.Completion{Status: f.status, Ms: f.ms, TTFB: f.ttfb, Retries: f.retries, Served: served,
-			FirstTokenMs: f.tft, HasFirstToken: f.tft >= 0})
+			FirstTokenMs: f.tft, HasFirstToken: f.tft >= 0, Term: route.ParseTermState(f.term)})
 	}
 	closed := st != nil
 	switch {

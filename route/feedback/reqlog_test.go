@@ -38,6 +38,8 @@ func TestRequestLogRecords(t *testing.T) {
 	s.Ledger().SetRequestSink(&sink, 1)
 
 	ctx := routeCtx(chatBody("llama", "sys", "hi"), "user-7")
+	ctx.Request.Header.Set(contract.HdrOriginalURI, "/v1/chat/completions?api_key=secret")
+	ctx.Request.Header.Set("X-Request-Id", "req-42")
 	s.api.Handler(ctx)
 	if ctx.Response.StatusCode() != 200 {
 		t.Fatalf("route: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
@@ -50,7 +52,10 @@ func TestRequestLogRecords(t *testing.T) {
 	if !s.Ledger().LookupDecision(dec, time.Now(), &open) || open.State != "open" || open.Endpoint != srv {
 		t.Fatalf("lookup of the open decision: %+v", open)
 	}
-	line := fmt.Sprintf("turnout-done id=%s srv=%s status=200 ms=1234 ttfb=56 tft=789 tok=s3cret-token-0123456789 retries=+1", id, other)
+	if string(open.Request.RequestID()) != "req-42" || string(open.Request.Path()) != "/v1/chat/completions" {
+		t.Errorf("open decision: request id %q path %q", open.Request.RequestID(), open.Request.Path())
+	}
+	line := fmt.Sprintf("turnout-done id=%s srv=%s status=200 ms=1234 ttfb=56 tft=789 tok=s3cret-token-0123456789 retries=+1 term=CD", id, other)
 	s.Datagram(netip.MustParseAddr("127.0.0.1"), []byte(line))
 	if len(sink.recs) != 1 {
 		t.Fatalf("%d records, want 1", len(sink.recs))
@@ -59,7 +64,9 @@ func TestRequestLogRecords(t *testing.T) {
 	want := route.DecisionRecord{
 		ID: dec, Deployment: "llama", Model: "llama", Endpoint: srv, Pool: "llama_mixed", Outcome: "balanced",
 		Session: true, State: "closed", Status: 200, TTFBMs: 56, TTFTMs: 789, DurationMs: 1234, Retries: 1, ServedBy: other, Start: r.Start,
+		Term: route.TermState{'C', 'D'},
 	}
+	want.Request.Set([]byte("POST"), []byte("/v1/chat/completions"), []byte("req-42"))
 	if r != want {
 		t.Errorf("record\n got %+v\nwant %+v", r, want)
 	}
@@ -80,19 +87,42 @@ func TestRequestLogRecords(t *testing.T) {
 	r.Fields(zl.Log()).Send()
 	for _, f := range []string{`"decision":"` + id + `"`, `"deployment":"llama"`, `"model":"llama"`, `"endpoint":"` + srv + `"`,
 		`"pool":"llama_mixed"`, `"outcome":"balanced"`, `"matched_blocks":0`, `"session":true`, `"status":200`,
-		`"ttfb_ms":56`, `"ttft_ms":789`, `"duration_ms":1234`, `"retries":1`, `"served_by":"` + other + `"`, `"state":"closed"`, `"start":`} {
+		`"ttfb_ms":56`, `"ttft_ms":789`, `"duration_ms":1234`, `"retries":1`, `"served_by":"` + other + `"`, `"state":"closed"`, `"start":`,
+		`"method":"POST"`, `"path":"/v1/chat/completions"`, `"request_id":"req-42"`, `"term":"CD"`, `"cut":"client"`} {
 		if !strings.Contains(b.String(), f) {
 			t.Errorf("line lacks %s: %s", f, b.String())
 		}
 	}
 
+	if strings.Contains(b.String(), "secret") {
+		t.Errorf("the line keeps the URI's query: %s", b.String())
+	}
+
 	ctx = routeCtx(chatBody("gpt-unknown", "sys", "hi"), "")
+	ctx.Request.Header.Set("X-Request-Id", "req-43")
 	s.api.Handler(ctx)
 	if ctx.Response.StatusCode() != 404 || len(sink.recs) != 2 {
 		t.Fatalf("unknown model: %d, %d records", ctx.Response.StatusCode(), len(sink.recs))
 	}
-	if r := sink.recs[1]; r.ID != 0 || r.Model != "gpt-unknown" || r.Status != 404 || r.Reason != "model_not_found" || r.Outcome != "refused" || r.TTFTMs != -1 {
+	if r := sink.recs[1]; r.ID != 0 || r.Model != "gpt-unknown" || r.Status != 404 || r.Reason != "model_not_found" || r.Outcome != "refused" || r.TTFTMs != -1 ||
+		string(r.Request.RequestID()) != "req-43" || string(r.Request.Method()) != "POST" {
 		t.Errorf("refusal record: %+v", r)
+	}
+
+	// The same refusal asked again for its body (nginx header mode) is
+	// answered alike but neither logged nor counted again.
+	before := refusalCount(s, "model_not_found")
+	ctx = routeCtx(chatBody("gpt-unknown", "sys", "hi"), "")
+	ctx.Request.Header.Set(contract.HdrRepeat, "1")
+	s.api.Handler(ctx)
+	if ctx.Response.StatusCode() != 404 || !strings.Contains(string(ctx.Response.Body()), "gpt-unknown") {
+		t.Fatalf("repeated refusal: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	if len(sink.recs) != 2 {
+		t.Errorf("a repeated refusal was logged again: %d records", len(sink.recs))
+	}
+	if after := refusalCount(s, "model_not_found"); after != before {
+		t.Errorf("a repeated refusal was counted again: %s went %s -> %s", "model_not_found", before, after)
 	}
 
 	// Off: nothing more is written.
@@ -101,6 +131,18 @@ func TestRequestLogRecords(t *testing.T) {
 	if len(sink.recs) != 2 {
 		t.Errorf("request log off wrote %d records", len(sink.recs)-2)
 	}
+}
+
+// refusalCount is the turnout_refusals_total line of reason on s's /metrics.
+func refusalCount(s *testServer, reason string) string {
+	var b strings.Builder
+	s.WriteMetrics(&b)
+	for _, l := range strings.Split(b.String(), "\n") {
+		if strings.HasPrefix(l, "turnout_refusals_total{") && strings.Contains(l, `reason="`+reason+`"`) {
+			return l
+		}
+	}
+	return "(none)"
 }
 
 // TestRequestLogSampleRate: a rate logs about that fraction of decisions.

@@ -65,7 +65,6 @@ func (a *API) Handler(ctx *fasthttp.RequestCtx) {
 // Verdict as headers (or an error answer).
 func (a *API) routeHTTP(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsPost() {
-		a.d.Refusals().NoteBadMethod()
 		a.refuse(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use POST "+contract.PathRoute)
 		return
 	}

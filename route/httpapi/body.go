@@ -139,7 +139,6 @@ func (a *API) readBody(ctx *fasthttp.RequestCtx, t *route.Txn, cfg *config.Confi
 	hard := hardBodyLimit(cfg.MaxBody)
 	cl := ctx.Request.Header.ContentLength()
 	if cl > hard {
-		a.d.Refusals().NoteTooLarge()
 		ctx.SetConnectionClose()
 		a.refuse(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", contract.ReasonBodyTooLarge, "request body too large")
 		return nil, false, 0, errBodyAnswered
@@ -215,7 +214,6 @@ func (a *API) readBody(ctx *fasthttp.RequestCtx, t *route.Txn, cfg *config.Confi
 		n, err := stream.Read(drop)
 		total += n
 		if total > hard {
-			a.d.Refusals().NoteTooLarge()
 			ctx.SetConnectionClose()
 			a.refuse(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", contract.ReasonBodyTooLarge, "request body too large")
 			return nil, false, held, errBodyAnswered

@@ -421,6 +421,25 @@ func (k *KVAware) requestKeys(r *fleet.Request, bs int, b *kvBuf) (keys []uint64
 	return keys, KVFallbackShort, nil
 }
 
+// WriteMetricsOff renders, at 0, the policy metrics a dashboard or an
+// alert reads for a pool whose policy does not write them (the KV index's
+// without kv-aware): 0, not absent.
+func (r *Registry) WriteMetricsOff(p *fleet.Pool, b *strings.Builder) {
+	if _, kv := p.Policy.(*KVAware); !kv {
+		writeKVMetricsOff(p, b)
+	}
+}
+
+// writeKVMetricsOff renders the KV metrics of WriteMetrics a dashboard
+// reads, at 0.
+func writeKVMetricsOff(p *fleet.Pool, b *strings.Builder) {
+	fmt.Fprintf(b, "turnout_kv_index_blocks{deployment=%q,pool=%q} 0\n", p.Deployment, p.Name)
+	fmt.Fprintf(b, "turnout_kv_index_stale_sources{deployment=%q,pool=%q} 0\n", p.Deployment, p.Name)
+	for _, e := range p.Endpoints {
+		fmt.Fprintf(b, "turnout_kv_events_total{deployment=%q,pool=%q,endpoint=%q} 0\n", p.Deployment, p.Name, e.Name)
+	}
+}
+
 // WriteMetrics implements MetricsWriter.
 func (k *KVAware) WriteMetrics(p *fleet.Pool, b *strings.Builder) {
 	st := k.sh.idx.Stats()
