@@ -25,6 +25,9 @@ func (d *Decider) Decide(in *contract.Input, v *contract.Verdict) {
 	if v.Status != 200 {
 		d.dec.logRefusal(t, v, start)
 	}
+	if tb := d.tracer.Load(); tb != nil {
+		t.traceDecision(tb.Tracer, in, v, start)
+	}
 	d.txns.put(t)
 }
 
@@ -36,7 +39,7 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 	cfg := snap.Config
 	r := &t.req
 	*r = fleet.Request{Truncated: in.Truncated}
-	t.dsnap, t.dep, t.model, t.refusedPool, t.only = snap, nil, -1, nil, nil
+	t.dsnap, t.dep, t.model, t.refusedPool, t.only, t.held, t.prefillTime = snap, nil, -1, nil, nil, 0, 0
 	body := in.Body
 	if len(body) > cfg.MaxBody {
 		body, r.Truncated = body[:cfg.MaxBody], true
@@ -185,7 +188,9 @@ func (t *Txn) runHeld(snap *Snapshot, dep *Deployment, in *contract.Input, v *co
 		v.Refuse(503, "service_unavailable", contract.ReasonFlowGone, "the client went away while its request was held")
 		return
 	case flow.Released, flow.TimedOut:
+		held := start
 		start = time.Now() // the decision starts at release: its latency is the pick's
+		t.held = start.Sub(held)
 	}
 	// Deferred: a panicking pick (recovered by the transport) must give
 	// its reserved room back.
@@ -498,6 +503,11 @@ type Txn struct {
 	subset      fleet.Mask
 	model       int32
 	refusedPool *fleet.Pool
+	// held is how long flow control held the request, prefillTime how
+	// long the prefill call took; span is the record a Tracer reads
+	// (tracing.go).
+	held, prefillTime time.Duration
+	span              DecisionSpan
 }
 
 // TxnBuffers are a transport's buffers: Body holds a streamed request
@@ -570,6 +580,9 @@ func (d *Decider) DecideTxn(t *Txn) *contract.Verdict {
 	d.ref.noteVerdict(&t.v)
 	if t.v.Status != 200 {
 		d.dec.logRefusal(t, &t.v, t.start)
+	}
+	if tb := d.tracer.Load(); tb != nil {
+		t.traceDecision(tb.Tracer, &t.in, &t.v, t.start)
 	}
 	return &t.v
 }

@@ -40,6 +40,7 @@
 //	5 route/engineload         engine load scraped from each replica's /metrics
 //	5 route/cluster            prefix decisions and in-flight counts shared between turnout instances over NATS
 //	5 route/reqlog             the request log's destinations (stdout, rotated file, syslog)
+//	5 route/tracing            one OpenTelemetry span per decision, exported over OTLP
 //
 // Layer 5 packages hold a *Decider and use its exported API (Begin,
 // ProxyHeaders, DecideTxn, End, Decide, OnApply) and the parts it

@@ -1,5 +1,5 @@
 // Package testenv groups the real servers tests start, one subpackage each:
 // freeport hands out loopback ports, natstest runs nats-server, kubetest runs
-// etcd and kube-apiserver. Only tests import them; the serving binary links
-// none (cmd/turnout/deps_test.go).
+// etcd and kube-apiserver, otlptest receives OTLP traces. Only tests import
+// them; the serving binary links none (cmd/turnout/deps_test.go).
 package testenv
