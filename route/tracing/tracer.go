@@ -125,6 +125,9 @@ func (t *Tracer) Decided(s *route.DecisionSpan) {
 // exporter.
 func (t *Tracer) Shutdown(ctx context.Context) error { return t.tp.Shutdown(ctx) }
 
+// ForceFlush exports the spans still queued (until ctx ends).
+func (t *Tracer) ForceFlush(ctx context.Context) error { return t.tp.ForceFlush(ctx) }
+
 // Counts reads the export counters.
 func (t *Tracer) Counts(b *Counts) { t.exp.counts(b) }
 
