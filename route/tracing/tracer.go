@@ -106,6 +106,9 @@ func newExporter(cfg *config.TracingConfig) (sdktrace.SpanExporter, error) {
 // ended at its verdict, a child of the client's traceparent. An unsampled
 // decision stops at the sampler.
 func (t *Tracer) Decided(s *route.DecisionSpan) {
+	if unsampledParent(s.Traceparent) {
+		return // what the sampler would say, without parsing into a context
+	}
 	ctx := context.Background()
 	if len(s.Traceparent) > 0 {
 		ctx = t.prop.Extract(ctx, carrier{parent: string(s.Traceparent), state: string(s.Tracestate)})
@@ -120,6 +123,27 @@ func (t *Tracer) Decided(s *route.DecisionSpan) {
 	}
 	span.End(trace.WithTimestamp(s.End))
 }
+
+// unsampledParent reports whether tp is a version-00 traceparent whose
+// sampled flag is clear: the parent-based sampler drops such a decision.
+func unsampledParent(tp []byte) bool {
+	const n = len("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")
+	if len(tp) != n || tp[0] != '0' || tp[1] != '0' || tp[2] != '-' || tp[35] != '-' || tp[52] != '-' {
+		return false
+	}
+	f := tp[54]
+	switch {
+	case f >= '0' && f <= '9':
+		f -= '0'
+	case f >= 'a' && f <= 'f':
+		f -= 'a' - 10
+	default:
+		return false
+	}
+	return f&1 == 0 && isHex(tp[53])
+}
+
+func isHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' }
 
 // Shutdown flushes the spans still queued (until ctx ends) and stops the
 // exporter.
