@@ -117,10 +117,10 @@ func (c core) newTracer(cfg *config.TracingConfig, log *zerolog.Logger) (*tracin
 // setTracer installs the decision tracer (nil: off).
 func (c core) setTracer(t *tracing.Tracer) {
 	if t == nil {
-		c.srv.SetTracer(nil)
+		c.srv.Ledger().SetTracer(nil)
 		return
 	}
-	c.srv.SetTracer(t)
+	c.srv.Ledger().SetTracer(t)
 }
 
 // addReadiness adds a writer of /readyz?verbose lines.

@@ -23,7 +23,8 @@ type tracers struct {
 	mu  sync.Mutex
 	key config.TracingConfig
 	cur *tracing.Tracer
-	// done are the counts of the tracers replaced, so /metrics counts on.
+	// done are the counts of the tracers replaced (added once flushed),
+	// so /metrics counts on.
 	done tracing.Counts
 }
 
@@ -63,16 +64,19 @@ func (t *tracers) retire() {
 	if old == nil {
 		return
 	}
-	var c tracing.Counts
-	old.Counts(&c)
-	t.done.Exported += c.Exported
-	t.done.Failed += c.Failed
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), tracerFlush)
 		defer cancel()
 		if err := old.Shutdown(ctx); err != nil {
 			t.log.Warn().Err(err).Msg("tracing: flush of the replaced tracer")
 		}
+		// Counted once flushed: its last batches are exported by Shutdown.
+		var c tracing.Counts
+		old.Counts(&c)
+		t.mu.Lock()
+		t.done.Exported += c.Exported
+		t.done.Failed += c.Failed
+		t.mu.Unlock()
 	}()
 }
 

@@ -25,7 +25,7 @@ func (d *Decider) Decide(in *contract.Input, v *contract.Verdict) {
 	if v.Status != 200 {
 		d.dec.logRefusal(t, v, start)
 	}
-	if tb := d.tracer.Load(); tb != nil {
+	if tb := d.dec.tracer.Load(); tb != nil {
 		t.traceDecision(tb.Tracer, in, v, start)
 	}
 	d.txns.put(t)
@@ -581,7 +581,7 @@ func (d *Decider) DecideTxn(t *Txn) *contract.Verdict {
 	if t.v.Status != 200 {
 		d.dec.logRefusal(t, &t.v, t.start)
 	}
-	if tb := d.tracer.Load(); tb != nil {
+	if tb := d.dec.tracer.Load(); tb != nil {
 		t.traceDecision(tb.Tracer, &t.in, &t.v, t.start)
 	}
 	return &t.v

@@ -73,8 +73,6 @@ type Decider struct {
 	flows *flow.Set
 	// ticker sweeps the ledger and runs the tick hooks (ticker.go).
 	ticker Ticker
-	// tracer, when set, sees every finished decision (tracing.go).
-	tracer atomic.Pointer[tracerBox]
 }
 
 // New builds a Decider from a validated config.

@@ -47,13 +47,14 @@ type DecisionSpan struct {
 // tracerBox lets an interface live in an atomic.Pointer.
 type tracerBox struct{ Tracer }
 
-// SetTracer installs (or, with nil, removes) the decision tracer.
-func (d *Decider) SetTracer(tr Tracer) {
+// SetTracer installs (or, with nil, removes) the decision tracer: beside
+// the request log, what is recorded of each decision.
+func (l *Ledger) SetTracer(tr Tracer) {
 	if tr == nil {
-		d.tracer.Store(nil)
+		l.tracer.Store(nil)
 		return
 	}
-	d.tracer.Store(&tracerBox{tr})
+	l.tracer.Store(&tracerBox{tr})
 }
 
 // traceDecision hands the finished decision to tr. Called only with

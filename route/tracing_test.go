@@ -53,7 +53,7 @@ func (r *recordingTracer) Decided(s *DecisionSpan) {
 func TestTracerSeesDecision(t *testing.T) {
 	s := mustServer(t, "tracing: {endpoint: '127.0.0.1:4317'}\n"+fmt.Sprintf(fourEndpoints, "prefix-affinity"))
 	rec := &recordingTracer{}
-	s.SetTracer(rec)
+	s.Ledger().SetTracer(rec)
 	for i := range 2 { // the second one hits the first one's prefix
 		ctx := routeCtx(body4K(1), fmt.Sprint("user-", i))
 		ctx.Request.Header.Set("Traceparent", testTraceparent)
@@ -79,7 +79,7 @@ func TestTracerSeesDecision(t *testing.T) {
 	if ref := rec.got[2]; ref.status != 404 || ref.reason != "model_not_found" || ref.picked || ref.pool != "" || ref.parent != "" {
 		t.Errorf("refused: %+v", ref)
 	}
-	s.SetTracer(nil)
+	s.Ledger().SetTracer(nil)
 	handle(s, routeCtx(body4K(2), ""))
 	if len(rec.got) != 3 {
 		t.Errorf("a removed tracer still saw a decision")

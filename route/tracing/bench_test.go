@@ -32,7 +32,7 @@ func benchDecide(b *testing.B, tracingYAML, parent string, on bool) {
 			b.Fatal(err)
 		}
 		defer tr.Shutdown(context.Background())
-		d.SetTracer(tr)
+		d.Ledger().SetTracer(tr)
 	}
 	bodies := make([][]byte, 64)
 	for i := range bodies {

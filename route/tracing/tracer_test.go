@@ -82,7 +82,7 @@ func flush(t *testing.T, tr *tracing.Tracer) {
 func TestDecisionSpan(t *testing.T) {
 	d := decider(t, "tracing: {endpoint: '127.0.0.1:4317'}\n")
 	tr, exp := inMemory(t, d.Snapshot().Config)
-	d.SetTracer(tr)
+	d.Ledger().SetTracer(tr)
 	decide(d, routetest.Body4K(1), traceparent("01"), "vendor=a")
 	v := decide(d, routetest.Body4K(1), traceparent("01"), "vendor=a") // a prefix hit
 	decide(d, `{"model":"nope","prompt":"x"}`, traceparent("01"), "")
@@ -142,7 +142,7 @@ func TestSampling(t *testing.T) {
 	} {
 		d := decider(t, "tracing: {endpoint: '127.0.0.1:4317', sample_ratio: "+tc.ratio+"}\n")
 		tr, exp := inMemory(t, d.Snapshot().Config)
-		d.SetTracer(tr)
+		d.Ledger().SetTracer(tr)
 		decide(d, routetest.Body4K(1), tc.parent, "")
 		flush(t, tr)
 		if n := len(exp.GetSpans()); n != tc.want {
@@ -189,7 +189,7 @@ func TestOTLPExport(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { tr.Shutdown(context.Background()) })
-			d.SetTracer(tr)
+			d.Ledger().SetTracer(tr)
 			v := decide(d, routetest.Body4K(1), traceparent("01"), "")
 			s := rcv.WaitSpan(t, traceID, 30*time.Second)
 			if s.ParentSpanID != parentID || s.Service != "edge-a" || s.Name != tracing.SpanName ||
@@ -218,7 +218,7 @@ func TestOTLPExportFailureCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.SetTracer(tr)
+	d.Ledger().SetTracer(tr)
 	if v := decide(d, routetest.Body4K(1), traceparent("01"), ""); v.Status != 200 {
 		t.Fatalf("status %d", v.Status)
 	}
