@@ -45,8 +45,8 @@
 // Layer 5 packages hold a *Decider and use its exported API (Begin,
 // ProxyHeaders, DecideTxn, End, Decide, OnApply) and the parts it
 // exposes once each: Ledger (Complete, CloseDecision, CloseDecisionWith,
-// LookupDecision, SetRequestSink, SetTracer, SetFeedbackStalled, Reconcile, Counts),
-// Health (the health checks' counts and first round), Refusals (what a
+// LookupDecision, SetRequestSink, SetTracer, SetFeedbackStalled,
+// Reconcile, Counts), Health (the health checks' counts and first round), Refusals (what a
 // transport refused on its own), Extras (AddMetrics, AddReadiness) and
 // Ticker (the ledger's sweep and the hooks after it: Run, OnTick, Sweep);
 // control wires them together. Inside route, a decision's stages are

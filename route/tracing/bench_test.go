@@ -18,7 +18,7 @@ import (
 type discard struct{}
 
 func (discard) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
-func (discard) Shutdown(context.Context) error                           { return nil }
+func (discard) Shutdown(context.Context) error                             { return nil }
 
 // benchDecide decides one prefix-affinity request per iteration through
 // Decider.Decide (the SPOE agent's entry), with tracing as given; parent
