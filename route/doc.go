@@ -46,8 +46,9 @@
 // ProxyHeaders, DecideTxn, End, Decide, OnApply) and the parts it
 // exposes once each: Ledger (Complete, CloseDecision, CloseDecisionWith,
 // LookupDecision, SetRequestSink, SetTracer, SetFeedbackStalled,
-// Reconcile, Counts), Health (the health checks' counts and first round), Refusals (what a
-// transport refused on its own), Extras (AddMetrics, AddReadiness) and
+// Reconcile, Counts), Health (the health checks' counts and first
+// round), Refusals (what a transport refused on its own), Extras
+// (AddMetrics, AddReadiness) and
 // Ticker (the ledger's sweep and the hooks after it: Run, OnTick, Sweep);
 // control wires them together. Inside route, a decision's stages are
 // methods of its Txn (the pooled per-request memory, which holds the
