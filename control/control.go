@@ -87,6 +87,8 @@ type Loop struct {
 	fleet *discovery.Fleet
 	// rl is the request log (reqlog.go), reopened when request_log changes.
 	rl *requestLogs
+	// tr is the decision tracer (tracing.go), rebuilt when tracing changes.
+	tr *tracers
 
 	// queued are listener changes of applied reloads waiting for the
 	// first proxy sync that carries their config (with discovery, the
@@ -129,7 +131,10 @@ func New(srv *route.Decider, opts Options) (*Loop, error) {
 	}
 	rl := &requestLogs{log: log, core: c, stdout: os.Stdout, stderr: os.Stderr}
 	c.onApply(rl.apply)
-	return &Loop{opts: opts, log: log, core: c, lns: lns, px: px, rl: rl}, nil
+	tr := &tracers{log: log, core: c}
+	c.onApply(tr.apply)
+	c.addMetrics(tr.writeMetrics)
+	return &Loop{opts: opts, log: log, core: c, lns: lns, px: px, rl: rl, tr: tr}, nil
 }
 
 // Run serves cfg (the config the core was built with) until ctx ends: it
@@ -141,6 +146,7 @@ func (l *Loop) Run(ctx context.Context, cfg *config.Config) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	defer l.rl.close()
+	defer l.tr.close()
 	go l.px.run(ctx)
 	l.fleet = newFleet(ctx, l.core, l.opts.Kubeconfig, l.log, l.apply)
 	l.core.addMetrics(l.fleet.WriteMetrics) // turnout_discovery_*

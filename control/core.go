@@ -19,6 +19,7 @@ import (
 	"github.com/turnout/turnout/route/httpapi"
 	"github.com/turnout/turnout/route/reqlog"
 	"github.com/turnout/turnout/route/spoe"
+	"github.com/turnout/turnout/route/tracing"
 )
 
 // core is the decision core as the loop sees it: the Decider, its HTTP API
@@ -107,6 +108,20 @@ func (c core) setRequestLog(l *reqlog.Log, rate float64) {
 		return
 	}
 	c.srv.Ledger().SetRequestSink(l, rate)
+}
+
+// newTracer builds the decision tracer of cfg (tracing on).
+func (c core) newTracer(cfg *config.TracingConfig, log *zerolog.Logger) (*tracing.Tracer, error) {
+	return tracing.New(cfg, log, tracing.Options{})
+}
+
+// setTracer installs the decision tracer (nil: off).
+func (c core) setTracer(t *tracing.Tracer) {
+	if t == nil {
+		c.srv.Ledger().SetTracer(nil)
+		return
+	}
+	c.srv.Ledger().SetTracer(t)
 }
 
 // addReadiness adds a writer of /readyz?verbose lines.

@@ -22,6 +22,9 @@ func (d *Decider) Decide(in *contract.Input, v *contract.Verdict) {
 	start := time.Now()
 	t.decideInput(snap, in, v, start)
 	t.noteRefusal(v, start, in.Repeat)
+	if tb := d.dec.tracer.Load(); tb != nil {
+		t.traceDecision(tb.Tracer, in, v, start)
+	}
 	d.txns.put(t)
 }
 
@@ -33,7 +36,7 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 	cfg := snap.Config
 	r := &t.req
 	*r = fleet.Request{Truncated: in.Truncated}
-	t.dsnap, t.dep, t.model, t.refusedPool, t.only = snap, nil, -1, nil, nil
+	t.dsnap, t.dep, t.model, t.refusedPool, t.only, t.held, t.prefillTime = snap, nil, -1, nil, nil, 0, 0
 	t.method, t.uri, t.rid = in.Method, in.URI, nil
 	body := in.Body
 	if len(body) > cfg.MaxBody {
@@ -205,7 +208,9 @@ func (t *Txn) runHeld(snap *Snapshot, dep *Deployment, in *contract.Input, v *co
 		v.Refuse(503, "service_unavailable", contract.ReasonFlowGone, "the client went away while its request was held")
 		return
 	case flow.Released, flow.TimedOut:
+		held := start
 		start = time.Now() // the decision starts at release: its latency is the pick's
+		t.held = start.Sub(held)
 	}
 	// Deferred: a panicking pick (recovered by the transport) must give
 	// its reserved room back.
@@ -543,6 +548,11 @@ type Txn struct {
 	// The request's method, URI and request id: views into the Input,
 	// for the ledger and the request log.
 	method, uri, rid []byte
+	// held is how long flow control held the request, prefillTime how
+	// long the prefill call took; span is the record a Tracer reads
+	// (tracing.go).
+	held, prefillTime time.Duration
+	span              DecisionSpan
 }
 
 // TxnBuffers are a transport's buffers: Body holds a streamed request
@@ -615,6 +625,9 @@ func (t *Txn) ProxyHeaders(h *fasthttp.RequestHeader) {
 func (d *Decider) DecideTxn(t *Txn) *contract.Verdict {
 	t.decideInput(t.snap, &t.in, &t.v, t.start)
 	t.noteRefusal(&t.v, t.start, t.in.Repeat)
+	if tb := d.dec.tracer.Load(); tb != nil {
+		t.traceDecision(tb.Tracer, &t.in, &t.v, t.start)
+	}
 	return &t.v
 }
 

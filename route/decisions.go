@@ -42,6 +42,8 @@ type Ledger struct {
 
 	// reqlog is the request log's sink and sampling; nil: off.
 	reqlog atomic.Pointer[requestLog]
+	// tracer sees every finished decision (tracing.go); nil: off.
+	tracer atomic.Pointer[tracerBox]
 	// fbStalled: route/feedback found completions stopped (SetFeedbackStalled).
 	fbStalled atomic.Bool
 }

@@ -42,13 +42,15 @@
 //	5 route/engineload         engine load scraped from each replica's /metrics
 //	5 route/cluster            prefix decisions and in-flight counts shared between turnout instances over NATS
 //	5 route/reqlog             the request log's destinations (stdout, rotated file, syslog)
+//	5 route/tracing            one OpenTelemetry span per decision, exported over OTLP
 //
 // Layer 5 packages hold a *Decider and use its exported API (Begin,
 // ProxyHeaders, DecideTxn, End, Decide, OnApply) and the parts it
 // exposes once each: Ledger (Complete, CloseDecision, CloseDecisionWith,
-// LookupDecision, SetRequestSink, SetFeedbackStalled, Reconcile, Counts),
-// Health (the health checks' counts and first round), Refusals (what a
-// transport refused on its own), Extras (AddMetrics, AddReadiness) and
+// LookupDecision, SetRequestSink, SetTracer, SetFeedbackStalled,
+// Reconcile, Counts), Health (the health checks' counts and first
+// round), Refusals (what a transport refused on its own), Extras
+// (AddMetrics, AddReadiness) and
 // Ticker (the ledger's sweep and the hooks after it: Run, OnTick, Sweep);
 // control wires them together. Inside route, a decision's stages are
 // methods of its Txn (the pooled per-request memory, which holds the

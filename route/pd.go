@@ -82,7 +82,9 @@ func (t *Txn) finishPD(snap *Snapshot, dep *Deployment, in *contract.Input, v *c
 			"no available prefill replica in pool "+dep.Prefill.Name+" (pd.no_prefill: reject)")
 		return
 	}
+	pstart := time.Now()
 	kv, used, err := t.prefillWithRetry(in, snap, prefill, r.Payload, cfg.PrefillTimeout.D())
+	t.prefillTime = time.Since(pstart)
 	if err != nil {
 		var st *pd.StatusError
 		if errors.As(err, &st) && st.Status >= 400 && st.Status < 500 && len(st.Body) > contract.MaxAnswerBody {
@@ -149,7 +151,8 @@ func (t *Txn) prefillWithRetry(in *contract.Input, snap *Snapshot, eps []*fleet.
 }
 
 // pdHeaders forwards to the prefill replica what it may need of the
-// original request's headers: auth, the request id, the session headers.
+// original request's headers: auth, the request id, the session headers,
+// the W3C trace context (forwarded with tracing on).
 type pdHeaders struct {
 	in   *contract.Input
 	snap *Snapshot
@@ -160,7 +163,8 @@ var _ pd.Headers = (*pdHeaders)(nil)
 func (p *pdHeaders) CopyTo(h *fasthttp.RequestHeader) {
 	for _, f := range p.in.Headers {
 		k, v := f.Name, f.Value
-		if contract.HeaderIs(k, []byte(contract.FwdAuthorization)) || contract.HeaderIs(k, []byte(contract.FwdRequestID)) {
+		if contract.HeaderIs(k, []byte(contract.FwdAuthorization)) || contract.HeaderIs(k, []byte(contract.FwdRequestID)) ||
+			contract.HeaderIs(k, traceparentNorm) || contract.HeaderIs(k, tracestateNorm) {
 			h.SetBytesKV(k, v)
 			continue
 		}

@@ -79,6 +79,8 @@ type Config struct {
 	RequestLog RequestLogConfig `yaml:"request_log"`
 	// EPP serves the Endpoint Picker Protocol to Gateway API gateways (epp.go).
 	EPP EPPConfig `yaml:"epp"`
+	// Tracing exports a span per decision over OTLP (tracing.go).
+	Tracing TracingConfig `yaml:"tracing"`
 
 	// Presets are named policies composed from stages (stages.go), chosen
 	// by name like the built-in ones.
@@ -657,6 +659,7 @@ func (c *Config) ApplyDefaults() {
 	c.applyFeedbackDefaults()
 	c.applyRequestLogDefaults()
 	c.applyEPPDefaults()
+	c.applyTracingDefaults()
 	p := &c.Proxy
 	if c.HAProxy.Path == "" {
 		// SPOE by default, on a local socket; a config that sends the proxy
@@ -769,6 +772,7 @@ func (c *Config) Validate() error {
 	c.validateFeedback(bad)
 	c.validateRequestLog(bad)
 	c.validateEPP(bad)
+	c.validateTracing(bad)
 	if !strings.HasPrefix(c.Health.Path, "/") || strings.ContainsAny(c.Health.Path, " \t\r\n\"'") {
 		bad("health.path", "%q is not an absolute path", c.Health.Path)
 	}

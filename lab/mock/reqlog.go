@@ -38,9 +38,13 @@ func newRequestLog(size int) *requestLog {
 }
 
 // loggedHeader selects the headers tests care about: every X-* header
-// (x-request-id, x-session-id, routing hints) and anything naming a session.
+// (x-request-id, x-session-id, routing hints), the W3C trace context
+// (traceparent, tracestate) and anything naming a session.
 func loggedHeader(k []byte) bool {
 	if len(k) >= 2 && (k[0] == 'x' || k[0] == 'X') && k[1] == '-' {
+		return true
+	}
+	if bytes.EqualFold(k, []byte("traceparent")) || bytes.EqualFold(k, []byte("tracestate")) {
 		return true
 	}
 	const word = "session"

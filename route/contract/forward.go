@@ -22,6 +22,11 @@ const (
 	// turnout sends the prefill itself with the client's credentials (vLLM's
 	// --api-key); without PD they stay in the proxy.
 	FwdAuthorization = "authorization"
+	// FwdTraceparent and FwdTracestate are the client's W3C trace context,
+	// forwarded only with tracing on: the decision's span is its child
+	// (docs/tracing.md). The proxies pass them to the replica unchanged.
+	FwdTraceparent = "traceparent"
+	FwdTracestate  = "tracestate"
 )
 
 // ForwardedHeader is one request header the glue forwards to turnout;
@@ -47,6 +52,9 @@ func ForwardedHeaders(cfg *config.Config) []ForwardedHeader {
 			out = append(out, ForwardedHeader{FwdAuthorization, FwdAuthorization})
 			break
 		}
+	}
+	if cfg.Tracing.On() {
+		out = append(out, ForwardedHeader{FwdTraceparent, "tracing"}, ForwardedHeader{FwdTracestate, "tracing"})
 	}
 	return appendFlowHeaders(out, cfg)
 }
