@@ -552,16 +552,24 @@ func runFlow(args []string, log *zerolog.Logger) error {
 	if *name == "" {
 		*name = "flow-" + label
 	}
-	if err := os.MkdirAll(*out, 0o755); err != nil {
+	if err := teeFile(*out, *name+".md", func(w io.Writer) error { return bench.WriteFlowMarkdown(w, rows) }); err != nil {
 		return fmt.Errorf("bench flow: %w", err)
 	}
-	f, err := os.Create(filepath.Join(*out, *name+".md"))
+	return nil
+}
+
+// teeFile writes a result table to stdout and to dir/file through write.
+func teeFile(dir, file string, write func(io.Writer) error) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, file))
 	if err != nil {
-		return fmt.Errorf("bench flow: %w", err)
+		return err
 	}
 	defer f.Close()
-	if err := bench.WriteFlowMarkdown(io.MultiWriter(os.Stdout, f), rows); err != nil {
-		return fmt.Errorf("bench flow: %w", err)
+	if err := write(io.MultiWriter(os.Stdout, f)); err != nil {
+		return err
 	}
 	return f.Close()
 }

@@ -1,15 +1,10 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/rs/zerolog"
 
@@ -53,24 +48,16 @@ func runScale(args []string, log *zerolog.Logger) error {
 		return fmt.Errorf("bench scale: --blocks: %w", err)
 	}
 	d.Log = log
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := cli.StopContext()
 	defer stop()
 	rows, err := bench.RunScale(ctx, d)
 	if err != nil {
 		return fmt.Errorf("bench scale: %w", err)
 	}
-	if err := os.MkdirAll(*out, 0o755); err != nil {
+	if err := teeFile(*out, *name+".txt", func(w io.Writer) error { return bench.WriteScaleTable(w, rows) }); err != nil {
 		return fmt.Errorf("bench scale: %w", err)
 	}
-	f, err := os.Create(filepath.Join(*out, *name+".txt"))
-	if err != nil {
-		return fmt.Errorf("bench scale: %w", err)
-	}
-	defer f.Close()
-	if err := bench.WriteScaleTable(io.MultiWriter(os.Stdout, f), rows); err != nil {
-		return fmt.Errorf("bench scale: %w", err)
-	}
-	return f.Close()
+	return nil
 }
 
 func ints(xs []int) string {

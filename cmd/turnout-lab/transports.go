@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -56,18 +55,7 @@ func runTransports(args []string, log *zerolog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("bench transports: %w", err)
 	}
-	if err := os.MkdirAll(*out, 0o755); err != nil {
-		return fmt.Errorf("bench transports: %w", err)
-	}
-	f, err := os.Create(filepath.Join(*out, *name+".txt"))
-	if err != nil {
-		return fmt.Errorf("bench transports: %w", err)
-	}
-	defer f.Close()
-	if err := bench.WriteTransportTable(io.MultiWriter(os.Stdout, f), rows); err != nil {
-		return fmt.Errorf("bench transports: %w", err)
-	}
-	if err := f.Close(); err != nil {
+	if err := teeFile(*out, *name+".txt", func(w io.Writer) error { return bench.WriteTransportTable(w, rows) }); err != nil {
 		return fmt.Errorf("bench transports: %w", err)
 	}
 	if *check {
