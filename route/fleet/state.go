@@ -101,7 +101,14 @@ type StallState struct {
 	FastStart atomic.Int64
 	// Since is when the endpoint was degraded (unix ns).
 	Since atomic.Int64
+	// Unanswered counts verified completions in a row that ended before
+	// the replica's response headers.
+	Unanswered atomic.Int32
 }
+
+// UnansweredSuspect is how many completions in a row without response
+// headers make an endpoint suspect (a probe then tells).
+const UnansweredSuspect = 3
 
 // onFeedback takes one completion's times (ms, -1 = unknown); only a
 // verified one counts as an answer in time.
@@ -115,9 +122,21 @@ func (ss *StallState) onFeedback(ms, ttfb, now int64, verified bool) {
 		ss.Suspect.Store(true)
 		return
 	}
-	if !verified || ttfb < 0 && (ms < 0 || ms >= budgetMs) {
-		return // no first-byte time and a total too long to tell
+	if !verified {
+		return
 	}
+	if ttfb < 0 {
+		// No response headers: the client or the proxy gave up before the
+		// replica answered (nginx's 499, HAProxy's %Tr -1), however soon.
+		// Not an answer in time; a few in a row make the endpoint suspect,
+		// since a client timeout under half the budget never leaves a
+		// decision open long enough for the ledger's sweep to see it.
+		if ss.Unanswered.Add(1) >= UnansweredSuspect {
+			ss.Suspect.Store(true)
+		}
+		return
+	}
+	ss.Unanswered.Store(0)
 	start := now - max(ms, ttfb)*int64(time.Millisecond)
 	if start > ss.FastStart.Load() {
 		ss.FastStart.Store(start)
