@@ -399,7 +399,15 @@ func (t *Txn) pick(snap *Snapshot, p *fleet.Pool, c *fleet.Choice, dst []*fleet.
 	r.Blocks, r.PromptBytes = nil, 0
 	*c = fleet.Choice{Endpoints: dst, Work: c.Work}
 	if p.BlockBytes > 0 {
-		t.hasher.Reset(p.BlockBytes, t.blocks)
+		// Routing reads the prompt's first route_body bytes, however much
+		// of the body a glue sent (the whole of it when a second "model"
+		// key may lie past the cut, or for prefill/decode): the same
+		// prefix and cost as a cut body.
+		blocks := t.blocks
+		if n := snap.Config.RouteBody / p.BlockBytes; n > 0 && n < cap(blocks) {
+			blocks = blocks[:0:n]
+		}
+		t.hasher.Reset(p.BlockBytes, blocks)
 		r.Payload.Prompt(&t.hasher)
 		r.Blocks = t.hasher.Out
 		r.PromptBytes = t.hasher.Total
