@@ -13,6 +13,11 @@ type blockLRU struct {
 	head  int32 // most recent; -1 when empty
 	tail  int32
 	free  int32
+	// heads, when set, learns which first blocks (a prompt's blocks[0])
+	// this endpoint (slot) holds; firsts are they.
+	heads  *headIndex
+	slot   int32
+	firsts map[uint64]struct{}
 }
 
 type lruNode struct {
@@ -21,7 +26,7 @@ type lruNode struct {
 }
 
 func newBlockLRU(capacity int) *blockLRU {
-	l := &blockLRU{cap: capacity, m: make(map[uint64]int32), head: -1, tail: -1, free: -1}
+	l := &blockLRU{cap: capacity, m: make(map[uint64]int32), head: -1, tail: -1, free: -1, firsts: map[uint64]struct{}{}}
 	return l
 }
 
@@ -61,11 +66,18 @@ func (l *blockLRU) matchLen(blocks []uint64) int {
 func (l *blockLRU) insert(blocks []uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.extendHead(blocks) {
-		return
+	if !l.extendHead(blocks) {
+		for i := len(blocks) - 1; i >= 0; i-- {
+			l.touch(blocks[i])
+		}
 	}
-	for i := len(blocks) - 1; i >= 0; i-- {
-		l.touch(blocks[i])
+	if len(blocks) > 0 {
+		if _, ok := l.firsts[blocks[0]]; !ok {
+			l.firsts[blocks[0]] = struct{}{}
+			if l.heads != nil {
+				l.heads.add(blocks[0], l.slot)
+			}
+		}
 	}
 }
 
@@ -134,7 +146,14 @@ func (l *blockLRU) touch(k uint64) {
 	} else {
 		i = l.tail
 		l.unlink(i)
-		delete(l.m, l.nodes[i].key)
+		old := l.nodes[i].key
+		delete(l.m, old)
+		if _, ok := l.firsts[old]; ok {
+			delete(l.firsts, old)
+			if l.heads != nil {
+				l.heads.remove(old, l.slot)
+			}
+		}
 	}
 	l.nodes[i].key = k
 	l.m[k] = i

@@ -125,11 +125,8 @@ func NewPrefixAffinity(cfg PrefixAffinityConfig, p *fleet.Pool, rnd *fleet.Rand)
 		rnd = fleet.NewRand(1)
 	}
 	pa := &PrefixAffinity{cfg: cfg}
-	for _, e := range p.Endpoints {
-		pa.lrus = append(pa.lrus, newBlockLRU(cfg.CapacityBlocks))
-		pa.names = append(pa.names, e.Name)
-	}
-	pa.idx = &PrefixIndex{blockBytes: cfg.BlockBytes, capacity: cfg.CapacityBlocks, lrus: pa.lrus, names: pa.names}
+	pa.idx = newPrefixIndex(cfg.BlockBytes, cfg.CapacityBlocks, p)
+	pa.lrus, pa.names = pa.idx.lrus, pa.idx.names
 	var session []Tie
 	if cfg.SessionAffinity {
 		session = []Tie{SessionRank{}}
@@ -185,7 +182,11 @@ func (pa *PrefixAffinity) Carry(prev fleet.Policy) {
 
 // Forget empties the index of the endpoint at index i (tests: pools do not
 // share an index).
-func (pa *PrefixAffinity) Forget(i int) { pa.lrus[i] = newBlockLRU(pa.cfg.CapacityBlocks) }
+func (pa *PrefixAffinity) Forget(i int) {
+	pa.idx.heads.clear(int32(i))
+	pa.lrus[i] = newBlockLRU(pa.cfg.CapacityBlocks)
+	pa.idx.heads.bind(pa.lrus[i], int32(i))
+}
 
 // CachedBlocks reports the index size of the endpoint at index i (metrics, tests).
 func (pa *PrefixAffinity) CachedBlocks(i int) int { return pa.lrus[i].Len() }
@@ -215,10 +216,24 @@ type PrefixIndex struct {
 	blockBytes, capacity int
 	lrus                 []*blockLRU // by endpoint index
 	names                []string    // by endpoint index
+	heads                *headIndex  // which endpoints hold each prompt's first block
+}
+
+// newPrefixIndex is an empty index for pool p's endpoints.
+func newPrefixIndex(blockBytes, capacity int, p *fleet.Pool) *PrefixIndex {
+	x := &PrefixIndex{blockBytes: blockBytes, capacity: capacity, heads: newHeadIndex(len(p.Endpoints))}
+	for i, e := range p.Endpoints {
+		l := newBlockLRU(capacity)
+		x.heads.bind(l, int32(i))
+		x.lrus = append(x.lrus, l)
+		x.names = append(x.names, e.Name)
+	}
+	return x
 }
 
 // carry keeps the LRUs of surviving endpoints when the block size and
-// capacity did not change (else the hashes mean other things).
+// capacity did not change (else the hashes mean other things); they report
+// their first blocks to this index from now on.
 func (x *PrefixIndex) carry(old *PrefixIndex) {
 	if old == nil || old.blockBytes != x.blockBytes || old.capacity != x.capacity {
 		return
@@ -226,7 +241,9 @@ func (x *PrefixIndex) carry(old *PrefixIndex) {
 	for i, n := range x.names {
 		for j, on := range old.names {
 			if on == n {
+				x.heads.clear(int32(i))
 				x.lrus[i] = old.lrus[j]
+				x.heads.bind(x.lrus[i], int32(i))
 			}
 		}
 	}
@@ -246,6 +263,19 @@ func (x *PrefixIndex) Match(c *Cycle, e *fleet.Endpoint) int {
 
 // Of implements Keyer.
 func (x *PrefixIndex) Of(c *Cycle) int { return len(c.Req.Blocks) }
+
+// Holders sets in dst (bits by endpoint index) the endpoints that can
+// match any of the prompt: only those holding its first block; false when
+// it cannot tell (no blocks, dst too short) and every endpoint is asked.
+func (x *PrefixIndex) Holders(c *Cycle, dst []uint64) bool {
+	if len(c.Req.Blocks) == 0 || len(dst) < x.heads.words {
+		return false
+	}
+	if !x.heads.holders(c.Req.Blocks[0], dst) {
+		clear(dst[:x.heads.words])
+	}
+	return true
+}
 
 // Record implements Recorder.
 func (x *PrefixIndex) Record(c *Cycle) { x.lrus[c.First().Index].insert(c.Req.Blocks) }

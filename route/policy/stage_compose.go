@@ -61,12 +61,7 @@ func NewPrefixScorer(cfg *config.StageConfig, env StageEnv) (Scorer, error) {
 	if err := d.Validate(); err != nil {
 		return nil, err
 	}
-	x := &PrefixIndex{blockBytes: p.BlockBytes, capacity: p.CapacityBlocks}
-	for _, e := range env.Pool.Endpoints {
-		x.lrus = append(x.lrus, newBlockLRU(p.CapacityBlocks))
-		x.names = append(x.names, e.Name)
-	}
-	return x, nil
+	return newPrefixIndex(p.BlockBytes, p.CapacityBlocks, env.Pool), nil
 }
 
 // Score implements Scorer.

@@ -18,6 +18,10 @@ type Keyer interface {
 	Of(c *Cycle) int
 }
 
+// maxHolderWords bounds the holder bitset a keyed picker keeps on its
+// stack (4,096 endpoints; a larger pool asks every endpoint).
+const maxHolderWords = 64
+
 // Gate decides whether a picker runs for this request at all.
 type Gate interface {
 	Open(c *Cycle) bool
@@ -79,8 +83,16 @@ func (m *MaxScore) Pick(c *Cycle) {
 	dst := c.Choice.Endpoints
 	key, filters, scorers, ties := m.Key, m.Filters, m.Scorers, m.Ties
 	of := 0
+	var holders [maxHolderWords]uint64
+	gated := false
 	if key != nil {
 		of = key.Of(c)
+		// The prefix index names, once per request, the only endpoints
+		// whose Match may be non-zero (a static call: the bitset stays on
+		// the stack).
+		if x, ok := key.(*PrefixIndex); ok {
+			gated = x.Holders(c, holders[:])
+		}
 	}
 	for picked := 0; len(dst) < cap(dst) && (m.Slots == 0 || picked < m.Slots); picked++ {
 		var best *fleet.Endpoint
@@ -99,6 +111,9 @@ func (m *MaxScore) Pick(c *Cycle) {
 			}
 			match := 0
 			if key != nil {
+				if gated && holders[e.Index>>6]&(1<<(e.Index&63)) == 0 {
+					continue // holds no block of the prompt: Match would be 0
+				}
 				if match = key.Match(c, e); match == 0 {
 					continue
 				}
