@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -234,7 +235,7 @@ func kinds(objs []*unstructured.Unstructured, k string) []*unstructured.Unstruct
 // listener has a Service of its own (the ServiceMonitor's only match), the
 // optional NetworkPolicy opens the client port to all and the admin port
 // to adminFrom only, the proxy containers have liveness probes, and nginx
-// mode renders no haproxy: key.
+// mode renders no haproxy: key (its drain goes under nginx:).
 func TestChartServicesAndPolicy(t *testing.T) {
 	helm := kubetest.Helm(t)
 	for _, prof := range profiles {
@@ -320,6 +321,10 @@ func TestChartServicesAndPolicy(t *testing.T) {
 			}
 			if p.cfg.Nginx.Mode != config.NginxModeBody {
 				t.Errorf("profile nginx: nginx.mode %q, want turnout's default body", p.cfg.Nginx.Mode)
+			}
+			// The pod's drain reaches turnout's discovery under nginx's key.
+			if g := p.dep.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || p.cfg.DiscoveryDrain() < time.Duration(*g)*time.Second-time.Minute {
+				t.Errorf("profile nginx: discovery drains %v for a pod grace of %v s", p.cfg.DiscoveryDrain(), g)
 			}
 		}
 	}

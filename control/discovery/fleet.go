@@ -233,7 +233,7 @@ func (f *Fleet) mergeLocked(force bool) error {
 	}
 	cfg := *f.base
 	cfg.Deployments = slices.Clone(f.base.Deployments)
-	drain := f.base.HAProxy.DrainTimeout.D()
+	drain := f.base.DiscoveryDrain()
 	taken := staticNames(f.base)
 	next := map[string][]config.EndpointConfig{}
 	changed := force || synced != f.wasOK

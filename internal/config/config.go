@@ -281,6 +281,17 @@ type NginxConfig struct {
 	TLS TLSConfig `yaml:"tls"`
 	// Extra is verbatim lines for the http and server blocks.
 	Extra NginxExtra `yaml:"extra"`
+	// DrainTimeout bounds how long an endpoint that left discovery keeps
+	// its open decisions (streams) in the rendered upstream; 0: the
+	// haproxy.drain_timeout default (DiscoveryDrain).
+	DrainTimeout Duration `yaml:"drain_timeout"`
+}
+
+// DiscoveryDrain is how long an endpoint that left discovery stays in its
+// pool for the decisions it still holds: the longer of the proxies'
+// drain_timeout (haproxy's has a default; nginx's only when set).
+func (c *Config) DiscoveryDrain() time.Duration {
+	return max(c.HAProxy.DrainTimeout.D(), c.Nginx.DrainTimeout.D())
 }
 
 // DeploymentConfig is one model deployment with its pools.
@@ -805,6 +816,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Nginx.Mode != NginxModeHeader && c.Nginx.Mode != NginxModeBody {
 		bad("nginx.mode", "%q must be header or body", c.Nginx.Mode)
+	}
+	if c.Nginx.DrainTimeout < 0 {
+		bad("nginx.drain_timeout", "%v must not be negative", c.Nginx.DrainTimeout.D())
 	}
 	c.validateLoad(bad)
 	c.validateFront(bad)

@@ -102,7 +102,7 @@ deployments, then .Values.config merged over them. */}}
 {{- if eq .Values.proxy "haproxy" -}}
 {{- $_ := set $cfg "haproxy" (dict "listen" (printf "0.0.0.0:%d" (int .Values.proxyPort)) "dir" $dir "drain_timeout" $drain) -}}
 {{- else if eq .Values.proxy "nginx" -}}
-{{- $_ := set $cfg "nginx" (dict "listen" (printf "0.0.0.0:%d" (int .Values.proxyPort)) "dir" $dir "mode" .Values.nginx.mode) -}}
+{{- $_ := set $cfg "nginx" (dict "listen" (printf "0.0.0.0:%d" (int .Values.proxyPort)) "dir" $dir "mode" .Values.nginx.mode "drain_timeout" $drain) -}}
 {{- else if eq .Values.proxy "epp" -}}
 {{- $_ := set $cfg "epp" (include "turnout.eppConfig" . | fromYaml) -}}
 {{- else -}}
