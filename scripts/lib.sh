@@ -38,8 +38,15 @@ port_owner() {
     [[ $proto == udp ]] && flag=-lun
     line=$(ss -H "${flag}p" "sport = :$port" 2>/dev/null | head -n 1)
     if [[ -z $line && $proto == tcp ]]; then
-      line=$(ss -H -tnp state connected "sport = :$port" 2>/dev/null | head -n 1)
-      [[ -n $line ]] && what="a client connection (the kernel's ephemeral range $(tr '\t' - </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null)) of "
+      # Only a connect()ed socket keeps a listener off its port (accepted
+      # ones share the old listener's SO_REUSEADDR, TIME-WAIT ones do not
+      # block), and the kernel picks its port in the ephemeral range.
+      local lo=0 hi=-1
+      read -r lo hi </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null
+      if ((port >= lo && port <= hi)); then
+        line=$(ss -H -tnp state connected exclude time-wait "sport = :$port" 2>/dev/null | head -n 1)
+        [[ -n $line ]] && what="a client connection (the kernel's ephemeral range $lo-$hi) of "
+      fi
     fi
     [[ -z $line ]] && return 0
     if [[ $line =~ users:\(\(\"([^\"]+)\",pid=([0-9]+) ]]; then
