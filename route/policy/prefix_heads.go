@@ -44,21 +44,28 @@ func (h *headIndex) add(k uint64, i int32) {
 	h.mu.Unlock()
 }
 
-// remove clears endpoint i from first block k's row, freeing the row when
-// it was the last holder. Called under i's LRU lock.
+// remove clears endpoint i from first block k's row. Called under i's
+// LRU lock.
 func (h *headIndex) remove(k uint64, i int32) {
 	h.mu.Lock()
 	if r, ok := h.at[k]; ok {
-		w := &h.rows[int(r)*h.words+int(i>>6)]
-		if *w&(1<<(i&63)) != 0 {
-			*w &^= 1 << (i & 63)
-			if h.count[r]--; h.count[r] == 0 {
-				delete(h.at, k)
-				h.free = append(h.free, r)
-			}
-		}
+		h.unset(k, r, i)
 	}
 	h.mu.Unlock()
+}
+
+// unset clears endpoint i from row r (first block k), freeing the row when
+// it was the last holder. Under mu.
+func (h *headIndex) unset(k uint64, r, i int32) {
+	w := &h.rows[int(r)*h.words+int(i>>6)]
+	if *w&(1<<(i&63)) == 0 {
+		return
+	}
+	*w &^= 1 << (i & 63)
+	if h.count[r]--; h.count[r] == 0 {
+		delete(h.at, k)
+		h.free = append(h.free, r)
+	}
 }
 
 // holders copies first block k's row into dst (len >= words) and reports
@@ -89,14 +96,7 @@ func (h *headIndex) bind(l *blockLRU, i int32) {
 func (h *headIndex) clear(i int32) {
 	h.mu.Lock()
 	for k, r := range h.at {
-		w := &h.rows[int(r)*h.words+int(i>>6)]
-		if *w&(1<<(i&63)) != 0 {
-			*w &^= 1 << (i & 63)
-			if h.count[r]--; h.count[r] == 0 {
-				delete(h.at, k)
-				h.free = append(h.free, r)
-			}
-		}
+		h.unset(k, r, i)
 	}
 	h.mu.Unlock()
 }
