@@ -18,7 +18,7 @@ vet:
 	$(GO) vet -tags e2e ./...
 
 # Unit tests, then end-to-end tests against real haproxy/nginx, then a bench smoke run.
-test: build vet test-unit test-e2e bench-smoke
+test: build vet test-unit test-e2e test-hog bench-smoke
 
 test-unit:
 	$(GO) test -count=1 ./...
