@@ -3,6 +3,7 @@ package epp
 import (
 	"bytes"
 	"errors"
+	"iter"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -17,33 +18,6 @@ import (
 // member switched clears the other, a map key replaces), so the result is
 // what proto.Unmarshal and the getters give; decode_test.go checks both
 // ways on random messages.
-
-// Field numbers (envoy/service/ext_proc/v3, envoy/config/core/v3,
-// google/protobuf/struct.proto).
-const (
-	fReqRequestHeaders   protowire.Number = 2 // ProcessingRequest
-	fReqResponseHeaders  protowire.Number = 3
-	fReqRequestBody      protowire.Number = 4
-	fReqResponseBody     protowire.Number = 5
-	fReqRequestTrailers  protowire.Number = 6
-	fReqResponseTrailers protowire.Number = 7
-	fReqMetadata         protowire.Number = 8
-	fReqProtocolConfig   protowire.Number = 11
-	fHeadersMap          protowire.Number = 1 // HttpHeaders
-	fHeadersEOS          protowire.Number = 3
-	fMapHeaders          protowire.Number = 1 // HeaderMap
-	fHeaderValue         protowire.Number = 2 // HeaderValue (key, raw_value: wire.go)
-	fBodyBytes           protowire.Number = 1 // HttpBody
-	fBodyEOS             protowire.Number = 2
-	fConfigRequestMode   protowire.Number = 1 // ProtocolConfiguration
-	fConfigResponseMode  protowire.Number = 2
-	fMetadataFilter      protowire.Number = 1 // Metadata.filter_metadata
-	fValueNull           protowire.Number = 1 // Value (string, struct: wire.go)
-	fValueNumber         protowire.Number = 2
-	fValueBool           protowire.Number = 4
-	fValueList           protowire.Number = 6
-	fListValues          protowire.Number = 1 // ListValue
-)
 
 // procReq is one ProcessingRequest as the picker reads it.
 type procReq struct {
@@ -83,41 +57,29 @@ func (r *procReq) reset() {
 // decodeRequest decodes b into r; r views b.
 func decodeRequest(b []byte, r *procReq) error {
 	r.reset()
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return errTruncated
+	for f, err := range fields(b) {
+		if err != nil {
+			return err
 		}
-		b = b[n:]
-		if typ != protowire.BytesType {
-			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-				return errTruncated
-			}
-			b = b[n:]
+		if f.typ != protowire.BytesType {
 			continue
 		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return errTruncated
-		}
-		b = b[n:]
-		var err error
-		switch num {
+		switch f.num {
 		case fReqRequestHeaders, fReqResponseHeaders, fReqRequestBody, fReqResponseBody, fReqRequestTrailers, fReqResponseTrailers:
-			if num != r.phase { // another member of the oneof: the old one is gone
-				r.phase, r.headers, r.body, r.eos = num, r.headers[:0], nil, false
+			if f.num != r.phase { // another member of the oneof: the old one is gone
+				r.phase, r.headers, r.body, r.eos = f.num, r.headers[:0], nil, false
 			}
-			switch num {
+			switch f.num {
 			case fReqRequestHeaders, fReqResponseHeaders:
-				err = r.httpHeaders(v)
+				err = r.httpHeaders(f.v)
 			case fReqRequestBody, fReqResponseBody:
-				err = r.httpBody(v)
+				err = r.httpBody(f.v)
 			}
 		case fReqMetadata:
-			err = r.metadata(v)
+			err = r.metadata(f.v)
 		case fReqProtocolConfig:
 			r.hasConfig = true
-			err = r.protocolConfig(v)
+			err = r.protocolConfig(f.v)
 		}
 		if err != nil {
 			return err
@@ -135,42 +97,58 @@ type field struct {
 	u   uint64
 }
 
-// next reads the field at the start of b and returns the rest; n < 0 on
-// malformed input. Groups and fixed-size values are skipped over.
-func next(b []byte) (f field, rest []byte, err error) {
-	num, typ, n := protowire.ConsumeTag(b)
-	if n < 0 {
-		return f, nil, errTruncated
+// isBytes: f is field num, length-delimited (a message, string or bytes).
+func (f *field) isBytes(num protowire.Number) bool {
+	return f.num == num && f.typ == protowire.BytesType
+}
+
+// isVarint: f is field num, a varint.
+func (f *field) isVarint(num protowire.Number) bool {
+	return f.num == num && f.typ == protowire.VarintType
+}
+
+// fields yields the fields of message b in order; a malformed one ends
+// them with errTruncated. Groups and fixed-size values are skipped over.
+func fields(b []byte) iter.Seq2[field, error] {
+	return func(yield func(field, error) bool) {
+		for len(b) > 0 {
+			var f field
+			num, typ, n := protowire.ConsumeTag(b)
+			if n >= 0 {
+				b = b[n:]
+				f.num, f.typ = num, typ
+				switch typ {
+				case protowire.BytesType:
+					f.v, n = protowire.ConsumeBytes(b)
+				case protowire.VarintType:
+					f.u, n = protowire.ConsumeVarint(b)
+				default:
+					n = protowire.ConsumeFieldValue(num, typ, b)
+				}
+			}
+			if n < 0 {
+				yield(field{}, errTruncated)
+				return
+			}
+			b = b[n:]
+			if !yield(f, nil) {
+				return
+			}
+		}
 	}
-	b = b[n:]
-	f.num, f.typ = num, typ
-	switch typ {
-	case protowire.BytesType:
-		f.v, n = protowire.ConsumeBytes(b)
-	case protowire.VarintType:
-		f.u, n = protowire.ConsumeVarint(b)
-	default:
-		n = protowire.ConsumeFieldValue(num, typ, b)
-	}
-	if n < 0 {
-		return f, nil, errTruncated
-	}
-	return f, b[n:], nil
 }
 
 func (r *procReq) httpHeaders(b []byte) error {
-	for len(b) > 0 {
-		f, rest, err := next(b)
+	for f, err := range fields(b) {
 		if err != nil {
 			return err
 		}
-		b = rest
 		switch {
-		case f.num == fHeadersMap && f.typ == protowire.BytesType:
+		case f.isBytes(fHeadersMap):
 			if err := r.headerMap(f.v); err != nil {
 				return err
 			}
-		case f.num == fHeadersEOS && f.typ == protowire.VarintType:
+		case f.isVarint(fHeadersEOS):
 			r.eos = f.u != 0
 		}
 	}
@@ -178,22 +156,18 @@ func (r *procReq) httpHeaders(b []byte) error {
 }
 
 func (r *procReq) headerMap(b []byte) error {
-	for len(b) > 0 {
-		f, rest, err := next(b)
+	for f, err := range fields(b) {
 		if err != nil {
 			return err
 		}
-		b = rest
-		if f.num != fMapHeaders || f.typ != protowire.BytesType {
+		if !f.isBytes(fMapHeaders) {
 			continue
 		}
 		var key, value, raw []byte
-		for m := f.v; len(m) > 0; {
-			hf, rest, err := next(m)
+		for hf, err := range fields(f.v) {
 			if err != nil {
 				return err
 			}
-			m = rest
 			if hf.typ != protowire.BytesType {
 				continue
 			}
@@ -215,16 +189,14 @@ func (r *procReq) headerMap(b []byte) error {
 }
 
 func (r *procReq) httpBody(b []byte) error {
-	for len(b) > 0 {
-		f, rest, err := next(b)
+	for f, err := range fields(b) {
 		if err != nil {
 			return err
 		}
-		b = rest
 		switch {
-		case f.num == fBodyBytes && f.typ == protowire.BytesType:
+		case f.isBytes(fBodyBytes):
 			r.body = f.v
-		case f.num == fBodyEOS && f.typ == protowire.VarintType:
+		case f.isVarint(fBodyEOS):
 			r.eos = f.u != 0
 		}
 	}
@@ -232,12 +204,10 @@ func (r *procReq) httpBody(b []byte) error {
 }
 
 func (r *procReq) protocolConfig(b []byte) error {
-	for len(b) > 0 {
-		f, rest, err := next(b)
+	for f, err := range fields(b) {
 		if err != nil {
 			return err
 		}
-		b = rest
 		if f.typ != protowire.VarintType {
 			continue
 		}
@@ -254,13 +224,11 @@ func (r *procReq) protocolConfig(b []byte) error {
 // metadata reads a Metadata's filter_metadata: a namespace's entry
 // replaces any earlier one of the same name.
 func (r *procReq) metadata(b []byte) error {
-	for len(b) > 0 {
-		f, rest, err := next(b)
+	for f, err := range fields(b) {
 		if err != nil {
 			return err
 		}
-		b = rest
-		if f.num != fMetadataFilter || f.typ != protowire.BytesType {
+		if !f.isBytes(fMetadataFilter) {
 			continue
 		}
 		ns, err := entryKey(f.v)
@@ -294,13 +262,11 @@ func (r *procReq) subsetHint(ns []byte) error {
 	switch k.kind {
 	case fValueList:
 		for _, l := range r.lists {
-			for len(l) > 0 {
-				f, rest, err := next(l)
+			for f, err := range fields(l) {
 				if err != nil {
 					return err
 				}
-				l = rest
-				if f.num != fListValues || f.typ != protowire.BytesType {
+				if !f.isBytes(fListValues) {
 					continue
 				}
 				ek, err := r.valueParts(f.v, false)
@@ -339,13 +305,11 @@ func (r *procReq) servedEndpoint(ns []byte) error {
 // entryKey is a map entry's key (the last one sent, as protobuf reads it).
 func entryKey(b []byte) ([]byte, error) {
 	var key []byte
-	for len(b) > 0 {
-		f, rest, err := next(b)
+	for f, err := range fields(b) {
 		if err != nil {
 			return nil, err
 		}
-		b = rest
-		if f.num == fEntryKey && f.typ == protowire.BytesType {
+		if f.isBytes(fEntryKey) {
 			key = f.v
 		}
 	}
@@ -356,22 +320,18 @@ func entryKey(b []byte) ([]byte, error) {
 // Struct> entry: the last one, as a later key replaces an earlier one (a
 // Struct sent in parts is one Struct).
 func structField(entry []byte, key string) (found []byte, ok bool, err error) {
-	for len(entry) > 0 {
-		f, rest, err := next(entry)
+	for f, err := range fields(entry) {
 		if err != nil {
 			return nil, false, err
 		}
-		entry = rest
-		if f.num != fEntryValue || f.typ != protowire.BytesType {
+		if !f.isBytes(fEntryValue) {
 			continue
 		}
-		for s := f.v; len(s) > 0; {
-			sf, rest, err := next(s)
+		for sf, err := range fields(f.v) {
 			if err != nil {
 				return nil, false, err
 			}
-			s = rest
-			if sf.num != fStructFields || sf.typ != protowire.BytesType {
+			if !sf.isBytes(fStructFields) {
 				continue
 			}
 			k, err := entryKey(sf.v)
@@ -398,13 +358,11 @@ type valueKind struct {
 func (r *procReq) value(entry []byte) (valueKind, error) {
 	var k valueKind
 	r.lists = r.lists[:0]
-	for len(entry) > 0 {
-		f, rest, err := next(entry)
+	for f, err := range fields(entry) {
 		if err != nil {
 			return k, err
 		}
-		entry = rest
-		if f.num != fEntryValue || f.typ != protowire.BytesType {
+		if !f.isBytes(fEntryValue) {
 			continue
 		}
 		if err := r.readValue(&k, f.v, true); err != nil {
@@ -421,12 +379,10 @@ func (r *procReq) valueParts(b []byte, lists bool) (valueKind, error) {
 }
 
 func (r *procReq) readValue(k *valueKind, b []byte, lists bool) error {
-	for len(b) > 0 {
-		f, rest, err := next(b)
+	for f, err := range fields(b) {
 		if err != nil {
 			return err
 		}
-		b = rest
 		var ok bool
 		switch f.num {
 		case fValueNull, fValueBool:

@@ -366,3 +366,42 @@ func FuzzDecodeRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) { sameBothWays(t, b) })
 }
+
+// BenchmarkDecodeRequest decodes what a gateway sends for one request:
+// the headers message (with the subset hint and protocol_config), then
+// the ~4 KiB body; allocs/op must stay 0 (r keeps its room across calls).
+func BenchmarkDecodeRequest(b *testing.B) {
+	hdrs := []*corev3.HeaderValue{{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")}}
+	for i := range 16 {
+		hdrs = append(hdrs, &corev3.HeaderValue{Key: fmt.Sprintf("x-header-%d", i), RawValue: []byte(strings.Repeat("v", 24))})
+	}
+	list := structpb.NewListValue(&structpb.ListValue{Values: []*structpb.Value{structpb.NewStringValue("10.0.0.1:8000"), structpb.NewStringValue("10.0.0.2:8000")}})
+	headers, err := proto.Marshal(&extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: hdrs},
+		}},
+		MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+			NSSubset: {Fields: map[string]*structpb.Value{MetaSubset: list}},
+		}},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	body, err := proto.Marshal(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+		RequestBody: &extprocv3.HttpBody{Body: bytes.Repeat([]byte("x"), 4<<10), EndOfStream: true},
+	}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var r procReq
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := decodeRequest(headers, &r); err != nil || len(r.headers) != len(hdrs) || len(r.subset) != 2 {
+			b.Fatalf("headers: %v, %d headers, subset %q", err, len(r.headers), r.subset)
+		}
+		if err := decodeRequest(body, &r); err != nil || len(r.body) != 4<<10 || !r.eos {
+			b.Fatalf("body: %v", err)
+		}
+	}
+}

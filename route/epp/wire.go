@@ -101,38 +101,6 @@ func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 	return proto.Unmarshal(buf.ReadOnlyData(), m)
 }
 
-// Field numbers (envoy/service/ext_proc/v3, envoy/config/core/v3,
-// google/protobuf/struct.proto).
-const (
-	fRespRequestHeaders   protowire.Number = 1 // ProcessingResponse
-	fRespResponseHeaders  protowire.Number = 2
-	fRespRequestBody      protowire.Number = 3
-	fRespResponseBody     protowire.Number = 4
-	fRespRequestTrailers  protowire.Number = 5
-	fRespResponseTrailers protowire.Number = 6
-	fRespDynamicMetadata  protowire.Number = 8
-	fPhaseResponse        protowire.Number = 1 // HeadersResponse, BodyResponse
-	fCommonHeaders        protowire.Number = 2 // CommonResponse
-	fCommonBody           protowire.Number = 3
-	fCommonClearCache     protowire.Number = 5
-	fMutationSet          protowire.Number = 1 // HeaderMutation.set_headers
-	fOptionHeader         protowire.Number = 1 // HeaderValueOption
-	fOptionAppendAction   protowire.Number = 3
-	fHeaderKey            protowire.Number = 1 // HeaderValue
-	fHeaderRawValue       protowire.Number = 3
-	fBodyStreamed         protowire.Number = 3 // BodyMutation.streamed_response
-	fStreamedBody         protowire.Number = 1 // StreamedBodyResponse
-	fStreamedEOS          protowire.Number = 2
-	fStructFields         protowire.Number = 1 // Struct.fields (map entries)
-	fEntryKey             protowire.Number = 1
-	fEntryValue           protowire.Number = 2
-	fValueString          protowire.Number = 3 // Value
-	fValueStruct          protowire.Number = 5
-
-	// HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
-	overwriteOrAdd = 2
-)
-
 // sizeField is a length-delimited field's size: tag, length, content.
 func sizeField(n protowire.Number, content int) int {
 	return protowire.SizeTag(n) + protowire.SizeBytes(content)
