@@ -2,7 +2,8 @@ package models
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,12 +75,9 @@ func (s *Stats) For(name, dep string, adapter bool) *ModelStats {
 // WriteMetrics renders the counters.
 func (s *Stats) WriteMetrics(b *strings.Builder) {
 	s.mu.Lock()
-	names := make([]string, 0, len(s.m))
-	for n := range s.m {
-		names = append(names, n)
-	}
+	names := slices.Collect(maps.Keys(s.m))
 	s.mu.Unlock()
-	sort.Strings(names)
+	slices.Sort(names)
 	type row struct {
 		metric, help string
 		get          func(*ModelStats) uint64
@@ -93,12 +91,9 @@ func (s *Stats) WriteMetrics(b *strings.Builder) {
 		{"turnout_lora_unloads_total", "Cold adapters unloaded past lora.max_loaded.", func(m *ModelStats) uint64 { return m.Unloads.Load() }, true},
 	}
 	s.mu.Lock()
-	deps := make([]string, 0, len(s.limited))
-	for d := range s.limited {
-		deps = append(deps, d)
-	}
+	deps := slices.Collect(maps.Keys(s.limited))
 	s.mu.Unlock()
-	sort.Strings(deps)
+	slices.Sort(deps)
 	b.WriteString("# HELP turnout_lora_loads_limited_total Loads on demand not started: past lora.max_loads_per_minute.\n# TYPE turnout_lora_loads_limited_total counter\n")
 	for _, d := range deps {
 		s.mu.Lock()

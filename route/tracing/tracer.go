@@ -77,27 +77,11 @@ func newExporter(cfg *config.TracingConfig) (sdktrace.SpanExporter, error) {
 	ctx := context.Background()
 	switch cfg.Protocol {
 	case config.TracingHTTP:
-		o := []otlptracehttp.Option{otlptracehttp.WithHeaders(cfg.Headers)}
-		if cfg.IsURL() {
-			o = append(o, otlptracehttp.WithEndpointURL(cfg.Endpoint))
-		} else {
-			o = append(o, otlptracehttp.WithEndpoint(cfg.Endpoint))
-			if cfg.Insecure {
-				o = append(o, otlptracehttp.WithInsecure())
-			}
-		}
-		return otlptracehttp.New(ctx, o...)
+		return otlptracehttp.New(ctx, otlpOptions(cfg, otlptracehttp.WithHeaders,
+			otlptracehttp.WithEndpointURL, otlptracehttp.WithEndpoint, otlptracehttp.WithInsecure)...)
 	case config.TracingGRPC:
-		o := []otlptracegrpc.Option{otlptracegrpc.WithHeaders(cfg.Headers)}
-		if cfg.IsURL() {
-			o = append(o, otlptracegrpc.WithEndpointURL(cfg.Endpoint))
-		} else {
-			o = append(o, otlptracegrpc.WithEndpoint(cfg.Endpoint))
-			if cfg.Insecure {
-				o = append(o, otlptracegrpc.WithInsecure())
-			}
-		}
-		return otlptracegrpc.New(ctx, o...)
+		return otlptracegrpc.New(ctx, otlpOptions(cfg, otlptracegrpc.WithHeaders,
+			otlptracegrpc.WithEndpointURL, otlptracegrpc.WithEndpoint, otlptracegrpc.WithInsecure)...)
 	}
 	return nil, fmt.Errorf("tracing: protocol %q is not grpc or http", cfg.Protocol)
 }
@@ -122,6 +106,20 @@ func (t *Tracer) Decided(s *route.DecisionSpan) {
 		span.SetStatus(codes.Error, v.Reason)
 	}
 	span.End(trace.WithTimestamp(s.End))
+}
+
+// otlpOptions are cfg's headers, endpoint (a URL, or host:port with
+// Insecure) in one OTLP client's option type O.
+func otlpOptions[O any](cfg *config.TracingConfig, headers func(map[string]string) O, url, endpoint func(string) O, insecure func() O) []O {
+	o := []O{headers(cfg.Headers)}
+	if cfg.IsURL() {
+		return append(o, url(cfg.Endpoint))
+	}
+	o = append(o, endpoint(cfg.Endpoint))
+	if cfg.Insecure {
+		o = append(o, insecure())
+	}
+	return o
 }
 
 // unsampledParent reports whether tp is a version-00 traceparent whose
