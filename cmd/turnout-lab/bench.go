@@ -1,10 +1,10 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -352,15 +352,11 @@ func runCost(args []string, log *zerolog.Logger) error {
 	if o.Turnout, o.Lab, err = binaries(*bin); err != nil {
 		return fmt.Errorf("bench cost: %w", err)
 	}
-	work, err := os.MkdirTemp("", "turnout-cost-")
+	work, done, err := workDir("turnout-cost-", *keep, log)
 	if err != nil {
 		return fmt.Errorf("bench cost: %w", err)
 	}
-	if *keep {
-		log.Info().Str("dir", work).Msg("bench: cost work directory kept")
-	} else {
-		defer os.RemoveAll(work)
-	}
+	defer done()
 	o.Dir = work
 	ctx, stop := cli.StopContext()
 	defer stop()
@@ -429,15 +425,11 @@ func runE2EReplay(reqs []bench.Request, label string, specs []bench.PolicySpec, 
 	if err != nil {
 		return nil, fmt.Errorf("e2e: %w", err)
 	}
-	work, err := os.MkdirTemp("", "turnout-bench-")
+	work, done, err := workDir("turnout-bench-", f.keep, log)
 	if err != nil {
 		return nil, fmt.Errorf("e2e: %w", err)
 	}
-	if f.keep {
-		log.Info().Str("dir", work).Msg("bench: e2e work directory kept")
-	} else {
-		defer os.RemoveAll(work)
-	}
+	defer done()
 	ctx, stop := cli.StopContext()
 	defer stop()
 	eo.Turnout, eo.Lab, eo.WorkDir, eo.Log = turnout, lab, work, log
@@ -531,45 +523,22 @@ func runFlow(args []string, log *zerolog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("bench flow: %w", err)
 	}
-	work, err := os.MkdirTemp("", "turnout-bench-flow-")
+	work, done, err := workDir("turnout-bench-flow-", e2e.keep, log)
 	if err != nil {
 		return fmt.Errorf("bench flow: %w", err)
 	}
-	if e2e.keep {
-		log.Info().Str("dir", work).Msg("bench: work directory kept")
-	} else {
-		defer os.RemoveAll(work)
-	}
+	defer done()
 	eo := e2e.options(o)
 	eo.Turnout, eo.Lab, eo.WorkDir, eo.Log = turnout, lab, work, log
 	log.Info().Str("trace", label).Int("requests", len(reqs)).Dur("mean_service", bench.MeanService(reqs, o)).Msg("bench: flow")
-	ctx, stop := cli.StopContext()
-	defer stop()
-	rows, err := bench.RunFlow(ctx, reqs, bench.FlowSetups(o.MaxRunning, e2e.proxy), bench.FlowOptions{E2E: eo, Loads: ls, CriticalShare: *share, Tenants: *tenants})
-	if err != nil {
-		return fmt.Errorf("bench flow: %w", err)
-	}
 	if *name == "" {
 		*name = "flow-" + label
 	}
-	if err := teeFile(*out, *name+".md", func(w io.Writer) error { return bench.WriteFlowMarkdown(w, rows) }); err != nil {
+	_, err = runTable(*out, *name+".md", func(ctx context.Context) ([]bench.FlowRow, error) {
+		return bench.RunFlow(ctx, reqs, bench.FlowSetups(o.MaxRunning, e2e.proxy), bench.FlowOptions{E2E: eo, Loads: ls, CriticalShare: *share, Tenants: *tenants})
+	}, bench.WriteFlowMarkdown)
+	if err != nil {
 		return fmt.Errorf("bench flow: %w", err)
 	}
 	return nil
-}
-
-// teeFile writes a result table to stdout and to dir/file through write.
-func teeFile(dir, file string, write func(io.Writer) error) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	f, err := os.Create(filepath.Join(dir, file))
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := write(io.MultiWriter(os.Stdout, f)); err != nil {
-		return err
-	}
-	return f.Close()
 }

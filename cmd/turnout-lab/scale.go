@@ -1,8 +1,8 @@
 package main
 
 import (
+	"context"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 
@@ -48,13 +48,8 @@ func runScale(args []string, log *zerolog.Logger) error {
 		return fmt.Errorf("bench scale: --blocks: %w", err)
 	}
 	d.Log = log
-	ctx, stop := cli.StopContext()
-	defer stop()
-	rows, err := bench.RunScale(ctx, d)
+	_, err = runTable(*out, *name+".txt", func(ctx context.Context) ([]bench.ScaleRow, error) { return bench.RunScale(ctx, d) }, bench.WriteScaleTable)
 	if err != nil {
-		return fmt.Errorf("bench scale: %w", err)
-	}
-	if err := teeFile(*out, *name+".txt", func(w io.Writer) error { return bench.WriteScaleTable(w, rows) }); err != nil {
 		return fmt.Errorf("bench scale: %w", err)
 	}
 	return nil

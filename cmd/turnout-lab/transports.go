@@ -1,9 +1,8 @@
 package main
 
 import (
+	"context"
 	"fmt"
-	"io"
-	"os"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -43,19 +42,14 @@ func runTransports(args []string, log *zerolog.Logger) error {
 	if o.Turnout, _, err = binaries(*bin); err != nil {
 		return fmt.Errorf("bench transports: %w", err)
 	}
-	work, err := os.MkdirTemp("", "turnout-transports-")
+	work, done, err := workDir("turnout-transports-", false, log)
 	if err != nil {
 		return fmt.Errorf("bench transports: %w", err)
 	}
-	defer os.RemoveAll(work)
+	defer done()
 	o.Dir = work
-	ctx, stop := cli.StopContext()
-	defer stop()
-	rows, err := bench.RunTransports(ctx, o)
+	rows, err := runTable(*out, *name+".txt", func(ctx context.Context) ([]bench.TransportRow, error) { return bench.RunTransports(ctx, o) }, bench.WriteTransportTable)
 	if err != nil {
-		return fmt.Errorf("bench transports: %w", err)
-	}
-	if err := teeFile(*out, *name+".txt", func(w io.Writer) error { return bench.WriteTransportTable(w, rows) }); err != nil {
 		return fmt.Errorf("bench transports: %w", err)
 	}
 	if *check {
