@@ -942,31 +942,18 @@ func EncodeBatchWith(b Batch, o EncodeOptions) ([]byte, error) {
 	var buf bytes.Buffer
 	e := msgpack.NewEncoder(&buf)
 	w := &encoder{e: e, o: o}
-	if o.MapBatch {
-		n := 2
-		if b.HasDPRank {
-			n++
-		}
-		w.mapLen(n)
-		w.str("ts")
-		w.float(b.TS)
-		w.str("events")
-		w.events(b.Events)
-		if b.HasDPRank {
-			w.str("data_parallel_rank")
-			w.int(int64(b.DPRank))
-		}
-	} else {
-		n := 2
-		if b.HasDPRank {
-			n++
-		}
-		w.arrayLen(n)
-		w.float(b.TS)
-		w.events(b.Events)
-		if b.HasDPRank {
-			w.int(int64(b.DPRank))
-		}
+	n := 2
+	if b.HasDPRank {
+		n++
+	}
+	w.open(o.MapBatch, n)
+	w.key(o.MapBatch, "ts")
+	w.float(b.TS)
+	w.key(o.MapBatch, "events")
+	w.events(b.Events)
+	if b.HasDPRank {
+		w.key(o.MapBatch, "data_parallel_rank")
+		w.int(int64(b.DPRank))
 	}
 	if w.err != nil {
 		return nil, fmt.Errorf("kv: encode batch: %w", w.err)
@@ -1028,12 +1015,24 @@ func (w *encoder) events(evs []Event) {
 	}
 }
 
-// field writes a key in map layout; array layout is positional.
-func (w *encoder) field(name string) {
-	if w.o.MapEvents {
+// open starts a map or an array of n fields.
+func (w *encoder) open(asMap bool, n int) {
+	if asMap {
+		w.mapLen(n)
+	} else {
+		w.arrayLen(n)
+	}
+}
+
+// key writes a field's key in map layout; array layout is positional.
+func (w *encoder) key(asMap bool, name string) {
+	if asMap {
 		w.str(name)
 	}
 }
+
+// field is an event field's key.
+func (w *encoder) field(name string) { w.key(w.o.MapEvents, name) }
 
 func (w *encoder) event(ev *Event) {
 	// Optional trailing fields of BlockStored (defaults None), in order.
@@ -1061,12 +1060,8 @@ func (w *encoder) event(ev *Event) {
 		w.do(fmt.Errorf("cannot encode event kind %d", ev.Kind))
 		return
 	}
-	if w.o.MapEvents {
-		w.mapLen(n + 1)
-		w.str("type")
-	} else {
-		w.arrayLen(n + 1)
-	}
+	w.open(w.o.MapEvents, n+1)
+	w.field("type")
 	w.str(ev.Kind.String())
 	switch ev.Kind {
 	case EventBlockStored:
