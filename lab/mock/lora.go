@@ -3,7 +3,8 @@ package mock
 import (
 	"encoding/json"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -145,7 +146,7 @@ func (l *loraState) stats() LoRAStats {
 // labels carry the adapters (comma-separated) and whose value is the time.
 func (l *loraState) appendInfo(b []byte) []byte {
 	l.mu.Lock()
-	run, wait := keys(l.running), keys(l.waiting)
+	run, wait := slices.Sorted(maps.Keys(l.running)), slices.Sorted(maps.Keys(l.waiting))
 	max, at := l.max, l.changed
 	loads, evicted := l.loads, l.evicted
 	l.mu.Unlock()
@@ -162,15 +163,6 @@ func (l *loraState) appendInfo(b []byte) []byte {
 	b = append(b, "\n# HELP mock_lora_evictions_total Adapters pushed out of the full hot set.\n# TYPE mock_lora_evictions_total counter\nmock_lora_evictions_total "...)
 	b = appendInt(b, evicted)
 	return append(b, '\n')
-}
-
-func keys(m map[string]int) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // list returns the registered adapters with their paths, in order.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"sort"
@@ -319,12 +320,7 @@ func (mc *modelCheck) writeMetrics(b *strings.Builder) {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
 	b.WriteString("# HELP turnout_endpoint_model_missing 1 for each model name a deployment accepts that the endpoint does not serve (GET /v1/models): requests with it go to the deployment's other endpoints.\n# TYPE turnout_endpoint_model_missing gauge\n")
-	names := make([]string, 0, len(mc.missing))
-	for n := range mc.missing {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(mc.missing)) {
 		for _, m := range mc.missing[n] {
 			fmt.Fprintf(b, "turnout_endpoint_model_missing{endpoint=%q,model=%q} 1\n", n, m)
 		}
