@@ -219,9 +219,23 @@ func (pt *PredictedTTFT) Carry(prev fleet.Policy) {
 // features are e's prediction inputs for the cycle's request, given e's
 // prefix match.
 func (pt *PredictedTTFT) features(c *Cycle, e *fleet.Endpoint, match int) (x estimator.Features, load, pending int64, uncached int) {
-	uncached = max(0, c.Req.PromptBytes-match*pt.cfg.BlockBytes)
+	uncached = pt.uncached(c.Req, match)
 	load, pending = e.Load(), e.PendingBytes()
 	return estimator.Make(load, pending, uncached), load, pending, uncached
+}
+
+// uncached estimates the prompt bytes a replica matching match blocks
+// does not hold. Routing hashes only the prompt's first route_body bytes:
+// the rest counts as held in the proportion the hashed blocks are (a
+// long prompt whose hashed head is all held is a document sent before,
+// not a miss of everything past route_body).
+func (pt *PredictedTTFT) uncached(r *fleet.Request, match int) int {
+	bb, n := pt.cfg.BlockBytes, len(r.Blocks)
+	hashed := n * bb
+	if tail := r.PromptBytes - hashed; n > 0 && tail > bb {
+		return max(0, hashed-match*bb) + tail/n*(n-min(match, n))
+	}
+	return max(0, r.PromptBytes-match*bb)
 }
 
 // ttftGuard is the last word on the first choice: prefix-affinity's

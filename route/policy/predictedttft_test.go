@@ -207,3 +207,29 @@ func TestPredictedTTFTEnginePriorYields(t *testing.T) {
 		t.Fatalf("%d engine intervals learned: e0's engine should teach again after %d quiet intervals", got, engineQuietIntervals)
 	}
 }
+
+// Past route_body the prompt is not hashed: its tail counts as held in the
+// proportion the hashed blocks are, so a long prompt whose head is held
+// is not predicted as a miss of everything past route_body.
+func TestPredictedTTFTUncachedTail(t *testing.T) {
+	cfg := DefaultPredictedTTFTConfig()
+	cfg.BlockBytes = 100
+	pt := &PredictedTTFT{cfg: cfg}
+	blocks := make([]uint64, 10) // route_body hashed 1,000 bytes
+	for _, tc := range []struct {
+		name                  string
+		prompt, nblock, match int
+		want                  int
+	}{
+		{"short prompt, miss", 950, 9, 0, 950},
+		{"short prompt, 5 held", 950, 9, 5, 450},
+		{"long prompt, head all held", 11000, 10, 10, 0},
+		{"long prompt, head half held", 11000, 10, 5, 500 + 5000},
+		{"long prompt, miss", 11000, 10, 0, 11000},
+	} {
+		r := &fleet.Request{Blocks: blocks[:tc.nblock], PromptBytes: tc.prompt}
+		if got := pt.uncached(r, tc.match); got != tc.want {
+			t.Errorf("%s: uncached %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
