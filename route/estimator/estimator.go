@@ -4,8 +4,9 @@
 // does not hold yet), fitted by exponentially weighted least squares with
 // a ridge towards prior coefficients, in fixed-size arrays. Predicting is
 // a handful of multiplications on atomically published coefficients and
-// never locks or allocates; learning (one completion's TTFB) takes a
-// small lock and solves an N x N (8x8) system.
+// never locks or allocates; learning (one completion's first-token time,
+// or an engine's interval mean) takes a small lock and solves an N x N
+// (8x8) system.
 package estimator
 
 import (
