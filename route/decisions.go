@@ -200,15 +200,17 @@ func (d *Ledger) closeWith(id uint64, c Completion, rec *DecisionRecord) *fleet.
 	if rec != nil {
 		s.record(rec)
 	}
-	// A prediction is learned from when the chosen endpoint answered.
+	// A prediction is learned from when the chosen endpoint answered and
+	// the proxy timed its first token.
 	var learn fleet.TTFTLearner
 	ep, pred := s.ep, s.pred
-	if pred.TTFTMs > 0 && c.TTFB >= 0 && (c.Served == nil || c.Served == s.ep) && c.Retries <= 0 && s.pool != nil {
+	if pred.TTFTMs > 0 && s.tft >= 0 && (c.Served == nil || c.Served == s.ep) && c.Retries <= 0 && s.pool != nil {
 		learn, _ = s.pool.Policy.(fleet.TTFTLearner)
 	}
+	tft := int64(s.tft)
 	s.mu.Unlock()
 	if learn != nil {
-		learn.LearnTTFT(ep, pred, c.TTFB)
+		learn.LearnTTFT(ep, pred, tft)
 	}
 	st.Inflight.Add(-1)
 	if pred.Uncached != 0 {

@@ -108,6 +108,7 @@ func (d *Decider) WriteMetrics(b *strings.Builder) {
 	for i, n := range []string{"ok", "retried", "failed", "skipped", "aggregated"} {
 		fmt.Fprintf(b, "turnout_pd_prefill_total{result=%q} %d\n", n, d.m.pdPrefill[i].Load())
 	}
+	writeTTFTErrorMetrics(b, snap, help)
 	for _, p := range snap.Pools() {
 		if mw, ok := p.Policy.(fleet.MetricsWriter); ok {
 			mw.WriteMetrics(p, b)

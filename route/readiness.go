@@ -159,6 +159,7 @@ func (d *Decider) WriteReadiness(b *strings.Builder, verbose bool) bool {
 			fmt.Fprintf(b, "pool %s: %d/%d available%s, min_ready %d, %s\n", l.pool.Name, l.avail, len(l.pool.Endpoints), waiting, l.min, verdict)
 		}
 		writeModelLines(b, snap, r)
+		writeTTFTErrorReadiness(b, snap)
 		for _, e := range r.pending {
 			fmt.Fprintf(b, "endpoint %s: up %v, model list not known yet (GET /v1/models retried)\n", e.Name, now.Sub(time.Unix(0, e.State.UpAt.Load())).Round(time.Millisecond))
 		}

@@ -119,6 +119,7 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	fset.Float64Var(&o.LoRA.Zipf, "adapter-zipf", d.LoRA.Zipf, "sim: adapter popularity exponent s > 1 (weight 1/(k+1)^s)")
 	fset.IntVar(&o.LoRA.MaxLoRAs, "max-loras", d.LoRA.MaxLoRAs, "sim: adapters each replica holds at once (an LRU)")
 	fset.DurationVar(&o.LoRA.LoRALoadCost, "lora-load-cost", d.LoRA.LoRALoadCost, "sim: time to load an adapter that is not held, before the prefill")
+	firstToken := fset.Bool("first-token", true, "sim: the feedback carries each request's first-token time (tft=, proxy.first_token_timing); false: only the headers' time")
 	e2e := defaultE2EFlags(fset)
 	fronts := fset.String("fronts", "", `replay each policy through N turnout fronts with cluster sync, before the same replicas, request i through front i mod N: one row per count, in order, e.g. "1,2,4", or "1,2,4,1,2,4" for interleaved rounds ("" = one plain stack, no cluster). e2e: N HAProxy + turnout stacks over one nats-server; sim: N in-process instances whose sync arrives --sync-delay later`)
 	fset.DurationVar(&o.SyncDelay, "sync-delay", time.Millisecond, "sim --fronts: how long a front's decisions and completions take to reach the other fronts (virtual time)")
@@ -127,6 +128,7 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 		return err
 	}
 	o.Log = log
+	o.NoFirstToken = !*firstToken
 	var frontCounts []int
 	if *fronts != "" {
 		var err error

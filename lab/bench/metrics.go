@@ -2,6 +2,8 @@ package bench
 
 import (
 	"bufio"
+	"math"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -109,16 +111,59 @@ func DecisionDetail(metricsText string) string {
 	if fb := SumProm(samples, "turnout_kv_fallbacks_total"); fb > 0 {
 		parts = append(parts, "kv_fallbacks="+strconv.FormatFloat(fb, 'f', 0, 64))
 	}
+	// predicted-ttft's errors against the first tokens fed back, else
+	// against the engines' interval means.
+	for _, src := range []string{"first_token", "engine"} {
+		rel, n := HistMedian(samples, "turnout_ttft_prediction_error_ratio", "source", src)
+		if n == 0 {
+			continue
+		}
+		abs, _ := HistMedian(samples, "turnout_ttft_prediction_error_seconds", "source", src)
+		parts = append(parts, "ttft_pred_src="+src, "ttft_pred_n="+strconv.FormatFloat(n, 'f', 0, 64),
+			"ttft_pred_err_p50="+strconv.FormatFloat(rel, 'f', 3, 64), "ttft_pred_abs_err_p50_ms="+strconv.FormatFloat(abs*1000, 'f', 0, 64))
+		break
+	}
 	for _, s := range samples {
-		if s.Name == "turnout_ttft_prediction_error_median_ratio" {
-			parts = append(parts, "ttft_pred_err_p50="+strconv.FormatFloat(s.Value, 'f', 3, 64))
-		}
-		if s.Name == "turnout_ttft_prediction_error_median_seconds" {
-			parts = append(parts, "ttft_pred_abs_err_p50_ms="+strconv.FormatFloat(s.Value*1000, 'f', 0, 64))
-		}
 		if s.Name == "turnout_ttft_overrides_total" {
 			parts = append(parts, "ttft_overrides="+strconv.FormatFloat(s.Value, 'f', 0, 64))
 		}
 	}
 	return strings.Join(parts, " ")
+}
+
+// HistMedian is the median of the histogram family name over the series
+// whose label key is val (buckets summed across the others), interpolated
+// within its bucket as Prometheus' histogram_quantile does, and the count.
+func HistMedian(samples []PromSample, name, key, val string) (median, count float64) {
+	cum := map[float64]float64{}
+	for _, s := range samples {
+		if s.Name != name+"_bucket" || s.Labels[key] != val {
+			continue
+		}
+		le, err := strconv.ParseFloat(s.Labels["le"], 64)
+		if err != nil {
+			continue
+		}
+		cum[le] += s.Value
+	}
+	les := make([]float64, 0, len(cum))
+	for le := range cum {
+		les = append(les, le)
+	}
+	slices.Sort(les)
+	if len(les) == 0 || cum[les[len(les)-1]] == 0 {
+		return math.NaN(), 0
+	}
+	count = cum[les[len(les)-1]]
+	half, lo, below := count/2, 0.0, 0.0
+	for _, le := range les {
+		if cum[le] >= half {
+			if math.IsInf(le, 1) {
+				return lo, count
+			}
+			return lo + (le-lo)*(half-below)/(cum[le]-below), count
+		}
+		lo, below = le, cum[le]
+	}
+	return lo, count
 }

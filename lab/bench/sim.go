@@ -54,6 +54,9 @@ type SimOptions struct {
 	// is how long the cluster sync takes to reach the other fronts.
 	Fronts    []int
 	SyncDelay time.Duration
+	// NoFirstToken: the feedback carries no first-token time (a proxy
+	// without proxy.first_token_timing), only the headers' time.
+	NoFirstToken bool
 }
 
 // DefaultSimOptions are the replay defaults: four replicas with the mock's
@@ -307,9 +310,12 @@ func (t *turnoutRouter) Done(id uint64) error {
 }
 
 // DoneTTFB implements TTFBReporter: the completion as the proxy's feedback
-// line reports it, with the time from the decision to the first token.
-func (t *turnoutRouter) DoneTTFB(id uint64, ttfb, total time.Duration) error {
+// line reports it.
+func (t *turnoutRouter) DoneTTFB(id uint64, ttfb, firstToken, total time.Duration) error {
 	c := route.Completion{Status: 200, Ms: total.Milliseconds(), TTFB: ttfb.Milliseconds(), Retries: 0}
+	if firstToken >= 0 {
+		c.FirstTokenMs, c.HasFirstToken = firstToken.Milliseconds(), true
+	}
 	if t.srv.Ledger().CloseDecisionWith(id, c) == nil {
 		return fmt.Errorf("decision %016x was not open", id)
 	}
@@ -322,10 +328,11 @@ func (t *turnoutRouter) DoneTTFB(id uint64, ttfb, total time.Duration) error {
 type Clocked interface{ SetNow(t time.Duration) }
 
 // TTFBReporter is implemented by routers that take the completion's times
-// (turnout: the feedback line's TTFB and duration, from the decision on),
-// which the sim then reports instead of calling Done.
+// (turnout: the feedback line's TTFB, first-token time and duration, from
+// the decision on; firstToken < 0: not timed), which the sim then reports
+// instead of calling Done.
 type TTFBReporter interface {
-	DoneTTFB(token uint64, ttfb, total time.Duration) error
+	DoneTTFB(token uint64, ttfb, firstToken, total time.Duration) error
 }
 
 // rrRouter models HAProxy "balance roundrobin" (and nginx's default round
@@ -625,7 +632,14 @@ func (s *sim) finish(r *simReq) error {
 	}
 	var err error
 	if tr, ok := s.router.(TTFBReporter); ok {
-		err = tr.DoneTTFB(r.token, r.firstToken-r.routed, s.now-r.routed)
+		// As behind HAProxy or nginx: a stream's headers come at once
+		// (vLLM sends them before queueing it), its first body bytes
+		// with the first token.
+		tft := r.firstToken - r.routed
+		if s.o.NoFirstToken {
+			tft = -1
+		}
+		err = tr.DoneTTFB(r.token, 0, tft, s.now-r.routed)
 	} else {
 		err = s.router.Done(r.token)
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/turnout/turnout/lab/mock"
+	"github.com/turnout/turnout/route/estimator"
 	"github.com/turnout/turnout/route/policy"
 )
 
@@ -161,5 +162,32 @@ func TestCacheBounds(t *testing.T) {
 	inf, pooled = CacheBounds([]Request{r, other, r}, 4, 2)
 	if inf != 1.0/3 || pooled != 0 {
 		t.Fatalf("inf %v pooled %v, want 1/3 and 0", inf, pooled)
+	}
+}
+
+// The sim closes decisions as HAProxy or nginx would: the headers at once,
+// the first token's time in tft, which predicted-ttft learns from (one
+// first-token error per request); with NoFirstToken nothing teaches it.
+func TestSimulateFeedsFirstTokens(t *testing.T) {
+	reqs := SyntheticTrace(120, 3)
+	for _, noTFT := range []bool{false, true} {
+		o := tinySim(3, 2)
+		o.BlockSize, o.CacheBlocks, o.NoFirstToken = 16, 4096, noTFT
+		r, err := NewRouter(PolicySpec{Policy: policy.PredictedTTFTType}, ReplicaNames(3), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Simulate(reqs, r, o); err != nil {
+			t.Fatal(err)
+		}
+		pt := r.(*turnoutRouter).srv.Snapshot().Pools()[0].Policy.(*policy.PredictedTTFT)
+		want := uint64(len(reqs))
+		if noTFT {
+			want = 0
+		}
+		if got := pt.PredictionErrors().Count(estimator.FirstToken); got != want {
+			t.Errorf("NoFirstToken %v: %d first-token times learned, want %d", noTFT, got, want)
+		}
+		r.(*turnoutRouter).Close()
 	}
 }

@@ -179,12 +179,12 @@ func (fr *frontsRouter) Done(tok uint64) error {
 }
 
 // DoneTTFB implements TTFBReporter.
-func (fr *frontsRouter) DoneTTFB(tok uint64, ttfb, total time.Duration) error {
+func (fr *frontsRouter) DoneTTFB(tok uint64, ttfb, firstToken, total time.Duration) error {
 	d, err := fr.take(tok)
 	if err != nil {
 		return err
 	}
-	return fr.fronts[d.front].DoneTTFB(d.id, ttfb, total)
+	return fr.fronts[d.front].DoneTTFB(d.id, ttfb, firstToken, total)
 }
 
 // StartWindow implements Windower: every front scrapes at the same instants.

@@ -4,8 +4,9 @@
 // does not hold yet), fitted by exponentially weighted least squares with
 // a ridge towards prior coefficients, in fixed-size arrays. Predicting is
 // a handful of multiplications on atomically published coefficients and
-// never locks or allocates; learning (one completion's TTFB) takes a
-// small lock and solves an N x N (8x8) system.
+// never locks or allocates; learning (one completion's first-token time,
+// or an engine's interval mean) takes a small lock and solves an N x N
+// (8x8) system.
 package estimator
 
 import (
@@ -204,11 +205,15 @@ var AbsErrorBucketsMs = [...]float64{5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5
 // ErrorHistogram counts relative prediction errors; safe for concurrent use.
 type ErrorHistogram struct {
 	Counts [len(ErrorBuckets) + 1]atomic.Uint64
+	// SumMicros is the sum of the errors in millionths.
+	SumMicros atomic.Uint64
 }
 
 // Observe adds one prediction's error (observed below 1 ms counts as 1 ms).
 func (h *ErrorHistogram) Observe(predicted, observed float64) {
-	add(h.Counts[:], ErrorBuckets[:], math.Abs(predicted-observed)/max(observed, 1))
+	v := math.Abs(predicted-observed) / max(observed, 1)
+	add(h.Counts[:], ErrorBuckets[:], v)
+	h.SumMicros.Add(uint64(min(v*1e6, 1e15)))
 }
 
 // Median is the median relative error, interpolated within its bucket
@@ -223,17 +228,63 @@ func (h *ErrorHistogram) Median() float64 {
 // concurrent use.
 type AbsErrorHistogram struct {
 	Counts [len(AbsErrorBucketsMs) + 1]atomic.Uint64
+	// SumMicros is the sum of the errors in µs.
+	SumMicros atomic.Uint64
 }
 
 // Observe adds one prediction's error.
 func (h *AbsErrorHistogram) Observe(predicted, observed float64) {
-	add(h.Counts[:], AbsErrorBucketsMs[:], math.Abs(predicted-observed))
+	v := math.Abs(predicted - observed)
+	add(h.Counts[:], AbsErrorBucketsMs[:], v)
+	h.SumMicros.Add(uint64(min(v*1e3, 1e15)))
 }
 
 // Median is the median absolute error in ms, as ErrorHistogram's.
 func (h *AbsErrorHistogram) Median() float64 {
 	var counts [len(AbsErrorBucketsMs) + 1]uint64
 	return median(h.Counts[:], counts[:], AbsErrorBucketsMs[:])
+}
+
+// Source is what a model learned an observation from.
+type Source uint8
+
+const (
+	// FirstToken: one request's time to its first response body bytes,
+	// timed by the proxy (the feedback line's tft=, /internal/done?tft=).
+	FirstToken Source = iota
+	// EngineMean: an engine's mean time to first token over a scrape
+	// interval (vllm:time_to_first_token_seconds), against the mean
+	// features of the decisions sent there in it.
+	EngineMean
+	// NumSources counts the sources.
+	NumSources
+)
+
+var sourceNames = [NumSources]string{"first_token", "engine"}
+
+// String is the source's metric label.
+func (s Source) String() string { return sourceNames[s] }
+
+// Errors are a model's prediction errors, absolute and relative, by what
+// it learned from; safe for concurrent use.
+type Errors struct {
+	Rel [NumSources]ErrorHistogram
+	Abs [NumSources]AbsErrorHistogram
+}
+
+// Observe adds one prediction's error against an observation from src.
+func (e *Errors) Observe(src Source, predicted, observed float64) {
+	e.Rel[src].Observe(predicted, observed)
+	e.Abs[src].Observe(predicted, observed)
+}
+
+// Count is how many errors from src were observed.
+func (e *Errors) Count(src Source) uint64 {
+	var n uint64
+	for i := range e.Abs[src].Counts {
+		n += e.Abs[src].Counts[i].Load()
+	}
+	return n
 }
 
 func add(counts []atomic.Uint64, bounds []float64, v float64) {

@@ -21,10 +21,11 @@ type Prediction struct {
 }
 
 // TTFTLearner is implemented by policies that learn from completions'
-// first-byte times: the ledger calls it when a decision with a prediction
-// closes with a TTFB, the endpoint that answered being the one chosen.
+// first-token times: the ledger calls it when a decision with a prediction
+// closes with the time the proxy saw the first response body bytes (tft,
+// never the headers' time), the endpoint that answered being the one chosen.
 type TTFTLearner interface {
-	LearnTTFT(e *Endpoint, p Prediction, ttfbMs int64)
+	LearnTTFT(e *Endpoint, p Prediction, firstTokenMs int64)
 }
 
 // LoadAware is implemented by policies whose choice reads endpoints'
@@ -84,7 +85,7 @@ type Choice struct {
 	Reject RejectReason
 	// Predicted is what a TTFT-predicting policy expected of its first
 	// choice (zero: no prediction); the ledger keeps it until the
-	// completion's TTFB teaches the policy (TTFTLearner).
+	// completion's first-token time teaches the policy (TTFTLearner).
 	Predicted Prediction
 	// Notes are the figures the policy wants logged with the decision
 	// (note.go): the pipeline copies them and never reads them.

@@ -29,10 +29,13 @@ const PredictedTTFTType = "predicted-ttft"
 // bytes beyond the longest prefix e was sent (the prefix index), and
 // takes the fastest instead when it is predicted faster by both margins
 // (MarginRel and MarginMs). The coefficients are learned online per
-// endpoint (route/estimator) from the engines' time-to-first-token
-// histograms per scrape interval, or from the completions' TTFB when the
-// engines report none, pulled towards a pool-wide model, which is pulled
-// towards the prior below.
+// endpoint (route/estimator) from each request's first-token time as the
+// proxy timed it (the feedback's tft), and, for an endpoint without such
+// feedback lately, from its engine's time-to-first-token histogram per
+// scrape interval; each endpoint's model is pulled towards a pool-wide
+// one, which is pulled towards the prior below. The response headers'
+// time (the feedback's TTFB) never teaches it: vLLM sends the headers of
+// a stream before its first token.
 //
 // Why a guard on prefix-affinity rather than the plain minimum: greedy
 // per-request predictions ignore what a placement does to later requests'
@@ -106,16 +109,27 @@ type PredictedTTFT struct {
 
 // ttftAcc sums the features and predictions of the decisions sent to one
 // endpoint since its last engine scrape, to pair with the TTFT the engine
-// reports for that interval (vLLM's time_to_first_token_seconds: the
-// proxies' TTFB is the response headers' time, which comes before the
-// first token of a stream, so it cannot teach a TTFT).
+// reports for that interval (vLLM's time_to_first_token_seconds), the
+// prior of an endpoint whose first tokens are not fed back.
 type ttftAcc struct {
 	mu   sync.Mutex
 	x    estimator.Features
 	pred float64
 	n    int
 	el   *fleet.EngineLoad // the scrape the sums started after
+	// intervals counts the scrape intervals the sums were rolled over;
+	// fedAt is intervals+1 when a first-token time was last learned (0:
+	// never). An interval mean teaches only engineQuietIntervals after it.
+	intervals atomic.Uint64
+	fedAt     atomic.Uint64
 }
+
+// engineQuietIntervals is how many scrape intervals without a fed-back
+// first-token time let an endpoint's engine histogram teach its model
+// again (16 s at the default 250 ms scrape): per-request times are
+// better evidence than interval means, and the feedback of a long stream
+// comes at its end, well after the intervals it started in.
+const engineQuietIntervals = 64
 
 // ttftShared is what survives reloads: the models and the error counts.
 type ttftShared struct {
@@ -125,8 +139,9 @@ type ttftShared struct {
 	mu     sync.Mutex
 	byName map[string]*estimator.Model
 	accs   map[string]*ttftAcc
-	errs   estimator.ErrorHistogram
-	abs    estimator.AbsErrorHistogram
+	// errs are the predictions' errors against what the models learned
+	// from (route writes them: turnout_ttft_prediction_error_*).
+	errs estimator.Errors
 	// recentErr is the recent mean relative error (each capped at 1): the
 	// guard's relative margin is never below it.
 	recentErr estimator.EWMean
@@ -134,9 +149,6 @@ type ttftShared struct {
 	// prefix-affinity's pick.
 	overrides atomic.Uint64
 	learnt    atomic.Uint64
-	// fromEngine is set once an engine reported TTFTs: from then on the
-	// feedback's TTFB is not learned from.
-	fromEngine atomic.Bool
 }
 
 func (sh *ttftShared) model(name string) (*estimator.Model, *ttftAcc) {
@@ -207,9 +219,23 @@ func (pt *PredictedTTFT) Carry(prev fleet.Policy) {
 // features are e's prediction inputs for the cycle's request, given e's
 // prefix match.
 func (pt *PredictedTTFT) features(c *Cycle, e *fleet.Endpoint, match int) (x estimator.Features, load, pending int64, uncached int) {
-	uncached = max(0, c.Req.PromptBytes-match*pt.cfg.BlockBytes)
+	uncached = pt.uncached(c.Req, match)
 	load, pending = e.Load(), e.PendingBytes()
 	return estimator.Make(load, pending, uncached), load, pending, uncached
+}
+
+// uncached estimates the prompt bytes a replica matching match blocks
+// does not hold. Routing hashes only the prompt's first route_body bytes:
+// the rest counts as held in the proportion the hashed blocks are (a
+// long prompt whose hashed head is all held is a document sent before,
+// not a miss of everything past route_body).
+func (pt *PredictedTTFT) uncached(r *fleet.Request, match int) int {
+	bb, n := pt.cfg.BlockBytes, len(r.Blocks)
+	hashed := n * bb
+	if tail := r.PromptBytes - hashed; n > 0 && tail > bb {
+		return max(0, hashed-match*bb) + tail/n*(n-min(match, n))
+	}
+	return max(0, r.PromptBytes-match*bb)
 }
 
 // ttftGuard is the last word on the first choice: prefix-affinity's
@@ -321,24 +347,27 @@ func toFront(dst []*fleet.Endpoint, start int, e *fleet.Endpoint) []*fleet.Endpo
 }
 
 // noteDecision adds a decision to its endpoint's interval sums; the first
-// decision after a new engine scrape first learns the interval that ended:
-// the engine's mean TTFT over it against the mean features of the
-// decisions sent in it (a linear model's prediction of a mean is the
-// prediction at the mean features; the bends make it approximate).
+// decision after a new engine scrape first learns the interval that ended,
+// unless the endpoint's first tokens were fed back lately: the engine's
+// mean TTFT over it against the mean features of the decisions sent in it
+// (a linear model's prediction of a mean is the prediction at the mean
+// features; the bends make it approximate).
 func (pt *PredictedTTFT) noteDecision(e *fleet.Endpoint, x *estimator.Features, pred float64) {
 	a := pt.accs[e.Index]
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if el := e.Engine(); el != a.el {
-		if prev := a.el; prev != nil && el != nil && a.n > 0 && el.TTFTCount > prev.TTFTCount {
+		n := a.intervals.Add(1)
+		fed := a.fedAt.Load()
+		quiet := fed == 0 || n-min(fed, n) >= engineQuietIntervals
+		if prev := a.el; quiet && prev != nil && el != nil && a.n > 0 && el.TTFTCount > prev.TTFTCount {
 			k := float64(el.TTFTCount - prev.TTFTCount)
 			y := (el.TTFTSeconds - prev.TTFTSeconds) / k * 1000
 			var xm estimator.Features
 			for i := range xm {
 				xm[i] = a.x[i] / float64(a.n)
 			}
-			pt.learn(e.Index, &xm, a.pred/float64(a.n), y)
-			pt.sh.fromEngine.Store(true)
+			pt.learn(e.Index, estimator.EngineMean, &xm, a.pred/float64(a.n), y)
 		}
 		a.x, a.pred, a.n, a.el = estimator.Features{}, 0, 0, el
 	}
@@ -349,13 +378,12 @@ func (pt *PredictedTTFT) noteDecision(e *fleet.Endpoint, x *estimator.Features, 
 	a.n++
 }
 
-// learn teaches endpoint i's model (and the pool's) one observation.
-func (pt *PredictedTTFT) learn(i int, x *estimator.Features, predicted, observed float64) {
-	if observed <= 0 || math.IsNaN(observed) {
+// learn teaches endpoint i's model (and the pool's) one observation from src.
+func (pt *PredictedTTFT) learn(i int, src estimator.Source, x *estimator.Features, predicted, observed float64) {
+	if observed < 0 || math.IsNaN(observed) {
 		return
 	}
-	pt.sh.errs.Observe(predicted, observed)
-	pt.sh.abs.Observe(predicted, observed)
+	pt.sh.errs.Observe(src, predicted, observed)
 	pt.sh.recentErr.Observe(min(math.Abs(predicted-observed)/max(observed, 1), 1), pt.sh.ecfg.Alpha)
 	pt.sh.learnt.Add(1)
 	pt.sh.pool.Observe(x, observed, &pt.sh.prior)
@@ -363,28 +391,31 @@ func (pt *PredictedTTFT) learn(i int, x *estimator.Features, predicted, observed
 	pt.models[i].Observe(x, observed, &poolCoef)
 }
 
-// LearnTTFT implements fleet.TTFTLearner.
-func (pt *PredictedTTFT) LearnTTFT(e *fleet.Endpoint, p fleet.Prediction, ttfbMs int64) {
-	if e.Index < 0 || e.Index >= len(pt.models) || ttfbMs <= 0 || pt.sh.fromEngine.Load() {
-		// 0 ms: the response headers came before any work (a streamed
-		// response behind a proxy that logs header time), no TTFT. Once
-		// the engines report TTFTs, those teach instead.
+// LearnTTFT implements fleet.TTFTLearner: one request's first-token time
+// teaches the model at the features it was predicted from (on the
+// feedback path: a small lock and an 8x8 solve, nothing kept per request),
+// and keeps the endpoint's engine interval means from teaching it for a
+// while.
+func (pt *PredictedTTFT) LearnTTFT(e *fleet.Endpoint, p fleet.Prediction, firstTokenMs int64) {
+	if e.Index < 0 || e.Index >= len(pt.models) || firstTokenMs < 0 {
 		return
 	}
+	if a := pt.accs[e.Index]; a != nil {
+		a.fedAt.Store(a.intervals.Load() + 1)
+	}
 	x := estimator.Make(int64(p.Load), int64(p.Pending), int(p.Uncached))
-	pt.learn(e.Index, &x, float64(p.TTFTMs), float64(ttfbMs))
+	pt.learn(e.Index, estimator.FirstToken, &x, float64(p.TTFTMs), float64(firstTokenMs))
 }
 
-// PredictionErrorMedian is the median relative prediction error so far
-// (NaN before any completion; benchmarks, tests).
-func (pt *PredictedTTFT) PredictionErrorMedian() float64 { return pt.sh.errs.Median() }
-
-// PredictionAbsErrorMedianMs is the median absolute prediction error in ms
-// so far (NaN before any completion).
-func (pt *PredictedTTFT) PredictionAbsErrorMedianMs() float64 { return pt.sh.abs.Median() }
+// PredictionErrors are the predictions' errors by what the model learned
+// from (turnout_ttft_prediction_error_seconds and _ratio, /readyz?verbose).
+func (pt *PredictedTTFT) PredictionErrors() *estimator.Errors { return &pt.sh.errs }
 
 // Overrides is how many decisions the guard took from prefix-affinity.
 func (pt *PredictedTTFT) Overrides() uint64 { return pt.sh.overrides.Load() }
+
+// ModelCoef are endpoint i's model's coefficients (tests).
+func (pt *PredictedTTFT) ModelCoef(i int) estimator.Coef { return pt.models[i].Coef() }
 
 // Learnt is how many observations the models learned from (tests).
 func (pt *PredictedTTFT) Learnt() uint64 { return pt.sh.learnt.Load() }
@@ -407,34 +438,9 @@ func (pt *PredictedTTFT) RecordPrefix(i int, blocks []uint64) { pt.idx.recordAt(
 
 var ttftTerms = [estimator.N]string{"overhead_ms", "per_request_ms", "per_queued_kib_ms", "per_kib_ms", "per_request_over_4_ms", "per_request_over_8_ms", "per_request_over_16_ms", "per_request_over_32_ms"}
 
-// WriteMetrics implements MetricsWriter.
+// WriteMetrics implements MetricsWriter (the prediction errors are
+// route's: one family across pools).
 func (pt *PredictedTTFT) WriteMetrics(p *fleet.Pool, b *strings.Builder) {
-	var cum uint64
-	for i := range pt.sh.errs.Counts {
-		cum += pt.sh.errs.Counts[i].Load()
-		le := "+Inf"
-		if i < len(estimator.ErrorBuckets) {
-			le = fmt.Sprint(estimator.ErrorBuckets[i])
-		}
-		fmt.Fprintf(b, "turnout_ttft_prediction_error_ratio_bucket{deployment=%q,pool=%q,le=%q} %d\n", p.Deployment, p.Name, le, cum)
-	}
-	fmt.Fprintf(b, "turnout_ttft_prediction_error_ratio_count{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, cum)
-	if med := pt.sh.errs.Median(); !math.IsNaN(med) {
-		fmt.Fprintf(b, "turnout_ttft_prediction_error_median_ratio{deployment=%q,pool=%q} %g\n", p.Deployment, p.Name, med)
-	}
-	cum = 0
-	for i := range pt.sh.abs.Counts {
-		cum += pt.sh.abs.Counts[i].Load()
-		le := "+Inf"
-		if i < len(estimator.AbsErrorBucketsMs) {
-			le = fmt.Sprint(estimator.AbsErrorBucketsMs[i] / 1000)
-		}
-		fmt.Fprintf(b, "turnout_ttft_prediction_error_seconds_bucket{deployment=%q,pool=%q,le=%q} %d\n", p.Deployment, p.Name, le, cum)
-	}
-	fmt.Fprintf(b, "turnout_ttft_prediction_error_seconds_count{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, cum)
-	if med := pt.sh.abs.Median(); !math.IsNaN(med) {
-		fmt.Fprintf(b, "turnout_ttft_prediction_error_median_seconds{deployment=%q,pool=%q} %g\n", p.Deployment, p.Name, med/1000)
-	}
 	fmt.Fprintf(b, "turnout_ttft_overrides_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, pt.sh.overrides.Load())
 	for i, e := range p.Endpoints {
 		if i >= len(pt.models) {

@@ -1,8 +1,11 @@
 package policy
 
 import (
+	"math"
+	"math/rand/v2"
 	"testing"
 
+	"github.com/turnout/turnout/route/estimator"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/internal/routetest"
 )
@@ -123,5 +126,110 @@ func TestToFront(t *testing.T) {
 				t.Fatalf("got %s, want %s", got, tc.want)
 			}
 		})
+	}
+}
+
+// The model fits each request's first-token time as the feedback reports
+// it: on a synthetic stream whose first tokens follow a known law in the
+// features (a queue that bends at 8 requests, prefill queued ahead, the
+// request's own prefill, 5 % noise), every endpoint's predictions for
+// fresh features end within 10 % of the law, far from the ~1 ms header
+// time a proxy also reports (which must not teach it).
+func TestPredictedTTFTFitsFirstTokens(t *testing.T) {
+	law := func(load, pendingKiB, uncachedKiB float64) float64 {
+		return 30 + 12*load + 25*max(0, load-8) + 1.5*pendingKiB + 4*uncachedKiB
+	}
+	cfg := DefaultPredictedTTFTConfig()
+	var pt *PredictedTTFT
+	p := routetest.Pool(t, 4, func(p *fleet.Pool) fleet.Policy { pt = NewPredictedTTFT(cfg, p, fleet.NewRand(5)); return pt })
+	rnd := rand.New(rand.NewPCG(1, 2))
+	for i := range 4000 {
+		e := p.Endpoints[i%len(p.Endpoints)]
+		load, pending, uncached := rnd.IntN(24), rnd.IntN(64<<10), rnd.IntN(16<<10)
+		x := estimator.Make(int64(load), int64(pending), uncached)
+		pred := pt.models[e.Index].Predict(&x)
+		y := law(float64(load), float64(pending)/1024, float64(uncached)/1024) * (0.95 + 0.1*rnd.Float64())
+		pt.LearnTTFT(e, fleet.Prediction{TTFTMs: float32(pred), Load: int32(load), Pending: int32(pending), Uncached: int32(uncached)}, int64(math.Round(y)))
+	}
+	for _, e := range p.Endpoints {
+		for _, f := range [][3]int{{0, 0, 0}, {4, 8 << 10, 2 << 10}, {12, 0, 12 << 10}, {20, 32 << 10, 1 << 10}} {
+			x := estimator.Make(int64(f[0]), int64(f[1]), f[2])
+			want := law(float64(f[0]), float64(f[1])/1024, float64(f[2])/1024)
+			if got := pt.models[e.Index].Predict(&x); math.Abs(got-want) > 0.1*want {
+				t.Errorf("%s at load %d, %d B queued, %d B uncached: predicted %.1f ms, the first tokens say %.1f", e.Name, f[0], f[1], f[2], got, want)
+			}
+		}
+	}
+	errs := pt.PredictionErrors()
+	if n := errs.Count(estimator.FirstToken); n != 4000 {
+		t.Fatalf("%d first-token errors counted, want 4000", n)
+	}
+	if n := errs.Count(estimator.EngineMean); n != 0 {
+		t.Fatalf("%d engine errors counted without an engine", n)
+	}
+	if med := errs.Rel[estimator.FirstToken].Median(); med > 0.1 {
+		t.Fatalf("median relative error %.3f over the stream, want <= 0.1", med)
+	}
+}
+
+// Once an endpoint's first tokens are fed back, its engine's interval
+// means stop teaching it, until engineQuietIntervals scrapes pass without
+// one; another endpoint without feedback keeps learning from its engine.
+func TestPredictedTTFTEnginePriorYields(t *testing.T) {
+	cfg := DefaultPredictedTTFTConfig()
+	var pt *PredictedTTFT
+	p := routetest.Pool(t, 2, func(p *fleet.Pool) fleet.Policy { pt = NewPredictedTTFT(cfg, p, fleet.NewRand(5)); return pt })
+	var n [2]uint64
+	interval := func() {
+		for i, e := range p.Endpoints {
+			n[i] += 2
+			e.SetEngineLoad(&fleet.EngineLoad{KVUsage: -1, TTFTCount: n[i], TTFTSeconds: float64(n[i]) * 0.2, Mark: e.DecisionMark(), PeerMark: e.PeerMark()})
+			x := estimator.Make(0, 0, 0)
+			pt.noteDecision(e, &x, 20)
+		}
+	}
+	interval()
+	interval()
+	if got := pt.PredictionErrors().Count(estimator.EngineMean); got != 2 {
+		t.Fatalf("%d engine intervals learned, want 2 (one per endpoint)", got)
+	}
+	// The feedback comes inside e0's third interval: it and the next
+	// engineQuietIntervals-1 are not quiet.
+	pt.LearnTTFT(p.Endpoints[0], fleet.Prediction{TTFTMs: 20}, 150)
+	for range engineQuietIntervals {
+		interval()
+	}
+	if got := pt.PredictionErrors().Count(estimator.EngineMean); got != 2+engineQuietIntervals {
+		t.Fatalf("%d engine intervals learned, want only e1's after e0's first token (%d)", got, 2+engineQuietIntervals)
+	}
+	interval()
+	if got := pt.PredictionErrors().Count(estimator.EngineMean); got != 2+engineQuietIntervals+2 {
+		t.Fatalf("%d engine intervals learned: e0's engine should teach again after %d quiet intervals", got, engineQuietIntervals)
+	}
+}
+
+// Past route_body the prompt is not hashed: its tail counts as held in the
+// proportion the hashed blocks are, so a long prompt whose head is held
+// is not predicted as a miss of everything past route_body.
+func TestPredictedTTFTUncachedTail(t *testing.T) {
+	cfg := DefaultPredictedTTFTConfig()
+	cfg.BlockBytes = 100
+	pt := &PredictedTTFT{cfg: cfg}
+	blocks := make([]uint64, 10) // route_body hashed 1,000 bytes
+	for _, tc := range []struct {
+		name                  string
+		prompt, nblock, match int
+		want                  int
+	}{
+		{"short prompt, miss", 950, 9, 0, 950},
+		{"short prompt, 5 held", 950, 9, 5, 450},
+		{"long prompt, head all held", 11000, 10, 10, 0},
+		{"long prompt, head half held", 11000, 10, 5, 500 + 5000},
+		{"long prompt, miss", 11000, 10, 0, 11000},
+	} {
+		r := &fleet.Request{Blocks: blocks[:tc.nblock], PromptBytes: tc.prompt}
+		if got := pt.uncached(r, tc.match); got != tc.want {
+			t.Errorf("%s: uncached %d, want %d", tc.name, got, tc.want)
+		}
 	}
 }
