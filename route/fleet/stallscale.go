@@ -55,23 +55,29 @@ func (st *State) RecentFirstToken(now time.Time) (c [len(RequestBuckets) + 1]uin
 	return c, 0
 }
 
-// P99 is the upper bound of the bucket holding the 99th percentile of
-// counts c (n in all); ok is false with fewer than StallMinSamples or when
-// it lies past the last bound.
+// P99 is the 99th percentile of counts c (n in all), interpolated within
+// its bucket as Prometheus' histogram_quantile does (the buckets are
+// coarse: a bucket's bound can be 2.5x a time inside it); ok is false with
+// fewer than StallMinSamples or when it lies past the last bound.
 func P99(c *[len(RequestBuckets) + 1]uint64, n uint64) (time.Duration, bool) {
 	if n < StallMinSamples {
 		return 0, false
 	}
-	rank := (n*99 + 99) / 100 // ceil(0.99 n)
+	rank := 0.99 * float64(n)
 	var seen uint64
 	for i, v := range c {
-		seen += v
-		if seen >= rank {
+		if float64(seen+v) >= rank && v > 0 {
 			if i >= len(RequestBuckets) {
 				return 0, false
 			}
-			return time.Duration(RequestBuckets[i] * float64(time.Second)), true
+			lo := 0.0
+			if i > 0 {
+				lo = RequestBuckets[i-1]
+			}
+			sec := lo + (RequestBuckets[i]-lo)*(rank-float64(seen))/float64(v)
+			return time.Duration(sec * float64(time.Second)), true
 		}
+		seen += v
 	}
 	return 0, false
 }
