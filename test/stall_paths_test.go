@@ -225,9 +225,16 @@ func checkStalledReplica(t *testing.T, proxyURL, turnoutURL string, ms []*Mock) 
 		l, err := Metric(t, turnoutURL+"/metrics", "turnout_endpoint_stall_limit_seconds", ep)
 		return err == nil && l > 0 && l < 30 && len(chatArrivals(t, stalled)) > 5
 	})
-	// The limit is at least 3x the replica's p99 first-token time (its
-	// bucket's upper bound), so it stands for "3x its p99" in the bound.
-	limit := metricOr0(t, turnoutURL+"/metrics", "turnout_endpoint_stall_limit_seconds", ep)
+	// A cold stack's first answers are slow on a loaded machine, and its
+	// p99 holds them for a minute or two: give the load a few seconds to
+	// outnumber them (the limit stands whatever it is).
+	limitNow := func() float64 { return metricOr0(t, turnoutURL+"/metrics", "turnout_endpoint_stall_limit_seconds", ep) }
+	for deadline := time.Now().Add(10 * time.Second); limitNow() > 2 && time.Now().Before(deadline); {
+		time.Sleep(200 * time.Millisecond)
+	}
+	// The limit is 3x the replica's p99 first-token time, or the 1 s
+	// floor: it stands for "3x its p99" in the bound.
+	limit := limitNow()
 	// Requests sent before count only in the log: a cold stack on a loaded
 	// machine may miss a 2 s client's timeout before any stall.
 	counted := time.Now()
@@ -269,7 +276,7 @@ func checkStalledReplica(t *testing.T, proxyURL, turnoutURL string, ms []*Mock) 
 		byGroup [len(stallLoadTimeouts)][3]int // answered, failed while held, failed elsewhere
 		wrong   []string
 	)
-	warmFailed := 0
+	warmFailed, countedN := 0, 0
 	for _, r := range reqs {
 		if r.sent.Before(counted) {
 			if r.state.Load() == 2 {
@@ -277,6 +284,7 @@ func checkStalledReplica(t *testing.T, proxyURL, turnoutURL string, ms []*Mock) 
 			}
 			continue
 		}
+		countedN++
 		switch r.state.Load() {
 		case 1:
 			byGroup[r.group][0]++
@@ -292,8 +300,8 @@ func checkStalledReplica(t *testing.T, proxyURL, turnoutURL string, ms []*Mock) 
 	}
 	sort.Strings(wrong)
 	lastAfter := last.Sub(stallStart)
-	t.Logf("limit %.2fs before the stall; degraded %v after the stall began; last new request to it %v after; %d requests held by it; %d sent (%d failed while warming up, not counted); by client timeout [answered, failed held, failed elsewhere]: 2s %v, 10s %v, 70s %v",
-		limit, took.Round(10*time.Millisecond), lastAfter.Round(10*time.Millisecond), heldN, len(reqs), warmFailed, byGroup[0], byGroup[1], byGroup[2])
+	t.Logf("limit %.2fs before the stall; degraded %v after the stall began; last new request to it %v after; %d requests held by it; %d counted of %d sent (%d failed while warming up); by client timeout [answered, failed held, failed elsewhere]: 2s %v, 10s %v, 70s %v",
+		limit, took.Round(10*time.Millisecond), lastAfter.Round(10*time.Millisecond), heldN, countedN, len(reqs), warmFailed, byGroup[0], byGroup[1], byGroup[2])
 	if heldN == 0 {
 		t.Errorf("%s held no request: not the scenario", stalled.Name)
 	}
@@ -303,7 +311,7 @@ func checkStalledReplica(t *testing.T, proxyURL, turnoutURL string, ms []*Mock) 
 	if len(wrong) > 0 {
 		t.Errorf("%d requests failed that %s did not hold, e.g.:\n%s", len(wrong), stalled.Name, strings.Join(wrong[:min(len(wrong), 8)], "\n"))
 	}
-	if answered := byGroup[0][0] + byGroup[1][0] + byGroup[2][0]; answered < len(reqs)/2 {
-		t.Errorf("only %d of %d requests answered", answered, len(reqs))
+	if answered := byGroup[0][0] + byGroup[1][0] + byGroup[2][0]; answered < countedN/2 {
+		t.Errorf("only %d of %d requests answered", answered, countedN)
 	}
 }
