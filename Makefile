@@ -6,7 +6,7 @@ LAB     := bin/turnout-lab
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 export CGO_ENABLED := 0
 
-.PHONY: kube-apiserver helm manifests bench-kube all build test test-unit test-e2e bench bench-smoke demo run fuzz vet clean soak
+.PHONY: kube-apiserver helm manifests bench-kube all build test test-unit test-e2e bench bench-smoke demo run fuzz vet clean soak test-hog
 
 all: build
 
@@ -18,7 +18,7 @@ vet:
 	$(GO) vet -tags e2e ./...
 
 # Unit tests, then end-to-end tests against real haproxy/nginx, then a bench smoke run.
-test: build vet test-unit test-e2e bench-smoke
+test: build vet test-unit test-e2e test-hog bench-smoke
 
 test-unit:
 	$(GO) test -count=1 ./...
@@ -30,6 +30,15 @@ test-e2e: build
 
 # kube-apiserver for the Kubernetes discovery tests (issue 10), built from the
 # Go module proxy once and cached under ~/.cache/turnout (.ci/run calls it).
+# The timing-sensitive e2e tests once more beside a CPU hog on every core
+# (turnout-lab hog): they wait on conditions sized for a loaded 2-core
+# machine, and this is where CI shows it.
+HOG_TESTS ?= TestFirstToken|TestFlowControlHAProxyClientGone|TestFlowControlNginxClientGone|TestHAProxyStalledReplicaTakenOut|TestNginxStallWhileHealthAnswers|TestFailOpenDelay$$|TestHAProxyTurnoutDown|TestNginxTurnoutDown|TestRetryBeforeBytes|TestClusterTwoFronts
+test-hog: build
+	@test -d test || exit 0; \
+	$(LAB) hog --for 15m & hog=$$!; trap 'kill $$hog 2>/dev/null' EXIT; \
+	TURNOUT_BIN=$(CURDIR)/$(BIN) TURNOUT_LAB_BIN=$(CURDIR)/$(LAB) $(GO) test -count=1 -tags e2e -timeout 12m -run '$(HOG_TESTS)' ./test/
+
 kube-apiserver:
 	@bash scripts/kube-apiserver.sh >/dev/null
 

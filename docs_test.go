@@ -1,6 +1,7 @@
 package turnout_test
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -87,5 +88,64 @@ func TestDocsLinkCheckCatchesBreakage(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join("docs", "no-such-page.md")); err == nil {
 		t.Error("a missing page exists")
+	}
+}
+
+// TestGatewayAPIConformanceTests: every test the conformance table of
+// docs/gateway-api.md names is declared somewhere in the tree, so the
+// table cannot keep naming a test that was renamed or removed.
+func TestGatewayAPIConformanceTests(t *testing.T) {
+	doc, err := os.ReadFile("docs/gateway-api.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(doc), "## Conformance")
+	if !ok {
+		t.Fatal("docs/gateway-api.md has no Conformance section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	named := regexp.MustCompile("`(Test[A-Za-z0-9_]+)`").FindAllStringSubmatch(section, -1)
+	if len(named) < 16 {
+		t.Fatalf("the conformance table names %d tests, want one or more per requirement", len(named))
+	}
+	declared := map[string]bool{}
+	decl := regexp.MustCompile(`(?m)^func (Test[A-Za-z0-9_]+)\(`)
+	err = filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range decl.FindAllSubmatch(b, -1) {
+			declared[string(m[1])] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range named {
+		name := m[1]
+		if strings.HasSuffix(name, "_") { // a family, e.g. TestH2Conform_*
+			found := false
+			for d := range declared {
+				found = found || strings.HasPrefix(d, name)
+			}
+			if !found {
+				t.Errorf("docs/gateway-api.md names the family %s*, and no test has that prefix", name)
+			}
+			continue
+		}
+		if !declared[name] {
+			t.Errorf("docs/gateway-api.md names %s, and no _test.go declares it", name)
+		}
 	}
 }

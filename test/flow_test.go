@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -287,15 +288,15 @@ func TestFlowControlHAProxyClientGone(t *testing.T) {
 	}
 }
 
-// goneMocks run requests for about 8 s: nothing frees while a test looks,
-// even on a loaded machine where filling the replicas and queueing one more
-// request take seconds (the held-request wait below must end before the
-// busy requests do).
+// goneMocks run requests for about 32 s: nothing frees while a test looks,
+// even on a loaded machine (a CPU hog on both cores) where filling the
+// replicas and queueing one more request take many seconds; the test frees
+// them by cancelling its busy requests when it is done looking.
 func goneMocks(t *testing.T, prefix string) []*Mock {
 	return mocks(t, prefix, 2, func(c *mock.Config) {
 		c.TimeScale = 1
 		c.TTFTOverhead = 250 * time.Millisecond
-		c.InterTokenLatency = 500 * time.Millisecond
+		c.InterTokenLatency = 2 * time.Second
 		c.MaxRunning = 8
 	})
 }
@@ -305,13 +306,15 @@ func goneMocks(t *testing.T, prefix string) []*Mock {
 // request; otherwise it must release it once the replicas free and its
 // decision must close (nothing hangs, no phantom in-flight request).
 func checkClientGone(t *testing.T, frontURL, turnoutURL, model string, dropped bool) {
-	c := &http.Client{Timeout: 30 * time.Second}
+	c := &http.Client{Timeout: 60 * time.Second}
+	busy, freeReplicas := context.WithCancel(context.Background())
+	defer freeReplicas()
 	var wg sync.WaitGroup
 	for range 12 { // 2 replicas x max_load 6
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			flowPost(context.Background(), c, frontURL, model, "standard", "busy")
+			flowPost(busy, c, frontURL, model, "standard", "busy")
 		}()
 	}
 	// Flow control balances on the engine-reported load: a scrape taken
@@ -327,15 +330,21 @@ func checkClientGone(t *testing.T, frontURL, turnoutURL, model string, dropped b
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan flowResult, 1)
 	go func() { done <- flowPost(ctx, c, frontURL, model, "standard", "leaver") }()
-	Eventually(t, 15*time.Second, "the request held", func() bool {
-		v, err := Metric(t, turnoutURL+"/metrics", "turnout_flow_queued", `tenant="leaver"`)
-		return err == nil && v == 1
-	})
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if v, err := Metric(t, turnoutURL+"/metrics", "turnout_flow_queued", `tenant="leaver"`); err == nil && v == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			logFlowMetrics(t, turnoutURL)
+			t.Fatal("timed out after 15s waiting for the request held")
+		}
+	}
 	cancel()
 	<-done
 	if !dropped {
+		freeReplicas()
 		wg.Wait()
-		Eventually(t, 20*time.Second, "the left request released and its decision closed", func() bool {
+		Eventually(t, 30*time.Second, "the left request released and its decision closed", func() bool {
 			q, err1 := Metric(t, turnoutURL+"/metrics", "turnout_flow_queued")
 			in, err2 := Metric(t, turnoutURL+"/metrics", "turnout_endpoint_inflight")
 			return err1 == nil && err2 == nil && q == 0 && in == 0
@@ -354,6 +363,7 @@ func checkClientGone(t *testing.T, frontURL, turnoutURL, model string, dropped b
 	if v, _ := Metric(t, turnoutURL+"/metrics", "turnout_flow_requests_total", `tenant="leaver"`, `outcome="released"`); v != 0 {
 		t.Fatalf("the gone request was released %v times", v)
 	}
+	freeReplicas()
 	wg.Wait()
 }
 
@@ -362,4 +372,23 @@ func TestFlowControlHAProxyLua(t *testing.T) {
 	ms := flowMocks(t, "fu")
 	s := startStackWith(t, "open", "", depSpec{name: "fu", policy: policyLeast, mocks: ms, depYAML: flowYAML})
 	checkFlowControl(t, s.H.URL, s.T.URL, "fu")
+}
+
+// logFlowMetrics logs turnout's flow control, in-flight and refusal series:
+// what a failed wait on a held request needs to be read.
+func logFlowMetrics(t *testing.T, turnoutURL string) {
+	t.Helper()
+	r, err := http.Get(turnoutURL + "/metrics")
+	if err != nil {
+		t.Logf("metrics: %v", err)
+		return
+	}
+	defer r.Body.Close()
+	b, _ := io.ReadAll(r.Body)
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(l, "#") && (strings.Contains(l, "turnout_flow_") || strings.Contains(l, "inflight") ||
+			strings.Contains(l, "engine_requests") || strings.Contains(l, "refusals") || strings.Contains(l, "turnout_endpoint_load")) {
+			t.Log(l)
+		}
+	}
 }

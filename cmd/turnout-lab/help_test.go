@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Every command and subcommand answers --help on stdout with exit 0, its own
@@ -24,6 +26,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"bench", "transports", "--help"}, []string{"-duration", "-rounds", "-conns", "-grpc-conns", "-policy"}, []string{"-trace"}},
 		{[]string{"bench", "trivial", "--help"}, []string{"-listen"}, nil},
 		{[]string{"bench", "policies", "--help"}, []string{"bench policies"}, nil},
+		{[]string{"hog", "--help"}, []string{"-cpus", "-for"}, []string{"-listen"}},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			var out, errb bytes.Buffer
@@ -85,5 +88,25 @@ func TestLabDidYouMean(t *testing.T) {
 		if !strings.Contains(errb.String(), tc.want) {
 			t.Errorf("%v: stderr lacks %q:\n%s", tc.args, tc.want, errb.String())
 		}
+	}
+}
+
+// The hog keeps its threads busy for --for and stops by itself.
+func TestHogSpinsAndStops(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if n := hog(ctx, 2); n == 0 {
+		t.Fatal("hog ran no spin rounds")
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("hog stopped %v after its context, want promptly", el)
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"hog", "--cpus", "1", "--for", "20ms"}, &out, &errb); code != 0 {
+		t.Fatalf("turnout-lab hog --for 20ms: exit %d, stderr:\n%s", code, errb.String())
+	}
+	if code := run([]string{"hog", "--cpus", "0"}, &out, &errb); code == 0 {
+		t.Fatal("turnout-lab hog --cpus 0: exit 0, want an error")
 	}
 }

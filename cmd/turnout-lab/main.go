@@ -1,7 +1,7 @@
 // Command turnout-lab is turnout's lab: the mock vLLM replica the demo, the
 // e2e tests and the benchmarks run in place of GPUs, and the benchmark
 // harness. It is a binary of its own so that the serving binary, turnout,
-// links neither (cmd/turnout/deps_test.go). Subcommands: mock, bench.
+// links neither (cmd/turnout/deps_test.go). Subcommands: mock, bench, hog.
 package main
 
 import (
@@ -18,6 +18,7 @@ const usage = `turnout-lab: the mock replica and the benchmarks of turnout
 Usage:
   turnout-lab mock   --listen ADDR --name NAME [...]   (OpenAI-compatible mock replica)
   turnout-lab bench  replay|azure|cost|trivial|policies [...]
+  turnout-lab hog    [--cpus N] [--for DURATION]     (burn CPU: the busy machine for make test-hog)
 
 Run "turnout-lab <command> --help" for a command's flags.
 
@@ -30,6 +31,6 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	return cli.Main("turnout-lab", usage, []string{"mock", "bench", "help"},
-		map[string]func([]string, *zerolog.Logger) error{"mock": runMock, "bench": runBench}, args, stdout, stderr)
+	return cli.Main("turnout-lab", usage, []string{"mock", "bench", "hog", "help"},
+		map[string]func([]string, *zerolog.Logger) error{"mock": runMock, "bench": runBench, "hog": runHog}, args, stdout, stderr)
 }
