@@ -123,7 +123,7 @@ func (l *Loop) writeReadiness(b *strings.Builder) {
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {
 			if e.Degraded() {
-				fmt.Fprintf(b, "endpoint %s (pool %s): degraded for %s: stalled past its %s budget\n",
+				fmt.Fprintf(b, "endpoint %s (pool %s): degraded for %s: stalled past its %s limit\n",
 					e.Name, p.Name, time.Since(time.Unix(0, e.State.Stall.Since.Load())).Round(time.Second),
 					time.Duration(e.State.Stall.Limit()))
 			}
