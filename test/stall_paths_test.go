@@ -187,7 +187,8 @@ func (g *stallLoad) end() {
 }
 
 // chatArrivals reads a replica's request log: each chat completion's
-// X-Request-Id and arrival time.
+// X-Request-Id and arrival time (turnout's stall probes, POST
+// /v1/completions, are not clients' requests and not counted).
 func chatArrivals(t *testing.T, m *Mock) map[string]time.Time {
 	t.Helper()
 	res, err := http.Get("http://" + m.Addr + mock.PathRequests)
