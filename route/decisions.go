@@ -225,7 +225,7 @@ func (d *Ledger) closeWith(id uint64, c Completion, rec *DecisionRecord) *fleet.
 }
 
 // sweep closes decisions older than ttl and, with markStale, flags the
-// endpoints that hold a decision open past half their stall budget with no
+// endpoints that hold a decision open past half their stall limit with no
 // request started since answered in time (see stall.go).
 //
 // An endpoint holding more such decisions than its engine last reported
@@ -240,7 +240,7 @@ func (d *Ledger) sweep(now time.Time, ttl time.Duration, markStale bool) {
 	}
 	nowNs := now.UnixNano()
 	cut := nowNs - int64(ttl)
-	var old map[*fleet.State]int64 // decisions open past half the budget
+	var old map[*fleet.State]int64 // decisions open past half the limit
 	for i := range d.slots {
 		s := &d.slots[i]
 		s.mu.Lock()
@@ -252,7 +252,7 @@ func (d *Ledger) sweep(now time.Time, ttl time.Duration, markStale bool) {
 				s.end = endExpired
 				d.expired.Add(1)
 			} else if markStale {
-				if b := st.Stall.BudgetNs.Load(); b > 0 && nowNs-s.start > b/2 {
+				if b := st.Stall.Limit(); b > 0 && nowNs-s.start > b/2 {
 					if st.Stall.FastStart.Load() < s.start {
 						st.Stall.Suspect.Store(true)
 					}

@@ -19,7 +19,7 @@ type Ticker struct {
 // Run ticks until ctx ends: each tick expires stale decisions (the
 // ledger's sweep), then runs the OnTick hooks (route/feedback watches
 // completion feedback and stalled endpoints there). Ticks come a quarter
-// of the smallest stall budget apart, within 100ms..1s.
+// of the smallest stall limit apart, within 100ms..1s.
 func (k *Ticker) Run(ctx context.Context) {
 	t := time.NewTimer(stallTick(k.snap.Load()))
 	defer t.Stop()
@@ -36,22 +36,21 @@ func (k *Ticker) Run(ctx context.Context) {
 }
 
 // stallTick is how often decisions are swept: a quarter of the smallest
-// budget, within 100ms..1s (1s, the TTL sweep, when detection is off).
+// stall limit, within 100ms..1s (1s, the TTL sweep, when detection is off).
 func stallTick(snap *Snapshot) time.Duration {
 	t := time.Second
 	for _, p := range snap.Pools() {
-		if len(p.Endpoints) == 0 {
-			continue
-		}
-		if b := time.Duration(p.Endpoints[0].State.Stall.BudgetNs.Load()); b > 0 {
-			t = min(t, max(b/4, 100*time.Millisecond))
+		for _, e := range p.Endpoints {
+			if b := time.Duration(e.State.Stall.Limit()); b > 0 {
+				t = min(t, max(b/4, 100*time.Millisecond))
+			}
 		}
 	}
 	return t
 }
 
 // tick runs the periodic work: the decision ledger's TTL sweep (which also
-// marks endpoints holding a decision past half their stall budget, while
+// marks endpoints holding a decision past half their stall limit, while
 // completions arrive), then the hooks (route/feedback: feedback and stall
 // checks).
 func (k *Ticker) tick(ctx context.Context, snap *Snapshot, now time.Time) {

@@ -174,15 +174,24 @@ type HealthConfig struct {
 }
 
 // StallConfig configures passive stall detection: an endpoint whose
-// requests wait longer than Budget for their first byte is probed with a
-// 1-token completion and, if that probe also misses the budget, degraded
-// (no new decisions) until a probe answers in time.
+// requests wait longer than its limit for their first byte is probed with a
+// 1-token completion and, if that probe also misses the limit, degraded
+// (no new decisions) until a probe answers in time. The limit is Scale x
+// the replica's p99 first-token time, at least Floor, at most Budget.
 type StallConfig struct {
-	// Budget is the time to first byte a replica must meet. Default 30s,
+	// Budget is the most time to first byte a replica is allowed (its
+	// limit while its first-token times are unknown). Default 30s,
 	// for mixed and decode pools; prefill pools are not checked unless their
 	// pool sets stall_budget (long prefills are normal). Disable turns
 	// detection off, a pool's stall_budget: 0 off for that pool.
 	Budget Duration `yaml:"budget"`
+	// Scale times the replica's p99 first-token time (the proxies' tft=
+	// of the last 1-2 minutes, its pool's when it has too few) is its
+	// limit (default 3, at least 1).
+	Scale float64 `yaml:"scale"`
+	// Floor is the least limit (default 1s; a Floor at or above Budget
+	// turns scaling off).
+	Floor Duration `yaml:"floor"`
 	// ProbePath receives the probe: POST {"model","prompt","max_tokens":1}.
 	ProbePath string `yaml:"probe_path"`
 	// Readmit is how often a degraded endpoint is probed again (default: Budget).

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"regexp"
@@ -47,6 +48,8 @@ func (c *Config) applyFeedbackDefaults() {
 	orDefault(&st.Budget, Duration(30*time.Second))
 	orDefault(&st.ProbePath, "/v1/completions")
 	orDefault(&st.Readmit, st.Budget)
+	orDefault(&st.Scale, 3)
+	orDefault(&st.Floor, Duration(time.Second))
 }
 
 func (c *Config) validateFeedback(bad func(field, format string, a ...any)) {
@@ -68,6 +71,12 @@ func (c *Config) validateFeedback(bad func(field, format string, a ...any)) {
 	st := &c.Health.Stall
 	if b := st.Budget.D(); b < 100*time.Millisecond {
 		bad("health.stall.budget", "%v is below 100ms (use health.stall.disable to turn detection off)", b)
+	}
+	if st.Scale < 1 || st.Scale > 100 || math.IsNaN(st.Scale) {
+		bad("health.stall.scale", "%v is out of range [1, 100] (the limit is scale x the replica's p99 first-token time)", st.Scale)
+	}
+	if st.Floor.D() < 100*time.Millisecond {
+		bad("health.stall.floor", "%v is below 100ms", st.Floor.D())
 	}
 	if st.Readmit.D() < 100*time.Millisecond {
 		bad("health.stall.readmit", "%v is below 100ms", st.Readmit.D())

@@ -202,6 +202,9 @@ func TestFeedbackConfigValidation(t *testing.T) {
 		{"feedback: {token: short}", "feedback.token"},
 		{"feedback: {token: \"has space in it 0123456789\"}", "feedback.token"},
 		{"health: {stall: {budget: 10ms}}", "health.stall.budget"},
+		{"health: {stall: {scale: 0.5}}", "health.stall.scale"},
+		{"health: {stall: {scale: 1000}}", "health.stall.scale"},
+		{"health: {stall: {floor: 10ms}}", "health.stall.floor"},
 	} {
 		_, err := config.ParseConfig([]byte(tc.yaml + "\ndeployments: [{name: x, pools: [{endpoints: [{name: a, address: 127.0.0.1:1}]}]}]\n"))
 		if err == nil || !strings.Contains(err.Error(), tc.field) {

@@ -123,9 +123,9 @@ func (l *Loop) writeReadiness(b *strings.Builder) {
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {
 			if e.Degraded() {
-				fmt.Fprintf(b, "endpoint %s (pool %s): degraded for %s: stalled past its %s budget\n",
+				fmt.Fprintf(b, "endpoint %s (pool %s): degraded for %s: stalled past its %s limit\n",
 					e.Name, p.Name, time.Since(time.Unix(0, e.State.Stall.Since.Load())).Round(time.Second),
-					time.Duration(e.State.Stall.BudgetNs.Load()))
+					time.Duration(e.State.Stall.Limit()))
 			}
 		}
 	}
@@ -171,6 +171,12 @@ func (l *Loop) writeHealthMetrics(b *strings.Builder) {
 				v = 1
 			}
 			fmt.Fprintf(b, "turnout_endpoint_degraded{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, v)
+		}
+	}
+	help("turnout_endpoint_stall_limit_seconds", "gauge", "Time to first byte an endpoint must meet before stall detection probes it: health.stall.scale x its p99 first-token time, within health.stall.floor..budget (0: detection off).")
+	for _, p := range l.d.Snapshot().Pools() {
+		for _, e := range p.Endpoints {
+			fmt.Fprintf(b, "turnout_endpoint_stall_limit_seconds{deployment=%q,pool=%q,endpoint=%q} %g\n", p.Deployment, p.Name, e.Name, time.Duration(e.State.Stall.Limit()).Seconds())
 		}
 	}
 }

@@ -16,23 +16,32 @@ import (
 
 // Passive stall detection. A replica that accepts requests and then stalls
 // passes /health and keeps being chosen; every request sent to it waits the
-// whole stall. Two signals make an endpoint suspect:
+// whole stall. Each endpoint has a limit on the time to its first byte:
+// health.stall.scale x the p99 of its recent first-token times (its pool's
+// while it has too few), at least health.stall.floor, at most the budget
+// (which also applies while no times are known). Three signals make an
+// endpoint suspect:
 //   - a feedback line whose ttfb= (time to the replica's response headers)
-//     is over the pool's budget;
-//   - a decision open longer than half the budget while no request started
+//     is over the limit;
+//   - fleet.UnansweredSuspect completions in a row that ended before any
+//     response headers (clients that give up early, whatever their timeout);
+//   - a decision open longer than half the limit while no request started
 //     after it has been answered in time (the decision sweep checks this; it
 //     runs only while completions arrive, else every decision looks open).
-// A suspect endpoint gets one probe, a 1-token completion with the budget as
+// A suspect endpoint gets one probe, a 1-token completion with the limit as
 // its timeout, so a long stream (open for minutes, but its first byte came
 // early) is told apart from a stall. A probe that gets no answer in time
 // degrades the endpoint: no new decisions until a later probe (every
 // health.stall.readmit) answers in time. The last available endpoint of a
 // pool is never degraded: a slow answer beats none.
 //
-// Worst case from the first stalled request to degraded: budget/2 + one
-// sweep (budget/4, 100ms..1s) + the probe's budget, ~1.75x the budget.
+// Worst case from the first stalled request to degraded: limit/2 + one
+// sweep (limit/4, 100ms..1s) + the probe's limit, ~1.75x the limit (with
+// the default 1s floor and fast replicas, ~2 s). The price: a replica
+// whose streams outlast half its limit is probed about once per limit.
 
-// checkStalls starts the probes that suspect and degraded endpoints need.
+// checkStalls scales each endpoint's limit to its first-token times and
+// starts the probes that suspect and degraded endpoints need.
 func (l *Loop) checkStalls(ctx context.Context, snap *route.Snapshot, now time.Time) {
 	sc := snap.Config.Health.Stall
 	for _, d := range snap.Deployments {
@@ -41,9 +50,10 @@ func (l *Loop) checkStalls(ctx context.Context, snap *route.Snapshot, now time.T
 			model = d.Config.Models[0]
 		}
 		for _, p := range d.Pools {
+			scaleLimits(p, sc.Scale, sc.Floor.D(), now)
 			for _, e := range p.Endpoints {
 				ss := &e.State.Stall
-				b := time.Duration(ss.BudgetNs.Load())
+				b := time.Duration(ss.Limit())
 				suspect := ss.Suspect.Swap(false)
 				if b <= 0 {
 					continue
@@ -67,7 +77,38 @@ func (l *Loop) checkStalls(ctx context.Context, snap *route.Snapshot, now time.T
 	}
 }
 
-// errStalled is a probe that got no answer within the budget.
+// scaleLimits sets each endpoint's limit to scale x the p99 of its recent
+// first-token times, at least floor; an endpoint with too few borrows its
+// pool's (a replica that stalls soon after it joins is still judged by
+// its peers); with neither, the budget applies.
+func scaleLimits(p *fleet.Pool, scale float64, floor time.Duration, now time.Time) {
+	var (
+		pool  [len(fleet.RequestBuckets) + 1]uint64
+		poolN uint64
+	)
+	for _, e := range p.Endpoints {
+		c, n := e.State.RecentFirstToken(now)
+		for j := range pool {
+			pool[j] += c[j]
+		}
+		poolN += n
+	}
+	poolP99, poolOK := fleet.P99(&pool, poolN)
+	for _, e := range p.Endpoints {
+		c, n := e.State.RecentFirstToken(now) // the same window: rotated above
+		p99, ok := fleet.P99(&c, n)
+		if !ok {
+			p99, ok = poolP99, poolOK
+		}
+		if !ok {
+			e.State.Stall.SetScaled(0)
+			continue
+		}
+		e.State.Stall.SetScaled(max(floor, time.Duration(scale*float64(p99))))
+	}
+}
+
+// errStalled is a probe that got no answer within the endpoint's limit.
 var errStalled = errors.New("no answer within the stall budget")
 
 func (l *Loop) probeStall(ctx context.Context, p *fleet.Pool, e *fleet.Endpoint, model, path string, budget time.Duration) {

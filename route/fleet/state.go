@@ -91,6 +91,10 @@ type PoolMetrics struct {
 // StallState is an endpoint's stall detection state (atomics: not copied).
 type StallState struct {
 	BudgetNs atomic.Int64 // 0 = off; set by each snapshot
+	// ScaledNs is the limit scaled to the replica's first-token times
+	// (health.stall.scale x p99, at least health.stall.floor; 0 = not
+	// known); Limit caps it by the budget.
+	ScaledNs atomic.Int64
 	Degraded atomic.Bool
 	Suspect  atomic.Bool
 	Probing  atomic.Bool
@@ -104,6 +108,7 @@ type StallState struct {
 	// Unanswered counts verified completions in a row that ended before
 	// the replica's response headers.
 	Unanswered atomic.Int32
+	window     stallWindow
 }
 
 // UnansweredSuspect is how many completions in a row without response
@@ -113,12 +118,12 @@ const UnansweredSuspect = 3
 // onFeedback takes one completion's times (ms, -1 = unknown); only a
 // verified one counts as an answer in time.
 func (ss *StallState) onFeedback(ms, ttfb, now int64, verified bool) {
-	b := ss.BudgetNs.Load()
+	b := ss.Limit()
 	if b <= 0 {
 		return
 	}
-	budgetMs := b / int64(time.Millisecond)
-	if ttfb >= budgetMs {
+	limitMs := b / int64(time.Millisecond)
+	if ttfb >= limitMs {
 		ss.Suspect.Store(true)
 		return
 	}
@@ -129,7 +134,7 @@ func (ss *StallState) onFeedback(ms, ttfb, now int64, verified bool) {
 		// No response headers: the client or the proxy gave up before the
 		// replica answered (nginx's 499, HAProxy's %Tr -1), however soon.
 		// Not an answer in time; a few in a row make the endpoint suspect,
-		// since a client timeout under half the budget never leaves a
+		// since a client timeout under half the limit never leaves a
 		// decision open long enough for the ledger's sweep to see it.
 		if ss.Unanswered.Add(1) >= UnansweredSuspect {
 			ss.Suspect.Store(true)
