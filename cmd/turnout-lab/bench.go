@@ -32,6 +32,8 @@ const benchUsage = `turnout-lab bench: routing quality and cost benchmarks
   turnout-lab bench cost   [--duration D] ...        (/internal/route vs a trivial handler; HAProxy and nginx alone vs with turnout)
   turnout-lab bench transports [--duration D] ...    (decisions/s and CPU per decision: /internal/route, SPOE, Endpoint Picker)
   turnout-lab bench scale [--endpoints 16,64,256,1024] ... (the decision core in process: decisions/s per core by policy, pool and prompt size)
+  turnout-lab bench scale --kv [--publishers 64,256,1024] ... (KV events ingested per core from N mock vLLM publishers)
+  turnout-lab bench kvpub [--publishers N] [--rate N]  (mock vLLM KV-event publishers, for bench scale --kv)
   turnout-lab bench trivial --listen ADDR            (the trivial fasthttp handler cost compares against)
   turnout-lab bench policies                         (the default comparison rows, one per line)
 
@@ -74,6 +76,8 @@ func runBench(args []string, log *zerolog.Logger) error {
 		return runTrivial(args[1:], log)
 	case "scale":
 		return runScale(args[1:], log)
+	case "kvpub":
+		return runKVPub(args[1:], log)
 	case "policies":
 		if cli.WantsHelp(args[1:]) {
 			return &cli.HelpShown{Text: "Usage: turnout-lab bench policies\n\nPrints the default comparison rows of bench replay, one per line.\n\nExample:\n  turnout-lab bench replay --policies \"$(turnout-lab bench policies | tr '\\n' ';')\"\n"}
@@ -85,7 +89,7 @@ func runBench(args []string, log *zerolog.Logger) error {
 	case "-h", "--help", "help":
 		return &cli.HelpShown{Text: benchUsage}
 	}
-	return fmt.Errorf("%s (want replay, azure, cost, flow, transports, scale, trivial or policies)", cli.UnknownCommand("bench", args[0], []string{"replay", "azure", "cost", "flow", "transports", "scale", "trivial", "policies"}))
+	return fmt.Errorf("%s (want replay, azure, cost, flow, transports, scale, kvpub, trivial or policies)", cli.UnknownCommand("bench", args[0], []string{"replay", "azure", "cost", "flow", "transports", "scale", "kvpub", "trivial", "policies"}))
 }
 
 // errTraceMissing makes a missing trace a clean skip, not a failure.

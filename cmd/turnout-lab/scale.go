@@ -1,8 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"flag"
 	"fmt"
+	"io"
+	"os"
 	"strconv"
 	"strings"
 
@@ -14,11 +18,89 @@ import (
 
 var benchScaleCmd = cli.Command{
 	Prog:     prog,
-	Synopsis: "turnout-lab bench scale [--policies LIST] [--endpoints LIST] [--prompt-kib LIST] [--blocks LIST] [flags]",
+	Synopsis: "turnout-lab bench scale [--policies LIST] [--endpoints LIST] [--prompt-kib LIST] [--blocks LIST] [flags]\n       turnout-lab bench scale --kv [--publishers LIST] [--kv-rate N] [--kv-blocks N] [flags]",
 	About: `Measures the decision core in process, on one goroutine: decisions/s per core, p50/p99 decision time and
 allocations for each policy at each pool size and prompt size, and for the prefix-keyed policies with the index
-filled to each --blocks size first (its heap per indexed block). docs/scale.md reads these rows.`,
-	Example: "turnout-lab bench scale --policies prefix-affinity --endpoints 64,256,1024 --prompt-kib 8 --blocks 0,1000000",
+filled to each --blocks size first (its heap per indexed block). docs/scale.md reads these rows.
+
+With --kv, the KV-event axis instead: for each --publishers count, that many mock vLLM publishers (ZMQ PUB,
+msgpack EventBatches; "bench kvpub", a process of its own) send --kv-rate events/s in total to turnout's
+subscribers and KV index in this process, holding --kv-blocks blocks together; the row is events ingested per
+CPU-second of this process and the time of a prefix lookup over every source meanwhile. A first line decodes and
+applies the same batches on one goroutine without sockets and reports the index's heap per block.`,
+	Example: "turnout-lab bench scale --policies prefix-affinity --endpoints 64,256,1024 --prompt-kib 8 --blocks 0,1000000\n  turnout-lab bench scale --kv --publishers 64,256,1024 --kv-rate 200000",
+}
+
+var benchKVPubCmd = cli.Command{
+	Prog:     prog,
+	Synopsis: "turnout-lab bench kvpub [--publishers N] [--rate N] [flags]",
+	About: `Runs N mock vLLM KV-event publishers (ZMQ PUB on loopback, msgpack EventBatches of BlockStored and
+BlockRemoved events, each publisher keeping --held blocks): prints their addresses, one a line, starts sending at
+--rate events/s in total when a line arrives on stdin, and stops at EOF. "bench scale --kv" runs it.`,
+	Example: "turnout-lab bench kvpub --publishers 64 --rate 200000",
+}
+
+func runKVPub(args []string, log *zerolog.Logger) error {
+	o := bench.DefaultKVPubOptions()
+	fset := cli.NewFlags("bench kvpub")
+	kvPubFlags(fset, &o)
+	fset.IntVar(&o.Publishers, "publishers", o.Publishers, "publishers")
+	fset.IntVar(&o.Rate, "rate", o.Rate, "events per second of all publishers together")
+	fset.IntVar(&o.Held, "held", o.Held, "blocks each publisher keeps cached (older ones are removed)")
+	if err := cli.ParseFlags(fset, benchKVPubCmd, args); err != nil {
+		return err
+	}
+	ctx, stop := cli.StopContext()
+	defer stop()
+	pubs, err := bench.StartKVPublishers(ctx, o, log)
+	if err != nil {
+		return fmt.Errorf("bench kvpub: %w", err)
+	}
+	defer pubs.Close()
+	if err := pubs.WriteAddrs(os.Stdout); err != nil {
+		return fmt.Errorf("bench kvpub: %w", err)
+	}
+	in := bufio.NewReader(os.Stdin)
+	if _, err := in.ReadString('\n'); err != nil {
+		return nil // stdin closed before the start: nothing to send
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	go func() {
+		_, _ = io.Copy(io.Discard, in)
+		cancel()
+	}()
+	pubs.Run(rctx)
+	st := pubs.Stats()
+	log.Info().Uint64("sent", st.Sent).Uint64("dropped", st.Dropped).Uint64("encode_errors", st.EncodeErrors).Msg("bench kvpub: done")
+	return nil
+}
+
+// kvPubFlags are the stream's shape, shared by bench kvpub and bench scale --kv.
+func kvPubFlags(fset *flag.FlagSet, o *bench.KVPubOptions) {
+	fset.IntVar(&o.EventsPerBatch, "events-per-batch", o.EventsPerBatch, "events per EventBatch (one ZMQ message)")
+	fset.IntVar(&o.BlocksPerEvent, "blocks-per-event", o.BlocksPerEvent, "blocks named by one event")
+	fset.IntVar(&o.BlockSize, "block-size", o.BlockSize, "tokens per block")
+	fset.IntVar(&o.ChainEvents, "chain-events", o.ChainEvents, "stored events extending one prefix chain")
+}
+
+func runKVScale(pubs string, o bench.KVScaleOptions, out, name string, log *zerolog.Logger) error {
+	var err error
+	if o.Publishers, err = parseInts(pubs); err != nil {
+		return fmt.Errorf("bench scale: --publishers: %w", err)
+	}
+	o.Log = log
+	ctx, stop := cli.StopContext()
+	defer stop()
+	core, err := bench.RunKVCore(o.Pub, o.Blocks)
+	if err != nil {
+		return fmt.Errorf("bench scale --kv: %w", err)
+	}
+	log.Info().Float64("per_core", core.PerCore).Float64("bytes_per_block", core.BytesPerBlock).Msg("kv core")
+	rows, err := bench.RunKVScale(ctx, o)
+	if err != nil {
+		return fmt.Errorf("bench scale --kv: %w", err)
+	}
+	return teeFile(out, name+"-kv.txt", func(w io.Writer) error { return bench.WriteKVScaleTable(w, core, rows) })
 }
 
 func runScale(args []string, log *zerolog.Logger) error {
@@ -33,8 +115,18 @@ func runScale(args []string, log *zerolog.Logger) error {
 	fset.Uint64Var(&d.Seed, "seed", d.Seed, "seed for the policies")
 	out := fset.String("out", "bench-out", "output directory")
 	name := fset.String("name", "scale", "output file name prefix")
+	ko := bench.DefaultKVScaleOptions()
+	kvMode := fset.Bool("kv", false, "measure KV-event ingest instead of decisions (the flags below)")
+	pubs := fset.String("publishers", ints(ko.Publishers), "--kv: comma-separated publisher counts")
+	fset.IntVar(&ko.Pub.Rate, "kv-rate", ko.Pub.Rate, "--kv: events per second of all publishers together")
+	fset.IntVar(&ko.Blocks, "kv-blocks", ko.Blocks, "--kv: blocks the publishers hold together (the index's size)")
+	fset.DurationVar(&ko.Duration, "kv-duration", ko.Duration, "--kv: timed ingest per row")
+	kvPubFlags(fset, &ko.Pub)
 	if err := cli.ParseFlags(fset, benchScaleCmd, args); err != nil {
 		return err
+	}
+	if *kvMode {
+		return runKVScale(*pubs, ko, *out, *name, log)
 	}
 	var err error
 	d.Policies = strings.Split(*pols, ",")

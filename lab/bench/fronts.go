@@ -297,11 +297,11 @@ func WriteFrontsTable(w io.Writer, rows []Row) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tfronts\thit\tvs 1\tload req\tTTFT p50 ms\tp90\tp99\tp90 vs 1\tp99 vs 1\tengine TTFT mean\tsync B/dec\tmsgs/dec\t")
+	fmt.Fprintln(tw, "policy\tfronts\thit\tvs 1\tload req\tTTFT p50 ms\tp90\tp99\tp90 vs 1\tp99 vs 1\tengine TTFT mean\tsync B/dec\tmsgs/dec\tsync µs/dec/front\t")
 	for _, l := range lines {
 		r := l.Row
-		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%s\t%.3f\t%.0f\t%.0f\t%.0f\t%s\t%s\t%.0f\t%.0f\t%.2f\t\n", r.Policy, r.Fronts, r.HitRatio, ratioCell(l.Hit()),
-			r.LoadReq, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, ratioCell(l.P90()), ratioCell(l.P99()), r.EngineTTFT, r.SyncBytes, r.SyncMsgs)
+		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%s\t%.3f\t%.0f\t%.0f\t%.0f\t%s\t%s\t%.0f\t%.0f\t%.2f\t%.2f\t\n", r.Policy, r.Fronts, r.HitRatio, ratioCell(l.Hit()),
+			r.LoadReq, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, ratioCell(l.P90()), ratioCell(l.P99()), r.EngineTTFT, r.SyncBytes, r.SyncMsgs, r.SyncUs)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("fronts table: %w", err)

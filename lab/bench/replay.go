@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"time"
 
@@ -92,6 +93,9 @@ func simRow(reqs []Request, trace string, spec PolicySpec, fronts int, names []s
 		if spec.IsProxyAlone() {
 			return Row{Mode: "sim", Trace: trace, Policy: spec.String(), Fronts: fronts, Note: "skipped: --fronts needs a turnout policy"}, nil
 		}
+		// The sync's cost is read from this thread's CPU clock.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
 		router, err = newFrontsRouter(spec, names, o, fronts)
 	} else {
 		router, err = NewRouter(spec, names, o)
@@ -116,6 +120,12 @@ func simRow(reqs []Request, trace string, spec PolicySpec, fronts int, names []s
 	}
 	row := MakeRow("sim", trace, spec, res, inf, pooled, 1)
 	row.Fronts = fronts
+	if fr, ok := router.(*frontsRouter); ok && res.Requests > 0 {
+		msgs, bytes, cost := fr.SyncCost()
+		d := float64(res.Requests)
+		row.SyncMsgs, row.SyncBytes = float64(msgs)/d, float64(bytes)/d
+		row.SyncUs = float64(cost.Nanoseconds()) / 1e3 / d / float64(fronts)
+	}
 	if o.LoRA.Adapters > 0 {
 		row.Adapters, row.AdapterLoads = true, res.AdapterLoads
 	}

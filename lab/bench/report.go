@@ -50,6 +50,11 @@ type Row struct {
 	// published decision, summed over the fronts.
 	Fronts              int
 	SyncBytes, SyncMsgs float64
+	// SyncUs is, in the sim, the time one front spends on the sync
+	// (encoding, decoding and applying route/cluster's messages) per
+	// decision of all fronts, in µs: the fronts' total over decisions x
+	// fronts (0: not measured).
+	SyncUs float64
 	// EngineTTFT is the replicas' own mean TTFT in model milliseconds
 	// (e2e: the mocks' histograms; sim: from the decision to the first
 	// token; 0: not reported): queue wait and prefill, so a gap between

@@ -2,9 +2,11 @@ package bench
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/turnout/turnout/route/cluster"
 	"github.com/turnout/turnout/route/fleet"
 )
 
@@ -18,6 +20,14 @@ import (
 // messages, which move peers' Endpoint.Load until their next scrape). The
 // e2e replay measures the same through NATS, with the box's noise; the
 // sim isolates what the delay costs.
+//
+// Every message also goes through route/cluster's wire format: encoded
+// once by its sender (a decision as a batch of one record and the
+// front's load message, a completion as a load message: what a Sync whose
+// publisher finds one decision queued sends), decoded by each other front,
+// whose decision records are applied from the decoded bytes. The time of
+// that (encode, decode, apply) is the sync's CPU the fronts table reports,
+// read from the thread's CPU clock (the sim holds its thread).
 type frontsRouter struct {
 	fronts []*turnoutRouter
 	// syncs: the pool's policy records prefixes, so the cluster syncs it
@@ -40,6 +50,14 @@ type frontsRouter struct {
 	// the sink was called at all (the cluster publishes that decision).
 	sunk   []uint64
 	shared bool
+	// The sync's cost: messages and bytes sent, the time spent encoding,
+	// decoding and applying, and the decoder's scratch.
+	msgs, bytes int64
+	cost        time.Duration
+	buf         []uint64
+	// clock is what reading the thread clock twice adds to an interval,
+	// taken off each one.
+	clock time.Duration
 }
 
 type frontDecision struct {
@@ -55,6 +73,9 @@ type syncMsg struct {
 	load           int64
 	blocks         []uint64
 	shared         bool // a decision the front published
+	// wire: the decision's batch (when shared) and the sender's load
+	// message, in route/cluster's format.
+	wire, loads []byte
 }
 
 // frontSink is one front's prefix sink: it keeps the decision's blocks for
@@ -85,6 +106,7 @@ func newFrontsRouter(spec PolicySpec, names []string, o SimOptions, n int) (*fro
 		fr.fronts = append(fr.fronts, t)
 	}
 	_, fr.syncs = fr.fronts[0].srv.Snapshot().Deployments[0].Serve.Policy.(fleet.PrefixRecorder)
+	fr.clock = clockCost()
 	return fr, nil
 }
 
@@ -102,6 +124,8 @@ func (fr *frontsRouter) SetNow(t time.Duration) {
 }
 
 func (fr *frontsRouter) deliver(m *syncMsg) {
+	start := threadCPU()
+	defer func() { fr.cost += max(0, threadCPU()-start-fr.clock) }()
 	for g, t := range fr.fronts {
 		if g == m.front {
 			continue
@@ -110,21 +134,72 @@ func (fr *frontsRouter) deliver(m *syncMsg) {
 		if e == nil {
 			continue
 		}
+		p := t.srv.Snapshot().Deployments[0].Serve
+		var err error
 		if m.shared {
-			p := t.srv.Snapshot().Deployments[0].Serve
-			if rec, ok := p.Policy.(fleet.PrefixRecorder); ok && len(m.blocks) > 0 {
-				rec.RecordPrefix(e.Index, m.blocks)
-			}
-			e.NotePeerDecision()
+			rec, _ := p.Policy.(fleet.PrefixRecorder)
+			fr.buf, err = cluster.DecodeMessage(m.wire, fr.buf, func(ep []byte, blocks []uint64) {
+				pe := p.EndpointByName(ep)
+				if pe == nil {
+					return
+				}
+				if rec != nil && len(blocks) > 0 {
+					rec.RecordPrefix(pe.Index, blocks)
+				}
+				pe.NotePeerDecision()
+			}, nil)
+		}
+		// The levels are decoded as a Sync would; the sim moves the peer
+		// load by the message's change (the same once in order).
+		if err == nil {
+			fr.buf, err = cluster.DecodeMessage(m.loads, fr.buf, nil, func([]byte, int64) {})
+		}
+		if err != nil {
+			panic(fmt.Sprintf("sim fronts: a message the sim encoded does not decode: %v", err))
 		}
 		e.AddPeerLoad(m.load)
 	}
+}
+
+// encode writes m's messages as front m.front's Sync would send them.
+func (fr *frontsRouter) encode(m *syncMsg) {
+	start := threadCPU()
+	t := fr.fronts[m.front]
+	p := t.srv.Snapshot().Deployments[0].Serve
+	origin := "front-" + strconv.Itoa(m.front)
+	if e := t.endpoint(m.replica); e != nil && m.shared {
+		m.wire = cluster.AppendDecisionMessage(nil, origin, p, e, m.blocks)
+		fr.msgs++
+		fr.bytes += int64(len(m.wire))
+	}
+	m.loads = cluster.AppendLoadMessage(nil, origin, p)
+	fr.msgs++
+	fr.bytes += int64(len(m.loads))
+	fr.cost += max(0, threadCPU()-start-fr.clock)
+}
+
+// clockCost is the least of some intervals between two thread-clock
+// readings with nothing between them.
+func clockCost() time.Duration {
+	least := time.Duration(1<<63 - 1)
+	for range 1000 {
+		s := threadCPU()
+		least = min(least, threadCPU()-s)
+	}
+	return least
+}
+
+// SyncCost is what the sync cost over the run: messages and bytes sent,
+// and the time spent encoding, decoding and applying them (all fronts).
+func (fr *frontsRouter) SyncCost() (msgs, bytes int64, cost time.Duration) {
+	return fr.msgs, fr.bytes, fr.cost
 }
 
 func (fr *frontsRouter) send(m syncMsg) {
 	if !fr.syncs {
 		return
 	}
+	fr.encode(&m)
 	if fr.delay <= 0 {
 		fr.deliver(&m)
 		return

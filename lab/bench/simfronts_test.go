@@ -166,3 +166,27 @@ func TestSimFrontsNoDelayPlaceAsOne(t *testing.T) {
 		}
 	}
 }
+
+// The sim's sync goes through route/cluster's wire format: a decision is
+// a batch of one record plus the front's load message, a completion a
+// load message (3 messages per decision, one front's too: it publishes
+// to no one), and the cost is counted.
+func TestSimFrontsSyncCost(t *testing.T) {
+	reqs := SyntheticTrace(120, 2)
+	o := tinySim(3, 2)
+	o.BlockSize, o.CacheBlocks = 16, 4096
+	o.Fronts, o.SyncDelay, o.Parallel = []int{1, 4}, time.Millisecond, 1
+	rows, err := RunSim(reqs, "t", []PolicySpec{{Policy: policy.PrefixAffinityType}}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, four := rows[0], rows[1]
+	if one.SyncMsgs != 3 || four.SyncMsgs != 3 {
+		t.Errorf("%.2f and %.2f messages per decision (1 and 4 fronts), want 3", one.SyncMsgs, four.SyncMsgs)
+	}
+	// A load message is at least the header and one record per replica;
+	// a batch carries the prompt's blocks at 8 bytes each.
+	if four.SyncBytes < 3*30 || four.SyncUs <= 0 {
+		t.Errorf("4 fronts: %.0f B and %.3f µs per decision", four.SyncBytes, four.SyncUs)
+	}
+}

@@ -176,13 +176,14 @@ const maxDepth = 32
 // decoder reads straight from a bytes.Reader (an io.ByteScanner, so the
 // msgpack decoder buffers nothing ahead and the reader may be rewound).
 type decoder struct {
-	r bytes.Reader
-	d *msgpack.Decoder
-	s [64]byte // scratch for keys, tags and byte hashes
+	r   bytes.Reader
+	d   *msgpack.Decoder
+	raw []byte   // what r reads, for the token and hash fast paths
+	s   [64]byte // scratch for keys, tags and byte hashes
 }
 
 func newDecoder(b []byte) *decoder {
-	x := &decoder{}
+	x := &decoder{raw: b}
 	x.r.Reset(b)
 	x.d = msgpack.NewDecoder(&x.r)
 	return x
@@ -429,24 +430,86 @@ func (x *decoder) hash(what string) (uint64, error) {
 	return h, nil
 }
 
-// array reads an array whose elements elem reads.
-func array[T any](x *decoder, what string, elem func(what string) (T, error)) ([]T, error) {
+func (x *decoder) hashes(what string) ([]uint64, error) {
 	n, err := x.arrayLen(what)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]T, n)
+	out := make([]uint64, n)
+	p := x.pos()
 	for i := range out {
-		if out[i], err = elem(what); err != nil {
+		// Fast path: the unsigned int codes vLLM's int hashes use; the
+		// rest (negative ints, byte strings, errors) through hash.
+		if v, k := fastUint(x.raw[p:]); k > 0 {
+			out[i], p = v, p+k
+			continue
+		}
+		if err := x.seek(p); err != nil {
 			return nil, err
 		}
+		if out[i], err = x.hash(what); err != nil {
+			return nil, err
+		}
+		p = x.pos()
 	}
-	return out, nil
+	return out, x.seek(p)
 }
 
-func (x *decoder) hashes(what string) ([]uint64, error) { return array(x, what, x.hash) }
+// tokens reads a block's token ids. Ingest spends most of its decoding
+// here (16 ids per block): the unsigned int codes are read straight from
+// the payload, anything else goes through token, which judges it.
+func (x *decoder) tokens(what string) ([]uint32, error) {
+	n, err := x.arrayLen(what)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint32, n)
+	p := x.pos()
+	for i := range out {
+		if v, k := fastUint(x.raw[p:]); k > 0 && v <= math.MaxUint32 {
+			out[i], p = uint32(v), p+k
+			continue
+		}
+		if err := x.seek(p); err != nil {
+			return nil, err
+		}
+		if out[i], err = x.token(what); err != nil {
+			return nil, err
+		}
+		p = x.pos()
+	}
+	return out, x.seek(p)
+}
 
-func (x *decoder) tokens(what string) ([]uint32, error) { return array(x, what, x.token) }
+// fastUint decodes a msgpack positive fixint or uint8/16/32/64 at the
+// start of b, returning the bytes it took (0: another code, or too short).
+func fastUint(b []byte) (uint64, int) {
+	if len(b) == 0 {
+		return 0, 0
+	}
+	switch c := b[0]; {
+	case c <= msgpcode.PosFixedNumHigh:
+		return uint64(c), 1
+	case c == msgpcode.Uint8 && len(b) >= 2:
+		return uint64(b[1]), 2
+	case c == msgpcode.Uint16 && len(b) >= 3:
+		return uint64(binary.BigEndian.Uint16(b[1:])), 3
+	case c == msgpcode.Uint32 && len(b) >= 5:
+		return uint64(binary.BigEndian.Uint32(b[1:])), 5
+	case c == msgpcode.Uint64 && len(b) >= 9:
+		return binary.BigEndian.Uint64(b[1:]), 9
+	}
+	return 0, 0
+}
+
+// seek moves the reader to p; the msgpack decoder reads straight from it
+// (it buffers nothing ahead of an io.ByteScanner).
+func (x *decoder) seek(p int) error {
+	if _, err := x.r.Seek(int64(p), io.SeekStart); err != nil {
+		return x.wrap("seek", err)
+	}
+	return nil
+}
 
 func (x *decoder) token(what string) (uint32, error) {
 	c, err := x.peek()
