@@ -310,6 +310,9 @@ type tmplData struct {
 	// is contract.PathServed.
 	Hdr struct {
 		Truncated, OriginalURI, OriginalMethod, Repeat string
+		// Want is contract.HdrWant; Wanted the asked verdict fields this
+		// glue reads (those with a NginxVar), as its value.
+		Want, Wanted string
 	}
 	Served string
 	// HideOnRelay are the verdict headers hidden from a relayed refusal.
@@ -448,11 +451,16 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		UnreadRe:          strings.Join(contract.UnreadReasons, "|"),
 		summary:           Summary{Pools: map[string][]string{}},
 	}
+	var wanted []string
 	for _, f := range contract.VerdictFields() {
 		if f.NginxVar != "" {
 			d.VerdictVars = append(d.VerdictVars, f.NginxVar)
+			if f.Asked {
+				wanted = append(wanted, f.Name)
+			}
 		}
 	}
+	d.Hdr.Want, d.Hdr.Wanted = contract.HdrWant, strings.Join(wanted, ",")
 	g := contract.GlueVerdict()
 	for _, f := range g.Copied {
 		if f.NginxVar != "" {

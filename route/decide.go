@@ -603,7 +603,7 @@ func (t *Txn) Picks() []*fleet.Endpoint {
 }
 
 // ProxyHeaders takes the request headers of the proxy's call: the
-// body-cut flag, the original URI and method, and the forwarded headers
+// body-cut flag, the original URI and method, the asked fields, and the forwarded headers
 // (matched once per name and snapshot, headers.go); other headers are
 // ignored. One call for all of them: a call per header cost a few percent
 // of a round-robin decision.
@@ -622,6 +622,8 @@ func (t *Txn) ProxyHeaders(h *fasthttp.RequestHeader) {
 			in.Method = v
 		case kindRepeat:
 			in.Repeat = true
+		case kindWant:
+			in.Want = v
 		case kindForwarded:
 			in.AddHeaderRole(k, v, uint8(role))
 		}

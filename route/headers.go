@@ -55,6 +55,7 @@ const (
 	kindOrigMethod                // X-Original-Method
 	kindForwarded                 // one of ForwardedHeaders (with its role)
 	kindRepeat                    // X-Turnout-Repeat
+	kindWant                      // X-Turnout-Want
 )
 
 // hdrKind is what the HTTP transport makes of a request header name.
@@ -117,6 +118,8 @@ func (s *Snapshot) classify(name []byte) (hdrKind, hdrRole) {
 		return kindOrigMethod, 0
 	case contract.HeaderIs(name, repeatNorm):
 		return kindRepeat, 0
+	case contract.HeaderIs(name, wantNorm):
+		return kindWant, 0
 	}
 	if role := s.forwardedRole(name); role != 0 {
 		return kindForwarded, role
@@ -130,5 +133,6 @@ var (
 	origURINorm    = contract.NormHeader([]byte(contract.HdrOriginalURI))
 	origMethodNorm = contract.NormHeader([]byte(contract.HdrOriginalMethod))
 	repeatNorm     = contract.NormHeader([]byte(contract.HdrRepeat))
+	wantNorm       = contract.NormHeader([]byte(contract.HdrWant))
 	requestIDNorm  = contract.NormHeader([]byte(contract.FwdRequestID))
 )

@@ -491,8 +491,13 @@ func TestNginxReplicaDown(t *testing.T) {
 			t.Fatalf("%s: no home replica", c.model)
 		}
 		// turnout's verdict for the session names the home replica and,
-		// first of its fallbacks, where nginx must resend.
-		v, err := Post(context.Background(), http.DefaultClient, s.T.URL+"/internal/route", chatBody(c.model, "s", "u", false), c.hdr)
+		// first of its fallbacks, where nginx must resend (asked for, as
+		// the nginx glue asks).
+		ask := map[string]string{"X-Turnout-Want": "fallback_addr"}
+		for k, v := range c.hdr {
+			ask[k] = v
+		}
+		v, err := Post(context.Background(), http.DefaultClient, s.T.URL+"/internal/route", chatBody(c.model, "s", "u", false), ask)
 		if err != nil || v.Header.Get("X-Turnout-Server") != home || v.Header.Get("X-Turnout-Fallback-Backend") == "" {
 			t.Fatalf("%s: verdict %v %v", c.model, v, err)
 		}

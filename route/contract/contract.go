@@ -35,6 +35,10 @@ const (
 	// body): turnout answers it as any call, without counting or logging
 	// the refusal again (Input.Repeat).
 	HdrRepeat = "X-Turnout-Repeat"
+	// HdrWant names the asked verdict fields (VerdictField.Asked) a glue
+	// reads, comma-separated (VerdictField.Name): turnout writes those
+	// headers only for a call that names them.
+	HdrWant = "X-Turnout-Want"
 
 	// Response headers of a decision.
 	HdrServer    = "X-Turnout-Server"
@@ -42,7 +46,8 @@ const (
 	HdrPool      = "X-Turnout-Pool"
 	HdrFallbacks = "X-Turnout-Fallbacks"
 	// HdrFallbackBackend is the first fallback's address: nginx routes to
-	// addresses, not names, so its retry needs it (docs/nginx.md).
+	// addresses, not names, so its retry needs it (docs/nginx.md). Asked
+	// for (HdrWant): the other glues route by name.
 	HdrFallbackBackend = "X-Turnout-Fallback-Backend"
 	HdrDecision        = "X-Turnout-Decision"
 	// HdrKVInsert (base64) and HdrKVAt are the body edit of a PD verdict:

@@ -1,6 +1,7 @@
 package contract
 
 import (
+	"bytes"
 	"encoding/json"
 	"strconv"
 	"strings"
@@ -43,6 +44,10 @@ type VerdictField struct {
 	Kind     FieldKind
 	// Required: an answer without it is a bad answer (fail mode).
 	Required bool
+	// Asked: the HTTP answer carries Header only when the call names the
+	// field in HdrWant (Wants). For a field one glue reads: the others
+	// would pay for a header on every answer.
+	Asked bool
 
 	get func(*Verdict) []byte // a routed string field's value
 	hdr []byte                // Header, for fasthttp
@@ -56,7 +61,7 @@ var verdictFields = [...]VerdictField{
 		get: func(v *Verdict) []byte { return v.Addr }},
 	// The first fallback's address, for a glue that reaches replicas by
 	// address (nginx): where a request refused before any byte goes next.
-	{Name: "fallback_addr", Header: HdrFallbackBackend, NginxVar: "turnout_fallback", Kind: KindString,
+	{Name: "fallback_addr", Header: HdrFallbackBackend, NginxVar: "turnout_fallback", Kind: KindString, Asked: true,
 		get: func(v *Verdict) []byte { return v.FallbackAddr }},
 	{Name: "pool", Header: HdrPool, SPOEVar: SPOEVarPool, HAProxyVar: "txn.turnout_pool", NginxVar: "turnout_pool", Kind: KindString,
 		get: func(v *Verdict) []byte { return v.Pool }},
@@ -103,6 +108,23 @@ func (f *VerdictField) Value(v *Verdict) []byte {
 		return nil
 	}
 	return f.get(v)
+}
+
+// Wants reports whether want, a HdrWant value (comma-separated field
+// names, spaces allowed), names the field called name.
+func Wants(want []byte, name string) bool {
+	for len(want) > 0 {
+		item := want
+		if i := bytes.IndexByte(want, ','); i >= 0 {
+			item, want = want[:i], want[i+1:]
+		} else {
+			want = nil
+		}
+		if string(bytes.TrimSpace(item)) == name {
+			return true
+		}
+	}
+	return false
 }
 
 // VerdictFields returns (a copy of) the verdict field table.

@@ -108,8 +108,14 @@ type SPOEConfig struct {
 	}
 }
 
-// SPOECopy copies the agent variable txn.turnout.<From> to To.
-type SPOECopy struct{ From, To string }
+// SPOECopy copies the agent variable txn.turnout.<From> to To. Edit
+// marks the body edit's variables, set only for a prefill/decode
+// deployment: a config without one renders no rule for them (every rule
+// runs on every request).
+type SPOECopy struct {
+	From, To string
+	Edit     bool
+}
 
 // NewSPOEConfig builds the SPOE view of the contract for fallbacks
 // fallback servers. The error bodies go into single-quoted HAProxy strings
@@ -134,11 +140,11 @@ func NewSPOEConfig(fallbacks int) (SPOEConfig, error) {
 			continue
 		}
 		if f.Kind != KindList {
-			c.Copies = append(c.Copies, SPOECopy{f.SPOEVar, f.HAProxyVar})
+			c.Copies = append(c.Copies, SPOECopy{From: f.SPOEVar, To: f.HAProxyVar, Edit: f.Name == "kv_insert" || f.Name == "kv_at"})
 			continue
 		}
 		for i := 1; i <= fallbacks; i++ {
-			c.Copies = append(c.Copies, SPOECopy{fmt.Sprintf("%s%d", f.SPOEVar, i), fmt.Sprintf("%s%d", f.HAProxyVar, i)})
+			c.Copies = append(c.Copies, SPOECopy{From: fmt.Sprintf("%s%d", f.SPOEVar, i), To: fmt.Sprintf("%s%d", f.HAProxyVar, i)})
 		}
 	}
 	c.StatusVar, c.AgentReasonVar, c.BodyVar = SPOEVarStatus, SPOEVarReason, SPOEVarBody

@@ -33,6 +33,8 @@ type Input struct {
 	// Repeat: the call repeats one already refused (HdrRepeat); its
 	// refusal is neither counted nor logged a second time.
 	Repeat bool
+	// Want is the call's HdrWant: the asked verdict fields to answer with.
+	Want []byte
 }
 
 // Subset restricts one request's candidates to the endpoints at these

@@ -56,6 +56,14 @@ func TestDecisionAllocs(t *testing.T) {
 			assertZeroAllocs(t, mustServer(t, fmt.Sprintf(fourEndpoints, pol)), routeCtx(body4K(1), "user-1"))
 		})
 	}
+	t.Run("asked fields", func(t *testing.T) {
+		ctx := routeCtx(body4K(1), "user-1")
+		ctx.Request.Header.Set(contract.HdrWant, "fallback_addr")
+		assertZeroAllocs(t, mustServer(t, fmt.Sprintf(fourEndpoints, "least-request")), ctx)
+		if len(ctx.Response.Header.Peek(contract.HdrFallbackBackend)) == 0 {
+			t.Fatalf("asked %s missing", contract.HdrFallbackBackend)
+		}
+	})
 }
 
 func benchRoute(b *testing.B, pol string, bodies int) {

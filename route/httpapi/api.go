@@ -106,9 +106,10 @@ func (a *API) writeHTTP(ctx *fasthttp.RequestCtx, v *contract.Verdict, t *route.
 		return
 	}
 	fields := contract.RoutedFields()
+	want := t.Input().Want
 	for i := range fields {
 		f := &fields[i]
-		if f.Header == "" {
+		if f.Header == "" || f.Asked && !contract.Wants(want, f.Name) {
 			continue
 		}
 		if b := f.Value(v); len(b) > 0 {

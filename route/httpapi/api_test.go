@@ -281,3 +281,41 @@ deployments:
 		t.Fatalf("second call: %d pd=%q reason %q, want the prefill tried", ctx.Response.StatusCode(), hdr(ctx, contract.HdrPD), hdr(ctx, contract.HdrReason))
 	}
 }
+
+// An asked field (X-Turnout-Fallback-Backend) is answered only to a call
+// that names it in X-Turnout-Want, in any spelling and list position; the
+// other fields are answered either way.
+func TestAskedFields(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(fourEndpoints, "least-request"))
+	pool := s.Snapshot().Deployments[0].Serve
+	for _, tc := range []struct {
+		name string
+		hdrs []string
+		want bool
+	}{
+		{"not asked", nil, false},
+		{"another field", []string{contract.HdrWant, "addr"}, false},
+		{"a prefix of the name", []string{contract.HdrWant, "fallback"}, false},
+		{"asked", []string{contract.HdrWant, "fallback_addr"}, true},
+		{"in a list, other spelling", []string{"x_turnout_want", "pool, fallback_addr"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := do(s, chatBody("llama", "", "x"), tc.hdrs...)
+			if ctx.Response.StatusCode() != 200 || hdr(ctx, contract.HdrServer) == "" || hdr(ctx, contract.HdrBackend) == "" {
+				t.Fatalf("verdict %d: %s", ctx.Response.StatusCode(), ctx.Response.Header.String())
+			}
+			got := hdr(ctx, contract.HdrFallbackBackend)
+			if !tc.want {
+				if got != "" {
+					t.Fatalf("%s %q answered unasked", contract.HdrFallbackBackend, got)
+				}
+				return
+			}
+			first, _, _ := strings.Cut(hdr(ctx, contract.HdrFallbacks), ",")
+			e := pool.EndpointByName([]byte(first))
+			if e == nil || got != e.Address {
+				t.Fatalf("%s %q, want the address of the first fallback %q (%v)", contract.HdrFallbackBackend, got, first, e)
+			}
+		})
+	}
+}
