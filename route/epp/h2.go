@@ -141,6 +141,11 @@ const (
 	maxFrame      = 16384 // the protocol's default; answers are cut to the peer's
 )
 
+// connBuf is a connection's read and write buffer: one read takes the
+// requests of several streams, one write their answers (a gateway keeps
+// a few connections, each with many streams).
+const connBuf = 64 << 10
+
 // h2Conn is one connection: read and decided by serve's goroutine.
 type h2Conn struct {
 	h  *h2Server
@@ -153,7 +158,8 @@ type h2Conn struct {
 	lastID   atomic.Uint32 // the last stream opened (GOAWAY names it)
 	recvConn int           // bytes received since the last connection WINDOW_UPDATE
 	spareIn  [][]byte
-	req      procReq // the message being handled
+	spareSt  []*h2Stream // ended streams, kept for the next ones
+	req      procReq     // the message being handled
 	hdec     *hpack.Decoder
 	hblock   []byte       // a header block continued in CONTINUATION frames
 	hstream  uint32       // its stream
@@ -170,6 +176,7 @@ type h2Conn struct {
 	peerFrame   int   // the peer's max frame size
 	parked      map[uint32]*h2Stream
 	reap        []uint32 // streams ended: the loop forgets them at its next flush
+	fhdr        [9]byte  // a DATA frame's header being written
 	spareOut    [][]byte
 	goneAway    bool
 	broken      bool // a write failed: the connection is closing
@@ -178,7 +185,7 @@ type h2Conn struct {
 }
 
 func newH2Conn(h *h2Server, nc net.Conn) *h2Conn {
-	c := &h2Conn{h: h, nc: nc, br: bufio.NewReaderSize(nc, 32<<10), bw: bufio.NewWriterSize(nc, 32<<10),
+	c := &h2Conn{h: h, nc: nc, br: bufio.NewReaderSize(nc, connBuf), bw: bufio.NewWriterSize(nc, connBuf),
 		streams: map[uint32]*h2Stream{}, parked: map[uint32]*h2Stream{},
 		sendConn: defaultWindow, peerWindow: defaultWindow, peerFrame: maxFrame}
 	c.fr = http2.NewFramer(c.bw, c.br)
@@ -242,7 +249,10 @@ func (c *h2Conn) serve() {
 			c.wmu.Lock()
 			err := c.bw.Flush()
 			for _, id := range c.reap {
-				delete(c.streams, id)
+				if st := c.streams[id]; st != nil {
+					delete(c.streams, id)
+					c.recycle(st)
+				}
 			}
 			c.reap = c.reap[:0]
 			c.wmu.Unlock()
@@ -458,7 +468,7 @@ func (c *h2Conn) headers(id uint32, ended bool) error {
 		return nil
 	}
 	path, ctype, method, enc := c.hf.path, c.hf.ctype, c.hf.method, c.hf.enc
-	st := &h2Stream{c: c, id: id, sendWindow: window}
+	st := c.newStream(id, window)
 	c.streams[id] = st
 	switch {
 	case method != "POST" || !isGRPC(ctype):
@@ -601,10 +611,28 @@ func (c *h2Conn) writeHeadersLocked(id uint32, end bool, kv ...string) error {
 	return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.hbuf.Bytes(), EndStream: end, EndHeaders: true})
 }
 
+// The header blocks every answered stream sends, encoded once: literals
+// without indexing leave the connection's HPACK table as it is.
+const (
+	// :status 200 (static index 8), content-type (static index 31)
+	// application/grpc.
+	hpackHeaders = "\x88" + "\x0f\x10\x10application/grpc"
+	// grpc-status 0, grpc-message empty.
+	hpackTrailersOK = "\x00\x0bgrpc-status\x010" + "\x00\x0cgrpc-message\x00"
+)
+
+// writeBlockLocked writes an encoded header block on id.
+func (c *h2Conn) writeBlockLocked(id uint32, end bool, block string) error {
+	c.hbuf.Reset()
+	c.hbuf.WriteString(block)
+	return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.hbuf.Bytes(), EndStream: end, EndHeaders: true})
+}
+
 // writeDataLocked writes a DATA frame (not ending the stream) straight
 // into the connection's buffer: the framer would copy p once more.
 func (c *h2Conn) writeDataLocked(id uint32, p []byte) error {
-	h := [9]byte{byte(len(p) >> 16), byte(len(p) >> 8), byte(len(p)), byte(http2.FrameData), 0}
+	h := &c.fhdr // a local would escape to the heap through bufio's writer
+	*h = [9]byte{byte(len(p) >> 16), byte(len(p) >> 8), byte(len(p)), byte(http2.FrameData), 0}
 	binary.BigEndian.PutUint32(h[5:], id)
 	if _, err := c.bw.Write(h[:]); err != nil {
 		return err
@@ -638,16 +666,17 @@ func (c *h2Conn) writeOutLocked(st *h2Stream) {
 	if st.ending && !st.closed {
 		st.closed = true
 		c.spareOut, st.out = keepBuf(c.spareOut, st.out), nil
-		code, msg := "0", ""
-		if st.trailers != nil {
-			code, msg = strconv.Itoa(int(st.trailers.Code())), encodeGRPCMessage(st.trailers.Message())
-		}
 		var err error
-		if st.headersSent {
-			err = c.writeHeadersLocked(st.id, true, "grpc-status", code, "grpc-message", msg)
-		} else {
+		switch s := st.trailers; {
+		case s == nil && st.headersSent:
+			err = c.writeBlockLocked(st.id, true, hpackTrailersOK)
+		case s == nil:
+			err = c.writeBlockLocked(st.id, true, hpackHeaders+hpackTrailersOK)
+		case st.headersSent:
+			err = c.writeHeadersLocked(st.id, true, "grpc-status", strconv.Itoa(int(s.Code())), "grpc-message", encodeGRPCMessage(s.Message()))
+		default:
 			err = c.writeHeadersLocked(st.id, true, ":status", "200", "content-type", "application/grpc",
-				"grpc-status", code, "grpc-message", msg)
+				"grpc-status", strconv.Itoa(int(s.Code())), "grpc-message", encodeGRPCMessage(s.Message()))
 		}
 		if err == nil && !st.halfClosed.Load() {
 			// The client may still be sending: it need not.
@@ -659,6 +688,32 @@ func (c *h2Conn) writeOutLocked(st *h2Stream) {
 		c.reap = append(c.reap, st.id) // the loop forgets it at its next flush
 		c.streamDoneLocked()
 	}
+}
+
+// newStream is stream id's state, a kept one when there is one.
+func (c *h2Conn) newStream(id uint32, window int64) *h2Stream {
+	n := len(c.spareSt)
+	if n == 0 {
+		return &h2Stream{c: c, id: id, sendWindow: window}
+	}
+	st := c.spareSt[n-1]
+	c.spareSt[n-1] = nil
+	c.spareSt = c.spareSt[:n-1]
+	*st = h2Stream{c: c, id: id, sendWindow: window}
+	return st
+}
+
+// recycle keeps an ended stream the loop has forgotten for the next
+// ones: a stream per request was the server's largest allocation. A
+// stream that ran on its own goroutine is not kept (the goroutine may
+// still hold it).
+func (c *h2Conn) recycle(st *h2Stream) {
+	if st.q != nil || st.cancel != nil || len(c.spareSt) >= spareBufs {
+		return
+	}
+	c.spareIn = keepBuf(c.spareIn, st.in)
+	*st = h2Stream{}
+	c.spareSt = append(c.spareSt, st)
 }
 
 // A connection keeps a few of its streams' buffers for the next ones:

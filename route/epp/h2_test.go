@@ -361,3 +361,32 @@ func TestEPP_GoAwayAtShutdown(t *testing.T) {
 func grpcFrameHeader(b []byte, n int) []byte {
 	return binary.BigEndian.AppendUint32(append(b, 0), uint32(n))
 }
+
+// The header blocks encoded once decode to the fields every answered
+// stream sends, and leave the decoder's dynamic table empty (so they mix
+// with the encoder's blocks on one connection).
+func TestEPP_PreEncodedHeaderBlocks(t *testing.T) {
+	for _, tc := range []struct {
+		block string
+		want  []hpack.HeaderField
+	}{
+		{hpackHeaders, []hpack.HeaderField{{Name: ":status", Value: "200"}, {Name: "content-type", Value: "application/grpc"}}},
+		{hpackTrailersOK, []hpack.HeaderField{{Name: "grpc-status", Value: "0"}, {Name: "grpc-message", Value: ""}}},
+	} {
+		var got []hpack.HeaderField
+		d := hpack.NewDecoder(4096, func(f hpack.HeaderField) { got = append(got, f) })
+		if _, err := d.Write([]byte(tc.block)); err != nil {
+			t.Fatalf("%q: %v", tc.block, err)
+		}
+		if err := d.Close(); err != nil {
+			t.Fatalf("%q: %v", tc.block, err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%q decodes to %v, want %v", tc.block, got, tc.want)
+		}
+		// Index 62 is the dynamic table's first entry: there is none.
+		if _, err := d.Write([]byte{0x80 | 62}); err == nil {
+			t.Errorf("%q added an entry to the dynamic table", tc.block)
+		}
+	}
+}

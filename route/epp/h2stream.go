@@ -307,7 +307,7 @@ func (h *h2Stream) SendMsg(m any) error {
 	}
 	if !h.headersSent {
 		h.headersSent = true
-		if err := c.writeHeadersLocked(h.id, false, ":status", "200", "content-type", "application/grpc"); err != nil {
+		if err := c.writeBlockLocked(h.id, false, hpackHeaders); err != nil {
 			c.broken = true
 			return err
 		}
