@@ -245,7 +245,7 @@ func (c *h2Conn) serve() {
 			c.connError(err)
 			return
 		}
-		if c.br.Buffered() == 0 {
+		if c.br.Buffered() == 0 && !c.tlsBuffered() {
 			c.wmu.Lock()
 			err := c.bw.Flush()
 			for _, id := range c.reap {
@@ -261,6 +261,23 @@ func (c *h2Conn) serve() {
 			}
 		}
 	}
+}
+
+// tlsBuffered reports whether the TLS connection holds more input already
+// read from the socket (crypto/tls reads as much as has come, and hands
+// it on one record at a time): a read that cannot wait takes it into br,
+// so a burst's answers are flushed once after all of it, as over h2c. A
+// read past its deadline makes no system call and leaves crypto/tls's
+// state as it was.
+func (c *h2Conn) tlsBuffered() bool {
+	tc, ok := c.nc.(*tls.Conn)
+	if !ok {
+		return false
+	}
+	_ = tc.SetReadDeadline(time.Unix(1, 0))
+	_, err := c.br.Peek(1)
+	_ = tc.SetReadDeadline(time.Time{})
+	return err == nil
 }
 
 // connError tells the client why the connection ends, when err is the
