@@ -162,7 +162,7 @@ type h2Conn struct {
 	req      procReq     // the message being handled
 	hdec     *hpack.Decoder
 	hblock   []byte       // a header block continued in CONTINUATION frames
-	hstream  uint32       // its stream
+	hstream  uint32       // its stream; 0: no block is open
 	hended   bool         // its HEADERS frame ended the stream
 	hf       headerFields // the header block being decoded
 
@@ -177,6 +177,7 @@ type h2Conn struct {
 	parked      map[uint32]*h2Stream
 	reap        []uint32 // streams ended: the loop forgets them at its next flush
 	fhdr        [9]byte  // a DATA frame's header being written
+	scratch     []byte   // a streamed answer's head being written
 	spareOut    [][]byte
 	goneAway    bool
 	broken      bool // a write failed: the connection is closing
@@ -227,6 +228,18 @@ func (c *h2Conn) serve() {
 		return
 	}
 	for {
+		taken, err := c.dataInPlace()
+		if err != nil {
+			c.h.s.log.Debug().Err(err).Msg("Endpoint Picker connection closed")
+			c.connError(err)
+			return
+		}
+		if taken {
+			if !c.maybeFlush() {
+				return
+			}
+			continue
+		}
 		f, err := c.fr.ReadFrame()
 		if err != nil {
 			var se http2.StreamError
@@ -245,22 +258,55 @@ func (c *h2Conn) serve() {
 			c.connError(err)
 			return
 		}
-		if c.br.Buffered() == 0 && !c.tlsBuffered() {
-			c.wmu.Lock()
-			err := c.bw.Flush()
-			for _, id := range c.reap {
-				if st := c.streams[id]; st != nil {
-					delete(c.streams, id)
-					c.recycle(st)
-				}
-			}
-			c.reap = c.reap[:0]
-			c.wmu.Unlock()
-			if err != nil {
-				return
-			}
+		if !c.maybeFlush() {
+			return
 		}
 	}
+}
+
+// maybeFlush flushes the answers once no more input is buffered (a burst's
+// answers go out together) and forgets the streams that ended; false: the
+// connection broke.
+func (c *h2Conn) maybeFlush() bool {
+	if c.br.Buffered() > 0 || c.tlsBuffered() {
+		return true
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	err := c.bw.Flush()
+	for _, id := range c.reap {
+		if st := c.streams[id]; st != nil {
+			delete(c.streams, id)
+			c.recycle(st)
+		}
+	}
+	c.reap = c.reap[:0]
+	return err == nil
+}
+
+// dataInPlace handles the next frame when it is a plain DATA frame whole
+// in the read buffer, from the buffer's bytes: the framer would copy its
+// payload once more. Any other frame (padded, on stream 0, larger than
+// the frame size advertised, inside a header block) is left to the
+// framer.
+func (c *h2Conn) dataInPlace() (taken bool, err error) {
+	hdr, err := c.br.Peek(9)
+	if err != nil || http2.FrameType(hdr[3]) != http2.FrameData || c.hstream != 0 {
+		return false, nil // the framer reads the error, or the frame
+	}
+	n := int(hdr[0])<<16 | int(hdr[1])<<8 | int(hdr[2])
+	flags := http2.Flags(hdr[4])
+	id := binary.BigEndian.Uint32(hdr[5:]) & (1<<31 - 1)
+	if id == 0 || n > maxFrame || flags.Has(http2.FlagDataPadded) {
+		return false, nil
+	}
+	p, err := c.br.Peek(9 + n)
+	if err != nil {
+		return false, nil
+	}
+	err = c.data(id, p[9:], n, flags.Has(http2.FlagDataEndStream))
+	_, _ = c.br.Discard(9 + n)
+	return true, err
 }
 
 // tlsBuffered reports whether the TLS connection holds more input already
@@ -341,11 +387,11 @@ func (c *h2Conn) frame(f http2.Frame) error {
 		if !f.HeadersEnded() {
 			return nil
 		}
-		block := c.hblock
-		c.hblock = c.hblock[:0]
-		return c.headerBlock(c.hstream, c.hended, block)
+		block, id := c.hblock, c.hstream
+		c.hblock, c.hstream = c.hblock[:0], 0
+		return c.headerBlock(id, c.hended, block)
 	case *http2.DataFrame:
-		return c.data(f)
+		return c.data(f.StreamID, f.Data(), int(f.Length), f.StreamEnded()) // padding counts in flow control
 	case *http2.RSTStreamFrame:
 		if st := c.streams[f.StreamID]; st != nil {
 			delete(c.streams, f.StreamID)
@@ -516,9 +562,9 @@ func isGRPC(ctype string) bool {
 	return len(ctype) >= len(g) && ctype[:len(g)] == g && (len(ctype) == len(g) || ctype[len(g)] == '+' || ctype[len(g)] == ';')
 }
 
-// data takes a DATA frame's bytes into its stream's messages.
-func (c *h2Conn) data(f *http2.DataFrame) error {
-	n := int(f.Length) // padding included in flow control
+// data takes a DATA frame's bytes into its stream's messages; n is the
+// frame's length, its padding included (flow control counts it).
+func (c *h2Conn) data(id uint32, data []byte, n int, ended bool) error {
 	c.recvConn += n
 	if c.recvConn >= connWindow/4 {
 		c.wmu.Lock()
@@ -529,12 +575,12 @@ func (c *h2Conn) data(f *http2.DataFrame) error {
 		}
 		c.recvConn = 0
 	}
-	st := c.streams[f.StreamID]
+	st := c.streams[id]
 	if st == nil || st.inputDone {
 		return nil
 	}
 	st.recvUsed += n
-	if st.recvUsed >= streamWindow/4 && !f.StreamEnded() {
+	if st.recvUsed >= streamWindow/4 && !ended {
 		c.wmu.Lock()
 		err := c.fr.WriteWindowUpdate(st.id, uint32(st.recvUsed))
 		c.wmu.Unlock()
@@ -546,9 +592,9 @@ func (c *h2Conn) data(f *http2.DataFrame) error {
 	if st.in == nil {
 		st.in, c.spareIn = takeBuf(c.spareIn)
 	}
-	st.in = append(st.in, f.Data()...)
+	st.in = append(st.in, data...)
 	st.messages()
-	if f.StreamEnded() && c.streams[f.StreamID] == st {
+	if ended && c.streams[id] == st {
 		c.endOfInput(st)
 	}
 	return nil
@@ -648,14 +694,58 @@ func (c *h2Conn) writeBlockLocked(id uint32, end bool, block string) error {
 // writeDataLocked writes a DATA frame (not ending the stream) straight
 // into the connection's buffer: the framer would copy p once more.
 func (c *h2Conn) writeDataLocked(id uint32, p []byte) error {
-	h := &c.fhdr // a local would escape to the heap through bufio's writer
-	*h = [9]byte{byte(len(p) >> 16), byte(len(p) >> 8), byte(len(p)), byte(http2.FrameData), 0}
-	binary.BigEndian.PutUint32(h[5:], id)
-	if _, err := c.bw.Write(h[:]); err != nil {
+	if err := c.writeDataHeaderLocked(id, len(p)); err != nil {
 		return err
 	}
 	_, err := c.bw.Write(p)
 	return err
+}
+
+// writeDataHeaderLocked writes the header of a DATA frame of n bytes (not
+// ending the stream); its payload follows.
+func (c *h2Conn) writeDataHeaderLocked(id uint32, n int) error {
+	h := &c.fhdr // a local would escape to the heap through bufio's writer
+	*h = [9]byte{byte(n >> 16), byte(n >> 8), byte(n), byte(http2.FrameData), 0}
+	binary.BigEndian.PutUint32(h[5:], id)
+	_, err := c.bw.Write(h[:])
+	return err
+}
+
+// writeChunkLocked writes a streamed answer (a body chunk passed on) as
+// one DATA frame from the chunk's own bytes, when nothing of st's waits
+// and the windows and the peer's frame size take it whole: the chunk is
+// not copied into st's queue first. sent false: st's queue takes it.
+func (c *h2Conn) writeChunkLocked(st *h2Stream, a *answer) (sent bool, err error) {
+	if len(st.out) > 0 || a.kind != answerStreamed || len(a.chunk) == 0 {
+		return false, nil
+	}
+	c.scratch = a.appendHead(append(c.scratch[:0], 0, 0, 0, 0, 0))
+	msg := len(c.scratch) - 5 + len(a.chunk)
+	if a.eos {
+		msg += len(appendEOS(nil))
+	}
+	n := 5 + msg
+	if n > c.peerFrame || int64(n) > min(st.sendWindow, c.sendConn) {
+		return false, nil
+	}
+	binary.BigEndian.PutUint32(c.scratch[1:], uint32(msg))
+	if err = c.writeDataHeaderLocked(st.id, n); err == nil {
+		_, err = c.bw.Write(c.scratch)
+	}
+	if err == nil {
+		_, err = c.bw.Write(a.chunk)
+	}
+	if err == nil && a.eos {
+		c.scratch = appendEOS(c.scratch[:0])
+		_, err = c.bw.Write(c.scratch)
+	}
+	if err != nil {
+		c.broken = true
+		return false, err
+	}
+	st.sendWindow -= int64(n)
+	c.sendConn -= int64(n)
+	return true, nil
 }
 
 // writeOutLocked writes st's queued answer bytes as the windows allow,

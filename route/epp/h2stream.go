@@ -312,6 +312,11 @@ func (h *h2Stream) SendMsg(m any) error {
 			return err
 		}
 	}
+	if a, ok := m.(*answer); ok {
+		if sent, err := c.writeChunkLocked(h, a); sent || err != nil {
+			return c.flushStreamLocked(h, err)
+		}
+	}
 	if h.out == nil {
 		h.out, c.spareOut = takeBuf(c.spareOut)
 	}
@@ -332,11 +337,18 @@ func (h *h2Stream) SendMsg(m any) error {
 	}
 	binary.BigEndian.PutUint32(h.out[start+1:], uint32(len(h.out)-start-5))
 	c.writeOutLocked(h)
-	if h.q != nil {
-		if err := c.bw.Flush(); err != nil {
-			c.broken = true
-			return err
-		}
+	return c.flushStreamLocked(h, nil)
+}
+
+// flushStreamLocked flushes what a stream on its own goroutine wrote (the
+// loop flushes its streams' answers once per burst of input).
+func (c *h2Conn) flushStreamLocked(h *h2Stream, err error) error {
+	if err != nil || h.q == nil {
+		return err
+	}
+	if err := c.bw.Flush(); err != nil {
+		c.broken = true
+		return err
 	}
 	return nil
 }
