@@ -141,6 +141,11 @@ const (
 	maxFrame      = 16384 // the protocol's default; answers are cut to the peer's
 )
 
+// connBuf is a connection's read and write buffer: one read takes the
+// requests of several streams, one write their answers (a gateway keeps
+// a few connections, each with many streams).
+const connBuf = 64 << 10
+
 // h2Conn is one connection: read and decided by serve's goroutine.
 type h2Conn struct {
 	h  *h2Server
@@ -153,10 +158,11 @@ type h2Conn struct {
 	lastID   atomic.Uint32 // the last stream opened (GOAWAY names it)
 	recvConn int           // bytes received since the last connection WINDOW_UPDATE
 	spareIn  [][]byte
-	req      procReq // the message being handled
+	spareSt  []*h2Stream // ended streams, kept for the next ones
+	req      procReq     // the message being handled
 	hdec     *hpack.Decoder
 	hblock   []byte       // a header block continued in CONTINUATION frames
-	hstream  uint32       // its stream
+	hstream  uint32       // its stream; 0: no block is open
 	hended   bool         // its HEADERS frame ended the stream
 	hf       headerFields // the header block being decoded
 
@@ -170,6 +176,8 @@ type h2Conn struct {
 	peerFrame   int   // the peer's max frame size
 	parked      map[uint32]*h2Stream
 	reap        []uint32 // streams ended: the loop forgets them at its next flush
+	fhdr        [9]byte  // a DATA frame's header being written
+	scratch     []byte   // a streamed answer's head being written
 	spareOut    [][]byte
 	goneAway    bool
 	broken      bool // a write failed: the connection is closing
@@ -178,7 +186,7 @@ type h2Conn struct {
 }
 
 func newH2Conn(h *h2Server, nc net.Conn) *h2Conn {
-	c := &h2Conn{h: h, nc: nc, br: bufio.NewReaderSize(nc, 32<<10), bw: bufio.NewWriterSize(nc, 32<<10),
+	c := &h2Conn{h: h, nc: nc, br: bufio.NewReaderSize(nc, connBuf), bw: bufio.NewWriterSize(nc, connBuf),
 		streams: map[uint32]*h2Stream{}, parked: map[uint32]*h2Stream{},
 		sendConn: defaultWindow, peerWindow: defaultWindow, peerFrame: maxFrame}
 	c.fr = http2.NewFramer(c.bw, c.br)
@@ -220,6 +228,18 @@ func (c *h2Conn) serve() {
 		return
 	}
 	for {
+		taken, err := c.dataInPlace()
+		if err != nil {
+			c.h.s.log.Debug().Err(err).Msg("Endpoint Picker connection closed")
+			c.connError(err)
+			return
+		}
+		if taken {
+			if !c.maybeFlush() {
+				return
+			}
+			continue
+		}
 		f, err := c.fr.ReadFrame()
 		if err != nil {
 			var se http2.StreamError
@@ -238,19 +258,72 @@ func (c *h2Conn) serve() {
 			c.connError(err)
 			return
 		}
-		if c.br.Buffered() == 0 {
-			c.wmu.Lock()
-			err := c.bw.Flush()
-			for _, id := range c.reap {
-				delete(c.streams, id)
-			}
-			c.reap = c.reap[:0]
-			c.wmu.Unlock()
-			if err != nil {
-				return
-			}
+		if !c.maybeFlush() {
+			return
 		}
 	}
+}
+
+// maybeFlush flushes the answers once no more input is buffered (a burst's
+// answers go out together) and forgets the streams that ended; false: the
+// connection broke.
+func (c *h2Conn) maybeFlush() bool {
+	if c.br.Buffered() > 0 || c.tlsBuffered() {
+		return true
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	err := c.bw.Flush()
+	for _, id := range c.reap {
+		if st := c.streams[id]; st != nil {
+			delete(c.streams, id)
+			c.recycle(st)
+		}
+	}
+	c.reap = c.reap[:0]
+	return err == nil
+}
+
+// dataInPlace handles the next frame when it is a plain DATA frame whole
+// in the read buffer, from the buffer's bytes: the framer would copy its
+// payload once more. Any other frame (padded, on stream 0, larger than
+// the frame size advertised, inside a header block) is left to the
+// framer.
+func (c *h2Conn) dataInPlace() (taken bool, err error) {
+	hdr, err := c.br.Peek(9)
+	if err != nil || http2.FrameType(hdr[3]) != http2.FrameData || c.hstream != 0 {
+		return false, nil // the framer reads the error, or the frame
+	}
+	n := int(hdr[0])<<16 | int(hdr[1])<<8 | int(hdr[2])
+	flags := http2.Flags(hdr[4])
+	id := binary.BigEndian.Uint32(hdr[5:]) & (1<<31 - 1)
+	if id == 0 || n > maxFrame || flags.Has(http2.FlagDataPadded) {
+		return false, nil
+	}
+	p, err := c.br.Peek(9 + n)
+	if err != nil {
+		return false, nil
+	}
+	err = c.data(id, p[9:], n, flags.Has(http2.FlagDataEndStream))
+	_, _ = c.br.Discard(9 + n)
+	return true, err
+}
+
+// tlsBuffered reports whether the TLS connection holds more input already
+// read from the socket (crypto/tls reads as much as has come, and hands
+// it on one record at a time): a read that cannot wait takes it into br,
+// so a burst's answers are flushed once after all of it, as over h2c. A
+// read past its deadline makes no system call and leaves crypto/tls's
+// state as it was.
+func (c *h2Conn) tlsBuffered() bool {
+	tc, ok := c.nc.(*tls.Conn)
+	if !ok {
+		return false
+	}
+	_ = tc.SetReadDeadline(time.Unix(1, 0))
+	_, err := c.br.Peek(1)
+	_ = tc.SetReadDeadline(time.Time{})
+	return err == nil
 }
 
 // connError tells the client why the connection ends, when err is the
@@ -314,11 +387,11 @@ func (c *h2Conn) frame(f http2.Frame) error {
 		if !f.HeadersEnded() {
 			return nil
 		}
-		block := c.hblock
-		c.hblock = c.hblock[:0]
-		return c.headerBlock(c.hstream, c.hended, block)
+		block, id := c.hblock, c.hstream
+		c.hblock, c.hstream = c.hblock[:0], 0
+		return c.headerBlock(id, c.hended, block)
 	case *http2.DataFrame:
-		return c.data(f)
+		return c.data(f.StreamID, f.Data(), int(f.Length), f.StreamEnded()) // padding counts in flow control
 	case *http2.RSTStreamFrame:
 		if st := c.streams[f.StreamID]; st != nil {
 			delete(c.streams, f.StreamID)
@@ -458,7 +531,7 @@ func (c *h2Conn) headers(id uint32, ended bool) error {
 		return nil
 	}
 	path, ctype, method, enc := c.hf.path, c.hf.ctype, c.hf.method, c.hf.enc
-	st := &h2Stream{c: c, id: id, sendWindow: window}
+	st := c.newStream(id, window)
 	c.streams[id] = st
 	switch {
 	case method != "POST" || !isGRPC(ctype):
@@ -489,9 +562,9 @@ func isGRPC(ctype string) bool {
 	return len(ctype) >= len(g) && ctype[:len(g)] == g && (len(ctype) == len(g) || ctype[len(g)] == '+' || ctype[len(g)] == ';')
 }
 
-// data takes a DATA frame's bytes into its stream's messages.
-func (c *h2Conn) data(f *http2.DataFrame) error {
-	n := int(f.Length) // padding included in flow control
+// data takes a DATA frame's bytes into its stream's messages; n is the
+// frame's length, its padding included (flow control counts it).
+func (c *h2Conn) data(id uint32, data []byte, n int, ended bool) error {
 	c.recvConn += n
 	if c.recvConn >= connWindow/4 {
 		c.wmu.Lock()
@@ -502,12 +575,12 @@ func (c *h2Conn) data(f *http2.DataFrame) error {
 		}
 		c.recvConn = 0
 	}
-	st := c.streams[f.StreamID]
+	st := c.streams[id]
 	if st == nil || st.inputDone {
 		return nil
 	}
 	st.recvUsed += n
-	if st.recvUsed >= streamWindow/4 && !f.StreamEnded() {
+	if st.recvUsed >= streamWindow/4 && !ended {
 		c.wmu.Lock()
 		err := c.fr.WriteWindowUpdate(st.id, uint32(st.recvUsed))
 		c.wmu.Unlock()
@@ -519,9 +592,9 @@ func (c *h2Conn) data(f *http2.DataFrame) error {
 	if st.in == nil {
 		st.in, c.spareIn = takeBuf(c.spareIn)
 	}
-	st.in = append(st.in, f.Data()...)
+	st.in = append(st.in, data...)
 	st.messages()
-	if f.StreamEnded() && c.streams[f.StreamID] == st {
+	if ended && c.streams[id] == st {
 		c.endOfInput(st)
 	}
 	return nil
@@ -601,16 +674,78 @@ func (c *h2Conn) writeHeadersLocked(id uint32, end bool, kv ...string) error {
 	return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.hbuf.Bytes(), EndStream: end, EndHeaders: true})
 }
 
+// The header blocks every answered stream sends, encoded once: literals
+// without indexing leave the connection's HPACK table as it is.
+const (
+	// :status 200 (static index 8), content-type (static index 31)
+	// application/grpc.
+	hpackHeaders = "\x88" + "\x0f\x10\x10application/grpc"
+	// grpc-status 0, grpc-message empty.
+	hpackTrailersOK = "\x00\x0bgrpc-status\x010" + "\x00\x0cgrpc-message\x00"
+)
+
+// writeBlockLocked writes an encoded header block on id.
+func (c *h2Conn) writeBlockLocked(id uint32, end bool, block string) error {
+	c.hbuf.Reset()
+	c.hbuf.WriteString(block)
+	return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.hbuf.Bytes(), EndStream: end, EndHeaders: true})
+}
+
 // writeDataLocked writes a DATA frame (not ending the stream) straight
 // into the connection's buffer: the framer would copy p once more.
 func (c *h2Conn) writeDataLocked(id uint32, p []byte) error {
-	h := [9]byte{byte(len(p) >> 16), byte(len(p) >> 8), byte(len(p)), byte(http2.FrameData), 0}
-	binary.BigEndian.PutUint32(h[5:], id)
-	if _, err := c.bw.Write(h[:]); err != nil {
+	if err := c.writeDataHeaderLocked(id, len(p)); err != nil {
 		return err
 	}
 	_, err := c.bw.Write(p)
 	return err
+}
+
+// writeDataHeaderLocked writes the header of a DATA frame of n bytes (not
+// ending the stream); its payload follows.
+func (c *h2Conn) writeDataHeaderLocked(id uint32, n int) error {
+	h := &c.fhdr // a local would escape to the heap through bufio's writer
+	*h = [9]byte{byte(n >> 16), byte(n >> 8), byte(n), byte(http2.FrameData), 0}
+	binary.BigEndian.PutUint32(h[5:], id)
+	_, err := c.bw.Write(h[:])
+	return err
+}
+
+// writeChunkLocked writes a streamed answer (a body chunk passed on) as
+// one DATA frame from the chunk's own bytes, when nothing of st's waits
+// and the windows and the peer's frame size take it whole: the chunk is
+// not copied into st's queue first. sent false: st's queue takes it.
+func (c *h2Conn) writeChunkLocked(st *h2Stream, a *answer) (sent bool, err error) {
+	if len(st.out) > 0 || a.kind != answerStreamed || len(a.chunk) == 0 {
+		return false, nil
+	}
+	c.scratch = a.appendHead(append(c.scratch[:0], 0, 0, 0, 0, 0))
+	msg := len(c.scratch) - 5 + len(a.chunk)
+	if a.eos {
+		msg += len(appendEOS(nil))
+	}
+	n := 5 + msg
+	if n > c.peerFrame || int64(n) > min(st.sendWindow, c.sendConn) {
+		return false, nil
+	}
+	binary.BigEndian.PutUint32(c.scratch[1:], uint32(msg))
+	if err = c.writeDataHeaderLocked(st.id, n); err == nil {
+		_, err = c.bw.Write(c.scratch)
+	}
+	if err == nil {
+		_, err = c.bw.Write(a.chunk)
+	}
+	if err == nil && a.eos {
+		c.scratch = appendEOS(c.scratch[:0])
+		_, err = c.bw.Write(c.scratch)
+	}
+	if err != nil {
+		c.broken = true
+		return false, err
+	}
+	st.sendWindow -= int64(n)
+	c.sendConn -= int64(n)
+	return true, nil
 }
 
 // writeOutLocked writes st's queued answer bytes as the windows allow,
@@ -638,16 +773,17 @@ func (c *h2Conn) writeOutLocked(st *h2Stream) {
 	if st.ending && !st.closed {
 		st.closed = true
 		c.spareOut, st.out = keepBuf(c.spareOut, st.out), nil
-		code, msg := "0", ""
-		if st.trailers != nil {
-			code, msg = strconv.Itoa(int(st.trailers.Code())), encodeGRPCMessage(st.trailers.Message())
-		}
 		var err error
-		if st.headersSent {
-			err = c.writeHeadersLocked(st.id, true, "grpc-status", code, "grpc-message", msg)
-		} else {
+		switch s := st.trailers; {
+		case s == nil && st.headersSent:
+			err = c.writeBlockLocked(st.id, true, hpackTrailersOK)
+		case s == nil:
+			err = c.writeBlockLocked(st.id, true, hpackHeaders+hpackTrailersOK)
+		case st.headersSent:
+			err = c.writeHeadersLocked(st.id, true, "grpc-status", strconv.Itoa(int(s.Code())), "grpc-message", encodeGRPCMessage(s.Message()))
+		default:
 			err = c.writeHeadersLocked(st.id, true, ":status", "200", "content-type", "application/grpc",
-				"grpc-status", code, "grpc-message", msg)
+				"grpc-status", strconv.Itoa(int(s.Code())), "grpc-message", encodeGRPCMessage(s.Message()))
 		}
 		if err == nil && !st.halfClosed.Load() {
 			// The client may still be sending: it need not.
@@ -659,6 +795,32 @@ func (c *h2Conn) writeOutLocked(st *h2Stream) {
 		c.reap = append(c.reap, st.id) // the loop forgets it at its next flush
 		c.streamDoneLocked()
 	}
+}
+
+// newStream is stream id's state, a kept one when there is one.
+func (c *h2Conn) newStream(id uint32, window int64) *h2Stream {
+	n := len(c.spareSt)
+	if n == 0 {
+		return &h2Stream{c: c, id: id, sendWindow: window}
+	}
+	st := c.spareSt[n-1]
+	c.spareSt[n-1] = nil
+	c.spareSt = c.spareSt[:n-1]
+	*st = h2Stream{c: c, id: id, sendWindow: window}
+	return st
+}
+
+// recycle keeps an ended stream the loop has forgotten for the next
+// ones: a stream per request was the server's largest allocation. A
+// stream that ran on its own goroutine is not kept (the goroutine may
+// still hold it).
+func (c *h2Conn) recycle(st *h2Stream) {
+	if st.q != nil || st.cancel != nil || len(c.spareSt) >= spareBufs {
+		return
+	}
+	c.spareIn = keepBuf(c.spareIn, st.in)
+	*st = h2Stream{}
+	c.spareSt = append(c.spareSt, st)
 }
 
 // A connection keeps a few of its streams' buffers for the next ones:

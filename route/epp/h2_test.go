@@ -1,12 +1,16 @@
 package epp
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -360,4 +364,98 @@ func TestEPP_GoAwayAtShutdown(t *testing.T) {
 // grpcFrameHeader is a gRPC message's prefix: uncompressed, its length.
 func grpcFrameHeader(b []byte, n int) []byte {
 	return binary.BigEndian.AppendUint32(append(b, 0), uint32(n))
+}
+
+// The header blocks encoded once decode to the fields every answered
+// stream sends, and leave the decoder's dynamic table empty (so they mix
+// with the encoder's blocks on one connection).
+func TestEPP_PreEncodedHeaderBlocks(t *testing.T) {
+	for _, tc := range []struct {
+		block string
+		want  []hpack.HeaderField
+	}{
+		{hpackHeaders, []hpack.HeaderField{{Name: ":status", Value: "200"}, {Name: "content-type", Value: "application/grpc"}}},
+		{hpackTrailersOK, []hpack.HeaderField{{Name: "grpc-status", Value: "0"}, {Name: "grpc-message", Value: ""}}},
+	} {
+		var got []hpack.HeaderField
+		d := hpack.NewDecoder(4096, func(f hpack.HeaderField) { got = append(got, f) })
+		if _, err := d.Write([]byte(tc.block)); err != nil {
+			t.Fatalf("%q: %v", tc.block, err)
+		}
+		if err := d.Close(); err != nil {
+			t.Fatalf("%q: %v", tc.block, err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%q decodes to %v, want %v", tc.block, got, tc.want)
+		}
+		// Index 62 is the dynamic table's first entry: there is none.
+		if _, err := d.Write([]byte{0x80 | 62}); err == nil {
+			t.Errorf("%q added an entry to the dynamic table", tc.block)
+		}
+	}
+}
+
+// Over TLS, input crypto/tls has already read counts as buffered (the
+// burst's answers wait for it), and the check neither loses nor blocks
+// on input.
+func TestEPP_TLSBufferedInput(t *testing.T) {
+	cert, err := selfSigned(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	sent := make(chan error, 1)
+	go func() {
+		nc, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			sent <- err
+			return
+		}
+		cc := tls.Client(nc, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // the test's own certificate
+		defer cc.Close()
+		// Two writes: two records.
+		if _, err := cc.Write([]byte("a")); err != nil {
+			sent <- err
+			return
+		}
+		_, err = cc.Write([]byte("b"))
+		sent <- err
+		_, _ = io.Copy(io.Discard, cc) // until the server closes
+	}()
+	nc, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := tls.Server(nc, &tls.Config{Certificates: []tls.Certificate{cert}})
+	defer tc.Close()
+	_ = tc.SetDeadline(time.Now().Add(20 * time.Second))
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	_ = tc.SetDeadline(time.Time{})
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	c := &h2Conn{nc: tc, br: bufio.NewReaderSize(tc, connBuf)}
+	if b, err := c.br.ReadByte(); err != nil || b != 'a' {
+		t.Fatalf("first byte %q, %v", b, err)
+	}
+	if !c.tlsBuffered() {
+		t.Fatal("the second record, read from the socket with the first, is not seen as buffered")
+	}
+	if b, err := c.br.ReadByte(); err != nil || b != 'b' {
+		t.Fatalf("second byte %q, %v: the check lost input", b, err)
+	}
+	if c.tlsBuffered() {
+		t.Fatal("nothing more was sent, yet input is seen as buffered")
+	}
+	// The connection still reads (the check left no error behind).
+	_ = tc.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := c.br.ReadByte(); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read after the checks: %v, want a plain timeout", err)
+	}
 }

@@ -432,3 +432,48 @@ func TestH2Conform_InvalidSettings(t *testing.T) {
 		}
 	}
 }
+
+// DATA where the protocol forbids it ends the connection with GOAWAY
+// PROTOCOL_ERROR: on stream 0, and inside a header block (between HEADERS
+// and its CONTINUATION).
+func TestH2Conform_MisplacedData(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		send func(c *rawClient)
+		want http2.ErrCode
+	}{
+		{"stream 0", func(c *rawClient) {
+			c.fr.AllowIllegalWrites = true
+			_ = c.fr.WriteData(0, false, []byte("x"))
+		}, http2.ErrCodeProtocol},
+		{"inside a header block", func(c *rawClient) {
+			// The settings exchange first: the DATA is the only frame
+			// after the HEADERS.
+			c.until("the server's SETTINGS ACK", func(f http2.Frame) bool {
+				s, ok := f.(*http2.SettingsFrame)
+				return ok && s.IsAck()
+			})
+			c.hbuf.Reset()
+			_ = c.henc.WriteField(hpack.HeaderField{Name: ":method", Value: "POST"})
+			_ = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: c.hbuf.Bytes()})
+			_ = c.fr.WriteData(1, false, []byte("x"))
+		}, http2.ErrCodeProtocol},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := inlineHarness(t)
+			c := dialRaw(t, h)
+			tc.send(c)
+			var code http2.ErrCode
+			c.until("GOAWAY", func(f http2.Frame) bool {
+				g, ok := f.(*http2.GoAwayFrame)
+				if ok {
+					code = g.ErrCode
+				}
+				return ok
+			})
+			if code != tc.want {
+				t.Errorf("GOAWAY %v, want %v", code, tc.want)
+			}
+		})
+	}
+}

@@ -307,9 +307,14 @@ func (h *h2Stream) SendMsg(m any) error {
 	}
 	if !h.headersSent {
 		h.headersSent = true
-		if err := c.writeHeadersLocked(h.id, false, ":status", "200", "content-type", "application/grpc"); err != nil {
+		if err := c.writeBlockLocked(h.id, false, hpackHeaders); err != nil {
 			c.broken = true
 			return err
+		}
+	}
+	if a, ok := m.(*answer); ok {
+		if sent, err := c.writeChunkLocked(h, a); sent || err != nil {
+			return c.flushStreamLocked(h, err)
 		}
 	}
 	if h.out == nil {
@@ -332,11 +337,18 @@ func (h *h2Stream) SendMsg(m any) error {
 	}
 	binary.BigEndian.PutUint32(h.out[start+1:], uint32(len(h.out)-start-5))
 	c.writeOutLocked(h)
-	if h.q != nil {
-		if err := c.bw.Flush(); err != nil {
-			c.broken = true
-			return err
-		}
+	return c.flushStreamLocked(h, nil)
+}
+
+// flushStreamLocked flushes what a stream on its own goroutine wrote (the
+// loop flushes its streams' answers once per burst of input).
+func (c *h2Conn) flushStreamLocked(h *h2Stream, err error) error {
+	if err != nil || h.q == nil {
+		return err
+	}
+	if err := c.bw.Flush(); err != nil {
+		c.broken = true
+		return err
 	}
 	return nil
 }
