@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 
@@ -14,11 +15,17 @@ import (
 
 var benchScaleCmd = cli.Command{
 	Prog:     prog,
-	Synopsis: "turnout-lab bench scale [--policies LIST] [--endpoints LIST] [--prompt-kib LIST] [--blocks LIST] [flags]",
+	Synopsis: "turnout-lab bench scale [--policies LIST] [--endpoints LIST] [--prompt-kib LIST] [--blocks LIST] [flags]\n       turnout-lab bench scale --background [--replicas LIST] [--fronts LIST] [--share LIST] [flags]",
 	About: `Measures the decision core in process, on one goroutine: decisions/s per core, p50/p99 decision time and
 allocations for each policy at each pool size and prompt size, and for the prefix-keyed policies with the index
-filled to each --blocks size first (its heap per indexed block). docs/scale.md reads these rows.`,
-	Example: "turnout-lab bench scale --policies prefix-affinity --endpoints 64,256,1024 --prompt-kib 8 --blocks 0,1000000",
+filled to each --blocks size first (its heap per indexed block). docs/scale.md reads these rows.
+
+With --background, the background cost of a fleet instead: N mock replicas in this process, F turnout
+processes before them (over one nats-server when F > 1, with engine_metrics.share off and on), at rest
+and under a steady stream of decisions: the replicas' requests from turnout by kind (engine scrapes,
+which carry the LoRA info too; health checks; /v1/models polls) per replica per second, and turnout's CPU.`,
+	Example: "turnout-lab bench scale --policies prefix-affinity --endpoints 64,256,1024 --prompt-kib 8 --blocks 0,1000000\n" +
+		"turnout-lab bench scale --background --replicas 16,64,256,1024 --fronts 1,8",
 }
 
 func runScale(args []string, log *zerolog.Logger) error {
@@ -33,8 +40,22 @@ func runScale(args []string, log *zerolog.Logger) error {
 	fset.Uint64Var(&d.Seed, "seed", d.Seed, "seed for the policies")
 	out := fset.String("out", "bench-out", "output directory")
 	name := fset.String("name", "scale", "output file name prefix")
+	bg := bench.DefaultBackgroundOptions()
+	background := fset.Bool("background", false, "measure the background cost of a fleet (scrapes, health checks, model polls, CPU) instead")
+	replicas := fset.String("replicas", ints(bg.Replicas), "--background: comma-separated replica counts")
+	fronts := fset.String("fronts", ints(bg.Fronts), "--background: comma-separated turnout front counts")
+	share := fset.String("share", "off,on", "--background: engine_metrics.share settings for the runs of more than one front")
+	fset.DurationVar(&bg.Warmup, "warmup", bg.Warmup, "--background: wait before the rest phase")
+	fset.DurationVar(&bg.Rest, "rest", bg.Rest, "--background: length of the rest phase")
+	fset.DurationVar(&bg.Load, "load", bg.Load, "--background: length of the load phase")
+	fset.IntVar(&bg.LoadRPS, "load-rps", 0, "--background: decisions a second in total under load (0 = one per replica a second)")
+	tbin := fset.String("turnout-bin", "", "--background: turnout binary (default: turnout next to this executable, else on $PATH)")
+	natsBin := fset.String("nats-server", "nats-server", "--background: nats-server binary ($PATH, else /usr/sbin)")
 	if err := cli.ParseFlags(fset, benchScaleCmd, args); err != nil {
 		return err
+	}
+	if *background {
+		return runBackground(bg, *replicas, *fronts, *share, *tbin, *natsBin, *out, *name, log)
 	}
 	var err error
 	d.Policies = strings.Split(*pols, ",")
@@ -56,6 +77,37 @@ func runScale(args []string, log *zerolog.Logger) error {
 	}
 	if err := teeFile(*out, *name+".txt", func(w io.Writer) error { return bench.WriteScaleTable(w, rows) }); err != nil {
 		return fmt.Errorf("bench scale: %w", err)
+	}
+	return nil
+}
+
+func runBackground(o bench.BackgroundOptions, replicas, fronts, share, tbin, natsBin, out, name string, log *zerolog.Logger) error {
+	var err error
+	if o.Replicas, err = parseInts(replicas); err != nil {
+		return fmt.Errorf("bench scale: --replicas: %w", err)
+	}
+	if o.Fronts, err = parseInts(fronts); err != nil {
+		return fmt.Errorf("bench scale: --fronts: %w", err)
+	}
+	if o.Share, err = bench.ParseBools(share); err != nil {
+		return fmt.Errorf("bench scale: --share: %w", err)
+	}
+	if o.Turnout, _, err = binaries(tbin); err != nil {
+		return fmt.Errorf("bench scale: %w", err)
+	}
+	o.NATSServer, o.Log = natsBin, log
+	if o.Dir, err = os.MkdirTemp("", "turnout-background-"); err != nil {
+		return fmt.Errorf("bench scale: %w", err)
+	}
+	defer os.RemoveAll(o.Dir)
+	ctx, stop := cli.StopContext()
+	defer stop()
+	rows, err := bench.RunBackground(ctx, o)
+	if werr := teeFile(out, name+"-background.txt", func(w io.Writer) error { return bench.WriteBackgroundTable(w, rows) }); werr != nil && err == nil {
+		err = werr
+	}
+	if err != nil {
+		return fmt.Errorf("bench scale --background: %w", err)
 	}
 	return nil
 }

@@ -54,6 +54,12 @@ type SimOptions struct {
 	// is how long the cluster sync takes to reach the other fronts.
 	Fronts    []int
 	SyncDelay time.Duration
+	// SharedScrapes models engine_metrics.share with --fronts: each
+	// replica's engine figures are read by one front (replica i by front
+	// i mod N) and reach the others SyncDelay later, marked against their
+	// own counts on arrival; off, every front reads every replica at the
+	// scrape's instant.
+	SharedScrapes bool
 }
 
 // DefaultSimOptions are the replay defaults: four replicas with the mock's

@@ -35,6 +35,9 @@ type frontsRouter struct {
 	// open maps the sim's token to the front and decision it stands for.
 	open map[uint64]frontDecision
 	tok  uint64
+	// sharedScrapes: each replica's engine figures come from one front
+	// (SimOptions.SharedScrapes).
+	sharedScrapes bool
 	// sunk is the last decision's prompt blocks (a front's prefix sink),
 	// copied: the sink's view is per-request scratch; shared is whether
 	// the sink was called at all (the cluster publishes that decision).
@@ -55,6 +58,9 @@ type syncMsg struct {
 	load           int64
 	blocks         []uint64
 	shared         bool // a decision the front published
+	// report: the owner's engine figures (SharedScrapes), not a decision.
+	report           bool
+	running, waiting int
 }
 
 // frontSink is one front's prefix sink: it keeps the decision's blocks for
@@ -67,7 +73,7 @@ func (s frontSink) RoutedPrefix(_ *fleet.Pool, _ *fleet.Endpoint, blocks []uint6
 }
 
 func newFrontsRouter(spec PolicySpec, names []string, o SimOptions, n int) (*frontsRouter, error) {
-	fr := &frontsRouter{delay: o.SyncDelay, open: map[uint64]frontDecision{}, last: make([]time.Duration, n), rnd: fleet.NewRand(o.Seed)}
+	fr := &frontsRouter{delay: o.SyncDelay, sharedScrapes: o.SharedScrapes, open: map[uint64]frontDecision{}, last: make([]time.Duration, n), rnd: fleet.NewRand(o.Seed)}
 	for f := range n {
 		fo := o
 		fo.Seed = o.Seed + uint64(f) // instances do not share a random stream
@@ -106,6 +112,10 @@ func (fr *frontsRouter) deliver(m *syncMsg) {
 		if g == m.front {
 			continue
 		}
+		if m.report {
+			t.ReportEngine(m.replica, m.running, m.waiting)
+			continue
+		}
 		e := t.endpoint(m.replica)
 		if e == nil {
 			continue
@@ -122,7 +132,7 @@ func (fr *frontsRouter) deliver(m *syncMsg) {
 }
 
 func (fr *frontsRouter) send(m syncMsg) {
-	if !fr.syncs {
+	if !fr.syncs && !m.report {
 		return
 	}
 	if fr.delay <= 0 {
@@ -195,11 +205,19 @@ func (fr *frontsRouter) StartWindow() {
 }
 
 // ReportEngine implements EngineReporter: each front marks the scrape
-// against its own in-flight and peer counts.
+// against its own in-flight and peer counts. With shared scrapes only the
+// replica's owner reads it now; the others get its figures through the
+// sync, later.
 func (fr *frontsRouter) ReportEngine(replica, running, waiting int) {
-	for _, t := range fr.fronts {
-		t.ReportEngine(replica, running, waiting)
+	if !fr.sharedScrapes || len(fr.fronts) == 1 {
+		for _, t := range fr.fronts {
+			t.ReportEngine(replica, running, waiting)
+		}
+		return
 	}
+	owner := replica % len(fr.fronts)
+	fr.fronts[owner].ReportEngine(replica, running, waiting)
+	fr.send(syncMsg{front: owner, replica: replica, report: true, running: running, waiting: waiting})
 }
 
 // Detail sums the fronts' decision outcomes, as the e2e fronts row does.
