@@ -178,11 +178,11 @@ func backgroundCell(ctx context.Context, o BackgroundOptions, n, fronts int, sha
 			return nil, err
 		}
 		url := "http://" + listen
-		if err := waitHTTP(ctx, p, url+contract.PathReadyz, http.StatusOK, 60*time.Second); err != nil {
+		if err := waitHTTP(ctx, p, url+contract.PathReadyz, http.StatusOK, 120*time.Second); err != nil {
 			return nil, err
 		}
 		if natsURL != "" {
-			if err := waitClusterConnected(ctx, url, 30*time.Second); err != nil {
+			if err := waitClusterConnected(ctx, url, 120*time.Second); err != nil {
 				return nil, err
 			}
 		}
