@@ -127,6 +127,9 @@ func (c core) setTracer(t *tracing.Tracer) {
 // addReadiness adds a writer of /readyz?verbose lines.
 func (c core) addReadiness(fn func(*strings.Builder)) { c.srv.Extras().AddReadiness(fn) }
 
+// The cluster splits the engine scrapes (engine_metrics.share).
+var _ engineload.Share = (*cluster.Sync)(nil)
+
 // config is the config the core runs.
 func (c core) config() *config.Config { return c.srv.Snapshot().Config }
 
@@ -134,8 +137,8 @@ func (c core) config() *config.Config { return c.srv.Snapshot().Config }
 // and stall ticks, the health and served-model checks (a model goes only
 // where it is served, and a missing alias is logged), the hints on
 // settings the traffic shows do nothing (route/hints), the engine-load
-// scrapes and, when cfg asks for it, the cluster's prefix sharing (read
-// at start only). wait returns once the cluster has flushed its last batch
+// scrapes and, when cfg asks for it, the cluster's prefix sharing and its
+// split of those scrapes (read at start only). wait returns once the cluster has flushed its last batch
 // after ctx ended.
 func (c core) startLoops(ctx context.Context, cfg *config.Config, log *zerolog.Logger) (wait func(), err error) {
 	var cs *cluster.Sync
@@ -150,6 +153,9 @@ func (c core) startLoops(ctx context.Context, cfg *config.Config, log *zerolog.L
 	go hc.CheckServedModels(ctx, 0)
 	hints.NewPrefix(log).Register(c.srv)
 	scraper := engineload.New(c.srv, log)
+	if cs != nil {
+		scraper.SetShare(cs) // engine_metrics.share: one instance scrapes each replica
+	}
 	c.srv.Extras().AddMetrics(scraper.WriteMetrics)
 	go scraper.Run(ctx)
 	if cs == nil {

@@ -46,6 +46,12 @@ type Ledger struct {
 	tracer atomic.Pointer[tracerBox]
 	// fbStalled: route/feedback found completions stopped (SetFeedbackStalled).
 	fbStalled atomic.Bool
+	// low is the oldest sequence number that may still be open: every
+	// older one was closed, expired or overwritten, so the sweep walks
+	// only the slots from low to the newest (sweep). visited counts the
+	// slots the sweeps walked.
+	low     atomic.Uint64
+	visited atomic.Uint64
 }
 
 // decisionSlot is one decision: open while st is set, then kept (closed
@@ -56,7 +62,8 @@ type Ledger struct {
 type decisionSlot struct {
 	mu    sync.Mutex
 	id    uint64
-	start int64 // unix nanos
+	seq   uint64 // the ledger's sequence number that last opened the slot
+	start int64  // unix nanos
 	// ep is the chosen endpoint; the decision holds one of its in-flight
 	// counts while end is endOpen (a zero slot has none).
 	ep     *fleet.Endpoint
@@ -119,6 +126,7 @@ func newDecisions(size int, seed uint64) *Ledger {
 	d := &Ledger{slots: make([]decisionSlot, n), mask: uint64(n - 1)}
 	d.first = seed &^ (1 << 63)
 	d.next.Store(d.first)
+	d.low.Store(d.first + 1)
 	return d
 }
 
@@ -127,12 +135,19 @@ func (d *Ledger) opened() uint64 { return d.next.Load() - d.first }
 
 // mayHoldOpen reports whether any decision can still be open: more opened
 // than closed in every way. An idle instance then skips the sweep's walk
-// of every slot (65,536 by default), otherwise its largest idle cost.
-// The closes are read before the opens: a close is counted
-// only after its open, so a race can only answer true.
+// of the slots, otherwise its largest idle cost.
 func (d *Ledger) mayHoldOpen() bool {
+	_, open := d.newest()
+	return open
+}
+
+// newest returns the newest sequence number and whether any decision up
+// to it can still be open. The closes are read before the opens: a close
+// is counted only after its open, so a race can only answer true.
+func (d *Ledger) newest() (seq uint64, open bool) {
 	closed := d.completed.Load() + d.expired.Load() + d.overwritten.Load() + d.reconciled.Load()
-	return d.opened() > closed
+	seq = d.next.Load()
+	return seq, seq-d.first > closed
 }
 
 // open records a decision for e and returns its id. The random part comes
@@ -149,7 +164,7 @@ func (d *Ledger) open(e *fleet.Endpoint, now int64, m *decisionMeta) uint64 {
 		st.Expired.Add(1)
 		d.overwritten.Add(1)
 	}
-	s.id, s.start, s.ep, s.pool, s.names, s.served = id, now, e, m.pool, m.names, nil
+	s.id, s.seq, s.start, s.ep, s.pool, s.names, s.served = id, seq, now, e, m.pool, m.names, nil
 	s.model, s.matched, s.outcome, s.session, s.pred, s.notes = m.model, m.matched, m.outcome, m.session, m.pred, m.notes
 	s.end, s.status, s.retries, s.ms, s.ttfb, s.tft = endOpen, -1, -1, -1, -1, -1
 	s.ident.Set(m.method, m.uri, m.rid)
@@ -234,37 +249,69 @@ func (d *Ledger) closeWith(id uint64, c Completion, rec *DecisionRecord) *fleet.
 // answers /health and /metrics reported 5-12 while turnout's open
 // decisions on it grew from 13 to 1,445, and its few fast answers kept it
 // in rotation for 124 s).
+//
+// It walks only the slots from the oldest decision that may be open to
+// the newest (none when idle): the walk of all 65,536 slots every tick
+// was an idle instance's largest cost and grew with the ring, not with
+// what is open.
 func (d *Ledger) sweep(now time.Time, ttl time.Duration, markStale bool) {
-	if !d.mayHoldOpen() {
+	hi, open := d.newest()
+	if !open {
+		if d.low.Load() != hi+1 {
+			d.low.Store(hi + 1)
+		}
 		return
 	}
 	nowNs := now.UnixNano()
 	cut := nowNs - int64(ttl)
 	var old map[*fleet.State]int64 // decisions open past half the limit
-	for i := range d.slots {
-		s := &d.slots[i]
+	// Walk the sequence numbers from the oldest that may be open to the
+	// newest, at most one ring: under load only the window of decisions
+	// still open is walked, not every slot.
+	lo := max(d.low.Load(), d.first+1)
+	if n := uint64(len(d.slots)); hi >= lo && hi-lo >= n {
+		lo = hi - n + 1 // older ones were overwritten
+	}
+	newLow := hi + 1
+	for seq := lo; seq <= hi; seq++ {
+		s := &d.slots[seq&d.mask]
 		s.mu.Lock()
-		if st := s.openState(); st != nil {
-			if s.start < cut {
-				st.Inflight.Add(-1)
-				st.Pending.Add(-int64(s.pred.Uncached))
-				st.Expired.Add(1)
-				s.end = endExpired
-				d.expired.Add(1)
-			} else if markStale {
-				if b := st.Stall.Limit(); b > 0 && nowNs-s.start > b/2 {
-					if st.Stall.FastStart.Load() < s.start {
-						st.Stall.Suspect.Store(true)
+		switch {
+		case s.seq < seq:
+			// Opened (next moved) but not written yet: walk it next time.
+			newLow = min(newLow, seq)
+		case s.seq > seq:
+			// Overwritten by a newer decision (counted at the overwrite).
+		default:
+			if st := s.openState(); st != nil {
+				if s.start < cut {
+					st.Inflight.Add(-1)
+					st.Pending.Add(-int64(s.pred.Uncached))
+					st.Expired.Add(1)
+					s.end = endExpired
+					d.expired.Add(1)
+				} else {
+					newLow = min(newLow, seq)
+					if markStale {
+						if b := st.Stall.Limit(); b > 0 && nowNs-s.start > b/2 {
+							if st.Stall.FastStart.Load() < s.start {
+								st.Stall.Suspect.Store(true)
+							}
+							if old == nil {
+								old = map[*fleet.State]int64{}
+							}
+							old[st]++
+						}
 					}
-					if old == nil {
-						old = map[*fleet.State]int64{}
-					}
-					old[st]++
 				}
 			}
 		}
 		s.mu.Unlock()
 	}
+	if hi >= lo {
+		d.visited.Add(hi - lo + 1)
+	}
+	d.low.Store(newLow)
 	for st, n := range old {
 		if running, ok := st.EngineRequests(); ok && n > running {
 			st.Stall.Suspect.Store(true)

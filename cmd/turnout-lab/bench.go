@@ -127,6 +127,7 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	e2e := defaultE2EFlags(fset)
 	fronts := fset.String("fronts", "", `replay each policy through N turnout fronts with cluster sync, before the same replicas, request i through front i mod N: one row per count, in order, e.g. "1,2,4", or "1,2,4,1,2,4" for interleaved rounds ("" = one plain stack, no cluster). e2e: N HAProxy + turnout stacks over one nats-server; sim: N in-process instances whose sync arrives --sync-delay later`)
 	fset.DurationVar(&o.SyncDelay, "sync-delay", time.Millisecond, "sim --fronts: how long a front's decisions and completions take to reach the other fronts (virtual time)")
+	fset.BoolVar(&o.SharedScrapes, "shared-scrapes", false, "sim --fronts: model engine_metrics.share (each replica's engine figures read by one front, reaching the others --sync-delay later)")
 	natsServer := fset.String("nats-server", "nats-server", "e2e --fronts: nats-server binary ($PATH, else /usr/sbin)")
 	if err := cli.ParseFlags(fset, benchReplayCmd, args); err != nil {
 		return err

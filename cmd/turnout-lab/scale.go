@@ -18,7 +18,7 @@ import (
 
 var benchScaleCmd = cli.Command{
 	Prog:     prog,
-	Synopsis: "turnout-lab bench scale [--policies LIST] [--endpoints LIST] [--prompt-kib LIST] [--blocks LIST] [flags]\n       turnout-lab bench scale --kv [--publishers LIST] [--kv-rate N] [--kv-blocks N] [flags]",
+	Synopsis: "turnout-lab bench scale [--policies LIST] [--endpoints LIST] [--prompt-kib LIST] [--blocks LIST] [flags]\n       turnout-lab bench scale --kv [--publishers LIST] [--kv-rate N] [--kv-blocks N] [flags]\n       turnout-lab bench scale --background [--replicas LIST] [--fronts LIST] [--share LIST] [flags]",
 	About: `Measures the decision core in process, on one goroutine: decisions/s per core, p50/p99 decision time and
 allocations for each policy at each pool size and prompt size, and for the prefix-keyed policies with the index
 filled to each --blocks size first (its heap per indexed block). docs/scale.md reads these rows.
@@ -27,8 +27,15 @@ With --kv, the KV-event axis instead: for each --publishers count, that many moc
 msgpack EventBatches; "bench kvpub", a process of its own) send --kv-rate events/s in total to turnout's
 subscribers and KV index in this process, holding --kv-blocks blocks together; the row is events ingested per
 CPU-second of this process and the time of a prefix lookup over every source meanwhile. A first line decodes and
-applies the same batches on one goroutine without sockets and reports the index's heap per block.`,
-	Example: "turnout-lab bench scale --policies prefix-affinity --endpoints 64,256,1024 --prompt-kib 8 --blocks 0,1000000\n  turnout-lab bench scale --kv --publishers 64,256,1024 --kv-rate 200000",
+applies the same batches on one goroutine without sockets and reports the index's heap per block.
+
+With --background, the background cost of a fleet instead: N mock replicas in this process, F turnout
+processes before them (over one nats-server when F > 1, with engine_metrics.share off and on), at rest
+and under a steady stream of decisions: the replicas' requests from turnout by kind (engine scrapes,
+which carry the LoRA info too; health checks; /v1/models polls) per replica per second, and turnout's CPU.`,
+	Example: "turnout-lab bench scale --policies prefix-affinity --endpoints 64,256,1024 --prompt-kib 8 --blocks 0,1000000\n" +
+		"  turnout-lab bench scale --kv --publishers 64,256,1024 --kv-rate 200000\n" +
+		"  turnout-lab bench scale --background --replicas 16,64,256,1024 --fronts 1,8",
 }
 
 var benchKVPubCmd = cli.Command{
@@ -122,11 +129,25 @@ func runScale(args []string, log *zerolog.Logger) error {
 	fset.IntVar(&ko.Blocks, "kv-blocks", ko.Blocks, "--kv: blocks the publishers hold together (the index's size)")
 	fset.DurationVar(&ko.Duration, "kv-duration", ko.Duration, "--kv: timed ingest per row")
 	kvPubFlags(fset, &ko.Pub)
+	bg := bench.DefaultBackgroundOptions()
+	background := fset.Bool("background", false, "measure the background cost of a fleet (scrapes, health checks, model polls, CPU) instead")
+	replicas := fset.String("replicas", ints(bg.Replicas), "--background: comma-separated replica counts")
+	fronts := fset.String("fronts", ints(bg.Fronts), "--background: comma-separated turnout front counts")
+	share := fset.String("share", "off,on", "--background: engine_metrics.share settings for the runs of more than one front")
+	fset.DurationVar(&bg.Warmup, "warmup", bg.Warmup, "--background: wait before the rest phase")
+	fset.DurationVar(&bg.Rest, "rest", bg.Rest, "--background: length of the rest phase")
+	fset.DurationVar(&bg.Load, "load", bg.Load, "--background: length of the load phase")
+	fset.IntVar(&bg.LoadRPS, "load-rps", 0, "--background: decisions a second in total under load (0 = one per replica a second)")
+	tbin := fset.String("turnout-bin", "", "--background: turnout binary (default: turnout next to this executable, else on $PATH)")
+	natsBin := fset.String("nats-server", "nats-server", "--background: nats-server binary ($PATH, else /usr/sbin)")
 	if err := cli.ParseFlags(fset, benchScaleCmd, args); err != nil {
 		return err
 	}
 	if *kvMode {
 		return runKVScale(*pubs, ko, *out, *name, log)
+	}
+	if *background {
+		return runBackground(bg, *replicas, *fronts, *share, *tbin, *natsBin, *out, *name, log)
 	}
 	var err error
 	d.Policies = strings.Split(*pols, ",")
@@ -143,6 +164,37 @@ func runScale(args []string, log *zerolog.Logger) error {
 	_, err = runTable(*out, *name+".txt", func(ctx context.Context) ([]bench.ScaleRow, error) { return bench.RunScale(ctx, d) }, bench.WriteScaleTable)
 	if err != nil {
 		return fmt.Errorf("bench scale: %w", err)
+	}
+	return nil
+}
+
+func runBackground(o bench.BackgroundOptions, replicas, fronts, share, tbin, natsBin, out, name string, log *zerolog.Logger) error {
+	var err error
+	if o.Replicas, err = parseInts(replicas); err != nil {
+		return fmt.Errorf("bench scale: --replicas: %w", err)
+	}
+	if o.Fronts, err = parseInts(fronts); err != nil {
+		return fmt.Errorf("bench scale: --fronts: %w", err)
+	}
+	if o.Share, err = bench.ParseBools(share); err != nil {
+		return fmt.Errorf("bench scale: --share: %w", err)
+	}
+	if o.Turnout, _, err = binaries(tbin); err != nil {
+		return fmt.Errorf("bench scale: %w", err)
+	}
+	o.NATSServer, o.Log = natsBin, log
+	if o.Dir, err = os.MkdirTemp("", "turnout-background-"); err != nil {
+		return fmt.Errorf("bench scale: %w", err)
+	}
+	defer os.RemoveAll(o.Dir)
+	ctx, stop := cli.StopContext()
+	defer stop()
+	rows, err := bench.RunBackground(ctx, o)
+	if werr := teeFile(out, name+"-background.txt", func(w io.Writer) error { return bench.WriteBackgroundTable(w, rows) }); werr != nil && err == nil {
+		err = werr
+	}
+	if err != nil {
+		return fmt.Errorf("bench scale --background: %w", err)
 	}
 	return nil
 }

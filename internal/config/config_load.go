@@ -27,7 +27,18 @@ type EngineMetricsConfig struct {
 	Timeout Duration `yaml:"timeout"`
 	// MaxBytes caps a page's body; a larger page is refused unread.
 	MaxBytes int `yaml:"max_bytes"`
+	// Share splits the scrapes between the instances of a cluster (with
+	// cluster.nats only): each replica is scraped by one of them, its
+	// owner, which shares the figures; the others use them while they are
+	// at most two of the owner's scrape gaps old and scrape it themselves
+	// after. Every front scraping every replica is fronts x replicas x 4
+	// scrapes a second. Default on (nil).
+	Share *bool `yaml:"share"`
 }
+
+// Shared reports whether the scrapes are split between cluster
+// instances (engine_metrics.share, default true; cluster sync required).
+func (m *EngineMetricsConfig) Shared() bool { return m.Share == nil || *m.Share }
 
 // ClusterConfig configures the prefix-decision exchange between turnout
 // instances over NATS. Off unless NATS is set.

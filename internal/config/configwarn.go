@@ -26,6 +26,9 @@ func (c *Config) Warnings() []*FieldError { return c.warnings }
 func (c *Config) checkWarnings() []*FieldError {
 	var out []*FieldError
 	seen := map[string]string{} // address -> path of its first endpoint
+	if m := &c.EngineMetrics; m.Share != nil && *m.Share && !c.Cluster.Enabled() {
+		out = append(out, &FieldError{Path: "engine_metrics.share", Msg: "does nothing without cluster.nats: the fronts split the scrapes over cluster sync; alone, this instance scrapes every replica"})
+	}
 	for i := range c.Deployments {
 		d := &c.Deployments[i]
 		if d.FlowControl != nil && c.Feedback.Disable {

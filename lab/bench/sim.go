@@ -57,6 +57,12 @@ type SimOptions struct {
 	// NoFirstToken: the feedback carries no first-token time (a proxy
 	// without proxy.first_token_timing), only the headers' time.
 	NoFirstToken bool
+	// SharedScrapes models engine_metrics.share with --fronts: each
+	// replica's engine figures are read by one front (replica i by front
+	// i mod N) and reach the others SyncDelay later, marked against their
+	// own counts on arrival; off, every front reads every replica at the
+	// scrape's instant.
+	SharedScrapes bool
 }
 
 // DefaultSimOptions are the replay defaults: four replicas with the mock's

@@ -45,6 +45,9 @@ type frontsRouter struct {
 	// open maps the sim's token to the front and decision it stands for.
 	open map[uint64]frontDecision
 	tok  uint64
+	// sharedScrapes: each replica's engine figures come from one front
+	// (SimOptions.SharedScrapes).
+	sharedScrapes bool
 	// sunk is the last decision's prompt blocks (a front's prefix sink),
 	// copied: the sink's view is per-request scratch; shared is whether
 	// the sink was called at all (the cluster publishes that decision).
@@ -76,6 +79,9 @@ type syncMsg struct {
 	// wire: the decision's batch (when shared) and the sender's load
 	// message, in route/cluster's format.
 	wire, loads []byte
+	// report: the owner's engine figures (SharedScrapes), not a decision.
+	report           bool
+	running, waiting int
 }
 
 // frontSink is one front's prefix sink: it keeps the decision's blocks for
@@ -88,7 +94,7 @@ func (s frontSink) RoutedPrefix(_ *fleet.Pool, _ *fleet.Endpoint, blocks []uint6
 }
 
 func newFrontsRouter(spec PolicySpec, names []string, o SimOptions, n int) (*frontsRouter, error) {
-	fr := &frontsRouter{delay: o.SyncDelay, open: map[uint64]frontDecision{}, last: make([]time.Duration, n), rnd: fleet.NewRand(o.Seed)}
+	fr := &frontsRouter{delay: o.SyncDelay, sharedScrapes: o.SharedScrapes, open: map[uint64]frontDecision{}, last: make([]time.Duration, n), rnd: fleet.NewRand(o.Seed)}
 	for f := range n {
 		fo := o
 		fo.Seed = o.Seed + uint64(f) // instances do not share a random stream
@@ -130,6 +136,10 @@ func (fr *frontsRouter) deliver(m *syncMsg) {
 		if g == m.front {
 			continue
 		}
+		if m.report {
+			t.ReportEngine(m.replica, m.running, m.waiting)
+			continue
+		}
 		e := t.endpoint(m.replica)
 		if e == nil {
 			continue
@@ -163,6 +173,9 @@ func (fr *frontsRouter) deliver(m *syncMsg) {
 
 // encode writes m's messages as front m.front's Sync would send them.
 func (fr *frontsRouter) encode(m *syncMsg) {
+	if m.report {
+		return // engine figures ride their own subject; not a decision's sync
+	}
 	start := threadCPU()
 	t := fr.fronts[m.front]
 	p := t.srv.Snapshot().Deployments[0].Serve
@@ -196,7 +209,7 @@ func (fr *frontsRouter) SyncCost() (msgs, bytes int64, cost time.Duration) {
 }
 
 func (fr *frontsRouter) send(m syncMsg) {
-	if !fr.syncs {
+	if !fr.syncs && !m.report {
 		return
 	}
 	fr.encode(&m)
@@ -270,11 +283,19 @@ func (fr *frontsRouter) StartWindow() {
 }
 
 // ReportEngine implements EngineReporter: each front marks the scrape
-// against its own in-flight and peer counts.
+// against its own in-flight and peer counts. With shared scrapes only the
+// replica's owner reads it now; the others get its figures through the
+// sync, later.
 func (fr *frontsRouter) ReportEngine(replica, running, waiting int) {
-	for _, t := range fr.fronts {
-		t.ReportEngine(replica, running, waiting)
+	if !fr.sharedScrapes || len(fr.fronts) == 1 {
+		for _, t := range fr.fronts {
+			t.ReportEngine(replica, running, waiting)
+		}
+		return
 	}
+	owner := replica % len(fr.fronts)
+	fr.fronts[owner].ReportEngine(replica, running, waiting)
+	fr.send(syncMsg{front: owner, replica: replica, report: true, running: running, waiting: waiting})
 }
 
 // Detail sums the fronts' decision outcomes, as the e2e fronts row does.

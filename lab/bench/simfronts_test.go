@@ -190,3 +190,38 @@ func TestSimFrontsSyncCost(t *testing.T) {
 		t.Errorf("4 fronts: %.0f B and %.3f µs per decision", four.SyncBytes, four.SyncUs)
 	}
 }
+
+// With shared scrapes the sim's engine figures reach a replica's owner at
+// the scrape and the other fronts one sync delay later; without, every
+// front at once.
+func TestSimFrontsSharedScrapes(t *testing.T) {
+	o := tinySim(4, 0)
+	o.SyncDelay = 10 * time.Millisecond
+	for _, shared := range []bool{false, true} {
+		o.SharedScrapes = shared
+		fr, err := newFrontsRouter(PolicySpec{Policy: policy.PrefixAffinityType}, ReplicaNames(4), o, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = fr.Close() })
+		fr.SetNow(0)
+		fr.ReportEngine(1, 5, 2) // replica 1: front 1 owns it
+		requests := func(front int) int64 {
+			if el := fr.fronts[front].endpoint(1).Engine(); el != nil {
+				return el.Requests
+			}
+			return -1
+		}
+		want0 := int64(7)
+		if shared {
+			want0 = -1
+		}
+		if requests(1) != 7 || requests(0) != want0 {
+			t.Fatalf("shared %v: at the scrape front 0 reads %d, front 1 %d; want %d, 7", shared, requests(0), requests(1), want0)
+		}
+		fr.SetNow(20 * time.Millisecond)
+		if requests(0) != 7 {
+			t.Fatalf("shared %v: after the sync delay front 0 reads %d, want 7", shared, requests(0))
+		}
+	}
+}

@@ -45,6 +45,9 @@ type Stats struct {
 	Running          int   // sequences running now
 	Waiting          int   // sequences queued now
 	CacheBlocks      int   // blocks cached now
+	// What turnout's background work asked: GET /metrics (engine load and
+	// LoRA info), GET|HEAD /health, GET /v1/models.
+	Scrapes, HealthChecks, ModelPolls int64
 }
 
 // Server is one mock vLLM replica.
@@ -77,6 +80,7 @@ type Server struct {
 	blockSeq atomic.Uint64 // fake remote_block_ids
 
 	requests, failed, promptTokens, cachedTokens, completionTokens atomic.Int64
+	scrapes, healthChecks, modelPolls                              atomic.Int64
 	// ttftNs and ttftCount are vLLM's time_to_first_token_seconds
 	// histogram's sum and count: from arrival to the first token.
 	ttftNs, ttftCount atomic.Int64
@@ -191,6 +195,9 @@ func (s *Server) Stats() Stats {
 		Running:          s.sched.Running(),
 		Waiting:          s.sched.Waiting(),
 		CacheBlocks:      s.cache.Len(),
+		Scrapes:          s.scrapes.Load(),
+		HealthChecks:     s.healthChecks.Load(),
+		ModelPolls:       s.modelPolls.Load(),
 	}
 }
 
@@ -356,6 +363,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	// Control/observation endpoints are not logged: health checks and
 	// scrapes would flush the request ring.
 	case PathHealth:
+		s.healthChecks.Add(1)
 		if s.allow(ctx, fasthttp.MethodGet, fasthttp.MethodHead) {
 			if s.faults.Load().Unhealthy {
 				ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
@@ -363,6 +371,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 		return
 	case PathMetrics:
+		s.scrapes.Add(1)
 		if s.allow(ctx, fasthttp.MethodGet, "") {
 			ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
 			ctx.Response.SetBodyRaw(s.appendMetrics(make([]byte, 0, 2048)))
@@ -395,6 +404,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			s.handleGenerate(ctx, apiCompletions)
 		}
 	case PathModels:
+		s.modelPolls.Add(1)
 		if s.allow(ctx, fasthttp.MethodGet, "") {
 			ctx.SetContentType("application/json")
 			ctx.SetBody(*s.modelsJSON.Load())

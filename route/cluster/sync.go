@@ -89,6 +89,8 @@ type Sync struct {
 	// dropLogged and dropLogAt (unix ns): the drops last warned about (drops.go).
 	dropLogged atomic.Uint64
 	dropLogAt  atomic.Int64
+	// eng is the split of the engine scrapes (engines.go).
+	eng engineShare
 }
 
 // New connects to NATS (in the background: an unreachable server is
@@ -116,6 +118,7 @@ func New(srv *route.Decider, cfg config.ClusterConfig, log *zerolog.Logger) (*Sy
 		done: make(chan struct{}),
 		wake: make(chan struct{}, 1),
 	}
+	s.eng.selfSeed = nameSeed(name)
 	s.downSince.Store(time.Now().UnixNano())
 	nc, err := nats.Connect(cfg.NATS,
 		nats.Name("turnout "+name),
@@ -145,6 +148,10 @@ func New(srv *route.Decider, cfg config.ClusterConfig, log *zerolog.Logger) (*Sy
 		return nil, fmt.Errorf("cluster: connect %s: %w", cfg.NATS, err)
 	}
 	s.nc = nc
+	if err := s.subscribeEngines(); err != nil {
+		nc.Close()
+		return nil, err
+	}
 	srv.Extras().AddReadiness(s.writeReadiness)
 	if nc.IsConnected() {
 		s.up(nc, "connected")
@@ -605,6 +612,13 @@ func (s *Sync) WriteMetrics(b *strings.Builder) {
 	fmt.Fprintf(b, "turnout_cluster_bytes_total{direction=\"in\"} %d\n", s.receivedBytes.Load())
 	help("turnout_cluster_publisher_wakeups_total", "counter", "Times the publisher woke to drain its queue (none while idle).")
 	fmt.Fprintf(b, "turnout_cluster_publisher_wakeups_total %d\n", s.ticks.Load())
+	help("turnout_cluster_engine_figures_total", "counter", "Engine figures (engine_metrics.share) sent for the replicas this instance owns, and received from their owners.")
+	fmt.Fprintf(b, "turnout_cluster_engine_figures_total{direction=\"out\"} %d\n", s.eng.out.Load())
+	fmt.Fprintf(b, "turnout_cluster_engine_figures_total{direction=\"in\"} %d\n", s.eng.in.Load())
+	help("turnout_cluster_engine_figure_messages_malformed_total", "counter", "Engine figure messages dropped whole: malformed or out of range.")
+	fmt.Fprintf(b, "turnout_cluster_engine_figure_messages_malformed_total %d\n", s.eng.bad.Load())
+	help("turnout_cluster_peers", "gauge", "Live peers sharing engine scrapes (heard on the figures subject within three heartbeats).")
+	fmt.Fprintf(b, "turnout_cluster_peers %d\n", s.Peers())
 	help("turnout_cluster_received_total", "counter", "Peer decisions (applied, unknown_*) and messages (malformed, oversized) received.")
 	for i := 0; i < numRecv; i++ {
 		fmt.Fprintf(b, "turnout_cluster_received_total{result=%q} %d\n", recvNames[i], s.recv[i].Load())

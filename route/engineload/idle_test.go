@@ -96,3 +96,33 @@ deployments: [{name: a, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]
 		t.Fatalf("error %v, want one naming engine_metrics.idle_interval", err)
 	}
 }
+
+// engine_metrics.share is on by default, can be turned off, and set on
+// without cluster sync it is accepted with a warning naming it.
+func TestShareConfig(t *testing.T) {
+	const deps = "deployments: [{name: a, pools: [{endpoints: [{name: a, address: 1.2.3.4:5}]}]}]\n"
+	cfg, err := config.ParseConfig([]byte(deps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.EngineMetrics.Shared() {
+		t.Fatal("engine_metrics.share is off by default")
+	}
+	if cfg, err = config.ParseConfig([]byte("engine_metrics: {share: false}\n" + deps)); err != nil || cfg.EngineMetrics.Shared() {
+		t.Fatalf("share: false read as %v (err %v)", cfg != nil && cfg.EngineMetrics.Shared(), err)
+	}
+	cfg, err = config.ParseConfig([]byte("engine_metrics: {share: true}\n" + deps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	warned := false
+	for _, w := range cfg.Warnings() {
+		warned = warned || w.Path == "engine_metrics.share"
+	}
+	if !warned {
+		t.Fatalf("share: true without cluster.nats gave no warning: %v", cfg.Warnings())
+	}
+	if _, err := config.ParseConfig([]byte("engine_metrics: {share: maybe}\n" + deps)); err == nil || !strings.Contains(err.Error(), "share") {
+		t.Fatalf("share: maybe: error %v, want one naming share", err)
+	}
+}

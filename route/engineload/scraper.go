@@ -91,6 +91,9 @@ type Scraper struct {
 	eps       map[string]*target // by endpoint name (names are global)
 	// now is replaceable in tests.
 	now func() time.Time
+	// share splits the scrapes between cluster instances (nil: this
+	// instance scrapes every replica); set by SetShare before Run.
+	share Share
 }
 
 // target is one endpoint's scrape state; the counters survive reloads as
@@ -115,6 +118,15 @@ type target struct {
 	seen      atomic.Uint64
 	// skipped counts rounds that left this idle replica unscraped.
 	skipped atomic.Uint64
+	// The owner's shared figures (share.go): eps the replica's pool
+	// entries (set each round), sharedAt when figures last arrived (unix
+	// ns), sharedNext the owner's gap to its next scrape, sharedSeen the
+	// decisions count then; shared counts figures applied, fallback
+	// rounds that scraped a replica another instance owns.
+	eps                  atomic.Pointer[[]*fleet.Endpoint]
+	sharedAt, sharedNext atomic.Int64
+	sharedSeen           atomic.Uint64
+	shared, fallback     atomic.Uint64
 }
 
 // activity is what a request to the replica moves: decisions this
@@ -233,8 +245,21 @@ func (s *Scraper) Round(ctx context.Context) {
 		}
 		return
 	}
+	share := s.share
+	if !cfg.Shared() {
+		share = nil
+	}
+	now := s.now()
 	for _, t := range todo {
 		eps := byName[t.name]
+		t.eps.Store(&eps)
+		owned := share == nil || share.Owns(t.name)
+		if !owned {
+			if t.fresh(now, eps, &cfg) {
+				continue
+			}
+			t.fallback.Add(1)
+		}
 		if t.busy.Load() || t.skip(eps) {
 			continue
 		}
@@ -243,8 +268,14 @@ func (s *Scraper) Round(ctx context.Context) {
 		}
 		go func() {
 			defer t.busy.Store(false)
-			s.scrapeOne(ctx, t, eps, &cfg)
+			l, ok := s.scrapeOne(ctx, t, eps, &cfg)
+			if owned && ok && share != nil {
+				share.Publish(t.name, l, time.Duration(max(1, t.gap.Load()))*cfg.Interval.D())
+			}
 		}()
+	}
+	if share != nil {
+		share.Flush()
 	}
 }
 
@@ -257,20 +288,13 @@ func (s *Scraper) clearAll() {
 }
 
 // scrapeOne scrapes one endpoint and publishes the result on every pool
-// entry with that name.
-func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*fleet.Endpoint, cfg *config.EngineMetricsConfig) {
+// entry with that name; it returns the figures (nil: the scrape failed)
+// and false when ctx ended first.
+func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*fleet.Endpoint, cfg *config.EngineMetricsConfig) (*fleet.EngineLoad, bool) {
 	if ctx.Err() != nil {
-		return
+		return nil, false
 	}
-	// Tie-break windows span windowScrapes attempts (2 s at the default
-	// 250 ms): long enough to even out request counts, short enough that
-	// an old burst is forgotten.
-	newWindow := t.attempts.Add(1)%windowScrapes == 1
-	for _, e := range eps {
-		if newWindow {
-			e.StartWindow()
-		}
-	}
+	s.startWindow(t, eps)
 	start := s.now()
 	dec0, _ := activity(eps)
 	sc, err := s.measure(t, eps, cfg)
@@ -280,24 +304,11 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*fleet.Endpoin
 	t.durNs.Add(uint64(s.now().Sub(start)))
 	t.bytes.Add(uint64(n))
 	t.results[res].Add(1)
-	newAdapter := false
-	for i, e := range eps {
-		if res == ResultOK {
-			l := load
-			l.Mark, l.PeerMark = marks[i], peers[i]
-			e.SetEngineLoad(&l)
-			if load.LoRA != nil {
-				old := e.LoRA()
-				e.SetLoRA(load.LoRA)
-				newAdapter = newAdapter || unlisted(e, load.LoRA) && !sameAdapters(old, load.LoRA)
-			}
-		} else {
-			e.SetEngineLoad(nil)
-		}
+	var got *fleet.EngineLoad
+	if res == ResultOK {
+		got = &load
 	}
-	if newAdapter {
-		s.srv.RefreshModels() // an adapter /v1/models did not list (yet)
-	}
+	s.setLoad(eps, got, marks, peers)
 	if prev := Result(t.last.Swap(int32(res))); prev != res {
 		// Logged once per state change, not once per scrape.
 		switch {
@@ -308,6 +319,42 @@ func (s *Scraper) scrapeOne(ctx context.Context, t *target, eps []*fleet.Endpoin
 			s.log.Warn().Str("endpoint", t.name).Str("address", eps[0].Address).Str("result", res.String()).Err(err).
 				Msg("engine metrics: scrape failing; policies fall back to in-flight counts for this endpoint")
 		}
+	}
+	return got, true
+}
+
+// startWindow counts a scrape (or shared figures) and starts a new
+// tie-break window every windowScrapes of them (2 s at the default
+// 250 ms): long enough to even out request counts, short enough that an
+// old burst is forgotten.
+func (s *Scraper) startWindow(t *target, eps []*fleet.Endpoint) {
+	if t.attempts.Add(1)%windowScrapes == 1 {
+		for _, e := range eps {
+			e.StartWindow()
+		}
+	}
+}
+
+// setLoad publishes figures on every pool entry of a replica, with the
+// marks taken as they arrived (nil load: back to in-flight counts).
+func (s *Scraper) setLoad(eps []*fleet.Endpoint, load *fleet.EngineLoad, marks, peers []int64) {
+	newAdapter := false
+	for i, e := range eps {
+		if load == nil {
+			e.SetEngineLoad(nil)
+			continue
+		}
+		l := *load
+		l.Mark, l.PeerMark = marks[i], peers[i]
+		e.SetEngineLoad(&l)
+		if load.LoRA != nil {
+			old := e.LoRA()
+			e.SetLoRA(load.LoRA)
+			newAdapter = newAdapter || unlisted(e, load.LoRA) && !sameAdapters(old, load.LoRA)
+		}
+	}
+	if newAdapter {
+		s.srv.RefreshModels() // an adapter /v1/models did not list (yet)
 	}
 }
 
@@ -623,6 +670,16 @@ func (s *Scraper) WriteMetrics(b *strings.Builder) {
 		for _, e := range p.Endpoints {
 			if t := targets[e.Name]; t != nil {
 				fmt.Fprintf(b, "turnout_engine_scrapes_idle_skipped_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, t.skipped.Load())
+			}
+		}
+	}
+	help("turnout_engine_figures_shared_total", "counter", "Engine figures applied from the replica's owner, another cluster instance (engine_metrics.share), in place of a scrape.")
+	help("turnout_engine_scrapes_fallback_total", "counter", "Scrape rounds of a replica another cluster instance owns, because its shared figures were missing or stale.")
+	for _, p := range snap.Pools() {
+		for _, e := range p.Endpoints {
+			if t := targets[e.Name]; t != nil {
+				fmt.Fprintf(b, "turnout_engine_figures_shared_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, t.shared.Load())
+				fmt.Fprintf(b, "turnout_engine_scrapes_fallback_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, t.fallback.Load())
 			}
 		}
 	}
