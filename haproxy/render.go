@@ -322,7 +322,7 @@ type spoeData struct {
 	PDTimeoutMs                          int64
 	// BreakerFails timeouts in a row stop asking the agent for CooldownMs.
 	BreakerFails, CooldownMs int64
-	PDVar, DeferArg          string
+	PDVar, DeferArg, SentArg string
 	FailClosed               bool
 	Fallbacks, Vars          []string
 	Contract                 contract.SPOEConfig
@@ -592,6 +592,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 			CooldownMs:   l.CooldownMs,
 			PDVar:        contract.SPOEVarPD,
 			DeferArg:     contract.SPOEArgDeferPD,
+			SentArg:      contract.SPOEArgSent,
 			FailClosed:   p.FailMode == config.FailClosed,
 			Fallbacks:    contract.SPOEFallbackVars(cfg.Fallbacks),
 			Vars:         contract.SPOEVarNames(cfg.Fallbacks),

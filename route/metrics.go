@@ -94,6 +94,7 @@ func (d *Decider) WriteMetrics(b *strings.Builder) {
 		{"expired", d.dec.expired.Load()},
 		{"overwritten", d.dec.overwritten.Load()},
 		{"reconciled", d.dec.reconciled.Load()},
+		{"abandoned", d.dec.abandoned.Load()},
 	} {
 		fmt.Fprintf(b, "turnout_completions_total{result=%q} %d\n", c.name, c.v)
 	}
