@@ -24,12 +24,16 @@ const (
 	// ssBefore and ssAfter: load before the stop and after SIGCONT.
 	ssBefore, ssAfter = time.Second, 2 * time.Second
 	ssRouteTimeout    = 500 * time.Millisecond // the stacks' proxy.route_timeout
-	// The first timeout is seen route_timeout after the stop; a request
-	// started later than ssFound after the stop must not wait on turnout.
-	ssFound = ssRouteTimeout + 300*time.Millisecond
-	// ssLate: a request not delayed by a route_timeout answers well under it
-	// (mock replicas answer at once; a busy box adds tens of ms).
-	ssLate = 400 * time.Millisecond
+	// The first timeouts come route_timeout after the stop; the requests
+	// sent within the next route_timeout may still meet a breaker counting
+	// its failures (nginx: breaker_failures per worker and per entry of
+	// the turnout upstream; HAProxy: per Lua thread). A request started
+	// later than ssFound after the stop must not wait on turnout.
+	ssFound = 2 * ssRouteTimeout
+	// ssLate: a request that waited on turnout's route_timeout takes at
+	// least that long; mock replicas answer at once, and a loaded box
+	// (load average 40 on 2 cores, with /tmp/hog beside) added up to ~460 ms.
+	ssLate = ssRouteTimeout
 	// ssMost: a request in flight at the stop waits one route_timeout (the
 	// Lua hop may add its timeout connect: docs/reliability.md).
 	ssMost = 2*ssRouteTimeout + 300*time.Millisecond
