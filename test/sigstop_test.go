@@ -184,7 +184,9 @@ func checkSigstop(t *testing.T, path string, tu *Turnout, reqs []ssReq, stall ti
 		time.Sleep(100 * time.Millisecond)
 	}
 	abandoned, _ := Metric(t, tu.URL+"/metrics", "turnout_completions_total", `result="abandoned"`)
-	t.Logf("%s: every decision closed %v after the load stopped; %v closed as abandoned", path, time.Since(loadEnd).Round(10*time.Millisecond), abandoned)
+	skipped, _ := Metric(t, tu.URL+"/metrics", "turnout_refusals_total", `reason="client_gone"`)
+	t.Logf("%s: every decision closed %v after the load stopped; %v closed as abandoned, %v calls not decided (read past the proxy's timeout)",
+		path, time.Since(loadEnd).Round(10*time.Millisecond), abandoned, skipped)
 }
 
 // TestSigstop: turnout stopped (SIGSTOP) under 80 requests/s through each
