@@ -1,6 +1,9 @@
 package spoe
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // A message read past timeout processing is late whatever the offset
 // between HAProxy's clock and the agent's; a clock step is not a backlog.
@@ -42,5 +45,35 @@ func TestLateness(t *testing.T) {
 	}
 	if late == 0 || late > budget/10+2 {
 		t.Fatalf("after a 5 s clock step, %d messages (10 ms apart) were late; want those within one budget", late)
+	}
+}
+
+// A message read past timeout processing after HAProxy sent it opens no
+// decision; one on time is decided.
+func TestLateMessageNotDecided(t *testing.T) {
+	a := mustAgent(t, oneDeployment)
+	d := a.decider()
+	ask := func(sent int64) map[string]string {
+		args := append(routeArgs("POST", "/v1/chat/completions", chatBody("solo", "hi")), sentArg(sent))
+		out, err := ack(d, header{StreamID: 1, FrameID: 1}, messagesPayload(MessageRoute, args), nil, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, p, _ := readHeader(out[4:])
+		return vars(t, p)
+	}
+	now := time.Now().UnixMilli()
+	if v := ask(now); v[VarServer] == "" || v[VarDecision] == "" {
+		t.Fatalf("a message on time was not routed: %v", v)
+	}
+	if v := ask(now - 5000); len(v) != 0 {
+		t.Fatalf("a message sent 5 s ago was answered: %v", v)
+	}
+	var open int64
+	for _, e := range a.srv.Snapshot().Deployments[0].Serve.Endpoints {
+		open += e.State.Inflight.Load()
+	}
+	if open != 1 {
+		t.Fatalf("%d decisions open, want the one on time", open)
 	}
 }
