@@ -211,6 +211,10 @@ func TestSPOECarriesContract(t *testing.T) {
 	if !strings.Contains(spoe, " "+contract.SPOEArgDeferPD+"=bool(true)\n") {
 		t.Errorf("the first message does not ask to defer prefill/decode decisions (%s)", contract.SPOEArgDeferPD)
 	}
+	// A message read past timeout processing is not decided (route/spoe/late.go).
+	if !strings.Contains(spoe, " "+contract.SPOEArgSent+"=date(0,ms)") {
+		t.Errorf("the first message does not carry HAProxy's clock (%s)", contract.SPOEArgSent)
+	}
 
 	fc := contract.FailClosedError
 	pre, post, _ := strings.Cut(fc.JSON(), contract.ReasonToken)

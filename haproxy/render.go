@@ -320,12 +320,14 @@ type spoeData struct {
 	Servers                              []routeServer
 	HelloMs, IdleMs, ServerMs, TimeoutMs int64
 	PDTimeoutMs                          int64
-	PDVar, DeferArg                      string
-	FailClosed                           bool
-	Fallbacks, Vars                      []string
-	Contract                             contract.SPOEConfig
-	BodyRoom                             int
-	MaxFrameSize                         int
+	// BreakerFails timeouts in a row stop asking the agent for CooldownMs.
+	BreakerFails, CooldownMs int64
+	PDVar, DeferArg, SentArg string
+	FailClosed               bool
+	Fallbacks, Vars          []string
+	Contract                 contract.SPOEConfig
+	BodyRoom                 int
+	MaxFrameSize             int
 }
 
 // errorData is an answer HAProxy gives itself (contract.GlueError):
@@ -584,14 +586,17 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 			// The first call never waits on a prefill (route/spoe): it
 			// is bounded by route_timeout (and a flow-control hold); the
 			// second agent's by the prefill.
-			TimeoutMs:   max(cfg.RouteAskTimeout().Milliseconds(), 1),
-			PDTimeoutMs: l.TimeoutMs,
-			PDVar:       contract.SPOEVarPD,
-			DeferArg:    contract.SPOEArgDeferPD,
-			FailClosed:  p.FailMode == config.FailClosed,
-			Fallbacks:   contract.SPOEFallbackVars(cfg.Fallbacks),
-			Vars:        contract.SPOEVarNames(cfg.Fallbacks),
-			BodyRoom:    l.BodyRoom,
+			TimeoutMs:    max(cfg.RouteAskTimeout().Milliseconds(), 1),
+			PDTimeoutMs:  l.TimeoutMs,
+			BreakerFails: l.BreakerFails,
+			CooldownMs:   l.CooldownMs,
+			PDVar:        contract.SPOEVarPD,
+			DeferArg:     contract.SPOEArgDeferPD,
+			SentArg:      contract.SPOEArgSent,
+			FailClosed:   p.FailMode == config.FailClosed,
+			Fallbacks:    contract.SPOEFallbackVars(cfg.Fallbacks),
+			Vars:         contract.SPOEVarNames(cfg.Fallbacks),
+			BodyRoom:     l.BodyRoom,
 		}
 		sc, err := contract.NewSPOEConfig(len(d.SPOE.Fallbacks))
 		if err != nil {

@@ -21,6 +21,7 @@ func (d *Decider) Decide(in *contract.Input, v *contract.Verdict) {
 	t := d.txns.get(d, snap.maxBlocks)
 	start := time.Now()
 	t.decideInput(snap, in, v, start)
+	t.dropAbandoned(in, v, start)
 	t.noteRefusal(v, start, in.Repeat)
 	if tb := d.dec.tracer.Load(); tb != nil {
 		t.traceDecision(tb.Tracer, in, v, start)
@@ -634,6 +635,7 @@ func (t *Txn) ProxyHeaders(h *fasthttp.RequestHeader) {
 // (valid until End).
 func (d *Decider) DecideTxn(t *Txn) *contract.Verdict {
 	t.decideInput(t.snap, &t.in, &t.v, t.start)
+	t.dropAbandoned(&t.in, &t.v, t.start)
 	t.noteRefusal(&t.v, t.start, t.in.Repeat)
 	if tb := d.dec.tracer.Load(); tb != nil {
 		t.traceDecision(tb.Tracer, &t.in, &t.v, t.start)

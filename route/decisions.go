@@ -35,6 +35,10 @@ type Ledger struct {
 	overwritten atomic.Uint64
 	// reconciled: closed when feedback came back after a gap (reconcile).
 	reconciled atomic.Uint64
+	// abandoned: closed at once, the caller gone (abandon.go).
+	abandoned atomic.Uint64
+	// pause notes when the process was not running (abandon.go).
+	pause pauseWatch
 	// openedAtClose is how many decisions had been opened at the last
 	// completion (the feedback monitor's tick notes its time: no clock
 	// read per completion).
@@ -145,7 +149,7 @@ func (d *Ledger) mayHoldOpen() bool {
 // to it can still be open. The closes are read before the opens: a close
 // is counted only after its open, so a race can only answer true.
 func (d *Ledger) newest() (seq uint64, open bool) {
-	closed := d.completed.Load() + d.expired.Load() + d.overwritten.Load() + d.reconciled.Load()
+	closed := d.completed.Load() + d.expired.Load() + d.overwritten.Load() + d.reconciled.Load() + d.abandoned.Load()
 	seq = d.next.Load()
 	return seq, seq-d.first > closed
 }

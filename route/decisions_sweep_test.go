@@ -30,6 +30,13 @@ func TestDecisionsMayHoldOpen(t *testing.T) {
 				t.Fatalf("reconciled %d of %d", n, len(ids))
 			}
 		}},
+		{"abandoned", func(t *testing.T, s *Decider, ids []uint64) {
+			for _, id := range ids {
+				if !s.Ledger().Abandon(id) {
+					t.Fatalf("decision %x not abandoned", id)
+				}
+			}
+		}},
 		{"overwritten", func(t *testing.T, s *Decider, ids []uint64) {
 			// A full ring of new decisions overwrites every open slot; then
 			// the new ones complete.

@@ -47,7 +47,7 @@
 // Layer 5 packages hold a *Decider and use its exported API (Begin,
 // ProxyHeaders, DecideTxn, End, Decide, OnApply) and the parts it
 // exposes once each: Ledger (Complete, CloseDecision, CloseDecisionWith,
-// LookupDecision, SetRequestSink, SetTracer, SetFeedbackStalled,
+// Abandon, LookupDecision, SetRequestSink, SetTracer, SetFeedbackStalled,
 // Reconcile, Counts), Health (the health checks' counts and first
 // round), Refusals (what a transport refused on its own), Extras
 // (AddMetrics, AddReadiness) and

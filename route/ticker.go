@@ -19,8 +19,10 @@ type Ticker struct {
 // Run ticks until ctx ends: each tick expires stale decisions (the
 // ledger's sweep), then runs the OnTick hooks (route/feedback watches
 // completion feedback and stalled endpoints there). Ticks come a quarter
-// of the smallest stall limit apart, within 100ms..1s.
+// of the smallest stall limit apart, within 100ms..1s. Beside them runs
+// the heartbeat that notices the process was paused (abandon.go).
 func (k *Ticker) Run(ctx context.Context) {
+	go k.dec.pause.run(ctx)
 	t := time.NewTimer(stallTick(k.snap.Load()))
 	defer t.Stop()
 	for {

@@ -30,6 +30,11 @@ const (
 	// prefill/decode request with SPOEVarPD instead of deciding it. A
 	// config without it (rendered before) gets whole decisions.
 	SPOEArgDeferPD = "defer_pd"
+	// SPOEArgSent (date(0,ms)) on SPOEMessageRoute: when HAProxy sent the
+	// message, by its clock. A message read later than timeout processing
+	// after it (a stopped turnout's backlog) was abandoned: it is not
+	// decided. A config without it (rendered before) gets every decision.
+	SPOEArgSent = "sent"
 
 	// Variables set in the txn scope; HAProxy prefixes them with the agent's
 	// var-prefix (txn.turnout.server with "option var-prefix turnout").

@@ -97,6 +97,15 @@ type Agent struct {
 	work     chan job
 
 	conns, notifies, fragmented, errs atomic.Uint64
+	// late tells the messages HAProxy gave up on before they were read (late.go).
+	late lateness
+}
+
+// decider is a decider of this agent's messages.
+func (a *Agent) decider() *decider {
+	d := newDecider(a.srv, a.names)
+	d.late = &a.late
+	return d
 }
 
 // New builds an agent that decides with srv.
@@ -285,7 +294,7 @@ func (c *conn) run(ctx context.Context) (err error) {
 		return err
 	}
 	_ = c.nc.SetReadDeadline(time.Time{})
-	c.d = newDecider(c.a.srv, c.a.names)
+	c.d = c.a.decider()
 	for {
 		frame, err := c.readFrame()
 		if err != nil {
@@ -554,7 +563,7 @@ func (a *Agent) submit(j job) {
 }
 
 func (a *Agent) worker(j job) {
-	d := newDecider(a.srv, a.names)
+	d := a.decider()
 	var out []byte
 	t := time.NewTimer(workerIdle)
 	defer t.Stop()

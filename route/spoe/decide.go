@@ -2,6 +2,7 @@ package spoe
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/turnout/turnout/internal/config"
 
@@ -21,6 +22,7 @@ const (
 	ArgHeaders = contract.SPOEArgHeaders
 	ArgBody    = contract.SPOEArgBody
 	ArgDeferPD = contract.SPOEArgDeferPD
+	ArgSent    = contract.SPOEArgSent
 
 	VarServer         = contract.SPOEVarServer
 	VarAddr           = contract.SPOEVarAddr
@@ -58,10 +60,12 @@ const (
 type names struct {
 	cfg      *config.Config
 	blocking bool
+	// askMs is HAProxy's timeout processing of MessageRoute.
+	askMs int64
 }
 
 func newNames(snap *route.Snapshot) *names {
-	n := &names{cfg: snap.Config}
+	n := &names{cfg: snap.Config, askMs: snap.Config.RouteAskTimeout().Milliseconds()}
 	for _, d := range snap.Deployments {
 		// Flow control holds decisions: they must not hold up the
 		// connection's other frames either.
@@ -84,6 +88,9 @@ type decider struct {
 	// watch is the connection of the frame being decided (worker mode):
 	// flow control drops a held request whose connection closed.
 	watch interface{ Gone() bool }
+	// late is the agent's (Agent.decider): messages HAProxy already gave
+	// up on.
+	late *lateness
 }
 
 func newDecider(srv *route.Decider, names func(*route.Snapshot) *names) *decider {
@@ -143,6 +150,7 @@ func (d *decider) route(args []arg, w *actions) {
 		in.Watch = d.watch
 	}
 	var hdrs []byte
+	var sent int64
 	hasHdrs, deferPD := false, false
 	for i := range args {
 		a := &args[i]
@@ -157,6 +165,8 @@ func (d *decider) route(args []arg, w *actions) {
 			in.Body = a.Value.Bytes
 		case ArgDeferPD:
 			deferPD = a.Value.Type == typeBool && a.Value.Bool
+		case ArgSent:
+			sent = a.Value.Int + int64(a.Value.Uint)
 		}
 	}
 	if !hasHdrs {
@@ -167,6 +177,14 @@ func (d *decider) route(args []arg, w *actions) {
 		return
 	}
 	snap := d.srv.Snapshot()
+	nm := d.names(snap)
+	if sent > 0 && d.late != nil && d.late.late(time.Now().UnixMilli(), sent, nm.askMs) {
+		// HAProxy balanced this request by itself already: the answer
+		// would be dropped, and a decision would stay open.
+		d.srv.Refusals().NoteRefusal(503, contract.ReasonFlowGone, "SPOE message read after HAProxy's timeout processing (turnout was paused?): not decided")
+		in.Reset()
+		return
+	}
 	fullLen := -1
 	if !walkHeaders(hdrs, func(k, v []byte) {
 		switch {
@@ -186,12 +204,17 @@ func (d *decider) route(args []arg, w *actions) {
 	}
 	// HAProxy's req.body stops at one buffer (or route_body bytes).
 	in.Truncated = fullLen > len(in.Body)
-	if deferPD && d.names(snap).blocking && d.srv.Prefills(in) {
+	if deferPD && nm.blocking && d.srv.Prefills(in) {
 		w.setInt(VarPD, 1)
 		in.Reset()
 		return
 	}
 	d.srv.Decide(in, &d.v)
+	if sent > 0 && d.late != nil && d.v.Decision != 0 && d.late.past(time.Now().UnixMilli(), sent, nm.askMs) {
+		// Decided too late (a stop during the decision): HAProxy stopped
+		// waiting.
+		d.srv.Ledger().Abandon(d.v.Decision)
+	}
 	d.verdict(w)
 	// Drop the views into the frame: it is reused once the ACK is out.
 	in.Reset()

@@ -202,7 +202,8 @@ type spoeData struct {
 	Servers                              []cfgServer
 	HelloMs, IdleMs, ServerMs, TimeoutMs int64
 	PDTimeoutMs                          int64
-	PDVar, DeferArg                      string
+	PDVar, DeferArg, SentArg             string
+	BreakerFails, CooldownMs             int64
 	MaxFrameSize                         int
 	FailClosed                           bool
 	Fallbacks, Vars                      []string
@@ -215,6 +216,7 @@ func newSPOEData(dir, agentAddr string, fallbacks int, failClosed bool) *spoeDat
 		Conf:    filepath.Join(dir, "turnout-spoe.conf"),
 		Servers: []cfgServer{{Name: "spoe0", Addr: agentAddr}},
 		HelloMs: 500, IdleMs: 30000, ServerMs: 60000, TimeoutMs: 500, PDTimeoutMs: 11000, PDVar: contract.SPOEVarPD, DeferArg: contract.SPOEArgDeferPD,
+		SentArg: contract.SPOEArgSent, BreakerFails: 3, CooldownMs: 5000,
 		FailClosed: failClosed,
 		Fallbacks:  contract.SPOEFallbackVars(fallbacks),
 		Vars:       contract.SPOEVarNames(fallbacks),

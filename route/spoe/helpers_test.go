@@ -25,6 +25,9 @@ func strArg(name, v string) targ { return targ{name, typeString, []byte(v)} }
 
 // deferPD is the first agent's bool(true) that defers prefill/decode decisions.
 func deferPD(args []targ) []targ { return append(args, targ{ArgDeferPD, typeBool, []byte{1}}) }
+
+// sentArg is date(0,ms): HAProxy's clock when it sent the message.
+func sentArg(ms int64) targ { return targ{ArgSent, typeInt64, AppendVarint(nil, uint64(ms))} }
 func binArg(name string, v []byte) targ {
 	return targ{name, typeBinary, v}
 }
@@ -64,6 +67,8 @@ func messagesPayload(name string, args []targ) []byte {
 				t |= flagTrue
 			}
 			b = append(b, t)
+		case typeInt64:
+			b = append(append(b, a.typ), a.val...) // a varint, no length
 		default:
 			b = appendBytes(append(b, a.typ), a.val)
 		}
