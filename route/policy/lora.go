@@ -69,7 +69,7 @@ func DefaultLoRAAffinityConfig() LoRAAffinityConfig {
 // defaultLoRAPrefixWeight and defaultLoRABasePrefix: swept in the sim
 // (BENCHMARKS.md, LoRA adapters).
 const (
-	defaultLoRAPrefixWeight = 4
+	defaultLoRAPrefixWeight = 0
 	defaultLoRABasePrefix   = true
 )
 

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/turnout/turnout/internal/config"
@@ -94,9 +95,9 @@ func loraPolicyParams(t *testing.T, p *fleet.Pool, params string) fleet.Policy {
 
 // Among the replicas where the adapter is hot, the one holding the prompt
 // wins by up to prefix_weight requests of load; a replica holding the
-// prompt but not the adapter (its slots full) does not beat a hot one;
-// base-model requests follow the prefix with base_prefix. prefix_weight 0
-// is the adapter-only policy.
+// prompt but not the adapter (its slots full) beats a hot one only when
+// prefix_weight exceeds weight; base-model requests follow the prefix with
+// base_prefix. prefix_weight 0 (the default) is the adapter-only policy.
 func TestLoRAAffinityFollowsPrefix(t *testing.T) {
 	blocks := []uint64{11, 12, 13, 14}
 	full := &fleet.LoRAState{Running: []string{"a", "b"}, MaxLoRA: 2}
@@ -108,13 +109,15 @@ func TestLoRAAffinityFollowsPrefix(t *testing.T) {
 		lora   []*fleet.LoRAState
 		holder int // endpoint sent the prompt before
 		base   bool
-		want   string
+		want   string // "!e": anything but e
 	}{
-		{"hot on e1 and e2, prompt on e2 one request busier", "{}", []int64{0, 0, 1, 0}, []*fleet.LoRAState{full, hot, hot, full}, 2, false, "e2"},
-		{"prefix_weight 0: the less loaded hot replica", "{prefix_weight: 0}", []int64{0, 0, 1, 0}, []*fleet.LoRAState{full, hot, hot, full}, 2, false, "e1"},
+		{"hot on e1 and e2, prompt on e2 one request busier", "{prefix_weight: 4}", []int64{0, 0, 1, 0}, []*fleet.LoRAState{full, hot, hot, full}, 2, false, "e2"},
+		{"default prefix_weight 0: the less loaded hot replica", "{}", []int64{0, 0, 1, 0}, []*fleet.LoRAState{full, hot, hot, full}, 2, false, "e1"},
 		{"prompt past prefix_weight requests of extra load", "{prefix_weight: 4}", []int64{0, 0, 5, 0}, []*fleet.LoRAState{full, hot, hot, full}, 2, false, "e1"},
-		{"prompt on a replica without the adapter", "{}", []int64{0, 0, 0, 0}, []*fleet.LoRAState{full, hot, full, full}, 2, false, "e1"},
-		{"base model follows the prompt", "{}", []int64{0, 0, 2, 0}, []*fleet.LoRAState{nil, nil, nil, nil}, 2, true, "e2"},
+		{"prompt on a replica without the adapter, prefix_weight < weight", "{prefix_weight: 4}", []int64{0, 0, 0, 0}, []*fleet.LoRAState{full, hot, full, full}, 2, false, "e1"},
+		{"prompt on a replica without the adapter, prefix_weight > weight", "{prefix_weight: 16}", []int64{0, 0, 0, 0}, []*fleet.LoRAState{full, hot, full, full}, 2, false, "e2"},
+		{"base model follows the prompt", "{prefix_weight: 4}", []int64{0, 0, 2, 0}, []*fleet.LoRAState{nil, nil, nil, nil}, 2, true, "e2"},
+		{"base model without base_prefix: not two requests busier", "{prefix_weight: 4, base_prefix: false}", []int64{0, 0, 2, 0}, []*fleet.LoRAState{nil, nil, nil, nil}, 2, true, "!e2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := routetest.Pool(t, len(tc.loads), func(p *fleet.Pool) fleet.Policy { return loraPolicyParams(t, p, tc.params) })
@@ -130,7 +133,8 @@ func TestLoRAAffinityFollowsPrefix(t *testing.T) {
 			if pr, ok := p.Policy.(fleet.PrefixRecorder); ok {
 				pr.RecordPrefix(tc.holder, blocks)
 			}
-			if got := routetest.Names(routetest.Choose(p, r, 1).Endpoints); got != tc.want {
+			got := routetest.Names(routetest.Choose(p, r, 1).Endpoints)
+			if not, ok := strings.CutPrefix(tc.want, "!"); ok && got == not || !ok && got != tc.want {
 				t.Fatalf("picked %q, want %s", got, tc.want)
 			}
 		})
@@ -141,27 +145,28 @@ func TestLoRAAffinityFollowsPrefix(t *testing.T) {
 // choice's prompt and keeps that index across a reload; with it off it
 // hashes nothing, and ReadsPrompt agrees both ways.
 func TestLoRAAffinityPrefixIndex(t *testing.T) {
-	p := routetest.Pool(t, 4, func(p *fleet.Pool) fleet.Policy { return loraPolicyParams(t, p, "{}") })
+	on := "{prefix_weight: 16}"
+	p := routetest.Pool(t, 4, func(p *fleet.Pool) fleet.Policy { return loraPolicyParams(t, p, on) })
 	if _, ok := p.Policy.(fleet.PromptUser); !ok {
-		t.Fatal("default lora-affinity is not a PromptUser")
+		t.Fatal("lora-affinity with prefix_weight is not a PromptUser")
 	}
 	r := &fleet.Request{Model: []byte("llama"), Blocks: []uint64{5, 6, 7}}
 	first := routetest.Choose(p, r, 1)
 	if first.Matched != 0 {
 		t.Fatalf("a new prompt matched %d blocks", first.Matched)
 	}
-	next := loraPolicyParams(t, p, "{}")
+	next := loraPolicyParams(t, p, on)
 	next.(fleet.Stater).Carry(p.Policy)
 	p.Policy = next
 	again := routetest.Choose(p, &fleet.Request{Model: []byte("llama"), Blocks: []uint64{5, 6, 7, 8}}, 1)
 	if again.Endpoints[0] != first.Endpoints[0] || again.Matched != 3 {
 		t.Fatalf("after a reload: %s matched %d, want %s matched 3", again.Endpoints[0].Name, again.Matched, first.Endpoints[0].Name)
 	}
-	off := loraPolicyParams(t, p, "{prefix_weight: 0}")
+	off := loraPolicyParams(t, p, "{}")
 	if _, ok := off.(fleet.PromptUser); ok {
 		t.Fatal("prefix_weight 0 still hashes the prompt")
 	}
-	for params, want := range map[string]bool{"{}": true, "{prefix_weight: 0}": false, "{prefix_weight: 2}": true} {
+	for params, want := range map[string]bool{"{}": false, "{prefix_weight: 0}": false, "{prefix_weight: 2}": true} {
 		var pc config.PolicyConfig
 		if err := yaml.Unmarshal([]byte("{name: lora-affinity, params: "+params+"}"), &pc); err != nil {
 			t.Fatal(err)
