@@ -9,9 +9,10 @@ import (
 
 // A request for a LoRA adapter that some endpoints serve (a model mask,
 // the adapter hash, lora-affinity's scorer and recorder) allocates nothing
-// either, under every policy.
+// either, under every policy; a base-model request beside it too
+// (lora-affinity with prefix_weight routes it by prefix).
 func TestAdapterDecisionAllocs(t *testing.T) {
-	for _, pol := range []string{"least-request", "session-hash", "prefix-affinity", "round-robin", "lora-affinity"} {
+	for _, pol := range []string{"least-request", "session-hash", "prefix-affinity", "round-robin", "lora-affinity", "lora-affinity, params: {prefix_weight: 16}"} {
 		t.Run(pol, func(t *testing.T) {
 			s := mustServer(t, fmt.Sprintf(fourEndpoints, pol))
 			for i, name := range []string{"a", "b", "c", "d"} {
@@ -23,6 +24,7 @@ func TestAdapterDecisionAllocs(t *testing.T) {
 			}
 			s.RefreshModels()
 			assertZeroAllocs(t, s, routeCtx(`{"model":"sql","messages":[{"role":"user","content":"`+fmt.Sprint(pol)+` hello"}]}`, "user-1"))
+			assertZeroAllocs(t, s, routeCtx(`{"model":"llama","messages":[{"role":"user","content":"`+fmt.Sprint(pol)+` hello"}]}`, "user-1"))
 		})
 	}
 }

@@ -46,7 +46,34 @@ type LoRAAffinityConfig struct {
 	// Defaults 8 and 1.5; balance_abs 0 turns the guard off.
 	BalanceAbs int64   `yaml:"balance_abs"`
 	BalanceRel float64 `yaml:"balance_rel"`
+	// PrefixWeight is what holding the whole prompt is worth in requests
+	// of load (the prefix scorer: fraction of the prompt's blocks this
+	// policy sent the endpoint), next to Weight × the adapter's score:
+	// among the replicas where the adapter is hot, the prefix decides.
+	// 0 turns the prefix index off (no prompt hashing).
+	PrefixWeight float64 `yaml:"prefix_weight"`
+	// BasePrefix routes base-model requests by prefix × PrefixWeight −
+	// load (under the load guard) instead of power of two choices.
+	BasePrefix   bool `yaml:"base_prefix"`
+	PrefixParams `yaml:",inline"`
 }
+
+// DefaultLoRAAffinityConfig is lora-affinity's defaults.
+func DefaultLoRAAffinityConfig() LoRAAffinityConfig {
+	d := DefaultPrefixAffinityConfig()
+	return LoRAAffinityConfig{LoRAParams: LoRAParams{MaxLoRAs: 4}, Weight: 8, BalanceAbs: 8, BalanceRel: 1.5,
+		PrefixWeight: defaultLoRAPrefixWeight, BasePrefix: defaultLoRABasePrefix,
+		PrefixParams: PrefixParams{BlockBytes: d.BlockBytes, CapacityBlocks: d.CapacityBlocks}}
+}
+
+// defaultLoRAPrefixWeight and defaultLoRABasePrefix: swept in the sim
+// (BENCHMARKS.md, LoRA adapters): 16 matches prefix-affinity's hits but
+// triples adapter switches, so the default keeps the switch saving and
+// the prefix is opt-in.
+const (
+	defaultLoRAPrefixWeight = 0
+	defaultLoRABasePrefix   = true
+)
 
 // LoRAIndex is the scorer: 1 where the request's adapter is hot, 0.5
 // where it is not but the endpoint has a free slot (spreading adapters
@@ -180,9 +207,11 @@ func (f firstOnly) Pick(c *Cycle) {
 }
 
 // LoRAAffinity is the lora-affinity policy: an adapter request goes to the
-// best of weight × LoRAIndex − load (ties: lower load, fewer recent
-// decisions, a random rotation); a base-model request is least-request's
-// (power of two choices); the fallbacks are the least loaded.
+// best of weight × LoRAIndex + prefix_weight × prefix − load (ties: lower
+// load, fewer recent decisions, a random rotation); a base-model request
+// goes to the best of prefix_weight × prefix − load with base_prefix, else
+// is least-request's (power of two choices); the fallbacks are the least
+// loaded.
 type LoRAAffinity struct {
 	Profile
 }
@@ -190,15 +219,45 @@ type LoRAAffinity struct {
 // LoadAware implements LoadAware.
 func (*LoRAAffinity) LoadAware() bool { return true }
 
+// LoRAPrefix is lora-affinity with a prefix index (prefix_weight > 0): it
+// wants the prompt's block hashes, keeps its index across reloads and
+// learns what other instances routed.
+type LoRAPrefix struct {
+	LoRAAffinity
+	prefix *PrefixIndex
+}
+
+// BlockBytes implements PromptUser.
+func (l *LoRAPrefix) BlockBytes() int { return l.prefix.blockBytes }
+
+// Carry implements Stater.
+func (l *LoRAPrefix) Carry(prev fleet.Policy) {
+	if old, ok := prev.(*LoRAPrefix); ok {
+		l.prefix.carry(old.prefix)
+	}
+}
+
+// RecordPrefix implements PrefixRecorder.
+func (l *LoRAPrefix) RecordPrefix(i int, blocks []uint64) { l.prefix.recordAt(i, blocks) }
+
+// BaseGate opens a picker for requests for a base model.
+type BaseGate struct{}
+
+// Open implements Gate.
+func (BaseGate) Open(c *Cycle) bool { return !c.Req.Adapter }
+
 // NewLoRAAffinityFactory returns the factory for lora-affinity.
 func NewLoRAAffinityFactory() Factory {
 	return func(pc *config.PolicyConfig, env fleet.PolicyEnv) (fleet.Policy, error) {
-		cfg := LoRAAffinityConfig{LoRAParams: LoRAParams{MaxLoRAs: 4}, Weight: 8, BalanceAbs: 8, BalanceRel: 1.5}
+		cfg := DefaultLoRAAffinityConfig()
 		if err := pc.DecodeParams(&cfg); err != nil {
 			return nil, err
 		}
 		if cfg.Weight < 0 || cfg.Weight > 1e6 {
 			return nil, fmt.Errorf("lora-affinity weight %v out of range [0, 1e6]", cfg.Weight)
+		}
+		if cfg.PrefixWeight < 0 || cfg.PrefixWeight > 1e6 {
+			return nil, fmt.Errorf("lora-affinity prefix_weight %v out of range [0, 1e6] (0: off)", cfg.PrefixWeight)
 		}
 		rnd := env.Rand
 		if rnd == nil {
@@ -211,14 +270,32 @@ func NewLoRAAffinityFactory() Factory {
 		if cfg.BalanceAbs < 0 || cfg.BalanceRel < 1 {
 			return nil, fmt.Errorf("lora-affinity balance_abs %d must be >= 0 and balance_rel %v >= 1", cfg.BalanceAbs, cfg.BalanceRel)
 		}
-		adapter := &MaxScore{Name: LoRAStage, Gate: AdapterGate{}, Rand: rnd, Slots: 1,
-			Scorers: []Weighted{{x, cfg.Weight}, {LoadScore{}, 1}}, Ties: []Tie{LowerLoad{}, FewerRecent{}}}
+		var guard []Filter
 		if cfg.BalanceAbs > 0 {
-			adapter.Filters = []Filter{&LoadGuard{Abs: cfg.BalanceAbs, Rel: cfg.BalanceRel}}
+			guard = []Filter{&LoadGuard{Abs: cfg.BalanceAbs, Rel: cfg.BalanceRel}}
 		}
-		return &LoRAAffinity{Profile{Name: LoRAAffinityType, Summary: Summary{Load: true, RequireAvailable: true},
-			Pickers:   []Picker{adapter, firstOnly{&P2C{Rand: rnd}}, NewLeastLoaded(rnd)},
-			Recorders: []Recorder{x}}}, nil
+		adapter := &MaxScore{Name: LoRAStage, Gate: AdapterGate{}, Rand: rnd, Slots: 1, Filters: guard,
+			Scorers: []Weighted{{x, cfg.Weight}, {LoadScore{}, 1}}, Ties: []Tie{LowerLoad{}, FewerRecent{}}}
+		if cfg.PrefixWeight == 0 {
+			return &LoRAAffinity{Profile{Name: LoRAAffinityType, Summary: Summary{Load: true, RequireAvailable: true},
+				Pickers:   []Picker{adapter, firstOnly{&P2C{Rand: rnd}}, NewLeastLoaded(rnd)},
+				Recorders: []Recorder{x}}}, nil
+		}
+		d := DefaultPrefixAffinityConfig()
+		d.BlockBytes, d.CapacityBlocks = cfg.BlockBytes, cfg.CapacityBlocks
+		if err := d.Validate(); err != nil {
+			return nil, fmt.Errorf("lora-affinity: %w", err)
+		}
+		px := newPrefixIndex(cfg.BlockBytes, cfg.CapacityBlocks, env.Pool)
+		adapter.Scorers = append(adapter.Scorers, Weighted{px, cfg.PrefixWeight})
+		var base Picker = firstOnly{&P2C{Rand: rnd}}
+		if cfg.BasePrefix {
+			base = &prefixMatched{&MaxScore{Name: "base-prefix", Gate: BaseGate{}, Rand: rnd, Slots: 1, Filters: guard,
+				Scorers: []Weighted{{px, cfg.PrefixWeight}, {LoadScore{}, 1}}, Ties: []Tie{LowerLoad{}, FewerRecent{}}}, px}
+		}
+		return &LoRAPrefix{LoRAAffinity{Profile{Name: LoRAAffinityType, Summary: Summary{Load: true, RequireAvailable: true},
+			Pickers:   []Picker{&prefixMatched{adapter, px}, base, NewLeastLoaded(rnd)},
+			Recorders: []Recorder{x, px}}}, px}, nil
 	}
 }
 
@@ -228,4 +305,9 @@ var (
 	_ Gate            = AdapterGate{}
 	_ fleet.Policy    = (*LoRAAffinity)(nil)
 	_ fleet.LoadAware = (*LoRAAffinity)(nil)
+
+	_ Gate                 = BaseGate{}
+	_ fleet.PromptUser     = (*LoRAPrefix)(nil)
+	_ fleet.Stater         = (*LoRAPrefix)(nil)
+	_ fleet.PrefixRecorder = (*LoRAPrefix)(nil)
 )

@@ -18,6 +18,10 @@ func ReadsPrompt(pc *config.PolicyConfig) bool {
 	switch pc.Name {
 	case PrefixAffinityType, KVAwareType, PredictedTTFTType:
 		return true
+	case LoRAAffinityType:
+		// A bad params block fails the build, which says why.
+		cfg := DefaultLoRAAffinityConfig()
+		return pc.DecodeParams(&cfg) == nil && cfg.PrefixWeight > 0
 	}
 	return false
 }
