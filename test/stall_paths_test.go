@@ -243,6 +243,11 @@ func checkStalledReplica(t *testing.T, proxyURL, turnoutURL string, ms []*Mock) 
 		t.Fatal(err)
 	}
 	stallStart := time.Now()
+	// The mock reads its faults after a request's body, and stallStart is
+	// read after SetFaults returns: on a starved machine a request it
+	// received up to a moment before stallStart may still be held by the
+	// stall. Such a request counts as held.
+	heldFrom := stallStart.Add(-time.Second)
 	Eventually(t, 30*time.Second, stalled.Name+" degraded", func() bool {
 		return metricOr0(t, turnoutURL+"/metrics", "turnout_endpoint_degraded", ep) == 1
 	})
@@ -253,22 +258,34 @@ func checkStalledReplica(t *testing.T, proxyURL, turnoutURL string, ms []*Mock) 
 
 	// Every request is answered, failed, or held by the stalled replica.
 	var held map[string]time.Time
-	Eventually(t, 30*time.Second, "every request answered, failed or held by "+stalled.Name, func() bool {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		held = chatArrivals(t, stalled)
+		var pending []string
 		for _, r := range g.snapshot() {
-			if _, ok := held[r.id]; r.state.Load() == 0 && (!ok || held[r.id].Before(stallStart)) {
-				return false
+			if at, ok := held[r.id]; r.state.Load() == 0 && (!ok || at.Before(heldFrom)) {
+				where := "not at " + stalled.Name
+				if ok {
+					where = fmt.Sprintf("at %s %+.2fs from the stall", stalled.Name, at.Sub(stallStart).Seconds())
+				}
+				pending = append(pending, fmt.Sprintf("%s (%v client, sent %+.2fs from the stall, %s)",
+					r.id, stallLoadTimeouts[r.group], r.sent.Sub(stallStart).Seconds(), where))
 			}
 		}
-		return true
-	})
+		if len(pending) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after 30s waiting for every request answered, failed or held by %s; pending: %s",
+				stalled.Name, strings.Join(pending[:min(len(pending), 10)], "; "))
+		}
+	}
 	var last time.Time
 	heldN := 0
 	for _, at := range held {
 		if at.After(last) {
 			last = at
 		}
-		if !at.Before(stallStart) {
+		if !at.Before(heldFrom) {
 			heldN++
 		}
 	}
@@ -290,7 +307,7 @@ func checkStalledReplica(t *testing.T, proxyURL, turnoutURL string, ms []*Mock) 
 		case 1:
 			byGroup[r.group][0]++
 		case 2:
-			if at, ok := held[r.id]; ok && !at.Before(stallStart) {
+			if at, ok := held[r.id]; ok && !at.Before(heldFrom) {
 				byGroup[r.group][1]++
 				continue
 			}
