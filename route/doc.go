@@ -21,6 +21,7 @@
 //	0 internal/suggest         the known name nearest a misspelt one ("did you mean")
 //	0 internal/kvtopic         the KV-events topic template: rendered per endpoint, matched per message
 //	0 internal/promtext        the Prometheus text format's family header and histogram bucket index
+//	0 internal/tick            a function called on a ticker until it is done or its context ends
 //	1 route/kv                 vLLM KV-cache events and the index of which replica holds which blocks
 //	1 route/pd                 the prefill call of prefill/decode
 //	1 internal/config          the config schema, defaults, validation, errors with line numbers

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync/atomic"
 	"time"
+
+	"github.com/turnout/turnout/internal/tick"
 )
 
 // UpWatch says when a proxy that a sync found down is up again (the
@@ -25,17 +27,6 @@ func (w *UpWatch) Watch(ctx context.Context, up func(context.Context) bool) {
 	}
 	go func() {
 		defer w.watching.Store(false)
-		t := time.NewTicker(upPoll)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if up(ctx) {
-				return
-			}
-		}
+		tick.Every(ctx, upPoll, func(ctx context.Context) bool { return !up(ctx) })
 	}()
 }

@@ -654,52 +654,46 @@ func (s *Scraper) WriteMetrics(b *strings.Builder) {
 		targets[n] = t
 	}
 	s.mu.Unlock()
-	help := promtext.Helper(b)
-	help("turnout_engine_scrapes_total", "counter", "Scrapes of endpoints' own /metrics (engine load), by result.")
+	// The scraped endpoints with their labels, in snapshot order: each
+	// family below lists them once.
+	type scraped struct {
+		labels string
+		t      *target
+	}
+	var rows []scraped
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {
 			if t := targets[e.Name]; t != nil {
-				for r := Result(0); r < numResults; r++ {
-					fmt.Fprintf(b, "turnout_engine_scrapes_total{deployment=%q,pool=%q,endpoint=%q,result=%q} %d\n", p.Deployment, p.Name, e.Name, r.String(), t.results[r].Load())
-				}
+				rows = append(rows, scraped{fmt.Sprintf("deployment=%q,pool=%q,endpoint=%q", p.Deployment, p.Name, e.Name), t})
 			}
+		}
+	}
+	help := promtext.Helper(b)
+	help("turnout_engine_scrapes_total", "counter", "Scrapes of endpoints' own /metrics (engine load), by result.")
+	for _, r := range rows {
+		for res := Result(0); res < numResults; res++ {
+			fmt.Fprintf(b, "turnout_engine_scrapes_total{%s,result=%q} %d\n", r.labels, res.String(), r.t.results[res].Load())
 		}
 	}
 	help("turnout_engine_scrapes_idle_skipped_total", "counter", "Scrape rounds that left an idle endpoint unscraped (engine_metrics.idle_interval backoff).")
-	for _, p := range snap.Pools() {
-		for _, e := range p.Endpoints {
-			if t := targets[e.Name]; t != nil {
-				fmt.Fprintf(b, "turnout_engine_scrapes_idle_skipped_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, t.skipped.Load())
-			}
-		}
+	for _, r := range rows {
+		fmt.Fprintf(b, "turnout_engine_scrapes_idle_skipped_total{%s} %d\n", r.labels, r.t.skipped.Load())
 	}
 	help("turnout_engine_figures_shared_total", "counter", "Engine figures applied from the replica's owner, another cluster instance (engine_metrics.share), in place of a scrape.")
 	help("turnout_engine_scrapes_fallback_total", "counter", "Scrape rounds of a replica another cluster instance owns, because its shared figures were missing or stale.")
-	for _, p := range snap.Pools() {
-		for _, e := range p.Endpoints {
-			if t := targets[e.Name]; t != nil {
-				fmt.Fprintf(b, "turnout_engine_figures_shared_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, t.shared.Load())
-				fmt.Fprintf(b, "turnout_engine_scrapes_fallback_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, t.fallback.Load())
-			}
-		}
+	for _, r := range rows {
+		fmt.Fprintf(b, "turnout_engine_figures_shared_total{%s} %d\n", r.labels, r.t.shared.Load())
+		fmt.Fprintf(b, "turnout_engine_scrapes_fallback_total{%s} %d\n", r.labels, r.t.fallback.Load())
 	}
 	help("turnout_engine_scrapes_refetched_total", "counter", "Scrapes fetched twice because a completion arrived while the first page was in flight (was it still running in the page?).")
-	for _, p := range snap.Pools() {
-		for _, e := range p.Endpoints {
-			if t := targets[e.Name]; t != nil {
-				fmt.Fprintf(b, "turnout_engine_scrapes_refetched_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, t.refetched.Load())
-			}
-		}
+	for _, r := range rows {
+		fmt.Fprintf(b, "turnout_engine_scrapes_refetched_total{%s} %d\n", r.labels, r.t.refetched.Load())
 	}
 	help("turnout_engine_scrape_seconds_total", "counter", "Time spent scraping endpoints' /metrics.")
 	help("turnout_engine_scrape_bytes_total", "counter", "Body bytes read from endpoints' /metrics.")
-	for _, p := range snap.Pools() {
-		for _, e := range p.Endpoints {
-			if t := targets[e.Name]; t != nil {
-				fmt.Fprintf(b, "turnout_engine_scrape_seconds_total{deployment=%q,pool=%q,endpoint=%q} %g\n", p.Deployment, p.Name, e.Name, float64(t.durNs.Load())/1e9)
-				fmt.Fprintf(b, "turnout_engine_scrape_bytes_total{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, t.bytes.Load())
-			}
-		}
+	for _, r := range rows {
+		fmt.Fprintf(b, "turnout_engine_scrape_seconds_total{%s} %g\n", r.labels, float64(r.t.durNs.Load())/1e9)
+		fmt.Fprintf(b, "turnout_engine_scrape_bytes_total{%s} %d\n", r.labels, r.t.bytes.Load())
 	}
 	help("turnout_endpoint_engine_requests", "gauge", "Running + waiting requests the engine reported at the last scrape (absent: no figure, in-flight counts are used).")
 	help("turnout_endpoint_engine_kv_usage_ratio", "gauge", "KV-cache usage the engine reported at the last scrape, 0..1; 0 without a figure (engine_metrics off, no scrape yet: see turnout_engine_scrapes_total).")

@@ -7,6 +7,8 @@ import (
 
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/turnout/turnout/internal/tick"
 )
 
 // The gRPC health services of the protocol: liveness serves while the
@@ -32,14 +34,8 @@ func (s *Server) setHealth(hs *health.Server) {
 
 // followReadiness keeps the services' status current until ctx ends.
 func (s *Server) followReadiness(ctx context.Context, hs *health.Server) {
-	t := time.NewTicker(readinessEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.setHealth(hs)
-		}
-	}
+	tick.Every(ctx, readinessEvery, func(context.Context) bool {
+		s.setHealth(hs)
+		return true
+	})
 }
