@@ -153,16 +153,12 @@ func backgroundCell(ctx context.Context, o BackgroundOptions, n, fronts int, sha
 	var urls []string
 	var pids []int
 	for f := range fronts {
-		listen, err := freeAddr()
-		if err != nil {
-			return nil, err
-		}
-		udp, err := freePort("udp")
+		listen, syslog, err := turnoutAddrs()
 		if err != nil {
 			return nil, err
 		}
 		var b strings.Builder
-		fmt.Fprintf(&b, "listen: %s\nsession_headers: [x-session-id]\nfeedback: {syslog: 127.0.0.1:%d}\n", listen, udp)
+		fmt.Fprintf(&b, "listen: %s\nsession_headers: [x-session-id]\nfeedback: {syslog: %s}\n", listen, syslog)
 		if natsURL != "" {
 			fmt.Fprintf(&b, "cluster: {nats: %q, name: front-%d}\n", natsURL, f)
 		}

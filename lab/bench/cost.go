@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/turnout/turnout/internal/config"
@@ -324,19 +323,13 @@ func costRoute(ctx context.Context, o CostOptions) ([]CostRow, error) {
 		if err != nil {
 			return nil, err
 		}
-		listen, err := freeAddr()
-		if err != nil {
-			return nil, err
-		}
-		// Each turnout its own feedback port: feedback is on by default,
-		// and two on the default address would not both start.
-		fb, err := freePort("udp")
+		listen, syslog, err := turnoutAddrs()
 		if err != nil {
 			return nil, err
 		}
 		cfgPath := filepath.Join(o.Dir, "route-"+spec.Policy+".yaml")
 		cfg := TurnoutConfig(ConfigOptions{Listen: listen, Model: "llama", Policy: spec, Endpoints: eps, DisableHealth: true,
-			Syslog: "127.0.0.1:" + strconv.Itoa(fb)})
+			Syslog: syslog})
 		if err := os.WriteFile(cfgPath, cfg, 0o644); err != nil {
 			return nil, fmt.Errorf("cost config: %w", err)
 		}
@@ -652,21 +645,15 @@ func WriteCostCSV(w io.Writer, rows []CostRow) error {
 
 // WriteCostTable writes cost rows for terminals.
 func WriteCostTable(w io.Writer, rows []CostRow) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "group\ttarget\tloadgen\tconns\trequests\terrors\trps\tratio\tp50 ms\tp99 ms\t+p50 ms\t+p99 ms\tproxy MiB\tRSS ratio\tturnout MiB\t")
-	for i := range rows {
+	return writeTable(w, "group\ttarget\tloadgen\tconns\trequests\terrors\trps\tratio\tp50 ms\tp99 ms\t+p50 ms\t+p99 ms\tproxy MiB\tRSS ratio\tturnout MiB\t", len(rows), func(tw io.Writer, i int) {
 		r := &rows[i]
 		if r.Note != "" {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t\t\t\t\t\t\t\n", r.Group, r.Target, r.Note)
-			continue
+			return
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%.0f\t%.3f\t%.3f\t%.3f\t%+.3f\t%+.3f\t%s\t%.2f\t%.1f\t\n", r.Group, r.Target, r.LoadGen, r.Conns,
 			r.Requests, r.Errors, r.RPS, r.Ratio, r.P50, r.P99, r.AddedP50, r.AddedP99, r.rssText(), r.RSSRatio, r.TurnoutRSS)
-	}
-	if err := tw.Flush(); err != nil {
-		return fmt.Errorf("table: %w", err)
-	}
-	return nil
+	})
 }
 
 // rssText is the proxy memory cell: the peak under load, or for the idle

@@ -497,18 +497,14 @@ func (st *Stack) startNginxStack(ctx context.Context, o StackOptions) error {
 // the proxy's files with `turnout render TARGET --config FILE ARGS...`
 // (target "": nothing to render) and starts serve.
 func (st *Stack) startTurnout(ctx context.Context, o StackOptions, base ConfigOptions, target string, renderArgs ...string) error {
-	listen, err := freeAddr()
-	if err != nil {
-		return err
-	}
-	syslogPort, err := freePort("udp")
+	listen, syslog, err := turnoutAddrs()
 	if err != nil {
 		return err
 	}
 	base.Listen, base.Model, base.Policy, base.Endpoints = listen, o.Model, o.Spec, st.Mocks
 	base.DeploymentYAML = o.DeploymentYAML
 	base.ClusterNATS, base.ClusterName = o.ClusterNATS, o.ClusterName
-	base.Syslog = "127.0.0.1:" + strconv.Itoa(syslogPort)
+	base.Syslog = syslog
 	// turnout's own checks would only add load; the proxy checks the replicas.
 	base.DisableHealth = true
 	base.NoFirstTokenTiming = o.NoFirstTokenTiming

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/turnout/turnout/route/contract"
@@ -296,28 +295,26 @@ func WriteFrontsTable(w io.Writer, rows []Row) error {
 	if len(lines) == 0 {
 		return nil
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tfronts\thit\tvs 1\tload req\tTTFT p50 ms\tp90\tp99\tp90 vs 1\tp99 vs 1\tengine TTFT mean\tsync B/dec\tmsgs/dec\tsync µs/dec/front\t")
-	for _, l := range lines {
+	err := writeTable(w, "policy\tfronts\thit\tvs 1\tload req\tTTFT p50 ms\tp90\tp99\tp90 vs 1\tp99 vs 1\tengine TTFT mean\tsync B/dec\tmsgs/dec\tsync µs/dec/front\t", len(lines), func(tw io.Writer, i int) {
+		l := &lines[i]
 		r := l.Row
 		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%s\t%.3f\t%.0f\t%.0f\t%.0f\t%s\t%s\t%.0f\t%.0f\t%.2f\t%.2f\t\n", r.Policy, r.Fronts, r.HitRatio, ratioCell(l.Hit()),
 			r.LoadReq, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, ratioCell(l.P90()), ratioCell(l.P99()), r.EngineTTFT, r.SyncBytes, r.SyncMsgs, r.SyncUs)
-	}
-	if err := tw.Flush(); err != nil {
-		return fmt.Errorf("fronts table: %w", err)
+	})
+	if err != nil {
+		return fmt.Errorf("fronts: %w", err)
 	}
 	means := FrontsMeans(lines)
 	if len(means) == 0 {
 		return nil
 	}
 	fmt.Fprintln(w, "\nmeans over rounds (each N-front row against its round's one front):")
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tfronts\trounds\thit vs 1\tload req\tworst load req\tp90 vs 1\tp99 vs 1\tengine TTFT vs 1\t")
-	for _, m := range means {
+	err = writeTable(w, "policy\tfronts\trounds\thit vs 1\tload req\tworst load req\tp90 vs 1\tp99 vs 1\tengine TTFT vs 1\t", len(means), func(tw io.Writer, i int) {
+		m := &means[i]
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%.3f\t%.3f\t%s\t%s\t%s\t\n", m.Policy, m.Fronts, m.Rounds, ratioCell(m.Hit),
 			m.LoadReq, m.WorstLoadReq, ratioCell(m.P90), ratioCell(m.P99), ratioCell(m.Engine))
-	}
-	if err := tw.Flush(); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("fronts means: %w", err)
 	}
 	return nil

@@ -101,6 +101,20 @@ func freeAddr() (string, error) {
 	return "127.0.0.1:" + strconv.Itoa(p), nil
 }
 
+// turnoutAddrs picks one turnout's listen address and its feedback
+// syslog address (UDP): feedback is on by default, and two turnouts on
+// the default address would not both start.
+func turnoutAddrs() (listen, syslog string, err error) {
+	if listen, err = freeAddr(); err != nil {
+		return "", "", err
+	}
+	p, err := freePort("udp")
+	if err != nil {
+		return "", "", err
+	}
+	return listen, "127.0.0.1:" + strconv.Itoa(p), nil
+}
+
 // waitHTTP polls url until it answers want, the process dies or timeout.
 func waitHTTP(ctx context.Context, p *proc, url string, want int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)

@@ -192,22 +192,34 @@ func writeCSV(w io.Writer, header []string, n int, fields func(i int) []string) 
 // WriteTable writes rows as an aligned text table for terminals and
 // BENCHMARKS.md (fewer columns than the CSV).
 func WriteTable(w io.Writer, rows []Row) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\treqs\thit\tinf bound\tpooled\thit/inf\tload req\tload tok\tTTFT p50 ms\tp90\tp99\trps\troute µs\t")
-	for i := range rows {
+	err := writeTable(w, "policy\treqs\thit\tinf bound\tpooled\thit/inf\tload req\tload tok\tTTFT p50 ms\tp90\tp99\trps\troute µs\t", len(rows), func(tw io.Writer, i int) {
 		r := &rows[i]
 		if r.Note != "" {
 			fmt.Fprintf(tw, "%s\t%s\t\t\t\t\t\t\t\t\t\t\t\t\n", r.Label(), r.Note)
-			continue
+			return
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.0f\t%.0f\t%.0f\t%.2f\t%.1f\t\n",
 			r.Label(), r.Requests, r.HitRatio, r.InfBound, r.Pooled, Ratio(r.HitRatio, r.InfBound),
 			r.LoadReq, r.LoadTok, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.RPS, r.RouteUs)
+	})
+	if err != nil {
+		return err
+	}
+	return writeAdapterLoads(w, rows)
+}
+
+// writeTable writes an aligned text table for terminals, its columns
+// aligned right: head is the header line, row writes row i.
+func writeTable(w io.Writer, head string, n int, row func(tw io.Writer, i int)) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, head)
+	for i := range n {
+		row(tw, i)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("table: %w", err)
 	}
-	return writeAdapterLoads(w, rows)
+	return nil
 }
 
 // writeAdapterLoads lists the adapter switches of LoRA replays (lora.go).

@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -237,11 +236,9 @@ func scaleCell(o ScaleOptions, pol string, n, kib, wantBlocks int) ScaleRow {
 
 // WriteScaleTable prints the rows for a terminal.
 func WriteScaleTable(w io.Writer, rows []ScaleRow) error {
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tendpoints\tprompt KiB\tblocks\tdecisions/s/core\tp50 µs\tp99 µs\tallocs\theap MiB\tB/block\terror\t")
-	for _, r := range rows {
+	return writeTable(w, "policy\tendpoints\tprompt KiB\tblocks\tdecisions/s/core\tp50 µs\tp99 µs\tallocs\theap MiB\tB/block\terror\t", len(rows), func(tw io.Writer, i int) {
+		r := &rows[i]
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t%.1f\t%.1f\t%.2f\t%.1f\t%.0f\t%s\t\n",
 			r.Policy, r.Endpoints, r.PromptKiB, r.Blocks, r.PerCore, r.P50Us, r.P99Us, r.AllocsPerDecision, r.HeapMiB, r.BytesPerBlock, r.Err)
-	}
-	return tw.Flush()
+	})
 }

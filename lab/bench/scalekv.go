@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -384,11 +383,9 @@ func waitFor(ctx context.Context, d time.Duration, cond func() bool) error {
 func WriteKVScaleTable(w io.Writer, core KVCoreResult, rows []KVScaleRow) error {
 	fmt.Fprintf(w, "in process, one goroutine: %d events decoded and applied at %.0f events/s (decoding %.0f %% of it); index of %d blocks: %.1f B/block of heap (its own estimate %.1f), %.1f MiB per 1M blocks\n\n",
 		core.Events, core.PerCore, 100*core.DecodeShare, core.Blocks, core.BytesPerBlock, core.ApproxPerBlk, core.BytesPerBlock*1e6/(1<<20))
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "publishers\trate asked\tevents/s\tcores\tevents/s/core\tgaps\tindex blocks\tlookups\tlookup p50 µs\tp99 µs\terror\t")
-	for _, r := range rows {
+	return writeTable(w, "publishers\trate asked\tevents/s\tcores\tevents/s/core\tgaps\tindex blocks\tlookups\tlookup p50 µs\tp99 µs\terror\t", len(rows), func(tw io.Writer, i int) {
+		r := &rows[i]
 		fmt.Fprintf(tw, "%d\t%d\t%.0f\t%.2f\t%.0f\t%d\t%d\t%d\t%.1f\t%.1f\t%s\t\n",
 			r.Publishers, r.Rate, r.EventsPerS, r.Cores, r.PerCore, r.Gaps, r.Blocks, r.Lookups, r.LookupP50Us, r.LookupP99Us, r.Err)
-	}
-	return tw.Flush()
+	})
 }

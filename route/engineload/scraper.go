@@ -675,25 +675,29 @@ func (s *Scraper) WriteMetrics(b *strings.Builder) {
 			fmt.Fprintf(b, "turnout_engine_scrapes_total{%s,result=%q} %d\n", r.labels, res.String(), r.t.results[res].Load())
 		}
 	}
-	help("turnout_engine_scrapes_idle_skipped_total", "counter", "Scrape rounds that left an idle endpoint unscraped (engine_metrics.idle_interval backoff).")
-	for _, r := range rows {
-		fmt.Fprintf(b, "turnout_engine_scrapes_idle_skipped_total{%s} %d\n", r.labels, r.t.skipped.Load())
-	}
-	help("turnout_engine_figures_shared_total", "counter", "Engine figures applied from the replica's owner, another cluster instance (engine_metrics.share), in place of a scrape.")
-	help("turnout_engine_scrapes_fallback_total", "counter", "Scrape rounds of a replica another cluster instance owns, because its shared figures were missing or stale.")
-	for _, r := range rows {
-		fmt.Fprintf(b, "turnout_engine_figures_shared_total{%s} %d\n", r.labels, r.t.shared.Load())
-		fmt.Fprintf(b, "turnout_engine_scrapes_fallback_total{%s} %d\n", r.labels, r.t.fallback.Load())
-	}
-	help("turnout_engine_scrapes_refetched_total", "counter", "Scrapes fetched twice because a completion arrived while the first page was in flight (was it still running in the page?).")
-	for _, r := range rows {
-		fmt.Fprintf(b, "turnout_engine_scrapes_refetched_total{%s} %d\n", r.labels, r.t.refetched.Load())
-	}
-	help("turnout_engine_scrape_seconds_total", "counter", "Time spent scraping endpoints' /metrics.")
-	help("turnout_engine_scrape_bytes_total", "counter", "Body bytes read from endpoints' /metrics.")
-	for _, r := range rows {
-		fmt.Fprintf(b, "turnout_engine_scrape_seconds_total{%s} %g\n", r.labels, float64(r.t.durNs.Load())/1e9)
-		fmt.Fprintf(b, "turnout_engine_scrape_bytes_total{%s} %d\n", r.labels, r.t.bytes.Load())
+	// One family at a time, each listing every scraped endpoint (the text
+	// format keeps a family's samples together).
+	for _, c := range []struct {
+		name, help string
+		value      func(*target) any // a count, or seconds
+	}{
+		{"turnout_engine_scrapes_idle_skipped_total", "Scrape rounds that left an idle endpoint unscraped (engine_metrics.idle_interval backoff).",
+			func(t *target) any { return t.skipped.Load() }},
+		{"turnout_engine_figures_shared_total", "Engine figures applied from the replica's owner, another cluster instance (engine_metrics.share), in place of a scrape.",
+			func(t *target) any { return t.shared.Load() }},
+		{"turnout_engine_scrapes_fallback_total", "Scrape rounds of a replica another cluster instance owns, because its shared figures were missing or stale.",
+			func(t *target) any { return t.fallback.Load() }},
+		{"turnout_engine_scrapes_refetched_total", "Scrapes fetched twice because a completion arrived while the first page was in flight (was it still running in the page?).",
+			func(t *target) any { return t.refetched.Load() }},
+		{"turnout_engine_scrape_seconds_total", "Time spent scraping endpoints' /metrics.",
+			func(t *target) any { return float64(t.durNs.Load()) / 1e9 }},
+		{"turnout_engine_scrape_bytes_total", "Body bytes read from endpoints' /metrics.",
+			func(t *target) any { return t.bytes.Load() }},
+	} {
+		help(c.name, "counter", c.help)
+		for _, r := range rows {
+			fmt.Fprintf(b, "%s{%s} %v\n", c.name, r.labels, c.value(r.t))
+		}
 	}
 	help("turnout_endpoint_engine_requests", "gauge", "Running + waiting requests the engine reported at the last scrape (absent: no figure, in-flight counts are used).")
 	help("turnout_endpoint_engine_kv_usage_ratio", "gauge", "KV-cache usage the engine reported at the last scrape, 0..1; 0 without a figure (engine_metrics off, no scrape yet: see turnout_engine_scrapes_total).")
