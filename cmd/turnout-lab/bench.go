@@ -61,35 +61,43 @@ func runBench(args []string, log *zerolog.Logger) error {
 		fmt.Fprint(os.Stderr, benchUsage)
 		return errors.New("bench: a subcommand is required")
 	}
-	switch args[0] {
-	case "replay":
-		return runReplay(args[1:], defaultMooncake, log)
-	case "azure":
-		return runReplay(args[1:], defaultAzure, log)
-	case "cost":
-		return runCost(args[1:], log)
-	case "flow":
-		return runFlow(args[1:], log)
-	case "transports":
-		return runTransports(args[1:], log)
-	case "trivial":
-		return runTrivial(args[1:], log)
-	case "scale":
-		return runScale(args[1:], log)
-	case "kvpub":
-		return runKVPub(args[1:], log)
-	case "policies":
-		if cli.WantsHelp(args[1:]) {
-			return &cli.HelpShown{Text: "Usage: turnout-lab bench policies\n\nPrints the default comparison rows of bench replay, one per line.\n\nExample:\n  turnout-lab bench replay --policies \"$(turnout-lab bench policies | tr '\\n' ';')\"\n"}
-		}
-		for _, p := range bench.DefaultPolicies() {
-			fmt.Println(p)
-		}
-		return nil
-	case "-h", "--help", "help":
+	if cli.WantsHelp(args[:1]) {
 		return &cli.HelpShown{Text: benchUsage}
 	}
-	return fmt.Errorf("%s (want replay, azure, cost, flow, transports, scale, kvpub, trivial or policies)", cli.UnknownCommand("bench", args[0], []string{"replay", "azure", "cost", "flow", "transports", "scale", "kvpub", "trivial", "policies"}))
+	cmds := []struct {
+		name string
+		run  func([]string, *zerolog.Logger) error
+	}{
+		{"replay", func(a []string, log *zerolog.Logger) error { return runReplay(a, defaultMooncake, log) }},
+		{"azure", func(a []string, log *zerolog.Logger) error { return runReplay(a, defaultAzure, log) }},
+		{"cost", runCost},
+		{"flow", runFlow},
+		{"transports", runTransports},
+		{"scale", runScale},
+		{"kvpub", runKVPub},
+		{"trivial", runTrivial},
+		{"policies", runPolicies},
+	}
+	names := make([]string, len(cmds))
+	for i, c := range cmds {
+		if c.name == args[0] {
+			return c.run(args[1:], log)
+		}
+		names[i] = c.name
+	}
+	last := len(names) - 1
+	return fmt.Errorf("%s (want %s or %s)", cli.UnknownCommand("bench", args[0], names), strings.Join(names[:last], ", "), names[last])
+}
+
+// runPolicies implements `turnout-lab bench policies`.
+func runPolicies(args []string, _ *zerolog.Logger) error {
+	if cli.WantsHelp(args) {
+		return &cli.HelpShown{Text: "Usage: turnout-lab bench policies\n\nPrints the default comparison rows of bench replay, one per line.\n\nExample:\n  turnout-lab bench replay --policies \"$(turnout-lab bench policies | tr '\\n' ';')\"\n"}
+	}
+	for _, p := range bench.DefaultPolicies() {
+		fmt.Println(p)
+	}
+	return nil
 }
 
 // errTraceMissing makes a missing trace a clean skip, not a failure.

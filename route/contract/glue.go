@@ -113,13 +113,7 @@ func (f *VerdictField) Value(v *Verdict) []byte {
 // Wants reports whether want, a HdrWant value (comma-separated field
 // names, spaces allowed), names the field called name.
 func Wants(want []byte, name string) bool {
-	for len(want) > 0 {
-		item := want
-		if i := bytes.IndexByte(want, ','); i >= 0 {
-			item, want = want[:i], want[i+1:]
-		} else {
-			want = nil
-		}
+	for item := range bytes.SplitSeq(want, []byte{','}) {
 		if string(bytes.TrimSpace(item)) == name {
 			return true
 		}

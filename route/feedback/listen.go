@@ -82,13 +82,7 @@ func (l *Loop) Datagram(src netip.Addr, b []byte) {
 		}
 		return
 	}
-	for len(b) > 0 {
-		line := b
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			line, b = b[:i], b[i+1:]
-		} else {
-			b = nil
-		}
+	for line := range bytes.SplitSeq(b, []byte{'\n'}) {
 		if len(bytes.TrimSpace(line)) > 0 {
 			l.Line(line)
 		}
