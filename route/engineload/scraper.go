@@ -654,29 +654,28 @@ func (s *Scraper) WriteMetrics(b *strings.Builder) {
 		targets[n] = t
 	}
 	s.mu.Unlock()
-	// The scraped endpoints with their labels, in snapshot order: each
-	// family below lists them once.
-	type scraped struct {
+	// Every endpoint with its labels and its engine figures as read now,
+	// in snapshot order (t: nil when not scraped). Each family below lists
+	// them once: the text format keeps a family's samples together.
+	type row struct {
 		labels string
 		t      *target
+		e      *fleet.Endpoint
+		engine *fleet.EngineLoad
 	}
-	var rows []scraped
+	var rows []row
 	for _, p := range snap.Pools() {
 		for _, e := range p.Endpoints {
-			if t := targets[e.Name]; t != nil {
-				rows = append(rows, scraped{fmt.Sprintf("deployment=%q,pool=%q,endpoint=%q", p.Deployment, p.Name, e.Name), t})
-			}
+			rows = append(rows, row{fmt.Sprintf("deployment=%q,pool=%q,endpoint=%q", p.Deployment, p.Name, e.Name), targets[e.Name], e, e.Engine()})
 		}
 	}
 	help := promtext.Helper(b)
 	help("turnout_engine_scrapes_total", "counter", "Scrapes of endpoints' own /metrics (engine load), by result.")
 	for _, r := range rows {
-		for res := Result(0); res < numResults; res++ {
+		for res := Result(0); r.t != nil && res < numResults; res++ {
 			fmt.Fprintf(b, "turnout_engine_scrapes_total{%s,result=%q} %d\n", r.labels, res.String(), r.t.results[res].Load())
 		}
 	}
-	// One family at a time, each listing every scraped endpoint (the text
-	// format keeps a family's samples together).
 	for _, c := range []struct {
 		name, help string
 		value      func(*target) any // a count, or seconds
@@ -696,22 +695,28 @@ func (s *Scraper) WriteMetrics(b *strings.Builder) {
 	} {
 		help(c.name, "counter", c.help)
 		for _, r := range rows {
-			fmt.Fprintf(b, "%s{%s} %v\n", c.name, r.labels, c.value(r.t))
+			if r.t != nil {
+				fmt.Fprintf(b, "%s{%s} %v\n", c.name, r.labels, c.value(r.t))
+			}
 		}
 	}
 	help("turnout_endpoint_engine_requests", "gauge", "Running + waiting requests the engine reported at the last scrape (absent: no figure, in-flight counts are used).")
-	help("turnout_endpoint_engine_kv_usage_ratio", "gauge", "KV-cache usage the engine reported at the last scrape, 0..1; 0 without a figure (engine_metrics off, no scrape yet: see turnout_engine_scrapes_total).")
-	help("turnout_endpoint_load", "gauge", "The load figure policies balance on: engine requests + decisions since the scrape, or in-flight decisions.")
-	for _, p := range snap.Pools() {
-		for _, e := range p.Endpoints {
-			kvUsage := 0.0
-			if el := e.Engine(); el != nil {
-				fmt.Fprintf(b, "turnout_endpoint_engine_requests{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, el.Requests)
-				kvUsage = max(el.KVUsage, 0)
-			}
-			fmt.Fprintf(b, "turnout_endpoint_engine_kv_usage_ratio{deployment=%q,pool=%q,endpoint=%q} %g\n", p.Deployment, p.Name, e.Name, kvUsage)
-			fmt.Fprintf(b, "turnout_endpoint_load{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, e.Load())
+	for _, r := range rows {
+		if r.engine != nil {
+			fmt.Fprintf(b, "turnout_endpoint_engine_requests{%s} %d\n", r.labels, r.engine.Requests)
 		}
+	}
+	help("turnout_endpoint_engine_kv_usage_ratio", "gauge", "KV-cache usage the engine reported at the last scrape, 0..1; 0 without a figure (engine_metrics off, no scrape yet: see turnout_engine_scrapes_total).")
+	for _, r := range rows {
+		kvUsage := 0.0
+		if r.engine != nil {
+			kvUsage = max(r.engine.KVUsage, 0)
+		}
+		fmt.Fprintf(b, "turnout_endpoint_engine_kv_usage_ratio{%s} %g\n", r.labels, kvUsage)
+	}
+	help("turnout_endpoint_load", "gauge", "The load figure policies balance on: engine requests + decisions since the scrape, or in-flight decisions.")
+	for _, r := range rows {
+		fmt.Fprintf(b, "turnout_endpoint_load{%s} %d\n", r.labels, r.e.Load())
 	}
 }
 

@@ -274,6 +274,7 @@ func TestScraperBadPages(t *testing.T) {
 	}
 	var b strings.Builder
 	sc.WriteMetrics(&b)
+	familiesTogether(t, b.String())
 	for _, r := range []string{"ok", "parse_error", "too_large", "timeout", "http_status", "no_metrics"} {
 		if !strings.Contains(b.String(), fmt.Sprintf(`,endpoint="m0",result=%q} `, r)) ||
 			strings.Contains(b.String(), fmt.Sprintf(`,endpoint="m0",result=%q} 0`+"\n", r)) {
@@ -312,4 +313,29 @@ deployments:
 	}
 	ep = srv.Snapshot().Deployments[0].Serve.Endpoints[0]
 	waitFor(t, "figure dropped", func() bool { return ep.Engine() == nil })
+}
+
+// familiesTogether fails unless each family's samples stand together after
+// its # HELP/# TYPE lines, as the text format asks.
+func familiesTogether(t *testing.T, text string) {
+	t.Helper()
+	done := map[string]bool{}
+	cur := ""
+	for _, line := range strings.Split(strings.TrimSpace(text), "\n") {
+		var name string
+		if rest, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			name, _, _ = strings.Cut(rest, " ")
+		} else if strings.HasPrefix(line, "#") {
+			continue
+		} else {
+			name = line[:strings.IndexAny(line, "{ ")]
+		}
+		if name == cur {
+			continue
+		}
+		if done[name] {
+			t.Fatalf("family %s continues after %s's samples began:\n%s", name, cur, text)
+		}
+		done[cur], cur = true, name
+	}
 }
