@@ -16,7 +16,8 @@ func (e *Endpoint) EngineTTFT() TTFTHistogram { return TTFTHistogram{e.State.eng
 
 // TTFTHistogram is one scrape's time-to-first-token histogram (vLLM's
 // time_to_first_token_seconds sum and count, cumulative). Two values are
-// equal when they come from the same scrape.
+// equal when read from the same published figure: a scrape, or its copy
+// the ledger's reconciliation republishes (State.Unmark).
 type TTFTHistogram struct{ el *EngineLoad }
 
 // Known reports whether a scrape is known.
