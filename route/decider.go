@@ -107,6 +107,7 @@ func New(cfg *config.Config, opts Options) (*Decider, error) {
 	d.extras.AddMetrics(d.mstats.WriteMetrics)
 	d.extras.AddMetrics(d.flows.WriteMetrics)
 	d.extras.AddReadiness(d.flows.WriteReadiness)
+	d.extras.AddReadiness(signalsReadiness(&d.snap))
 	d.pd = pd.New()
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	d.kvHub = kv.NewHub(d.ctx, d.log)

@@ -31,6 +31,7 @@
 //	3 route/policy             the policies and the registry that builds them by name
 //	3 route/flow               flow control: hold decisions while a pool is saturated, release by class and tenant
 //	3 route/models             which endpoints serve each model name and LoRA adapter (the model table)
+//	3 route/feeds              which producer feeds which policy: the config's producers against the signals policies declare
 //	3 route/internal/routetest helpers shared by the route packages' tests (tests only)
 //	4 route                    the Decider: snapshot, decision pipeline, ledger, verdict
 //	4 route/policy/toy         a policy added as one folder + one registration line (docs/policies.md; tests only)

@@ -3,9 +3,11 @@ package route
 import (
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/turnout/turnout/route/contract"
+	"github.com/turnout/turnout/route/feeds"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/models"
 )
@@ -269,4 +271,14 @@ func (t *Txn) refuseListsPending(v *contract.Verdict, dep *Deployment, model []b
 	v.RetryAfter = true
 	v.Refuse(503, "service_unavailable", contract.ReasonModelUnavailable,
 		"the model `"+string(cut(model, maxEchoModel))+"` is not listed yet: the model lists of deployment "+dep.Name+"'s endpoints are still being read; retry")
+}
+
+// signalsReadiness writes the live snapshot's signal feeds into
+// /readyz?verbose (route/feeds).
+func signalsReadiness(live *atomic.Pointer[Snapshot]) func(*strings.Builder) {
+	return func(b *strings.Builder) {
+		if snap := live.Load(); snap != nil {
+			feeds.WriteReadiness(snap.Config, snap.Pools(), b)
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/turnout/turnout/route/contract"
+	"github.com/turnout/turnout/route/feeds"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/flow"
 	"github.com/turnout/turnout/route/models"
@@ -280,6 +281,9 @@ func CheckPolicies(cfg *config.Config, reg *policy.Registry) error {
 			if err != nil {
 				errs = append(errs, err)
 				continue
+			}
+			for _, w := range feeds.Warnings(cfg, i, j, pol) {
+				cfg.AddWarning(w)
 			}
 			closeAll([]fleet.Policy{pol})
 		}

@@ -610,7 +610,7 @@ func ParseConfig(b []byte, checks ...func(*Config) error) (*Config, error) {
 		pos.annotate(ce)
 		return nil, ce
 	}
-	c.warnings = c.checkWarnings()
+	c.warnings = append(c.checkWarnings(), c.warnings...) // the checks' (AddWarning) last
 	pos.annotate(&ConfigError{Problems: c.warnings})
 	c.pos = pos
 	return &c, nil

@@ -23,6 +23,11 @@ func nameProblem(name string) string {
 // lines; turnout serve and render log them.
 func (c *Config) Warnings() []*FieldError { return c.warnings }
 
+// AddWarning records a warning found by one of ParseConfig's checks (a
+// policy reading a signal nothing configured feeds): it is reported with
+// the config's own warnings, with its line.
+func (c *Config) AddWarning(w *FieldError) { c.warnings = append(c.warnings, w) }
+
 func (c *Config) checkWarnings() []*FieldError {
 	var out []*FieldError
 	seen := map[string]string{} // address -> path of its first endpoint

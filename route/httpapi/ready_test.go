@@ -124,7 +124,8 @@ func TestReadyz(t *testing.T) {
 		runHealth(t, s)
 		waitRounds(t, s, 1)
 		waitReadyz(t, s, "ready\n")
-		if code, body := readyz(s, true); code != 200 || !strings.HasPrefix(body, "ready\npool llama_mixed: 2/4 available, min_ready 2, ok\nmodel llama: served by 4/4 of pool llama_mixed [e0 e1 e2 e3], 2 available, ok\nfeedback: ") {
+		if code, body := readyz(s, true); code != 200 || !strings.HasPrefix(body, "ready\npool llama_mixed: 2/4 available, min_ready 2, ok\nmodel llama: served by 4/4 of pool llama_mixed [e0 e1 e2 e3], 2 available, ok\n") ||
+			!strings.Contains(body, "\nsignals pool llama_mixed (least-request): ") || !strings.Contains(body, "\nfeedback: ") {
 			t.Fatalf("%d %q", code, body)
 		}
 		if code, body := readyz(s, false); code != 200 || body != "ready\n" {

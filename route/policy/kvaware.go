@@ -168,11 +168,8 @@ func NewKVAware(cfg KVAwareConfig, env fleet.PolicyEnv) *KVAware {
 	}
 	k.hub = env.KVHub
 	for _, e := range env.Pool.Endpoints {
-		switch {
-		case e.KVEvents != "":
-			k.eps = append(k.eps, kv.Endpoint{Name: e.Name, Address: e.KVEvents, Topic: e.KVTopic, ReplayAddress: e.KVReplay})
-		case e.KVBind != "":
-			k.eps = append(k.eps, kv.Endpoint{Name: e.Name, Bind: e.KVBind, Pattern: e.KVPattern, ReplayAddress: e.KVReplay})
+		if src, ok := e.KVSource(); ok {
+			k.eps = append(k.eps, src)
 		}
 	}
 	addrs := []string{cfg.Tokenizer.Address}
@@ -374,8 +371,8 @@ func (kvUncached) Score(c *Cycle, e *fleet.Endpoint) float64 {
 // taught the index one: a cold start keys requests from the first one.
 func (k *KVAware) learnBlockSize(p *fleet.Pool) int {
 	for _, e := range p.Endpoints {
-		if el := e.Engine(); el != nil && el.BlockSize > 0 {
-			k.sh.idx.LearnBlockSize(el.BlockSize)
+		if bs := e.KVBlockSize(); bs > 0 {
+			k.sh.idx.LearnBlockSize(bs)
 			return k.sh.idx.BlockSize()
 		}
 	}

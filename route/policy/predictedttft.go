@@ -116,7 +116,7 @@ type ttftAcc struct {
 	x    estimator.Features
 	pred float64
 	n    int
-	el   *fleet.EngineLoad // the scrape the sums started after
+	el   fleet.TTFTHistogram // the scrape the sums started after
 	// intervals counts the scrape intervals the sums were rolled over;
 	// fedAt is intervals+1 when a first-token time was last learned (0:
 	// never). An interval mean teaches only engineQuietIntervals after it.
@@ -356,13 +356,13 @@ func (pt *PredictedTTFT) noteDecision(e *fleet.Endpoint, x *estimator.Features, 
 	a := pt.accs[e.Index]
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if el := e.Engine(); el != a.el {
+	if el := e.EngineTTFT(); el != a.el {
 		n := a.intervals.Add(1)
 		fed := a.fedAt.Load()
 		quiet := fed == 0 || n-min(fed, n) >= engineQuietIntervals
-		if prev := a.el; quiet && prev != nil && el != nil && a.n > 0 && el.TTFTCount > prev.TTFTCount {
-			k := float64(el.TTFTCount - prev.TTFTCount)
-			y := (el.TTFTSeconds - prev.TTFTSeconds) / k * 1000
+		if prev := a.el; quiet && prev.Known() && el.Known() && a.n > 0 && el.Count() > prev.Count() {
+			k := float64(el.Count() - prev.Count())
+			y := (el.Seconds() - prev.Seconds()) / k * 1000
 			var xm estimator.Features
 			for i := range xm {
 				xm[i] = a.x[i] / float64(a.n)

@@ -24,8 +24,8 @@ func NewEngineQueueScorer(cfg *config.StageConfig, _ StageEnv) (Scorer, error) {
 
 // Score implements Scorer.
 func (EngineQueue) Score(_ *Cycle, e *fleet.Endpoint) float64 {
-	if el := e.Engine(); el != nil {
-		return -float64(el.Requests)
+	if n, ok := e.EngineRequests(); ok {
+		return -float64(n)
 	}
 	return -float64(e.Inflight())
 }

@@ -63,6 +63,11 @@ func (fewerWaiting) Score(_ *policy.Cycle, e *fleet.Endpoint) float64 {
 	return -float64(e.Inflight())
 }
 
+// Signals implements fleet.Consumer.
+func (fewerWaiting) Signals() fleet.Signals {
+	return fleet.SignalSet(fleet.SignalWaiting, fleet.SignalInflight)
+}
+
 // noteFirst writes the first choice's waiting count into the decision's
 // Notes (when a scrape gave one).
 type noteFirst struct{}
@@ -76,9 +81,14 @@ func (noteFirst) Pick(c *policy.Cycle) {
 	}
 }
 
+// Signals implements fleet.Consumer.
+func (noteFirst) Signals() fleet.Signals { return fleet.SignalSet(fleet.SignalWaiting) }
+
 var (
 	_ fleet.Policy    = (*Policy)(nil)
 	_ fleet.Annotator = (*Policy)(nil)
 	_ policy.Scorer   = fewerWaiting{}
 	_ policy.Picker   = noteFirst{}
+	_ fleet.Consumer  = fewerWaiting{}
+	_ fleet.Consumer  = noteFirst{}
 )
