@@ -85,14 +85,18 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 	var dep *Deployment
 	switch {
 	case len(model) > 0:
-		me := snap.models.Load().Lookup(model)
-		if len(snap.Deployments) == 1 && (me == nil || me.Refuse != models.RefuseNone || me.Adapter) {
-			// One deployment: where the name picks the endpoints (an
-			// adapter, or a name it would refuse), read it as vLLM does,
-			// the last "model" key. Several deployments refuse two keys.
+		tbl := snap.models.Load()
+		me := tbl.Lookup(model)
+		if len(snap.Deployments) == 1 && (me == nil || me.Refuse != models.RefuseNone || me.Adapter ||
+			tbl.HasAdapters() || snap.Deployments[0].Config.LoRA.LoadOnDemand) {
+			// One deployment: where a name may pick the endpoints (an
+			// adapter, one it may load, or a name it would refuse, first
+			// or last), read it as vLLM does, the last "model" key; with
+			// no adapter a base model's first key spares the sweep.
+			// Several deployments refuse two keys.
 			if last := t.idx.LastModel(t.lastModel[:]); last != nil && string(last) != string(model) {
 				model, r.Model = last, last
-				me = snap.models.Load().Lookup(model)
+				me = tbl.Lookup(model)
 			}
 		}
 		if me == nil || me.Refuse != models.RefuseNone {
