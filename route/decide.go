@@ -99,7 +99,7 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 				me = tbl.Lookup(model)
 			}
 		}
-		if me == nil || me.Refuse != models.RefuseNone {
+		if me == nil || me.Refuse != models.RefuseNone || (me.Adapter && !servedAvailable(snap, me)) {
 			if ld := t.loadOnDemand(snap, model, me); ld != nil {
 				me = ld // lora.load_on_demand loaded it (loadOnDemand, route/models/load.go)
 			}
@@ -488,6 +488,23 @@ func (t *Txn) refuse(v *contract.Verdict, p *fleet.Pool, why fleet.RejectReason)
 		v.RetryAfter = true
 		v.Refuse(503, "service_unavailable", contract.ReasonNoEndpoint, "no available endpoint in pool "+p.Name)
 	}
+}
+
+// servedAvailable reports whether an available endpoint of the serving
+// pool lists the adapter me (a mixed deployment's one pass). Where none
+// does (its holders down, draining or stalled), lora.load_on_demand may
+// load it elsewhere rather than answer 503 until one is back.
+func servedAvailable(snap *Snapshot, me *models.Entry) bool {
+	dep := snap.Deployments[me.Dep]
+	if dep.Prefill != nil || dep.Serve == nil || me.Only[0] == nil {
+		return true
+	}
+	for _, e := range dep.Serve.Endpoints {
+		if me.Only[0].Has(e.Index) && e.Available() {
+			return true
+		}
+	}
+	return false
 }
 
 // refuseModel refuses a model whose endpoints all are down, or that the
