@@ -85,17 +85,21 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 	var dep *Deployment
 	switch {
 	case len(model) > 0:
-		me := snap.models.Load().Lookup(model)
-		if len(snap.Deployments) == 1 && (me == nil || me.Refuse != models.RefuseNone || me.Adapter) {
-			// One deployment: where the name picks the endpoints (an
-			// adapter, or a name it would refuse), read it as vLLM does,
-			// the last "model" key. Several deployments refuse two keys.
+		tbl := snap.models.Load()
+		me := tbl.Lookup(model)
+		if len(snap.Deployments) == 1 && (me == nil || me.Refuse != models.RefuseNone || me.Adapter ||
+			tbl.HasAdapters() || snap.Deployments[0].Config.LoRA.LoadOnDemand) {
+			// One deployment: where a name may pick the endpoints (an
+			// adapter, one it may load, or a name it would refuse, first
+			// or last), read it as vLLM does, the last "model" key; with
+			// no adapter a base model's first key spares the sweep.
+			// Several deployments refuse two keys.
 			if last := t.idx.LastModel(t.lastModel[:]); last != nil && string(last) != string(model) {
 				model, r.Model = last, last
-				me = snap.models.Load().Lookup(model)
+				me = tbl.Lookup(model)
 			}
 		}
-		if me == nil || me.Refuse != models.RefuseNone {
+		if me == nil || me.Refuse != models.RefuseNone || (me.Adapter && !servedAvailable(snap, me)) {
 			if ld := t.loadOnDemand(snap, model, me); ld != nil {
 				me = ld // lora.load_on_demand loaded it (loadOnDemand, route/models/load.go)
 			}
@@ -484,6 +488,23 @@ func (t *Txn) refuse(v *contract.Verdict, p *fleet.Pool, why fleet.RejectReason)
 		v.RetryAfter = true
 		v.Refuse(503, "service_unavailable", contract.ReasonNoEndpoint, "no available endpoint in pool "+p.Name)
 	}
+}
+
+// servedAvailable reports whether an available endpoint of the serving
+// pool lists the adapter me (a mixed deployment's one pass). Where none
+// does (its holders down, draining or stalled), lora.load_on_demand may
+// load it elsewhere rather than answer 503 until one is back.
+func servedAvailable(snap *Snapshot, me *models.Entry) bool {
+	dep := snap.Deployments[me.Dep]
+	if dep.Prefill != nil || dep.Serve == nil || me.Only[0] == nil {
+		return true
+	}
+	for _, e := range dep.Serve.Endpoints {
+		if me.Only[0].Has(e.Index) && e.Available() {
+			return true
+		}
+	}
+	return false
 }
 
 // refuseModel refuses a model whose endpoints all are down, or that the

@@ -55,3 +55,30 @@ func TestDuplicateModelRefused(t *testing.T) {
 		t.Fatalf("one model: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
 	}
 }
+
+// With adapters in the table, a base model's first key does not hide the
+// last: vLLM reads the last, so the request goes where that adapter is
+// (or gets turnout's 404), not to a replica that would answer 404.
+func TestDuplicateModelAdapterLast(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(fourEndpoints, "round-robin"))
+	defer s.Close()
+	for _, n := range []string{"a", "b", "c", "d"} {
+		setServed(s, n, base("llama"))
+	}
+	if ctx := do(s, `{"model":"llama","messages":[],"model":"other"}`); ctx.Response.StatusCode() != 200 {
+		t.Fatalf("no adapter, base model first: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	setServed(s, "c", base("llama"), lora("sql"))
+	for i := range 8 {
+		ctx := do(s, fmt.Sprintf(`{"model":"llama","messages":[{"role":"user","content":"q%d"}],"model":"sql"}`, i))
+		if ctx.Response.StatusCode() != 200 || hdr(ctx, contract.HdrServer) != "c" {
+			t.Fatalf("base first, adapter last: %d to %q, want c (the adapter's)", ctx.Response.StatusCode(), hdr(ctx, contract.HdrServer))
+		}
+	}
+	if ctx := do(s, `{"model":"llama","messages":[],"model":"nope"}`); ctx.Response.StatusCode() != 404 || !strings.Contains(string(ctx.Response.Body()), "nope") {
+		t.Fatalf("base first, unknown last, adapters served: %d %s, want 404 naming the last", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	if ctx := do(s, `{"model":"llama","messages":[]}`); ctx.Response.StatusCode() != 200 {
+		t.Fatalf("one model key: %d", ctx.Response.StatusCode())
+	}
+}

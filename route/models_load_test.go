@@ -179,3 +179,43 @@ deployments:
 }
 
 func ctxSleep() { <-time.After(10 * time.Millisecond) }
+
+// An adapter whose only holder is unavailable (down, draining, stalled) is
+// loaded on another endpoint rather than refused with 503 until the holder
+// is back (found by the issue-42 soak: a stalled holder is out for
+// health.stall.readmit, 30 s by default).
+func TestLoRALoadOnDemandHolderUnavailable(t *testing.T) {
+	a, b := newFakeLoRA(t), newFakeLoRA(t)
+	s := mustServer(t, fmt.Sprintf(`
+health: {disable: true}
+deployments:
+  - name: llama
+    models: [llama]
+    policy: {name: least-request}
+    lora: {load_on_demand: true, allow: [sql], load_timeout: 2s}
+    pools:
+      - role: mixed
+        endpoints:
+          - {name: a, address: %s}
+          - {name: b, address: %s}
+`, strings.TrimPrefix(a.srv.URL, "http://"), strings.TrimPrefix(b.srv.URL, "http://")))
+	defer s.Close()
+	ctx := do(s, `{"model":"sql","prompt":"x"}`)
+	holder := hdr(ctx, contract.HdrServer)
+	if ctx.Response.StatusCode() != 200 || holder == "" {
+		t.Fatalf("sql: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	other := map[string]string{"a": "b", "b": "a"}[holder]
+	s.Snapshot().EndpointByServer([]byte(holder)).SetDown(true)
+	for range 3 {
+		ctx = do(s, `{"model":"sql","prompt":"x"}`)
+		if ctx.Response.StatusCode() != 200 || hdr(ctx, contract.HdrServer) != other {
+			t.Fatalf("sql with its holder %s down: %d to %q %s, want %s (loaded there)", holder, ctx.Response.StatusCode(), hdr(ctx, contract.HdrServer), ctx.Response.Body(), other)
+		}
+	}
+	var m strings.Builder
+	s.WriteMetrics(&m)
+	if want := `turnout_lora_loads_total{deployment="llama",model="sql",result="ok"} 2`; !strings.Contains(m.String(), want) {
+		t.Errorf("metrics lack %s", want)
+	}
+}

@@ -3,18 +3,17 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
-	"context"
-	"encoding/json"
+	"cmp"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -22,17 +21,22 @@ import (
 	"github.com/turnout/turnout/lab/mock"
 )
 
-// TestSoak (issue 16 finding 10, issue 28) mixes, for $TURNOUT_SOAK (a
-// duration; unset = skipped, `make soak` runs 10m), streaming and short
-// requests through HAProxy (Lua and SPOE) and nginx with proxy reloads,
-// membership churn, replica restarts (killed with their streams, replaced),
-// turnout reloads and turnout restarts (SIGTERM and SIGKILL in turn), then
-// asserts that the only failed requests are streams already open on a
-// killed replica, and that every decision the last turnout made was closed
-// by the proxies' completion feedback (turnout_endpoint_inflight back to 0,
-// decision_ttl far away). It prints failed/total per cause and turnout's
-// RSS, goroutines and open fds at the start and the end for
-// docs/reliability.md.
+// TestSoak (issue 16 finding 10, issues 28 and 42) mixes, for
+// $TURNOUT_SOAK (a duration; unset = skipped, `make soak` runs 10m),
+// streaming and short requests through HAProxy (Lua and SPOE) and nginx
+// (body mode) with issue 42's defences on (flow control with untrusted
+// client headers and API-key tenants, adapters loaded on demand from a
+// list) and traffic that tries them (soak_traffic_test.go), under proxy
+// reloads, membership churn, replica restarts (killed with their streams,
+// replaced), turnout reloads, turnout restarts (SIGTERM and SIGKILL in
+// turn, every other one while replicas are down), turnout stopped and
+// resumed, and a replica that stalls (soak_episodes_test.go). It asserts
+// that the only failed requests are streams already open on a killed
+// replica and requests a stalled replica held, each episode's own
+// outcome, and that every decision the last turnout made was closed by the
+// proxies' completion feedback (turnout_endpoint_inflight back to 0,
+// decision_ttl far away). It prints a table per kind of request and
+// turnout's RSS, goroutines and open fds for docs/reliability.md.
 func TestSoak(t *testing.T) {
 	d, err := time.ParseDuration(os.Getenv("TURNOUT_SOAK"))
 	if err != nil || d <= 0 {
@@ -43,20 +47,26 @@ func TestSoak(t *testing.T) {
 		c.TTFTOverhead = 20 * time.Millisecond
 		c.PerTokenPrefill = 0
 		c.InterTokenLatency = 100 * time.Millisecond // 20 tokens: a 2 s stream
+		c.EnableLoRA = true                          // od-1 is loaded on demand
+		c.MaxLoRAs = 4
+		c.RequestLogSize = 4096 // a stalled replica's arrivals
+	}
+	dep := func(prefix string) depSpec {
+		return depSpec{name: "llama", policy: policyLeast, mocks: mocks(t, prefix, 4, stream), depYAML: soakDepYAML()}
 	}
 	t.Run("HAProxyLua", func(t *testing.T) {
 		t.Parallel()
-		s := startStack(t, "open", depSpec{name: "llama", policy: policyLeast, mocks: mocks(t, "sl", 4, stream)})
+		s := startStack(t, "open", dep("sl"))
 		soak(t, d, haproxyTarget(t, s, stream))
 	})
 	t.Run("HAProxySPOE", func(t *testing.T) {
 		t.Parallel()
-		s := startStackWith(t, "open", FreeAddr(t), depSpec{name: "llama", policy: policyLeast, mocks: mocks(t, "ss", 4, stream)})
+		s := startStackWith(t, "open", FreeAddr(t), dep("ss"))
 		soak(t, d, haproxyTarget(t, s, stream))
 	})
 	t.Run("NginxBody", func(t *testing.T) {
 		t.Parallel()
-		s := startNginxStack(t, "open", ndep{name: "llama", policy: policyLeast, mode: "body", mocks: mocks(t, "sn", 4, stream)})
+		s := startNginxStack(t, "open", ndep{name: "llama", policy: policyLeast, mode: "body", mocks: mocks(t, "sn", 4, stream), depYAML: soakDepYAML()})
 		soak(t, d, soakTarget{
 			url: s.N.URL, T: s.T, mocks: &s.deps[0].mocks,
 			rewrite:     func() { s.T.Rewrite(t, soakYAML(t, s.yaml())) },
@@ -95,13 +105,17 @@ type soakTarget struct {
 // restartTurnout stops turnout (SIGKILL when kill, else SIGTERM: it closes
 // its listeners and finishes what it started) and starts it again with the
 // same command line, as a crash or a rolling update would; the proxies fail
-// open meanwhile. st.T keeps pointing at the running turnout.
-func (st soakTarget) restartTurnout(t *testing.T, kill bool) {
+// open meanwhile. whileDown, if set, runs while no turnout runs. st.T
+// keeps pointing at the running turnout.
+func (st soakTarget) restartTurnout(t *testing.T, kill bool, whileDown func()) {
 	old := st.T.Proc
 	if kill {
 		_ = old.Cmd.Process.Kill()
 	}
 	old.Stop()
+	if whileDown != nil {
+		whileDown()
+	}
 	st.T.Proc = StartProc(t, "turnout", old.Cmd.Path, old.Cmd.Args[1:]...)
 	WaitHTTP(t, st.T.URL+"/healthz", 10*time.Second)
 }
@@ -160,29 +174,68 @@ func getMetrics(t *testing.T, url string) string {
 	return string(b)
 }
 
-// soakKilledCut is the one failure the soak allows: a stream already open
-// on a replica that was killed (its bytes are gone with it).
-const soakKilledCut = "stream open on a killed replica, cut"
+// The failures the soak allows: a stream already open on a replica that
+// was killed (its bytes are gone with it), and a request a stalled
+// replica held (its client gives up, or the replica is closed).
+const (
+	soakKilledCut = "stream open on a killed replica, cut"
+	soakHeld      = "held by a stalled replica"
+)
+
+// soaker is one stack's soak: the load, the events, what they left.
+type soaker struct {
+	t  *testing.T
+	st soakTarget
+
+	mu      sync.Mutex
+	results []soakResult
+	killed  map[string]bool // replicas killed with their streams
+	held    map[string]bool // request ids a stalled replica held
+	stalls  []*stallEpisode
+	stops   []stopEpisode
+
+	// The event loop's own (one goroutine).
+	begin      time.Time
+	events     []string
+	timeline   []string // each event with its time from the start
+	counter    int
+	recovering *stallEpisode // a replica whose stall was lifted, until readmitted
+	tally      soakTally     // what each turnout counted, summed
+}
+
+func (s *soaker) event(e string) {
+	s.events = append(s.events, e)
+	s.timeline = append(s.timeline, fmt.Sprintf("%+.1fs %s", time.Since(s.begin).Seconds(), e))
+}
+
+// pick is a random replica's index, never the one being readmitted.
+func (s *soaker) pick() int {
+	ms := *s.st.mocks
+	for {
+		i := rand.IntN(len(ms))
+		if s.recovering == nil || ms[i] != s.recovering.m {
+			return i
+		}
+	}
+}
 
 func soak(t *testing.T, d time.Duration, st soakTarget) {
 	st.rewrite() // decision_ttl: 1h
 	time.Sleep(2 * time.Second)
+	s := &soaker{t: t, st: st, killed: map[string]bool{}, held: map[string]bool{}, begin: time.Now()}
 	rcvErrs0 := udpRcvbufErrors()
 	// Figures of the first turnout at the start, and of the longest-lived
 	// one from its start to its stop: restarts make a start-vs-end
 	// comparison of one process span part of the run only.
 	first := lifetime{first: readProcFigures(t, st.T.URL)}
 	cur, longest := first, lifetime{}
-	lastRestart := time.Now()
-	var total, failed, streams atomic.Int64
-	var mu sync.Mutex
-	causes := map[string]int{}
-	samples := map[string]string{}
-	killed := map[string]bool{} // replicas killed with their streams
+	begin := s.begin
+	lastRestart := begin
+	restarts := 0
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	client := &http.Client{Timeout: 30 * time.Second}
-	for w := range 6 {
+	for w := range soakWorkers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -192,82 +245,86 @@ func soak(t *testing.T, d time.Duration, st soakTarget) {
 					return
 				default:
 				}
-				isStream := i%2 == 0
-				r := soakRequest(client, st.url, isStream, fmt.Sprintf("w%d-%d", w, i))
-				total.Add(1)
-				if isStream {
-					streams.Add(1)
+				q := soakNext(w, i)
+				r := soakDo(client, st.url, q)
+				s.mu.Lock()
+				if r.cause == "stream cut" && s.killed[r.replica] {
+					r.cause = soakKilledCut
 				}
-				if r.ok {
-					continue
+				s.results = append(s.results, r)
+				s.mu.Unlock()
+				if r.note != "" && r.retries == 0 {
+					time.Sleep(100 * time.Millisecond) // refusals come fast: keep them a part of the load
 				}
-				failed.Add(1)
-				mu.Lock()
-				cause := r.cause
-				if cause == "stream cut" && killed[r.replica] {
-					cause = soakKilledCut
-				}
-				causes[cause]++
-				if _, ok := samples[cause]; !ok {
-					samples[cause] = r.replica + ": " + r.detail
-				}
-				mu.Unlock()
 			}
 		}()
 	}
 
-	var events []string
-	counter := 0
-	end := time.Now().Add(d)
+	// The episodes of issue 42 come at their own pace, the rest at random.
+	stallEvery, stopEvery := max(time.Minute, d/5), max(40*time.Second, d/8)
+	nextStall, nextStop := begin.Add(15*time.Second), begin.Add(35*time.Second)
+	end := begin.Add(d)
 	for time.Now().Before(end) {
 		time.Sleep(time.Duration(2000+rand.IntN(2000)) * time.Millisecond)
+		s.checkRecovery(false)
 		ms := *st.mocks
-		switch ev := rand.IntN(6); ev {
+		ev := rand.IntN(6)
+		switch now := time.Now(); {
+		case now.After(nextStall) && s.recovering == nil:
+			nextStall = now.Add(stallEvery)
+			s.stall()
+			continue
+		case now.After(nextStop):
+			nextStop = now.Add(stopEvery)
+			s.sigstop()
+			continue
+		}
+		switch ev {
 		case 0:
 			st.reloadProxy()
-			events = append(events, "proxy reload")
+			s.event("proxy reload")
 		case 1: // churn: replace a replica gracefully (it leaves the config first)
-			counter++
-			i := rand.IntN(len(ms))
+			s.counter++
+			i := s.pick()
 			old := ms[i]
-			nm := st.newMock(fmt.Sprintf("churn-%d", counter))
+			nm := st.newMock(fmt.Sprintf("churn-%d", s.counter))
 			next := append(append([]*Mock(nil), ms[:i]...), ms[i+1:]...)
 			*st.mocks = append(next, nm)
 			st.rewrite()
 			go func() { time.Sleep(5 * time.Second); _ = old.Close() }()
-			events = append(events, "churn")
+			s.event("churn")
 		case 2: // replica restart: it dies with its streams, and comes back
-			counter++
-			i := rand.IntN(len(ms))
-			mu.Lock()
-			killed[ms[i].Name] = true
-			mu.Unlock()
+			s.counter++
+			i := s.pick()
+			s.mu.Lock()
+			s.killed[ms[i].Name] = true
+			s.mu.Unlock()
 			_ = ms[i].Close()
-			if counter%2 == 0 {
+			if s.counter%2 == 0 {
 				// In place, a second later (a container restarted in its
 				// pod): the config does not change, health checks see it.
 				time.Sleep(time.Second)
 				(*st.mocks)[i] = st.restartMock(ms[i])
-				events = append(events, "replica restart (same address)")
+				s.event("replica restart (same address)")
 				break
 			}
 			// Replaced (a pod restarted elsewhere): it leaves the config.
-			nm := st.newMock(fmt.Sprintf("kill-%d", counter))
+			nm := st.newMock(fmt.Sprintf("kill-%d", s.counter))
 			next := append(append([]*Mock(nil), ms[:i]...), ms[i+1:]...)
 			*st.mocks = append(next, nm)
 			st.rewrite()
-			events = append(events, "replica restart (replaced)")
+			s.event("replica restart (replaced)")
 		case 3:
 			_ = st.T.Cmd.Process.Signal(syscall.SIGHUP)
-			events = append(events, "turnout reload")
+			s.event("turnout reload")
 		case 4:
 			// At most one a minute, so each turnout lives long enough
 			// for its own figures to mean something.
 			if time.Since(lastRestart) < time.Minute {
-				events = append(events, "quiet")
+				s.event("quiet")
 				break
 			}
-			counter++
+			restarts++
 			cur.last = readProcFigures(t, st.T.URL)
 			if cur.last.at.Sub(cur.first.at) > longest.last.at.Sub(longest.first.at) {
 				longest = cur
@@ -275,24 +332,48 @@ func soak(t *testing.T, d time.Duration, st soakTarget) {
 			if first.last.at.IsZero() {
 				first.last = cur.last
 			}
-			st.restartTurnout(t, counter%2 == 0)
+			s.tally.add(t, st.T.URL)
+			if s.recovering != nil {
+				s.recovering.end = "readmission not seen: turnout restarted (a new turnout starts it undegraded)"
+				s.recovering = nil
+			}
+			// Every other restart while a replica is down (killed with its
+			// streams), back in place a second after turnout: turnout
+			// starts before it, its model list unknown.
+			var down []int
+			var whileDown func()
+			if restarts%2 == 1 {
+				whileDown = func() {
+					down = []int{s.pick()}
+					for _, i := range down {
+						s.mu.Lock()
+						s.killed[ms[i].Name] = true
+						s.mu.Unlock()
+						_ = ms[i].Close()
+					}
+				}
+			}
+			st.restartTurnout(t, restarts%4 < 2, whileDown)
 			lastRestart = time.Now()
 			time.Sleep(time.Second)
+			for _, i := range down {
+				(*st.mocks)[i] = st.restartMock(ms[i])
+			}
 			cur = lifetime{first: readProcFigures(t, st.T.URL)}
-			events = append(events, "turnout restart")
+			if whileDown != nil {
+				s.event("turnout restart before replicas")
+			} else {
+				s.event("turnout restart")
+			}
 		case 5:
-			events = append(events, "quiet")
+			s.event("quiet")
 		}
 	}
 	close(stop)
 	wg.Wait()
-	t.Logf("soak %v: %d/%d requests failed (%d streams); events: %d (%s)", d, failed.Load(), total.Load(), streams.Load(), len(events), countEvents(events))
-	for cause, n := range causes {
-		t.Logf("failed: %d %s (e.g. %s)", n, cause, samples[cause])
-		if cause != soakKilledCut {
-			t.Errorf("%d requests failed for another reason than a killed replica: %s (e.g. %s)", n, cause, samples[cause])
-		}
-	}
+	s.checkRecovery(true)
+	s.report(d)
+
 	closed := func() bool {
 		v, err := Metric(t, st.T.URL+"/metrics", "turnout_endpoint_inflight")
 		return err == nil && v == 0
@@ -311,65 +392,146 @@ func soak(t *testing.T, d time.Duration, st soakTarget) {
 			break
 		}
 	}
+	s.tally.add(t, st.T.URL)
+	s.checkTally()
 	cur.last = readProcFigures(t, st.T.URL)
 	if cur.last.at.Sub(cur.first.at) > longest.last.at.Sub(longest.first.at) {
 		longest = cur
 	}
 	t.Logf("turnout figures: first turnout at the start %v; last turnout at the end %v; longest-lived turnout %v", first.first, cur.last, longest)
+	// Flat: the longest-lived turnout ends near where it started (RSS
+	// settles at ~45 MB after its first minutes; goroutines and fds move
+	// with the proxies' connections open at the sample).
+	if f, l := longest.first, longest.last; l.rssMB > 2*f.rssMB+16 || l.goroutines > f.goroutines+150 || l.fds > f.fds+150 {
+		t.Errorf("the longest-lived turnout grew: %v", longest)
+	}
 	if n := udpRcvbufErrors() - rcvErrs0; n > 0 {
 		t.Logf("note: the kernel dropped %d UDP datagrams (RcvbufErrors, all sockets) during the run", n)
 	}
 }
 
-// soakResult is one request's outcome: the replica that answered (from
-// its X-Replica header), and why it failed.
-type soakResult struct {
-	ok            bool
-	replica       string
-	cause, detail string
+// report prints the table of requests by kind and outcome and the
+// episodes, and fails the soak on any failure it does not allow.
+func (s *soaker) report(d time.Duration) {
+	t := s.t
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	type row struct {
+		sent, ok, retried int
+		notes, causes     map[string]int
+	}
+	var rows [nKinds]row
+	samples := map[string]string{}
+	total, failed := 0, 0
+	for i := range s.results {
+		r := &s.results[i]
+		if !r.ok && s.held[r.id] {
+			r.cause = soakHeld
+		}
+		w := &rows[r.kind]
+		if w.notes == nil {
+			w.notes, w.causes = map[string]int{}, map[string]int{}
+		}
+		total++
+		w.sent++
+		if r.retries > 0 {
+			w.retried++
+		}
+		if r.ok {
+			w.ok++
+			if r.note != "" {
+				w.notes[r.note]++
+			}
+			continue
+		}
+		failed++
+		w.causes[r.cause]++
+		at := r.start.Sub(s.begin).Seconds()
+		if _, ok := samples[r.cause]; !ok {
+			samples[r.cause] = fmt.Sprintf("%s %s at %s, sent %+.1fs: %s", kindNames[r.kind], r.id, r.replica, at, r.detail)
+		}
+		if r.cause != soakKilledCut && r.cause != soakHeld {
+			samples[r.cause] += fmt.Sprintf("; last sent %+.1fs", at)
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "soak %v: %d/%d requests failed; events: %d (%s)\n", d, failed, total, len(s.events), countEvents(s.events))
+	fmt.Fprintf(&b, "| kind | sent | answered as expected | of which | 503 Retry-After retried | failed by cause |\n|---|---|---|---|---|---|\n")
+	for k, w := range rows {
+		fmt.Fprintf(&b, "| %s | %d | %d | %s | %d | %s |\n", kindNames[k], w.sent, w.ok, countsOf(w.notes), w.retried, countsOf(w.causes))
+	}
+	for _, e := range s.stalls {
+		fmt.Fprintf(&b, "%v\n", e)
+	}
+	for _, l := range s.checkStops() {
+		fmt.Fprintf(&b, "%s\n", l)
+	}
+	t.Log(b.String())
+	bad := false
+	for k, w := range rows {
+		if w.sent == 0 {
+			t.Errorf("no %s request was sent", kindNames[k])
+		}
+		for cause, n := range w.causes {
+			if cause != soakKilledCut && cause != soakHeld {
+				bad = true
+				t.Errorf("%d %s requests failed for another reason than a killed or stalled replica: %s (e.g. %s)", n, kindNames[k], cause, samples[cause])
+			}
+		}
+	}
+	if bad {
+		t.Logf("events: %s", strings.Join(s.timeline, "; "))
+	}
 }
 
-// soakRequest sends one request; a stream must end with [DONE].
-func soakRequest(c *http.Client, url string, stream bool, user string) soakResult {
-	body, _ := json.Marshal(map[string]any{
-		"model": "llama", "messages": []map[string]string{{"role": "user", "content": user}},
-		"max_tokens": 20, "stream": stream,
-	})
-	req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	// As the openai SDKs do: a POST written into a keep-alive connection
-	// the proxy closed at that moment (an nginx reload closes idle ones)
-	// was never read; the key lets Go's transport send it again, as the
-	// SDKs' own retries would (kube_test.go does the same).
-	req.Header.Set("Idempotency-Key", user)
-	res, err := c.Do(req)
-	if err != nil {
-		return soakResult{cause: "no response (transport error)", detail: err.Error()}
+// checkTally: what the turnouts counted shows flow control held requests,
+// took no priority and no tenant from a client's header, and loaded only
+// the listed adapter; no replica lists a name a client made up.
+func (s *soaker) checkTally() {
+	t, a := s.t, &s.tally
+	t.Logf("turnouts counted: flow held %.0f (released or timed out), tenants team-a %.0f, team-b %.0f, none %.0f, critical %.0f, client-invented %.0f; loads od-1 %.0f, other names %.0f, limited %.0f; decisions closed as abandoned %.0f",
+		a.held, a.teamA, a.teamB, a.none, a.critical, a.evilTenants, a.loadsListed, a.loadsUnlisted, a.loadsLimited, a.abandoned)
+	if a.held == 0 {
+		t.Error("flow control never held a request: the soak did not exercise it")
 	}
-	defer res.Body.Close()
-	r := soakResult{replica: res.Header.Get(mock.HeaderReplica)}
-	if res.StatusCode != 200 {
-		b, _ := io.ReadAll(res.Body)
-		r.cause, r.detail = fmt.Sprintf("status %d before any byte", res.StatusCode), fmt.Sprintf("%.200s", b)
-		if bytes.Contains(b, []byte("shutting down")) {
-			r.cause += " (a dying replica refused it)"
+	if a.teamA == 0 || a.teamB == 0 || a.none == 0 {
+		t.Errorf("tenants not seen as configured: team-a %.0f, team-b %.0f, none %.0f", a.teamA, a.teamB, a.none)
+	}
+	if a.critical != 0 || a.evilTenants != 0 {
+		t.Errorf("client headers bought something: %.0f requests classed critical, %.0f under a client-invented tenant", a.critical, a.evilTenants)
+	}
+	if a.loadsListed == 0 {
+		t.Error("od-1 was never loaded on demand")
+	}
+	if a.loadsUnlisted != 0 {
+		t.Errorf("%.0f loads of names not listed: %v", a.loadsUnlisted, a.unlisted)
+	}
+	for _, m := range *s.st.mocks {
+		res, err := http.Get("http://" + m.Addr + "/v1/models")
+		if err != nil {
+			t.Errorf("%s /v1/models: %v", m.Name, err)
+			continue
 		}
-		return r
-	}
-	if !stream {
-		_, err := io.Copy(io.Discard, res.Body)
-		r.ok, r.cause, r.detail = err == nil, "short answer cut", fmt.Sprint(err)
-		return r
-	}
-	sc := bufio.NewScanner(res.Body)
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), "[DONE]") {
-			r.ok = true
-			return r
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if bytes.Contains(body, []byte("evil")) {
+			t.Errorf("%s serves a name a client chose: %.300s", m.Name, body)
 		}
 	}
-	r.cause, r.detail = "stream cut", fmt.Sprint(sc.Err())
-	return r
+}
+
+// countsOf renders a count map as "n what, ..." (largest first).
+func countsOf(m map[string]int) string {
+	keys := slices.Collect(maps.Keys(m))
+	slices.SortFunc(keys, func(a, b string) int { return cmp.Or(m[b]-m[a], strings.Compare(a, b)) })
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%d %s", m[k], k))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ", ")
 }
 
 func countEvents(ev []string) string {
@@ -378,7 +540,8 @@ func countEvents(ev []string) string {
 		m[e]++
 	}
 	var parts []string
-	for _, k := range []string{"proxy reload", "churn", "replica restart (replaced)", "replica restart (same address)", "turnout reload", "turnout restart", "quiet"} {
+	for _, k := range []string{"proxy reload", "churn", "replica restart (replaced)", "replica restart (same address)", "turnout reload", "turnout restart",
+		"turnout restart before replicas", "turnout SIGSTOP", "replica stall, then recovery", "replica stall, then replaced", "stall skipped (limit not scaled)", "quiet"} {
 		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
 	}
 	return strings.Join(parts, ", ")

@@ -52,6 +52,9 @@ type Table struct {
 // IsAdapter reports whether Names[idx] is a LoRA adapter.
 func (t *Table) IsAdapter(idx int32) bool { return int(idx) >= t.nBase && int(idx) < len(t.Names) }
 
+// HasAdapters reports whether the table routes any LoRA adapter.
+func (t *Table) HasAdapters() bool { return len(t.Names) > t.nBase }
+
 // Lookup returns the name's entry, nil when no deployment routes it. It
 // does not allocate.
 func (t *Table) Lookup(model []byte) *Entry { return t.byName[string(model)] }
