@@ -29,6 +29,7 @@ const benchUsage = `turnout-lab bench: routing quality and cost benchmarks
   turnout-lab bench replay --trace FILE [--mode sim|e2e] [--policies SPECS] [--sweep none|quick|full] ...
   turnout-lab bench azure  [--trace FILE] ...        (replay of the Azure CSV: lengths only)
   turnout-lab bench flow   [--trace FILE] [--loads 1.2,1.5] ...  (flow control: TTFT per class, e2e)
+  turnout-lab bench slo    [--trace FILE] [--compress C] [--seeds 1,2,3] ...  (TTFT objective attainment per class, sim)
   turnout-lab bench cost   [--duration D] ...        (/internal/route vs a trivial handler; HAProxy and nginx alone vs with turnout)
   turnout-lab bench transports [--duration D] ...    (decisions/s and CPU per decision: /internal/route, SPOE, Endpoint Picker)
   turnout-lab bench scale [--endpoints 16,64,256,1024] ... (the decision core in process: decisions/s per core by policy, pool and prompt size)
@@ -70,6 +71,8 @@ func runBench(args []string, log *zerolog.Logger) error {
 		return runCost(args[1:], log)
 	case "flow":
 		return runFlow(args[1:], log)
+	case "slo":
+		return runSLO(args[1:], log)
 	case "transports":
 		return runTransports(args[1:], log)
 	case "trivial":
@@ -89,7 +92,7 @@ func runBench(args []string, log *zerolog.Logger) error {
 	case "-h", "--help", "help":
 		return &cli.HelpShown{Text: benchUsage}
 	}
-	return fmt.Errorf("%s (want replay, azure, cost, flow, transports, scale, kvpub, trivial or policies)", cli.UnknownCommand("bench", args[0], []string{"replay", "azure", "cost", "flow", "transports", "scale", "kvpub", "trivial", "policies"}))
+	return fmt.Errorf("%s (want replay, azure, cost, flow, slo, transports, scale, kvpub, trivial or policies)", cli.UnknownCommand("bench", args[0], []string{"replay", "azure", "cost", "flow", "slo", "transports", "scale", "kvpub", "trivial", "policies"}))
 }
 
 // errTraceMissing makes a missing trace a clean skip, not a failure.
