@@ -22,7 +22,8 @@ func runSLO(args []string, log *zerolog.Logger) error {
 	trace := fset.String("trace", defaultMooncake, `trace file (.jsonl Mooncake, .csv Azure) or "synthetic"`)
 	limit := fset.Int("limit", 0, "replay only the first N requests (0 = all)")
 	share := fset.Float64("critical-share", 0.2, "fraction of requests sent as critical (the rest sheddable)")
-	objective := fset.Duration("objective", time.Second, "both classes' ttft_slo")
+	objective := fset.Duration("objective", time.Second, "the critical class's ttft_slo")
+	sheddable := fset.Duration("sheddable-objective", time.Second, "the sheddable class's ttft_slo (below --objective: shed sooner, shorter engine queues for critical)")
 	seeds := fset.String("seeds", "1,2,3", "comma-separated seeds (each picks which requests are critical)")
 	out := fset.String("out", "bench-out", "output directory")
 	name := fset.String("name", "", "output file name prefix (default: slo-TRACE)")
@@ -47,8 +48,8 @@ func runSLO(args []string, log *zerolog.Logger) error {
 		}
 		ss = append(ss, v)
 	}
-	if *objective <= 0 || *share <= 0 || *share > 1 {
-		return errors.New("bench slo: --objective must be > 0 and --critical-share in (0, 1]")
+	if *objective <= 0 || *sheddable <= 0 || *share <= 0 || *share > 1 {
+		return errors.New("bench slo: --objective and --sheddable-objective must be > 0 and --critical-share in (0, 1]")
 	}
 	reqs, label, err := loadTrace(*trace, bench.TraceOptions{Limit: *limit, SessionBlocks: 1})
 	if errors.Is(err, errTraceMissing) {
@@ -66,7 +67,7 @@ func runSLO(args []string, log *zerolog.Logger) error {
 	}
 	log.Info().Str("trace", label).Int("requests", len(reqs)).Float64("compress", o.Compress).Msg("bench: slo")
 	_, err = runTable(*out, *name+".md", func(context.Context) ([]bench.SLORow, error) {
-		return bench.RunSLO(reqs, bench.SLOSetups(*objective), bench.SLOOptions{Sim: o, CriticalShare: *share, Objective: *objective, Seeds: ss})
+		return bench.RunSLO(reqs, bench.SLOSetups(*objective, *sheddable), bench.SLOOptions{Sim: o, CriticalShare: *share, Objective: *objective, SheddableObjective: *sheddable, Seeds: ss})
 	}, bench.WriteSLOMarkdown)
 	if err != nil {
 		return fmt.Errorf("bench slo: %w", err)

@@ -21,9 +21,11 @@ type SLOOptions struct {
 	Sim SimOptions
 	// CriticalShare is the fraction of requests sent as critical.
 	CriticalShare float64
-	// Objective is both classes' ttft_slo.
-	Objective time.Duration
-	Seeds     []uint64
+	// Objective is the critical class's ttft_slo, SheddableObjective the
+	// sheddable class's (a tighter one sheds sooner and keeps the engine
+	// queues shorter for critical requests).
+	Objective, SheddableObjective time.Duration
+	Seeds                         []uint64
 }
 
 // SLOSetup is one compared router.
@@ -39,7 +41,7 @@ type SLOSetup struct {
 // control carrying the objective (SLO routing and admission). Flow
 // control never holds here (max_load far above any load): the sim runs
 // in virtual time, where a held request would hold the whole replay.
-func SLOSetups(objective time.Duration) []SLOSetup {
+func SLOSetups(objective, sheddable time.Duration) []SLOSetup {
 	obj := objective.String()
 	flow := []string{
 		"flow_control:",
@@ -48,13 +50,13 @@ func SLOSetups(objective time.Duration) []SLOSetup {
 		"  default_class: " + ClassSheddable,
 		"  classes:",
 		"    - {name: " + ClassCritical + ", ttft_slo: " + obj + "}",
-		"    - {name: " + ClassSheddable + ", shed: true, ttft_slo: " + obj + "}",
+		"    - {name: " + ClassSheddable + ", shed: true, ttft_slo: " + sheddable.String() + "}",
 	}
 	return []SLOSetup{
 		{Name: HAProxyRoundRobin, Spec: PolicySpec{Policy: HAProxyRoundRobin}},
 		{Name: policy.PrefixAffinityType, Spec: PolicySpec{Policy: policy.PrefixAffinityType}},
 		{Name: policy.PredictedTTFTType, Spec: PolicySpec{Policy: policy.PredictedTTFTType}},
-		{Name: policy.PredictedTTFTType + " + SLO (ttft_slo " + obj + ")", Spec: PolicySpec{Policy: policy.PredictedTTFTType}, Flow: flow},
+		{Name: policy.PredictedTTFTType + " + SLO (ttft_slo " + obj + ", sheddable " + sheddable.String() + ")", Spec: PolicySpec{Policy: policy.PredictedTTFTType}, Flow: flow},
 	}
 }
 
@@ -136,8 +138,9 @@ func sloRow(reqs []Request, setup string, seed uint64, res *RunResult, o SLOOpti
 	reach := 0
 	for i := range reqs {
 		r := &reqs[i]
-		c, ttfts := &row.Sheddable, &shed
+		c, ttfts, obj := &row.Sheddable, &shed, o.SheddableObjective
 		if r.Class == ClassCritical {
+			obj = o.Objective
 			c, ttfts = &row.Critical, &crit
 			if o.Sim.Timing.TTFT(r.InputTokens+1) <= o.Objective {
 				reach++
@@ -153,7 +156,7 @@ func sloRow(reqs []Request, setup string, seed uint64, res *RunResult, o SLOOpti
 			c.Shed++
 		default:
 			*ttfts = append(*ttfts, float64(d)/float64(time.Millisecond))
-			if d <= o.Objective {
+			if d <= obj {
 				c.Met++
 			}
 		}
