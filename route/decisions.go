@@ -237,7 +237,9 @@ func (d *Ledger) closeWith(id uint64, c Completion, rec *DecisionRecord) *fleet.
 	if learn != nil {
 		learn.LearnTTFT(ep, pred, tft)
 	}
-	slo.Observe(sloAt(&c, startNs))
+	if slo.On() {
+		slo.Observe(sloAt(&c, startNs))
+	}
 	st.Inflight.Add(-1)
 	if pred.Uncached != 0 {
 		st.Pending.Add(-int64(pred.Uncached))

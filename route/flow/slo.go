@@ -175,6 +175,9 @@ func (c *Controller) Ticket(r *Request) SLOTicket {
 	return SLOTicket{c: c, class: int32(r.Class), ms: r.SLOMs}
 }
 
+// On reports whether the ticket counts anything (its request has an objective).
+func (t SLOTicket) On() bool { return t.c != nil }
+
 // Observe counts the ticket's request met or missed: its first token (or,
 // without a first-token time, its end) came after atMs.
 func (t SLOTicket) Observe(atMs int64) {
