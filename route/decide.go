@@ -67,6 +67,8 @@ func (t *Txn) decideInput(snap *Snapshot, in *contract.Input, v *contract.Verdic
 			t.flowIn.Tenant = h.Value
 		case role&hdrAuthz != 0:
 			t.flowIn.Authorization = h.Value
+		case role&hdrSLO != 0:
+			t.flowIn.SLO = h.Value
 		}
 		if role&hdrRequestID != 0 {
 			t.rid = h.Value
@@ -200,10 +202,10 @@ func (t *Txn) loadOnDemand(snap *Snapshot, model []byte, me *models.Entry) *mode
 // tenant, and is then routed by the policy as the pool is at release
 // time; a sheddable one past its budget is refused with 429.
 func (t *Txn) runHeld(snap *Snapshot, dep *Deployment, in *contract.Input, v *contract.Verdict, start time.Time) {
-	var fr flow.Request
-	dep.flow.Classify(&fr, t.req.Model, &t.flowIn)
+	fr := &t.fr
+	dep.flow.Classify(fr, t.req.Model, &t.flowIn)
 	fr.Bytes = heldBytes(in)
-	switch o := dep.flow.Admit(&fr, in.Watch); o {
+	switch o := dep.flow.Admit(fr, in.Watch); o {
 	case flow.Shed:
 		v.RetryAfter = true
 		v.Refuse(429, "rate_limit_exceeded", contract.ReasonFlowShed,
@@ -220,6 +222,7 @@ func (t *Txn) runHeld(snap *Snapshot, dep *Deployment, in *contract.Input, v *co
 	// Deferred: a panicking pick (recovered by the transport) must give
 	// its reserved room back.
 	defer dep.flow.Done()
+	t.req.TTFTObjectiveMs = fr.ObjectiveLeft(t.held)
 	t.runPasses(snap, dep, in, v, start)
 }
 
@@ -323,6 +326,15 @@ func (t *Txn) runPasses(snap *Snapshot, dep *Deployment, in *contract.Input, v *
 	if dep.Prefill == nil {
 		// After the pick: its read of the body is reused.
 		if len(snap.Deployments) > 1 && refuseDuplicateModel(v, &t.idx) {
+			return
+		}
+		if dep.flow != nil && dep.flow.ShedForSLO(&t.fr, t.req.TTFTObjectiveMs, t.choices[0].Predicted.TTFTMs) {
+			// No replica is predicted to meet its objective: rather than
+			// queueing in an engine, the client is told to retry.
+			v.RetryAfter = true
+			v.Refuse(429, "rate_limit_exceeded", contract.ReasonSLOShed,
+				"deployment "+dep.Name+": no replica is predicted to give this request's first token within its objective (class "+
+					dep.flow.Config().Classes[t.fr.Class].Name+", which sheds); retry later")
 			return
 		}
 		t.route(v, dep.Serve, &t.choices[0], start)
@@ -449,7 +461,7 @@ func (t *Txn) route(v *contract.Verdict, p *fleet.Pool, c *fleet.Choice, start t
 	picks := c.Endpoints
 	e := picks[0]
 	v.Status = 200
-	m := decisionMeta{pool: p, names: t.dsnap.models.Load(), model: t.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: t.req.HasSession, pred: c.Predicted, notes: c.Notes,
+	m := decisionMeta{pool: p, names: t.dsnap.models.Load(), model: t.model, matched: int32(min(c.Matched, 1<<31-1)), outcome: c.Outcome, session: t.req.HasSession, pred: c.Predicted, notes: c.Notes, slo: t.dep.flow.Ticket(&t.fr),
 		method: t.method, uri: t.uri, rid: t.rid}
 	v.Decision = t.d.dec.open(e, start.UnixNano(), &m)
 	v.Server, v.Addr, v.Pool = e.NameHdr, e.AddrHdr, p.NameHdr
@@ -548,8 +560,10 @@ type Txn struct {
 	// lastModel holds an escaped last "model" key's name (LastModel).
 	lastModel [256]byte
 	// flowIn are the flow headers' values, found in decideInput's one
-	// pass over the headers (route/flow reads them).
+	// pass over the headers (route/flow reads them); fr is what flow
+	// control made of them (runHeld; valid only with the deployment's flow).
 	flowIn flow.Inputs
+	fr     flow.Request
 	// Buf is the transport's own memory, kept here so a request takes one
 	// pooled object.
 	Buf TxnBuffers

@@ -11,6 +11,7 @@ import (
 
 	"github.com/turnout/turnout/route/contract"
 	"github.com/turnout/turnout/route/fleet"
+	"github.com/turnout/turnout/route/flow"
 	"github.com/turnout/turnout/route/models"
 )
 
@@ -85,6 +86,8 @@ type decisionSlot struct {
 	pred            fleet.Prediction
 	// notes are the policy's figures (fleet.Notes), named by pool.Policy.
 	notes fleet.Notes
+	// slo is the request's TTFT objective, counted at close.
+	slo flow.SLOTicket
 	// ident is the request's method, path and id; term how its stream
 	// ended (the feedback line's).
 	ident RequestIdent
@@ -101,6 +104,7 @@ type decisionMeta struct {
 	session bool
 	pred    fleet.Prediction
 	notes   fleet.Notes
+	slo     flow.SLOTicket
 	// The request's method, URI and request id (views, copied at open).
 	method, uri, rid []byte
 }
@@ -170,6 +174,7 @@ func (d *Ledger) open(e *fleet.Endpoint, now int64, m *decisionMeta) uint64 {
 	}
 	s.id, s.seq, s.start, s.ep, s.pool, s.names, s.served = id, seq, now, e, m.pool, m.names, nil
 	s.model, s.matched, s.outcome, s.session, s.pred, s.notes = m.model, m.matched, m.outcome, m.session, m.pred, m.notes
+	s.slo = m.slo
 	s.end, s.status, s.retries, s.ms, s.ttfb, s.tft = endOpen, -1, -1, -1, -1, -1
 	s.ident.Set(m.method, m.uri, m.rid)
 	s.term = TermState{}
@@ -227,9 +232,13 @@ func (d *Ledger) closeWith(id uint64, c Completion, rec *DecisionRecord) *fleet.
 		learn, _ = s.pool.Policy.(fleet.TTFTLearner)
 	}
 	tft := int64(s.tft)
+	slo, startNs := s.slo, s.start
 	s.mu.Unlock()
 	if learn != nil {
 		learn.LearnTTFT(ep, pred, tft)
+	}
+	if slo.On() {
+		slo.Observe(sloAt(&c, startNs))
 	}
 	st.Inflight.Add(-1)
 	if pred.Uncached != 0 {
@@ -241,6 +250,19 @@ func (d *Ledger) closeWith(id uint64, c Completion, rec *DecisionRecord) *fleet.
 		pool.OnFree()
 	}
 	return st
+}
+
+// sloAt is when a closed request's first token came, for its objective:
+// the proxy's first-token time, else the response's end as the proxy
+// timed it, else (a close without figures) the time since it opened.
+func sloAt(c *Completion, startNs int64) int64 {
+	switch {
+	case c.HasFirstToken && c.FirstTokenMs >= 0:
+		return c.FirstTokenMs
+	case c.Ms >= 0:
+		return c.Ms
+	}
+	return (time.Now().UnixNano() - startNs) / 1e6
 }
 
 // sweep closes decisions older than ttl and, with markStale, flags the

@@ -18,6 +18,7 @@ const (
 	hdrTenant                        // flow control's trusted tenant header
 	hdrAuthz                         // Authorization, read by flow control's tenant_keys
 	hdrRequestID                     // contract.FwdRequestID
+	hdrSLO                           // flow control's trusted TTFT objective header
 )
 
 // headerRole matches a raw header name with the session, model and flow
@@ -41,6 +42,8 @@ func (s *Snapshot) headerRole(name []byte) hdrRole {
 		role |= hdrTenant
 	case s.flowAuthz != nil && contract.HeaderIs(name, s.flowAuthz):
 		role |= hdrAuthz
+	case s.flowSLO != nil && contract.HeaderIs(name, s.flowSLO):
+		role |= hdrSLO
 	}
 	if contract.HeaderIs(name, requestIDNorm) {
 		role |= hdrRequestID

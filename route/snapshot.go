@@ -54,7 +54,7 @@ type Snapshot struct {
 	// flowHdrs are the headers flow control reads, normalized (nil: not
 	// read: untrusted, or no deployment has flow_control); every
 	// deployment with flow_control reads the same (config checks it).
-	flowPrio, flowTenant, flowAuthz []byte
+	flowPrio, flowTenant, flowAuthz, flowSLO []byte
 	// fwdHdrs are ForwardedHeaders, normalized: what an Input keeps;
 	// fwdRoles[i] is what fwdHdrs[i] is (headerRole), found once here.
 	fwdHdrs  [][]byte
@@ -118,6 +118,9 @@ func buildSnapshot(cfg *config.Config, reg *policy.Registry, prev *Snapshot, sto
 			}
 			if fc.Trust.TenantHeader {
 				s.flowTenant = contract.NormHeader([]byte(fc.TenantHeader))
+			}
+			if fc.Trust.SLOHeader {
+				s.flowSLO = contract.NormHeader([]byte(fc.SLOHeader))
 			}
 			if fc.TenantAPIKey {
 				s.flowAuthz = contract.NormHeader([]byte(contract.FwdAuthorization))

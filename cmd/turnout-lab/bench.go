@@ -29,6 +29,7 @@ const benchUsage = `turnout-lab bench: routing quality and cost benchmarks
   turnout-lab bench replay --trace FILE [--mode sim|e2e] [--policies SPECS] [--sweep none|quick|full] ...
   turnout-lab bench azure  [--trace FILE] ...        (replay of the Azure CSV: lengths only)
   turnout-lab bench flow   [--trace FILE] [--loads 1.2,1.5] ...  (flow control: TTFT per class, e2e)
+  turnout-lab bench slo    [--trace FILE] [--compress C] [--seeds 1,2,3] ...  (TTFT objective attainment per class, sim)
   turnout-lab bench cost   [--duration D] ...        (/internal/route vs a trivial handler; HAProxy and nginx alone vs with turnout)
   turnout-lab bench transports [--duration D] ...    (decisions/s and CPU per decision: /internal/route, SPOE, Endpoint Picker)
   turnout-lab bench scale [--endpoints 16,64,256,1024] ... (the decision core in process: decisions/s per core by policy, pool and prompt size)
@@ -72,6 +73,7 @@ func runBench(args []string, log *zerolog.Logger) error {
 		{"azure", func(a []string, log *zerolog.Logger) error { return runReplay(a, defaultAzure, log) }},
 		{"cost", runCost},
 		{"flow", runFlow},
+		{"slo", runSLO},
 		{"transports", runTransports},
 		{"scale", runScale},
 		{"kvpub", runKVPub},

@@ -26,6 +26,12 @@ for demos and tests.`,
 		About:    `Replays a trace through HAProxy (or nginx) + turnout + mock replicas at multiples of their capacity with two classes and several tenants, and reports TTFT per class with and without flow control and for HAProxy's plain leastconn (BENCHMARKS.md).`,
 		Example:  "turnout-lab bench flow --trace synthetic --limit 200 --loads 1.5",
 	}
+	benchSLOCmd = cli.Command{
+		Prog:     prog,
+		Synopsis: "turnout-lab bench slo [--trace FILE] [--compress C] [--objective 1s] [--seeds 1,2,3] [flags]",
+		About:    `Replays a trace in the sim with a critical and a sheddable class, both with a TTFT objective, and reports each class's attainment for round robin, prefix-affinity, predicted-ttft, and predicted-ttft with flow control's objective (SLO routing and shedding; BENCHMARKS.md).`,
+		Example:  "turnout-lab bench slo --trace synthetic --limit 400 --compress 1.5",
+	}
 	benchCostCmd = cli.Command{
 		Prog:     prog,
 		Synopsis: "turnout-lab bench cost [--duration D] [--rounds N] [flags]",

@@ -21,6 +21,11 @@ type FlowConfig struct {
 	// TenantHeader names the tenant for fairness; read only when
 	// Trust.TenantHeader says the proxy's own rules set it.
 	TenantHeader string `yaml:"tenant_header"`
+	// SLOHeader carries a request's time-to-first-token objective in
+	// milliseconds (route/flow/slo.go); read only when Trust.SLOHeader
+	// says the proxy's own rules set it. Without it a request's objective
+	// is its class's TTFTSLO.
+	SLOHeader string `yaml:"slo_header"`
 	// TenantAPIKey: the tenant is the TenantKeys entry of the request's
 	// Authorization value (forwarded to turnout).
 	TenantAPIKey bool `yaml:"tenant_api_key"`
@@ -54,6 +59,7 @@ type FlowConfig struct {
 type FlowTrust struct {
 	PriorityHeader bool `yaml:"priority_header"`
 	TenantHeader   bool `yaml:"tenant_header"`
+	SLOHeader      bool `yaml:"slo_header"`
 }
 
 // TenantKeyHashLen is the length of a tenant_keys key: hex SHA-256.
@@ -78,6 +84,11 @@ type FlowClass struct {
 	// classes never fill, so this class rarely waits for a completion.
 	// Not larger than the headroom of any class above.
 	Headroom int `yaml:"headroom"`
+	// TTFTSLO is the class's time-to-first-token objective (0: none): the
+	// objective of its requests without a trusted SLO header. Routing
+	// picks a replica predicted to meet it; a shedding class's request
+	// predicted to miss it on every replica is shed.
+	TTFTSLO Duration `yaml:"ttft_slo"`
 }
 
 // FlowSaturation: an endpoint has room while under every set threshold;
@@ -100,6 +111,9 @@ const (
 	FlowClassSheddable = "sheddable"
 	defaultPriorityHdr = "x-priority"
 	defaultTenantHdr   = "x-tenant-id"
+	defaultSLOHdr      = "x-slo-ttft-ms"
+	// MaxTTFTSLO bounds an objective, the class's or a header's.
+	MaxTTFTSLO = 10 * time.Minute
 	// MaxFlowWait bounds any class's max_wait: the proxies' call timeouts
 	// grow with it (RouteCallTimeout).
 	MaxFlowWait = 5 * time.Minute
@@ -109,6 +123,7 @@ const (
 func (f *FlowConfig) ApplyDefaults() {
 	orDefault(&f.PriorityHeader, defaultPriorityHdr)
 	orDefault(&f.TenantHeader, defaultTenantHdr)
+	orDefault(&f.SLOHeader, defaultSLOHdr)
 	if len(f.Classes) == 0 {
 		f.Classes = []FlowClass{
 			{Name: FlowClassCritical, MaxQueue: 1000, MaxWait: Duration(30 * time.Second)},
@@ -160,7 +175,7 @@ func (f *FlowConfig) MaxHold() time.Duration {
 }
 
 func (f *FlowConfig) validate(p string, bad func(field, format string, a ...any)) {
-	for _, h := range []struct{ field, v string }{{"priority_header", f.PriorityHeader}, {"tenant_header", f.TenantHeader}} {
+	for _, h := range []struct{ field, v string }{{"priority_header", f.PriorityHeader}, {"tenant_header", f.TenantHeader}, {"slo_header", f.SLOHeader}} {
 		if !HeaderRe.MatchString(h.v) {
 			bad(p+"."+h.field, "%q is not a header name", h.v)
 		}
@@ -207,6 +222,9 @@ func (f *FlowConfig) validate(p string, bad func(field, format string, a ...any)
 		if c.Headroom < 0 || (i > 0 && c.Headroom > f.Classes[i-1].Headroom) {
 			bad(cf+".headroom", "%d: must be at least 0 and at most the headroom of the class above", c.Headroom)
 		}
+		if s := c.TTFTSLO.D(); s < 0 || s > MaxTTFTSLO {
+			bad(cf+".ttft_slo", "%v out of range [0, %v]", s, MaxTTFTSLO)
+		}
 		if c.Shed && i == 0 {
 			// The highest class is the one flow control protects.
 			bad(cf+".shed", "the highest-priority class is never shed")
@@ -249,7 +267,7 @@ func firstFlow(c *Config) *FlowConfig {
 
 // sameFlowHeaders reports whether a and b read the same headers alike.
 func sameFlowHeaders(a, b *FlowConfig) bool {
-	return strings.EqualFold(a.PriorityHeader, b.PriorityHeader) && strings.EqualFold(a.TenantHeader, b.TenantHeader) && a.Trust == b.Trust
+	return strings.EqualFold(a.PriorityHeader, b.PriorityHeader) && strings.EqualFold(a.TenantHeader, b.TenantHeader) && strings.EqualFold(a.SLOHeader, b.SLOHeader) && a.Trust == b.Trust
 }
 
 // UntrustedFlowHeaders are the flow headers of c that no proxy rule
@@ -265,6 +283,9 @@ func UntrustedFlowHeaders(c *Config) []string {
 	}
 	if !f.Trust.TenantHeader {
 		out = append(out, strings.ToLower(f.TenantHeader))
+	}
+	if !f.Trust.SLOHeader {
+		out = append(out, strings.ToLower(f.SLOHeader))
 	}
 	return out
 }

@@ -21,6 +21,8 @@ func TestFlowControlConfig(t *testing.T) {
 		{"kv over 1", "{saturation: {max_kv_usage: 2}}", "flow_control.saturation"},
 		{"wait too long", "{saturation: {max_load: 1}, classes: [{name: a, max_wait: 1h}]}", "classes[0].max_wait"},
 		{"unknown field", "{saturation: {max_load: 1}, priority: x}", "priority"},
+		{"slo too long", "{saturation: {max_load: 1}, classes: [{name: a, ttft_slo: 1h}]}", "classes[0].ttft_slo"},
+		{"bad slo header", "{saturation: {max_load: 1}, slo_header: 'x y'}", "slo_header"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ParseConfig([]byte(strings.Replace(base, "%s", tc.flow, 1)))
@@ -37,8 +39,18 @@ func TestFlowControlConfig(t *testing.T) {
 	if len(f.Classes) != 3 || f.Classes[0].Name != FlowClassCritical || !f.Classes[2].Shed || f.Classes[0].Shed || f.DefaultClass != FlowClassStandard {
 		t.Fatalf("defaults: %+v", f)
 	}
-	if f.PriorityHeader != "x-priority" || f.TenantHeader != "x-tenant-id" {
-		t.Fatalf("default headers %q %q", f.PriorityHeader, f.TenantHeader)
+	if f.PriorityHeader != "x-priority" || f.TenantHeader != "x-tenant-id" || f.SLOHeader != "x-slo-ttft-ms" {
+		t.Fatalf("default headers %q %q %q", f.PriorityHeader, f.TenantHeader, f.SLOHeader)
+	}
+	if got := UntrustedFlowHeaders(c); strings.Join(got, ",") != "x-priority,x-tenant-id,x-slo-ttft-ms" {
+		t.Fatalf("untrusted flow headers %v", got)
+	}
+	slo, err := ParseConfig([]byte(strings.Replace(base, "%s", "{saturation: {max_load: 4}, trust: {slo_header: true}, classes: [{name: critical, ttft_slo: 1s}, {name: batch, shed: true}]}", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sf := slo.Deployments[0].FlowControl; sf.Classes[0].TTFTSLO.D() != time.Second || sf.Classes[1].TTFTSLO != 0 || !sf.Trust.SLOHeader {
+		t.Fatalf("ttft_slo: %+v", sf)
 	}
 	// The proxies' call timeouts outlast the longest hold.
 	if got, want := c.RouteCallTimeout(), c.Proxy.RouteTimeout.D()+30*time.Second+time.Second; got != want {

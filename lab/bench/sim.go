@@ -137,7 +137,16 @@ type RunResult struct {
 	RouteTime time.Duration
 	// AdapterLoads counts requests whose adapter was not hot (lora.go).
 	AdapterLoads int64
+	// ByIndex is each trace request's TTFT by its Index (-1: shed, the
+	// router answered 429: ErrShed), for per-class figures (slobench.go).
+	ByIndex []time.Duration
+	// Shed counts the requests the router refused with 429.
+	Shed int
 }
+
+// ErrShed is a router's 429: the request is refused, not routed (flow
+// control's shed); the sim counts it and moves on.
+var ErrShed = errors.New("shed (429)")
 
 // Router chooses a replica per request inside the simulation.
 type Router interface {
@@ -151,6 +160,11 @@ type Router interface {
 
 // NewRouter builds the router for spec over n replicas named r0..r(n-1).
 func NewRouter(spec PolicySpec, names []string, o SimOptions) (Router, error) {
+	return newRouterWith(spec, names, o, nil)
+}
+
+// newRouterWith is NewRouter with extra deployment lines (flow_control).
+func newRouterWith(spec PolicySpec, names []string, o SimOptions, depYAML []string) (Router, error) {
 	switch spec.Policy {
 	case HAProxyRoundRobin, NginxRoundRobin:
 		return &rrRouter{n: len(names)}, nil
@@ -175,7 +189,7 @@ func NewRouter(spec PolicySpec, names []string, o SimOptions) (Router, error) {
 			return nil, fmt.Errorf("policy %s: %w", spec, err)
 		}
 	}
-	cfgText := TurnoutConfig(ConfigOptions{Listen: "127.0.0.1:1", Model: o.Model, Policy: spec, ExtraParams: extra, Endpoints: eps, DisableHealth: true})
+	cfgText := TurnoutConfig(ConfigOptions{Listen: "127.0.0.1:1", Model: o.Model, Policy: spec, ExtraParams: extra, Endpoints: eps, DisableHealth: true, DeploymentYAML: depYAML})
 	cfg, err := config.ParseConfig(cfgText)
 	if err == nil {
 		t.srv, err = route.New(cfg, route.Options{Seed: o.Seed, Log: log})
@@ -291,9 +305,14 @@ func (t *turnoutRouter) Route(r *Request, body []byte) (int, uint64, error) {
 	if r.Session != "" {
 		ctx.Request.Header.Set("X-Session-Id", r.Session)
 	}
+	if r.Class != "" {
+		ctx.Request.Header.Set(FlowPriorityHeader, r.Class)
+	}
 	ctx.Request.SetBodyRaw(body)
 	t.api.Handler(ctx)
-	if sc := ctx.Response.StatusCode(); sc != fasthttp.StatusOK {
+	if sc := ctx.Response.StatusCode(); sc == fasthttp.StatusTooManyRequests {
+		return 0, 0, ErrShed
+	} else if sc != fasthttp.StatusOK {
 		return 0, 0, fmt.Errorf("route status %d: %s", sc, ctx.Response.Body())
 	}
 	name := ctx.Response.Header.Peek(contract.HdrServer)
@@ -417,6 +436,7 @@ func Simulate(reqs []Request, router Router, o SimOptions) (*RunResult, error) {
 	}
 	s.res.TTFT = make([]time.Duration, 0, len(reqs))
 	s.res.E2E = make([]time.Duration, 0, len(reqs))
+	s.res.ByIndex = make([]time.Duration, 0, len(reqs))
 	s.state = make([]simReq, len(reqs))
 	for i := range reqs {
 		st := &s.state[i]
@@ -568,6 +588,17 @@ func (s *sim) send(r *simReq) error {
 	t0 := time.Now()
 	i, tok, err := s.router.Route(r.req, body)
 	s.res.RouteTime += time.Since(t0)
+	if errors.Is(err, ErrShed) {
+		s.res.Shed++
+		s.setByIndex(r.req.Index, -1)
+		s.sent--
+		if len(s.pending) > 0 {
+			next := s.pending[0]
+			s.pending = s.pending[1:]
+			return s.send(next)
+		}
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("request %d: %w", r.req.Index, err)
 	}
@@ -653,6 +684,7 @@ func (s *sim) finish(r *simReq) error {
 		return fmt.Errorf("request %d: %w", r.req.Index, err)
 	}
 	s.res.TTFT = append(s.res.TTFT, r.firstToken-r.arrival)
+	s.setByIndex(r.req.Index, r.firstToken-r.arrival)
 	// The replica's own TTFT (queue wait and prefill), as the mock's
 	// histogram reports it in e2e.
 	rep.load.TTFTSeconds += (r.firstToken - r.routed).Seconds()
@@ -670,6 +702,14 @@ func (s *sim) finish(r *simReq) error {
 		return s.send(next)
 	}
 	return nil
+}
+
+// setByIndex records request i's TTFT (-1: shed).
+func (s *sim) setByIndex(i int, d time.Duration) {
+	for len(s.res.ByIndex) <= i {
+		s.res.ByIndex = append(s.res.ByIndex, -1)
+	}
+	s.res.ByIndex[i] = d
 }
 
 // CacheBounds returns two references for the trace's prefix-cache hit

@@ -81,6 +81,9 @@ const (
 	// left (503; nobody reads it).
 	ReasonFlowShed = "flow_shed"
 	ReasonFlowGone = "client_gone"
+	// ReasonSLOShed (429, Retry-After): a request of a shedding class that
+	// no replica is predicted to serve within its TTFT objective.
+	ReasonSLOShed = "slo_shed"
 	// ReasonModelUnavailable (503, Retry-After): endpoints served the model
 	// and none that does is available now (docs/models.md); relayed.
 	ReasonModelUnavailable = "model_unavailable"

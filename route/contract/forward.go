@@ -78,9 +78,10 @@ func appendFlowHeaders(out []ForwardedHeader, cfg *config.Config) []ForwardedHea
 }
 
 // FlowHeaders are the request headers flow control (route/flow) reads,
-// added to the forwarded headers: the priority and tenant headers the
-// config trusts (an untrusted one is stripped by the proxy and never
-// read), and with tenant_api_key the Authorization header.
+// added to the forwarded headers: the priority, tenant and TTFT
+// objective headers the config trusts (an untrusted one is stripped by
+// the proxy and never read), and with tenant_api_key the Authorization
+// header.
 func FlowHeaders(cfg *config.FlowConfig) []string {
 	var h []string
 	if cfg.Trust.PriorityHeader {
@@ -88,6 +89,9 @@ func FlowHeaders(cfg *config.FlowConfig) []string {
 	}
 	if cfg.Trust.TenantHeader {
 		h = append(h, strings.ToLower(cfg.TenantHeader))
+	}
+	if cfg.Trust.SLOHeader {
+		h = append(h, strings.ToLower(cfg.SLOHeader))
 	}
 	if cfg.TenantAPIKey {
 		h = append(h, FwdAuthorization)

@@ -67,6 +67,11 @@ type Request struct {
 	// HashKey (set only then).
 	Adapter     bool
 	AdapterHash uint64
+	// TTFTObjectiveMs is what is left of the request's time-to-first-token
+	// objective (route/flow/slo.go) after flow control held it (0: none;
+	// a request held past its objective has 1 ms left). A TTFT-predicting
+	// policy picks a replica predicted to meet it.
+	TTFTObjectiveMs float32
 }
 
 // Choice is a policy's answer for one request, kept apart from the Request

@@ -91,6 +91,8 @@ type Controller struct {
 
 	waiters sync.Pool
 	m       *metrics
+	// slo counts the outcomes of requests with an objective, by class (slo.go).
+	slo []sloCounts
 }
 
 // New returns a running controller for pool; Close stops it.
@@ -105,6 +107,7 @@ func New(cfg *config.FlowConfig, pool *fleet.Pool) *Controller {
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 		m:        newMetrics(cfg),
+		slo:      make([]sloCounts, len(cfg.Classes)),
 	}
 	for i := range c.classes {
 		c.classes[i].tenants = map[uint64]*tenantQueue{}

@@ -21,6 +21,8 @@ type Request struct {
 	// Bytes is what holding the request keeps in memory (its frame or
 	// body and headers): counted against limits.max_buffered_bytes.
 	Bytes int64
+	// SLOMs is its time-to-first-token objective in ms (0: none; slo.go).
+	SLOMs int32
 	// kind is where the tenant came from.
 	kind tenantKind
 }
@@ -38,6 +40,8 @@ const (
 // of them counts.
 type Inputs struct {
 	Priority, Tenant, Authorization []byte
+	// SLO is the trusted TTFT objective header's value (slo.go).
+	SLO []byte
 }
 
 // tenantKeys maps the SHA-256 of an Authorization value to its tenant name.
@@ -84,6 +88,7 @@ func (c *Controller) Classify(r *Request, model []byte, in *Inputs) {
 			r.Tenant, r.TenantName, r.kind = fleet.HashKey(name), name, tenantAPIKey
 		}
 	}
+	r.SLOMs = c.objective(r.Class, in.SLO)
 }
 
 func (r *Request) setTenant(v []byte, kind tenantKind) {

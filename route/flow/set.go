@@ -89,13 +89,17 @@ func (s *Set) WriteMetrics(b *strings.Builder) {
 		return
 	}
 	var fam [len(families)]strings.Builder
+	var slo strings.Builder
 	for i, c := range ctrls {
 		c.writeMetrics(&fam, deps[i])
+		c.writeSLOMetrics(&slo, deps[i])
 	}
 	for i, f := range families {
 		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", f[0], f[2], f[0], f[1])
 		b.WriteString(fam[i].String())
 	}
+	fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", sloFamily[0], sloFamily[2], sloFamily[0], sloFamily[1])
+	b.WriteString(slo.String())
 }
 
 // WriteReadiness writes one /readyz?verbose line per deployment with flow
@@ -117,5 +121,6 @@ func (s *Set) WriteReadiness(b *strings.Builder) {
 		}
 		c.mu.Unlock()
 		fmt.Fprintf(b, "), %s\n", state)
+		c.writeSLOReadiness(b, deps[i])
 	}
 }

@@ -277,6 +277,14 @@ func (g *ttftGuard) Pick(c *Cycle) {
 	if dmatch == 0 && !pt.cfg.OverrideMisses {
 		eps = nil
 	}
+	// With an objective the objective decides, not the margins (predictedttft_slo.go).
+	obj := c.Req.TTFTObjectiveMs > 0
+	if obj {
+		b := pt.meetObjective(c, float64(c.Req.TTFTObjectiveMs), ttftCand{def, dx, dpred, dload, dpending, duncached, dmatch})
+		best, bestPred, bestLoad = b.e, b.pred, b.load
+		bx, bpending, buncached, bmatch = b.x, b.pending, b.uncached, b.match
+		eps = nil
+	}
 	for _, e := range eps {
 		if e == def || !c.Usable(e) {
 			continue
@@ -298,7 +306,7 @@ func (g *ttftGuard) Pick(c *Cycle) {
 			bx, bpending, buncached, bmatch = x, pending, uncached, match
 		}
 	}
-	if best != def && pt.cfg.overrides(dpred, bestPred, rel) {
+	if best != def && (obj || pt.cfg.overrides(dpred, bestPred, rel)) {
 		pt.sh.overrides.Add(1)
 		c.Choice.Endpoints = toFront(c.Choice.Endpoints, c.start, best)
 		c.Choice.Matched = bmatch

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/turnout/turnout/internal/cli"
+	"github.com/turnout/turnout/lab/bench"
+)
+
+// runSLO is `bench slo`: SLO attainment per class in the sim, round robin
+// and prefix-affinity against predicted-ttft with flow control's objective.
+func runSLO(args []string, log *zerolog.Logger) error {
+	d := bench.DefaultSimOptions()
+	fset := cli.NewFlags("bench slo")
+	trace := fset.String("trace", defaultMooncake, `trace file (.jsonl Mooncake, .csv Azure) or "synthetic"`)
+	limit := fset.Int("limit", 0, "replay only the first N requests (0 = all)")
+	share := fset.Float64("critical-share", 0.2, "fraction of requests sent as critical (the rest sheddable)")
+	objective := fset.Duration("objective", time.Second, "the critical class's ttft_slo")
+	sheddable := fset.Duration("sheddable-objective", time.Second, "the sheddable class's ttft_slo (below --objective: shed sooner, shorter engine queues for critical)")
+	seeds := fset.String("seeds", "1,2,3", "comma-separated seeds (each picks which requests are critical)")
+	out := fset.String("out", "bench-out", "output directory")
+	name := fset.String("name", "", "output file name prefix (default: slo-TRACE)")
+	o := d
+	fset.IntVar(&o.Replicas, "replicas", d.Replicas, "number of replicas")
+	fset.IntVar(&o.BlockSize, "block-size", d.BlockSize, "replica KV block size in tokens")
+	fset.IntVar(&o.CacheBlocks, "cache-blocks", d.CacheBlocks, "replica prefix cache capacity in blocks")
+	fset.IntVar(&o.MaxRunning, "max-running", d.MaxRunning, "running sequences per replica (0 = unlimited)")
+	fset.DurationVar(&o.Timing.TTFTOverhead, "ttft-overhead", d.Timing.TTFTOverhead, "replica TTFT overhead")
+	fset.DurationVar(&o.Timing.PerTokenPrefill, "per-token-prefill", d.Timing.PerTokenPrefill, "replica prefill time per uncached token")
+	fset.DurationVar(&o.Timing.InterTokenLatency, "itl", d.Timing.InterTokenLatency, "replica inter-token latency")
+	fset.Float64Var(&o.Compress, "compress", d.Compress, "divide arrival times by this factor (more load)")
+	load := fset.Float64("load", 0, "instead of --compress: offered load as a multiple of the replicas' estimated capacity (replicas x max-running / mean service time, as bench flow)")
+	if err := cli.ParseFlags(fset, benchSLOCmd, args); err != nil {
+		return err
+	}
+	var ss []uint64
+	for _, f := range strings.Split(*seeds, ",") {
+		v, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+		if err != nil {
+			return fmt.Errorf("bench slo: --seeds %q: want unsigned integers", *seeds)
+		}
+		ss = append(ss, v)
+	}
+	if *objective <= 0 || *sheddable <= 0 || *share <= 0 || *share > 1 {
+		return errors.New("bench slo: --objective and --sheddable-objective must be > 0 and --critical-share in (0, 1]")
+	}
+	reqs, label, err := loadTrace(*trace, bench.TraceOptions{Limit: *limit, SessionBlocks: 1})
+	if errors.Is(err, errTraceMissing) {
+		log.Warn().Str("trace", *trace).Msg("bench: trace not found, skipping (traces live in ../shared/traces; --trace synthetic runs a generated one)")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("bench slo: %w", err)
+	}
+	if *name == "" {
+		*name = "slo-" + label
+	}
+	if *load > 0 {
+		o.Compress = bench.CompressFor(reqs, o, *load)
+	}
+	log.Info().Str("trace", label).Int("requests", len(reqs)).Float64("compress", o.Compress).Msg("bench: slo")
+	_, err = runTable(*out, *name+".md", func(context.Context) ([]bench.SLORow, error) {
+		return bench.RunSLO(reqs, bench.SLOSetups(*objective, *sheddable), bench.SLOOptions{Sim: o, CriticalShare: *share, Objective: *objective, SheddableObjective: *sheddable, Seeds: ss})
+	}, bench.WriteSLOMarkdown)
+	if err != nil {
+		return fmt.Errorf("bench slo: %w", err)
+	}
+	return nil
+}
