@@ -67,8 +67,16 @@ func paced(from time.Time, n int, every time.Duration, fn func(i int)) {
 // its TTFT p50 stays within 2x of its unloaded p50. turnout's RSS stays
 // under max_buffered_bytes + 32 MiB.
 func TestFlowControlUntrustedAttacker(t *testing.T) {
+	for _, path := range []string{"spoe", "lua", "nginx"} {
+		t.Run(path, func(t *testing.T) { testUntrustedAttacker(t, path) })
+	}
+}
+
+// testUntrustedAttacker runs the attack through HAProxy (path "spoe" or
+// "lua") or nginx (body mode, njs).
+func testUntrustedAttacker(t *testing.T, path string) {
 	// 2 replicas x 2 running, ~410 ms a request: ~9.8 requests/s (a load
-	// a busy 2-core box carries beside HAProxy and turnout).
+	// a busy 2-core box carries beside the proxy and turnout).
 	ms := mocks(t, "fa", 2, func(c *mock.Config) {
 		c.TimeScale = 1
 		c.TTFTOverhead = 250 * time.Millisecond
@@ -79,18 +87,31 @@ func TestFlowControlUntrustedAttacker(t *testing.T) {
 	const capacity = 2 * 2 / 0.41
 	goodKey := sha256.Sum256([]byte("Bearer good-key"))
 	budget := 64 << 20 // limits.max_buffered_bytes's default
-	s := startStackWith(t, "open", spoeDefault, depSpec{name: "fa", policy: policyLeast, mocks: ms, depYAML: []string{
+	flowYAML := []string{
 		"flow_control:",
 		"  tenant_api_key: true",
 		"  tenant_keys: {" + hex.EncodeToString(goodKey[:]) + ": good}",
 		"  saturation: {max_load: 2}",
-	}})
+	}
+	var front, tu string
+	switch path {
+	case "nginx":
+		s := (&nstack{failMode: "open", deps: []ndep{{name: "fa", policy: policyLeast, mode: "body", mocks: ms, depYAML: flowYAML}}}).start(t)
+		front, tu = s.N.URL, s.T.URL
+	default:
+		spoe := spoeDefault
+		if path == "lua" {
+			spoe = ""
+		}
+		s := startStackWith(t, "open", spoe, depSpec{name: "fa", policy: policyLeast, mocks: ms, depYAML: flowYAML})
+		front, tu = s.H.URL, s.T.URL
+	}
 	c := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
 	good := map[string]string{"Authorization": "Bearer good-key"}
 
 	var alone []time.Duration
 	for i := range 10 {
-		st, ttft, err := abusePost(c, s.H.URL, "fa", fmt.Sprint("good alone ", i), good)
+		st, ttft, err := abusePost(c, front, "fa", fmt.Sprint("good alone ", i), good)
 		if err != nil || st != 200 {
 			t.Fatalf("unloaded request: %d %v", st, err)
 		}
@@ -105,7 +126,7 @@ func TestFlowControlUntrustedAttacker(t *testing.T) {
 	go func() {
 		defer sampler.Done()
 		for {
-			if v, err := Metric(t, s.T.URL+"/metrics", "process_resident_memory_bytes"); err == nil && int64(v) > maxRSS.Load() {
+			if v, err := Metric(t, tu+"/metrics", "process_resident_memory_bytes"); err == nil && int64(v) > maxRSS.Load() {
 				maxRSS.Store(int64(v))
 			}
 
@@ -142,7 +163,7 @@ func TestFlowControlUntrustedAttacker(t *testing.T) {
 					late = append(late, i)
 					mu.Unlock()
 				}
-				st, ttft, err := abusePost(c, s.H.URL, "fa", fmt.Sprint("good loaded ", i), good)
+				st, ttft, err := abusePost(c, front, "fa", fmt.Sprint("good loaded ", i), good)
 				if err != nil || st != 200 {
 					t.Errorf("good request under attack: %d %v", st, err)
 					return
@@ -158,7 +179,7 @@ func TestFlowControlUntrustedAttacker(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			h := map[string]string{"X-Priority": "critical", "X-Tenant-Id": fmt.Sprint("evil-", i), "Authorization": fmt.Sprint("Bearer evil-", i)}
-			if st, _, err := abusePost(c, s.H.URL, "fa", filler, h); err != nil || st != 200 {
+			if st, _, err := abusePost(c, front, "fa", filler, h); err != nil || st != 200 {
 				attackerErrs.Add(1)
 			}
 		}()
@@ -181,20 +202,20 @@ func TestFlowControlUntrustedAttacker(t *testing.T) {
 		t.Errorf("good tenant p50 %v under attack: over 2x its unloaded %v", loadedP50, aloneP50)
 	}
 	// It was measured while the pool was saturated: its requests were held.
-	if held, _ := Metric(t, s.T.URL+"/metrics", "turnout_flow_requests_total", `tenant="good"`, `outcome="released"`); held < float64(len(loaded))/2 {
+	if held, _ := Metric(t, tu+"/metrics", "turnout_flow_requests_total", `tenant="good"`, `outcome="released"`); held < float64(len(loaded))/2 {
 		t.Errorf("only %v of the good tenant's %d requests under attack were held (the attack did not saturate the pool)", held, len(loaded))
 	}
 	if rss := maxRSS.Load(); rss == 0 || rss > int64(budget)+32<<20 {
 		t.Errorf("turnout RSS %d bytes: want under max_buffered_bytes + 32 MiB", rss)
 	}
 	// The attacker's priority bought nothing, and its tenants share one.
-	if n, _ := Metric(t, s.T.URL+"/metrics", "turnout_flow_requests_total", `class="critical"`); n != 0 {
+	if n, _ := Metric(t, tu+"/metrics", "turnout_flow_requests_total", `class="critical"`); n != 0 {
 		t.Errorf("%v requests classed critical from an untrusted header", n)
 	}
-	if held, _ := Metric(t, s.T.URL+"/metrics", "turnout_flow_requests_total", `tenant="none"`, `outcome="released"`); held == 0 {
+	if held, _ := Metric(t, tu+"/metrics", "turnout_flow_requests_total", `tenant="none"`, `outcome="released"`); held == 0 {
 		t.Error("the attacker's requests were never held (the load did not saturate the pool)")
 	}
-	if n, _ := Metric(t, s.T.URL+"/metrics", "turnout_flow_requests_total", `tenant="evil-`); n != 0 {
+	if n, _ := Metric(t, tu+"/metrics", "turnout_flow_requests_total", `tenant="evil-`); n != 0 {
 		t.Errorf("%v requests counted under a client-invented tenant", n)
 	}
 }
