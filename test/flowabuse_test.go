@@ -49,16 +49,34 @@ func abusePost(c *http.Client, url, model, content string, hdr map[string]string
 	return res.StatusCode, ttft, err
 }
 
+// paced calls fn(i) for i in [0, n), the i-th at from + i*every (an open
+// loop: a slow call does not delay the next).
+func paced(from time.Time, n int, every time.Duration, fn func(i int)) {
+	for i := range n {
+		time.Sleep(time.Until(from.Add(time.Duration(i) * every)))
+		fn(i)
+	}
+}
+
 // An attacker that sends x-priority: critical and a new tenant (header
 // and API key) per request, at 1.5x the replicas' capacity with 40 KB
 // bodies, buys neither a class nor turns of its own: the priority and
 // tenant headers are untrusted (the default), so its requests are
 // standard and share one tenant, and a tenant named by a listed API key
-// takes turns with that one shared tenant instead of waiting behind it.
-// turnout's RSS stays under max_buffered_bytes + 32 MiB.
+// takes turns with that one shared tenant instead of waiting behind it:
+// its TTFT p50 stays within 2x of its unloaded p50. turnout's RSS stays
+// under max_buffered_bytes + 32 MiB.
 func TestFlowControlUntrustedAttacker(t *testing.T) {
+	for _, path := range []string{"spoe", "lua", "nginx"} {
+		t.Run(path, func(t *testing.T) { testUntrustedAttacker(t, path) })
+	}
+}
+
+// testUntrustedAttacker runs the attack through HAProxy (path "spoe" or
+// "lua") or nginx (body mode, njs).
+func testUntrustedAttacker(t *testing.T, path string) {
 	// 2 replicas x 2 running, ~410 ms a request: ~9.8 requests/s (a load
-	// a busy 2-core box carries beside HAProxy and turnout).
+	// a busy 2-core box carries beside the proxy and turnout).
 	ms := mocks(t, "fa", 2, func(c *mock.Config) {
 		c.TimeScale = 1
 		c.TTFTOverhead = 250 * time.Millisecond
@@ -69,18 +87,31 @@ func TestFlowControlUntrustedAttacker(t *testing.T) {
 	const capacity = 2 * 2 / 0.41
 	goodKey := sha256.Sum256([]byte("Bearer good-key"))
 	budget := 64 << 20 // limits.max_buffered_bytes's default
-	s := startStackWith(t, "open", spoeDefault, depSpec{name: "fa", policy: policyLeast, mocks: ms, depYAML: []string{
+	flowYAML := []string{
 		"flow_control:",
 		"  tenant_api_key: true",
 		"  tenant_keys: {" + hex.EncodeToString(goodKey[:]) + ": good}",
 		"  saturation: {max_load: 2}",
-	}})
+	}
+	var front, tu string
+	switch path {
+	case "nginx":
+		s := (&nstack{failMode: "open", deps: []ndep{{name: "fa", policy: policyLeast, mode: "body", mocks: ms, depYAML: flowYAML}}}).start(t)
+		front, tu = s.N.URL, s.T.URL
+	default:
+		spoe := spoeDefault
+		if path == "lua" {
+			spoe = ""
+		}
+		s := startStackWith(t, "open", spoe, depSpec{name: "fa", policy: policyLeast, mocks: ms, depYAML: flowYAML})
+		front, tu = s.H.URL, s.T.URL
+	}
 	c := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
 	good := map[string]string{"Authorization": "Bearer good-key"}
 
 	var alone []time.Duration
 	for i := range 10 {
-		st, ttft, err := abusePost(c, s.H.URL, "fa", fmt.Sprint("good alone ", i), good)
+		st, ttft, err := abusePost(c, front, "fa", fmt.Sprint("good alone ", i), good)
 		if err != nil || st != 200 {
 			t.Fatalf("unloaded request: %d %v", st, err)
 		}
@@ -95,7 +126,7 @@ func TestFlowControlUntrustedAttacker(t *testing.T) {
 	go func() {
 		defer sampler.Done()
 		for {
-			if v, err := Metric(t, s.T.URL+"/metrics", "process_resident_memory_bytes"); err == nil && int64(v) > maxRSS.Load() {
+			if v, err := Metric(t, tu+"/metrics", "process_resident_memory_bytes"); err == nil && int64(v) > maxRSS.Load() {
 				maxRSS.Store(int64(v))
 			}
 
@@ -113,36 +144,46 @@ func TestFlowControlUntrustedAttacker(t *testing.T) {
 	var wg sync.WaitGroup
 	var attackerErrs atomic.Int64
 	start := time.Now()
-	for i := range int(rate * attack.Seconds()) {
-		time.Sleep(time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))))
+	// The good tenant, 2 requests/s from 2 s into the attack (once the
+	// shared tenant's queue built), paced on its own goroutine so its
+	// requests arrive among the attacker's, not as one burst after them.
+	var loaded []time.Duration
+	var late []int
+	var mu sync.Mutex
+	var gw sync.WaitGroup
+	gw.Add(1)
+	go func() {
+		defer gw.Done()
+		paced(start.Add(2*time.Second), 12, 500*time.Millisecond, func(i int) {
+			gw.Add(1)
+			go func() {
+				defer gw.Done()
+				if time.Since(start) > attack {
+					mu.Lock()
+					late = append(late, i)
+					mu.Unlock()
+				}
+				st, ttft, err := abusePost(c, front, "fa", fmt.Sprint("good loaded ", i), good)
+				if err != nil || st != 200 {
+					t.Errorf("good request under attack: %d %v", st, err)
+					return
+				}
+				mu.Lock()
+				loaded = append(loaded, ttft)
+				mu.Unlock()
+			}()
+		})
+	}()
+	paced(start, int(rate*attack.Seconds()), time.Duration(float64(time.Second)/rate), func(i int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			h := map[string]string{"X-Priority": "critical", "X-Tenant-Id": fmt.Sprint("evil-", i), "Authorization": fmt.Sprint("Bearer evil-", i)}
-			if st, _, err := abusePost(c, s.H.URL, "fa", filler, h); err != nil || st != 200 {
+			if st, _, err := abusePost(c, front, "fa", filler, h); err != nil || st != 200 {
 				attackerErrs.Add(1)
 			}
 		}()
-	}
-	// The good tenant, 2 requests/s during the attack (once its queue built).
-	var loaded []time.Duration
-	var mu sync.Mutex
-	var gw sync.WaitGroup
-	for i := range 12 {
-		time.Sleep(time.Until(start.Add(2*time.Second + time.Duration(i)*500*time.Millisecond)))
-		gw.Add(1)
-		go func() {
-			defer gw.Done()
-			st, ttft, err := abusePost(c, s.H.URL, "fa", fmt.Sprint("good loaded ", i), good)
-			if err != nil || st != 200 {
-				t.Errorf("good request under attack: %d %v", st, err)
-				return
-			}
-			mu.Lock()
-			loaded = append(loaded, ttft)
-			mu.Unlock()
-		}()
-	}
+	})
 	gw.Wait()
 	wg.Wait()
 	close(stop)
@@ -151,25 +192,30 @@ func TestFlowControlUntrustedAttacker(t *testing.T) {
 	loadedP50 := quantile(loaded, 0.5)
 	t.Logf("good tenant TTFT p50: alone %v, under attack %v (%d served); attacker failures %d; turnout RSS max %.1f MiB",
 		aloneP50, loadedP50, len(loaded), attackerErrs.Load(), float64(maxRSS.Load())/(1<<20))
-	// The issue's target is 2x the unloaded p50; through HAProxy with ~100
-	// attacker requests held it measured 3-11x on the shared 2-core box
-	// (docs/flow-control.md), so the test holds the bound that separates
-	// fairness from starvation: a starved tenant waits its class's max_wait
-	// (10 s, timed_out) behind a class it cannot outrank.
-	if loadedP50 > 5*time.Second {
-		t.Errorf("good tenant p50 %v under attack: starved (unloaded %v)", loadedP50, aloneP50)
+	if len(late) > 0 {
+		t.Errorf("good requests %v were sent after the attack's %v: the measure is not under attack", late, attack)
+	}
+	// Fair turns: the good tenant's request waits about one release of the
+	// shared tenant's (a completion, ~100 ms with 4 slots of ~410 ms), then
+	// its own time to first token.
+	if loadedP50 > 2*aloneP50 {
+		t.Errorf("good tenant p50 %v under attack: over 2x its unloaded %v", loadedP50, aloneP50)
+	}
+	// It was measured while the pool was saturated: its requests were held.
+	if held, _ := Metric(t, tu+"/metrics", "turnout_flow_requests_total", `tenant="good"`, `outcome="released"`); held < float64(len(loaded))/2 {
+		t.Errorf("only %v of the good tenant's %d requests under attack were held (the attack did not saturate the pool)", held, len(loaded))
 	}
 	if rss := maxRSS.Load(); rss == 0 || rss > int64(budget)+32<<20 {
 		t.Errorf("turnout RSS %d bytes: want under max_buffered_bytes + 32 MiB", rss)
 	}
 	// The attacker's priority bought nothing, and its tenants share one.
-	if n, _ := Metric(t, s.T.URL+"/metrics", "turnout_flow_requests_total", `class="critical"`); n != 0 {
+	if n, _ := Metric(t, tu+"/metrics", "turnout_flow_requests_total", `class="critical"`); n != 0 {
 		t.Errorf("%v requests classed critical from an untrusted header", n)
 	}
-	if held, _ := Metric(t, s.T.URL+"/metrics", "turnout_flow_requests_total", `tenant="none"`, `outcome="released"`); held == 0 {
+	if held, _ := Metric(t, tu+"/metrics", "turnout_flow_requests_total", `tenant="none"`, `outcome="released"`); held == 0 {
 		t.Error("the attacker's requests were never held (the load did not saturate the pool)")
 	}
-	if n, _ := Metric(t, s.T.URL+"/metrics", "turnout_flow_requests_total", `tenant="evil-`); n != 0 {
+	if n, _ := Metric(t, tu+"/metrics", "turnout_flow_requests_total", `tenant="evil-`); n != 0 {
 		t.Errorf("%v requests counted under a client-invented tenant", n)
 	}
 }

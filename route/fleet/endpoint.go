@@ -84,13 +84,19 @@ func (e *Endpoint) Inflight() int64 { return e.State.Inflight.Load() }
 // to each alone until the next scrape), or the in-flight count when no
 // engine figure is known (scraping off or failing). Counting the change
 // rather than the level keeps a lost completion, or a peer gone silent,
-// from skewing the figure beyond one scrape. Allocation-free: three atomic
-// loads.
+// from skewing the figure beyond two scrapes. It is never below this
+// instance's in-flight count less the decisions two scrapes in a row did
+// not find on the engine (EngineLoad.Ghosts): a request on its way to the
+// engine when the page was built, or one that finished there before it
+// and whose completion came after, is missing from one page only, and
+// counting it as gone let flow control send one more request to a full
+// engine until the next scrape. Allocation-free: three atomic loads.
 func (e *Endpoint) Load() int64 {
+	in := e.State.Inflight.Load()
 	if el := e.State.engine.Load(); el != nil {
-		return max(0, el.Requests+e.State.Inflight.Load()-el.Mark+e.State.peerLoad.Load()-el.PeerMark)
+		return max(0, el.Requests+in-el.Mark+e.State.peerLoad.Load()-el.PeerMark, in-el.Ghosts)
 	}
-	return e.State.Inflight.Load()
+	return in
 }
 
 // Waiting is the engine's waiting count at the last scrape moved by the
@@ -131,6 +137,13 @@ type EngineLoad struct {
 	// PeerMark() then.
 	Mark     int64
 	PeerMark int64
+	// Missing is how many of the decisions at Mark the engine did not
+	// count (Mark - Requests, at least 0), and Ghosts how many this page
+	// and the one before both missed: completions the feedback lost or
+	// requests served elsewhere, rather than requests still on their way
+	// or completions still coming (on a first page, after none or a
+	// failed scrape: all it missed). SetEngineLoad sets both.
+	Missing, Ghosts int64
 	// BlockSize is the engine's KV block size in tokens (vLLM's
 	// cache_config_info; 0: not reported).
 	BlockSize int
@@ -197,8 +210,15 @@ func (e *Endpoint) AddPeerLoad(d int64) { e.State.peerLoad.Add(d) }
 
 // SetEngineLoad publishes a scrape; nil goes back to in-flight counts.
 func (e *Endpoint) SetEngineLoad(l *EngineLoad) {
-	if l != nil && l.Waiting > 0 {
-		e.State.running.Store(max(1, l.Requests-l.Waiting))
+	if l != nil {
+		l.Missing = max(0, l.Mark-l.Requests)
+		l.Ghosts = l.Missing // a first page: nothing to tell them apart by
+		if prev := e.State.engine.Load(); prev != nil {
+			l.Ghosts = min(l.Missing, prev.Missing)
+		}
+		if l.Waiting > 0 {
+			e.State.running.Store(max(1, l.Requests-l.Waiting))
+		}
 	}
 	e.State.engine.Store(l)
 }

@@ -36,6 +36,7 @@ func (st *State) Unmark(n int64) {
 		}
 		nl := *el
 		nl.Mark -= n
+		nl.Missing, nl.Ghosts = max(0, nl.Missing-n), max(0, nl.Ghosts-n)
 		if st.engine.CompareAndSwap(el, &nl) {
 			return
 		}

@@ -1,7 +1,7 @@
 // Package flow is flow control for one deployment: while the
 // serving pool is saturated, decisions are held in turnout instead of being
 // committed to a replica's queue at once, ordered by class (strict
-// priority) and tenant (round robin within a class), and released one by
+// priority) and tenant (fair queueing within a class), and released one by
 // one as capacity frees, each then routed by the deployment's policy at
 // release time (so it goes to the replica that is free, or holds its
 // prefix, then: "no-regret" routing). A request held past its class's

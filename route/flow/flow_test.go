@@ -3,6 +3,7 @@ package flow
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -193,9 +194,10 @@ func TestTenantsTakeTurns(t *testing.T) {
 	}
 }
 
-// A tenant arriving while another is mid-round waits for its turn at the
-// end of the round, not before the tenants already waiting.
-func TestNewTenantJoinsEndOfRound(t *testing.T) {
+// A tenant arriving while others are held goes after the tenants not yet
+// served at the class's virtual time and before those already served
+// (start-time fair queueing): it waits about one release, not a round.
+func TestNewTenantJoinsBeforeServedTenants(t *testing.T) {
 	h := newHarness(t, testConfig(1, nil), 1)
 	h.p.Endpoints[0].AddInflight(1)
 	h.admit("a1", "standard", "a", nil)
@@ -210,8 +212,53 @@ func TestNewTenantJoinsEndOfRound(t *testing.T) {
 	for range 4 {
 		got = append(got, h.free().name)
 	}
-	if strings.Join(got, ",") != "b1,a2,c1,b2" {
-		t.Fatalf("order %v, want b1,a2,c1,b2", got)
+	if strings.Join(got, ",") != "b1,c1,a2,b2" {
+		t.Fatalf("order %v, want b1,c1,a2,b2", got)
+	}
+}
+
+// A tenant that sends its next request as soon as its last is released
+// (nothing held in between) gets no more than its turn: every other
+// release beside a tenant with many held, not every one.
+func TestLeavingAndReturningBuysNothing(t *testing.T) {
+	h := newHarness(t, testConfig(1, nil), 1)
+	h.p.Endpoints[0].AddInflight(1)
+	for i := range 6 {
+		h.admit(fmt.Sprint("big", i), "standard", "big", nil)
+	}
+	h.admit("x0", "standard", "x", nil)
+	var got []string
+	nx := 0
+	for range 6 {
+		r := h.free()
+		got = append(got, r.name)
+		if r.name[0] == 'x' {
+			nx++
+			h.admit(fmt.Sprint("x", nx), "standard", "x", nil)
+		}
+	}
+	if strings.Join(got, ",") != "big0,x0,big1,x1,big2,x2" {
+		t.Fatalf("order %v, want big0,x0,big1,x1,big2,x2", got)
+	}
+}
+
+// Emptied tenants are remembered only while they are ahead of the virtual
+// time, and never more than maxIdle of them: a tenant per request cannot
+// grow the queue's memory.
+func TestEmptiedTenantsBounded(t *testing.T) {
+	q := classQueue{tenants: map[uint64]*tenantQueue{}}
+	var w waiter
+	for i := range 10 * maxIdle {
+		q.push(&w, uint64(i+1))
+		if q.pop() != &w {
+			t.Fatal("pop did not return the one held request")
+		}
+	}
+	if n := len(q.tenants); n > maxIdle+1 {
+		t.Fatalf("%d tenants kept after %d one-request tenants, want at most %d", n, 10*maxIdle, maxIdle+1)
+	}
+	if q.idle != len(q.tenants) {
+		t.Fatalf("idle count %d, tenants kept %d", q.idle, len(q.tenants))
 	}
 }
 
