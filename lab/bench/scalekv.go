@@ -126,10 +126,12 @@ func RunKVCore(o KVPubOptions, blocks int) (KVCoreResult, error) {
 		}
 		return n
 	}
+	// One Decoder, as one subscriber reuses its own.
+	var dec kv.Decoder
 	apply := func(idx *kv.Index, ms []msg) (n int, decode time.Duration, err error) {
 		for _, m := range ms {
 			t0 := time.Now()
-			b, err := kv.DecodeBatch(m.payload)
+			b, err := dec.Decode(m.payload)
 			decode += time.Since(t0)
 			if err != nil {
 				return n, decode, fmt.Errorf("kv core: decode: %w", err)

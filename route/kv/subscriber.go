@@ -35,6 +35,7 @@ type SubscriberConfig struct {
 	MaxReplay int
 
 	// OnBatch receives every decoded batch in sequence order. Required.
+	// The batch's events and their slices are reused once it returns.
 	OnBatch func(src string, b Batch)
 	// OnGap is called when src's events were lost: a sequence gap replay
 	// could not fill, or a payload that failed to decode.
@@ -67,9 +68,11 @@ type Subscriber struct {
 	cfg SubscriberConfig
 	log zerolog.Logger
 
-	// Sequence state, owned by the Run goroutine.
+	// Sequence state and the decoder's memory, owned by the goroutine
+	// that calls handle (Run's, or a Binder's).
 	last    uint64
 	haveSeq bool
+	dec     Decoder
 
 	messages, events, malformed, gaps, restarts, reconnects, dialFailures, replayed atomic.Uint64
 	rejected                                                                        [NumRejectReasons]atomic.Uint64
@@ -240,7 +243,7 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte) {
 		return
 	}
 	seq := binary.BigEndian.Uint64(seqb)
-	b, decErr := DecodeBatch(payload)
+	b, decErr := s.dec.Decode(payload)
 	switch classifySeq(s.haveSeq, s.last, seq) {
 	case seqRestart:
 		s.restarts.Add(1)
