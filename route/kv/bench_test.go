@@ -28,7 +28,6 @@ func benchBatch(b *testing.B) []byte {
 	return enc(b, arr{1.5, evs, 0}, true)
 }
 
-
 // BenchmarkDecoder is BenchmarkDecodeBatch through a reused Decoder, as a
 // subscriber decodes: no allocation per batch.
 func BenchmarkDecoder(b *testing.B) {
