@@ -180,27 +180,22 @@ func (s *Subscriber) socketOptions() []zmq4.Option {
 // session runs one connection; progressed reports whether any message
 // arrived, which resets the backoff.
 func (s *Subscriber) session(ctx context.Context) (progressed bool, err error) {
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	sock := zmq4.NewSub(sctx, s.socketOptions()...)
-	defer sock.Close()
-	if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
-		return false, fmt.Errorf("subscribe: %w", err)
-	}
-	if err := dialGuarded(sctx, sock, s.cfg.Address, s.cfg.DialTimeout); err != nil {
+	conn, err := dialSub(ctx, s.cfg.Address, s.cfg.Topic, s.cfg.DialTimeout)
+	if err != nil {
 		s.dialFailures.Add(1)
 		return false, fmt.Errorf("dial %s: %w", s.cfg.Address, err)
 	}
+	defer conn.close()
 	s.connected.Store(true)
 	defer s.connected.Store(false)
 	s.log.Info().Msg("kv event stream connected")
 	for {
-		msg, err := sock.Recv()
+		frames, err := conn.recv()
 		if err != nil {
 			return progressed, fmt.Errorf("recv: %w", err)
 		}
 		progressed = true
-		s.handle(ctx, msg.Frames)
+		s.handle(ctx, frames)
 	}
 }
 
