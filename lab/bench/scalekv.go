@@ -62,8 +62,8 @@ type KVScaleRow struct {
 	// counts that in.
 	PerCore, WithLookups float64
 	LookupCores          float64 // the paced lookups' CPU, in cores
-	Gaps       uint64  // sequence gaps and malformed messages while timing
-	Blocks     int     // index entries at the end
+	Gaps                 uint64  // sequence gaps and malformed messages while timing
+	Blocks               int     // index entries at the end
 	// LookupP50Us and LookupP99Us time one MatchIDs of a 32-block prompt
 	// over every source while ingesting.
 	LookupP50Us, LookupP99Us float64
