@@ -34,6 +34,8 @@ type bufferedConn struct {
 	r *bufio.Reader
 }
 
+var _ net.Conn = (*bufferedConn)(nil)
+
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // zmqNetwork maps a tcp:// or ipc:// endpoint to what net.Dial takes.

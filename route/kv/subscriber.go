@@ -166,9 +166,8 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}
 }
 
-// socketOptions are the options of the subscription's and the replay's
-// sockets: dial retries are ours (with backoff), not zmq4's fixed-interval
-// ones.
+// socketOptions are the options of the replay's socket: dial retries are
+// ours (with backoff), not zmq4's fixed-interval ones.
 func (s *Subscriber) socketOptions() []zmq4.Option {
 	return []zmq4.Option{
 		zmq4.WithDialerMaxRetries(0),
