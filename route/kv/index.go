@@ -2,6 +2,7 @@ package kv
 
 import (
 	"encoding/binary"
+	"math/rand/v2"
 	"strings"
 	"sync"
 
@@ -60,8 +61,8 @@ const nilIdx = -1
 type source struct {
 	name     string
 	id       int32
-	byEngine map[uint64]int32  // engine hash -> slab index
-	byKey    map[uint64]uint32 // our key -> number of entries holding it
+	byEngine table // engine hash -> slab index + 1
+	byKey    table // our key -> number of entries holding it
 	stale    bool
 	group    int // KV-cache group indexed for this source, -1 until seen
 }
@@ -163,8 +164,8 @@ func (ix *Index) sourceLocked(name string) *source {
 	s := &source{
 		name:     name,
 		id:       int32(len(ix.srcs)),
-		byEngine: make(map[uint64]int32),
-		byKey:    make(map[uint64]uint32),
+		byEngine: newTable(rand.Uint64()),
+		byKey:    newTable(rand.Uint64()),
 		group:    -1,
 	}
 	ix.srcs = append(ix.srcs, s)
@@ -251,14 +252,14 @@ func (ix *Index) storeLocked(s *source, ev *Event) {
 	}
 	var key uint64
 	if ev.HasParent {
-		pi, ok := s.byEngine[ev.ParentHash]
+		pi, ok := s.byEngine.get(ev.ParentHash)
 		if !ok {
 			// Parent unknown (joined late, lost events, evicted, or a
 			// skipped block): the chain's token prefix is unknown.
 			ix.orphans++
 			return
 		}
-		key = ix.slab[pi].key
+		key = ix.slab[pi-1].key
 	}
 	for j := range n {
 		if j < len(ev.ExtraKeys) && ev.ExtraKeys[j] {
@@ -272,22 +273,18 @@ func (ix *Index) storeLocked(s *source, ev *Event) {
 }
 
 func (ix *Index) upsertLocked(s *source, engine, key uint64) {
-	if i, ok := s.byEngine[engine]; ok {
-		e := &ix.slab[i]
-		if e.key != key {
-			// Same engine hash, different tokens: trust the newest event.
-			s.decKey(e.key)
-			e.key = key
-			s.byKey[key]++
-			e.refs = 0
-		}
-		e.refs++
-		ix.unlink(i)
-		ix.pushFront(i)
-		return
-	}
 	if ix.n >= ix.max {
+		if v, ok := s.byEngine.get(engine); ok {
+			ix.restoreLocked(s, int32(v-1), key)
+			return
+		}
+		// Before the insert below: evicting may delete from this table.
 		ix.evictLocked()
+	}
+	ref, inserted := s.byEngine.ref(engine)
+	if !inserted {
+		ix.restoreLocked(s, int32(ref.val-1), key)
+		return
 	}
 	var i int32
 	if ix.free != nilIdx {
@@ -297,19 +294,26 @@ func (ix *Index) upsertLocked(s *source, engine, key uint64) {
 		ix.slab = append(ix.slab, entry{})
 		i = int32(len(ix.slab) - 1)
 	}
+	ref.val = uint32(i) + 1
 	ix.slab[i] = entry{key: key, engine: engine, src: s.id, refs: 1, prev: nilIdx, next: nilIdx}
 	ix.pushFront(i)
 	ix.n++
-	s.byEngine[engine] = i
-	s.byKey[key]++
+	s.byKey.inc(key)
 }
 
-func (s *source) decKey(key uint64) {
-	if c := s.byKey[key]; c > 1 {
-		s.byKey[key] = c - 1
-	} else {
-		delete(s.byKey, key)
+// restoreLocked is a store of a block src already holds (slab index i).
+func (ix *Index) restoreLocked(s *source, i int32, key uint64) {
+	e := &ix.slab[i]
+	if e.key != key {
+		// Same engine hash, different tokens: trust the newest event.
+		s.byKey.dec(e.key)
+		e.key = key
+		s.byKey.inc(key)
+		e.refs = 0
 	}
+	e.refs++
+	ix.unlink(i)
+	ix.pushFront(i)
 }
 
 func (ix *Index) removeLocked(s *source, ev *Event) {
@@ -318,17 +322,21 @@ func (ix *Index) removeLocked(s *source, ev *Event) {
 		return
 	}
 	for _, h := range ev.BlockHashes {
-		i, ok := s.byEngine[h]
+		j, ok := s.byEngine.find(h)
 		if !ok {
 			ix.unknownRemoves++
 			continue
 		}
+		i := int32(s.byEngine.slots[j].val - 1)
 		e := &ix.slab[i]
 		if e.refs > 1 {
 			e.refs--
 			continue
 		}
-		ix.deleteLocked(s, i)
+		s.byEngine.deleteAt(j)
+		s.byKey.dec(e.key)
+		ix.unlink(i)
+		ix.freeSlot(i)
 	}
 }
 
@@ -343,8 +351,8 @@ func (ix *Index) evictLocked() {
 
 func (ix *Index) deleteLocked(s *source, i int32) {
 	e := &ix.slab[i]
-	delete(s.byEngine, e.engine)
-	s.decKey(e.key)
+	s.byEngine.del(e.engine)
+	s.byKey.dec(e.key)
 	ix.unlink(i)
 	ix.freeSlot(i)
 }
@@ -384,13 +392,13 @@ func (ix *Index) pushFront(i int32) {
 
 // clearLocked drops all of s's entries.
 func (ix *Index) clearLocked(s *source) {
-	for _, i := range s.byEngine {
-		ix.unlink(i)
-		ix.freeSlot(i)
-	}
-	// Fresh maps: Go maps never shrink, and a restarted replica starts empty.
-	s.byEngine = make(map[uint64]int32)
-	s.byKey = make(map[uint64]uint32)
+	s.byEngine.each(func(v uint32) {
+		ix.unlink(int32(v - 1))
+		ix.freeSlot(int32(v - 1))
+	})
+	// Fresh tables: a restarted replica starts empty, and they never shrink.
+	s.byEngine = newTable(rand.Uint64())
+	s.byKey = newTable(rand.Uint64())
 }
 
 // ClearSource forgets everything src holds (e.g. the replica restarted)
@@ -465,7 +473,7 @@ func matchSource(s *source, keys []uint64) int {
 		return 0
 	}
 	for i, k := range keys {
-		if _, ok := s.byKey[k]; !ok {
+		if !s.byKey.has(k) {
 			return i
 		}
 	}
@@ -491,13 +499,9 @@ type IndexStats struct {
 	Filtered uint64
 	// UnknownRemoves counts removed hashes the index did not hold.
 	UnknownRemoves uint64
-	// ApproxBytes estimates the index's memory: slab plus map slots.
+	// ApproxBytes is the index's memory: slab plus table slots.
 	ApproxBytes int64
 }
-
-// Rough per-entry cost of the two map slots (key, value, control byte and
-// load-factor slack of Go's swiss tables).
-const mapBytesPerEntry = 2 * 24
 
 // Stats returns counters and sizes.
 func (ix *Index) Stats() IndexStats {
@@ -513,16 +517,17 @@ func (ix *Index) Stats() IndexStats {
 		Filtered:       ix.filtered,
 		UnknownRemoves: ix.unknownRemoves,
 	}
+	const entrySize = 32
+	st.ApproxBytes = int64(cap(ix.slab)) * entrySize
 	for _, s := range ix.srcs {
 		if s != nil {
 			st.Sources++
 			if s.stale {
 				st.Stale++
 			}
+			st.ApproxBytes += s.byEngine.bytes() + s.byKey.bytes()
 		}
 	}
-	const entrySize = 32
-	st.ApproxBytes = int64(cap(ix.slab))*entrySize + int64(ix.n)*mapBytesPerEntry
 	return st
 }
 
@@ -541,7 +546,7 @@ func (ix *Index) Sources() []SourceStat {
 	out := make([]SourceStat, 0, len(ix.byName))
 	for _, s := range ix.srcs {
 		if s != nil {
-			out = append(out, SourceStat{Name: s.name, ID: int(s.id), Entries: len(s.byEngine), Stale: s.stale})
+			out = append(out, SourceStat{Name: s.name, ID: int(s.id), Entries: s.byEngine.n, Stale: s.stale})
 		}
 	}
 	return out

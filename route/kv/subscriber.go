@@ -35,6 +35,7 @@ type SubscriberConfig struct {
 	MaxReplay int
 
 	// OnBatch receives every decoded batch in sequence order. Required.
+	// The batch's events and their slices are reused once it returns.
 	OnBatch func(src string, b Batch)
 	// OnGap is called when src's events were lost: a sequence gap replay
 	// could not fill, or a payload that failed to decode.
@@ -67,9 +68,11 @@ type Subscriber struct {
 	cfg SubscriberConfig
 	log zerolog.Logger
 
-	// Sequence state, owned by the Run goroutine.
+	// Sequence state and the decoder's memory, owned by the goroutine
+	// that calls handle (Run's, or a Binder's).
 	last    uint64
 	haveSeq bool
+	dec     Decoder
 
 	messages, events, malformed, gaps, restarts, reconnects, dialFailures, replayed atomic.Uint64
 	rejected                                                                        [NumRejectReasons]atomic.Uint64
@@ -163,9 +166,8 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}
 }
 
-// socketOptions are the options of the subscription's and the replay's
-// sockets: dial retries are ours (with backoff), not zmq4's fixed-interval
-// ones.
+// socketOptions are the options of the replay's socket: dial retries are
+// ours (with backoff), not zmq4's fixed-interval ones.
 func (s *Subscriber) socketOptions() []zmq4.Option {
 	return []zmq4.Option{
 		zmq4.WithDialerMaxRetries(0),
@@ -177,27 +179,22 @@ func (s *Subscriber) socketOptions() []zmq4.Option {
 // session runs one connection; progressed reports whether any message
 // arrived, which resets the backoff.
 func (s *Subscriber) session(ctx context.Context) (progressed bool, err error) {
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	sock := zmq4.NewSub(sctx, s.socketOptions()...)
-	defer sock.Close()
-	if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
-		return false, fmt.Errorf("subscribe: %w", err)
-	}
-	if err := dialGuarded(sctx, sock, s.cfg.Address, s.cfg.DialTimeout); err != nil {
+	conn, err := dialSub(ctx, s.cfg.Address, s.cfg.Topic, s.cfg.DialTimeout)
+	if err != nil {
 		s.dialFailures.Add(1)
 		return false, fmt.Errorf("dial %s: %w", s.cfg.Address, err)
 	}
+	defer conn.close()
 	s.connected.Store(true)
 	defer s.connected.Store(false)
 	s.log.Info().Msg("kv event stream connected")
 	for {
-		msg, err := sock.Recv()
+		frames, err := conn.recv()
 		if err != nil {
 			return progressed, fmt.Errorf("recv: %w", err)
 		}
 		progressed = true
-		s.handle(ctx, msg.Frames)
+		s.handle(ctx, frames)
 	}
 }
 
@@ -240,7 +237,7 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte) {
 		return
 	}
 	seq := binary.BigEndian.Uint64(seqb)
-	b, decErr := DecodeBatch(payload)
+	b, decErr := s.dec.Decode(payload)
 	switch classifySeq(s.haveSeq, s.last, seq) {
 	case seqRestart:
 		s.restarts.Add(1)

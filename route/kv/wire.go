@@ -20,7 +20,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -173,73 +172,93 @@ var ErrMalformed = errors.New("kv: malformed event batch")
 // cannot drive deep recursion.
 const maxDepth = 32
 
-// decoder reads straight from a bytes.Reader (an io.ByteScanner, so the
-// msgpack decoder buffers nothing ahead and the reader may be rewound).
+// maxShort is the longest string read as a value (keys, tags, media);
+// a longer key or tag matches nothing, a longer medium or name is refused.
+const maxShort = 64
+
+// decoder reads msgpack straight from the payload: every primitive is a
+// bounds-checked read at p, nothing is copied, and an event that fails is
+// skipped from its start. Decoded slices point into its arenas, which a
+// Decoder keeps from one payload to the next.
 type decoder struct {
-	r   bytes.Reader
-	d   *msgpack.Decoder
-	raw []byte   // what r reads, for the token and hash fast paths
-	s   [64]byte // scratch for keys, tags and byte hashes
+	b []byte
+	p int
+
+	evBuf   []Event
+	hashBuf []uint64
+	tokBuf  []uint32
+	flagBuf []bool
 }
 
-func newDecoder(b []byte) *decoder {
-	x := &decoder{raw: b}
-	x.r.Reset(b)
-	x.d = msgpack.NewDecoder(&x.r)
-	return x
+// Decoder decodes EventBatches into storage it reuses, so a steady stream
+// decodes without allocating. The Batch that Decode returns (its events and
+// their slices) is valid only until the next Decode; a Decoder is not safe
+// for concurrent use.
+type Decoder struct{ x decoder }
+
+// Decode decodes one payload, like DecodeBatch.
+func (d *Decoder) Decode(payload []byte) (Batch, error) { return d.x.decode(payload) }
+
+// DecodeBatch decodes a vLLM EventBatch payload into memory of its own.
+// Malformed input yields an error wrapping ErrMalformed; it never panics.
+func DecodeBatch(payload []byte) (Batch, error) {
+	var x decoder
+	return x.decode(payload)
 }
 
-func (x *decoder) pos() int { return int(x.r.Size()) - x.r.Len() }
+func (x *decoder) decode(payload []byte) (b Batch, err error) {
+	defer func() {
+		// Belt and braces: every read is bounds-checked, but a panic here
+		// would take down the subscriber.
+		if r := recover(); r != nil {
+			b, err = Batch{}, fmt.Errorf("%w: decoder panic: %v", ErrMalformed, r)
+		}
+	}()
+	x.b, x.p = payload, 0
+	x.evBuf, x.hashBuf, x.tokBuf, x.flagBuf = x.evBuf[:0], x.hashBuf[:0], x.tokBuf[:0], x.flagBuf[:0]
+	b, err = x.batch()
+	if err != nil {
+		return Batch{}, err
+	}
+	if n := x.rest(); n != 0 {
+		return Batch{}, x.fail("%d trailing bytes", n)
+	}
+	return b, nil
+}
+
+func (x *decoder) rest() int { return len(x.b) - x.p }
 
 func (x *decoder) fail(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
 }
 
-func (x *decoder) wrap(what string, err error) error {
-	return fmt.Errorf("%w: %s: %w", ErrMalformed, what, err)
-}
-
-// DecodeBatch decodes a vLLM EventBatch payload. Malformed input yields an
-// error wrapping ErrMalformed; it never panics.
-func DecodeBatch(payload []byte) (b Batch, err error) {
-	defer func() {
-		// Belt and braces: the msgpack library should not panic on bad
-		// input, but a panic here would take down the subscriber.
-		if r := recover(); r != nil {
-			b, err = Batch{}, fmt.Errorf("%w: decoder panic: %v", ErrMalformed, r)
-		}
-	}()
-	x := newDecoder(payload)
-	b, err = x.batch()
-	if err != nil {
-		return Batch{}, err
-	}
-	if x.r.Len() != 0 {
-		return Batch{}, x.fail("%d trailing bytes", x.r.Len())
-	}
-	return b, nil
-}
-
 func (x *decoder) peek() (byte, error) {
-	c, err := x.d.PeekCode()
-	if err != nil {
-		return 0, x.wrap("truncated", err)
+	if x.p >= len(x.b) {
+		return 0, x.fail("truncated")
 	}
-	return c, nil
+	return x.b[x.p], nil
+}
+
+// be reads an n-byte big-endian unsigned integer.
+func (x *decoder) be(what string, n int) (uint64, error) {
+	if x.rest() < n {
+		return 0, x.fail("%s: truncated", what)
+	}
+	var v uint64
+	for _, c := range x.b[x.p : x.p+n] {
+		v = v<<8 | uint64(c)
+	}
+	x.p += n
+	return v, nil
 }
 
 // takeNil consumes a nil if it is next.
 func (x *decoder) takeNil() (bool, error) {
 	c, err := x.peek()
-	if err != nil {
+	if err != nil || c != msgpcode.Nil {
 		return false, err
 	}
-	if c != msgpcode.Nil {
-		return false, nil
-	}
-	if err := x.d.DecodeNil(); err != nil {
-		return false, x.wrap("nil", err)
-	}
+	x.p++
 	return true, nil
 }
 
@@ -270,48 +289,70 @@ func (x *decoder) containerLen(what string, isMapHeader bool) (int, error) {
 	if !ok {
 		return 0, x.fail("%s: want %s, got code %#x", what, kind, c)
 	}
-	var n int
-	if isMapHeader {
-		n, err = x.d.DecodeMapLen()
-	} else {
-		n, err = x.d.DecodeArrayLen()
+	x.p++
+	var n uint64
+	switch c {
+	case msgpcode.Array16, msgpcode.Map16:
+		n, err = x.be(what, 2)
+	case msgpcode.Array32, msgpcode.Map32:
+		n, err = x.be(what, 4)
+	default:
+		n = uint64(c & 0x0f)
 	}
 	if err != nil {
-		return 0, x.wrap(what, err)
+		return 0, err
 	}
-	if n > x.r.Len()/per {
+	if n > uint64(x.rest()/per) {
 		return 0, x.fail("%s: %s length %d exceeds input", what, kind, n)
 	}
-	return n, nil
+	return int(n), nil
 }
 
-// str reads a string into the scratch buffer (no allocation); strings longer
-// than the buffer are consumed and reported as long=true.
-func (x *decoder) str(what string) (s []byte, long bool, err error) {
+// bytesLen reads a string or bin header; the length is checked against
+// the input.
+func (x *decoder) bytesLen(what string) (int, error) {
 	c, err := x.peek()
+	if err != nil {
+		return 0, err
+	}
+	x.p++
+	var n uint64
+	switch c {
+	case msgpcode.Str8, msgpcode.Bin8:
+		n, err = x.be(what, 1)
+	case msgpcode.Str16, msgpcode.Bin16:
+		n, err = x.be(what, 2)
+	case msgpcode.Str32, msgpcode.Bin32:
+		n, err = x.be(what, 4)
+	default:
+		if !msgpcode.IsFixedString(c) {
+			x.p--
+			return 0, x.fail("%s: want string, got code %#x", what, c)
+		}
+		n = uint64(c & msgpcode.FixedStrMask)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if n > uint64(x.rest()) {
+		return 0, x.fail("%s: string length %d exceeds input", what, n)
+	}
+	return int(n), nil
+}
+
+// str reads a string (or bin) in place; strings longer than maxShort are
+// consumed and reported as long=true.
+func (x *decoder) str(what string) (s []byte, long bool, err error) {
+	n, err := x.bytesLen(what)
 	if err != nil {
 		return nil, false, err
 	}
-	if !msgpcode.IsString(c) && !msgpcode.IsBin(c) {
-		return nil, false, x.fail("%s: want string, got code %#x", what, c)
-	}
-	n, err := x.d.DecodeBytesLen()
-	if err != nil {
-		return nil, false, x.wrap(what, err)
-	}
-	if n > x.r.Len() {
-		return nil, false, x.fail("%s: string length %d exceeds input", what, n)
-	}
-	if n > len(x.s) {
-		return nil, true, x.discard(n)
-	}
-	if err := x.d.ReadFull(x.s[:n]); err != nil {
-		return nil, false, x.wrap(what, err)
-	}
-	return x.s[:n], false, nil
+	s = x.b[x.p : x.p+n]
+	x.p += n
+	return s, n > maxShort, nil
 }
 
-// optString reads str-or-nil; common media values avoid an allocation.
+// optString reads str-or-nil; common values avoid an allocation.
 func (x *decoder) optString(what string) (string, error) {
 	if isNil, err := x.takeNil(); err != nil || isNil {
 		return "", err
@@ -341,29 +382,61 @@ func (x *decoder) optString(what string) (string, error) {
 	return string(s), nil
 }
 
-func (x *decoder) int64(what string) (int64, error) {
+// integer reads any msgpack int as its 64-bit two's complement (uint64
+// above int64's range included, as its bits); signed tells whether the
+// value was a signed code, for callers that care about the range.
+func (x *decoder) integer(what string) (v uint64, signed bool, err error) {
 	c, err := x.peek()
+	if err != nil {
+		return 0, false, err
+	}
+	if c <= msgpcode.PosFixedNumHigh {
+		x.p++
+		return uint64(c), false, nil
+	}
+	if c >= msgpcode.NegFixedNumLow {
+		x.p++
+		return uint64(int64(int8(c))), true, nil
+	}
+	var n int
+	switch c {
+	case msgpcode.Uint8, msgpcode.Int8:
+		n = 1
+	case msgpcode.Uint16, msgpcode.Int16:
+		n = 2
+	case msgpcode.Uint32, msgpcode.Int32:
+		n = 4
+	case msgpcode.Uint64, msgpcode.Int64:
+		n = 8
+	default:
+		return 0, false, x.fail("%s: want int, got code %#x", what, c)
+	}
+	x.p++
+	if v, err = x.be(what, n); err != nil {
+		return 0, false, err
+	}
+	switch c {
+	case msgpcode.Int8:
+		return uint64(int64(int8(v))), true, nil
+	case msgpcode.Int16:
+		return uint64(int64(int16(v))), true, nil
+	case msgpcode.Int32:
+		return uint64(int64(int32(v))), true, nil
+	case msgpcode.Int64:
+		return v, true, nil
+	}
+	return v, false, nil
+}
+
+func (x *decoder) int64(what string) (int64, error) {
+	v, signed, err := x.integer(what)
 	if err != nil {
 		return 0, err
 	}
-	if c == msgpcode.Nil {
-		return 0, x.fail("%s: want int, got nil", what)
+	if !signed && v > math.MaxInt64 {
+		return 0, x.fail("%s: %d overflows int64", what, v)
 	}
-	if c == msgpcode.Uint64 {
-		v, err := x.d.DecodeUint64()
-		if err != nil {
-			return 0, x.wrap(what, err)
-		}
-		if v > math.MaxInt64 {
-			return 0, x.fail("%s: %d overflows int64", what, v)
-		}
-		return int64(v), nil
-	}
-	v, err := x.d.DecodeInt64()
-	if err != nil {
-		return 0, x.wrap(what, err)
-	}
-	return v, nil
+	return int64(v), nil
 }
 
 func (x *decoder) optInt(what string) (int64, bool, error) {
@@ -396,38 +469,34 @@ func (x *decoder) hash(what string) (uint64, error) {
 	case c == msgpcode.Nil:
 		return 0, x.fail("%s: nil hash", what)
 	case msgpcode.IsBin(c) || msgpcode.IsString(c):
-		n, err := x.d.DecodeBytesLen()
+		n, err := x.bytesLen(what)
 		if err != nil {
-			return 0, x.wrap(what, err)
+			return 0, err
 		}
 		if n <= 0 {
 			return 0, x.fail("%s: empty hash", what)
 		}
-		if n > x.r.Len() {
-			return 0, x.fail("%s: hash length %d exceeds input", what, n)
-		}
 		// int.from_bytes(h, "big") & (2**64-1) == the last 8 bytes.
 		var h uint64
-		for n > 0 {
-			k := min(n, len(x.s))
-			if err := x.d.ReadFull(x.s[:k]); err != nil {
-				return 0, x.wrap(what, err)
-			}
-			for _, by := range x.s[:k] {
-				h = h<<8 | uint64(by)
-			}
-			n -= k
+		for _, by := range x.b[x.p+n-min(n, 8) : x.p+n] {
+			h = h<<8 | uint64(by)
 		}
+		x.p += n
 		return h, nil
 	case c == msgpcode.Float || c == msgpcode.Double:
 		return 0, x.fail("%s: float hash", what)
 	}
-	// DecodeUint64 maps every int code to its 64-bit two's complement.
-	h, err := x.d.DecodeUint64()
-	if err != nil {
-		return 0, x.wrap(what, err)
+	h, _, err := x.integer(what)
+	return h, err
+}
+
+// arena returns a's storage for one more decoded slice: never nil, so an
+// empty list stays distinct from an absent one.
+func arena[T any](a []T, n int) []T {
+	if a == nil {
+		return make([]T, 0, max(n, 16))
 	}
-	return h, nil
+	return a
 }
 
 func (x *decoder) hashes(what string) ([]uint64, error) {
@@ -435,24 +504,22 @@ func (x *decoder) hashes(what string) ([]uint64, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]uint64, n)
-	p := x.pos()
-	for i := range out {
+	x.hashBuf = arena(x.hashBuf, n)
+	start := len(x.hashBuf)
+	for range n {
 		// Fast path: the unsigned int codes vLLM's int hashes use; the
 		// rest (negative ints, byte strings, errors) through hash.
-		if v, k := fastUint(x.raw[p:]); k > 0 {
-			out[i], p = v, p+k
+		if v, k := fastUint(x.b[x.p:]); k > 0 {
+			x.hashBuf, x.p = append(x.hashBuf, v), x.p+k
 			continue
 		}
-		if err := x.seek(p); err != nil {
+		h, err := x.hash(what)
+		if err != nil {
 			return nil, err
 		}
-		if out[i], err = x.hash(what); err != nil {
-			return nil, err
-		}
-		p = x.pos()
+		x.hashBuf = append(x.hashBuf, h)
 	}
-	return out, x.seek(p)
+	return x.hashBuf[start:len(x.hashBuf):len(x.hashBuf)], nil
 }
 
 // tokens reads a block's token ids. Ingest spends most of its decoding
@@ -463,22 +530,20 @@ func (x *decoder) tokens(what string) ([]uint32, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]uint32, n)
-	p := x.pos()
-	for i := range out {
-		if v, k := fastUint(x.raw[p:]); k > 0 && v <= math.MaxUint32 {
-			out[i], p = uint32(v), p+k
+	x.tokBuf = arena(x.tokBuf, n)
+	start := len(x.tokBuf)
+	for range n {
+		if v, k := fastUint(x.b[x.p:]); k > 0 && v <= math.MaxUint32 {
+			x.tokBuf, x.p = append(x.tokBuf, uint32(v)), x.p+k
 			continue
 		}
-		if err := x.seek(p); err != nil {
+		t, err := x.token(what)
+		if err != nil {
 			return nil, err
 		}
-		if out[i], err = x.token(what); err != nil {
-			return nil, err
-		}
-		p = x.pos()
+		x.tokBuf = append(x.tokBuf, t)
 	}
-	return out, x.seek(p)
+	return x.tokBuf[start:len(x.tokBuf):len(x.tokBuf)], nil
 }
 
 // fastUint decodes a msgpack positive fixint or uint8/16/32/64 at the
@@ -502,39 +567,22 @@ func fastUint(b []byte) (uint64, int) {
 	return 0, 0
 }
 
-// seek moves the reader to p; the msgpack decoder reads straight from it
-// (it buffers nothing ahead of an io.ByteScanner).
-func (x *decoder) seek(p int) error {
-	if _, err := x.r.Seek(int64(p), io.SeekStart); err != nil {
-		return x.wrap("seek", err)
-	}
-	return nil
-}
-
 func (x *decoder) token(what string) (uint32, error) {
 	c, err := x.peek()
 	if err != nil {
 		return 0, err
 	}
-	if c == msgpcode.Uint64 { // int64 cannot hold all of it
-		u, err := x.d.DecodeUint64()
-		if err != nil {
-			return 0, x.wrap(what, err)
-		}
-		if u > math.MaxUint32 {
-			return 0, fmt.Errorf("%w: %s: %w: %d", ErrMalformed, what, errTokenRange, u)
-		}
-		return uint32(u), nil
+	if c == msgpcode.Nil {
+		return 0, x.fail("%s: want int, got nil", what)
 	}
-	v, err := x.int64(what)
+	v, signed, err := x.integer(what)
 	if err != nil {
 		return 0, err
 	}
-	t, ok := TokenID(v)
-	if !ok {
-		return 0, fmt.Errorf("%w: %s: %w: %d", ErrMalformed, what, errTokenRange, v)
+	if signed && int64(v) < 0 || v > math.MaxUint32 {
+		return 0, fmt.Errorf("%w: %s: %w: %d", ErrMalformed, what, errTokenRange, int64(v))
 	}
-	return t, nil
+	return uint32(v), nil
 }
 
 // extraKeys reads list[tuple | None] | None into per-block "has extras".
@@ -546,22 +594,20 @@ func (x *decoder) extraKeys(what string) ([]bool, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]bool, n)
-	for i := range out {
+	x.flagBuf = arena(x.flagBuf, n)
+	start := len(x.flagBuf)
+	for range n {
 		c, err := x.peek()
 		if err != nil {
 			return nil, err
 		}
-		if c == msgpcode.Nil || c == msgpcode.FixedArrayLow { // None or ()
-			out[i] = false
-		} else {
-			out[i] = true
-		}
+		// None or () is "no extras".
+		x.flagBuf = append(x.flagBuf, c != msgpcode.Nil && c != msgpcode.FixedArrayLow)
 		if err := x.skip(0); err != nil {
 			return nil, err
 		}
 	}
-	return out, nil
+	return x.flagBuf[start:len(x.flagBuf):len(x.flagBuf)], nil
 }
 
 // skip consumes one value of any type with bounded nesting.
@@ -596,72 +642,79 @@ func (x *decoder) skip(depth int) error {
 			}
 		}
 		return nil
-	}
-	var n int
-	switch {
 	case msgpcode.IsString(c) || msgpcode.IsBin(c):
-		if n, err = x.d.DecodeBytesLen(); err != nil {
-			return x.wrap("skip", err)
-		}
-	case msgpcode.IsExt(c):
-		if n, err = x.extLen(); err != nil {
+		n, err := x.bytesLen("skip")
+		if err != nil {
 			return err
 		}
-	default: // fixed-size scalars
-		if err := x.d.Skip(); err != nil {
-			return x.wrap("skip", err)
-		}
+		x.p += n
 		return nil
+	case msgpcode.IsExt(c):
+		n, err := x.extLen()
+		if err != nil {
+			return err
+		}
+		return x.discard(n)
 	}
-	return x.discard(n)
+	return x.discard(scalarSize(c))
+}
+
+// scalarSize is the encoded size of a fixed-size value by its code, 0 for
+// a code msgpack does not define (0xc1).
+func scalarSize(c byte) int {
+	switch {
+	case msgpcode.IsFixedNum(c), c == msgpcode.Nil, c == msgpcode.False, c == msgpcode.True:
+		return 1
+	}
+	switch c {
+	case msgpcode.Uint8, msgpcode.Int8:
+		return 2
+	case msgpcode.Uint16, msgpcode.Int16:
+		return 3
+	case msgpcode.Uint32, msgpcode.Int32, msgpcode.Float:
+		return 5
+	case msgpcode.Uint64, msgpcode.Int64, msgpcode.Double:
+		return 9
+	}
+	return 0
 }
 
 // extLen consumes an ext header and returns the length of its body
 // (including the type byte, which discard consumes with it).
 func (x *decoder) extLen() (int, error) {
-	c, err := x.d.PeekCode()
-	if err != nil {
-		return 0, x.wrap("ext", err)
-	}
-	var hdr [5]byte
-	size := 0
+	c := x.b[x.p]
+	x.p++
+	var n uint64
+	var err error
 	switch c {
 	case msgpcode.FixExt1, msgpcode.FixExt2, msgpcode.FixExt4, msgpcode.FixExt8, msgpcode.FixExt16:
-		size = 1 << (c - msgpcode.FixExt1)
-		if err := x.d.ReadFull(hdr[:1]); err != nil {
-			return 0, x.wrap("ext", err)
-		}
-		return size + 1, nil
+		n = 1 << (c - msgpcode.FixExt1)
 	case msgpcode.Ext8:
-		size = 1
+		n, err = x.be("ext", 1)
 	case msgpcode.Ext16:
-		size = 2
-	case msgpcode.Ext32:
-		size = 4
+		n, err = x.be("ext", 2)
+	default: // Ext32
+		n, err = x.be("ext", 4)
 	}
-	if err := x.d.ReadFull(hdr[:1+size]); err != nil {
-		return 0, x.wrap("ext", err)
+	if err != nil {
+		return 0, err
 	}
-	var n int
-	for _, b := range hdr[1 : 1+size] {
-		n = n<<8 | int(b)
+	if n >= uint64(x.rest()) {
+		return 0, x.fail("ext of %d bytes exceeds input", n)
 	}
-	return n + 1, nil
+	return int(n) + 1, nil
 }
 
-// discard skips n raw bytes without the library's read-to-allocate, after
-// checking the input really holds them.
+// discard skips n raw bytes after checking the input holds them; n == 0
+// is a code that is not msgpack.
 func (x *decoder) discard(n int) error {
-	if n > x.r.Len() {
+	if n == 0 {
+		return x.fail("unknown code %#x", x.b[x.p])
+	}
+	if n > x.rest() {
 		return x.fail("value of %d bytes exceeds input", n)
 	}
-	for n > 0 {
-		k := min(n, len(x.s))
-		if err := x.d.ReadFull(x.s[:k]); err != nil {
-			return x.wrap("skip", err)
-		}
-		n -= k
-	}
+	x.p += n
 	return nil
 }
 
@@ -743,12 +796,17 @@ func (x *decoder) ts() (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if c == msgpcode.Float || c == msgpcode.Double {
-		v, err := x.d.DecodeFloat64()
-		if err != nil {
-			return 0, x.wrap("ts", err)
-		}
-		return v, nil
+	switch c {
+	case msgpcode.Float:
+		x.p++
+		v, err := x.be("ts", 4)
+		return float64(math.Float32frombits(uint32(v))), err
+	case msgpcode.Double:
+		x.p++
+		v, err := x.be("ts", 8)
+		return math.Float64frombits(v), err
+	case msgpcode.Nil:
+		return 0, x.fail("ts: want number, got nil")
 	}
 	v, err := x.int64("ts")
 	return float64(v), err
@@ -763,15 +821,14 @@ func (x *decoder) events(b *Batch) error {
 	if err != nil {
 		return err
 	}
-	b.Events = make([]Event, 0, n)
+	x.evBuf = arena(x.evBuf, n)[:0]
 	for range n {
-		start := x.pos()
-		var ev Event
-		if err := x.event(&ev); err != nil {
-			if _, serr := x.r.Seek(int64(start), io.SeekStart); serr != nil {
-				return x.wrap("rewind", serr)
-			}
-			x.d.Reset(&x.r)
+		start := x.p
+		x.evBuf = append(x.evBuf, Event{})
+		ev := &x.evBuf[len(x.evBuf)-1]
+		if err := x.event(ev); err != nil {
+			x.evBuf = x.evBuf[:len(x.evBuf)-1]
+			x.p = start
 			if serr := x.skip(0); serr != nil {
 				return serr
 			}
@@ -782,11 +839,11 @@ func (x *decoder) events(b *Batch) error {
 			continue
 		}
 		if ev.Kind == EventUnknown {
+			x.evBuf = x.evBuf[:len(x.evBuf)-1]
 			b.Skipped++
-			continue
 		}
-		b.Events = append(b.Events, ev)
 	}
+	b.Events = x.evBuf
 	return nil
 }
 
@@ -822,6 +879,54 @@ func (x *decoder) kind(what string) (EventKind, error) {
 	return EventUnknown, nil
 }
 
+// Event fields, in vLLM's declaration order of BlockStored.
+const (
+	fieldBlockHashes = iota
+	fieldParent
+	fieldTokens
+	fieldBlockSize
+	fieldLoraID
+	fieldMedium
+	fieldLoraName
+	fieldExtraKeys
+	fieldGroupIdx
+	fieldSpecKind
+	fieldUnknown = -1
+)
+
+// Positional fields after the tag, in vLLM's declaration order.
+var (
+	storedFields  = []int{fieldBlockHashes, fieldParent, fieldTokens, fieldBlockSize, fieldLoraID, fieldMedium, fieldLoraName, fieldExtraKeys, fieldGroupIdx, fieldSpecKind}
+	removedFields = []int{fieldBlockHashes, fieldMedium, fieldGroupIdx}
+)
+
+// fieldIndex is the field a map event's key k names.
+func fieldIndex(k []byte) int {
+	switch string(k) {
+	case "block_hashes":
+		return fieldBlockHashes
+	case "parent_block_hash":
+		return fieldParent
+	case "token_ids":
+		return fieldTokens
+	case "block_size":
+		return fieldBlockSize
+	case "lora_id":
+		return fieldLoraID
+	case "medium":
+		return fieldMedium
+	case "lora_name":
+		return fieldLoraName
+	case "extra_keys":
+		return fieldExtraKeys
+	case "group_idx":
+		return fieldGroupIdx
+	case "kv_cache_spec_kind":
+		return fieldSpecKind
+	}
+	return fieldUnknown
+}
+
 func (x *decoder) event(ev *Event) error {
 	c, err := x.peek()
 	if err != nil {
@@ -843,8 +948,7 @@ func (x *decoder) event(ev *Event) error {
 	if ev.Kind, err = x.kind("event tag"); err != nil {
 		return fmt.Errorf("%w: %w", errEventShape, err)
 	}
-	// Positional fields after the tag, in vLLM's declaration order.
-	var fields []string
+	var fields []int
 	required := 0
 	switch ev.Kind {
 	case EventBlockStored:
@@ -856,31 +960,15 @@ func (x *decoder) event(ev *Event) error {
 		return fmt.Errorf("%w: %w: %s: %d fields, want at least %d", ErrMalformed, errMissingField, ev.Kind, n-1, required)
 	}
 	for i := 1; i < n; i++ {
+		f := fieldUnknown // newer, unknown trailing field
 		if i-1 < len(fields) {
-			err = x.field(ev, fields[i-1])
-		} else {
-			err = x.skip(0) // newer, unknown trailing field
+			f = fields[i-1]
 		}
-		if err != nil {
+		if err := x.field(ev, f); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-var (
-	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"}
-	removedFields = []string{"block_hashes", "medium", "group_idx"}
-)
-
-// fieldIndex is the position of key k in storedFields, -1 when unknown.
-func fieldIndex(k []byte) int {
-	for i, f := range storedFields {
-		if f == string(k) {
-			return i
-		}
-	}
-	return -1
 }
 
 func (x *decoder) eventMap(ev *Event) error {
@@ -906,15 +994,14 @@ func (x *decoder) eventMap(ev *Event) error {
 		if string(k) == "type" {
 			ev.Kind, err = x.kind("event tag")
 			seen |= seenTag
-		} else if i := fieldIndex(k); i >= 0 {
-			// The first four of storedFields are the required ones, in
-			// the order of their seen bits.
-			err = x.field(ev, storedFields[i])
-			if i < 4 {
-				seen |= seenHashes << i
-			}
 		} else {
-			err = x.skip(0)
+			f := fieldIndex(k)
+			err = x.field(ev, f)
+			// The first four fields are the required ones, in the order
+			// of their seen bits.
+			if f >= 0 && f < 4 {
+				seen |= seenHashes << f
+			}
 		}
 		if err != nil {
 			return err
@@ -941,37 +1028,37 @@ func (x *decoder) eventMap(ev *Event) error {
 	return nil
 }
 
-func (x *decoder) field(ev *Event, name string) error {
+func (x *decoder) field(ev *Event, f int) error {
 	var err error
-	switch name {
-	case "block_hashes":
-		ev.BlockHashes, err = x.hashes(name)
-	case "parent_block_hash":
+	switch f {
+	case fieldBlockHashes:
+		ev.BlockHashes, err = x.hashes("block_hashes")
+	case fieldParent:
 		var isNil bool
 		if isNil, err = x.takeNil(); err == nil && !isNil {
-			ev.ParentHash, err = x.hash(name)
+			ev.ParentHash, err = x.hash("parent_block_hash")
 			// 0 is llm-d's "no parent" (vLLM sends nil); a real block
 			// hash of 0 has odds of 2^-64.
 			ev.HasParent = err == nil && ev.ParentHash != 0
 		}
-	case "token_ids":
-		ev.TokenIDs, err = x.tokens(name)
-	case "block_size":
-		ev.BlockSize, err = x.intRange(name, 0, math.MaxInt32)
-	case "lora_id":
-		ev.LoraID, ev.HasLoraID, err = x.optInt(name)
-	case "medium":
-		ev.Medium, err = x.optString(name)
-	case "lora_name":
-		ev.LoraName, err = x.optString(name)
-	case "extra_keys":
-		ev.ExtraKeys, err = x.extraKeys(name)
-	case "group_idx":
+	case fieldTokens:
+		ev.TokenIDs, err = x.tokens("token_ids")
+	case fieldBlockSize:
+		ev.BlockSize, err = x.intRange("block_size", 0, math.MaxInt32)
+	case fieldLoraID:
+		ev.LoraID, ev.HasLoraID, err = x.optInt("lora_id")
+	case fieldMedium:
+		ev.Medium, err = x.optString("medium")
+	case fieldLoraName:
+		ev.LoraName, err = x.optString("lora_name")
+	case fieldExtraKeys:
+		ev.ExtraKeys, err = x.extraKeys("extra_keys")
+	case fieldGroupIdx:
 		var v int64
-		v, ev.HasGroup, err = x.optInt(name)
+		v, ev.HasGroup, err = x.optInt("group_idx")
 		ev.GroupIdx = int(v)
-	case "kv_cache_spec_kind":
-		ev.SpecKind, err = x.optString(name)
+	case fieldSpecKind:
+		ev.SpecKind, err = x.optString("kv_cache_spec_kind")
 	default:
 		err = x.skip(0)
 	}

@@ -415,3 +415,48 @@ func TestDecodeParentZero(t *testing.T) {
 		}
 	}
 }
+
+// TestDecoderReuse: one Decoder across payloads of every layout, large
+// and small, rejected events and failures in between, decodes each like
+// DecodeBatch does, and a steady stream of vLLM's usual batches decodes
+// without allocating.
+func TestDecoderReuse(t *testing.T) {
+	var payloads [][]byte
+	for _, o := range []EncodeOptions{{}, {HashAsBytes: true}, {MapEvents: true}, {MapEvents: true, MapBatch: true, HashAsBytes: true}} {
+		for _, b := range []Batch{sampleBatch(), {TS: 2, Events: []Event{{Kind: EventAllBlocksCleared}}}, {Events: []Event{}}} {
+			raw, err := EncodeBatchWith(b, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			payloads = append(payloads, raw)
+		}
+	}
+	payloads = append(payloads, []byte{0x92, 0xcb}, // truncated
+		enc(t, arr{1.0, arr{arr{"BlockStored", arr{1}, nil, arr{-1}, 1}, arr{"BlockRemoved", arr{4, 5}}}}, true)) // one rejected
+	var d Decoder
+	for round := range 2 {
+		for i, raw := range payloads {
+			want, werr := DecodeBatch(raw)
+			got, err := d.Decode(raw)
+			if (err == nil) != (werr == nil) || !reflect.DeepEqual(got, want) {
+				t.Fatalf("round %d payload %d: reused decoder\ngot  %+v (%v)\nwant %+v (%v)", round, i, got, err, want, werr)
+			}
+		}
+	}
+	// What vLLM sends on every step: GPU stores and removals (a lora_name
+	// or an unusual spec kind is a string of its own, and allocates).
+	raw, err := EncodeBatch(Batch{TS: 1, HasDPRank: true, Events: []Event{
+		{Kind: EventBlockStored, BlockHashes: []uint64{1, 2}, ParentHash: 9, HasParent: true, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: MediumGPU},
+		{Kind: EventBlockRemoved, BlockHashes: []uint64{7}, Medium: MediumGPU},
+	}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		if _, err := d.Decode(raw); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Fatalf("Decode allocates %.1f times per batch, want 0", n)
+	}
+}
