@@ -137,6 +137,10 @@ type RunResult struct {
 	RouteTime time.Duration
 	// AdapterLoads counts requests whose adapter was not hot (lora.go).
 	AdapterLoads int64
+	// SessionMoves counts requests with a session sent to another replica
+	// than the session's previous request, of SessionRepeats (requests of
+	// a session after its first): how sticky sessions were.
+	SessionMoves, SessionRepeats int64
 }
 
 // Router chooses a replica per request inside the simulation.
@@ -402,7 +406,7 @@ func Simulate(reqs []Request, router Router, o SimOptions) (*RunResult, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	s := &sim{o: o, router: router}
+	s := &sim{o: o, router: router, lastOf: map[string]int{}}
 	s.reps = make([]simReplica, o.Replicas)
 	names := ReplicaNames(o.Replicas)
 	cw, _ := router.(CacheWatcher)
@@ -518,6 +522,7 @@ type sim struct {
 	body       []byte
 	tokens     []int32
 	res        RunResult
+	lastOf     map[string]int // replica of each session's previous request
 }
 
 func (s *sim) push(e event) {
@@ -575,6 +580,15 @@ func (s *sim) send(r *simReq) error {
 		return fmt.Errorf("request %d: router chose replica %d of %d", r.req.Index, i, len(s.reps))
 	}
 	r.replica, r.token, r.routed = i, tok, s.now
+	if r.req.Session != "" {
+		if prev, ok := s.lastOf[r.req.Session]; ok {
+			s.res.SessionRepeats++
+			if prev != i {
+				s.res.SessionMoves++
+			}
+		}
+		s.lastOf[r.req.Session] = i
+	}
 	rep := &s.reps[i]
 	if s.o.MaxRunning > 0 && rep.running >= s.o.MaxRunning {
 		rep.waiting = append(rep.waiting, r)
