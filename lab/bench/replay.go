@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -132,6 +133,9 @@ func simRow(reqs []Request, trace string, spec PolicySpec, fronts int, names []s
 	row.Wall = time.Since(start)
 	if d, ok := router.(interface{ Detail() string }); ok {
 		row.Detail = d.Detail()
+	}
+	if res.SessionRepeats > 0 {
+		row.Detail = strings.TrimSpace(fmt.Sprintf("%s session_moves=%d/%d", row.Detail, res.SessionMoves, res.SessionRepeats))
 	}
 	log.Info().Str("policy", row.Policy).Int("requests", row.Requests).Float64("hit", row.HitRatio).
 		Float64("load", row.LoadReq).Float64("ttft_p50_ms", row.TTFT.P50).Dur("wall", row.Wall).Msg("bench: sim row")

@@ -142,6 +142,10 @@ type RunResult struct {
 	ByIndex []time.Duration
 	// Shed counts the requests the router refused with 429.
 	Shed int
+	// SessionMoves counts requests with a session sent to another replica
+	// than the session's previous request, of SessionRepeats (requests of
+	// a session after its first): how sticky sessions were.
+	SessionMoves, SessionRepeats int64
 }
 
 // ErrShed is a router's 429: the request is refused, not routed (flow
@@ -421,7 +425,7 @@ func Simulate(reqs []Request, router Router, o SimOptions) (*RunResult, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	s := &sim{o: o, router: router}
+	s := &sim{o: o, router: router, lastOf: map[string]int{}}
 	s.reps = make([]simReplica, o.Replicas)
 	names := ReplicaNames(o.Replicas)
 	cw, _ := router.(CacheWatcher)
@@ -538,6 +542,7 @@ type sim struct {
 	body       []byte
 	tokens     []int32
 	res        RunResult
+	lastOf     map[string]int // replica of each session's previous request
 }
 
 func (s *sim) push(e event) {
@@ -606,6 +611,15 @@ func (s *sim) send(r *simReq) error {
 		return fmt.Errorf("request %d: router chose replica %d of %d", r.req.Index, i, len(s.reps))
 	}
 	r.replica, r.token, r.routed = i, tok, s.now
+	if r.req.Session != "" {
+		if prev, ok := s.lastOf[r.req.Session]; ok {
+			s.res.SessionRepeats++
+			if prev != i {
+				s.res.SessionMoves++
+			}
+		}
+		s.lastOf[r.req.Session] = i
+	}
 	rep := &s.reps[i]
 	if s.o.MaxRunning > 0 && rep.running >= s.o.MaxRunning {
 		rep.waiting = append(rep.waiting, r)

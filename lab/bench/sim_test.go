@@ -191,3 +191,25 @@ func TestSimulateFeedsFirstTokens(t *testing.T) {
 		r.(*turnoutRouter).Close()
 	}
 }
+
+// Session moves count a session's requests placed on another replica than
+// its previous one: round robin over 2 replicas moves every repeat of a
+// session whose requests alternate, never one whose requests land two
+// apart.
+func TestSimulateSessionMoves(t *testing.T) {
+	ms := time.Millisecond
+	var reqs []Request
+	// a, b, a, a, c: round robin sends them to 0, 1, 0, 1, 0.
+	for i, s := range []string{"a", "b", "a", "a", "c"} {
+		reqs = append(reqs, Request{Index: i, Arrival: time.Duration(i) * ms, InputTokens: 7, OutputTokens: 1, HashIDs: []uint64{uint64(i + 1)}, Session: s})
+	}
+	reqs = append(reqs, Request{Index: 5, Arrival: 5 * ms, InputTokens: 7, OutputTokens: 1, HashIDs: []uint64{9}})
+	res, err := Simulate(reqs, &rrRouter{n: 2}, tinySim(2, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a's repeats: 0 -> 0 (stays), 0 -> 1 (moves); b and c have none.
+	if res.SessionRepeats != 2 || res.SessionMoves != 1 {
+		t.Fatalf("session moves %d of %d repeats, want 1 of 2", res.SessionMoves, res.SessionRepeats)
+	}
+}

@@ -38,7 +38,7 @@ type SessionHashConfig struct {
 
 // DefaultSessionHashConfig are session-hash's defaults.
 func DefaultSessionHashConfig() SessionHashConfig {
-	return SessionHashConfig{VNodes: 160, LoadFactor: 1.25, MinInflight: 4, NewLoadFactor: 1, Sessions: 1 << 16}
+	return SessionHashConfig{VNodes: 160, LoadFactor: 2, MinInflight: 4, NewLoadFactor: 1, Sessions: 1 << 16}
 }
 
 // Validate checks the params.

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -55,6 +56,9 @@ func TestSessionHashMemoryRules(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultSessionHashConfig()
+			// The loads above are set for this bound (with every other
+			// replica equal, twice the mean is never passed by them).
+			cfg.LoadFactor = 1.25
 			cfg.Sessions = tc.sessions
 			p := routetest.Pool(t, 4, func(p *fleet.Pool) fleet.Policy { return NewSessionHash(cfg, p, fleet.NewRand(1)) })
 			// The ring home, from a pool without memory.
@@ -121,25 +125,116 @@ func TestSessionMemory(t *testing.T) {
 	if len(m.slots) != 1024 {
 		t.Fatalf("%d slots for 1000, want 1024", len(m.slots))
 	}
-	const a, b = 0xabcdef0123450007, 0x1111111111110007 // same slot, other tags
-	if _, ok := m.lookup(a); ok {
+	// Five sessions of one bucket (the same low bits, other tags).
+	var same [memWays + 1]uint64
+	for i := range same {
+		same[i] = uint64(i+1)<<40 | 0x0123450007
+	}
+	if _, ok := m.lookup(same[0]); ok {
 		t.Fatal("empty memory knows a session")
 	}
-	m.store(a, 2)
-	if i, ok := m.lookup(a); !ok || i != 2 {
-		t.Fatalf("lookup a = %d %v, want 2 true", i, ok)
+	for i, h := range same[:memWays] {
+		m.store(h, i)
 	}
-	if _, ok := m.lookup(b); ok {
-		t.Fatal("another session in the same slot is known")
+	for i, h := range same[:memWays] {
+		if got, ok := m.lookup(h); !ok || got != i {
+			t.Fatalf("session %d of a full bucket: lookup = %d %v, want %d true", i, got, ok, i)
+		}
 	}
-	m.store(b, 0)
-	if _, ok := m.lookup(a); ok {
-		t.Fatal("a survived b taking its slot")
+	if _, ok := m.lookup(same[memWays]); ok {
+		t.Fatal("a session never stored is known")
 	}
-	if i, ok := m.lookup(b); !ok || i != 0 {
-		t.Fatalf("lookup b = %d %v, want 0 true", i, ok)
+	// A move rewrites the session's own word.
+	m.store(same[1], 3)
+	if got, ok := m.lookup(same[1]); !ok || got != 3 {
+		t.Fatalf("moved session: lookup = %d %v, want 3 true", got, ok)
+	}
+	// A fifth session evicts exactly one of the four.
+	m.store(same[memWays], 2)
+	if got, ok := m.lookup(same[memWays]); !ok || got != 2 {
+		t.Fatalf("fifth session: lookup = %d %v, want 2 true", got, ok)
+	}
+	known := 0
+	for _, h := range same[:memWays] {
+		if _, ok := m.lookup(h); ok {
+			known++
+		}
+	}
+	if known != memWays-1 {
+		t.Fatalf("%d of the first %d sessions known after a fifth, want %d", known, memWays, memWays-1)
+	}
+	if tiny := newSessionMemory(1); len(tiny.slots) != memWays {
+		t.Fatalf("sessions 1 made %d slots, want one bucket of %d", len(tiny.slots), memWays)
 	}
 	if off := newSessionMemory(0); off.on() {
 		t.Fatal("sessions 0 made a memory")
 	}
+}
+
+// setEach gives endpoint i load[i] in flight, whatever it held before.
+func setEach(p *fleet.Pool, load ...int64) {
+	for i, e := range p.Endpoints {
+		e.AddInflight(load[i] - e.Inflight())
+	}
+}
+
+// An operator who configured session-hash gets sticky sessions with the
+// defaults: every request of a session lands on the replica its first
+// request went to while that replica is healthy and within load_factor of
+// the mean, whatever the load level and its spread within the bound. A
+// session whose replica goes down or is overloaded moves, no other does,
+// and a moved session stays where it moved (its cache is there now).
+func TestSessionHashSticky(t *testing.T) {
+	p := routetest.Pool(t, 4, func(p *fleet.Pool) fleet.Policy {
+		return NewSessionHash(DefaultSessionHashConfig(), p, fleet.NewRand(1))
+	})
+	keys := make([]string, 400)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("conv-%d", i)
+	}
+	where := map[string]string{}
+	perEndpoint := map[string]int{}
+	for i, k := range keys {
+		// The first requests at an even load: each session on its ring home.
+		setEach(p, int64(i%7), int64(i%7), int64(i%7), int64(i%7))
+		where[k] = sessionPick(p, k)
+		perEndpoint[where[k]]++
+	}
+	for _, e := range p.Endpoints {
+		if n := perEndpoint[e.Name]; n < len(keys)/4/2 {
+			t.Fatalf("%s holds %d of %d sessions: %v", e.Name, n, len(keys), perEndpoint)
+		}
+	}
+	check := func(step string, moves func(old string) bool) {
+		t.Helper()
+		for _, k := range keys {
+			got := sessionPick(p, k)
+			switch {
+			case moves(where[k]) && got == where[k]:
+				t.Fatalf("%s: %s stayed on %s", step, k, got)
+			case !moves(where[k]) && got != where[k]:
+				t.Fatalf("%s: %s moved from %s to %s", step, k, where[k], got)
+			}
+			where[k] = got
+		}
+	}
+	stay := func(string) bool { return false }
+	// Later turns at other levels, spread within 1.25x the mean (with this
+	// request; the default load_factor is 2), or under min_inflight.
+	for _, l := range [][]int64{{0, 0, 0, 0}, {3, 0, 1, 2}, {10, 10, 10, 10}, {11, 9, 10, 8}, {40, 40, 40, 40}, {48, 36, 40, 38}, {3, 0, 0, 0}} {
+		setEach(p, l...)
+		for range 3 {
+			check(fmt.Sprintf("loads %v", l), stay)
+		}
+	}
+	// e1 down: its sessions move, the rest stay; e1 back: the moved ones
+	// stay where they went.
+	setEach(p, 10, 10, 10, 10)
+	p.Endpoints[1].SetDown(true)
+	check("e1 down", func(old string) bool { return old == "e1" })
+	p.Endpoints[1].SetDown(false)
+	check("e1 up again", stay)
+	// e2 overloaded (40 against 10: past twice the mean): its sessions move.
+	setEach(p, 10, 10, 40, 10)
+	check("e2 overloaded", func(old string) bool { return old == "e2" })
 }
