@@ -134,25 +134,28 @@ func TestPruningAt1024(t *testing.T) {
 	}
 }
 
-// TestPruningKeepsPrefixHits: with pruning, a prompt whose head was sent
-// to an endpoint goes back there (its holder is a candidate however far
-// from the least loaded it sits).
+// TestPruningKeepsPrefixHits: with pruning, a prompt goes back to the
+// endpoint it was sent to however far that one sits from the least loaded
+// (its holder is a candidate, not only the least loaded and the sampled).
 func TestPruningKeepsPrefixHits(t *testing.T) {
 	r := newPruneRig(t, PrefixAffinityType, 1024, 0)
-	open := make([]*fleet.Endpoint, 2048)
-	r.run(t, 0, 2048, open)
-	hits := 0
-	c := &fleet.Choice{Endpoints: make([]*fleet.Endpoint, 0, 3)}
-	for i := 2048; i < 2048+512; i++ {
-		c.Endpoints, c.Outcome, c.Matched = c.Endpoints[:0], 0, 0
-		r.pol.Pick(&r.reqs[i%len(r.reqs)], r.pool, c)
-		if c.Matched >= 24 {
-			hits++
-		}
+	rec := r.pol.(fleet.PrefixRecorder)
+	for _, e := range r.pool.Endpoints {
+		e.AddInflight(1)
 	}
-	// Every prompt's 24-block head was sent before: nearly all hit.
-	if hits < 500 {
-		t.Fatalf("%d of 512 decisions matched the shared head", hits)
+	c := &fleet.Choice{Endpoints: make([]*fleet.Endpoint, 0, 3)}
+	for i := range 100 {
+		req := &r.reqs[i%16]
+		holder := r.pool.Endpoints[(i*397+11)%1024]
+		rec.RecordPrefix(holder.Index, req.Blocks)
+		holder.AddInflight(2) // above the least loaded, within the guard
+		c.Endpoints, c.Outcome, c.Matched = c.Endpoints[:0], 0, 0
+		r.pol.Pick(req, r.pool, c)
+		if c.Endpoints[0] != holder || c.Outcome != fleet.OutcomeAffinity || c.Matched != len(req.Blocks) {
+			t.Fatalf("prompt %d: sent to %s (%s, %d blocks matched), its holder is %s", i, c.Endpoints[0].Name, c.Outcome, c.Matched, holder.Name)
+		}
+		holder.AddInflight(-2)
+		r.pol.(*PrefixAffinity).Forget(holder.Index)
 	}
 }
 
