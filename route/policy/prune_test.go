@@ -163,7 +163,13 @@ func TestPruningKeepsPrefixHits(t *testing.T) {
 // goroutines while the index's pass runs (go test -race); afterwards the
 // index's sums are the pool's.
 func TestCandidateIndexConcurrent(t *testing.T) {
-	r := newPruneRig(t, PrefixAffinityType, 256, 0)
+	for _, name := range []string{PrefixAffinityType, SessionHashType, LeastRequestType} {
+		t.Run(name, func(t *testing.T) { testCandidateIndexConcurrent(t, name) })
+	}
+}
+
+func testCandidateIndexConcurrent(t *testing.T, name string) {
+	r := newPruneRig(t, name, 256, 0)
 	if !policyPruned(r.pol) {
 		t.Fatal("no candidate index at 256 endpoints")
 	}
