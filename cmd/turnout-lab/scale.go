@@ -119,6 +119,7 @@ func runScale(args []string, log *zerolog.Logger) error {
 	blocks := fset.String("blocks", ints(d.Blocks), "comma-separated prefix index sizes filled before timing (prefix-keyed policies)")
 	fset.IntVar(&d.Decisions, "decisions", d.Decisions, "timed decisions per cell")
 	fset.IntVar(&d.Open, "open", d.Open, "decisions kept open per endpoint while timing")
+	fset.IntVar(&d.MaxCandidates, "max-candidates", d.MaxCandidates, "the policies' max_candidates (0: the default; above the pool size: no pruning)")
 	fset.Uint64Var(&d.Seed, "seed", d.Seed, "seed for the policies")
 	out := fset.String("out", "bench-out", "output directory")
 	name := fset.String("name", "scale", "output file name prefix")

@@ -339,11 +339,27 @@ type PolicyConfig struct {
 	// Stages composes the policy from stages instead (stages.go): given
 	// inline, or the stages of the preset Name names.
 	Stages *StagesConfig `yaml:"stages"`
+	// MaxCandidates: in a pool of more endpoints, a decision scans about
+	// this many candidates (the request's key holders, the least loaded,
+	// a few sampled) instead of every endpoint (0: DefaultMaxCandidates).
+	MaxCandidates int `yaml:"max_candidates"`
 	// preset: Stages are a preset's (resolved by name).
 	preset bool
 	// Where it sits in the file, for the policy factory's errors.
 	path string
 	line int
+}
+
+// DefaultMaxCandidates is max_candidates when unset: pools of up to 64
+// endpoints are scanned whole.
+const DefaultMaxCandidates = 64
+
+// Candidates is max_candidates with its default.
+func (p *PolicyConfig) Candidates() int {
+	if p.MaxCandidates == 0 {
+		return DefaultMaxCandidates
+	}
+	return p.MaxCandidates
 }
 
 func (p *PolicyConfig) setPosition(path string, line int) { p.path, p.line = path, line }

@@ -134,6 +134,9 @@ func (c *Config) validatePresets(bad func(field, format string, a ...any)) {
 		validateStages(f+".stages", &pr.Stages, bad)
 	}
 	policy := func(f string, p *PolicyConfig) {
+		if m := p.MaxCandidates; m != 0 && (m < 16 || m > 1<<16) {
+			bad(f+".max_candidates", "%d out of range [16, 65536] (0: the default, %d)", m, DefaultMaxCandidates)
+		}
 		if p.Stages != nil && !p.preset {
 			if p.Params.Kind != 0 {
 				bad(f+".params", "a policy composed from stages takes its params per stage")

@@ -45,6 +45,10 @@ func ParseProxies(s string) ([]string, error) {
 	return out, nil
 }
 
+// PolicyLevelKey is the spec key written beside the policy's name rather
+// than among its params: "prefix-affinity:max_candidates=128".
+const PolicyLevelKey = "max_candidates"
+
 // Param is one policy parameter, kept in the order given.
 type Param struct{ Key, Value string }
 
@@ -300,14 +304,18 @@ func TurnoutConfig(o ConfigOptions) []byte {
 	b.WriteString("deployments:\n")
 	fmt.Fprintf(&b, "  - name: bench\n    models: [%q]\n", o.Model)
 	fmt.Fprintf(&b, "    policy:\n      name: %s\n", o.Policy.Policy)
-	if len(o.Policy.Params) > 0 || o.ExtraParams != "" {
-		var ps []string
-		for _, kv := range o.Policy.Params {
-			ps = append(ps, kv.Key+": "+kv.Value)
+	var ps []string
+	for _, kv := range o.Policy.Params {
+		if kv.Key == PolicyLevelKey { // the policy's own key, not a param
+			b.WriteString("      " + kv.Key + ": " + kv.Value + "\n")
+			continue
 		}
-		if o.ExtraParams != "" {
-			ps = append(ps, o.ExtraParams)
-		}
+		ps = append(ps, kv.Key+": "+kv.Value)
+	}
+	if o.ExtraParams != "" {
+		ps = append(ps, o.ExtraParams)
+	}
+	if len(ps) > 0 {
 		b.WriteString("      params: {" + strings.Join(ps, ", ") + "}\n")
 	}
 	for _, l := range o.DeploymentYAML {

@@ -331,9 +331,10 @@ func (k *KVAware) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
 	for i, e := range p.Endpoints {
 		stale[i] = k.sh.idx.Stale(e.Name)
 	}
-	b.cy = Cycle{Req: r, Pool: p, Choice: c, start: len(c.Endpoints), Match: out, Stale: stale, Of: len(keys)}
+	b.cy.reset(r, p, c)
+	b.cy.Match, b.cy.Stale, b.cy.Of = out, stale, len(keys)
 	k.profile.Run(&b.cy)
-	b.cy = Cycle{}
+	b.cy.release()
 }
 
 // kvRank is the KV-cost ranking; its first choice's matched blocks (as

@@ -273,7 +273,7 @@ func (g *ttftGuard) Pick(c *Cycle) {
 	best, bestPred, bestLoad := def, dpred, dload
 	bx, bpending, buncached, bmatch := dx, dpending, duncached, dmatch
 	// A miss is only moved with OverrideMisses: then no endpoint is looked at.
-	eps := c.Pool.Endpoints
+	eps := c.Candidates()
 	if dmatch == 0 && !pt.cfg.OverrideMisses {
 		eps = nil
 	}

@@ -72,7 +72,11 @@ func (r *Registry) Build(cfg *config.PolicyConfig, env fleet.PolicyEnv) (fleet.P
 		if ok {
 			return nil, cfg.NameError(fmt.Errorf("preset %q has the name of a built-in policy", cfg.Name))
 		}
-		return r.compose(cfg, env)
+		p, err := r.compose(cfg, env)
+		if err == nil {
+			applyPruning(p, env.Pool, cfg.Candidates(), env.Rand)
+		}
+		return p, err
 	}
 	if !ok {
 		return nil, cfg.UnknownPolicy(r.Names())
@@ -81,6 +85,7 @@ func (r *Registry) Build(cfg *config.PolicyConfig, env fleet.PolicyEnv) (fleet.P
 	if err != nil {
 		return nil, cfg.ParamsError(err)
 	}
+	applyPruning(p, env.Pool, cfg.Candidates(), env.Rand)
 	return p, nil
 }
 

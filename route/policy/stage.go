@@ -35,8 +35,43 @@ type Cycle struct {
 	// MinRecent is the fewest recent decisions among the least loaded
 	// (SessionGate, for LeastLoadedRecent).
 	MinRecent uint64
+	// Cands are the endpoints the stages scan: the pool's, or the
+	// candidate set of a pruned decision (prune.go).
+	Cands []*fleet.Endpoint
 	// start is len(Choice.Endpoints) when the decision began.
 	start int
+	// candBuf and inSet are the candidate set's memory, kept across
+	// decisions.
+	candBuf []*fleet.Endpoint
+	inSet   []uint64
+	// lazy builds Cands when a stage first asks for them.
+	lazy *pruning
+}
+
+// reset starts the cycle of a decision, keeping the candidate memory.
+func (c *Cycle) reset(r *fleet.Request, p *fleet.Pool, ch *fleet.Choice) {
+	buf, in := c.candBuf, c.inSet
+	*c = Cycle{Req: r, Pool: p, Choice: ch, start: len(ch.Endpoints), candBuf: buf, inSet: in}
+}
+
+// Candidates are the endpoints a stage scans: the candidate set of a
+// pruned decision, else the pool's.
+func (c *Cycle) Candidates() []*fleet.Endpoint {
+	if c.Cands != nil {
+		return c.Cands
+	}
+	if pg := c.lazy; pg != nil {
+		c.lazy = nil
+		if pg.candidates(c) {
+			return c.Cands
+		}
+	}
+	return c.Pool.Endpoints
+}
+
+// release drops the request's memory while the cycle is idle.
+func (c *Cycle) release() {
+	c.Req, c.Pool, c.Choice, c.Cands, c.Match, c.Stale, c.lazy = nil, nil, nil, nil, nil, nil, nil
 }
 
 // Picked is how many endpoints this decision has chosen so far.
@@ -112,6 +147,7 @@ type Profile struct {
 	Pickers   []Picker
 	Recorders []Recorder
 	cycles    sync.Pool
+	prune     *pruning // nil: the stages scan the whole pool
 }
 
 // Pick implements Policy. The Cycle is the caller's (ch.Work, a *Cycle
@@ -125,9 +161,9 @@ func (pr *Profile) Pick(r *fleet.Request, p *fleet.Pool, ch *fleet.Choice) {
 			c = &Cycle{}
 		}
 	}
-	*c = Cycle{Req: r, Pool: p, Choice: ch, start: len(ch.Endpoints)}
+	c.reset(r, p, ch)
 	pr.Run(c)
-	c.Req, c.Pool, c.Choice = nil, nil, nil // hold no request memory while idle
+	c.release()
 	if pooled {
 		pr.cycles.Put(c)
 	}
@@ -141,8 +177,25 @@ func NewWork() any { return &Cycle{} }
 // and Match when it has them).
 func (pr *Profile) Run(c *Cycle) {
 	c.Choice.Outcome = fleet.OutcomeBalanced
+	pruned := false
+	if pg := pr.prune; pg != nil && pg.applies(c) {
+		if pg.lazy {
+			c.lazy = pg
+		} else {
+			pruned = pg.candidates(c)
+		}
+	}
 	if s := pr.Summary; s.Load || s.RequireAvailable {
-		c.summarize(s.Served)
+		if c.lazy != nil {
+			// No stage reads MinLoad before the set is built.
+			c.lazy.poolSums(c)
+		}
+		if c.N == 0 {
+			c.summarize(s.Served)
+		}
+		if pruned {
+			pr.prune.poolSums(c)
+		}
 		if s.RequireAvailable && c.N == 0 {
 			c.Choice.Outcome = fleet.OutcomeNoEndpoint
 			return
@@ -158,10 +211,10 @@ func (pr *Profile) Run(c *Cycle) {
 	}
 }
 
-// summarize takes the load summary of the pool's available endpoints in
-// one pass.
+// summarize takes the load summary of the available candidates in one
+// pass.
 func (c *Cycle) summarize(withServed bool) {
-	for _, e := range c.Pool.Endpoints {
+	for _, e := range c.Candidates() {
 		if c.Usable(e) {
 			l := e.Load()
 			if c.N == 0 || l < c.MinLoad {

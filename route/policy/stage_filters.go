@@ -132,7 +132,7 @@ func (SessionGate) Open(c *Cycle) bool {
 		return false
 	}
 	found := false
-	for _, e := range c.Pool.Endpoints {
+	for _, e := range c.Candidates() {
 		if c.Usable(e) && e.Load() == c.MinLoad {
 			if rc := e.Recent(); !found || rc < c.MinRecent {
 				c.MinRecent, found = rc, true

@@ -68,7 +68,7 @@ func (m *MaxScore) Pick(c *Cycle) {
 	if (m.WhenEmpty && c.Picked() > 0) || (m.Gate != nil && !m.Gate.Open(c)) {
 		return
 	}
-	eps := c.Pool.Endpoints
+	eps := c.Candidates()
 	n := len(eps)
 	if n == 0 {
 		return
@@ -114,17 +114,23 @@ func (m *MaxScore) Pick(c *Cycle) {
 				if gated && holders[e.Index>>6]&(1<<(e.Index&63)) == 0 {
 					continue // holds no block of the prompt: Match would be 0
 				}
+				// The guards first: a refused endpoint's match is looked
+				// up only while it can still change the outcome.
+				if len(filters) > 0 && !keepAll(filters, c, e) {
+					if c.Choice.Outcome != fleet.OutcomeOverflow {
+						if m := key.Match(c, e); m > 0 && m*2 >= of {
+							// The replica holding most of the prompt is
+							// refused by a guard: the request overflows
+							// unless another replica honours its key.
+							c.Choice.Outcome = fleet.OutcomeOverflow
+						}
+					}
+					continue
+				}
 				if match = key.Match(c, e); match == 0 {
 					continue
 				}
-			}
-			if len(filters) > 0 && !keepAll(filters, c, e) {
-				if key != nil && match*2 >= of {
-					// The replica holding most of the prompt is refused
-					// by a guard: the request overflows unless another
-					// replica honours its key.
-					c.Choice.Outcome = fleet.OutcomeOverflow
-				}
+			} else if len(filters) > 0 && !keepAll(filters, c, e) {
 				continue
 			}
 			// The weighted sum, in order from zero (the sum of negated

@@ -107,8 +107,8 @@ func (ll *LeastLoaded) Pick(c *Cycle) {
 		}
 		c.Choice.Outcome = fleet.OutcomeOverflow
 	}
-	p := c.Pool
-	n := len(p.Endpoints)
+	eps := c.Candidates()
+	n := len(eps)
 	if n == 0 {
 		return
 	}
@@ -122,7 +122,7 @@ func (ll *LeastLoaded) Pick(c *Cycle) {
 		var bestLoad int64
 		var bestRecent uint64
 		for i := 0; i < n; i++ {
-			e := p.Endpoints[(i+off)%n]
+			e := eps[(i+off)%n]
 			if !c.Usable(e) || fleet.Contains(dst, e) {
 				continue
 			}
