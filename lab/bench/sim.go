@@ -596,13 +596,7 @@ func (s *sim) send(r *simReq) error {
 	if errors.Is(err, ErrShed) {
 		s.res.Shed++
 		s.setByIndex(r.req.Index, -1)
-		s.sent--
-		if len(s.pending) > 0 {
-			next := s.pending[0]
-			s.pending = s.pending[1:]
-			return s.send(next)
-		}
-		return nil
+		return s.sendNext()
 	}
 	if err != nil {
 		return fmt.Errorf("request %d: %w", r.req.Index, err)
@@ -709,6 +703,12 @@ func (s *sim) finish(r *simReq) error {
 		rep.waiting = rep.waiting[1:]
 		s.admit(rep, next)
 	}
+	return s.sendNext()
+}
+
+// sendNext frees the client's slot of a request that ended (answered or
+// shed) and sends the oldest request waiting for one.
+func (s *sim) sendNext() error {
 	s.sent--
 	if len(s.pending) > 0 {
 		next := s.pending[0]

@@ -1,6 +1,9 @@
 package fleet
 
-import "strings"
+import (
+	"fmt"
+	"strings"
+)
 
 // Signal names one figure a policy reads of an endpoint. Each is reached
 // through exactly one accessor (SignalInfo.Accessor, a method of Endpoint
@@ -141,44 +144,36 @@ func Of(p ...Producer) Producers {
 func (s Signals) Has(x Signal) bool { return s&(1<<x) != 0 }
 
 // List is s in Signal order.
-func (s Signals) List() []Signal {
-	var out []Signal
-	for x := range NumSignals {
-		if s.Has(x) {
-			out = append(out, x)
-		}
-	}
-	return out
-}
+func (s Signals) List() []Signal { return members(uint64(s), NumSignals) }
 
-func (s Signals) String() string {
-	var names []string
-	for _, x := range s.List() {
-		names = append(names, x.String())
-	}
-	return strings.Join(names, ",")
-}
+func (s Signals) String() string { return joinNames(s.List(), ",") }
 
 // Has reports whether p holds x.
 func (p Producers) Has(x Producer) bool { return p&(1<<x) != 0 }
 
 // List is p in Producer order.
-func (p Producers) List() []Producer {
-	var out []Producer
-	for x := range NumProducers {
-		if p.Has(x) {
+func (p Producers) List() []Producer { return members(uint64(p), NumProducers) }
+
+func (p Producers) String() string { return joinNames(p.List(), "+") }
+
+// members lists the values below n whose bits are set in bits.
+func members[T ~uint8](bits uint64, n T) []T {
+	var out []T
+	for x := range n {
+		if bits&(1<<x) != 0 {
 			out = append(out, x)
 		}
 	}
 	return out
 }
 
-func (p Producers) String() string {
-	var names []string
-	for _, x := range p.List() {
-		names = append(names, x.String())
+// joinNames joins the names of xs with sep.
+func joinNames[T fmt.Stringer](xs []T, sep string) string {
+	names := make([]string, len(xs))
+	for i, x := range xs {
+		names[i] = x.String()
 	}
-	return strings.Join(names, "+")
+	return strings.Join(names, sep)
 }
 
 // Consumer is implemented by policies and stages that read endpoint
