@@ -93,8 +93,12 @@ type KVAware struct {
 	// Shared with the policies of later snapshots (Carry).
 	sh *kvShared
 
-	ids  []int // index source id per endpoint index
-	bufs sync.Pool
+	ids []int // index source id per endpoint index
+	// probes is how many endpoints a decision looks at for an engine's
+	// block size (0: all; learnBlockSize), probed where the next starts.
+	probes int
+	probed atomic.Uint64
+	bufs   sync.Pool
 	// counters
 	fallbacks    [numKVFallbacks]atomic.Uint64
 	tokenized    atomic.Uint64
@@ -370,9 +374,24 @@ func (kvUncached) Score(c *Cycle, e *fleet.Endpoint) float64 {
 // learnBlockSize takes the block size an endpoint's engine reported
 // (vLLM's cache_config_info, scraped with the load) while no KV event has
 // taught the index one: a cold start keys requests from the first one.
+// A decision looks at up to k.probes endpoints (0: all), from where the
+// last one stopped: while no engine reports one (none scraped yet, an
+// engine without cache_config_info), a large pool costs a decision what
+// one of max_candidates endpoints does, and a report is taken within
+// len/probes decisions.
 func (k *KVAware) learnBlockSize(p *fleet.Pool) int {
-	for _, e := range p.Endpoints {
-		if bs := e.KVBlockSize(); bs > 0 {
+	eps := p.Endpoints
+	n, start := len(eps), 0
+	if k.probes > 0 && k.probes < n {
+		start = int(k.probed.Add(uint64(k.probes))-uint64(k.probes)) % n
+		n = k.probes
+	}
+	for j := range n {
+		i := start + j
+		if i >= len(eps) {
+			i -= len(eps)
+		}
+		if bs := eps[i].KVBlockSize(); bs > 0 {
 			k.sh.idx.LearnBlockSize(bs)
 			return k.sh.idx.BlockSize()
 		}

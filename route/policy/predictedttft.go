@@ -273,9 +273,11 @@ func (g *ttftGuard) Pick(c *Cycle) {
 	best, bestPred, bestLoad := def, dpred, dload
 	bx, bpending, buncached, bmatch := dx, dpending, duncached, dmatch
 	// A miss is only moved with OverrideMisses: then no endpoint is looked at.
-	eps := c.Candidates()
-	if dmatch == 0 && !pt.cfg.OverrideMisses {
-		eps = nil
+	// Nor when even a prediction of 0 ms would not clear the margins
+	// (predictions are >= 0): no candidate can, so none is predicted.
+	var eps []*fleet.Endpoint
+	if (dmatch > 0 || pt.cfg.OverrideMisses) && pt.cfg.overrides(dpred, 0, rel) {
+		eps = c.Candidates()
 	}
 	// With an objective the objective decides, not the margins (predictedttft_slo.go).
 	obj := c.Req.TTFTObjectiveMs > 0

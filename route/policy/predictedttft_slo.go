@@ -31,7 +31,7 @@ func (pt *PredictedTTFT) meetObjective(c *Cycle, obj float64, def ttftCand) ttft
 	if def.pred <= obj {
 		meet = def
 	}
-	for _, e := range c.Pool.Endpoints {
+	for _, e := range c.Candidates() {
 		if e == def.e || !c.Usable(e) {
 			continue
 		}

@@ -32,6 +32,7 @@ type CandidateIndex struct {
 	sampled int                              // endpoints drawn at random per decision
 	keys    int                              // most key holders per decision
 	chunk   int                              // endpoints scanned per decision
+	size    int                              // max_candidates
 	rand    *fleet.Rand
 	// The last full pass's sums over the available endpoints.
 	n      atomic.Int64
@@ -75,7 +76,7 @@ func NewCandidateIndex(p *fleet.Pool, maxCandidates int, rnd *fleet.Rand) *Candi
 	return &CandidateIndex{
 		eps: p.Endpoints, least: make([]atomic.Pointer[fleet.Endpoint], k), top: make([]ranked, 0, k),
 		sampled: max(1, maxCandidates/8), keys: max(1, maxCandidates/2),
-		chunk: (len(p.Endpoints) + passDecisions - 1) / passDecisions, rand: rnd,
+		chunk: (len(p.Endpoints) + passDecisions - 1) / passDecisions, size: maxCandidates, rand: rnd,
 	}
 }
 
@@ -321,6 +322,7 @@ func (s *SessionHash) usePruning(x *CandidateIndex) {
 func (k *KVAware) usePruning(x *CandidateIndex) {
 	k.profile.usePruning(x)
 	k.fallback.usePruning(x)
+	k.probes = x.size
 }
 
 // stagesKeyers collects the keyers of pickers; ok is false when a picker
