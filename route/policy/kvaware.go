@@ -327,13 +327,15 @@ func (k *KVAware) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
 	}
 	out := b.out[:len(p.Endpoints)]
 	k.sh.idx.MatchIDs(keys, k.ids, out)
-	// Staleness is looked up once per endpoint, not once per fallback slot.
+	// Staleness is looked up once per endpoint, not once per fallback
+	// slot, and only for one that holds a block: it halves a match, and
+	// half of nothing is nothing.
 	if cap(b.stale) < len(p.Endpoints) {
 		b.stale = make([]bool, len(p.Endpoints))
 	}
 	stale := b.stale[:len(p.Endpoints)]
 	for i, e := range p.Endpoints {
-		stale[i] = k.sh.idx.Stale(e.Name)
+		stale[i] = out[i] > 0 && k.sh.idx.Stale(e.Name)
 	}
 	b.cy.reset(r, p, c)
 	b.cy.Match, b.cy.Stale, b.cy.Of = out, stale, len(keys)

@@ -7,6 +7,7 @@ import (
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/internal/routetest"
+	"github.com/turnout/turnout/route/kv"
 	"github.com/turnout/turnout/route/payload"
 )
 
@@ -109,5 +110,73 @@ func TestTTFTGuardPruned(t *testing.T) {
 		p.Policy.Pick(req, p, c)
 	}); allocs != 0 {
 		t.Fatalf("%v allocations per decision", allocs)
+	}
+}
+
+// kvEventsRig is kv-aware over n endpoints with token-id prompts of 32
+// blocks of 16 tokens, the first 24 shared by one of 16 heads, each head's
+// blocks stored (KV events) on 4 endpoints.
+func kvEventsRig(tb testing.TB, n int) *pruneRig {
+	tb.Helper()
+	r := newPruneRig(tb, KVAwareType, n, 0)
+	k := r.pol.(*KVAware)
+	k.Start(r.pool)
+	tb.Cleanup(k.Close)
+	k.Index().SetBlockSize(16)
+	for i := range r.reqs {
+		toks := make([]uint32, 32*16)
+		for j := range toks {
+			toks[j] = uint32(i%16*100000 + j)
+			if j >= 24*16 {
+				toks[j] = uint32(1e7 + i*1000 + j)
+			}
+		}
+		var body []byte
+		body = append(body, `{"model":"m","prompt":[`...)
+		for j, t := range toks {
+			if j > 0 {
+				body = append(body, ',')
+			}
+			body = fmt.Append(body, t)
+		}
+		body = append(body, "]}"...)
+		var idx payload.Index
+		idx.Build(body, false)
+		r.reqs[i].Payload = &idx
+		if i < 16 {
+			keys := kv.BlockKeys(toks[:24*16], 16, nil)
+			for h := range 4 {
+				e := r.pool.Endpoints[(i*131+h*37)%n]
+				k.Index().Apply(e.Name, kv.Batch{Events: []kv.Event{{Kind: kv.EventBlockStored, BlockHashes: keys, TokenIDs: toks[:len(keys)*16], BlockSize: 16}}})
+			}
+		}
+	}
+	return r
+}
+
+// BenchmarkKVAwareEvents is one kv-aware decision on token ids whose
+// blocks KV events placed, at 64 and 1,024 endpoints.
+func BenchmarkKVAwareEvents(b *testing.B) {
+	for _, n := range []int{64, 1024} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			r := kvEventsRig(b, n)
+			open := make([]*fleet.Endpoint, 2*n)
+			r.run(b, 0, 2*n+len(r.reqs), open)
+			dst := make([]*fleet.Endpoint, 0, 3)
+			c := &fleet.Choice{}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				*c = fleet.Choice{Endpoints: dst}
+				r.pol.Pick(&r.reqs[i%len(r.reqs)], r.pool, c)
+				e := c.Endpoints[0]
+				goldenOpen(e)
+				k := i % len(open)
+				if open[k] != nil {
+					open[k].AddInflight(-1)
+				}
+				open[k] = e
+			}
+		})
 	}
 }
