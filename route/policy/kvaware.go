@@ -385,7 +385,7 @@ func (k *KVAware) learnBlockSize(p *fleet.Pool) int {
 	eps := p.Endpoints
 	n, start := len(eps), 0
 	if k.probes > 0 && k.probes < n {
-		start = int(k.probed.Add(uint64(k.probes))-uint64(k.probes)) % n
+		start = int((k.probed.Add(uint64(k.probes)) - uint64(k.probes)) % uint64(n))
 		n = k.probes
 	}
 	for j := range n {
