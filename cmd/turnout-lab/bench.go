@@ -102,6 +102,19 @@ func runPolicies(args []string, _ *zerolog.Logger) error {
 	return nil
 }
 
+// simReplicaFlags binds the sim's replica and load flags (replay, slo) to o,
+// with d's values as defaults.
+func simReplicaFlags(fset *flag.FlagSet, o *bench.SimOptions, d bench.SimOptions) {
+	fset.IntVar(&o.Replicas, "replicas", d.Replicas, "number of replicas")
+	fset.IntVar(&o.BlockSize, "block-size", d.BlockSize, "replica KV block size in tokens")
+	fset.IntVar(&o.CacheBlocks, "cache-blocks", d.CacheBlocks, "replica prefix cache capacity in blocks")
+	fset.IntVar(&o.MaxRunning, "max-running", d.MaxRunning, "running sequences per replica (0 = unlimited)")
+	fset.DurationVar(&o.Timing.TTFTOverhead, "ttft-overhead", d.Timing.TTFTOverhead, "replica TTFT overhead")
+	fset.DurationVar(&o.Timing.PerTokenPrefill, "per-token-prefill", d.Timing.PerTokenPrefill, "replica prefill time per uncached token")
+	fset.DurationVar(&o.Timing.InterTokenLatency, "itl", d.Timing.InterTokenLatency, "replica inter-token latency")
+	fset.Float64Var(&o.Compress, "compress", d.Compress, "divide arrival times by this factor (more load)")
+}
+
 // errTraceMissing makes a missing trace a clean skip, not a failure.
 var errTraceMissing = errors.New("trace missing")
 
@@ -118,14 +131,7 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	name := fset.String("name", "", "output file name prefix (default: replay-MODE-TRACE)")
 	check := fset.Bool("check", false, "fail unless every row is sane (requests > 0, hit ratio in [0,1]); for the smoke run")
 	o := d
-	fset.IntVar(&o.Replicas, "replicas", d.Replicas, "number of replicas")
-	fset.IntVar(&o.BlockSize, "block-size", d.BlockSize, "replica KV block size in tokens")
-	fset.IntVar(&o.CacheBlocks, "cache-blocks", d.CacheBlocks, "replica prefix cache capacity in blocks")
-	fset.IntVar(&o.MaxRunning, "max-running", d.MaxRunning, "running sequences per replica (0 = unlimited)")
-	fset.DurationVar(&o.Timing.TTFTOverhead, "ttft-overhead", d.Timing.TTFTOverhead, "replica TTFT overhead")
-	fset.DurationVar(&o.Timing.PerTokenPrefill, "per-token-prefill", d.Timing.PerTokenPrefill, "replica prefill time per uncached token")
-	fset.DurationVar(&o.Timing.InterTokenLatency, "itl", d.Timing.InterTokenLatency, "replica inter-token latency")
-	fset.Float64Var(&o.Compress, "compress", d.Compress, "divide arrival times by this factor (more load)")
+	simReplicaFlags(fset, &o, d)
 	fset.IntVar(&o.Concurrency, "concurrency", d.Concurrency, "client-side bound on requests in flight (0 = unlimited)")
 	fset.Uint64Var(&o.Seed, "seed", d.Seed, "seed for turnout's policies")
 	fset.IntVar(&o.Parallel, "parallel", runtime.GOMAXPROCS(0), "sim: policies replayed at once")

@@ -28,14 +28,7 @@ func runSLO(args []string, log *zerolog.Logger) error {
 	out := fset.String("out", "bench-out", "output directory")
 	name := fset.String("name", "", "output file name prefix (default: slo-TRACE)")
 	o := d
-	fset.IntVar(&o.Replicas, "replicas", d.Replicas, "number of replicas")
-	fset.IntVar(&o.BlockSize, "block-size", d.BlockSize, "replica KV block size in tokens")
-	fset.IntVar(&o.CacheBlocks, "cache-blocks", d.CacheBlocks, "replica prefix cache capacity in blocks")
-	fset.IntVar(&o.MaxRunning, "max-running", d.MaxRunning, "running sequences per replica (0 = unlimited)")
-	fset.DurationVar(&o.Timing.TTFTOverhead, "ttft-overhead", d.Timing.TTFTOverhead, "replica TTFT overhead")
-	fset.DurationVar(&o.Timing.PerTokenPrefill, "per-token-prefill", d.Timing.PerTokenPrefill, "replica prefill time per uncached token")
-	fset.DurationVar(&o.Timing.InterTokenLatency, "itl", d.Timing.InterTokenLatency, "replica inter-token latency")
-	fset.Float64Var(&o.Compress, "compress", d.Compress, "divide arrival times by this factor (more load)")
+	simReplicaFlags(fset, &o, d)
 	load := fset.Float64("load", 0, "instead of --compress: offered load as a multiple of the replicas' estimated capacity (replicas x max-running / mean service time, as bench flow)")
 	if err := cli.ParseFlags(fset, benchSLOCmd, args); err != nil {
 		return err
