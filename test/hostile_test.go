@@ -212,8 +212,8 @@ func TestNginxStallWhileHealthAnswers(t *testing.T) {
 	Eventually(t, 10*time.Second, "the stall budget to apply", func() bool {
 		return metricOr0(t, s.T.URL+"/metrics", "turnout_config_reloads_total", `result="ok"`) >= 2
 	})
-	g := startTraffic(s.N.URL+"/v1/chat/completions", "llama", 20*time.Millisecond, func(i int) string {
-		if i%3 == 0 {
+	g := startTraffic(s.N.URL+"/v1/chat/completions", "llama", 10*time.Millisecond, func(i int) string {
+		if i%2 == 0 {
 			return spareMark + fmt.Sprint(i)
 		}
 		return fmt.Sprint(i)
@@ -274,7 +274,7 @@ func TestNginxStallWhileHealthAnswers(t *testing.T) {
 	healthFails := metricOr0(t, s.T.URL+"/metrics", "turnout_health_checks_total", `result="fail"`)
 	start := time.Now()
 	g.fastAfter.Store(start.UnixNano())
-	// Most requests stall, a third are answered in time (their body
+	// Half the requests stall, half are answered in time (their body
 	// carries the spare mark; turnout's stall probes never do). Before the
 	// fix each in-time answer made the older open decisions prove nothing.
 	if err := stalled.SetFaults(mock.Faults{Stall: 5 * time.Second, StallSpare: spareMark}); err != nil {
