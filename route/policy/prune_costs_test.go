@@ -160,23 +160,7 @@ func BenchmarkKVAwareEvents(b *testing.B) {
 	for _, n := range []int{64, 1024} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			r := kvEventsRig(b, n)
-			open := make([]*fleet.Endpoint, 2*n)
-			r.run(b, 0, 2*n+len(r.reqs), open)
-			dst := make([]*fleet.Endpoint, 0, 3)
-			c := &fleet.Choice{}
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				*c = fleet.Choice{Endpoints: dst}
-				r.pol.Pick(&r.reqs[i%len(r.reqs)], r.pool, c)
-				e := c.Endpoints[0]
-				goldenOpen(e)
-				k := i % len(open)
-				if open[k] != nil {
-					open[k].AddInflight(-1)
-				}
-				open[k] = e
-			}
+			r.bench(b, 2*n+len(r.reqs))
 		})
 	}
 }

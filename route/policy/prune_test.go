@@ -53,6 +53,28 @@ func newPruneRig(tb testing.TB, name string, n, maxCandidates int) *pruneRig {
 }
 
 // run makes decisions i..i+n, keeping open decisions per endpoint open
+// bench times one decision at a time after warm decisions, keeping about
+// 2 x the pool's size of decisions open (the oldest closed as each opens).
+func (r *pruneRig) bench(b *testing.B, warm int) {
+	open := make([]*fleet.Endpoint, 2*len(r.pool.Endpoints))
+	r.run(b, 0, warm, open)
+	dst := make([]*fleet.Endpoint, 0, 3)
+	c := &fleet.Choice{}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		*c = fleet.Choice{Endpoints: dst}
+		r.pol.Pick(&r.reqs[i%len(r.reqs)], r.pool, c)
+		e := c.Endpoints[0]
+		goldenOpen(e)
+		k := i % len(open)
+		if open[k] != nil {
+			open[k].AddInflight(-1)
+		}
+		open[k] = e
+	}
+}
+
 // (a ring of them) as a busy fleet would; it returns the first choices.
 func (r *pruneRig) run(tb testing.TB, from, n int, open []*fleet.Endpoint) []*fleet.Endpoint {
 	dst := make([]*fleet.Endpoint, 0, 3)
@@ -262,24 +284,7 @@ func BenchmarkPickScale(b *testing.B) {
 					continue
 				}
 				b.Run(fmt.Sprintf("%s/%d/max_candidates=%d", name, n, mc), func(b *testing.B) {
-					r := newPruneRig(b, name, n, mc)
-					open := make([]*fleet.Endpoint, 2*n)
-					r.run(b, 0, 2*n+1000, open)
-					dst := make([]*fleet.Endpoint, 0, 3)
-					c := &fleet.Choice{}
-					b.ReportAllocs()
-					b.ResetTimer()
-					for i := 0; i < b.N; i++ {
-						*c = fleet.Choice{Endpoints: dst}
-						r.pol.Pick(&r.reqs[i%len(r.reqs)], r.pool, c)
-						e := c.Endpoints[0]
-						goldenOpen(e)
-						k := i % len(open)
-						if open[k] != nil {
-							open[k].AddInflight(-1)
-						}
-						open[k] = e
-					}
+					newPruneRig(b, name, n, mc).bench(b, 2*n+1000)
 				})
 			}
 		}
