@@ -573,7 +573,8 @@ type DriveOptions struct {
 // Drive sends every request at its (compressed, scaled) arrival time as a
 // streaming chat completion and measures the first SSE chunk (TTFT) and the
 // end of the stream from the scheduled time, so lateness under the
-// concurrency bound counts. Replica loads are left for the caller.
+// concurrency bound counts. A 429 is a shed request (RunResult.Shed, -1 in
+// ByIndex), not an error. Replica loads are left for the caller.
 func Drive(ctx context.Context, reqs []Request, o DriveOptions) (*RunResult, error) {
 	conc := o.Concurrency
 	if conc <= 0 {
@@ -590,6 +591,7 @@ func Drive(ctx context.Context, reqs []Request, o DriveOptions) (*RunResult, err
 		firstErr error
 		last     time.Time
 	)
+	res.ByIndex = notServed(reqs)
 	start := time.Now()
 	factor := o.TimeScale / o.Compress
 loop:
@@ -625,6 +627,10 @@ loop:
 			}
 			mu.Lock()
 			defer mu.Unlock()
+			if errors.Is(err, ErrShed) {
+				res.Shed++
+				return
+			}
 			if err != nil {
 				res.Errors++
 				if firstErr == nil {
@@ -634,6 +640,7 @@ loop:
 			}
 			res.TTFT = append(res.TTFT, ttft)
 			res.E2E = append(res.E2E, e2e)
+			res.ByIndex[r.Index] = ttft
 			if now := due.Add(e2e); now.After(last) {
 				last = now
 			}
@@ -719,6 +726,9 @@ func streamOne(ctx context.Context, c *http.Client, url string, o DriveOptions, 
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		if resp.StatusCode == http.StatusTooManyRequests {
+			return 0, 0, fmt.Errorf("request %d: %w: %s", r.Index, ErrShed, bytes.TrimSpace(b))
+		}
 		return 0, 0, fmt.Errorf("request %d: status %d: %s", r.Index, resp.StatusCode, bytes.TrimSpace(b))
 	}
 	buf := make([]byte, 16<<10)
@@ -745,4 +755,17 @@ func streamOne(ctx context.Context, c *http.Client, url string, o DriveOptions, 
 		return 0, 0, fmt.Errorf("request %d: stream ended without [DONE]", r.Index)
 	}
 	return ttft, time.Since(due), nil
+}
+
+// notServed is a ByIndex for reqs with every request not (yet) served.
+func notServed(reqs []Request) []time.Duration {
+	n := 0
+	for i := range reqs {
+		n = max(n, reqs[i].Index+1)
+	}
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = -1
+	}
+	return out
 }
