@@ -305,7 +305,7 @@ func costRoute(ctx context.Context, o CostOptions) ([]CostRow, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := waitHTTP(ctx, tp, "http://"+addr+"/healthz", http.StatusOK, 10*time.Second); err != nil {
+	if err := waitHTTP(ctx, tp, "http://"+addr+"/healthz", http.StatusOK, startupWait); err != nil {
 		return nil, err
 	}
 	bodies := CostBodies(64, "llama", 1, false, 1)
@@ -337,7 +337,7 @@ func costRoute(ctx context.Context, o CostOptions) ([]CostRow, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := waitHTTP(ctx, p, "http://"+listen+contract.PathReadyz, http.StatusOK, 10*time.Second); err != nil {
+		if err := waitHTTP(ctx, p, "http://"+listen+contract.PathReadyz, http.StatusOK, startupWait); err != nil {
 			return nil, err
 		}
 		targets = append(targets, rt("route "+spec.String(), listen))
@@ -467,7 +467,7 @@ func costProxy(ctx context.Context, o CostOptions) ([]CostRow, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := waitHTTP(ctx, p, "http://"+addr+"/health", http.StatusOK, 10*time.Second); err != nil {
+		if err := waitHTTP(ctx, p, "http://"+addr+"/health", http.StatusOK, startupWait); err != nil {
 			return nil, err
 		}
 		eps = append(eps, Endpoint{Name: name, Address: addr})

@@ -366,7 +366,7 @@ func StartStack(ctx context.Context, o StackOptions) (_ *Stack, err error) {
 			if err != nil {
 				return nil, err
 			}
-			if err := waitHTTP(ctx, p, "http://"+addr+"/health", http.StatusOK, 10*time.Second); err != nil {
+			if err := waitHTTP(ctx, p, "http://"+addr+"/health", http.StatusOK, startupWait); err != nil {
 				return nil, err
 			}
 			st.Mocks = append(st.Mocks, ep)
@@ -455,7 +455,7 @@ func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions) error {
 	// GET passes without a routing decision (only POSTs ask turnout), so
 	// this proves HAProxy and a replica are up. HAProxy starts servers as
 	// up, so no health-check round has to pass first.
-	return waitHTTP(ctx, hp, st.FrontURL+"/v1/models", http.StatusOK, 15*time.Second)
+	return waitHTTP(ctx, hp, st.FrontURL+"/v1/models", http.StatusOK, startupWait)
 }
 
 // startNginxStack starts nginx alone or turnout + rendered nginx (header or
@@ -525,7 +525,7 @@ func (st *Stack) startTurnout(ctx context.Context, o StackOptions, base ConfigOp
 	}
 	st.TurnoutPID = tp.cmd.Process.Pid
 	st.TurnoutURL = "http://" + listen
-	return waitHTTP(ctx, tp, st.TurnoutURL+contract.PathReadyz, http.StatusOK, 10*time.Second)
+	return waitHTTP(ctx, tp, st.TurnoutURL+contract.PathReadyz, http.StatusOK, startupWait)
 }
 
 // ReplicaLoads reads each replica's counters from its /metrics.
