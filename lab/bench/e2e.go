@@ -557,9 +557,12 @@ func (st *Stack) Stop() { st.procs.stopAll() }
 // scaled, with a bound on requests in flight.
 type DriveOptions struct {
 	URL string
-	// URLs, when set, are several fronts: request i (its position in the
-	// replay) goes through URLs[i mod len(URLs)], and URL is not used.
-	URLs []string
+	// URLs, when set, are several fronts: request r goes through
+	// URLs[Front[r.Index]] (FrontOf), or without Front request i (its
+	// position in the replay) through URLs[i mod len(URLs)]; URL is not
+	// used.
+	URLs  []string
+	Front []int
 	// Gateway, when set, carries every request instead of URL: the
 	// driver is the Envoy-like gateway, turnout its Endpoint Picker.
 	Gateway     *EnvoyGateway
@@ -613,7 +616,10 @@ loop:
 			defer wg.Done()
 			defer func() { <-sem }()
 			url := o.URL
-			if len(o.URLs) > 0 {
+			switch {
+			case len(o.URLs) > 0 && r.Index < len(o.Front):
+				url = o.URLs[o.Front[r.Index]%len(o.URLs)]
+			case len(o.URLs) > 0:
 				url = o.URLs[i%len(o.URLs)]
 			}
 			var ttft, e2e time.Duration

@@ -17,7 +17,7 @@ import (
 
 // Several fronts: N HAProxy (or nginx) + turnout stacks with
 // cluster sync over one nats-server, all before the same mock replicas,
-// request i through front i mod N. One row per front count, each on fresh
+// each request through the front FrontOf gives it (--split). One row per front count, each on fresh
 // replicas (cold caches, fresh counters).
 
 // maxFronts bounds --fronts: each front is a proxy and a turnout process.
@@ -148,7 +148,7 @@ func frontsRow(ctx context.Context, reqs []Request, trace string, spec PolicySpe
 	rctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	res, err := Drive(rctx, reqs, DriveOptions{
-		URLs: urls, Model: o.Sim.Model, Concurrency: o.Sim.Concurrency,
+		URLs: urls, Front: FrontOf(reqs, n, o.Sim.Split, o.Sim.Seed), Model: o.Sim.Model, Concurrency: o.Sim.Concurrency,
 		Compress: o.Sim.Compress, TimeScale: o.TimeScale, Log: o.Log,
 	})
 	if err != nil {
