@@ -313,6 +313,7 @@ type e2eFlags struct {
 	nginxModule string
 	bin         string
 	keep        bool
+	requestLog  bool
 	timeout     time.Duration
 }
 
@@ -326,6 +327,7 @@ func defaultE2EFlags(fset *flag.FlagSet) *e2eFlags {
 	fset.StringVar(&f.nginxModule, "nginx-js-module", nginx.DefaultModulePath, "e2e: njs module for body mode (- = built in)")
 	fset.StringVar(&f.bin, "turnout-bin", "", "e2e: turnout binary for serve and render (default: turnout next to this executable, else on $PATH)")
 	fset.BoolVar(&f.keep, "keep", false, "e2e: keep the work directory (configs, logs)")
+	fset.BoolVar(&f.requestLog, "request-log", false, "e2e: each turnout logs every request (replica, outcome) to requests.log in its stack's directory (with --keep, to read afterwards)")
 	fset.DurationVar(&f.timeout, "timeout", 10*time.Minute, "e2e: bound on one policy's replay")
 	return f
 }
@@ -440,7 +442,7 @@ func runTrivial(args []string, log *zerolog.Logger) error {
 // work directory, which runE2EReplay fills).
 func (f *e2eFlags) options(o bench.SimOptions) bench.E2EOptions {
 	return bench.E2EOptions{
-		Sim: o, TimeScale: f.timeScale, Keep: f.keep, Timeout: f.timeout,
+		Sim: o, TimeScale: f.timeScale, Keep: f.keep, RequestLog: f.requestLog, Timeout: f.timeout,
 		ProxySetup: bench.ProxySetup{Proxy: f.proxy, HAProxy: f.haproxy, Nginx: f.nginx, NginxMode: f.nginxMode, NginxModule: f.nginxModule},
 	}
 }

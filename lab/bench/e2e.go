@@ -42,6 +42,10 @@ type E2EOptions struct {
 	// WorkDir holds one directory per run (configs and process logs).
 	WorkDir string
 	Keep    bool
+	// RequestLog writes each turnout's request log (the chosen replica and
+	// why, per request) to requests.log in its stack's directory; with
+	// Keep, to read after the run.
+	RequestLog bool
 	// Timeout bounds one policy's replay.
 	Timeout time.Duration
 	// Fronts, when set, replays every spec once per count through that
@@ -180,7 +184,7 @@ func e2eRow(ctx context.Context, reqs []Request, trace string, spec PolicySpec, 
 	}
 	st, err := StartStack(ctx, StackOptions{
 		Dir: dir, Spec: spec, ProxySetup: o.ProxySetup, Replicas: o.Sim.Replicas, Model: o.Sim.Model,
-		MockArgs: ReplayMockArgs(o.Sim, o.TimeScale), Log: o.Log,
+		MockArgs: ReplayMockArgs(o.Sim, o.TimeScale), RequestLog: o.RequestLog, Log: o.Log,
 	})
 	if err != nil {
 		return Row{}, err
@@ -311,7 +315,9 @@ type StackOptions struct {
 	// ClusterNATS and ClusterName configure turnout's cluster sync (one of
 	// several fronts, fronts.go; "" = off).
 	ClusterNATS, ClusterName string
-	Log                      *zerolog.Logger
+	// RequestLog: turnout logs every request to Dir/requests.log.
+	RequestLog bool
+	Log        *zerolog.Logger
 }
 
 // Stack is a running proxy in front of mock replicas.
@@ -505,6 +511,9 @@ func (st *Stack) startTurnout(ctx context.Context, o StackOptions, base ConfigOp
 	base.DeploymentYAML = o.DeploymentYAML
 	base.ClusterNATS, base.ClusterName = o.ClusterNATS, o.ClusterName
 	base.Syslog = syslog
+	if o.RequestLog {
+		base.RequestLog = filepath.Join(o.Dir, "requests.log")
+	}
 	// turnout's own checks would only add load; the proxy checks the replicas.
 	base.DisableHealth = true
 	base.NoFirstTokenTiming = o.NoFirstTokenTiming
@@ -676,7 +685,8 @@ var sseDone = []byte("data: [DONE]")
 // replayRequest is the streamed chat completion request r and its headers.
 func replayRequest(r *Request, model string) ([]byte, http.Header) {
 	body := AppendChatBody(make([]byte, 0, r.InputTokens*(wordLen+1)+256), r, BodyOptions{Model: model, Stream: true})
-	h := http.Header{"Content-Type": {"application/json"}}
+	// The request id names the trace's request in turnout's request log.
+	h := http.Header{"Content-Type": {"application/json"}, "X-Request-Id": {"replay-" + strconv.Itoa(r.Index)}}
 	if r.Session != "" {
 		h.Set("X-Session-Id", r.Session)
 	}

@@ -211,6 +211,8 @@ type ConfigOptions struct {
 	ExtraParams   string
 	Endpoints     []Endpoint
 	Syslog        string // feedback address ("" = turnout's default, route.DefaultFeedbackAddr)
+	// RequestLog is a file for turnout's request log, every request ("" = off).
+	RequestLog string
 	HAProxyListen string
 	HAProxyDir    string
 	HAProxySocket string
@@ -257,6 +259,9 @@ func TurnoutConfig(o ConfigOptions) []byte {
 	}
 	if o.Syslog != "" {
 		fmt.Fprintf(&b, "feedback:\n  syslog: %s\n", o.Syslog)
+	}
+	if o.RequestLog != "" {
+		fmt.Fprintf(&b, "request_log: {sample: 1, to: file, file: %q}\n", o.RequestLog)
 	}
 	if o.ClusterNATS != "" {
 		fmt.Fprintf(&b, "cluster:\n  nats: %q\n  name: %q\n", o.ClusterNATS, o.ClusterName)
