@@ -172,7 +172,18 @@ func frontsRow(ctx context.Context, reqs []Request, trace string, spec PolicySpe
 	}
 	row.SyncBytes, row.SyncMsgs = SyncPerDecision(texts)
 	// The fronts' counters are all counters: summing the pages sums them.
-	row.Detail = DecisionDetail(strings.Join(texts, "\n"))
+	all := strings.Join(texts, "\n")
+	row.Detail = DecisionDetail(all)
+	// Requests the replicas served without a decision went the proxy's
+	// fallback way (turnout did not answer in time): on a box too busy
+	// for the fronts, they, not the policy, set the row's hit ratio.
+	var served int64
+	for _, r := range res.Replicas {
+		served += r.Requests
+	}
+	if u := served - int64(SumProm(ParseProm(all), "turnout_decisions_total")); u > 0 {
+		row.Detail += " undecided=" + strconv.FormatInt(u, 10)
+	}
 	row.Wall = time.Since(start)
 	return row, nil
 }
