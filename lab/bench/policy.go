@@ -211,8 +211,6 @@ type ConfigOptions struct {
 	ExtraParams   string
 	Endpoints     []Endpoint
 	Syslog        string // feedback address ("" = turnout's default, route.DefaultFeedbackAddr)
-	// RequestLog is a file for turnout's request log, every request ("" = off).
-	RequestLog string
 	HAProxyListen string
 	HAProxyDir    string
 	HAProxySocket string
@@ -242,6 +240,8 @@ type ConfigOptions struct {
 	// Picker's gRPC listener, epp.tls.mode and epp.server; "" = no
 	// section, turnout's default mode and server).
 	EPPListen, EPPTLS, EPPServer string
+	// RequestLog is a file for turnout's request log, every request ("" = off).
+	RequestLog string
 }
 
 // TurnoutConfig renders a turnout YAML config with one deployment and one
