@@ -442,8 +442,8 @@ func runTrivial(args []string, log *zerolog.Logger) error {
 // work directory, which runE2EReplay fills).
 func (f *e2eFlags) options(o bench.SimOptions) bench.E2EOptions {
 	return bench.E2EOptions{
-		Sim: o, TimeScale: f.timeScale, Keep: f.keep, RequestLog: f.requestLog, Timeout: f.timeout,
-		ProxySetup: bench.ProxySetup{Proxy: f.proxy, HAProxy: f.haproxy, Nginx: f.nginx, NginxMode: f.nginxMode, NginxModule: f.nginxModule},
+		Sim: o, TimeScale: f.timeScale, Keep: f.keep, Timeout: f.timeout,
+		ProxySetup: bench.ProxySetup{Proxy: f.proxy, HAProxy: f.haproxy, Nginx: f.nginx, NginxMode: f.nginxMode, NginxModule: f.nginxModule, RequestLog: f.requestLog},
 	}
 }
 

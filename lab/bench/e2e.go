@@ -42,10 +42,6 @@ type E2EOptions struct {
 	// WorkDir holds one directory per run (configs and process logs).
 	WorkDir string
 	Keep    bool
-	// RequestLog writes each turnout's request log (the chosen replica and
-	// why, per request) to requests.log in its stack's directory; with
-	// Keep, to read after the run.
-	RequestLog bool
 	// Timeout bounds one policy's replay.
 	Timeout time.Duration
 	// Fronts, when set, replays every spec once per count through that
@@ -184,7 +180,7 @@ func e2eRow(ctx context.Context, reqs []Request, trace string, spec PolicySpec, 
 	}
 	st, err := StartStack(ctx, StackOptions{
 		Dir: dir, Spec: spec, ProxySetup: o.ProxySetup, Replicas: o.Sim.Replicas, Model: o.Sim.Model,
-		MockArgs: ReplayMockArgs(o.Sim, o.TimeScale), RequestLog: o.RequestLog, Log: o.Log,
+		MockArgs: ReplayMockArgs(o.Sim, o.TimeScale), Log: o.Log,
 	})
 	if err != nil {
 		return Row{}, err
@@ -281,6 +277,9 @@ type ProxySetup struct {
 	NginxMaxBody int
 	Turnout      string // turnout binary (serve, render)
 	Lab          string // turnout-lab binary (the mock replicas)
+	// RequestLog: turnout logs every request (the chosen replica and why)
+	// to requests.log in its stack's directory, to read with --keep.
+	RequestLog bool
 }
 
 // StackOptions describe one proxy stack.
@@ -315,9 +314,7 @@ type StackOptions struct {
 	// ClusterNATS and ClusterName configure turnout's cluster sync (one of
 	// several fronts, fronts.go; "" = off).
 	ClusterNATS, ClusterName string
-	// RequestLog: turnout logs every request to Dir/requests.log.
-	RequestLog bool
-	Log        *zerolog.Logger
+	Log                      *zerolog.Logger
 }
 
 // Stack is a running proxy in front of mock replicas.

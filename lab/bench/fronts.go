@@ -123,7 +123,7 @@ func frontsRow(ctx context.Context, reqs []Request, trace string, spec PolicySpe
 		}
 		so := StackOptions{
 			Dir: fdir, Spec: spec, ProxySetup: o.ProxySetup, Replicas: o.Sim.Replicas, Model: o.Sim.Model,
-			MockArgs: ReplayMockArgs(o.Sim, o.TimeScale), Mocks: mocks, RequestLog: o.RequestLog, Log: o.Log,
+			MockArgs: ReplayMockArgs(o.Sim, o.TimeScale), Mocks: mocks, Log: o.Log,
 		}
 		if !spec.IsProxyAlone() {
 			so.ClusterNATS, so.ClusterName = natsURL, fmt.Sprintf("f%d-%d", n, k)
