@@ -141,7 +141,9 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	fset.DurationVar(&o.LoRA.LoRALoadCost, "lora-load-cost", d.LoRA.LoRALoadCost, "sim: time to load an adapter that is not held, before the prefill")
 	firstToken := fset.Bool("first-token", true, "sim: the feedback carries each request's first-token time (tft=, proxy.first_token_timing); false: only the headers' time")
 	e2e := defaultE2EFlags(fset)
-	fronts := fset.String("fronts", "", `replay each policy through N turnout fronts with cluster sync, before the same replicas, request i through front i mod N: one row per count, in order, e.g. "1,2,4", or "1,2,4,1,2,4" for interleaved rounds ("" = one plain stack, no cluster). e2e: N HAProxy + turnout stacks over one nats-server; sim: N in-process instances whose sync arrives --sync-delay later`)
+	fronts := fset.String("fronts", "", `replay each policy through N turnout fronts with cluster sync, before the same replicas, requests split by --split: one row per count, in order, e.g. "1,2,4", or "1,2,4,1,2,4" for interleaved rounds ("" = one plain stack, no cluster). e2e: N HAProxy + turnout stacks over one nats-server; sim: N in-process instances whose sync arrives --sync-delay later`)
+	fset.StringVar(&o.Split, "split", bench.SplitRequest, "--fronts: request (request i through front i mod N) or turn (a conversation's k-th turn through front (k + c) mod N, c drawn per conversation from --seed: consecutive turns alternate fronts)")
+	jitter := fset.Duration("jitter", 0, "delay each arrival by a draw in [0, D) from --seed (trace time, before --compress), so each seed replays another interleaving (e2e and sim alike; 0 = the trace's arrivals)")
 	fset.DurationVar(&o.SyncDelay, "sync-delay", time.Millisecond, "sim --fronts: how long a front's decisions and completions take to reach the other fronts (virtual time)")
 	fset.BoolVar(&o.SharedScrapes, "shared-scrapes", false, "sim --fronts: model engine_metrics.share (each replica's engine figures read by one front, reaching the others --sync-delay later)")
 	natsServer := fset.String("nats-server", "nats-server", "e2e --fronts: nats-server binary ($PATH, else /usr/sbin)")
@@ -159,6 +161,9 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	}
 
 	reqs, label, err := loadTrace(*trace, bench.TraceOptions{Limit: *limit, SessionBlocks: *sessionBlocks})
+	if err == nil {
+		reqs = bench.JitterArrivals(reqs, *jitter, o.Seed)
+	}
 	if errors.Is(err, errTraceMissing) {
 		log.Warn().Str("trace", *trace).Msg("bench: trace not found, skipping the replay (traces live in ../shared/traces; --trace synthetic runs a generated one)")
 		return nil
@@ -308,6 +313,7 @@ type e2eFlags struct {
 	nginxModule string
 	bin         string
 	keep        bool
+	requestLog  bool
 	timeout     time.Duration
 }
 
@@ -321,6 +327,7 @@ func defaultE2EFlags(fset *flag.FlagSet) *e2eFlags {
 	fset.StringVar(&f.nginxModule, "nginx-js-module", nginx.DefaultModulePath, "e2e: njs module for body mode (- = built in)")
 	fset.StringVar(&f.bin, "turnout-bin", "", "e2e: turnout binary for serve and render (default: turnout next to this executable, else on $PATH)")
 	fset.BoolVar(&f.keep, "keep", false, "e2e: keep the work directory (configs, logs)")
+	fset.BoolVar(&f.requestLog, "request-log", false, "e2e: each turnout logs every request (replica, outcome) to requests.log in its stack's directory (with --keep, to read afterwards)")
 	fset.DurationVar(&f.timeout, "timeout", 10*time.Minute, "e2e: bound on one policy's replay")
 	return f
 }
@@ -436,7 +443,7 @@ func runTrivial(args []string, log *zerolog.Logger) error {
 func (f *e2eFlags) options(o bench.SimOptions) bench.E2EOptions {
 	return bench.E2EOptions{
 		Sim: o, TimeScale: f.timeScale, Keep: f.keep, Timeout: f.timeout,
-		ProxySetup: bench.ProxySetup{Proxy: f.proxy, HAProxy: f.haproxy, Nginx: f.nginx, NginxMode: f.nginxMode, NginxModule: f.nginxModule},
+		ProxySetup: bench.ProxySetup{Proxy: f.proxy, HAProxy: f.haproxy, Nginx: f.nginx, NginxMode: f.nginxMode, NginxModule: f.nginxModule, RequestLog: f.requestLog},
 	}
 }
 

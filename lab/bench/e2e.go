@@ -277,6 +277,9 @@ type ProxySetup struct {
 	NginxMaxBody int
 	Turnout      string // turnout binary (serve, render)
 	Lab          string // turnout-lab binary (the mock replicas)
+	// RequestLog: turnout logs every request (the chosen replica and why)
+	// to requests.log in its stack's directory, to read with --keep.
+	RequestLog bool
 }
 
 // StackOptions describe one proxy stack.
@@ -505,6 +508,9 @@ func (st *Stack) startTurnout(ctx context.Context, o StackOptions, base ConfigOp
 	base.DeploymentYAML = o.DeploymentYAML
 	base.ClusterNATS, base.ClusterName = o.ClusterNATS, o.ClusterName
 	base.Syslog = syslog
+	if o.RequestLog {
+		base.RequestLog = filepath.Join(o.Dir, "requests.log")
+	}
 	// turnout's own checks would only add load; the proxy checks the replicas.
 	base.DisableHealth = true
 	base.NoFirstTokenTiming = o.NoFirstTokenTiming
@@ -557,9 +563,12 @@ func (st *Stack) Stop() { st.procs.stopAll() }
 // scaled, with a bound on requests in flight.
 type DriveOptions struct {
 	URL string
-	// URLs, when set, are several fronts: request i (its position in the
-	// replay) goes through URLs[i mod len(URLs)], and URL is not used.
-	URLs []string
+	// URLs, when set, are several fronts: request r goes through
+	// URLs[Front[r.Index]] (FrontOf), or without Front request i (its
+	// position in the replay) through URLs[i mod len(URLs)]; URL is not
+	// used.
+	URLs  []string
+	Front []int
 	// Gateway, when set, carries every request instead of URL: the
 	// driver is the Envoy-like gateway, turnout its Endpoint Picker.
 	Gateway     *EnvoyGateway
@@ -615,7 +624,10 @@ loop:
 			defer wg.Done()
 			defer func() { <-sem }()
 			url := o.URL
-			if len(o.URLs) > 0 {
+			switch {
+			case len(o.URLs) > 0 && r.Index < len(o.Front):
+				url = o.URLs[o.Front[r.Index]%len(o.URLs)]
+			case len(o.URLs) > 0:
 				url = o.URLs[i%len(o.URLs)]
 			}
 			var ttft, e2e time.Duration
@@ -677,7 +689,8 @@ var sseDone = []byte("data: [DONE]")
 // replayRequest is the streamed chat completion request r and its headers.
 func replayRequest(r *Request, model string) ([]byte, http.Header) {
 	body := AppendChatBody(make([]byte, 0, r.InputTokens*(wordLen+1)+256), r, BodyOptions{Model: model, Stream: true})
-	h := http.Header{"Content-Type": {"application/json"}}
+	// The request id names the trace's request in turnout's request log.
+	h := http.Header{"Content-Type": {"application/json"}, "X-Request-Id": {"replay-" + strconv.Itoa(r.Index)}}
 	if r.Session != "" {
 		h.Set("X-Session-Id", r.Session)
 	}

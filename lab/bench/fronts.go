@@ -17,7 +17,7 @@ import (
 
 // Several fronts: N HAProxy (or nginx) + turnout stacks with
 // cluster sync over one nats-server, all before the same mock replicas,
-// request i through front i mod N. One row per front count, each on fresh
+// each request through the front FrontOf gives it (--split). One row per front count, each on fresh
 // replicas (cold caches, fresh counters).
 
 // maxFronts bounds --fronts: each front is a proxy and a turnout process.
@@ -148,7 +148,7 @@ func frontsRow(ctx context.Context, reqs []Request, trace string, spec PolicySpe
 	rctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	res, err := Drive(rctx, reqs, DriveOptions{
-		URLs: urls, Model: o.Sim.Model, Concurrency: o.Sim.Concurrency,
+		URLs: urls, Front: FrontOf(reqs, n, o.Sim.Split, o.Sim.Seed), Model: o.Sim.Model, Concurrency: o.Sim.Concurrency,
 		Compress: o.Sim.Compress, TimeScale: o.TimeScale, Log: o.Log,
 	})
 	if err != nil {
@@ -172,7 +172,18 @@ func frontsRow(ctx context.Context, reqs []Request, trace string, spec PolicySpe
 	}
 	row.SyncBytes, row.SyncMsgs = SyncPerDecision(texts)
 	// The fronts' counters are all counters: summing the pages sums them.
-	row.Detail = DecisionDetail(strings.Join(texts, "\n"))
+	all := strings.Join(texts, "\n")
+	row.Detail = DecisionDetail(all)
+	// Requests the replicas served without a decision went the proxy's
+	// fallback way (turnout did not answer in time): on a box too busy
+	// for the fronts, they, not the policy, set the row's hit ratio.
+	var served int64
+	for _, r := range res.Replicas {
+		served += r.Requests
+	}
+	if u := served - int64(SumProm(ParseProm(all), "turnout_decisions_total")); u > 0 {
+		row.Detail += " undecided=" + strconv.FormatInt(u, 10)
+	}
 	row.Wall = time.Since(start)
 	return row, nil
 }

@@ -240,6 +240,8 @@ type ConfigOptions struct {
 	// Picker's gRPC listener, epp.tls.mode and epp.server; "" = no
 	// section, turnout's default mode and server).
 	EPPListen, EPPTLS, EPPServer string
+	// RequestLog is a file for turnout's request log, every request ("" = off).
+	RequestLog string
 }
 
 // TurnoutConfig renders a turnout YAML config with one deployment and one
@@ -257,6 +259,9 @@ func TurnoutConfig(o ConfigOptions) []byte {
 	}
 	if o.Syslog != "" {
 		fmt.Fprintf(&b, "feedback:\n  syslog: %s\n", o.Syslog)
+	}
+	if o.RequestLog != "" {
+		fmt.Fprintf(&b, "request_log: {sample: 1, to: file, file: %q}\n", o.RequestLog)
 	}
 	if o.ClusterNATS != "" {
 		fmt.Fprintf(&b, "cluster:\n  nats: %q\n  name: %q\n", o.ClusterNATS, o.ClusterName)

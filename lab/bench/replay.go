@@ -97,7 +97,7 @@ func simRow(reqs []Request, trace string, spec PolicySpec, fronts int, names []s
 		// The sync's cost is read from this thread's CPU clock.
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		router, err = newFrontsRouter(spec, names, o, fronts)
+		router, err = newFrontsRouter(spec, names, o, fronts, FrontOf(reqs, fronts, o.Split, o.Seed))
 	} else {
 		router, err = NewRouter(spec, names, o)
 	}

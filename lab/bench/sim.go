@@ -54,6 +54,9 @@ type SimOptions struct {
 	// is how long the cluster sync takes to reach the other fronts.
 	Fronts    []int
 	SyncDelay time.Duration
+	// Split is how requests reach the fronts (split.go: SplitRequest or
+	// SplitTurn; "" is SplitRequest), in the sim as in the e2e replay.
+	Split string
 	// NoFirstToken: the feedback carries no first-token time (a proxy
 	// without proxy.first_token_timing), only the headers' time.
 	NoFirstToken bool
@@ -104,6 +107,9 @@ func (o *SimOptions) Validate() error {
 		return errors.New("sim timing needs a positive time scale")
 	case o.SyncDelay < 0:
 		return fmt.Errorf("sync delay %v must be >= 0", o.SyncDelay)
+	}
+	if _, err := ParseSplit(o.Split); err != nil {
+		return err
 	}
 	return o.LoRA.Validate()
 }

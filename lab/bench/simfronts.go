@@ -11,8 +11,8 @@ import (
 )
 
 // frontsRouter models N turnout instances before the same replicas in the
-// sim (`bench replay --mode sim --fronts`): request i goes through front
-// i mod N, each front is its own route.Decider (own ledger, index and
+// sim (`bench replay --mode sim --fronts`): a request goes through the
+// front FrontOf gives it (--split), each front is its own route.Decider (own ledger, index and
 // seed), and what the cluster sync carries reaches the other fronts
 // 0.5-1.5x SyncDelay of virtual time later (uniform, drawn from the seed,
 // in order per sender as NATS keeps it): a prefix decision's blocks and count
@@ -35,7 +35,8 @@ type frontsRouter struct {
 	syncs bool
 	delay time.Duration
 	now   time.Duration
-	next  int
+	// front is each request's front, by Request.Index (FrontOf).
+	front []int
 	// due holds the sync's messages in flight, by arrival time.
 	due []syncMsg
 	// last is each front's latest arrival time: a sender's messages
@@ -93,8 +94,8 @@ func (s frontSink) RoutedPrefix(_ *fleet.Pool, _ *fleet.Endpoint, blocks []uint6
 	s.r.shared = true
 }
 
-func newFrontsRouter(spec PolicySpec, names []string, o SimOptions, n int) (*frontsRouter, error) {
-	fr := &frontsRouter{delay: o.SyncDelay, sharedScrapes: o.SharedScrapes, open: map[uint64]frontDecision{}, last: make([]time.Duration, n), rnd: fleet.NewRand(o.Seed)}
+func newFrontsRouter(spec PolicySpec, names []string, o SimOptions, n int, front []int) (*frontsRouter, error) {
+	fr := &frontsRouter{front: front, delay: o.SyncDelay, sharedScrapes: o.SharedScrapes, open: map[uint64]frontDecision{}, last: make([]time.Duration, n), rnd: fleet.NewRand(o.Seed)}
 	for f := range n {
 		fo := o
 		fo.Seed = o.Seed + uint64(f) // instances do not share a random stream
@@ -231,8 +232,10 @@ func (fr *frontsRouter) send(m syncMsg) {
 func (fr *frontsRouter) NeedsBody() bool { return true }
 
 func (fr *frontsRouter) Route(r *Request, body []byte) (int, uint64, error) {
-	f := fr.next % len(fr.fronts)
-	fr.next++
+	if r.Index < 0 || r.Index >= len(fr.front) {
+		return 0, 0, fmt.Errorf("sim fronts: request %d has no front", r.Index)
+	}
+	f := fr.front[r.Index]
 	fr.sunk, fr.shared = fr.sunk[:0], false
 	i, id, err := fr.fronts[f].Route(r, body)
 	if err != nil {

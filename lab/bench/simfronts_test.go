@@ -30,7 +30,7 @@ func TestSimFrontsSync(t *testing.T) {
 		t.Helper()
 		o := o
 		o.SyncDelay = delay
-		fr, err := newFrontsRouter(PolicySpec{Policy: policy.PrefixAffinityType}, ReplicaNames(4), o, fronts)
+		fr, err := newFrontsRouter(PolicySpec{Policy: policy.PrefixAffinityType}, ReplicaNames(4), o, fronts, FrontOf(reqs, fronts, SplitRequest, o.Seed))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -145,7 +145,7 @@ func TestSimFrontsNoDelayPlaceAsOne(t *testing.T) {
 	o := tinySim(4, 3)
 	o.BlockSize, o.CacheBlocks = 16, 1<<12
 	picks := func(n int) []int {
-		fr, err := newFrontsRouter(PolicySpec{Policy: policy.PrefixAffinityType}, ReplicaNames(4), o, n)
+		fr, err := newFrontsRouter(PolicySpec{Policy: policy.PrefixAffinityType}, ReplicaNames(4), o, n, FrontOf(reqs, n, SplitRequest, o.Seed))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -199,7 +199,7 @@ func TestSimFrontsSharedScrapes(t *testing.T) {
 	o.SyncDelay = 10 * time.Millisecond
 	for _, shared := range []bool{false, true} {
 		o.SharedScrapes = shared
-		fr, err := newFrontsRouter(PolicySpec{Policy: policy.PrefixAffinityType}, ReplicaNames(4), o, 2)
+		fr, err := newFrontsRouter(PolicySpec{Policy: policy.PrefixAffinityType}, ReplicaNames(4), o, 2, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
