@@ -98,6 +98,7 @@ func (c *Cycle) Room() bool { return len(c.Choice.Endpoints) < cap(c.Choice.Endp
 // every picker; filters add conditions of their own (a load guard).
 type Filter interface {
 	Keep(c *Cycle, e *fleet.Endpoint) bool
+	fleet.Consumer
 }
 
 // Scorer rates an endpoint for the request: higher is better. A picker
@@ -105,12 +106,14 @@ type Filter interface {
 // unit (blocks, requests) so that weights read as exchange rates.
 type Scorer interface {
 	Score(c *Cycle, e *fleet.Endpoint) float64
+	fleet.Consumer
 }
 
 // Tie breaks equal scores: the higher key wins, and when every key is
 // equal the first endpoint in the picker's order does.
 type Tie interface {
 	Key(c *Cycle, e *fleet.Endpoint) uint64
+	fleet.Consumer
 }
 
 // Picker appends endpoints to the choice (c.Choice.Endpoints, never past
@@ -119,12 +122,14 @@ type Tie interface {
 // fallbacks.
 type Picker interface {
 	Pick(c *Cycle)
+	fleet.Consumer
 }
 
 // Recorder learns from a decision once the pickers are done (what the
 // decision teaches an index: a prefix LRU insert).
 type Recorder interface {
 	Record(c *Cycle)
+	fleet.Consumer
 }
 
 // Summary says what a profile summarizes of its pool before its pickers
