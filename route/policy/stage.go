@@ -90,6 +90,17 @@ func (c *Cycle) First() *fleet.Endpoint {
 // Every picker asks it, so no policy sends a model where it would 404.
 func (c *Cycle) Usable(e *fleet.Endpoint) bool { return e.Available() && c.Req.Only.Has(e.Index) }
 
+// Rotated is Candidates and, with r, a random start among them for a
+// scan that wraps around (one draw; none without candidates), so that
+// equal endpoints share the picks.
+func (c *Cycle) Rotated(r *fleet.Rand) (eps []*fleet.Endpoint, off int) {
+	eps = c.Candidates()
+	if r != nil && len(eps) > 0 {
+		off = r.Intn(len(eps))
+	}
+	return eps, off
+}
+
 // Room reports whether the choice has room for another endpoint.
 func (c *Cycle) Room() bool { return len(c.Choice.Endpoints) < cap(c.Choice.Endpoints) }
 
