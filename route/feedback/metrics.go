@@ -2,7 +2,6 @@ package feedback
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -45,16 +44,8 @@ func (l *Loop) writeEndpointMetrics(b *strings.Builder) {
 		for _, p := range snap.Pools() {
 			for _, e := range p.Endpoints {
 				hist := h.get(e.State)
-				labels := fmt.Sprintf("deployment=%q,pool=%q,endpoint=%q", p.Deployment, p.Name, e.Name)
-				var cum uint64
-				for i, ub := range fleet.RequestBuckets {
-					cum += hist.Counts[i].Load()
-					fmt.Fprintf(b, "%s_bucket{%s,le=%q} %d\n", h.name, labels, strconv.FormatFloat(ub, 'g', -1, 64), cum)
-				}
-				cum += hist.Counts[len(fleet.RequestBuckets)].Load()
-				fmt.Fprintf(b, "%s_bucket{%s,le=\"+Inf\"} %d\n", h.name, labels, cum)
-				fmt.Fprintf(b, "%s_sum{%s} %g\n", h.name, labels, float64(hist.SumMs.Load())/1e3)
-				fmt.Fprintf(b, "%s_count{%s} %d\n", h.name, labels, cum)
+				promtext.Histogram(b, h.name, fmt.Sprintf("deployment=%q,pool=%q,endpoint=%q", p.Deployment, p.Name, e.Name),
+					fleet.RequestBuckets[:], 1, hist.Counts[:], float64(hist.SumMs.Load())/1e3)
 			}
 		}
 	}
