@@ -78,7 +78,7 @@ func (c core) serveSPOE(ctx context.Context, ln net.Listener, log *zerolog.Logge
 }
 
 // verifyServedModels refuses a model alias a replica would answer 404 for
-// (route/health/modelverify.go).
+// (route/health/modelcheck.go).
 func verifyServedModels(ctx context.Context, cfg *config.Config) error {
 	return health.VerifyServedModels(ctx, cfg, nil)
 }

@@ -23,8 +23,8 @@ func (d *Decider) Decide(in *contract.Input, v *contract.Verdict) {
 	t.decideInput(snap, in, v, start)
 	t.dropAbandoned(in, v, start)
 	t.noteRefusal(v, start, in.Repeat)
-	if tb := d.dec.tracer.Load(); tb != nil {
-		t.traceDecision(tb.Tracer, in, v, start)
+	if tr, ok := d.dec.tracer.get(); ok {
+		t.traceDecision(tr, in, v, start)
 	}
 	d.txns.put(t)
 }
@@ -451,8 +451,8 @@ func (t *Txn) sharePrefix(p *fleet.Pool, e *fleet.Endpoint, blocks []uint64) {
 	if !p.Records {
 		return
 	}
-	if b := t.d.sink.Load(); b != nil {
-		b.RoutedPrefix(p, e, blocks)
+	if s, ok := t.d.sink.get(); ok {
+		s.RoutedPrefix(p, e, blocks)
 	}
 }
 
@@ -672,8 +672,8 @@ func (d *Decider) DecideTxn(t *Txn) *contract.Verdict {
 	t.decideInput(t.snap, &t.in, &t.v, t.start)
 	t.dropAbandoned(&t.in, &t.v, t.start)
 	t.noteRefusal(&t.v, t.start, t.in.Repeat)
-	if tb := d.dec.tracer.Load(); tb != nil {
-		t.traceDecision(tb.Tracer, &t.in, &t.v, t.start)
+	if tr, ok := d.dec.tracer.get(); ok {
+		t.traceDecision(tr, &t.in, &t.v, t.start)
 	}
 	return &t.v
 }

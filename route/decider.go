@@ -62,7 +62,7 @@ type Decider struct {
 	// onApply hooks run after every accepted snapshot (e.g. KV subscribers).
 	onApply []func(*Snapshot)
 	// sink receives prefix decisions for other instances (cluster sync).
-	sink atomic.Pointer[sinkBox]
+	sink hook[PrefixSink]
 	// kvHub owns bound KV-event sockets, shared by every pool using them.
 	kvHub *kv.Hub
 	// health counts active health checks and notes their first full round.
@@ -200,17 +200,29 @@ type PrefixSink interface {
 	RoutedPrefix(p *fleet.Pool, e *fleet.Endpoint, blocks []uint64)
 }
 
-// sinkBox lets an interface live in an atomic.Pointer.
-type sinkBox struct{ PrefixSink }
+// hook holds an optional interface value (the prefix sink, the tracer)
+// that the decision path loads without a lock; the zero hook holds none.
+type hook[T any] struct{ p atomic.Pointer[struct{ v T }] }
 
-// SetPrefixSink installs (or, with nil, removes) the prefix decision sink.
-func (d *Decider) SetPrefixSink(ps PrefixSink) {
-	if ps == nil {
-		d.sink.Store(nil)
+// set installs v or, with a nil v, removes what was installed.
+func (h *hook[T]) set(v T) {
+	if any(v) == nil {
+		h.p.Store(nil)
 		return
 	}
-	d.sink.Store(&sinkBox{ps})
+	h.p.Store(&struct{ v T }{v})
 }
+
+// get is the installed value; ok is false when none is.
+func (h *hook[T]) get() (v T, ok bool) {
+	if b := h.p.Load(); b != nil {
+		return b.v, true
+	}
+	return v, false
+}
+
+// SetPrefixSink installs (or, with nil, removes) the prefix decision sink.
+func (d *Decider) SetPrefixSink(ps PrefixSink) { d.sink.set(ps) }
 
 // Log is the decider's logger, for the loops that hold it.
 func (d *Decider) Log() *zerolog.Logger { return d.log }

@@ -48,7 +48,7 @@ type Ledger struct {
 	// reqlog is the request log's sink and sampling; nil: off.
 	reqlog atomic.Pointer[requestLog]
 	// tracer sees every finished decision (tracing.go); nil: off.
-	tracer atomic.Pointer[tracerBox]
+	tracer hook[Tracer]
 	// fbStalled: route/feedback found completions stopped (SetFeedbackStalled).
 	fbStalled atomic.Bool
 	// low is the oldest sequence number that may still be open: every

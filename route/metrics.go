@@ -39,15 +39,9 @@ func (d *Decider) WriteMetrics(b *strings.Builder) {
 	}
 	help("turnout_decision_duration_seconds", "histogram", "Time to decide, per pool (one decision in 8 is timed: an unbiased sample; count the decisions with turnout_decisions_total).")
 	for _, p := range snap.Pools() {
-		var cum uint64
-		for i, ub := range fleet.LatencyBuckets {
-			cum += p.Metrics.Latency.Counts[i].Load()
-			fmt.Fprintf(b, "turnout_decision_duration_seconds_bucket{deployment=%q,pool=%q,le=%q} %d\n", p.Deployment, p.Name, strconv.FormatFloat(ub, 'g', -1, 64), cum)
-		}
-		cum += p.Metrics.Latency.Counts[len(fleet.LatencyBuckets)].Load()
-		fmt.Fprintf(b, "turnout_decision_duration_seconds_bucket{deployment=%q,pool=%q,le=\"+Inf\"} %d\n", p.Deployment, p.Name, cum)
-		fmt.Fprintf(b, "turnout_decision_duration_seconds_sum{deployment=%q,pool=%q} %g\n", p.Deployment, p.Name, float64(p.Metrics.Latency.SumNs.Load())/1e9)
-		fmt.Fprintf(b, "turnout_decision_duration_seconds_count{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, cum)
+		h := &p.Metrics.Latency
+		promtext.Histogram(b, "turnout_decision_duration_seconds", fmt.Sprintf("deployment=%q,pool=%q", p.Deployment, p.Name),
+			fleet.LatencyBuckets[:], 1, h.Counts[:], float64(h.SumNs.Load())/1e9)
 	}
 	help("turnout_prefix_blocks_total", "counter", "Prompt blocks seen by prefix policies.")
 	help("turnout_prefix_matched_blocks_total", "counter", "Prompt blocks routed to a replica that was sent them before.")
@@ -309,20 +303,10 @@ func writeTTFTErrorMetrics(b *strings.Builder, snap *Snapshot, help func(name, t
 	}
 }
 
-// writeErrorHistogram writes one series of a histogram family; bounds are
-// scaled by scale into the family's unit.
+// writeErrorHistogram writes one pool's and source's series of a
+// prediction error family.
 func writeErrorHistogram(b *strings.Builder, name string, p *fleet.Pool, src estimator.Source, counts []atomic.Uint64, bounds []float64, scale, sum float64) {
-	var cum uint64
-	for i := range counts {
-		cum += counts[i].Load()
-		le := "+Inf"
-		if i < len(bounds) {
-			le = strconv.FormatFloat(bounds[i]*scale, 'g', -1, 64)
-		}
-		fmt.Fprintf(b, "%s_bucket{deployment=%q,pool=%q,source=%q,le=%q} %d\n", name, p.Deployment, p.Name, src, le, cum)
-	}
-	fmt.Fprintf(b, "%s_sum{deployment=%q,pool=%q,source=%q} %g\n", name, p.Deployment, p.Name, src, sum)
-	fmt.Fprintf(b, "%s_count{deployment=%q,pool=%q,source=%q} %d\n", name, p.Deployment, p.Name, src, cum)
+	promtext.Histogram(b, name, fmt.Sprintf("deployment=%q,pool=%q,source=%q", p.Deployment, p.Name, src), bounds, scale, counts, sum)
 }
 
 // writeTTFTErrorReadiness writes one /readyz?verbose line per predicting

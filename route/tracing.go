@@ -44,18 +44,9 @@ type DecisionSpan struct {
 	Verdict *contract.Verdict
 }
 
-// tracerBox lets an interface live in an atomic.Pointer.
-type tracerBox struct{ Tracer }
-
 // SetTracer installs (or, with nil, removes) the decision tracer: beside
 // the request log, what is recorded of each decision.
-func (l *Ledger) SetTracer(tr Tracer) {
-	if tr == nil {
-		l.tracer.Store(nil)
-		return
-	}
-	l.tracer.Store(&tracerBox{tr})
-}
+func (l *Ledger) SetTracer(tr Tracer) { l.tracer.set(tr) }
 
 // traceDecision hands the finished decision to tr. Called only with
 // tracing on: what it reads is gathered here, not on the decision's way.

@@ -1,11 +1,14 @@
-// Package promtext holds the two pieces of the Prometheus text format that
+// Package promtext holds the pieces of the Prometheus text format that
 // every hand-written /metrics writer in turnout repeats: a family's
-// # HELP/# TYPE header and the bucket a histogram counts a value in.
+// # HELP/# TYPE header, the bucket a histogram counts a value in, and a
+// histogram series' lines.
 package promtext
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
+	"sync/atomic"
 )
 
 // Helper returns a function that writes a metric family's # HELP and
@@ -24,4 +27,23 @@ func Bucket(bounds []float64, v float64) int {
 		i++
 	}
 	return i
+}
+
+// Histogram writes one series of histogram family name: its cumulative
+// buckets (counts[i] counts the values up to bounds[i], scaled by scale
+// into the family's unit; the last count, the values above them all, is
+// +Inf), then its sum and count. labels are the series' labels without
+// braces.
+func Histogram(b *strings.Builder, name, labels string, bounds []float64, scale float64, counts []atomic.Uint64, sum float64) {
+	var cum uint64
+	for i := range counts {
+		cum += counts[i].Load()
+		le := "+Inf"
+		if i < len(bounds) {
+			le = strconv.FormatFloat(bounds[i]*scale, 'g', -1, 64)
+		}
+		fmt.Fprintf(b, "%s_bucket{%s,le=%q} %d\n", name, labels, le, cum)
+	}
+	fmt.Fprintf(b, "%s_sum{%s} %g\n", name, labels, sum)
+	fmt.Fprintf(b, "%s_count{%s} %d\n", name, labels, cum)
 }

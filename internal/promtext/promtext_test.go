@@ -2,6 +2,7 @@ package promtext
 
 import (
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -28,5 +29,22 @@ func TestBucket(t *testing.T) {
 	}
 	if got := Bucket(nil, 1); got != 0 {
 		t.Errorf("Bucket with no bounds = %d, want 0", got)
+	}
+}
+
+func TestHistogram(t *testing.T) {
+	var counts [3]atomic.Uint64
+	counts[0].Store(2)
+	counts[2].Store(1)
+	var b strings.Builder
+	Histogram(&b, "x_seconds", `pool="a"`, []float64{5, 50}, 1e-3, counts[:], 0.25)
+	want := `x_seconds_bucket{pool="a",le="0.005"} 2
+x_seconds_bucket{pool="a",le="0.05"} 2
+x_seconds_bucket{pool="a",le="+Inf"} 3
+x_seconds_sum{pool="a"} 0.25
+x_seconds_count{pool="a"} 3
+`
+	if b.String() != want {
+		t.Fatalf("got\n%s\nwant\n%s", b.String(), want)
 	}
 }

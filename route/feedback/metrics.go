@@ -2,8 +2,8 @@ package feedback
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
+	"time"
 
 	"github.com/turnout/turnout/internal/promtext"
 	"github.com/turnout/turnout/route/fleet"
@@ -44,16 +44,8 @@ func (l *Loop) writeEndpointMetrics(b *strings.Builder) {
 		for _, p := range snap.Pools() {
 			for _, e := range p.Endpoints {
 				hist := h.get(e.State)
-				labels := fmt.Sprintf("deployment=%q,pool=%q,endpoint=%q", p.Deployment, p.Name, e.Name)
-				var cum uint64
-				for i, ub := range fleet.RequestBuckets {
-					cum += hist.Counts[i].Load()
-					fmt.Fprintf(b, "%s_bucket{%s,le=%q} %d\n", h.name, labels, strconv.FormatFloat(ub, 'g', -1, 64), cum)
-				}
-				cum += hist.Counts[len(fleet.RequestBuckets)].Load()
-				fmt.Fprintf(b, "%s_bucket{%s,le=\"+Inf\"} %d\n", h.name, labels, cum)
-				fmt.Fprintf(b, "%s_sum{%s} %g\n", h.name, labels, float64(hist.SumMs.Load())/1e3)
-				fmt.Fprintf(b, "%s_count{%s} %d\n", h.name, labels, cum)
+				promtext.Histogram(b, h.name, fmt.Sprintf("deployment=%q,pool=%q,endpoint=%q", p.Deployment, p.Name, e.Name),
+					fleet.RequestBuckets[:], 1, hist.Counts[:], float64(hist.SumMs.Load())/1e3)
 			}
 		}
 	}
@@ -66,4 +58,38 @@ func (l *Loop) writeMetrics(b *strings.Builder) {
 	fmt.Fprintf(b, "turnout_feedback_lines_total{result=\"malformed\"} %d\n", l.bad.Load())
 	l.writeEndpointMetrics(b)
 	l.writeHealthMetrics(b)
+}
+
+// writeHealthMetrics renders the feedback and stall gauges.
+func (l *Loop) writeHealthMetrics(b *strings.Builder) {
+	help := promtext.Helper(b)
+	stalled := 0
+	if l.mon.stalled.Load() {
+		stalled = 1
+	}
+	help("turnout_feedback_stalled", "gauge", "1 when completions stopped arriving while decisions are made (feedback.stalled_after).")
+	fmt.Fprintf(b, "turnout_feedback_stalled %d\n", stalled)
+	help("turnout_feedback_last_completion_age_seconds", "gauge", "Time since a completion last arrived (0 while they arrive; counted from start).")
+	fmt.Fprintf(b, "turnout_feedback_last_completion_age_seconds %g\n", time.Duration(l.mon.ageNs.Load()).Seconds())
+	help("turnout_feedback_rejected_total", "counter", "Feedback datagrams or lines dropped: source not in feedback.sources, or missing/wrong token.")
+	fmt.Fprintf(b, "turnout_feedback_rejected_total %d\n", l.rejected.Load())
+	help("turnout_stall_probes_total", "counter", "Stall probes by result (stalled: no answer within the budget).")
+	fmt.Fprintf(b, "turnout_stall_probes_total{result=\"ok\"} %d\n", l.stallProbes[0].Load())
+	fmt.Fprintf(b, "turnout_stall_probes_total{result=\"stalled\"} %d\n", l.stallProbes[1].Load())
+	help("turnout_endpoint_degraded", "gauge", "1 when stall detection took the endpoint out of rotation.")
+	for _, p := range l.d.Snapshot().Pools() {
+		for _, e := range p.Endpoints {
+			v := 0
+			if e.Degraded() {
+				v = 1
+			}
+			fmt.Fprintf(b, "turnout_endpoint_degraded{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, v)
+		}
+	}
+	help("turnout_endpoint_stall_limit_seconds", "gauge", "Time to first byte an endpoint must meet before stall detection probes it: health.stall.scale x its p99 first-token time, within health.stall.floor..budget (0: detection off).")
+	for _, p := range l.d.Snapshot().Pools() {
+		for _, e := range p.Endpoints {
+			fmt.Fprintf(b, "turnout_endpoint_stall_limit_seconds{deployment=%q,pool=%q,endpoint=%q} %g\n", p.Deployment, p.Name, e.Name, time.Duration(e.State.Stall.Limit()).Seconds())
+		}
+	}
 }

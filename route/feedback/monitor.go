@@ -2,9 +2,7 @@ package feedback
 
 import (
 	"context"
-	"fmt"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,7 +10,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/internal/promtext"
 	"github.com/turnout/turnout/route"
 )
 
@@ -113,70 +110,3 @@ func (l *Loop) checkFeedback(cfg *config.Config, now time.Time) {
 // Stalled reports whether completions stopped arriving while
 // decisions are made.
 func (l *Loop) Stalled() bool { return l.mon.stalled.Load() }
-
-// writeReadiness appends, for /readyz?verbose, one line on
-// completion feedback and one per degraded endpoint; readiness does not
-// depend on them.
-func (l *Loop) writeReadiness(b *strings.Builder) {
-	b.WriteString(l.feedbackStatus())
-	snap := l.d.Snapshot()
-	for _, p := range snap.Pools() {
-		for _, e := range p.Endpoints {
-			if e.Degraded() {
-				fmt.Fprintf(b, "endpoint %s (pool %s): degraded for %s: stalled past its %s limit\n",
-					e.Name, p.Name, time.Since(time.Unix(0, e.State.Stall.Since.Load())).Round(time.Second),
-					time.Duration(e.State.Stall.Limit()))
-			}
-		}
-	}
-}
-
-// feedbackStatus is the feedback line of /readyz?verbose.
-func (l *Loop) feedbackStatus() string {
-	cfg := l.d.Snapshot().Config
-	_, done, _ := l.d.Ledger().Counts()
-	age := time.Duration(l.mon.ageNs.Load()).Round(time.Second)
-	switch {
-	case l.mon.stalled.Load():
-		return fmt.Sprintf("feedback: STALLED: no completion for %s while %d decisions were made (check the proxy log target %s)\n", age, l.mon.pending.Load(), cfg.Feedback.Syslog)
-	case cfg.Feedback.Syslog == "" && done == 0:
-		return "feedback: off (feedback.disable): in-flight counts fall only at decision_ttl\n"
-	case done == 0:
-		return "feedback: waiting for the first completion\n"
-	}
-	return fmt.Sprintf("feedback: ok: %d completions, last within %s\n", done, max(age, time.Second))
-}
-
-// writeFeedbackHealthMetrics renders the feedback and stall gauges.
-func (l *Loop) writeHealthMetrics(b *strings.Builder) {
-	help := promtext.Helper(b)
-	stalled := 0
-	if l.mon.stalled.Load() {
-		stalled = 1
-	}
-	help("turnout_feedback_stalled", "gauge", "1 when completions stopped arriving while decisions are made (feedback.stalled_after).")
-	fmt.Fprintf(b, "turnout_feedback_stalled %d\n", stalled)
-	help("turnout_feedback_last_completion_age_seconds", "gauge", "Time since a completion last arrived (0 while they arrive; counted from start).")
-	fmt.Fprintf(b, "turnout_feedback_last_completion_age_seconds %g\n", time.Duration(l.mon.ageNs.Load()).Seconds())
-	help("turnout_feedback_rejected_total", "counter", "Feedback datagrams or lines dropped: source not in feedback.sources, or missing/wrong token.")
-	fmt.Fprintf(b, "turnout_feedback_rejected_total %d\n", l.rejected.Load())
-	help("turnout_stall_probes_total", "counter", "Stall probes by result (stalled: no answer within the budget).")
-	fmt.Fprintf(b, "turnout_stall_probes_total{result=\"ok\"} %d\n", l.stallProbes[0].Load())
-	fmt.Fprintf(b, "turnout_stall_probes_total{result=\"stalled\"} %d\n", l.stallProbes[1].Load())
-	help("turnout_endpoint_degraded", "gauge", "1 when stall detection took the endpoint out of rotation.")
-	for _, p := range l.d.Snapshot().Pools() {
-		for _, e := range p.Endpoints {
-			v := 0
-			if e.Degraded() {
-				v = 1
-			}
-			fmt.Fprintf(b, "turnout_endpoint_degraded{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, v)
-		}
-	}
-	help("turnout_endpoint_stall_limit_seconds", "gauge", "Time to first byte an endpoint must meet before stall detection probes it: health.stall.scale x its p99 first-token time, within health.stall.floor..budget (0: detection off).")
-	for _, p := range l.d.Snapshot().Pools() {
-		for _, e := range p.Endpoints {
-			fmt.Fprintf(b, "turnout_endpoint_stall_limit_seconds{deployment=%q,pool=%q,endpoint=%q} %g\n", p.Deployment, p.Name, e.Name, time.Duration(e.State.Stall.Limit()).Seconds())
-		}
-	}
-}

@@ -136,6 +136,8 @@ type Policy interface {
 	// or c.Reject says why the policy refused. It must not allocate and
 	// must be safe for concurrent use.
 	Pick(r *Request, p *Pool, c *Choice)
+	// Signals is what it reads of an endpoint (the union of its stages').
+	Consumer
 }
 
 // PromptUser is implemented by policies that need the prompt's block hashes.

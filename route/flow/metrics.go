@@ -2,7 +2,6 @@ package flow
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -143,15 +142,8 @@ func (c *Controller) writeMetrics(fam *[len(families)]strings.Builder, dep strin
 			}
 		}
 		h := &m.wait[ci]
-		var cum uint64
-		for i, ub := range waitBuckets {
-			cum += h.counts[i].Load()
-			fmt.Fprintf(&fam[2], "turnout_flow_wait_seconds_bucket{deployment=%q,class=%q,le=%q} %d\n", dep, cl, strconv.FormatFloat(ub, 'g', -1, 64), cum)
-		}
-		cum += h.counts[len(waitBuckets)].Load()
-		fmt.Fprintf(&fam[2], "turnout_flow_wait_seconds_bucket{deployment=%q,class=%q,le=\"+Inf\"} %d\n", dep, cl, cum)
-		fmt.Fprintf(&fam[2], "turnout_flow_wait_seconds_sum{deployment=%q,class=%q} %g\n", dep, cl, float64(h.sumNs.Load())/1e9)
-		fmt.Fprintf(&fam[2], "turnout_flow_wait_seconds_count{deployment=%q,class=%q} %d\n", dep, cl, cum)
+		promtext.Histogram(&fam[2], "turnout_flow_wait_seconds", fmt.Sprintf("deployment=%q,class=%q", dep, cl),
+			waitBuckets[:], 1, h.counts[:], float64(h.sumNs.Load())/1e9)
 	}
 	sat := 0
 	if c.Saturated() {

@@ -4,9 +4,10 @@ import "github.com/turnout/turnout/route/fleet"
 
 // What each stage and policy reads of an endpoint (fleet.Consumer): a
 // leaf stage names the signals its methods read through their accessors,
-// a composite the union of its parts'. Asked at config load (route's
-// signal check, /readyz?verbose), never per decision. TestPolicySignals
-// holds these to the accessor calls in the code.
+// a composite the union of its parts'. Filter, Scorer, Tie, Picker,
+// Recorder and fleet.Policy embed fleet.Consumer, so every one declares.
+// Asked at config load (route's signal check, /readyz?verbose), never per
+// decision. TestPolicySignals holds these to the accessor calls in the code.
 
 // signalsOf is the union of what the given stages declare.
 func signalsOf[T any](parts ...T) fleet.Signals {
@@ -137,28 +138,15 @@ func (pt *PredictedTTFT) Signals() fleet.Signals {
 	return pt.Profile.Signals() | fleet.SignalSet(fleet.SignalFirstToken, fleet.SignalEngineTTFT, fleet.SignalLoad, fleet.SignalPending)
 }
 
-var (
-	_ fleet.Consumer = (*Profile)(nil)
-	_ fleet.Consumer = (*MaxScore)(nil)
-	_ fleet.Consumer = (*Rotation)(nil)
-	_ fleet.Consumer = (*P2C)(nil)
-	_ fleet.Consumer = (*LeastLoaded)(nil)
-	_ fleet.Consumer = (*Ring)(nil)
-	_ fleet.Consumer = (*LoadGuard)(nil)
-	_ fleet.Consumer = (*BoundedServed)(nil)
-	_ fleet.Consumer = (*LeastLoadedRecent)(nil)
-	_ fleet.Consumer = LoadScore{}
-	_ fleet.Consumer = LowerLoad{}
-	_ fleet.Consumer = FewerRecent{}
-	_ fleet.Consumer = FewerServed{}
-	_ fleet.Consumer = SessionGate{}
-	_ fleet.Consumer = EngineQueue{}
-	_ fleet.Consumer = (*LoRAIndex)(nil)
-	_ fleet.Consumer = firstOnly{}
-	_ fleet.Consumer = (*prefixMatched)(nil)
-	_ fleet.Consumer = (*ttftGuard)(nil)
-	_ fleet.Consumer = (*RoundRobin)(nil)
-	_ fleet.Consumer = (*SessionHash)(nil)
-	_ fleet.Consumer = (*KVAware)(nil)
-	_ fleet.Consumer = (*PredictedTTFT)(nil)
-)
+// Signals implements fleet.Consumer: the index reads its own LRUs, no
+// endpoint signal.
+func (*PrefixIndex) Signals() fleet.Signals { return 0 }
+
+// Signals implements fleet.Consumer: the cycle's KV matches are KVAware's
+// (it declares the KV events).
+func (kvUncached) Signals() fleet.Signals { return 0 }
+
+// Signals implements fleet.Consumer: an endpoint's seed is no signal.
+func (SessionRank) Signals() fleet.Signals { return 0 }
+
+var _ fleet.Consumer = SessionGate{}

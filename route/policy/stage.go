@@ -90,6 +90,17 @@ func (c *Cycle) First() *fleet.Endpoint {
 // Every picker asks it, so no policy sends a model where it would 404.
 func (c *Cycle) Usable(e *fleet.Endpoint) bool { return e.Available() && c.Req.Only.Has(e.Index) }
 
+// Rotated is Candidates and, with r, a random start among them for a
+// scan that wraps around (one draw; none without candidates), so that
+// equal endpoints share the picks.
+func (c *Cycle) Rotated(r *fleet.Rand) (eps []*fleet.Endpoint, off int) {
+	eps = c.Candidates()
+	if r != nil && len(eps) > 0 {
+		off = r.Intn(len(eps))
+	}
+	return eps, off
+}
+
 // Room reports whether the choice has room for another endpoint.
 func (c *Cycle) Room() bool { return len(c.Choice.Endpoints) < cap(c.Choice.Endpoints) }
 
@@ -98,6 +109,7 @@ func (c *Cycle) Room() bool { return len(c.Choice.Endpoints) < cap(c.Choice.Endp
 // every picker; filters add conditions of their own (a load guard).
 type Filter interface {
 	Keep(c *Cycle, e *fleet.Endpoint) bool
+	fleet.Consumer
 }
 
 // Scorer rates an endpoint for the request: higher is better. A picker
@@ -105,12 +117,14 @@ type Filter interface {
 // unit (blocks, requests) so that weights read as exchange rates.
 type Scorer interface {
 	Score(c *Cycle, e *fleet.Endpoint) float64
+	fleet.Consumer
 }
 
 // Tie breaks equal scores: the higher key wins, and when every key is
 // equal the first endpoint in the picker's order does.
 type Tie interface {
 	Key(c *Cycle, e *fleet.Endpoint) uint64
+	fleet.Consumer
 }
 
 // Picker appends endpoints to the choice (c.Choice.Endpoints, never past
@@ -119,12 +133,14 @@ type Tie interface {
 // fallbacks.
 type Picker interface {
 	Pick(c *Cycle)
+	fleet.Consumer
 }
 
 // Recorder learns from a decision once the pickers are done (what the
 // decision teaches an index: a prefix LRU insert).
 type Recorder interface {
 	Record(c *Cycle)
+	fleet.Consumer
 }
 
 // Summary says what a profile summarizes of its pool before its pickers

@@ -68,14 +68,10 @@ func (m *MaxScore) Pick(c *Cycle) {
 	if (m.WhenEmpty && c.Picked() > 0) || (m.Gate != nil && !m.Gate.Open(c)) {
 		return
 	}
-	eps := c.Candidates()
+	eps, off := c.Rotated(m.Rand)
 	n := len(eps)
 	if n == 0 {
 		return
-	}
-	off := 0
-	if m.Rand != nil {
-		off = m.Rand.Intn(n)
 	}
 	if m.SetsOutcome && !m.OnPick {
 		c.Choice.Outcome = m.Outcome

@@ -107,14 +107,10 @@ func (ll *LeastLoaded) Pick(c *Cycle) {
 		}
 		c.Choice.Outcome = fleet.OutcomeOverflow
 	}
-	eps := c.Candidates()
+	eps, off := c.Rotated(ll.Rand) // drawn even when the choice is full, as always
 	n := len(eps)
 	if n == 0 {
 		return
-	}
-	off := 0
-	if ll.Rand != nil {
-		off = ll.Rand.Intn(n) // drawn even when the choice is full, as always
 	}
 	dst := c.Choice.Endpoints
 	for len(dst) < cap(dst) {

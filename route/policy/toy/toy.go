@@ -89,6 +89,4 @@ var (
 	_ fleet.Annotator = (*Policy)(nil)
 	_ policy.Scorer   = fewerWaiting{}
 	_ policy.Picker   = noteFirst{}
-	_ fleet.Consumer  = fewerWaiting{}
-	_ fleet.Consumer  = noteFirst{}
 )
