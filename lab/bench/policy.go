@@ -228,6 +228,10 @@ type ConfigOptions struct {
 	NginxDir       string
 	NginxMode      string
 	DisableHealth  bool
+	// DisableEngineMetrics turns the engines' /metrics scrapes off (a
+	// pool of addresses nothing listens on would fail them in the
+	// background of what a bench times).
+	DisableEngineMetrics bool
 	MaxBody        int
 	SessionHeaders []string
 	// DeploymentYAML are extra lines of the deployment (indented as its
@@ -265,6 +269,9 @@ func TurnoutConfig(o ConfigOptions) []byte {
 		b.WriteString("health:\n  disable: true\n")
 	} else {
 		b.WriteString("health:\n  interval: 1s\n")
+	}
+	if o.DisableEngineMetrics {
+		b.WriteString("engine_metrics:\n  disable: true\n")
 	}
 	if o.NoFirstTokenTiming {
 		b.WriteString("proxy:\n  first_token_timing: false\n")
