@@ -228,10 +228,6 @@ type ConfigOptions struct {
 	NginxDir       string
 	NginxMode      string
 	DisableHealth  bool
-	// DisableEngineMetrics turns the engines' /metrics scrapes off (a
-	// pool of addresses nothing listens on would fail them in the
-	// background of what a bench times).
-	DisableEngineMetrics bool
 	MaxBody        int
 	SessionHeaders []string
 	// DeploymentYAML are extra lines of the deployment (indented as its
@@ -244,6 +240,10 @@ type ConfigOptions struct {
 	// Picker's gRPC listener, epp.tls.mode and epp.server; "" = no
 	// section, turnout's default mode and server).
 	EPPListen, EPPTLS, EPPServer string
+	// DisableEngineMetrics turns the engines' /metrics scrapes off (a
+	// pool of addresses nothing listens on would fail them in the
+	// background of what a bench times).
+	DisableEngineMetrics bool
 }
 
 // TurnoutConfig renders a turnout YAML config with one deployment and one

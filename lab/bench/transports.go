@@ -53,14 +53,14 @@ type TransportOptions struct {
 	GRPCConns int
 	Replicas  int
 	Policy    string
+	Dir       string
+	Log       *zerolog.Logger
 	// PromptKiB is every body's size (0: half 2 KiB, half 8 KiB).
 	PromptKiB int
 	// Paced, when above 0, runs each target once more after the rounds,
 	// paced at that fraction of its decisions per core (from its CPU per
 	// decision), for the latency at a known load.
 	Paced float64
-	Dir       string
-	Log       *zerolog.Logger
 }
 
 // TransportRow is one transport's figures, medians over rounds.
