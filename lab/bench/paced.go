@@ -14,24 +14,16 @@ func pacedLoop(ctx context.Context, t transportTarget, conns int, rate float64, 
 	if rate <= 0 || conns < 1 {
 		return nil, errors.New("paced: rate and conns must be positive")
 	}
-	decides := make([]func(int) error, conns)
-	next := make([]time.Time, conns)
 	start := time.Now()
-	for w := range conns {
-		f, closeFn, err := t.worker(w)
-		if err != nil {
-			return nil, err
-		}
-		defer closeFn()
-		decides[w] = f
+	next := make([]time.Time, conns)
+	for w := range next {
 		next[w] = start.Add(time.Duration(float64(time.Second) * float64(w) / rate))
 	}
 	gap := time.Duration(float64(time.Second) * float64(conns) / rate)
-	pace := func(w int) {
+	return targetLoop(ctx, t, conns, d, func(w int) {
 		if wait := time.Until(next[w]); wait > 0 {
 			time.Sleep(wait)
 		}
 		next[w] = next[w].Add(gap)
-	}
-	return runWorkers(ctx, decides, d, pace)
+	})
 }

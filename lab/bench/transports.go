@@ -237,7 +237,7 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			if err != nil {
 				return nil, err
 			}
-			res, err := closedLoop(ctx, t, o.Conns, o.Duration)
+			res, err := targetLoop(ctx, t, o.Conns, o.Duration, nil)
 			if err != nil {
 				return nil, fmt.Errorf("transports %s: %w", t.name, err)
 			}
@@ -301,9 +301,10 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 	return rows, nil
 }
 
-// closedLoop runs conns workers of t for d, each sending its next request
-// as soon as the last is answered.
-func closedLoop(ctx context.Context, t transportTarget, conns int, d time.Duration) (*LoadResult, error) {
+// targetLoop runs conns workers of t for d, each sending its next request
+// as soon as the last is answered (closed loop), after pace(w) when pace
+// is not nil.
+func targetLoop(ctx context.Context, t transportTarget, conns int, d time.Duration, pace func(w int)) (*LoadResult, error) {
 	decides := make([]func(int) error, conns)
 	for w := range conns {
 		f, closeFn, err := t.worker(w)
@@ -313,7 +314,7 @@ func closedLoop(ctx context.Context, t transportTarget, conns int, d time.Durati
 		defer closeFn()
 		decides[w] = f
 	}
-	return runWorkers(ctx, decides, d, nil)
+	return runWorkers(ctx, decides, d, pace)
 }
 
 // runWorkers runs one goroutine per decide function for d, each calling

@@ -108,33 +108,3 @@ func TestMatchFirstAgreesWithMatchIDs(t *testing.T) {
 		t.Fatalf("%d first-block lists left after every source went", ix.firsts.n)
 	}
 }
-
-// TestMatchFirstAllocs: a lookup and its reset allocate nothing, and ask
-// only the holders: a source at a position the caller does not map is
-// skipped.
-func TestMatchFirstAllocs(t *testing.T) {
-	const bs = 16
-	ix := NewIndex(10000)
-	prompt := seqTokens(64*bs, 1)
-	hashes := make([]uint64, 64)
-	for i := range hashes {
-		hashes[i] = uint64(i + 1)
-	}
-	at := make([]int32, 9)
-	for i := range 9 {
-		n := 8 * (i%8 + 1)
-		ix.Apply(fmt.Sprintf("replica-%d", i), batch(stored(hashes[:n], 0, false, prompt[:n*bs], bs)))
-		at[ix.SourceID(fmt.Sprintf("replica-%d", i))] = int32(i)
-	}
-	at[ix.SourceID("replica-8")] = -1
-	keys := BlockKeys(prompt, bs, nil)
-	var m Matches
-	m.Size(8)
-	if n := testing.AllocsPerRun(100, func() { ix.MatchFirst(keys, at, &m); m.Reset() }); n != 0 {
-		t.Fatalf("MatchFirst allocates %.1f times per run", n)
-	}
-	ix.MatchFirst(keys, at, &m)
-	if fmt.Sprint(m.Blocks) != "[8 16 24 32 40 48 56 64]" || m.Held[0] != 0xff {
-		t.Fatalf("MatchFirst = %v, held %b", m.Blocks, m.Held[0])
-	}
-}
