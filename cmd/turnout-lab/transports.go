@@ -28,6 +28,8 @@ func runTransports(args []string, log *zerolog.Logger) error {
 	fset.IntVar(&o.GRPCConns, "grpc-conns", 2, "gRPC connections carrying the ext_proc streams (Envoy: one per worker thread)")
 	fset.IntVar(&o.Replicas, "replicas", 4, "replicas in the pool (never called)")
 	fset.StringVar(&o.Policy, "policy", "prefix-affinity", "turnout policy")
+	fset.IntVar(&o.PromptKiB, "prompt-kib", 0, "every body's size in KiB (0: half 2 KiB, half 8 KiB)")
+	fset.Float64Var(&o.Paced, "paced", 0, "after the rounds, run each transport once at this fraction of its decisions per core (0.5: half), for its latency at that load")
 	bin := fset.String("turnout-bin", "", "turnout binary (default: turnout next to this executable, else on $PATH)")
 	fset.StringVar(&o.Baseline, "baseline-bin", "", "another turnout binary measured in the same run, interleaved (its SPOE and Endpoint Picker rows)")
 	fset.StringVar(&o.EPPServer, "epp-server", "", "epp.server of turnout-bin (default: its own default)")

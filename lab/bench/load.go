@@ -131,7 +131,7 @@ func GoLoad(ctx context.Context, t LoadTarget, bodies []CostBody, conns int, d t
 			return err
 		}
 	}
-	res, err := runWorkers(ctx, decides, d)
+	res, err := runWorkers(ctx, decides, d, nil)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", t.Name, err)
 	}

@@ -242,6 +242,10 @@ type ConfigOptions struct {
 	EPPListen, EPPTLS, EPPServer string
 	// RequestLog is a file for turnout's request log, every request ("" = off).
 	RequestLog string
+	// DisableEngineMetrics turns the engines' /metrics scrapes off (a
+	// pool of addresses nothing listens on would fail them in the
+	// background of what a bench times).
+	DisableEngineMetrics bool
 }
 
 // TurnoutConfig renders a turnout YAML config with one deployment and one
@@ -270,6 +274,9 @@ func TurnoutConfig(o ConfigOptions) []byte {
 		b.WriteString("health:\n  disable: true\n")
 	} else {
 		b.WriteString("health:\n  interval: 1s\n")
+	}
+	if o.DisableEngineMetrics {
+		b.WriteString("engine_metrics:\n  disable: true\n")
 	}
 	if o.NoFirstTokenTiming {
 		b.WriteString("proxy:\n  first_token_timing: false\n")

@@ -55,6 +55,12 @@ type TransportOptions struct {
 	Policy    string
 	Dir       string
 	Log       *zerolog.Logger
+	// PromptKiB is every body's size (0: half 2 KiB, half 8 KiB).
+	PromptKiB int
+	// Paced, when above 0, runs each target once more after the rounds,
+	// paced at that fraction of its decisions per core (from its CPU per
+	// decision), for the latency at a known load.
+	Paced float64
 }
 
 // TransportRow is one transport's figures, medians over rounds.
@@ -71,7 +77,11 @@ type TransportRow struct {
 	// CPURatio is CPUPerDecision against the SPOE row's of the same
 	// binary, per round, median; CPURatioMin and CPURatioMax its spread.
 	CPURatio, CPURatioMin, CPURatioMax float64
-	FirstErr                           string
+	// PerCore is decisions per CPU-second of turnout: 1e6 / CPUPerDecision.
+	PerCore float64
+	// PacedRPS, PacedP50 and PacedP99 (ms) are the paced run's (Paced).
+	PacedRPS, PacedP50, PacedP99 float64
+	FirstErr                     string
 
 	roundRPS, roundCPU, roundP50, roundP99 []float64
 }
@@ -115,6 +125,9 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 	var ps procSet
 	defer ps.stopAll()
 	bodies := CostBodies(64, "llama", 1, false, 1)
+	if o.PromptKiB > 0 {
+		bodies = CostBodiesSized(64, "llama", 1, false, 1, o.PromptKiB<<10)
+	}
 	eps := make([]Endpoint, max(o.Replicas, 1))
 	for i := range eps {
 		eps[i] = Endpoint{Name: "r" + strconv.Itoa(i), Address: "127.0.0.1:" + strconv.Itoa(18000+i)}
@@ -132,7 +145,7 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		if err != nil {
 			return nil, nil, err
 		}
-		cfg := TurnoutConfig(ConfigOptions{Listen: addrs["listen"], Model: "llama", Policy: spec, Endpoints: eps, DisableHealth: true,
+		cfg := TurnoutConfig(ConfigOptions{Listen: addrs["listen"], Model: "llama", Policy: spec, Endpoints: eps, DisableHealth: true, DisableEngineMetrics: true,
 			Syslog: "127.0.0.1:" + strconv.Itoa(fb), HAProxyListen: addrs["haproxy"], HAProxySPOE: addrs["spoe"],
 			SessionHeaders: []string{"x-session-id"}, EPPListen: addrs["epp"], EPPTLS: tlsMode, EPPServer: server})
 		path := filepath.Join(o.Dir, name+".yaml")
@@ -224,7 +237,7 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			if err != nil {
 				return nil, err
 			}
-			res, err := closedLoop(ctx, t, o.Conns, o.Duration)
+			res, err := targetLoop(ctx, t, o.Conns, o.Duration, nil)
 			if err != nil {
 				return nil, fmt.Errorf("transports %s: %w", t.name, err)
 			}
@@ -253,6 +266,9 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 	for i := range rows {
 		row := &rows[i]
 		row.RPS, row.CPUPerDecision = median(row.roundRPS), median(row.roundCPU)
+		if row.CPUPerDecision > 0 {
+			row.PerCore = 1e6 / row.CPUPerDecision
+		}
 		row.P50, row.P99 = median(row.roundP50), median(row.roundP99)
 		spoe := slices.IndexFunc(rows, func(r TransportRow) bool { return r.Target == targets[i].spoe })
 		var ratios []float64
@@ -266,12 +282,29 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			row.CPURatioMin, row.CPURatioMax = slices.Min(ratios), slices.Max(ratios)
 		}
 	}
+	if o.Paced > 0 {
+		for i, t := range targets {
+			row := &rows[i]
+			if row.PerCore == 0 {
+				continue
+			}
+			res, err := pacedLoop(ctx, t, o.Conns, o.Paced*row.PerCore, o.Duration)
+			if err != nil {
+				return nil, fmt.Errorf("transports %s paced: %w", t.name, err)
+			}
+			s := Summarize(Millis(res.Latencies))
+			row.PacedRPS, row.PacedP50, row.PacedP99 = res.RPS(), s.P50, s.P99
+			row.Errors += res.Errors
+			o.Log.Info().Str("target", t.name).Float64("rps", res.RPS()).Float64("p99_ms", s.P99).Msg("bench: transports paced")
+		}
+	}
 	return rows, nil
 }
 
-// closedLoop runs conns workers of t for d, each sending its next request
-// as soon as the last is answered.
-func closedLoop(ctx context.Context, t transportTarget, conns int, d time.Duration) (*LoadResult, error) {
+// targetLoop runs conns workers of t for d, each sending its next request
+// as soon as the last is answered (closed loop), after pace(w) when pace
+// is not nil.
+func targetLoop(ctx context.Context, t transportTarget, conns int, d time.Duration, pace func(w int)) (*LoadResult, error) {
 	decides := make([]func(int) error, conns)
 	for w := range conns {
 		f, closeFn, err := t.worker(w)
@@ -281,13 +314,14 @@ func closedLoop(ctx context.Context, t transportTarget, conns int, d time.Durati
 		defer closeFn()
 		decides[w] = f
 	}
-	return runWorkers(ctx, decides, d)
+	return runWorkers(ctx, decides, d, pace)
 }
 
 // runWorkers runs one goroutine per decide function for d, each calling
 // its function with the request numbers w, w+n, w+2n ... as soon as the
-// last call returned, and sums what they counted.
-func runWorkers(ctx context.Context, decides []func(int) error, d time.Duration) (*LoadResult, error) {
+// last call returned (after pace(w) when pace is not nil: the wait is not
+// in the latency), and sums what they counted.
+func runWorkers(ctx context.Context, decides []func(int) error, d time.Duration, pace func(w int)) (*LoadResult, error) {
 	var (
 		mu  sync.Mutex
 		res LoadResult
@@ -304,6 +338,9 @@ func runWorkers(ctx context.Context, decides []func(int) error, d time.Duration)
 			var n, errs int
 			var first error
 			for i := w; ctx.Err() == nil; i += conns {
+				if pace != nil {
+					pace(w)
+				}
 				t0 := time.Now()
 				if t0.After(deadline) {
 					break
@@ -431,9 +468,18 @@ func procCPU(pid int) (time.Duration, error) {
 // WriteTransportTable writes the rows as an aligned table.
 func WriteTransportTable(w io.Writer, rows []TransportRow) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "transport\tconns\tdecisions\terrors\tdecisions/s\tp50 ms\tp99 ms\tCPU µs/decision\tCPU vs SPOE\trounds' range")
+	paced := slices.ContainsFunc(rows, func(r TransportRow) bool { return r.PacedRPS > 0 })
+	head := "transport\tconns\tdecisions\terrors\tdecisions/s\tp50 ms\tp99 ms\tCPU µs/decision\tdecisions/s/core\tCPU vs SPOE\trounds' range"
+	if paced {
+		head += "\tpaced decisions/s\tpaced p50 ms\tpaced p99 ms"
+	}
+	fmt.Fprintln(tw, head)
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t%.3f\t%.3f\t%.1f\t%.2fx\t%.2f-%.2fx\n", r.Target, r.Conns, r.Requests, r.Errors, r.RPS, r.P50, r.P99, r.CPUPerDecision, r.CPURatio, r.CPURatioMin, r.CPURatioMax)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t%.3f\t%.3f\t%.1f\t%.0f\t%.2fx\t%.2f-%.2fx", r.Target, r.Conns, r.Requests, r.Errors, r.RPS, r.P50, r.P99, r.CPUPerDecision, r.PerCore, r.CPURatio, r.CPURatioMin, r.CPURatioMax)
+		if paced {
+			fmt.Fprintf(tw, "\t%.0f\t%.3f\t%.3f", r.PacedRPS, r.PacedP50, r.PacedP99)
+		}
+		fmt.Fprintln(tw)
 	}
 	for _, r := range rows {
 		if r.FirstErr != "" {

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -54,6 +55,10 @@ type entry struct {
 	refs   uint32 // stores minus removes: vLLM may cache duplicate blocks under one hash
 	prev   int32
 	next   int32
+	// fprev and fnext link the entries of one first block (firsts.go);
+	// fprev is notFirst for an entry of a later block.
+	fprev int32
+	fnext int32
 }
 
 const nilIdx = -1
@@ -68,8 +73,8 @@ type source struct {
 }
 
 // Index maps turnout block keys to the replicas (sources) that hold them,
-// for one deployment pool. It is safe for concurrent use; Match and
-// MatchIDs take only a read lock and do not allocate.
+// for one deployment pool. It is safe for concurrent use; Match, MatchIDs
+// and MatchFirst take only a read lock and do not allocate.
 //
 // Only events about device memory (medium absent or "GPU") of one
 // full-attention KV-cache group per source are indexed: offloaded tiers and
@@ -90,6 +95,7 @@ type Index struct {
 	n      int
 	byName map[string]int32
 	srcs   []*source // by id; nil once removed, ids are never reused
+	firsts table     // a first block's key -> its most recent entry's slab index + 1 (firsts.go)
 
 	blockSize int // learned from the first stored event unless set
 
@@ -112,6 +118,7 @@ func NewIndex(maxBlocks int) *Index {
 		head:   nilIdx,
 		tail:   nilIdx,
 		byName: make(map[string]int32),
+		firsts: newTable(rand.Uint64()),
 	}
 }
 
@@ -268,14 +275,15 @@ func (ix *Index) storeLocked(s *source, ev *Event) {
 			return
 		}
 		key = chainKey(key, ev.TokenIDs[j*bs:(j+1)*bs])
-		ix.upsertLocked(s, ev.BlockHashes[j], key)
+		ix.upsertLocked(s, ev.BlockHashes[j], key, j == 0 && !ev.HasParent)
 	}
 }
 
-func (ix *Index) upsertLocked(s *source, engine, key uint64) {
+// upsertLocked stores one block; first: it begins a prompt (no parent).
+func (ix *Index) upsertLocked(s *source, engine, key uint64, first bool) {
 	if ix.n >= ix.max {
 		if v, ok := s.byEngine.get(engine); ok {
-			ix.restoreLocked(s, int32(v-1), key)
+			ix.restoreLocked(s, int32(v-1), key, first)
 			return
 		}
 		// Before the insert below: evicting may delete from this table.
@@ -283,7 +291,7 @@ func (ix *Index) upsertLocked(s *source, engine, key uint64) {
 	}
 	ref, inserted := s.byEngine.ref(engine)
 	if !inserted {
-		ix.restoreLocked(s, int32(ref.val-1), key)
+		ix.restoreLocked(s, int32(ref.val-1), key, first)
 		return
 	}
 	var i int32
@@ -295,21 +303,28 @@ func (ix *Index) upsertLocked(s *source, engine, key uint64) {
 		i = int32(len(ix.slab) - 1)
 	}
 	ref.val = uint32(i) + 1
-	ix.slab[i] = entry{key: key, engine: engine, src: s.id, refs: 1, prev: nilIdx, next: nilIdx}
+	ix.slab[i] = entry{key: key, engine: engine, src: s.id, refs: 1, prev: nilIdx, next: nilIdx, fprev: notFirst}
 	ix.pushFront(i)
 	ix.n++
 	s.byKey.inc(key)
+	if first {
+		ix.linkFirst(i)
+	}
 }
 
 // restoreLocked is a store of a block src already holds (slab index i).
-func (ix *Index) restoreLocked(s *source, i int32, key uint64) {
+func (ix *Index) restoreLocked(s *source, i int32, key uint64, first bool) {
 	e := &ix.slab[i]
 	if e.key != key {
 		// Same engine hash, different tokens: trust the newest event.
+		ix.unlinkFirst(i)
 		s.byKey.dec(e.key)
 		e.key = key
 		s.byKey.inc(key)
 		e.refs = 0
+	}
+	if first && e.fprev == notFirst {
+		ix.linkFirst(i)
 	}
 	e.refs++
 	ix.unlink(i)
@@ -358,6 +373,7 @@ func (ix *Index) deleteLocked(s *source, i int32) {
 }
 
 func (ix *Index) freeSlot(i int32) {
+	ix.unlinkFirst(i)
 	ix.slab[i] = entry{prev: nilIdx, next: ix.free}
 	ix.free = i
 	ix.n--
@@ -517,8 +533,7 @@ func (ix *Index) Stats() IndexStats {
 		Filtered:       ix.filtered,
 		UnknownRemoves: ix.unknownRemoves,
 	}
-	const entrySize = 32
-	st.ApproxBytes = int64(cap(ix.slab)) * entrySize
+	st.ApproxBytes = int64(cap(ix.slab))*int64(unsafe.Sizeof(entry{})) + ix.firsts.bytes()
 	for _, s := range ix.srcs {
 		if s != nil {
 			st.Sources++

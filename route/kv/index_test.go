@@ -400,6 +400,22 @@ func TestMatchAllocs(t *testing.T) {
 	if out[0] != 8 || out[7] != 64 {
 		t.Fatalf("Match = %v", out)
 	}
+	// MatchFirst: the same, asking only the first block's holders; a
+	// source at a position the caller does not map is skipped.
+	at := make([]int32, len(srcs))
+	for i, id := range ids {
+		at[id] = int32(i)
+	}
+	at[ids[7]] = -1
+	var m Matches
+	m.Size(len(srcs))
+	if n := testing.AllocsPerRun(100, func() { ix.MatchFirst(keys, at, &m); m.Reset() }); n != 0 {
+		t.Fatalf("MatchFirst allocates %.1f times per run", n)
+	}
+	ix.MatchFirst(keys, at, &m)
+	if fmt.Sprint(m.Blocks) != "[8 16 24 32 40 48 56 0]" || m.Held[0] != 0x7f {
+		t.Fatalf("MatchFirst = %v, held %b", m.Blocks, m.Held[0])
+	}
 }
 
 func TestIndexConcurrent(t *testing.T) {

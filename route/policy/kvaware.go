@@ -93,7 +93,8 @@ type KVAware struct {
 	// Shared with the policies of later snapshots (Carry).
 	sh *kvShared
 
-	ids []int // index source id per endpoint index
+	ids []int   // index source id per endpoint index
+	at  []int32 // endpoint index per index source id (-1: not in this pool)
 	// probes is how many endpoints a decision looks at for an engine's
 	// block size (0: all; learnBlockSize), probed where the next starts.
 	probes int
@@ -118,8 +119,7 @@ type kvBuf struct {
 	cy     Cycle
 	req    fleet.Request // the fallback's copy of the request
 	keys   []uint64
-	out    []int
-	stale  []bool
+	m      kv.Matches // zero between decisions
 	blocks []uint64
 	hasher fleet.PrefixHasher
 }
@@ -220,8 +220,17 @@ func (k *KVAware) Start(p *fleet.Pool) {
 		k.log.Warn().Err(err).Str(fleet.FieldPool, k.pool).Msg("kv-event subscriptions")
 	}
 	k.ids = make([]int, len(p.Endpoints))
+	n := 0
 	for i, e := range p.Endpoints {
 		k.ids[i] = k.sh.idx.SourceID(e.Name)
+		n = max(n, k.ids[i]+1)
+	}
+	k.at = make([]int32, n)
+	for i := range k.at {
+		k.at[i] = -1
+	}
+	for i, id := range k.ids {
+		k.at[id] = int32(i)
 	}
 }
 
@@ -322,25 +331,15 @@ func (k *KVAware) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
 		b.req = fleet.Request{}
 		return
 	}
-	if cap(b.out) < len(p.Endpoints) {
-		b.out = make([]int, len(p.Endpoints))
-	}
-	out := b.out[:len(p.Endpoints)]
-	k.sh.idx.MatchIDs(keys, k.ids, out)
-	// Staleness is looked up once per endpoint, not once per fallback
-	// slot, and only for one that holds a block: it halves a match, and
-	// half of nothing is nothing.
-	if cap(b.stale) < len(p.Endpoints) {
-		b.stale = make([]bool, len(p.Endpoints))
-	}
-	stale := b.stale[:len(p.Endpoints)]
-	for i, e := range p.Endpoints {
-		stale[i] = out[i] > 0 && k.sh.idx.Stale(e.Name)
-	}
+	// Only the holders of the request's first block can hold any of its
+	// blocks: the index asks them alone, and the rest stay at zero.
+	b.m.Size(len(p.Endpoints))
+	k.sh.idx.MatchFirst(keys, k.at, &b.m)
 	b.cy.reset(r, p, c)
-	b.cy.Match, b.cy.Stale, b.cy.Of = out, stale, len(keys)
+	b.cy.Match, b.cy.Stale, b.cy.Held, b.cy.Of = b.m.Blocks, b.m.Stale, b.m.Held, len(keys)
 	k.profile.Run(&b.cy)
 	b.cy.release()
+	b.m.Reset()
 }
 
 // kvRank is the KV-cost ranking; its first choice's matched blocks (as

@@ -191,12 +191,15 @@ func (x *PrefixIndex) keyCandidates(c *Cycle, budget int) bool {
 // keyCandidates implements candidateKeyer: the endpoints whose KV events
 // hold any of the request's blocks.
 func (kvUncached) keyCandidates(c *Cycle, budget int) bool {
-	for i, m := range c.Match {
-		if budget == 0 {
-			break
-		}
-		if m > 0 && i < len(c.Pool.Endpoints) && c.addCandidate(c.Pool.Endpoints[i]) {
-			budget--
+	for w, b := range c.Held {
+		for ; b != 0; b &= b - 1 {
+			if budget == 0 {
+				return true
+			}
+			i := w<<6 | bits.TrailingZeros64(b)
+			if i < len(c.Pool.Endpoints) && c.addCandidate(c.Pool.Endpoints[i]) {
+				budget--
+			}
 		}
 	}
 	return true

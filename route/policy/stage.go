@@ -28,9 +28,11 @@ type Cycle struct {
 	N         int    // available endpoints
 	// Match is, by endpoint index, how many of the request's Of blocks the
 	// endpoint holds, and Stale whether that figure is in doubt: set by a
-	// policy that looks the request up in an index once (kv-aware).
+	// policy that looks the request up in an index once (kv-aware), with
+	// Held the bits of the endpoints whose Match is not 0.
 	Match []int
 	Stale []bool
+	Held  []uint64
 	Of    int
 	// MinRecent is the fewest recent decisions among the least loaded
 	// (SessionGate, for LeastLoadedRecent).
@@ -71,7 +73,7 @@ func (c *Cycle) Candidates() []*fleet.Endpoint {
 
 // release drops the request's memory while the cycle is idle.
 func (c *Cycle) release() {
-	c.Req, c.Pool, c.Choice, c.Cands, c.Match, c.Stale, c.lazy = nil, nil, nil, nil, nil, nil, nil
+	c.Req, c.Pool, c.Choice, c.Cands, c.Match, c.Stale, c.Held, c.lazy = nil, nil, nil, nil, nil, nil, nil, nil
 }
 
 // Picked is how many endpoints this decision has chosen so far.
