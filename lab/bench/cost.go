@@ -128,6 +128,10 @@ type CostRow struct {
 	ProxyRSS, TurnoutRSS float64
 	// RSSRatio is ProxyRSS against the group baseline's.
 	RSSRatio float64
+	// ProxyCPU and TurnoutCPU are CPU time (user + system, /proc/PID/stat)
+	// per request in µs, the median over rounds: steadier than req/s on a
+	// busy box, where the neighbours take wall time but not this CPU.
+	ProxyCPU, TurnoutCPU float64
 	// Idle marks the idle keep-alive memory rows; IdleBefore is the proxy's
 	// RSS before the connections were opened.
 	Idle                 bool
@@ -137,6 +141,8 @@ type CostRow struct {
 	roundP50s, roundP99s []float64
 	roundProxyRSS        []float64
 	roundTurnoutRSS      []float64
+	roundProxyCPU        []float64
+	roundTurnoutCPU      []float64
 }
 
 // RunCost measures /internal/route against a trivial handler, then the
@@ -209,12 +215,14 @@ func runRounds(ctx context.Context, o CostOptions, targets []costTarget) ([]Cost
 				err error
 			)
 			prss, trss := sampleRSS(t.ProxyPIDs, 100*time.Millisecond), sampleRSS(t.TurnoutPIDs, 100*time.Millisecond)
+			pcpu, tcpu := cpuOf(t.ProxyPIDs), cpuOf(t.TurnoutPIDs)
 			if o.Wrk != "" {
 				res, err = WrkLoad(ctx, o.Wrk, scripts[i], t.LoadTarget, o.WrkThreads, t.Conns, t.Duration)
 			} else {
 				res, err = GoLoad(ctx, t.LoadTarget, t.Bodies, t.Conns, t.Duration)
 			}
 			pm, tm := prss.Stop(), trss.Stop()
+			pcpu, tcpu = cpuOf(t.ProxyPIDs)-pcpu, cpuOf(t.TurnoutPIDs)-tcpu
 			if err != nil {
 				return nil, err
 			}
@@ -231,6 +239,10 @@ func runRounds(ctx context.Context, o CostOptions, targets []costTarget) ([]Cost
 			row.roundP99s = append(row.roundP99s, float64(res.P99)/float64(time.Millisecond))
 			row.roundProxyRSS = append(row.roundProxyRSS, pm)
 			row.roundTurnoutRSS = append(row.roundTurnoutRSS, tm)
+			if res.Requests > 0 {
+				row.roundProxyCPU = append(row.roundProxyCPU, perRequestUs(pcpu, res.Requests))
+				row.roundTurnoutCPU = append(row.roundTurnoutCPU, perRequestUs(tcpu, res.Requests))
+			}
 			o.Log.Info().Str("group", t.Group).Str("target", t.Name).Int("round", r+1).Float64("rps", res.RPS()).
 				Dur("p50", res.P50).Dur("p99", res.P99).Int("errors", res.Errors).Float64("proxy_rss_mib", pm).Msg("bench cost: run")
 		}
@@ -248,9 +260,25 @@ func runRounds(ctx context.Context, o CostOptions, targets []costTarget) ([]Cost
 			row.P50, row.P99 = median(row.roundP50s), median(row.roundP99s)
 		}
 		row.ProxyRSS, row.TurnoutRSS = median(row.roundProxyRSS), median(row.roundTurnoutRSS)
+		row.ProxyCPU, row.TurnoutCPU = median(row.roundProxyCPU), median(row.roundTurnoutCPU)
 	}
 	applyGroupBaselines(rows)
 	return rows, nil
+}
+
+// cpuOf is the CPU time the processes used so far (0 for one that is gone).
+func cpuOf(pids []int) time.Duration {
+	var sum time.Duration
+	for _, p := range pids {
+		if c, err := procCPU(p); err == nil {
+			sum += c
+		}
+	}
+	return sum
+}
+
+func perRequestUs(cpu time.Duration, requests int) float64 {
+	return float64(cpu) / float64(time.Microsecond) / float64(requests)
 }
 
 func median(xs []float64) float64 {
@@ -625,7 +653,7 @@ func sseProbe(ctx context.Context, o CostOptions, targets []costTarget, bodies [
 }
 
 var costHeader = []string{"group", "target", "loadgen", "conns", "requests", "errors", "rps", "rps_ratio", "p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms",
-	"proxy_rss_mib", "rss_ratio", "turnout_rss_mib", "idle_before_mib", "round_rps", "note"}
+	"proxy_rss_mib", "rss_ratio", "turnout_rss_mib", "idle_before_mib", "proxy_cpu_us_per_req", "turnout_cpu_us_per_req", "round_rps", "note"}
 
 func (r *CostRow) fields() []string {
 	var rounds []string
@@ -635,7 +663,7 @@ func (r *CostRow) fields() []string {
 	f3 := func(v float64) string { return strconv.FormatFloat(v, 'f', 3, 64) }
 	return []string{r.Group, r.Target, r.LoadGen, strconv.Itoa(r.Conns), strconv.Itoa(r.Requests), strconv.Itoa(r.Errors),
 		f1(r.RPS), f3(r.Ratio), f3(r.P50), f3(r.P99), f3(r.AddedP50), f3(r.AddedP99),
-		f1(r.ProxyRSS), f3(r.RSSRatio), f1(r.TurnoutRSS), f1(r.IdleBefore), strings.Join(rounds, " "), r.Note}
+		f1(r.ProxyRSS), f3(r.RSSRatio), f1(r.TurnoutRSS), f1(r.IdleBefore), f1(r.ProxyCPU), f1(r.TurnoutCPU), strings.Join(rounds, " "), r.Note}
 }
 
 // WriteCostCSV writes cost rows with a header.
@@ -645,14 +673,14 @@ func WriteCostCSV(w io.Writer, rows []CostRow) error {
 
 // WriteCostTable writes cost rows for terminals.
 func WriteCostTable(w io.Writer, rows []CostRow) error {
-	return writeTable(w, "group\ttarget\tloadgen\tconns\trequests\terrors\trps\tratio\tp50 ms\tp99 ms\t+p50 ms\t+p99 ms\tproxy MiB\tRSS ratio\tturnout MiB\t", len(rows), func(tw io.Writer, i int) {
+	return writeTable(w, "group\ttarget\tloadgen\tconns\trequests\terrors\trps\tratio\tp50 ms\tp99 ms\t+p50 ms\t+p99 ms\tproxy MiB\tRSS ratio\tturnout MiB\tproxy µs/req\tturnout µs/req\t", len(rows), func(tw io.Writer, i int) {
 		r := &rows[i]
 		if r.Note != "" {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t\t\t\t\t\t\t\n", r.Group, r.Target, r.Note)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\n", r.Group, r.Target, r.Note)
 			return
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%.0f\t%.3f\t%.3f\t%.3f\t%+.3f\t%+.3f\t%s\t%.2f\t%.1f\t\n", r.Group, r.Target, r.LoadGen, r.Conns,
-			r.Requests, r.Errors, r.RPS, r.Ratio, r.P50, r.P99, r.AddedP50, r.AddedP99, r.rssText(), r.RSSRatio, r.TurnoutRSS)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%.0f\t%.3f\t%.3f\t%.3f\t%+.3f\t%+.3f\t%s\t%.2f\t%.1f\t%.1f\t%.1f\t\n", r.Group, r.Target, r.LoadGen, r.Conns,
+			r.Requests, r.Errors, r.RPS, r.Ratio, r.P50, r.P99, r.AddedP50, r.AddedP99, r.rssText(), r.RSSRatio, r.TurnoutRSS, r.ProxyCPU, r.TurnoutCPU)
 	})
 }
 
@@ -670,11 +698,11 @@ func (r *CostRow) rssText() string {
 
 // WriteCostMarkdown writes cost rows as a Markdown table.
 func WriteCostMarkdown(w io.Writer, rows []CostRow) error {
-	return writeMarkdown(w, "| group | target | load | rps | rps ratio | p50 ms | p99 ms | added p50 ms | added p99 ms | proxy RSS MiB | RSS ratio | turnout RSS MiB | errors |\n"+
-		"|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", len(rows), func(b *strings.Builder, i int) {
+	return writeMarkdown(w, "| group | target | load | rps | rps ratio | p50 ms | p99 ms | added p50 ms | added p99 ms | proxy RSS MiB | RSS ratio | turnout RSS MiB | proxy CPU µs/req | turnout CPU µs/req | errors |\n"+
+		"|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", len(rows), func(b *strings.Builder, i int) {
 		r := &rows[i]
 		if r.Note != "" {
-			fmt.Fprintf(b, "| %s | %s | %s ||||||||||\n", r.Group, r.Target, r.Note)
+			fmt.Fprintf(b, "| %s | %s | %s ||||||||||||\n", r.Group, r.Target, r.Note)
 			return
 		}
 		rps, ratio := fmt.Sprintf("%.0f", r.RPS), fmt.Sprintf("%.3f", r.Ratio)
@@ -692,8 +720,15 @@ func WriteCostMarkdown(w io.Writer, rows []CostRow) error {
 		if r.TurnoutRSS > 0 {
 			trss = fmt.Sprintf("%.1f", r.TurnoutRSS)
 		}
-		fmt.Fprintf(b, "| %s | %s | %s c%d | %s | %s | %s | %s | %s | %s | %d |\n", r.Group, r.Target, r.LoadGen, r.Conns,
-			rps, ratio, lat, r.rssText(), rssRatio, trss, r.Errors)
+		pcpu, tcpu := "-", "-"
+		if r.ProxyCPU > 0 {
+			pcpu = fmt.Sprintf("%.1f", r.ProxyCPU)
+		}
+		if r.TurnoutCPU > 0 {
+			tcpu = fmt.Sprintf("%.1f", r.TurnoutCPU)
+		}
+		fmt.Fprintf(b, "| %s | %s | %s c%d | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", r.Group, r.Target, r.LoadGen, r.Conns,
+			rps, ratio, lat, r.rssText(), rssRatio, trss, pcpu, tcpu, r.Errors)
 	})
 }
 
