@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,10 +90,12 @@ type SyncFrontsRow struct {
 	MsgsIn, BytesIn, Applied     float64
 	CPUUs, CPUMaxUs, IdleCoresFr float64 // CPU per decision per front (mean, max); a front's idle cores
 	// SyncUs is a front's CPU per decision of the cluster beyond its share
-	// of one front's (both less their idle CPU): what the sync costs it.
+	// of one front's (both less their idle CPU): what the sync costs it;
+	// 0 when one front's row reached another rate.
 	SyncUs float64
-	// DriverCores is this process's CPU (driver and mock replicas).
-	DriverCores float64
+	// DriverCores is this process's CPU (driver and mock replicas);
+	// NATSUs nats-server's CPU per decision (0: not started here).
+	DriverCores, NATSUs float64
 	// Hit is the share of prompt chunks that went to the replica that
 	// last got them (leading chunks only); LoadReq requests max/mean.
 	Hit, HitVs1, LoadReq float64
@@ -111,13 +115,14 @@ func RunSyncFronts(ctx context.Context, o SyncFrontsOptions) ([]SyncFrontsRow, e
 		return nil, fmt.Errorf("bench sync: a trace, fronts, rates, replicas and a window are required")
 	}
 	o.Workers = max(o.Workers, 1)
+	prompts := newSyncPrompts(o.Trace, o.PromptKiB)
 	var rows []SyncFrontsRow
 	phase := 0
 	for _, n := range o.Fronts {
 		if ctx.Err() != nil {
 			return rows, ctx.Err()
 		}
-		got, err := syncFrontsCell(ctx, o, n, &phase)
+		got, err := syncFrontsCell(ctx, o, prompts, n, &phase)
 		if err != nil {
 			msg, _, _ := strings.Cut(err.Error(), "\n")
 			got = append(got, SyncFrontsRow{Fronts: n, Err: msg})
@@ -141,7 +146,11 @@ func fillSyncBase(rows []SyncFrontsRow) {
 			if b.Fronts != 1 || b.Rate != r.Rate || b.Err != "" {
 				continue
 			}
-			r.SyncUs = r.cpuLessIdle() - b.cpu1/float64(r.Fronts)
+			// Per-decision CPU falls as a process's rate rises (its
+			// batches fill, its wake-ups amortise): compare at one rate.
+			if math.Abs(b.Reached-r.Reached) <= 0.1*r.Reached {
+				r.SyncUs = r.cpuLessIdle() - b.cpu1/float64(r.Fronts)
+			}
 			if b.Hit > 0 {
 				r.HitVs1 = r.Hit / b.Hit
 			}
@@ -158,7 +167,7 @@ func (r *SyncFrontsRow) cpuLessIdle() float64 {
 }
 
 // syncFrontsCell starts n fronts and runs every rate through them.
-func syncFrontsCell(ctx context.Context, o SyncFrontsOptions, n int, phase *int) ([]SyncFrontsRow, error) {
+func syncFrontsCell(ctx context.Context, o SyncFrontsOptions, prompts *syncPrompts, n int, phase *int) ([]SyncFrontsRow, error) {
 	dir := filepath.Join(o.Dir, fmt.Sprintf("sync-%dfronts", n))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("sync: %w", err)
@@ -170,7 +179,7 @@ func syncFrontsCell(ctx context.Context, o SyncFrontsOptions, n int, phase *int)
 	}
 	ps := &procSet{}
 	defer ps.stopAll()
-	natsURL := o.NATSURL
+	natsURL, natsPid := o.NATSURL, 0
 	if n > 1 && natsURL == "" {
 		bin, err := NATSBinary(o.NATSServer)
 		if err != nil {
@@ -179,6 +188,7 @@ func syncFrontsCell(ctx context.Context, o SyncFrontsOptions, n int, phase *int)
 		if natsURL, err = startNATS(ctx, ps, dir, bin); err != nil {
 			return nil, err
 		}
+		natsPid = ps.procs[len(ps.procs)-1].cmd.Process.Pid
 	}
 	if n == 1 {
 		natsURL = "" // the baseline: no sync
@@ -203,7 +213,7 @@ func syncFrontsCell(ctx context.Context, o SyncFrontsOptions, n int, phase *int)
 	var rows []SyncFrontsRow
 	for _, rate := range o.Rates {
 		*phase++
-		r, err := syncFrontsPhase(ctx, o, urls, pids, rate, uint64(*phase))
+		r, err := syncFrontsPhase(ctx, o, prompts, urls, pids, natsPid, rate, uint64(*phase))
 		if err != nil {
 			return rows, err
 		}
@@ -252,17 +262,22 @@ func cpuOf(pids []int) ([]time.Duration, error) {
 // syncSnap is what a window's start and end read.
 type syncSnap struct {
 	cpu                                         []time.Duration
-	self                                        time.Duration
+	self, nats                                  time.Duration
 	msgsOut, msgsIn, bytesOut, bytesIn, applied []float64
 	decisions                                   float64 // all fronts
 	at                                          time.Time
 }
 
-func takeSyncSnap(ctx context.Context, urls []string, pids []int) (syncSnap, error) {
+func takeSyncSnap(ctx context.Context, urls []string, pids []int, natsPid int) (syncSnap, error) {
 	s := syncSnap{at: time.Now()}
 	var err error
 	if s.cpu, err = cpuOf(pids); err != nil {
 		return s, err
+	}
+	if natsPid != 0 {
+		if s.nats, err = procCPU(natsPid); err != nil {
+			return s, err
+		}
 	}
 	if s.self, err = procCPU(os.Getpid()); err != nil {
 		return s, err
@@ -307,9 +322,9 @@ func pick(dir string, v, out, in float64) (float64, float64) {
 
 // syncFrontsPhase drives rate decisions a second through the fronts for
 // the warm-up and the window, and measures the window.
-func syncFrontsPhase(ctx context.Context, o SyncFrontsOptions, urls []string, pids []int, rate int, phase uint64) (SyncFrontsRow, error) {
+func syncFrontsPhase(ctx context.Context, o SyncFrontsOptions, prompts *syncPrompts, urls []string, pids []int, natsPid, rate int, phase uint64) (SyncFrontsRow, error) {
 	var r SyncFrontsRow
-	d := newSyncDriver(o, urls, rate, phase)
+	d := newSyncDriver(o, prompts, urls, rate, phase)
 	dctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); d.run(dctx) }()
@@ -321,7 +336,7 @@ func syncFrontsPhase(ctx context.Context, o SyncFrontsOptions, urls []string, pi
 	if err := sleepCtx(ctx, o.Warmup); err != nil {
 		return fail(err)
 	}
-	s0, err := takeSyncSnap(ctx, urls, pids)
+	s0, err := takeSyncSnap(ctx, urls, pids, natsPid)
 	if err != nil {
 		return fail(err)
 	}
@@ -330,7 +345,7 @@ func syncFrontsPhase(ctx context.Context, o SyncFrontsOptions, urls []string, pi
 		return fail(err)
 	}
 	d.measure.Store(false)
-	s1, err := takeSyncSnap(ctx, urls, pids)
+	s1, err := takeSyncSnap(ctx, urls, pids, natsPid)
 	stop()
 	<-done
 	if err != nil {
@@ -357,6 +372,7 @@ func syncFrontsPhase(ctx context.Context, o SyncFrontsOptions, urls []string, pi
 		r.CPUMaxUs = max(r.CPUMaxUs, us)
 	}
 	r.DriverCores = (s1.self - s0.self).Seconds() / secs
+	r.NATSUs = (s1.nats - s0.nats).Seconds() * 1e6 / made
 	r.Hit, r.LoadReq = d.view.result()
 	if r.Errors > 0 {
 		r.Err = d.firstErr()
@@ -366,14 +382,15 @@ func syncFrontsPhase(ctx context.Context, o SyncFrontsOptions, urls []string, pi
 
 // syncDriver asks the fronts for decisions at a fixed rate.
 type syncDriver struct {
-	o     SyncFrontsOptions
-	urls  []string
-	rate  int
-	phase uint64
-	words int // prompt cut (0: whole)
-	names map[string]int
-	c     *fasthttp.Client
-	view  *chunkView
+	o       SyncFrontsOptions
+	urls    []string
+	rate    int
+	phase   uint64
+	prompts *syncPrompts
+	routes  []string // each front's /internal/route URL
+	names   map[string]int
+	c       *fasthttp.Client
+	view    *chunkView
 	// measure is set during the window: answers then count.
 	measure            atomic.Bool
 	sent, late, errors atomic.Int64
@@ -387,16 +404,16 @@ type openDecision struct {
 	at      time.Time
 }
 
-func newSyncDriver(o SyncFrontsOptions, urls []string, rate int, phase uint64) *syncDriver {
+func newSyncDriver(o SyncFrontsOptions, prompts *syncPrompts, urls []string, rate int, phase uint64) *syncDriver {
 	d := &syncDriver{
-		o: o, urls: urls, rate: max(rate, 1), phase: phase, names: map[string]int{},
+		o: o, prompts: prompts, urls: urls, rate: max(rate, 1), phase: phase, names: map[string]int{},
 		// Deciders and closers share it; a burst waits for a connection.
 		c:     &fasthttp.Client{MaxConnsPerHost: o.Workers + closers(o.Workers), MaxConnWaitTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second},
 		view:  newChunkView(o.Replicas),
 		doneQ: make(chan openDecision, 1<<16),
 	}
-	if o.PromptKiB > 0 {
-		d.words = o.PromptKiB << 10 / (wordLen + 1)
+	for _, u := range urls {
+		d.routes = append(d.routes, u+contract.PathRoute)
 	}
 	for i := range o.Replicas {
 		d.names[fmt.Sprintf("r%d", i)] = i
@@ -459,24 +476,19 @@ func (d *syncDriver) run(ctx context.Context) {
 
 // decide sends decision i and queues its close.
 func (d *syncDriver) decide(req *fasthttp.Request, resp *fasthttp.Response, i int, body []byte, ids []uint64) ([]byte, []uint64) {
-	tr := &d.o.Trace[i%len(d.o.Trace)]
-	// Each pass over the trace (and each phase) gets chunk ids of its own:
-	// the same prefix structure, never a prefix an earlier pass left.
-	salt := fleet.Mix64(d.phase<<32 | uint64(i/len(d.o.Trace)))
-	rq := *tr
-	if d.words > 0 {
-		rq.InputTokens = min(rq.InputTokens, d.words)
-	}
-	chunks := min(len(tr.HashIDs), (rq.InputTokens+BlockTokens-1)/BlockTokens)
+	k, pass := i%len(d.o.Trace), uint64(i/len(d.o.Trace))
+	// Each pass over the trace (and each phase) gets a prefix of its own:
+	// the same sharing, never a prefix an earlier pass left.
+	salt := fleet.Mix64(d.phase<<32 | pass)
 	ids = ids[:0]
-	for _, id := range tr.HashIDs[:chunks] {
+	for _, id := range d.o.Trace[k].HashIDs[:d.prompts.chunks[k]] {
 		ids = append(ids, id^salt)
 	}
-	rq.HashIDs = ids
-	body = AppendChatBody(body[:0], &rq, BodyOptions{Model: "llama"})
-	url := d.urls[i%len(d.urls)]
+	body = d.prompts.body(body[:0], k, salt)
+	f := i % len(d.urls)
+	url := d.urls[f]
 	req.Reset()
-	req.SetRequestURI(url + contract.PathRoute)
+	req.SetRequestURI(d.routes[f])
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.Set(contract.HdrOriginalURI, "/v1/chat/completions")
 	req.Header.Set(contract.HdrOriginalMethod, fasthttp.MethodPost)
@@ -499,6 +511,39 @@ func (d *syncDriver) decide(req *fasthttp.Request, resp *fasthttp.Response, i in
 	d.view.sent(ids, rep, measured)
 	d.doneQ <- openDecision{url: url, id: id, at: time.Now().Add(d.o.Hold)}
 	return body, ids
+}
+
+// syncPrompts are the trace's prompt texts, cut, built once: a
+// decision's body is its text behind a word of its pass (block hashes are
+// chained, so the word makes every block the pass's own).
+type syncPrompts struct {
+	texts  [][]byte
+	chunks []int // hash ids the cut text covers
+	output []int
+}
+
+func newSyncPrompts(trace []Request, kib int) *syncPrompts {
+	p := &syncPrompts{texts: make([][]byte, len(trace)), chunks: make([]int, len(trace)), output: make([]int, len(trace))}
+	for i, tr := range trace {
+		if kib > 0 {
+			tr.InputTokens = min(tr.InputTokens, kib<<10/(wordLen+1))
+		}
+		p.texts[i] = AppendPromptText(nil, &tr)
+		p.chunks[i] = min(len(tr.HashIDs), (tr.InputTokens+BlockTokens-1)/BlockTokens)
+		p.output[i] = tr.OutputTokens
+	}
+	return p
+}
+
+// body appends request k's chat body in the pass of salt.
+func (p *syncPrompts) body(dst []byte, k int, salt uint64) []byte {
+	dst = append(dst, `{"model":"llama","messages":[{"role":"`+userRole+`","content":"`...)
+	dst = strconv.AppendUint(dst, salt, 36)
+	dst = append(dst, ' ')
+	dst = append(dst, p.texts[k]...)
+	dst = append(dst, `"}],"max_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(p.output[k]), 10)
+	return append(dst, '}')
 }
 
 // closers is how many goroutines close decisions for workers deciders.
@@ -571,11 +616,11 @@ func (v *chunkView) result() (hit, loadReq float64) {
 
 // WriteSyncFrontsTable renders the rows.
 func WriteSyncFrontsTable(w io.Writer, rows []SyncFrontsRow) error {
-	return writeTable(w, "fronts\trate\treached/s\tlate\tmsgs out/dec\tB out/dec\tmsgs in/dec/front\tB in/dec/front\tapplied/dec/front\tCPU µs/dec/front\tmax\tidle cores/front\tsync µs/dec/front\tdriver cores\thit\tvs 1\treq max/mean\terror\t", len(rows), func(tw io.Writer, i int) {
+	return writeTable(w, "fronts\trate\treached/s\tlate\tmsgs out/dec\tB out/dec\tmsgs in/dec/front\tB in/dec/front\tapplied/dec/front\tCPU µs/dec/front\tmax\tidle cores/front\tsync µs/dec/front\tnats µs/dec\tdriver cores\thit\tvs 1\treq max/mean\terror\t", len(rows), func(tw io.Writer, i int) {
 		r := &rows[i]
-		fmt.Fprintf(tw, "%d\t%d\t%.0f\t%.3f\t%.2f\t%.0f\t%.2f\t%.0f\t%.3f\t%.1f\t%.1f\t%.3f\t%s\t%.2f\t%.3f\t%s\t%.3f\t%s\t\n",
+		fmt.Fprintf(tw, "%d\t%d\t%.0f\t%.3f\t%.2f\t%.0f\t%.2f\t%.0f\t%.3f\t%.1f\t%.1f\t%.3f\t%s\t%.1f\t%.2f\t%.3f\t%s\t%.3f\t%s\t\n",
 			r.Fronts, r.Rate, r.Reached, r.Late, r.MsgsOut, r.BytesOut, r.MsgsIn, r.BytesIn, r.Applied, r.CPUUs, r.CPUMaxUs,
-			r.IdleCoresFr, syncCell(r), r.DriverCores, r.Hit, ratioCell(r.HitVs1), r.LoadReq, r.Err)
+			r.IdleCoresFr, syncCell(r), r.NATSUs, r.DriverCores, r.Hit, ratioCell(r.HitVs1), r.LoadReq, r.Err)
 	})
 }
 
