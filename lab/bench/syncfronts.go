@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -86,8 +87,11 @@ type SyncFrontsRow struct {
 	// Per decision of the cluster: messages and payload bytes all fronts
 	// sent; per front (mean over fronts) messages and bytes received and
 	// peer decisions applied.
-	MsgsOut, BytesOut            float64
-	MsgsIn, BytesIn, Applied     float64
+	MsgsOut, BytesOut        float64
+	MsgsIn, BytesIn, Applied float64
+	// Dropped is the share of decisions the fronts did not publish
+	// (their queue full, NATS down or refusing).
+	Dropped                      float64
 	CPUUs, CPUMaxUs, IdleCoresFr float64 // CPU per decision per front (mean, max); a front's idle cores
 	// SyncUs is a front's CPU per decision of the cluster beyond its share
 	// of one front's (both less their idle CPU): what the sync costs it;
@@ -264,7 +268,7 @@ type syncSnap struct {
 	cpu                                         []time.Duration
 	self, nats                                  time.Duration
 	msgsOut, msgsIn, bytesOut, bytesIn, applied []float64
-	decisions                                   float64 // all fronts
+	decisions, dropped                          float64 // all fronts
 	at                                          time.Time
 }
 
@@ -282,11 +286,22 @@ func takeSyncSnap(ctx context.Context, urls []string, pids []int, natsPid int) (
 	if s.self, err = procCPU(os.Getpid()); err != nil {
 		return s, err
 	}
-	for _, u := range urls {
-		text, err := getText(ctx, u+contract.PathMetrics)
-		if err != nil {
-			return s, fmt.Errorf("turnout metrics: %w", err)
-		}
+	// All fronts at once, and patiently: a front the driver saturates
+	// answers its /metrics behind the decisions queued before it.
+	texts, errs := make([]string, len(urls)), make([]error, len(urls))
+	var wg sync.WaitGroup
+	for f, u := range urls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			texts[f], errs[f] = getTextWithin(ctx, u+contract.PathMetrics, 60*time.Second)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return s, fmt.Errorf("turnout metrics: %w", err)
+	}
+	for _, text := range texts {
 		var mo, mi, bo, bi, ap float64
 		for _, x := range ParseProm(text) {
 			dir := x.Labels["direction"]
@@ -297,6 +312,10 @@ func takeSyncSnap(ctx context.Context, urls []string, pids []int, natsPid int) (
 				bo, bi = pick(dir, x.Value, bo, bi)
 			case "turnout_decisions_total":
 				s.decisions += x.Value
+			case "turnout_cluster_decisions_total":
+				if strings.HasPrefix(x.Labels["result"], "dropped") {
+					s.dropped += x.Value
+				}
 			case "turnout_cluster_received_total":
 				if x.Labels["result"] == "applied" {
 					ap = x.Value
@@ -373,6 +392,7 @@ func syncFrontsPhase(ctx context.Context, o SyncFrontsOptions, prompts *syncProm
 	}
 	r.DriverCores = (s1.self - s0.self).Seconds() / secs
 	r.NATSUs = (s1.nats - s0.nats).Seconds() * 1e6 / made
+	r.Dropped = (s1.dropped - s0.dropped) / made
 	r.Hit, r.LoadReq = d.view.result()
 	if r.Errors > 0 {
 		r.Err = d.firstErr()
@@ -616,10 +636,10 @@ func (v *chunkView) result() (hit, loadReq float64) {
 
 // WriteSyncFrontsTable renders the rows.
 func WriteSyncFrontsTable(w io.Writer, rows []SyncFrontsRow) error {
-	return writeTable(w, "fronts\trate\treached/s\tlate\tmsgs out/dec\tB out/dec\tmsgs in/dec/front\tB in/dec/front\tapplied/dec/front\tCPU µs/dec/front\tmax\tidle cores/front\tsync µs/dec/front\tnats µs/dec\tdriver cores\thit\tvs 1\treq max/mean\terror\t", len(rows), func(tw io.Writer, i int) {
+	return writeTable(w, "fronts\trate\treached/s\tlate\tmsgs out/dec\tB out/dec\tmsgs in/dec/front\tB in/dec/front\tapplied/dec/front\tdropped\tCPU µs/dec/front\tmax\tidle cores/front\tsync µs/dec/front\tnats µs/dec\tdriver cores\thit\tvs 1\treq max/mean\terror\t", len(rows), func(tw io.Writer, i int) {
 		r := &rows[i]
-		fmt.Fprintf(tw, "%d\t%d\t%.0f\t%.3f\t%.2f\t%.0f\t%.2f\t%.0f\t%.3f\t%.1f\t%.1f\t%.3f\t%s\t%.1f\t%.2f\t%.3f\t%s\t%.3f\t%s\t\n",
-			r.Fronts, r.Rate, r.Reached, r.Late, r.MsgsOut, r.BytesOut, r.MsgsIn, r.BytesIn, r.Applied, r.CPUUs, r.CPUMaxUs,
+		fmt.Fprintf(tw, "%d\t%d\t%.0f\t%.3f\t%.2f\t%.0f\t%.2f\t%.0f\t%.3f\t%.3f\t%.1f\t%.1f\t%.3f\t%s\t%.1f\t%.2f\t%.3f\t%s\t%.3f\t%s\t\n",
+			r.Fronts, r.Rate, r.Reached, r.Late, r.MsgsOut, r.BytesOut, r.MsgsIn, r.BytesIn, r.Applied, r.Dropped, r.CPUUs, r.CPUMaxUs,
 			r.IdleCoresFr, syncCell(r), r.NATSUs, r.DriverCores, r.Hit, ratioCell(r.HitVs1), r.LoadReq, r.Err)
 	})
 }
