@@ -202,22 +202,34 @@ func runBackground(o bench.BackgroundOptions, replicas, fronts, share, tbin, nat
 	if o.Share, err = bench.ParseBools(share); err != nil {
 		return fmt.Errorf("bench scale: --share: %w", err)
 	}
-	if o.Turnout, _, err = binaries(tbin); err != nil {
-		return fmt.Errorf("bench scale: %w", err)
-	}
 	o.NATSServer, o.Log = natsBin, log
-	if o.Dir, err = os.MkdirTemp("", "turnout-background-"); err != nil {
+	return runProcBench("background", tbin, out, name, func(ctx context.Context, dir, turnout string) ([]bench.BackgroundRow, error) {
+		o.Dir, o.Turnout = dir, turnout
+		return bench.RunBackground(ctx, o)
+	}, bench.WriteBackgroundTable)
+}
+
+// runProcBench runs a bench of turnout processes (the binary of
+// --turnout-bin) in a scratch directory and writes its rows to the
+// terminal and OUT/NAME-MODE.txt, also after an error (the rows so far).
+func runProcBench[R any](mode, tbin, out, name string, run func(ctx context.Context, dir, turnout string) (R, error), write func(io.Writer, R) error) error {
+	turnout, _, err := binaries(tbin)
+	if err != nil {
 		return fmt.Errorf("bench scale: %w", err)
 	}
-	defer os.RemoveAll(o.Dir)
+	dir, err := os.MkdirTemp("", "turnout-"+mode+"-")
+	if err != nil {
+		return fmt.Errorf("bench scale: %w", err)
+	}
+	defer os.RemoveAll(dir)
 	ctx, stop := cli.StopContext()
 	defer stop()
-	rows, err := bench.RunBackground(ctx, o)
-	if werr := teeFile(out, name+"-background.txt", func(w io.Writer) error { return bench.WriteBackgroundTable(w, rows) }); werr != nil && err == nil {
+	rows, err := run(ctx, dir, turnout)
+	if werr := teeFile(out, name+"-"+mode+".txt", func(w io.Writer) error { return write(w, rows) }); werr != nil && err == nil {
 		err = werr
 	}
 	if err != nil {
-		return fmt.Errorf("bench scale --background: %w", err)
+		return fmt.Errorf("bench scale --%s: %w", mode, err)
 	}
 	return nil
 }
@@ -235,24 +247,11 @@ func runSyncFronts(o bench.SyncFrontsOptions, fronts, rates, trace, tbin, natsBi
 	} else if o.Trace, err = bench.LoadTrace(trace, bench.TraceOptions{}); err != nil {
 		return fmt.Errorf("bench scale: %w", err)
 	}
-	if o.Turnout, _, err = binaries(tbin); err != nil {
-		return fmt.Errorf("bench scale: %w", err)
-	}
 	o.NATSServer, o.Log = natsBin, log
-	if o.Dir, err = os.MkdirTemp("", "turnout-syncfronts-"); err != nil {
-		return fmt.Errorf("bench scale: %w", err)
-	}
-	defer os.RemoveAll(o.Dir)
-	ctx, stop := cli.StopContext()
-	defer stop()
-	rows, err := bench.RunSyncFronts(ctx, o)
-	if werr := teeFile(out, name+"-sync.txt", func(w io.Writer) error { return bench.WriteSyncFrontsTable(w, rows) }); werr != nil && err == nil {
-		err = werr
-	}
-	if err != nil {
-		return fmt.Errorf("bench scale --sync: %w", err)
-	}
-	return nil
+	return runProcBench("sync", tbin, out, name, func(ctx context.Context, dir, turnout string) ([]bench.SyncFrontsRow, error) {
+		o.Dir, o.Turnout = dir, turnout
+		return bench.RunSyncFronts(ctx, o)
+	}, bench.WriteSyncFrontsTable)
 }
 
 func ints(xs []int) string {

@@ -38,10 +38,12 @@ import (
 
 // SyncFrontsOptions chooses the cells of RunSyncFronts.
 type SyncFrontsOptions struct {
-	Turnout    string // turnout binary
+	Turnout    string // turnout binary (required)
 	NATSServer string // nats-server binary, started once per front count above 1
 	// NATSURL, when set, is a running nats-server to use instead.
 	NATSURL  string
+	Dir      string // the processes' configs and logs
+	Log      *zerolog.Logger
 	Fronts   []int
 	Rates    []int // decisions per second, all fronts together
 	Replicas int
@@ -56,14 +58,11 @@ type SyncFrontsOptions struct {
 	Hold time.Duration
 	// Workers bounds the driver's requests in flight.
 	Workers int
-	Dir     string
-	Log     *zerolog.Logger
 }
 
 // DefaultSyncFrontsOptions are the grid of docs/scale.md.
 func DefaultSyncFrontsOptions() SyncFrontsOptions {
 	return SyncFrontsOptions{
-		Turnout:   "turnout",
 		Fronts:    []int{1, 2, 4, 8},
 		Rates:     []int{1000, 5000, 20000},
 		Replicas:  16,
