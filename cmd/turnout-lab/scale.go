@@ -18,7 +18,7 @@ import (
 
 var benchScaleCmd = cli.Command{
 	Prog:     prog,
-	Synopsis: "turnout-lab bench scale [--policies LIST] [--endpoints LIST] [--prompt-kib LIST] [--blocks LIST] [flags]\n       turnout-lab bench scale --kv [--publishers LIST] [--kv-rate N] [--kv-blocks N] [flags]\n       turnout-lab bench scale --background [--replicas LIST] [--fronts LIST] [--share LIST] [flags]",
+	Synopsis: "turnout-lab bench scale [--policies LIST] [--endpoints LIST] [--prompt-kib LIST] [--blocks LIST] [flags]\n       turnout-lab bench scale --kv [--publishers LIST] [--kv-rate N] [--kv-blocks N] [flags]\n       turnout-lab bench scale --background [--replicas LIST] [--fronts LIST] [--share LIST] [flags]\n       turnout-lab bench scale --sync [--fronts LIST] [--rates LIST] [--trace FILE] [flags]",
 	About: `Measures the decision core in process, on one goroutine: decisions/s per core, p50/p99 decision time and
 allocations for each policy at each pool size and prompt size, and for the prefix-keyed policies with the index
 filled to each --blocks size first (its heap per indexed block). docs/scale.md reads these rows.
@@ -32,10 +32,18 @@ applies the same batches on one goroutine without sockets and reports the index'
 With --background, the background cost of a fleet instead: N mock replicas in this process, F turnout
 processes before them (over one nats-server when F > 1, with engine_metrics.share off and on), at rest
 and under a steady stream of decisions: the replicas' requests from turnout by kind (engine scrapes,
-which carry the LoRA info too; health checks; /v1/models polls) per replica per second, and turnout's CPU.`,
+which carry the LoRA info too; health checks; /v1/models polls) per replica per second, and turnout's CPU.
+
+With --sync, the cluster sync with real processes instead: one nats-server, F turnout processes with cluster
+sync before --sync-replicas mock replicas in this process, and decisions over /internal/route (prompts from
+--trace, cut to --sync-prompt-kib, round robin over the fronts) at each --rates total rate, open loop, each
+closed over /internal/done after --hold. Per front and per decision of the cluster, over a steady window: NATS
+messages and bytes, CPU, and a front's sync CPU against one front's (less idle CPU); the hit ratio from where
+each prompt chunk was last sent, and requests max/mean, against one front at the same rate.`,
 	Example: "turnout-lab bench scale --policies prefix-affinity --endpoints 64,256,1024 --prompt-kib 8 --blocks 0,1000000\n" +
 		"  turnout-lab bench scale --kv --publishers 64,256,1024 --kv-rate 200000\n" +
-		"  turnout-lab bench scale --background --replicas 16,64,256,1024 --fronts 1,8",
+		"  turnout-lab bench scale --background --replicas 16,64,256,1024 --fronts 1,8\n" +
+		"  turnout-lab bench scale --sync --fronts 1,2,4,8 --rates 1000,5000,20000 --trace mooncake_synthetic_trace.jsonl",
 }
 
 var benchKVPubCmd = cli.Command{
@@ -133,16 +141,30 @@ func runScale(args []string, log *zerolog.Logger) error {
 	bg := bench.DefaultBackgroundOptions()
 	background := fset.Bool("background", false, "measure the background cost of a fleet (scrapes, health checks, model polls, CPU) instead")
 	replicas := fset.String("replicas", ints(bg.Replicas), "--background: comma-separated replica counts")
-	fronts := fset.String("fronts", ints(bg.Fronts), "--background: comma-separated turnout front counts")
+	fronts := fset.String("fronts", ints(bg.Fronts), "--background, --sync: comma-separated turnout front counts")
 	share := fset.String("share", "off,on", "--background: engine_metrics.share settings for the runs of more than one front")
 	fset.DurationVar(&bg.Warmup, "warmup", bg.Warmup, "--background: wait before the rest phase")
 	fset.DurationVar(&bg.Rest, "rest", bg.Rest, "--background: length of the rest phase")
 	fset.DurationVar(&bg.Load, "load", bg.Load, "--background: length of the load phase")
 	fset.IntVar(&bg.LoadRPS, "load-rps", 0, "--background: decisions a second in total under load (0 = one per replica a second)")
-	tbin := fset.String("turnout-bin", "", "--background: turnout binary (default: turnout next to this executable, else on $PATH)")
-	natsBin := fset.String("nats-server", "nats-server", "--background: nats-server binary ($PATH, else /usr/sbin)")
+	tbin := fset.String("turnout-bin", "", "--background, --sync: turnout binary (default: turnout next to this executable, else on $PATH)")
+	natsBin := fset.String("nats-server", "nats-server", "--background, --sync: nats-server binary ($PATH, else /usr/sbin)")
+	so := bench.DefaultSyncFrontsOptions()
+	syncMode := fset.Bool("sync", false, "measure cluster sync with real processes (messages, bytes, CPU per decision per front; hit ratio, balance) instead")
+	rates := fset.String("rates", ints(so.Rates), "--sync: comma-separated decisions per second, all fronts together")
+	trace := fset.String("trace", "", "--sync: Mooncake JSONL or Azure CSV trace for the prompts (default: a synthetic Mooncake-shaped one)")
+	fset.IntVar(&so.Replicas, "sync-replicas", so.Replicas, "--sync: mock replicas in the pool")
+	fset.IntVar(&so.PromptKiB, "sync-prompt-kib", so.PromptKiB, "--sync: cut prompts to about this many KiB (0: whole)")
+	fset.DurationVar(&so.Rest, "sync-rest", so.Rest, "--sync: idle window measuring each front's CPU at rest")
+	fset.DurationVar(&so.Warmup, "sync-warmup", so.Warmup, "--sync: run at the rate this long before the window")
+	fset.DurationVar(&so.Window, "sync-window", so.Window, "--sync: the measured window per rate")
+	fset.DurationVar(&so.Hold, "hold", so.Hold, "--sync: how long a decision stays open before /internal/done")
+	fset.IntVar(&so.Workers, "workers", so.Workers, "--sync: the driver's requests in flight at most")
 	if err := cli.ParseFlags(fset, benchScaleCmd, args); err != nil {
 		return err
+	}
+	if *syncMode {
+		return runSyncFronts(so, *fronts, *rates, *trace, *tbin, *natsBin, *out, *name, log)
 	}
 	if *kvMode {
 		return runKVScale(*pubs, ko, *out, *name, log)
@@ -180,24 +202,56 @@ func runBackground(o bench.BackgroundOptions, replicas, fronts, share, tbin, nat
 	if o.Share, err = bench.ParseBools(share); err != nil {
 		return fmt.Errorf("bench scale: --share: %w", err)
 	}
-	if o.Turnout, _, err = binaries(tbin); err != nil {
-		return fmt.Errorf("bench scale: %w", err)
-	}
 	o.NATSServer, o.Log = natsBin, log
-	if o.Dir, err = os.MkdirTemp("", "turnout-background-"); err != nil {
+	return runProcBench("background", tbin, out, name, func(ctx context.Context, dir, turnout string) ([]bench.BackgroundRow, error) {
+		o.Dir, o.Turnout = dir, turnout
+		return bench.RunBackground(ctx, o)
+	}, bench.WriteBackgroundTable)
+}
+
+// runProcBench runs a bench of turnout processes (the binary of
+// --turnout-bin) in a scratch directory and writes its rows to the
+// terminal and OUT/NAME-MODE.txt, also after an error (the rows so far).
+func runProcBench[R any](mode, tbin, out, name string, run func(ctx context.Context, dir, turnout string) (R, error), write func(io.Writer, R) error) error {
+	turnout, _, err := binaries(tbin)
+	if err != nil {
 		return fmt.Errorf("bench scale: %w", err)
 	}
-	defer os.RemoveAll(o.Dir)
+	dir, err := os.MkdirTemp("", "turnout-"+mode+"-")
+	if err != nil {
+		return fmt.Errorf("bench scale: %w", err)
+	}
+	defer os.RemoveAll(dir)
 	ctx, stop := cli.StopContext()
 	defer stop()
-	rows, err := bench.RunBackground(ctx, o)
-	if werr := teeFile(out, name+"-background.txt", func(w io.Writer) error { return bench.WriteBackgroundTable(w, rows) }); werr != nil && err == nil {
+	rows, err := run(ctx, dir, turnout)
+	if werr := teeFile(out, name+"-"+mode+".txt", func(w io.Writer) error { return write(w, rows) }); werr != nil && err == nil {
 		err = werr
 	}
 	if err != nil {
-		return fmt.Errorf("bench scale --background: %w", err)
+		return fmt.Errorf("bench scale --%s: %w", mode, err)
 	}
 	return nil
+}
+
+func runSyncFronts(o bench.SyncFrontsOptions, fronts, rates, trace, tbin, natsBin, out, name string, log *zerolog.Logger) error {
+	var err error
+	if o.Fronts, err = bench.ParseFronts(fronts); err != nil {
+		return fmt.Errorf("bench scale: --fronts: %w", err)
+	}
+	if o.Rates, err = parseInts(rates); err != nil {
+		return fmt.Errorf("bench scale: --rates: %w", err)
+	}
+	if trace == "" {
+		o.Trace = bench.SyntheticTrace(4000, 1)
+	} else if o.Trace, err = bench.LoadTrace(trace, bench.TraceOptions{}); err != nil {
+		return fmt.Errorf("bench scale: %w", err)
+	}
+	o.NATSServer, o.Log = natsBin, log
+	return runProcBench("sync", tbin, out, name, func(ctx context.Context, dir, turnout string) ([]bench.SyncFrontsRow, error) {
+		o.Dir, o.Turnout = dir, turnout
+		return bench.RunSyncFronts(ctx, o)
+	}, bench.WriteSyncFrontsTable)
 }
 
 func ints(xs []int) string {

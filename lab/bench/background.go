@@ -116,27 +116,10 @@ func backgroundCell(ctx context.Context, o BackgroundOptions, n, fronts int, sha
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("background: %w", err)
 	}
-	var reps []*mock.Server
-	defer func() {
-		for _, r := range reps {
-			_ = r.Close()
-		}
-	}()
-	var eps strings.Builder
-	for i := range n {
-		c := mock.DefaultConfig()
-		c.Name = fmt.Sprintf("r%d", i)
-		c.RequestLogSize = 0
-		r, err := mock.New(c, nil)
-		if err != nil {
-			return nil, fmt.Errorf("background: mock: %w", err)
-		}
-		url, err := r.Start("127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("background: mock: %w", err)
-		}
-		reps = append(reps, r)
-		fmt.Fprintf(&eps, "          - {name: r%d, address: %s}\n", i, strings.TrimPrefix(url, "http://"))
+	reps, eps, err := startReplicas(n)
+	defer closeReplicas(reps)
+	if err != nil {
+		return nil, fmt.Errorf("background: %w", err)
 	}
 	ps := &procSet{}
 	defer ps.stopAll()
@@ -150,40 +133,10 @@ func backgroundCell(ctx context.Context, o BackgroundOptions, n, fronts int, sha
 			return nil, err
 		}
 	}
-	var urls []string
-	var pids []int
-	for f := range fronts {
-		listen, syslog, err := turnoutAddrs()
-		if err != nil {
-			return nil, err
-		}
-		var b strings.Builder
-		fmt.Fprintf(&b, "listen: %s\nsession_headers: [x-session-id]\nfeedback: {syslog: %s}\n", listen, syslog)
-		if natsURL != "" {
-			fmt.Fprintf(&b, "cluster: {nats: %q, name: front-%d}\n", natsURL, f)
-		}
-		fmt.Fprintf(&b, "engine_metrics: {share: %t}\n", share)
-		b.WriteString("deployments:\n  - name: bench\n    models: [llama]\n    policy: {name: prefix-affinity}\n    pools:\n      - role: mixed\n        endpoints:\n")
-		b.WriteString(eps.String())
-		cfg := filepath.Join(dir, fmt.Sprintf("turnout-%d.yaml", f))
-		if err := os.WriteFile(cfg, []byte(b.String()), 0o644); err != nil {
-			return nil, fmt.Errorf("background: %w", err)
-		}
-		p, err := ps.start(dir, fmt.Sprintf("turnout-%d", f), o.Turnout, "serve", "--config", cfg, "--watch", "0", "--log-level", "warn")
-		if err != nil {
-			return nil, err
-		}
-		url := "http://" + listen
-		if err := waitHTTP(ctx, p, url+contract.PathReadyz, http.StatusOK, 120*time.Second); err != nil {
-			return nil, err
-		}
-		if natsURL != "" {
-			if err := waitClusterConnected(ctx, url, 120*time.Second); err != nil {
-				return nil, err
-			}
-		}
-		urls = append(urls, url)
-		pids = append(pids, p.cmd.Process.Pid)
+	fo := frontOptions{Turnout: o.Turnout, NATS: natsURL, Extra: fmt.Sprintf("engine_metrics: {share: %t}\n", share), Endpoints: eps}
+	urls, pids, err := startFronts(ctx, ps, dir, fronts, fo)
+	if err != nil {
+		return nil, err
 	}
 	if err := sleepCtx(ctx, o.Warmup); err != nil {
 		return nil, err
@@ -204,6 +157,84 @@ func backgroundCell(ctx context.Context, o BackgroundOptions, n, fronts int, sha
 		return []BackgroundRow{rest}, err
 	}
 	return []BackgroundRow{rest, load}, nil
+}
+
+// startReplicas starts n cheap mock replicas in this process (r0, r1,
+// ...) and returns them with their pool endpoint lines; the caller closes
+// what it got, also on error.
+func startReplicas(n int) (reps []*mock.Server, eps string, err error) {
+	var b strings.Builder
+	for i := range n {
+		c := mock.DefaultConfig()
+		c.Name = fmt.Sprintf("r%d", i)
+		c.RequestLogSize = 0
+		r, err := mock.New(c, nil)
+		if err != nil {
+			return reps, "", fmt.Errorf("mock: %w", err)
+		}
+		url, err := r.Start("127.0.0.1:0")
+		if err != nil {
+			return reps, "", fmt.Errorf("mock: %w", err)
+		}
+		reps = append(reps, r)
+		fmt.Fprintf(&b, "          - {name: r%d, address: %s}\n", i, strings.TrimPrefix(url, "http://"))
+	}
+	return reps, b.String(), nil
+}
+
+func closeReplicas(reps []*mock.Server) {
+	for _, r := range reps {
+		_ = r.Close()
+	}
+}
+
+// frontOptions are what every front of startFronts shares.
+type frontOptions struct {
+	Turnout string // binary
+	NATS    string // cluster sync over this server ("": none)
+	// Extra is top-level config YAML; Endpoints the pool's endpoint lines
+	// (startReplicas).
+	Extra, Endpoints string
+}
+
+// startFronts starts n turnout processes (front-0, ...) before one
+// prefix-affinity pool and waits until each is ready and, with NATS,
+// connected; it returns their URLs and pids.
+func startFronts(ctx context.Context, ps *procSet, dir string, n int, o frontOptions) (urls []string, pids []int, err error) {
+	for f := range n {
+		listen, syslog, err := turnoutAddrs()
+		if err != nil {
+			return nil, nil, err
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "listen: %s\nsession_headers: [x-session-id]\nfeedback: {syslog: %s}\n", listen, syslog)
+		if o.NATS != "" {
+			fmt.Fprintf(&b, "cluster: {nats: %q, name: front-%d}\n", o.NATS, f)
+		}
+		b.WriteString(o.Extra)
+		b.WriteString("deployments:\n  - name: bench\n    models: [llama]\n    policy: {name: prefix-affinity}\n    pools:\n      - role: mixed\n        endpoints:\n")
+		b.WriteString(o.Endpoints)
+		cfg := filepath.Join(dir, fmt.Sprintf("turnout-%d.yaml", f))
+		if err := os.WriteFile(cfg, []byte(b.String()), 0o644); err != nil {
+			return nil, nil, fmt.Errorf("front %d: %w", f, err)
+		}
+		p, err := ps.start(dir, fmt.Sprintf("turnout-%d", f), o.Turnout, "serve", "--config", cfg, "--watch", "0", "--log-level", "warn")
+		if err != nil {
+			return nil, nil, err
+		}
+		url := "http://" + listen
+		if err := waitHTTP(ctx, p, url+contract.PathReadyz, http.StatusOK, 120*time.Second); err != nil {
+			return nil, nil, err
+		}
+		if o.NATS != "" {
+			if err := waitClusterConnected(ctx, url, 120*time.Second); err != nil {
+				return nil, nil, err
+			}
+		}
+		urls = append(urls, url)
+		pids = append(pids, p.cmd.Process.Pid)
+	}
+	return urls, pids, nil
 }
 
 // measureBackground counts the replicas' requests and turnout's CPU over

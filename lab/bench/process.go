@@ -161,11 +161,16 @@ var errNotReady = errors.New("not ready")
 
 // getText fetches url's body.
 func getText(ctx context.Context, url string) (string, error) {
+	return getTextWithin(ctx, url, 5*time.Second)
+}
+
+// getTextWithin is getText with another timeout.
+func getTextWithin(ctx context.Context, url string, timeout time.Duration) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return "", fmt.Errorf("get %s: %w", url, err)
 	}
-	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+	resp, err := (&http.Client{Timeout: timeout}).Do(req)
 	if err != nil {
 		return "", fmt.Errorf("get %s: %w", url, err)
 	}
