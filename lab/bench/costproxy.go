@@ -1,0 +1,188 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/turnout/turnout/lab/mock"
+)
+
+// CostMockArgs make replicas answer at once (no model time) while streams
+// still come as separate 1 ms-spaced chunks, so the proxies are the cost.
+func CostMockArgs() []string {
+	return []string{"--ttft-overhead", "0s", "--per-token-prefill", "0s", "--itl", "1ms", "--time-scale", "1",
+		"--max-running", "0", "--cache-blocks", "4096", "--request-log-size", "-1"}
+}
+
+// costProxy compares each proxy alone with the same proxy + turnout, all in
+// front of the same replicas and measured in the same interleaved rounds,
+// so a noisy neighbour hurts every row alike.
+func costProxy(ctx context.Context, o CostOptions) ([]CostRow, error) {
+	stacks, notes, err := proxyStacks(o)
+	if err != nil || len(stacks) == 0 {
+		return notes, err
+	}
+	var mocks procSet
+	defer mocks.stopAll()
+	eps, err := startMocks(ctx, &mocks, o.Dir, o.Lab, "llama", max(o.Replicas, 1), false, CostMockArgs())
+	if err != nil {
+		return nil, err
+	}
+	small := CostBodies(64, "llama", 1, false, 2)
+	var large []CostBody
+	if o.LargeBody > 0 {
+		large = CostBodiesSized(16, "llama", 1, false, 4, o.LargeBody)
+	}
+	var targets, sseTargets, idleTargets []costTarget
+	for _, ps := range stacks {
+		so := ps.opts
+		so.Dir, so.Mocks = filepath.Join(o.Dir, ps.dir), eps
+		if err := os.MkdirAll(so.Dir, 0o755); err != nil {
+			return nil, fmt.Errorf("cost dir: %w", err)
+		}
+		st, err := StartStack(ctx, so)
+		if err != nil {
+			return nil, fmt.Errorf("cost %s: %w", ps.name, err)
+		}
+		defer st.Stop()
+		t := costTarget{Group: ps.group, LoadTarget: LoadTarget{Name: ps.name, Addr: strings.TrimPrefix(st.FrontURL, "http://"), Path: mock.PathChat},
+			Bodies: small, Conns: o.Conns, Duration: o.Duration, ProxyPIDs: procTree(st.ProxyPID)}
+		if st.TurnoutPID > 0 {
+			t.TurnoutPIDs = []int{st.TurnoutPID}
+		}
+		targets = append(targets, t)
+		if large != nil {
+			lt := t
+			lt.Group, lt.Bodies = fmt.Sprintf("%s-%dk", ps.group, o.LargeBody>>10), large
+			targets = append(targets, lt)
+		}
+		if o.LatencyDuration > 0 {
+			ct := t
+			ct.Group, ct.Conns, ct.Duration = ps.group+"-c1", 1, o.LatencyDuration
+			targets = append(targets, ct)
+		}
+		st1 := t
+		st1.Group = ps.group + "-sse"
+		sseTargets = append(sseTargets, st1)
+		if ps.group == "haproxy" && o.IdleConns > 0 && st1.ProxyPIDs != nil {
+			it := t
+			it.Group = "haproxy-idle"
+			idleTargets = append(idleTargets, it)
+		}
+	}
+	// One interleaved set of rounds for every load shape, so a noisy
+	// neighbour hits all of them alike; rows are regrouped for the tables.
+	rows, err := runRounds(ctx, o, targets)
+	if err != nil {
+		return nil, err
+	}
+	slices.SortStableFunc(rows, func(a, b CostRow) int { return strings.Compare(groupOrder(a.Group), groupOrder(b.Group)) })
+	sse, err := sseProbe(ctx, o, sseTargets, CostBodies(16, "llama", 8, true, 3))
+	if err != nil {
+		return nil, err
+	}
+	idle, err := idleRows(ctx, o, idleTargets)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Concat(rows, sse, idle, notes), nil
+}
+
+// groupOrder sorts the load groups: per proxy, the main rows, the large
+// bodies, then one connection.
+func groupOrder(g string) string {
+	proxy, shape, _ := strings.Cut(g, "-")
+	switch {
+	case shape == "":
+		shape = "0"
+	case shape == "c1":
+		shape = "2"
+	default:
+		shape = "1" + shape
+	}
+	return proxy + "/" + shape
+}
+
+// idleRows measures each HAProxy setup's memory with IdleConns idle
+// keep-alive connections open, one setup at a time.
+func idleRows(ctx context.Context, o CostOptions, targets []costTarget) ([]CostRow, error) {
+	rows := make([]CostRow, 0, len(targets))
+	for _, t := range targets {
+		res, err := idleKeepAlive(ctx, t.Addr, t.Path, t.ProxyPIDs, t.Bodies, o.IdleConns)
+		if err != nil {
+			return nil, fmt.Errorf("idle %s: %w", t.Name, err)
+		}
+		o.Log.Info().Str("target", t.Name).Int("conns", res.Conns).Int("errors", res.Errors).
+			Float64("before_mib", res.Before).Float64("with_mib", res.With).Msg("bench cost: idle keep-alive")
+		rows = append(rows, CostRow{Group: t.Group, Target: t.Name, LoadGen: "idle keep-alive", Conns: res.Conns,
+			Requests: res.Conns - res.Errors, Errors: res.Errors, Idle: true, IdleBefore: res.Before, ProxyRSS: res.With})
+	}
+	applyGroupBaselines(rows)
+	return rows, nil
+}
+
+// sseProbe sends streaming requests one at a time, alternating the
+// targets, and measures the time to the first body chunk: what a chat user
+// waits for, and what http-no-delay and the routing hop affect.
+func sseProbe(ctx context.Context, o CostOptions, targets []costTarget, bodies []CostBody) ([]CostRow, error) {
+	clients := make([]*http.Client, len(targets))
+	firsts := make([][]time.Duration, len(targets))
+	for i := range clients {
+		tr := &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}
+		defer tr.CloseIdleConnections()
+		clients[i] = &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	}
+	errs := make([]int, len(targets))
+	buf := make([]byte, 32<<10)
+	for n := range o.SSEProbes {
+		for i, t := range targets {
+			b := bodies[n%len(bodies)]
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+t.Addr+t.Path, bytes.NewReader(b.Body))
+			if err != nil {
+				return nil, fmt.Errorf("sse probe: %w", err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Session-Id", b.Session)
+			t0 := time.Now()
+			resp, err := clients[i].Do(req)
+			if err != nil {
+				errs[i]++
+				continue
+			}
+			var first time.Duration
+			for {
+				k, rerr := resp.Body.Read(buf)
+				if k > 0 && first == 0 {
+					first = time.Since(t0)
+				}
+				if rerr != nil {
+					break
+				}
+			}
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || first == 0 {
+				errs[i]++
+				continue
+			}
+			firsts[i] = append(firsts[i], first)
+		}
+	}
+	rows := make([]CostRow, len(targets))
+	for i, t := range targets {
+		s := Summarize(Millis(firsts[i]))
+		rows[i] = CostRow{Group: t.Group, Target: t.Name, LoadGen: "sequential", Conns: 1,
+			Requests: len(firsts[i]), Errors: errs[i], P50: s.P50, P99: s.P99, Probe: true}
+	}
+	applyGroupBaselines(rows)
+	for i := range rows {
+		rows[i].Ratio = 0 // not a throughput run
+	}
+	return rows, nil
+}
