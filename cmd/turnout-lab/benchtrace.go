@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -26,10 +25,10 @@ func loadTrace(path string, o bench.TraceOptions) ([]bench.Request, string, erro
 		}
 		return bench.SyntheticTrace(n, 1), syntheticTrace, nil
 	}
-	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+	reqs, err := bench.LoadTrace(path, o)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, "", fmt.Errorf("%s: %w", path, errTraceMissing)
 	}
-	reqs, err := bench.LoadTrace(path, o)
 	if err != nil {
 		return nil, "", err
 	}
