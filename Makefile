@@ -31,7 +31,7 @@ test-unit:
 test-e2e: build
 	@test -d test || { echo "no end-to-end tests yet"; exit 0; }; \
 	TURNOUT_BIN=$(CURDIR)/$(BIN) TURNOUT_LAB_BIN=$(CURDIR)/$(LAB) $(GO) test -count=1 -tags e2e -timeout 13m $(if $(HOG_SKIP),-skip '$(HOG_TESTS)') ./test/... && \
-	TURNOUT_BIN=$(CURDIR)/$(BIN) TURNOUT_LAB_BIN=$(CURDIR)/$(LAB) $(GO) test -count=1 -tags e2e -timeout 5m -run 'TestReplayEPPSeatE2E' ./lab/bench/
+	TURNOUT_BIN=$(CURDIR)/$(BIN) TURNOUT_LAB_BIN=$(CURDIR)/$(LAB) $(GO) test -count=1 -tags e2e -timeout 5m -run 'TestReplayEPPSeatE2E|TestSLOE2E' ./lab/bench/
 
 # kube-apiserver for the Kubernetes discovery tests (issue 10), built from the
 # Go module proxy once and cached under ~/.cache/turnout (.ci/run calls it).

@@ -29,6 +29,8 @@ func runSLO(args []string, log *zerolog.Logger) error {
 	name := fset.String("name", "", "output file name prefix (default: slo-TRACE)")
 	o := d
 	simReplicaFlags(fset, &o, d)
+	mode := fset.String("mode", "sim", "sim (in-process, virtual time) or e2e (HAProxy + turnout + mock replicas, fresh per row)")
+	e2e := defaultE2EFlags(fset)
 	load := fset.Float64("load", 0, "instead of --compress: offered load as a multiple of the replicas' estimated capacity (replicas x max-running / mean service time, as bench flow)")
 	if err := cli.ParseFlags(fset, benchSLOCmd, args); err != nil {
 		return err
@@ -58,9 +60,26 @@ func runSLO(args []string, log *zerolog.Logger) error {
 		o.Compress = bench.CompressFor(reqs, o, *load)
 	}
 	log.Info().Str("trace", label).Int("requests", len(reqs)).Float64("compress", o.Compress).Msg("bench: slo")
-	_, err = runTable(*out, *name+".md", func(context.Context) ([]bench.SLORow, error) {
-		return bench.RunSLO(reqs, bench.SLOSetups(*objective, *sheddable), bench.SLOOptions{Sim: o, CriticalShare: *share, Objective: *objective, SheddableObjective: *sheddable, Seeds: ss})
-	}, bench.WriteSLOMarkdown)
+	so := bench.SLOOptions{Sim: o, CriticalShare: *share, Objective: *objective, SheddableObjective: *sheddable, Seeds: ss}
+	run := func(context.Context) ([]bench.SLORow, error) {
+		return bench.RunSLO(reqs, bench.SLOSetups(*objective, *sheddable, 1), so)
+	}
+	switch *mode {
+	case "sim":
+	case "e2e":
+		*name += "-e2e"
+		run = func(ctx context.Context) ([]bench.SLORow, error) {
+			eo, done, err := e2e.start(o, log)
+			if err != nil {
+				return nil, err
+			}
+			defer done()
+			return bench.RunSLOE2E(ctx, reqs, so, eo)
+		}
+	default:
+		return fmt.Errorf("bench slo: --mode %q: want sim or e2e", *mode)
+	}
+	_, err = runTable(*out, *name+".md", run, bench.WriteSLOMarkdown)
 	if err != nil {
 		return fmt.Errorf("bench slo: %w", err)
 	}
@@ -104,17 +123,11 @@ func runFlow(args []string, log *zerolog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("bench flow: %w", err)
 	}
-	turnout, lab, err := binaries(e2e.bin)
-	if err != nil {
-		return fmt.Errorf("bench flow: %w", err)
-	}
-	work, done, err := workDir("turnout-bench-flow-", e2e.keep, log)
+	eo, done, err := e2e.start(o, log)
 	if err != nil {
 		return fmt.Errorf("bench flow: %w", err)
 	}
 	defer done()
-	eo := e2e.options(o)
-	eo.Turnout, eo.Lab, eo.WorkDir, eo.Log = turnout, lab, work, log
 	log.Info().Str("trace", label).Int("requests", len(reqs)).Dur("mean_service", bench.MeanService(reqs, o)).Msg("bench: flow")
 	if *name == "" {
 		*name = "flow-" + label

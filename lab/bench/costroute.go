@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"time"
 
 	"github.com/turnout/turnout/route/contract"
 )
@@ -26,7 +25,7 @@ func costRoute(ctx context.Context, o CostOptions) ([]CostRow, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := waitHTTP(ctx, tp, "http://"+addr+"/healthz", http.StatusOK, 10*time.Second); err != nil {
+	if err := waitHTTP(ctx, tp, "http://"+addr+"/healthz", http.StatusOK, startupWait); err != nil {
 		return nil, err
 	}
 	bodies := CostBodies(64, "llama", 1, false, 1)
@@ -58,7 +57,7 @@ func costRoute(ctx context.Context, o CostOptions) ([]CostRow, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := waitHTTP(ctx, p, "http://"+listen+contract.PathReadyz, http.StatusOK, 10*time.Second); err != nil {
+		if err := waitHTTP(ctx, p, "http://"+listen+contract.PathReadyz, http.StatusOK, startupWait); err != nil {
 			return nil, err
 		}
 		targets = append(targets, rt("route "+spec.String(), listen))

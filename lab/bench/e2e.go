@@ -394,7 +394,7 @@ func startMocks(ctx context.Context, ps *procSet, dir, lab, model string, n int,
 		if err != nil {
 			return nil, err
 		}
-		if err := waitHTTP(ctx, p, "http://"+addr+"/health", http.StatusOK, 10*time.Second); err != nil {
+		if err := waitHTTP(ctx, p, "http://"+addr+"/health", http.StatusOK, startupWait); err != nil {
 			return nil, err
 		}
 		eps = append(eps, ep)
@@ -466,7 +466,7 @@ func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions) error {
 	// GET passes without a routing decision (only POSTs ask turnout), so
 	// this proves HAProxy and a replica are up. HAProxy starts servers as
 	// up, so no health-check round has to pass first.
-	return waitHTTP(ctx, hp, st.FrontURL+"/v1/models", http.StatusOK, 15*time.Second)
+	return waitHTTP(ctx, hp, st.FrontURL+"/v1/models", http.StatusOK, startupWait)
 }
 
 // startNginxStack starts nginx alone or turnout + rendered nginx (header or
@@ -536,7 +536,7 @@ func (st *Stack) startTurnout(ctx context.Context, o StackOptions, base ConfigOp
 	}
 	st.TurnoutPID = tp.cmd.Process.Pid
 	st.TurnoutURL = "http://" + listen
-	return waitHTTP(ctx, tp, st.TurnoutURL+contract.PathReadyz, http.StatusOK, 10*time.Second)
+	return waitHTTP(ctx, tp, st.TurnoutURL+contract.PathReadyz, http.StatusOK, startupWait)
 }
 
 // ReplicaLoads reads each replica's counters from its /metrics.
@@ -584,7 +584,8 @@ type DriveOptions struct {
 // Drive sends every request at its (compressed, scaled) arrival time as a
 // streaming chat completion and measures the first SSE chunk (TTFT) and the
 // end of the stream from the scheduled time, so lateness under the
-// concurrency bound counts. Replica loads are left for the caller.
+// concurrency bound counts. A 429 is a shed request (RunResult.Shed, -1 in
+// ByIndex), not an error. Replica loads are left for the caller.
 func Drive(ctx context.Context, reqs []Request, o DriveOptions) (*RunResult, error) {
 	conc := o.Concurrency
 	if conc <= 0 {
@@ -601,6 +602,7 @@ func Drive(ctx context.Context, reqs []Request, o DriveOptions) (*RunResult, err
 		firstErr error
 		last     time.Time
 	)
+	res.ByIndex = notServed(reqs)
 	start := time.Now()
 	factor := o.TimeScale / o.Compress
 loop:
@@ -636,6 +638,10 @@ loop:
 			}
 			mu.Lock()
 			defer mu.Unlock()
+			if errors.Is(err, ErrShed) {
+				res.Shed++
+				return
+			}
 			if err != nil {
 				res.Errors++
 				if firstErr == nil {
@@ -645,6 +651,7 @@ loop:
 			}
 			res.TTFT = append(res.TTFT, ttft)
 			res.E2E = append(res.E2E, e2e)
+			res.ByIndex[r.Index] = ttft
 			if now := due.Add(e2e); now.After(last) {
 				last = now
 			}
@@ -730,6 +737,9 @@ func streamOne(ctx context.Context, c *http.Client, url string, o DriveOptions, 
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		if resp.StatusCode == http.StatusTooManyRequests {
+			return 0, 0, fmt.Errorf("request %d: %w: %s", r.Index, ErrShed, bytes.TrimSpace(b))
+		}
 		return 0, 0, fmt.Errorf("request %d: status %d: %s", r.Index, resp.StatusCode, bytes.TrimSpace(b))
 	}
 	buf := make([]byte, 16<<10)
@@ -756,4 +766,17 @@ func streamOne(ctx context.Context, c *http.Client, url string, o DriveOptions, 
 		return 0, 0, fmt.Errorf("request %d: stream ended without [DONE]", r.Index)
 	}
 	return ttft, time.Since(due), nil
+}
+
+// notServed is a ByIndex for reqs with every request not (yet) served.
+func notServed(reqs []Request) []time.Duration {
+	n := 0
+	for i := range reqs {
+		n = max(n, reqs[i].Index+1)
+	}
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = -1
+	}
+	return out
 }

@@ -2,7 +2,11 @@ package bench
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,4 +67,38 @@ func startTestMock(t *testing.T, name string) string {
 	}
 	t.Cleanup(func() { srv.Close() })
 	return url
+}
+
+// A 429 is a shed request, not an error: counted in Shed, -1 in ByIndex,
+// and the served requests' TTFT lands at their trace index.
+func TestDriveCountsShed(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1)%2 == 0 {
+			http.Error(w, `{"error":{"message":"shed","type":"slo_shed"}}`, http.StatusTooManyRequests)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	reqs := SyntheticTrace(10, 3)
+	res, err := Drive(context.Background(), reqs, DriveOptions{URL: srv.URL, Model: "llama", Concurrency: 1, Compress: 1000, TimeScale: 0.001})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Shed != 5 || res.Errors != 0 || res.Requests != 5 {
+		t.Fatalf("shed %d errors %d served %d, want 5, 0, 5", res.Shed, res.Errors, res.Requests)
+	}
+	served := 0
+	for _, r := range reqs {
+		if res.ByIndex[r.Index] > 0 {
+			served++
+		} else if res.ByIndex[r.Index] != -1 {
+			t.Fatalf("request %d: ByIndex %v", r.Index, res.ByIndex[r.Index])
+		}
+	}
+	if served != 5 {
+		t.Fatalf("%d requests with a TTFT by index, want 5", served)
+	}
 }

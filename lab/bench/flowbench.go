@@ -178,25 +178,16 @@ func RunFlow(ctx context.Context, reqs []Request, setups []FlowSetup, o FlowOpti
 }
 
 func flowRow(ctx context.Context, reqs []Request, s FlowSetup, load float64, o E2EOptions) (FlowRow, error) {
-	dir, err := os.MkdirTemp(o.WorkDir, "flow-")
-	if err != nil {
-		return FlowRow{}, fmt.Errorf("run dir: %w", err)
-	}
-	if !o.Keep {
-		defer os.RemoveAll(dir)
-	}
-	st, err := StartStack(ctx, StackOptions{
-		Dir: dir, Spec: s.Spec, ProxySetup: o.ProxySetup, Replicas: o.Sim.Replicas, Model: o.Sim.Model,
-		MockArgs: ReplayMockArgs(o.Sim, o.TimeScale), Log: o.Log, DeploymentYAML: s.Flow,
-	})
-	if err != nil {
-		return FlowRow{}, err
-	}
-	defer st.Stop()
-	rctx, cancel := context.WithTimeout(ctx, o.Timeout)
-	defer cancel()
-	ttft, span, errs, err := driveClasses(rctx, reqs, DriveOptions{
-		URL: st.FrontURL, Model: o.Sim.Model, Compress: o.Sim.Compress, TimeScale: o.TimeScale, Log: o.Log,
+	var (
+		ttft map[string][]time.Duration
+		span time.Duration
+		errs int
+	)
+	err := withStack(ctx, o, "flow-", s.Spec, s.Flow, func(ctx context.Context, url string) (err error) {
+		ttft, span, errs, err = driveClasses(ctx, reqs, DriveOptions{
+			URL: url, Model: o.Sim.Model, Compress: o.Sim.Compress, TimeScale: o.TimeScale, Log: o.Log,
+		})
+		return err
 	})
 	if err != nil {
 		return FlowRow{}, err

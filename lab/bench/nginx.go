@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/turnout/turnout/nginx"
 )
@@ -181,7 +180,7 @@ func (st *Stack) startNginx(ctx context.Context, logDir, dir, bin string) error 
 	st.ProxyPID = p.cmd.Process.Pid
 	// As for HAProxy: a GET passes without a routing decision, so this proves
 	// nginx and a replica are up.
-	return waitHTTP(ctx, p, st.FrontURL+"/v1/models", http.StatusOK, 15*time.Second)
+	return waitHTTP(ctx, p, st.FrontURL+"/v1/models", http.StatusOK, startupWait)
 }
 
 // renderNginxArgs are the `turnout render nginx` flags for dir.

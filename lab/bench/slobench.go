@@ -41,16 +41,19 @@ type SLOSetup struct {
 // control carrying the objective (SLO routing and admission). Flow
 // control never holds here (max_load far above any load): the sim runs
 // in virtual time, where a held request would hold the whole replay.
-func SLOSetups(objective, sheddable time.Duration) []SLOSetup {
+// timeScale is the replicas' (1 in the sim): turnout sees wall time, so
+// its ttft_slo lines are the objectives scaled, the names unscaled.
+func SLOSetups(objective, sheddable time.Duration, timeScale float64) []SLOSetup {
 	obj := objective.String()
+	scaled := func(d time.Duration) string { return time.Duration(float64(d) * timeScale).String() }
 	flow := []string{
 		"flow_control:",
 		"  trust: {priority_header: true}",
 		"  saturation: {max_load: 1000000}",
 		"  default_class: " + ClassSheddable,
 		"  classes:",
-		"    - {name: " + ClassCritical + ", ttft_slo: " + obj + "}",
-		"    - {name: " + ClassSheddable + ", shed: true, ttft_slo: " + sheddable.String() + "}",
+		"    - {name: " + ClassCritical + ", ttft_slo: " + scaled(objective) + "}",
+		"    - {name: " + ClassSheddable + ", shed: true, ttft_slo: " + scaled(sheddable) + "}",
 	}
 	return []SLOSetup{
 		{Name: HAProxyRoundRobin, Spec: PolicySpec{Policy: HAProxyRoundRobin}},
@@ -73,6 +76,9 @@ type SLORow struct {
 	// without a cache hit serves within the objective (a bound on what
 	// routing alone can promise a miss).
 	Reachable float64
+	// Errors are requests that failed otherwise (e2e: counted as shed in
+	// the class counts, so as not met).
+	Errors int
 }
 
 // SLOCount is one class's requests and their outcomes.
@@ -119,7 +125,7 @@ func RunSLO(reqs []Request, setups []SLOSetup, o SLOOptions) ([]SLORow, error) {
 			if err != nil {
 				return nil, fmt.Errorf("slo %s seed %d: %w", s.Name, seed, err)
 			}
-			rows = append(rows, sloRow(reqs, s.Name, seed, res, o))
+			rows = append(rows, sloRow(reqs, s.Name, seed, res, o, 1))
 		}
 	}
 	return rows, nil
@@ -132,8 +138,10 @@ func newSLORouter(s SLOSetup, names []string, o SimOptions) (Router, error) {
 	return newRouterWith(s.Spec, names, o, s.Flow)
 }
 
-func sloRow(reqs []Request, setup string, seed uint64, res *RunResult, o SLOOptions) SLORow {
-	row := SLORow{Setup: setup, Seed: seed}
+// sloRow counts each class's outcomes; scale turns res's times into the
+// trace's (1/time scale in e2e).
+func sloRow(reqs []Request, setup string, seed uint64, res *RunResult, o SLOOptions, scale float64) SLORow {
+	row := SLORow{Setup: setup, Seed: seed, Errors: res.Errors}
 	var crit, shed []float64
 	reach := 0
 	for i := range reqs {
@@ -148,8 +156,8 @@ func sloRow(reqs []Request, setup string, seed uint64, res *RunResult, o SLOOpti
 		}
 		c.N++
 		d := time.Duration(-1)
-		if r.Index < len(res.ByIndex) {
-			d = res.ByIndex[r.Index]
+		if r.Index < len(res.ByIndex) && res.ByIndex[r.Index] >= 0 {
+			d = time.Duration(float64(res.ByIndex[r.Index]) * scale)
 		}
 		switch {
 		case d < 0:

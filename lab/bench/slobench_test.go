@@ -13,7 +13,7 @@ func TestRunSLOShedsOnlySheddableWithObjective(t *testing.T) {
 	o := DefaultSimOptions()
 	o.MaxRunning, o.Compress = 2, 4 // queues build: predictions pass 100 ms
 	so := SLOOptions{Sim: o, CriticalShare: 0.3, Objective: 100 * time.Millisecond, SheddableObjective: 100 * time.Millisecond, Seeds: []uint64{1}}
-	rows, err := RunSLO(reqs, SLOSetups(so.Objective, so.SheddableObjective), so)
+	rows, err := RunSLO(reqs, SLOSetups(so.Objective, so.SheddableObjective, 1), so)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -140,7 +140,7 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		if err != nil {
 			return nil, nil, err
 		}
-		if err := waitHTTP(ctx, p, "http://"+addrs["listen"]+contract.PathReadyz, http.StatusOK, 10*time.Second); err != nil {
+		if err := waitHTTP(ctx, p, "http://"+addrs["listen"]+contract.PathReadyz, http.StatusOK, startupWait); err != nil {
 			return nil, nil, err
 		}
 		return p, addrs, nil

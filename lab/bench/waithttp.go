@@ -9,6 +9,11 @@ import (
 	"time"
 )
 
+// startupWait bounds a process's start, up to its first right answer: on a
+// shared 2-core box a start can take tens of seconds, and the wait ends
+// as soon as the answer comes.
+const startupWait = time.Minute
+
 // waitHTTP polls url until it answers want, the process dies or timeout.
 func waitHTTP(ctx context.Context, p *proc, url string, want int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
