@@ -3,10 +3,14 @@ package nginx
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 )
@@ -76,6 +80,32 @@ type Plan struct {
 	Reload bool
 	// Reason says why, or what changed without a reload.
 	Reason string
+}
+
+// planOnDisk compares a render with the files in dir: same when every file
+// has exactly this content, else the plan.
+func planOnDisk(dir string, out *Rendered) (Plan, bool, error) {
+	var conf []byte
+	for _, f := range out.Files() {
+		b, err := os.ReadFile(filepath.Join(dir, f.Name))
+		if errors.Is(err, fs.ErrNotExist) {
+			return Plan{Reload: true, Reason: f.Name + " is not on disk yet"}, false, nil
+		}
+		if err != nil {
+			return Plan{}, false, fmt.Errorf("read %s: %w", f.Name, err)
+		}
+		if bytes.Equal(b, f.Data) {
+			continue
+		}
+		if f.Name != ConfigFile {
+			return Plan{Reload: true, Reason: f.Name + " changed"}, false, nil
+		}
+		conf = b
+	}
+	if conf == nil {
+		return Plan{}, true, nil
+	}
+	return PlanSync(ParseRunning(conf), &out.Summary), false, nil
 }
 
 // PlanSync decides for a render summarized by next against the running

@@ -1,12 +1,9 @@
 package nginx
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -129,32 +126,6 @@ func (s *Syncer) Sync(ctx context.Context, cfg *config.Config) error {
 		return nil
 	}
 	return s.reload(ctx, pid, plan.Reason)
-}
-
-// planOnDisk compares a render with the files in dir: same when every file
-// has exactly this content, else the plan.
-func planOnDisk(dir string, out *Rendered) (Plan, bool, error) {
-	var conf []byte
-	for _, f := range out.Files() {
-		b, err := os.ReadFile(filepath.Join(dir, f.Name))
-		if errors.Is(err, fs.ErrNotExist) {
-			return Plan{Reload: true, Reason: f.Name + " is not on disk yet"}, false, nil
-		}
-		if err != nil {
-			return Plan{}, false, fmt.Errorf("read %s: %w", f.Name, err)
-		}
-		if bytes.Equal(b, f.Data) {
-			continue
-		}
-		if f.Name != ConfigFile {
-			return Plan{Reload: true, Reason: f.Name + " changed"}, false, nil
-		}
-		conf = b
-	}
-	if conf == nil {
-		return Plan{}, true, nil
-	}
-	return PlanSync(ParseRunning(conf), &out.Summary), false, nil
 }
 
 // reload sends SIGHUP to the master and waits until a worker that was not

@@ -1,18 +1,15 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
-	"io/fs"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -115,9 +112,6 @@ func simReplicaFlags(fset *flag.FlagSet, o *bench.SimOptions, d bench.SimOptions
 	fset.Float64Var(&o.Compress, "compress", d.Compress, "divide arrival times by this factor (more load)")
 }
 
-// errTraceMissing makes a missing trace a clean skip, not a failure.
-var errTraceMissing = errors.New("trace missing")
-
 func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	d := bench.DefaultSimOptions()
 	fset := cli.NewFlags("bench replay")
@@ -161,16 +155,13 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	}
 
 	reqs, label, err := loadTrace(*trace, bench.TraceOptions{Limit: *limit, SessionBlocks: *sessionBlocks})
-	if err == nil {
-		reqs = bench.JitterArrivals(reqs, *jitter, o.Seed)
-	}
-	if errors.Is(err, errTraceMissing) {
-		log.Warn().Str("trace", *trace).Msg("bench: trace not found, skipping the replay (traces live in ../shared/traces; --trace synthetic runs a generated one)")
+	if skipMissingTrace(err, *trace, " the replay", log) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("bench replay: %w", err)
 	}
+	reqs = bench.JitterArrivals(reqs, *jitter, o.Seed)
 	seats, err := bench.ParseProxies(e2e.proxy)
 	if err != nil {
 		return fmt.Errorf("bench replay: --%w", err)
@@ -276,31 +267,6 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 		}
 	}
 	return nil
-}
-
-// loadTrace reads a trace file or makes the synthetic one; label names it in
-// outputs.
-func loadTrace(path string, o bench.TraceOptions) ([]bench.Request, string, error) {
-	if path == syntheticTrace {
-		n := o.Limit
-		if n == 0 {
-			n = 400
-		}
-		return bench.SyntheticTrace(n, 1), syntheticTrace, nil
-	}
-	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-		return nil, "", fmt.Errorf("%s: %w", path, errTraceMissing)
-	}
-	reqs, err := bench.LoadTrace(path, o)
-	if err != nil {
-		return nil, "", err
-	}
-	label := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
-	label = strings.SplitN(label, "_", 2)[0] // mooncake, azure
-	if strings.HasPrefix(filepath.Base(path), "azure_llm_2023_") {
-		label = "azure-" + strings.TrimSuffix(strings.TrimPrefix(filepath.Base(path), "azure_llm_2023_"), ".csv")
-	}
-	return reqs, label, nil
 }
 
 // e2eFlags are the replay flags only the e2e mode reads.
@@ -521,60 +487,4 @@ func binaries(turnoutFlag string) (turnout, lab string, err error) {
 func isExecutable(path string) bool {
 	fi, err := os.Stat(path)
 	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
-}
-
-// runFlow implements `turnout-lab bench flow`.
-func runFlow(args []string, log *zerolog.Logger) error {
-	d := bench.DefaultSimOptions()
-	fset := cli.NewFlags("bench flow")
-	trace := fset.String("trace", defaultMooncake, `trace file (.jsonl Mooncake, .csv Azure) or "synthetic"`)
-	limit := fset.Int("limit", 400, "replay only the first N requests (0 = all)")
-	loads := fset.String("loads", "1.2,1.5", "offered loads as multiples of the replicas' estimated capacity (replicas x max-running / mean service time)")
-	share := fset.Float64("critical-share", 0.1, "fraction of requests sent as critical (the rest standard)")
-	tenants := fset.Int("tenants", 4, "tenants the sessions are spread over (X-Tenant-Id)")
-	out := fset.String("out", "bench-out", "output directory")
-	name := fset.String("name", "", "output file name prefix (default: flow-TRACE)")
-	o := d
-	o.Replicas, o.MaxRunning = 4, 8
-	fset.IntVar(&o.Replicas, "replicas", o.Replicas, "number of replicas")
-	fset.IntVar(&o.MaxRunning, "max-running", o.MaxRunning, "running sequences per replica (the rest wait in the engine)")
-	fset.DurationVar(&o.Timing.TTFTOverhead, "ttft-overhead", d.Timing.TTFTOverhead, "replica TTFT overhead")
-	fset.DurationVar(&o.Timing.PerTokenPrefill, "per-token-prefill", d.Timing.PerTokenPrefill, "replica prefill time per uncached token")
-	fset.DurationVar(&o.Timing.InterTokenLatency, "itl", d.Timing.InterTokenLatency, "replica inter-token latency")
-	e2e := defaultE2EFlags(fset)
-	if err := cli.ParseFlags(fset, benchFlowCmd, args); err != nil {
-		return err
-	}
-	var ls []float64
-	for _, f := range strings.Split(*loads, ",") {
-		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
-		if err != nil || v <= 0 {
-			return fmt.Errorf("bench flow: --loads %q: want positive numbers", *loads)
-		}
-		ls = append(ls, v)
-	}
-	reqs, label, err := loadTrace(*trace, bench.TraceOptions{Limit: *limit, SessionBlocks: 1})
-	if errors.Is(err, errTraceMissing) {
-		log.Warn().Str("trace", *trace).Msg("bench: trace not found, skipping (traces live in ../shared/traces; --trace synthetic runs a generated one)")
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("bench flow: %w", err)
-	}
-	eo, done, err := e2e.start(o, log)
-	if err != nil {
-		return fmt.Errorf("bench flow: %w", err)
-	}
-	defer done()
-	log.Info().Str("trace", label).Int("requests", len(reqs)).Dur("mean_service", bench.MeanService(reqs, o)).Msg("bench: flow")
-	if *name == "" {
-		*name = "flow-" + label
-	}
-	_, err = runTable(*out, *name+".md", func(ctx context.Context) ([]bench.FlowRow, error) {
-		return bench.RunFlow(ctx, reqs, bench.FlowSetups(o.MaxRunning, e2e.proxy), bench.FlowOptions{E2E: eo, Loads: ls, CriticalShare: *share, Tenants: *tenants})
-	}, bench.WriteFlowMarkdown)
-	if err != nil {
-		return fmt.Errorf("bench flow: %w", err)
-	}
-	return nil
 }

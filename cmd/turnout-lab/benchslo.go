@@ -47,8 +47,7 @@ func runSLO(args []string, log *zerolog.Logger) error {
 		return errors.New("bench slo: --objective and --sheddable-objective must be > 0 and --critical-share in (0, 1]")
 	}
 	reqs, label, err := loadTrace(*trace, bench.TraceOptions{Limit: *limit, SessionBlocks: 1})
-	if errors.Is(err, errTraceMissing) {
-		log.Warn().Str("trace", *trace).Msg("bench: trace not found, skipping (traces live in ../shared/traces; --trace synthetic runs a generated one)")
+	if skipMissingTrace(err, *trace, "", log) {
 		return nil
 	}
 	if err != nil {
@@ -83,6 +82,61 @@ func runSLO(args []string, log *zerolog.Logger) error {
 	_, err = runTable(*out, *name+".md", run, bench.WriteSLOMarkdown)
 	if err != nil {
 		return fmt.Errorf("bench slo: %w", err)
+	}
+	return nil
+}
+
+// runFlow implements `turnout-lab bench flow`.
+func runFlow(args []string, log *zerolog.Logger) error {
+	d := bench.DefaultSimOptions()
+	fset := cli.NewFlags("bench flow")
+	trace := fset.String("trace", defaultMooncake, `trace file (.jsonl Mooncake, .csv Azure) or "synthetic"`)
+	limit := fset.Int("limit", 400, "replay only the first N requests (0 = all)")
+	loads := fset.String("loads", "1.2,1.5", "offered loads as multiples of the replicas' estimated capacity (replicas x max-running / mean service time)")
+	share := fset.Float64("critical-share", 0.1, "fraction of requests sent as critical (the rest standard)")
+	tenants := fset.Int("tenants", 4, "tenants the sessions are spread over (X-Tenant-Id)")
+	out := fset.String("out", "bench-out", "output directory")
+	name := fset.String("name", "", "output file name prefix (default: flow-TRACE)")
+	o := d
+	o.Replicas, o.MaxRunning = 4, 8
+	fset.IntVar(&o.Replicas, "replicas", o.Replicas, "number of replicas")
+	fset.IntVar(&o.MaxRunning, "max-running", o.MaxRunning, "running sequences per replica (the rest wait in the engine)")
+	fset.DurationVar(&o.Timing.TTFTOverhead, "ttft-overhead", d.Timing.TTFTOverhead, "replica TTFT overhead")
+	fset.DurationVar(&o.Timing.PerTokenPrefill, "per-token-prefill", d.Timing.PerTokenPrefill, "replica prefill time per uncached token")
+	fset.DurationVar(&o.Timing.InterTokenLatency, "itl", d.Timing.InterTokenLatency, "replica inter-token latency")
+	e2e := defaultE2EFlags(fset)
+	if err := cli.ParseFlags(fset, benchFlowCmd, args); err != nil {
+		return err
+	}
+	var ls []float64
+	for _, f := range strings.Split(*loads, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || v <= 0 {
+			return fmt.Errorf("bench flow: --loads %q: want positive numbers", *loads)
+		}
+		ls = append(ls, v)
+	}
+	reqs, label, err := loadTrace(*trace, bench.TraceOptions{Limit: *limit, SessionBlocks: 1})
+	if skipMissingTrace(err, *trace, "", log) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("bench flow: %w", err)
+	}
+	eo, done, err := e2e.start(o, log)
+	if err != nil {
+		return fmt.Errorf("bench flow: %w", err)
+	}
+	defer done()
+	log.Info().Str("trace", label).Int("requests", len(reqs)).Dur("mean_service", bench.MeanService(reqs, o)).Msg("bench: flow")
+	if *name == "" {
+		*name = "flow-" + label
+	}
+	_, err = runTable(*out, *name+".md", func(ctx context.Context) ([]bench.FlowRow, error) {
+		return bench.RunFlow(ctx, reqs, bench.FlowSetups(o.MaxRunning, e2e.proxy), bench.FlowOptions{E2E: eo, Loads: ls, CriticalShare: *share, Tenants: *tenants})
+	}, bench.WriteFlowMarkdown)
+	if err != nil {
+		return fmt.Errorf("bench flow: %w", err)
 	}
 	return nil
 }

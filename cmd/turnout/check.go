@@ -5,18 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"time"
 
 	"github.com/rs/zerolog"
 
-	"github.com/turnout/turnout/haproxy"
 	"github.com/turnout/turnout/internal/cli"
 	"github.com/turnout/turnout/internal/config"
-	"github.com/turnout/turnout/nginx"
 	"github.com/turnout/turnout/route/health"
 )
 
@@ -90,43 +85,13 @@ func runCheck(args []string, stdin io.Reader, log *zerolog.Logger) error {
 		return err // every problem, reported by cli.ReportError
 	}
 	cli.LogWarnings(log, file, cfg, nginxModeWarnings(cfg)...)
-	problems := 0
 	log.Info().Str("check", "config").Str("file", file).Int("deployments", len(cfg.Deployments)).Msg("config ok")
 
 	// 2. Every static endpoint's served models.
-	for _, p := range health.ProbeEndpoints(ctx, cfg, newProbeClient(*timeout)) {
-		switch {
-		case p.Err == nil:
-			log.Info().Str("check", "endpoint").Str("field", p.Path).Str("endpoint", p.Name).Str("address", p.Address).
-				Strs("models", p.Models).Msg("endpoint answers")
-		case *requireEP:
-			problems++
-			log.Error().Str("check", "endpoint").Str("field", p.Path).Int("line", cfg.Line(p.Path)).Str("endpoint", p.Name).
-				Str("address", p.Address).Err(p.Err).Msg("endpoint unreachable")
-		default:
-			log.Warn().Str("check", "endpoint").Str("field", p.Path).Int("line", cfg.Line(p.Path)).Str("endpoint", p.Name).
-				Str("address", p.Address).Err(p.Err).Msg("endpoint unreachable (a warning; --require-endpoints makes it a problem)")
-		}
-	}
+	problems := checkEndpoints(ctx, cfg, *timeout, *requireEP, log)
 
 	// 3. The rendered proxies, checked by their own binaries.
-	for _, proxy := range want {
-		bin, lerr := exec.LookPath(proxy)
-		if lerr != nil {
-			ev := log.Info()
-			if *proxies != "auto" {
-				ev = log.Warn()
-			}
-			ev.Str("check", proxy).Msg(proxy + " is not installed: its rendered config was not checked")
-			continue
-		}
-		if err := checkProxy(ctx, proxy, bin, cfg, ngx); err != nil {
-			problems++
-			log.Error().Str("check", proxy).Err(err).Msg("rendered " + proxy + " config refused")
-			continue
-		}
-		log.Info().Str("check", proxy).Str("binary", bin).Msg("rendered " + proxy + " config ok (" + proxyCheckCmd(proxy) + ")")
-	}
+	problems += checkProxies(ctx, want, *proxies == "auto", cfg, ngx, log)
 	if problems > 0 {
 		return fmt.Errorf("%d %s: %w", problems, pluralWord(problems, "problem"), errCheckFailed)
 	}
@@ -134,42 +99,9 @@ func runCheck(args []string, stdin io.Reader, log *zerolog.Logger) error {
 	return nil
 }
 
-// checkProxy renders cfg for proxy into a scratch directory and runs the
-// proxy's own check on it.
-func checkProxy(ctx context.Context, proxy, bin string, cfg *config.Config, ngx *nginxFlags) error {
-	if proxy == "haproxy" {
-		r, err := haproxy.NewRenderer(nil)
-		if err != nil {
-			return err
-		}
-		return r.Check(ctx, bin, cfg, haproxy.RenderOptions{})
-	}
-	r, err := nginx.NewRenderer(nil)
-	if err != nil {
-		return err
-	}
-	o, err := ngx.options("")
-	if err != nil {
-		return err
-	}
-	return r.Check(ctx, bin, cfg, o)
-}
-
-func proxyCheckCmd(proxy string) string {
-	if proxy == "haproxy" {
-		return "haproxy -c"
-	}
-	return "nginx -t"
-}
-
 func pluralWord(n int, w string) string {
 	if n == 1 {
 		return w
 	}
 	return w + "s"
-}
-
-// newProbeClient bounds one /v1/models call.
-func newProbeClient(timeout time.Duration) *http.Client {
-	return &http.Client{Timeout: timeout}
 }

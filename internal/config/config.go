@@ -356,10 +356,7 @@ const DefaultMaxCandidates = 64
 
 // Candidates is max_candidates with its default.
 func (p *PolicyConfig) Candidates() int {
-	if p.MaxCandidates == 0 {
-		return DefaultMaxCandidates
-	}
-	return p.MaxCandidates
+	return cmp.Or(p.MaxCandidates, DefaultMaxCandidates)
 }
 
 func (p *PolicyConfig) setPosition(path string, line int) { p.path, p.line = path, line }

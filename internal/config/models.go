@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"path"
 	"time"
@@ -73,10 +74,7 @@ const DefaultMaxLoadsPerMinute = 30
 
 // LoadsPerMinute is lora.max_loads_per_minute with its default.
 func (l *LoRAConfig) LoadsPerMinute() int {
-	if l.MaxLoadsPerMinute == 0 {
-		return DefaultMaxLoadsPerMinute
-	}
-	return l.MaxLoadsPerMinute
+	return cmp.Or(l.MaxLoadsPerMinute, DefaultMaxLoadsPerMinute)
 }
 
 // DefaultModelsInterval is how often GET /v1/models is asked of every endpoint.
@@ -144,10 +142,7 @@ const DefaultModelsWait = 10 * time.Second
 
 // ModelsWaitOr is health.models_wait with its default.
 func (h *HealthConfig) ModelsWaitOr() time.Duration {
-	if h.ModelsWait == 0 {
-		return DefaultModelsWait
-	}
-	return h.ModelsWait.D()
+	return cmp.Or(h.ModelsWait.D(), DefaultModelsWait)
 }
 
 // PoolMinReady is how many available endpoints pool p needs for its
@@ -165,8 +160,5 @@ func (c *Config) PoolMinReady(p *PoolConfig) int {
 
 // ModelsEvery is health.models_interval with its default.
 func (h *HealthConfig) ModelsEvery() time.Duration {
-	if h.ModelsInterval == 0 {
-		return DefaultModelsInterval
-	}
-	return h.ModelsInterval.D()
+	return cmp.Or(h.ModelsInterval.D(), DefaultModelsInterval)
 }

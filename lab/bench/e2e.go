@@ -350,29 +350,8 @@ func StartStack(ctx context.Context, o StackOptions) (_ *Stack, err error) {
 	kvAware := o.Spec.Policy == policy.KVAwareType
 	st.Mocks = o.Mocks
 	if len(st.Mocks) == 0 {
-		for i, name := range ReplicaNames(o.Replicas) {
-			addr, err := freeAddr()
-			if err != nil {
-				return nil, err
-			}
-			ep := Endpoint{Name: name, Address: addr}
-			args := append([]string{"mock", "--listen", addr, "--name", name, "--model", o.Model}, o.MockArgs...)
-			if kvAware {
-				kvAddr, err := freeAddr()
-				if err != nil {
-					return nil, err
-				}
-				ep.KVEvents = "tcp://" + kvAddr
-				args = append(args, "--kv-events", ep.KVEvents)
-			}
-			p, err := st.procs.start(o.Dir, "mock-"+strconv.Itoa(i), o.Lab, args...)
-			if err != nil {
-				return nil, err
-			}
-			if err := waitHTTP(ctx, p, "http://"+addr+"/health", http.StatusOK, startupWait); err != nil {
-				return nil, err
-			}
-			st.Mocks = append(st.Mocks, ep)
+		if st.Mocks, err = startMocks(ctx, &st.procs, o.Dir, o.Lab, o.Model, o.Replicas, kvAware, o.MockArgs); err != nil {
+			return nil, err
 		}
 	}
 	switch o.Spec.Proxy(o.Proxy) {
@@ -392,6 +371,38 @@ func StartStack(ctx context.Context, o StackOptions) (_ *Stack, err error) {
 		time.Sleep(time.Second)
 	}
 	return st, nil
+}
+
+// startMocks starts n `turnout-lab mock` replicas serving model in ps,
+// each with args (and with kvEvents its own KV events address), and waits
+// until each answers /health.
+func startMocks(ctx context.Context, ps *procSet, dir, lab, model string, n int, kvEvents bool, args []string) ([]Endpoint, error) {
+	var eps []Endpoint
+	for i, name := range ReplicaNames(n) {
+		addr, err := freeAddr()
+		if err != nil {
+			return nil, err
+		}
+		ep := Endpoint{Name: name, Address: addr}
+		margs := append([]string{"mock", "--listen", addr, "--name", name, "--model", model}, args...)
+		if kvEvents {
+			kvAddr, err := freeAddr()
+			if err != nil {
+				return nil, err
+			}
+			ep.KVEvents = "tcp://" + kvAddr
+			margs = append(margs, "--kv-events", ep.KVEvents)
+		}
+		p, err := ps.start(dir, "mock-"+strconv.Itoa(i), lab, margs...)
+		if err != nil {
+			return nil, err
+		}
+		if err := waitHTTP(ctx, p, "http://"+addr+"/health", http.StatusOK, startupWait); err != nil {
+			return nil, err
+		}
+		eps = append(eps, ep)
+	}
+	return eps, nil
 }
 
 // frontAddr picks the proxy's frontend address and sets FrontURL.

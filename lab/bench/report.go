@@ -189,6 +189,13 @@ func writeCSV(w io.Writer, header []string, n int, fields func(i int) []string) 
 	return nil
 }
 
+// figures are the columns both tables print for a row, in order: the
+// policy, requests, hit ratios, load spread, TTFT percentiles and rps.
+func (r *Row) figures() []any {
+	return []any{r.Label(), r.Requests, r.HitRatio, r.InfBound, r.Pooled, Ratio(r.HitRatio, r.InfBound),
+		r.LoadReq, r.LoadTok, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.RPS}
+}
+
 // WriteTable writes rows as an aligned text table for terminals and
 // BENCHMARKS.md (fewer columns than the CSV).
 func WriteTable(w io.Writer, rows []Row) error {
@@ -198,9 +205,7 @@ func WriteTable(w io.Writer, rows []Row) error {
 			fmt.Fprintf(tw, "%s\t%s\t\t\t\t\t\t\t\t\t\t\t\t\n", r.Label(), r.Note)
 			return
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.0f\t%.0f\t%.0f\t%.2f\t%.1f\t\n",
-			r.Label(), r.Requests, r.HitRatio, r.InfBound, r.Pooled, Ratio(r.HitRatio, r.InfBound),
-			r.LoadReq, r.LoadTok, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.RPS, r.RouteUs)
+		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.0f\t%.0f\t%.0f\t%.2f\t%.1f\t\n", append(r.figures(), r.RouteUs)...)
 	})
 	if err != nil {
 		return err
@@ -244,9 +249,7 @@ func WriteMarkdown(w io.Writer, rows []Row) error {
 			fmt.Fprintf(b, "| %s | %s |||||||||||\n", r.Label(), r.Note)
 			return
 		}
-		fmt.Fprintf(b, "| %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.0f | %.0f | %.0f | %.2f |\n",
-			r.Label(), r.Requests, r.HitRatio, r.InfBound, r.Pooled, Ratio(r.HitRatio, r.InfBound),
-			r.LoadReq, r.LoadTok, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.RPS)
+		fmt.Fprintf(b, "| %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.0f | %.0f | %.0f | %.2f |\n", r.figures()...)
 	})
 }
 

@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -441,62 +438,4 @@ func eppWorker(ctx context.Context, ccs []*grpc.ClientConn, bodies []CostBody) f
 		}
 		return decide, func() {}, nil
 	}
-}
-
-// procCPU is a process's user + system CPU time so far (all its threads).
-func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, fmt.Errorf("cpu of %d: %w", pid, err)
-	}
-	// Fields after the command name (which may hold spaces): state is 3,
-	// utime 14 and stime 15.
-	i := strings.LastIndexByte(string(b), ')')
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("cpu of %d: short stat", pid)
-	}
-	u, err1 := strconv.ParseInt(f[11], 10, 64)
-	s, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, fmt.Errorf("cpu of %d: %w", pid, err)
-	}
-	// USER_HZ is 100 on every Linux ABI Go supports.
-	return time.Duration(u+s) * 10 * time.Millisecond, nil
-}
-
-// WriteTransportTable writes the rows as an aligned table.
-func WriteTransportTable(w io.Writer, rows []TransportRow) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	paced := slices.ContainsFunc(rows, func(r TransportRow) bool { return r.PacedRPS > 0 })
-	head := "transport\tconns\tdecisions\terrors\tdecisions/s\tp50 ms\tp99 ms\tCPU µs/decision\tdecisions/s/core\tCPU vs SPOE\trounds' range"
-	if paced {
-		head += "\tpaced decisions/s\tpaced p50 ms\tpaced p99 ms"
-	}
-	fmt.Fprintln(tw, head)
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t%.3f\t%.3f\t%.1f\t%.0f\t%.2fx\t%.2f-%.2fx", r.Target, r.Conns, r.Requests, r.Errors, r.RPS, r.P50, r.P99, r.CPUPerDecision, r.PerCore, r.CPURatio, r.CPURatioMin, r.CPURatioMax)
-		if paced {
-			fmt.Fprintf(tw, "\t%.0f\t%.3f\t%.3f", r.PacedRPS, r.PacedP50, r.PacedP99)
-		}
-		fmt.Fprintln(tw)
-	}
-	for _, r := range rows {
-		if r.FirstErr != "" {
-			fmt.Fprintf(tw, "first error, %s: %s\n", r.Target, r.FirstErr)
-		}
-	}
-	return tw.Flush()
-}
-
-// CheckTransports fails unless every transport answered decisions with
-// few errors (the smoke check).
-func CheckTransports(rows []TransportRow) error {
-	var errs []error
-	for _, r := range rows {
-		if r.Requests == 0 || r.Errors*100 > r.Requests {
-			errs = append(errs, fmt.Errorf("%s: %d decisions, %d errors (%s)", r.Target, r.Requests, r.Errors, r.FirstErr))
-		}
-	}
-	return errors.Join(errs...)
 }

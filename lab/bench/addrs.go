@@ -1,0 +1,48 @@
+package bench
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+)
+
+// freePort asks the kernel for a free loopback port. Another process could
+// take it before we bind it, which the readiness checks then report.
+func freePort(network string) (int, error) {
+	if network == "udp" {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			return 0, fmt.Errorf("free udp port: %w", err)
+		}
+		defer pc.Close()
+		return pc.LocalAddr().(*net.UDPAddr).Port, nil
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("free tcp port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func freeAddr() (string, error) {
+	p, err := freePort("tcp")
+	if err != nil {
+		return "", err
+	}
+	return "127.0.0.1:" + strconv.Itoa(p), nil
+}
+
+// turnoutAddrs picks one turnout's listen address and its feedback
+// syslog address (UDP): feedback is on by default, and two turnouts on
+// the default address would not both start.
+func turnoutAddrs() (listen, syslog string, err error) {
+	if listen, err = freeAddr(); err != nil {
+		return "", "", err
+	}
+	p, err := freePort("udp")
+	if err != nil {
+		return "", "", err
+	}
+	return listen, "127.0.0.1:" + strconv.Itoa(p), nil
+}

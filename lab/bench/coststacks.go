@@ -1,0 +1,104 @@
+package bench
+
+import (
+	"fmt"
+	"os/exec"
+
+	"github.com/turnout/turnout/internal/config"
+
+	"github.com/turnout/turnout/haproxy"
+)
+
+// proxyStack is one proxy setup of the cost run.
+type proxyStack struct {
+	group, name, dir string
+	opts             StackOptions
+}
+
+// proxyStacks lists the proxy setups to measure, in round order, and note
+// rows for the ones that cannot run here. Within a group the plain proxy
+// comes first: it is the baseline.
+func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error) {
+	spec, err := ParsePolicySpec(o.ProxyPolicy)
+	if err != nil {
+		return nil, nil, err
+	}
+	if spec.IsProxyAlone() {
+		return nil, nil, fmt.Errorf("cost: proxy policy %s is not a turnout policy", spec)
+	}
+	base := StackOptions{Model: "llama", ProxySetup: ProxySetup{HAProxy: o.HAProxy, Nginx: o.Nginx, NginxModule: o.NginxModule, Turnout: o.Turnout, Lab: o.Lab}, Log: o.Log}
+	add := func(group, name, dir string, spec PolicySpec, proxy string, edit func(*StackOptions)) {
+		so := base
+		so.Spec, so.Proxy = spec, proxy
+		if edit != nil {
+			edit(&so)
+		}
+		stacks = append(stacks, proxyStack{group: group, name: name, dir: dir, opts: so})
+	}
+	note := func(group, target, msg string) {
+		o.Log.Warn().Str("group", group).Str("target", target).Msg("bench cost: " + msg)
+		notes = append(notes, CostRow{Group: group, Target: target, Note: msg})
+	}
+	if o.HAProxy != "" {
+		if _, lerr := exec.LookPath(o.HAProxy); lerr != nil {
+			note("haproxy", "-", "skipped: haproxy not found")
+		} else {
+			// The baseline is HAProxy as an operator runs it without turnout:
+			// default tune.bufsize, its own keep-alive defaults.
+			add("haproxy", "haproxy roundrobin", "plain", PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy, nil)
+			whole := haproxy.WholeBodyBufSize(stackMaxBody)
+			add("haproxy", fmt.Sprintf("haproxy roundrobin, tune.bufsize %d (whole-body buffers, as PD renders)", whole), "plain-wholebody",
+				PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy, func(so *StackOptions) { so.PlainBufSize = whole })
+			add("haproxy", "haproxy+spoe+turnout "+spec.String()+" (default render)", "with-turnout-spoe", spec, ProxyHAProxy, nil)
+			// What the default render's retry before bytes (retry-on, a
+			// copy of each request) costs: the same without it.
+			add("haproxy", "haproxy+spoe+turnout "+spec.String()+", l7_retries: false", "with-turnout-spoe-noretry", spec, ProxyHAProxy,
+				func(so *StackOptions) { so.NoL7Retries = true })
+			// What the first-token timer (response headers held for the
+			// first body bytes) costs: the same without it.
+			add("haproxy", "haproxy+spoe+turnout "+spec.String()+", first_token_timing: false", "with-turnout-spoe-notft", spec, ProxyHAProxy,
+				func(so *StackOptions) { so.NoFirstTokenTiming = true })
+			add("haproxy", "haproxy+lua+turnout "+spec.String(), "with-turnout-lua", spec, ProxyHAProxy,
+				func(so *StackOptions) { so.HAProxyPath = config.HAProxyPathLua })
+		}
+	}
+	if o.Nginx == "" {
+		return stacks, notes, nil
+	}
+	if msg := NginxMissing(o.Nginx, o.NginxModule, false); msg != "" {
+		note("nginx", "-", "skipped: "+msg)
+		return stacks, notes, nil
+	}
+	hspec, err := ParsePolicySpec(o.NginxHeaderPolicy)
+	if err != nil {
+		return nil, nil, err
+	}
+	if hspec.IsProxyAlone() {
+		return nil, nil, fmt.Errorf("cost: nginx header policy %s is not a turnout policy", hspec)
+	}
+	// nginx's defaults plus streaming settings; then the same with
+	// turnout's in-memory body buffer.
+	add("nginx", "nginx roundrobin", "nginx-plain", PolicySpec{Policy: NginxRoundRobin}, ProxyNginx, nil)
+	add("nginx", fmt.Sprintf("nginx roundrobin, client_body_buffer_size %d (as body mode renders)", stackMaxBody), "nginx-plain-bodybuf",
+		PolicySpec{Policy: NginxRoundRobin}, ProxyNginx, func(so *StackOptions) { so.PlainNginxBodyBuffer = true })
+	// The first-token timer (an njs body filter, and njs itself in header
+	// mode) costs the difference to the first_token_timing: false rows.
+	njsMissing := NginxMissing(o.Nginx, o.NginxModule, true)
+	headerName := "nginx+auth_request+turnout " + hspec.String()
+	if njsMissing != "" {
+		note("nginx", headerName, "skipped: "+njsMissing+" (the first-token timer)")
+	} else {
+		add("nginx", headerName, "nginx-header", hspec, ProxyNginx, func(so *StackOptions) { so.NginxMode = config.NginxModeHeader })
+	}
+	add("nginx", headerName+", first_token_timing: false", "nginx-header-notft", hspec, ProxyNginx,
+		func(so *StackOptions) { so.NginxMode, so.NoFirstTokenTiming = config.NginxModeHeader, true })
+	bodyName := "nginx+njs+turnout " + spec.String()
+	if njsMissing != "" {
+		note("nginx", bodyName, "skipped: "+njsMissing)
+	} else {
+		add("nginx", bodyName, "nginx-body", spec, ProxyNginx, func(so *StackOptions) { so.NginxMode = config.NginxModeBody })
+		add("nginx", bodyName+", first_token_timing: false", "nginx-body-notft", spec, ProxyNginx,
+			func(so *StackOptions) { so.NginxMode, so.NoFirstTokenTiming = config.NginxModeBody, true })
+	}
+	return stacks, notes, nil
+}
