@@ -220,6 +220,11 @@ func e2eRow(ctx context.Context, reqs []Request, trace string, spec PolicySpec, 
 		}
 		row.Detail = DecisionDetail(text)
 	}
+	if row.EngineTTFT > 0 {
+		// The replicas' own mean TTFT (their histograms, model ms): on a
+		// busy box it tells the engines' stalls from the routing's.
+		row.Detail = strings.TrimSpace(fmt.Sprintf("%s engine_ttft_ms=%.0f", row.Detail, row.EngineTTFT))
+	}
 	row.Wall = time.Since(start)
 	return row, nil
 }

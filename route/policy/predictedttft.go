@@ -59,6 +59,12 @@ type PredictedTTFTConfig struct {
 	MarginRel      float64 `yaml:"margin_rel"`
 	MarginMs       float64 `yaml:"margin_ms"`
 	OverrideMisses bool    `yaml:"override_misses"`
+	// ReclaimOverflow: a miss whose best-matching replica the load guard
+	// refused (an overflow) may go back to a replica holding part of the
+	// prompt when that is predicted faster by both margins: near
+	// saturation the guard refuses long hits whose prefill saving dwarfs
+	// the queue they would wait in.
+	ReclaimOverflow bool `yaml:"reclaim_overflow"`
 }
 
 // DefaultPredictedTTFTConfig returns the defaults.
@@ -68,7 +74,7 @@ func DefaultPredictedTTFTConfig() PredictedTTFTConfig {
 		MarginRel:            0.5, MarginMs: 100,
 		OverheadMs: estimator.DefaultCoef[0], PerRequestMs: estimator.DefaultCoef[1],
 		PerQueuedKiBMs: estimator.DefaultCoef[2], PerKiBMs: estimator.DefaultCoef[3],
-		Memory: 64,
+		Memory: 64, ReclaimOverflow: true,
 	}
 }
 
@@ -241,7 +247,9 @@ func (pt *PredictedTTFT) uncached(r *fleet.Request, match int) int {
 // ttftGuard is the last word on the first choice: prefix-affinity's
 // pickers (hit, session tie, least-loaded fill) have filled the choice,
 // and, when that pick holds part of the prompt (or OverrideMisses), the
-// guard predicts every usable endpoint's TTFT. It moves the fastest to the
+// guard predicts every usable endpoint's TTFT; when it is a miss because
+// the load guard refused the prompt's holder (ReclaimOverflow), the
+// holders' TTFT. It moves the fastest to the
 // front only when it beats prefix-affinity's pick by both margins
 // (MarginMs, and MarginRel or the model's recent error, whichever is
 // larger): a noisy model costs a light load nothing (prefix-affinity's
@@ -272,11 +280,15 @@ func (g *ttftGuard) Pick(c *Cycle) {
 	dpred := pt.models[def.Index].Predict(&dx)
 	best, bestPred, bestLoad := def, dpred, dload
 	bx, bpending, buncached, bmatch := dx, dpending, duncached, dmatch
-	// A miss is only moved with OverrideMisses: then no endpoint is looked at.
-	// Nor when even a prediction of 0 ms would not clear the margins
-	// (predictions are >= 0): no candidate can, so none is predicted.
+	// A miss is moved only with OverrideMisses, or, when the load guard
+	// refused the replica holding most of the prompt (an overflow), to a
+	// replica holding part of it (ReclaimOverflow); otherwise no endpoint
+	// is looked at. Nor when even a prediction of 0 ms would not clear
+	// the margins (predictions are >= 0): no candidate can, so none is
+	// predicted.
 	var eps []*fleet.Endpoint
-	if (dmatch > 0 || pt.cfg.OverrideMisses) && pt.cfg.overrides(dpred, 0, rel) {
+	holdersOnly := dmatch == 0 && !pt.cfg.OverrideMisses && pt.cfg.ReclaimOverflow && c.Choice.Outcome == fleet.OutcomeOverflow
+	if (dmatch > 0 || pt.cfg.OverrideMisses || holdersOnly) && pt.cfg.overrides(dpred, 0, rel) {
 		eps = c.Candidates()
 	}
 	// With an objective the objective decides, not the margins (predictedttft_slo.go).
@@ -301,6 +313,9 @@ func (g *ttftGuard) Pick(c *Cycle) {
 			continue
 		}
 		match := pt.idx.lrus[e.Index].matchLen(c.Req.Blocks)
+		if holdersOnly && match == 0 {
+			continue
+		}
 		x, _, _, uncached := pt.features(c, e, match)
 		pred := m.Predict(&x)
 		if pred < bestPred || pred == bestPred && load < bestLoad {

@@ -25,6 +25,8 @@ func TestPredictedTTFTGuard(t *testing.T) {
 		perRequestMs float64
 		marginMs     float64
 		misses       bool
+		noReclaim    bool    // reclaim_overflow off
+		perKiBMs     float64 // 0: the prior's 10
 		warm         int     // endpoint sent the shared prefix first (-1: none)
 		loads        []int64 // then loads
 		pending      []int64 // queued prefill bytes
@@ -33,27 +35,40 @@ func TestPredictedTTFTGuard(t *testing.T) {
 		overrides    uint64
 	}{
 		// e2 holds the prefix at load 1: 20+5+0.6 ms against 20+13.75.
-		{"light load: the hit stays", 0, 5, 100, false, 2, []int64{0, 0, 1, 0}, nil, "e2", fleet.OutcomeAffinity, 0},
+		{"light load: the hit stays", 0, 5, 100, false, false, 0, 2, []int64{0, 0, 1, 0}, nil, "e2", fleet.OutcomeAffinity, 0},
 		// Load 4 is within prefix-affinity's balance_abs, so it proposes
 		// e2; at 200 ms a request the queue costs 821 ms against 34 ms.
-		{"queue beats hit: moved to the fastest", 0, 200, 100, false, 2, []int64{0, 0, 4, 0}, nil, "e0", fleet.OutcomeBalanced, 1},
+		{"queue beats hit: moved to the fastest", 0, 200, 100, false, false, 0, 2, []int64{0, 0, 4, 0}, nil, "e0", fleet.OutcomeBalanced, 1},
 		// 20 ms a request: 101 against 34 ms, 67 ms faster, under the 100 ms margin.
-		{"faster within margin_ms: the hit stays", 0, 20, 100, false, 2, []int64{0, 0, 4, 0}, nil, "e2", fleet.OutcomeAffinity, 0},
-		{"same with margin_ms 50: moved", 0, 20, 50, false, 2, []int64{0, 0, 4, 0}, nil, "e0", fleet.OutcomeBalanced, 1},
+		{"faster within margin_ms: the hit stays", 0, 20, 100, false, false, 0, 2, []int64{0, 0, 4, 0}, nil, "e2", fleet.OutcomeAffinity, 0},
+		{"same with margin_ms 50: moved", 0, 20, 50, false, false, 0, 2, []int64{0, 0, 4, 0}, nil, "e0", fleet.OutcomeBalanced, 1},
 		// 34 ms is 0.34 of 101: beyond margin_rel 0.5, not beyond a model
 		// recently wrong by 0.8.
-		{"recent error above margin_rel: the hit stays", 0.8, 20, 50, false, 2, []int64{0, 0, 4, 0}, nil, "e2", fleet.OutcomeAffinity, 0},
-		{"recent error 0.6: moved", 0.6, 20, 50, false, 2, []int64{0, 0, 4, 0}, nil, "e0", fleet.OutcomeBalanced, 1},
+		{"recent error above margin_rel: the hit stays", 0.8, 20, 50, false, false, 0, 2, []int64{0, 0, 4, 0}, nil, "e2", fleet.OutcomeAffinity, 0},
+		{"recent error 0.6: moved", 0.6, 20, 50, false, false, 0, 2, []int64{0, 0, 4, 0}, nil, "e0", fleet.OutcomeBalanced, 1},
 		// A miss: prefix-affinity's least loaded e0 has 1 MiB of prefill
 		// queued (2 s at the prior's 2 ms/KiB); the guard leaves misses
 		// alone unless override_misses.
-		{"miss: least loaded stays", 0, 5, 100, false, -1, []int64{0, 1, 1, 1}, []int64{1 << 20, 0, 0, 0}, "e0", fleet.OutcomeBalanced, 0},
-		{"miss with override_misses: moved", 0, 5, 100, true, -1, []int64{0, 1, 1, 1}, []int64{1 << 20, 0, 0, 0}, "e1", fleet.OutcomeBalanced, 1},
+		{"miss: least loaded stays", 0, 5, 100, false, false, 0, -1, []int64{0, 1, 1, 1}, []int64{1 << 20, 0, 0, 0}, "e0", fleet.OutcomeBalanced, 0},
+		// e2 holds 21 of the 22 blocks at load 6, which the balance guard
+		// refuses (6-0 > balance_abs): an overflow to the least loaded e0,
+		// whose miss costs 20+1375 ms at 1 s per KiB, e2 20+30+62.5 ms.
+		{"overflow: the refused hit reclaimed", 0, 5, 100, false, false, 1000, 2, []int64{0, 1, 6, 1}, nil, "e2", fleet.OutcomeAffinity, 1},
+		{"overflow without reclaim_overflow: the miss stays", 0, 5, 100, false, true, 1000, 2, []int64{0, 1, 6, 1}, nil, "e0", fleet.OutcomeOverflow, 0},
+		// Only holders are looked at: e0's 1 MiB queue (2 s) would move
+		// the overflow to e1 (38.75 ms) by the margins, but e1 holds
+		// nothing, and the holder e2 has as much queued.
+		{"overflow: no holder faster, the miss stays", 0, 5, 100, false, false, 0, 2, []int64{0, 1, 6, 1}, []int64{1 << 20, 0, 1 << 20, 0}, "e0", fleet.OutcomeOverflow, 0},
+		{"miss with override_misses: moved", 0, 5, 100, true, false, 0, -1, []int64{0, 1, 1, 1}, []int64{1 << 20, 0, 0, 0}, "e1", fleet.OutcomeBalanced, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultPredictedTTFTConfig()
 			cfg.BlockBytes, cfg.SessionAffinity = 64, false
 			cfg.PerRequestMs, cfg.MarginMs, cfg.OverrideMisses = tc.perRequestMs, tc.marginMs, tc.misses
+			cfg.ReclaimOverflow = !tc.noReclaim
+			if tc.perKiBMs > 0 {
+				cfg.PerKiBMs = tc.perKiBMs
+			}
 			if err := cfg.Validate(); err != nil {
 				t.Fatal(err)
 			}
