@@ -624,11 +624,12 @@ func (s *sim) send(r *simReq) error {
 }
 
 // admit runs the prefix cache at admission, like the mock (and vLLM's
-// scheduler), so a queued request can hit blocks stored while it waited.
+// scheduler), so a queued request can hit blocks stored while it waited;
+// the blocks are keyed by the request's adapter, as the mock's.
 func (s *sim) admit(rep *simReplica, r *simReq) {
 	rep.running++
 	s.tokens = AppendPromptTokens(s.tokens[:0], r.req)
-	cached := rep.cache.Serve(s.tokens)
+	cached := rep.cache.ServeKeyed(mock.AdapterKey(r.req.Model), s.tokens)
 	prompt := len(s.tokens)
 	uncached := prompt - cached
 	rep.load.Requests++
@@ -738,8 +739,9 @@ func CacheBounds(reqs []Request, blockSize, pooledBlocks int) (infinite, pooled 
 	for i := range reqs {
 		tokens = AppendPromptTokens(tokens[:0], &reqs[i])
 		total += int64(len(tokens))
-		poolHits += int64(pool.Serve(tokens))
-		var parent uint64
+		key := mock.AdapterKey(reqs[i].Model)
+		poolHits += int64(pool.ServeKeyed(key, tokens))
+		parent := key
 		prefix := true
 		for b := 0; b+blockSize <= len(tokens); b += blockSize {
 			parent = mock.HashBlock(parent, tokens[b:b+blockSize])
