@@ -120,6 +120,9 @@ type ReplicaLoad struct {
 	// prefill, without the proxy path or the client).
 	TTFTSeconds float64
 	TTFTCount   int64
+	// AdapterLoads are the replica's LoRA adapter loads (e2e: the mock's
+	// mock_lora_loads_total).
+	AdapterLoads int64
 }
 
 // RunResult is the raw outcome of one replay with one router.
@@ -564,11 +567,7 @@ func (s *sim) send(r *simReq) error {
 	s.sent++
 	var body []byte
 	if s.router.NeedsBody() {
-		model := s.o.Model
-		if r.req.Model != "" {
-			model = r.req.Model
-		}
-		s.body = AppendChatBody(s.body[:0], r.req, BodyOptions{Model: model, Stream: true})
+		s.body = AppendChatBody(s.body[:0], r.req, BodyOptions{Model: r.req.ModelOr(s.o.Model), Stream: true})
 		body = s.body
 	}
 	if c, ok := s.router.(Clocked); ok {

@@ -50,10 +50,11 @@ type LoRAAffinityConfig struct {
 	// of load (the prefix scorer: fraction of the prompt's blocks this
 	// policy sent the endpoint), next to Weight × the adapter's score:
 	// among the replicas where the adapter is hot, the prefix decides.
-	// 0 turns the prefix index off (no prompt hashing).
+	// Default 8; 0 turns the prefix index off (no prompt hashing).
 	PrefixWeight float64 `yaml:"prefix_weight"`
 	// BasePrefix routes base-model requests by prefix × PrefixWeight −
 	// load (under the load guard) instead of power of two choices.
+	// Default false.
 	BasePrefix   bool `yaml:"base_prefix"`
 	PrefixParams `yaml:",inline"`
 }
@@ -67,12 +68,14 @@ func DefaultLoRAAffinityConfig() LoRAAffinityConfig {
 }
 
 // defaultLoRAPrefixWeight and defaultLoRABasePrefix: swept in the sim
-// (BENCHMARKS.md, LoRA adapters): 16 matches prefix-affinity's hits but
-// triples adapter switches, so the default keeps the switch saving and
-// the prefix is opt-in.
+// with caches keyed by adapter (BENCHMARKS.md, adapters and prefixes
+// together): 8 keeps TTFT at or near prefix_weight 0's and the hits near
+// prefix-affinity's, at 1.2-1.4x prefix_weight 0's adapter switches.
+// Base-model requests keep power of two choices unless base_prefix
+// (unmeasured with adapters: every replayed request names one).
 const (
-	defaultLoRAPrefixWeight = 0
-	defaultLoRABasePrefix   = true
+	defaultLoRAPrefixWeight = 8
+	defaultLoRABasePrefix   = false
 )
 
 // LoRAIndex is the scorer: 1 where the request's adapter is hot, 0.5
