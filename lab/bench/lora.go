@@ -65,29 +65,24 @@ func AdapterName(k int) string { return "lora-" + strconv.Itoa(k) }
 func WithAdapters(reqs []Request, o LoRAOptions, seed uint64) []Request {
 	out := append([]Request(nil), reqs...)
 	z := rand.NewZipf(rand.New(rand.NewPCG(seed, 0x10a)), o.Zipf, 1, uint64(o.Adapters-1))
-	byRoot := map[uint64]string{}
-	bySession := map[string]string{}
+	byRoot := map[string]string{}
 	for i := range out {
 		r := &out[i]
+		root := ""
 		switch {
 		case o.PerRequest:
-			r.Model = AdapterName(int(z.Uint64()))
 		case len(r.HashIDs) > 0:
-			if a, ok := byRoot[r.HashIDs[0]]; ok {
-				r.Model = a
-				continue
-			}
-			r.Model = AdapterName(int(z.Uint64()))
-			byRoot[r.HashIDs[0]] = r.Model
+			root = "h" + strconv.FormatUint(r.HashIDs[0], 10)
 		case r.Session != "":
-			if a, ok := bySession[r.Session]; ok {
-				r.Model = a
-				continue
-			}
-			r.Model = AdapterName(int(z.Uint64()))
-			bySession[r.Session] = r.Model
-		default:
-			r.Model = AdapterName(int(z.Uint64()))
+			root = "s" + r.Session
+		}
+		if a, ok := byRoot[root]; ok && root != "" {
+			r.Model = a
+			continue
+		}
+		r.Model = AdapterName(int(z.Uint64()))
+		if root != "" {
+			byRoot[root] = r.Model
 		}
 	}
 	return out
