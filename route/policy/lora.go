@@ -243,6 +243,9 @@ func (l *LoRAPrefix) Carry(prev fleet.Policy) {
 // RecordPrefix implements PrefixRecorder.
 func (l *LoRAPrefix) RecordPrefix(i int, blocks []uint64) { l.prefix.recordAt(i, blocks) }
 
+// CachedBlocks reports the index size of the endpoint at index i (metrics, tests).
+func (l *LoRAPrefix) CachedBlocks(i int) int { return l.prefix.lrus[i].Len() }
+
 // BaseGate opens a picker for requests for a base model.
 type BaseGate struct{}
 
