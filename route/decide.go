@@ -424,7 +424,7 @@ func (t *Txn) pick(snap *Snapshot, p *fleet.Pool, c *fleet.Choice, dst []*fleet.
 		if n := snap.Config.RouteBody / p.BlockBytes; n > 0 && n < cap(blocks) {
 			blocks = blocks[:0:n]
 		}
-		t.hasher.Reset(p.BlockBytes, blocks)
+		t.hasher.ResetFor(r, p.BlockBytes, blocks)
 		r.Payload.Prompt(&t.hasher)
 		r.Blocks = t.hasher.Out
 		r.PromptBytes = t.hasher.Total

@@ -173,3 +173,32 @@ func TestDecisionRecordNamesAdapter(t *testing.T) {
 		t.Fatalf("base model record %+v", r)
 	}
 }
+
+// A prompt's blocks are keyed by the adapter that asked, as the engine's
+// cache is: the same prompt matches for the same adapter and the same base
+// model, not across adapters or between an adapter and its base model.
+func TestPrefixKeyedByAdapter(t *testing.T) {
+	s := mustServer(t, fmt.Sprintf(fourEndpoints, "prefix-affinity"))
+	defer s.Close()
+	for _, name := range []string{"a", "b", "c", "d"} {
+		setServed(s, name, base("llama"), lora("sql"), lora("chat"))
+	}
+	prompt := strings.Repeat("a long shared system prompt for every model. ", 40)
+	matched := func(model string) int {
+		ctx := do(s, fmt.Sprintf(`{"model":%q,"prompt":%q}`, model, prompt))
+		id, ok := contract.ParseDecisionID(ctx.Response.Header.Peek(contract.HdrDecision))
+		var r DecisionRecord
+		if !ok || !s.Ledger().LookupDecision(id, time.Now(), &r) {
+			t.Fatalf("%s: no decision: %d %s", model, ctx.Response.StatusCode(), ctx.Response.Body())
+		}
+		return r.MatchedBlocks
+	}
+	for i, step := range []struct {
+		model string
+		match bool
+	}{{"sql", false}, {"sql", true}, {"chat", false}, {"llama", false}, {"llama", true}, {"chat", true}} {
+		if got := matched(step.model); (got > 0) != step.match {
+			t.Fatalf("step %d (%s): matched %d blocks, want a match %v", i, step.model, got, step.match)
+		}
+	}
+}

@@ -129,10 +129,11 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	fset.IntVar(&o.Concurrency, "concurrency", d.Concurrency, "client-side bound on requests in flight (0 = unlimited)")
 	fset.Uint64Var(&o.Seed, "seed", d.Seed, "seed for turnout's policies")
 	fset.IntVar(&o.Parallel, "parallel", runtime.GOMAXPROCS(0), "sim: policies replayed at once")
-	fset.IntVar(&o.LoRA.Adapters, "adapters", 0, "sim: every request names one of N LoRA adapters (Zipf popularity; 0 = the base model)")
-	fset.Float64Var(&o.LoRA.Zipf, "adapter-zipf", d.LoRA.Zipf, "sim: adapter popularity exponent s > 1 (weight 1/(k+1)^s)")
-	fset.IntVar(&o.LoRA.MaxLoRAs, "max-loras", d.LoRA.MaxLoRAs, "sim: adapters each replica holds at once (an LRU)")
-	fset.DurationVar(&o.LoRA.LoRALoadCost, "lora-load-cost", d.LoRA.LoRALoadCost, "sim: time to load an adapter that is not held, before the prefill")
+	fset.IntVar(&o.LoRA.Adapters, "adapters", 0, "every request names one of N LoRA adapters (Zipf popularity; 0 = the base model); e2e: the mocks serve them")
+	fset.Float64Var(&o.LoRA.Zipf, "adapter-zipf", d.LoRA.Zipf, "adapter popularity exponent s > 1 (weight 1/(k+1)^s)")
+	fset.IntVar(&o.LoRA.MaxLoRAs, "max-loras", d.LoRA.MaxLoRAs, "adapters each replica holds at once (an LRU; e2e: the mocks' --max-loras)")
+	fset.DurationVar(&o.LoRA.LoRALoadCost, "lora-load-cost", d.LoRA.LoRALoadCost, "time to load an adapter that is not held, before the prefill (e2e: the mocks', scaled by --time-scale)")
+	fset.BoolVar(&o.LoRA.PerRequest, "adapter-per-request", false, "draw every request's adapter on its own (default: one per prompt root, the first hash id or the session)")
 	firstToken := fset.Bool("first-token", true, "sim: the feedback carries each request's first-token time (tft=, proxy.first_token_timing); false: only the headers' time")
 	e2e := defaultE2EFlags(fset)
 	fronts := fset.String("fronts", "", `replay each policy through N turnout fronts with cluster sync, before the same replicas, requests split by --split: one row per count, in order, e.g. "1,2,4", or "1,2,4,1,2,4" for interleaved rounds ("" = one plain stack, no cluster). e2e: N HAProxy + turnout stacks over one nats-server; sim: N in-process instances whose sync arrives --sync-delay later`)
@@ -211,9 +212,6 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	case "e2e":
 		if len(sweepSpecs) > 0 {
 			return errors.New("bench replay: --sweep is for --mode sim (e2e runs take real time)")
-		}
-		if o.LoRA.Adapters > 0 {
-			return errors.New("bench replay: --adapters is for --mode sim (the e2e replay does not name adapters yet)")
 		}
 		eo := e2e.options(o)
 		eo.Fronts, eo.NATSServer = frontCounts, *natsServer

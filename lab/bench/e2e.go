@@ -126,6 +126,9 @@ func RunE2E(ctx context.Context, reqs []Request, trace string, specs []PolicySpe
 	if err := os.MkdirAll(o.WorkDir, 0o755); err != nil {
 		return nil, fmt.Errorf("e2e work dir: %w", err)
 	}
+	if o.Sim.LoRA.Adapters > 0 {
+		reqs = WithAdapters(reqs, o.Sim.LoRA, o.Sim.Seed)
+	}
 	inf, pooled := CacheBounds(reqs, o.Sim.BlockSize, o.Sim.Replicas*o.Sim.CacheBlocks)
 	if ng, _ := o.NeedsNginx(specs); ng && o.NginxMaxBody == 0 {
 		o.NginxMaxBody = BodyLimit(reqs, o.Sim.Model)
@@ -213,6 +216,12 @@ func e2eRow(ctx context.Context, reqs []Request, trace string, spec PolicySpec, 
 		return Row{}, err
 	}
 	row := MakeRow(e2eMode(spec, o), trace, spec, res, inf, pooled, 1/o.TimeScale)
+	if o.Sim.LoRA.Adapters > 0 {
+		row.Adapters = true
+		for _, r := range res.Replicas {
+			row.AdapterLoads += r.AdapterLoads
+		}
+	}
 	if st.TurnoutURL != "" {
 		text, err := getText(ctx, st.TurnoutURL+contract.PathMetrics)
 		if err != nil {
@@ -252,13 +261,22 @@ func e2eMode(spec PolicySpec, o E2EOptions) string {
 // ReplayMockArgs are the `turnout-lab mock` flags that make a replica match the
 // simulated one: same cache, same timing model, scaled.
 func ReplayMockArgs(s SimOptions, timeScale float64) []string {
-	return []string{
+	args := []string{
 		"--block-size", strconv.Itoa(s.BlockSize), "--cache-blocks", strconv.Itoa(s.CacheBlocks),
 		"--max-running", strconv.Itoa(s.MaxRunning),
 		"--ttft-overhead", s.Timing.TTFTOverhead.String(), "--per-token-prefill", s.Timing.PerTokenPrefill.String(),
 		"--itl", s.Timing.InterTokenLatency.String(), "--time-scale", strconv.FormatFloat(timeScale, 'g', -1, 64),
 		"--request-log-size", "-1",
 	}
+	if a := s.LoRA; a.Adapters > 0 {
+		names := make([]string, a.Adapters)
+		for k := range names {
+			names[k] = AdapterName(k)
+		}
+		args = append(args, "--lora-modules", strings.Join(names, ","), "--max-loras", strconv.Itoa(a.MaxLoRAs),
+			"--lora-load-cost", a.LoRALoadCost.String())
+	}
+	return args
 }
 
 // ProxySetup is the proxy a turnout policy sits behind and the binaries a
@@ -567,6 +585,7 @@ func (st *Stack) ReplicaLoads(ctx context.Context) ([]ReplicaLoad, error) {
 			OutputTokens: int64(SumProm(s, "vllm:generation_tokens_total")),
 			TTFTSeconds:  SumProm(s, "vllm:time_to_first_token_seconds_sum"),
 			TTFTCount:    int64(SumProm(s, "vllm:time_to_first_token_seconds_count")),
+			AdapterLoads: int64(SumProm(s, "mock_lora_loads_total")),
 		}
 	}
 	return out, nil
@@ -702,9 +721,10 @@ func replayTransport(conc int) *http.Transport {
 
 var sseDone = []byte("data: [DONE]")
 
-// replayRequest is the streamed chat completion request r and its headers.
+// replayRequest is the streamed chat completion request r (for its
+// adapter, else model) and its headers.
 func replayRequest(r *Request, model string) ([]byte, http.Header) {
-	body := AppendChatBody(make([]byte, 0, r.InputTokens*(wordLen+1)+256), r, BodyOptions{Model: model, Stream: true})
+	body := AppendChatBody(make([]byte, 0, r.InputTokens*(wordLen+1)+256), r, BodyOptions{Model: r.ModelOr(model), Stream: true})
 	// The request id names the trace's request in turnout's request log.
 	h := http.Header{"Content-Type": {"application/json"}, "X-Request-Id": {"replay-" + strconv.Itoa(r.Index)}}
 	if r.Session != "" {

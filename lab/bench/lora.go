@@ -24,6 +24,9 @@ type LoRAOptions struct {
 	Zipf         float64
 	MaxLoRAs     int
 	LoRALoadCost time.Duration
+	// PerRequest draws every request's adapter on its own instead of one
+	// per prompt root (WithAdapters).
+	PerRequest bool
 }
 
 // DefaultLoRAOptions: 20 adapters, s = 1.1, 4 hot per replica, 200 ms per
@@ -53,12 +56,34 @@ func (o *LoRAOptions) Validate() error {
 func AdapterName(k int) string { return "lora-" + strconv.Itoa(k) }
 
 // WithAdapters returns a copy of reqs whose Model is a Zipf-drawn adapter
-// (seeded: every policy replays the same mix).
+// (seeded: every policy replays the same mix). The draw is one per prompt
+// root (the first hash id; else the session; else the request; each
+// request with PerRequest): an
+// application sends its own prompts through its own adapter, and as the
+// engine keys cached blocks by adapter, per-request draws would turn a
+// conversation's shared prefix into misses no routing could avoid.
 func WithAdapters(reqs []Request, o LoRAOptions, seed uint64) []Request {
 	out := append([]Request(nil), reqs...)
 	z := rand.NewZipf(rand.New(rand.NewPCG(seed, 0x10a)), o.Zipf, 1, uint64(o.Adapters-1))
+	byRoot := map[string]string{}
 	for i := range out {
-		out[i].Model = AdapterName(int(z.Uint64()))
+		r := &out[i]
+		root := ""
+		switch {
+		case o.PerRequest:
+		case len(r.HashIDs) > 0:
+			root = "h" + strconv.FormatUint(r.HashIDs[0], 10)
+		case r.Session != "":
+			root = "s" + r.Session
+		}
+		if a, ok := byRoot[root]; ok && root != "" {
+			r.Model = a
+			continue
+		}
+		r.Model = AdapterName(int(z.Uint64()))
+		if root != "" {
+			byRoot[root] = r.Model
+		}
 	}
 	return out
 }

@@ -53,7 +53,7 @@ func BodyLimit(reqs []Request, model string) int {
 	var buf []byte
 	largest := 0
 	for i := range reqs {
-		buf = AppendChatBody(buf[:0], &reqs[i], BodyOptions{Model: model, Stream: true})
+		buf = AppendChatBody(buf[:0], &reqs[i], BodyOptions{Model: reqs[i].ModelOr(model), Stream: true})
 		largest = max(largest, len(buf))
 	}
 	const step = 64 << 10

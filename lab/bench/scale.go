@@ -118,9 +118,10 @@ func indexedBlocks(d *route.Decider) int {
 	return n
 }
 
-// hashesPrompts reports whether the policy keeps a prefix index to fill.
+// hashesPrompts reports whether the policy, at its defaults, keeps a
+// prefix index to fill.
 func hashesPrompts(name string) bool {
-	return name == policy.PrefixAffinityType || name == "predicted-ttft"
+	return policy.ReadsPrompt(&config.PolicyConfig{Name: name}) && name != policy.KVAwareType
 }
 
 // RunScale measures every cell of o, in order, and returns one row each.

@@ -126,6 +126,9 @@ type ReplicaLoad struct {
 	// prefill, without the proxy path or the client).
 	TTFTSeconds float64
 	TTFTCount   int64
+	// AdapterLoads are the replica's LoRA adapter loads (e2e: the mock's
+	// mock_lora_loads_total).
+	AdapterLoads int64
 }
 
 // RunResult is the raw outcome of one replay with one router.
@@ -570,11 +573,7 @@ func (s *sim) send(r *simReq) error {
 	s.sent++
 	var body []byte
 	if s.router.NeedsBody() {
-		model := s.o.Model
-		if r.req.Model != "" {
-			model = r.req.Model
-		}
-		s.body = AppendChatBody(s.body[:0], r.req, BodyOptions{Model: model, Stream: true})
+		s.body = AppendChatBody(s.body[:0], r.req, BodyOptions{Model: r.req.ModelOr(s.o.Model), Stream: true})
 		body = s.body
 	}
 	if c, ok := s.router.(Clocked); ok {
@@ -630,11 +629,12 @@ func (s *sim) send(r *simReq) error {
 }
 
 // admit runs the prefix cache at admission, like the mock (and vLLM's
-// scheduler), so a queued request can hit blocks stored while it waited.
+// scheduler), so a queued request can hit blocks stored while it waited;
+// the blocks are keyed by the request's adapter, as the mock's.
 func (s *sim) admit(rep *simReplica, r *simReq) {
 	rep.running++
 	s.tokens = AppendPromptTokens(s.tokens[:0], r.req)
-	cached := rep.cache.Serve(s.tokens)
+	cached := rep.cache.ServeKeyed(mock.AdapterKey(r.req.Model), s.tokens)
 	prompt := len(s.tokens)
 	uncached := prompt - cached
 	rep.load.Requests++
@@ -744,8 +744,9 @@ func CacheBounds(reqs []Request, blockSize, pooledBlocks int) (infinite, pooled 
 	for i := range reqs {
 		tokens = AppendPromptTokens(tokens[:0], &reqs[i])
 		total += int64(len(tokens))
-		poolHits += int64(pool.Serve(tokens))
-		var parent uint64
+		key := mock.AdapterKey(reqs[i].Model)
+		poolHits += int64(pool.ServeKeyed(key, tokens))
+		parent := key
 		prefix := true
 		for b := 0; b+blockSize <= len(tokens); b += blockSize {
 			parent = mock.HashBlock(parent, tokens[b:b+blockSize])

@@ -43,6 +43,14 @@ type Request struct {
 	Model string
 }
 
+// ModelOr is the model r names: its adapter, else base.
+func (r *Request) ModelOr(base string) string {
+	if r.Model != "" {
+		return r.Model
+	}
+	return base
+}
+
 // ErrEmptyTrace is returned when a trace yields no request.
 var ErrEmptyTrace = errors.New("trace has no requests")
 

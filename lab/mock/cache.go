@@ -45,11 +45,27 @@ func HashBlock(parent uint64, tokens []int32) uint64 {
 
 // BlockHashes returns the chained hashes of every full block of tokens.
 func BlockHashes(tokens []int32, blockSize int) []uint64 {
-	return appendBlockHashes(nil, tokens, blockSize, len(tokens)/blockSize)
+	return appendBlockHashes(nil, 0, tokens, blockSize, len(tokens)/blockSize)
 }
 
-func appendBlockHashes(dst []uint64, tokens []int32, blockSize, n int) []uint64 {
-	var parent uint64
+// AdapterKey is the cache key of a LoRA adapter's blocks ("": the base
+// model, 0). vLLM hashes the adapter's name into every block
+// (kv_cache_utils.py, the LoRA extra keys), so a prompt cached under one
+// adapter is a miss for another and for the base model; the chain starts
+// at this key instead of 0.
+func AdapterKey(adapter string) uint64 {
+	if adapter == "" {
+		return 0
+	}
+	h := uint64(fnv64Offset)
+	for i := 0; i < len(adapter); i++ {
+		h ^= uint64(adapter[i])
+		h *= fnv64Prime
+	}
+	return h
+}
+
+func appendBlockHashes(dst []uint64, parent uint64, tokens []int32, blockSize, n int) []uint64 {
 	for i := 0; i < n; i++ {
 		parent = HashBlock(parent, tokens[i*blockSize:(i+1)*blockSize])
 		dst = append(dst, parent)
@@ -198,13 +214,18 @@ func (c *Cache) Insert(tokens []int32) {
 // cached leading blocks, then store/touch all the prompt's full blocks. It
 // returns the cached token count (a multiple of BlockSize).
 func (c *Cache) Serve(tokens []int32) (cachedTokens int) {
+	return c.ServeKeyed(0, tokens)
+}
+
+// ServeKeyed is Serve for the blocks keyed by key (AdapterKey).
+func (c *Cache) ServeKeyed(key uint64, tokens []int32) (cachedTokens int) {
 	n := c.numBlocks(tokens)
 	if n == 0 {
 		return 0
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.hashes = appendBlockHashes(c.hashes[:0], tokens, c.blockSize, n)
+	c.hashes = appendBlockHashes(c.hashes[:0], key, tokens, c.blockSize, n)
 	hashes := c.hashes
 	if cap(c.slots) < n {
 		c.slots = make([]int32, n)

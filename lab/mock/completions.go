@@ -305,14 +305,14 @@ func (g *generation) admit() time.Duration {
 	if g.lora != "" && s.lora.admit(g.lora) {
 		load = s.timing.Scale(s.cfg.LoRALoadCost)
 	}
-	bs := s.cfg.BlockSize
+	bs, key := s.cfg.BlockSize, AdapterKey(g.lora)
 	for _, p := range g.prompts {
 		if g.transferred {
 			// Remote-prefilled blocks land in the local cache as computed.
-			s.cache.Insert(p)
+			s.cache.ServeKeyed(key, p)
 			g.cached += min(len(p)/bs, s.cache.Capacity()) * bs
 		} else {
-			g.cached += s.cache.Serve(p)
+			g.cached += s.cache.ServeKeyed(key, p)
 		}
 	}
 	s.promptTokens.Add(int64(g.promptTokens))

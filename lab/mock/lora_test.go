@@ -81,3 +81,38 @@ func TestLoRAAdapters(t *testing.T) {
 		t.Fatalf("unloaded adapter with strict models: %d", res.StatusCode)
 	}
 }
+
+// The prefix cache is keyed by adapter, as vLLM's: a prompt cached under
+// one adapter is a miss for another and for the base model, a hit for
+// the same adapter again.
+func TestLoRAPrefixCacheKeyedByAdapter(t *testing.T) {
+	_, base := startServer(t, func(c *Config) {
+		c.Models = []string{"llama"}
+		c.LoRAModules = []LoRAModule{{"sql", "/a/sql"}, {"chat", "/a/chat"}}
+		c.MaxLoRAs = 2
+	})
+	prompt := strings.Repeat("the same long prompt for every model ", 30)
+	cached := func(model string) int {
+		res, b := post(t, base+PathCompletions, `{"model":"`+model+`","prompt":"`+prompt+`","max_tokens":1}`)
+		var out struct {
+			Usage struct {
+				PromptTokens  int `json:"prompt_tokens"`
+				PromptDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal(b, &out); err != nil || res.StatusCode != 200 || out.Usage.PromptTokens < 64 {
+			t.Fatalf("%s: %d %s %v", model, res.StatusCode, b, err)
+		}
+		return out.Usage.PromptDetails.CachedTokens
+	}
+	for i, step := range []struct {
+		model string
+		hit   bool
+	}{{"sql", false}, {"sql", true}, {"chat", false}, {"llama", false}, {"llama", true}, {"chat", true}} {
+		if got := cached(step.model); (got > 0) != step.hit {
+			t.Fatalf("step %d (%s): cached_tokens %d, want a hit %v", i, step.model, got, step.hit)
+		}
+	}
+}

@@ -34,6 +34,17 @@ func (h *PrefixHasher) Reset(blockSize int, out []uint64) {
 	h.Out = out[:0]
 }
 
+// ResetFor is Reset for r's prompt. An adapter's chain starts at its hash,
+// not 0: engines key cached blocks by adapter too (vLLM puts the LoRA's
+// name in every block hash's extra keys), so an adapter's blocks are never
+// a base model's or another adapter's; a base model's hashes are Reset's.
+func (h *PrefixHasher) ResetFor(r *Request, blockSize int, out []uint64) {
+	h.Reset(blockSize, out)
+	if r.Adapter {
+		h.prev = r.AdapterHash
+	}
+}
+
 func (h *PrefixHasher) Text(p []byte) {
 	h.Total += len(p)
 	// Bounded: the prefix beyond max blocks does not matter.

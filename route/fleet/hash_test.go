@@ -118,3 +118,33 @@ func TestPrefixHasherMatchesReference(t *testing.T) {
 func chatJSON(model, system, user string) string {
 	return fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":%q},{"role":"user","content":%q}],"stream":true}`, model, system, user)
 }
+
+// An adapter's prompt hashes apart from the base model's and from another
+// adapter's at every block; a base-model request hashes exactly as Reset.
+func TestPrefixHasherAdapterKey(t *testing.T) {
+	body := indexOf(chatJSON("m", strings.Repeat("You are a helpful assistant. ", 40), "hi"))
+	hash := func(r *Request) []uint64 {
+		var h PrefixHasher
+		h.ResetFor(r, 64, make([]uint64, 0, 64))
+		body.Prompt(&h)
+		return h.Out
+	}
+	var plain PrefixHasher
+	plain.Reset(64, make([]uint64, 0, 64))
+	body.Prompt(&plain)
+	base := hash(&Request{Model: []byte("m")})
+	if !slices.Equal(base, plain.Out) || len(base) < 2 {
+		t.Fatalf("base model: ResetFor %x, Reset %x", base, plain.Out)
+	}
+	a := hash(&Request{Adapter: true, AdapterHash: HashKey([]byte("lora-a"))})
+	b := hash(&Request{Adapter: true, AdapterHash: HashKey([]byte("lora-b"))})
+	a2 := hash(&Request{Adapter: true, AdapterHash: HashKey([]byte("lora-a"))})
+	if !slices.Equal(a, a2) {
+		t.Fatal("one adapter hashed one prompt two ways")
+	}
+	for i := range base {
+		if a[i] == base[i] || a[i] == b[i] {
+			t.Fatalf("block %d: adapter a %x, adapter b %x, base %x: want all apart", i, a[i], b[i], base[i])
+		}
+	}
+}

@@ -320,7 +320,7 @@ func (k *KVAware) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
 		if n := len(r.Payload.Body())/k.cfg.Fallback.BlockBytes + 1; cap(b.blocks) < n {
 			b.blocks = make([]uint64, 0, n)
 		}
-		b.hasher.Reset(k.cfg.Fallback.BlockBytes, b.blocks)
+		b.hasher.ResetFor(r, k.cfg.Fallback.BlockBytes, b.blocks)
 		r.Payload.Prompt(&b.hasher)
 		// The fallback reads its blocks from a copy (in b, not on the
 		// stack: a profile's stages hold it): r stays the caller's, and

@@ -50,10 +50,11 @@ type LoRAAffinityConfig struct {
 	// of load (the prefix scorer: fraction of the prompt's blocks this
 	// policy sent the endpoint), next to Weight × the adapter's score:
 	// among the replicas where the adapter is hot, the prefix decides.
-	// 0 turns the prefix index off (no prompt hashing).
+	// Default 8; 0 turns the prefix index off (no prompt hashing).
 	PrefixWeight float64 `yaml:"prefix_weight"`
 	// BasePrefix routes base-model requests by prefix × PrefixWeight −
 	// load (under the load guard) instead of power of two choices.
+	// Default false.
 	BasePrefix   bool `yaml:"base_prefix"`
 	PrefixParams `yaml:",inline"`
 }
@@ -67,12 +68,14 @@ func DefaultLoRAAffinityConfig() LoRAAffinityConfig {
 }
 
 // defaultLoRAPrefixWeight and defaultLoRABasePrefix: swept in the sim
-// (BENCHMARKS.md, LoRA adapters): 16 matches prefix-affinity's hits but
-// triples adapter switches, so the default keeps the switch saving and
-// the prefix is opt-in.
+// with caches keyed by adapter (BENCHMARKS.md, adapters and prefixes
+// together): 8 keeps TTFT at or near prefix_weight 0's and the hits near
+// prefix-affinity's, at 1.2-1.4x prefix_weight 0's adapter switches.
+// Base-model requests keep power of two choices unless base_prefix
+// (unmeasured with adapters: every replayed request names one).
 const (
-	defaultLoRAPrefixWeight = 0
-	defaultLoRABasePrefix   = true
+	defaultLoRAPrefixWeight = 8
+	defaultLoRABasePrefix   = false
 )
 
 // LoRAIndex is the scorer: 1 where the request's adapter is hot, 0.5
@@ -240,6 +243,9 @@ func (l *LoRAPrefix) Carry(prev fleet.Policy) {
 // RecordPrefix implements PrefixRecorder.
 func (l *LoRAPrefix) RecordPrefix(i int, blocks []uint64) { l.prefix.recordAt(i, blocks) }
 
+// CachedBlocks reports the index size of the endpoint at index i (metrics, tests).
+func (l *LoRAPrefix) CachedBlocks(i int) int { return l.prefix.lrus[i].Len() }
+
 // BaseGate opens a picker for requests for a base model.
 type BaseGate struct{}
 
@@ -289,13 +295,28 @@ func NewLoRAAffinityFactory() Factory {
 		px := newPrefixIndex(cfg.BlockBytes, cfg.CapacityBlocks, env.Pool)
 		adapter.Scorers = append(adapter.Scorers, Weighted{px, cfg.PrefixWeight})
 		var base Picker = firstOnly{&P2C{Rand: rnd}}
+		// The engine keys its prefix cache by adapter: a base-model prompt
+		// can only serve base-model requests, so it is recorded only when
+		// they follow the prefix.
+		var record Recorder = adapterOnly{px}
 		if cfg.BasePrefix {
+			record = px
 			base = &prefixMatched{&MaxScore{Name: "base-prefix", Gate: BaseGate{}, Rand: rnd, Slots: 1, Filters: guard,
 				Scorers: []Weighted{{px, cfg.PrefixWeight}, {LoadScore{}, 1}}, Ties: []Tie{LowerLoad{}, FewerRecent{}}}, px}
 		}
 		return &LoRAPrefix{LoRAAffinity{Profile{Name: LoRAAffinityType, Summary: Summary{Load: true, RequireAvailable: true},
 			Pickers:   []Picker{&prefixMatched{adapter, px}, base, NewLeastLoaded(rnd)},
-			Recorders: []Recorder{x, px}}}, px}, nil
+			Recorders: []Recorder{x, record}}}, px}, nil
+	}
+}
+
+// adapterOnly records only requests that name an adapter.
+type adapterOnly struct{ Recorder }
+
+// Record implements Recorder.
+func (r adapterOnly) Record(c *Cycle) {
+	if c.Req.Adapter {
+		r.Recorder.Record(c)
 	}
 }
 
@@ -307,6 +328,7 @@ var (
 	_ fleet.LoadAware = (*LoRAAffinity)(nil)
 
 	_ Gate                 = BaseGate{}
+	_ Recorder             = adapterOnly{}
 	_ fleet.PromptUser     = (*LoRAPrefix)(nil)
 	_ fleet.Stater         = (*LoRAPrefix)(nil)
 	_ fleet.PrefixRecorder = (*LoRAPrefix)(nil)

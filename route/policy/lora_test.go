@@ -96,8 +96,9 @@ func loraPolicyParams(t *testing.T, p *fleet.Pool, params string) fleet.Policy {
 // Among the replicas where the adapter is hot, the one holding the prompt
 // wins by up to prefix_weight requests of load; a replica holding the
 // prompt but not the adapter (its slots full) beats a hot one only when
-// prefix_weight exceeds weight; base-model requests follow the prefix with
-// base_prefix. prefix_weight 0 (the default) is the adapter-only policy.
+// prefix_weight exceeds weight (default 8); base-model requests follow the
+// prefix with base_prefix (default off). prefix_weight 0 is the
+// adapter-only policy.
 func TestLoRAAffinityFollowsPrefix(t *testing.T) {
 	blocks := []uint64{11, 12, 13, 14}
 	full := &fleet.LoRAState{Running: []string{"a", "b"}, MaxLoRA: 2}
@@ -112,12 +113,14 @@ func TestLoRAAffinityFollowsPrefix(t *testing.T) {
 		want   string // "!e": anything but e
 	}{
 		{"hot on e1 and e2, prompt on e2 one request busier", "{prefix_weight: 4}", []int64{0, 0, 1, 0}, []*fleet.LoRAState{full, hot, hot, full}, 2, false, "e2"},
-		{"default prefix_weight 0: the less loaded hot replica", "{}", []int64{0, 0, 1, 0}, []*fleet.LoRAState{full, hot, hot, full}, 2, false, "e1"},
+		{"prefix_weight 0: the less loaded hot replica", "{prefix_weight: 0}", []int64{0, 0, 1, 0}, []*fleet.LoRAState{full, hot, hot, full}, 2, false, "e1"},
+		{"default prefix_weight 8: the hot replica holding the prompt, one request busier", "{}", []int64{0, 0, 1, 0}, []*fleet.LoRAState{full, hot, hot, full}, 2, false, "e2"},
+		{"default: a replica holding the prompt but not the adapter does not beat a hot one", "{}", []int64{0, 0, 0, 0}, []*fleet.LoRAState{full, hot, full, full}, 2, false, "e1"},
 		{"prompt past prefix_weight requests of extra load", "{prefix_weight: 4}", []int64{0, 0, 5, 0}, []*fleet.LoRAState{full, hot, hot, full}, 2, false, "e1"},
 		{"prompt on a replica without the adapter, prefix_weight < weight", "{prefix_weight: 4}", []int64{0, 0, 0, 0}, []*fleet.LoRAState{full, hot, full, full}, 2, false, "e1"},
 		{"prompt on a replica without the adapter, prefix_weight > weight", "{prefix_weight: 16}", []int64{0, 0, 0, 0}, []*fleet.LoRAState{full, hot, full, full}, 2, false, "e2"},
-		{"base model follows the prompt", "{prefix_weight: 4}", []int64{0, 0, 2, 0}, []*fleet.LoRAState{nil, nil, nil, nil}, 2, true, "e2"},
-		{"base model without base_prefix: not two requests busier", "{prefix_weight: 4, base_prefix: false}", []int64{0, 0, 2, 0}, []*fleet.LoRAState{nil, nil, nil, nil}, 2, true, "!e2"},
+		{"base model follows the prompt with base_prefix", "{prefix_weight: 4, base_prefix: true}", []int64{0, 0, 2, 0}, []*fleet.LoRAState{nil, nil, nil, nil}, 2, true, "e2"},
+		{"base model without base_prefix (the default): not two requests busier", "{prefix_weight: 4}", []int64{0, 0, 2, 0}, []*fleet.LoRAState{nil, nil, nil, nil}, 2, true, "!e2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := routetest.Pool(t, len(tc.loads), func(p *fleet.Pool) fleet.Policy { return loraPolicyParams(t, p, tc.params) })
@@ -145,7 +148,7 @@ func TestLoRAAffinityFollowsPrefix(t *testing.T) {
 // choice's prompt and keeps that index across a reload; with it off it
 // hashes nothing, and ReadsPrompt agrees both ways.
 func TestLoRAAffinityPrefixIndex(t *testing.T) {
-	on := "{prefix_weight: 16}"
+	on := "{prefix_weight: 16, base_prefix: true}"
 	p := routetest.Pool(t, 4, func(p *fleet.Pool) fleet.Policy { return loraPolicyParams(t, p, on) })
 	if _, ok := p.Policy.(fleet.PromptUser); !ok {
 		t.Fatal("lora-affinity with prefix_weight is not a PromptUser")
@@ -162,11 +165,11 @@ func TestLoRAAffinityPrefixIndex(t *testing.T) {
 	if again.Endpoints[0] != first.Endpoints[0] || again.Matched != 3 {
 		t.Fatalf("after a reload: %s matched %d, want %s matched 3", again.Endpoints[0].Name, again.Matched, first.Endpoints[0].Name)
 	}
-	off := loraPolicyParams(t, p, "{}")
+	off := loraPolicyParams(t, p, "{prefix_weight: 0}")
 	if _, ok := off.(fleet.PromptUser); ok {
 		t.Fatal("prefix_weight 0 still hashes the prompt")
 	}
-	for params, want := range map[string]bool{"{}": false, "{prefix_weight: 0}": false, "{prefix_weight: 2}": true} {
+	for params, want := range map[string]bool{"{}": true, "{prefix_weight: 0}": false, "{prefix_weight: 2}": true} {
 		var pc config.PolicyConfig
 		if err := yaml.Unmarshal([]byte("{name: lora-affinity, params: "+params+"}"), &pc); err != nil {
 			t.Fatal(err)
