@@ -297,45 +297,29 @@ func measureBackground(ctx context.Context, reps []*mock.Server, pids []int, d t
 func driveDecisions(ctx context.Context, urls []string, rps int) int64 {
 	const workers = 16
 	c := &fasthttp.Client{MaxConnsPerHost: workers}
-	var seq, made atomic.Int64
-	start := time.Now()
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-			defer fasthttp.ReleaseRequest(req)
-			defer fasthttp.ReleaseResponse(resp)
-			for {
-				i := seq.Add(1) - 1
-				due := start.Add(time.Duration(i) * time.Second / time.Duration(rps))
-				if err := sleepCtx(ctx, time.Until(due)); err != nil {
-					return
-				}
-				url := urls[int(i)%len(urls)]
-				req.Reset()
-				req.SetRequestURI(url + contract.PathRoute)
-				req.Header.SetMethod(fasthttp.MethodPost)
-				req.Header.Set("X-Original-URI", "/v1/chat/completions")
-				req.Header.Set("X-Original-Method", "POST")
-				req.SetBodyString(fmt.Sprintf(`{"model":"llama","messages":[{"role":"user","content":"question %d: %x"}]}`, i, rand.Uint64()))
-				if err := c.DoTimeout(req, resp, 5*time.Second); err != nil || resp.StatusCode() != fasthttp.StatusOK {
-					continue
-				}
-				id := string(resp.Header.Peek(contract.HdrDecision))
-				if id == "" {
-					continue
-				}
-				made.Add(1)
-				req.Reset()
-				req.SetRequestURI(url + contract.PathDone + "?id=" + id)
-				req.Header.SetMethod(fasthttp.MethodPost)
-				_ = c.DoTimeout(req, resp, 5*time.Second)
-			}
-		}()
+	var made atomic.Int64
+	send := func(i int64, _ time.Time, req *fasthttp.Request, resp *fasthttp.Response) {
+		url := urls[int(i)%len(urls)]
+		req.Reset()
+		req.SetRequestURI(url + contract.PathRoute)
+		req.Header.SetMethod(fasthttp.MethodPost)
+		req.Header.Set("X-Original-URI", "/v1/chat/completions")
+		req.Header.Set("X-Original-Method", "POST")
+		req.SetBodyString(fmt.Sprintf(`{"model":"llama","messages":[{"role":"user","content":"question %d: %x"}]}`, i, rand.Uint64()))
+		if err := c.DoTimeout(req, resp, 5*time.Second); err != nil || resp.StatusCode() != fasthttp.StatusOK {
+			return
+		}
+		id := string(resp.Header.Peek(contract.HdrDecision))
+		if id == "" {
+			return
+		}
+		made.Add(1)
+		req.Reset()
+		req.SetRequestURI(url + contract.PathDone + "?id=" + id)
+		req.Header.SetMethod(fasthttp.MethodPost)
+		_ = c.DoTimeout(req, resp, 5*time.Second)
 	}
-	wg.Wait()
+	pacedWorkers(ctx, workers, float64(rps), func() func(int64, time.Time, *fasthttp.Request, *fasthttp.Response) { return send })
 	return made.Load()
 }
 

@@ -3,7 +3,11 @@ package bench
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // pacedLoop runs conns workers of t for d at rate decisions per second in
@@ -26,4 +30,32 @@ func pacedLoop(ctx context.Context, t transportTarget, conns int, rate float64, 
 		}
 		next[w] = next[w].Add(gap)
 	})
+}
+
+// pacedWorkers runs workers goroutines, each with its own fasthttp request
+// and response and its own sender from newSend, that together make the
+// i-th send at start + i/rate (open loop) until ctx ends.
+func pacedWorkers(ctx context.Context, workers int, rate float64, newSend func() func(i int64, due time.Time, req *fasthttp.Request, resp *fasthttp.Response)) {
+	var seq atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			send := newSend()
+			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+			defer fasthttp.ReleaseRequest(req)
+			defer fasthttp.ReleaseResponse(resp)
+			for {
+				i := seq.Add(1) - 1
+				due := start.Add(time.Duration(float64(i) * float64(time.Second) / rate))
+				if sleepCtx(ctx, time.Until(due)) != nil {
+					return
+				}
+				send(i, due, req, resp)
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -458,38 +458,22 @@ func (d *syncDriver) firstErr() string {
 
 // run sends until ctx ends, then closes every decision still open.
 func (d *syncDriver) run(ctx context.Context) {
-	var seq atomic.Int64
-	start := time.Now()
 	var closing sync.WaitGroup
 	for range closers(d.o.Workers) {
 		closing.Add(1)
 		go func() { defer closing.Done(); d.closeLoop() }()
 	}
-	var wg sync.WaitGroup
-	for range d.o.Workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-			defer fasthttp.ReleaseRequest(req)
-			defer fasthttp.ReleaseResponse(resp)
-			var body []byte
-			var ids []uint64
-			for {
-				i := seq.Add(1) - 1
-				due := start.Add(time.Duration(i) * time.Second / time.Duration(d.rate))
-				if sleepCtx(ctx, time.Until(due)) != nil {
-					return
-				}
-				if time.Since(due) > 10*time.Millisecond {
-					d.late.Add(1)
-				}
-				d.sent.Add(1)
-				body, ids = d.decide(req, resp, int(i), body, ids)
+	pacedWorkers(ctx, d.o.Workers, float64(d.rate), func() func(int64, time.Time, *fasthttp.Request, *fasthttp.Response) {
+		var body []byte
+		var ids []uint64
+		return func(i int64, due time.Time, req *fasthttp.Request, resp *fasthttp.Response) {
+			if time.Since(due) > 10*time.Millisecond {
+				d.late.Add(1)
 			}
-		}()
-	}
-	wg.Wait()
+			d.sent.Add(1)
+			body, ids = d.decide(req, resp, int(i), body, ids)
+		}
+	})
 	close(d.doneQ)
 	closing.Wait()
 }

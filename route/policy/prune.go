@@ -175,14 +175,8 @@ func (x *PrefixIndex) keyCandidates(c *Cycle, budget int) bool {
 		if w >= words {
 			w -= words
 		}
-		for b := h[w]; b != 0; b &= b - 1 {
-			if budget == 0 {
-				return true
-			}
-			i := w<<6 | bits.TrailingZeros64(b)
-			if i < len(c.Pool.Endpoints) && c.addCandidate(c.Pool.Endpoints[i]) {
-				budget--
-			}
+		if !addHolders(c, w, h[w], &budget) {
+			return true
 		}
 	}
 	return true
@@ -192,14 +186,23 @@ func (x *PrefixIndex) keyCandidates(c *Cycle, budget int) bool {
 // hold any of the request's blocks.
 func (kvUncached) keyCandidates(c *Cycle, budget int) bool {
 	for w, b := range c.Held {
-		for ; b != 0; b &= b - 1 {
-			if budget == 0 {
-				return true
-			}
-			i := w<<6 | bits.TrailingZeros64(b)
-			if i < len(c.Pool.Endpoints) && c.addCandidate(c.Pool.Endpoints[i]) {
-				budget--
-			}
+		if !addHolders(c, w, b, &budget) {
+			return true
+		}
+	}
+	return true
+}
+
+// addHolders adds the endpoints of bitset word w (bit i: endpoint
+// w*64+i) as candidates while budget lasts; false once it ran out.
+func addHolders(c *Cycle, w int, b uint64, budget *int) bool {
+	for ; b != 0; b &= b - 1 {
+		if *budget == 0 {
+			return false
+		}
+		i := w<<6 | bits.TrailingZeros64(b)
+		if i < len(c.Pool.Endpoints) && c.addCandidate(c.Pool.Endpoints[i]) {
+			*budget--
 		}
 	}
 	return true
