@@ -411,34 +411,30 @@ func (f *e2eFlags) options(o bench.SimOptions) bench.E2EOptions {
 	}
 }
 
-// start resolves the binaries and makes the work directory of an e2e run:
-// the options with them filled, and done to remove the directory.
-func (f *e2eFlags) start(o bench.SimOptions, log *zerolog.Logger) (bench.E2EOptions, func(), error) {
-	eo := f.options(o)
-	turnout, lab, err := binaries(f.bin)
-	if err != nil {
-		return eo, nil, fmt.Errorf("e2e: %w", err)
+// prepare resolves the binaries and makes the work directory of an e2e
+// run into eo; done removes the directory.
+func (f *e2eFlags) prepare(eo *bench.E2EOptions, log *zerolog.Logger) (done func(), err error) {
+	if eo.Turnout, eo.Lab, err = binaries(f.bin); err != nil {
+		return nil, fmt.Errorf("e2e: %w", err)
 	}
-	work, done, err := workDir("turnout-bench-", f.keep, log)
-	if err != nil {
-		return eo, nil, fmt.Errorf("e2e: %w", err)
+	if eo.WorkDir, done, err = workDir("turnout-bench-", f.keep, log); err != nil {
+		return nil, fmt.Errorf("e2e: %w", err)
 	}
-	eo.Turnout, eo.Lab, eo.WorkDir, eo.Log = turnout, lab, work, log
-	return eo, done, nil
+	eo.Log = log
+	return done, nil
 }
 
 // runE2EReplay runs the replay through real processes: each spec in each
 // seat in turn (a proxy-alone spec once, behind its own proxy), so the
 // seats of one policy run close together on a shared machine.
 func runE2EReplay(reqs []bench.Request, label string, specs []bench.PolicySpec, seats []string, eo bench.E2EOptions, f *e2eFlags, log *zerolog.Logger) ([]bench.Row, error) {
-	started, done, err := f.start(eo.Sim, log)
+	done, err := f.prepare(&eo, log)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
 	ctx, stop := cli.StopContext()
 	defer stop()
-	eo.Turnout, eo.Lab, eo.WorkDir, eo.Log = started.Turnout, started.Lab, started.WorkDir, started.Log
 	var rows []bench.Row
 	for _, spec := range specs {
 		for i, seat := range seats {

@@ -69,7 +69,8 @@ func runSLO(args []string, log *zerolog.Logger) error {
 	case "e2e":
 		*name += "-e2e"
 		run = func(ctx context.Context) ([]bench.SLORow, error) {
-			eo, done, err := e2e.start(o, log)
+			eo := e2e.options(o)
+			done, err := e2e.prepare(&eo, log)
 			if err != nil {
 				return nil, err
 			}
@@ -123,7 +124,8 @@ func runFlow(args []string, log *zerolog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("bench flow: %w", err)
 	}
-	eo, done, err := e2e.start(o, log)
+	eo := e2e.options(o)
+	done, err := e2e.prepare(&eo, log)
 	if err != nil {
 		return fmt.Errorf("bench flow: %w", err)
 	}
