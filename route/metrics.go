@@ -43,14 +43,19 @@ func (d *Decider) WriteMetrics(b *strings.Builder) {
 		promtext.Histogram(b, "turnout_decision_duration_seconds", fmt.Sprintf("deployment=%q,pool=%q", p.Deployment, p.Name),
 			fleet.LatencyBuckets[:], 1, h.Counts[:], float64(h.SumNs.Load())/1e9)
 	}
-	help("turnout_prefix_blocks_total", "counter", "Prompt blocks seen by prefix policies.")
-	help("turnout_prefix_matched_blocks_total", "counter", "Prompt blocks routed to a replica that was sent them before.")
-	help("turnout_prefix_short_prompts_total", "counter", "Prompts shorter than one block (the policy's block_bytes): nothing for a prefix policy to match; lower block_bytes for short system prompts.")
 	// Every pool, 0 without a prefix policy: a dashboard reads 0, not nothing.
-	for _, p := range snap.Pools() {
-		fmt.Fprintf(b, "turnout_prefix_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.TotalBlocks.Load())
-		fmt.Fprintf(b, "turnout_prefix_matched_blocks_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.MatchedBlocks.Load())
-		fmt.Fprintf(b, "turnout_prefix_short_prompts_total{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, p.Metrics.ShortPrompts.Load())
+	for _, f := range [...]struct {
+		name, help string
+		v          func(*fleet.PoolMetrics) uint64
+	}{
+		{"turnout_prefix_blocks_total", "Prompt blocks seen by prefix policies.", func(m *fleet.PoolMetrics) uint64 { return m.TotalBlocks.Load() }},
+		{"turnout_prefix_matched_blocks_total", "Prompt blocks routed to a replica that was sent them before.", func(m *fleet.PoolMetrics) uint64 { return m.MatchedBlocks.Load() }},
+		{"turnout_prefix_short_prompts_total", "Prompts shorter than one block (the policy's block_bytes): nothing for a prefix policy to match; lower block_bytes for short system prompts.", func(m *fleet.PoolMetrics) uint64 { return m.ShortPrompts.Load() }},
+	} {
+		help(f.name, "counter", f.help)
+		for _, p := range snap.Pools() {
+			fmt.Fprintf(b, "%s{deployment=%q,pool=%q} %d\n", f.name, p.Deployment, p.Name, f.v(p.Metrics))
+		}
 	}
 	help("turnout_endpoint_inflight", "gauge", "Decisions sent to an endpoint and not yet completed.")
 	for _, p := range snap.Pools() {
@@ -59,16 +64,22 @@ func (d *Decider) WriteMetrics(b *strings.Builder) {
 		}
 	}
 	help("turnout_endpoint_up", "gauge", "1 when the endpoint is available.")
-	help("turnout_pool_ready_endpoints", "gauge", "Endpoints available in the pool (0 also for a pool with none: discovery found nothing).")
 	for _, p := range snap.Pools() {
-		ready := 0
 		for _, e := range p.Endpoints {
 			up := 0
 			if e.Available() {
 				up = 1
 			}
-			ready += up
 			fmt.Fprintf(b, "turnout_endpoint_up{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, up)
+		}
+	}
+	help("turnout_pool_ready_endpoints", "gauge", "Endpoints available in the pool (0 also for a pool with none: discovery found nothing).")
+	for _, p := range snap.Pools() {
+		ready := 0
+		for _, e := range p.Endpoints {
+			if e.Available() {
+				ready++
+			}
 		}
 		fmt.Fprintf(b, "turnout_pool_ready_endpoints{deployment=%q,pool=%q} %d\n", p.Deployment, p.Name, ready)
 	}
@@ -106,12 +117,14 @@ func (d *Decider) WriteMetrics(b *strings.Builder) {
 		fmt.Fprintf(b, "turnout_pd_prefill_total{result=%q} %d\n", n, d.m.pdPrefill[i].Load())
 	}
 	writeTTFTErrorMetrics(b, snap, help)
+	var pools strings.Builder
 	for _, p := range snap.Pools() {
 		if mw, ok := p.Policy.(fleet.MetricsWriter); ok {
-			mw.WriteMetrics(p, b)
+			mw.WriteMetrics(p, &pools)
 		}
-		d.reg.WriteMetricsOff(p, b)
+		d.reg.WriteMetricsOff(p, &pools)
 	}
+	promtext.Group(b, pools.String(), d.reg.MetricFamilies())
 	if kb := d.kvHub.Stats(); len(kb) > 0 {
 		help("turnout_kv_bind_messages_total", "counter", "KV-event messages received on a bound SUB socket.")
 		help("turnout_kv_bind_unknown_topic_total", "counter", "Bound KV-event messages whose topic matched no endpoint (dropped).")

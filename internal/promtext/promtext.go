@@ -47,3 +47,56 @@ func Histogram(b *strings.Builder, name, labels string, bounds []float64, scale 
 	fmt.Fprintf(b, "%s_sum{%s} %g\n", name, labels, sum)
 	fmt.Fprintf(b, "%s_count{%s} %d\n", name, labels, cum)
 }
+
+// Group writes the sample lines in lines (several writers' output, one
+// family's samples possibly spread among others') to b family by family,
+// in the order of fams ({name, type, help} each), each under its # HELP and
+// # TYPE lines: a family's lines must be contiguous on the page and follow
+// its header. A family of fams with no line is left out; lines of a family
+// not in fams follow, in their order, without a header.
+func Group(b *strings.Builder, lines string, fams [][3]string) {
+	if lines == "" {
+		return
+	}
+	ls := strings.Split(strings.TrimSuffix(lines, "\n"), "\n")
+	used := make([]bool, len(ls))
+	for _, f := range fams {
+		header := false
+		for i, l := range ls {
+			if used[i] || !familyOf(l, f[0], f[1]) {
+				continue
+			}
+			if !header {
+				fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", f[0], f[2], f[0], f[1])
+				header = true
+			}
+			b.WriteString(l)
+			b.WriteByte('\n')
+			used[i] = true
+		}
+	}
+	for i, l := range ls {
+		if !used[i] {
+			b.WriteString(l)
+			b.WriteByte('\n')
+		}
+	}
+}
+
+// familyOf reports whether sample line l belongs to family name of type
+// typ (a histogram's or summary's _bucket, _sum and _count series too).
+func familyOf(l, name, typ string) bool {
+	s, ok := strings.CutPrefix(l, name)
+	if !ok {
+		return false
+	}
+	if typ == "histogram" || typ == "summary" {
+		for _, suf := range [...]string{"_bucket", "_sum", "_count"} {
+			if t, ok := strings.CutPrefix(s, suf); ok {
+				s = t
+				break
+			}
+		}
+	}
+	return s != "" && (s[0] == '{' || s[0] == ' ')
+}

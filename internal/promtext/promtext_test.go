@@ -48,3 +48,49 @@ x_seconds_count{pool="a"} 3
 		t.Fatalf("got\n%s\nwant\n%s", b.String(), want)
 	}
 }
+
+// Group gathers each family's lines under one header, in the table's
+// order, whatever order the writers put them in; a family whose name is a
+// prefix of another's keeps only its own lines, and unknown lines follow.
+func TestGroup(t *testing.T) {
+	lines := `a_total{p="1"} 1
+a_total_extra{p="1"} 7
+h_seconds_bucket{p="1",le="+Inf"} 2
+b{p="1"} 2
+a_total{p="2"} 3
+h_seconds_sum{p="1"} 0.5
+h_seconds_count{p="1"} 2
+b 4
+`
+	fams := [][3]string{
+		{"b", "gauge", "B."},
+		{"a_total", "counter", "A."},
+		{"h_seconds", "histogram", "H."},
+		{"none", "gauge", "Not on the page."},
+	}
+	var b strings.Builder
+	Group(&b, lines, fams)
+	want := `# HELP b B.
+# TYPE b gauge
+b{p="1"} 2
+b 4
+# HELP a_total A.
+# TYPE a_total counter
+a_total{p="1"} 1
+a_total{p="2"} 3
+# HELP h_seconds H.
+# TYPE h_seconds histogram
+h_seconds_bucket{p="1",le="+Inf"} 2
+h_seconds_sum{p="1"} 0.5
+h_seconds_count{p="1"} 2
+a_total_extra{p="1"} 7
+`
+	if b.String() != want {
+		t.Fatalf("got\n%s\nwant\n%s", b.String(), want)
+	}
+	b.Reset()
+	Group(&b, "", fams)
+	if b.Len() != 0 {
+		t.Fatalf("no lines gave %q", b.String())
+	}
+}
