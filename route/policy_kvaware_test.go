@@ -284,3 +284,34 @@ func TestKVAwareFallbackReasons(t *testing.T) {
 		}
 	}
 }
+
+// An adapter request never matches the index's base-model blocks (the
+// engine keys an adapter's blocks by it, and route/kv skips LoRA events):
+// kv-aware routes it by its prefix fallback, keyed by adapter, even in
+// strict mode, and counts it as an adapter fallback.
+func TestKVAwareAdapterFallback(t *testing.T) {
+	for _, strict := range []bool{false, true} {
+		s, k := kvServer(t, fmt.Sprintf("block_size: 4, strict: %v, tokenizer: {mode: none}", strict))
+		for _, name := range []string{"a", "b", "c"} {
+			setServed(s, name, base("llama"), lora("sql"))
+		}
+		toks := seqToks(64, 100)
+		store(k.Index(), "b", toks, 4)
+		if got := hdr(do(s, tokBody(toks)), contract.HdrServer); got != "b" {
+			t.Fatalf("strict %v: base-model request routed to %q, b holds its blocks", strict, got)
+		}
+		adapterBody := strings.Replace(tokBody(toks), `"model":"llama"`, `"model":"sql"`, 1)
+		first := do(s, adapterBody)
+		if first.Response.StatusCode() != 200 {
+			t.Fatalf("strict %v: adapter request answered %d %s", strict, first.Response.StatusCode(), first.Response.Body())
+		}
+		if got := k.FallbacksFor(policy.KVFallbackAdapter); got != 1 {
+			t.Fatalf("strict %v: %d adapter fallbacks, want 1", strict, got)
+		}
+		// The fallback recorded the adapter's prompt: its next turn follows.
+		again := hdr(do(s, adapterBody), contract.HdrServer)
+		if want := hdr(first, contract.HdrServer); again != want {
+			t.Errorf("strict %v: the adapter's second request went to %q, its first to %q", strict, again, want)
+		}
+	}
+}

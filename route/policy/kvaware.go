@@ -272,10 +272,15 @@ const (
 	KVFallbackNoTokens
 	// KVFallbackShort: the prompt is shorter than one block (no key to match).
 	KVFallbackShort
+	// KVFallbackAdapter: the request names a LoRA adapter. The engine keys
+	// an adapter's blocks by it and the index holds base-model blocks only
+	// (route/kv skips events with a LoRA), so a token match would be a
+	// false hit; the fallback's prompt hashes are keyed by adapter.
+	KVFallbackAdapter
 	numKVFallbacks
 )
 
-var kvFallbackNames = [numKVFallbacks]string{"block_size_unknown", "body_truncated", "tokenizer_error", "no_token_ids", "short_prompt"}
+var kvFallbackNames = [numKVFallbacks]string{"block_size_unknown", "body_truncated", "tokenizer_error", "no_token_ids", "short_prompt", "adapter"}
 
 func (r KVFallback) String() string { return kvFallbackNames[r] }
 
@@ -284,6 +289,7 @@ var (
 	errBlockSize = errors.New("block size not known yet")
 	errTruncated = errors.New("body truncated at route_body")
 	errNoTokens  = errors.New("no token ids")
+	errAdapter   = errors.New("adapter request: the index holds base-model blocks")
 )
 
 // Index exposes the KV index (tests, metrics).
@@ -302,7 +308,7 @@ func (k *KVAware) Pick(r *fleet.Request, p *fleet.Pool, c *fleet.Choice) {
 	}
 	keys, why, err := k.requestKeys(r, bs, b)
 	if err != nil || len(keys) == 0 {
-		if k.cfg.Strict {
+		if k.cfg.Strict && !errors.Is(err, errAdapter) {
 			switch {
 			case errors.Is(err, tokenize.ErrUnavailable):
 				c.Reject = fleet.RejectUnavailable
@@ -404,6 +410,9 @@ func (k *KVAware) learnBlockSize(p *fleet.Pool) int {
 // directly, else through the tokenizer (cached). Without keys, why says
 // what was missing.
 func (k *KVAware) requestKeys(r *fleet.Request, bs int, b *kvBuf) (keys []uint64, why KVFallback, err error) {
+	if r.Adapter {
+		return nil, KVFallbackAdapter, errAdapter
+	}
 	if bs <= 0 {
 		return nil, KVFallbackBlockSize, errBlockSize
 	}

@@ -11,7 +11,7 @@ var metricFamilies = [...][3]string{
 	{"turnout_kv_index_stale_sources", "gauge", "KV-event sources that lost events and were not replayed: their matches count half (0 for other policies)."},
 	{"turnout_kv_index_block_size_tokens", "gauge", "Tokens per KV block the index keys on (block_size, or the engine's reported size)."},
 	{"turnout_kv_index_skipped_total", "counter", "KV events or blocks the index could not use, by reason: orphan (unknown parent), misaligned (tokens not pairing with blocks), filtered (other media, LoRA extra keys), unknown_remove."},
-	{"turnout_kv_fallbacks_total", "counter", "kv-aware decisions made by its prefix-affinity fallback, by reason (block size unknown, body truncated, tokenizer error, no token ids, short prompt)."},
+	{"turnout_kv_fallbacks_total", "counter", "kv-aware decisions made by its prefix-affinity fallback, by reason (block size unknown, body truncated, tokenizer error, no token ids, short prompt, adapter: the index holds base-model blocks only)."},
 	{"turnout_kv_tokenize_total", "counter", "Remote tokenizer calls (POST /tokenize) by result."},
 	{"turnout_kv_token_id_prompts_total", "counter", "Requests whose prompt came as token ids (no tokenizer call)."},
 	{"turnout_kv_tokenizer_cache_hits_total", "counter", "Prompts tokenized from the tokenizer cache."},
