@@ -64,15 +64,7 @@ func (d *Decider) WriteMetrics(b *strings.Builder) {
 		}
 	}
 	help("turnout_endpoint_up", "gauge", "1 when the endpoint is available.")
-	for _, p := range snap.Pools() {
-		for _, e := range p.Endpoints {
-			up := 0
-			if e.Available() {
-				up = 1
-			}
-			fmt.Fprintf(b, "turnout_endpoint_up{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, up)
-		}
-	}
+	fleet.WriteEndpointSeries(b, snap.Pools(), "turnout_endpoint_up", func(e *fleet.Endpoint) float64 { return fleet.Flag(e.Available()) })
 	help("turnout_pool_ready_endpoints", "gauge", "Endpoints available in the pool (0 also for a pool with none: discovery found nothing).")
 	for _, p := range snap.Pools() {
 		ready := 0

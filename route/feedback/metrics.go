@@ -77,19 +77,9 @@ func (l *Loop) writeHealthMetrics(b *strings.Builder) {
 	fmt.Fprintf(b, "turnout_stall_probes_total{result=\"ok\"} %d\n", l.stallProbes[0].Load())
 	fmt.Fprintf(b, "turnout_stall_probes_total{result=\"stalled\"} %d\n", l.stallProbes[1].Load())
 	help("turnout_endpoint_degraded", "gauge", "1 when stall detection took the endpoint out of rotation.")
-	for _, p := range l.d.Snapshot().Pools() {
-		for _, e := range p.Endpoints {
-			v := 0
-			if e.Degraded() {
-				v = 1
-			}
-			fmt.Fprintf(b, "turnout_endpoint_degraded{deployment=%q,pool=%q,endpoint=%q} %d\n", p.Deployment, p.Name, e.Name, v)
-		}
-	}
+	fleet.WriteEndpointSeries(b, l.d.Snapshot().Pools(), "turnout_endpoint_degraded", func(e *fleet.Endpoint) float64 { return fleet.Flag(e.Degraded()) })
 	help("turnout_endpoint_stall_limit_seconds", "gauge", "Time to first byte an endpoint must meet before stall detection probes it: health.stall.scale x its p99 first-token time, within health.stall.floor..budget (0: detection off).")
-	for _, p := range l.d.Snapshot().Pools() {
-		for _, e := range p.Endpoints {
-			fmt.Fprintf(b, "turnout_endpoint_stall_limit_seconds{deployment=%q,pool=%q,endpoint=%q} %g\n", p.Deployment, p.Name, e.Name, time.Duration(e.State.Stall.Limit()).Seconds())
-		}
-	}
+	fleet.WriteEndpointSeries(b, l.d.Snapshot().Pools(), "turnout_endpoint_stall_limit_seconds", func(e *fleet.Endpoint) float64 {
+		return time.Duration(e.State.Stall.Limit()).Seconds()
+	})
 }

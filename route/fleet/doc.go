@@ -4,7 +4,8 @@
 // signals a policy reads of it, one accessor each (signals.go), the Request a
 // policy sees and the Choice it fills, the Policy interface with its
 // optional interfaces, and the load helpers the policies share (least
-// loaded, lowest load, the imbalance test). It imports no other route
+// loaded, lowest load, the imbalance test), and the per-endpoint series
+// writer the /metrics pages share. It imports no other route
 // package but the leaves (route/kv, route/payload): every layer above
 // (route/policy, route, the transports) builds on it.
 package fleet

@@ -254,7 +254,7 @@ func (k *KVAware) Fallbacks() uint64 {
 func (k *KVAware) FallbacksFor(r KVFallback) uint64 { return k.fallbacks[r].Load() }
 
 // KVFallback is why kv-aware could not key a request on token blocks;
-// keep kvFallbackNames in sync.
+// keep kvFallbackNames (metricfamilies.go) in sync.
 type KVFallback int
 
 // Fallback reasons.
@@ -279,10 +279,6 @@ const (
 	KVFallbackAdapter
 	numKVFallbacks
 )
-
-var kvFallbackNames = [numKVFallbacks]string{"block_size_unknown", "body_truncated", "tokenizer_error", "no_token_ids", "short_prompt", "adapter"}
-
-func (r KVFallback) String() string { return kvFallbackNames[r] }
 
 // Sentinel errors of requestKeys: a fallback must not allocate.
 var (

@@ -27,3 +27,8 @@ var metricFamilies = [...][3]string{
 // MetricFamilies returns the {name, type, help} of every family the
 // registry's policies' metrics writers write.
 func (*Registry) MetricFamilies() [][3]string { return metricFamilies[:] }
+
+// kvFallbackNames are turnout_kv_fallbacks_total's reason label values.
+var kvFallbackNames = [numKVFallbacks]string{"block_size_unknown", "body_truncated", "tokenizer_error", "no_token_ids", "short_prompt", "adapter"}
+
+func (r KVFallback) String() string { return kvFallbackNames[r] }
