@@ -52,3 +52,30 @@ func (s *Sync) writeReadiness(b *strings.Builder) {
 	}
 	b.WriteString("\n")
 }
+
+// A subscription's backlog bound: past it the NATS client drops the
+// peers' messages (a slow consumer: this instance's CPU starved) and
+// calls the error handler once; slowDropped counts them.
+const (
+	pendingMsgs  = 4096
+	pendingBytes = 64 << 20
+)
+
+// slowDropped is the peers' messages the NATS client dropped because this
+// instance fell behind: decisions and figures its view lacks.
+func (s *Sync) slowDropped() uint64 {
+	s.subMu.Lock()
+	defer s.subMu.Unlock()
+	n := s.gone.Load()
+	for _, sub := range s.subs {
+		if d, err := sub.Dropped(); err == nil {
+			n += uint64(d)
+		}
+	}
+	if s.engSub != nil {
+		if d, err := s.engSub.Dropped(); err == nil {
+			n += uint64(d)
+		}
+	}
+	return n
+}

@@ -160,7 +160,10 @@ func (s *Sync) subscribeEngines() error {
 	if err != nil {
 		return fmt.Errorf("cluster: subscribe %s: %w", s.cfg.Subject+engineSubject, err)
 	}
-	_ = sub.SetPendingLimits(4096, 64<<20)
+	_ = sub.SetPendingLimits(pendingMsgs, pendingBytes)
+	s.subMu.Lock()
+	s.engSub = sub
+	s.subMu.Unlock()
 	return nil
 }
 

@@ -73,6 +73,8 @@ func (s *Sync) WriteMetrics(b *strings.Builder) {
 	fmt.Fprintf(b, "turnout_cluster_engine_figure_messages_malformed_total %d\n", s.eng.bad.Load())
 	help("turnout_cluster_peers", "gauge", "Live peers sharing engine scrapes (heard on the figures subject within three heartbeats).")
 	fmt.Fprintf(b, "turnout_cluster_peers %d\n", s.Peers())
+	help("turnout_cluster_slow_consumer_dropped_total", "counter", "Peer messages the NATS client dropped before turnout read them: this instance fell behind (CPU starved) by more than 4096 messages on a subscription.")
+	fmt.Fprintf(b, "turnout_cluster_slow_consumer_dropped_total %d\n", s.slowDropped())
 	help("turnout_cluster_received_total", "counter", "Peer decisions (applied, unknown_*) and messages (malformed, oversized) received.")
 	for i := 0; i < numRecv; i++ {
 		fmt.Fprintf(b, "turnout_cluster_received_total{result=%q} %d\n", recvNames[i], s.recv[i].Load())

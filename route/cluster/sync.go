@@ -66,6 +66,10 @@ type Sync struct {
 
 	subMu sync.Mutex
 	subs  map[string]*nats.Subscription // by pool name
+	// engSub is the peers' engine figures subscription; gone counts what
+	// the NATS client dropped on subscriptions since removed (slowDropped).
+	engSub *nats.Subscription
+	gone   atomic.Uint64
 
 	connected      atomic.Bool
 	disconnects    atomic.Uint64
@@ -139,7 +143,7 @@ func New(srv *route.Decider, cfg config.ClusterConfig, log *zerolog.Logger) (*Sy
 			if sub != nil {
 				subj = sub.Subject
 			}
-			s.log.Warn().Err(err).Str("subject", subj).Msg("cluster: NATS error")
+			s.log.Warn().Err(err).Str("subject", subj).Msg("cluster: NATS error (a slow consumer loses peers' messages: turnout_cluster_slow_consumer_dropped_total)")
 		}),
 	)
 	if err != nil {
@@ -207,11 +211,14 @@ func (s *Sync) resubscribe(snap *route.Snapshot) {
 			continue
 		}
 		// Never hold a slow consumer's backlog without bound.
-		_ = sub.SetPendingLimits(4096, 64<<20)
+		_ = sub.SetPendingLimits(pendingMsgs, pendingBytes)
 		s.subs[p.Name] = sub
 	}
 	for n, sub := range s.subs {
 		if !want[n] {
+			if d, err := sub.Dropped(); err == nil {
+				s.gone.Add(uint64(d))
+			}
 			_ = sub.Unsubscribe()
 			delete(s.subs, n)
 		}
