@@ -58,6 +58,9 @@ func TestSyncFrontsBench(t *testing.T) {
 	if two.Applied < 0.4 || two.Applied > 0.6 {
 		t.Errorf("two fronts: each applied %.3f peer decisions per decision of the cluster, want about 0.5", two.Applied)
 	}
+	if two.SlowDropped != 0 {
+		t.Errorf("two fronts: %.3f peer messages per decision dropped by a slow consumer at 200/s, want none", two.SlowDropped)
+	}
 	if one.Hit <= 0 {
 		t.Fatalf("one front: hit ratio %.3f, want > 0 (the trace shares prefixes)", one.Hit)
 	}

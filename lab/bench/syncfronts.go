@@ -89,8 +89,10 @@ type SyncFrontsRow struct {
 	MsgsOut, BytesOut        float64
 	MsgsIn, BytesIn, Applied float64
 	// Dropped is the share of decisions the fronts did not publish
-	// (their queue full, NATS down or refusing).
-	Dropped                      float64
+	// (their queue full, NATS down or refusing); SlowDropped the peers'
+	// messages per decision per front the NATS client dropped at a front
+	// that fell behind (a slow consumer).
+	Dropped, SlowDropped         float64
 	CPUUs, CPUMaxUs, IdleCoresFr float64 // CPU per decision per front (mean, max); a front's idle cores
 	// SyncUs is a front's CPU per decision of the cluster beyond its share
 	// of one front's (both less their idle CPU): what the sync costs it;
@@ -268,7 +270,7 @@ type syncSnap struct {
 	cpu                                         []time.Duration
 	self, nats                                  time.Duration
 	msgsOut, msgsIn, bytesOut, bytesIn, applied []float64
-	decisions, dropped                          float64 // all fronts
+	decisions, dropped, slow                    float64 // all fronts
 	at                                          time.Time
 }
 
@@ -316,6 +318,8 @@ func takeSyncSnap(ctx context.Context, urls []string, pids []int, natsPid int) (
 				if strings.HasPrefix(x.Labels["result"], "dropped") {
 					s.dropped += x.Value
 				}
+			case "turnout_cluster_slow_consumer_dropped_total":
+				s.slow += x.Value
 			case "turnout_cluster_received_total":
 				if x.Labels["result"] == "applied" {
 					ap = x.Value
@@ -393,6 +397,7 @@ func syncFrontsPhase(ctx context.Context, o SyncFrontsOptions, prompts *syncProm
 	r.DriverCores = (s1.self - s0.self).Seconds() / secs
 	r.NATSUs = (s1.nats - s0.nats).Seconds() * 1e6 / made
 	r.Dropped = (s1.dropped - s0.dropped) / made
+	r.SlowDropped = (s1.slow - s0.slow) / made / n
 	r.Hit, r.LoadReq = d.view.result()
 	if r.Errors > 0 {
 		r.Err = d.firstErr()
@@ -620,10 +625,10 @@ func (v *chunkView) result() (hit, loadReq float64) {
 
 // WriteSyncFrontsTable renders the rows.
 func WriteSyncFrontsTable(w io.Writer, rows []SyncFrontsRow) error {
-	return writeTable(w, "fronts\trate\treached/s\tlate\tmsgs out/dec\tB out/dec\tmsgs in/dec/front\tB in/dec/front\tapplied/dec/front\tdropped\tCPU µs/dec/front\tmax\tidle cores/front\tsync µs/dec/front\tnats µs/dec\tdriver cores\thit\tvs 1\treq max/mean\terror\t", len(rows), func(tw io.Writer, i int) {
+	return writeTable(w, "fronts\trate\treached/s\tlate\tmsgs out/dec\tB out/dec\tmsgs in/dec/front\tB in/dec/front\tapplied/dec/front\tdropped\tslow drops/dec/front\tCPU µs/dec/front\tmax\tidle cores/front\tsync µs/dec/front\tnats µs/dec\tdriver cores\thit\tvs 1\treq max/mean\terror\t", len(rows), func(tw io.Writer, i int) {
 		r := &rows[i]
-		fmt.Fprintf(tw, "%d\t%d\t%.0f\t%.3f\t%.2f\t%.0f\t%.2f\t%.0f\t%.3f\t%.3f\t%.1f\t%.1f\t%.3f\t%s\t%.1f\t%.2f\t%.3f\t%s\t%.3f\t%s\t\n",
-			r.Fronts, r.Rate, r.Reached, r.Late, r.MsgsOut, r.BytesOut, r.MsgsIn, r.BytesIn, r.Applied, r.Dropped, r.CPUUs, r.CPUMaxUs,
+		fmt.Fprintf(tw, "%d\t%d\t%.0f\t%.3f\t%.2f\t%.0f\t%.2f\t%.0f\t%.3f\t%.3f\t%.3f\t%.1f\t%.1f\t%.3f\t%s\t%.1f\t%.2f\t%.3f\t%s\t%.3f\t%s\t\n",
+			r.Fronts, r.Rate, r.Reached, r.Late, r.MsgsOut, r.BytesOut, r.MsgsIn, r.BytesIn, r.Applied, r.Dropped, r.SlowDropped, r.CPUUs, r.CPUMaxUs,
 			r.IdleCoresFr, syncCell(r), r.NATSUs, r.DriverCores, r.Hit, ratioCell(r.HitVs1), r.LoadReq, r.Err)
 	})
 }
