@@ -236,7 +236,8 @@ func newPrefixIndex(blockBytes, capacity int, p *fleet.Pool) *PrefixIndex {
 
 // carry keeps the LRUs of surviving endpoints when the block size and
 // capacity did not change (else the hashes mean other things); they report
-// their first blocks to this index from now on.
+// their first blocks to this index from now on. The last-sent table starts
+// empty: it names endpoints by their index, which a reload may change.
 func (x *PrefixIndex) carry(old *PrefixIndex) {
 	if old == nil || old.blockBytes != x.blockBytes || old.capacity != x.capacity {
 		return
@@ -288,7 +289,8 @@ func (x *PrefixIndex) Record(c *Cycle) {
 	x.sent(i, c.Req.Blocks)
 }
 
-// sent notes endpoint i as the last to get the prompt blocks end.
+// sent notes endpoint i as the last to get the prompt that ends in
+// blocks' last block.
 func (x *PrefixIndex) sent(i int, blocks []uint64) {
 	if x.last != nil && len(blocks) > 0 {
 		x.last.put(blocks[len(blocks)-1], i)
