@@ -23,7 +23,8 @@ const PrefixAffinityType = "prefix-affinity"
 //     hashing with bounded loads, Mirrokni et al., with request counts as
 //     the load).
 //  2. Among candidates that are not too loaded, take the longest cached
-//     prefix (ties: lower load, then the session's replica). If
+//     prefix (ties: the replica that last got that prefix, here or from a
+//     peer; then lower load, then the session's replica). If
 //     matched/total >= MatchThreshold, route there.
 //  3. Otherwise the least-loaded endpoint. A session id only chooses among
 //     the endpoints tied at the lowest load (rendezvous hash; at most
@@ -100,7 +101,7 @@ func DefaultPrefixAffinityConfig() PrefixAffinityConfig {
 // was last sent that prefix, guarded by load.
 //
 // Preset, pickers in order: the prefix hit (keyed on the prefix index,
-// LoadGuard, ties: lower load then the session's replica), the bounded
+// LoadGuard, ties: LastSent, lower load, the session's replica), the bounded
 // miss (bounded_load > 0; CountsGate), the session tie-break
 // (session_affinity), the least-loaded fill; the prefix index records the
 // first choice.
@@ -126,6 +127,7 @@ func NewPrefixAffinity(cfg PrefixAffinityConfig, p *fleet.Pool, rnd *fleet.Rand)
 	}
 	pa := &PrefixAffinity{cfg: cfg}
 	pa.idx = newPrefixIndex(cfg.BlockBytes, cfg.CapacityBlocks, p)
+	pa.idx.last = newLastSent(len(p.Endpoints), cfg.CapacityBlocks)
 	pa.lrus, pa.names = pa.idx.lrus, pa.idx.names
 	var session []Tie
 	if cfg.SessionAffinity {
@@ -137,7 +139,7 @@ func NewPrefixAffinity(cfg PrefixAffinityConfig, p *fleet.Pool, rnd *fleet.Rand)
 		Pickers: []Picker{&MaxScore{
 			Name: "prefix-hit", Gate: &MinBlocks{N: cfg.MinBlocks}, Key: pa.idx, Accept: cfg.MatchThreshold,
 			Filters: []Filter{&LoadGuard{Abs: cfg.BalanceAbs, Rel: cfg.BalanceRel, Bounded: cfg.BoundedLoad}},
-			Ties:    append([]Tie{LowerLoad{}}, session...),
+			Ties:    append([]Tie{LastSent{X: pa.idx}, LowerLoad{}}, session...),
 			Slots:   1, SetsOutcome: true, OnPick: true, Outcome: fleet.OutcomeAffinity,
 		}},
 		Recorders: []Recorder{pa.idx},
@@ -217,6 +219,7 @@ type PrefixIndex struct {
 	lrus                 []*blockLRU // by endpoint index
 	names                []string    // by endpoint index
 	heads                *headIndex  // which endpoints hold each prompt's first block
+	last                 *lastSent   // which endpoint got each prompt last; nil: not kept
 }
 
 // newPrefixIndex is an empty index for pool p's endpoints.
@@ -233,7 +236,8 @@ func newPrefixIndex(blockBytes, capacity int, p *fleet.Pool) *PrefixIndex {
 
 // carry keeps the LRUs of surviving endpoints when the block size and
 // capacity did not change (else the hashes mean other things); they report
-// their first blocks to this index from now on.
+// their first blocks to this index from now on. The last-sent table starts
+// empty: it names endpoints by their index, which a reload may change.
 func (x *PrefixIndex) carry(old *PrefixIndex) {
 	if old == nil || old.blockBytes != x.blockBytes || old.capacity != x.capacity {
 		return
@@ -253,6 +257,7 @@ func (x *PrefixIndex) carry(old *PrefixIndex) {
 func (x *PrefixIndex) recordAt(i int, blocks []uint64) {
 	if i >= 0 && i < len(x.lrus) {
 		x.lrus[i].insert(blocks)
+		x.sent(i, blocks)
 	}
 }
 
@@ -278,7 +283,19 @@ func (x *PrefixIndex) Holders(c *Cycle, dst []uint64) bool {
 }
 
 // Record implements Recorder.
-func (x *PrefixIndex) Record(c *Cycle) { x.lrus[c.First().Index].insert(c.Req.Blocks) }
+func (x *PrefixIndex) Record(c *Cycle) {
+	i := c.First().Index
+	x.lrus[i].insert(c.Req.Blocks)
+	x.sent(i, c.Req.Blocks)
+}
+
+// sent notes endpoint i as the last to get the prompt that ends in
+// blocks' last block.
+func (x *PrefixIndex) sent(i int, blocks []uint64) {
+	if x.last != nil && len(blocks) > 0 {
+		x.last.put(blocks[len(blocks)-1], i)
+	}
+}
 
 var (
 	_ Keyer            = (*PrefixIndex)(nil)
