@@ -54,6 +54,16 @@ func TestLoRAAdapters(t *testing.T) {
 		t.Fatalf("lora stats %+v", st)
 	}
 	_, page := do(t, "GET", base+PathMetrics, "")
+	// One sample of the loads counter: the replay sums every sample of it.
+	var loads []string
+	for _, line := range strings.Split(string(page), "\n") {
+		if strings.HasPrefix(line, "mock_lora_loads_total") {
+			loads = append(loads, line)
+		}
+	}
+	if len(loads) != 1 || loads[0] != "mock_lora_loads_total 4" {
+		t.Fatalf("mock_lora_loads_total samples %q, want one of 4", loads)
+	}
 	l, res, err := engineload.Parse(page)
 	if err != nil || l.LoRA == nil || l.LoRA.MaxLoRA != 2 || len(l.LoRA.Running) != 0 {
 		t.Fatalf("scraped %v %v %+v\n%s", res, err, l.LoRA, page)

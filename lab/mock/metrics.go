@@ -59,7 +59,6 @@ func (s *Server) appendMetrics(b []byte) []byte {
 	metric("mock_failed_requests_total", "counter", "Requests answered 500 by the fail_rate fault.", float64(st.Failed))
 	if s.cfg.EnableLoRA {
 		b = s.lora.appendInfo(b)
-		metric("mock_lora_loads_total", "counter", "Adapters loaded into the hot set (a request for an adapter that was not hot).", float64(s.lora.stats().Loads))
 	}
 	return b
 }

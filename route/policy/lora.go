@@ -68,13 +68,17 @@ func DefaultLoRAAffinityConfig() LoRAAffinityConfig {
 }
 
 // defaultLoRAPrefixWeight and defaultLoRABasePrefix: swept in the sim
-// with caches keyed by adapter (BENCHMARKS.md, adapters and prefixes
-// together): 8 keeps TTFT at or near prefix_weight 0's and the hits near
-// prefix-affinity's, at 1.2-1.4x prefix_weight 0's adapter switches.
+// and replayed e2e with caches keyed by adapter and holding 10 % of the
+// slice's blocks (BENCHMARKS.md, adapters and prefixes together): 16
+// holds prefix-affinity's hits and beats prefix_weight 0's TTFT near the
+// knee, at 1.5x its adapter switches (a third of prefix-affinity's); 8
+// falls to 0.84-0.90x prefix-affinity's hits there. Above weight, a
+// replica holding most of the prompt beats a hot one holding none: the
+// prefill it saves outweighs an adapter load on long prompts.
 // Base-model requests keep power of two choices unless base_prefix
 // (unmeasured with adapters: every replayed request names one).
 const (
-	defaultLoRAPrefixWeight = 8
+	defaultLoRAPrefixWeight = 16
 	defaultLoRABasePrefix   = false
 )
 

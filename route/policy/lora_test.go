@@ -96,7 +96,7 @@ func loraPolicyParams(t *testing.T, p *fleet.Pool, params string) fleet.Policy {
 // Among the replicas where the adapter is hot, the one holding the prompt
 // wins by up to prefix_weight requests of load; a replica holding the
 // prompt but not the adapter (its slots full) beats a hot one only when
-// prefix_weight exceeds weight (default 8); base-model requests follow the
+// prefix_weight exceeds weight (as the default 16 does); base-model requests follow the
 // prefix with base_prefix (default off). prefix_weight 0 is the
 // adapter-only policy.
 func TestLoRAAffinityFollowsPrefix(t *testing.T) {
@@ -114,8 +114,8 @@ func TestLoRAAffinityFollowsPrefix(t *testing.T) {
 	}{
 		{"hot on e1 and e2, prompt on e2 one request busier", "{prefix_weight: 4}", []int64{0, 0, 1, 0}, []*fleet.LoRAState{full, hot, hot, full}, 2, false, "e2"},
 		{"prefix_weight 0: the less loaded hot replica", "{prefix_weight: 0}", []int64{0, 0, 1, 0}, []*fleet.LoRAState{full, hot, hot, full}, 2, false, "e1"},
-		{"default prefix_weight 8: the hot replica holding the prompt, one request busier", "{}", []int64{0, 0, 1, 0}, []*fleet.LoRAState{full, hot, hot, full}, 2, false, "e2"},
-		{"default: a replica holding the prompt but not the adapter does not beat a hot one", "{}", []int64{0, 0, 0, 0}, []*fleet.LoRAState{full, hot, full, full}, 2, false, "e1"},
+		{"default prefix_weight 16: the hot replica holding the prompt, one request busier", "{}", []int64{0, 0, 1, 0}, []*fleet.LoRAState{full, hot, hot, full}, 2, false, "e2"},
+		{"default: a replica holding the prompt but not the adapter beats a hot one", "{}", []int64{0, 0, 0, 0}, []*fleet.LoRAState{full, hot, full, full}, 2, false, "e2"},
 		{"prompt past prefix_weight requests of extra load", "{prefix_weight: 4}", []int64{0, 0, 5, 0}, []*fleet.LoRAState{full, hot, hot, full}, 2, false, "e1"},
 		{"prompt on a replica without the adapter, prefix_weight < weight", "{prefix_weight: 4}", []int64{0, 0, 0, 0}, []*fleet.LoRAState{full, hot, full, full}, 2, false, "e1"},
 		{"prompt on a replica without the adapter, prefix_weight > weight", "{prefix_weight: 16}", []int64{0, 0, 0, 0}, []*fleet.LoRAState{full, hot, full, full}, 2, false, "e2"},
