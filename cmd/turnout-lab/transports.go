@@ -30,6 +30,7 @@ func runTransports(args []string, log *zerolog.Logger) error {
 	fset.StringVar(&o.Policy, "policy", "prefix-affinity", "turnout policy")
 	fset.IntVar(&o.PromptKiB, "prompt-kib", 0, "every body's size in KiB (0: half 2 KiB, half 8 KiB)")
 	fset.Float64Var(&o.Paced, "paced", 0, "after the rounds, run each transport once at this fraction of its decisions per core (0.5: half), for its latency at that load")
+	fset.StringVar(&o.TurnoutCPUs, "turnout-cpus", "", "run turnout on these CPUs only (taskset list, e.g. 1); start the bench itself on the others (taskset -c 0 turnout-lab bench transports ...)")
 	bin := fset.String("turnout-bin", "", "turnout binary (default: turnout next to this executable, else on $PATH)")
 	fset.StringVar(&o.Baseline, "baseline-bin", "", "another turnout binary measured in the same run, interleaved (its SPOE and Endpoint Picker rows)")
 	fset.StringVar(&o.EPPServer, "epp-server", "", "epp.server of turnout-bin (default: its own default)")
