@@ -49,7 +49,13 @@ func (l *blockLRU) matchLen(blocks []uint64) int {
 	if _, ok := l.m[blocks[0]]; !ok {
 		return 0
 	}
-	lo, hi := 1, len(blocks) // blocks[:lo] known cached; answer in [lo, hi]
+	return l.search(blocks, 1)
+}
+
+// search returns how many leading blocks are cached, blocks[:lo] known to
+// be (binary search over [lo, len(blocks)]; l.mu held).
+func (l *blockLRU) search(blocks []uint64, lo int) int {
+	hi := len(blocks)
 	for lo < hi {
 		mid := int(uint(lo+hi+1) >> 1)
 		if _, ok := l.m[blocks[mid-1]]; ok {
@@ -85,16 +91,7 @@ func (l *blockLRU) matchAtLeast(blocks []uint64, floor int) int {
 	if _, ok := l.m[blocks[floor]]; !ok {
 		return floor
 	}
-	lo, hi := floor+1, len(blocks)
-	for lo < hi {
-		mid := int(uint(lo+hi+1) >> 1)
-		if _, ok := l.m[blocks[mid-1]]; ok {
-			lo = mid
-		} else {
-			hi = mid - 1
-		}
-	}
-	return lo
+	return l.search(blocks, floor+1)
 }
 
 // insert records blocks as cached, last first, so the first block ends up
