@@ -32,7 +32,7 @@ func runTransports(args []string, log *zerolog.Logger) error {
 	fset.Float64Var(&o.Paced, "paced", 0, "after the rounds, run each transport once at this fraction of its decisions per core (0.5: half), for its latency at that load")
 	fset.StringVar(&o.TurnoutCPUs, "turnout-cpus", "", "run turnout on these CPUs only (taskset list, e.g. 1); start the bench itself on the others (taskset -c 0 turnout-lab bench transports ...)")
 	bin := fset.String("turnout-bin", "", "turnout binary (default: turnout next to this executable, else on $PATH)")
-	fset.StringVar(&o.Baseline, "baseline-bin", "", "another turnout binary measured in the same run, interleaved (its SPOE and Endpoint Picker rows)")
+	fset.StringVar(&o.Baseline, "baseline-bin", "", "another turnout binary measured in the same run, interleaved (a row of its own for each transport)")
 	fset.StringVar(&o.EPPServer, "epp-server", "", "epp.server of turnout-bin (default: its own default)")
 	fset.StringVar(&o.BaselineEPPServer, "baseline-epp-server", "", "epp.server of baseline-bin (default: its own default)")
 	out := fset.String("out", "bench-out", "output directory")

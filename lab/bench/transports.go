@@ -32,9 +32,8 @@ import (
 // TransportOptions configure RunTransports.
 type TransportOptions struct {
 	Turnout string // turnout binary
-	// Baseline is another turnout binary measured in the same run (its
-	// SPOE and Endpoint Picker rows, interleaved with Turnout's); "" for
-	// none.
+	// Baseline is another turnout binary measured in the same run (a row
+	// of its own per transport, each right after Turnout's); "" for none.
 	Baseline string
 	// EPPServer and BaselineEPPServer are each binary's epp.server ("":
 	// the binary's default).
@@ -193,8 +192,8 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		}
 	}()
 	// binaryTargets starts bin's two processes (h2c, TLS) and returns its
-	// targets, /internal/route left out for the baseline.
-	binaryTargets := func(bin, suffix, prefix, server string, withRoute bool) ([]transportTarget, error) {
+	// targets.
+	binaryTargets := func(bin, suffix, prefix, server string) ([]transportTarget, error) {
 		plain, pa, err := start(bin, prefix+"turnout-h2c", "off", server)
 		if err != nil {
 			return nil, err
@@ -214,30 +213,27 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			return nil, err
 		}
 		spoe := TransportSPOE + suffix
-		var ts []transportTarget
-		if withRoute {
-			ts = append(ts, transportTarget{TransportRoute + suffix, plain.cmd.Process.Pid, spoe, routeWorker(pa["listen"], bodies)})
-		}
-		return append(ts,
-			transportTarget{spoe, plain.cmd.Process.Pid, spoe, spoeWorker(pa["spoe"], bodies)},
-			transportTarget{TransportEPP + suffix, plain.cmd.Process.Pid, spoe, eppWorker(ctx, h2c, bodies)},
-			transportTarget{TransportEPPTLS + suffix, tlsP.cmd.Process.Pid, spoe, eppWorker(ctx, tlsConns, bodies)},
-		), nil
+		return []transportTarget{
+			{TransportRoute + suffix, plain.cmd.Process.Pid, spoe, routeWorker(pa["listen"], bodies)},
+			{spoe, plain.cmd.Process.Pid, spoe, spoeWorker(pa["spoe"], bodies)},
+			{TransportEPP + suffix, plain.cmd.Process.Pid, spoe, eppWorker(ctx, h2c, bodies)},
+			{TransportEPPTLS + suffix, tlsP.cmd.Process.Pid, spoe, eppWorker(ctx, tlsConns, bodies)},
+		}, nil
 	}
-	targets, err := binaryTargets(o.Turnout, "", "", o.EPPServer, true)
+	targets, err := binaryTargets(o.Turnout, "", "", o.EPPServer)
 	if err != nil {
 		return nil, err
 	}
 	if o.Baseline != "" {
-		base, err := binaryTargets(o.Baseline, BaselineSuffix, "baseline-", o.BaselineEPPServer, false)
+		base, err := binaryTargets(o.Baseline, BaselineSuffix, "baseline-", o.BaselineEPPServer)
 		if err != nil {
 			return nil, err
 		}
 		// Each baseline row right after its counterpart: the two see the
 		// same moment of a shared machine's load.
-		merged := targets[:1:1]
+		merged := make([]transportTarget, 0, 2*len(targets))
 		for k, b := range base {
-			merged = append(merged, targets[k+1], b)
+			merged = append(merged, targets[k], b)
 		}
 		targets = merged
 	}
