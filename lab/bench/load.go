@@ -84,7 +84,10 @@ type LoadResult struct {
 	Elapsed          time.Duration
 	// Latencies are all samples (Go load generator); wrk reports P50/P99 only.
 	Latencies []time.Duration
-	P50, P99  time.Duration
+	// Late are how late a paced generator sent each request after its
+	// intended time (the client's own delay, in Latencies too).
+	Late     []time.Duration
+	P50, P99 time.Duration
 	FirstErr  error
 }
 

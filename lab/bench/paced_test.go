@@ -39,3 +39,23 @@ func TestPacedLoopHoldsTheRate(t *testing.T) {
 		t.Fatal("rate 0 accepted")
 	}
 }
+
+// TestPacedLoopCountsLateSends: one worker whose decisions take three of
+// its gaps sends ever later; from the intended send times its latencies
+// grow past the decision's own time, and the lateness is reported.
+func TestPacedLoopCountsLateSends(t *testing.T) {
+	target := transportTarget{name: "slow", worker: func(int) (func(int) error, func(), error) {
+		return func(int) error { time.Sleep(30 * time.Millisecond); return nil }, func() {}, nil
+	}}
+	res, err := pacedLoop(context.Background(), target, 1, 100, 400*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Latencies) < 4 || len(res.Late) != len(res.Latencies) {
+		t.Fatalf("%d latencies, %d lateness samples", len(res.Latencies), len(res.Late))
+	}
+	last := res.Latencies[len(res.Latencies)-1]
+	if last < 60*time.Millisecond || res.Late[len(res.Late)-1] < 30*time.Millisecond {
+		t.Fatalf("last latency %s, lateness %s: a send behind its schedule is not counted from its intended time", last, res.Late[len(res.Late)-1])
+	}
+}

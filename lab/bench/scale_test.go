@@ -2,7 +2,10 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"testing"
+
+	"github.com/turnout/turnout/route/policy"
 )
 
 // Every policy decides in every cell without allocating (amortized), the prefix index
@@ -42,6 +45,27 @@ func TestScaleCells(t *testing.T) {
 		}
 		if hashesPrompts(r.Policy) && r.Blocks > 0 && (r.Blocks < 20000 || r.BytesPerBlock <= 0) {
 			t.Errorf("%s: filled %d blocks (%.0f B each), want >= 20000", r.Policy, r.Blocks, r.BytesPerBlock)
+		}
+	}
+}
+
+// BenchmarkScaleCell is bench scale's cell at 8 KiB prompts (the
+// decision as RunScale times it), for instruction counts that do not
+// depend on the machine's load: scripts/icount.sh with
+// COLLECT='*route.(*Decider).Decide' (the set-up cancels out between its
+// two iteration counts).
+func BenchmarkScaleCell(b *testing.B) {
+	for _, pol := range []string{policy.PrefixAffinityType, policy.PredictedTTFTType, policy.KVAwareType} {
+		for _, n := range []int{64, 1024} {
+			b.Run(fmt.Sprintf("%s/%d", pol, n), func(b *testing.B) {
+				o := DefaultScaleOptions()
+				o.Decisions = b.N
+				r := scaleCell(o, pol, n, 8, 0)
+				if r.Err != "" {
+					b.Fatal(r.Err)
+				}
+				b.ReportMetric(r.PerCore, "decisions/s/core")
+			})
 		}
 	}
 }

@@ -32,9 +32,8 @@ import (
 // TransportOptions configure RunTransports.
 type TransportOptions struct {
 	Turnout string // turnout binary
-	// Baseline is another turnout binary measured in the same run (its
-	// SPOE and Endpoint Picker rows, interleaved with Turnout's); "" for
-	// none.
+	// Baseline is another turnout binary measured in the same run (a row
+	// of its own per transport, each right after Turnout's); "" for none.
 	Baseline string
 	// EPPServer and BaselineEPPServer are each binary's epp.server ("":
 	// the binary's default).
@@ -58,6 +57,12 @@ type TransportOptions struct {
 	// paced at that fraction of its decisions per core (from its CPU per
 	// decision), for the latency at a known load.
 	Paced float64
+	// TurnoutCPUs, when set (a taskset list: "1", "2-3"), runs the turnout
+	// processes on those CPUs only (their Go runtime sizes GOMAXPROCS to
+	// them). The bench itself must then run on other CPUs (taskset -c 0
+	// turnout-lab ...), so the load generator's scheduling stays out of
+	// turnout's latencies; RunTransports refuses an overlap.
+	TurnoutCPUs string
 }
 
 // TransportRow is one transport's figures, medians over rounds.
@@ -76,9 +81,11 @@ type TransportRow struct {
 	CPURatio, CPURatioMin, CPURatioMax float64
 	// PerCore is decisions per CPU-second of turnout: 1e6 / CPUPerDecision.
 	PerCore float64
-	// PacedRPS, PacedP50 and PacedP99 (ms) are the paced run's (Paced).
-	PacedRPS, PacedP50, PacedP99 float64
-	FirstErr                     string
+	// PacedRPS, PacedP50, PacedP99 and PacedP999 (ms) are the paced
+	// run's (Paced), from each request's intended send time;
+	// PacedLateP99 (ms) is the client's own part, how late it sent.
+	PacedRPS, PacedP50, PacedP99, PacedP999, PacedLateP99 float64
+	FirstErr                                               string
 
 	roundRPS, roundCPU, roundP50, roundP99 []float64
 }
@@ -119,6 +126,9 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 	if err != nil {
 		return nil, err
 	}
+	if err := checkPinning(o.TurnoutCPUs); err != nil {
+		return nil, err
+	}
 	var ps procSet
 	defer ps.stopAll()
 	bodies := CostBodies(64, "llama", 1, false, 1)
@@ -149,7 +159,13 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		if err := os.WriteFile(path, cfg, 0o644); err != nil {
 			return nil, nil, fmt.Errorf("transports config: %w", err)
 		}
-		p, err := ps.start(o.Dir, name, bin, "serve", "--config", path, "--watch", "0", "--log-level", "warn")
+		args := []string{"serve", "--config", path, "--watch", "0", "--log-level", "warn"}
+		if o.TurnoutCPUs != "" {
+			// taskset execs turnout: the pid whose CPU is counted stays turnout's.
+			args = append([]string{"-c", o.TurnoutCPUs, bin}, args...)
+			bin = "taskset"
+		}
+		p, err := ps.start(o.Dir, name, bin, args...)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -176,8 +192,8 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		}
 	}()
 	// binaryTargets starts bin's two processes (h2c, TLS) and returns its
-	// targets, /internal/route left out for the baseline.
-	binaryTargets := func(bin, suffix, prefix, server string, withRoute bool) ([]transportTarget, error) {
+	// targets.
+	binaryTargets := func(bin, suffix, prefix, server string) ([]transportTarget, error) {
 		plain, pa, err := start(bin, prefix+"turnout-h2c", "off", server)
 		if err != nil {
 			return nil, err
@@ -197,30 +213,27 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			return nil, err
 		}
 		spoe := TransportSPOE + suffix
-		var ts []transportTarget
-		if withRoute {
-			ts = append(ts, transportTarget{TransportRoute + suffix, plain.cmd.Process.Pid, spoe, routeWorker(pa["listen"], bodies)})
-		}
-		return append(ts,
-			transportTarget{spoe, plain.cmd.Process.Pid, spoe, spoeWorker(pa["spoe"], bodies)},
-			transportTarget{TransportEPP + suffix, plain.cmd.Process.Pid, spoe, eppWorker(ctx, h2c, bodies)},
-			transportTarget{TransportEPPTLS + suffix, tlsP.cmd.Process.Pid, spoe, eppWorker(ctx, tlsConns, bodies)},
-		), nil
+		return []transportTarget{
+			{TransportRoute + suffix, plain.cmd.Process.Pid, spoe, routeWorker(pa["listen"], bodies)},
+			{spoe, plain.cmd.Process.Pid, spoe, spoeWorker(pa["spoe"], bodies)},
+			{TransportEPP + suffix, plain.cmd.Process.Pid, spoe, eppWorker(ctx, h2c, bodies)},
+			{TransportEPPTLS + suffix, tlsP.cmd.Process.Pid, spoe, eppWorker(ctx, tlsConns, bodies)},
+		}, nil
 	}
-	targets, err := binaryTargets(o.Turnout, "", "", o.EPPServer, true)
+	targets, err := binaryTargets(o.Turnout, "", "", o.EPPServer)
 	if err != nil {
 		return nil, err
 	}
 	if o.Baseline != "" {
-		base, err := binaryTargets(o.Baseline, BaselineSuffix, "baseline-", o.BaselineEPPServer, false)
+		base, err := binaryTargets(o.Baseline, BaselineSuffix, "baseline-", o.BaselineEPPServer)
 		if err != nil {
 			return nil, err
 		}
 		// Each baseline row right after its counterpart: the two see the
 		// same moment of a shared machine's load.
-		merged := targets[:1:1]
+		merged := make([]transportTarget, 0, 2*len(targets))
 		for k, b := range base {
-			merged = append(merged, targets[k+1], b)
+			merged = append(merged, targets[k], b)
 		}
 		targets = merged
 	}
@@ -289,10 +302,14 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			if err != nil {
 				return nil, fmt.Errorf("transports %s paced: %w", t.name, err)
 			}
-			s := Summarize(Millis(res.Latencies))
-			row.PacedRPS, row.PacedP50, row.PacedP99 = res.RPS(), s.P50, s.P99
+			lat := Millis(res.Latencies)
+			slices.Sort(lat)
+			row.PacedRPS, row.PacedP50, row.PacedP99, row.PacedP999 = res.RPS(), Percentile(lat, 50), Percentile(lat, 99), Percentile(lat, 99.9)
+			late := Millis(res.Late)
+			slices.Sort(late)
+			row.PacedLateP99 = Percentile(late, 99)
 			row.Errors += res.Errors
-			o.Log.Info().Str("target", t.name).Float64("rps", res.RPS()).Float64("p99_ms", s.P99).Msg("bench: transports paced")
+			o.Log.Info().Str("target", t.name).Float64("rps", res.RPS()).Float64("p99_ms", row.PacedP99).Float64("late_p99_ms", row.PacedLateP99).Msg("bench: transports paced")
 		}
 	}
 	return rows, nil
@@ -301,7 +318,7 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 // targetLoop runs conns workers of t for d, each sending its next request
 // as soon as the last is answered (closed loop), after pace(w) when pace
 // is not nil.
-func targetLoop(ctx context.Context, t transportTarget, conns int, d time.Duration, pace func(w int)) (*LoadResult, error) {
+func targetLoop(ctx context.Context, t transportTarget, conns int, d time.Duration, pace func(w int) time.Time) (*LoadResult, error) {
 	decides := make([]func(int) error, conns)
 	for w := range conns {
 		f, closeFn, err := t.worker(w)
@@ -316,9 +333,11 @@ func targetLoop(ctx context.Context, t transportTarget, conns int, d time.Durati
 
 // runWorkers runs one goroutine per decide function for d, each calling
 // its function with the request numbers w, w+n, w+2n ... as soon as the
-// last call returned (after pace(w) when pace is not nil: the wait is not
-// in the latency), and sums what they counted.
-func runWorkers(ctx context.Context, decides []func(int) error, d time.Duration, pace func(w int)) (*LoadResult, error) {
+// last call returned, and sums what they counted. When pace is not nil a
+// call waits for pace(w), which returns the call's intended send time:
+// its latency runs from then, so a call sent late because the last was
+// slow counts the delay (open loop, no coordinated omission).
+func runWorkers(ctx context.Context, decides []func(int) error, d time.Duration, pace func(w int) time.Time) (*LoadResult, error) {
 	var (
 		mu  sync.Mutex
 		res LoadResult
@@ -332,15 +351,21 @@ func runWorkers(ctx context.Context, decides []func(int) error, d time.Duration,
 		go func() {
 			defer wg.Done()
 			lats := make([]time.Duration, 0, 4096)
+			var late []time.Duration
 			var n, errs int
 			var first error
 			for i := w; ctx.Err() == nil; i += conns {
+				var due time.Time
 				if pace != nil {
-					pace(w)
+					due = pace(w)
 				}
 				t0 := time.Now()
 				if t0.After(deadline) {
 					break
+				}
+				if pace != nil {
+					late = append(late, t0.Sub(due))
+					t0 = due
 				}
 				if err := decides[w](i); err != nil {
 					errs++
@@ -356,6 +381,7 @@ func runWorkers(ctx context.Context, decides []func(int) error, d time.Duration,
 			res.Requests += n
 			res.Errors += errs
 			res.Latencies = append(res.Latencies, lats...)
+			res.Late = append(res.Late, late...)
 			if res.FirstErr == nil {
 				res.FirstErr = first
 			}

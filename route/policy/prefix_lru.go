@@ -49,7 +49,13 @@ func (l *blockLRU) matchLen(blocks []uint64) int {
 	if _, ok := l.m[blocks[0]]; !ok {
 		return 0
 	}
-	lo, hi := 1, len(blocks) // blocks[:lo] known cached; answer in [lo, hi]
+	return l.search(blocks, 1)
+}
+
+// search returns how many leading blocks are cached, blocks[:lo] known to
+// be (binary search over [lo, len(blocks)]; l.mu held).
+func (l *blockLRU) search(blocks []uint64, lo int) int {
+	hi := len(blocks)
 	for lo < hi {
 		mid := int(uint(lo+hi+1) >> 1)
 		if _, ok := l.m[blocks[mid-1]]; ok {
@@ -59,6 +65,33 @@ func (l *blockLRU) matchLen(blocks []uint64) int {
 		}
 	}
 	return lo
+}
+
+// matchAtLeast is matchLen for a caller that only uses lengths of at least
+// floor: matchLen's answer when that is floor or more, 0 otherwise. A block
+// is only ever cached with its predecessors (hashes are chained, and an
+// insert touches a block's predecessor after it), so one lookup of
+// blocks[floor-1] tells which, and the search starts there: two lookups
+// for a prompt matched exactly as far as the best so far.
+func (l *blockLRU) matchAtLeast(blocks []uint64, floor int) int {
+	if floor <= 1 {
+		return l.matchLen(blocks)
+	}
+	if floor > len(blocks) {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.m[blocks[floor-1]]; !ok {
+		return 0
+	}
+	if floor == len(blocks) {
+		return floor
+	}
+	if _, ok := l.m[blocks[floor]]; !ok {
+		return floor
+	}
+	return l.search(blocks, floor+1)
 }
 
 // insert records blocks as cached, last first, so the first block ends up

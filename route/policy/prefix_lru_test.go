@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/turnout/turnout/route/fleet"
 )
 
 // insertEach is insert as first written: every block touched, last first.
@@ -95,4 +97,45 @@ func randBlocks(rnd *rand.Rand, n int) []uint64 {
 		out[i] = uint64(rnd.IntN(60))
 	}
 	return out
+}
+
+// chainedPrompt is a prompt of n blocks hashed as the engine's blocks are
+// (each hash names its whole prefix), drawn from few choices per position so
+// that prompts share prefixes.
+func chainedPrompt(rnd *rand.Rand, n int) []uint64 {
+	out := make([]uint64, n)
+	var prev uint64
+	for i := range out {
+		prev = fleet.Mix64(uint64(1+rnd.IntN(3)) ^ (prev * 0x9e3779b97f4a7c15))
+		out[i] = prev
+	}
+	return out
+}
+
+// matchAtLeast answers as matchLen wherever that reaches the floor and 0
+// below it, on LRUs filled with chained prompts and evicting (so cached
+// prefixes are cut at every length).
+func TestBlockLRUMatchAtLeast(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(21, 22))
+	checked := 0
+	for run := 0; run < 200; run++ {
+		l := newBlockLRU(16 + rnd.IntN(48))
+		for step := 0; step < 60; step++ {
+			l.insert(chainedPrompt(rnd, 1+rnd.IntN(24)))
+			q := chainedPrompt(rnd, 1+rnd.IntN(24))
+			want := l.matchLen(q)
+			for floor := 0; floor <= len(q)+1; floor++ {
+				got := l.matchAtLeast(q, floor)
+				if want >= floor && got != want || want < floor && got != 0 {
+					t.Fatalf("run %d step %d: matchAtLeast(floor %d) = %d, matchLen %d", run, step, floor, got, want)
+				}
+				if want >= floor && floor > 1 {
+					checked++
+				}
+			}
+		}
+	}
+	if checked < 1000 {
+		t.Fatalf("only %d reached floors checked: the prompts share too little", checked)
+	}
 }

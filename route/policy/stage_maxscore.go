@@ -81,12 +81,14 @@ func (m *MaxScore) Pick(c *Cycle) {
 	of := 0
 	var holders [maxHolderWords]uint64
 	gated := false
+	var px *PrefixIndex
 	if key != nil {
 		of = key.Of(c)
 		// The prefix index names, once per request, the only endpoints
 		// whose Match may be non-zero (a static call: the bitset stays on
 		// the stack).
 		if x, ok := key.(*PrefixIndex); ok {
+			px = x
 			gated = x.Holders(c, holders[:])
 		}
 	}
@@ -114,7 +116,7 @@ func (m *MaxScore) Pick(c *Cycle) {
 				// up only while it can still change the outcome.
 				if len(filters) > 0 && !keepAll(filters, c, e) {
 					if c.Choice.Outcome != fleet.OutcomeOverflow {
-						if m := key.Match(c, e); m > 0 && m*2 >= of {
+						if m := matchAtLeast(key, px, c, e, (of+1)/2); m > 0 && m*2 >= of {
 							// The replica holding most of the prompt is
 							// refused by a guard: the request overflows
 							// unless another replica honours its key.
@@ -123,7 +125,13 @@ func (m *MaxScore) Pick(c *Cycle) {
 					}
 					continue
 				}
-				if match = key.Match(c, e); match == 0 {
+				// Without scorers the score is the match: only a match
+				// of at least the best's can win or tie.
+				floor := 1
+				if best != nil && len(scorers) == 0 {
+					floor = bestMatch
+				}
+				if match = matchAtLeast(key, px, c, e, floor); match == 0 {
 					continue
 				}
 			} else if len(filters) > 0 && !keepAll(filters, c, e) {
@@ -189,6 +197,16 @@ func (m *MaxScore) Pick(c *Cycle) {
 		}
 	}
 	c.Choice.Endpoints = dst
+}
+
+// matchAtLeast is key.Match(c, e) when that is at least floor, and 0 or
+// a figure below floor otherwise; px, key as the prefix index (else nil),
+// then looks up fewer blocks.
+func matchAtLeast(key Keyer, px *PrefixIndex, c *Cycle, e *fleet.Endpoint, floor int) int {
+	if px != nil {
+		return px.lrus[e.Index].matchAtLeast(c.Req.Blocks, floor)
+	}
+	return key.Match(c, e)
 }
 
 func keepAll(filters []Filter, c *Cycle, e *fleet.Endpoint) bool {
