@@ -65,7 +65,7 @@ type PredictedTTFTConfig struct {
 	// saturation the guard refuses long hits whose prefill saving dwarfs
 	// the queue they would wait in.
 	ReclaimOverflow bool `yaml:"reclaim_overflow"`
-	// ReclaimAdmitted: such an overflow miss goes back to the replica
+	// ReclaimAdmitted (with ReclaimOverflow): such an overflow miss goes back to the replica
 	// holding the longest part of the prompt (at least MatchThreshold)
 	// among those whose engine would start it at once
 	// (Endpoint.Admits), without the model: there the guard saves no
