@@ -65,6 +65,12 @@ type PredictedTTFTConfig struct {
 	// saturation the guard refuses long hits whose prefill saving dwarfs
 	// the queue they would wait in.
 	ReclaimOverflow bool `yaml:"reclaim_overflow"`
+	// ReclaimAdmitted (with ReclaimOverflow): such an overflow miss goes back to the replica
+	// holding the longest part of the prompt (at least MatchThreshold)
+	// among those whose engine would start it at once
+	// (Endpoint.Admits), without the model: there the guard saves no
+	// queue and the miss pays the whole prefill.
+	ReclaimAdmitted bool `yaml:"reclaim_admitted"`
 }
 
 // DefaultPredictedTTFTConfig returns the defaults.
@@ -74,7 +80,7 @@ func DefaultPredictedTTFTConfig() PredictedTTFTConfig {
 		MarginRel:            0.5, MarginMs: 100,
 		OverheadMs: estimator.DefaultCoef[0], PerRequestMs: estimator.DefaultCoef[1],
 		PerQueuedKiBMs: estimator.DefaultCoef[2], PerKiBMs: estimator.DefaultCoef[3],
-		Memory: 64, ReclaimOverflow: true,
+		Memory: 64, ReclaimOverflow: true, ReclaimAdmitted: true,
 	}
 }
 
@@ -288,9 +294,17 @@ func (g *ttftGuard) Pick(c *Cycle) {
 	// predicted.
 	var eps []*fleet.Endpoint
 	holdersOnly := dmatch == 0 && !pt.cfg.OverrideMisses && pt.cfg.ReclaimOverflow && c.Choice.Outcome == fleet.OutcomeOverflow
-	if (dmatch > 0 || pt.cfg.OverrideMisses || holdersOnly) && pt.cfg.overrides(dpred, 0, rel) {
+	if holdersOnly {
+		rel = pt.cfg.MarginRel
+	}
+	admitted := holdersOnly && pt.cfg.ReclaimAdmitted
+	if (dmatch > 0 || pt.cfg.OverrideMisses || holdersOnly) && (admitted || pt.cfg.overrides(dpred, 0, rel)) {
 		eps = c.Candidates()
 	}
+	// The admitted holder with the longest match (ReclaimAdmitted).
+	var adm *fleet.Endpoint
+	var admLoad int64
+	admMatch := max(1, int(math.Ceil(pt.cfg.MatchThreshold*float64(len(c.Req.Blocks))))) - 1
 	// With an objective the objective decides, not the margins (predictedttft_slo.go).
 	obj := c.Req.TTFTObjectiveMs > 0
 	if obj {
@@ -307,6 +321,11 @@ func (g *ttftGuard) Pick(c *Cycle) {
 		// below (coefficients are >= 0): when even that does not clear
 		// the margins, e's prefix match is not looked up.
 		load, pending := e.Load(), e.PendingBytes()
+		if admitted && e.Admits(load) {
+			if match := pt.idx.lrus[e.Index].matchLen(c.Req.Blocks); match > admMatch || match == admMatch && adm != nil && load < admLoad {
+				adm, admMatch, admLoad = e, match, load
+			}
+		}
 		x := estimator.Make(load, pending, 0)
 		m := pt.models[e.Index]
 		if !pt.cfg.overrides(dpred, m.Predict(&x), rel) {
@@ -323,7 +342,12 @@ func (g *ttftGuard) Pick(c *Cycle) {
 			bx, bpending, buncached, bmatch = x, pending, uncached, match
 		}
 	}
-	if best != def && (obj || pt.cfg.overrides(dpred, bestPred, rel)) {
+	if adm != nil {
+		x, _, pending, uncached := pt.features(c, adm, admMatch)
+		best, bestPred, bestLoad = adm, pt.models[adm.Index].Predict(&x), admLoad
+		bx, bpending, buncached, bmatch = x, pending, uncached, admMatch
+	}
+	if best != def && (obj || adm != nil || pt.cfg.overrides(dpred, bestPred, rel)) {
 		pt.sh.overrides.Add(1)
 		c.Choice.Endpoints = toFront(c.Choice.Endpoints, c.start, best)
 		c.Choice.Matched = bmatch

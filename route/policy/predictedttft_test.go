@@ -54,6 +54,10 @@ func TestPredictedTTFTGuard(t *testing.T) {
 		// refuses (6-0 > balance_abs): an overflow to the least loaded e0,
 		// whose miss costs 20+1375 ms at 1 s per KiB, e2 20+30+62.5 ms.
 		{"overflow: the refused hit reclaimed", 0, 5, 100, false, false, 1000, 2, []int64{0, 1, 6, 1}, nil, "e2", fleet.OutcomeAffinity, 1},
+		// The refused hit saves a whole prefill, which dwarfs the model's
+		// error: the overflow's margins are margin_rel's, not the model's
+		// recent error (0.95 would ask for 20x faster).
+		{"overflow: reclaimed despite the model's recent error", 0.95, 5, 100, false, false, 1000, 2, []int64{0, 1, 6, 1}, nil, "e2", fleet.OutcomeAffinity, 1},
 		{"overflow without reclaim_overflow: the miss stays", 0, 5, 100, false, true, 1000, 2, []int64{0, 1, 6, 1}, nil, "e0", fleet.OutcomeOverflow, 0},
 		// Only holders are looked at: e0's 1 MiB queue (2 s) would move
 		// the overflow to e1 (38.75 ms) by the margins, but e1 holds
@@ -102,6 +106,58 @@ func TestPredictedTTFTGuard(t *testing.T) {
 			}
 			if c.Predicted.TTFTMs <= 0 {
 				t.Fatal("no prediction with the decision")
+			}
+		})
+	}
+}
+
+// reclaim_admitted: an overflow miss goes back to the prompt's holder when
+// its engine would start the request at once (no waiting request at the
+// scrape, load below what it ran when it last queued), whatever the
+// model predicts: e2 holds 21 of the 22 blocks at load 6, refused by the
+// balance guard; its 1 MiB of queued prefill makes the model predict 2 s
+// there against e0's 34 ms miss.
+func TestPredictedTTFTReclaimAdmitted(t *testing.T) {
+	sys := string(make([]byte, 64*20))
+	for _, tc := range []struct {
+		name      string
+		off       bool    // reclaim_admitted off
+		waiting   []int64 // the engines' waiting requests at the scrape
+		queuedAt  int64   // e2 last queued at this many running (0: never)
+		want      string
+		outcome   fleet.Outcome
+		overrides uint64
+	}{
+		{"holder admits: reclaimed", false, []int64{0, 0, 0, 0}, 0, "e2", fleet.OutcomeAffinity, 1},
+		{"holder admits below its last queueing level: reclaimed", false, []int64{0, 0, 0, 0}, 8, "e2", fleet.OutcomeAffinity, 1},
+		{"holder queues at its load: the miss stays", false, []int64{0, 0, 0, 0}, 6, "e0", fleet.OutcomeOverflow, 0},
+		{"holder's engine has a waiting request: the miss stays", false, []int64{0, 0, 1, 0}, 0, "e0", fleet.OutcomeOverflow, 0},
+		{"reclaim_admitted off: the miss stays", true, []int64{0, 0, 0, 0}, 0, "e0", fleet.OutcomeOverflow, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultPredictedTTFTConfig()
+			cfg.BlockBytes, cfg.SessionAffinity = 64, false
+			cfg.ReclaimAdmitted = !tc.off
+			var pt *PredictedTTFT
+			p := routetest.Pool(t, 4, func(p *fleet.Pool) fleet.Policy { pt = NewPredictedTTFT(cfg, p, fleet.NewRand(5)); return pt })
+			pt.idx.lrus[2].insert(blocksOf(sys, 1))
+			p.Endpoints[2].State.Pending.Add(1 << 20)
+			for i, l := range []int64{0, 1, 6, 1} {
+				e := p.Endpoints[i]
+				if i == 2 && tc.queuedAt > 0 {
+					// A scrape that found it queueing at queuedAt running.
+					e.SetEngineLoad(&fleet.EngineLoad{Requests: tc.queuedAt + 1, Waiting: 1, KVUsage: -1, Mark: e.DecisionMark()})
+				}
+				e.AddInflight(l)
+				e.SetEngineLoad(&fleet.EngineLoad{Requests: l, Waiting: tc.waiting[i], KVUsage: -1, Mark: e.DecisionMark(), PeerMark: e.PeerMark()})
+			}
+			blocks := blocksOf(sys, 2)
+			c := routetest.Choose(p, &fleet.Request{Blocks: blocks, PromptBytes: len(blocks) * 64}, 3)
+			if got := c.Endpoints[0].Name; got != tc.want || c.Outcome != tc.outcome || pt.Overrides() != tc.overrides {
+				t.Fatalf("pick %s outcome %v overrides %d; want %s first, %v, %d", routetest.Names(c.Endpoints), c.Outcome, pt.Overrides(), tc.want, tc.outcome, tc.overrides)
+			}
+			if c.Matched == 0 && tc.want == "e2" {
+				t.Fatal("the reclaimed holder's match is not with the decision")
 			}
 		})
 	}

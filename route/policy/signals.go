@@ -109,9 +109,14 @@ func (f firstOnly) Signals() fleet.Signals { return fleet.SignalsOf(f.Picker) }
 // Signals implements fleet.Consumer.
 func (p *prefixMatched) Signals() fleet.Signals { return p.MaxScore.Signals() }
 
-// Signals implements fleet.Consumer.
-func (*ttftGuard) Signals() fleet.Signals {
-	return fleet.SignalSet(fleet.SignalAvailable, fleet.SignalLoad, fleet.SignalPending)
+// Signals implements fleet.Consumer: with reclaim_admitted, whether a
+// holder's engine would start the request at once.
+func (g *ttftGuard) Signals() fleet.Signals {
+	s := fleet.SignalSet(fleet.SignalAvailable, fleet.SignalLoad, fleet.SignalPending)
+	if g.pt.cfg.ReclaimAdmitted {
+		s |= fleet.SignalSet(fleet.SignalAdmits)
+	}
+	return s
 }
 
 // Signals implements fleet.Consumer.
