@@ -298,7 +298,10 @@ type tmplData struct {
 	ConnectMs, StreamMs, CheckTimeoutMs int64
 	ModelMap                            bool
 	PD                                  bool // a deployment disaggregates prefill and decode
+	// ServerVars: the chosen server's variable, then the fallbacks';
+	// PoolVar the chosen backend's.
 	ServerVars                          []string
+	PoolVar                             string
 	Backends                            []backendData
 
 	// FirstToken: the frontend times the first response body bytes into
@@ -466,6 +469,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	for i := 1; i <= fallbacks; i++ {
 		d.ServerVars = append(d.ServerVars, fmt.Sprintf("%s%d", contract.VerdictFieldNamed("fallbacks").HAProxyVar, i))
 	}
+	d.PoolVar = contract.VerdictFieldNamed("pool").HAProxyVar
 
 	var mapBuf bytes.Buffer
 	seen := map[string]bool{}
@@ -598,7 +602,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 			Vars:         contract.SPOEVarNames(cfg.Fallbacks),
 			BodyRoom:     l.BodyRoom,
 		}
-		sc, err := contract.NewSPOEConfig(len(d.SPOE.Fallbacks))
+		sc, err := contract.NewSPOEConfig()
 		if err != nil {
 			bad("haproxy.spoe", "%v", err)
 		}

@@ -220,12 +220,12 @@ func newSPOEData(dir, agentAddr string, fallbacks int, failClosed bool) *spoeDat
 		FailClosed: failClosed,
 		Fallbacks:  contract.SPOEFallbackVars(fallbacks),
 		Vars:       contract.SPOEVarNames(fallbacks),
-		Contract:   mustSPOEConfig(fallbacks),
+		Contract:   mustSPOEConfig(),
 	}
 }
 
-func mustSPOEConfig(fallbacks int) contract.SPOEConfig {
-	c, err := contract.NewSPOEConfig(fallbacks)
+func mustSPOEConfig() contract.SPOEConfig {
+	c, err := contract.NewSPOEConfig()
 	if err != nil {
 		panic(err)
 	}
@@ -233,9 +233,9 @@ func mustSPOEConfig(fallbacks int) contract.SPOEConfig {
 }
 
 func serverVars(fallbacks int) []string {
-	v := []string{"txn.turnout_server"}
-	for _, f := range contract.SPOEFallbackVars(fallbacks) {
-		v = append(v, "txn.turnout_"+f)
+	v := []string{contract.VerdictFieldNamed("server").HAProxyVar}
+	for i := 1; i <= fallbacks; i++ {
+		v = append(v, fmt.Sprintf("%s%d", contract.VerdictFieldNamed("fallbacks").HAProxyVar, i))
 	}
 	return v
 }
