@@ -145,7 +145,7 @@ func TestSPOECarriesContract(t *testing.T) {
 	conf, spoe := string(out.Config), string(out.SPOE)
 
 	var gotS []int
-	for _, m := range regexp.MustCompile(`http-request return status (\d+) content-type application/json lf-string "%\[var\(txn\.turnout\.body\)\]" hdr x-turnout-reason "%\[var\(txn\.turnout\.reason\)\]" if \{ var\(txn\.turnout\.status\) -m int (\d+) \} \{ var\(txn\.turnout\.body\) -m found \}`).FindAllStringSubmatch(conf, -1) {
+	for _, m := range regexp.MustCompile(`http-request return status (\d+) content-type application/json lf-string "%\[var\(txn\.turnout\.body\)\]" hdr x-turnout-reason "%\[var\(txn\.turnout\.reason\)\]" if \{ var\(txn\.turnout\.status\) -m int (\d+) \}\n`).FindAllStringSubmatch(conf, -1) {
 		if m[1] != m[2] {
 			t.Errorf("relays status %s as %s", m[2], m[1])
 		}

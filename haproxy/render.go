@@ -63,6 +63,8 @@ const (
 	RoutePDProxy      = "turnout_route_pd"
 	// SPOEProxy is the SPOE agent's backend (haproxy.spoe).
 	SPOEProxy = "turnout_spoe"
+	// SPOERelayProxy answers what the agent says to relay (a refusal).
+	SPOERelayProxy = "turnout_relay"
 	// SPOESocketName is the agent's default unix socket in the rendered
 	// directory (haproxy.path spoe without haproxy.spoe).
 	SPOESocketName = "spoe.sock"
@@ -300,9 +302,9 @@ type tmplData struct {
 	PD                                  bool // a deployment disaggregates prefill and decode
 	// ServerVars: the chosen server's variable, then the fallbacks';
 	// PoolVar the chosen backend's.
-	ServerVars                          []string
-	PoolVar                             string
-	Backends                            []backendData
+	ServerVars []string
+	PoolVar    string
+	Backends   []backendData
 
 	// FirstToken: the frontend times the first response body bytes into
 	// FirstTokenVar (proxy.first_token_timing).
@@ -319,6 +321,7 @@ type tmplData struct {
 // spoeData fills templates/haproxy-spoe.snippets.tmpl.
 type spoeData struct {
 	Backend                              string // SPOEProxy
+	RelayBackend                         string // SPOERelayProxy
 	Conf                                 string
 	Servers                              []routeServer
 	HelloMs, IdleMs, ServerMs, TimeoutMs int64
@@ -581,9 +584,10 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 			a, _, _ = addr("haproxy.spoe", cfg.HAProxy.SPOE)
 		}
 		d.SPOE = &spoeData{
-			Backend: SPOEProxy,
-			Conf:    path("spoe conf", filepath.Join(d.Dir, SPOEFile)),
-			Servers: []routeServer{{Name: "agent0", Addr: a}},
+			Backend:      SPOEProxy,
+			RelayBackend: SPOERelayProxy,
+			Conf:         path("spoe conf", filepath.Join(d.Dir, SPOEFile)),
+			Servers:      []routeServer{{Name: "agent0", Addr: a}},
 			// The agent connection idles while flow control holds
 			// its frames: it must outlast the longest hold.
 			HelloMs: 500, IdleMs: 30000, ServerMs: max(60000, l.TimeoutMs+1000),
