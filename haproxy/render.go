@@ -63,6 +63,8 @@ const (
 	RoutePDProxy      = "turnout_route_pd"
 	// SPOEProxy is the SPOE agent's backend (haproxy.spoe).
 	SPOEProxy = "turnout_spoe"
+	// SPOERelayProxy answers what the agent says to relay (a refusal).
+	SPOERelayProxy = "turnout_relay"
 	// SPOESocketName is the agent's default unix socket in the rendered
 	// directory (haproxy.path spoe without haproxy.spoe).
 	SPOESocketName = "spoe.sock"
@@ -298,8 +300,11 @@ type tmplData struct {
 	ConnectMs, StreamMs, CheckTimeoutMs int64
 	ModelMap                            bool
 	PD                                  bool // a deployment disaggregates prefill and decode
-	ServerVars                          []string
-	Backends                            []backendData
+	// ServerVars: the chosen server's variable, then the fallbacks';
+	// PoolVar the chosen backend's.
+	ServerVars []string
+	PoolVar    string
+	Backends   []backendData
 
 	// FirstToken: the frontend times the first response body bytes into
 	// FirstTokenVar (proxy.first_token_timing).
@@ -316,6 +321,7 @@ type tmplData struct {
 // spoeData fills templates/haproxy-spoe.snippets.tmpl.
 type spoeData struct {
 	Backend                              string // SPOEProxy
+	RelayBackend                         string // SPOERelayProxy
 	Conf                                 string
 	Servers                              []routeServer
 	HelloMs, IdleMs, ServerMs, TimeoutMs int64
@@ -466,6 +472,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	for i := 1; i <= fallbacks; i++ {
 		d.ServerVars = append(d.ServerVars, fmt.Sprintf("%s%d", contract.VerdictFieldNamed("fallbacks").HAProxyVar, i))
 	}
+	d.PoolVar = contract.VerdictFieldNamed("pool").HAProxyVar
 
 	var mapBuf bytes.Buffer
 	seen := map[string]bool{}
@@ -577,9 +584,10 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 			a, _, _ = addr("haproxy.spoe", cfg.HAProxy.SPOE)
 		}
 		d.SPOE = &spoeData{
-			Backend: SPOEProxy,
-			Conf:    path("spoe conf", filepath.Join(d.Dir, SPOEFile)),
-			Servers: []routeServer{{Name: "agent0", Addr: a}},
+			Backend:      SPOEProxy,
+			RelayBackend: SPOERelayProxy,
+			Conf:         path("spoe conf", filepath.Join(d.Dir, SPOEFile)),
+			Servers:      []routeServer{{Name: "agent0", Addr: a}},
 			// The agent connection idles while flow control holds
 			// its frames: it must outlast the longest hold.
 			HelloMs: 500, IdleMs: 30000, ServerMs: max(60000, l.TimeoutMs+1000),
@@ -598,7 +606,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 			Vars:         contract.SPOEVarNames(cfg.Fallbacks),
 			BodyRoom:     l.BodyRoom,
 		}
-		sc, err := contract.NewSPOEConfig(len(d.SPOE.Fallbacks))
+		sc, err := contract.NewSPOEConfig()
 		if err != nil {
 			bad("haproxy.spoe", "%v", err)
 		}

@@ -143,7 +143,7 @@ func TestRenderDetails(t *testing.T) {
 		`{ "x_conversation-id", { "x-conversation-id", "x_conversation-id", "x-conversation_id", "x_conversation_id", } }`,
 		`local FAIL_MODE_CLOSED = true`,
 		`local ROUTE_DST = "unix@/etc/turnout/haproxy/route.sock"`,
-		`local FALLBACK_VARS = { "txn.turnout_fb1", }`,
+		`local FALLBACK_VARS = { "txn.turnout.fb1", }`,
 		`local BODY_ROOM = 86016`,
 		`  ["prefill_failed"] = "relay",`,
 		`{ "authorization", { "authorization", } },`, // turnout forwards it to the prefill

@@ -410,8 +410,8 @@ func readLive(rt RuntimeClient) (State, error) {
 		for line := range strings.Lines(o) {
 			name := strings.TrimSpace(line)
 			// Internal proxies (<HTTPCLIENT>, ...) are HAProxy's; the route
-			// hop and the SPOE agent's backend are covered by the structure hash.
-			if name == "" || name[0] == '#' || name[0] == '<' || name == RouteProxy || name == RoutePDProxy || name == SPOEProxy {
+			// hop and the SPOE agent's and relay backends are covered by the structure hash.
+			if name == "" || name[0] == '#' || name[0] == '<' || name == RouteProxy || name == RoutePDProxy || name == SPOEProxy || name == SPOERelayProxy {
 				continue
 			}
 			st.Backends[name] = nil

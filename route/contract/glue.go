@@ -36,8 +36,9 @@ type VerdictField struct {
 	// SPOEVar is the agent's variable (txn.turnout.<SPOEVar>); a list's
 	// items go to SPOEVar1..N.
 	SPOEVar string
-	// HAProxyVar is the txn variable haproxy.cfg reads (the Lua sets it,
-	// the SPOE config copies SPOEVar into it); a list's items get 1..N.
+	// HAProxyVar is the txn variable haproxy.cfg reads: the SPOE agent's
+	// own variable (spoeTxnVar), which the Lua sets too, so the SPOE
+	// config needs no copy of it; a list's items get 1..N.
 	HAProxyVar string
 	// NginxVar is the js_var the njs sets (without the '$').
 	NginxVar string
@@ -54,33 +55,34 @@ type VerdictField struct {
 }
 
 var verdictFields = [...]VerdictField{
-	{Name: "server", Header: HdrServer, SPOEVar: SPOEVarServer, HAProxyVar: "txn.turnout_server", NginxVar: "turnout_server", Kind: KindString, Required: true,
+	{Name: "server", Header: HdrServer, SPOEVar: SPOEVarServer, HAProxyVar: spoeTxnVar + SPOEVarServer, NginxVar: "turnout_server", Kind: KindString, Required: true,
 		get: func(v *Verdict) []byte { return v.Server }},
-	{Name: "fallbacks", Header: HdrFallbacks, SPOEVar: SPOEVarFallbackPrefix, HAProxyVar: "txn.turnout_fb", Kind: KindList},
-	{Name: "addr", Header: HdrBackend, SPOEVar: SPOEVarAddr, NginxVar: "turnout_backend", Kind: KindString,
+	{Name: "fallbacks", Header: HdrFallbacks, SPOEVar: SPOEVarFallbackPrefix, HAProxyVar: spoeTxnVar + SPOEVarFallbackPrefix, Kind: KindList},
+	// Not an SPOE variable: HAProxy routes by server name.
+	{Name: "addr", Header: HdrBackend, NginxVar: "turnout_backend", Kind: KindString,
 		get: func(v *Verdict) []byte { return v.Addr }},
 	// The first fallback's address, for a glue that reaches replicas by
 	// address (nginx): where a request refused before any byte goes next.
 	{Name: "fallback_addr", Header: HdrFallbackBackend, NginxVar: "turnout_fallback", Kind: KindString, Asked: true,
 		get: func(v *Verdict) []byte { return v.FallbackAddr }},
-	{Name: "pool", Header: HdrPool, SPOEVar: SPOEVarPool, HAProxyVar: "txn.turnout_pool", NginxVar: "turnout_pool", Kind: KindString,
+	{Name: "pool", Header: HdrPool, SPOEVar: SPOEVarPool, HAProxyVar: spoeTxnVar + SPOEVarPool, NginxVar: "turnout_pool", Kind: KindString,
 		get: func(v *Verdict) []byte { return v.Pool }},
-	{Name: "decision", Header: HdrDecision, SPOEVar: SPOEVarDecision, HAProxyVar: "txn.turnout_decision", NginxVar: "turnout_decision", Kind: KindString,
+	{Name: "decision", Header: HdrDecision, SPOEVar: SPOEVarDecision, HAProxyVar: spoeTxnVar + SPOEVarDecision, NginxVar: "turnout_decision", Kind: KindString,
 		get: (*Verdict).DecisionHex},
 	// kv_transfer_params reach the HTTP glue inside kv_insert only.
 	{Name: "kv_transfer", SPOEVar: SPOEVarKVTransfer, Kind: KindBase64,
 		get: func(v *Verdict) []byte { return v.KVTransfer }},
 	{Name: "prefill", Header: HdrPrefill, SPOEVar: SPOEVarPrefill, Kind: KindString,
 		get: func(v *Verdict) []byte { return v.Prefill }},
-	{Name: "reason", Header: HdrReason, SPOEVar: SPOEVarReason, HAProxyVar: "txn.turnout_reason", Kind: KindString},
+	{Name: "reason", Header: HdrReason, SPOEVar: SPOEVarReason, HAProxyVar: spoeTxnVar + SPOEVarReason, Kind: KindString},
 	// A refusal's Retry-After (RetryAfterSeconds), relayed with it.
 	{Name: "retry_after", Header: HdrRetryAfter, SPOEVar: SPOEVarRetryAfter, Kind: KindString},
 	{Name: "status", SPOEVar: SPOEVarStatus, Kind: KindInt},
 	{Name: "body", SPOEVar: SPOEVarBody, Kind: KindString},
 	// The body edit (body.go): the glue inserts kv_insert at byte
 	// kv_at; the body is then kv_len bytes long.
-	{Name: "kv_insert", Header: HdrKVInsert, SPOEVar: SPOEVarKV, HAProxyVar: "txn.turnout_kv", Kind: KindText64},
-	{Name: "kv_at", Header: HdrKVAt, SPOEVar: SPOEVarKVAt, HAProxyVar: "txn.turnout_kv_at", Kind: KindInt},
+	{Name: "kv_insert", Header: HdrKVInsert, SPOEVar: SPOEVarKV, HAProxyVar: spoeTxnVar + SPOEVarKV, Kind: KindText64},
+	{Name: "kv_at", Header: HdrKVAt, SPOEVar: SPOEVarKVAt, HAProxyVar: spoeTxnVar + SPOEVarKVAt, Kind: KindInt},
 	{Name: "kv_len", SPOEVar: SPOEVarKVLen, Kind: KindInt},
 }
 

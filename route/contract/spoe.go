@@ -36,10 +36,12 @@ const (
 	// decided. A config without it (rendered before) gets every decision.
 	SPOEArgSent = "sent"
 
-	// Variables set in the txn scope; HAProxy prefixes them with the agent's
-	// var-prefix (txn.turnout.server with "option var-prefix turnout").
+	// SPOEVarPrefix is the agent's "option var-prefix": its variables
+	// arrive as txn.turnout.<name> (templates/haproxy-spoe.snippets.tmpl
+	// spells txn.turnout. out).
+	SPOEVarPrefix = "turnout"
+	// Variables set in the txn scope, under SPOEVarPrefix.
 	SPOEVarServer     = "server"      // chosen server (X-Turnout-Server)
-	SPOEVarAddr       = "addr"        // its address (X-Turnout-Backend)
 	SPOEVarPool       = "pool"        // backend name (X-Turnout-Pool)
 	SPOEVarDecision   = "decision"    // decision id for the feedback log line
 	SPOEVarKVTransfer = "kv_transfer" // PD: base64 kv_transfer_params
@@ -60,6 +62,10 @@ const (
 	// SPOEMaxFallbackVars caps the fallback variables (the renderer caps fallbacks at 8).
 	SPOEMaxFallbackVars = 8
 )
+
+// spoeTxnVar prefixes an agent variable's name into the txn variable
+// HAProxy stores it in (VerdictField.HAProxyVar).
+const spoeTxnVar = "txn." + SPOEVarPrefix + "."
 
 // spoeFallbackVars are the fallback variable names fb1..fbN.
 var spoeFallbackVars = func() (v [SPOEMaxFallbackVars]string) {
@@ -96,8 +102,8 @@ type SPOEConfig struct {
 	// RelayStatuses are the statuses the config relays (RelayStatuses
 	// and the 5xx of relayed reasons), when the agent set a body.
 	RelayStatuses []int
-	// Copies move the agent's variables to the names haproxy.cfg uses.
-	Copies              []SPOECopy
+	// ReasonVar is the txn variable of the reason (the agent's, which the
+	// fail mode overwrites); KVLenVar the agent's body length variable.
 	ReasonVar, KVLenVar string
 	// StatusVar, AgentReasonVar and BodyVar are the agent's variables of a
 	// relayed answer; ReasonHeader and RetryAfterHeader name its headers,
@@ -113,19 +119,9 @@ type SPOEConfig struct {
 	}
 }
 
-// SPOECopy copies the agent variable txn.turnout.<From> to To. Edit
-// marks the body edit's variables, set only for a prefill/decode
-// deployment: a config without one renders no rule for them (every rule
-// runs on every request).
-type SPOECopy struct {
-	From, To string
-	Edit     bool
-}
-
-// NewSPOEConfig builds the SPOE view of the contract for fallbacks
-// fallback servers. The error bodies go into single-quoted HAProxy strings
+// NewSPOEConfig builds the SPOE view of the contract. The error bodies go into single-quoted HAProxy strings
 // (lf-string for fail-closed): they must hold no quote and no '%'.
-func NewSPOEConfig(fallbacks int) (SPOEConfig, error) {
+func NewSPOEConfig() (SPOEConfig, error) {
 	c := SPOEConfig{RelayStatuses: RelayStatuses()}
 	for _, r := range ReasonRules() {
 		if r.Action == GlueRelay && r.Status >= 500 && !containsInt(c.RelayStatuses, r.Status) {
@@ -140,16 +136,6 @@ func NewSPOEConfig(fallbacks int) (SPOEConfig, error) {
 			c.KVLenVar = f.SPOEVar
 		case f.Name == "retry_after":
 			c.RetryAfterHeader, c.RetryAfterVar = strings.ToLower(f.Header), f.SPOEVar
-		}
-		if f.SPOEVar == "" || f.HAProxyVar == "" {
-			continue
-		}
-		if f.Kind != KindList {
-			c.Copies = append(c.Copies, SPOECopy{From: f.SPOEVar, To: f.HAProxyVar, Edit: f.Name == "kv_insert" || f.Name == "kv_at"})
-			continue
-		}
-		for i := 1; i <= fallbacks; i++ {
-			c.Copies = append(c.Copies, SPOECopy{From: fmt.Sprintf("%s%d", f.SPOEVar, i), To: fmt.Sprintf("%s%d", f.HAProxyVar, i)})
 		}
 	}
 	c.StatusVar, c.AgentReasonVar, c.BodyVar = SPOEVarStatus, SPOEVarReason, SPOEVarBody

@@ -25,7 +25,6 @@ const (
 	ArgSent    = contract.SPOEArgSent
 
 	VarServer         = contract.SPOEVarServer
-	VarAddr           = contract.SPOEVarAddr
 	VarPool           = contract.SPOEVarPool
 	VarDecision       = contract.SPOEVarDecision
 	VarKVTransfer     = contract.SPOEVarKVTransfer

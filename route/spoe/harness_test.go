@@ -197,7 +197,7 @@ type cfgServer struct {
 
 // spoeData is what the renderer will have to provide (see the snippets' header).
 type spoeData struct {
-	Backend                              string
+	Backend, RelayBackend                string
 	Conf                                 string
 	Servers                              []cfgServer
 	HelloMs, IdleMs, ServerMs, TimeoutMs int64
@@ -212,20 +212,21 @@ type spoeData struct {
 
 func newSPOEData(dir, agentAddr string, fallbacks int, failClosed bool) *spoeData {
 	return &spoeData{
-		Backend: "turnout_spoe",
-		Conf:    filepath.Join(dir, "turnout-spoe.conf"),
-		Servers: []cfgServer{{Name: "spoe0", Addr: agentAddr}},
-		HelloMs: 500, IdleMs: 30000, ServerMs: 60000, TimeoutMs: 500, PDTimeoutMs: 11000, PDVar: contract.SPOEVarPD, DeferArg: contract.SPOEArgDeferPD,
+		Backend:      "turnout_spoe",
+		RelayBackend: "turnout_relay",
+		Conf:         filepath.Join(dir, "turnout-spoe.conf"),
+		Servers:      []cfgServer{{Name: "spoe0", Addr: agentAddr}},
+		HelloMs:      500, IdleMs: 30000, ServerMs: 60000, TimeoutMs: 500, PDTimeoutMs: 11000, PDVar: contract.SPOEVarPD, DeferArg: contract.SPOEArgDeferPD,
 		SentArg: contract.SPOEArgSent, BreakerFails: 3, CooldownMs: 5000,
 		FailClosed: failClosed,
 		Fallbacks:  contract.SPOEFallbackVars(fallbacks),
 		Vars:       contract.SPOEVarNames(fallbacks),
-		Contract:   mustSPOEConfig(fallbacks),
+		Contract:   mustSPOEConfig(),
 	}
 }
 
-func mustSPOEConfig(fallbacks int) contract.SPOEConfig {
-	c, err := contract.NewSPOEConfig(fallbacks)
+func mustSPOEConfig() contract.SPOEConfig {
+	c, err := contract.NewSPOEConfig()
 	if err != nil {
 		panic(err)
 	}
@@ -233,9 +234,9 @@ func mustSPOEConfig(fallbacks int) contract.SPOEConfig {
 }
 
 func serverVars(fallbacks int) []string {
-	v := []string{"txn.turnout_server"}
-	for _, f := range contract.SPOEFallbackVars(fallbacks) {
-		v = append(v, "txn.turnout_"+f)
+	v := []string{contract.VerdictFieldNamed("server").HAProxyVar}
+	for i := 1; i <= fallbacks; i++ {
+		v = append(v, fmt.Sprintf("%s%d", contract.VerdictFieldNamed("fallbacks").HAProxyVar, i))
 	}
 	return v
 }
