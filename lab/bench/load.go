@@ -88,7 +88,7 @@ type LoadResult struct {
 	// intended time (the client's own delay, in Latencies too).
 	Late     []time.Duration
 	P50, P99 time.Duration
-	FirstErr  error
+	FirstErr error
 }
 
 // RPS is successful requests per second.

@@ -85,7 +85,7 @@ type TransportRow struct {
 	// run's (Paced), from each request's intended send time;
 	// PacedLateP99 (ms) is the client's own part, how late it sent.
 	PacedRPS, PacedP50, PacedP99, PacedP999, PacedLateP99 float64
-	FirstErr                                               string
+	FirstErr                                              string
 
 	roundRPS, roundCPU, roundP50, roundP99 []float64
 }
