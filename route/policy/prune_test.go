@@ -301,3 +301,34 @@ func BenchmarkPickScale(b *testing.B) {
 		}
 	}
 }
+
+// TestCandidateIndexPassAgeByClock: the pass's age is read from the
+// index's clock, not the wall's: while the clock stands still a decision
+// scans one chunk, and once it has moved past passMaxAge since the last
+// pass ended the next decision finishes the pass in progress.
+func TestCandidateIndexPassAgeByClock(t *testing.T) {
+	pool := goldenPool(1024)
+	clock := &fleet.StepClock{}
+	x := NewCandidateIndex(pool, 64, fleet.NewRand(3), clock)
+	x.advance() // no pass ended yet: a whole one
+	if !x.ended.Load() || x.pos != 0 {
+		t.Fatalf("first decision: pass ended %v at %d, want a whole pass", x.ended.Load(), x.pos)
+	}
+	for i := 1; i <= 3; i++ {
+		x.advance()
+		if x.pos != i*x.chunk {
+			t.Fatalf("decision %d on a still clock: pass at %d, want %d (one chunk each)", i, x.pos, i*x.chunk)
+		}
+	}
+	clock.Advance(passMaxAge) // not past it yet
+	x.advance()
+	if x.pos != 4*x.chunk {
+		t.Fatalf("at passMaxAge: pass at %d, want %d", x.pos, 4*x.chunk)
+	}
+	clock.Advance(time.Nanosecond)
+	done := x.done.Load()
+	x.advance()
+	if x.pos != 0 || x.done.Load() != done+int64(passMaxAge)+1 {
+		t.Fatalf("past passMaxAge: pass at %d, ended at %d, want 0 and %d", x.pos, x.done.Load(), done+int64(passMaxAge)+1)
+	}
+}
