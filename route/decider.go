@@ -30,6 +30,9 @@ type Options struct {
 	Seed uint64
 	// DecisionSlots bounds tracked in-flight decisions (default 1<<16).
 	DecisionSlots int
+	// Clock is what policies' time-dependent state reads (nil: the wall
+	// clock; benchmarks give a synthetic one, fleet.StepClock).
+	Clock fleet.Clock
 }
 
 // Decider is the centre of turnout: it owns the routing snapshot, the
@@ -39,6 +42,7 @@ type Decider struct {
 	log   *zerolog.Logger
 	reg   *policy.Registry
 	seed  uint64
+	clock fleet.Clock // policies' clock (nil: the wall clock)
 	snap  atomic.Pointer[Snapshot]
 	mu    sync.Mutex // serializes Apply
 	store *stateStore
@@ -95,6 +99,7 @@ func New(cfg *config.Config, opts Options) (*Decider, error) {
 		log:    opts.Log,
 		reg:    opts.Registry,
 		seed:   opts.Seed,
+		clock:  opts.Clock,
 		store:  newStateStore(),
 		seen:   models.NewSeen(),
 		loader: models.NewLoader(),
@@ -148,7 +153,7 @@ func (d *Decider) Apply(cfg *config.Config) error {
 		d.m.reloadFailed.Add(1)
 		return err
 	}
-	snap, pols, err := buildSnapshot(cfg, d.reg, d.snap.Load(), d.store, fleet.PolicyEnv{Log: d.log, Ctx: d.ctx, KVHub: d.kvHub}, d.seed)
+	snap, pols, err := buildSnapshot(cfg, d.reg, d.snap.Load(), d.store, fleet.PolicyEnv{Log: d.log, Ctx: d.ctx, KVHub: d.kvHub, Clock: d.clock}, d.seed)
 	if err != nil {
 		d.m.reloadFailed.Add(1)
 		return err

@@ -14,6 +14,7 @@ import (
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route"
 	"github.com/turnout/turnout/route/contract"
+	"github.com/turnout/turnout/route/fleet"
 	"github.com/turnout/turnout/route/policy"
 )
 
@@ -154,6 +155,12 @@ func RunScale(ctx context.Context, o ScaleOptions) ([]ScaleRow, error) {
 	return rows, nil
 }
 
+// scaleClockStep is how far the policies' clock moves per decision: a
+// synthetic clock (50,000 decisions a second, issue 39's per-core goal),
+// so what a decision does by the clock (the candidate index's pass age)
+// is the same in every run, whatever the decisions' own speed.
+const scaleClockStep = 20 * time.Microsecond
+
 func scaleCell(o ScaleOptions, pol string, n, kib, wantBlocks int) ScaleRow {
 	row := ScaleRow{Policy: pol, Endpoints: n, PromptKiB: kib}
 	const blockBytes = 256
@@ -167,7 +174,8 @@ func scaleCell(o ScaleOptions, pol string, n, kib, wantBlocks int) ScaleRow {
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
-	d, err := route.New(cfg, route.Options{Seed: o.Seed})
+	clock := &fleet.StepClock{}
+	d, err := route.New(cfg, route.Options{Seed: o.Seed, Clock: clock})
 	if err != nil {
 		row.Err = err.Error()
 		return row
@@ -181,6 +189,7 @@ func scaleCell(o ScaleOptions, pol string, n, kib, wantBlocks int) ScaleRow {
 			in.AddHeader(sessionHdr, session)
 		}
 		in.Body = body
+		clock.Advance(scaleClockStep)
 		d.Decide(&in, &v)
 	}
 	// Fill the index with prompts of 8 KiB (32 blocks each), closed at once.

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-
-	"github.com/turnout/turnout/route/policy"
 )
 
 // Every policy decides in every cell without allocating (amortized), the prefix index
@@ -50,12 +48,12 @@ func TestScaleCells(t *testing.T) {
 }
 
 // BenchmarkScaleCell is bench scale's cell at 8 KiB prompts (the
-// decision as RunScale times it), for instruction counts that do not
-// depend on the machine's load: scripts/icount.sh with
-// COLLECT='*route.(*Decider).Decide' (the set-up cancels out between its
-// two iteration counts).
+// decision as RunScale times it, on its synthetic clock), for every
+// policy of the grid, for instruction counts that do not depend on the
+// machine's load: scripts/icount.sh with COLLECT='*route.(*Decider).Decide'
+// (the set-up cancels out between its two iteration counts).
 func BenchmarkScaleCell(b *testing.B) {
-	for _, pol := range []string{policy.PrefixAffinityType, policy.PredictedTTFTType, policy.KVAwareType} {
+	for _, pol := range DefaultScaleOptions().Policies {
 		for _, n := range []int{64, 1024} {
 			b.Run(fmt.Sprintf("%s/%d", pol, n), func(b *testing.B) {
 				o := DefaultScaleOptions()

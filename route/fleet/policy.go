@@ -174,6 +174,8 @@ type PolicyEnv struct {
 	// KVHub owns the server's bound KV-event sockets (nil: policies make
 	// their own).
 	KVHub *kv.Hub
+	// Clock is what time-dependent policy state reads (nil: the wall clock).
+	Clock Clock
 }
 
 // Rand is a concurrency-safe, seedable, allocation-free source (splitmix64

@@ -34,11 +34,13 @@ type CandidateIndex struct {
 	chunk   int                              // endpoints scanned per decision
 	size    int                              // max_candidates
 	rand    *fleet.Rand
+	clock   fleet.Clock
 	// The last full pass's sums over the available endpoints.
 	n      atomic.Int64
 	total  atomic.Int64
 	served atomic.Uint64
-	done   atomic.Int64 // unix ns when the last pass ended (0: never)
+	done   atomic.Int64 // the clock's time when the last pass ended
+	ended  atomic.Bool  // a pass ended (done is set)
 
 	mu   sync.Mutex // the pass in progress, below
 	pos  int        // endpoints scanned in this pass
@@ -67,8 +69,8 @@ const passMaxAge = 5 * time.Millisecond
 
 // NewCandidateIndex is the candidate index of pool p for sets of about
 // maxCandidates endpoints: half the least loaded, up to half key holders,
-// an eighth sampled.
-func NewCandidateIndex(p *fleet.Pool, maxCandidates int, rnd *fleet.Rand) *CandidateIndex {
+// an eighth sampled; clock times its passes (nil: the wall clock).
+func NewCandidateIndex(p *fleet.Pool, maxCandidates int, rnd *fleet.Rand, clock fleet.Clock) *CandidateIndex {
 	k := max(1, maxCandidates/2)
 	if rnd == nil {
 		rnd = fleet.NewRand(uint64(len(p.Endpoints)))
@@ -77,6 +79,7 @@ func NewCandidateIndex(p *fleet.Pool, maxCandidates int, rnd *fleet.Rand) *Candi
 		eps: p.Endpoints, least: make([]atomic.Pointer[fleet.Endpoint], k), top: make([]ranked, 0, k),
 		sampled: max(1, maxCandidates/8), keys: max(1, maxCandidates/2),
 		chunk: (len(p.Endpoints) + passDecisions - 1) / passDecisions, size: maxCandidates, rand: rnd,
+		clock: fleet.ClockOr(clock),
 	}
 }
 
@@ -87,7 +90,7 @@ func (x *CandidateIndex) advance() {
 		return
 	}
 	n := x.chunk
-	if d := x.done.Load(); d == 0 || time.Now().UnixNano()-d > int64(passMaxAge) {
+	if !x.ended.Load() || x.clock.Now()-x.done.Load() > int64(passMaxAge) {
 		n = len(x.eps)
 	}
 	x.scan(n)
@@ -129,7 +132,8 @@ func (x *CandidateIndex) scan(n int) {
 	x.n.Store(x.pn)
 	x.total.Store(x.ptot)
 	x.served.Store(x.psrv)
-	x.done.Store(time.Now().UnixNano())
+	x.done.Store(x.clock.Now())
+	x.ended.Store(true)
 	x.pos = 0
 }
 
@@ -300,14 +304,15 @@ type prunable interface {
 	usePruning(x *CandidateIndex)
 }
 
-// applyPruning gives policy p, built for pool, a candidate index when the
-// pool has more than maxCandidates endpoints and p's stages allow it.
-func applyPruning(p fleet.Policy, pool *fleet.Pool, maxCandidates int, rnd *fleet.Rand) {
+// applyPruning gives policy p, built for env's pool, a candidate index when
+// the pool has more than maxCandidates endpoints and p's stages allow it.
+func applyPruning(p fleet.Policy, env *fleet.PolicyEnv, maxCandidates int) {
+	pool := env.Pool
 	if pool == nil || maxCandidates <= 0 || len(pool.Endpoints) <= maxCandidates {
 		return
 	}
 	if pp, ok := p.(prunable); ok {
-		pp.usePruning(NewCandidateIndex(pool, maxCandidates, rnd))
+		pp.usePruning(NewCandidateIndex(pool, maxCandidates, env.Rand, env.Clock))
 	}
 }
 

@@ -88,7 +88,7 @@ func TestTTFTGuardPruned(t *testing.T) {
 	var pt *PredictedTTFT
 	p := routetest.Pool(t, 1024, func(p *fleet.Pool) fleet.Policy {
 		pt = NewPredictedTTFT(cfg, p, fleet.NewRand(5))
-		applyPruning(pt, p, config.DefaultMaxCandidates, fleet.NewRand(5))
+		applyPruning(pt, &fleet.PolicyEnv{Pool: p, Rand: fleet.NewRand(5)}, config.DefaultMaxCandidates)
 		return pt
 	})
 	if pt.prune == nil {

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/route/fleet"
@@ -14,10 +15,16 @@ import (
 // pruneRig is a pool of n endpoints under one policy, with requests whose
 // 32-block prompts share one of 16 heads (three quarters of the prompt).
 type pruneRig struct {
-	pool *fleet.Pool
-	pol  fleet.Policy
-	reqs []fleet.Request
+	pool  *fleet.Pool
+	pol   fleet.Policy
+	reqs  []fleet.Request
+	clock *fleet.StepClock // moved on by pickClockStep per decision
 }
+
+// pickClockStep is the rig's synthetic time between decisions (50,000 a
+// second): the candidate index's passes run by decisions, not by how fast
+// the benchmark runs (callgrind counts repeat run to run).
+const pickClockStep = 20 * time.Microsecond
 
 func newPruneRig(tb testing.TB, name string, n, maxCandidates int) *pruneRig {
 	tb.Helper()
@@ -27,7 +34,8 @@ func newPruneRig(tb testing.TB, name string, n, maxCandidates int) *pruneRig {
 		tb.Fatal(err)
 	}
 	pc.MaxCandidates = maxCandidates
-	p, err := DefaultRegistry().Build(&pc, fleet.PolicyEnv{Pool: pool, Rand: fleet.NewRand(7)})
+	clock := &fleet.StepClock{}
+	p, err := DefaultRegistry().Build(&pc, fleet.PolicyEnv{Pool: pool, Rand: fleet.NewRand(7), Clock: clock})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -49,7 +57,7 @@ func newPruneRig(tb testing.TB, name string, n, maxCandidates int) *pruneRig {
 	for _, e := range pool.Endpoints {
 		e.StartWindow()
 	}
-	return &pruneRig{pool: pool, pol: p, reqs: reqs}
+	return &pruneRig{pool: pool, pol: p, reqs: reqs, clock: clock}
 }
 
 // run makes decisions i..i+n, keeping open decisions per endpoint open
@@ -64,6 +72,7 @@ func (r *pruneRig) bench(b *testing.B, warm int) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		*c = fleet.Choice{Endpoints: dst}
+		r.clock.Advance(pickClockStep)
 		r.pol.Pick(&r.reqs[i%len(r.reqs)], r.pool, c)
 		e := c.Endpoints[0]
 		goldenOpen(e)
@@ -82,6 +91,7 @@ func (r *pruneRig) run(tb testing.TB, from, n int, open []*fleet.Endpoint) []*fl
 	firsts := make([]*fleet.Endpoint, 0, n)
 	for i := from; i < from+n; i++ {
 		*c = fleet.Choice{Endpoints: dst}
+		r.clock.Advance(pickClockStep)
 		r.pol.Pick(&r.reqs[i%len(r.reqs)], r.pool, c)
 		if len(c.Endpoints) == 0 {
 			tb.Fatalf("decision %d: nothing picked", i)
@@ -138,6 +148,7 @@ func TestPruningAt1024(t *testing.T) {
 			i := 0
 			allocs := testing.AllocsPerRun(2000, func() {
 				*c = fleet.Choice{Endpoints: dst}
+				r.clock.Advance(pickClockStep)
 				r.pol.Pick(&r.reqs[i%len(r.reqs)], r.pool, c)
 				i++
 			})
@@ -288,5 +299,36 @@ func BenchmarkPickScale(b *testing.B) {
 				})
 			}
 		}
+	}
+}
+
+// TestCandidateIndexPassAgeByClock: the pass's age is read from the
+// index's clock, not the wall's: while the clock stands still a decision
+// scans one chunk, and once it has moved past passMaxAge since the last
+// pass ended the next decision finishes the pass in progress.
+func TestCandidateIndexPassAgeByClock(t *testing.T) {
+	pool := goldenPool(1024)
+	clock := &fleet.StepClock{}
+	x := NewCandidateIndex(pool, 64, fleet.NewRand(3), clock)
+	x.advance() // no pass ended yet: a whole one
+	if !x.ended.Load() || x.pos != 0 {
+		t.Fatalf("first decision: pass ended %v at %d, want a whole pass", x.ended.Load(), x.pos)
+	}
+	for i := 1; i <= 3; i++ {
+		x.advance()
+		if x.pos != i*x.chunk {
+			t.Fatalf("decision %d on a still clock: pass at %d, want %d (one chunk each)", i, x.pos, i*x.chunk)
+		}
+	}
+	clock.Advance(passMaxAge) // not past it yet
+	x.advance()
+	if x.pos != 4*x.chunk {
+		t.Fatalf("at passMaxAge: pass at %d, want %d", x.pos, 4*x.chunk)
+	}
+	clock.Advance(time.Nanosecond)
+	done := x.done.Load()
+	x.advance()
+	if x.pos != 0 || x.done.Load() != done+int64(passMaxAge)+1 {
+		t.Fatalf("past passMaxAge: pass at %d, ended at %d, want 0 and %d", x.pos, x.done.Load(), done+int64(passMaxAge)+1)
 	}
 }

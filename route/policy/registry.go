@@ -74,7 +74,7 @@ func (r *Registry) Build(cfg *config.PolicyConfig, env fleet.PolicyEnv) (fleet.P
 		}
 		p, err := r.compose(cfg, env)
 		if err == nil {
-			applyPruning(p, env.Pool, cfg.Candidates(), env.Rand)
+			applyPruning(p, &env, cfg.Candidates())
 		}
 		return p, err
 	}
@@ -85,7 +85,7 @@ func (r *Registry) Build(cfg *config.PolicyConfig, env fleet.PolicyEnv) (fleet.P
 	if err != nil {
 		return nil, cfg.ParamsError(err)
 	}
-	applyPruning(p, env.Pool, cfg.Candidates(), env.Rand)
+	applyPruning(p, &env, cfg.Candidates())
 	return p, nil
 }
 
