@@ -31,6 +31,8 @@ func runTransports(args []string, log *zerolog.Logger) error {
 	fset.IntVar(&o.PromptKiB, "prompt-kib", 0, "every body's size in KiB (0: half 2 KiB, half 8 KiB)")
 	fset.Float64Var(&o.Paced, "paced", 0, "after the rounds, run each transport once at this fraction of its decisions per core (0.5: half), for its latency at that load")
 	fset.StringVar(&o.TurnoutCPUs, "turnout-cpus", "", "run turnout on these CPUs only (taskset list, e.g. 1); start the bench itself on the others (taskset -c 0 turnout-lab bench transports ...)")
+	fset.IntVar(&o.Open, "open", 0, "decisions each HTTP and SPOE client keeps open before closing its oldest over the feedback path (0: each closed once answered; -1: never closed)")
+	trivial := fset.Bool("trivial", true, "add the trivial fasthttp handler's row (turnout-lab bench trivial, pinned like turnout): the floor any fasthttp server pays")
 	bin := fset.String("turnout-bin", "", "turnout binary (default: turnout next to this executable, else on $PATH)")
 	fset.StringVar(&o.Baseline, "baseline-bin", "", "another turnout binary measured in the same run, interleaved (a row of its own for each transport)")
 	fset.StringVar(&o.EPPServer, "epp-server", "", "epp.server of turnout-bin (default: its own default)")
@@ -42,8 +44,12 @@ func runTransports(args []string, log *zerolog.Logger) error {
 		return err
 	}
 	var err error
-	if o.Turnout, _, err = binaries(*bin); err != nil {
+	var lab string
+	if o.Turnout, lab, err = binaries(*bin); err != nil {
 		return fmt.Errorf("bench transports: %w", err)
+	}
+	if *trivial {
+		o.Lab = lab
 	}
 	work, done, err := workDir("turnout-transports-", false, log)
 	if err != nil {

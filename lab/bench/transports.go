@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"google.golang.org/grpc"
 
+	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/lab/mock"
 	"github.com/turnout/turnout/route/contract"
 )
@@ -27,11 +29,23 @@ import (
 // (h2c); a second serves the Endpoint Picker with its default self-signed
 // TLS. Each transport is driven directly by a closed loop of its own
 // client (no proxy, no replica), and turnout's CPU time over the run is
-// divided by the decisions it answered.
+// divided by the decisions it answered. The HTTP and SPOE clients close
+// their decisions over the feedback path as the proxies do
+// (transportfeedback.go); a trivial fasthttp server (trivial.go), started
+// and pinned like turnout, answers the same HTTP client as the floor any
+// fasthttp server pays.
 
 // TransportOptions configure RunTransports.
 type TransportOptions struct {
 	Turnout string // turnout binary
+	// Lab is the turnout-lab binary that serves the trivial row ("": no
+	// trivial row).
+	Lab string
+	// Open is how many decisions each HTTP and SPOE client keeps open
+	// (requests still running) before closing its oldest over the
+	// feedback path: 0 closes each as soon as it is answered; negative
+	// never closes one.
+	Open int
 	// Baseline is another turnout binary measured in the same run (a row
 	// of its own per transport, each right after Turnout's); "" for none.
 	Baseline string
@@ -79,6 +93,9 @@ type TransportRow struct {
 	// CPURatio is CPUPerDecision against the SPOE row's of the same
 	// binary, per round, median; CPURatioMin and CPURatioMax its spread.
 	CPURatio, CPURatioMin, CPURatioMax float64
+	// TrivialRatio is CPUPerDecision against the trivial fasthttp row's,
+	// per round, median (0 without that row).
+	TrivialRatio float64
 	// PerCore is decisions per CPU-second of turnout: 1e6 / CPUPerDecision.
 	PerCore float64
 	// PacedRPS, PacedP50, PacedP99 and PacedP999 (ms) are the paced
@@ -93,11 +110,12 @@ type TransportRow struct {
 // Transport target names; the SPOE row is what CPURatio compares with.
 // The baseline binary's rows carry BaselineSuffix.
 const (
-	TransportRoute  = "/internal/route (HTTP/1.1)"
-	TransportSPOE   = "SPOE agent (TCP)"
-	TransportEPP    = "Endpoint Picker (ext_proc, h2c)"
-	TransportEPPTLS = "Endpoint Picker (ext_proc, TLS self-signed)"
-	BaselineSuffix  = ", baseline"
+	TransportRoute   = "/internal/route (HTTP/1.1)"
+	TransportSPOE    = "SPOE agent (TCP)"
+	TransportEPP     = "Endpoint Picker (ext_proc, h2c)"
+	TransportEPPTLS  = "Endpoint Picker (ext_proc, TLS self-signed)"
+	TransportTrivial = "trivial fasthttp handler (HTTP/1.1)"
+	BaselineSuffix   = ", baseline"
 )
 
 // transportTarget is one transport: a process whose CPU is counted and a
@@ -107,6 +125,7 @@ type transportTarget struct {
 	pid  int
 	spoe string // the SPOE row of the same binary
 	// worker returns one client's decide function; i is the request number.
+	// A worker's close function returns once its decisions are closed.
 	worker func(w int) (func(i int) error, func(), error)
 }
 
@@ -152,26 +171,25 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		if err != nil {
 			return nil, nil, err
 		}
+		addrs["feedback"] = "127.0.0.1:" + strconv.Itoa(fb)
 		cfg := TurnoutConfig(ConfigOptions{Listen: addrs["listen"], Model: "llama", Policy: spec, Endpoints: eps, DisableHealth: true, DisableEngineMetrics: true,
-			Syslog: "127.0.0.1:" + strconv.Itoa(fb), HAProxyListen: addrs["haproxy"], HAProxySPOE: addrs["spoe"],
+			Syslog: addrs["feedback"], HAProxyListen: addrs["haproxy"], HAProxySPOE: addrs["spoe"],
 			SessionHeaders: []string{"x-session-id"}, EPPListen: addrs["epp"], EPPTLS: tlsMode, EPPServer: server})
 		path := filepath.Join(o.Dir, name+".yaml")
 		if err := os.WriteFile(path, cfg, 0o644); err != nil {
 			return nil, nil, fmt.Errorf("transports config: %w", err)
 		}
-		args := []string{"serve", "--config", path, "--watch", "0", "--log-level", "warn"}
-		if o.TurnoutCPUs != "" {
-			// taskset execs turnout: the pid whose CPU is counted stays turnout's.
-			args = append([]string{"-c", o.TurnoutCPUs, bin}, args...)
-			bin = "taskset"
-		}
-		p, err := ps.start(o.Dir, name, bin, args...)
+		p, err := startPinned(ctx, &ps, o, name, addrs["listen"], bin, "serve", "--config", path, "--watch", "0", "--log-level", "warn")
 		if err != nil {
 			return nil, nil, err
 		}
-		if err := waitHTTP(ctx, p, "http://"+addrs["listen"]+contract.PathReadyz, http.StatusOK, startupWait); err != nil {
-			return nil, nil, err
+		// The feedback lines carry the token turnout created beside its
+		// config, as the rendered log formats do.
+		tok, err := os.ReadFile(filepath.Join(o.Dir, config.DefaultFeedbackTokenFile))
+		if err != nil {
+			return nil, nil, fmt.Errorf("transports: feedback token: %w", err)
 		}
+		addrs["token"] = strings.TrimSpace(string(tok))
 		return p, addrs, nil
 	}
 	eppConns := func(addr string, useTLS bool) ([]*grpc.ClientConn, error) {
@@ -214,8 +232,8 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		}
 		spoe := TransportSPOE + suffix
 		return []transportTarget{
-			{TransportRoute + suffix, plain.cmd.Process.Pid, spoe, routeWorker(pa["listen"], bodies)},
-			{spoe, plain.cmd.Process.Pid, spoe, spoeWorker(pa["spoe"], bodies)},
+			{TransportRoute + suffix, plain.cmd.Process.Pid, spoe, routeWorker(pa["listen"], bodies, feedbackTo{pa["feedback"], pa["token"], o.Open})},
+			{spoe, plain.cmd.Process.Pid, spoe, spoeWorker(pa["spoe"], bodies, feedbackTo{pa["feedback"], pa["token"], o.Open})},
 			{TransportEPP + suffix, plain.cmd.Process.Pid, spoe, eppWorker(ctx, h2c, bodies)},
 			{TransportEPPTLS + suffix, tlsP.cmd.Process.Pid, spoe, eppWorker(ctx, tlsConns, bodies)},
 		}, nil
@@ -236,6 +254,18 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			merged = append(merged, targets[k], b)
 		}
 		targets = merged
+	}
+	if o.Lab != "" {
+		addr, err := freeAddr()
+		if err != nil {
+			return nil, err
+		}
+		p, err := startPinned(ctx, &ps, o, "trivial", addr, o.Lab, "bench", "trivial", "--listen", addr)
+		if err != nil {
+			return nil, err
+		}
+		// First: the floor each turnout row is read against.
+		targets = append([]transportTarget{{TransportTrivial, p.cmd.Process.Pid, TransportSPOE, routeWorker(addr, bodies, feedbackTo{open: -1})}}, targets...)
 	}
 	rows := make([]TransportRow, len(targets))
 	for i, t := range targets {
@@ -280,17 +310,12 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			row.PerCore = 1e6 / row.CPUPerDecision
 		}
 		row.P50, row.P99 = median(row.roundP50), median(row.roundP99)
-		spoe := slices.IndexFunc(rows, func(r TransportRow) bool { return r.Target == targets[i].spoe })
-		var ratios []float64
-		for r := range row.roundCPU {
-			if base := rows[spoe].roundCPU[r]; base > 0 {
-				ratios = append(ratios, row.roundCPU[r]/base)
-			}
-		}
+		ratios := roundRatios(rows, row, targets[i].spoe)
 		row.CPURatio = median(ratios)
 		if len(ratios) > 0 {
 			row.CPURatioMin, row.CPURatioMax = slices.Min(ratios), slices.Max(ratios)
 		}
+		row.TrivialRatio = median(roundRatios(rows, row, TransportTrivial))
 	}
 	if o.Paced > 0 {
 		for i, t := range targets {
@@ -313,6 +338,40 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		}
 	}
 	return rows, nil
+}
+
+// roundRatios is row's CPU per decision against the row named base, round
+// by round (none when there is no such row).
+func roundRatios(rows []TransportRow, row *TransportRow, base string) []float64 {
+	b := slices.IndexFunc(rows, func(r TransportRow) bool { return r.Target == base })
+	if b < 0 {
+		return nil
+	}
+	var ratios []float64
+	for r := range row.roundCPU {
+		if c := rows[b].roundCPU[r]; c > 0 {
+			ratios = append(ratios, row.roundCPU[r]/c)
+		}
+	}
+	return ratios
+}
+
+// startPinned starts bin with args on o.TurnoutCPUs (when set) and waits
+// until it answers /readyz on listen.
+func startPinned(ctx context.Context, ps *procSet, o TransportOptions, name, listen, bin string, args ...string) (*proc, error) {
+	if o.TurnoutCPUs != "" {
+		// taskset execs bin: the pid whose CPU is counted stays bin's.
+		args = append([]string{"-c", o.TurnoutCPUs, bin}, args...)
+		bin = "taskset"
+	}
+	p, err := ps.start(o.Dir, name, bin, args...)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitHTTP(ctx, p, "http://"+listen+contract.PathReadyz, http.StatusOK, startupWait); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // targetLoop runs conns workers of t for d, each sending its next request
@@ -397,9 +456,14 @@ func runWorkers(ctx context.Context, decides []func(int) error, d time.Duration,
 }
 
 // routeWorker posts to /internal/route with the headers the proxy glue
-// sends, one keep-alive connection per worker.
-func routeWorker(addr string, bodies []CostBody) func(int) (func(int) error, func(), error) {
+// sends, one keep-alive connection per worker, and closes the decisions
+// over feedback (newCloser).
+func routeWorker(addr string, bodies []CostBody, fbTo feedbackTo) func(int) (func(int) error, func(), error) {
 	return func(int) (func(int) error, func(), error) {
+		fb, err := newCloser(fbTo)
+		if err != nil {
+			return nil, nil, err
+		}
 		hc := &fasthttp.HostClient{Addr: addr, MaxConns: 1, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, NoDefaultUserAgentHeader: true}
 		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 		url := "http://" + addr + contract.PathRoute
@@ -419,9 +483,10 @@ func routeWorker(addr string, bodies []CostBody) func(int) (func(int) error, fun
 			if resp.StatusCode() != fasthttp.StatusOK || len(resp.Header.Peek(contract.HdrBackend)) == 0 {
 				return fmt.Errorf("status %d without a backend: %.200s", resp.StatusCode(), resp.Body())
 			}
-			return nil
+			return fb.done(resp.Header.Peek(contract.HdrDecision), resp.Header.Peek(contract.HdrServer))
 		}
 		return decide, func() {
+			_ = fb.Close()
 			fasthttp.ReleaseRequest(req)
 			fasthttp.ReleaseResponse(resp)
 			hc.CloseIdleConnections()
@@ -429,23 +494,33 @@ func routeWorker(addr string, bodies []CostBody) func(int) (func(int) error, fun
 	}
 }
 
-// spoeWorker sends route NOTIFYs over one agent connection per worker.
-func spoeWorker(addr string, bodies []CostBody) func(int) (func(int) error, func(), error) {
+// spoeWorker sends route NOTIFYs over one agent connection per worker and
+// closes the decisions over feedback as routeWorker does.
+func spoeWorker(addr string, bodies []CostBody, fbTo feedbackTo) func(int) (func(int) error, func(), error) {
 	hdrs := make([][]byte, len(bodies))
 	for i, b := range bodies {
 		hdrs[i] = spoeHeaders("host", "gateway.bench", "content-type", "application/json", "content-length", strconv.Itoa(len(b.Body)), "x-session-id", b.Session)
 	}
 	return func(w int) (func(int) error, func(), error) {
+		fb, err := newCloser(fbTo)
+		if err != nil {
+			return nil, nil, err
+		}
 		c, err := dialSPOE(addr)
 		if err != nil {
+			_ = fb.Close()
 			return nil, nil, err
 		}
 		stream := uint64(w) << 32
 		decide := func(i int) error {
 			stream++
-			return c.decide(stream, http.MethodPost, mock.PathChat, hdrs[i%len(hdrs)], bodies[i%len(bodies)].Body)
+			ack, err := c.decide(stream, http.MethodPost, mock.PathChat, hdrs[i%len(hdrs)], bodies[i%len(bodies)].Body)
+			if err != nil {
+				return err
+			}
+			return fb.done(spoeVar(ack, spoeDecisionVar), spoeVar(ack, spoeServerVar))
 		}
-		return decide, func() { _ = c.Close() }, nil
+		return decide, func() { _ = fb.Close(); _ = c.Close() }, nil
 	}
 }
 
