@@ -77,7 +77,17 @@ type TransportOptions struct {
 	// turnout-lab ...), so the load generator's scheduling stays out of
 	// turnout's latencies; RunTransports refuses an overlap.
 	TurnoutCPUs string
+	// Pacer is the paced HTTP rows' sender: PacerSpin (spinPaced: no Go
+	// timers, one spinning goroutine; needs the bench's own CPU) or
+	// PacerTimer (pacedLoop, every other row's; the default).
+	Pacer string
 }
+
+// The paced HTTP rows' senders (TransportOptions.Pacer).
+const (
+	PacerSpin  = "spin"
+	PacerTimer = "timer"
+)
 
 // TransportRow is one transport's figures, medians over rounds.
 type TransportRow struct {
@@ -127,6 +137,8 @@ type transportTarget struct {
 	// worker returns one client's decide function; i is the request number.
 	// A worker's close function returns once its decisions are closed.
 	worker func(w int) (func(i int) error, func(), error)
+	// spin, when set, runs the paced load with spinPaced (HTTP rows).
+	spin func(ctx context.Context, conns int, rate float64, d time.Duration) (*LoadResult, error)
 }
 
 // RunTransports measures every transport Rounds times, interleaved.
@@ -147,6 +159,12 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 	}
 	if err := checkPinning(o.TurnoutCPUs); err != nil {
 		return nil, err
+	}
+	if o.Pacer == "" {
+		o.Pacer = PacerTimer
+	}
+	if o.Pacer != PacerSpin && o.Pacer != PacerTimer {
+		return nil, fmt.Errorf("transports: pacer %q: want %s or %s", o.Pacer, PacerSpin, PacerTimer)
 	}
 	var ps procSet
 	defer ps.stopAll()
@@ -232,10 +250,10 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		}
 		spoe := TransportSPOE + suffix
 		return []transportTarget{
-			{TransportRoute + suffix, plain.cmd.Process.Pid, spoe, routeWorker(pa["listen"], bodies, feedbackTo{pa["feedback"], pa["token"], o.Open})},
-			{spoe, plain.cmd.Process.Pid, spoe, spoeWorker(pa["spoe"], bodies, feedbackTo{pa["feedback"], pa["token"], o.Open})},
-			{TransportEPP + suffix, plain.cmd.Process.Pid, spoe, eppWorker(ctx, h2c, bodies)},
-			{TransportEPPTLS + suffix, tlsP.cmd.Process.Pid, spoe, eppWorker(ctx, tlsConns, bodies)},
+			routeTarget(TransportRoute+suffix, plain.cmd.Process.Pid, spoe, pa["listen"], bodies, feedbackTo{pa["feedback"], pa["token"], o.Open}, o.Pacer),
+			{name: spoe, pid: plain.cmd.Process.Pid, spoe: spoe, worker: spoeWorker(pa["spoe"], bodies, feedbackTo{pa["feedback"], pa["token"], o.Open})},
+			{name: TransportEPP + suffix, pid: plain.cmd.Process.Pid, spoe: spoe, worker: eppWorker(ctx, h2c, bodies)},
+			{name: TransportEPPTLS + suffix, pid: tlsP.cmd.Process.Pid, spoe: spoe, worker: eppWorker(ctx, tlsConns, bodies)},
 		}, nil
 	}
 	targets, err := binaryTargets(o.Turnout, "", "", o.EPPServer)
@@ -265,7 +283,7 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			return nil, err
 		}
 		// First: the floor each turnout row is read against.
-		targets = append([]transportTarget{{TransportTrivial, p.cmd.Process.Pid, TransportSPOE, routeWorker(addr, bodies, feedbackTo{open: -1})}}, targets...)
+		targets = append([]transportTarget{routeTarget(TransportTrivial, p.cmd.Process.Pid, TransportSPOE, addr, bodies, feedbackTo{open: -1}, o.Pacer)}, targets...)
 	}
 	rows := make([]TransportRow, len(targets))
 	for i, t := range targets {
@@ -323,7 +341,13 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			if row.PerCore == 0 {
 				continue
 			}
-			res, err := pacedLoop(ctx, t, o.Conns, o.Paced*row.PerCore, o.Duration)
+			pace := func(ctx context.Context, conns int, rate float64, d time.Duration) (*LoadResult, error) {
+				return pacedLoop(ctx, t, conns, rate, d)
+			}
+			if t.spin != nil {
+				pace = t.spin
+			}
+			res, err := pace(ctx, o.Conns, o.Paced*row.PerCore, o.Duration)
 			if err != nil {
 				return nil, fmt.Errorf("transports %s paced: %w", t.name, err)
 			}
@@ -455,9 +479,41 @@ func runWorkers(ctx context.Context, decides []func(int) error, d time.Duration,
 	return &res, nil
 }
 
+// routeTarget is an HTTP row: routeWorker's closed loop, and spinPaced's
+// paced load of the same requests with PacerSpin.
+func routeTarget(name string, pid int, spoe, addr string, bodies []CostBody, fbTo feedbackTo, pacer string) transportTarget {
+	t := transportTarget{name: name, pid: pid, spoe: spoe, worker: routeWorker(addr, bodies, fbTo)}
+	if pacer == PacerSpin {
+		reqs := make([][]byte, len(bodies))
+		req := fasthttp.AcquireRequest()
+		defer fasthttp.ReleaseRequest(req)
+		for i := range bodies {
+			routeRequest(req, addr, &bodies[i])
+			reqs[i] = []byte(req.String())
+		}
+		t.spin = func(ctx context.Context, conns int, rate float64, d time.Duration) (*LoadResult, error) {
+			return spinPaced(ctx, addr, reqs, fbTo, conns, rate, d)
+		}
+	}
+	return t
+}
+
+// routeRequest sets req to body b's /internal/route call with the headers
+// the proxy glue sends.
+func routeRequest(req *fasthttp.Request, addr string, b *CostBody) {
+	req.Reset()
+	req.SetRequestURI("http://" + addr + contract.PathRoute)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	req.Header.Set("X-Session-Id", b.Session)
+	req.Header.Set(contract.HdrOriginalURI, mock.PathChat)
+	req.Header.Set(contract.HdrOriginalMethod, fasthttp.MethodPost)
+	req.SetBodyRaw(b.Body)
+}
+
 // routeWorker posts to /internal/route with the headers the proxy glue
-// sends, one keep-alive connection per worker, and closes the decisions
-// over feedback (newCloser).
+// sends (routeRequest), one keep-alive connection per worker, and closes
+// the decisions over feedback (newCloser).
 func routeWorker(addr string, bodies []CostBody, fbTo feedbackTo) func(int) (func(int) error, func(), error) {
 	return func(int) (func(int) error, func(), error) {
 		fb, err := newCloser(fbTo)
@@ -466,17 +522,8 @@ func routeWorker(addr string, bodies []CostBody, fbTo feedbackTo) func(int) (fun
 		}
 		hc := &fasthttp.HostClient{Addr: addr, MaxConns: 1, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, NoDefaultUserAgentHeader: true}
 		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		url := "http://" + addr + contract.PathRoute
 		decide := func(i int) error {
-			b := &bodies[i%len(bodies)]
-			req.Reset()
-			req.SetRequestURI(url)
-			req.Header.SetMethod(fasthttp.MethodPost)
-			req.Header.SetContentType("application/json")
-			req.Header.Set("X-Session-Id", b.Session)
-			req.Header.Set(contract.HdrOriginalURI, mock.PathChat)
-			req.Header.Set(contract.HdrOriginalMethod, fasthttp.MethodPost)
-			req.SetBodyRaw(b.Body)
+			routeRequest(req, addr, &bodies[i%len(bodies)])
 			if err := hc.Do(req, resp); err != nil {
 				return err
 			}
