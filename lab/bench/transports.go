@@ -81,6 +81,9 @@ type TransportOptions struct {
 	// timers, one spinning goroutine; needs the bench's own CPU) or
 	// PacerTimer (pacedLoop, every other row's; the default).
 	Pacer string
+	// GOMAXPROCS, when above 0, is the started processes' GOMAXPROCS
+	// (their Go runtime's default is the CPUs they may run on).
+	GOMAXPROCS int
 }
 
 // The paced HTTP rows' senders (TransportOptions.Pacer).
@@ -110,8 +113,9 @@ type TransportRow struct {
 	PerCore float64
 	// PacedRPS, PacedP50, PacedP99 and PacedP999 (ms) are the paced
 	// run's (Paced), from each request's intended send time;
-	// PacedLateP99 (ms) is the client's own part, how late it sent.
-	PacedRPS, PacedP50, PacedP99, PacedP999, PacedLateP99 float64
+	// PacedLateP99 (ms) is the client's own part, how late it sent;
+	// PacedCPU turnout's CPU per decision (µs) at that rate.
+	PacedRPS, PacedP50, PacedP99, PacedP999, PacedLateP99, PacedCPU float64
 	FirstErr                                              string
 
 	roundRPS, roundCPU, roundP50, roundP99 []float64
@@ -333,7 +337,9 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		if len(ratios) > 0 {
 			row.CPURatioMin, row.CPURatioMax = slices.Min(ratios), slices.Max(ratios)
 		}
-		row.TrivialRatio = median(roundRatios(rows, row, TransportTrivial))
+		if tr := roundRatios(rows, row, TransportTrivial); len(tr) > 0 {
+			row.TrivialRatio = median(tr)
+		}
 	}
 	if o.Paced > 0 {
 		for i, t := range targets {
@@ -347,9 +353,20 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			if t.spin != nil {
 				pace = t.spin
 			}
+			c0, err := procCPU(t.pid)
+			if err != nil {
+				return nil, err
+			}
 			res, err := pace(ctx, o.Conns, o.Paced*row.PerCore, o.Duration)
 			if err != nil {
 				return nil, fmt.Errorf("transports %s paced: %w", t.name, err)
+			}
+			c1, err := procCPU(t.pid)
+			if err != nil {
+				return nil, err
+			}
+			if res.Requests > 0 {
+				row.PacedCPU = float64(c1-c0) / float64(time.Microsecond) / float64(res.Requests)
 			}
 			lat := Millis(res.Latencies)
 			slices.Sort(lat)
@@ -387,6 +404,11 @@ func startPinned(ctx context.Context, ps *procSet, o TransportOptions, name, lis
 		// taskset execs bin: the pid whose CPU is counted stays bin's.
 		args = append([]string{"-c", o.TurnoutCPUs, bin}, args...)
 		bin = "taskset"
+	}
+	if o.GOMAXPROCS > 0 {
+		// env execs too.
+		args = append([]string{"GOMAXPROCS=" + strconv.Itoa(o.GOMAXPROCS), bin}, args...)
+		bin = "env"
 	}
 	p, err := ps.start(o.Dir, name, bin, args...)
 	if err != nil {
