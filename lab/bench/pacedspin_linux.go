@@ -25,7 +25,10 @@ import (
 // arrival are seen within one loop turn (µs). It needs a CPU of its own
 // (the bench pinned apart from turnout, --turnout-cpus): it burns it.
 // reqs are whole HTTP/1.1 requests, sent in turn; fb closes each decision
-// as routeWorker does. Latencies run from the intended send time.
+// as routeWorker does. Latencies run from the intended send time; the
+// client's lateness counts from the later of that and the moment its
+// connection was free (a send that waited for one is counted Queued: the
+// server's backlog).
 func spinPaced(ctx context.Context, addr string, reqs [][]byte, fb feedbackTo, conns int, rate float64, d time.Duration) (*LoadResult, error) {
 	if rate <= 0 || conns < 1 || len(reqs) == 0 {
 		return nil, errors.New("spin paced: rate, conns and requests must be positive")
@@ -76,7 +79,12 @@ func spinPaced(ctx context.Context, addr string, reqs [][]byte, fb feedbackTo, c
 			c := cs[free[len(free)-1]]
 			free = free[:len(free)-1]
 			c.due = start.Add(due)
-			res.Late = append(res.Late, now-due)
+			from := due
+			if c.freed > due {
+				from = c.freed
+				res.Queued++
+			}
+			res.Late = append(res.Late, now-from)
 			if err := c.send(reqs[seq%len(reqs)]); err != nil {
 				return nil, err
 			}
@@ -98,6 +106,7 @@ func spinPaced(ctx context.Context, addr string, reqs [][]byte, fb feedbackTo, c
 				continue
 			}
 			lat := time.Since(c.due)
+			c.freed = time.Since(start)
 			busy--
 			free = append(free, int(ev.Fd))
 			if err := c.answered(); err != nil {
@@ -122,7 +131,9 @@ type spinConn struct {
 	fd  int
 	fb  *closer
 	due time.Time
-	in  []byte
+	// freed is when its last answer was read (since the run's start).
+	freed time.Duration
+	in    []byte
 	// hdrEnd and size are the answer's head end and total length once its
 	// head is in (0 before).
 	hdrEnd, size int

@@ -114,9 +114,10 @@ type TransportRow struct {
 	// PacedRPS, PacedP50, PacedP99 and PacedP999 (ms) are the paced
 	// run's (Paced), from each request's intended send time;
 	// PacedLateP99 (ms) is the client's own part, how late it sent;
-	// PacedCPU turnout's CPU per decision (µs) at that rate.
-	PacedRPS, PacedP50, PacedP99, PacedP999, PacedLateP99, PacedCPU float64
-	FirstErr                                              string
+	// PacedCPU turnout's CPU per decision (µs) at that rate; PacedQueued
+	// the share of sends that waited for a free connection (spin pacer).
+	PacedRPS, PacedP50, PacedP99, PacedP999, PacedLateP99, PacedCPU, PacedQueued float64
+	FirstErr                                                                     string
 
 	roundRPS, roundCPU, roundP50, roundP99 []float64
 }
@@ -367,6 +368,7 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			}
 			if res.Requests > 0 {
 				row.PacedCPU = float64(c1-c0) / float64(time.Microsecond) / float64(res.Requests)
+				row.PacedQueued = float64(res.Queued) / float64(res.Requests+res.Errors)
 			}
 			lat := Millis(res.Latencies)
 			slices.Sort(lat)
