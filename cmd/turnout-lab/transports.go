@@ -15,7 +15,9 @@ var benchTransportsCmd = cli.Command{
 	Prog:     prog,
 	Synopsis: "turnout-lab bench transports [--duration D] [--rounds N] [--conns N] [flags]",
 	About: `Measures decisions/s and turnout's CPU per decision through each transport, same bodies, same run: /internal/route,
-the SPOE agent and the Endpoint Picker (ext_proc, FULL_DUPLEX_STREAMED, h2c and TLS), each driven directly by its own client.`,
+the SPOE agent and the Endpoint Picker (ext_proc, FULL_DUPLEX_STREAMED, h2c and TLS), each driven directly by its own client.
+The HTTP and SPOE clients close each decision over the feedback path as the proxies do; a trivial fasthttp server's row,
+started like turnout, is the floor any fasthttp server pays.`,
 	Example: "turnout-lab bench transports --duration 3s --rounds 5",
 }
 
