@@ -15,7 +15,9 @@ var benchTransportsCmd = cli.Command{
 	Prog:     prog,
 	Synopsis: "turnout-lab bench transports [--duration D] [--rounds N] [--conns N] [flags]",
 	About: `Measures decisions/s and turnout's CPU per decision through each transport, same bodies, same run: /internal/route,
-the SPOE agent and the Endpoint Picker (ext_proc, FULL_DUPLEX_STREAMED, h2c and TLS), each driven directly by its own client.`,
+the SPOE agent and the Endpoint Picker (ext_proc, FULL_DUPLEX_STREAMED, h2c and TLS), each driven directly by its own client.
+The HTTP and SPOE clients close each decision over the feedback path as the proxies do; a trivial fasthttp server's row,
+started like turnout, is the floor any fasthttp server pays.`,
 	Example: "turnout-lab bench transports --duration 3s --rounds 5",
 }
 
@@ -31,6 +33,10 @@ func runTransports(args []string, log *zerolog.Logger) error {
 	fset.IntVar(&o.PromptKiB, "prompt-kib", 0, "every body's size in KiB (0: half 2 KiB, half 8 KiB)")
 	fset.Float64Var(&o.Paced, "paced", 0, "after the rounds, run each transport once at this fraction of its decisions per core (0.5: half), for its latency at that load")
 	fset.StringVar(&o.TurnoutCPUs, "turnout-cpus", "", "run turnout on these CPUs only (taskset list, e.g. 1); start the bench itself on the others (taskset -c 0 turnout-lab bench transports ...)")
+	fset.IntVar(&o.Open, "open", 0, "decisions each HTTP and SPOE client keeps open before closing its oldest over the feedback path (0: each closed once answered; -1: never closed)")
+	fset.StringVar(&o.Pacer, "pacer", "", "the paced HTTP rows' sender: spin (one goroutine that never sleeps; needs the bench's own CPU) or timer (Go timers, millisecond-grained); default spin with --turnout-cpus, else timer")
+	fset.IntVar(&o.GOMAXPROCS, "turnout-gomaxprocs", 0, "GOMAXPROCS of the turnout and trivial processes (0: their runtime's default, the CPUs they may run on)")
+	trivial := fset.Bool("trivial", true, "add the trivial fasthttp handler's row (turnout-lab bench trivial, pinned like turnout): the floor any fasthttp server pays")
 	bin := fset.String("turnout-bin", "", "turnout binary (default: turnout next to this executable, else on $PATH)")
 	fset.StringVar(&o.Baseline, "baseline-bin", "", "another turnout binary measured in the same run, interleaved (a row of its own for each transport)")
 	fset.StringVar(&o.EPPServer, "epp-server", "", "epp.server of turnout-bin (default: its own default)")
@@ -42,8 +48,18 @@ func runTransports(args []string, log *zerolog.Logger) error {
 		return err
 	}
 	var err error
-	if o.Turnout, _, err = binaries(*bin); err != nil {
+	var lab string
+	if o.Turnout, lab, err = binaries(*bin); err != nil {
 		return fmt.Errorf("bench transports: %w", err)
+	}
+	if *trivial {
+		o.Lab = lab
+	}
+	if o.Pacer == "" {
+		o.Pacer = bench.PacerTimer
+		if o.TurnoutCPUs != "" {
+			o.Pacer = bench.PacerSpin
+		}
 	}
 	work, done, err := workDir("turnout-transports-", false, log)
 	if err != nil {

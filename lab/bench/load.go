@@ -86,7 +86,10 @@ type LoadResult struct {
 	Latencies []time.Duration
 	// Late are how late a paced generator sent each request after its
 	// intended time (the client's own delay, in Latencies too).
-	Late     []time.Duration
+	Late []time.Duration
+	// Queued counts the paced sends that waited for a free connection
+	// (every one busy: the server's backlog, not the client's delay).
+	Queued   int
 	P50, P99 time.Duration
 	FirstErr error
 }

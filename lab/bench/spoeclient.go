@@ -119,9 +119,9 @@ func (s *spoeClient) roundTrip(frame []byte) (byte, []byte, error) {
 // (varint length + name): present in every routed answer.
 var spoeServerVar = append([]byte{byte(len(contract.SPOEVarServer))}, contract.SPOEVarServer...)
 
-// decide sends one route NOTIFY and reads its ACK; a refusal or an empty
-// ACK is an error.
-func (s *spoeClient) decide(stream uint64, method, uri string, hdrs, body []byte) error {
+// decide sends one route NOTIFY and reads its ACK (valid until the next
+// call); a refusal or an empty ACK is an error.
+func (s *spoeClient) decide(stream uint64, method, uri string, hdrs, body []byte) ([]byte, error) {
 	s.frame++
 	p := spopBytes(s.out[:0], []byte(contract.SPOEMessageRoute))
 	p = append(p, 4)
@@ -138,15 +138,37 @@ func (s *spoeClient) decide(stream uint64, method, uri string, hdrs, body []byte
 	s.out = p
 	typ, ack, err := s.roundTrip(p[n:])
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if typ != spopAck {
-		return fmt.Errorf("spoe: frame type %d, want ACK", typ)
+		return nil, fmt.Errorf("spoe: frame type %d, want ACK", typ)
 	}
 	if !bytes.Contains(ack, spoeServerVar) {
-		return fmt.Errorf("spoe: ACK without a server (%d bytes): %q", len(ack), ack)
+		return nil, fmt.Errorf("spoe: ACK without a server (%d bytes): %q", len(ack), ack)
 	}
-	return nil
+	return ack, nil
+}
+
+// spoeDecisionVar is the ACK's set-var of the decision id, encoded as
+// spoeServerVar.
+var spoeDecisionVar = append([]byte{byte(len(contract.SPOEVarDecision))}, contract.SPOEVarDecision...)
+
+// spoeVar finds the string value of the set-var key (spoeServerVar,
+// spoeDecisionVar) in an ACK's actions (nil when absent): the name, then
+// the typed value (type, varint length, bytes). Values here are shorter
+// than 240 bytes, so their length is one byte.
+func spoeVar(ack, key []byte) []byte {
+	for off := 0; ; {
+		i := bytes.Index(ack[off:], key)
+		if i < 0 {
+			return nil
+		}
+		v := ack[off+i+len(key):]
+		if len(v) >= 2 && (v[0] == spopString || v[0] == spopBinary) && int(v[1]) < 240 && len(v) >= 2+int(v[1]) {
+			return v[2 : 2+int(v[1])]
+		}
+		off += i + 1
+	}
 }
 
 // spoeHeaders encodes name/value pairs as req.hdrs_bin does.

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"google.golang.org/grpc"
 
+	"github.com/turnout/turnout/internal/config"
 	"github.com/turnout/turnout/lab/mock"
 	"github.com/turnout/turnout/route/contract"
 )
@@ -27,11 +29,23 @@ import (
 // (h2c); a second serves the Endpoint Picker with its default self-signed
 // TLS. Each transport is driven directly by a closed loop of its own
 // client (no proxy, no replica), and turnout's CPU time over the run is
-// divided by the decisions it answered.
+// divided by the decisions it answered. The HTTP and SPOE clients close
+// their decisions over the feedback path as the proxies do
+// (transportfeedback.go); a trivial fasthttp server (trivial.go), started
+// and pinned like turnout, answers the same HTTP client as the floor any
+// fasthttp server pays.
 
 // TransportOptions configure RunTransports.
 type TransportOptions struct {
 	Turnout string // turnout binary
+	// Lab is the turnout-lab binary that serves the trivial row ("": no
+	// trivial row).
+	Lab string
+	// Open is how many decisions each HTTP and SPOE client keeps open
+	// (requests still running) before closing its oldest over the
+	// feedback path: 0 closes each as soon as it is answered; negative
+	// never closes one.
+	Open int
 	// Baseline is another turnout binary measured in the same run (a row
 	// of its own per transport, each right after Turnout's); "" for none.
 	Baseline string
@@ -63,7 +77,20 @@ type TransportOptions struct {
 	// turnout-lab ...), so the load generator's scheduling stays out of
 	// turnout's latencies; RunTransports refuses an overlap.
 	TurnoutCPUs string
+	// Pacer is the paced HTTP rows' sender: PacerSpin (spinPaced: no Go
+	// timers, one spinning goroutine; needs the bench's own CPU) or
+	// PacerTimer (pacedLoop, every other row's; the default).
+	Pacer string
+	// GOMAXPROCS, when above 0, is the started processes' GOMAXPROCS
+	// (their Go runtime's default is the CPUs they may run on).
+	GOMAXPROCS int
 }
+
+// The paced HTTP rows' senders (TransportOptions.Pacer).
+const (
+	PacerSpin  = "spin"
+	PacerTimer = "timer"
+)
 
 // TransportRow is one transport's figures, medians over rounds.
 type TransportRow struct {
@@ -79,13 +106,18 @@ type TransportRow struct {
 	// CPURatio is CPUPerDecision against the SPOE row's of the same
 	// binary, per round, median; CPURatioMin and CPURatioMax its spread.
 	CPURatio, CPURatioMin, CPURatioMax float64
+	// TrivialRatio is CPUPerDecision against the trivial fasthttp row's,
+	// per round, median (0 without that row).
+	TrivialRatio float64
 	// PerCore is decisions per CPU-second of turnout: 1e6 / CPUPerDecision.
 	PerCore float64
 	// PacedRPS, PacedP50, PacedP99 and PacedP999 (ms) are the paced
 	// run's (Paced), from each request's intended send time;
-	// PacedLateP99 (ms) is the client's own part, how late it sent.
-	PacedRPS, PacedP50, PacedP99, PacedP999, PacedLateP99 float64
-	FirstErr                                              string
+	// PacedLateP99 (ms) is the client's own part, how late it sent;
+	// PacedCPU turnout's CPU per decision (µs) at that rate; PacedQueued
+	// the share of sends that waited for a free connection (spin pacer).
+	PacedRPS, PacedP50, PacedP99, PacedP999, PacedLateP99, PacedCPU, PacedQueued float64
+	FirstErr                                                                     string
 
 	roundRPS, roundCPU, roundP50, roundP99 []float64
 }
@@ -93,11 +125,12 @@ type TransportRow struct {
 // Transport target names; the SPOE row is what CPURatio compares with.
 // The baseline binary's rows carry BaselineSuffix.
 const (
-	TransportRoute  = "/internal/route (HTTP/1.1)"
-	TransportSPOE   = "SPOE agent (TCP)"
-	TransportEPP    = "Endpoint Picker (ext_proc, h2c)"
-	TransportEPPTLS = "Endpoint Picker (ext_proc, TLS self-signed)"
-	BaselineSuffix  = ", baseline"
+	TransportRoute   = "/internal/route (HTTP/1.1)"
+	TransportSPOE    = "SPOE agent (TCP)"
+	TransportEPP     = "Endpoint Picker (ext_proc, h2c)"
+	TransportEPPTLS  = "Endpoint Picker (ext_proc, TLS self-signed)"
+	TransportTrivial = "trivial fasthttp handler (HTTP/1.1)"
+	BaselineSuffix   = ", baseline"
 )
 
 // transportTarget is one transport: a process whose CPU is counted and a
@@ -107,7 +140,10 @@ type transportTarget struct {
 	pid  int
 	spoe string // the SPOE row of the same binary
 	// worker returns one client's decide function; i is the request number.
+	// A worker's close function returns once its decisions are closed.
 	worker func(w int) (func(i int) error, func(), error)
+	// spin, when set, runs the paced load with spinPaced (HTTP rows).
+	spin func(ctx context.Context, conns int, rate float64, d time.Duration) (*LoadResult, error)
 }
 
 // RunTransports measures every transport Rounds times, interleaved.
@@ -128,6 +164,12 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 	}
 	if err := checkPinning(o.TurnoutCPUs); err != nil {
 		return nil, err
+	}
+	if o.Pacer == "" {
+		o.Pacer = PacerTimer
+	}
+	if o.Pacer != PacerSpin && o.Pacer != PacerTimer {
+		return nil, fmt.Errorf("transports: pacer %q: want %s or %s", o.Pacer, PacerSpin, PacerTimer)
 	}
 	var ps procSet
 	defer ps.stopAll()
@@ -152,26 +194,25 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		if err != nil {
 			return nil, nil, err
 		}
+		addrs["feedback"] = "127.0.0.1:" + strconv.Itoa(fb)
 		cfg := TurnoutConfig(ConfigOptions{Listen: addrs["listen"], Model: "llama", Policy: spec, Endpoints: eps, DisableHealth: true, DisableEngineMetrics: true,
-			Syslog: "127.0.0.1:" + strconv.Itoa(fb), HAProxyListen: addrs["haproxy"], HAProxySPOE: addrs["spoe"],
+			Syslog: addrs["feedback"], HAProxyListen: addrs["haproxy"], HAProxySPOE: addrs["spoe"],
 			SessionHeaders: []string{"x-session-id"}, EPPListen: addrs["epp"], EPPTLS: tlsMode, EPPServer: server})
 		path := filepath.Join(o.Dir, name+".yaml")
 		if err := os.WriteFile(path, cfg, 0o644); err != nil {
 			return nil, nil, fmt.Errorf("transports config: %w", err)
 		}
-		args := []string{"serve", "--config", path, "--watch", "0", "--log-level", "warn"}
-		if o.TurnoutCPUs != "" {
-			// taskset execs turnout: the pid whose CPU is counted stays turnout's.
-			args = append([]string{"-c", o.TurnoutCPUs, bin}, args...)
-			bin = "taskset"
-		}
-		p, err := ps.start(o.Dir, name, bin, args...)
+		p, err := startPinned(ctx, &ps, o, name, addrs["listen"], bin, "serve", "--config", path, "--watch", "0", "--log-level", "warn")
 		if err != nil {
 			return nil, nil, err
 		}
-		if err := waitHTTP(ctx, p, "http://"+addrs["listen"]+contract.PathReadyz, http.StatusOK, startupWait); err != nil {
-			return nil, nil, err
+		// The feedback lines carry the token turnout created beside its
+		// config, as the rendered log formats do.
+		tok, err := os.ReadFile(filepath.Join(o.Dir, config.DefaultFeedbackTokenFile))
+		if err != nil {
+			return nil, nil, fmt.Errorf("transports: feedback token: %w", err)
 		}
+		addrs["token"] = strings.TrimSpace(string(tok))
 		return p, addrs, nil
 	}
 	eppConns := func(addr string, useTLS bool) ([]*grpc.ClientConn, error) {
@@ -214,10 +255,10 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		}
 		spoe := TransportSPOE + suffix
 		return []transportTarget{
-			{TransportRoute + suffix, plain.cmd.Process.Pid, spoe, routeWorker(pa["listen"], bodies)},
-			{spoe, plain.cmd.Process.Pid, spoe, spoeWorker(pa["spoe"], bodies)},
-			{TransportEPP + suffix, plain.cmd.Process.Pid, spoe, eppWorker(ctx, h2c, bodies)},
-			{TransportEPPTLS + suffix, tlsP.cmd.Process.Pid, spoe, eppWorker(ctx, tlsConns, bodies)},
+			routeTarget(TransportRoute+suffix, plain.cmd.Process.Pid, spoe, pa["listen"], bodies, feedbackTo{pa["feedback"], pa["token"], o.Open}, o.Pacer),
+			{name: spoe, pid: plain.cmd.Process.Pid, spoe: spoe, worker: spoeWorker(pa["spoe"], bodies, feedbackTo{pa["feedback"], pa["token"], o.Open})},
+			{name: TransportEPP + suffix, pid: plain.cmd.Process.Pid, spoe: spoe, worker: eppWorker(ctx, h2c, bodies)},
+			{name: TransportEPPTLS + suffix, pid: tlsP.cmd.Process.Pid, spoe: spoe, worker: eppWorker(ctx, tlsConns, bodies)},
 		}, nil
 	}
 	targets, err := binaryTargets(o.Turnout, "", "", o.EPPServer)
@@ -236,6 +277,18 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			merged = append(merged, targets[k], b)
 		}
 		targets = merged
+	}
+	if o.Lab != "" {
+		addr, err := freeAddr()
+		if err != nil {
+			return nil, err
+		}
+		p, err := startPinned(ctx, &ps, o, "trivial", addr, o.Lab, "bench", "trivial", "--listen", addr)
+		if err != nil {
+			return nil, err
+		}
+		// First: the floor each turnout row is read against.
+		targets = append([]transportTarget{routeTarget(TransportTrivial, p.cmd.Process.Pid, TransportSPOE, addr, bodies, feedbackTo{open: -1}, o.Pacer)}, targets...)
 	}
 	rows := make([]TransportRow, len(targets))
 	for i, t := range targets {
@@ -280,16 +333,13 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			row.PerCore = 1e6 / row.CPUPerDecision
 		}
 		row.P50, row.P99 = median(row.roundP50), median(row.roundP99)
-		spoe := slices.IndexFunc(rows, func(r TransportRow) bool { return r.Target == targets[i].spoe })
-		var ratios []float64
-		for r := range row.roundCPU {
-			if base := rows[spoe].roundCPU[r]; base > 0 {
-				ratios = append(ratios, row.roundCPU[r]/base)
-			}
-		}
+		ratios := roundRatios(rows, row, targets[i].spoe)
 		row.CPURatio = median(ratios)
 		if len(ratios) > 0 {
 			row.CPURatioMin, row.CPURatioMax = slices.Min(ratios), slices.Max(ratios)
+		}
+		if tr := roundRatios(rows, row, TransportTrivial); len(tr) > 0 {
+			row.TrivialRatio = median(tr)
 		}
 	}
 	if o.Paced > 0 {
@@ -298,9 +348,27 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			if row.PerCore == 0 {
 				continue
 			}
-			res, err := pacedLoop(ctx, t, o.Conns, o.Paced*row.PerCore, o.Duration)
+			pace := func(ctx context.Context, conns int, rate float64, d time.Duration) (*LoadResult, error) {
+				return pacedLoop(ctx, t, conns, rate, d)
+			}
+			if t.spin != nil {
+				pace = t.spin
+			}
+			c0, err := procCPU(t.pid)
+			if err != nil {
+				return nil, err
+			}
+			res, err := pace(ctx, o.Conns, o.Paced*row.PerCore, o.Duration)
 			if err != nil {
 				return nil, fmt.Errorf("transports %s paced: %w", t.name, err)
+			}
+			c1, err := procCPU(t.pid)
+			if err != nil {
+				return nil, err
+			}
+			if res.Requests > 0 {
+				row.PacedCPU = float64(c1-c0) / float64(time.Microsecond) / float64(res.Requests)
+				row.PacedQueued = float64(res.Queued) / float64(res.Requests+res.Errors)
 			}
 			lat := Millis(res.Latencies)
 			slices.Sort(lat)
@@ -313,6 +381,45 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		}
 	}
 	return rows, nil
+}
+
+// roundRatios is row's CPU per decision against the row named base, round
+// by round (none when there is no such row).
+func roundRatios(rows []TransportRow, row *TransportRow, base string) []float64 {
+	b := slices.IndexFunc(rows, func(r TransportRow) bool { return r.Target == base })
+	if b < 0 {
+		return nil
+	}
+	var ratios []float64
+	for r := range row.roundCPU {
+		if c := rows[b].roundCPU[r]; c > 0 {
+			ratios = append(ratios, row.roundCPU[r]/c)
+		}
+	}
+	return ratios
+}
+
+// startPinned starts bin with args on o.TurnoutCPUs (when set) and waits
+// until it answers /readyz on listen.
+func startPinned(ctx context.Context, ps *procSet, o TransportOptions, name, listen, bin string, args ...string) (*proc, error) {
+	if o.TurnoutCPUs != "" {
+		// taskset execs bin: the pid whose CPU is counted stays bin's.
+		args = append([]string{"-c", o.TurnoutCPUs, bin}, args...)
+		bin = "taskset"
+	}
+	if o.GOMAXPROCS > 0 {
+		// env execs too.
+		args = append([]string{"GOMAXPROCS=" + strconv.Itoa(o.GOMAXPROCS), bin}, args...)
+		bin = "env"
+	}
+	p, err := ps.start(o.Dir, name, bin, args...)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitHTTP(ctx, p, "http://"+listen+contract.PathReadyz, http.StatusOK, startupWait); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // targetLoop runs conns workers of t for d, each sending its next request
@@ -396,32 +503,61 @@ func runWorkers(ctx context.Context, decides []func(int) error, d time.Duration,
 	return &res, nil
 }
 
+// routeTarget is an HTTP row: routeWorker's closed loop, and spinPaced's
+// paced load of the same requests with PacerSpin.
+func routeTarget(name string, pid int, spoe, addr string, bodies []CostBody, fbTo feedbackTo, pacer string) transportTarget {
+	t := transportTarget{name: name, pid: pid, spoe: spoe, worker: routeWorker(addr, bodies, fbTo)}
+	if pacer == PacerSpin {
+		reqs := make([][]byte, len(bodies))
+		req := fasthttp.AcquireRequest()
+		defer fasthttp.ReleaseRequest(req)
+		for i := range bodies {
+			routeRequest(req, addr, &bodies[i])
+			reqs[i] = []byte(req.String())
+		}
+		t.spin = func(ctx context.Context, conns int, rate float64, d time.Duration) (*LoadResult, error) {
+			return spinPaced(ctx, addr, reqs, fbTo, conns, rate, d)
+		}
+	}
+	return t
+}
+
+// routeRequest sets req to body b's /internal/route call with the headers
+// the proxy glue sends.
+func routeRequest(req *fasthttp.Request, addr string, b *CostBody) {
+	req.Reset()
+	req.SetRequestURI("http://" + addr + contract.PathRoute)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	req.Header.Set("X-Session-Id", b.Session)
+	req.Header.Set(contract.HdrOriginalURI, mock.PathChat)
+	req.Header.Set(contract.HdrOriginalMethod, fasthttp.MethodPost)
+	req.SetBodyRaw(b.Body)
+}
+
 // routeWorker posts to /internal/route with the headers the proxy glue
-// sends, one keep-alive connection per worker.
-func routeWorker(addr string, bodies []CostBody) func(int) (func(int) error, func(), error) {
+// sends (routeRequest), one keep-alive connection per worker, and closes
+// the decisions over feedback (newCloser).
+func routeWorker(addr string, bodies []CostBody, fbTo feedbackTo) func(int) (func(int) error, func(), error) {
 	return func(int) (func(int) error, func(), error) {
+		fb, err := newCloser(fbTo)
+		if err != nil {
+			return nil, nil, err
+		}
 		hc := &fasthttp.HostClient{Addr: addr, MaxConns: 1, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, NoDefaultUserAgentHeader: true}
 		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		url := "http://" + addr + contract.PathRoute
 		decide := func(i int) error {
-			b := &bodies[i%len(bodies)]
-			req.Reset()
-			req.SetRequestURI(url)
-			req.Header.SetMethod(fasthttp.MethodPost)
-			req.Header.SetContentType("application/json")
-			req.Header.Set("X-Session-Id", b.Session)
-			req.Header.Set(contract.HdrOriginalURI, mock.PathChat)
-			req.Header.Set(contract.HdrOriginalMethod, fasthttp.MethodPost)
-			req.SetBodyRaw(b.Body)
+			routeRequest(req, addr, &bodies[i%len(bodies)])
 			if err := hc.Do(req, resp); err != nil {
 				return err
 			}
 			if resp.StatusCode() != fasthttp.StatusOK || len(resp.Header.Peek(contract.HdrBackend)) == 0 {
 				return fmt.Errorf("status %d without a backend: %.200s", resp.StatusCode(), resp.Body())
 			}
-			return nil
+			return fb.done(resp.Header.Peek(contract.HdrDecision), resp.Header.Peek(contract.HdrServer))
 		}
 		return decide, func() {
+			_ = fb.Close()
 			fasthttp.ReleaseRequest(req)
 			fasthttp.ReleaseResponse(resp)
 			hc.CloseIdleConnections()
@@ -429,23 +565,33 @@ func routeWorker(addr string, bodies []CostBody) func(int) (func(int) error, fun
 	}
 }
 
-// spoeWorker sends route NOTIFYs over one agent connection per worker.
-func spoeWorker(addr string, bodies []CostBody) func(int) (func(int) error, func(), error) {
+// spoeWorker sends route NOTIFYs over one agent connection per worker and
+// closes the decisions over feedback as routeWorker does.
+func spoeWorker(addr string, bodies []CostBody, fbTo feedbackTo) func(int) (func(int) error, func(), error) {
 	hdrs := make([][]byte, len(bodies))
 	for i, b := range bodies {
 		hdrs[i] = spoeHeaders("host", "gateway.bench", "content-type", "application/json", "content-length", strconv.Itoa(len(b.Body)), "x-session-id", b.Session)
 	}
 	return func(w int) (func(int) error, func(), error) {
+		fb, err := newCloser(fbTo)
+		if err != nil {
+			return nil, nil, err
+		}
 		c, err := dialSPOE(addr)
 		if err != nil {
+			_ = fb.Close()
 			return nil, nil, err
 		}
 		stream := uint64(w) << 32
 		decide := func(i int) error {
 			stream++
-			return c.decide(stream, http.MethodPost, mock.PathChat, hdrs[i%len(hdrs)], bodies[i%len(bodies)].Body)
+			ack, err := c.decide(stream, http.MethodPost, mock.PathChat, hdrs[i%len(hdrs)], bodies[i%len(bodies)].Body)
+			if err != nil {
+				return err
+			}
+			return fb.done(spoeVar(ack, spoeDecisionVar), spoeVar(ack, spoeServerVar))
 		}
-		return decide, func() { _ = c.Close() }, nil
+		return decide, func() { _ = fb.Close(); _ = c.Close() }, nil
 	}
 }
 

@@ -1,0 +1,14 @@
+//go:build !linux
+
+package bench
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// spinPaced needs Linux's epoll; elsewhere the timer pacer runs.
+func spinPaced(context.Context, string, [][]byte, feedbackTo, int, float64, time.Duration) (*LoadResult, error) {
+	return nil, errors.New("spin paced: Linux only (use the timer pacer)")
+}
