@@ -434,7 +434,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		RouteBody:      cfg.RouteBody,
 		BufSize:        bufSize(cfg.RouteBody),
 		Retries:        max(cfg.Fallbacks, 1),
-		L7Retries:      cfg.HAProxy.RetryBeforeBytes(),
+		L7Retries:      cfg.HAProxy.L7Retries,
 		ConnectMs:      max(p.ConnectTimeout.Ms(), 1),
 		StreamMs:       max(p.StreamTimeout.Ms(), 1),
 		CheckTimeoutMs: max(cfg.Health.Timeout.Ms(), 1),

@@ -240,12 +240,13 @@ type HAProxyConfig struct {
 	MaxConn      int      `yaml:"maxconn"`
 	Nbthread     int      `yaml:"nbthread"`
 	// L7Retries renders "retry-on conn-failure empty-response 503": a
-	// request refused, reset or answered 503 (a replica shutting down)
-	// before any byte reached the client goes to another replica (retry
-	// before bytes). Default on (nil); false leaves connection
-	// failures only, and HAProxy keeps no copy of each request (its cost:
-	// BENCHMARKS.md, docs/haproxy.md).
-	L7Retries *bool `yaml:"l7_retries"`
+	// request reset, answered with nothing or answered 503 (a replica
+	// shutting down) before any byte reached the client also goes to
+	// another replica. Off by default: HAProxy then retries refused
+	// connections only (its own default) and keeps no copy of each request;
+	// the copy is the whole 64 KiB buffer per request, half of what HAProxy
+	// executes on the SPOE path (docs/haproxy.md, BENCHMARKS.md).
+	L7Retries bool `yaml:"l7_retries"`
 	// SPOE is the address of turnout's SPOE agent (host:port) that HAProxy
 	// asks with haproxy.path spoe: persistent pipelined connections instead
 	// of the Lua action's HTTP call, about 2x the Lua path's requests/s.
@@ -1118,8 +1119,3 @@ func (d *DeploymentConfig) PoolPolicy(p *PoolConfig) *PolicyConfig {
 	}
 	return &d.Policy
 }
-
-// RetryBeforeBytes reports whether the rendered HAProxy retries a request
-// on another replica when it was refused, reset or answered 503 before any
-// byte (haproxy.l7_retries, default on).
-func (h *HAProxyConfig) RetryBeforeBytes() bool { return h.L7Retries == nil || *h.L7Retries }
