@@ -107,7 +107,9 @@ type Config struct {
 // default (DefaultFeedbackAddr): the rendered proxies log each completion
 // there and `turnout serve` listens.
 type FeedbackConfig struct {
-	// Syslog is a UDP address for proxy log lines (default DefaultFeedbackAddr).
+	// Syslog is the address proxy log lines come to, over UDP (one line or
+	// more per datagram) and TCP (octet-counted or newline-framed syslog,
+	// RFC 6587; HAProxy's ring forwards so) (default DefaultFeedbackAddr).
 	Syslog string `yaml:"syslog"`
 	// Disable turns feedback off; load-aware policies then drift (warned).
 	Disable bool `yaml:"disable"`
@@ -247,6 +249,12 @@ type HAProxyConfig struct {
 	// the copy is the whole 64 KiB buffer per request, half of what HAProxy
 	// executes on the SPOE path (docs/haproxy.md, BENCHMARKS.md).
 	L7Retries bool `yaml:"l7_retries"`
+	// Feedback is how HAProxy sends its completion lines to
+	// feedback.syslog: ring (default) writes them into a ring buffer that
+	// HAProxy forwards over one TCP connection in batches (octet-counted
+	// syslog, RFC 6587); udp sends one datagram per request. turnout
+	// listens on both.
+	Feedback string `yaml:"feedback"`
 	// SPOE is the address of turnout's SPOE agent (host:port) that HAProxy
 	// asks with haproxy.path spoe: persistent pipelined connections instead
 	// of the Lua action's HTTP call, about 2x the Lua path's requests/s.
@@ -274,6 +282,12 @@ type HAProxyConfig struct {
 const (
 	HAProxyPathSPOE = "spoe"
 	HAProxyPathLua  = "lua"
+)
+
+// How the rendered HAProxy sends feedback lines (haproxy.feedback).
+const (
+	HAProxyFeedbackRing = "ring"
+	HAProxyFeedbackUDP  = "udp"
 )
 
 // DefaultRouteBody is route_body's default: with 16 KiB for headers it
@@ -707,6 +721,9 @@ func (c *Config) ApplyDefaults() {
 	if len(p.RouteAddrs) == 0 {
 		p.RouteAddrs = []string{c.Listen}
 	}
+	if c.HAProxy.Feedback == "" {
+		c.HAProxy.Feedback = HAProxyFeedbackRing
+	}
 	orDefault(&p.FailMode, FailOpen)
 	orDefault(&p.RouteTimeout, Duration(500*time.Millisecond))
 	orDefault(&p.BreakerFailures, 3)
@@ -830,6 +847,9 @@ func (c *Config) Validate() error {
 	case HAProxyPathLua:
 	default:
 		bad("haproxy.path", "%q must be spoe or lua", c.HAProxy.Path)
+	}
+	if f := c.HAProxy.Feedback; f != HAProxyFeedbackRing && f != HAProxyFeedbackUDP {
+		bad("haproxy.feedback", "%q must be ring or udp", f)
 	}
 	checkAddr("nginx.listen", c.Nginx.Listen)
 	for _, f := range []struct{ field, v string }{{"haproxy.stats_socket", c.HAProxy.StatsSocket}, {"haproxy.dir", c.HAProxy.Dir}, {"nginx.dir", c.Nginx.Dir}} {
