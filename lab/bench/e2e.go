@@ -318,6 +318,9 @@ type StackOptions struct {
 	// L7Retries renders turnout's HAProxy with retry before bytes
 	// (haproxy.l7_retries: true): the cost row of that retry.
 	L7Retries bool
+	// HAProxyFeedback is turnout's haproxy.feedback ("" = the default,
+	// ring): the cost row of the other.
+	HAProxyFeedback string
 	// NoFirstTokenTiming renders turnout's proxy without the first-token
 	// timer (proxy.first_token_timing: false): the cost row of that timer.
 	NoFirstTokenTiming bool
@@ -479,7 +482,7 @@ func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions) error {
 			return fmt.Errorf("haproxy config: %w", err)
 		}
 	} else {
-		cfg := ConfigOptions{HAProxyListen: front, HAProxyDir: hapDir, HAProxyPath: o.HAProxyPath, L7Retries: o.L7Retries}
+		cfg := ConfigOptions{HAProxyListen: front, HAProxyDir: hapDir, HAProxyPath: o.HAProxyPath, L7Retries: o.L7Retries, HAProxyFeedback: o.HAProxyFeedback}
 		if err := st.startTurnout(ctx, o, cfg, ProxyHAProxy, "--out", hapDir); err != nil {
 			return err
 		}

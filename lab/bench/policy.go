@@ -220,6 +220,8 @@ type ConfigOptions struct {
 	HAProxyPath string
 	// L7Retries sets haproxy.l7_retries: true (retry before bytes).
 	L7Retries bool
+	// HAProxyFeedback is haproxy.feedback ("" = turnout's default).
+	HAProxyFeedback string
 	// NoFirstTokenTiming sets proxy.first_token_timing: false.
 	NoFirstTokenTiming bool
 	// NginxListen, NginxDir and NginxMode fill the nginx section that
@@ -294,6 +296,7 @@ func TurnoutConfig(o ConfigOptions) []byte {
 		key("stats_socket", o.HAProxySocket)
 		key("spoe", o.HAProxySPOE)
 		key("path", o.HAProxyPath)
+		key("feedback", o.HAProxyFeedback)
 		if o.L7Retries {
 			b.WriteString("  l7_retries: true\n")
 		}
