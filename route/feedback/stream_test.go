@@ -1,19 +1,19 @@
 package feedback
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
 
-// serveStream runs ServeStream on a loopback port and returns its address.
-func serveStream(t *testing.T, s *testServer) string {
+// dialStream runs ServeStream on a loopback port and connects to it; stop
+// ends ServeStream and says whether it returned within 5 s, without error.
+func dialStream(t *testing.T, s *testServer) (c net.Conn, stop func() error) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -22,13 +22,36 @@ func serveStream(t *testing.T, s *testServer) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- s.ServeStream(ctx, ln) }()
-	t.Cleanup(func() {
+	stop = sync.OnceValue(func() error {
 		cancel()
-		if err := <-errc; err != nil {
-			t.Errorf("ServeStream: %v", err)
+		select {
+		case err := <-errc:
+			return err
+		case <-time.After(5 * time.Second):
+			return errors.New("ServeStream did not return after its context ended")
 		}
 	})
-	return ln.Addr().String()
+	if c, err = net.Dial("tcp", ln.Addr().String()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return c, stop
+}
+
+// wantClosed fails unless turnout closes c within 5 s (EOF, or a reset
+// when it closed with bytes unread).
+func wantClosed(t *testing.T, c net.Conn, what string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var ne net.Error
+	if _, err := c.Read(make([]byte, 1)); err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+		t.Fatalf("%s: read %v, want the connection closed by turnout", what, err)
+	}
 }
 
 // waitFor polls cond for up to 5 s.
@@ -49,11 +72,7 @@ func octet(msg string) string { return fmt.Sprintf("%d %s", len(msg), msg) }
 func TestFeedbackStreamFraming(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", "", ""))
 	ids := openIDs(t, s, 5)
-	c, err := net.Dial("tcp", serveStream(t, s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, _ := dialStream(t, s)
 	line := func(i int) string { return "turnout-done id=" + ids[i] + " srv=a status=200 ms=3 ttfb=1" }
 	stream := octet(line(0)) + // format raw
 		octet("<134>Nov 21 10:00:00 haproxy[1]: "+line(1)) + octet(line(2)+"\n") + // rfc3164, a trailing newline
@@ -80,18 +99,9 @@ func TestFeedbackStreamBadFraming(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", "", ""))
 			ids := openIDs(t, s, 1)
-			c, err := net.Dial("tcp", serveStream(t, s))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c, _ := dialStream(t, s)
 			go func() { _, _ = c.Write([]byte(octet("turnout-done id="+ids[0]+" srv=a status=200 ms=1") + tc.tail)) }()
-			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-			// EOF, or a reset when turnout closed with bytes unread.
-			var ne net.Error
-			if _, err := c.Read(make([]byte, 1)); err == nil || (errors.As(err, &ne) && ne.Timeout()) {
-				t.Fatalf("read after bad framing: %v, want the connection closed by turnout", err)
-			}
+			wantClosed(t, c, "bad framing")
 			if totalInflight(s) != 0 || s.bad.Load() != 1 {
 				t.Fatalf("inflight %d bad %d, want 0 and 1", totalInflight(s), s.bad.Load())
 			}
@@ -103,16 +113,9 @@ func TestFeedbackStreamBadFraming(t *testing.T) {
 func TestFeedbackStreamSourceChecked(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", "10.0.0.0/8", ""))
 	ids := openIDs(t, s, 1)
-	c, err := net.Dial("tcp", serveStream(t, s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, _ := dialStream(t, s)
 	_, _ = c.Write([]byte(octet("turnout-done id=" + ids[0] + " srv=a status=200 ms=1")))
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := bufio.NewReader(c).ReadByte(); err == nil {
-		t.Fatal("turnout wrote to a feedback connection")
-	}
+	wantClosed(t, c, "a source outside feedback.sources")
 	waitFor(t, "the connection rejected", func() bool { return s.rejected.Load() == 1 })
 	if totalInflight(s) != 1 || completed(s) != 0 {
 		t.Fatalf("a rejected source closed a decision: inflight %d completed %d", totalInflight(s), completed(s))
@@ -123,32 +126,12 @@ func TestFeedbackStreamSourceChecked(t *testing.T) {
 // closes the connections it holds.
 func TestFeedbackStreamStops(t *testing.T) {
 	s := mustServer(t, fmt.Sprintf(feedbackCfg, "127.0.0.1:5140", "", ""))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- s.ServeStream(ctx, ln) }()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, stop := dialStream(t, s)
 	ids := openIDs(t, s, 1)
 	_, _ = c.Write([]byte(octet("turnout-done id=" + ids[0] + " srv=a status=200 ms=1")))
 	waitFor(t, "the line read", func() bool { return totalInflight(s) == 0 })
-	cancel()
-	select {
-	case err := <-errc:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("ServeStream did not return after its context ended")
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
-		t.Fatalf("connection after stop: %v, want EOF", err)
-	}
+	wantClosed(t, c, "after stop")
 }
