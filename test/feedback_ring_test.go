@@ -37,7 +37,18 @@ func TestHAProxyFeedbackRing(t *testing.T) {
 			t.Fatalf("proxied request: %d %s", r.Status, r.Body)
 		}
 	}
-	Eventually(t, 10*time.Second, "every decision closed by a line from the ring", func() bool { return completed(s.T) == n })
+	defer func() {
+		if t.Failed() {
+			ev, _ := s.H.Cmd1(t, "show events turnout_feedback")
+			t.Logf("HAProxy's ring:\n%s\nturnout's feedback counters: %v lines, %v malformed, %v rejected", ev,
+				metricOr0(t, s.T.URL+"/metrics", "turnout_feedback_lines_total", `result="ok"`),
+				metricOr0(t, s.T.URL+"/metrics", "turnout_feedback_lines_total", `result="malformed"`),
+				metricOr0(t, s.T.URL+"/metrics", "turnout_feedback_rejected_total"))
+		}
+	}()
+	start := time.Now()
+	Eventually(t, 30*time.Second, "every decision closed by a line from the ring", func() bool { return completed(s.T) >= n })
+	t.Logf("%v completions %v after the last request", completed(s.T), time.Since(start).Round(10*time.Millisecond))
 
 	// turnout killed: requests are served without it, their lines wait in the ring.
 	_ = s.T.Cmd.Process.Signal(syscall.SIGKILL)
