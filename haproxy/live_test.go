@@ -207,9 +207,6 @@ func startLive(t *testing.T, o liveOpts) *liveEnv {
 	port := freeport.Port(t)
 	cfg := liveConfig(t, o, dir, port)
 	cfg.HAProxy.L7Retries = o.l7Retries
-	// The tests read feedback lines from a UDP socket (the ring's TCP
-	// framing: route/feedback and the e2e tests).
-	cfg.HAProxy.Feedback = config.HAProxyFeedbackUDP
 	out, err := Render(cfg, RenderOptions{Dir: dir})
 	if err != nil {
 		t.Fatal(err)

@@ -339,6 +339,40 @@ func TestRenderL7Retries(t *testing.T) {
 	}
 }
 
+// haproxy.feedback: udp (the default) logs a datagram per request to
+// feedback.syslog; ring logs into a ring forwarded there over TCP,
+// octet-counted.
+func TestRenderFeedbackRing(t *testing.T) {
+	for _, tc := range []struct {
+		mode       string
+		want, lose []string
+	}{
+		{config.HAProxyFeedbackUDP, []string{"\n    log 127.0.0.1:9514 local0 info\n"}, []string{"ring@", "\nring "}},
+		{config.HAProxyFeedbackRing, []string{"\n    log ring@turnout_feedback local0 info\n", "\nring turnout_feedback\n",
+			"\n    server turnout 127.0.0.1:9514 log-proto octet-count\n"}, []string{"\n    log 127.0.0.1:9514"}},
+	} {
+		cfg, err := config.ParseConfig(config.DefaultConfigYAML)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.HAProxy.Feedback = tc.mode
+		out, err := Render(cfg, RenderOptions{Dir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(string(out.Config), w) {
+				t.Errorf("%s: %q not rendered", tc.mode, w)
+			}
+		}
+		for _, l := range tc.lose {
+			if strings.Contains(string(out.Config), l) {
+				t.Errorf("%s: %q rendered", tc.mode, l)
+			}
+		}
+	}
+}
+
 // haproxy.spoe renders the SPOE path: the engine file, the agent backend and
 // no Lua action; the result passes haproxy -c.
 func TestRenderSPOE(t *testing.T) {

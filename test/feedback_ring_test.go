@@ -12,14 +12,14 @@ import (
 	"time"
 )
 
-// HAProxy's completion lines travel through its ring over TCP (the
-// default, haproxy.feedback: ring). They close turnout's decisions; with
+// With haproxy.feedback: ring, HAProxy's completion lines travel through
+// its ring over TCP. They close turnout's decisions; with
 // turnout killed, requests are still served (fail-open) and the ring holds
 // the lines; a restarted turnout gets the connection back without a reload
 // of HAProxy, and its decisions close again.
 func TestHAProxyFeedbackRing(t *testing.T) {
 	ms := mocks(t, "ring", 2, nil)
-	s := startStackWith(t, "open", spoeDefault, depSpec{name: "llama", policy: policyLeast, mocks: ms})
+	s := startStackHA(t, "open", spoeDefault, ", feedback: ring", depSpec{name: "llama", policy: policyLeast, mocks: ms})
 	cfg, err := os.ReadFile(filepath.Join(s.dir, "haproxy.cfg"))
 	if err != nil {
 		t.Fatal(err)

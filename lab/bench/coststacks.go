@@ -54,9 +54,10 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 			// each request) costs: the same with it.
 			add("haproxy", "haproxy+spoe+turnout "+spec.String()+", l7_retries: true", "with-turnout-spoe-l7retry", spec, ProxyHAProxy,
 				func(so *StackOptions) { so.L7Retries = true })
-			// What the ring saves over a UDP datagram per feedback line.
-			add("haproxy", "haproxy+spoe+turnout "+spec.String()+", feedback: udp", "with-turnout-spoe-udpfb", spec, ProxyHAProxy,
-				func(so *StackOptions) { so.HAProxyFeedback = config.HAProxyFeedbackUDP })
+			// What batching the feedback lines through HAProxy's ring
+			// changes against a UDP datagram per line.
+			add("haproxy", "haproxy+spoe+turnout "+spec.String()+", feedback: ring", "with-turnout-spoe-ringfb", spec, ProxyHAProxy,
+				func(so *StackOptions) { so.HAProxyFeedback = config.HAProxyFeedbackRing })
 			// What the first-token timer (response headers held for the
 			// first body bytes) costs: the same without it.
 			add("haproxy", "haproxy+spoe+turnout "+spec.String()+", first_token_timing: false", "with-turnout-spoe-notft", spec, ProxyHAProxy,

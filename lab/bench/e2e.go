@@ -319,7 +319,7 @@ type StackOptions struct {
 	// (haproxy.l7_retries: true): the cost row of that retry.
 	L7Retries bool
 	// HAProxyFeedback is turnout's haproxy.feedback ("" = the default,
-	// ring): the cost row of the other.
+	// udp): the cost row of the ring.
 	HAProxyFeedback string
 	// NoFirstTokenTiming renders turnout's proxy without the first-token
 	// timer (proxy.first_token_timing: false): the cost row of that timer.
