@@ -314,6 +314,21 @@ func FuzzRender(f *testing.F) {
 	})
 }
 
+// renderDefaultWith renders the default config after edit.
+func renderDefaultWith(t *testing.T, edit func(*config.Config)) string {
+	t.Helper()
+	cfg, err := config.ParseConfig(config.DefaultConfigYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit(cfg)
+	out, err := Render(cfg, RenderOptions{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out.Config)
+}
+
 // The default render retries refused connections only (no copy of each
 // request); haproxy.l7_retries: true adds empty responses and 503s. Neither
 // retries a response timeout (a slow stream: re-sending it would run the
@@ -322,19 +337,11 @@ func TestRenderL7Retries(t *testing.T) {
 	for _, tc := range []struct {
 		set, want bool
 	}{{false, false}, {true, true}} {
-		cfg, err := config.ParseConfig(config.DefaultConfigYAML)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.HAProxy.L7Retries = tc.set
-		out, err := Render(cfg, RenderOptions{Dir: t.TempDir()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := strings.Contains(string(out.Config), "\n    retry-on conn-failure empty-response 503\n")
-		connOnly := strings.Contains(string(out.Config), "\n    retry-on conn-failure\n")
-		if got != tc.want || connOnly == tc.want || strings.Contains(string(out.Config), "response-timeout") {
-			t.Fatalf("l7_retries=%v: retry-on rendered=%v\n%s", tc.set, got, out.Config)
+		out := renderDefaultWith(t, func(c *config.Config) { c.HAProxy.L7Retries = tc.set })
+		got := strings.Contains(out, "\n    retry-on conn-failure empty-response 503\n")
+		connOnly := strings.Contains(out, "\n    retry-on conn-failure\n")
+		if got != tc.want || connOnly == tc.want || strings.Contains(out, "response-timeout") {
+			t.Fatalf("l7_retries=%v: retry-on rendered=%v\n%s", tc.set, got, out)
 		}
 	}
 }
@@ -351,22 +358,14 @@ func TestRenderFeedbackRing(t *testing.T) {
 		{config.HAProxyFeedbackRing, []string{"\n    log ring@turnout_feedback local0 info\n", "\nring turnout_feedback\n",
 			"\n    server turnout 127.0.0.1:9514 log-proto octet-count\n"}, []string{"\n    log 127.0.0.1:9514"}},
 	} {
-		cfg, err := config.ParseConfig(config.DefaultConfigYAML)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.HAProxy.Feedback = tc.mode
-		out, err := Render(cfg, RenderOptions{Dir: t.TempDir()})
-		if err != nil {
-			t.Fatal(err)
-		}
+		out := renderDefaultWith(t, func(c *config.Config) { c.HAProxy.Feedback = tc.mode })
 		for _, w := range tc.want {
-			if !strings.Contains(string(out.Config), w) {
+			if !strings.Contains(out, w) {
 				t.Errorf("%s: %q not rendered", tc.mode, w)
 			}
 		}
 		for _, l := range tc.lose {
-			if strings.Contains(string(out.Config), l) {
+			if strings.Contains(out, l) {
 				t.Errorf("%s: %q rendered", tc.mode, l)
 			}
 		}
