@@ -38,7 +38,7 @@ test-e2e: build
 # The timing-sensitive e2e tests once more beside a CPU hog on every core
 # (turnout-lab hog): they wait on conditions sized for a loaded 2-core
 # machine, and this is where CI shows it.
-HOG_TESTS ?= TestFirstToken|TestStalledReplicaEveryPath|TestSigstop|TestFlowControlHAProxyClientGone|TestFlowControlNginxClientGone|TestHAProxyStalledReplicaTakenOut|TestNginxStallWhileHealthAnswers|TestFailOpenDelay$$|TestHAProxyTurnoutDown|TestNginxTurnoutDown|TestRetryBeforeBytes|TestClusterTwoFronts|TestSyncFrontsBench
+HOG_TESTS ?= TestFirstToken|TestStalledReplicaEveryPath|TestSigstop|TestFlowControlHAProxyClientGone|TestFlowControlNginxClientGone|TestHAProxyStalledReplicaTakenOut|TestNginxStallWhileHealthAnswers|TestFailOpenDelay$$|TestHAProxyTurnoutDown|TestNginxTurnoutDown|TestRetryBeforeBytes|TestHAProxyFeedbackRing|TestClusterTwoFronts|TestSyncFrontsBench
 test-hog: build
 	@test -d test || exit 0; \
 	$(LAB) hog --for 15m & hog=$$!; trap 'kill $$hog 2>/dev/null' EXIT; \

@@ -72,6 +72,12 @@ func (c core) serveFeedback(ctx context.Context, pc net.PacketConn) error {
 	return c.fb.Serve(ctx, pc)
 }
 
+// serveFeedbackStream reads completion lines from the TCP connections
+// accepted on ln (HAProxy's ring) until ctx ends.
+func (c core) serveFeedbackStream(ctx context.Context, ln net.Listener) error {
+	return c.fb.ServeStream(ctx, ln)
+}
+
 // serveSPOE runs the SPOE agent on ln until ctx ends.
 func (c core) serveSPOE(ctx context.Context, ln net.Listener, log *zerolog.Logger) error {
 	return spoe.New(c.srv, spoe.Options{Log: log}).Serve(ctx, ln)

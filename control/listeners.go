@@ -305,9 +305,16 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 			return nil, err
 		}
 	case kindFeedback:
+		// The same address on UDP (nginx, haproxy.feedback: udp) and TCP
+		// (HAProxy's ring, the default).
 		pc, err := net.ListenPacket("udp", addr)
 		if err != nil {
 			return nil, portholder.Wrap(err, "udp", addr)
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			_ = pc.Close()
+			return nil, portholder.Wrap(err, "tcp", addr)
 		}
 		growReadBuffer(pc, feedbackReadBuffer, l.log)
 		fctx, cancel := context.WithCancel(context.Background())
@@ -317,8 +324,13 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 					l.log.Error().Err(err).Str("feedback", addr).Msg("feedback listener stopped")
 				}
 			}()
+			go func() {
+				if err := l.core.serveFeedbackStream(fctx, ln); err != nil {
+					l.log.Error().Err(err).Str("feedback", addr).Msg("feedback TCP listener stopped")
+				}
+			}()
 		}
-		nl.stop = func(context.Context) { cancel(); _ = pc.Close() }
+		nl.stop = func(context.Context) { cancel(); _ = pc.Close(); _ = ln.Close() }
 	}
 	return nl, nil
 }

@@ -206,7 +206,7 @@ func startLive(t *testing.T, o liveOpts) *liveEnv {
 	dir := t.TempDir()
 	port := freeport.Port(t)
 	cfg := liveConfig(t, o, dir, port)
-	cfg.HAProxy.L7Retries = &o.l7Retries
+	cfg.HAProxy.L7Retries = o.l7Retries
 	out, err := Render(cfg, RenderOptions{Dir: dir})
 	if err != nil {
 		t.Fatal(err)

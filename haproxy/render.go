@@ -295,6 +295,9 @@ type tmplData struct {
 	MaxConn, Nbthread, MaxBody, BufSize, Retries int
 	RouteBody                                    int
 	L7Retries                                    bool
+	// FeedbackRing: the feedback lines go through a ring forwarded over
+	// TCP (haproxy.feedback: ring), not one UDP datagram each.
+	FeedbackRing bool
 	// SPOE is set when HAProxy asks turnout over SPOE (haproxy.spoe).
 	SPOE                                *spoeData
 	ConnectMs, StreamMs, CheckTimeoutMs int64
@@ -434,7 +437,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		RouteBody:      cfg.RouteBody,
 		BufSize:        bufSize(cfg.RouteBody),
 		Retries:        max(cfg.Fallbacks, 1),
-		L7Retries:      cfg.HAProxy.RetryBeforeBytes(),
+		L7Retries:      cfg.HAProxy.L7Retries,
 		ConnectMs:      max(p.ConnectTimeout.Ms(), 1),
 		StreamMs:       max(p.StreamTimeout.Ms(), 1),
 		CheckTimeoutMs: max(cfg.Health.Timeout.Ms(), 1),
@@ -444,6 +447,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 	d.Front = buildFront(cfg, c)
 	if cfg.Feedback.Syslog != "" {
 		d.Syslog, _, _ = addr("feedback.syslog", cfg.Feedback.Syslog)
+		d.FeedbackRing = cfg.HAProxy.Feedback == config.HAProxyFeedbackRing
 		// The timer's figure travels in the feedback line only.
 		d.FirstToken = cfg.Proxy.FirstTokenTimed()
 		d.FirstTokenVar = contract.FirstTokenHAProxyVar

@@ -314,27 +314,60 @@ func FuzzRender(f *testing.F) {
 	})
 }
 
-// Retry before bytes is on by default (issue 28) and never retries a
-// response timeout (a slow stream: re-sending it would run the generation
-// twice); haproxy.l7_retries: false turns it off.
+// renderDefaultWith renders the default config after edit.
+func renderDefaultWith(t *testing.T, edit func(*config.Config)) string {
+	t.Helper()
+	cfg, err := config.ParseConfig(config.DefaultConfigYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit(cfg)
+	out, err := Render(cfg, RenderOptions{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out.Config)
+}
+
+// The default render retries refused connections only (no copy of each
+// request); haproxy.l7_retries: true adds empty responses and 503s. Neither
+// retries a response timeout (a slow stream: re-sending it would run the
+// generation twice).
 func TestRenderL7Retries(t *testing.T) {
-	off := false
 	for _, tc := range []struct {
-		set  *bool
-		want bool
-	}{{nil, true}, {&off, false}} {
-		cfg, err := config.ParseConfig(config.DefaultConfigYAML)
-		if err != nil {
-			t.Fatal(err)
+		set, want bool
+	}{{false, false}, {true, true}} {
+		out := renderDefaultWith(t, func(c *config.Config) { c.HAProxy.L7Retries = tc.set })
+		got := strings.Contains(out, "\n    retry-on conn-failure empty-response 503\n")
+		connOnly := strings.Contains(out, "\n    retry-on conn-failure\n")
+		if got != tc.want || connOnly == tc.want || strings.Contains(out, "response-timeout") {
+			t.Fatalf("l7_retries=%v: retry-on rendered=%v\n%s", tc.set, got, out)
 		}
-		cfg.HAProxy.L7Retries = tc.set
-		out, err := Render(cfg, RenderOptions{Dir: t.TempDir()})
-		if err != nil {
-			t.Fatal(err)
+	}
+}
+
+// haproxy.feedback: udp (the default) logs a datagram per request to
+// feedback.syslog; ring logs into a ring forwarded there over TCP,
+// octet-counted.
+func TestRenderFeedbackRing(t *testing.T) {
+	for _, tc := range []struct {
+		mode       string
+		want, lose []string
+	}{
+		{config.HAProxyFeedbackUDP, []string{"\n    log 127.0.0.1:9514 local0 info\n"}, []string{"ring@", "\nring "}},
+		{config.HAProxyFeedbackRing, []string{"\n    log ring@turnout_feedback local0 info\n", "\nring turnout_feedback\n",
+			"\n    server turnout 127.0.0.1:9514 log-proto octet-count\n"}, []string{"\n    log 127.0.0.1:9514"}},
+	} {
+		out := renderDefaultWith(t, func(c *config.Config) { c.HAProxy.Feedback = tc.mode })
+		for _, w := range tc.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("%s: %q not rendered", tc.mode, w)
+			}
 		}
-		got := strings.Contains(string(out.Config), "\n    retry-on conn-failure empty-response 503\n")
-		if got != tc.want || strings.Contains(string(out.Config), "response-timeout") {
-			t.Fatalf("l7_retries=%v: retry-on rendered=%v\n%s", tc.set, got, out.Config)
+		for _, l := range tc.lose {
+			if strings.Contains(out, l) {
+				t.Errorf("%s: %q rendered", tc.mode, l)
+			}
 		}
 	}
 }

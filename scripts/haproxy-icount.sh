@@ -16,7 +16,7 @@
 #   make build && scripts/haproxy-icount.sh [DIR ...]
 #   N=400 WARM=50 ROUNDS=3 scripts/haproxy-icount.sh with-turnout-spoe plain
 # DIR: a setup of bench cost's work directory (default: plain, with-turnout-spoe,
-# with-turnout-spoe-noretry, with-turnout-spoe-notft). Prints one line per
+# with-turnout-spoe-l7retry, with-turnout-spoe-notft). Prints one line per
 # setup and round: "DIR round R: I instructions per request".
 # BIN=dir of turnout and turnout-lab (default bin/); HAPROXY=haproxy binary;
 # KEEP=dir keeps each counted dump there as SETUP.rROUND.callgrind, for
@@ -26,7 +26,7 @@ cd "$(dirname "$0")/.."
 BIN=${BIN:-$PWD/bin} HAPROXY=${HAPROXY:-haproxy}
 N=${N:-400} WARM=${WARM:-50} ROUNDS=${ROUNDS:-1}
 setups=("$@")
-[ ${#setups[@]} -gt 0 ] || setups=(plain with-turnout-spoe with-turnout-spoe-noretry with-turnout-spoe-notft)
+[ ${#setups[@]} -gt 0 ] || setups=(plain with-turnout-spoe with-turnout-spoe-l7retry with-turnout-spoe-notft)
 for t in valgrind callgrind_control curl "$HAPROXY" "$BIN/turnout" "$BIN/turnout-lab"; do
 	command -v "$t" >/dev/null || { echo "haproxy-icount: $t not found" >&2; exit 1; }
 done

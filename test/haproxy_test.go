@@ -44,6 +44,7 @@ type hstack struct {
 	dir, turnoutAddr, haAddr, syslog string
 	failMode                         string
 	spoeAddr                         string // HAProxy's path to turnout, see haproxyPathYAML
+	haExtra                          string // more haproxy: flow-map entries ("l7_retries: true")
 	deps                             []depSpec
 	T                                *Turnout
 	H                                *HAProxy
@@ -63,9 +64,9 @@ proxy:
   route_timeout: 500ms
   breaker_failures: 3
   breaker_cooldown: 30s
-haproxy: {listen: %q, dir: %q, drain_timeout: 3s, nbthread: 2, %s}
+haproxy: {listen: %q, dir: %q, drain_timeout: 3s, nbthread: 2, %s%s}
 deployments:
-`, s.turnoutAddr, s.syslog, s.failMode, s.haAddr, s.dir, haproxyPathYAML(s.spoeAddr))
+`, s.turnoutAddr, s.syslog, s.failMode, s.haAddr, s.dir, haproxyPathYAML(s.spoeAddr), s.haExtra)
 	for _, d := range s.deps {
 		models := d.name
 		if len(d.models) > 0 {
@@ -123,10 +124,17 @@ func startStack(t *testing.T, failMode string, deps ...depSpec) *hstack {
 // spoeAddr (haproxy.spoe) instead of the Lua action, when spoeAddr is set.
 func startStackWith(t *testing.T, failMode, spoeAddr string, deps ...depSpec) *hstack {
 	t.Helper()
+	return startStackHA(t, failMode, spoeAddr, "", deps...)
+}
+
+// startStackHA is startStackWith with haExtra (", key: value" entries)
+// added to the haproxy: flow map.
+func startStackHA(t *testing.T, failMode, spoeAddr, haExtra string, deps ...depSpec) *hstack {
+	t.Helper()
 	NeedHAProxy(t)
 	s := &hstack{
 		t: t, dir: t.TempDir(), turnoutAddr: FreeAddr(t), haAddr: FreeAddr(t), syslog: FreeUDPAddr(t),
-		failMode: failMode, spoeAddr: spoeAddr, deps: deps,
+		failMode: failMode, spoeAddr: spoeAddr, haExtra: haExtra, deps: deps,
 		client: &http.Client{Timeout: 30 * time.Second},
 	}
 	s.T = StartTurnout(t, s.turnoutAddr, s.yaml(), "--haproxy-dir", s.dir, "--watch", "100ms")

@@ -34,16 +34,26 @@ func backendRetries(t *testing.T, h *HAProxy, backend string) (retries, redispat
 	return retries, redispatches
 }
 
-// Issue 28 item 8: a replica killed under load. Requests it had accepted
-// but not answered (a 503 "server shutting down", or a connection reset
-// before any byte) and requests sent to it before HAProxy's checks notice
-// go to another replica: none of the requests not yet streaming fails.
-// Streams already open on it are cut; nothing can save those.
+// A replica killed under load. With haproxy.l7_retries, requests it had
+// accepted but not answered (a 503 "server shutting down", or a connection
+// reset before any byte) and requests sent to it before HAProxy's checks
+// notice go to another replica: none of the requests not yet streaming
+// fails. The default render retries refused connections only: every request
+// sent after the kill is served, and only requests already on the replica
+// when it died may fail. Streams already open on it are cut; nothing can
+// save those.
 func TestRetryBeforeBytes(t *testing.T) {
-	for _, tc := range []struct{ name, spoe string }{{"HAProxyLua", ""}, {"HAProxySPOE", spoeDefault}} {
+	for _, tc := range []struct {
+		name, spoe string
+		l7         bool
+	}{{"HAProxyLua", "", true}, {"HAProxySPOE", spoeDefault, true}, {"HAProxySPOEConnFailureOnly", spoeDefault, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			ms := streamingMocks(t, "rb", 3, mock.RoleMixed)
-			s := startStackWith(t, "open", tc.spoe, depSpec{name: "llama", policy: policyLeast, mocks: ms})
+			ha := ""
+			if tc.l7 {
+				ha = ", l7_retries: true"
+			}
+			s := startStackHA(t, "open", tc.spoe, ha, depSpec{name: "llama", policy: policyLeast, mocks: ms})
 			if tc.spoe != "" {
 				s.H.WaitServersUp(t, "turnout_spoe/agent0")
 			}
@@ -54,7 +64,7 @@ func TestRetryBeforeBytes(t *testing.T) {
 			var (
 				mu                      sync.Mutex
 				ok, cut, onDead         int
-				failed                  []string
+				failed, inFlight        []string
 				wg                      sync.WaitGroup
 				before, after, duration = 40, 120, time.Second / foRate
 			)
@@ -65,15 +75,20 @@ func TestRetryBeforeBytes(t *testing.T) {
 				res, err := c.Do(req)
 				mu.Lock()
 				defer mu.Unlock()
+				// Sent before the kill: possibly on the replica when it died.
+				fail := &failed
+				if !tc.l7 && i <= before {
+					fail = &inFlight
+				}
 				if err != nil {
-					failed = append(failed, fmt.Sprintf("#%d: %v", i, err))
+					*fail = append(*fail, fmt.Sprintf("#%d: %v", i, err))
 					return
 				}
 				b, rerr := io.ReadAll(res.Body)
 				res.Body.Close()
 				switch {
 				case res.StatusCode != 200:
-					failed = append(failed, fmt.Sprintf("#%d: %d %s (%s)", i, res.StatusCode, b, res.Header.Get("X-Replica")))
+					*fail = append(*fail, fmt.Sprintf("#%d: %d %s (%s)", i, res.StatusCode, b, res.Header.Get("X-Replica")))
 				case rerr != nil || (i%2 == 0 && !bytes.Contains(b, []byte("[DONE]"))):
 					// Headers came: the stream was open when its replica died.
 					cut++
@@ -96,8 +111,8 @@ func TestRetryBeforeBytes(t *testing.T) {
 			tick.Stop()
 			wg.Wait()
 			retries, redisp := backendRetries(t, s.H, "llama_mixed")
-			t.Logf("%s: %d served, %d streams cut after their headers (%d on the killed replica), %d failed before any byte; HAProxy retries %d, redispatches %d",
-				tc.name, ok, cut, onDead, len(failed), retries, redisp)
+			t.Logf("%s: %d served, %d streams cut after their headers (%d on the killed replica), %d failed before any byte (%d more sent before the kill: %s); HAProxy retries %d, redispatches %d",
+				tc.name, ok, cut, onDead, len(failed), len(inFlight), strings.Join(inFlight, "; "), retries, redisp)
 			if len(failed) > 0 {
 				t.Errorf("%d requests not yet streaming failed when a replica died: %s", len(failed), strings.Join(failed, "; "))
 			}

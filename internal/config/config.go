@@ -107,7 +107,9 @@ type Config struct {
 // default (DefaultFeedbackAddr): the rendered proxies log each completion
 // there and `turnout serve` listens.
 type FeedbackConfig struct {
-	// Syslog is a UDP address for proxy log lines (default DefaultFeedbackAddr).
+	// Syslog is the address proxy log lines come to, over UDP (one line or
+	// more per datagram) and TCP (octet-counted or newline-framed syslog,
+	// RFC 6587: haproxy.feedback: ring) (default DefaultFeedbackAddr).
 	Syslog string `yaml:"syslog"`
 	// Disable turns feedback off; load-aware policies then drift (warned).
 	Disable bool `yaml:"disable"`
@@ -240,12 +242,20 @@ type HAProxyConfig struct {
 	MaxConn      int      `yaml:"maxconn"`
 	Nbthread     int      `yaml:"nbthread"`
 	// L7Retries renders "retry-on conn-failure empty-response 503": a
-	// request refused, reset or answered 503 (a replica shutting down)
-	// before any byte reached the client goes to another replica (retry
-	// before bytes). Default on (nil); false leaves connection
-	// failures only, and HAProxy keeps no copy of each request (its cost:
-	// BENCHMARKS.md, docs/haproxy.md).
-	L7Retries *bool `yaml:"l7_retries"`
+	// request reset, answered with nothing or answered 503 (a replica
+	// shutting down) before any byte reached the client also goes to
+	// another replica. Off by default: HAProxy then retries refused
+	// connections only (its own default) and keeps no copy of each request;
+	// the copy is the whole 64 KiB buffer per request, half of what HAProxy
+	// executes on the SPOE path (docs/haproxy.md, BENCHMARKS.md).
+	L7Retries bool `yaml:"l7_retries"`
+	// Feedback is how HAProxy sends its completion lines to
+	// feedback.syslog: udp (default) sends one datagram per request; ring
+	// writes them into a ring buffer that HAProxy forwards over one TCP
+	// connection in batches (octet-counted syslog, RFC 6587). turnout
+	// listens on both. The ring measured 0.94x the datagram's requests/s
+	// on the SPOE path (BENCHMARKS.md set J).
+	Feedback string `yaml:"feedback"`
 	// SPOE is the address of turnout's SPOE agent (host:port) that HAProxy
 	// asks with haproxy.path spoe: persistent pipelined connections instead
 	// of the Lua action's HTTP call, about 2x the Lua path's requests/s.
@@ -273,6 +283,12 @@ type HAProxyConfig struct {
 const (
 	HAProxyPathSPOE = "spoe"
 	HAProxyPathLua  = "lua"
+)
+
+// How the rendered HAProxy sends feedback lines (haproxy.feedback).
+const (
+	HAProxyFeedbackRing = "ring"
+	HAProxyFeedbackUDP  = "udp"
 )
 
 // DefaultRouteBody is route_body's default: with 16 KiB for headers it
@@ -706,6 +722,9 @@ func (c *Config) ApplyDefaults() {
 	if len(p.RouteAddrs) == 0 {
 		p.RouteAddrs = []string{c.Listen}
 	}
+	if c.HAProxy.Feedback == "" {
+		c.HAProxy.Feedback = HAProxyFeedbackUDP
+	}
 	orDefault(&p.FailMode, FailOpen)
 	orDefault(&p.RouteTimeout, Duration(500*time.Millisecond))
 	orDefault(&p.BreakerFailures, 3)
@@ -829,6 +848,9 @@ func (c *Config) Validate() error {
 	case HAProxyPathLua:
 	default:
 		bad("haproxy.path", "%q must be spoe or lua", c.HAProxy.Path)
+	}
+	if f := c.HAProxy.Feedback; f != HAProxyFeedbackRing && f != HAProxyFeedbackUDP {
+		bad("haproxy.feedback", "%q must be ring or udp", f)
 	}
 	checkAddr("nginx.listen", c.Nginx.Listen)
 	for _, f := range []struct{ field, v string }{{"haproxy.stats_socket", c.HAProxy.StatsSocket}, {"haproxy.dir", c.HAProxy.Dir}, {"nginx.dir", c.Nginx.Dir}} {
@@ -1118,8 +1140,3 @@ func (d *DeploymentConfig) PoolPolicy(p *PoolConfig) *PolicyConfig {
 	}
 	return &d.Policy
 }
-
-// RetryBeforeBytes reports whether the rendered HAProxy retries a request
-// on another replica when it was refused, reset or answered 503 before any
-// byte (haproxy.l7_retries, default on).
-func (h *HAProxyConfig) RetryBeforeBytes() bool { return h.L7Retries == nil || *h.L7Retries }

@@ -50,10 +50,14 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 			add("haproxy", fmt.Sprintf("haproxy roundrobin, tune.bufsize %d (whole-body buffers, as PD renders)", whole), "plain-wholebody",
 				PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy, func(so *StackOptions) { so.PlainBufSize = whole })
 			add("haproxy", "haproxy+spoe+turnout "+spec.String()+" (default render)", "with-turnout-spoe", spec, ProxyHAProxy, nil)
-			// What the default render's retry before bytes (retry-on, a
-			// copy of each request) costs: the same without it.
-			add("haproxy", "haproxy+spoe+turnout "+spec.String()+", l7_retries: false", "with-turnout-spoe-noretry", spec, ProxyHAProxy,
-				func(so *StackOptions) { so.NoL7Retries = true })
+			// What retry before bytes (haproxy.l7_retries: true, a copy of
+			// each request) costs: the same with it.
+			add("haproxy", "haproxy+spoe+turnout "+spec.String()+", l7_retries: true", "with-turnout-spoe-l7retry", spec, ProxyHAProxy,
+				func(so *StackOptions) { so.L7Retries = true })
+			// What batching the feedback lines through HAProxy's ring
+			// changes against a UDP datagram per line.
+			add("haproxy", "haproxy+spoe+turnout "+spec.String()+", feedback: ring", "with-turnout-spoe-ringfb", spec, ProxyHAProxy,
+				func(so *StackOptions) { so.HAProxyFeedback = config.HAProxyFeedbackRing })
 			// What the first-token timer (response headers held for the
 			// first body bytes) costs: the same without it.
 			add("haproxy", "haproxy+spoe+turnout "+spec.String()+", first_token_timing: false", "with-turnout-spoe-notft", spec, ProxyHAProxy,

@@ -315,9 +315,12 @@ type StackOptions struct {
 	// HAProxyPath is turnout's haproxy.path: "" (the rendered default,
 	// SPOE on a unix socket), spoe or lua.
 	HAProxyPath string
-	// NoL7Retries renders turnout's HAProxy without retry before bytes
-	// (haproxy.l7_retries: false): the cost row of that retry.
-	NoL7Retries bool
+	// L7Retries renders turnout's HAProxy with retry before bytes
+	// (haproxy.l7_retries: true): the cost row of that retry.
+	L7Retries bool
+	// HAProxyFeedback is turnout's haproxy.feedback ("" = the default,
+	// udp): the cost row of the ring.
+	HAProxyFeedback string
 	// NoFirstTokenTiming renders turnout's proxy without the first-token
 	// timer (proxy.first_token_timing: false): the cost row of that timer.
 	NoFirstTokenTiming bool
@@ -479,7 +482,7 @@ func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions) error {
 			return fmt.Errorf("haproxy config: %w", err)
 		}
 	} else {
-		cfg := ConfigOptions{HAProxyListen: front, HAProxyDir: hapDir, HAProxyPath: o.HAProxyPath, NoL7Retries: o.NoL7Retries}
+		cfg := ConfigOptions{HAProxyListen: front, HAProxyDir: hapDir, HAProxyPath: o.HAProxyPath, L7Retries: o.L7Retries, HAProxyFeedback: o.HAProxyFeedback}
 		if err := st.startTurnout(ctx, o, cfg, ProxyHAProxy, "--out", hapDir); err != nil {
 			return err
 		}

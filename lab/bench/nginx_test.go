@@ -242,17 +242,18 @@ func TestProxyStacks(t *testing.T) {
 	}
 	// HAProxy rows come first, with their own baseline: HAProxy's default
 	// buffers, then whole-body buffers, then the default render (SPOE), the
-	// same without retry before bytes, without the first-token timer, then
+	// same with retry before bytes, with ring feedback, without the first-token timer, then
 	// the Lua path; each nginx mode with and without the timer.
 	o.HAProxy, o.Nginx, o.NginxModule = bin, bin, mod
 	stacks, _, err = proxyStacks(o)
-	if err != nil || len(stacks) != 12 || stacks[0].name != "haproxy roundrobin" || stacks[0].opts.PlainBufSize != 0 ||
+	if err != nil || len(stacks) != 13 || stacks[0].name != "haproxy roundrobin" || stacks[0].opts.PlainBufSize != 0 ||
 		stacks[1].opts.PlainBufSize <= 256<<10 || stacks[2].opts.Spec.Proxy(stacks[2].opts.Proxy) != ProxyHAProxy ||
-		stacks[2].opts.HAProxyPath != "" || stacks[2].opts.NoL7Retries || !stacks[3].opts.NoL7Retries ||
-		stacks[2].opts.NoFirstTokenTiming || !stacks[4].opts.NoFirstTokenTiming || stacks[4].opts.NoL7Retries ||
-		stacks[5].opts.HAProxyPath != config.HAProxyPathLua || stacks[6].name != "nginx roundrobin" ||
-		stacks[8].opts.NoFirstTokenTiming || !stacks[9].opts.NoFirstTokenTiming || stacks[9].opts.NginxMode != config.NginxModeHeader ||
-		stacks[10].opts.NoFirstTokenTiming || !stacks[11].opts.NoFirstTokenTiming || stacks[11].opts.NginxMode != config.NginxModeBody {
+		stacks[2].opts.HAProxyPath != "" || stacks[2].opts.L7Retries || !stacks[3].opts.L7Retries ||
+		stacks[2].opts.HAProxyFeedback != "" || stacks[4].opts.HAProxyFeedback != config.HAProxyFeedbackRing || stacks[4].opts.L7Retries ||
+		stacks[2].opts.NoFirstTokenTiming || !stacks[5].opts.NoFirstTokenTiming || stacks[5].opts.L7Retries ||
+		stacks[6].opts.HAProxyPath != config.HAProxyPathLua || stacks[7].name != "nginx roundrobin" ||
+		stacks[9].opts.NoFirstTokenTiming || !stacks[10].opts.NoFirstTokenTiming || stacks[10].opts.NginxMode != config.NginxModeHeader ||
+		stacks[11].opts.NoFirstTokenTiming || !stacks[12].opts.NoFirstTokenTiming || stacks[12].opts.NginxMode != config.NginxModeBody {
 		t.Fatalf("both: err %v stacks %+v", err, stacks)
 	}
 	o.ProxyPolicy = "nginx-roundrobin"

@@ -218,8 +218,10 @@ type ConfigOptions struct {
 	HAProxySPOE string
 	// HAProxyPath is haproxy.path ("" = turnout's default).
 	HAProxyPath string
-	// NoL7Retries sets haproxy.l7_retries: false (no retry before bytes).
-	NoL7Retries bool
+	// L7Retries sets haproxy.l7_retries: true (retry before bytes).
+	L7Retries bool
+	// HAProxyFeedback is haproxy.feedback ("" = turnout's default).
+	HAProxyFeedback string
 	// NoFirstTokenTiming sets proxy.first_token_timing: false.
 	NoFirstTokenTiming bool
 	// NginxListen, NginxDir and NginxMode fill the nginx section that
@@ -294,8 +296,9 @@ func TurnoutConfig(o ConfigOptions) []byte {
 		key("stats_socket", o.HAProxySocket)
 		key("spoe", o.HAProxySPOE)
 		key("path", o.HAProxyPath)
-		if o.NoL7Retries {
-			b.WriteString("  l7_retries: false\n")
+		key("feedback", o.HAProxyFeedback)
+		if o.L7Retries {
+			b.WriteString("  l7_retries: true\n")
 		}
 	}
 	if o.NginxListen != "" {

@@ -82,6 +82,11 @@ func (l *Loop) Datagram(src netip.Addr, b []byte) {
 		}
 		return
 	}
+	l.eachLine(b)
+}
+
+// eachLine handles every line in b (from an allowed source).
+func (l *Loop) eachLine(b []byte) {
 	for line := range bytes.SplitSeq(b, []byte{'\n'}) {
 		if len(bytes.TrimSpace(line)) > 0 {
 			l.Line(line)
