@@ -107,7 +107,7 @@ func (l *listeners) prepare(cfg *config.Config) (*change, error) {
 		kindHTTP:     {cfg.Listen, httpKey(cfg)},
 		kindAdmin:    {cfg.AdminListen, cfg.AdminListen},
 		kindSPOE:     {spoeAddr, spoeAddr},
-		kindFeedback: {cfg.Feedback.Syslog, cfg.Feedback.Syslog},
+		kindFeedback: {cfg.Feedback.Syslog, feedbackKey(cfg)},
 		kindEPP:      {cfg.EPP.Listen, eppKey(cfg)},
 	}
 	var errs []error
@@ -122,6 +122,13 @@ func (l *listeners) prepare(cfg *config.Config) (*change, error) {
 			// bind it, so the change needs a restart (or a new address).
 			errs = append(errs, fmt.Errorf("%w: %s: changed with listen unchanged; it applies on restart or with a new listen address",
 				config.ErrConfig, httpKeyDiff(cur.key, w.key)))
+			continue
+		}
+		if cur != nil && kind == kindFeedback && cur.addr == w.addr {
+			// TCP on or off at the same address: the UDP socket cannot be
+			// bound twice.
+			errs = append(errs, fmt.Errorf("%w: haproxy.feedback: changed with feedback.syslog unchanged; it applies on restart or with a new feedback.syslog address",
+				config.ErrConfig))
 			continue
 		}
 		if cur != nil {
@@ -305,16 +312,19 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 			return nil, err
 		}
 	case kindFeedback:
-		// The same address on UDP (nginx, haproxy.feedback: udp) and TCP
-		// (HAProxy's ring, the default).
+		// UDP always (nginx, haproxy.feedback: udp); the same address on
+		// TCP only for HAProxy's ring, so that a port free for UDP is all
+		// the default needs.
 		pc, err := net.ListenPacket("udp", addr)
 		if err != nil {
 			return nil, portholder.Wrap(err, "udp", addr)
 		}
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			_ = pc.Close()
-			return nil, portholder.Wrap(err, "tcp", addr)
+		var ln net.Listener
+		if feedbackTCP(cfg) {
+			if ln, err = net.Listen("tcp", addr); err != nil {
+				_ = pc.Close()
+				return nil, portholder.Wrap(err, "tcp", addr)
+			}
 		}
 		growReadBuffer(pc, feedbackReadBuffer, l.log)
 		fctx, cancel := context.WithCancel(context.Background())
@@ -324,15 +334,38 @@ func (l *listeners) bind(kind, addr, key string, cfg *config.Config) (*listener,
 					l.log.Error().Err(err).Str("feedback", addr).Msg("feedback listener stopped")
 				}
 			}()
-			go func() {
-				if err := l.core.serveFeedbackStream(fctx, ln); err != nil {
-					l.log.Error().Err(err).Str("feedback", addr).Msg("feedback TCP listener stopped")
-				}
-			}()
+			if ln != nil {
+				go func() {
+					if err := l.core.serveFeedbackStream(fctx, ln); err != nil {
+						l.log.Error().Err(err).Str("feedback", addr).Msg("feedback TCP listener stopped")
+					}
+				}()
+			}
 		}
-		nl.stop = func(context.Context) { cancel(); _ = pc.Close(); _ = ln.Close() }
+		nl.stop = func(context.Context) {
+			cancel()
+			_ = pc.Close()
+			if ln != nil {
+				_ = ln.Close()
+			}
+		}
 	}
 	return nl, nil
+}
+
+// feedbackTCP says whether the feedback address is also served on TCP:
+// HAProxy's ring (haproxy.feedback: ring) forwards its lines over TCP.
+func feedbackTCP(cfg *config.Config) bool {
+	return cfg.HAProxy.Feedback == config.HAProxyFeedbackRing
+}
+
+// feedbackKey identifies the feedback listener's settings: its address and
+// whether it takes TCP, so switching haproxy.feedback rebinds it.
+func feedbackKey(cfg *config.Config) string {
+	if feedbackTCP(cfg) {
+		return cfg.Feedback.Syslog + " tcp"
+	}
+	return cfg.Feedback.Syslog
 }
 
 // feedbackReadBuffer is the receive buffer asked for the feedback socket. A
