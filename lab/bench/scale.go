@@ -156,7 +156,7 @@ func RunScale(ctx context.Context, o ScaleOptions) ([]ScaleRow, error) {
 }
 
 // scaleClockStep is how far the policies' clock moves per decision: a
-// synthetic clock (50,000 decisions a second, issue 39's per-core goal),
+// synthetic clock (50,000 decisions a second, the per-core goal in process),
 // so what a decision does by the clock (the candidate index's pass age)
 // is the same in every run, whatever the decisions' own speed.
 const scaleClockStep = 20 * time.Microsecond
