@@ -15,7 +15,7 @@ import (
 const kindEPP = "epp.listen"
 
 // eppKey is the Endpoint Picker listener's settings, which a reload cannot
-// change on the same address (httpKeyDiff names the fields that differ).
+// change on the same address (keyDiff names the fields that differ).
 func eppKey(cfg *config.Config) string {
 	e := &cfg.EPP
 	if !e.On() {

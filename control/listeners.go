@@ -117,18 +117,13 @@ func (l *listeners) prepare(cfg *config.Config) (*change, error) {
 		if (cur != nil && cur.key == w.key) || (cur == nil && w.addr == "") {
 			continue
 		}
-		if cur != nil && (kind == kindHTTP || kind == kindEPP) && cur.addr == w.addr {
-			// Same address, new connection limits: a second server cannot
-			// bind it, so the change needs a restart (or a new address).
-			errs = append(errs, fmt.Errorf("%w: %s: changed with listen unchanged; it applies on restart or with a new listen address",
-				config.ErrConfig, httpKeyDiff(cur.key, w.key)))
-			continue
-		}
-		if cur != nil && kind == kindFeedback && cur.addr == w.addr {
-			// TCP on or off at the same address: the UDP socket cannot be
-			// bound twice.
-			errs = append(errs, fmt.Errorf("%w: haproxy.feedback: changed with feedback.syslog unchanged; it applies on restart or with a new feedback.syslog address",
-				config.ErrConfig))
+		if cur != nil && cur.addr == w.addr {
+			// Same address, new settings (connection limits, TLS, the
+			// feedback's TCP side): a second socket cannot bind it, so the
+			// change needs a restart (or a new address). kind names the
+			// address's field.
+			errs = append(errs, fmt.Errorf("%w: %s: changed with %s unchanged; it applies on restart or with a new %s address",
+				config.ErrConfig, keyDiff(cur.key, w.key), kind, kind))
 			continue
 		}
 		if cur != nil {
@@ -359,13 +354,10 @@ func feedbackTCP(cfg *config.Config) bool {
 	return cfg.HAProxy.Feedback == config.HAProxyFeedbackRing
 }
 
-// feedbackKey identifies the feedback listener's settings: its address and
-// whether it takes TCP, so switching haproxy.feedback rebinds it.
+// feedbackKey identifies the feedback listener's settings (keyDiff's
+// form): its address and haproxy.feedback, which decides whether it takes TCP.
 func feedbackKey(cfg *config.Config) string {
-	if feedbackTCP(cfg) {
-		return cfg.Feedback.Syslog + " tcp"
-	}
-	return cfg.Feedback.Syslog
+	return "feedback.syslog=" + cfg.Feedback.Syslog + "\nhaproxy.feedback=" + cfg.HAProxy.Feedback + "\n"
 }
 
 // feedbackReadBuffer is the receive buffer asked for the feedback socket. A
@@ -434,8 +426,9 @@ func httpKey(cfg *config.Config) string {
 	return b.String()
 }
 
-// httpKeyDiff names the fields that differ between two httpKeys.
-func httpKeyDiff(a, b string) string {
+// keyDiff names the fields that differ between two listener keys of
+// "field=value" lines (httpKey, eppKey, feedbackKey).
+func keyDiff(a, b string) string {
 	am := map[string]string{}
 	for _, line := range strings.Split(a, "\n") {
 		if k, v, ok := strings.Cut(line, "="); ok {

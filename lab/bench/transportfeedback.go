@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+
+	"github.com/turnout/turnout/route/contract"
 )
 
 // A transport client closes its decisions the way the proxies do: one
@@ -47,15 +49,15 @@ func newCloser(to feedbackTo) (*closer, error) {
 // feedbackLine renders the line a proxy's log format writes for a 200
 // from srv (the syslog header before the tag is skipped by turnout).
 func feedbackLine(dst []byte, id, srv []byte, tok string) []byte {
-	dst = append(dst[:0], "<134>turnout-done id="...)
+	dst = append(dst[:0], "<134>"+contract.FeedbackTag+" "+contract.FeedbackFieldID+"="...)
 	dst = append(dst, id...)
-	dst = append(dst, " srv="...)
+	dst = append(dst, " "+contract.FeedbackFieldServer+"="...)
 	dst = append(dst, srv...)
-	dst = append(dst, " status=200 ms=20 ttfb=5"...)
+	dst = append(dst, " "+contract.FeedbackFieldStatus+"=200 "+contract.FeedbackFieldMs+"=20 "+contract.FeedbackFieldTTFB+"=5"...)
 	if tok != "" {
-		dst = append(append(dst, " tok="...), tok...)
+		dst = append(append(dst, " "+contract.FeedbackFieldToken+"="...), tok...)
 	}
-	return append(dst, " term=--"...)
+	return append(dst, " "+contract.FeedbackFieldTerm+"=--"...)
 }
 
 // done records a decision's end; the line goes out once open later ones

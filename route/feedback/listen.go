@@ -74,15 +74,22 @@ func (l *Loop) warnFeedbackExposure(uc *net.UDPConn) {
 
 // Datagram handles one datagram from src: every line in it.
 func (l *Loop) Datagram(src netip.Addr, b []byte) {
-	snap := l.d.Snapshot()
-	if !snap.FeedbackAllowed(src) {
-		l.rejected.Add(1)
-		if l.fbRejectLog.allow(time.Now(), time.Minute) {
-			l.log.Warn().Str("source", src.String()).Str(fleet.FieldReason, "source not in feedback.sources").Msg("feedback datagram dropped")
-		}
-		return
+	if l.sourceAllowed(src, "feedback datagram dropped") {
+		l.eachLine(b)
 	}
-	l.eachLine(b)
+}
+
+// sourceAllowed says whether feedback from src is taken (feedback.sources);
+// a refused source is counted and logged with msg at most once a minute.
+func (l *Loop) sourceAllowed(src netip.Addr, msg string) bool {
+	if l.d.Snapshot().FeedbackAllowed(src) {
+		return true
+	}
+	l.rejected.Add(1)
+	if l.fbRejectLog.allow(time.Now(), time.Minute) {
+		l.log.Warn().Str("source", src.String()).Str(fleet.FieldReason, "source not in feedback.sources").Msg(msg)
+	}
+	return false
 }
 
 // eachLine handles every line in b (from an allowed source).

@@ -10,8 +10,6 @@ import (
 	"net/netip"
 	"sync"
 	"time"
-
-	"github.com/turnout/turnout/route/fleet"
 )
 
 // maxFrame bounds one syslog message on a stream; the reader's buffer
@@ -94,11 +92,7 @@ func (l *Loop) readStream(c net.Conn) {
 	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		src = ta.AddrPort().Addr()
 	}
-	if !l.d.Snapshot().FeedbackAllowed(src) {
-		l.rejected.Add(1)
-		if l.fbRejectLog.allow(time.Now(), time.Minute) {
-			l.log.Warn().Str("source", src.String()).Str(fleet.FieldReason, "source not in feedback.sources").Msg("feedback connection closed")
-		}
+	if !l.sourceAllowed(src, "feedback connection closed") {
 		return
 	}
 	r := bufio.NewReaderSize(c, maxFrame)
