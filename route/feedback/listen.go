@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/subtle"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -41,19 +40,7 @@ func (l *Loop) Serve(ctx context.Context, pc net.PacketConn) error {
 		<-ctx.Done()
 		_ = uc.Close()
 	}()
-	buf := make([]byte, 64<<10)
-	for {
-		// ReadFromUDPAddrPort: the source without an allocation per datagram.
-		n, src, err := uc.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			l.log.Warn().Err(err).Msg("feedback read")
-			continue
-		}
-		l.Datagram(src.Addr(), buf[:n])
-	}
+	return l.serveUDP(ctx, uc)
 }
 
 // warnFeedbackExposure warns when the feedback socket is reachable from

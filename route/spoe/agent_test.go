@@ -483,3 +483,41 @@ func FuzzNotify(f *testing.F) {
 		}
 	})
 }
+
+// Zero allocations per NOTIFY in the whole process over a real connection:
+// the reader's socket reads, the decision, the batched ACK write and the
+// scheduler's hand-offs, as HAProxy drives them (pipelined bursts).
+func TestServeAllocs(t *testing.T) {
+	a := mustAgent(t, twoDeployments)
+	c, br, _ := agentConn(t, a, 16380)
+	_ = c.SetDeadline(time.Time{})
+	const burst = 4
+	var frames []byte
+	for i := range burst {
+		body := chatBody("llama", fmt.Sprintf("conversation %d: ", i)+strings.Repeat("Tell me more about routing. ", 36))
+		frames = append(frames, rawFrame(frameNotify, flagFin, uint64(10+i), 1, messagesPayload(MessageRoute,
+			routeArgs("POST", "/v1/chat/completions", body, "content-type", "application/json", "x-session-id", fmt.Sprint("user-", i))))...)
+	}
+	ackBuf := make([]byte, 16<<10)
+	run := func() {
+		if _, err := c.Write(frames); err != nil {
+			t.Fatal(err)
+		}
+		for range burst {
+			if _, err := io.ReadFull(br, ackBuf[:4]); err != nil {
+				t.Fatal(err)
+			}
+			n := int(binary.BigEndian.Uint32(ackBuf[:4]))
+			if _, err := io.ReadFull(br, ackBuf[4:4+n]); err != nil {
+				t.Fatal(err)
+			}
+			complete(a, ackBuf[:4+n])
+		}
+	}
+	for range 200 {
+		run()
+	}
+	if n := testing.AllocsPerRun(500, run); n != 0 {
+		t.Fatalf("%v allocations per burst of %d NOTIFYs", n, burst)
+	}
+}
