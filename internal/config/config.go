@@ -132,11 +132,6 @@ type FeedbackConfig struct {
 	// /readyz?verbose). Default 60s and 20.
 	StalledAfter        Duration `yaml:"stalled_after"`
 	StalledMinDecisions int      `yaml:"stalled_min_decisions"`
-	// BatchWait: after reading every queued datagram, wait this long so
-	// the next lines are read together, by one wake-up and (on Linux) one
-	// recvmmsg. Completions then close up to this much later. 0 reads each
-	// line as it comes. Default DefaultFeedbackBatchWait (BatchWaitD).
-	BatchWait *Duration `yaml:"batch_wait"`
 }
 
 // LimitsConfig bounds the resources the HTTP listener gives its clients, so

@@ -29,24 +29,6 @@ func ParsePrefix(s string) (netip.Prefix, error) {
 	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
-// DefaultFeedbackBatchWait is feedback.batch_wait when unset: at 10,000
-// requests/s about 20 lines per wake-up, each decision closed at most 2 ms
-// later (LLM requests last hundreds of milliseconds and more).
-const DefaultFeedbackBatchWait = 2 * time.Millisecond
-
-// maxFeedbackBatchWait bounds feedback.batch_wait: what queues meanwhile
-// must fit the socket's receive buffer (Linux default 208 KiB, about 200
-// lines), or lines are dropped.
-const maxFeedbackBatchWait = 10 * time.Millisecond
-
-// BatchWaitD is feedback.batch_wait (DefaultFeedbackBatchWait when unset).
-func (f *FeedbackConfig) BatchWaitD() time.Duration {
-	if f.BatchWait == nil {
-		return DefaultFeedbackBatchWait
-	}
-	return f.BatchWait.D()
-}
-
 var tokenRe = regexp.MustCompile(`^[A-Za-z0-9_-]{16,128}$`)
 
 func (c *Config) applyFeedbackDefaults() {
@@ -82,9 +64,6 @@ func (c *Config) validateFeedback(bad func(field, format string, a ...any)) {
 	}
 	if f.StalledAfter.D() < time.Second {
 		bad("feedback.stalled_after", "%v is below 1s", f.StalledAfter.D())
-	}
-	if w := f.BatchWaitD(); w < 0 || w > maxFeedbackBatchWait {
-		bad("feedback.batch_wait", "%v is out of range [0, %v]", w, maxFeedbackBatchWait)
 	}
 	if f.StalledMinDecisions < 1 {
 		bad("feedback.stalled_min_decisions", "%d must be at least 1", f.StalledMinDecisions)

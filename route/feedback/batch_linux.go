@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"syscall"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -113,9 +112,7 @@ func (b *udpBatch) datagram(i int) ([]byte, netip.Addr) {
 	return data, src
 }
 
-// serveUDP reads datagrams in batches until uc is closed; after a batch
-// that emptied the socket it waits feedback.batch_wait, so the lines of
-// that time are taken by one wake-up and one system call.
+// serveUDP reads datagrams in batches until uc is closed.
 func (l *Loop) serveUDP(ctx context.Context, uc *net.UDPConn) error {
 	b, err := newUDPBatch(uc)
 	if err != nil {
@@ -133,9 +130,6 @@ func (l *Loop) serveUDP(ctx context.Context, uc *net.UDPConn) error {
 		for i := range n {
 			data, src := b.datagram(i)
 			l.Datagram(src, data)
-		}
-		if w := l.d.Snapshot().Config.Feedback.BatchWaitD(); w > 0 && n < batchLen {
-			time.Sleep(w)
 		}
 	}
 }

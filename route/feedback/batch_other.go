@@ -6,12 +6,10 @@ import (
 	"context"
 	"errors"
 	"net"
-	"time"
 )
 
-// serveUDP reads one datagram per call until uc is closed; after one that
-// emptied the socket it waits feedback.batch_wait (as batch_linux.go does,
-// without recvmmsg the wait only saves wake-ups).
+// serveUDP reads one datagram per call until uc is closed (batch_linux.go
+// reads them in batches).
 func (l *Loop) serveUDP(ctx context.Context, uc *net.UDPConn) error {
 	buf := make([]byte, 64<<10)
 	for {
@@ -25,8 +23,5 @@ func (l *Loop) serveUDP(ctx context.Context, uc *net.UDPConn) error {
 			continue
 		}
 		l.Datagram(src.Addr(), buf[:n])
-		if w := l.d.Snapshot().Config.Feedback.BatchWaitD(); w > 0 {
-			time.Sleep(w)
-		}
 	}
 }

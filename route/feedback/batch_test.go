@@ -11,48 +11,43 @@ import (
 )
 
 // The UDP reader stays allocation-free in the whole process: socket read,
-// source check, parse and the closing of the decision, with batch_wait on
-// and off.
+// source check, parse and the closing of the decision.
 func TestFeedbackUDPAllocs(t *testing.T) {
-	for _, wait := range []string{"0s", "1ms"} {
-		t.Run("batch_wait "+wait, func(t *testing.T) {
-			addr := freeport.Addr(t)
-			s := mustServer(t, fmt.Sprintf(feedbackBatchCfg, addr, wait))
-			c := listenFeedback(t, s, addr)
-			waitReading(t, s, c)
-			ctx := routeCtx(body4K(1), "")
-			line := make([]byte, 0, 256)
-			run := func() {
-				ctx.Response.Reset()
-				s.api.Handler(ctx)
-				line = append(line[:0], "<134>Nov 29 21:00:00 haproxy[1]: turnout-done id="...)
-				line = append(line, ctx.Response.Header.Peek(contract.HdrDecision)...)
-				line = append(line, " srv=a status=200 ms=5 ttfb=1 tft=3 tok=s3cret-token-0123456789 be=llama_mixed tw=0 tc=0 retries=0 up=127.0.0.1:8001 term=----\n"...)
-				before := s.lines.Load()
-				if _, err := c.Write(line); err != nil {
-					t.Fatal(err)
-				}
-				deadline := time.Now().Add(10 * time.Second)
-				for s.lines.Load() == before {
-					if time.Now().After(deadline) {
-						t.Fatal("feedback line not read")
-					}
-					time.Sleep(20 * time.Microsecond)
-				}
+	addr := freeport.Addr(t)
+	s := mustServer(t, fmt.Sprintf(feedbackBatchCfg, addr))
+	c := listenFeedback(t, s, addr)
+	waitReading(t, s, c)
+	ctx := routeCtx(body4K(1), "")
+	line := make([]byte, 0, 256)
+	run := func() {
+		ctx.Response.Reset()
+		s.api.Handler(ctx)
+		line = append(line[:0], "<134>Nov 29 21:00:00 haproxy[1]: turnout-done id="...)
+		line = append(line, ctx.Response.Header.Peek(contract.HdrDecision)...)
+		line = append(line, " srv=a status=200 ms=5 ttfb=1 tft=3 tok=s3cret-token-0123456789 be=llama_mixed tw=0 tc=0 retries=0 up=127.0.0.1:8001 term=----\n"...)
+		before := s.lines.Load()
+		if _, err := c.Write(line); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for s.lines.Load() == before {
+			if time.Now().After(deadline) {
+				t.Fatal("feedback line not read")
 			}
-			for range 50 {
-				run()
-			}
-			if n := testing.AllocsPerRun(300, run); n != 0 {
-				t.Fatalf("%v allocations per decision closed over UDP", n)
-			}
-		})
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+	for range 50 {
+		run()
+	}
+	if n := testing.AllocsPerRun(300, run); n != 0 {
+		t.Fatalf("%v allocations per decision closed over UDP", n)
 	}
 }
 
 const feedbackBatchCfg = `
 health: {disable: true}
-feedback: {syslog: %q, token: s3cret-token-0123456789, batch_wait: %s}
+feedback: {syslog: %q, token: s3cret-token-0123456789}
 deployments:
   - name: llama
     policy: {name: least-request}
@@ -63,11 +58,11 @@ deployments:
           - {name: b, address: 127.0.0.1:8002}
 `
 
-// Lines queued while the reader waits are all read, each closing its
-// decision, whatever the batch size.
+// Lines queued faster than they are read are all read, each closing its
+// decision, across several batches.
 func TestFeedbackUDPBatches(t *testing.T) {
 	addr := freeport.Addr(t)
-	s := mustServer(t, fmt.Sprintf(feedbackBatchCfg, addr, "5ms"))
+	s := mustServer(t, fmt.Sprintf(feedbackBatchCfg, addr))
 	c := listenFeedback(t, s, addr)
 	waitReading(t, s, c)
 	const n = 100 // several recvmmsg batches
