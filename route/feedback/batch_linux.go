@@ -4,7 +4,6 @@ package feedback
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -121,10 +120,9 @@ func (l *Loop) serveUDP(ctx context.Context, uc *net.UDPConn) error {
 	for {
 		n, err := b.read()
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+			if l.readEnded(ctx, err) {
 				return nil
 			}
-			l.log.Warn().Err(err).Msg("feedback read")
 			continue
 		}
 		for i := range n {

@@ -4,7 +4,6 @@ package feedback
 
 import (
 	"context"
-	"errors"
 	"net"
 )
 
@@ -16,10 +15,9 @@ func (l *Loop) serveUDP(ctx context.Context, uc *net.UDPConn) error {
 		// ReadFromUDPAddrPort: the source without an allocation per datagram.
 		n, src, err := uc.ReadFromUDPAddrPort(buf)
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+			if l.readEnded(ctx, err) {
 				return nil
 			}
-			l.log.Warn().Err(err).Msg("feedback read")
 			continue
 		}
 		l.Datagram(src.Addr(), buf[:n])

@@ -14,7 +14,7 @@ import (
 // source check, parse and the closing of the decision.
 func TestFeedbackUDPAllocs(t *testing.T) {
 	addr := freeport.Addr(t)
-	s := mustServer(t, fmt.Sprintf(feedbackBatchCfg, addr))
+	s := mustServer(t, fmt.Sprintf(feedbackCfg, addr, "", "s3cret-token-0123456789"))
 	c := listenFeedback(t, s, addr)
 	waitReading(t, s, c)
 	ctx := routeCtx(body4K(1), "")
@@ -45,24 +45,11 @@ func TestFeedbackUDPAllocs(t *testing.T) {
 	}
 }
 
-const feedbackBatchCfg = `
-health: {disable: true}
-feedback: {syslog: %q, token: s3cret-token-0123456789}
-deployments:
-  - name: llama
-    policy: {name: least-request}
-    pools:
-      - role: mixed
-        endpoints:
-          - {name: a, address: 127.0.0.1:8001}
-          - {name: b, address: 127.0.0.1:8002}
-`
-
 // Lines queued faster than they are read are all read, each closing its
 // decision, across several batches.
 func TestFeedbackUDPBatches(t *testing.T) {
 	addr := freeport.Addr(t)
-	s := mustServer(t, fmt.Sprintf(feedbackBatchCfg, addr))
+	s := mustServer(t, fmt.Sprintf(feedbackCfg, addr, "", "s3cret-token-0123456789"))
 	c := listenFeedback(t, s, addr)
 	waitReading(t, s, c)
 	const n = 100 // several recvmmsg batches

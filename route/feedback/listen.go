@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -41,6 +42,16 @@ func (l *Loop) Serve(ctx context.Context, pc net.PacketConn) error {
 		_ = uc.Close()
 	}()
 	return l.serveUDP(ctx, uc)
+}
+
+// readEnded tells a failed read of the feedback socket: true when it was
+// closed (the listener stops), else the error is logged and reading goes on.
+func (l *Loop) readEnded(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	l.log.Warn().Err(err).Msg("feedback read")
+	return false
 }
 
 // warnFeedbackExposure warns when the feedback socket is reachable from
