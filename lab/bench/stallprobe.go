@@ -31,9 +31,10 @@ type StallProbe struct {
 	Tasks, NoSwitch, Own float64
 	// The kernel's view over the probe: the thread's run-queue wait
 	// (/proc/thread-self/schedstat), the CPU's steal and irq + softirq
-	// time (/proc/stat) as shares, its local timer interrupts per second
-	// (/proc/interrupts LOC).
-	RunDelay, Steal, IRQ, LOCPerSec float64
+	// time (/proc/stat) as shares, its local timer interrupts and its
+	// rescheduling and function call IPIs per second (/proc/interrupts
+	// LOC, RES + CAL: each a VM exit).
+	RunDelay, Steal, IRQ, LOCPerSec, IPIPerSec float64
 }
 
 // Stretches the probe records.

@@ -112,7 +112,8 @@ func probeCPU(ctx context.Context, cpu int, d time.Duration) (StallProbe, error)
 		p.Steal = float64(k1.steal-k0.steal) / float64(ticks)
 		p.IRQ = float64(k1.irq-k0.irq) / float64(ticks)
 	}
-	p.LOCPerSec = float64(k1.loc-k0.loc) / (wall / float64(time.Second))
+	sec := wall / float64(time.Second)
+	p.LOCPerSec, p.IPIPerSec = float64(k1.loc-k0.loc)/sec, float64(k1.ipi-k0.ipi)/sec
 	return p, nil
 }
 
@@ -148,6 +149,7 @@ func threadSwitches() (switches, error) {
 type kernelView struct {
 	runDelay               int64 // ns
 	total, steal, irq, loc uint64
+	ipi                    uint64 // rescheduling and function call
 }
 
 func readKernelView(cpu int) (kernelView, error) {
@@ -183,27 +185,34 @@ func readKernelView(cpu int) (kernelView, error) {
 			}
 		}
 	}
-	k.loc, err = localTimerInterrupts(cpu)
+	irqs, err := cpuInterrupts(cpu)
+	k.loc, k.ipi = irqs["LOC:"], irqs["RES:"]+irqs["CAL:"]
 	return k, err
 }
 
-// localTimerInterrupts is cpu's LOC count in /proc/interrupts, whose
-// columns follow its header's CPU names.
-func localTimerInterrupts(cpu int) (uint64, error) {
+// cpuInterrupts is cpu's counts in /proc/interrupts by row name ("LOC:"),
+// its columns following the header's CPU names.
+func cpuInterrupts(cpu int) (map[string]uint64, error) {
 	b, err := os.ReadFile("/proc/interrupts")
 	if err != nil {
-		return 0, fmt.Errorf("stall probe: %w", err)
+		return nil, fmt.Errorf("stall probe: %w", err)
 	}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	if !sc.Scan() {
-		return 0, errors.New("stall probe: empty /proc/interrupts")
+		return nil, errors.New("stall probe: empty /proc/interrupts")
 	}
 	col := slices.Index(strings.Fields(sc.Text()), "CPU"+strconv.Itoa(cpu))
-	for col >= 0 && sc.Scan() {
+	if col < 0 {
+		return nil, fmt.Errorf("stall probe: no CPU %d in /proc/interrupts", cpu)
+	}
+	out := map[string]uint64{}
+	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		if len(f) > col+1 && f[0] == "LOC:" {
-			return strconv.ParseUint(f[col+1], 10, 64)
+		if len(f) > col+1 {
+			if v, err := strconv.ParseUint(f[col+1], 10, 64); err == nil {
+				out[f[0]] = v
+			}
 		}
 	}
-	return 0, fmt.Errorf("stall probe: no LOC count for CPU %d in /proc/interrupts", cpu)
+	return out, nil
 }
