@@ -27,8 +27,10 @@ type StallProbe struct {
 	N50, N100       int
 	Max             time.Duration
 	// Tasks and NoSwitch split Lost50 by cause (another task; interrupts
-	// or the hypervisor); Own is the probe's runtime's share, not counted.
-	Tasks, NoSwitch, Own float64
+	// or the hypervisor), NoSwitch100 is NoSwitch's part in stretches over
+	// 100 µs (the floor under a real-time server); Own is the probe's
+	// runtime's share, not counted.
+	Tasks, NoSwitch, NoSwitch100, Own float64
 	// The kernel's view over the probe: the thread's run-queue wait
 	// (/proc/thread-self/schedstat), the CPU's steal and irq + softirq
 	// time (/proc/stat) as shares, its local timer interrupts and its

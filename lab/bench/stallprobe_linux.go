@@ -60,7 +60,7 @@ func probeCPU(ctx context.Context, cpu int, d time.Duration) (StallProbe, error)
 	if err != nil {
 		return p, err
 	}
-	var lost50, lost100, tasks, noSwitch, own time.Duration
+	var lost50, lost100, tasks, noSwitch, noSwitch100, own time.Duration
 	start := time.Now()
 	end := start.Add(d)
 	last := start
@@ -75,9 +75,13 @@ func probeCPU(ctx context.Context, cpu int, d time.Duration) (StallProbe, error)
 			case sw.vol > sw0.vol:
 				own += gap
 			default:
-				if sw.invol > sw0.invol {
+				switch {
+				case sw.invol > sw0.invol:
 					tasks += gap
-				} else {
+				case gap > stallLong:
+					noSwitch100 += gap
+					fallthrough
+				default:
 					noSwitch += gap
 				}
 				lost50 += gap
@@ -106,7 +110,7 @@ func probeCPU(ctx context.Context, cpu int, d time.Duration) (StallProbe, error)
 	}
 	wall := float64(time.Since(start))
 	p.Lost50, p.Lost100 = float64(lost50)/wall, float64(lost100)/wall
-	p.Tasks, p.NoSwitch, p.Own = float64(tasks)/wall, float64(noSwitch)/wall, float64(own)/wall
+	p.Tasks, p.NoSwitch, p.NoSwitch100, p.Own = float64(tasks)/wall, float64(noSwitch)/wall, float64(noSwitch100)/wall, float64(own)/wall
 	p.RunDelay = float64(k1.runDelay-k0.runDelay) / wall
 	if ticks := k1.total - k0.total; ticks > 0 {
 		p.Steal = float64(k1.steal-k0.steal) / float64(ticks)
