@@ -2,7 +2,8 @@ package bench
 
 import "time"
 
-// The VM stall probe: one thread pinned to each of turnout's CPUs spins on
+// The VM stall probe: one thread pinned to each of turnout's CPUs (and the
+// bench's own, where the client reads the answers) spins on
 // the clock for a paced round's length, before the round, and records
 // every stretch in which it did not run. A request arriving while its CPU
 // is away (another task's slice, an interrupt, the hypervisor) waits that
@@ -19,7 +20,10 @@ import "time"
 
 // StallProbe is one CPU's stretches over one probe.
 type StallProbe struct {
-	CPU      int
+	CPU int
+	// Bench is set for a CPU of the bench's own (its client's), not
+	// turnout's: an answer waits there too, until the client runs.
+	Bench    bool
 	Duration time.Duration
 	// Lost50 and Lost100 are the shares of the time lost in stretches
 	// over 50 and 100 µs; N50 and N100 how many; Max the longest.

@@ -29,6 +29,11 @@ func probeStalls(ctx context.Context, cpus string, d time.Duration) ([]StallProb
 		list = append(list, c)
 	}
 	slices.Sort(list)
+	// Each probe holds a P while it spins: with fewer, they would take
+	// turns and count each other's turns as stalls.
+	if n := len(list) + 1; runtime.GOMAXPROCS(0) < n {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(n))
+	}
 	out := make([]StallProbe, len(list))
 	errs := make([]error, len(list))
 	done := make(chan struct{})

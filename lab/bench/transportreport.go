@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"text/tabwriter"
 )
 
@@ -46,18 +47,26 @@ func writeStallTable(w io.Writer, rows []TransportRow) error {
 	if !slices.ContainsFunc(rows, func(r TransportRow) bool { return len(r.Stalls) > 0 }) {
 		return nil
 	}
-	fmt.Fprintln(w, "\nVM stall probe: a thread spinning on the turnout CPU for the paced run's length, just before it; time it did not run, in stretches over 50 and 100 µs")
+	fmt.Fprintln(w, "\nVM stall probe: a thread spinning on each turnout and bench CPU for the paced run's length, just before it; time it did not run, in stretches over 50 and 100 µs")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "before paced row\tCPU\ts\tlost >50 µs\t>50 µs /s\tlost >100 µs\t>100 µs /s\tlongest ms\tto other tasks\tno switch (irq, VM) >50 / >100 µs\tprobe's runtime\tkernel: run-queue wait\tsteal\tirq+softirq\tLOC /s\tIPI /s")
+	fmt.Fprintln(tw, "before paced row\tCPU (of)\ts\tlost >50 µs\t>50 µs /s\tlost >100 µs\t>100 µs /s\tlongest ms\tto other tasks\tno switch (irq, VM) >50 / >100 µs\tprobe's runtime\tkernel: run-queue wait\tsteal\tirq+softirq\tLOC /s\tIPI /s")
 	for _, r := range rows {
 		for _, p := range r.Stalls {
 			sec := p.Duration.Seconds()
-			fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f%%\t%.0f\t%.2f%%\t%.0f\t%.3f\t%.2f%%\t%.2f%% / %.2f%%\t%.2f%%\t%.2f%%\t%.2f%%\t%.2f%%\t%.0f\t%.0f\n",
-				r.Target, p.CPU, sec, 100*p.Lost50, float64(p.N50)/sec, 100*p.Lost100, float64(p.N100)/sec, float64(p.Max)/1e6,
+			fmt.Fprintf(tw, "%s\t%s\t%.1f\t%.2f%%\t%.0f\t%.2f%%\t%.0f\t%.3f\t%.2f%%\t%.2f%% / %.2f%%\t%.2f%%\t%.2f%%\t%.2f%%\t%.2f%%\t%.0f\t%.0f\n",
+				r.Target, probedCPU(p), sec, 100*p.Lost50, float64(p.N50)/sec, 100*p.Lost100, float64(p.N100)/sec, float64(p.Max)/1e6,
 				100*p.Tasks, 100*p.NoSwitch, 100*p.NoSwitch100, 100*p.Own, 100*p.RunDelay, 100*p.Steal, 100*p.IRQ, p.LOCPerSec, p.IPIPerSec)
 		}
 	}
 	return tw.Flush()
+}
+
+// probedCPU names a probed CPU and whose it is.
+func probedCPU(p StallProbe) string {
+	if p.Bench {
+		return strconv.Itoa(p.CPU) + " (bench)"
+	}
+	return strconv.Itoa(p.CPU) + " (turnout)"
 }
 
 // CheckTransports fails unless every transport answered decisions with

@@ -131,8 +131,8 @@ type TransportRow struct {
 	// figures, as for the trivial row).
 	ServerP50, ServerP99, ServerOver100 float64
 	ServerTimed                         int
-	// Stalls is the VM stall probe of TurnoutCPUs (stallprobe.go) just
-	// before the paced run, for as long.
+	// Stalls is the VM stall probe of TurnoutCPUs and the bench's own
+	// (stallprobe.go) just before the paced run, for as long.
 	Stalls   []StallProbe
 	FirstErr string
 
@@ -365,6 +365,14 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		}
 	}
 	if o.Paced > 0 {
+		var probeCPUs string
+		if o.TurnoutCPUs != "" {
+			own, err := benchCPUs()
+			if err != nil {
+				return nil, err
+			}
+			probeCPUs = o.TurnoutCPUs + "," + own
+		}
 		for i, t := range targets {
 			row := &rows[i]
 			if row.PerCore == 0 {
@@ -379,8 +387,12 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			if o.TurnoutCPUs != "" {
 				// Before the round, not during it: the probe would take
 				// the CPU it measures.
-				if row.Stalls, err = probeStalls(ctx, o.TurnoutCPUs, o.Duration); err != nil {
+				if row.Stalls, err = probeStalls(ctx, probeCPUs, o.Duration); err != nil {
 					return nil, fmt.Errorf("transports %s: %w", t.name, err)
+				}
+				turnoutCPUs, _ := parseCPUList(o.TurnoutCPUs)
+				for k := range row.Stalls {
+					row.Stalls[k].Bench = !turnoutCPUs[row.Stalls[k].CPU]
 				}
 			}
 			var dt0 Buckets
