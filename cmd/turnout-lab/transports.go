@@ -34,7 +34,7 @@ func runTransports(args []string, log *zerolog.Logger) error {
 	fset.Float64Var(&o.Paced, "paced", 0, "after the rounds, run each transport once at this fraction of its decisions per core (0.5: half), for its latency at that load")
 	fset.StringVar(&o.TurnoutCPUs, "turnout-cpus", "", "run turnout on these CPUs only (taskset list, e.g. 1); start the bench itself on the others (taskset -c 0 turnout-lab bench transports ...)")
 	fset.IntVar(&o.Open, "open", 0, "decisions each HTTP and SPOE client keeps open before closing its oldest over the feedback path (0: each closed once answered; -1: never closed)")
-	fset.StringVar(&o.Pacer, "pacer", "", "the paced HTTP rows' sender: spin (one goroutine that never sleeps; needs the bench's own CPU) or timer (Go timers, millisecond-grained); default spin with --turnout-cpus, else timer")
+	fset.StringVar(&o.Pacer, "pacer", "", "the paced HTTP rows' sender: spin (one goroutine that never sleeps; needs the bench's own CPU), fifo (the same loop on a SCHED_FIFO thread that sleeps until its next send or answer; root) or timer (Go timers, millisecond-grained); default spin with --turnout-cpus, else timer")
 	fset.IntVar(&o.FIFO, "turnout-fifo", 0, "run the turnout and trivial processes under SCHED_FIFO at this priority (chrt -f; root), so other tasks' time slices do not delay them (0: the default scheduler)")
 	fset.IntVar(&o.GOMAXPROCS, "turnout-gomaxprocs", 0, "GOMAXPROCS of the turnout and trivial processes (0: their runtime's default, the CPUs they may run on)")
 	trivial := fset.Bool("trivial", true, "add the trivial fasthttp handler's row (turnout-lab bench trivial, pinned like turnout): the floor any fasthttp server pays")

@@ -6,14 +6,34 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 )
 
 // TestSpinPaced: the spinning pacer sends every request of the run on its
 // schedule's count, reads each whole answer, and closes each decision over
-// feedback (one line per answer).
+// feedback (one line per answer); so does its sleeping real-time form.
+// The sleeping one must not burn its CPU as the spinning one does: it uses
+// less process CPU by a good part of the run's length.
 func TestSpinPaced(t *testing.T) {
+	spun, elapsed := spinPacedCPU(t, PacerSpin)
+	runtime.LockOSThread()
+	err := setThreadFIFO(1)
+	_ = setThreadFIFO(0)
+	runtime.UnlockOSThread()
+	if err != nil {
+		t.Skipf("no real-time scheduling here for the %s pacer: %v", PacerFIFO, err)
+	}
+	slept, _ := spinPacedCPU(t, PacerFIFO)
+	if slept > spun-elapsed/4 {
+		t.Errorf("the %s pacer used %s of CPU, the %s pacer %s, in %s runs", PacerFIFO, slept, PacerSpin, spun, elapsed)
+	}
+}
+
+// spinPacedCPU runs pacer against an in-process trivial server, checks
+// its run, and returns the process CPU it took and the run's length.
+func spinPacedCPU(t *testing.T, pacer string) (time.Duration, time.Duration) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -42,8 +62,16 @@ func TestSpinPaced(t *testing.T) {
 		lines <- nil
 	}()
 	bodies := CostBodiesSized(8, "llama", 1, false, 1, 8<<10)
-	tg := routeTarget("trivial", 0, "", ln.Addr().String(), bodies, feedbackTo{addr: pc.LocalAddr().String(), open: 0}, PacerSpin)
+	tg := routeTarget("trivial", 0, "", ln.Addr().String(), bodies, feedbackTo{addr: pc.LocalAddr().String(), open: 0}, pacer)
+	cpu0, err := selfCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
 	res, err := tg.spin(context.Background(), 4, rate, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpu1, err := selfCPU()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,4 +86,5 @@ func TestSpinPaced(t *testing.T) {
 	if err := <-lines; err != nil {
 		t.Fatal(err)
 	}
+	return cpu1 - cpu0, res.Elapsed
 }

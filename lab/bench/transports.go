@@ -94,11 +94,18 @@ type TransportOptions struct {
 	GOMAXPROCS int
 }
 
-// The paced HTTP rows' senders (TransportOptions.Pacer).
+// The paced HTTP rows' senders (TransportOptions.Pacer). PacerFIFO is
+// spinPaced's loop on a SCHED_FIFO thread that sleeps until its next send
+// or answer instead of spinning (a spinning real-time thread would starve
+// its CPU), so other tasks on the bench's CPU cannot delay it either.
 const (
 	PacerSpin  = "spin"
 	PacerTimer = "timer"
+	PacerFIFO  = "fifo"
 )
+
+// pacerFIFOPriority is PacerFIFO's real-time priority.
+const pacerFIFOPriority = 50
 
 // TransportRow is one transport's figures, medians over rounds.
 type TransportRow struct {
@@ -188,8 +195,8 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 	if o.Pacer == "" {
 		o.Pacer = PacerTimer
 	}
-	if o.Pacer != PacerSpin && o.Pacer != PacerTimer {
-		return nil, fmt.Errorf("transports: pacer %q: want %s or %s", o.Pacer, PacerSpin, PacerTimer)
+	if o.Pacer != PacerSpin && o.Pacer != PacerTimer && o.Pacer != PacerFIFO {
+		return nil, fmt.Errorf("transports: pacer %q: want %s, %s or %s", o.Pacer, PacerSpin, PacerTimer, PacerFIFO)
 	}
 	var ps procSet
 	defer ps.stopAll()
@@ -584,7 +591,11 @@ func runWorkers(ctx context.Context, decides []func(int) error, d time.Duration,
 // paced load of the same requests with PacerSpin.
 func routeTarget(name string, pid int, spoe, addr string, bodies []CostBody, fbTo feedbackTo, pacer string) transportTarget {
 	t := transportTarget{name: name, pid: pid, spoe: spoe, worker: routeWorker(addr, bodies, fbTo)}
-	if pacer == PacerSpin {
+	fifo := 0
+	if pacer == PacerFIFO {
+		fifo = pacerFIFOPriority
+	}
+	if pacer == PacerSpin || fifo > 0 {
 		reqs := make([][]byte, len(bodies))
 		req := fasthttp.AcquireRequest()
 		defer fasthttp.ReleaseRequest(req)
@@ -593,7 +604,7 @@ func routeTarget(name string, pid int, spoe, addr string, bodies []CostBody, fbT
 			reqs[i] = []byte(req.String())
 		}
 		t.spin = func(ctx context.Context, conns int, rate float64, d time.Duration) (*LoadResult, error) {
-			return spinPaced(ctx, addr, reqs, fbTo, conns, rate, d)
+			return spinPaced(ctx, addr, reqs, fbTo, conns, rate, d, fifo)
 		}
 	}
 	return t
