@@ -92,8 +92,11 @@ func spinPaced(ctx context.Context, addr string, reqs [][]byte, fb feedbackTo, c
 			return nil, fmt.Errorf("spin paced: %d answers missing %s after the last send", busy, drainBy-d)
 		}
 		if due := time.Duration(float64(seq) * gap); seq < total && due <= now && len(free) > 0 {
-			c := cs[free[len(free)-1]]
-			free = free[:len(free)-1]
+			// The longest free first: one freed in the same loop turn
+			// as the send fell due must not count it as queued while an
+			// older one was free.
+			c := cs[free[0]]
+			free = append(free[:0], free[1:]...)
 			c.due = start.Add(due)
 			from := due
 			if c.freed > due {
