@@ -81,6 +81,7 @@ func spinPaced(ctx context.Context, addr string, reqs [][]byte, fb feedbackTo, c
 	}
 	events := make([]syscall.EpollEvent, conns)
 	gap := float64(time.Second) / rate
+	cpu0 := threadCPU()
 	start := time.Now()
 	drainBy := d + 10*time.Second
 	for seq, busy, turn := 0, 0, 0; seq < total || busy > 0; turn++ {
@@ -156,6 +157,7 @@ func spinPaced(ctx context.Context, addr string, reqs [][]byte, fb feedbackTo, c
 		}
 	}
 	res.Elapsed = time.Since(start)
+	res.SenderCPU = threadCPU() - cpu0
 	return &res, nil
 }
 
