@@ -311,6 +311,7 @@ func runCost(args []string, log *zerolog.Logger) error {
 	fset.IntVar(&o.LargeBody, "large-body", 64<<10, "bytes of the large-body rows' chat bodies (0 = no such rows)")
 	fset.DurationVar(&o.LatencyDuration, "latency-duration", time.Second, "length of the 1-connection runs (added latency at light load; 0 = none)")
 	fset.IntVar(&o.IdleConns, "idle-conns", 1000, "idle keep-alive connections for the HAProxy memory rows (0 = none)")
+	fset.IntVar(&o.HAProxyNbthread, "haproxy-nbthread", 1, "also measure plain HAProxy and the default SPOE render with this nbthread (0 = no such rows; the ratios are to the best plain row of each round)")
 	loadgen := fset.String("loadgen", "auto", "wrk, go, or auto (wrk when installed)")
 	policies := fset.String("policies", "prefix-affinity;least-request", "';'-separated policies measured on /internal/route")
 	fset.StringVar(&o.ProxyPolicy, "proxy-policy", "prefix-affinity", "turnout policy behind HAProxy and behind nginx in body mode (njs)")

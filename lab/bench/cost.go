@@ -52,8 +52,12 @@ type CostOptions struct {
 	// IdleConns is how many idle keep-alive connections the HAProxy memory
 	// rows hold open (0: none).
 	IdleConns int
-	Dir       string
-	Log       *zerolog.Logger
+	// HAProxyNbthread adds plain HAProxy and the default SPOE render with
+	// this nbthread (0: none): HAProxy's default takes every CPU, which on
+	// a box it shares with turnout and the load is not its best.
+	HAProxyNbthread int
+	Dir             string
+	Log             *zerolog.Logger
 }
 
 // CostRow is one target of the cost benchmark.
@@ -87,9 +91,12 @@ type CostRow struct {
 	ProxyCPU, TurnoutCPU float64
 	// Idle marks the idle keep-alive memory rows; IdleBefore is the proxy's
 	// RSS before the connections were opened.
-	Idle                 bool
-	IdleBefore           float64
-	Note                 string
+	Idle       bool
+	IdleBefore float64
+	Note       string
+	// bestOf marks a plain configuration of the group: each round's
+	// baseline is the best of these rows (the proxy at its best).
+	bestOf               bool
 	roundRPS             []float64
 	roundP50s, roundP99s []float64
 	roundProxyRSS        []float64
@@ -142,6 +149,9 @@ type costTarget struct {
 	Duration time.Duration
 	// ProxyPIDs and TurnoutPIDs are sampled for memory during each run.
 	ProxyPIDs, TurnoutPIDs []int
+	// BestOf: a plain configuration, candidate for the group's baseline
+	// (CostRow.bestOf).
+	BestOf bool
 }
 
 // runRounds loads each target Rounds times, interleaved (every round runs
@@ -151,7 +161,7 @@ func runRounds(ctx context.Context, o CostOptions, targets []costTarget) ([]Cost
 	lats := make([][]time.Duration, len(targets))
 	scripts := make([]string, len(targets))
 	for i, t := range targets {
-		rows[i] = CostRow{Group: t.Group, Target: t.Name, LoadGen: o.loadGenName(), Conns: t.Conns}
+		rows[i] = CostRow{Group: t.Group, Target: t.Name, LoadGen: o.loadGenName(), Conns: t.Conns, bestOf: t.BestOf}
 		if o.Wrk != "" {
 			p, err := writeWrkScript(o.Dir, t.Group, t.LoadTarget, t.Bodies)
 			if err != nil {
@@ -246,27 +256,46 @@ func median(xs []float64) float64 {
 // when both rows have rounds (else the ratio of the totals). Rounds run the
 // targets back to back, so a round's ratio compares like with like; the
 // median of those resists a noisy neighbour better than the ratio of totals.
+// When a group has rows marked bestOf (the plain proxy in several
+// configurations), a round's baseline rps is the best of them: the ratio is
+// to the proxy at its best in that round.
 func applyGroupBaselines(rows []CostRow) {
 	base := map[string]int{}
+	best := map[string][]float64{}
 	for i := range rows {
-		b, ok := base[rows[i].Group]
-		if !ok {
-			b = i
-			base[rows[i].Group] = i
+		g := rows[i].Group
+		if _, ok := base[g]; !ok {
+			base[g] = i
 		}
+		if !rows[i].bestOf {
+			continue
+		}
+		for k, v := range rows[i].roundRPS {
+			if k == len(best[g]) {
+				best[g] = append(best[g], v)
+			}
+			best[g][k] = max(best[g][k], v)
+		}
+	}
+	for i := range rows {
+		b := base[rows[i].Group]
 		r, br := &rows[i], &rows[b]
 		r.Baseline = i == b
 		r.AddedP50 = r.P50 - br.P50
 		r.AddedP99 = r.P99 - br.P99
 		r.RSSRatio = Ratio(r.ProxyRSS, br.ProxyRSS)
-		n := min(len(r.roundRPS), len(br.roundRPS))
+		baseRounds := br.roundRPS
+		if bs, ok := best[r.Group]; ok {
+			baseRounds = bs
+		}
+		n := min(len(r.roundRPS), len(baseRounds))
 		if n == 0 {
 			r.Ratio = Ratio(r.RPS, br.RPS)
 			continue
 		}
 		rs := make([]float64, n)
 		for k := range n {
-			rs[k] = Ratio(r.roundRPS[k], br.roundRPS[k])
+			rs[k] = Ratio(r.roundRPS[k], baseRounds[k])
 		}
 		r.Ratio = median(rs)
 	}

@@ -324,6 +324,9 @@ type StackOptions struct {
 	// NoFirstTokenTiming renders turnout's proxy without the first-token
 	// timer (proxy.first_token_timing: false): the cost row of that timer.
 	NoFirstTokenTiming bool
+	// Nbthread is HAProxy's nbthread, plain or rendered by turnout
+	// (haproxy.nbthread; 0: HAProxy's default, one thread per CPU).
+	Nbthread int
 	// PlainBufSize is tune.bufsize of a plain HAProxy (0: HAProxy's
 	// default, what an operator runs without turnout).
 	PlainBufSize int
@@ -477,12 +480,14 @@ func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions) error {
 	if o.Spec.IsHAProxy() {
 		cfg := PlainHAProxyConfig(PlainHAProxyOptions{
 			Dir: hapDir, Listen: front, Balance: strings.TrimPrefix(o.Spec.Policy, "haproxy-"), Servers: st.Mocks, BufSize: o.PlainBufSize,
+			Nbthread: o.Nbthread,
 		})
 		if err := os.WriteFile(filepath.Join(hapDir, "haproxy.cfg"), cfg, 0o644); err != nil {
 			return fmt.Errorf("haproxy config: %w", err)
 		}
 	} else {
-		cfg := ConfigOptions{HAProxyListen: front, HAProxyDir: hapDir, HAProxyPath: o.HAProxyPath, L7Retries: o.L7Retries, HAProxyFeedback: o.HAProxyFeedback}
+		cfg := ConfigOptions{HAProxyListen: front, HAProxyDir: hapDir, HAProxyPath: o.HAProxyPath, L7Retries: o.L7Retries, HAProxyFeedback: o.HAProxyFeedback,
+			HAProxyNbthread: o.Nbthread}
 		if err := st.startTurnout(ctx, o, cfg, ProxyHAProxy, "--out", hapDir); err != nil {
 			return err
 		}

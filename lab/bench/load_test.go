@@ -185,6 +185,33 @@ func TestGroupBaselines(t *testing.T) {
 	}
 }
 
+// With several plain configurations (bestOf), each round's baseline is the
+// best of them: the proxy at its best in that round, not the first row.
+func TestBestOfBaseline(t *testing.T) {
+	rows := []CostRow{
+		{Group: "haproxy", Target: "plain", RPS: 1000, P50: 1, roundRPS: []float64{1000, 800, 1000}, bestOf: true},
+		{Group: "haproxy", Target: "plain, nbthread 1", RPS: 1100, P50: 1, roundRPS: []float64{900, 1000, 1200}, bestOf: true},
+		{Group: "haproxy", Target: "plain, big buffers", RPS: 2000, P50: 1, roundRPS: []float64{2000, 2000, 2000}},
+		{Group: "haproxy", Target: "with turnout", RPS: 600, P50: 2, roundRPS: []float64{600, 600, 600}},
+		{Group: "nginx", Target: "nginx", RPS: 500, P50: 1, roundRPS: []float64{500, 500, 500}},
+		{Group: "nginx", Target: "nginx+turnout", RPS: 250, P50: 1, roundRPS: []float64{250, 250, 250}},
+	}
+	applyGroupBaselines(rows)
+	// Best plain per round: 1000, 1000, 1200 (a row not marked bestOf,
+	// however fast, is no baseline).
+	// plain: 1, 0.8, 0.833; nbthread 1: 0.9, 1, 1; big buffers: 2, 2, 1.67;
+	// turnout: 0.6, 0.6, 0.5.
+	want := []float64{1000.0 / 1200, 1, 2, 0.6, 1, 0.5}
+	for i, w := range want {
+		if math.Abs(rows[i].Ratio-w) > 1e-12 {
+			t.Errorf("%s: ratio %v, want %v", rows[i].Target, rows[i].Ratio, w)
+		}
+	}
+	if !rows[0].Baseline || rows[1].Baseline {
+		t.Errorf("baseline flags %v %v: the first row stays the latency and memory baseline", rows[0].Baseline, rows[1].Baseline)
+	}
+}
+
 // The probe rows print no rps and no ratio; skipped rows print their note.
 func TestCostMarkdownProbesAndNotes(t *testing.T) {
 	rows := []CostRow{
