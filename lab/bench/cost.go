@@ -202,12 +202,15 @@ func runRounds(ctx context.Context, o CostOptions, targets []costTarget) ([]Cost
 			row.roundP99s = append(row.roundP99s, float64(res.P99)/float64(time.Millisecond))
 			row.roundProxyRSS = append(row.roundProxyRSS, pm)
 			row.roundTurnoutRSS = append(row.roundTurnoutRSS, tm)
+			var pus, tus float64
 			if res.Requests > 0 {
-				row.roundProxyCPU = append(row.roundProxyCPU, perRequestUs(pcpu, res.Requests))
-				row.roundTurnoutCPU = append(row.roundTurnoutCPU, perRequestUs(tcpu, res.Requests))
+				pus, tus = perRequestUs(pcpu, res.Requests), perRequestUs(tcpu, res.Requests)
+				row.roundProxyCPU = append(row.roundProxyCPU, pus)
+				row.roundTurnoutCPU = append(row.roundTurnoutCPU, tus)
 			}
 			o.Log.Info().Str("group", t.Group).Str("target", t.Name).Int("round", r+1).Float64("rps", res.RPS()).
-				Dur("p50", res.P50).Dur("p99", res.P99).Int("errors", res.Errors).Float64("proxy_rss_mib", pm).Msg("bench cost: run")
+				Dur("p50", res.P50).Dur("p99", res.P99).Int("errors", res.Errors).Float64("proxy_rss_mib", pm).
+				Float64("proxy_cpu_us", pus).Float64("turnout_cpu_us", tus).Msg("bench cost: run")
 		}
 	}
 	for i := range rows {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/lab/mock"
@@ -125,6 +126,44 @@ func TestPlainHAProxyConfig(t *testing.T) {
 	}
 	if strings.Contains(cfg, "lua") {
 		t.Error("the baseline must not load Lua")
+	}
+}
+
+// --haproxy-nbthread N adds plain HAProxy and the default SPOE render at N
+// threads, both plain rows baseline candidates; 0 adds none.
+func TestCostNbthreadRows(t *testing.T) {
+	o := CostOptions{HAProxy: "/bin/true", ProxyPolicy: "prefix-affinity", HAProxyNbthread: 1}
+	l := zerolog.Nop()
+	o.Log = &l
+	stacks, _, err := proxyStacks(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]proxyStack{}
+	for _, s := range stacks {
+		got[s.dir] = s
+	}
+	if s := got["plain-nbt"]; s.opts.Nbthread != 1 || !s.bestOf || !got["plain"].bestOf || got["plain"].opts.Nbthread != 0 {
+		t.Errorf("plain rows: %+v / %+v", got["plain"], s)
+	}
+	if s := got["with-turnout-spoe-nbt"]; s.opts.Nbthread != 1 || s.bestOf || got["plain-wholebody"].bestOf {
+		t.Errorf("spoe nbthread row %+v; only plain rows at default buffers are baselines", s)
+	}
+	if !strings.Contains(string(PlainHAProxyConfig(PlainHAProxyOptions{Nbthread: 1})), "    nbthread 1\n") {
+		t.Error("plain config without nbthread 1")
+	}
+	if !strings.Contains(string(TurnoutConfig(ConfigOptions{HAProxyListen: "127.0.0.1:1", HAProxyNbthread: 1})), "haproxy:\n  listen: 127.0.0.1:1\n  nbthread: 1\n") {
+		t.Error("turnout config without haproxy.nbthread")
+	}
+	o.HAProxyNbthread = 0
+	stacks, _, err = proxyStacks(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range stacks {
+		if s.opts.Nbthread != 0 {
+			t.Errorf("--haproxy-nbthread 0 still adds %s", s.name)
+		}
 	}
 }
 
