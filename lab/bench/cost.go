@@ -56,8 +56,12 @@ type CostOptions struct {
 	// this nbthread (0: none): HAProxy's default takes every CPU, which on
 	// a box it shares with turnout and the load is not its best.
 	HAProxyNbthread int
-	Dir             string
-	Log             *zerolog.Logger
+	// HAProxyEnv (VAR=VALUE entries) adds plain HAProxy and the default
+	// SPOE render started with them in HAProxy's environment (none: no
+	// such rows).
+	HAProxyEnv []string
+	Dir        string
+	Log        *zerolog.Logger
 }
 
 // CostRow is one target of the cost benchmark.

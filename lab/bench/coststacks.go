@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"os/exec"
+	"strings"
 
 	"github.com/turnout/turnout/internal/config"
 
@@ -56,6 +57,12 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 					func(so *StackOptions) { so.Nbthread = n })
 				stacks[len(stacks)-1].bestOf = true
 			}
+			env := strings.Join(o.HAProxyEnv, " ")
+			if env != "" {
+				add("haproxy", "haproxy roundrobin, "+env, "plain-env", PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy,
+					func(so *StackOptions) { so.HAProxyEnv = o.HAProxyEnv })
+				stacks[len(stacks)-1].bestOf = true
+			}
 			whole := haproxy.WholeBodyBufSize(stackMaxBody)
 			add("haproxy", fmt.Sprintf("haproxy roundrobin, tune.bufsize %d (whole-body buffers, as PD renders)", whole), "plain-wholebody",
 				PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy, func(so *StackOptions) { so.PlainBufSize = whole })
@@ -63,6 +70,10 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 			if n := o.HAProxyNbthread; n > 0 {
 				add("haproxy", fmt.Sprintf("haproxy+spoe+turnout %s, nbthread %d", spec, n), "with-turnout-spoe-nbt", spec, ProxyHAProxy,
 					func(so *StackOptions) { so.Nbthread = n })
+			}
+			if env != "" {
+				add("haproxy", fmt.Sprintf("haproxy+spoe+turnout %s, %s", spec, env), "with-turnout-spoe-env", spec, ProxyHAProxy,
+					func(so *StackOptions) { so.HAProxyEnv = o.HAProxyEnv })
 			}
 			// What retry before bytes (haproxy.l7_retries: true, a copy of
 			// each request) costs: the same with it.

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -327,6 +328,9 @@ type StackOptions struct {
 	// Nbthread is HAProxy's nbthread, plain or rendered by turnout
 	// (haproxy.nbthread; 0: HAProxy's default, one thread per CPU).
 	Nbthread int
+	// HAProxyEnv are VAR=VALUE entries added to HAProxy's environment
+	// (e.g. glibc's malloc tunables, read only at process start).
+	HAProxyEnv []string
 	// PlainBufSize is tune.bufsize of a plain HAProxy (0: HAProxy's
 	// default, what an operator runs without turnout).
 	PlainBufSize int
@@ -492,7 +496,12 @@ func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions) error {
 			return err
 		}
 	}
-	hp, err := st.procs.start(o.Dir, "haproxy", o.HAProxy, "-W", "-f", filepath.Join(hapDir, "haproxy.cfg"))
+	bin, args := o.HAProxy, []string{"-W", "-f", filepath.Join(hapDir, "haproxy.cfg")}
+	if len(o.HAProxyEnv) > 0 {
+		// env execs HAProxy: the PID stays the master's.
+		bin, args = "env", slices.Concat(o.HAProxyEnv, []string{o.HAProxy}, args)
+	}
+	hp, err := st.procs.start(o.Dir, "haproxy", bin, args...)
 	if err != nil {
 		return err
 	}

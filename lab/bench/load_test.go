@@ -155,14 +155,28 @@ func TestCostNbthreadRows(t *testing.T) {
 	if !strings.Contains(string(TurnoutConfig(ConfigOptions{HAProxyListen: "127.0.0.1:1", HAProxyNbthread: 1})), "haproxy:\n  listen: 127.0.0.1:1\n  nbthread: 1\n") {
 		t.Error("turnout config without haproxy.nbthread")
 	}
-	o.HAProxyNbthread = 0
+	o.HAProxyEnv = []string{"A=1", "B=2"}
+	stacks, _, err = proxyStacks(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	envs := map[string]proxyStack{}
+	for _, s := range stacks {
+		if len(s.opts.HAProxyEnv) > 0 {
+			envs[s.dir] = s
+		}
+	}
+	if len(envs) != 2 || !envs["plain-env"].bestOf || envs["with-turnout-spoe-env"].bestOf || envs["plain-env"].name != "haproxy roundrobin, A=1 B=2" {
+		t.Errorf("--haproxy-env rows: %+v", envs)
+	}
+	o.HAProxyNbthread, o.HAProxyEnv = 0, nil
 	stacks, _, err = proxyStacks(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range stacks {
-		if s.opts.Nbthread != 0 {
-			t.Errorf("--haproxy-nbthread 0 still adds %s", s.name)
+		if s.opts.Nbthread != 0 || len(s.opts.HAProxyEnv) > 0 {
+			t.Errorf("--haproxy-nbthread 0 and no --haproxy-env still add %s", s.name)
 		}
 	}
 }
