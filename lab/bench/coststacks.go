@@ -48,8 +48,9 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 			note("haproxy", "-", "skipped: haproxy not found")
 		} else {
 			// The baseline is HAProxy as an operator runs it without turnout:
-			// default tune.bufsize, its own keep-alive defaults; with another
-			// nbthread too, and each round takes the better of the two.
+			// default tune.bufsize, its own keep-alive defaults; also at another
+			// nbthread and with another environment when asked, and each round
+			// takes the best of these plain rows.
 			add("haproxy", "haproxy roundrobin", "plain", PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy, nil)
 			stacks[len(stacks)-1].bestOf = true
 			if n := o.HAProxyNbthread; n > 0 {
