@@ -42,7 +42,7 @@ stop() { # the setup's turnout and HAProxy
 trap 'stop; pids=("${mockpids[@]}"); stop; rm -rf "$out"' EXIT
 
 # The configs, rendered by the bench itself (one short round, kept).
-"$BIN/turnout-lab" bench cost --keep --nginx '' --large-body 0 --latency-duration 0 --idle-conns 0 \
+"$BIN/turnout-lab" bench cost --keep --nginx '' --large-body 0 --latency-duration 0 --idle-conns 0 --haproxy-nbthread 0 \
 	--sse-probes 1 --rounds 1 --duration 500ms --policies '' --out "$out/bench" >"$out/bench.log" 2>&1 ||
 	{ tail -n 20 "$out/bench.log" >&2; exit 1; }
 work=$(sed -n 's/.*"dir":"\([^"]*\)".*work directory kept.*/\1/p' "$out/bench.log" | head -n 1)

@@ -311,6 +311,8 @@ func runCost(args []string, log *zerolog.Logger) error {
 	fset.IntVar(&o.LargeBody, "large-body", 64<<10, "bytes of the large-body rows' chat bodies (0 = no such rows)")
 	fset.DurationVar(&o.LatencyDuration, "latency-duration", time.Second, "length of the 1-connection runs (added latency at light load; 0 = none)")
 	fset.IntVar(&o.IdleConns, "idle-conns", 1000, "idle keep-alive connections for the HAProxy memory rows (0 = none)")
+	haproxyEnv := fset.String("haproxy-env", "", "space-separated VAR=VALUE: also measure plain HAProxy and the default SPOE render started with them in HAProxy's environment (e.g. GLIBC_TUNABLES=glibc.malloc.trim_threshold=268435456)")
+	fset.IntVar(&o.HAProxyNbthread, "haproxy-nbthread", 1, "also measure plain HAProxy and the default SPOE render with this nbthread (0 = no such rows; the ratios are to the best plain row of each round)")
 	loadgen := fset.String("loadgen", "auto", "wrk, go, or auto (wrk when installed)")
 	policies := fset.String("policies", "prefix-affinity;least-request", "';'-separated policies measured on /internal/route")
 	fset.StringVar(&o.ProxyPolicy, "proxy-policy", "prefix-affinity", "turnout policy behind HAProxy and behind nginx in body mode (njs)")
@@ -326,6 +328,7 @@ func runCost(args []string, log *zerolog.Logger) error {
 	if err := cli.ParseFlags(fset, benchCostCmd, args); err != nil {
 		return err
 	}
+	o.HAProxyEnv = strings.Fields(*haproxyEnv)
 	for _, p := range strings.Split(*policies, ";") {
 		if p = strings.TrimSpace(p); p != "" {
 			o.Policies = append(o.Policies, p)

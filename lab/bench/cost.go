@@ -52,8 +52,16 @@ type CostOptions struct {
 	// IdleConns is how many idle keep-alive connections the HAProxy memory
 	// rows hold open (0: none).
 	IdleConns int
-	Dir       string
-	Log       *zerolog.Logger
+	// HAProxyNbthread adds plain HAProxy and the default SPOE render with
+	// this nbthread (0: none): HAProxy's default takes every CPU, which on
+	// a box it shares with turnout and the load is not its best.
+	HAProxyNbthread int
+	// HAProxyEnv (VAR=VALUE entries) adds plain HAProxy and the default
+	// SPOE render started with them in HAProxy's environment (none: no
+	// such rows).
+	HAProxyEnv []string
+	Dir        string
+	Log        *zerolog.Logger
 }
 
 // CostRow is one target of the cost benchmark.
@@ -87,9 +95,12 @@ type CostRow struct {
 	ProxyCPU, TurnoutCPU float64
 	// Idle marks the idle keep-alive memory rows; IdleBefore is the proxy's
 	// RSS before the connections were opened.
-	Idle                 bool
-	IdleBefore           float64
-	Note                 string
+	Idle       bool
+	IdleBefore float64
+	Note       string
+	// bestOf marks a plain configuration of the group: each round's
+	// baseline is the best of these rows (the proxy at its best).
+	bestOf               bool
 	roundRPS             []float64
 	roundP50s, roundP99s []float64
 	roundProxyRSS        []float64
@@ -142,6 +153,9 @@ type costTarget struct {
 	Duration time.Duration
 	// ProxyPIDs and TurnoutPIDs are sampled for memory during each run.
 	ProxyPIDs, TurnoutPIDs []int
+	// BestOf: a plain configuration, candidate for the group's baseline
+	// (CostRow.bestOf).
+	BestOf bool
 }
 
 // runRounds loads each target Rounds times, interleaved (every round runs
@@ -151,7 +165,7 @@ func runRounds(ctx context.Context, o CostOptions, targets []costTarget) ([]Cost
 	lats := make([][]time.Duration, len(targets))
 	scripts := make([]string, len(targets))
 	for i, t := range targets {
-		rows[i] = CostRow{Group: t.Group, Target: t.Name, LoadGen: o.loadGenName(), Conns: t.Conns}
+		rows[i] = CostRow{Group: t.Group, Target: t.Name, LoadGen: o.loadGenName(), Conns: t.Conns, bestOf: t.BestOf}
 		if o.Wrk != "" {
 			p, err := writeWrkScript(o.Dir, t.Group, t.LoadTarget, t.Bodies)
 			if err != nil {
@@ -192,12 +206,15 @@ func runRounds(ctx context.Context, o CostOptions, targets []costTarget) ([]Cost
 			row.roundP99s = append(row.roundP99s, float64(res.P99)/float64(time.Millisecond))
 			row.roundProxyRSS = append(row.roundProxyRSS, pm)
 			row.roundTurnoutRSS = append(row.roundTurnoutRSS, tm)
+			var pus, tus float64
 			if res.Requests > 0 {
-				row.roundProxyCPU = append(row.roundProxyCPU, perRequestUs(pcpu, res.Requests))
-				row.roundTurnoutCPU = append(row.roundTurnoutCPU, perRequestUs(tcpu, res.Requests))
+				pus, tus = perRequestUs(pcpu, res.Requests), perRequestUs(tcpu, res.Requests)
+				row.roundProxyCPU = append(row.roundProxyCPU, pus)
+				row.roundTurnoutCPU = append(row.roundTurnoutCPU, tus)
 			}
 			o.Log.Info().Str("group", t.Group).Str("target", t.Name).Int("round", r+1).Float64("rps", res.RPS()).
-				Dur("p50", res.P50).Dur("p99", res.P99).Int("errors", res.Errors).Float64("proxy_rss_mib", pm).Msg("bench cost: run")
+				Dur("p50", res.P50).Dur("p99", res.P99).Int("errors", res.Errors).Float64("proxy_rss_mib", pm).
+				Float64("proxy_cpu_us", pus).Float64("turnout_cpu_us", tus).Msg("bench cost: run")
 		}
 	}
 	for i := range rows {
@@ -246,27 +263,46 @@ func median(xs []float64) float64 {
 // when both rows have rounds (else the ratio of the totals). Rounds run the
 // targets back to back, so a round's ratio compares like with like; the
 // median of those resists a noisy neighbour better than the ratio of totals.
+// When a group has rows marked bestOf (the plain proxy in several
+// configurations), a round's baseline rps is the best of them: the ratio is
+// to the proxy at its best in that round.
 func applyGroupBaselines(rows []CostRow) {
 	base := map[string]int{}
+	best := map[string][]float64{}
 	for i := range rows {
-		b, ok := base[rows[i].Group]
-		if !ok {
-			b = i
-			base[rows[i].Group] = i
+		g := rows[i].Group
+		if _, ok := base[g]; !ok {
+			base[g] = i
 		}
+		if !rows[i].bestOf {
+			continue
+		}
+		for k, v := range rows[i].roundRPS {
+			if k == len(best[g]) {
+				best[g] = append(best[g], v)
+			}
+			best[g][k] = max(best[g][k], v)
+		}
+	}
+	for i := range rows {
+		b := base[rows[i].Group]
 		r, br := &rows[i], &rows[b]
 		r.Baseline = i == b
 		r.AddedP50 = r.P50 - br.P50
 		r.AddedP99 = r.P99 - br.P99
 		r.RSSRatio = Ratio(r.ProxyRSS, br.ProxyRSS)
-		n := min(len(r.roundRPS), len(br.roundRPS))
+		baseRounds := br.roundRPS
+		if bs, ok := best[r.Group]; ok {
+			baseRounds = bs
+		}
+		n := min(len(r.roundRPS), len(baseRounds))
 		if n == 0 {
 			r.Ratio = Ratio(r.RPS, br.RPS)
 			continue
 		}
 		rs := make([]float64, n)
 		for k := range n {
-			rs[k] = Ratio(r.roundRPS[k], br.roundRPS[k])
+			rs[k] = Ratio(r.roundRPS[k], baseRounds[k])
 		}
 		r.Ratio = median(rs)
 	}

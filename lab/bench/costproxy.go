@@ -50,7 +50,7 @@ func costProxy(ctx context.Context, o CostOptions) ([]CostRow, error) {
 		}
 		defer st.Stop()
 		t := costTarget{Group: ps.group, LoadTarget: LoadTarget{Name: ps.name, Addr: strings.TrimPrefix(st.FrontURL, "http://"), Path: mock.PathChat},
-			Bodies: small, Conns: o.Conns, Duration: o.Duration, ProxyPIDs: procTree(st.ProxyPID)}
+			Bodies: small, Conns: o.Conns, Duration: o.Duration, ProxyPIDs: procTree(st.ProxyPID), BestOf: ps.bestOf}
 		if st.TurnoutPID > 0 {
 			t.TurnoutPIDs = []int{st.TurnoutPID}
 		}

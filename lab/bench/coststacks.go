@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"os/exec"
+	"strings"
 
 	"github.com/turnout/turnout/internal/config"
 
@@ -13,6 +14,9 @@ import (
 type proxyStack struct {
 	group, name, dir string
 	opts             StackOptions
+	// bestOf: the plain proxy in one of its configurations; each round's
+	// baseline is the best of them.
+	bestOf bool
 }
 
 // proxyStacks lists the proxy setups to measure, in round order, and note
@@ -44,12 +48,34 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 			note("haproxy", "-", "skipped: haproxy not found")
 		} else {
 			// The baseline is HAProxy as an operator runs it without turnout:
-			// default tune.bufsize, its own keep-alive defaults.
+			// default tune.bufsize, its own keep-alive defaults; also at another
+			// nbthread and with another environment when asked, and each round
+			// takes the best of these plain rows.
 			add("haproxy", "haproxy roundrobin", "plain", PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy, nil)
+			stacks[len(stacks)-1].bestOf = true
+			if n := o.HAProxyNbthread; n > 0 {
+				add("haproxy", fmt.Sprintf("haproxy roundrobin, nbthread %d", n), "plain-nbt", PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy,
+					func(so *StackOptions) { so.Nbthread = n })
+				stacks[len(stacks)-1].bestOf = true
+			}
+			env := strings.Join(o.HAProxyEnv, " ")
+			if env != "" {
+				add("haproxy", "haproxy roundrobin, "+env, "plain-env", PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy,
+					func(so *StackOptions) { so.HAProxyEnv = o.HAProxyEnv })
+				stacks[len(stacks)-1].bestOf = true
+			}
 			whole := haproxy.WholeBodyBufSize(stackMaxBody)
 			add("haproxy", fmt.Sprintf("haproxy roundrobin, tune.bufsize %d (whole-body buffers, as PD renders)", whole), "plain-wholebody",
 				PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy, func(so *StackOptions) { so.PlainBufSize = whole })
 			add("haproxy", "haproxy+spoe+turnout "+spec.String()+" (default render)", "with-turnout-spoe", spec, ProxyHAProxy, nil)
+			if n := o.HAProxyNbthread; n > 0 {
+				add("haproxy", fmt.Sprintf("haproxy+spoe+turnout %s, nbthread %d", spec, n), "with-turnout-spoe-nbt", spec, ProxyHAProxy,
+					func(so *StackOptions) { so.Nbthread = n })
+			}
+			if env != "" {
+				add("haproxy", fmt.Sprintf("haproxy+spoe+turnout %s, %s", spec, env), "with-turnout-spoe-env", spec, ProxyHAProxy,
+					func(so *StackOptions) { so.HAProxyEnv = o.HAProxyEnv })
+			}
 			// What retry before bytes (haproxy.l7_retries: true, a copy of
 			// each request) costs: the same with it.
 			add("haproxy", "haproxy+spoe+turnout "+spec.String()+", l7_retries: true", "with-turnout-spoe-l7retry", spec, ProxyHAProxy,

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -324,6 +325,12 @@ type StackOptions struct {
 	// NoFirstTokenTiming renders turnout's proxy without the first-token
 	// timer (proxy.first_token_timing: false): the cost row of that timer.
 	NoFirstTokenTiming bool
+	// Nbthread is HAProxy's nbthread, plain or rendered by turnout
+	// (haproxy.nbthread; 0: HAProxy's default, one thread per CPU).
+	Nbthread int
+	// HAProxyEnv are VAR=VALUE entries added to HAProxy's environment
+	// (e.g. glibc's malloc tunables, read only at process start).
+	HAProxyEnv []string
 	// PlainBufSize is tune.bufsize of a plain HAProxy (0: HAProxy's
 	// default, what an operator runs without turnout).
 	PlainBufSize int
@@ -477,17 +484,24 @@ func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions) error {
 	if o.Spec.IsHAProxy() {
 		cfg := PlainHAProxyConfig(PlainHAProxyOptions{
 			Dir: hapDir, Listen: front, Balance: strings.TrimPrefix(o.Spec.Policy, "haproxy-"), Servers: st.Mocks, BufSize: o.PlainBufSize,
+			Nbthread: o.Nbthread,
 		})
 		if err := os.WriteFile(filepath.Join(hapDir, "haproxy.cfg"), cfg, 0o644); err != nil {
 			return fmt.Errorf("haproxy config: %w", err)
 		}
 	} else {
-		cfg := ConfigOptions{HAProxyListen: front, HAProxyDir: hapDir, HAProxyPath: o.HAProxyPath, L7Retries: o.L7Retries, HAProxyFeedback: o.HAProxyFeedback}
+		cfg := ConfigOptions{HAProxyListen: front, HAProxyDir: hapDir, HAProxyPath: o.HAProxyPath, L7Retries: o.L7Retries, HAProxyFeedback: o.HAProxyFeedback,
+			HAProxyNbthread: o.Nbthread}
 		if err := st.startTurnout(ctx, o, cfg, ProxyHAProxy, "--out", hapDir); err != nil {
 			return err
 		}
 	}
-	hp, err := st.procs.start(o.Dir, "haproxy", o.HAProxy, "-W", "-f", filepath.Join(hapDir, "haproxy.cfg"))
+	bin, args := o.HAProxy, []string{"-W", "-f", filepath.Join(hapDir, "haproxy.cfg")}
+	if len(o.HAProxyEnv) > 0 {
+		// env execs HAProxy: the PID stays the master's.
+		bin, args = "env", slices.Concat(o.HAProxyEnv, []string{o.HAProxy}, args)
+	}
+	hp, err := st.procs.start(o.Dir, "haproxy", bin, args...)
 	if err != nil {
 		return err
 	}

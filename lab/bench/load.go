@@ -89,9 +89,11 @@ type LoadResult struct {
 	Late []time.Duration
 	// Queued counts the paced sends that waited for a free connection
 	// (every one busy: the server's backlog, not the client's delay).
-	Queued   int
-	P50, P99 time.Duration
-	FirstErr error
+	Queued int
+	// SenderCPU is the paced sender thread's own CPU time (spin pacers).
+	SenderCPU time.Duration
+	P50, P99  time.Duration
+	FirstErr  error
 }
 
 // RPS is successful requests per second.

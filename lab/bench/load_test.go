@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/turnout/turnout/lab/mock"
@@ -128,6 +129,58 @@ func TestPlainHAProxyConfig(t *testing.T) {
 	}
 }
 
+// --haproxy-nbthread N adds plain HAProxy and the default SPOE render at N
+// threads, both plain rows baseline candidates; 0 adds none.
+func TestCostNbthreadRows(t *testing.T) {
+	o := CostOptions{HAProxy: "/bin/true", ProxyPolicy: "prefix-affinity", HAProxyNbthread: 1}
+	l := zerolog.Nop()
+	o.Log = &l
+	stacks, _, err := proxyStacks(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]proxyStack{}
+	for _, s := range stacks {
+		got[s.dir] = s
+	}
+	if s := got["plain-nbt"]; s.opts.Nbthread != 1 || !s.bestOf || !got["plain"].bestOf || got["plain"].opts.Nbthread != 0 {
+		t.Errorf("plain rows: %+v / %+v", got["plain"], s)
+	}
+	if s := got["with-turnout-spoe-nbt"]; s.opts.Nbthread != 1 || s.bestOf || got["plain-wholebody"].bestOf {
+		t.Errorf("spoe nbthread row %+v; only plain rows at default buffers are baselines", s)
+	}
+	if !strings.Contains(string(PlainHAProxyConfig(PlainHAProxyOptions{Nbthread: 1})), "    nbthread 1\n") {
+		t.Error("plain config without nbthread 1")
+	}
+	if !strings.Contains(string(TurnoutConfig(ConfigOptions{HAProxyListen: "127.0.0.1:1", HAProxyNbthread: 1})), "haproxy:\n  listen: 127.0.0.1:1\n  nbthread: 1\n") {
+		t.Error("turnout config without haproxy.nbthread")
+	}
+	o.HAProxyEnv = []string{"A=1", "B=2"}
+	stacks, _, err = proxyStacks(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	envs := map[string]proxyStack{}
+	for _, s := range stacks {
+		if len(s.opts.HAProxyEnv) > 0 {
+			envs[s.dir] = s
+		}
+	}
+	if len(envs) != 2 || !envs["plain-env"].bestOf || envs["with-turnout-spoe-env"].bestOf || envs["plain-env"].name != "haproxy roundrobin, A=1 B=2" {
+		t.Errorf("--haproxy-env rows: %+v", envs)
+	}
+	o.HAProxyNbthread, o.HAProxyEnv = 0, nil
+	stacks, _, err = proxyStacks(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range stacks {
+		if s.opts.Nbthread != 0 || len(s.opts.HAProxyEnv) > 0 {
+			t.Errorf("--haproxy-nbthread 0 and no --haproxy-env still add %s", s.name)
+		}
+	}
+}
+
 func TestBaselineRatios(t *testing.T) {
 	rows := []CostRow{
 		{Group: "g", RPS: 100, P50: 1, P99: 2, roundRPS: []float64{100, 50, 100}},
@@ -182,6 +235,33 @@ func TestGroupBaselines(t *testing.T) {
 		if math.Abs(r.Ratio-w.ratio) > 1e-12 || math.Abs(r.AddedP50-w.p50) > 1e-12 || math.Abs(r.AddedP99-w.p99) > 1e-12 || r.Baseline != w.base {
 			t.Errorf("%s: ratio %v +p50 %v +p99 %v baseline %v, want %+v", r.Target, r.Ratio, r.AddedP50, r.AddedP99, r.Baseline, w)
 		}
+	}
+}
+
+// With several plain configurations (bestOf), each round's baseline is the
+// best of them: the proxy at its best in that round, not the first row.
+func TestBestOfBaseline(t *testing.T) {
+	rows := []CostRow{
+		{Group: "haproxy", Target: "plain", RPS: 1000, P50: 1, roundRPS: []float64{1000, 800, 1000}, bestOf: true},
+		{Group: "haproxy", Target: "plain, nbthread 1", RPS: 1100, P50: 1, roundRPS: []float64{900, 1000, 1200}, bestOf: true},
+		{Group: "haproxy", Target: "plain, big buffers", RPS: 2000, P50: 1, roundRPS: []float64{2000, 2000, 2000}},
+		{Group: "haproxy", Target: "with turnout", RPS: 600, P50: 2, roundRPS: []float64{600, 600, 600}},
+		{Group: "nginx", Target: "nginx", RPS: 500, P50: 1, roundRPS: []float64{500, 500, 500}},
+		{Group: "nginx", Target: "nginx+turnout", RPS: 250, P50: 1, roundRPS: []float64{250, 250, 250}},
+	}
+	applyGroupBaselines(rows)
+	// Best plain per round: 1000, 1000, 1200 (a row not marked bestOf,
+	// however fast, is no baseline).
+	// plain: 1, 0.8, 0.833; nbthread 1: 0.9, 1, 1; big buffers: 2, 2, 1.67;
+	// turnout: 0.6, 0.6, 0.5.
+	want := []float64{1000.0 / 1200, 1, 2, 0.6, 1, 0.5}
+	for i, w := range want {
+		if math.Abs(rows[i].Ratio-w) > 1e-12 {
+			t.Errorf("%s: ratio %v, want %v", rows[i].Target, rows[i].Ratio, w)
+		}
+	}
+	if !rows[0].Baseline || rows[1].Baseline {
+		t.Errorf("baseline flags %v %v: the first row stays the latency and memory baseline", rows[0].Baseline, rows[1].Baseline)
 	}
 }
 

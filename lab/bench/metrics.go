@@ -135,7 +135,16 @@ func DecisionDetail(metricsText string) string {
 // whose label key is val (buckets summed across the others), interpolated
 // within its bucket as Prometheus' histogram_quantile does, and the count.
 func HistMedian(samples []PromSample, name, key, val string) (median, count float64) {
-	cum := map[float64]float64{}
+	return HistBuckets(samples, name, key, val).Quantile(0.5)
+}
+
+// Buckets is a histogram's cumulative counts by upper bound (le).
+type Buckets map[float64]float64
+
+// HistBuckets sums the buckets of the histogram family name over the
+// series whose label key is val ("" and "": every series).
+func HistBuckets(samples []PromSample, name, key, val string) Buckets {
+	cum := Buckets{}
 	for _, s := range samples {
 		if s.Name != name+"_bucket" || s.Labels[key] != val {
 			continue
@@ -146,24 +155,55 @@ func HistMedian(samples []PromSample, name, key, val string) (median, count floa
 		}
 		cum[le] += s.Value
 	}
-	les := make([]float64, 0, len(cum))
-	for le := range cum {
+	return cum
+}
+
+// Minus is b's counts less an earlier reading's of the same histogram:
+// what it counted in between.
+func (b Buckets) Minus(earlier Buckets) Buckets {
+	out := make(Buckets, len(b))
+	for le, c := range b {
+		out[le] = c - earlier[le]
+	}
+	return out
+}
+
+// Count is how many observations b holds.
+func (b Buckets) Count() float64 { return b[math.Inf(1)] }
+
+// Quantile is the q-quantile (0-1) of b, interpolated within its bucket
+// as Prometheus' histogram_quantile does (NaN when b is empty), and the
+// count.
+func (b Buckets) Quantile(q float64) (v, count float64) {
+	les := make([]float64, 0, len(b))
+	for le := range b {
 		les = append(les, le)
 	}
 	slices.Sort(les)
-	if len(les) == 0 || cum[les[len(les)-1]] == 0 {
+	if len(les) == 0 || b[les[len(les)-1]] == 0 {
 		return math.NaN(), 0
 	}
-	count = cum[les[len(les)-1]]
-	half, lo, below := count/2, 0.0, 0.0
+	count = b[les[len(les)-1]]
+	rank, lo, below := q*count, 0.0, 0.0
 	for _, le := range les {
-		if cum[le] >= half {
+		if b[le] >= rank {
 			if math.IsInf(le, 1) {
 				return lo, count
 			}
-			return lo + (le-lo)*(half-below)/(cum[le]-below), count
+			return lo + (le-lo)*(rank-below)/(b[le]-below), count
 		}
-		lo, below = le, cum[le]
+		lo, below = le, b[le]
 	}
 	return lo, count
+}
+
+// Over is the share of b's observations above bound, which must be one of
+// its bucket bounds: false when b does not resolve it (or is empty).
+func (b Buckets) Over(bound float64) (float64, bool) {
+	at, ok := b[bound]
+	n := b.Count()
+	if !ok || n <= 0 {
+		return 0, false
+	}
+	return (n - at) / n, true
 }

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"math"
 	"testing"
 )
@@ -23,5 +24,38 @@ x_bucket{pool="a",source="engine",le="+Inf"} 100
 	}
 	if med, n := HistMedian(ParseProm(text), "x", "source", "none"); n != 0 || !math.IsNaN(med) {
 		t.Fatalf("no series: median %v of %v, want NaN of 0", med, n)
+	}
+}
+
+// The difference of two readings is the run's: its quantiles interpolate
+// in its own buckets, and the share over a bucket bound is exact while a
+// bound that is not a bucket's is refused.
+func TestBucketsMinusQuantileOver(t *testing.T) {
+	read := func(b1, b2, inf int) Buckets {
+		text := fmt.Sprintf(`d_bucket{pool="a",le="5e-05"} %d
+d_bucket{pool="a",le="0.0001"} %d
+d_bucket{pool="a",le="+Inf"} %d
+d_bucket{pool="b",le="5e-05"} 1
+d_bucket{pool="b",le="0.0001"} 1
+d_bucket{pool="b",le="+Inf"} 1
+`, b1, b2, inf)
+		return HistBuckets(ParseProm(text), "d", "", "")
+	}
+	run := read(110, 205, 210).Minus(read(10, 5, 10))
+	// 200 in the run: 100 up to 50 µs, 100 more up to 100 µs, none above.
+	if n := run.Count(); n != 200 {
+		t.Fatalf("count %v, want 200", n)
+	}
+	if p50, _ := run.Quantile(0.5); math.Abs(p50-50e-6) > 1e-12 {
+		t.Errorf("p50 %v, want 5e-05", p50)
+	}
+	if p99, _ := run.Quantile(0.99); math.Abs(p99-99e-6) > 1e-12 {
+		t.Errorf("p99 %v, want 9.9e-05 (interpolated in (50, 100] µs)", p99)
+	}
+	if over, ok := run.Over(50e-6); !ok || over != 0.5 {
+		t.Errorf("over 50 µs %v %v, want 0.5", over, ok)
+	}
+	if _, ok := run.Over(75e-6); ok {
+		t.Error("a bound between buckets must not resolve")
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/turnout/turnout/route/contract"
 )
@@ -28,8 +29,11 @@ import (
 // as routeWorker does. Latencies run from the intended send time; the
 // client's lateness counts from the later of that and the moment its
 // connection was free (a send that waited for one is counted Queued: the
-// server's backlog).
-func spinPaced(ctx context.Context, addr string, reqs [][]byte, fb feedbackTo, conns int, rate float64, d time.Duration) (*LoadResult, error) {
+// server's backlog). With fifo above 0 the thread runs under SCHED_FIFO
+// at that priority and sleeps in epoll until an answer or its next send,
+// a timerfd armed to it in the same set (hrtimer precision): other tasks
+// on its CPU then cannot delay it, and it cannot starve them.
+func spinPaced(ctx context.Context, addr string, reqs [][]byte, fb feedbackTo, conns int, rate float64, d time.Duration, fifo int) (*LoadResult, error) {
 	if rate <= 0 || conns < 1 || len(reqs) == 0 {
 		return nil, errors.New("spin paced: rate, conns and requests must be positive")
 	}
@@ -40,6 +44,18 @@ func spinPaced(ctx context.Context, addr string, reqs [][]byte, fb feedbackTo, c
 		return nil, fmt.Errorf("spin paced: epoll: %w", err)
 	}
 	defer syscall.Close(ep)
+	timer := -1
+	if fifo > 0 {
+		if timer, err = sleepUntilDue(ep, conns); err != nil {
+			return nil, err
+		}
+		defer syscall.Close(timer)
+		if err := setThreadFIFO(fifo); err != nil {
+			return nil, err
+		}
+		// Back to the default before the thread is unlocked.
+		defer setThreadFIFO(0)
+	}
 	cs := make([]*spinConn, conns)
 	defer func() {
 		for _, c := range cs {
@@ -65,6 +81,7 @@ func spinPaced(ctx context.Context, addr string, reqs [][]byte, fb feedbackTo, c
 	}
 	events := make([]syscall.EpollEvent, conns)
 	gap := float64(time.Second) / rate
+	cpu0 := threadCPU()
 	start := time.Now()
 	drainBy := d + 10*time.Second
 	for seq, busy, turn := 0, 0, 0; seq < total || busy > 0; turn++ {
@@ -76,8 +93,11 @@ func spinPaced(ctx context.Context, addr string, reqs [][]byte, fb feedbackTo, c
 			return nil, fmt.Errorf("spin paced: %d answers missing %s after the last send", busy, drainBy-d)
 		}
 		if due := time.Duration(float64(seq) * gap); seq < total && due <= now && len(free) > 0 {
-			c := cs[free[len(free)-1]]
-			free = free[:len(free)-1]
+			// The longest free first: one freed in the same loop turn
+			// as the send fell due must not count it as queued while an
+			// older one was free.
+			c := cs[free[0]]
+			free = append(free[:0], free[1:]...)
 			c.due = start.Add(due)
 			from := due
 			if c.freed > due {
@@ -92,11 +112,27 @@ func spinPaced(ctx context.Context, addr string, reqs [][]byte, fb feedbackTo, c
 			busy++
 			continue
 		}
-		n, err := syscall.EpollWait(ep, events, 0)
+		wait := 0
+		if timer >= 0 {
+			// The runtime waits for a raw call to return (a collection,
+			// the drain bound above): 10 ms at most.
+			wait = 10
+			if due := time.Duration(float64(seq) * gap); seq < total && len(free) > 0 {
+				if err := armTimer(timer, due-time.Since(start)); err != nil {
+					return nil, err
+				}
+			}
+		}
+		n, err := epollWait(ep, events, wait, timer >= 0)
 		if err != nil && !errors.Is(err, syscall.EINTR) {
 			return nil, fmt.Errorf("spin paced: epoll wait: %w", err)
 		}
 		for _, ev := range events[:max(n, 0)] {
+			if int(ev.Fd) == conns {
+				var buf [8]byte
+				_, _ = syscall.Read(timer, buf[:])
+				continue
+			}
 			c := cs[ev.Fd]
 			done, err := c.read()
 			if err != nil {
@@ -121,7 +157,65 @@ func spinPaced(ctx context.Context, addr string, reqs [][]byte, fb feedbackTo, c
 		}
 	}
 	res.Elapsed = time.Since(start)
+	res.SenderCPU = threadCPU() - cpu0
 	return &res, nil
+}
+
+// epollWait is EpollWait; raw (the Go runtime not told) for the sleeping
+// real-time pacer: told, it hands the thread's P away while it sleeps, and
+// getting one back on waking waits for a default-policy thread of the
+// bench, which other tasks on the CPU delay.
+func epollWait(ep int, events []syscall.EpollEvent, msec int, raw bool) (int, error) {
+	if !raw {
+		return syscall.EpollWait(ep, events, msec)
+	}
+	n, _, e := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, uintptr(ep), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(msec), 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+// sleepUntilDue adds a timerfd to ep, its events marked id, for a pacer
+// that sleeps until its next send.
+func sleepUntilDue(ep, id int) (int, error) {
+	const clockMonotonic, tfdNonblock, tfdCloexec = 1, syscall.O_NONBLOCK, syscall.O_CLOEXEC
+	fd, _, e := syscall.RawSyscall(syscall.SYS_TIMERFD_CREATE, clockMonotonic, tfdNonblock|tfdCloexec, 0)
+	if e != 0 {
+		return -1, fmt.Errorf("spin paced: timerfd: %w", e)
+	}
+	ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(id)}
+	if err := syscall.EpollCtl(ep, syscall.EPOLL_CTL_ADD, int(fd), &ev); err != nil {
+		syscall.Close(int(fd))
+		return -1, fmt.Errorf("spin paced: epoll add timerfd: %w", err)
+	}
+	return int(fd), nil
+}
+
+// armTimer sets the timerfd to fire once after in (at once when in is not
+// positive).
+func armTimer(fd int, in time.Duration) error {
+	in = max(in, time.Nanosecond) // zero would disarm it
+	spec := [4]int64{0, 0, int64(in / time.Second), int64(in % time.Second)}
+	if _, _, e := syscall.RawSyscall6(syscall.SYS_TIMERFD_SETTIME, uintptr(fd), 0, uintptr(unsafe.Pointer(&spec)), 0, 0, 0); e != 0 {
+		return fmt.Errorf("spin paced: timerfd settime: %w", e)
+	}
+	return nil
+}
+
+// setThreadFIFO puts the calling thread under SCHED_FIFO at prio, or back
+// under the default policy with prio 0.
+func setThreadFIFO(prio int) error {
+	const schedOther, schedFIFO = 0, 1
+	policy := schedFIFO
+	if prio == 0 {
+		policy = schedOther
+	}
+	param := int32(prio)
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SCHED_SETSCHEDULER, 0, uintptr(policy), uintptr(unsafe.Pointer(&param))); e != 0 {
+		return fmt.Errorf("spin paced: sched_setscheduler %d: %w", prio, e)
+	}
+	return nil
 }
 
 // spinConn is one keep-alive connection of spinPaced, used through its

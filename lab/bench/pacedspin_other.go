@@ -9,6 +9,6 @@ import (
 )
 
 // spinPaced needs Linux's epoll; elsewhere the timer pacer runs.
-func spinPaced(context.Context, string, [][]byte, feedbackTo, int, float64, time.Duration) (*LoadResult, error) {
+func spinPaced(context.Context, string, [][]byte, feedbackTo, int, float64, time.Duration, int) (*LoadResult, error) {
 	return nil, errors.New("spin paced: Linux only (use the timer pacer)")
 }

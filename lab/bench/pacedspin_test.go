@@ -6,14 +6,33 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 )
 
 // TestSpinPaced: the spinning pacer sends every request of the run on its
 // schedule's count, reads each whole answer, and closes each decision over
-// feedback (one line per answer).
+// feedback (one line per answer); so does its sleeping real-time form.
+// The sleeping one must not burn its CPU: its thread's CPU time stays
+// well under the run's length (the spinning one's is all it is given).
 func TestSpinPaced(t *testing.T) {
+	spinPacedRun(t, PacerSpin)
+	runtime.LockOSThread()
+	err := setThreadFIFO(1)
+	_ = setThreadFIFO(0)
+	runtime.UnlockOSThread()
+	if err != nil {
+		t.Skipf("no real-time scheduling here for the %s pacer: %v", PacerFIFO, err)
+	}
+	if res := spinPacedRun(t, PacerFIFO); res.SenderCPU <= 0 || res.SenderCPU > res.Elapsed/2 {
+		t.Errorf("the %s pacer's thread used %s of CPU in %s", PacerFIFO, res.SenderCPU, res.Elapsed)
+	}
+}
+
+// spinPacedRun runs pacer against an in-process trivial server and checks
+// its run.
+func spinPacedRun(t *testing.T, pacer string) *LoadResult {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +61,7 @@ func TestSpinPaced(t *testing.T) {
 		lines <- nil
 	}()
 	bodies := CostBodiesSized(8, "llama", 1, false, 1, 8<<10)
-	tg := routeTarget("trivial", 0, "", ln.Addr().String(), bodies, feedbackTo{addr: pc.LocalAddr().String(), open: 0}, PacerSpin)
+	tg := routeTarget("trivial", 0, "", ln.Addr().String(), bodies, feedbackTo{addr: pc.LocalAddr().String(), open: 0}, pacer)
 	res, err := tg.spin(context.Background(), 4, rate, d)
 	if err != nil {
 		t.Fatal(err)
@@ -58,4 +77,5 @@ func TestSpinPaced(t *testing.T) {
 	if err := <-lines; err != nil {
 		t.Fatal(err)
 	}
+	return res
 }

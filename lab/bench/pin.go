@@ -41,13 +41,32 @@ func checkPinning(turnoutCPUs string) error {
 
 // allowedCPUs reads Cpus_allowed_list from a /proc/PID/status text.
 func allowedCPUs(status []byte) (map[int]bool, error) {
+	list, err := allowedCPUList(status)
+	if err != nil {
+		return nil, err
+	}
+	return parseCPUList(list)
+}
+
+// allowedCPUList is the Cpus_allowed_list of a /proc/PID/status text, as
+// written there ("0", "0-1,3").
+func allowedCPUList(status []byte) (string, error) {
 	sc := bufio.NewScanner(bytes.NewReader(status))
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), "Cpus_allowed_list:"); ok {
-			return parseCPUList(strings.TrimSpace(v))
+			return strings.TrimSpace(v), nil
 		}
 	}
-	return nil, fmt.Errorf("no Cpus_allowed_list in /proc/self/status")
+	return "", fmt.Errorf("no Cpus_allowed_list in /proc/self/status")
+}
+
+// benchCPUs is the CPU list the bench process itself may run on.
+func benchCPUs() (string, error) {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return "", fmt.Errorf("the bench's own CPUs: %w", err)
+	}
+	return allowedCPUList(status)
 }
 
 // parseCPUList parses a CPU list as taskset and the kernel write it:

@@ -14,6 +14,8 @@ type PlainHAProxyOptions struct {
 	// BufSize sets tune.bufsize (0: HAProxy's default, the honest baseline;
 	// >0: the equal-buffer row).
 	BufSize int
+	// Nbthread sets nbthread (0: HAProxy's default, one thread per CPU).
+	Nbthread int
 }
 
 // PlainHAProxyConfig renders the "HAProxy alone" baseline as an operator
@@ -26,6 +28,9 @@ func PlainHAProxyConfig(o PlainHAProxyOptions) []byte {
 	fmt.Fprintf(&b, "    pidfile %s/haproxy.pid\n    maxconn 4096\n", o.Dir)
 	if o.BufSize > 0 {
 		fmt.Fprintf(&b, "    tune.bufsize %d\n", o.BufSize)
+	}
+	if o.Nbthread > 0 {
+		fmt.Fprintf(&b, "    nbthread %d\n", o.Nbthread)
 	}
 	b.WriteString(`
 defaults

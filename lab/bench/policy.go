@@ -222,6 +222,8 @@ type ConfigOptions struct {
 	L7Retries bool
 	// HAProxyFeedback is haproxy.feedback ("" = turnout's default).
 	HAProxyFeedback string
+	// HAProxyNbthread is haproxy.nbthread (0 = HAProxy's default).
+	HAProxyNbthread int
 	// NoFirstTokenTiming sets proxy.first_token_timing: false.
 	NoFirstTokenTiming bool
 	// NginxListen, NginxDir and NginxMode fill the nginx section that
@@ -299,6 +301,9 @@ func TurnoutConfig(o ConfigOptions) []byte {
 		key("feedback", o.HAProxyFeedback)
 		if o.L7Retries {
 			b.WriteString("  l7_retries: true\n")
+		}
+		if o.HAProxyNbthread > 0 {
+			fmt.Fprintf(&b, "  nbthread: %d\n", o.HAProxyNbthread)
 		}
 	}
 	if o.NginxListen != "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -81,16 +82,30 @@ type TransportOptions struct {
 	// timers, one spinning goroutine; needs the bench's own CPU) or
 	// PacerTimer (pacedLoop, every other row's; the default).
 	Pacer string
+	// FIFO, when above 0, runs the started processes (turnout's and the
+	// trivial server) under SCHED_FIFO at that priority (chrt -f), so no
+	// other task's time slice delays them on their CPUs. They sleep
+	// between requests; a closed-loop round keeps them busy, so with
+	// kernel.sched_rt_runtime_us at its default the kernel throttles them
+	// for the rest of each second past 95 %.
+	FIFO int
 	// GOMAXPROCS, when above 0, is the started processes' GOMAXPROCS
 	// (their Go runtime's default is the CPUs they may run on).
 	GOMAXPROCS int
 }
 
-// The paced HTTP rows' senders (TransportOptions.Pacer).
+// The paced HTTP rows' senders (TransportOptions.Pacer). PacerFIFO is
+// spinPaced's loop on a SCHED_FIFO thread that sleeps until its next send
+// or answer instead of spinning (a spinning real-time thread would starve
+// its CPU), so other tasks on the bench's CPU cannot delay it either.
 const (
 	PacerSpin  = "spin"
 	PacerTimer = "timer"
+	PacerFIFO  = "fifo"
 )
+
+// pacerFIFOPriority is PacerFIFO's real-time priority.
+const pacerFIFOPriority = 50
 
 // TransportRow is one transport's figures, medians over rounds.
 type TransportRow struct {
@@ -117,7 +132,16 @@ type TransportRow struct {
 	// PacedCPU turnout's CPU per decision (µs) at that rate; PacedQueued
 	// the share of sends that waited for a free connection (spin pacer).
 	PacedRPS, PacedP50, PacedP99, PacedP999, PacedLateP99, PacedCPU, PacedQueued float64
-	FirstErr                                                                     string
+	// ServerP50 and ServerP99 (µs) are turnout's own decision time over
+	// the paced run (decisiontime.go), ServerOver100 the share of its
+	// timed decisions over 100 µs, ServerTimed how many it timed (0: no
+	// figures, as for the trivial row).
+	ServerP50, ServerP99, ServerOver100 float64
+	ServerTimed                         int
+	// Stalls is the VM stall probe of TurnoutCPUs and the bench's own
+	// (stallprobe.go) just before the paced run, for as long.
+	Stalls   []StallProbe
+	FirstErr string
 
 	roundRPS, roundCPU, roundP50, roundP99 []float64
 }
@@ -139,6 +163,9 @@ type transportTarget struct {
 	name string
 	pid  int
 	spoe string // the SPOE row of the same binary
+	// metrics is the listen address of the turnout answering this row,
+	// whose /metrics times its decisions ("": none, the trivial row).
+	metrics string
 	// worker returns one client's decide function; i is the request number.
 	// A worker's close function returns once its decisions are closed.
 	worker func(w int) (func(i int) error, func(), error)
@@ -168,8 +195,8 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 	if o.Pacer == "" {
 		o.Pacer = PacerTimer
 	}
-	if o.Pacer != PacerSpin && o.Pacer != PacerTimer {
-		return nil, fmt.Errorf("transports: pacer %q: want %s or %s", o.Pacer, PacerSpin, PacerTimer)
+	if o.Pacer != PacerSpin && o.Pacer != PacerTimer && o.Pacer != PacerFIFO {
+		return nil, fmt.Errorf("transports: pacer %q: want %s, %s or %s", o.Pacer, PacerSpin, PacerTimer, PacerFIFO)
 	}
 	var ps procSet
 	defer ps.stopAll()
@@ -254,11 +281,13 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			return nil, err
 		}
 		spoe := TransportSPOE + suffix
+		route := routeTarget(TransportRoute+suffix, plain.cmd.Process.Pid, spoe, pa["listen"], bodies, feedbackTo{pa["feedback"], pa["token"], o.Open}, o.Pacer)
+		route.metrics = pa["listen"]
 		return []transportTarget{
-			routeTarget(TransportRoute+suffix, plain.cmd.Process.Pid, spoe, pa["listen"], bodies, feedbackTo{pa["feedback"], pa["token"], o.Open}, o.Pacer),
-			{name: spoe, pid: plain.cmd.Process.Pid, spoe: spoe, worker: spoeWorker(pa["spoe"], bodies, feedbackTo{pa["feedback"], pa["token"], o.Open})},
-			{name: TransportEPP + suffix, pid: plain.cmd.Process.Pid, spoe: spoe, worker: eppWorker(ctx, h2c, bodies)},
-			{name: TransportEPPTLS + suffix, pid: tlsP.cmd.Process.Pid, spoe: spoe, worker: eppWorker(ctx, tlsConns, bodies)},
+			route,
+			{name: spoe, pid: plain.cmd.Process.Pid, spoe: spoe, metrics: pa["listen"], worker: spoeWorker(pa["spoe"], bodies, feedbackTo{pa["feedback"], pa["token"], o.Open})},
+			{name: TransportEPP + suffix, pid: plain.cmd.Process.Pid, spoe: spoe, metrics: pa["listen"], worker: eppWorker(ctx, h2c, bodies)},
+			{name: TransportEPPTLS + suffix, pid: tlsP.cmd.Process.Pid, spoe: spoe, metrics: ta["listen"], worker: eppWorker(ctx, tlsConns, bodies)},
 		}, nil
 	}
 	targets, err := binaryTargets(o.Turnout, "", "", o.EPPServer)
@@ -343,6 +372,14 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		}
 	}
 	if o.Paced > 0 {
+		var probeCPUs string
+		if o.TurnoutCPUs != "" {
+			own, err := benchCPUs()
+			if err != nil {
+				return nil, err
+			}
+			probeCPUs = o.TurnoutCPUs + "," + own
+		}
 		for i, t := range targets {
 			row := &rows[i]
 			if row.PerCore == 0 {
@@ -353,6 +390,23 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			}
 			if t.spin != nil {
 				pace = t.spin
+			}
+			if o.TurnoutCPUs != "" {
+				// Before the round, not during it: the probe would take
+				// the CPU it measures.
+				if row.Stalls, err = probeStalls(ctx, probeCPUs, o.Duration); err != nil {
+					return nil, fmt.Errorf("transports %s: %w", t.name, err)
+				}
+				turnoutCPUs, _ := parseCPUList(o.TurnoutCPUs)
+				for k := range row.Stalls {
+					row.Stalls[k].Bench = !turnoutCPUs[row.Stalls[k].CPU]
+				}
+			}
+			var dt0 Buckets
+			if t.metrics != "" {
+				if dt0, err = decisionBuckets(ctx, t.metrics); err != nil {
+					return nil, fmt.Errorf("transports %s: %w", t.name, err)
+				}
 			}
 			c0, err := procCPU(t.pid)
 			if err != nil {
@@ -365,6 +419,13 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			c1, err := procCPU(t.pid)
 			if err != nil {
 				return nil, err
+			}
+			if t.metrics != "" {
+				dt1, err := decisionBuckets(ctx, t.metrics)
+				if err != nil {
+					return nil, fmt.Errorf("transports %s: %w", t.name, err)
+				}
+				setServerTime(row, dt1.Minus(dt0))
 			}
 			if res.Requests > 0 {
 				row.PacedCPU = float64(c1-c0) / float64(time.Microsecond) / float64(res.Requests)
@@ -381,6 +442,23 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 		}
 	}
 	return rows, nil
+}
+
+// setServerTime sets row's server-side figures from the paced run's
+// decision time buckets.
+func setServerTime(row *TransportRow, run Buckets) {
+	p50, n := run.Quantile(0.5)
+	if n == 0 {
+		return
+	}
+	p99, _ := run.Quantile(0.99)
+	row.ServerP50, row.ServerP99, row.ServerTimed = p50*1e6, p99*1e6, int(n)
+	// LatencyBuckets has a 100 µs bound, so the share is exact; NaN if
+	// they ever lose it.
+	row.ServerOver100 = math.NaN()
+	if over, ok := run.Over(100e-6); ok {
+		row.ServerOver100 = over
+	}
 }
 
 // roundRatios is row's CPU per decision against the row named base, round
@@ -406,6 +484,12 @@ func startPinned(ctx context.Context, ps *procSet, o TransportOptions, name, lis
 		// taskset execs bin: the pid whose CPU is counted stays bin's.
 		args = append([]string{"-c", o.TurnoutCPUs, bin}, args...)
 		bin = "taskset"
+	}
+	if o.FIFO > 0 {
+		// chrt execs too; the policy holds across exec and for every
+		// thread the process starts.
+		args = append([]string{"-f", strconv.Itoa(o.FIFO), bin}, args...)
+		bin = "chrt"
 	}
 	if o.GOMAXPROCS > 0 {
 		// env execs too.
@@ -507,7 +591,11 @@ func runWorkers(ctx context.Context, decides []func(int) error, d time.Duration,
 // paced load of the same requests with PacerSpin.
 func routeTarget(name string, pid int, spoe, addr string, bodies []CostBody, fbTo feedbackTo, pacer string) transportTarget {
 	t := transportTarget{name: name, pid: pid, spoe: spoe, worker: routeWorker(addr, bodies, fbTo)}
-	if pacer == PacerSpin {
+	fifo := 0
+	if pacer == PacerFIFO {
+		fifo = pacerFIFOPriority
+	}
+	if pacer == PacerSpin || fifo > 0 {
 		reqs := make([][]byte, len(bodies))
 		req := fasthttp.AcquireRequest()
 		defer fasthttp.ReleaseRequest(req)
@@ -516,7 +604,7 @@ func routeTarget(name string, pid int, spoe, addr string, bodies []CostBody, fbT
 			reqs[i] = []byte(req.String())
 		}
 		t.spin = func(ctx context.Context, conns int, rate float64, d time.Duration) (*LoadResult, error) {
-			return spinPaced(ctx, addr, reqs, fbTo, conns, rate, d)
+			return spinPaced(ctx, addr, reqs, fbTo, conns, rate, d, fifo)
 		}
 	}
 	return t
