@@ -41,19 +41,17 @@ func (l *Loop) Serve(ctx context.Context, pc net.PacketConn) error {
 		<-ctx.Done()
 		_ = uc.Close()
 	}()
-	buf := make([]byte, 64<<10)
-	for {
-		// ReadFromUDPAddrPort: the source without an allocation per datagram.
-		n, src, err := uc.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			l.log.Warn().Err(err).Msg("feedback read")
-			continue
-		}
-		l.Datagram(src.Addr(), buf[:n])
+	return l.serveUDP(ctx, uc)
+}
+
+// readEnded tells a failed read of the feedback socket: true when it was
+// closed (the listener stops), else the error is logged and reading goes on.
+func (l *Loop) readEnded(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+		return true
 	}
+	l.log.Warn().Err(err).Msg("feedback read")
+	return false
 }
 
 // warnFeedbackExposure warns when the feedback socket is reachable from

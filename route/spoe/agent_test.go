@@ -390,14 +390,15 @@ func TestNotifyAllocs(t *testing.T) {
 	}
 }
 
-// complete closes the decision in an ACK, as the feedback log line would.
-func complete(a *Agent, ackFrame []byte) {
+// complete closes the decision in an ACK, as the feedback log line would;
+// false if the ACK has none.
+func complete(a *Agent, ackFrame []byte) bool {
 	_, p, _ := readHeader(ackFrame[4:])
 	for len(p) > 3 {
 		name, n, _ := readBytes(p[3:])
 		v, k, err := readValue(p[3+n:])
 		if err != nil {
-			return
+			return false
 		}
 		if string(name) == VarDecision {
 			var id uint64
@@ -405,9 +406,11 @@ func complete(a *Agent, ackFrame []byte) {
 				id = id<<4 | uint64(hexVal(c))
 			}
 			a.srv.Ledger().Complete(id)
+			return true
 		}
 		p = p[3+n+k:]
 	}
+	return false
 }
 
 func hexVal(c byte) byte {
@@ -482,4 +485,45 @@ func FuzzNotify(f *testing.F) {
 			p = p[3+n+k:]
 		}
 	})
+}
+
+// Zero allocations per NOTIFY in the whole process over a real connection:
+// the reader's socket reads, the decision, the batched ACK write and the
+// scheduler's hand-offs, as HAProxy drives them (pipelined bursts).
+func TestServeAllocs(t *testing.T) {
+	a := mustAgent(t, twoDeployments)
+	c, br, _ := agentConn(t, a, 16380)
+	_ = c.SetDeadline(time.Time{})
+	const burst = 4
+	var frames []byte
+	for i := range burst {
+		body := chatBody("llama", fmt.Sprintf("conversation %d: ", i)+strings.Repeat("Tell me more about routing. ", 36))
+		frames = append(frames, rawFrame(frameNotify, flagFin, uint64(10+i), 1, messagesPayload(MessageRoute,
+			routeArgs("POST", "/v1/chat/completions", body, "host", "127.0.0.1", "content-type", "application/json",
+				"content-length", fmt.Sprint(len(body)), "x-request-id", fmt.Sprintf("req-%d", i), "x-session-id", fmt.Sprint("user-", i))))...)
+	}
+	ackBuf := make([]byte, 16<<10)
+	run := func() {
+		if _, err := c.Write(frames); err != nil {
+			t.Fatal(err)
+		}
+		for range burst {
+			if _, err := io.ReadFull(br, ackBuf[:4]); err != nil {
+				t.Fatal(err)
+			}
+			n := int(binary.BigEndian.Uint32(ackBuf[:4]))
+			if _, err := io.ReadFull(br, ackBuf[4:4+n]); err != nil {
+				t.Fatal(err)
+			}
+			if !complete(a, ackBuf[:4+n]) {
+				t.Fatal("ACK without a decision")
+			}
+		}
+	}
+	for range 200 {
+		run()
+	}
+	if n := testing.AllocsPerRun(500, run); n != 0 {
+		t.Fatalf("%v allocations per burst of %d NOTIFYs", n, burst)
+	}
 }
