@@ -185,17 +185,20 @@ func TestLiveSPOE(t *testing.T) {
 				t.Fatalf("request %d with the agent down: status %d", i, a.status)
 			}
 			durs = append(durs, a.dur.Round(time.Microsecond))
-			if a.dur > 50*time.Millisecond {
+			// A request that waited for timeout processing (500ms) took at
+			// least that long; one that failed open at once did not, however
+			// busy the box (a 50ms bound here failed beside other builds).
+			if a.dur > 400*time.Millisecond {
 				slow++
-				if a.dur > 800*time.Millisecond {
-					t.Errorf("request %d took %v, over timeout processing (500ms)", i, a.dur)
+				if a.dur > 950*time.Millisecond {
+					t.Errorf("request %d took %v, over twice timeout processing (500ms)", i, a.dur)
 				}
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 		t.Logf("agent down, request latencies: %v", durs)
 		if slow > 2 { // at most the first request on each HAProxy thread
-			t.Errorf("%d requests over 50ms with the agent down", slow)
+			t.Errorf("%d requests waited timeout processing with the agent down", slow)
 		}
 		e.tp.startAgent(t)
 		eventually(t, 10*time.Second, func() error {
