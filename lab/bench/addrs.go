@@ -6,17 +6,9 @@ import (
 	"strconv"
 )
 
-// freePort asks the kernel for a free loopback port. Another process could
-// take it before we bind it, which the readiness checks then report.
-func freePort(network string) (int, error) {
-	if network == "udp" {
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			return 0, fmt.Errorf("free udp port: %w", err)
-		}
-		defer pc.Close()
-		return pc.LocalAddr().(*net.UDPAddr).Port, nil
-	}
+// freePort asks the kernel for a free loopback TCP port. Another process
+// could take it before we bind it, which the readiness checks then report.
+func freePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("free tcp port: %w", err)
@@ -26,7 +18,7 @@ func freePort(network string) (int, error) {
 }
 
 func freeAddr() (string, error) {
-	p, err := freePort("tcp")
+	p, err := freePort()
 	if err != nil {
 		return "", err
 	}

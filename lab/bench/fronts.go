@@ -74,7 +74,7 @@ func NATSBinary(name string) (string, error) {
 // startNATS runs nats-server on a free loopback port and waits until it
 // accepts connections; it returns the URL turnout's cluster section takes.
 func startNATS(ctx context.Context, ps *procSet, dir, bin string) (string, error) {
-	port, err := freePort("tcp")
+	port, err := freePort()
 	if err != nil {
 		return "", err
 	}

@@ -217,7 +217,7 @@ func RunTransports(ctx context.Context, o TransportOptions) ([]TransportRow, err
 			}
 			addrs[k] = a
 		}
-		fb, err := freePort("udp")
+		fb, err := freeFeedbackPort()
 		if err != nil {
 			return nil, nil, err
 		}
