@@ -44,6 +44,9 @@ type Options struct {
 	// Check runs on every loaded config (serve: the policy factories), its
 	// problems reported with the config's own, all at once.
 	Check func(*config.Config) error
+
+	// loaded is the config file as Load found it, the watcher's first look.
+	loaded filewatch.Snapshot
 }
 
 // Load reads and validates a config the way every reload does: the file (or
@@ -61,6 +64,9 @@ func (o *Options) Load(ctx context.Context) (*config.Config, error) {
 	if o.ConfigPath == "" {
 		cfg, err = config.ParseConfig(config.DefaultConfigYAML, checks...)
 	} else {
+		if o.Watch > 0 {
+			o.loaded = filewatch.Take(o.ConfigPath) // before the read: a change after it is seen
+		}
 		cfg, err = config.LoadConfigFile(o.ConfigPath, checks...)
 	}
 	if err != nil {
@@ -178,7 +184,7 @@ func (l *Loop) Run(ctx context.Context, cfg *config.Config) error {
 	go l.fleet.Run(ctx)
 	changed := make(chan struct{}, 1)
 	if l.opts.ConfigPath != "" && l.opts.Watch > 0 {
-		go filewatch.Poll(ctx, l.opts.ConfigPath, l.opts.Watch, func() {
+		go filewatch.Poll(ctx, l.opts.ConfigPath, l.opts.Watch, l.opts.loaded, func() {
 			select { // a reload already pending reads the newest file
 			case changed <- struct{}{}:
 			default:

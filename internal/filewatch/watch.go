@@ -13,36 +13,69 @@ import (
 	"time"
 )
 
+// racyWindow: a file whose modification time is this close to the moment
+// it was read may change again without its time moving (the kernel stamps
+// files from a coarse clock, some filesystems to the second), so until it
+// is older than this its bytes are compared on every look, as git does for
+// racily clean index entries.
+const racyWindow = 2 * time.Second
+
+// Snapshot is a file as one look saw it. Take it before loading the file,
+// so a change made while the process starts is a change to the watcher.
+type Snapshot struct {
+	content []byte
+	mod     time.Time
+	size    int64
+	at      time.Time
+	taken   bool
+}
+
+// Take looks at path now. A missing or unreadable file has no content: its
+// content when it comes is a change.
+func Take(path string) Snapshot {
+	s := Snapshot{at: time.Now(), taken: true}
+	if fi, err := os.Stat(path); err == nil {
+		s.mod, s.size = fi.ModTime(), fi.Size()
+	}
+	s.content, _ = os.ReadFile(path)
+	return s
+}
+
 // Poll calls changed whenever path's content differs from what it was at
-// the previous look, looking every interval, until ctx ends. A file that
-// is missing or unreadable for a while is no change; its content when it
-// comes back is compared with the last content read.
-func Poll(ctx context.Context, path string, every time.Duration, changed func()) {
+// the previous look, starting from the look from (Take; the zero Snapshot
+// is a look Poll takes as it starts), looking every interval, until ctx
+// ends. A file that is missing or unreadable for a while is no change; its
+// content when it comes back is compared with the last content read.
+func Poll(ctx context.Context, path string, every time.Duration, from Snapshot, changed func()) {
 	t := time.NewTicker(every)
 	defer t.Stop()
-	poll(ctx, path, t.C, changed, func() {})
+	poll(ctx, path, from, t.C, changed, func() {})
 }
 
 // poll looks at path on each tick, calling looked after each look (a test
 // sends the ticks and waits for the looks).
-func poll(ctx context.Context, path string, tick <-chan time.Time, changed, looked func()) {
-	last, _ := os.ReadFile(path)
-	var lastMod time.Time
-	if fi, err := os.Stat(path); err == nil {
-		lastMod = fi.ModTime()
+func poll(ctx context.Context, path string, last Snapshot, tick <-chan time.Time, changed, looked func()) {
+	if !last.taken {
+		last = Take(path)
 	}
 	look := func() {
 		fi, err := os.Stat(path)
-		if err != nil || fi.ModTime().Equal(lastMod) {
+		if err != nil {
 			return
 		}
-		lastMod = fi.ModTime()
+		if fi.ModTime().Equal(last.mod) && fi.Size() == last.size && last.at.Sub(last.mod) > racyWindow {
+			return
+		}
+		at := time.Now()
 		cur, err := os.ReadFile(path)
-		if err != nil || bytes.Equal(cur, last) {
+		if err != nil {
 			return
 		}
-		last = cur
-		changed()
+		same := bytes.Equal(cur, last.content)
+		last = Snapshot{content: cur, mod: fi.ModTime(), size: fi.Size(), at: at, taken: true}
+		if !same {
+			changed()
+		}
 	}
 	for {
 		select {

@@ -17,16 +17,21 @@ type watcher struct {
 }
 
 func startPoll(t *testing.T, path string) *watcher {
+	return startPollFrom(t, path, Snapshot{})
+}
+
+// startPollFrom is startPoll from an earlier look (Take).
+func startPollFrom(t *testing.T, path string, from Snapshot) *watcher {
 	t.Helper()
 	w := &watcher{tick: make(chan time.Time), looked: make(chan time.Time)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		poll(ctx, path, w.tick, func() { w.calls.Add(1) }, func() { w.looked <- time.Time{} })
+		poll(ctx, path, from, w.tick, func() { w.calls.Add(1) }, func() { w.looked <- time.Time{} })
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	w.look() // the watcher has read the file as it is now
+	w.look() // the watcher has taken its first look
 	return w
 }
 
@@ -121,11 +126,64 @@ func TestPollStops(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "none")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); Poll(ctx, path, time.Millisecond, func() {}) }()
+	go func() { defer close(done); Poll(ctx, path, time.Millisecond, Snapshot{}, func() {}) }()
 	cancel()
 	select {
 	case <-done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("Poll still running 5s after its context ended")
+	}
+}
+
+// A file rewritten within one tick of the kernel's coarse file clock keeps
+// its modification time (and here its size): while that time is recent the
+// watcher compares bytes anyway; once it is old, an unchanged stamp is
+// trusted and the file is not read.
+func TestPollSameStamp(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "turnout.yaml")
+	recent := time.Now().Add(time.Minute) // ahead, so a slow machine cannot age it
+	write(t, path, "listen: a\n", recent)
+	w := startPoll(t, path)
+	write(t, path, "listen: b\n", recent)
+	w.look()
+	if got := w.calls.Load(); got != 1 {
+		t.Fatalf("same recent stamp, new bytes: %d changes seen, want 1", got)
+	}
+	w.look()
+	if got := w.calls.Load(); got != 1 {
+		t.Fatalf("nothing changed since: %d changes seen, want 1", got)
+	}
+
+	old := filepath.Join(t.TempDir(), "old.yaml")
+	stamp := time.Now().Add(-time.Hour)
+	write(t, old, "listen: a\n", stamp)
+	w = startPoll(t, old)
+	write(t, old, "listen: b\n", stamp)
+	w.look()
+	if got := w.calls.Load(); got != 0 {
+		t.Fatalf("an hour-old stamp put back: %d changes seen, want 0 (stat alone decides)", got)
+	}
+}
+
+// A change made after the process took its look (Take, before loading the
+// file) and before the watcher started is a change.
+func TestPollFromSnapshot(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "turnout.yaml")
+	mod := time.Now().Add(-time.Hour)
+	write(t, path, "a: 1\n", mod)
+	from := Take(path)
+	write(t, path, "a: 2\n", mod.Add(time.Second))
+	w := startPollFrom(t, path, from)
+	if got := w.calls.Load(); got != 1 {
+		t.Fatalf("changed before the watcher started: %d changes seen, want 1", got)
+	}
+
+	missing := filepath.Join(t.TempDir(), "later.yaml")
+	from = Take(missing)
+	w = startPollFrom(t, missing, from)
+	write(t, missing, "a: 1\n", mod)
+	w.look()
+	if got := w.calls.Load(); got != 1 {
+		t.Fatalf("a file that appears: %d changes seen, want 1", got)
 	}
 }
