@@ -352,7 +352,13 @@ func TestParseAllocs(t *testing.T) {
 		if _, res, err := Parse(page); res != ResultOK {
 			t.Fatalf("%s: %v %v", name, res, err)
 		}
-		if n := testing.AllocsPerRun(100, func() { _, _, _ = Parse(page) }); n != 0 {
+		// The fewest of three tries: AllocsPerRun counts the whole process,
+		// and goroutines an earlier test left winding down only add.
+		n := testing.AllocsPerRun(1000, func() { _, _, _ = Parse(page) })
+		for range 2 {
+			n = min(n, testing.AllocsPerRun(1000, func() { _, _, _ = Parse(page) }))
+		}
+		if n != 0 {
 			t.Errorf("%s: %v allocations per page", name, n)
 		}
 	}
