@@ -25,11 +25,11 @@ var perfEvents = []string{"raw_syscalls:sys_enter", "page-faults", "context-swit
 // attaches with its events disabled and enables them on a control pipe, so
 // its start-up time is not cut out of the run.
 type perfStat struct {
-	cmd      *exec.Cmd
-	ctl      *os.File
-	ack      *bufio.Reader
-	ackFile  *os.File
-	out      string
+	cmd     *exec.Cmd
+	ctl     *os.File
+	ack     *bufio.Reader
+	ackFile *os.File
+	out     string
 }
 
 // startPerfStat attaches perf to pids and enables counting.
