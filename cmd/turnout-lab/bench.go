@@ -141,6 +141,7 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	jitter := fset.Duration("jitter", 0, "delay each arrival by a draw in [0, D) from --seed (trace time, before --compress), so each seed replays another interleaving (e2e and sim alike; 0 = the trace's arrivals)")
 	fset.DurationVar(&o.SyncDelay, "sync-delay", time.Millisecond, "sim --fronts: how long a front's decisions and completions take to reach the other fronts (virtual time)")
 	fset.BoolVar(&o.SharedScrapes, "shared-scrapes", false, "sim --fronts: model engine_metrics.share (each replica's engine figures read by one front, reaching the others --sync-delay later)")
+	fset.IntVar(&o.RouteBody, "route-body", 0, "sim: turnout routes on each body's first N bytes (X-Body-Truncated), as behind a proxy with route_body N (0 = whole bodies)")
 	natsServer := fset.String("nats-server", "nats-server", "e2e --fronts: nats-server binary ($PATH, else /usr/sbin)")
 	if err := cli.ParseFlags(fset, benchReplayCmd, args); err != nil {
 		return err
