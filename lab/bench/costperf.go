@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -51,7 +49,7 @@ func startPerfStat(perf, dir string, pids []int) (*perfStat, error) {
 		ctlW.Close()
 		return nil, fmt.Errorf("perf stat: %w", err)
 	}
-	out := filepath.Join(dir, "perf-stat.csv")
+	out := dir + string(os.PathSeparator) + "perf-stat.csv"
 	cmd := exec.Command(perf, "stat", "-x", ",", "-o", out, "-D", "-1", "--control", "fd:3,4",
 		"-e", strings.Join(perfEvents, ","), "-p", strings.Join(ps, ","))
 	cmd.ExtraFiles = []*os.File{ctlR, ackW}
@@ -104,7 +102,7 @@ func (p *perfStat) stop() (perfCounts, error) {
 	}
 	// perf writes its counts on SIGINT, then dies of it: its exit status
 	// says nothing, the counts file does.
-	p.cmd.Process.Signal(syscall.SIGINT)
+	p.cmd.Process.Signal(os.Interrupt)
 	werr := p.cmd.Wait()
 	p.ctl.Close()
 	p.ackFile.Close()
