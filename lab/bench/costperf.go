@@ -28,6 +28,7 @@ type perfStat struct {
 	ack     *bufio.Reader
 	ackFile *os.File
 	out     string
+	stderr  strings.Builder
 }
 
 // startPerfStat attaches perf to pids and enables counting.
@@ -53,6 +54,8 @@ func startPerfStat(perf, dir string, pids []int) (*perfStat, error) {
 	cmd := exec.Command(perf, "stat", "-x", ",", "-o", out, "-D", "-1", "--control", "fd:3,4",
 		"-e", strings.Join(perfEvents, ","), "-p", strings.Join(ps, ","))
 	cmd.ExtraFiles = []*os.File{ctlR, ackW}
+	p := &perfStat{cmd: cmd, ctl: ctlW, out: out}
+	cmd.Stderr = &p.stderr
 	err = cmd.Start()
 	ctlR.Close()
 	ackW.Close()
@@ -61,10 +64,9 @@ func startPerfStat(perf, dir string, pids []int) (*perfStat, error) {
 		ackR.Close()
 		return nil, fmt.Errorf("perf stat: %w", err)
 	}
-	p := &perfStat{cmd: cmd, ctl: ctlW, ack: bufio.NewReader(ackR), ackFile: ackR, out: out}
+	p.ack, p.ackFile = bufio.NewReader(ackR), ackR
 	if err := p.command("enable"); err != nil {
-		p.kill()
-		return nil, err
+		return nil, p.fail(err)
 	}
 	return p, nil
 }
@@ -87,18 +89,22 @@ func (p *perfStat) command(c string) error {
 	return nil
 }
 
-func (p *perfStat) kill() {
+// fail ends perf and adds what it said (read once it has exited).
+func (p *perfStat) fail(err error) error {
 	p.cmd.Process.Kill()
 	p.cmd.Wait()
 	p.ctl.Close()
 	p.ackFile.Close()
+	if msg := strings.TrimSpace(p.stderr.String()); msg != "" {
+		return fmt.Errorf("%w (perf: %s)", err, msg)
+	}
+	return err
 }
 
 // stop disables counting, ends perf and reads its counts.
 func (p *perfStat) stop() (perfCounts, error) {
 	if err := p.command("disable"); err != nil {
-		p.kill()
-		return perfCounts{}, err
+		return perfCounts{}, p.fail(err)
 	}
 	// perf writes its counts on SIGINT, then dies of it: its exit status
 	// says nothing, the counts file does.

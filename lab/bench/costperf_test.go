@@ -54,3 +54,22 @@ func TestPerfStatCounts(t *testing.T) {
 		t.Fatalf("no system calls counted: %+v", got)
 	}
 }
+
+// TestPerfStatNoProcess: a process perf cannot attach to is an error that
+// says so, not a hang or zero counts.
+func TestPerfStatNoProcess(t *testing.T) {
+	perf, err := exec.LookPath("perf")
+	if err != nil {
+		t.Skip("perf not installed")
+	}
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := startPerfStat(perf, t.TempDir(), []int{gone.Process.Pid})
+	if err == nil {
+		ps.stop()
+		t.Fatal("perf attached to a process that has exited")
+	}
+	t.Log(err)
+}
