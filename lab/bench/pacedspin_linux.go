@@ -13,6 +13,8 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/turnout/turnout/route/contract"
 )
 
@@ -164,7 +166,8 @@ func spinPaced(ctx context.Context, addr string, reqs [][]byte, fb feedbackTo, c
 // epollWait is EpollWait; raw (the Go runtime not told) for the sleeping
 // real-time pacer: told, it hands the thread's P away while it sleeps, and
 // getting one back on waking waits for a default-policy thread of the
-// bench, which other tasks on the CPU delay.
+// bench, which other tasks on the CPU delay. Raw by hand: x/sys/unix's
+// EpollWait tells the runtime too.
 func epollWait(ep int, events []syscall.EpollEvent, msec int, raw bool) (int, error) {
 	if !raw {
 		return syscall.EpollWait(ep, events, msec)
@@ -179,41 +182,42 @@ func epollWait(ep int, events []syscall.EpollEvent, msec int, raw bool) (int, er
 // sleepUntilDue adds a timerfd to ep, its events marked id, for a pacer
 // that sleeps until its next send.
 func sleepUntilDue(ep, id int) (int, error) {
-	const clockMonotonic, tfdNonblock, tfdCloexec = 1, syscall.O_NONBLOCK, syscall.O_CLOEXEC
-	fd, _, e := syscall.RawSyscall(syscall.SYS_TIMERFD_CREATE, clockMonotonic, tfdNonblock|tfdCloexec, 0)
-	if e != 0 {
-		return -1, fmt.Errorf("spin paced: timerfd: %w", e)
+	fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("spin paced: timerfd: %w", err)
 	}
 	ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(id)}
-	if err := syscall.EpollCtl(ep, syscall.EPOLL_CTL_ADD, int(fd), &ev); err != nil {
-		syscall.Close(int(fd))
+	if err := syscall.EpollCtl(ep, syscall.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		syscall.Close(fd)
 		return -1, fmt.Errorf("spin paced: epoll add timerfd: %w", err)
 	}
-	return int(fd), nil
+	return fd, nil
 }
 
 // armTimer sets the timerfd to fire once after in (at once when in is not
 // positive).
 func armTimer(fd int, in time.Duration) error {
 	in = max(in, time.Nanosecond) // zero would disarm it
-	spec := [4]int64{0, 0, int64(in / time.Second), int64(in % time.Second)}
-	if _, _, e := syscall.RawSyscall6(syscall.SYS_TIMERFD_SETTIME, uintptr(fd), 0, uintptr(unsafe.Pointer(&spec)), 0, 0, 0); e != 0 {
-		return fmt.Errorf("spin paced: timerfd settime: %w", e)
+	spec := unix.ItimerSpec{Value: unix.NsecToTimespec(int64(in))}
+	if err := unix.TimerfdSettime(fd, 0, &spec, nil); err != nil {
+		return fmt.Errorf("spin paced: timerfd settime: %w", err)
 	}
 	return nil
 }
 
 // setThreadFIFO puts the calling thread under SCHED_FIFO at prio, or back
-// under the default policy with prio 0.
+// under the default policy with prio 0. Its nice value is kept.
 func setThreadFIFO(prio int) error {
-	const schedOther, schedFIFO = 0, 1
-	policy := schedFIFO
-	if prio == 0 {
-		policy = schedOther
+	attr, err := unix.SchedGetAttr(0, 0)
+	if err == nil {
+		attr.Policy, attr.Priority = unix.SCHED_FIFO, uint32(prio)
+		if prio == 0 {
+			attr.Policy = unix.SCHED_NORMAL
+		}
+		err = unix.SchedSetAttr(0, attr, 0)
 	}
-	param := int32(prio)
-	if _, _, e := syscall.RawSyscall(syscall.SYS_SCHED_SETSCHEDULER, 0, uintptr(policy), uintptr(unsafe.Pointer(&param))); e != 0 {
-		return fmt.Errorf("spin paced: sched_setscheduler %d: %w", prio, e)
+	if err != nil {
+		return fmt.Errorf("spin paced: sched_setattr %d: %w", prio, err)
 	}
 	return nil
 }

@@ -13,9 +13,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
-	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // probeStalls probes every CPU of the taskset list cpus at once for d.
@@ -130,13 +130,14 @@ func probeCPU(ctx context.Context, cpu int, d time.Duration) (StallProbe, error)
 // alone (the bench process itself may run elsewhere: sched_setaffinity
 // per thread).
 func pinThread(cpu int) error {
-	var mask [16]uint64
-	if cpu < 0 || cpu >= 64*len(mask) {
+	const cpuSetSize = 1024 // CPU_SETSIZE: the CPUs a unix.CPUSet holds
+	if cpu < 0 || cpu >= cpuSetSize {
 		return fmt.Errorf("stall probe: CPU %d out of range", cpu)
 	}
-	mask[cpu/64] = 1 << (cpu % 64)
-	if _, _, e := syscall.RawSyscall(syscall.SYS_SCHED_SETAFFINITY, 0, unsafe.Sizeof(mask), uintptr(unsafe.Pointer(&mask))); e != 0 {
-		return fmt.Errorf("stall probe: pin to CPU %d: %w", cpu, e)
+	var set unix.CPUSet
+	set.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		return fmt.Errorf("stall probe: pin to CPU %d: %w", cpu, err)
 	}
 	return nil
 }
@@ -145,9 +146,8 @@ type switches struct{ vol, invol int64 }
 
 // threadSwitches is the calling thread's context switch counts.
 func threadSwitches() (switches, error) {
-	const rusageThread = 1
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(rusageThread, &ru); err != nil {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
 		return switches{}, fmt.Errorf("stall probe: getrusage: %w", err)
 	}
 	return switches{ru.Nvcsw, ru.Nivcsw}, nil

@@ -339,3 +339,53 @@ func familiesTogether(t *testing.T, text string) {
 		done[cur], cur = true, name
 	}
 }
+
+// A busy replica is scraped every interval: reading its page must not
+// allocate (the scrapes were the serve process's one allocation per SPOE
+// request under load, BENCHMARKS.md set L-t2).
+func TestParseAllocs(t *testing.T) {
+	for name, page := range map[string][]byte{
+		"realistic": realisticPage(),
+		"cache config, two engines": []byte(vllmPage(3, 1, 0.5) + "vllm:cache_config_info{block_size=\"16\"} 1.0\n" +
+			"vllm:num_requests_running{engine=\"1\",model_name=\"llama\"} 4\n"),
+	} {
+		if _, res, err := Parse(page); res != ResultOK {
+			t.Fatalf("%s: %v %v", name, res, err)
+		}
+		if n := testing.AllocsPerRun(100, func() { _, _, _ = Parse(page) }); n != 0 {
+			t.Errorf("%s: %v allocations per page", name, n)
+		}
+	}
+}
+
+// The text format's corners on the lines Parse reads: escaped quotes and
+// braces in label values, a timestamp, CRLF line ends, a trailing comma.
+func TestParseTextCorners(t *testing.T) {
+	page := "vllm:num_requests_running{model_name=\"a\\\"}b\",engine=\"0\",} 2 1700000000000\r\n" +
+		"vllm:num_requests_waiting{model_name=\"x\\\\\"} 3\r\n" +
+		"vllm:kv_cache_usage_perc 0.5\r\n" +
+		"vllm:time_to_first_token_seconds_count{engine=\"0\"} 4\n" +
+		"vllm:time_to_first_token_seconds_sum{engine=\"0\"} 0.5\n" +
+		"vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"a\\\"b, c\",waiting_lora_adapters=\"\"} 5\n"
+	l, res, err := Parse([]byte(page))
+	if res != ResultOK {
+		t.Fatalf("%v %v", res, err)
+	}
+	if l.Requests != 5 || l.Waiting != 3 || l.KVUsage != 0.5 || l.TTFTCount != 4 || l.TTFTSeconds != 0.5 {
+		t.Fatalf("%+v", l)
+	}
+	if l.LoRA == nil || len(l.LoRA.Running) != 2 || l.LoRA.Running[0] != `a"b` || l.LoRA.Running[1] != "c" || l.LoRA.MaxLoRA != 2 {
+		t.Fatalf("lora %+v", l.LoRA)
+	}
+	for _, bad := range []string{
+		"vllm:num_requests_running{engine=\"0\" 2\n",
+		"vllm:num_requests_running{engine=0} 2\n",
+		"vllm:num_requests_running{engine=\"0\"}\n",
+		"vllm:num_requests_running 2 soon\n",
+		"vllm:num_requests_running{1engine=\"0\"} 2\n",
+	} {
+		if _, res, err := Parse([]byte(bad)); res != ResultParse || err == nil {
+			t.Errorf("%q: %v %v, want a parse error", bad, res, err)
+		}
+	}
+}
