@@ -435,7 +435,7 @@ func buildData(cfg *config.Config, opts RenderOptions) (*tmplData, error) {
 		Nbthread:       max(cfg.HAProxy.Nbthread, 0),
 		MaxBody:        cfg.MaxBody,
 		RouteBody:      cfg.RouteBody,
-		BufSize:        bufSize(cfg.RouteBody),
+		BufSize:        RouteBodyBufSize(cfg.RouteBody),
 		Retries:        max(cfg.Fallbacks, 1),
 		L7Retries:      cfg.HAProxy.L7Retries,
 		ConnectMs:      max(p.ConnectTimeout.Ms(), 1),
@@ -650,6 +650,10 @@ func bufSize(maxBody int) int {
 	n := max(maxBody, 1024) + headerRoom
 	return (n + 4095) &^ 4095
 }
+
+// RouteBodyBufSize is tune.bufsize without a prefill/decode deployment:
+// route_body plus headers.
+func RouteBodyBufSize(routeBody int) int { return bufSize(routeBody) }
 
 // WholeBodyBufSize is tune.bufsize with a prefill/decode deployment: a
 // whole max_body body, plus what the decode body gains by the prefill's

@@ -18,6 +18,8 @@
 # DIR: a setup of bench cost's work directory (default: plain, with-turnout-spoe,
 # with-turnout-spoe-l7retry, with-turnout-spoe-notft). Prints one line per
 # setup and round: "DIR round R: I instructions per request".
+# BENCH_ARGS=more bench cost flags for the rendered setups (e.g. "--route-body
+# 16384" adds with-turnout-spoe-rb16384 and plain-buf32768);
 # BIN=dir of turnout and turnout-lab (default bin/); HAPROXY=haproxy binary;
 # KEEP=dir keeps each counted dump there as SETUP.rROUND.callgrind, for
 # callgrind_annotate (where the instructions go).
@@ -43,7 +45,7 @@ trap 'stop; pids=("${mockpids[@]}"); stop; rm -rf "$out"' EXIT
 
 # The configs, rendered by the bench itself (one short round, kept).
 "$BIN/turnout-lab" bench cost --keep --nginx '' --large-body 0 --latency-duration 0 --idle-conns 0 --haproxy-nbthread 0 \
-	--sse-probes 1 --rounds 1 --duration 500ms --policies '' --out "$out/bench" >"$out/bench.log" 2>&1 ||
+	--sse-probes 1 --rounds 1 --duration 500ms --policies '' --out "$out/bench" ${BENCH_ARGS:-} >"$out/bench.log" 2>&1 ||
 	{ tail -n 20 "$out/bench.log" >&2; exit 1; }
 work=$(sed -n 's/.*"dir":"\([^"]*\)".*work directory kept.*/\1/p' "$out/bench.log" | head -n 1)
 [ -d "$work" ] || { echo "haproxy-icount: no work directory in $out/bench.log" >&2; exit 1; }

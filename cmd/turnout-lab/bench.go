@@ -141,6 +141,7 @@ func runReplay(args []string, defaultTrace string, log *zerolog.Logger) error {
 	jitter := fset.Duration("jitter", 0, "delay each arrival by a draw in [0, D) from --seed (trace time, before --compress), so each seed replays another interleaving (e2e and sim alike; 0 = the trace's arrivals)")
 	fset.DurationVar(&o.SyncDelay, "sync-delay", time.Millisecond, "sim --fronts: how long a front's decisions and completions take to reach the other fronts (virtual time)")
 	fset.BoolVar(&o.SharedScrapes, "shared-scrapes", false, "sim --fronts: model engine_metrics.share (each replica's engine figures read by one front, reaching the others --sync-delay later)")
+	fset.IntVar(&o.RouteBody, "route-body", 0, "sim: turnout routes on each body's first N bytes (X-Body-Truncated), as behind a proxy with route_body N (0 = whole bodies)")
 	natsServer := fset.String("nats-server", "nats-server", "e2e --fronts: nats-server binary ($PATH, else /usr/sbin)")
 	if err := cli.ParseFlags(fset, benchReplayCmd, args); err != nil {
 		return err
@@ -313,6 +314,8 @@ func runCost(args []string, log *zerolog.Logger) error {
 	fset.IntVar(&o.IdleConns, "idle-conns", 1000, "idle keep-alive connections for the HAProxy memory rows (0 = none)")
 	haproxyEnv := fset.String("haproxy-env", "", "space-separated VAR=VALUE: also measure plain HAProxy and the default SPOE render started with them in HAProxy's environment (e.g. GLIBC_TUNABLES=glibc.malloc.trim_threshold=268435456)")
 	fset.IntVar(&o.HAProxyNbthread, "haproxy-nbthread", 1, "also measure plain HAProxy and the default SPOE render with this nbthread (0 = no such rows; the ratios are to the best plain row of each round)")
+	routeBodies := fset.String("route-body", "", "comma-separated route_body sizes (bytes): also measure the default SPOE render with each, and plain HAProxy at each one's tune.bufsize and at the default render's (\"\" = no such rows)")
+	fset.StringVar(&o.Perf, "perf", "", "perf binary: count the proxy's system calls, page faults and context switches per request with perf stat (\"\" = not counted)")
 	loadgen := fset.String("loadgen", "auto", "wrk, go, or auto (wrk when installed)")
 	policies := fset.String("policies", "prefix-affinity;least-request", "';'-separated policies measured on /internal/route")
 	fset.StringVar(&o.ProxyPolicy, "proxy-policy", "prefix-affinity", "turnout policy behind HAProxy and behind nginx in body mode (njs)")
@@ -329,6 +332,18 @@ func runCost(args []string, log *zerolog.Logger) error {
 		return err
 	}
 	o.HAProxyEnv = strings.Fields(*haproxyEnv)
+	if *routeBodies != "" {
+		rb, err := parseInts(*routeBodies)
+		if err != nil {
+			return fmt.Errorf("bench cost: --route-body: %w", err)
+		}
+		for _, n := range rb {
+			if n < 1024 {
+				return fmt.Errorf("bench cost: --route-body %d: below route_body's minimum, 1024", n)
+			}
+		}
+		o.RouteBodies = rb
+	}
 	for _, p := range strings.Split(*policies, ";") {
 		if p = strings.TrimSpace(p); p != "" {
 			o.Policies = append(o.Policies, p)

@@ -292,8 +292,9 @@ const (
 )
 
 // DefaultRouteBody is route_body's default: with 16 KiB for headers it
-// keeps HAProxy's tune.bufsize at 64 KiB, where buffers cost nothing
-// measurable (BENCHMARKS.md).
+// keeps HAProxy's tune.bufsize at 64 KiB, below the sizes that halve its
+// throughput (what 64 KiB still costs on the SPOE path, and why the
+// default stays: docs/haproxy.md, "Buffers").
 const DefaultRouteBody = 48 << 10
 
 // NginxConfig configures the rendered nginx.

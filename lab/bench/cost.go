@@ -60,8 +60,15 @@ type CostOptions struct {
 	// SPOE render started with them in HAProxy's environment (none: no
 	// such rows).
 	HAProxyEnv []string
-	Dir        string
-	Log        *zerolog.Logger
+	// RouteBodies add the default SPOE render with each route_body, and
+	// plain HAProxy at each of their tune.bufsize and at the default
+	// render's (none: no such rows).
+	RouteBodies []int
+	// Perf is the perf binary that counts the proxy's system calls, page
+	// faults and context switches during each run ("": not counted).
+	Perf string
+	Dir  string
+	Log  *zerolog.Logger
 }
 
 // CostRow is one target of the cost benchmark.
@@ -93,6 +100,10 @@ type CostRow struct {
 	// per request in µs, the median over rounds: steadier than req/s on a
 	// busy box, where the neighbours take wall time but not this CPU.
 	ProxyCPU, TurnoutCPU float64
+	// ProxySyscalls, ProxyFaults and ProxyCtxSwitches are the proxy's
+	// system calls, page faults and context switches per request (perf
+	// stat, CostOptions.Perf; median of rounds; 0: not counted).
+	ProxySyscalls, ProxyFaults, ProxyCtxSwitches float64
 	// Idle marks the idle keep-alive memory rows; IdleBefore is the proxy's
 	// RSS before the connections were opened.
 	Idle       bool
@@ -107,6 +118,7 @@ type CostRow struct {
 	roundTurnoutRSS      []float64
 	roundProxyCPU        []float64
 	roundTurnoutCPU      []float64
+	roundProxyPerf       []perfCounts
 }
 
 // RunCost measures /internal/route against a trivial handler, then the
@@ -182,6 +194,14 @@ func runRounds(ctx context.Context, o CostOptions, targets []costTarget) ([]Cost
 				err error
 			)
 			prss, trss := sampleRSS(t.ProxyPIDs, 100*time.Millisecond), sampleRSS(t.TurnoutPIDs, 100*time.Millisecond)
+			var perf *perfStat
+			if o.Perf != "" && len(t.ProxyPIDs) > 0 {
+				if perf, err = startPerfStat(o.Perf, o.Dir, t.ProxyPIDs); err != nil {
+					prss.Stop()
+					trss.Stop()
+					return nil, fmt.Errorf("cost %s: %w", t.Name, err)
+				}
+			}
 			pcpu, tcpu := cpuOf(t.ProxyPIDs), cpuOf(t.TurnoutPIDs)
 			if o.Wrk != "" {
 				res, err = WrkLoad(ctx, o.Wrk, scripts[i], t.LoadTarget, o.WrkThreads, t.Conns, t.Duration)
@@ -190,6 +210,12 @@ func runRounds(ctx context.Context, o CostOptions, targets []costTarget) ([]Cost
 			}
 			pm, tm := prss.Stop(), trss.Stop()
 			pcpu, tcpu = cpuOf(t.ProxyPIDs)-pcpu, cpuOf(t.TurnoutPIDs)-tcpu
+			var pc perfCounts
+			if perf != nil {
+				var perr error
+				pc, perr = perf.stop()
+				err = errors.Join(err, perr)
+			}
 			if err != nil {
 				return nil, err
 			}
@@ -211,6 +237,10 @@ func runRounds(ctx context.Context, o CostOptions, targets []costTarget) ([]Cost
 				pus, tus = perRequestUs(pcpu, res.Requests), perRequestUs(tcpu, res.Requests)
 				row.roundProxyCPU = append(row.roundProxyCPU, pus)
 				row.roundTurnoutCPU = append(row.roundTurnoutCPU, tus)
+				if perf != nil {
+					n := float64(res.Requests)
+					row.roundProxyPerf = append(row.roundProxyPerf, perfCounts{pc.Syscalls / n, pc.Faults / n, pc.CtxSwitches / n})
+				}
 			}
 			o.Log.Info().Str("group", t.Group).Str("target", t.Name).Int("round", r+1).Float64("rps", res.RPS()).
 				Dur("p50", res.P50).Dur("p99", res.P99).Int("errors", res.Errors).Float64("proxy_rss_mib", pm).
@@ -231,6 +261,11 @@ func runRounds(ctx context.Context, o CostOptions, targets []costTarget) ([]Cost
 		}
 		row.ProxyRSS, row.TurnoutRSS = median(row.roundProxyRSS), median(row.roundTurnoutRSS)
 		row.ProxyCPU, row.TurnoutCPU = median(row.roundProxyCPU), median(row.roundTurnoutCPU)
+		if len(row.roundProxyPerf) > 0 {
+			row.ProxySyscalls = median(perfField(row.roundProxyPerf, func(c perfCounts) float64 { return c.Syscalls }))
+			row.ProxyFaults = median(perfField(row.roundProxyPerf, func(c perfCounts) float64 { return c.Faults }))
+			row.ProxyCtxSwitches = median(perfField(row.roundProxyPerf, func(c perfCounts) float64 { return c.CtxSwitches }))
+		}
 	}
 	applyGroupBaselines(rows)
 	return rows, nil

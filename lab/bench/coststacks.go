@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 
 	"github.com/turnout/turnout/internal/config"
@@ -65,6 +66,13 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 			whole := haproxy.WholeBodyBufSize(stackMaxBody)
 			add("haproxy", fmt.Sprintf("haproxy roundrobin, tune.bufsize %d (whole-body buffers, as PD renders)", whole), "plain-wholebody",
 				false, PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy, func(so *StackOptions) { so.PlainBufSize = whole })
+			// With --route-body: plain HAProxy at the buffer size of the
+			// default render and of each route_body row, which separates
+			// what the buffer costs from what SPOE costs.
+			for _, n := range routeBodyBufSizes(o.RouteBodies) {
+				add("haproxy", fmt.Sprintf("haproxy roundrobin, tune.bufsize %d", n), fmt.Sprintf("plain-buf%d", n),
+					false, PolicySpec{Policy: HAProxyRoundRobin}, ProxyHAProxy, func(so *StackOptions) { so.PlainBufSize = n })
+			}
 			add("haproxy", "haproxy+spoe+turnout "+spec.String()+" (default render)", "with-turnout-spoe", false, spec, ProxyHAProxy, nil)
 			if n := o.HAProxyNbthread; n > 0 {
 				add("haproxy", fmt.Sprintf("haproxy+spoe+turnout %s, nbthread %d", spec, n), "with-turnout-spoe-nbt", false, spec, ProxyHAProxy,
@@ -73,6 +81,10 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 			if env != "" {
 				add("haproxy", fmt.Sprintf("haproxy+spoe+turnout %s, %s", spec, env), "with-turnout-spoe-env", false, spec, ProxyHAProxy,
 					func(so *StackOptions) { so.HAProxyEnv = o.HAProxyEnv })
+			}
+			for _, n := range o.RouteBodies {
+				add("haproxy", fmt.Sprintf("haproxy+spoe+turnout %s, route_body %d (tune.bufsize %d)", spec, n, haproxy.RouteBodyBufSize(n)),
+					fmt.Sprintf("with-turnout-spoe-rb%d", n), false, spec, ProxyHAProxy, func(so *StackOptions) { so.RouteBody = n })
 			}
 			// What retry before bytes (haproxy.l7_retries: true, a copy of
 			// each request) costs: the same with it.
@@ -129,4 +141,19 @@ func proxyStacks(o CostOptions) (stacks []proxyStack, notes []CostRow, err error
 			func(so *StackOptions) { so.NginxMode, so.NoFirstTokenTiming = config.NginxModeBody, true })
 	}
 	return stacks, notes, nil
+}
+
+// routeBodyBufSizes are the tune.bufsize values of the default render and
+// of the route_body rows, once each (none without route_body rows).
+func routeBodyBufSizes(routeBodies []int) []int {
+	if len(routeBodies) == 0 {
+		return nil
+	}
+	sizes := []int{haproxy.RouteBodyBufSize(config.DefaultRouteBody)}
+	for _, rb := range routeBodies {
+		if n := haproxy.RouteBodyBufSize(rb); !slices.Contains(sizes, n) {
+			sizes = append(sizes, n)
+		}
+	}
+	return sizes
 }

@@ -331,6 +331,9 @@ type StackOptions struct {
 	// HAProxyEnv are VAR=VALUE entries added to HAProxy's environment
 	// (e.g. glibc's malloc tunables, read only at process start).
 	HAProxyEnv []string
+	// RouteBody is turnout's route_body (0: the default), which sizes the
+	// rendered HAProxy's tune.bufsize.
+	RouteBody int
 	// PlainBufSize is tune.bufsize of a plain HAProxy (0: HAProxy's
 	// default, what an operator runs without turnout).
 	PlainBufSize int
@@ -491,7 +494,7 @@ func (st *Stack) startHAProxyStack(ctx context.Context, o StackOptions) error {
 		}
 	} else {
 		cfg := ConfigOptions{HAProxyListen: front, HAProxyDir: hapDir, HAProxyPath: o.HAProxyPath, L7Retries: o.L7Retries, HAProxyFeedback: o.HAProxyFeedback,
-			HAProxyNbthread: o.Nbthread}
+			HAProxyNbthread: o.Nbthread, RouteBody: o.RouteBody}
 		if err := st.startTurnout(ctx, o, cfg, ProxyHAProxy, "--out", hapDir); err != nil {
 			return err
 		}

@@ -224,6 +224,8 @@ type ConfigOptions struct {
 	HAProxyFeedback string
 	// HAProxyNbthread is haproxy.nbthread (0 = HAProxy's default).
 	HAProxyNbthread int
+	// RouteBody is route_body (0 = turnout's default).
+	RouteBody int
 	// NoFirstTokenTiming sets proxy.first_token_timing: false.
 	NoFirstTokenTiming bool
 	// NginxListen, NginxDir and NginxMode fill the nginx section that
@@ -261,6 +263,9 @@ func TurnoutConfig(o ConfigOptions) []byte {
 	fmt.Fprintf(&b, "listen: %s\n", o.Listen)
 	if o.MaxBody > 0 {
 		fmt.Fprintf(&b, "max_body: %d\n", o.MaxBody)
+	}
+	if o.RouteBody > 0 {
+		fmt.Fprintf(&b, "route_body: %d\n", o.RouteBody)
 	}
 	if len(o.SessionHeaders) > 0 {
 		fmt.Fprintf(&b, "session_headers: [%s]\n", strings.Join(o.SessionHeaders, ", "))

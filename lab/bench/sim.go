@@ -66,6 +66,10 @@ type SimOptions struct {
 	// own counts on arrival; off, every front reads every replica at the
 	// scrape's instant.
 	SharedScrapes bool
+	// RouteBody cuts every body turnout routes on to this many bytes, with
+	// X-Body-Truncated, as a proxy with that route_body does (0: turnout
+	// sees whole bodies).
+	RouteBody int
 }
 
 // DefaultSimOptions are the replay defaults: four replicas with the mock's
@@ -194,7 +198,7 @@ func newRouterWith(spec PolicySpec, names []string, o SimOptions, depYAML []stri
 		l := zerolog.Nop()
 		log = &l
 	}
-	t := &turnoutRouter{names: map[string]int{}, order: names, closeFn: func() error { return nil }}
+	t := &turnoutRouter{names: map[string]int{}, order: names, closeFn: func() error { return nil }, routeBody: o.RouteBody}
 	var extra string
 	if spec.Policy == policy.KVAwareType {
 		var err error
@@ -202,7 +206,8 @@ func newRouterWith(spec PolicySpec, names []string, o SimOptions, depYAML []stri
 			return nil, fmt.Errorf("policy %s: %w", spec, err)
 		}
 	}
-	cfgText := TurnoutConfig(ConfigOptions{Listen: "127.0.0.1:1", Model: o.Model, Policy: spec, ExtraParams: extra, Endpoints: eps, DisableHealth: true, DeploymentYAML: depYAML})
+	cfgText := TurnoutConfig(ConfigOptions{Listen: "127.0.0.1:1", Model: o.Model, Policy: spec, ExtraParams: extra, Endpoints: eps, DisableHealth: true, DeploymentYAML: depYAML,
+		RouteBody: o.RouteBody})
 	cfg, err := config.ParseConfig(cfgText)
 	if err == nil {
 		t.srv, err = route.New(cfg, route.Options{Seed: o.Seed, Log: log})
@@ -287,6 +292,8 @@ type turnoutRouter struct {
 	kvIndex *kv.Index    // kv-aware only
 	closeFn func() error // stops helpers (kv-aware's tokenizer)
 	scrapes int
+	// routeBody is SimOptions.RouteBody.
+	routeBody int
 }
 
 // Detail summarizes the policy's decision outcomes from its metrics.
@@ -320,6 +327,10 @@ func (t *turnoutRouter) Route(r *Request, body []byte) (int, uint64, error) {
 	}
 	if r.Class != "" {
 		ctx.Request.Header.Set(FlowPriorityHeader, r.Class)
+	}
+	if n := t.routeBody; n > 0 && len(body) > n {
+		ctx.Request.Header.Set(contract.HdrBodyTruncated, strconv.Itoa(n)+"/"+strconv.Itoa(len(body)))
+		body = body[:n]
 	}
 	ctx.Request.SetBodyRaw(body)
 	t.api.Handler(ctx)

@@ -1,6 +1,9 @@
 package bench
 
 import (
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -211,5 +214,42 @@ func TestSimulateSessionMoves(t *testing.T) {
 	// a's repeats: 0 -> 0 (stays), 0 -> 1 (moves); b and c have none.
 	if res.SessionRepeats != 2 || res.SessionMoves != 1 {
 		t.Fatalf("session moves %d of %d repeats, want 1 of 2", res.SessionMoves, res.SessionRepeats)
+	}
+}
+
+// TestSimulateRouteBody: with SimOptions.RouteBody turnout sees each body
+// cut, as behind a proxy with that route_body, so kv-aware falls back to
+// prefix-affinity on the long prompts; without it, never for that reason.
+func TestSimulateRouteBody(t *testing.T) {
+	reqs := SyntheticTrace(60, 3)
+	truncated := func(routeBody int) int {
+		o := tinySim(3, 2)
+		o.BlockSize, o.CacheBlocks, o.RouteBody = 16, 4096, routeBody
+		r, err := NewRouter(PolicySpec{Policy: policy.KVAwareType}, ReplicaNames(3), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := r.(*turnoutRouter)
+		defer tr.Close()
+		if _, err := Simulate(reqs, r, o); err != nil {
+			t.Fatal(err)
+		}
+		var b strings.Builder
+		tr.srv.WriteMetrics(&b)
+		m := regexp.MustCompile(`turnout_kv_fallbacks_total\{[^}]*reason="body_truncated"[^}]*\} (\d+)`).FindStringSubmatch(b.String())
+		if m == nil {
+			return 0
+		}
+		n, err := strconv.Atoi(m[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := truncated(0); n != 0 {
+		t.Fatalf("whole bodies: %d body_truncated fallbacks", n)
+	}
+	if n := truncated(1024); n == 0 {
+		t.Fatal("bodies cut at 1024 bytes: no body_truncated fallback")
 	}
 }

@@ -4,31 +4,33 @@ package bench
 
 import (
 	"context"
+	"os/exec"
 	"runtime"
 	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// A second thread spinning on the probe's CPU takes about half of it in
+// A second process spinning on the probe's CPU takes about half of it in
 // scheduler slices: the probe must count that time as lost to another
-// task, in stretches over 100 µs.
+// task, in stretches over 100 µs. A process, not a goroutine: a goroutine
+// waits for one of the runtime's Ps (a GC worker or another test's
+// goroutine takes it) and would not compete the whole time.
 func TestProbeStallsSeesACompetingThread(t *testing.T) {
 	cpu := runtime.NumCPU() - 1
-	var stop atomic.Bool
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the pinned thread ends with the goroutine
-		started <- pinThread(cpu)
-		for !stop.Load() {
-		}
-	}()
-	if err := <-started; err != nil {
+	spin := exec.Command("sh", "-c", "while :; do :; done")
+	if err := spin.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = spin.Process.Kill(); _ = spin.Wait() }()
+	var set unix.CPUSet
+	set.Set(cpu)
+	if err := unix.SchedSetaffinity(spin.Process.Pid, &set); err != nil {
 		t.Fatal(err)
 	}
 	ps, err := probeStalls(context.Background(), strconv.Itoa(cpu), 600*time.Millisecond)
-	stop.Store(true)
 	if err != nil {
 		t.Fatal(err)
 	}
