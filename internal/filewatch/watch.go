@@ -20,20 +20,20 @@ import (
 // racily clean index entries.
 const racyWindow = 2 * time.Second
 
-// Snapshot is a file as one look saw it. Take it before loading the file,
-// so a change made while the process starts is a change to the watcher.
+// Snapshot is a file as one look saw it (at: when; zero: no look taken).
+// Take it before loading the file, so a change made while the process
+// starts is a change to the watcher.
 type Snapshot struct {
 	content []byte
 	mod     time.Time
 	size    int64
 	at      time.Time
-	taken   bool
 }
 
 // Take looks at path now. A missing or unreadable file has no content: its
 // content when it comes is a change.
 func Take(path string) Snapshot {
-	s := Snapshot{at: time.Now(), taken: true}
+	s := Snapshot{at: time.Now()}
 	if fi, err := os.Stat(path); err == nil {
 		s.mod, s.size = fi.ModTime(), fi.Size()
 	}
@@ -55,7 +55,7 @@ func Poll(ctx context.Context, path string, every time.Duration, from Snapshot, 
 // poll looks at path on each tick, calling looked after each look (a test
 // sends the ticks and waits for the looks).
 func poll(ctx context.Context, path string, last Snapshot, tick <-chan time.Time, changed, looked func()) {
-	if !last.taken {
+	if last.at.IsZero() {
 		last = Take(path)
 	}
 	look := func() {
@@ -72,7 +72,7 @@ func poll(ctx context.Context, path string, last Snapshot, tick <-chan time.Time
 			return
 		}
 		same := bytes.Equal(cur, last.content)
-		last = Snapshot{content: cur, mod: fi.ModTime(), size: fi.Size(), at: at, taken: true}
+		last = Snapshot{content: cur, mod: fi.ModTime(), size: fi.Size(), at: at}
 		if !same {
 			changed()
 		}
